@@ -1,0 +1,34 @@
+#!/bin/sh
+# Installs every Debian package that traind's build, tests, benchmarks and demo need.
+# Idempotent and non-interactive: safe to run on every CI start and by hand.
+set -eu
+
+packages="
+  build-essential cmake pkg-config git ca-certificates
+  libopenblas-dev zlib1g-dev libjansson-dev libcriterion-dev
+  libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev
+  dataset-fashion-mnist
+  python3 python3-numpy python3-torch python3-torchvision
+"
+
+missing=""
+for p in $packages; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    echo "install-deps: all packages present" >&2
+    exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+fi
+echo "install-deps: installing:$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+# shellcheck disable=SC2086 # word splitting of the package list is intended
+$sudo apt-get install -y -q --no-install-recommends $missing

@@ -1,0 +1,77 @@
+/* Elementwise activations: ReLU and GELU (torch.nn.GELU, exact erf form or approximate="tanh"). */
+#include "td_model.h"
+
+#include <math.h>
+
+static const td_op_arg relu_args[] = {{0}};
+static const td_op_arg gelu_args[] = {
+    {"approximate", TD_ARG_CHOICE, false, 0, 0, 0, "none|tanh"},
+    {0},
+};
+
+static int same_shape_build(td_model *model, td_node *node, td_err *err) {
+    (void)model;
+    (void)err;
+    node->out_shape = node->in_shape[0];
+    return 0;
+}
+
+static void relu_forward(td_node *node, const td_run *run) {
+    size_t n = (size_t)run->n * td_shape_size(node->out_shape);
+    const float *x = node->in[0];
+    float *y = node->out;
+    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void relu_backward(td_node *node, const td_run *run) {
+    float *dx = node->in_grad[0];
+    if (!dx) return;
+    size_t n = (size_t)run->n * td_shape_size(node->out_shape);
+    const float *y = node->out, *dy = node->grad;
+    /* the mask comes from the output, as PyTorch's threshold_backward does */
+    if (node->in_grad_add[0])
+        for (size_t i = 0; i < n; i++) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+    else
+        for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+#define SQRT_2_OVER_PI 0.7978845608028654f
+#define INV_SQRT_2 0.7071067811865476f
+#define INV_SQRT_2PI 0.3989422804014327f
+#define GELU_TANH_C 0.044715f
+
+static void gelu_forward(td_node *node, const td_run *run) {
+    size_t n = (size_t)run->n * td_shape_size(node->out_shape);
+    const float *x = node->in[0];
+    float *y = node->out;
+    if (node->args[0] == 1) {
+        for (size_t i = 0; i < n; i++) {
+            float v = x[i];
+            y[i] = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v)));
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT_2));
+    }
+}
+
+static void gelu_backward(td_node *node, const td_run *run) {
+    float *dx = node->in_grad[0];
+    if (!dx) return;
+    size_t n = (size_t)run->n * td_shape_size(node->out_shape);
+    const float *x = node->in[0], *dy = node->grad;
+    bool add = node->in_grad_add[0], approx = node->args[0] == 1;
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], d;
+        if (approx) {
+            float t = tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v));
+            d = 0.5f * (1.0f + t) +
+                0.5f * v * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_TANH_C * v * v);
+        } else {
+            d = 0.5f * (1.0f + erff(v * INV_SQRT_2)) + v * INV_SQRT_2PI * expf(-0.5f * v * v);
+        }
+        dx[i] = (add ? dx[i] : 0.0f) + dy[i] * d;
+    }
+}
+
+const td_op td_op_relu = {"relu", 1, 1, relu_args, same_shape_build, relu_forward, relu_backward};
+const td_op td_op_gelu = {"gelu", 1, 1, gelu_args, same_shape_build, gelu_forward, gelu_backward};

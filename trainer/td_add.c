@@ -1,0 +1,46 @@
+/* Add: the elementwise sum of two or more inputs of one shape (the join of a residual block). */
+#include "td_model.h"
+
+#include <string.h>
+
+static const td_op_arg add_args[] = {{0}};
+
+static int add_build(td_model *model, td_node *node, td_err *err) {
+    (void)model;
+    td_shape a = node->in_shape[0];
+    for (int j = 1; j < node->n_inputs; j++) {
+        td_shape b = node->in_shape[j];
+        if (a.c != b.c || a.h != b.h || a.w != b.w || a.spatial != b.spatial) {
+            char sa[64], sb[64];
+            td_shape_format(a, sa, sizeof sa);
+            td_shape_format(b, sb, sizeof sb);
+            return td_fail(err, "inputs[0] has shape %s but inputs[%d] has shape %s; add needs "
+                                "equal shapes", sa, j, sb);
+        }
+    }
+    node->out_shape = a;
+    return 0;
+}
+
+static void add_forward(td_node *node, const td_run *run) {
+    size_t n = (size_t)run->n * td_shape_size(node->out_shape);
+    memcpy(node->out, node->in[0], n * 4);
+    for (int j = 1; j < node->n_inputs; j++) {
+        const float *x = node->in[j];
+        for (size_t i = 0; i < n; i++) node->out[i] += x[i];
+    }
+}
+
+static void add_backward(td_node *node, const td_run *run) {
+    size_t n = (size_t)run->n * td_shape_size(node->out_shape);
+    for (int j = 0; j < node->n_inputs; j++) {
+        float *dx = node->in_grad[j];
+        if (!dx) continue;
+        if (node->in_grad_add[j])
+            for (size_t i = 0; i < n; i++) dx[i] += node->grad[i];
+        else
+            memcpy(dx, node->grad, n * 4);
+    }
+}
+
+const td_op td_op_add = {"add", 2, TD_MAX_INPUTS, add_args, add_build, add_forward, add_backward};

@@ -1,0 +1,64 @@
+#include "td_error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int td_fail(td_err *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+int td_fail_prefix(td_err *err, const char *fmt, ...) {
+    if (!err) return -1;
+    char prefix[TD_ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    char old[TD_ERR_MAX];
+    memcpy(old, err->msg, sizeof old);
+    /* assembled by hand: the combined text may be cut at TD_ERR_MAX, which is fine */
+    size_t used = 0, cap = sizeof err->msg - 1;
+    const char *parts[3] = {prefix, ": ", old};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(parts[i]);
+        if (n > cap - used) n = cap - used;
+        memcpy(err->msg + used, parts[i], n);
+        used += n;
+    }
+    err->msg[used] = '\0';
+    return -1;
+}
+
+void td_die(const char *file, int line, const char *what, const char *hint) {
+    fprintf(stderr, "[traind] fatal error at %s:%d: %s\n", file, line, what);
+    if (hint) fprintf(stderr, "[traind] HINT: %s\n", hint);
+    abort();
+}
+
+void *td_malloc_checked(size_t size, const char *file, int line) {
+    void *p = malloc(size ? size : 1);
+    if (!p) td_die(file, line, "out of memory", "reduce train.batch_size or the model size");
+    return p;
+}
+
+void *td_calloc_checked(size_t n, size_t size, const char *file, int line) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) td_die(file, line, "out of memory", "reduce train.batch_size or the model size");
+    return p;
+}
+
+void *td_aligned_alloc_checked(size_t size, const char *file, int line) {
+    size_t rounded = (size + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) td_die(file, line, "out of memory", "reduce train.batch_size or the model size");
+    memset(p, 0, rounded ? rounded : 64);
+    return p;
+}

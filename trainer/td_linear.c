@@ -1,0 +1,67 @@
+/* Linear: y = x W^T + b, W [out, in] as in torch.nn.Linear. */
+#include "td_model.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+enum { ARG_OUT_FEATURES, ARG_BIAS };
+
+static const td_op_arg linear_args[] = {
+    {"out_features", TD_ARG_INT, true, 0, 1, 1 << 24, NULL},
+    {"bias", TD_ARG_BOOL, false, 1, 0, 1, NULL},
+    {0},
+};
+
+static int linear_build(td_model *model, td_node *node, td_err *err) {
+    td_shape in = node->in_shape[0];
+    if (in.spatial) {
+        char buf[64];
+        td_shape_format(in, buf, sizeof buf);
+        return td_fail(err, "expects flat features but its input has shape %s; add a "
+                            "{\"op\": \"flatten\"} node before it", buf);
+    }
+    int out = (int)node->args[ARG_OUT_FEATURES];
+    /* kaiming_uniform_(a=sqrt(5)) reduces to a bound of 1/sqrt(fan_in), as does the bias rule */
+    float bound = 1.0f / sqrtf((float)in.c);
+    td_model_add_param(model, node, "weight", 2, (int[]){out, in.c}, bound, 0);
+    if (node->args[ARG_BIAS]) td_model_add_param(model, node, "bias", 1, (int[]){out}, bound, 0);
+    node->out_shape = td_shape_flat(out);
+    return 0;
+}
+
+static void linear_forward(td_node *node, const td_run *run) {
+    int n = run->n, in = node->in_shape[0].c, out = node->out_shape.c;
+    const float *w = node->params[0]->data;
+    float beta = 0.0f;
+    if (node->n_params > 1) {
+        /* Start from the bias rows so the GEMM adds onto them: one pass over y fewer. */
+        const float *b = node->params[1]->data;
+        for (int i = 0; i < n; i++) memcpy(node->out + (size_t)i * out, b, (size_t)out * 4);
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, node->in[0], in, w, in,
+                beta, node->out, out);
+}
+
+static void linear_backward(td_node *node, const td_run *run) {
+    int n = run->n, in = node->in_shape[0].c, out = node->out_shape.c;
+    const float *dy = node->grad;
+    float pbeta = run->accumulate_grads ? 1.0f : 0.0f;
+    /* dW [out, in] = dy^T [out, n] x [n, in] */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, node->in[0],
+                in, pbeta, node->params[0]->grad, in);
+    if (node->n_params > 1) {
+        float *db = node->params[1]->grad;
+        if (!run->accumulate_grads) memset(db, 0, (size_t)out * 4);
+        for (int i = 0; i < n; i++)
+            for (int o = 0; o < out; o++) db[o] += dy[(size_t)i * out + o];
+    }
+    if (node->in_grad[0])
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out,
+                    node->params[0]->data, in, node->in_grad_add[0] ? 1.0f : 0.0f,
+                    node->in_grad[0], in);
+}
+
+const td_op td_op_linear = {"linear", 1, 1, linear_args, linear_build, linear_forward,
+                            linear_backward};

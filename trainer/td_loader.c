@@ -1,0 +1,174 @@
+/* The batch loader: a producer thread fills a small ring of batch slots while the trainer
+ * consumes them, so gathering and normalising the next batch overlaps the current step.
+ *
+ * Invariants, all under `lock`: a slot is FREE (producer may fill it) or FULL (consumer may read
+ * it); the producer fills slots in ring order for the epoch generation `gen` and drops a batch it
+ * finished for an older generation; start_epoch waits until the producer is not mid-fill, so no
+ * slot is written while it is being reset.
+ */
+#include "td_data.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_SLOTS 3
+
+typedef struct slot {
+    td_batch batch;
+    uint8_t *raw;
+    bool full;
+} slot;
+
+struct td_loader {
+    const td_dataset *ds;
+    td_normalize norm;
+    int batch_size;
+    bool shuffle, drop_last;
+    uint64_t seed;
+    int *order; /* this epoch's sample indices */
+    int n_order;
+
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    slot slots[N_SLOTS];
+    bool stop, busy;
+    unsigned gen;
+    int n_batches;  /* in this epoch */
+    int produced;   /* next batch index the producer fills */
+    int consumed;   /* next batch index the consumer takes */
+    int holding;    /* slot the consumer holds, -1 if none */
+};
+
+static void fill(td_loader *ld, int batch_index, slot *s) {
+    const td_dataset *ds = ld->ds;
+    size_t size = td_shape_size(ds->shape);
+    int c = ds->shape.c;
+    int first = batch_index * ld->batch_size;
+    int n = ld->n_order - first < ld->batch_size ? ld->n_order - first : ld->batch_size;
+    /* per channel: x/255·(1/std) - mean/std, one multiply-add per pixel */
+    float scale[4], shift[4];
+    for (int k = 0; k < c; k++) {
+        scale[k] = 1.0f / (255.0f * ld->norm.std[k]);
+        shift[k] = -ld->norm.mean[k] / ld->norm.std[k];
+    }
+    for (int i = 0; i < n; i++) {
+        int idx = ld->order[first + i];
+        s->batch.labels[i] = td_dataset_sample(ds, idx, s->raw);
+        float *x = s->batch.x + (size_t)i * size;
+        if (c == 1)
+            for (size_t j = 0; j < size; j++) x[j] = (float)s->raw[j] * scale[0] + shift[0];
+        else
+            for (size_t j = 0; j < size; j++)
+                x[j] = (float)s->raw[j] * scale[j % c] + shift[j % c];
+    }
+    s->batch.n = n;
+}
+
+static void *producer(void *arg) {
+    td_loader *ld = arg;
+    pthread_mutex_lock(&ld->lock);
+    for (;;) {
+        while (!ld->stop && !(ld->produced < ld->n_batches &&
+                              !ld->slots[ld->produced % N_SLOTS].full))
+            pthread_cond_wait(&ld->cond, &ld->lock);
+        if (ld->stop) break;
+        int b = ld->produced;
+        unsigned gen = ld->gen;
+        slot *s = &ld->slots[b % N_SLOTS];
+        ld->busy = true;
+        pthread_mutex_unlock(&ld->lock);
+        fill(ld, b, s);
+        pthread_mutex_lock(&ld->lock);
+        ld->busy = false;
+        if (gen == ld->gen) {
+            s->full = true;
+            ld->produced++;
+        }
+        pthread_cond_broadcast(&ld->cond);
+    }
+    pthread_mutex_unlock(&ld->lock);
+    return NULL;
+}
+
+td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm, int batch_size,
+                            bool shuffle, bool drop_last, uint64_t seed) {
+    td_loader *ld = td_calloc(1, sizeof *ld);
+    ld->ds = ds;
+    ld->norm = *norm;
+    ld->batch_size = batch_size;
+    ld->shuffle = shuffle;
+    ld->drop_last = drop_last;
+    ld->seed = seed;
+    ld->order = td_malloc((size_t)ds->n * sizeof(int));
+    ld->holding = -1;
+    size_t size = td_shape_size(ds->shape);
+    for (int i = 0; i < N_SLOTS; i++) {
+        ld->slots[i].batch.x = td_aligned_alloc((size_t)batch_size * size * sizeof(float));
+        ld->slots[i].batch.labels = td_malloc((size_t)batch_size * sizeof(int32_t));
+        ld->slots[i].raw = td_malloc(size);
+    }
+    TD_ASSERT(pthread_mutex_init(&ld->lock, NULL) == 0, "pthread_mutex_init failed");
+    TD_ASSERT(pthread_cond_init(&ld->cond, NULL) == 0, "pthread_cond_init failed");
+    TD_ASSERT(pthread_create(&ld->thread, NULL, producer, ld) == 0,
+              "cannot start the data loader thread (process or thread limit reached?)");
+    return ld;
+}
+
+int td_loader_start_epoch(td_loader *ld, int epoch, int first) {
+    pthread_mutex_lock(&ld->lock);
+    ld->gen++;
+    ld->n_batches = 0; /* nothing to produce while the order is rewritten */
+    while (ld->busy) pthread_cond_wait(&ld->cond, &ld->lock);
+    ld->n_order = td_sampler_count(ld->ds->n, 1, false);
+    td_sampler_indices(ld->ds->n, ld->shuffle, ld->seed, epoch, 0, 1, false, ld->order);
+    int n_batches = ld->drop_last ? ld->n_order / ld->batch_size
+                                  : (ld->n_order + ld->batch_size - 1) / ld->batch_size;
+    if (first > n_batches) first = n_batches;
+    for (int i = 0; i < N_SLOTS; i++) ld->slots[i].full = false;
+    ld->holding = -1;
+    ld->produced = ld->consumed = first;
+    ld->n_batches = n_batches;
+    pthread_cond_broadcast(&ld->cond);
+    pthread_mutex_unlock(&ld->lock);
+    return n_batches;
+}
+
+bool td_loader_next(td_loader *ld, td_batch *batch) {
+    pthread_mutex_lock(&ld->lock);
+    if (ld->holding >= 0) {
+        ld->slots[ld->holding].full = false;
+        ld->holding = -1;
+        pthread_cond_broadcast(&ld->cond);
+    }
+    if (ld->consumed >= ld->n_batches) {
+        pthread_mutex_unlock(&ld->lock);
+        return false;
+    }
+    slot *s = &ld->slots[ld->consumed % N_SLOTS];
+    while (!s->full) pthread_cond_wait(&ld->cond, &ld->lock);
+    ld->holding = ld->consumed % N_SLOTS;
+    ld->consumed++;
+    *batch = s->batch;
+    pthread_mutex_unlock(&ld->lock);
+    return true;
+}
+
+void td_loader_destroy(td_loader *ld) {
+    if (!ld) return;
+    pthread_mutex_lock(&ld->lock);
+    ld->stop = true;
+    pthread_cond_broadcast(&ld->cond);
+    pthread_mutex_unlock(&ld->lock);
+    pthread_join(ld->thread, NULL);
+    pthread_mutex_destroy(&ld->lock);
+    pthread_cond_destroy(&ld->cond);
+    for (int i = 0; i < N_SLOTS; i++) {
+        free(ld->slots[i].batch.x);
+        free(ld->slots[i].batch.labels);
+        free(ld->slots[i].raw);
+    }
+    free(ld->order);
+    free(ld);
+}

@@ -1,0 +1,238 @@
+#include "td_model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const td_op *const all_ops[] = {
+    &td_op_linear,  &td_op_conv2d,  &td_op_maxpool2d, &td_op_avgpool2d, &td_op_global_avgpool,
+    &td_op_relu,    &td_op_gelu,    &td_op_flatten,   &td_op_dropout,   &td_op_add,
+};
+#define N_OPS (sizeof all_ops / sizeof all_ops[0])
+
+const td_op *td_op_find(const char *name) {
+    for (size_t i = 0; i < N_OPS; i++)
+        if (strcmp(all_ops[i]->name, name) == 0) return all_ops[i];
+    return NULL;
+}
+
+const char *td_op_names(void) {
+    /* Built from the table so the message can never drift from what is accepted. The buffer is
+     * constant after first use; every caller would write the same bytes. */
+    static char names[256];
+    if (!names[0]) {
+        size_t used = 0;
+        for (size_t i = 0; i < N_OPS; i++)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                     all_ops[i]->name);
+    }
+    return names;
+}
+
+td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix, int ndim,
+                             const int *dims, float init_bound, float fill) {
+    TD_ASSERT(node->n_params < TD_MAX_NODE_PARAMS, "raise TD_MAX_NODE_PARAMS");
+    model->params = realloc(model->params, (size_t)(model->n_params + 1) * sizeof(td_param));
+    TD_ASSERT(model->params != NULL, "out of memory registering parameters");
+    td_param *p = &model->params[model->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s.%s", node->name, suffix);
+    p->ndim = ndim;
+    p->size = 1;
+    for (int i = 0; i < ndim; i++) {
+        p->dims[i] = dims[i];
+        p->size *= (size_t)dims[i];
+    }
+    p->offset = model->param_floats;
+    model->param_floats += p->size;
+    p->init_bound = init_bound;
+    p->init_fill = fill;
+    node->param_ids[node->n_params++] = model->n_params - 1;
+    return p;
+}
+
+const td_param *td_model_find_param(const td_model *model, const char *name) {
+    for (int i = 0; i < model->n_params; i++)
+        if (strcmp(model->params[i].name, name) == 0) return &model->params[i];
+    return NULL;
+}
+
+static void init_params(td_model *model, uint64_t seed) {
+    td_rng rng;
+    td_rng_seed_for(&rng, seed, "init", 0);
+    for (int i = 0; i < model->n_params; i++) {
+        td_param *p = &model->params[i];
+        p->data = model->param_block + p->offset;
+        p->grad = model->grad_block + p->offset;
+        for (size_t j = 0; j < p->size; j++)
+            p->data[j] = p->init_bound > 0
+                             ? (2.0f * td_rng_uniform(&rng) - 1.0f) * p->init_bound
+                             : p->init_fill;
+    }
+}
+
+static int find_node(const td_model *model, int before, const char *name) {
+    if (strcmp(name, "input") == 0) return TD_INPUT_NODE;
+    for (int i = 0; i < before; i++)
+        if (strcmp(model->nodes[i].name, name) == 0) return i;
+    return -2;
+}
+
+static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err *err) {
+    for (int i = 0; i < n; i++) {
+        const td_node_spec *s = &specs[i];
+        td_node *node = &model->nodes[i];
+        snprintf(node->name, sizeof node->name, "%s", s->name);
+        if (strcmp(s->name, "input") == 0)
+            return td_fail(err, "model.nodes[%d].name: \"input\" is reserved for the batch", i);
+        for (int j = 0; j < i; j++)
+            if (strcmp(model->nodes[j].name, s->name) == 0)
+                return td_fail(err, "model.nodes[%d].name: \"%s\" is already used by nodes[%d]",
+                               i, s->name, j);
+        node->op = s->op;
+        memcpy(node->args, s->args, sizeof node->args);
+        if (s->n_inputs == 0) {
+            node->n_inputs = 1;
+            node->inputs[0] = i - 1; /* the previous node, or the batch (-1) for the first */
+        } else {
+            node->n_inputs = s->n_inputs;
+            for (int j = 0; j < s->n_inputs; j++) {
+                int k = find_node(model, i, s->inputs[j]);
+                if (k == -2)
+                    return td_fail(err,
+                                   "model.nodes[%d].inputs[%d]: no earlier node is named \"%s\" "
+                                   "(inputs must name a node above this one, or \"input\")",
+                                   i, j, s->inputs[j]);
+                node->inputs[j] = k;
+            }
+        }
+        if (node->n_inputs < s->op->min_inputs || node->n_inputs > s->op->max_inputs)
+            return td_fail(err, "model.nodes[%d] (\"%s\"): op %s takes %d to %d inputs, found %d",
+                           i, node->name, s->op->name, s->op->min_inputs, s->op->max_inputs,
+                           node->n_inputs);
+        for (int j = 0; j < node->n_inputs; j++)
+            node->in_shape[j] = node->inputs[j] == TD_INPUT_NODE
+                                    ? model->input_shape
+                                    : model->nodes[node->inputs[j]].out_shape;
+        if (s->op->build(model, node, err) != 0)
+            return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s)", i, node->name, s->op->name);
+        if (node->scratch_floats > model->scratch_floats)
+            model->scratch_floats = node->scratch_floats;
+    }
+    /* Every node but the last must feed a later one: an unused branch would silently receive no
+     * gradient, which is never what the author of the spec meant. */
+    for (int i = 0; i + 1 < n; i++) {
+        bool used = false;
+        for (int k = i + 1; k < n && !used; k++)
+            for (int j = 0; j < model->nodes[k].n_inputs; j++)
+                if (model->nodes[k].inputs[j] == i) used = true;
+        if (!used)
+            return td_fail(err,
+                           "model.nodes[%d] (\"%s\"): its output is not used by any later node; "
+                           "only the last node is the model's output",
+                           i, model->nodes[i].name);
+    }
+    return 0;
+}
+
+/* Carves activations, gradients and saved state out of one arena; decides which input
+ * gradients are needed at all (none flow into the batch, nor into a parameter-free prefix) and
+ * which consumer writes a gradient first in backward order, so the others add to it. */
+static void layout(td_model *model, td_arena *arena, bool *needs_grad, bool *written) {
+    int n = model->n_nodes;
+    for (int i = 0; i < n; i++) {
+        td_node *node = &model->nodes[i];
+        size_t out = (size_t)model->max_n * td_shape_size(node->out_shape);
+        node->out = td_arena_floats(arena, out);
+        node->grad = td_arena_floats(arena, out);
+        node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;
+        needs_grad[i] = node->n_params > 0;
+        for (int j = 0; j < node->n_inputs; j++)
+            if (node->inputs[j] != TD_INPUT_NODE && needs_grad[node->inputs[j]])
+                needs_grad[i] = true;
+    }
+    model->scratch = td_arena_floats(arena, model->scratch_floats);
+    for (int i = 0; i < n; i++) written[i] = false;
+    for (int i = n - 1; i >= 0; i--) {
+        td_node *node = &model->nodes[i];
+        for (int j = 0; j < node->n_inputs; j++) {
+            int k = node->inputs[j];
+            node->in[j] = k == TD_INPUT_NODE ? NULL : model->nodes[k].out;
+            if (k == TD_INPUT_NODE || !needs_grad[k]) {
+                node->in_grad[j] = NULL;
+                continue;
+            }
+            node->in_grad[j] = model->nodes[k].grad;
+            node->in_grad_add[j] = written[k];
+            written[k] = true;
+        }
+    }
+}
+
+int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_shape input_shape,
+                   int max_n, uint64_t seed, td_err *err) {
+    memset(model, 0, sizeof *model);
+    if (n_specs <= 0) return td_fail(err, "model.nodes: expected at least one node");
+    model->n_nodes = n_specs;
+    model->nodes = td_calloc((size_t)n_specs, sizeof(td_node));
+    model->input_shape = input_shape;
+    model->max_n = max_n;
+    if (link_nodes(model, specs, n_specs, err) != 0) {
+        td_model_free(model);
+        return -1;
+    }
+    for (int i = 0; i < n_specs; i++) {
+        td_node *node = &model->nodes[i];
+        for (int j = 0; j < node->n_params; j++)
+            node->params[j] = &model->params[node->param_ids[j]];
+    }
+    model->param_block = td_aligned_alloc(model->param_floats * sizeof(float));
+    model->grad_block = td_aligned_alloc(model->param_floats * sizeof(float));
+    init_params(model, seed);
+
+    bool *needs_grad = td_calloc((size_t)n_specs, sizeof(bool));
+    bool *written = td_calloc((size_t)n_specs, sizeof(bool));
+    td_arena plan = {0};
+    layout(model, &plan, needs_grad, written);
+    model->arena.cap = plan.used;
+    model->arena.base = td_aligned_alloc(plan.used);
+    layout(model, &model->arena, needs_grad, written);
+    free(needs_grad);
+    free(written);
+    return 0;
+}
+
+void td_model_free(td_model *model) {
+    free(model->nodes);
+    free(model->params);
+    free(model->param_block);
+    free(model->grad_block);
+    free(model->arena.base);
+    memset(model, 0, sizeof *model);
+}
+
+const float *td_model_forward(td_model *model, const float *x, const td_run *run) {
+    TD_ASSERT(run->n > 0 && run->n <= model->max_n, "batch larger than the model was built for");
+    td_run r = *run;
+    r.scratch = model->scratch;
+    for (int i = 0; i < model->n_nodes; i++) {
+        td_node *node = &model->nodes[i];
+        for (int j = 0; j < node->n_inputs; j++)
+            if (node->inputs[j] == TD_INPUT_NODE) node->in[j] = (float *)x;
+        node->op->forward(node, &r);
+    }
+    return model->nodes[model->n_nodes - 1].out;
+}
+
+void td_model_backward(td_model *model, const float *dlogits, const td_run *run) {
+    td_run r = *run;
+    r.scratch = model->scratch;
+    td_node *last = &model->nodes[model->n_nodes - 1];
+    memcpy(last->grad, dlogits, (size_t)run->n * td_shape_size(last->out_shape) * sizeof(float));
+    for (int i = model->n_nodes - 1; i >= 0; i--) {
+        td_node *node = &model->nodes[i];
+        bool any = node->n_params > 0;
+        for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
+        if (any) node->op->backward(node, &r);
+    }
+}

@@ -1,0 +1,140 @@
+/* The model: a list of named nodes run in order, each an op with its parameters and inputs.
+ *
+ * A node reads the outputs of earlier nodes (by default the one before it; "input" is the batch),
+ * so residual graphs are a node with two inputs. All parameters live in one flat block and all
+ * gradients in another (saving, zeroing, clipping and all-reducing become loops over one buffer);
+ * all activations, their gradients and the ops' saved state live in one arena planned at build
+ * time for the largest batch. Nothing is allocated while training.
+ */
+#ifndef TD_MODEL_H
+#define TD_MODEL_H
+
+#include "td_error.h"
+#include "td_rng.h"
+#include "td_tensor.h"
+
+#include <stdint.h>
+
+#define TD_MAX_INPUTS 4
+#define TD_MAX_NODE_PARAMS 4
+#define TD_MAX_OP_ARGS 8
+#define TD_INPUT_NODE (-1)
+
+typedef struct td_model td_model;
+typedef struct td_node td_node;
+
+/* Everything a forward or backward call needs to know about the batch at hand. */
+typedef struct td_run {
+    int n;                 /* samples in this batch (<= the model's max batch) */
+    bool training;         /* dropout active, batch statistics (later: BatchNorm) */
+    bool accumulate_grads; /* add into parameter gradients (gradient accumulation) */
+    float *scratch;        /* shared temporary of model->scratch_floats, valid during one call */
+    td_rng *rng;           /* for dropout masks */
+} td_run;
+
+typedef enum td_arg_type { TD_ARG_INT, TD_ARG_FLOAT, TD_ARG_BOOL, TD_ARG_CHOICE } td_arg_type;
+
+/* One field an op accepts in its JSON node, with its type, default and range. */
+typedef struct td_op_arg {
+    const char *name;
+    td_arg_type type;
+    bool required;
+    double def;
+    double min, max;     /* inclusive, for numbers */
+    const char *choices; /* for TD_ARG_CHOICE: "none|tanh"; the value is the index */
+} td_op_arg;
+
+typedef struct td_op {
+    const char *name; /* as written in the spec: "conv2d" */
+    int min_inputs, max_inputs;
+    const td_op_arg *args; /* terminated by an entry with name == NULL */
+    /* From the input shapes (already set): the output shape, parameters, saved-state and scratch
+     * needs. Returns -1 with a message when the shapes do not fit the op. */
+    int (*build)(td_model *model, td_node *node, td_err *err);
+    void (*forward)(td_node *node, const td_run *run);
+    /* Gradients of the inputs (where in_grad[i] is set, overwriting or adding per in_grad_add[i])
+     * and of the parameters, from node->grad. */
+    void (*backward)(td_node *node, const td_run *run);
+} td_op;
+
+struct td_node {
+    char name[TD_NAME_MAX];
+    const td_op *op;
+    double args[TD_MAX_OP_ARGS]; /* in the order of op->args */
+
+    int n_inputs;
+    int inputs[TD_MAX_INPUTS]; /* node indices, TD_INPUT_NODE for the batch */
+    td_shape in_shape[TD_MAX_INPUTS];
+    td_shape out_shape;
+
+    int n_params;
+    int param_ids[TD_MAX_NODE_PARAMS]; /* into model->params, stable while it grows */
+    td_param *params[TD_MAX_NODE_PARAMS]; /* resolved once the model is built */
+
+    size_t saved_bytes;    /* what forward keeps for backward (pool argmax, dropout mask) */
+    size_t scratch_floats; /* temporary need during one forward or backward call */
+
+    /* Set when the model is allocated. */
+    float *in[TD_MAX_INPUTS];
+    float *in_grad[TD_MAX_INPUTS]; /* NULL: no gradient wanted (the batch itself) */
+    bool in_grad_add[TD_MAX_INPUTS];
+    float *out, *grad; /* [max_n, out size] */
+    void *saved;
+};
+
+/* How a node is described before the model is built (from JSON or a preset). */
+typedef struct td_node_spec {
+    char name[TD_NAME_MAX];
+    const td_op *op;
+    double args[TD_MAX_OP_ARGS];
+    int n_inputs; /* 0: the previous node (or the batch, for the first) */
+    char inputs[TD_MAX_INPUTS][TD_NAME_MAX];
+} td_node_spec;
+
+struct td_model {
+    int n_nodes;
+    td_node *nodes;
+    td_shape input_shape;
+    int max_n;
+
+    int n_params;
+    td_param *params; /* in registration order: forward order, PyTorch's state_dict order */
+    size_t param_floats;
+    float *param_block, *grad_block;
+
+    size_t scratch_floats;
+    td_arena arena;
+    float *scratch;
+};
+
+/* The op table: looked up by name when specs are read. */
+const td_op *td_op_find(const char *name);
+/* "linear, conv2d, ..." for error messages. */
+const char *td_op_names(void);
+
+/* Builds and allocates the model for batches of up to max_n samples of input_shape. Parameters
+ * are initialised as PyTorch initialises them by default, from the given seed. */
+int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_shape input_shape,
+                   int max_n, uint64_t seed, td_err *err);
+void td_model_free(td_model *model);
+
+/* Called by an op's build: registers parameter `suffix` of the node ("weight") with PyTorch's
+ * shape. init_bound > 0: uniform(-bound, bound) init; otherwise the value fill is used. */
+td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix, int ndim,
+                             const int *dims, float init_bound, float fill);
+
+const td_param *td_model_find_param(const td_model *model, const char *name);
+
+/* Runs the batch x ([n, input size]) through every node; returns the last node's output. */
+const float *td_model_forward(td_model *model, const float *x, const td_run *run);
+/* Backpropagates dlogits ([n, output size]) into the parameter gradients. */
+void td_model_backward(td_model *model, const float *dlogits, const td_run *run);
+static inline td_shape td_model_output_shape(const td_model *m) {
+    return m->nodes[m->n_nodes - 1].out_shape;
+}
+
+/* Ops, one file each. */
+extern const td_op td_op_linear, td_op_conv2d, td_op_maxpool2d, td_op_avgpool2d,
+    td_op_global_avgpool, td_op_relu, td_op_gelu, td_op_flatten, td_op_dropout, td_op_add;
+
+#endif

@@ -1,0 +1,43 @@
+/* Optimizers over the model's flat parameter block, with PyTorch's update rules (torch.optim,
+ * one parameter group, weight decay applied to every parameter as PyTorch does by default):
+ *  - sgd: g += wd·p; buf = g on the first step, then buf = momentum·buf + (1-dampening)·g;
+ *         nesterov: g += momentum·buf, else g = buf; p -= lr·g.
+ *  - adam: g += wd·p (L2); m, v moving averages; p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps)
+ *  - adamw: p *= 1 - lr·wd (decoupled), then Adam without the L2 term.
+ * Global-norm clipping matches torch.nn.utils.clip_grad_norm_ (coefficient max/(norm+1e-6)).
+ */
+#ifndef TD_OPTIM_H
+#define TD_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum td_optim_kind { TD_OPTIM_SGD, TD_OPTIM_ADAM, TD_OPTIM_ADAMW } td_optim_kind;
+
+typedef struct td_optim_config {
+    td_optim_kind kind;
+    float lr;
+    float momentum, dampening;
+    bool nesterov;
+    float weight_decay;
+    float beta1, beta2, eps;
+} td_optim_config;
+
+typedef struct td_optim {
+    td_optim_config cfg;
+    size_t n;
+    float *m, *v; /* SGD momentum buffer in m; Adam exp_avg in m, exp_avg_sq in v */
+    long steps;   /* optimizer steps taken */
+} td_optim;
+
+void td_optim_init(td_optim *opt, const td_optim_config *cfg, size_t n_params);
+void td_optim_free(td_optim *opt);
+/* One update of params from grads at learning rate lr (the schedule's value for this step). */
+void td_optim_step(td_optim *opt, float *params, const float *grads, float lr);
+
+/* The L2 norm of all gradients, computed in double. */
+double td_grad_norm(const float *grads, size_t n);
+/* Scales grads so their global norm is at most max_norm; returns the norm before clipping. */
+double td_grad_clip(float *grads, size_t n, float max_norm);
+
+#endif

@@ -1,0 +1,235 @@
+/* Pooling over channels-last activations: MaxPool2d, AvgPool2d (torch.nn semantics, floor mode)
+ * and global average pooling ([H, W, C] -> [C], i.e. AdaptiveAvgPool2d(1) followed by flatten).
+ * The inner loops run over channels, which are contiguous. */
+#include "td_model.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { ARG_KERNEL, ARG_STRIDE, ARG_PADDING, ARG_COUNT_INCLUDE_PAD };
+
+/* stride 0 stands for "same as kernel_size", PyTorch's default */
+static const td_op_arg maxpool_args[] = {
+    {"kernel_size", TD_ARG_INT, true, 0, 1, 64, NULL},
+    {"stride", TD_ARG_INT, false, 0, 1, 64, NULL},
+    {"padding", TD_ARG_INT, false, 0, 0, 32, NULL},
+    {0},
+};
+
+static const td_op_arg avgpool_args[] = {
+    {"kernel_size", TD_ARG_INT, true, 0, 1, 64, NULL},
+    {"stride", TD_ARG_INT, false, 0, 1, 64, NULL},
+    {"padding", TD_ARG_INT, false, 0, 0, 32, NULL},
+    {"count_include_pad", TD_ARG_BOOL, false, 1, 0, 1, NULL},
+    {0},
+};
+
+typedef struct pool_geom {
+    int c, h, w, oh, ow, k, s, p;
+} pool_geom;
+
+static pool_geom pool_geom_of(const td_node *node) {
+    pool_geom g;
+    g.c = node->in_shape[0].c;
+    g.h = node->in_shape[0].h;
+    g.w = node->in_shape[0].w;
+    g.k = (int)node->args[ARG_KERNEL];
+    g.s = node->args[ARG_STRIDE] > 0 ? (int)node->args[ARG_STRIDE] : g.k;
+    g.p = (int)node->args[ARG_PADDING];
+    g.oh = (g.h + 2 * g.p - g.k) / g.s + 1;
+    g.ow = (g.w + 2 * g.p - g.k) / g.s + 1;
+    return g;
+}
+
+static int pool_check(const td_node *node, td_err *err) {
+    td_shape in = node->in_shape[0];
+    if (!in.spatial)
+        return td_fail(err, "expects an image input [C, H, W] but its input is flat [%d]", in.c);
+    pool_geom g = pool_geom_of(node);
+    if (2 * g.p > g.k)
+        return td_fail(err, "padding %d must be at most half of kernel_size %d (as in PyTorch)",
+                       g.p, g.k);
+    if (in.h + 2 * g.p < g.k || in.w + 2 * g.p < g.k)
+        return td_fail(err, "kernel_size %d does not fit the input %dx%d", g.k, in.h, in.w);
+    return 0;
+}
+
+static int maxpool_build(td_model *model, td_node *node, td_err *err) {
+    (void)model;
+    if (pool_check(node, err) != 0) return -1;
+    pool_geom g = pool_geom_of(node);
+    node->out_shape = td_shape_image(g.c, g.oh, g.ow);
+    /* the argmax of every output, as an offset into its sample's input */
+    node->saved_bytes = (size_t)model->max_n * td_shape_size(node->out_shape) * sizeof(int32_t);
+    return 0;
+}
+
+static void maxpool_forward(td_node *node, const td_run *run) {
+    pool_geom g = pool_geom_of(node);
+    size_t in_size = (size_t)g.h * g.w * g.c, out_size = (size_t)g.oh * g.ow * g.c;
+    int32_t *arg = node->saved;
+    for (int b = 0; b < run->n; b++) {
+        const float *x = node->in[0] + b * in_size;
+        float *y = node->out + b * out_size;
+        int32_t *a = arg + b * out_size;
+        for (int oh = 0; oh < g.oh; oh++)
+            for (int ow = 0; ow < g.ow; ow++) {
+                float *yp = y + ((size_t)oh * g.ow + ow) * g.c;
+                int32_t *ap = a + ((size_t)oh * g.ow + ow) * g.c;
+                for (int c = 0; c < g.c; c++) {
+                    yp[c] = -INFINITY;
+                    ap[c] = -1;
+                }
+                for (int kh = 0; kh < g.k; kh++) {
+                    int ih = oh * g.s - g.p + kh;
+                    if (ih < 0 || ih >= g.h) continue;
+                    for (int kw = 0; kw < g.k; kw++) {
+                        int iw = ow * g.s - g.p + kw;
+                        if (iw < 0 || iw >= g.w) continue;
+                        int32_t base = (int32_t)(((size_t)ih * g.w + iw) * g.c);
+                        const float *xp = x + base;
+                        /* first maximum wins and NaN propagates, as in PyTorch */
+                        for (int c = 0; c < g.c; c++)
+                            if (xp[c] > yp[c] || isnan(xp[c]) || ap[c] < 0) {
+                                yp[c] = xp[c];
+                                ap[c] = base + c;
+                            }
+                    }
+                }
+            }
+    }
+}
+
+static void maxpool_backward(td_node *node, const td_run *run) {
+    float *dx = node->in_grad[0];
+    if (!dx) return;
+    size_t in_size = td_shape_size(node->in_shape[0]), out_size = td_shape_size(node->out_shape);
+    if (!node->in_grad_add[0]) memset(dx, 0, (size_t)run->n * in_size * 4);
+    const int32_t *arg = node->saved;
+    for (int b = 0; b < run->n; b++) {
+        float *d = dx + b * in_size;
+        const float *dy = node->grad + b * out_size;
+        const int32_t *a = arg + b * out_size;
+        for (size_t i = 0; i < out_size; i++) d[a[i]] += dy[i];
+    }
+}
+
+static int avgpool_build(td_model *model, td_node *node, td_err *err) {
+    (void)model;
+    if (pool_check(node, err) != 0) return -1;
+    pool_geom g = pool_geom_of(node);
+    node->out_shape = td_shape_image(g.c, g.oh, g.ow);
+    return 0;
+}
+
+/* Number of elements a window averages over. */
+static float avg_divisor(const td_node *node, const pool_geom *g, int oh, int ow) {
+    if (node->args[ARG_COUNT_INCLUDE_PAD]) return (float)(g->k * g->k);
+    int h0 = oh * g->s - g->p, w0 = ow * g->s - g->p;
+    int h1 = h0 + g->k < g->h ? h0 + g->k : g->h, w1 = w0 + g->k < g->w ? w0 + g->k : g->w;
+    if (h0 < 0) h0 = 0;
+    if (w0 < 0) w0 = 0;
+    return (float)((h1 - h0) * (w1 - w0));
+}
+
+static void avgpool_forward(td_node *node, const td_run *run) {
+    pool_geom g = pool_geom_of(node);
+    size_t in_size = (size_t)g.h * g.w * g.c, out_size = (size_t)g.oh * g.ow * g.c;
+    for (int b = 0; b < run->n; b++) {
+        const float *x = node->in[0] + b * in_size;
+        float *y = node->out + b * out_size;
+        for (int oh = 0; oh < g.oh; oh++)
+            for (int ow = 0; ow < g.ow; ow++) {
+                float *yp = y + ((size_t)oh * g.ow + ow) * g.c;
+                memset(yp, 0, (size_t)g.c * 4);
+                for (int kh = 0; kh < g.k; kh++) {
+                    int ih = oh * g.s - g.p + kh;
+                    if (ih < 0 || ih >= g.h) continue;
+                    for (int kw = 0; kw < g.k; kw++) {
+                        int iw = ow * g.s - g.p + kw;
+                        if (iw < 0 || iw >= g.w) continue;
+                        const float *xp = x + ((size_t)ih * g.w + iw) * g.c;
+                        for (int c = 0; c < g.c; c++) yp[c] += xp[c];
+                    }
+                }
+                float inv = 1.0f / avg_divisor(node, &g, oh, ow);
+                for (int c = 0; c < g.c; c++) yp[c] *= inv;
+            }
+    }
+}
+
+static void avgpool_backward(td_node *node, const td_run *run) {
+    float *dx = node->in_grad[0];
+    if (!dx) return;
+    pool_geom g = pool_geom_of(node);
+    size_t in_size = (size_t)g.h * g.w * g.c, out_size = (size_t)g.oh * g.ow * g.c;
+    if (!node->in_grad_add[0]) memset(dx, 0, (size_t)run->n * in_size * 4);
+    for (int b = 0; b < run->n; b++) {
+        float *d = dx + b * in_size;
+        const float *dy = node->grad + b * out_size;
+        for (int oh = 0; oh < g.oh; oh++)
+            for (int ow = 0; ow < g.ow; ow++) {
+                const float *gp = dy + ((size_t)oh * g.ow + ow) * g.c;
+                float inv = 1.0f / avg_divisor(node, &g, oh, ow);
+                for (int kh = 0; kh < g.k; kh++) {
+                    int ih = oh * g.s - g.p + kh;
+                    if (ih < 0 || ih >= g.h) continue;
+                    for (int kw = 0; kw < g.k; kw++) {
+                        int iw = ow * g.s - g.p + kw;
+                        if (iw < 0 || iw >= g.w) continue;
+                        float *dp = d + ((size_t)ih * g.w + iw) * g.c;
+                        for (int c = 0; c < g.c; c++) dp[c] += gp[c] * inv;
+                    }
+                }
+            }
+    }
+}
+
+static const td_op_arg no_args[] = {{0}};
+
+static int gap_build(td_model *model, td_node *node, td_err *err) {
+    (void)model;
+    td_shape in = node->in_shape[0];
+    if (!in.spatial)
+        return td_fail(err, "expects an image input [C, H, W] but its input is flat [%d]", in.c);
+    node->out_shape = td_shape_flat(in.c);
+    return 0;
+}
+
+static void gap_forward(td_node *node, const td_run *run) {
+    td_shape in = node->in_shape[0];
+    size_t hw = (size_t)in.h * in.w;
+    float inv = 1.0f / (float)hw;
+    for (int b = 0; b < run->n; b++) {
+        const float *x = node->in[0] + b * hw * in.c;
+        float *y = node->out + (size_t)b * in.c;
+        memset(y, 0, (size_t)in.c * 4);
+        for (size_t i = 0; i < hw; i++)
+            for (int c = 0; c < in.c; c++) y[c] += x[i * in.c + c];
+        for (int c = 0; c < in.c; c++) y[c] *= inv;
+    }
+}
+
+static void gap_backward(td_node *node, const td_run *run) {
+    float *dx = node->in_grad[0];
+    if (!dx) return;
+    td_shape in = node->in_shape[0];
+    size_t hw = (size_t)in.h * in.w;
+    float inv = 1.0f / (float)hw;
+    bool add = node->in_grad_add[0];
+    for (int b = 0; b < run->n; b++) {
+        float *d = dx + b * hw * in.c;
+        const float *dy = node->grad + (size_t)b * in.c;
+        for (size_t i = 0; i < hw; i++)
+            for (int c = 0; c < in.c; c++)
+                d[i * in.c + c] = (add ? d[i * in.c + c] : 0.0f) + dy[c] * inv;
+    }
+}
+
+const td_op td_op_maxpool2d = {"maxpool2d",     1, 1, maxpool_args, maxpool_build, maxpool_forward,
+                               maxpool_backward};
+const td_op td_op_avgpool2d = {"avgpool2d",     1, 1, avgpool_args, avgpool_build, avgpool_forward,
+                               avgpool_backward};
+const td_op td_op_global_avgpool = {"global_avgpool", 1, 1, no_args, gap_build, gap_forward,
+                                    gap_backward};

@@ -1,0 +1,73 @@
+/* The job spec: JSON in, a validated td_job out, or one error naming the JSON path, what was
+ * found and what was expected. Unknown keys are errors too: a misspelt "momentun" silently
+ * ignored would cost a user a training run. */
+#ifndef TD_SPEC_H
+#define TD_SPEC_H
+
+#include "td_data.h"
+#include "td_error.h"
+#include "td_loss.h"
+#include "td_model.h"
+#include "td_optim.h"
+#include "td_schedule.h"
+
+#include <stdint.h>
+
+#define TD_PATH_MAX 1024
+
+typedef enum td_data_format { TD_DATA_IDX, TD_DATA_SYNTHETIC } td_data_format;
+
+typedef struct td_split_spec {
+    bool present;
+    char images[TD_PATH_MAX], labels[TD_PATH_MAX];
+    int size; /* synthetic */
+} td_split_spec;
+
+typedef struct td_job {
+    char name[128];
+
+    td_node_spec *nodes;
+    int n_nodes;
+    int num_classes;
+
+    td_data_format format;
+    td_split_spec train, val;
+    td_shape synthetic_shape;
+    td_normalize norm;
+    bool norm_given;
+
+    int epochs;
+    long max_steps; /* 0: no limit */
+    int batch_size, eval_batch_size;
+    uint64_t seed;
+    int threads;
+    bool shuffle, drop_last;
+    td_optim_config optim;
+    td_schedule schedule;
+    td_loss loss;
+    float clip_grad_norm; /* 0: off */
+
+    int log_every;
+} td_job;
+
+/* Parses and validates a spec from a file or a string. On error returns -1 with err set. */
+int td_job_load_file(td_job *job, const char *path, td_err *err);
+int td_job_load_string(td_job *job, const char *text, td_err *err);
+void td_job_free(td_job *job);
+
+/* Presets, expanded into nodes (td_preset.c). The caller frees *out. */
+typedef struct td_mlp_options {
+    int n_hidden;
+    int hidden[16];
+    const td_op *activation; /* &td_op_relu or &td_op_gelu */
+    float dropout;           /* after each hidden activation; 0: none */
+} td_mlp_options;
+
+/* conv1 1->6 5x5, relu, pool 2, conv2 6->16 5x5, relu, pool 2, flatten, fc1 256->120, relu,
+ * fc2 120->84, relu, fc3 84->classes (for 28x28 input; parameter names conv1.*, conv2.*, fc1-3.*) */
+int td_preset_lenet5(int num_classes, td_node_spec **out, int *n_out);
+/* flatten, then fc1..fcK (hidden sizes, each followed by the activation and optional dropout),
+ * then fc{K+1} -> classes */
+int td_preset_mlp(const td_mlp_options *opt, int num_classes, td_node_spec **out, int *n_out);
+
+#endif

@@ -1,0 +1,54 @@
+/* Shapes, parameter tensors and the workspace arena.
+ *
+ * Activations are stored per batch as [N, H, W, C] (channels last) for images and [N, F] for flat
+ * features. Channels-last turns every convolution into one tall GEMM with the pixels as rows
+ * (what OpenBLAS's kernels like), and a 1x1 convolution into a plain GEMM with no im2col at all.
+ * Parameters keep PyTorch's layouts (Linear [out, in], Conv2d OIHW) so that a state_dict maps
+ * onto them name for name; only Flatten translates between the two orders.
+ */
+#ifndef TD_TENSOR_H
+#define TD_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The shape of one sample. spatial: an image stored [H, W, C]; otherwise c features (h = w = 1). */
+typedef struct td_shape {
+    int c, h, w;
+    bool spatial;
+} td_shape;
+
+static inline size_t td_shape_size(td_shape s) { return (size_t)s.c * s.h * s.w; }
+td_shape td_shape_image(int c, int h, int w);
+td_shape td_shape_flat(int features);
+/* "[1, 28, 28]" (C, H, W as PyTorch users write it) or "[784]". */
+void td_shape_format(td_shape s, char *buf, size_t len);
+
+#define TD_MAX_DIMS 4
+#define TD_NAME_MAX 96
+
+/* A named parameter (or buffer) of the model, a view into the model's flat parameter block. */
+typedef struct td_param {
+    char name[TD_NAME_MAX + 32]; /* PyTorch state_dict name, e.g. "conv1.weight" */
+    int ndim;
+    int dims[TD_MAX_DIMS]; /* PyTorch's shape: Linear [out, in], Conv2d [O, I, KH, KW] */
+    size_t offset;         /* in floats, into the flat block */
+    size_t size;
+    float *data, *grad;
+    /* PyTorch's default init: uniform(-init_bound, init_bound) when init_bound > 0, else init_fill */
+    float init_bound, init_fill;
+} td_param;
+
+/* A bump allocator over one 64-byte aligned block. With base == NULL it only counts, so a
+ * layout can be planned in one pass and carved out of a single allocation in the next. */
+typedef struct td_arena {
+    char *base;
+    size_t used, cap;
+} td_arena;
+
+void *td_arena_push(td_arena *arena, size_t bytes);
+static inline float *td_arena_floats(td_arena *arena, size_t n) {
+    return (float *)td_arena_push(arena, n * sizeof(float));
+}
+
+#endif
