@@ -1,12 +1,17 @@
 /* Conv2d over channels-last activations, weights OIHW as in torch.nn.Conv2d.
  *
- * im2col + GEMM through OpenBLAS. The batch's pixels are the GEMM rows: Y [P, O] = Col [P, CKK] x
- * W^T, where Col's columns follow the weight's own (c, kh, kw) order so W is used in place, with
- * no repacking. Images are processed in chunks whose Col fits in L2; backward recomputes Col
- * rather than keeping it (ResNet-sized columns would dwarf the activations). A 1x1 stride-1
- * unpadded convolution needs no Col at all: channels-last X already is [P, C].
+ * im2col + GEMM through OpenBLAS, with the batch's pixels as the GEMM rows:
+ *   Y [P, O] = Col [P, K*K*C + 1] x Wp^T
+ * Col's columns run (kh, kw, c), so each window row is one contiguous run of K*C input floats
+ * (channels last), and end in a constant 1 whose weight is the bias: the bias add and its
+ * gradient come out of the same GEMMs. Wp is the weight repacked into that order, rebuilt at
+ * every forward (it changes with every optimizer step and is tiny next to the activations).
+ * Images are processed in chunks whose Col fits in L2; backward recomputes Col rather than
+ * keeping it (ResNet-sized columns would dwarf the activations). A 1x1 stride-1 unpadded
+ * convolution needs no Col at all: channels-last X already is [P, C].
  */
 #include "td_model.h"
+#include "td_simd.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -25,17 +30,24 @@ static const td_op_arg conv_args[] = {
 
 /* About 256 KiB of Col per chunk: it stays in L2 between im2col and the GEMM that reads it. */
 #define CONV_CHUNK_FLOATS (64 * 1024)
+/* A training forward keeps the whole batch's Col for backward when it is at most this big (small
+ * images and few channels, where im2col costs as much as the GEMMs); larger layers recompute it
+ * chunk by chunk in backward. */
+#define CONV_KEEP_COL_BYTES (32u << 20)
 
 typedef struct conv_geom {
-    int c, h, w;    /* input */
-    int o, oh, ow;  /* output */
+    int c, h, w;   /* input */
+    int o, oh, ow; /* output */
     int k, s, p;
-    int ckk;        /* columns of Col */
-    int chunk;      /* images per chunk */
-    bool direct;    /* 1x1, stride 1, no padding: X is Col */
+    int kkc;       /* window size */
+    int cols;      /* Col's width: kkc + 1 (the bias column) */
+    int chunk;     /* images per chunk */
+    bool direct;   /* 1x1, stride 1, no padding: X is Col */
+    bool bias;
+    bool keep_col; /* the training forward's Col is kept for backward */
 } conv_geom;
 
-static conv_geom geom_of(const td_node *node) {
+static conv_geom geom_of(const td_node *node, int max_n) {
     conv_geom g;
     g.c = node->in_shape[0].c;
     g.h = node->in_shape[0].h;
@@ -44,15 +56,21 @@ static conv_geom geom_of(const td_node *node) {
     g.k = (int)node->args[ARG_KERNEL];
     g.s = (int)node->args[ARG_STRIDE];
     g.p = (int)node->args[ARG_PADDING];
+    g.bias = node->args[ARG_BIAS] != 0;
     g.oh = (g.h + 2 * g.p - g.k) / g.s + 1;
     g.ow = (g.w + 2 * g.p - g.k) / g.s + 1;
-    g.ckk = g.c * g.k * g.k;
-    size_t per_image = (size_t)g.oh * g.ow * g.ckk;
+    g.kkc = g.k * g.k * g.c;
+    g.cols = g.kkc + 1;
+    size_t per_image = (size_t)g.oh * g.ow * g.cols;
     g.chunk = (int)(CONV_CHUNK_FLOATS / per_image);
     if (g.chunk < 1) g.chunk = 1;
     g.direct = g.k == 1 && g.s == 1 && g.p == 0;
+    g.keep_col = !g.direct && (size_t)max_n * per_image * sizeof(float) <= CONV_KEEP_COL_BYTES;
     return g;
 }
+
+/* Scratch layout: Col, dCol (chunk-sized) and dWp [O, cols]. */
+static size_t col_floats(const conv_geom *g) { return (size_t)g->chunk * g->oh * g->ow * g->cols; }
 
 static int conv_build(td_model *model, td_node *node, td_err *err) {
     td_shape in = node->in_shape[0];
@@ -64,137 +82,186 @@ static int conv_build(td_model *model, td_node *node, td_err *err) {
                        "kernel_size %d does not fit the input %dx%d with padding %d; the input "
                        "is too small for this layer (check the earlier strides and pools)",
                        k, in.h, in.w, p);
-    conv_geom g = geom_of(node);
-    float bound = 1.0f / sqrtf((float)g.ckk);
+    conv_geom g = geom_of(node, model->max_n);
+    /* kaiming_uniform_(a=sqrt(5)) and the bias rule both reduce to 1/sqrt(fan_in) */
+    float bound = 1.0f / sqrtf((float)g.kkc);
     td_model_add_param(model, node, "weight", 4, (int[]){g.o, g.c, g.k, g.k}, bound, 0);
-    if (node->args[ARG_BIAS]) td_model_add_param(model, node, "bias", 1, (int[]){g.o}, bound, 0);
+    if (g.bias) td_model_add_param(model, node, "bias", 1, (int[]){g.o}, bound, 0);
     node->out_shape = td_shape_image(g.o, g.oh, g.ow);
-    node->scratch_floats = g.direct ? 0 : 2 * (size_t)g.chunk * g.oh * g.ow * g.ckk;
+    if (!g.direct) {
+        /* Wp, then the kept Col */
+        node->saved_bytes = (size_t)g.o * g.cols * sizeof(float);
+        if (g.keep_col)
+            node->saved_bytes += (size_t)model->max_n * g.oh * g.ow * g.cols * sizeof(float);
+        node->scratch_floats = 2 * col_floats(&g) + (size_t)g.o * g.cols;
+    }
     return 0;
 }
 
-/* Col row for output pixel (b, oh, ow): x[b, oh*s-p+kh, ow*s-p+kw, c] at column c*k*k + kh*k + kw,
- * zero where the window hangs over the padding. */
-static void im2col(const conv_geom *g, const float *x, int nb, float *col) {
+/* Wp [O, (kh, kw, c) | bias] from W [O, C, KH, KW] and b. */
+static void pack_weight(const conv_geom *g, const float *w, const float *b, float *wp) {
     int kk = g->k * g->k;
-    for (int b = 0; b < nb; b++)
-        for (int oh = 0; oh < g->oh; oh++)
-            for (int ow = 0; ow < g->ow; ow++) {
-                float *row = col + ((size_t)(b * g->oh + oh) * g->ow + ow) * g->ckk;
-                for (int kh = 0; kh < g->k; kh++) {
-                    int ih = oh * g->s - g->p + kh;
-                    int iw0 = ow * g->s - g->p;
-                    if (ih < 0 || ih >= g->h) {
-                        for (int c = 0; c < g->c; c++)
-                            memset(row + c * kk + kh * g->k, 0, (size_t)g->k * 4);
-                        continue;
-                    }
-                    const float *src = x + ((size_t)(b * g->h + ih) * g->w) * g->c;
-                    if (g->c == 1 && iw0 >= 0 && iw0 + g->k <= g->w) {
-                        /* single channel, window inside: one contiguous run */
-                        memcpy(row + kh * g->k, src + iw0, (size_t)g->k * 4);
-                        continue;
-                    }
-                    for (int kw = 0; kw < g->k; kw++) {
-                        int iw = iw0 + kw;
-                        float *dst = row + kh * g->k + kw;
-                        if (iw < 0 || iw >= g->w) {
-                            for (int c = 0; c < g->c; c++) dst[c * kk] = 0.0f;
-                        } else {
-                            const float *s = src + (size_t)iw * g->c;
-                            for (int c = 0; c < g->c; c++) dst[c * kk] = s[c];
-                        }
-                    }
-                }
-            }
+    for (int o = 0; o < g->o; o++) {
+        float *dst = wp + (size_t)o * g->cols;
+        const float *src = w + (size_t)o * g->kkc;
+        for (int c = 0; c < g->c; c++)
+            for (int q = 0; q < kk; q++) dst[q * g->c + c] = src[c * kk + q];
+        dst[g->kkc] = b ? b[o] : 0.0f;
+    }
 }
 
-/* The adjoint of im2col: scatters Col gradients back, adding into dx. */
-static void col2im(const conv_geom *g, const float *col, int nb, float *dx) {
+/* The transpose of pack_weight for gradients: dW (+)= unpack(dWp), db (+)= its last column. */
+static void unpack_grad(const conv_geom *g, const float *dwp, float *dw, float *db, bool add) {
     int kk = g->k * g->k;
+    for (int o = 0; o < g->o; o++) {
+        const float *src = dwp + (size_t)o * g->cols;
+        float *dst = dw + (size_t)o * g->kkc;
+        for (int c = 0; c < g->c; c++)
+            for (int q = 0; q < kk; q++)
+                dst[c * kk + q] = (add ? dst[c * kk + q] : 0.0f) + src[q * g->c + c];
+        if (db) db[o] = (add ? db[o] : 0.0f) + src[g->kkc];
+    }
+}
+
+/* Col rows for nb images: the window of output pixel (oh, ow), zero over the padding, then 1.
+ * The loops run kh outside ow so that each (image, output row, kh) reads one input row, and the
+ * geometry sits in locals: the compiler cannot keep struct fields in registers across stores. */
+static void im2col(const conv_geom *g, const float *x, int nb, float *col) {
+    const int C = g->c, H = g->h, W = g->w, K = g->k, S = g->s, P = g->p;
+    const int OH = g->oh, OW = g->ow, kc = K * C, cols = g->cols, kkc = g->kkc;
     for (int b = 0; b < nb; b++)
-        for (int oh = 0; oh < g->oh; oh++)
-            for (int ow = 0; ow < g->ow; ow++) {
-                const float *row = col + ((size_t)(b * g->oh + oh) * g->ow + ow) * g->ckk;
-                for (int kh = 0; kh < g->k; kh++) {
-                    int ih = oh * g->s - g->p + kh;
-                    if (ih < 0 || ih >= g->h) continue;
-                    float *dst = dx + ((size_t)(b * g->h + ih) * g->w) * g->c;
-                    for (int kw = 0; kw < g->k; kw++) {
-                        int iw = ow * g->s - g->p + kw;
-                        if (iw < 0 || iw >= g->w) continue;
-                        float *d = dst + (size_t)iw * g->c;
-                        const float *src = row + kh * g->k + kw;
-                        for (int c = 0; c < g->c; c++) d[c] += src[c * kk];
+        for (int oh = 0; oh < OH; oh++) {
+            float *rows = col + (size_t)(b * OH + oh) * OW * cols;
+            for (int kh = 0; kh < K; kh++) {
+                int ih = oh * S - P + kh;
+                float *dst = rows + kh * kc;
+                if (ih < 0 || ih >= H) {
+                    for (int ow = 0; ow < OW; ow++, dst += cols)
+                        memset(dst, 0, (size_t)kc * sizeof(float));
+                    continue;
+                }
+                const float *src = x + (size_t)(b * H + ih) * W * C;
+                for (int ow = 0; ow < OW; ow++, dst += cols) {
+                    int iw0 = ow * S - P;
+                    if (iw0 >= 0 && iw0 + K <= W) {
+                        td_copy_run(dst, src + (size_t)iw0 * C, kc);
+                        continue;
+                    }
+                    for (int kw = 0; kw < K; kw++) {
+                        int iw = iw0 + kw;
+                        if (iw < 0 || iw >= W)
+                            memset(dst + kw * C, 0, (size_t)C * sizeof(float));
+                        else
+                            td_copy_run(dst + kw * C, src + (size_t)iw * C, C);
                     }
                 }
             }
+            for (int ow = 0; ow < OW; ow++) rows[(size_t)ow * cols + kkc] = 1.0f;
+        }
+}
+
+/* The adjoint of im2col (without the bias column): adds dCol [rows, kkc] back into dx. */
+static void col2im(const conv_geom *g, const float *dcol, int nb, float *dx) {
+    const int C = g->c, H = g->h, W = g->w, K = g->k, S = g->s, P = g->p;
+    const int OH = g->oh, OW = g->ow, kc = K * C, kkc = g->kkc;
+    for (int b = 0; b < nb; b++)
+        for (int oh = 0; oh < OH; oh++) {
+            const float *rows = dcol + (size_t)(b * OH + oh) * OW * kkc;
+            for (int kh = 0; kh < K; kh++) {
+                int ih = oh * S - P + kh;
+                if (ih < 0 || ih >= H) continue;
+                const float *src = rows + kh * kc;
+                float *dst = dx + (size_t)(b * H + ih) * W * C;
+                for (int ow = 0; ow < OW; ow++, src += kkc) {
+                    int iw0 = ow * S - P;
+                    if (iw0 >= 0 && iw0 + K <= W) {
+                        td_add_run(dst + (size_t)iw0 * C, src, kc);
+                        continue;
+                    }
+                    for (int kw = 0; kw < K; kw++) {
+                        int iw = iw0 + kw;
+                        if (iw >= 0 && iw < W)
+                            td_add_run(dst + (size_t)iw * C, src + kw * C, C);
+                    }
+                }
+            }
+        }
 }
 
 static void conv_forward(td_node *node, const td_run *run) {
-    conv_geom g = geom_of(node);
+    conv_geom g = geom_of(node, node->max_n);
     const float *w = node->params[0]->data;
+    const float *b = g.bias ? node->params[1]->data : NULL;
     size_t out_pix = (size_t)g.oh * g.ow, in_size = (size_t)g.h * g.w * g.c;
-    float beta = 0.0f;
-    if (node->n_params > 1) {
-        const float *bias = node->params[1]->data;
-        size_t rows = (size_t)run->n * out_pix;
-        for (size_t r = 0; r < rows; r++) memcpy(node->out + r * g.o, bias, (size_t)g.o * 4);
-        beta = 1.0f;
-    }
     if (g.direct) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(run->n * out_pix), g.o, g.c,
-                    1.0f, node->in[0], g.c, w, g.c, beta, node->out, g.o);
+        size_t rows = (size_t)run->n * out_pix;
+        if (b) td_fill_rows(node->out, b, rows, (size_t)g.o);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, g.o, g.c, 1.0f,
+                    node->in[0], g.c, w, g.c, b ? 1.0f : 0.0f, node->out, g.o);
         return;
     }
+    float *wp = node->saved;
+    pack_weight(&g, w, b, wp);
+    bool keep = g.keep_col && run->training;
+    float *kept = wp + (size_t)g.o * g.cols;
     for (int b0 = 0; b0 < run->n; b0 += g.chunk) {
         int nb = run->n - b0 < g.chunk ? run->n - b0 : g.chunk;
-        im2col(&g, node->in[0] + b0 * in_size, nb, run->scratch);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(nb * out_pix), g.o, g.ckk, 1.0f,
-                    run->scratch, g.ckk, w, g.ckk, beta, node->out + b0 * out_pix * g.o, g.o);
+        float *col = keep ? kept + b0 * out_pix * g.cols : run->scratch;
+        im2col(&g, node->in[0] + b0 * in_size, nb, col);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(nb * out_pix), g.o, g.cols,
+                    1.0f, col, g.cols, wp, g.cols, 0.0f, node->out + b0 * out_pix * g.o, g.o);
     }
 }
 
-static void conv_backward(td_node *node, const td_run *run) {
-    conv_geom g = geom_of(node);
-    size_t out_pix = (size_t)g.oh * g.ow, in_size = (size_t)g.h * g.w * g.c;
-    const float *dy = node->grad, *w = node->params[0]->data;
-    float *dw = node->params[0]->grad, *dx = node->in_grad[0];
-    if (node->n_params > 1) {
+static void conv_backward_direct(const conv_geom *g, td_node *node, const td_run *run) {
+    int rows = run->n * g->oh * g->ow;
+    const float *dy = node->grad;
+    bool acc = run->accumulate_grads;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->o, g->c, rows, 1.0f, dy, g->o,
+                node->in[0], g->c, acc ? 1.0f : 0.0f, node->params[0]->grad, g->c);
+    if (g->bias) {
         float *db = node->params[1]->grad;
-        if (!run->accumulate_grads) memset(db, 0, (size_t)g.o * 4);
-        size_t rows = (size_t)run->n * out_pix;
-        for (size_t r = 0; r < rows; r++)
-            for (int o = 0; o < g.o; o++) db[o] += dy[r * g.o + o];
+        if (!acc) memset(db, 0, (size_t)g->o * sizeof(float));
+        for (int r = 0; r < rows; r++)
+            for (int o = 0; o < g->o; o++) db[o] += dy[(size_t)r * g->o + o];
     }
+    if (node->in_grad[0])
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g->c, g->o, 1.0f, dy, g->o,
+                    node->params[0]->data, g->c, node->in_grad_add[0] ? 1.0f : 0.0f,
+                    node->in_grad[0], g->c);
+}
+
+static void conv_backward(td_node *node, const td_run *run) {
+    conv_geom g = geom_of(node, node->max_n);
     if (g.direct) {
-        int rows = (int)(run->n * out_pix);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.c, rows, 1.0f, dy, g.o,
-                    node->in[0], g.c, run->accumulate_grads ? 1.0f : 0.0f, dw, g.c);
-        if (dx)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.c, g.o, 1.0f, dy, g.o,
-                        w, g.c, node->in_grad_add[0] ? 1.0f : 0.0f, dx, g.c);
+        conv_backward_direct(&g, node, run);
         return;
     }
-    if (dx && !node->in_grad_add[0]) memset(dx, 0, (size_t)run->n * in_size * 4);
-    float *col = run->scratch;
-    float *dcol = run->scratch + (size_t)g.chunk * out_pix * g.ckk;
+    size_t out_pix = (size_t)g.oh * g.ow, in_size = (size_t)g.h * g.w * g.c;
+    const float *dy = node->grad, *wp = node->saved;
+    float *dx = node->in_grad[0];
+    float *col = run->scratch, *dcol = col + col_floats(&g), *dwp = dcol + col_floats(&g);
+    if (dx && !node->in_grad_add[0]) memset(dx, 0, (size_t)run->n * in_size * sizeof(float));
     for (int b0 = 0; b0 < run->n; b0 += g.chunk) {
         int nb = run->n - b0 < g.chunk ? run->n - b0 : g.chunk;
         int rows = (int)(nb * out_pix);
         const float *dyc = dy + b0 * out_pix * g.o;
-        im2col(&g, node->in[0] + b0 * in_size, nb, col);
-        float beta = (b0 == 0 && !run->accumulate_grads) ? 0.0f : 1.0f;
-        /* dW [O, CKK] += dY^T [O, rows] x Col [rows, CKK] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.ckk, rows, 1.0f, dyc, g.o, col,
-                    g.ckk, beta, dw, g.ckk);
+        if (g.keep_col)
+            col = (float *)wp + (size_t)g.o * g.cols + b0 * out_pix * g.cols;
+        else
+            im2col(&g, node->in[0] + b0 * in_size, nb, col);
+        /* dWp [O, cols] (+)= dY^T [O, rows] x Col [rows, cols]; the last column is db */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.cols, rows, 1.0f, dyc, g.o,
+                    col, g.cols, b0 == 0 ? 0.0f : 1.0f, dwp, g.cols);
         if (dx) {
-            /* dCol [rows, CKK] = dY [rows, O] x W [O, CKK] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.ckk, g.o, 1.0f, dyc,
-                        g.o, w, g.ckk, 0.0f, dcol, g.ckk);
+            /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc,
+                        g.o, wp, g.cols, 0.0f, dcol, g.kkc);
             col2im(&g, dcol, nb, dx + b0 * in_size);
         }
     }
+    unpack_grad(&g, dwp, node->params[0]->grad, g.bias ? node->params[1]->grad : NULL,
+                run->accumulate_grads);
 }
 
 const td_op td_op_conv2d = {"conv2d", 1, 1, conv_args, conv_build, conv_forward, conv_backward};

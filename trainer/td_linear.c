@@ -37,7 +37,7 @@ static void linear_forward(td_node *node, const td_run *run) {
     if (node->n_params > 1) {
         /* Start from the bias rows so the GEMM adds onto them: one pass over y fewer. */
         const float *b = node->params[1]->data;
-        for (int i = 0; i < n; i++) memcpy(node->out + (size_t)i * out, b, (size_t)out * 4);
+        td_fill_rows(node->out, b, (size_t)n, (size_t)out);
         beta = 1.0f;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, node->in[0], in, w, in,

@@ -90,6 +90,7 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
                 return td_fail(err, "model.nodes[%d].name: \"%s\" is already used by nodes[%d]",
                                i, s->name, j);
         node->op = s->op;
+        node->max_n = model->max_n;
         memcpy(node->args, s->args, sizeof node->args);
         if (s->n_inputs == 0) {
             node->n_inputs = 1;

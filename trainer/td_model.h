@@ -71,6 +71,7 @@ struct td_node {
     int param_ids[TD_MAX_NODE_PARAMS]; /* into model->params, stable while it grows */
     td_param *params[TD_MAX_NODE_PARAMS]; /* resolved once the model is built */
 
+    int max_n;             /* the largest batch the buffers hold */
     size_t saved_bytes;    /* what forward keeps for backward (pool argmax, dropout mask) */
     size_t scratch_floats; /* temporary need during one forward or backward call */
 

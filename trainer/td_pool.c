@@ -2,6 +2,7 @@
  * and global average pooling ([H, W, C] -> [C], i.e. AdaptiveAvgPool2d(1) followed by flatten).
  * The inner loops run over channels, which are contiguous. */
 #include "td_model.h"
+#include "td_simd.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -77,10 +78,7 @@ static void maxpool_forward(td_node *node, const td_run *run) {
             for (int ow = 0; ow < g.ow; ow++) {
                 float *yp = y + ((size_t)oh * g.ow + ow) * g.c;
                 int32_t *ap = a + ((size_t)oh * g.ow + ow) * g.c;
-                for (int c = 0; c < g.c; c++) {
-                    yp[c] = -INFINITY;
-                    ap[c] = -1;
-                }
+                bool first = true;
                 for (int kh = 0; kh < g.k; kh++) {
                     int ih = oh * g.s - g.p + kh;
                     if (ih < 0 || ih >= g.h) continue;
@@ -88,13 +86,15 @@ static void maxpool_forward(td_node *node, const td_run *run) {
                         int iw = ow * g.s - g.p + kw;
                         if (iw < 0 || iw >= g.w) continue;
                         int32_t base = (int32_t)(((size_t)ih * g.w + iw) * g.c);
-                        const float *xp = x + base;
-                        /* first maximum wins and NaN propagates, as in PyTorch */
-                        for (int c = 0; c < g.c; c++)
-                            if (xp[c] > yp[c] || isnan(xp[c]) || ap[c] < 0) {
-                                yp[c] = xp[c];
-                                ap[c] = base + c;
-                            }
+                        if (first) {
+                            /* the window's first element seeds the running maximum */
+                            td_copy_run(yp, x + base, g.c);
+                            for (int c = 0; c < g.c; c++) ap[c] = base + c;
+                            first = false;
+                        } else {
+                            /* later elements win only when greater or NaN: PyTorch's rule */
+                            td_max_run(yp, ap, x + base, base, g.c);
+                        }
                     }
                 }
             }

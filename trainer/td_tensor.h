@@ -46,6 +46,10 @@ typedef struct td_arena {
     size_t used, cap;
 } td_arena;
 
+/* Copies one row of width floats into all n_rows rows of dst, by doubling memcpy: a handful of
+ * large copies instead of one small copy per row (bias initialisation). */
+void td_fill_rows(float *dst, const float *row, size_t n_rows, size_t width);
+
 void *td_arena_push(td_arena *arena, size_t bytes);
 static inline float *td_arena_floats(td_arena *arena, size_t n) {
     return (float *)td_arena_push(arena, n * sizeof(float));

@@ -1,5 +1,6 @@
 #include "td_train.h"
 
+#include "td_blas.h"
 #include "td_cuda.h"
 
 #include <cblas.h>
@@ -119,8 +120,8 @@ static void log_banner(const trainer *t) {
             t->train.n, job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "",
             t->train.shape.c, t->train.shape.h, t->train.shape.w, t->classes);
     if (job->val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
-    fprintf(t->log, "[traind] device: CPU, %d BLAS thread%s (%s)\n", job->threads,
-            job->threads > 1 ? "s" : "",
+    fprintf(t->log, "[traind] device: CPU, OpenBLAS %s kernels, %d thread%s (%s)\n",
+            td_blas_describe(), job->threads, job->threads > 1 ? "s" : "",
             gpus > 0 ? "CUDA devices present; the GPU backend is not built into this engine yet"
                      : why);
 }

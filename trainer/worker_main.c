@@ -1,5 +1,6 @@
 /* traind-worker: trains the job a spec file describes. Metrics on stdout (JSON lines), progress
  * and errors on stderr, exit status 0 on success, 1 on a training or data error, 2 on usage. */
+#include "td_blas.h"
 #include "td_spec.h"
 #include "td_train.h"
 
@@ -28,6 +29,7 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    td_blas_fix_kernel(argv);
     const char *path = NULL;
     bool check_only = false;
     for (int i = 1; i < argc; i++) {

@@ -1,0 +1,71 @@
+/* Short-vector helpers for the inner loops of im2col, col2im and pooling, whose runs are a few
+ * to a few dozen floats (a window row of K*C values, the C channels of one pixel). Loops that
+ * short spend more time in loop set-up and scalar tails than in work; AVX-512's masked loads
+ * and stores do a run of up to 16 floats in one instruction pair. Without AVX-512 (another
+ * -march) the plain loops below are used and give the same results. */
+#ifndef TD_SIMD_H
+#define TD_SIMD_H
+
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+static inline __mmask16 td_tail_mask(int n) { return (__mmask16)((1u << n) - 1u); }
+
+/* dst[0..n) = src[0..n) */
+static inline void td_copy_run(float *dst, const float *src, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
+    if (i < n) {
+        __mmask16 m = td_tail_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+}
+
+/* dst[0..n) += src[0..n) */
+static inline void td_add_run(float *dst, const float *src, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 m = td_tail_mask(n - i);
+        __m512 s = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i), _mm512_maskz_loadu_ps(m, src + i));
+        _mm512_mask_storeu_ps(dst + i, m, s);
+    }
+}
+
+/* Where x[c] > y[c] or x[c] is NaN (PyTorch's max-pool rule): y[c] = x[c], arg[c] = base + c. */
+static inline void td_max_run(float *y, int32_t *arg, const float *x, int32_t base, int n) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : td_tail_mask(n - i);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i), best = _mm512_maskz_loadu_ps(m, y + i);
+        __mmask16 take = _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ) |
+                         _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+        _mm512_mask_storeu_ps(y + i, take, v);
+        __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base + i), iota);
+        _mm512_mask_storeu_epi32(arg + i, take, idx);
+    }
+}
+
+#else
+
+static inline void td_copy_run(float *dst, const float *src, int n) {
+    for (int i = 0; i < n; i++) dst[i] = src[i];
+}
+
+static inline void td_add_run(float *dst, const float *src, int n) {
+    for (int i = 0; i < n; i++) dst[i] += src[i];
+}
+
+static inline void td_max_run(float *y, int32_t *arg, const float *x, int32_t base, int n) {
+    for (int i = 0; i < n; i++)
+        if (x[i] > y[i] || x[i] != x[i]) {
+            y[i] = x[i];
+            arg[i] = base + i;
+        }
+}
+
+#endif
+#endif
