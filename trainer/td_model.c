@@ -148,17 +148,25 @@ static void layout(td_model *model, td_arena *arena, bool *needs_grad, bool *wri
         node->grad = td_arena_floats(arena, out);
         node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;
         needs_grad[i] = node->n_params > 0;
-        for (int j = 0; j < node->n_inputs; j++)
-            if (node->inputs[j] != TD_INPUT_NODE && needs_grad[node->inputs[j]])
-                needs_grad[i] = true;
+        for (int j = 0; j < node->n_inputs; j++) {
+            int k = node->inputs[j];
+            if (k == TD_INPUT_NODE ? model->input_grad != NULL : needs_grad[k]) needs_grad[i] = true;
+        }
     }
     model->scratch = td_arena_floats(arena, model->scratch_floats);
     for (int i = 0; i < n; i++) written[i] = false;
+    bool input_written = false;
     for (int i = n - 1; i >= 0; i--) {
         td_node *node = &model->nodes[i];
         for (int j = 0; j < node->n_inputs; j++) {
             int k = node->inputs[j];
             node->in[j] = k == TD_INPUT_NODE ? NULL : model->nodes[k].out;
+            if (k == TD_INPUT_NODE && model->input_grad) {
+                node->in_grad[j] = model->input_grad;
+                node->in_grad_add[j] = input_written;
+                input_written = true;
+                continue;
+            }
             if (k == TD_INPUT_NODE || !needs_grad[k]) {
                 node->in_grad[j] = NULL;
                 continue;
@@ -171,7 +179,7 @@ static void layout(td_model *model, td_arena *arena, bool *needs_grad, bool *wri
 }
 
 int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_shape input_shape,
-                   int max_n, uint64_t seed, td_err *err) {
+                   int max_n, uint64_t seed, unsigned flags, td_err *err) {
     memset(model, 0, sizeof *model);
     if (n_specs <= 0) return td_fail(err, "model.nodes: expected at least one node");
     model->n_nodes = n_specs;
@@ -190,6 +198,9 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
     model->param_block = td_aligned_alloc(model->param_floats * sizeof(float));
     model->grad_block = td_aligned_alloc(model->param_floats * sizeof(float));
     init_params(model, seed);
+    if (flags & TD_MODEL_INPUT_GRAD)
+        model->input_grad =
+            td_aligned_alloc((size_t)max_n * td_shape_size(input_shape) * sizeof(float));
 
     bool *needs_grad = td_calloc((size_t)n_specs, sizeof(bool));
     bool *written = td_calloc((size_t)n_specs, sizeof(bool));
@@ -204,6 +215,7 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
 }
 
 void td_model_free(td_model *model) {
+    free(model->input_grad);
     free(model->nodes);
     free(model->params);
     free(model->param_block);

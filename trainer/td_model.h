@@ -103,6 +103,8 @@ struct td_model {
     size_t param_floats;
     float *param_block, *grad_block;
 
+    float *input_grad; /* NULL unless built with TD_MODEL_INPUT_GRAD */
+
     size_t scratch_floats;
     td_arena arena;
     float *scratch;
@@ -113,10 +115,14 @@ const td_op *td_op_find(const char *name);
 /* "linear, conv2d, ..." for error messages. */
 const char *td_op_names(void);
 
+/* td_model_build flags. INPUT_GRAD: backward also produces the gradient with respect to the
+ * batch itself, in model->input_grad ([max_n, input size]), for gradient checks. */
+#define TD_MODEL_INPUT_GRAD 1u
+
 /* Builds and allocates the model for batches of up to max_n samples of input_shape. Parameters
  * are initialised as PyTorch initialises them by default, from the given seed. */
 int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_shape input_shape,
-                   int max_n, uint64_t seed, td_err *err);
+                   int max_n, uint64_t seed, unsigned flags, td_err *err);
 void td_model_free(td_model *model);
 
 /* Called by an op's build: registers parameter `suffix` of the node ("weight") with PyTorch's

@@ -66,7 +66,7 @@ static int setup_data(trainer *t, td_err *err) {
 static int setup_model(trainer *t, td_err *err) {
     const td_job *job = t->job;
     int max_n = job->batch_size > job->eval_batch_size ? job->batch_size : job->eval_batch_size;
-    if (td_model_build(&t->model, job->nodes, job->n_nodes, t->train.shape, max_n, job->seed, err) !=
+    if (td_model_build(&t->model, job->nodes, job->n_nodes, t->train.shape, max_n, job->seed, 0, err) !=
         0)
         return -1;
     td_shape out = td_model_output_shape(&t->model);

@@ -1,0 +1,202 @@
+/* Every op's backward against central finite differences.
+ *
+ * The objective is L = sum(out · r) for a fixed random r, accumulated in double; its gradient
+ * with respect to every parameter and input element is checked against (L(x+h) - L(x-h)) / 2h.
+ * The forward is float32, so the tolerance allows for float rounding of L divided by 2h. */
+#include "test_util.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 3
+#define H 1e-3f
+
+typedef struct check {
+    td_model model;
+    float *x, *r;
+    size_t in_size, out_size;
+    td_rng rng;
+    bool training;
+} check;
+
+static double objective(check *c) {
+    td_run run = {.n = N, .training = c->training, .rng = &c->rng};
+    td_rng_seed(&c->rng, 7); /* the same dropout mask on every evaluation */
+    const float *out = td_model_forward(&c->model, c->x, &run);
+    double l = 0;
+    for (size_t i = 0; i < N * c->out_size; i++) l += (double)out[i] * c->r[i];
+    return l;
+}
+
+/* Compares the analytic gradient g of value v with a central difference; samples up to
+ * `limit` elements spread over the tensor. */
+static void compare(check *c, const char *what, float *v, const float *g, size_t n) {
+    size_t stride = n > 60 ? n / 60 : 1;
+    for (size_t i = 0; i < n; i += stride) {
+        float keep = v[i];
+        v[i] = keep + H;
+        double up = objective(c);
+        v[i] = keep - H;
+        double down = objective(c);
+        v[i] = keep;
+        double fd = (up - down) / (2.0 * H);
+        double tol = 3e-3 + 1e-2 * fabs(fd);
+        cr_expect(fabs(g[i] - fd) <= tol, "%s[%zu]: analytic %.6g, finite difference %.6g", what,
+                  i, g[i], fd);
+    }
+}
+
+static void run_check(const char *nodes, td_shape input, bool training) {
+    check c = {.training = training};
+    test_build_model(&c.model, nodes, input, N, 11);
+    c.in_size = td_shape_size(input);
+    c.out_size = td_shape_size(td_model_output_shape(&c.model));
+    c.x = malloc(N * c.in_size * sizeof(float));
+    c.r = malloc(N * c.out_size * sizeof(float));
+    td_rng data;
+    td_rng_seed(&data, 3);
+    for (size_t i = 0; i < N * c.in_size; i++) c.x[i] = 2.0f * td_rng_uniform(&data) - 1.0f;
+    for (size_t i = 0; i < N * c.out_size; i++) c.r[i] = 2.0f * td_rng_uniform(&data) - 1.0f;
+
+    objective(&c);
+    td_run run = {.n = N, .training = training, .rng = &c.rng};
+    td_model_backward(&c.model, c.r, &run);
+    /* copy the gradients: the checks below rerun forward */
+    float *pg = malloc(c.model.param_floats * sizeof(float) + 1);
+    float *xg = malloc(N * c.in_size * sizeof(float));
+    memcpy(pg, c.model.grad_block, c.model.param_floats * sizeof(float));
+    memcpy(xg, c.model.input_grad, N * c.in_size * sizeof(float));
+    for (int p = 0; p < c.model.n_params; p++) {
+        td_param *par = &c.model.params[p];
+        compare(&c, par->name, par->data, pg + par->offset, par->size);
+    }
+    compare(&c, "input", c.x, xg, N * c.in_size);
+    free(pg);
+    free(xg);
+    free(c.x);
+    free(c.r);
+    td_model_free(&c.model);
+}
+
+Test(gradcheck, linear) {
+    run_check("[{\"name\":\"fc\",\"op\":\"linear\",\"out_features\":4}]", td_shape_flat(5), true);
+}
+
+Test(gradcheck, linear_without_bias) {
+    run_check("[{\"name\":\"fc\",\"op\":\"linear\",\"out_features\":3,\"bias\":false}]",
+              td_shape_flat(6), true);
+}
+
+Test(gradcheck, conv2d_3x3_padded) {
+    run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":4,\"kernel_size\":3,"
+              "\"padding\":1}]",
+              td_shape_image(3, 5, 5), true);
+}
+
+Test(gradcheck, conv2d_strided_single_channel) {
+    run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":2,\"kernel_size\":5,"
+              "\"stride\":2,\"padding\":2}]",
+              td_shape_image(1, 7, 6), true);
+}
+
+Test(gradcheck, conv2d_1x1_without_bias) {
+    run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":5,\"kernel_size\":1,"
+              "\"bias\":false}]",
+              td_shape_image(3, 4, 4), true);
+}
+
+Test(gradcheck, conv2d_1x1_strided) {
+    run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":2,\"kernel_size\":1,"
+              "\"stride\":2}]",
+              td_shape_image(3, 5, 5), true);
+}
+
+Test(gradcheck, maxpool2d) {
+    run_check("[{\"name\":\"p\",\"op\":\"maxpool2d\",\"kernel_size\":2}]", td_shape_image(3, 4, 6),
+              true);
+}
+
+Test(gradcheck, maxpool2d_overlapping_padded) {
+    run_check("[{\"name\":\"p\",\"op\":\"maxpool2d\",\"kernel_size\":3,\"stride\":2,"
+              "\"padding\":1}]",
+              td_shape_image(2, 5, 5), true);
+}
+
+Test(gradcheck, avgpool2d) {
+    run_check("[{\"name\":\"p\",\"op\":\"avgpool2d\",\"kernel_size\":2}]", td_shape_image(3, 4, 4),
+              true);
+}
+
+Test(gradcheck, avgpool2d_padded_exclude_pad) {
+    run_check("[{\"name\":\"p\",\"op\":\"avgpool2d\",\"kernel_size\":3,\"stride\":2,"
+              "\"padding\":1,\"count_include_pad\":false}]",
+              td_shape_image(2, 5, 5), true);
+}
+
+Test(gradcheck, global_avgpool) {
+    run_check("[{\"name\":\"g\",\"op\":\"global_avgpool\"}]", td_shape_image(4, 3, 3), true);
+}
+
+Test(gradcheck, relu) {
+    run_check("[{\"name\":\"a\",\"op\":\"relu\"}]", td_shape_flat(12), true);
+}
+
+Test(gradcheck, gelu) {
+    run_check("[{\"name\":\"a\",\"op\":\"gelu\"}]", td_shape_flat(12), true);
+}
+
+Test(gradcheck, gelu_tanh) {
+    run_check("[{\"name\":\"a\",\"op\":\"gelu\",\"approximate\":\"tanh\"}]", td_shape_flat(12),
+              true);
+}
+
+Test(gradcheck, flatten_multichannel) {
+    run_check("[{\"name\":\"f\",\"op\":\"flatten\"},"
+              " {\"name\":\"fc\",\"op\":\"linear\",\"out_features\":3}]",
+              td_shape_image(3, 2, 3), true);
+}
+
+Test(gradcheck, dropout_training) {
+    run_check("[{\"name\":\"d\",\"op\":\"dropout\",\"p\":0.3}]", td_shape_flat(20), true);
+}
+
+Test(gradcheck, dropout_eval) {
+    run_check("[{\"name\":\"d\",\"op\":\"dropout\",\"p\":0.3}]", td_shape_flat(20), false);
+}
+
+Test(gradcheck, residual_block) {
+    /* the input feeds both the conv branch and the add: its gradient is the sum of two paths */
+    run_check("[{\"name\":\"c1\",\"op\":\"conv2d\",\"out_channels\":2,\"kernel_size\":3,"
+              "\"padding\":1},"
+              " {\"name\":\"r1\",\"op\":\"relu\"},"
+              " {\"name\":\"c2\",\"op\":\"conv2d\",\"out_channels\":2,\"kernel_size\":3,"
+              "\"padding\":1},"
+              " {\"name\":\"sum\",\"op\":\"add\",\"inputs\":[\"c2\",\"input\"]},"
+              " {\"name\":\"g\",\"op\":\"global_avgpool\"}]",
+              td_shape_image(2, 4, 4), true);
+}
+
+Test(gradcheck, lenet5_whole) {
+    td_model m;
+    td_node_spec *nodes;
+    int n;
+    td_preset_lenet5(10, &nodes, &n);
+    td_err err;
+    cr_assert_eq(td_model_build(&m, nodes, n, td_shape_image(1, 28, 28), 4, 1, 0, &err), 0, "%s",
+                 err.msg);
+    cr_expect_eq(m.param_floats, 44426u, "LeNet-5 has 44,426 parameters, got %zu",
+                 m.param_floats);
+    const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                           "fc1.weight",   "fc1.bias",   "fc2.weight",   "fc2.bias",
+                           "fc3.weight",   "fc3.bias"};
+    cr_assert_eq(m.n_params, 10);
+    for (int i = 0; i < 10; i++) cr_expect_str_eq(m.params[i].name, names[i]);
+    const td_param *w = td_model_find_param(&m, "conv2.weight");
+    cr_assert(w);
+    cr_expect(w->ndim == 4 && w->dims[0] == 16 && w->dims[1] == 6 && w->dims[2] == 5 &&
+              w->dims[3] == 5, "conv2.weight is OIHW [16, 6, 5, 5]");
+    td_model_free(&m);
+    free(nodes);
+}

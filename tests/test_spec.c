@@ -1,0 +1,167 @@
+/* Each kind of bad spec gives one clear message naming the JSON path, what was found and what
+ * was expected. Shape errors surface when the model is built, so those go through a real run. */
+#include "td_train.h"
+#include "test_util.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *GOOD_TRAIN =
+    "\"train\": {\"batch_size\": 8, \"max_steps\": 2, \"optimizer\": {\"type\": \"sgd\", "
+    "\"lr\": 0.1}}";
+static const char *SYNTH =
+    "\"data\": {\"format\": \"synthetic\", \"shape\": [1, 28, 28], \"num_classes\": 10, "
+    "\"size\": 32}";
+
+/* Loads spec (and, if it parses, trains it briefly); expects an error containing each of the
+ * given fragments. */
+static void expect_error(const char *spec, const char *const *fragments) {
+    td_job job;
+    td_err err = {{0}};
+    int rc = td_job_load_string(&job, spec, &err);
+    if (rc == 0) {
+        FILE *devnull = fopen("/dev/null", "w");
+        rc = td_train_run(&job, devnull, devnull, NULL, &err);
+        fclose(devnull);
+        td_job_free(&job);
+    }
+    cr_assert_neq(rc, 0, "spec was accepted: %s", spec);
+    for (int i = 0; fragments[i]; i++)
+        cr_expect(strstr(err.msg, fragments[i]), "message \"%s\" lacks \"%s\"", err.msg,
+                  fragments[i]);
+}
+
+#define EXPECT_ERROR(spec, ...) expect_error(spec, (const char *const[]){__VA_ARGS__, NULL})
+
+static char *spec_of(const char *model, const char *data, const char *train) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "{\"model\": %s, %s, %s}", model, data, train);
+    return buf;
+}
+
+Test(spec, invalid_json_names_line_and_column) {
+    EXPECT_ERROR("{\"model\": {\"preset\": \"lenet5\",\n \"num_classes\": }", "spec:2:",
+                 "invalid JSON");
+}
+
+Test(spec, missing_section) {
+    EXPECT_ERROR("{\"model\": {\"preset\": \"lenet5\", \"num_classes\": 10}, \"data\": "
+                 "{\"format\": \"synthetic\", \"shape\": [1,28,28], \"num_classes\": 10, "
+                 "\"size\": 8}}",
+                 "train: missing; expected an object");
+}
+
+Test(spec, missing_field) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}"),
+                 "train.batch_size: missing; expected an integer");
+}
+
+Test(spec, wrong_type) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"batch_size\": \"64\", \"optimizer\": {\"type\": \"sgd\", "
+                         "\"lr\": 0.1}}"),
+                 "train.batch_size: expected an integer, found \"64\"");
+}
+
+Test(spec, out_of_range) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"batch_size\": 8, \"optimizer\": {\"type\": \"sgd\", "
+                         "\"lr\": -1}}"),
+                 "train.optimizer.lr: expected a number in", "found -1");
+}
+
+Test(spec, unknown_key_is_not_ignored) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"batch_size\": 8, \"optimizer\": {\"type\": \"sgd\", "
+                         "\"lr\": 0.1, \"momentun\": 0.9}}"),
+                 "train.optimizer.momentun: unknown key", "momentum");
+}
+
+Test(spec, unknown_preset) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"resnet9000\", \"num_classes\": 10}", SYNTH, GOOD_TRAIN),
+                 "model.preset: expected one of lenet5/mlp", "\"resnet9000\"");
+}
+
+Test(spec, unknown_op) {
+    EXPECT_ERROR(spec_of("{\"nodes\": [{\"name\": \"f\", \"op\": \"flatten\"}, {\"name\": \"c\", "
+                         "\"op\": \"conv3d\"}]}",
+                         SYNTH, GOOD_TRAIN),
+                 "model.nodes[1].op: unknown op \"conv3d\"", "conv2d");
+}
+
+Test(spec, missing_op_argument) {
+    EXPECT_ERROR(spec_of("{\"nodes\": [{\"name\": \"c\", \"op\": \"conv2d\", \"kernel_size\": 3}]}",
+                         SYNTH, GOOD_TRAIN),
+                 "model.nodes[0].out_channels: missing");
+}
+
+Test(spec, linear_on_image_input) {
+    EXPECT_ERROR(spec_of("{\"nodes\": [{\"name\": \"fc\", \"op\": \"linear\", \"out_features\": "
+                         "10}]}",
+                         SYNTH, GOOD_TRAIN),
+                 "model.nodes[0] (\"fc\", linear)", "input has shape [1, 28, 28]", "flatten");
+}
+
+Test(spec, kernel_larger_than_input) {
+    EXPECT_ERROR(spec_of("{\"nodes\": [{\"name\": \"c1\", \"op\": \"conv2d\", \"out_channels\": "
+                         "4, \"kernel_size\": 5, \"stride\": 4}, {\"name\": \"c2\", \"op\": "
+                         "\"conv2d\", \"out_channels\": 4, \"kernel_size\": 9}]}",
+                         SYNTH, GOOD_TRAIN),
+                 "model.nodes[1] (\"c2\", conv2d)", "kernel_size 9 does not fit the input 6x6");
+}
+
+Test(spec, add_shape_mismatch) {
+    EXPECT_ERROR(spec_of("{\"nodes\": [{\"name\": \"c\", \"op\": \"conv2d\", \"out_channels\": 2, "
+                         "\"kernel_size\": 3}, {\"name\": \"s\", \"op\": \"add\", \"inputs\": "
+                         "[\"c\", \"input\"]}]}",
+                         SYNTH, GOOD_TRAIN),
+                 "inputs[0] has shape [2, 26, 26] but inputs[1] has shape [1, 28, 28]");
+}
+
+Test(spec, input_names_an_unknown_node) {
+    EXPECT_ERROR(spec_of("{\"nodes\": [{\"name\": \"f\", \"op\": \"flatten\", \"inputs\": "
+                         "[\"stem\"]}]}",
+                         SYNTH, GOOD_TRAIN),
+                 "model.nodes[0].inputs[0]: no earlier node is named \"stem\"");
+}
+
+Test(spec, output_size_differs_from_num_classes) {
+    EXPECT_ERROR(spec_of("{\"num_classes\": 10, \"nodes\": [{\"name\": \"f\", \"op\": "
+                         "\"flatten\"}, {\"name\": \"fc\", \"op\": \"linear\", \"out_features\": "
+                         "7}]}",
+                         SYNTH, GOOD_TRAIN),
+                 "outputs 7 values but num_classes is 10");
+}
+
+Test(spec, missing_data_file) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}",
+                         "\"data\": {\"format\": \"idx\", \"train\": {\"images\": "
+                         "\"/nonexistent/train-images.gz\", \"labels\": \"/nonexistent/l.gz\"}}",
+                         GOOD_TRAIN),
+                 "data.train", "/nonexistent/train-images.gz: cannot open");
+}
+
+Test(spec, normalize_channel_count) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}",
+                         "\"data\": {\"format\": \"synthetic\", \"shape\": [1, 28, 28], "
+                         "\"num_classes\": 10, \"size\": 32, \"normalize\": {\"mean\": [0.5, "
+                         "0.5, 0.5], \"std\": [0.2, 0.2, 0.2]}}",
+                         GOOD_TRAIN),
+                 "data.normalize: gives 3 values", "1 channel");
+}
+
+Test(spec, example_spec_is_valid) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/examples/fmnist-lenet.json", getenv("TRAIND_SOURCE_DIR"));
+    td_job job;
+    td_err err = {{0}};
+    cr_assert_eq(td_job_load_file(&job, path, &err), 0, "%s", err.msg);
+    cr_expect_eq(job.epochs, 8);
+    cr_expect_eq(job.batch_size, 64);
+    cr_expect_eq(job.schedule.kind, TD_SCHED_COSINE);
+    cr_expect_eq(job.schedule.warmup_steps, 200);
+    cr_expect(job.optim.momentum == 0.9f);
+    td_job_free(&job);
+}

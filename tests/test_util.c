@@ -1,0 +1,65 @@
+#include "test_util.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+void test_build_model(td_model *model, const char *nodes_json, td_shape input, int max_n,
+                      uint64_t seed) {
+    char spec[8192];
+    snprintf(spec, sizeof spec,
+             "{\"model\": {\"nodes\": %s},"
+             " \"data\": {\"format\": \"synthetic\", \"shape\": [1, 4, 4], \"num_classes\": 2,"
+             "          \"size\": 4},"
+             " \"train\": {\"batch_size\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+             nodes_json);
+    td_job job;
+    td_err err = {{0}};
+    if (td_job_load_string(&job, spec, &err) != 0) cr_assert_fail("spec: %s", err.msg);
+    int rc = td_model_build(model, job.nodes, job.n_nodes, input, max_n, seed, TD_MODEL_INPUT_GRAD,
+                            &err);
+    td_job_free(&job);
+    if (rc != 0) cr_assert_fail("build: %s", err.msg);
+}
+
+const char *test_tmpdir(void) {
+    static char dir[256];
+    if (!dir[0]) {
+        const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(dir, sizeof dir, "%s/traind-test-XXXXXX", base);
+        if (!mkdtemp(dir)) cr_assert_fail("mkdtemp failed");
+    }
+    return dir;
+}
+
+const char *test_write_file(const char *name, const void *data, size_t len) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", test_tmpdir(), name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) cr_assert_fail("cannot write %s", path);
+    return path;
+}
+
+const char *test_write_gz(const char *name, const void *data, size_t len) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", test_tmpdir(), name);
+    gzFile f = gzopen(path, "wb");
+    if (!f || gzwrite(f, data, (unsigned)len) != (int)len || gzclose(f) != Z_OK)
+        cr_assert_fail("cannot write %s", path);
+    return path;
+}
+
+char *test_read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) cr_assert_fail("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    if (fread(buf, 1, (size_t)len, f) != (size_t)len) cr_assert_fail("cannot read %s", path);
+    buf[len] = 0;
+    fclose(f);
+    return buf;
+}
