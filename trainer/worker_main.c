@@ -21,6 +21,7 @@ static void usage(FILE *out) {
             "Progress and errors go to stderr.\n"
             "\n"
             "  --check     validate the spec and exit (0: valid)\n"
+            "  --blas-core print the OpenBLAS kernel set in use and exit\n"
             "  --help      this text\n"
             "  --version   print the version\n"
             "\n"
@@ -38,6 +39,9 @@ int main(int argc, char **argv) {
             return 0;
         } else if (strcmp(argv[i], "--version") == 0) {
             printf("traind-worker %s\n", TRAIND_VERSION);
+            return 0;
+        } else if (strcmp(argv[i], "--blas-core") == 0) {
+            printf("%s\n", td_blas_describe());
             return 0;
         } else if (strcmp(argv[i], "--check") == 0) {
             check_only = true;

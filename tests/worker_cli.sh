@@ -1,0 +1,44 @@
+#!/bin/sh
+# traind-worker's command line: exit codes and the messages a user sees.
+#   worker_cli.sh WORKER SOURCE_DIR
+set -u
+worker=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+passes=0
+
+expect() { # description expected_status expected_stderr_fragment -- command...
+    desc=$1 status=$2 fragment=$3
+    shift 4
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    got=$?
+    if [ "$got" -ne "$status" ]; then
+        echo "FAIL: $desc: exit status $got, expected $status"; cat "$tmp/err"
+        fails=$((fails + 1))
+    elif [ -n "$fragment" ] && ! grep -qF -- "$fragment" "$tmp/err" "$tmp/out"; then
+        echo "FAIL: $desc: output lacks: $fragment"; cat "$tmp/err"
+        fails=$((fails + 1))
+    else
+        passes=$((passes + 1))
+    fi
+}
+
+expect "help" 0 "usage: traind-worker" -- "$worker" --help
+expect "no arguments" 2 "usage: traind-worker" -- "$worker"
+expect "unknown option" 2 "unknown option --fast" -- "$worker" --fast x.json
+expect "missing spec file" 1 "$tmp/none.json" -- "$worker" "$tmp/none.json"
+printf '{"model": {"preset": "lenet5", "num_classes": 10},\n "data": [}' >"$tmp/bad.json"
+expect "JSON syntax error with line" 1 "bad.json:2:" -- "$worker" "$tmp/bad.json"
+expect "example spec is valid" 0 "valid" -- "$worker" --check "$src/examples/fmnist-lenet.json"
+sed 's/"lenet5"/"lenet6"/' "$src/examples/fmnist-lenet.json" >"$tmp/preset.json"
+expect "unknown preset" 1 'model.preset: expected one of lenet5/mlp, found "lenet6"' -- \
+    "$worker" "$tmp/preset.json"
+sed 's|train-images-idx3-ubyte.gz|train-labels-idx1-ubyte.gz|' "$src/examples/fmnist-lenet.json" \
+    >"$tmp/magic.json"
+expect "labels file given as images" 1 "magic number is 0x00000801, expected 0x00000803" -- \
+    "$worker" "$tmp/magic.json"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
