@@ -12,6 +12,7 @@
  */
 #include "td_model.h"
 #include "td_simd.h"
+#include "td_skinny.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -93,7 +94,8 @@ static int conv_build(td_model *model, td_node *node, td_err *err) {
         node->saved_bytes = (size_t)g.o * g.cols * sizeof(float);
         if (g.keep_col)
             node->saved_bytes += (size_t)model->max_n * g.oh * g.ow * g.cols * sizeof(float);
-        node->scratch_floats = 2 * col_floats(&g) + (size_t)g.o * g.cols;
+        /* Col, dCol, dWp, and the skinny kernel's transposed weight */
+        node->scratch_floats = 2 * col_floats(&g) + (size_t)g.o * g.cols + 16 * (size_t)g.cols;
     }
     return 0;
 }
@@ -208,8 +210,11 @@ static void conv_forward(td_node *node, const td_run *run) {
         int nb = run->n - b0 < g.chunk ? run->n - b0 : g.chunk;
         float *col = keep ? kept + b0 * out_pix * g.cols : run->scratch;
         im2col(&g, node->in[0] + b0 * in_size, nb, col);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(nb * out_pix), g.o, g.cols,
-                    1.0f, col, g.cols, wp, g.cols, 0.0f, node->out + b0 * out_pix * g.o, g.o);
+        float *y = node->out + b0 * out_pix * g.o;
+        float *wt = run->scratch + 2 * col_floats(&g) + (size_t)g.o * g.cols;
+        if (!td_skinny_nt((int)(nb * out_pix), g.o, g.cols, col, wp, y, wt))
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(nb * out_pix), g.o, g.cols,
+                        1.0f, col, g.cols, wp, g.cols, 0.0f, y, g.o);
     }
 }
 
@@ -251,8 +256,9 @@ static void conv_backward(td_node *node, const td_run *run) {
         else
             im2col(&g, node->in[0] + b0 * in_size, nb, col);
         /* dWp [O, cols] (+)= dY^T [O, rows] x Col [rows, cols]; the last column is db */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.cols, rows, 1.0f, dyc, g.o,
-                    col, g.cols, b0 == 0 ? 0.0f : 1.0f, dwp, g.cols);
+        if (!td_skinny_tn(rows, g.o, g.cols, dyc, col, dwp, b0 != 0))
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.cols, rows, 1.0f, dyc, g.o,
+                        col, g.cols, b0 == 0 ? 0.0f : 1.0f, dwp, g.cols);
         if (dx) {
             /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc,

@@ -1,0 +1,23 @@
+/* GEMMs with a skinny side of at most 16, where OpenBLAS's register tiles are mostly empty.
+ *
+ * A convolution with few output channels (LeNet's conv1: 6 channels from a 5x5 window of one
+ * input channel) is a GEMM of tens of thousands of rows by 6 columns; OpenBLAS 0.3.21 runs its
+ * forward at about 22 GFLOP/s and its weight gradient at about 18 here, against 60-95 for
+ * well-shaped GEMMs. One AVX-512 register holds all 16 outputs of a row, which these kernels
+ * exploit. Both return false when the shape or the CPU does not suit them (no AVX-512 at build
+ * time, too many outputs); the caller then uses OpenBLAS. */
+#ifndef TD_SKINNY_H
+#define TD_SKINNY_H
+
+#include <stdbool.h>
+
+/* y [rows, o] = a [rows, k] · w[o, k]^T, with o <= 16 (forward of a small convolution).
+ * scratch: at least 16·k floats. */
+bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float *y,
+                  float *scratch);
+
+/* dw [o, k] (+)= dy[rows, o]^T · a [rows, k], with o·ceil(k/16) <= 24 (weight gradient of a small
+ * convolution); add selects accumulation. */
+bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float *dw, bool add);
+
+#endif
