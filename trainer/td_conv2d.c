@@ -40,10 +40,10 @@ typedef struct conv_geom {
     int c, h, w;   /* input */
     int o, oh, ow; /* output */
     int k, s, p;
-    int kkc;       /* window size */
-    int cols;      /* Col's width: kkc + 1 (the bias column) */
-    int chunk;     /* images per chunk */
-    bool direct;   /* 1x1, stride 1, no padding: X is Col */
+    int kkc;     /* window size */
+    int cols;    /* Col's width: kkc + 1 (the bias column) */
+    int chunk;   /* images per chunk */
+    bool direct; /* 1x1, stride 1, no padding: X is Col */
     bool bias;
     bool keep_col; /* the training forward's Col is kept for backward */
 } conv_geom;
@@ -71,7 +71,9 @@ static conv_geom geom_of(const td_node *node, int max_n) {
 }
 
 /* Scratch layout: Col, dCol (chunk-sized) and dWp [O, cols]. */
-static size_t col_floats(const conv_geom *g) { return (size_t)g->chunk * g->oh * g->ow * g->cols; }
+static size_t col_floats(const conv_geom *g) {
+    return (size_t)g->chunk * g->oh * g->ow * g->cols;
+}
 
 static int conv_build(td_model *model, td_node *node, td_err *err) {
     td_shape in = node->in_shape[0];
@@ -125,6 +127,18 @@ static void unpack_grad(const conv_geom *g, const float *dwp, float *dw, float *
     }
 }
 
+/* One window row that hangs over the left or right padding. */
+static void im2col_edge(float *dst, const float *src, int ow, int C, int W, int K, int S, int P) {
+    int iw0 = ow * S - P;
+    for (int kw = 0; kw < K; kw++) {
+        int iw = iw0 + kw;
+        if (iw < 0 || iw >= W)
+            memset(dst + kw * C, 0, (size_t)C * sizeof(float));
+        else
+            td_copy_run(dst + kw * C, src + (size_t)iw * C, C);
+    }
+}
+
 /* Col rows for nb images: the window of output pixel (oh, ow), zero over the padding, then 1.
  * The loops run kh outside ow so that each (image, output row, kh) reads one input row, and the
  * geometry sits in locals: the compiler cannot keep struct fields in registers across stores. */
@@ -143,6 +157,18 @@ static void im2col(const conv_geom *g, const float *x, int nb, float *col) {
                     continue;
                 }
                 const float *src = x + (size_t)(b * H + ih) * W * C;
+                /* output columns whose window lies inside the row: one masked copy each */
+                int lo = (P + S - 1) / S, hi = (W - K + P) / S; /* ow range, inclusive */
+                if (hi >= OW) hi = OW - 1;
+                if (kc <= 16 && lo <= hi) {
+                    for (int ow = 0; ow < lo; ow++)
+                        im2col_edge(dst + (size_t)ow * cols, src, ow, C, W, K, S, P);
+                    td_copy_runs16(dst + (size_t)lo * cols, (size_t)cols,
+                                   src + (size_t)(lo * S - P) * C, (size_t)S * C, kc, hi - lo + 1);
+                    for (int ow = hi + 1; ow < OW; ow++)
+                        im2col_edge(dst + (size_t)ow * cols, src, ow, C, W, K, S, P);
+                    continue;
+                }
                 for (int ow = 0; ow < OW; ow++, dst += cols) {
                     int iw0 = ow * S - P;
                     if (iw0 >= 0 && iw0 + K <= W) {
@@ -182,8 +208,7 @@ static void col2im(const conv_geom *g, const float *dcol, int nb, float *dx) {
                     }
                     for (int kw = 0; kw < K; kw++) {
                         int iw = iw0 + kw;
-                        if (iw >= 0 && iw < W)
-                            td_add_run(dst + (size_t)iw * C, src + kw * C, C);
+                        if (iw >= 0 && iw < W) td_add_run(dst + (size_t)iw * C, src + kw * C, C);
                     }
                 }
             }
@@ -198,8 +223,8 @@ static void conv_forward(td_node *node, const td_run *run) {
     if (g.direct) {
         size_t rows = (size_t)run->n * out_pix;
         if (b) td_fill_rows(node->out, b, rows, (size_t)g.o);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, g.o, g.c, 1.0f,
-                    node->in[0], g.c, w, g.c, b ? 1.0f : 0.0f, node->out, g.o);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, g.o, g.c, 1.0f, node->in[0],
+                    g.c, w, g.c, b ? 1.0f : 0.0f, node->out, g.o);
         return;
     }
     float *wp = node->saved;
@@ -261,8 +286,8 @@ static void conv_backward(td_node *node, const td_run *run) {
                         col, g.cols, b0 == 0 ? 0.0f : 1.0f, dwp, g.cols);
         if (dx) {
             /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc,
-                        g.o, wp, g.cols, 0.0f, dcol, g.kkc);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc, g.o,
+                        wp, g.cols, 0.0f, dcol, g.kkc);
             col2im(&g, dcol, nb, dx + b0 * in_size);
         }
     }

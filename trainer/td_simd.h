@@ -11,7 +11,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-static inline __mmask16 td_tail_mask(int n) { return (__mmask16)((1u << n) - 1u); }
+static inline __mmask16 td_tail_mask(int n) {
+    return (__mmask16)((1u << n) - 1u);
+}
 
 /* dst[0..n) = src[0..n) */
 static inline void td_copy_run(float *dst, const float *src, int n) {
@@ -23,14 +25,25 @@ static inline void td_copy_run(float *dst, const float *src, int n) {
     }
 }
 
+/* dst + i·dst_stride [0..n) = src + i·src_stride [0..n) for i < count, n <= 16: the sliding
+ * windows of one im2col row, with the mask computed once. */
+static inline void td_copy_runs16(float *dst, size_t dst_stride, const float *src,
+                                  size_t src_stride, int n, int count) {
+    __mmask16 m = td_tail_mask(n);
+    for (int i = 0; i < count; i++, dst += dst_stride, src += src_stride)
+        _mm512_mask_storeu_ps(dst, m, _mm512_maskz_loadu_ps(m, src));
+}
+
 /* dst[0..n) += src[0..n) */
 static inline void td_add_run(float *dst, const float *src, int n) {
     int i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_loadu_ps(src + i)));
+        _mm512_storeu_ps(dst + i,
+                         _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_loadu_ps(src + i)));
     if (i < n) {
         __mmask16 m = td_tail_mask(n - i);
-        __m512 s = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i), _mm512_maskz_loadu_ps(m, src + i));
+        __m512 s =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i), _mm512_maskz_loadu_ps(m, src + i));
         _mm512_mask_storeu_ps(dst + i, m, s);
     }
 }
@@ -53,6 +66,11 @@ static inline void td_max_run(float *y, int32_t *arg, const float *x, int32_t ba
 
 static inline void td_copy_run(float *dst, const float *src, int n) {
     for (int i = 0; i < n; i++) dst[i] = src[i];
+}
+
+static inline void td_copy_runs16(float *dst, size_t dst_stride, const float *src,
+                                  size_t src_stride, int n, int count) {
+    for (int i = 0; i < count; i++, dst += dst_stride, src += src_stride) td_copy_run(dst, src, n);
 }
 
 static inline void td_add_run(float *dst, const float *src, int n) {
