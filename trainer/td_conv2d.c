@@ -188,28 +188,32 @@ static void im2col(const conv_geom *g, const float *x, int nb, float *col) {
         }
 }
 
-/* The adjoint of im2col (without the bias column): adds dCol [rows, kkc] back into dx. */
-static void col2im(const conv_geom *g, const float *dcol, int nb, float *dx) {
+/* The adjoint of im2col (without the bias column): dx (+)= the sum, for every input pixel, of
+ * the dCol [rows, kkc] entries that copied it. Written as a gather per input pixel, summed in a
+ * register and stored once: scattering each window back instead makes neighbouring windows
+ * read what a masked store just wrote, which the CPU cannot forward and stalls on. */
+static void col2im(const conv_geom *g, const float *dcol, int nb, float *dx, bool add) {
     const int C = g->c, H = g->h, W = g->w, K = g->k, S = g->s, P = g->p;
     const int OH = g->oh, OW = g->ow, kc = K * C, kkc = g->kkc;
     for (int b = 0; b < nb; b++)
-        for (int oh = 0; oh < OH; oh++) {
-            const float *rows = dcol + (size_t)(b * OH + oh) * OW * kkc;
-            for (int kh = 0; kh < K; kh++) {
-                int ih = oh * S - P + kh;
-                if (ih < 0 || ih >= H) continue;
-                const float *src = rows + kh * kc;
-                float *dst = dx + (size_t)(b * H + ih) * W * C;
-                for (int ow = 0; ow < OW; ow++, src += kkc) {
-                    int iw0 = ow * S - P;
-                    if (iw0 >= 0 && iw0 + K <= W) {
-                        td_add_run(dst + (size_t)iw0 * C, src, kc);
-                        continue;
+        for (int ih = 0; ih < H; ih++) {
+            /* the kh that reach row ih: ih + P - kh = S·oh, so kh steps by S from (ih+P) mod S,
+             * and oh falls by one each step (one division per row, not per element) */
+            int kh0 = (ih + P) % S, oh0 = (ih + P - kh0) / S;
+            for (int iw = 0; iw < W; iw++) {
+                int kw0 = (iw + P) % S, ow0 = (iw + P - kw0) / S;
+                float *dst = dx + ((size_t)(b * H + ih) * W + iw) * C;
+                for (int c0 = 0; c0 < C; c0 += 16) {
+                    int n = C - c0 < 16 ? C - c0 : 16;
+                    td_acc16 acc = td_acc16_zero();
+                    for (int kh = kh0, oh = oh0; kh < K && oh >= 0; kh += S, oh--) {
+                        if (oh >= OH) continue;
+                        const float *row = dcol + (size_t)(b * OH + oh) * OW * kkc + kh * kc + c0;
+                        for (int kw = kw0, ow = ow0; kw < K && ow >= 0; kw += S, ow--)
+                            if (ow < OW)
+                                acc = td_acc16_add(acc, row + (size_t)ow * kkc + kw * C, n);
                     }
-                    for (int kw = 0; kw < K; kw++) {
-                        int iw = iw0 + kw;
-                        if (iw >= 0 && iw < W) td_add_run(dst + (size_t)iw * C, src + kw * C, C);
-                    }
+                    td_acc16_store(dst + c0, acc, n, add);
                 }
             }
         }
@@ -271,7 +275,6 @@ static void conv_backward(td_node *node, const td_run *run) {
     const float *dy = node->grad, *wp = node->saved;
     float *dx = node->in_grad[0];
     float *col = run->scratch, *dcol = col + col_floats(&g), *dwp = dcol + col_floats(&g);
-    if (dx && !node->in_grad_add[0]) memset(dx, 0, (size_t)run->n * in_size * sizeof(float));
     for (int b0 = 0; b0 < run->n; b0 += g.chunk) {
         int nb = run->n - b0 < g.chunk ? run->n - b0 : g.chunk;
         int rows = (int)(nb * out_pix);
@@ -288,7 +291,7 @@ static void conv_backward(td_node *node, const td_run *run) {
             /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc, g.o,
                         wp, g.cols, 0.0f, dcol, g.kkc);
-            col2im(&g, dcol, nb, dx + b0 * in_size);
+            col2im(&g, dcol, nb, dx + b0 * in_size, node->in_grad_add[0]);
         }
     }
     unpack_grad(&g, dwp, node->params[0]->grad, g.bias ? node->params[1]->grad : NULL,

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const td_op *const all_ops[] = {
     &td_op_linear,  &td_op_conv2d,  &td_op_maxpool2d, &td_op_avgpool2d, &td_op_global_avgpool,
@@ -216,12 +217,55 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
 
 void td_model_free(td_model *model) {
     free(model->input_grad);
+    free(model->profile);
     free(model->nodes);
     free(model->params);
     free(model->param_block);
     free(model->grad_block);
     free(model->arena.base);
     memset(model, 0, sizeof *model);
+}
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void td_model_enable_profile(td_model *model) {
+    if (!model->profile) model->profile = td_calloc(2 * (size_t)model->n_nodes, sizeof(double));
+}
+
+typedef struct profile_row {
+    int node;
+    double total;
+} profile_row;
+
+static int by_total_desc(const void *a, const void *b) {
+    double x = ((const profile_row *)a)->total, y = ((const profile_row *)b)->total;
+    return (x < y) - (x > y);
+}
+
+void td_model_print_profile(const td_model *model, long steps, FILE *out) {
+    if (!model->profile || steps <= 0) return;
+    profile_row *rows = td_calloc((size_t)model->n_nodes, sizeof *rows);
+    double sum = 0;
+    for (int i = 0; i < model->n_nodes; i++) {
+        rows[i].node = i;
+        rows[i].total = model->profile[2 * i] + model->profile[2 * i + 1];
+        sum += rows[i].total;
+    }
+    qsort(rows, (size_t)model->n_nodes, sizeof *rows, by_total_desc);
+    fprintf(out, "[traind] profile: ms per step (forward + backward), %.3f ms in the model\n",
+            sum * 1e3 / (double)steps);
+    for (int i = 0; i < model->n_nodes; i++) {
+        int k = rows[i].node;
+        fprintf(out, "[traind]   %-20s %-14s %8.3f = %8.3f + %8.3f\n", model->nodes[k].name,
+                model->nodes[k].op->name, rows[i].total * 1e3 / (double)steps,
+                model->profile[2 * k] * 1e3 / (double)steps,
+                model->profile[2 * k + 1] * 1e3 / (double)steps);
+    }
+    free(rows);
 }
 
 const float *td_model_forward(td_model *model, const float *x, const td_run *run) {
@@ -232,7 +276,9 @@ const float *td_model_forward(td_model *model, const float *x, const td_run *run
         td_node *node = &model->nodes[i];
         for (int j = 0; j < node->n_inputs; j++)
             if (node->inputs[j] == TD_INPUT_NODE) node->in[j] = (float *)x;
+        double t0 = model->profile ? seconds() : 0;
         node->op->forward(node, &r);
+        if (model->profile) model->profile[2 * i] += seconds() - t0;
     }
     return model->nodes[model->n_nodes - 1].out;
 }
@@ -246,6 +292,9 @@ void td_model_backward(td_model *model, const float *dlogits, const td_run *run)
         td_node *node = &model->nodes[i];
         bool any = node->n_params > 0;
         for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
-        if (any) node->op->backward(node, &r);
+        if (!any) continue;
+        double t0 = model->profile ? seconds() : 0;
+        node->op->backward(node, &r);
+        if (model->profile) model->profile[2 * i + 1] += seconds() - t0;
     }
 }

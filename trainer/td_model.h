@@ -14,6 +14,7 @@
 #include "td_tensor.h"
 
 #include <stdint.h>
+#include <stdio.h>
 
 #define TD_MAX_INPUTS 4
 #define TD_MAX_NODE_PARAMS 4
@@ -104,6 +105,7 @@ struct td_model {
     float *param_block, *grad_block;
 
     float *input_grad; /* NULL unless built with TD_MODEL_INPUT_GRAD */
+    double *profile;   /* per node: forward and backward seconds; NULL unless profiling */
 
     size_t scratch_floats;
     td_arena arena;
@@ -131,6 +133,11 @@ td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix,
                              const int *dims, float init_bound, float fill);
 
 const td_param *td_model_find_param(const td_model *model, const char *name);
+
+/* Starts timing every node's forward and backward (see td_model_print_profile). */
+void td_model_enable_profile(td_model *model);
+/* Prints per-node time per step, slowest first, for `steps` training steps. */
+void td_model_print_profile(const td_model *model, long steps, FILE *out);
 
 /* Runs the batch x ([n, input size]) through every node; returns the last node's output. */
 const float *td_model_forward(td_model *model, const float *x, const td_run *run);

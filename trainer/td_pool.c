@@ -66,6 +66,43 @@ static int maxpool_build(td_model *model, td_node *node, td_err *err) {
     return 0;
 }
 
+#if defined(__AVX512F__)
+/* Up to 16 channels: the window's running maximum and its argmax stay in registers and are
+ * stored once. Storing them after every window element and reading them back, as the general
+ * loop does, stalls on store forwarding, which does not work for masked stores. */
+static void maxpool_forward_c16(const pool_geom *g, const float *x, float *y, int32_t *a) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __mmask16 m = td_tail_mask(g->c);
+    for (int oh = 0; oh < g->oh; oh++)
+        for (int ow = 0; ow < g->ow; ow++) {
+            __m512 best = _mm512_set1_ps(-INFINITY);
+            __m512i arg = _mm512_set1_epi32(-1);
+            bool first = true;
+            for (int kh = 0; kh < g->k; kh++) {
+                int ih = oh * g->s - g->p + kh;
+                if (ih < 0 || ih >= g->h) continue;
+                for (int kw = 0; kw < g->k; kw++) {
+                    int iw = ow * g->s - g->p + kw;
+                    if (iw < 0 || iw >= g->w) continue;
+                    int32_t base = (int32_t)(((size_t)ih * g->w + iw) * g->c);
+                    __m512 v = _mm512_maskz_loadu_ps(m, x + base);
+                    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base), iota);
+                    /* the first element seeds; later ones win when greater or NaN (PyTorch) */
+                    __mmask16 take = first ? m
+                                           : _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ) |
+                                                 _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+                    best = _mm512_mask_mov_ps(best, take, v);
+                    arg = _mm512_mask_mov_epi32(arg, take, idx);
+                    first = false;
+                }
+            }
+            size_t o = ((size_t)oh * g->ow + ow) * g->c;
+            _mm512_mask_storeu_ps(y + o, m, best);
+            _mm512_mask_storeu_epi32(a + o, m, arg);
+        }
+}
+#endif
+
 static void maxpool_forward(td_node *node, const td_run *run) {
     pool_geom g = pool_geom_of(node);
     size_t in_size = (size_t)g.h * g.w * g.c, out_size = (size_t)g.oh * g.ow * g.c;
@@ -74,6 +111,12 @@ static void maxpool_forward(td_node *node, const td_run *run) {
         const float *x = node->in[0] + b * in_size;
         float *y = node->out + b * out_size;
         int32_t *a = arg + b * out_size;
+#if defined(__AVX512F__)
+        if (g.c <= 16) {
+            maxpool_forward_c16(&g, x, y, a);
+            continue;
+        }
+#endif
         for (int oh = 0; oh < g.oh; oh++)
             for (int ow = 0; ow < g.ow; ow++) {
                 float *yp = y + ((size_t)oh * g.ow + ow) * g.c;
@@ -88,8 +131,7 @@ static void maxpool_forward(td_node *node, const td_run *run) {
                         int32_t base = (int32_t)(((size_t)ih * g.w + iw) * g.c);
                         if (first) {
                             /* the window's first element seeds the running maximum */
-                            td_copy_run(yp, x + base, g.c);
-                            for (int c = 0; c < g.c; c++) ap[c] = base + c;
+                            td_max_seed(yp, ap, x + base, base, g.c);
                             first = false;
                         } else {
                             /* later elements win only when greater or NaN: PyTorch's rule */
@@ -231,5 +273,5 @@ const td_op td_op_maxpool2d = {"maxpool2d",     1, 1, maxpool_args, maxpool_buil
                                maxpool_backward};
 const td_op td_op_avgpool2d = {"avgpool2d",     1, 1, avgpool_args, avgpool_build, avgpool_forward,
                                avgpool_backward};
-const td_op td_op_global_avgpool = {"global_avgpool", 1, 1, no_args, gap_build, gap_forward,
-                                    gap_backward};
+const td_op td_op_global_avgpool = {"global_avgpool", 1,           1,           no_args,
+                                    gap_build,        gap_forward, gap_backward};

@@ -6,6 +6,7 @@
 #ifndef TD_SIMD_H
 #define TD_SIMD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #if defined(__AVX512F__)
@@ -34,6 +35,21 @@ static inline void td_copy_runs16(float *dst, size_t dst_stride, const float *sr
         _mm512_mask_storeu_ps(dst, m, _mm512_maskz_loadu_ps(m, src));
 }
 
+/* A register of up to 16 floats being summed, for gathers that must not go through memory. */
+typedef __m512 td_acc16;
+static inline td_acc16 td_acc16_zero(void) {
+    return _mm512_setzero_ps();
+}
+static inline td_acc16 td_acc16_add(td_acc16 acc, const float *src, int n) {
+    return _mm512_add_ps(acc, _mm512_maskz_loadu_ps(td_tail_mask(n), src));
+}
+/* dst[0..n) = acc, or += acc */
+static inline void td_acc16_store(float *dst, td_acc16 acc, int n, bool add) {
+    __mmask16 m = td_tail_mask(n);
+    if (add) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, dst));
+    _mm512_mask_storeu_ps(dst, m, acc);
+}
+
 /* dst[0..n) += src[0..n) */
 static inline void td_add_run(float *dst, const float *src, int n) {
     int i = 0;
@@ -45,6 +61,16 @@ static inline void td_add_run(float *dst, const float *src, int n) {
         __m512 s =
             _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i), _mm512_maskz_loadu_ps(m, src + i));
         _mm512_mask_storeu_ps(dst + i, m, s);
+    }
+}
+
+/* y[0..n) = x[0..n), arg[c] = base + c: a max-pool window's first element. */
+static inline void td_max_seed(float *y, int32_t *arg, const float *x, int32_t base, int n) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : td_tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_maskz_loadu_ps(m, x + i));
+        _mm512_mask_storeu_epi32(arg + i, m, _mm512_add_epi32(_mm512_set1_epi32(base + i), iota));
     }
 }
 
@@ -75,6 +101,27 @@ static inline void td_copy_runs16(float *dst, size_t dst_stride, const float *sr
 
 static inline void td_add_run(float *dst, const float *src, int n) {
     for (int i = 0; i < n; i++) dst[i] += src[i];
+}
+
+typedef struct td_acc16 {
+    float v[16];
+} td_acc16;
+static inline td_acc16 td_acc16_zero(void) {
+    return (td_acc16){{0}};
+}
+static inline td_acc16 td_acc16_add(td_acc16 acc, const float *src, int n) {
+    for (int i = 0; i < n; i++) acc.v[i] += src[i];
+    return acc;
+}
+static inline void td_acc16_store(float *dst, td_acc16 acc, int n, bool add) {
+    for (int i = 0; i < n; i++) dst[i] = (add ? dst[i] : 0.0f) + acc.v[i];
+}
+
+static inline void td_max_seed(float *y, int32_t *arg, const float *x, int32_t base, int n) {
+    for (int i = 0; i < n; i++) {
+        y[i] = x[i];
+        arg[i] = base + i;
+    }
 }
 
 static inline void td_max_run(float *y, int32_t *arg, const float *x, int32_t base, int n) {

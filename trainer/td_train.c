@@ -94,6 +94,8 @@ static int setup_model(trainer *t, td_err *err) {
 
 static void evaluate(trainer *t, double *val_loss, double *val_acc) {
     td_run run = {.training = false, .rng = &t->dropout_rng};
+    double *profile = t->model.profile; /* only training steps are profiled */
+    t->model.profile = NULL;
     double loss = 0;
     long correct = 0, seen = 0;
     td_loader_start_epoch(t->val_loader, 0, 0);
@@ -108,6 +110,7 @@ static void evaluate(trainer *t, double *val_loss, double *val_acc) {
     }
     *val_loss = loss / (double)seen;
     *val_acc = (double)correct / (double)seen;
+    t->model.profile = profile;
 }
 
 static void log_banner(const trainer *t) {
@@ -140,6 +143,9 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
 
     td_run run = {.training = true, .rng = &t->dropout_rng};
     long step = 0;
+    /* TRAIND_PROFILE=1: per-node times of the training steps, printed at the end */
+    const char *profile = getenv("TRAIND_PROFILE");
+    bool profiling = profile && *profile && strcmp(profile, "0") != 0;
     double interval_loss = 0, t_start = now_s(), t_interval = t_start;
     long interval_steps = 0, interval_samples = 0, total_samples = 0;
     memset(res, 0, sizeof *res);
@@ -149,6 +155,7 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
         while (step < total && td_loader_next(t->train_loader, &b)) {
             float lr = td_schedule_lr(&sched, job->optim.lr, step);
             run.n = b.n;
+            if (profiling) td_model_enable_profile(&t->model);
             const float *logits = td_model_forward(&t->model, b.x, &run);
             double loss = td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes,
                                           t->dlogits, 1.0f, NULL) / b.n;
@@ -196,6 +203,7 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             t_interval += now_s() - t0; /* evaluation time is not training throughput */
         }
     }
+    td_model_print_profile(&t->model, step, t->log);
     if (job->val.present && !res->has_val) {
         evaluate(t, &res->val_loss, &res->val_acc);
         res->has_val = true;
