@@ -101,6 +101,18 @@ Test(gradcheck, conv2d_strided_single_channel) {
               td_shape_image(1, 7, 6), true);
 }
 
+/* single-channel, stride 1, unpadded: the direct kernels of td_conv1ch.c (on AVX-512 builds) */
+Test(gradcheck, conv2d_single_channel_direct) {
+    run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":6,\"kernel_size\":5}]",
+              td_shape_image(1, 14, 13), true);
+}
+
+Test(gradcheck, conv2d_single_channel_direct_12_outputs_no_bias) {
+    run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":12,\"kernel_size\":3,"
+              "\"bias\":false}]",
+              td_shape_image(1, 6, 11), true);
+}
+
 Test(gradcheck, conv2d_1x1_without_bias) {
     run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":5,\"kernel_size\":1,"
               "\"bias\":false}]",

@@ -10,6 +10,7 @@
  * keeping it (ResNet-sized columns would dwarf the activations). A 1x1 stride-1 unpadded
  * convolution needs no Col at all: channels-last X already is [P, C].
  */
+#include "td_conv1ch.h"
 #include "td_model.h"
 #include "td_simd.h"
 #include "td_skinny.h"
@@ -46,6 +47,7 @@ typedef struct conv_geom {
     bool direct; /* 1x1, stride 1, no padding: X is Col */
     bool bias;
     bool keep_col; /* the training forward's Col is kept for backward */
+    bool conv1ch;  /* single-channel direct kernels instead of im2col (td_conv1ch.h) */
 } conv_geom;
 
 static conv_geom geom_of(const td_node *node, int max_n) {
@@ -66,7 +68,9 @@ static conv_geom geom_of(const td_node *node, int max_n) {
     g.chunk = (int)(CONV_CHUNK_FLOATS / per_image);
     if (g.chunk < 1) g.chunk = 1;
     g.direct = g.k == 1 && g.s == 1 && g.p == 0;
-    g.keep_col = !g.direct && (size_t)max_n * per_image * sizeof(float) <= CONV_KEEP_COL_BYTES;
+    g.conv1ch = td_conv1ch_fits(g.c, g.k, g.s, g.p, g.o);
+    g.keep_col =
+        !g.direct && !g.conv1ch && (size_t)max_n * per_image * sizeof(float) <= CONV_KEEP_COL_BYTES;
     return g;
 }
 
@@ -233,6 +237,10 @@ static void conv_forward(td_node *node, const td_run *run) {
     }
     float *wp = node->saved;
     pack_weight(&g, w, b, wp);
+    if (g.conv1ch) {
+        td_conv1ch_forward(run->n, g.h, g.w, g.k, g.o, node->in[0], wp, node->out, run->scratch);
+        return;
+    }
     bool keep = g.keep_col && run->training;
     float *kept = wp + (size_t)g.o * g.cols;
     for (int b0 = 0; b0 < run->n; b0 += g.chunk) {
@@ -275,18 +283,21 @@ static void conv_backward(td_node *node, const td_run *run) {
     const float *dy = node->grad, *wp = node->saved;
     float *dx = node->in_grad[0];
     float *col = run->scratch, *dcol = col + col_floats(&g), *dwp = dcol + col_floats(&g);
+    if (g.conv1ch) td_conv1ch_wgrad(run->n, g.h, g.w, g.k, g.o, node->in[0], dy, dwp, false);
     for (int b0 = 0; b0 < run->n; b0 += g.chunk) {
         int nb = run->n - b0 < g.chunk ? run->n - b0 : g.chunk;
         int rows = (int)(nb * out_pix);
         const float *dyc = dy + b0 * out_pix * g.o;
-        if (g.keep_col)
-            col = (float *)wp + (size_t)g.o * g.cols + b0 * out_pix * g.cols;
-        else
-            im2col(&g, node->in[0] + b0 * in_size, nb, col);
-        /* dWp [O, cols] (+)= dY^T [O, rows] x Col [rows, cols]; the last column is db */
-        if (!td_skinny_tn(rows, g.o, g.cols, dyc, col, dwp, b0 != 0))
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.cols, rows, 1.0f, dyc, g.o,
-                        col, g.cols, b0 == 0 ? 0.0f : 1.0f, dwp, g.cols);
+        if (!g.conv1ch) { /* (conv1ch computed the weight gradient above) */
+            if (g.keep_col)
+                col = (float *)wp + (size_t)g.o * g.cols + b0 * out_pix * g.cols;
+            else
+                im2col(&g, node->in[0] + b0 * in_size, nb, col);
+            /* dWp [O, cols] (+)= dY^T [O, rows] x Col [rows, cols]; the last column is db */
+            if (!td_skinny_tn(rows, g.o, g.cols, dyc, col, dwp, b0 != 0))
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.cols, rows, 1.0f, dyc,
+                            g.o, col, g.cols, b0 == 0 ? 0.0f : 1.0f, dwp, g.cols);
+        }
         if (dx) {
             /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc, g.o,
