@@ -164,10 +164,10 @@ static void im2col(const conv_geom *g, const float *x, int nb, float *col) {
                 /* output columns whose window lies inside the row: one masked copy each */
                 int lo = (P + S - 1) / S, hi = (W - K + P) / S; /* ow range, inclusive */
                 if (hi >= OW) hi = OW - 1;
-                if (kc <= 16 && lo <= hi) {
+                if (kc <= 32 && lo <= hi) {
                     for (int ow = 0; ow < lo; ow++)
                         im2col_edge(dst + (size_t)ow * cols, src, ow, C, W, K, S, P);
-                    td_copy_runs16(dst + (size_t)lo * cols, (size_t)cols,
+                    td_copy_runs32(dst + (size_t)lo * cols, (size_t)cols,
                                    src + (size_t)(lo * S - P) * C, (size_t)S * C, kc, hi - lo + 1);
                     for (int ow = hi + 1; ow < OW; ow++)
                         im2col_edge(dst + (size_t)ow * cols, src, ow, C, W, K, S, P);

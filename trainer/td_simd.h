@@ -26,13 +26,21 @@ static inline void td_copy_run(float *dst, const float *src, int n) {
     }
 }
 
-/* dst + i·dst_stride [0..n) = src + i·src_stride [0..n) for i < count, n <= 16: the sliding
- * windows of one im2col row, with the mask computed once. */
-static inline void td_copy_runs16(float *dst, size_t dst_stride, const float *src,
+/* dst + i·dst_stride [0..n) = src + i·src_stride [0..n) for i < count, n <= 32: the sliding
+ * windows of one im2col row, with the masks computed once. */
+static inline void td_copy_runs32(float *dst, size_t dst_stride, const float *src,
                                   size_t src_stride, int n, int count) {
-    __mmask16 m = td_tail_mask(n);
-    for (int i = 0; i < count; i++, dst += dst_stride, src += src_stride)
-        _mm512_mask_storeu_ps(dst, m, _mm512_maskz_loadu_ps(m, src));
+    if (n <= 16) {
+        __mmask16 m = td_tail_mask(n);
+        for (int i = 0; i < count; i++, dst += dst_stride, src += src_stride)
+            _mm512_mask_storeu_ps(dst, m, _mm512_maskz_loadu_ps(m, src));
+        return;
+    }
+    __mmask16 m = td_tail_mask(n - 16);
+    for (int i = 0; i < count; i++, dst += dst_stride, src += src_stride) {
+        _mm512_storeu_ps(dst, _mm512_loadu_ps(src));
+        _mm512_mask_storeu_ps(dst + 16, m, _mm512_maskz_loadu_ps(m, src + 16));
+    }
 }
 
 /* A register of up to 16 floats being summed, for gathers that must not go through memory. */
@@ -94,7 +102,7 @@ static inline void td_copy_run(float *dst, const float *src, int n) {
     for (int i = 0; i < n; i++) dst[i] = src[i];
 }
 
-static inline void td_copy_runs16(float *dst, size_t dst_stride, const float *src,
+static inline void td_copy_runs32(float *dst, size_t dst_stride, const float *src,
                                   size_t src_stride, int n, int count) {
     for (int i = 0; i < count; i++, dst += dst_stride, src += src_stride) td_copy_run(dst, src, n);
 }
