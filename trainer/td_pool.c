@@ -73,6 +73,29 @@ static int maxpool_build(td_model *model, td_node *node, td_err *err) {
 static void maxpool_forward_c16(const pool_geom *g, const float *x, float *y, int32_t *a) {
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __mmask16 m = td_tail_mask(g->c);
+    if (g->p == 0 && g->k == 2) {
+        /* the common 2x2 pool: every window lies inside, four loads at fixed offsets */
+        const int32_t right = g->c, down = g->w * g->c;
+        for (int oh = 0; oh < g->oh; oh++)
+            for (int ow = 0; ow < g->ow; ow++) {
+                int32_t base = ((oh * g->s) * g->w + ow * g->s) * g->c;
+                int32_t offs[4] = {0, right, down, down + right};
+                __m512 best = _mm512_maskz_loadu_ps(m, x + base);
+                __m512i arg = _mm512_add_epi32(_mm512_set1_epi32(base), iota);
+                for (int q = 1; q < 4; q++) {
+                    __m512 v = _mm512_maskz_loadu_ps(m, x + base + offs[q]);
+                    __mmask16 take = _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ) |
+                                     _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+                    best = _mm512_mask_mov_ps(best, take, v);
+                    arg = _mm512_mask_mov_epi32(
+                        arg, take, _mm512_add_epi32(_mm512_set1_epi32(base + offs[q]), iota));
+                }
+                size_t o = ((size_t)oh * g->ow + ow) * g->c;
+                _mm512_mask_storeu_ps(y + o, m, best);
+                _mm512_mask_storeu_epi32(a + o, m, arg);
+            }
+        return;
+    }
     for (int oh = 0; oh < g->oh; oh++)
         for (int ow = 0; ow < g->ow; ow++) {
             __m512 best = _mm512_set1_ps(-INFINITY);
