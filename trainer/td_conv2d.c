@@ -209,13 +209,24 @@ static void col2im(const conv_geom *g, const float *dcol, int nb, float *dx, boo
                 float *dst = dx + ((size_t)(b * H + ih) * W + iw) * C;
                 for (int c0 = 0; c0 < C; c0 += 16) {
                     int n = C - c0 < 16 ? C - c0 : 16;
+                    /* even and odd taps of each window row go to separate partial sums:
+                     * one running sum would chain every add behind the previous one */
                     td_acc16 acc = td_acc16_zero();
                     for (int kh = kh0, oh = oh0; kh < K && oh >= 0; kh += S, oh--) {
                         if (oh >= OH) continue;
                         const float *row = dcol + (size_t)(b * OH + oh) * OW * kkc + kh * kc + c0;
-                        for (int kw = kw0, ow = ow0; kw < K && ow >= 0; kw += S, ow--)
-                            if (ow < OW)
-                                acc = td_acc16_add(acc, row + (size_t)ow * kkc + kw * C, n);
+                        td_acc16 even = td_acc16_zero(), odd = td_acc16_zero();
+                        bool flip = false;
+                        for (int kw = kw0, ow = ow0; kw < K && ow >= 0;
+                             kw += S, ow--, flip = !flip) {
+                            if (ow >= OW) continue;
+                            const float *src = row + (size_t)ow * kkc + kw * C;
+                            if (flip)
+                                odd = td_acc16_add(odd, src, n);
+                            else
+                                even = td_acc16_add(even, src, n);
+                        }
+                        acc = td_acc16_sum(acc, td_acc16_sum(even, odd));
                     }
                     td_acc16_store(dst + c0, acc, n, add);
                 }

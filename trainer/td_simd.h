@@ -51,6 +51,7 @@ static inline td_acc16 td_acc16_zero(void) {
 static inline td_acc16 td_acc16_add(td_acc16 acc, const float *src, int n) {
     return _mm512_add_ps(acc, _mm512_maskz_loadu_ps(td_tail_mask(n), src));
 }
+static inline td_acc16 td_acc16_sum(td_acc16 a, td_acc16 b) { return _mm512_add_ps(a, b); }
 /* dst[0..n) = acc, or += acc */
 static inline void td_acc16_store(float *dst, td_acc16 acc, int n, bool add) {
     __mmask16 m = td_tail_mask(n);
@@ -120,6 +121,10 @@ static inline td_acc16 td_acc16_zero(void) {
 static inline td_acc16 td_acc16_add(td_acc16 acc, const float *src, int n) {
     for (int i = 0; i < n; i++) acc.v[i] += src[i];
     return acc;
+}
+static inline td_acc16 td_acc16_sum(td_acc16 a, td_acc16 b) {
+    for (int i = 0; i < 16; i++) a.v[i] += b.v[i];
+    return a;
 }
 static inline void td_acc16_store(float *dst, td_acc16 acc, int n, bool add) {
     for (int i = 0; i < n; i++) dst[i] = (add ? dst[i] : 0.0f) + acc.v[i];
