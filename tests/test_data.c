@@ -25,8 +25,8 @@ static size_t make_images(uint8_t *buf, uint32_t magic, uint32_t n, uint32_t h, 
 }
 
 static size_t make_labels(uint8_t *buf, uint32_t n, uint32_t data_labels) {
-    uint8_t head[8] = {0, 0, 8, 1, (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8),
-                       (uint8_t)n};
+    uint8_t head[8] = {
+        0, 0, 8, 1, (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8), (uint8_t)n};
     memcpy(buf, head, 8);
     for (uint32_t i = 0; i < data_labels; i++) buf[8 + i] = (uint8_t)(i % 3);
     return 8 + data_labels;
@@ -36,10 +36,10 @@ static char images_path[512], labels_path[512];
 
 static void write_pair(size_t ilen, const uint8_t *ibuf, size_t llen, const uint8_t *lbuf,
                        bool gz) {
-    strcpy(images_path, gz ? test_write_gz("img.gz", ibuf, ilen)
-                           : test_write_file("img.idx", ibuf, ilen));
-    strcpy(labels_path, gz ? test_write_gz("lab.gz", lbuf, llen)
-                           : test_write_file("lab.idx", lbuf, llen));
+    strcpy(images_path,
+           gz ? test_write_gz("img.gz", ibuf, ilen) : test_write_file("img.idx", ibuf, ilen));
+    strcpy(labels_path,
+           gz ? test_write_gz("lab.gz", lbuf, llen) : test_write_file("lab.idx", lbuf, llen));
 }
 
 static void expect_load_error(const char *fragment) {
@@ -64,8 +64,12 @@ static void check_valid(bool gz) {
     td_dataset_free(&ds);
 }
 
-Test(idx, loads_plain) { check_valid(false); }
-Test(idx, loads_gzip) { check_valid(true); }
+Test(idx, loads_plain) {
+    check_valid(false);
+}
+Test(idx, loads_gzip) {
+    check_valid(true);
+}
 
 Test(idx, wrong_magic) {
     uint8_t ib[256], lb[64];

@@ -43,8 +43,8 @@ static void compare(check *c, const char *what, float *v, const float *g, size_t
         v[i] = keep;
         double fd = (up - down) / (2.0 * H);
         double tol = 3e-3 + 1e-2 * fabs(fd);
-        cr_expect(fabs(g[i] - fd) <= tol, "%s[%zu]: analytic %.6g, finite difference %.6g", what,
-                  i, g[i], fd);
+        cr_expect(fabs(g[i] - fd) <= tol, "%s[%zu]: analytic %.6g, finite difference %.6g", what, i,
+                  g[i], fd);
     }
 }
 
@@ -198,17 +198,16 @@ Test(gradcheck, lenet5_whole) {
     td_err err;
     cr_assert_eq(td_model_build(&m, nodes, n, td_shape_image(1, 28, 28), 4, 1, 0, &err), 0, "%s",
                  err.msg);
-    cr_expect_eq(m.param_floats, 44426u, "LeNet-5 has 44,426 parameters, got %zu",
-                 m.param_floats);
-    const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
-                           "fc1.weight",   "fc1.bias",   "fc2.weight",   "fc2.bias",
-                           "fc3.weight",   "fc3.bias"};
+    cr_expect_eq(m.param_floats, 44426u, "LeNet-5 has 44,426 parameters, got %zu", m.param_floats);
+    const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
+                           "fc1.bias",     "fc2.weight", "fc2.bias",     "fc3.weight", "fc3.bias"};
     cr_assert_eq(m.n_params, 10);
     for (int i = 0; i < 10; i++) cr_expect_str_eq(m.params[i].name, names[i]);
     const td_param *w = td_model_find_param(&m, "conv2.weight");
     cr_assert(w);
     cr_expect(w->ndim == 4 && w->dims[0] == 16 && w->dims[1] == 6 && w->dims[2] == 5 &&
-              w->dims[3] == 5, "conv2.weight is OIHW [16, 6, 5, 5]");
+                  w->dims[3] == 5,
+              "conv2.weight is OIHW [16, 6, 5, 5]");
     td_model_free(&m);
     free(nodes);
 }

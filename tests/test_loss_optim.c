@@ -7,8 +7,8 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
-#define EXPECT_NEAR(got, want, tol)                                                              \
-    cr_expect(fabs((double)(got) - (double)(want)) <= (tol), "%s = %.9g, expected %.9g", #got,   \
+#define EXPECT_NEAR(got, want, tol)                                                                \
+    cr_expect(fabs((double)(got) - (double)(want)) <= (tol), "%s = %.9g, expected %.9g", #got,     \
               (double)(got), (double)(want))
 
 Test(loss, cross_entropy_value_and_gradient) {
@@ -103,8 +103,8 @@ Test(optim, adam_two_steps) {
      *         p = 1 - 0.05/0.5 = 0.9 (Adam's first step moves by lr)
      * step 2 (g = 0.25): m = 0.07, v = 0.00031225, step_size = 0.1/0.19,
      *         denom = sqrt(0.00031225)/sqrt(0.001999) = 0.3952247, p = 0.9 - 0.0932181 */
-    td_optim_config c = {.kind = TD_OPTIM_ADAM, .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
-                         .eps = 1e-8f};
+    td_optim_config c = {
+        .kind = TD_OPTIM_ADAM, .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
     float g[2] = {0.5f, 0.25f};
     EXPECT_NEAR(run_optim(c, g, 1), 0.9, 1e-6);
     EXPECT_NEAR(run_optim(c, g, 2), 0.9 - 0.0932181, 2e-6);
@@ -113,8 +113,12 @@ Test(optim, adam_two_steps) {
 Test(optim, adam_l2_vs_adamw_decoupled) {
     /* AdamW: p = 1·(1 - 0.1·0.1) = 0.99, then the Adam step of -0.1: 0.89.
      * Adam with wd: the decay enters the gradient (0.6), and its first step is still lr: 0.9 */
-    td_optim_config c = {.kind = TD_OPTIM_ADAMW, .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
-                         .eps = 1e-8f, .weight_decay = 0.1f};
+    td_optim_config c = {.kind = TD_OPTIM_ADAMW,
+                         .lr = 0.1f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.999f,
+                         .eps = 1e-8f,
+                         .weight_decay = 0.1f};
     float g[1] = {0.5f};
     EXPECT_NEAR(run_optim(c, g, 1), 0.89, 1e-6);
     c.kind = TD_OPTIM_ADAM;
@@ -148,8 +152,11 @@ Test(schedule, step_and_multistep) {
     EXPECT_NEAR(td_schedule_lr(&s, 1.0f, 29), 1.0, 1e-7);
     EXPECT_NEAR(td_schedule_lr(&s, 1.0f, 30), 0.1, 1e-7);
     EXPECT_NEAR(td_schedule_lr(&s, 1.0f, 60), 0.01, 1e-8);
-    td_schedule m = {.kind = TD_SCHED_MULTISTEP, .gamma = 0.5f, .n_milestones = 2,
-                     .milestones = {5, 8}, .total_steps = 20};
+    td_schedule m = {.kind = TD_SCHED_MULTISTEP,
+                     .gamma = 0.5f,
+                     .n_milestones = 2,
+                     .milestones = {5, 8},
+                     .total_steps = 20};
     EXPECT_NEAR(td_schedule_lr(&m, 2.0f, 4), 2.0, 1e-7);
     EXPECT_NEAR(td_schedule_lr(&m, 2.0f, 5), 1.0, 1e-7);
     EXPECT_NEAR(td_schedule_lr(&m, 2.0f, 8), 0.5, 1e-7);

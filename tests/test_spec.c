@@ -41,8 +41,8 @@ static char *spec_of(const char *model, const char *data, const char *train) {
 }
 
 Test(spec, invalid_json_names_line_and_column) {
-    EXPECT_ERROR("{\"model\": {\"preset\": \"lenet5\",\n \"num_classes\": }", "spec:2:",
-                 "invalid JSON");
+    EXPECT_ERROR("{\"model\": {\"preset\": \"lenet5\",\n \"num_classes\": }",
+                 "spec:2:", "invalid JSON");
 }
 
 Test(spec, missing_section) {

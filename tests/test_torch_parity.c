@@ -37,7 +37,8 @@ static const float *ref_get(const reference *ref, const char *name, size_t expec
     size_t count = 1;
     json_t *dim;
     size_t i;
-    json_array_foreach(json_object_get(e, "shape"), i, dim) count *= (size_t)json_integer_value(dim);
+    json_array_foreach(json_object_get(e, "shape"), i, dim) count *=
+        (size_t)json_integer_value(dim);
     cr_assert_eq(count, expect, "%s: reference has %zu values, engine %zu", name, count, expect);
     return ref->data + json_integer_value(json_object_get(e, "offset"));
 }

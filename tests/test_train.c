@@ -52,7 +52,8 @@ Test(train, same_seed_is_bitwise_identical) {
     strip_timings(a);
     strip_timings(b);
     cr_expect(strstr(a, "\"event\":\"train\"") && strstr(a, "\"event\":\"eval\"") &&
-              strstr(a, "\"event\":\"done\""), "all three kinds of line: %s", a);
+                  strstr(a, "\"event\":\"done\""),
+              "all three kinds of line: %s", a);
     cr_expect_str_eq(a, b);
     snprintf(spec, sizeof spec, SPEC_FMT, 43);
     char *c = run_metrics(spec, NULL);
@@ -88,8 +89,10 @@ Test(train, lenet_learns_fashion_mnist, .timeout = 120) {
     const char *spec =
         "{\"model\": {\"preset\": \"lenet5\", \"num_classes\": 10},"
         " \"data\": {\"format\": \"idx\","
-        "   \"train\": {\"images\": \"/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz\","
-        "             \"labels\": \"/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz\"},"
+        "   \"train\": {\"images\": "
+        "\"/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz\","
+        "             \"labels\": "
+        "\"/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz\"},"
         "   \"val\": {\"images\": \"/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz\","
         "           \"labels\": \"/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\"},"
         "   \"normalize\": {\"mean\": [0.286], \"std\": [0.353]}},"

@@ -38,7 +38,8 @@ const char *test_write_file(const char *name, const void *data, size_t len) {
     static char path[512];
     snprintf(path, sizeof path, "%s/%s", test_tmpdir(), name);
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) cr_assert_fail("cannot write %s", path);
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0)
+        cr_assert_fail("cannot write %s", path);
     return path;
 }
 

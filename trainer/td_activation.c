@@ -36,9 +36,9 @@ static void relu_backward(td_node *node, const td_run *run) {
 }
 
 #define SQRT_2_OVER_PI 0.7978845608028654f
-#define INV_SQRT_2 0.7071067811865476f
-#define INV_SQRT_2PI 0.3989422804014327f
-#define GELU_TANH_C 0.044715f
+#define INV_SQRT_2     0.7071067811865476f
+#define INV_SQRT_2PI   0.3989422804014327f
+#define GELU_TANH_C    0.044715f
 
 static void gelu_forward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);

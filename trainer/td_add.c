@@ -14,8 +14,10 @@ static int add_build(td_model *model, td_node *node, td_err *err) {
             char sa[64], sb[64];
             td_shape_format(a, sa, sizeof sa);
             td_shape_format(b, sb, sizeof sb);
-            return td_fail(err, "inputs[0] has shape %s but inputs[%d] has shape %s; add needs "
-                                "equal shapes", sa, j, sb);
+            return td_fail(err,
+                           "inputs[0] has shape %s but inputs[%d] has shape %s; add needs "
+                           "equal shapes",
+                           sa, j, sb);
         }
     }
     node->out_shape = a;

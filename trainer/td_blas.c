@@ -21,9 +21,13 @@ void td_blas_fix_kernel(char **argv) {
     if (!better) return;
     if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
     execv("/proc/self/exe", argv);
-    fprintf(stderr, "[traind] warning: OpenBLAS chose its generic kernels and re-executing with "
-                    "OPENBLAS_CORETYPE=%s failed; training will be slow. HINT: set "
-                    "OPENBLAS_CORETYPE=%s in the environment\n", better, better);
+    fprintf(stderr,
+            "[traind] warning: OpenBLAS chose its generic kernels and re-executing with "
+            "OPENBLAS_CORETYPE=%s failed; training will be slow. HINT: set "
+            "OPENBLAS_CORETYPE=%s in the environment\n",
+            better, better);
 }
 
-const char *td_blas_describe(void) { return openblas_get_corename(); }
+const char *td_blas_describe(void) {
+    return openblas_get_corename();
+}

@@ -50,5 +50,5 @@ static void dropout_backward(td_node *node, const td_run *run) {
     for (size_t i = 0; i < n; i++) dx[i] = (add ? dx[i] : 0.0f) + (mask[i] ? dy[i] * scale : 0.0f);
 }
 
-const td_op td_op_dropout = {"dropout", 1, 1, dropout_args, dropout_build, dropout_forward,
+const td_op td_op_dropout = {"dropout",       1, 1, dropout_args, dropout_build, dropout_forward,
                              dropout_backward};

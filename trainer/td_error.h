@@ -3,7 +3,8 @@
  * Recoverable errors (bad spec, bad data, missing file) travel back to the caller in a td_err that
  * the caller owns: the library keeps no global error state, so two models in one process never
  * clobber each other's message. Programming errors and out-of-memory stop the process at once with
- * file:line and a hint, the way llm.c's check macros do: there is nothing sensible to continue with.
+ * file:line and a hint, the way llm.c's check macros do: there is nothing sensible to continue
+ * with.
  */
 #ifndef TD_ERROR_H
 #define TD_ERROR_H
@@ -30,14 +31,14 @@ void *td_malloc_checked(size_t size, const char *file, int line);
 void *td_calloc_checked(size_t n, size_t size, const char *file, int line);
 void *td_aligned_alloc_checked(size_t size, const char *file, int line);
 
-#define td_malloc(size) td_malloc_checked((size), __FILE__, __LINE__)
+#define td_malloc(size)    td_malloc_checked((size), __FILE__, __LINE__)
 #define td_calloc(n, size) td_calloc_checked((n), (size), __FILE__, __LINE__)
 /* 64-byte aligned, zeroed: one cache line, and what AVX-512 loads like best. */
 #define td_aligned_alloc(size) td_aligned_alloc_checked((size), __FILE__, __LINE__)
 
-#define TD_ASSERT(cond, hint)                                                                     \
+#define TD_ASSERT(cond, hint)                                                                      \
     do {                                                                                           \
-        if (!(cond)) td_die(__FILE__, __LINE__, "assertion failed: " #cond, (hint));              \
+        if (!(cond)) td_die(__FILE__, __LINE__, "assertion failed: " #cond, (hint));               \
     } while (0)
 
 #endif

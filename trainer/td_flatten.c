@@ -46,5 +46,5 @@ static void flatten_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op td_op_flatten = {"flatten", 1, 1, flatten_args, flatten_build, flatten_forward,
+const td_op td_op_flatten = {"flatten",       1, 1, flatten_args, flatten_build, flatten_forward,
                              flatten_backward};

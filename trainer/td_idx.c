@@ -32,9 +32,8 @@ static int read_exact(gzFile f, const char *path, void *buf, size_t len, const c
     if (got < len) {
         int code;
         gzerror(f, &code);
-        return td_fail(err,
-                       "%s: file is truncated: %s needs %zu bytes but only %zu are there%s", path,
-                       what, len, got,
+        return td_fail(err, "%s: file is truncated: %s needs %zu bytes but only %zu are there%s",
+                       path, what, len, got,
                        code == Z_BUF_ERROR ? " (the gzip stream ends early)" : "");
     }
     return 0;
@@ -69,8 +68,10 @@ static int expect_end(gzFile f, const char *path, td_err *err) {
     char extra;
     int r = gzread(f, &extra, 1);
     if (r != 0)
-        return td_fail(err, "%s: has data after the %s its header declares; the header and the "
-                            "data disagree", path, "samples");
+        return td_fail(err,
+                       "%s: has data after the %s its header declares; the header and the "
+                       "data disagree",
+                       path, "samples");
     return 0;
 }
 

@@ -18,8 +18,10 @@ static int linear_build(td_model *model, td_node *node, td_err *err) {
     if (in.spatial) {
         char buf[64];
         td_shape_format(in, buf, sizeof buf);
-        return td_fail(err, "expects flat features but its input has shape %s; add a "
-                            "{\"op\": \"flatten\"} node before it", buf);
+        return td_fail(err,
+                       "expects flat features but its input has shape %s; add a "
+                       "{\"op\": \"flatten\"} node before it",
+                       buf);
     }
     int out = (int)node->args[ARG_OUT_FEATURES];
     /* kaiming_uniform_(a=sqrt(5)) reduces to a bound of 1/sqrt(fan_in), as does the bias rule */
@@ -49,8 +51,8 @@ static void linear_backward(td_node *node, const td_run *run) {
     const float *dy = node->grad;
     float pbeta = run->accumulate_grads ? 1.0f : 0.0f;
     /* dW [out, in] = dy^T [out, n] x [n, in] */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, node->in[0],
-                in, pbeta, node->params[0]->grad, in);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, node->in[0], in,
+                pbeta, node->params[0]->grad, in);
     if (node->n_params > 1) {
         float *db = node->params[1]->grad;
         if (!run->accumulate_grads) memset(db, 0, (size_t)out * 4);
@@ -59,9 +61,9 @@ static void linear_backward(td_node *node, const td_run *run) {
     }
     if (node->in_grad[0])
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out,
-                    node->params[0]->data, in, node->in_grad_add[0] ? 1.0f : 0.0f,
-                    node->in_grad[0], in);
+                    node->params[0]->data, in, node->in_grad_add[0] ? 1.0f : 0.0f, node->in_grad[0],
+                    in);
 }
 
-const td_op td_op_linear = {"linear", 1, 1, linear_args, linear_build, linear_forward,
+const td_op td_op_linear = {"linear",       1, 1, linear_args, linear_build, linear_forward,
                             linear_backward};

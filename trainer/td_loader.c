@@ -35,10 +35,10 @@ struct td_loader {
     slot slots[N_SLOTS];
     bool stop, busy;
     unsigned gen;
-    int n_batches;  /* in this epoch */
-    int produced;   /* next batch index the producer fills */
-    int consumed;   /* next batch index the consumer takes */
-    int holding;    /* slot the consumer holds, -1 if none */
+    int n_batches; /* in this epoch */
+    int produced;  /* next batch index the producer fills */
+    int consumed;  /* next batch index the consumer takes */
+    int holding;   /* slot the consumer holds, -1 if none */
 };
 
 static void fill(td_loader *ld, int batch_index, slot *s) {
@@ -60,8 +60,7 @@ static void fill(td_loader *ld, int batch_index, slot *s) {
         if (c == 1)
             for (size_t j = 0; j < size; j++) x[j] = (float)s->raw[j] * scale[0] + shift[0];
         else
-            for (size_t j = 0; j < size; j++)
-                x[j] = (float)s->raw[j] * scale[j % c] + shift[j % c];
+            for (size_t j = 0; j < size; j++) x[j] = (float)s->raw[j] * scale[j % c] + shift[j % c];
     }
     s->batch.n = n;
 }
@@ -70,8 +69,8 @@ static void *producer(void *arg) {
     td_loader *ld = arg;
     pthread_mutex_lock(&ld->lock);
     for (;;) {
-        while (!ld->stop && !(ld->produced < ld->n_batches &&
-                              !ld->slots[ld->produced % N_SLOTS].full))
+        while (!ld->stop &&
+               !(ld->produced < ld->n_batches && !ld->slots[ld->produced % N_SLOTS].full))
             pthread_cond_wait(&ld->cond, &ld->lock);
         if (ld->stop) break;
         int b = ld->produced;

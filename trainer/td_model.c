@@ -6,8 +6,8 @@
 #include <time.h>
 
 static const td_op *const all_ops[] = {
-    &td_op_linear,  &td_op_conv2d,  &td_op_maxpool2d, &td_op_avgpool2d, &td_op_global_avgpool,
-    &td_op_relu,    &td_op_gelu,    &td_op_flatten,   &td_op_dropout,   &td_op_add,
+    &td_op_linear, &td_op_conv2d, &td_op_maxpool2d, &td_op_avgpool2d, &td_op_global_avgpool,
+    &td_op_relu,   &td_op_gelu,   &td_op_flatten,   &td_op_dropout,   &td_op_add,
 };
 #define N_OPS (sizeof all_ops / sizeof all_ops[0])
 
@@ -66,9 +66,8 @@ static void init_params(td_model *model, uint64_t seed) {
         p->data = model->param_block + p->offset;
         p->grad = model->grad_block + p->offset;
         for (size_t j = 0; j < p->size; j++)
-            p->data[j] = p->init_bound > 0
-                             ? (2.0f * td_rng_uniform(&rng) - 1.0f) * p->init_bound
-                             : p->init_fill;
+            p->data[j] = p->init_bound > 0 ? (2.0f * td_rng_uniform(&rng) - 1.0f) * p->init_bound
+                                           : p->init_fill;
     }
 }
 
@@ -88,8 +87,8 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
             return td_fail(err, "model.nodes[%d].name: \"input\" is reserved for the batch", i);
         for (int j = 0; j < i; j++)
             if (strcmp(model->nodes[j].name, s->name) == 0)
-                return td_fail(err, "model.nodes[%d].name: \"%s\" is already used by nodes[%d]",
-                               i, s->name, j);
+                return td_fail(err, "model.nodes[%d].name: \"%s\" is already used by nodes[%d]", i,
+                               s->name, j);
         node->op = s->op;
         node->max_n = model->max_n;
         memcpy(node->args, s->args, sizeof node->args);
@@ -151,7 +150,8 @@ static void layout(td_model *model, td_arena *arena, bool *needs_grad, bool *wri
         needs_grad[i] = node->n_params > 0;
         for (int j = 0; j < node->n_inputs; j++) {
             int k = node->inputs[j];
-            if (k == TD_INPUT_NODE ? model->input_grad != NULL : needs_grad[k]) needs_grad[i] = true;
+            if (k == TD_INPUT_NODE ? model->input_grad != NULL : needs_grad[k])
+                needs_grad[i] = true;
         }
     }
     model->scratch = td_arena_floats(arena, model->scratch_floats);

@@ -16,10 +16,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define TD_MAX_INPUTS 4
+#define TD_MAX_INPUTS      4
 #define TD_MAX_NODE_PARAMS 4
-#define TD_MAX_OP_ARGS 8
-#define TD_INPUT_NODE (-1)
+#define TD_MAX_OP_ARGS     8
+#define TD_INPUT_NODE      (-1)
 
 typedef struct td_model td_model;
 typedef struct td_node td_node;
@@ -69,7 +69,7 @@ struct td_node {
     td_shape out_shape;
 
     int n_params;
-    int param_ids[TD_MAX_NODE_PARAMS]; /* into model->params, stable while it grows */
+    int param_ids[TD_MAX_NODE_PARAMS];    /* into model->params, stable while it grows */
     td_param *params[TD_MAX_NODE_PARAMS]; /* resolved once the model is built */
 
     int max_n;             /* the largest batch the buffers hold */

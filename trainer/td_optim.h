@@ -2,7 +2,8 @@
  * one parameter group, weight decay applied to every parameter as PyTorch does by default):
  *  - sgd: g += wd·p; buf = g on the first step, then buf = momentum·buf + (1-dampening)·g;
  *         nesterov: g += momentum·buf, else g = buf; p -= lr·g.
- *  - adam: g += wd·p (L2); m, v moving averages; p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps)
+ *  - adam: g += wd·p (L2); m, v moving averages; p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) +
+ * eps)
  *  - adamw: p *= 1 - lr·wd (decoupled), then Adam without the L2 term.
  * Global-norm clipping matches torch.nn.utils.clip_grad_norm_ (coefficient max/(norm+1e-6)).
  */

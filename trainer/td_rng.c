@@ -24,7 +24,9 @@ void td_rng_seed_for(td_rng *rng, uint64_t seed, const char *purpose, uint64_t i
     td_rng_seed(rng, td_mix64(seed ^ h) ^ td_mix64(index + 0x632BE59BD9B4E019ull));
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 uint64_t td_rng_u64(td_rng *rng) {
     uint64_t *s = rng->s;
@@ -39,7 +41,9 @@ uint64_t td_rng_u64(td_rng *rng) {
     return result;
 }
 
-float td_rng_uniform(td_rng *rng) { return (float)(td_rng_u64(rng) >> 40) * 0x1.0p-24f; }
+float td_rng_uniform(td_rng *rng) {
+    return (float)(td_rng_u64(rng) >> 40) * 0x1.0p-24f;
+}
 
 uint64_t td_rng_below(td_rng *rng, uint64_t n) {
     /* Rejection keeps every residue equally likely. */

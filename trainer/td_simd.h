@@ -51,7 +51,9 @@ static inline td_acc16 td_acc16_zero(void) {
 static inline td_acc16 td_acc16_add(td_acc16 acc, const float *src, int n) {
     return _mm512_add_ps(acc, _mm512_maskz_loadu_ps(td_tail_mask(n), src));
 }
-static inline td_acc16 td_acc16_sum(td_acc16 a, td_acc16 b) { return _mm512_add_ps(a, b); }
+static inline td_acc16 td_acc16_sum(td_acc16 a, td_acc16 b) {
+    return _mm512_add_ps(a, b);
+}
 /* dst[0..n) = acc, or += acc */
 static inline void td_acc16_store(float *dst, td_acc16 acc, int n, bool add) {
     __mmask16 m = td_tail_mask(n);

@@ -53,8 +53,8 @@ bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float 
 /* O outputs and NV vectors of 16 columns, both compile-time constants after inlining, so the
  * O·NV accumulators live in registers. */
 static inline __attribute__((always_inline)) void tn_kernel(int rows, const int O, const int NV,
-                                                            int k, const float *dy,
-                                                            const float *a, float *dw, bool add) {
+                                                            int k, const float *dy, const float *a,
+                                                            float *dw, bool add) {
     __m512 acc[24];
     for (int i = 0; i < O * NV; i++) acc[i] = _mm512_setzero_ps();
     __mmask16 mask[3];
@@ -69,7 +69,8 @@ static inline __attribute__((always_inline)) void tn_kernel(int rows, const int 
         const float *d = dy + (size_t)r * O;
         for (int i = 0; i < O; i++) {
             __m512 di = _mm512_set1_ps(d[i]);
-            for (int v = 0; v < NV; v++) acc[i * NV + v] = _mm512_fmadd_ps(di, av[v], acc[i * NV + v]);
+            for (int v = 0; v < NV; v++)
+                acc[i * NV + v] = _mm512_fmadd_ps(di, av[v], acc[i * NV + v]);
         }
     }
     for (int i = 0; i < O; i++)
@@ -81,22 +82,23 @@ static inline __attribute__((always_inline)) void tn_kernel(int rows, const int 
         }
 }
 
-#define TN_CASE(O_, NV_)                                                                          \
-    case (O_) * 4 + (NV_):                                                                        \
-        tn_kernel(rows, O_, NV_, k, dy, a, dw, add);                                              \
+#define TN_CASE(O_, NV_)                                                                           \
+    case (O_)*4 + (NV_):                                                                           \
+        tn_kernel(rows, O_, NV_, k, dy, a, dw, add);                                               \
         return true;
 
 bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float *dw, bool add) {
     int nv = (k + 15) / 16;
     if (o > 16 || nv > 3 || o * nv > 24) return false;
     switch (o * 4 + nv) {
-        TN_CASE(1, 1) TN_CASE(1, 2) TN_CASE(1, 3) TN_CASE(2, 1) TN_CASE(2, 2) TN_CASE(2, 3)
-        TN_CASE(3, 1) TN_CASE(3, 2) TN_CASE(3, 3) TN_CASE(4, 1) TN_CASE(4, 2) TN_CASE(4, 3)
-        TN_CASE(5, 1) TN_CASE(5, 2) TN_CASE(5, 3) TN_CASE(6, 1) TN_CASE(6, 2) TN_CASE(6, 3)
-        TN_CASE(7, 1) TN_CASE(7, 2) TN_CASE(7, 3) TN_CASE(8, 1) TN_CASE(8, 2) TN_CASE(8, 3)
-        TN_CASE(9, 1) TN_CASE(9, 2) TN_CASE(10, 1) TN_CASE(10, 2) TN_CASE(11, 1) TN_CASE(11, 2)
-        TN_CASE(12, 1) TN_CASE(12, 2) TN_CASE(13, 1) TN_CASE(14, 1) TN_CASE(15, 1)
-        TN_CASE(16, 1)
+        TN_CASE(1, 1)
+        TN_CASE(1, 2) TN_CASE(1, 3) TN_CASE(2, 1) TN_CASE(2, 2) TN_CASE(2, 3) TN_CASE(3, 1)
+            TN_CASE(3, 2) TN_CASE(3, 3) TN_CASE(4, 1) TN_CASE(4, 2) TN_CASE(4, 3) TN_CASE(5, 1)
+                TN_CASE(5, 2) TN_CASE(5, 3) TN_CASE(6, 1) TN_CASE(6, 2) TN_CASE(6, 3) TN_CASE(7, 1)
+                    TN_CASE(7, 2) TN_CASE(7, 3) TN_CASE(8, 1) TN_CASE(8, 2) TN_CASE(8, 3)
+                        TN_CASE(9, 1) TN_CASE(9, 2) TN_CASE(10, 1) TN_CASE(10, 2) TN_CASE(11, 1)
+                            TN_CASE(11, 2) TN_CASE(12, 1) TN_CASE(12, 2) TN_CASE(13, 1)
+                                TN_CASE(14, 1) TN_CASE(15, 1) TN_CASE(16, 1)
     }
     return false;
 }

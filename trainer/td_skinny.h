@@ -13,8 +13,7 @@
 
 /* y [rows, o] = a [rows, k] · w[o, k]^T, with o <= 16 (forward of a small convolution).
  * scratch: at least 16·k floats. */
-bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float *y,
-                  float *scratch);
+bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float *y, float *scratch);
 
 /* dw [o, k] (+)= dy[rows, o]^T · a [rows, k], with o·ceil(k/16) <= 24 (weight gradient of a small
  * convolution); add selects accumulation. */

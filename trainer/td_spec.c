@@ -189,8 +189,8 @@ static int parse_node(const json_t *v, int index, td_node_spec *s, td_err *err) 
         int c = 0;
         switch (a->type) {
         case TD_ARG_INT:
-            if (get_int(v, path, a->name, a->required, (long)a->def, (long)a->min, (long)a->max,
-                        &l, err) != 0)
+            if (get_int(v, path, a->name, a->required, (long)a->def, (long)a->min, (long)a->max, &l,
+                        err) != 0)
                 return -1;
             s->args[i] = (double)l;
             break;
@@ -207,8 +207,7 @@ static int parse_node(const json_t *v, int index, td_node_spec *s, td_err *err) 
             char def[32];
             size_t n = strcspn(a->choices, "|");
             snprintf(def, sizeof def, "%.*s", (int)n, a->choices);
-            if (get_choice(v, path, a->name, a->required, def, a->choices, &c, err) != 0)
-                return -1;
+            if (get_choice(v, path, a->name, a->required, def, a->choices, &c, err) != 0) return -1;
             s->args[i] = c;
             break;
         }
@@ -265,8 +264,8 @@ static int parse_model(const json_t *root, td_job *job, td_err *err) {
         if (check_keys(m, "model", keys, err) != 0) return -1;
         return td_preset_lenet5(job->num_classes, &job->nodes, &job->n_nodes);
     }
-    static const char *const keys[] = {"preset", "num_classes", "hidden", "activation", "dropout",
-                                       NULL};
+    static const char *const keys[] = {"preset",     "num_classes", "hidden",
+                                       "activation", "dropout",     NULL};
     if (check_keys(m, "model", keys, err) != 0) return -1;
     td_mlp_options opt = {.n_hidden = 2, .hidden = {512, 512}};
     json_t *hidden = json_object_get(m, "hidden");
@@ -285,8 +284,7 @@ static int parse_model(const json_t *root, td_job *job, td_err *err) {
         }
     }
     int act;
-    if (get_choice(m, "model", "activation", false, "relu", "relu|gelu", &act, err) != 0)
-        return -1;
+    if (get_choice(m, "model", "activation", false, "relu", "relu|gelu", &act, err) != 0) return -1;
     opt.activation = act == 0 ? &td_op_relu : &td_op_gelu;
     double dropout;
     if (get_number(m, "model", "dropout", false, 0, 0, 0.999, &dropout, err) != 0) return -1;
@@ -345,8 +343,8 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
             parse_split(d, "val", false, &job->val, err) != 0)
             return -1;
     } else {
-        static const char *const keys[] = {"format", "shape", "num_classes", "size", "val_size",
-                                           "normalize", NULL};
+        static const char *const keys[] = {"format",   "shape",     "num_classes", "size",
+                                           "val_size", "normalize", NULL};
         if (check_keys(d, "data", keys, err) != 0) return -1;
         json_t *shape = json_object_get(d, "shape");
         if (!shape || !json_is_array(shape) || json_array_size(shape) != 3)
@@ -368,8 +366,10 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
             get_int(d, "data", "val_size", false, 0, 0, 1 << 28, &val_size, err) != 0)
             return -1;
         if (job->num_classes && job->num_classes != classes)
-            return td_fail(err, "data.num_classes: %ld, but model.num_classes is %d; they must "
-                                "agree", classes, job->num_classes);
+            return td_fail(err,
+                           "data.num_classes: %ld, but model.num_classes is %d; they must "
+                           "agree",
+                           classes, job->num_classes);
         job->num_classes = (int)classes;
         job->train.present = true;
         job->train.size = (int)size;
@@ -383,13 +383,15 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
         static const char *const keys[] = {"mean", "std", NULL};
         if (check_keys(norm, "data.normalize", keys, err) != 0) return -1;
         int nm, ns;
-        if (parse_float_list(norm, "data.normalize", "mean", 4, job->norm.mean, &nm, false,
-                             err) != 0 ||
+        if (parse_float_list(norm, "data.normalize", "mean", 4, job->norm.mean, &nm, false, err) !=
+                0 ||
             parse_float_list(norm, "data.normalize", "std", 4, job->norm.std, &ns, true, err) != 0)
             return -1;
         if (nm != ns)
-            return td_fail(err, "data.normalize: mean has %d values but std has %d; expected one "
-                                "of each per channel", nm, ns);
+            return td_fail(err,
+                           "data.normalize: mean has %d values but std has %d; expected one "
+                           "of each per channel",
+                           nm, ns);
         job->norm.channels = nm;
         job->norm_given = true;
     }
@@ -415,8 +417,8 @@ static int parse_optimizer(const json_t *t, td_job *job, td_err *err) {
         return -1;
     c->weight_decay = (float)wd;
     if (c->kind == TD_OPTIM_SGD) {
-        static const char *const keys[] = {"type", "lr", "weight_decay", "momentum", "dampening",
-                                           "nesterov", NULL};
+        static const char *const keys[] = {
+            "type", "lr", "weight_decay", "momentum", "dampening", "nesterov", NULL};
         if (check_keys(o, p, keys, err) != 0) return -1;
         if (get_number(o, p, "momentum", false, 0, 0, 1, &v, err) != 0) return -1;
         c->momentum = (float)v;
@@ -457,8 +459,8 @@ static int parse_schedule(const json_t *t, td_job *job, td_err *err) {
     if (get_object(t, "train", "schedule", false, &s, err) != 0) return -1;
     if (!s) return 0;
     const char *p = "train.schedule";
-    static const char *const keys[] = {"type", "warmup_steps", "step_size", "gamma", "milestones",
-                                       "min_lr", "end_factor", NULL};
+    static const char *const keys[] = {"type",       "warmup_steps", "step_size",  "gamma",
+                                       "milestones", "min_lr",       "end_factor", NULL};
     if (check_keys(s, p, keys, err) != 0) return -1;
     int kind;
     if (get_choice(s, p, "type", false, "constant", "constant|step|multistep|cosine|linear", &kind,
@@ -502,9 +504,10 @@ static int parse_schedule(const json_t *t, td_job *job, td_err *err) {
 static int parse_train(const json_t *root, td_job *job, td_err *err) {
     json_t *t;
     if (get_object(root, "", "train", true, &t, err) != 0) return -1;
-    static const char *const keys[] = {"epochs", "max_steps", "batch_size", "eval_batch_size",
-                                       "seed", "threads", "shuffle", "drop_last", "optimizer",
-                                       "schedule", "loss", "clip_grad_norm", NULL};
+    static const char *const keys[] = {"epochs",    "max_steps", "batch_size", "eval_batch_size",
+                                       "seed",      "threads",   "shuffle",    "drop_last",
+                                       "optimizer", "schedule",  "loss",       "clip_grad_norm",
+                                       NULL};
     if (check_keys(t, "train", keys, err) != 0) return -1;
     long l;
     if (get_int(t, "train", "epochs", false, 1, 1, 1000000, &l, err) != 0) return -1;
@@ -584,8 +587,7 @@ int td_job_load_file(td_job *job, const char *path, td_err *err) {
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         if (jerr.line <= 0) return td_fail(err, "%s: %s", path, jerr.text);
-        return td_fail(err, "%s:%d:%d: invalid JSON: %s", path, jerr.line, jerr.column,
-                       jerr.text);
+        return td_fail(err, "%s:%d:%d: invalid JSON: %s", path, jerr.line, jerr.column, jerr.text);
     }
     if (finish(root, job, err) != 0) return td_fail_prefix(err, "%s", path);
     return 0;

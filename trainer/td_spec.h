@@ -64,7 +64,8 @@ typedef struct td_mlp_options {
 } td_mlp_options;
 
 /* conv1 1->6 5x5, relu, pool 2, conv2 6->16 5x5, relu, pool 2, flatten, fc1 256->120, relu,
- * fc2 120->84, relu, fc3 84->classes (for 28x28 input; parameter names conv1.*, conv2.*, fc1-3.*) */
+ * fc2 120->84, relu, fc3 84->classes (for 28x28 input; parameter names conv1.*, conv2.*, fc1-3.*)
+ */
 int td_preset_lenet5(int num_classes, td_node_spec **out, int *n_out);
 /* flatten, then fc1..fcK (hidden sizes, each followed by the activation and optional dropout),
  * then fc{K+1} -> classes */

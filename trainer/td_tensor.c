@@ -5,8 +5,12 @@
 #include <stdio.h>
 #include <string.h>
 
-td_shape td_shape_image(int c, int h, int w) { return (td_shape){c, h, w, true}; }
-td_shape td_shape_flat(int features) { return (td_shape){features, 1, 1, false}; }
+td_shape td_shape_image(int c, int h, int w) {
+    return (td_shape){c, h, w, true};
+}
+td_shape td_shape_flat(int features) {
+    return (td_shape){features, 1, 1, false};
+}
 
 void td_shape_format(td_shape s, char *buf, size_t len) {
     if (s.spatial)

@@ -18,7 +18,9 @@ typedef struct td_shape {
     bool spatial;
 } td_shape;
 
-static inline size_t td_shape_size(td_shape s) { return (size_t)s.c * s.h * s.w; }
+static inline size_t td_shape_size(td_shape s) {
+    return (size_t)s.c * s.h * s.w;
+}
 td_shape td_shape_image(int c, int h, int w);
 td_shape td_shape_flat(int features);
 /* "[1, 28, 28]" (C, H, W as PyTorch users write it) or "[784]". */
@@ -35,7 +37,8 @@ typedef struct td_param {
     size_t offset;         /* in floats, into the flat block */
     size_t size;
     float *data, *grad;
-    /* PyTorch's default init: uniform(-init_bound, init_bound) when init_bound > 0, else init_fill */
+    /* PyTorch's default init: uniform(-init_bound, init_bound) when init_bound > 0, else init_fill
+     */
     float init_bound, init_fill;
 } td_param;
 

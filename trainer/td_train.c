@@ -53,8 +53,10 @@ static int setup_data(trainer *t, td_err *err) {
     int channels = t->train.shape.c;
     if (job->norm_given) {
         if (job->norm.channels != channels)
-            return td_fail(err, "data.normalize: gives %d values per list but the images have %d "
-                                "channel%s", job->norm.channels, channels, channels > 1 ? "s" : "");
+            return td_fail(err,
+                           "data.normalize: gives %d values per list but the images have %d "
+                           "channel%s",
+                           job->norm.channels, channels, channels > 1 ? "s" : "");
         t->norm = job->norm;
     } else {
         t->norm.channels = channels;
@@ -66,13 +68,15 @@ static int setup_data(trainer *t, td_err *err) {
 static int setup_model(trainer *t, td_err *err) {
     const td_job *job = t->job;
     int max_n = job->batch_size > job->eval_batch_size ? job->batch_size : job->eval_batch_size;
-    if (td_model_build(&t->model, job->nodes, job->n_nodes, t->train.shape, max_n, job->seed, 0, err) !=
-        0)
+    if (td_model_build(&t->model, job->nodes, job->n_nodes, t->train.shape, max_n, job->seed, 0,
+                       err) != 0)
         return -1;
     td_shape out = td_model_output_shape(&t->model);
     if (out.spatial)
-        return td_fail(err, "model: the last node outputs an image [%d, %d, %d]; expected logits "
-                            "[classes] (end with a linear node)", out.c, out.h, out.w);
+        return td_fail(err,
+                       "model: the last node outputs an image [%d, %d, %d]; expected logits "
+                       "[classes] (end with a linear node)",
+                       out.c, out.h, out.w);
     t->classes = out.c;
     if (job->num_classes && job->num_classes != out.c)
         return td_fail(err, "model: the last node outputs %d values but num_classes is %d", out.c,
@@ -82,9 +86,10 @@ static int setup_model(trainer *t, td_err *err) {
         if (!sets[i]) continue;
         int max_label = td_dataset_max_label(sets[i]);
         if (max_label >= t->classes)
-            return td_fail(err, "data.%s: holds label %d but the model has %d classes (labels "
-                                "must be 0..%d)", i ? "val" : "train", max_label, t->classes,
-                           t->classes - 1);
+            return td_fail(err,
+                           "data.%s: holds label %d but the model has %d classes (labels "
+                           "must be 0..%d)",
+                           i ? "val" : "train", max_label, t->classes, t->classes - 1);
     }
     td_optim_init(&t->optim, &job->optim, t->model.param_floats);
     t->dlogits = td_aligned_alloc((size_t)max_n * t->classes * sizeof(float));
@@ -120,8 +125,8 @@ static void log_banner(const trainer *t) {
     fprintf(t->log, "[traind] job \"%s\": %d parameters in %d tensors, %d nodes\n", job->name,
             (int)t->model.param_floats, t->model.n_params, t->model.n_nodes);
     fprintf(t->log, "[traind] data: %d training samples%s, shape [%d, %d, %d], %d classes\n",
-            t->train.n, job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "",
-            t->train.shape.c, t->train.shape.h, t->train.shape.w, t->classes);
+            t->train.n, job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", t->train.shape.c,
+            t->train.shape.h, t->train.shape.w, t->classes);
     if (job->val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
     fprintf(t->log, "[traind] device: CPU, OpenBLAS %s kernels, %d thread%s (%s)\n",
             td_blas_describe(), job->threads, job->threads > 1 ? "s" : "",
@@ -157,11 +162,13 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             run.n = b.n;
             if (profiling) td_model_enable_profile(&t->model);
             const float *logits = td_model_forward(&t->model, b.x, &run);
-            double loss = td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes,
-                                          t->dlogits, 1.0f, NULL) / b.n;
+            double loss = td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes, t->dlogits,
+                                          1.0f, NULL) /
+                          b.n;
             if (!isfinite(loss))
-                return td_fail(err, "the training loss became %g at step %ld (epoch %d); lower "
-                                    "train.optimizer.lr or set train.clip_grad_norm",
+                return td_fail(err,
+                               "the training loss became %g at step %ld (epoch %d); lower "
+                               "train.optimizer.lr or set train.clip_grad_norm",
                                loss, step + 1, epoch + 1);
             td_model_backward(&t->model, t->dlogits, &run);
             if (job->clip_grad_norm > 0)
@@ -178,16 +185,16 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
                 fprintf(t->metrics,
                         "{\"event\":\"train\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g,\"lr\":%.9g,"
                         "\"samples_per_s\":%.1f,\"step_ms\":%.4f}\n",
-                        step, epoch + 1, interval_loss / interval_steps, lr,
-                        interval_samples / dt, dt * 1000.0 / interval_steps);
+                        step, epoch + 1, interval_loss / interval_steps, lr, interval_samples / dt,
+                        dt * 1000.0 / interval_steps);
                 fflush(t->metrics);
                 interval_loss = 0;
                 interval_steps = interval_samples = 0;
                 t_interval = now;
             }
         }
-        bool epoch_complete = !(step == total && job->max_steps > 0 &&
-                                step < (long)steps_per_epoch * (epoch + 1));
+        bool epoch_complete =
+            !(step == total && job->max_steps > 0 && step < (long)steps_per_epoch * (epoch + 1));
         res->epochs_done = epoch + (epoch_complete ? 1 : 0);
         if (job->val.present && epoch_complete) {
             double t0 = now_s();
@@ -214,8 +221,8 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             res->epochs_done, res->last_loss);
     if (res->has_val)
         fprintf(t->metrics, ",\"val_loss\":%.9g,\"val_acc\":%.6f", res->val_loss, res->val_acc);
-    fprintf(t->metrics, ",\"samples_per_s\":%.1f,\"elapsed_s\":%.3f}\n",
-            total_samples / elapsed, elapsed);
+    fprintf(t->metrics, ",\"samples_per_s\":%.1f,\"elapsed_s\":%.3f}\n", total_samples / elapsed,
+            elapsed);
     fflush(t->metrics);
     return 0;
 }
@@ -233,8 +240,8 @@ int td_train_run(const td_job *job, FILE *metrics, FILE *log, td_train_result *r
         t.train_loader = td_loader_create(&t.train, &t.norm, job->batch_size, job->shuffle,
                                           job->drop_last, job->seed);
         if (job->val.present)
-            t.val_loader = td_loader_create(&t.val, &t.norm, job->eval_batch_size, false, false,
-                                            job->seed);
+            t.val_loader =
+                td_loader_create(&t.val, &t.norm, job->eval_batch_size, false, false, job->seed);
         rc = train_loop(&t, result, err);
     }
     td_loader_destroy(t.train_loader);

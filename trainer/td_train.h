@@ -19,7 +19,6 @@ typedef struct td_train_result {
     double val_loss, val_acc;
 } td_train_result;
 
-int td_train_run(const td_job *job, FILE *metrics, FILE *log, td_train_result *result,
-                 td_err *err);
+int td_train_run(const td_job *job, FILE *metrics, FILE *log, td_train_result *result, td_err *err);
 
 #endif

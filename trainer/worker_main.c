@@ -12,21 +12,22 @@
 #endif
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: traind-worker [--check] JOB.json\n"
-            "\n"
-            "Trains the job described by JOB.json and prints one JSON object per line on\n"
-            "stdout: {\"event\":\"train\",...} every log.every_steps steps, {\"event\":\"eval\",...}\n"
-            "after each epoch when data.val is given, and {\"event\":\"done\",...} at the end.\n"
-            "Progress and errors go to stderr.\n"
-            "\n"
-            "  --check     validate the spec and exit (0: valid)\n"
-            "  --blas-core print the OpenBLAS kernel set in use and exit\n"
-            "  --help      this text\n"
-            "  --version   print the version\n"
-            "\n"
-            "Environment: OPENBLAS_NUM_THREADS is overridden by train.threads.\n"
-            "See README.md for the spec's fields.\n");
+    fprintf(
+        out,
+        "usage: traind-worker [--check] JOB.json\n"
+        "\n"
+        "Trains the job described by JOB.json and prints one JSON object per line on\n"
+        "stdout: {\"event\":\"train\",...} every log.every_steps steps, {\"event\":\"eval\",...}\n"
+        "after each epoch when data.val is given, and {\"event\":\"done\",...} at the end.\n"
+        "Progress and errors go to stderr.\n"
+        "\n"
+        "  --check     validate the spec and exit (0: valid)\n"
+        "  --blas-core print the OpenBLAS kernel set in use and exit\n"
+        "  --help      this text\n"
+        "  --version   print the version\n"
+        "\n"
+        "Environment: OPENBLAS_NUM_THREADS is overridden by train.threads.\n"
+        "See README.md for the spec's fields.\n");
 }
 
 int main(int argc, char **argv) {
