@@ -161,32 +161,22 @@ static void im2col(const conv_geom *g, const float *x, int nb, float *col) {
                     continue;
                 }
                 const float *src = x + (size_t)(b * H + ih) * W * C;
-                /* output columns whose window lies inside the row: one masked copy each */
-                int lo = (P + S - 1) / S, hi = (W - K + P) / S; /* ow range, inclusive */
+                /* output columns whose window lies inside the row take one contiguous run each;
+                 * the few at the edges go through the padding-aware copy */
+                int lo = (P + S - 1) / S, hi = (W - K + P) / S; /* inclusive */
                 if (hi >= OW) hi = OW - 1;
-                if (kc <= 32 && lo <= hi) {
-                    for (int ow = 0; ow < lo; ow++)
-                        im2col_edge(dst + (size_t)ow * cols, src, ow, C, W, K, S, P);
-                    td_copy_runs32(dst + (size_t)lo * cols, (size_t)cols,
-                                   src + (size_t)(lo * S - P) * C, (size_t)S * C, kc, hi - lo + 1);
-                    for (int ow = hi + 1; ow < OW; ow++)
-                        im2col_edge(dst + (size_t)ow * cols, src, ow, C, W, K, S, P);
-                    continue;
-                }
-                for (int ow = 0; ow < OW; ow++, dst += cols) {
-                    int iw0 = ow * S - P;
-                    if (iw0 >= 0 && iw0 + K <= W) {
-                        td_copy_run(dst, src + (size_t)iw0 * C, kc);
-                        continue;
-                    }
-                    for (int kw = 0; kw < K; kw++) {
-                        int iw = iw0 + kw;
-                        if (iw < 0 || iw >= W)
-                            memset(dst + kw * C, 0, (size_t)C * sizeof(float));
-                        else
-                            td_copy_run(dst + kw * C, src + (size_t)iw * C, C);
-                    }
-                }
+                if (lo > hi) lo = OW, hi = OW - 1; /* no window lies inside */
+                for (int ow = 0; ow < lo; ow++)
+                    im2col_edge(dst + (size_t)ow * cols, src, ow, C, W, K, S, P);
+                const float *first = lo <= hi ? src + (size_t)(lo * S - P) * C : src;
+                if (kc <= 32)
+                    td_copy_runs32(dst + (size_t)lo * cols, (size_t)cols, first, (size_t)S * C, kc,
+                                   hi - lo + 1);
+                else
+                    for (int ow = lo; ow <= hi; ow++)
+                        td_copy_run(dst + (size_t)ow * cols, first + (size_t)(ow - lo) * S * C, kc);
+                for (int ow = hi + 1; ow < OW; ow++)
+                    im2col_edge(dst + (size_t)ow * cols, src, ow, C, W, K, S, P);
             }
             for (int ow = 0; ow < OW; ow++) rows[(size_t)ow * cols + kkc] = 1.0f;
         }
