@@ -48,7 +48,7 @@ static void compare(check *c, const char *what, float *v, const float *g, size_t
     }
 }
 
-static void run_check(const char *nodes, td_shape input, bool training) {
+static void run_check_warm(const char *nodes, td_shape input, bool training, int warm) {
     check c = {.training = training};
     test_build_model(&c.model, nodes, input, N, 11);
     c.in_size = td_shape_size(input);
@@ -59,6 +59,15 @@ static void run_check(const char *nodes, td_shape input, bool training) {
     td_rng_seed(&data, 3);
     for (size_t i = 0; i < N * c.in_size; i++) c.x[i] = 2.0f * td_rng_uniform(&data) - 1.0f;
     for (size_t i = 0; i < N * c.out_size; i++) c.r[i] = 2.0f * td_rng_uniform(&data) - 1.0f;
+    /* training forwards on other data first, so running statistics are not the initial ones */
+    for (int w = 0; w < warm; w++) {
+        float *other = malloc(N * c.in_size * sizeof(float));
+        for (size_t i = 0; i < N * c.in_size; i++)
+            other[i] = 3.0f * td_rng_uniform(&data) + 0.5f * (float)w;
+        td_run warm_run = {.n = N, .training = true, .rng = &c.rng};
+        td_model_forward(&c.model, other, &warm_run);
+        free(other);
+    }
 
     objective(&c);
     td_run run = {.n = N, .training = training, .rng = &c.rng};
@@ -78,6 +87,10 @@ static void run_check(const char *nodes, td_shape input, bool training) {
     free(c.x);
     free(c.r);
     td_model_free(&c.model);
+}
+
+static void run_check(const char *nodes, td_shape input, bool training) {
+    run_check_warm(nodes, input, training, 0);
 }
 
 Test(gradcheck, linear) {
@@ -188,6 +201,79 @@ Test(gradcheck, residual_block) {
               " {\"name\":\"sum\",\"op\":\"add\",\"inputs\":[\"c2\",\"input\"]},"
               " {\"name\":\"g\",\"op\":\"global_avgpool\"}]",
               td_shape_image(2, 4, 4), true);
+}
+
+Test(gradcheck, batchnorm2d_training) {
+    run_check("[{\"name\":\"bn\",\"op\":\"batchnorm2d\"}]", td_shape_image(3, 3, 2), true);
+}
+
+Test(gradcheck, batchnorm2d_eval) {
+    run_check_warm("[{\"name\":\"bn\",\"op\":\"batchnorm2d\"}]", td_shape_image(3, 3, 2), false, 3);
+}
+
+Test(gradcheck, batchnorm1d_training_and_eval) {
+    run_check("[{\"name\":\"bn\",\"op\":\"batchnorm1d\",\"eps\":0.001}]", td_shape_flat(5), true);
+    run_check_warm("[{\"name\":\"bn\",\"op\":\"batchnorm1d\"}]", td_shape_flat(5), false, 2);
+}
+
+Test(gradcheck, batchnorm_without_affine_or_tracking) {
+    /* no running statistics: batch statistics in evaluation too */
+    run_check("[{\"name\":\"bn\",\"op\":\"batchnorm2d\",\"affine\":false,"
+              "\"track_running_stats\":false}]",
+              td_shape_image(2, 2, 3), false);
+}
+
+Test(gradcheck, conv_then_batchnorm) {
+    run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":3,\"kernel_size\":3,"
+              "\"padding\":1,\"bias\":false},"
+              " {\"name\":\"bn\",\"op\":\"batchnorm2d\"}]",
+              td_shape_image(3, 4, 4), true);
+}
+
+/* GELU rather than ReLU after BatchNorm: BatchNorm magnifies a weight's finite-difference step
+ * by 1/std of its channel, which pushes ReLU inputs across the kink and makes the difference
+ * quotient, not the gradient, wrong. */
+Test(gradcheck, conv_bn_gelu_residual) {
+    run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":3,\"kernel_size\":3,"
+              "\"padding\":1,\"bias\":false},"
+              " {\"name\":\"bn\",\"op\":\"batchnorm2d\"},"
+              " {\"name\":\"r\",\"op\":\"gelu\"},"
+              " {\"name\":\"s\",\"op\":\"add\",\"inputs\":[\"r\",\"input\"]},"
+              " {\"name\":\"p\",\"op\":\"adaptive_avgpool2d\"},"
+              " {\"name\":\"f\",\"op\":\"flatten\"},"
+              " {\"name\":\"i\",\"op\":\"identity\"}]",
+              td_shape_image(3, 4, 4), true);
+}
+
+Test(batchnorm, running_statistics_by_hand) {
+    /* x = [[1, 2], [3, 6]]: batch mean [2, 4], unbiased variance [2, 8]; momentum 0.1:
+     * running_mean = 0.9·0 + 0.1·mean = [0.2, 0.4], running_var = 0.9·1 + 0.1·var = [1.1, 1.7];
+     * a second step: [0.38, 0.76] and [1.19, 2.33] */
+    td_model m;
+    test_build_model(&m, "[{\"name\":\"bn\",\"op\":\"batchnorm1d\"}]", td_shape_flat(2), 2, 1);
+    const td_param *rm = td_model_find_param(&m, "bn.running_mean");
+    const td_param *rv = td_model_find_param(&m, "bn.running_var");
+    const td_param *nbt = td_model_find_param(&m, "bn.num_batches_tracked");
+    cr_assert(rm && rv && nbt);
+    cr_expect(nbt->ndim == 0 && nbt->dtype == TD_I64, "num_batches_tracked is an int64 scalar");
+    float x[4] = {1, 2, 3, 6};
+    td_run run = {.n = 2, .training = true};
+    const float *y = td_model_forward(&m, x, &run);
+    cr_expect(fabsf(rm->data[0] - 0.2f) < 1e-6f && fabsf(rm->data[1] - 0.4f) < 1e-6f);
+    cr_expect(fabsf(rv->data[0] - 1.1f) < 1e-6f && fabsf(rv->data[1] - 1.7f) < 1e-6f);
+    cr_expect_eq(nbt->data[0], 1.0f);
+    /* normalised with the batch's biased variance [1, 4]: y = [[-1, -1], [1, 1]] (eps aside) */
+    cr_expect(fabsf(y[0] + 1.0f) < 1e-4f && fabsf(y[3] - 1.0f) < 1e-4f);
+    td_model_forward(&m, x, &run);
+    cr_expect(fabsf(rm->data[0] - 0.38f) < 1e-6f && fabsf(rm->data[1] - 0.76f) < 1e-6f);
+    cr_expect(fabsf(rv->data[0] - 1.19f) < 1e-6f && fabsf(rv->data[1] - 2.33f) < 1e-5f);
+    cr_expect_eq(nbt->data[0], 2.0f);
+    /* evaluation uses the running statistics and leaves them alone */
+    run.training = false;
+    y = td_model_forward(&m, x, &run);
+    cr_expect(fabsf(y[0] - (1.0f - 0.38f) / sqrtf(1.19f + 1e-5f)) < 1e-5f);
+    cr_expect_eq(nbt->data[0], 2.0f);
+    td_model_free(&m);
 }
 
 Test(gradcheck, lenet5_whole) {

@@ -19,7 +19,7 @@
 #include <math.h>
 #include <string.h>
 
-enum { ARG_OUT_CHANNELS, ARG_KERNEL, ARG_STRIDE, ARG_PADDING, ARG_BIAS };
+enum { ARG_OUT_CHANNELS, ARG_KERNEL, ARG_STRIDE, ARG_PADDING, ARG_BIAS, ARG_INIT };
 
 static const td_op_arg conv_args[] = {
     {"out_channels", TD_ARG_INT, true, 0, 1, 1 << 16, NULL},
@@ -27,6 +27,7 @@ static const td_op_arg conv_args[] = {
     {"stride", TD_ARG_INT, false, 1, 1, 64, NULL},
     {"padding", TD_ARG_INT, false, 0, 0, 64, NULL},
     {"bias", TD_ARG_BOOL, false, 1, 0, 1, NULL},
+    {"init", TD_ARG_CHOICE, false, 0, 0, 0, "default|kaiming_normal_fan_out"},
     {0},
 };
 
@@ -90,10 +91,14 @@ static int conv_build(td_model *model, td_node *node, td_err *err) {
                        "is too small for this layer (check the earlier strides and pools)",
                        k, in.h, in.w, p);
     conv_geom g = geom_of(node, model->max_n);
-    /* kaiming_uniform_(a=sqrt(5)) and the bias rule both reduce to 1/sqrt(fan_in) */
+    /* PyTorch's default, kaiming_uniform_(a=sqrt(5)), and its bias rule both reduce to a bound
+     * of 1/sqrt(fan_in); torchvision's ResNets use kaiming_normal_(mode="fan_out") instead */
     float bound = 1.0f / sqrtf((float)g.kkc);
-    td_model_add_param(model, node, "weight", 4, (int[]){g.o, g.c, g.k, g.k}, bound, 0);
-    if (g.bias) td_model_add_param(model, node, "bias", 1, (int[]){g.o}, bound, 0);
+    td_init w_init = node->args[ARG_INIT] == 1
+                         ? td_init_normal(sqrtf(2.0f / (float)(g.o * g.k * g.k)))
+                         : td_init_uniform(bound);
+    td_model_add_param(model, node, "weight", 4, (int[]){g.o, g.c, g.k, g.k}, w_init);
+    if (g.bias) td_model_add_param(model, node, "bias", 1, (int[]){g.o}, td_init_uniform(bound));
     node->out_shape = td_shape_image(g.o, g.oh, g.ow);
     if (!g.direct) {
         /* Wp, then the kept Col */

@@ -26,8 +26,9 @@ static int linear_build(td_model *model, td_node *node, td_err *err) {
     int out = (int)node->args[ARG_OUT_FEATURES];
     /* kaiming_uniform_(a=sqrt(5)) reduces to a bound of 1/sqrt(fan_in), as does the bias rule */
     float bound = 1.0f / sqrtf((float)in.c);
-    td_model_add_param(model, node, "weight", 2, (int[]){out, in.c}, bound, 0);
-    if (node->args[ARG_BIAS]) td_model_add_param(model, node, "bias", 1, (int[]){out}, bound, 0);
+    td_model_add_param(model, node, "weight", 2, (int[]){out, in.c}, td_init_uniform(bound));
+    if (node->args[ARG_BIAS])
+        td_model_add_param(model, node, "bias", 1, (int[]){out}, td_init_uniform(bound));
     node->out_shape = td_shape_flat(out);
     return 0;
 }

@@ -6,8 +6,20 @@
 #include <time.h>
 
 static const td_op *const all_ops[] = {
-    &td_op_linear, &td_op_conv2d, &td_op_maxpool2d, &td_op_avgpool2d, &td_op_global_avgpool,
-    &td_op_relu,   &td_op_gelu,   &td_op_flatten,   &td_op_dropout,   &td_op_add,
+    &td_op_linear,
+    &td_op_conv2d,
+    &td_op_maxpool2d,
+    &td_op_avgpool2d,
+    &td_op_global_avgpool,
+    &td_op_relu,
+    &td_op_gelu,
+    &td_op_flatten,
+    &td_op_dropout,
+    &td_op_add,
+    &td_op_batchnorm2d,
+    &td_op_batchnorm1d,
+    &td_op_adaptive_avgpool2d,
+    &td_op_identity,
 };
 #define N_OPS (sizeof all_ops / sizeof all_ops[0])
 
@@ -30,12 +42,12 @@ const char *td_op_names(void) {
     return names;
 }
 
-td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix, int ndim,
-                             const int *dims, float init_bound, float fill) {
-    TD_ASSERT(node->n_params < TD_MAX_NODE_PARAMS, "raise TD_MAX_NODE_PARAMS");
-    model->params = realloc(model->params, (size_t)(model->n_params + 1) * sizeof(td_param));
-    TD_ASSERT(model->params != NULL, "out of memory registering parameters");
-    td_param *p = &model->params[model->n_params++];
+static td_param *add_tensor(td_param **list, int *count, size_t *floats, const td_node *node,
+                            const char *suffix, int ndim, const int *dims, td_init init,
+                            td_dtype dtype) {
+    *list = realloc(*list, (size_t)(*count + 1) * sizeof(td_param));
+    TD_ASSERT(*list != NULL, "out of memory registering parameters");
+    td_param *p = &(*list)[(*count)++];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s.%s", node->name, suffix);
     p->ndim = ndim;
@@ -44,18 +56,53 @@ td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix,
         p->dims[i] = dims[i];
         p->size *= (size_t)dims[i];
     }
-    p->offset = model->param_floats;
-    model->param_floats += p->size;
-    p->init_bound = init_bound;
-    p->init_fill = fill;
+    p->offset = *floats;
+    *floats += p->size;
+    p->init = init;
+    p->dtype = dtype;
+    return p;
+}
+
+td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix, int ndim,
+                             const int *dims, td_init init) {
+    TD_ASSERT(node->n_params < TD_MAX_NODE_PARAMS, "raise TD_MAX_NODE_PARAMS");
+    td_param *p = add_tensor(&model->params, &model->n_params, &model->param_floats, node, suffix,
+                             ndim, dims, init, TD_F32);
     node->param_ids[node->n_params++] = model->n_params - 1;
+    return p;
+}
+
+td_param *td_model_add_buffer(td_model *model, td_node *node, const char *suffix, int ndim,
+                              const int *dims, float fill, td_dtype dtype) {
+    TD_ASSERT(node->n_buffers < TD_MAX_NODE_PARAMS, "raise TD_MAX_NODE_PARAMS");
+    td_param *p = add_tensor(&model->buffers, &model->n_buffers, &model->buffer_floats, node,
+                             suffix, ndim, dims, td_init_fill(fill), dtype);
+    node->buffer_ids[node->n_buffers++] = model->n_buffers - 1;
     return p;
 }
 
 const td_param *td_model_find_param(const td_model *model, const char *name) {
     for (int i = 0; i < model->n_params; i++)
         if (strcmp(model->params[i].name, name) == 0) return &model->params[i];
+    for (int i = 0; i < model->n_buffers; i++)
+        if (strcmp(model->buffers[i].name, name) == 0) return &model->buffers[i];
     return NULL;
+}
+
+static void init_tensor(td_param *p, td_rng *rng) {
+    for (size_t j = 0; j < p->size; j++) {
+        switch (p->init.kind) {
+        case TD_INIT_FILL:
+            p->data[j] = p->init.a;
+            break;
+        case TD_INIT_UNIFORM:
+            p->data[j] = (2.0f * td_rng_uniform(rng) - 1.0f) * p->init.a;
+            break;
+        case TD_INIT_NORMAL:
+            p->data[j] = (float)(td_rng_normal(rng) * p->init.a);
+            break;
+        }
+    }
 }
 
 static void init_params(td_model *model, uint64_t seed) {
@@ -65,9 +112,13 @@ static void init_params(td_model *model, uint64_t seed) {
         td_param *p = &model->params[i];
         p->data = model->param_block + p->offset;
         p->grad = model->grad_block + p->offset;
-        for (size_t j = 0; j < p->size; j++)
-            p->data[j] = p->init_bound > 0 ? (2.0f * td_rng_uniform(&rng) - 1.0f) * p->init_bound
-                                           : p->init_fill;
+        init_tensor(p, &rng);
+    }
+    for (int i = 0; i < model->n_buffers; i++) {
+        td_param *p = &model->buffers[i];
+        p->data = model->buffer_block + p->offset;
+        p->grad = NULL;
+        init_tensor(p, &rng);
     }
 }
 
@@ -195,9 +246,12 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
         td_node *node = &model->nodes[i];
         for (int j = 0; j < node->n_params; j++)
             node->params[j] = &model->params[node->param_ids[j]];
+        for (int j = 0; j < node->n_buffers; j++)
+            node->buffers[j] = &model->buffers[node->buffer_ids[j]];
     }
     model->param_block = td_aligned_alloc(model->param_floats * sizeof(float));
     model->grad_block = td_aligned_alloc(model->param_floats * sizeof(float));
+    model->buffer_block = td_aligned_alloc(model->buffer_floats * sizeof(float));
     init_params(model, seed);
     if (flags & TD_MODEL_INPUT_GRAD)
         model->input_grad =
@@ -220,6 +274,8 @@ void td_model_free(td_model *model) {
     free(model->profile);
     free(model->nodes);
     free(model->params);
+    free(model->buffers);
+    free(model->buffer_block);
     free(model->param_block);
     free(model->grad_block);
     free(model->arena.base);

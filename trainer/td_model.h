@@ -71,6 +71,9 @@ struct td_node {
     int n_params;
     int param_ids[TD_MAX_NODE_PARAMS];    /* into model->params, stable while it grows */
     td_param *params[TD_MAX_NODE_PARAMS]; /* resolved once the model is built */
+    int n_buffers;
+    int buffer_ids[TD_MAX_NODE_PARAMS];
+    td_param *buffers[TD_MAX_NODE_PARAMS];
 
     int max_n;             /* the largest batch the buffers hold */
     size_t saved_bytes;    /* what forward keeps for backward (pool argmax, dropout mask) */
@@ -104,6 +107,11 @@ struct td_model {
     size_t param_floats;
     float *param_block, *grad_block;
 
+    int n_buffers;
+    td_param *buffers; /* BatchNorm running statistics and counters */
+    size_t buffer_floats;
+    float *buffer_block;
+
     float *input_grad; /* NULL unless built with TD_MODEL_INPUT_GRAD */
     double *profile;   /* per node: forward and backward seconds; NULL unless profiling */
 
@@ -128,10 +136,15 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
 void td_model_free(td_model *model);
 
 /* Called by an op's build: registers parameter `suffix` of the node ("weight") with PyTorch's
- * shape. init_bound > 0: uniform(-bound, bound) init; otherwise the value fill is used. */
+ * shape and initial values. The pointer is valid until the next registration. */
 td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix, int ndim,
-                             const int *dims, float init_bound, float fill);
+                             const int *dims, td_init init);
+/* Registers a buffer ("running_mean"): saved and loaded with the parameters, never trained.
+ * ndim 0 is a scalar, as PyTorch's num_batches_tracked. */
+td_param *td_model_add_buffer(td_model *model, td_node *node, const char *suffix, int ndim,
+                              const int *dims, float fill, td_dtype dtype);
 
+/* A parameter or buffer by its state_dict name; NULL if there is none. */
 const td_param *td_model_find_param(const td_model *model, const char *name);
 
 /* Starts timing every node's forward and backward (see td_model_print_profile). */
@@ -149,6 +162,7 @@ static inline td_shape td_model_output_shape(const td_model *m) {
 
 /* Ops, one file each. */
 extern const td_op td_op_linear, td_op_conv2d, td_op_maxpool2d, td_op_avgpool2d,
-    td_op_global_avgpool, td_op_relu, td_op_gelu, td_op_flatten, td_op_dropout, td_op_add;
+    td_op_global_avgpool, td_op_relu, td_op_gelu, td_op_flatten, td_op_dropout, td_op_add,
+    td_op_batchnorm2d, td_op_batchnorm1d, td_op_adaptive_avgpool2d, td_op_identity;
 
 #endif

@@ -292,9 +292,24 @@ static void gap_backward(td_node *node, const td_run *run) {
     }
 }
 
+/* AdaptiveAvgPool2d(1): the global average kept as a 1x1 image, so a following flatten gives
+ * [C] as in torchvision's ResNets. Only output_size 1 is supported. */
+static const td_op_arg adaptive_args[] = {
+    {"output_size", TD_ARG_INT, false, 1, 1, 1, NULL},
+    {0},
+};
+
+static int adaptive_build(td_model *model, td_node *node, td_err *err) {
+    if (gap_build(model, node, err) != 0) return -1;
+    node->out_shape = td_shape_image(node->in_shape[0].c, 1, 1);
+    return 0;
+}
+
 const td_op td_op_maxpool2d = {"maxpool2d",     1, 1, maxpool_args, maxpool_build, maxpool_forward,
                                maxpool_backward};
 const td_op td_op_avgpool2d = {"avgpool2d",     1, 1, avgpool_args, avgpool_build, avgpool_forward,
                                avgpool_backward};
+const td_op td_op_adaptive_avgpool2d = {
+    "adaptive_avgpool2d", 1, 1, adaptive_args, adaptive_build, gap_forward, gap_backward};
 const td_op td_op_global_avgpool = {"global_avgpool", 1,           1,           no_args,
                                     gap_build,        gap_forward, gap_backward};

@@ -29,17 +29,39 @@ void td_shape_format(td_shape s, char *buf, size_t len);
 #define TD_MAX_DIMS 4
 #define TD_NAME_MAX 96
 
-/* A named parameter (or buffer) of the model, a view into the model's flat parameter block. */
+/* How a tensor starts: PyTorch's default layer init is uniform(-a, a) with a = 1/sqrt(fan_in);
+ * torchvision's ResNet convs use normal(0, a) with a = sqrt(2/fan_out); BatchNorm fills. */
+typedef enum td_init_kind { TD_INIT_FILL, TD_INIT_UNIFORM, TD_INIT_NORMAL } td_init_kind;
+typedef struct td_init {
+    td_init_kind kind;
+    float a; /* the fill value, the uniform bound or the normal standard deviation */
+} td_init;
+
+static inline td_init td_init_fill(float v) {
+    return (td_init){TD_INIT_FILL, v};
+}
+static inline td_init td_init_uniform(float bound) {
+    return (td_init){TD_INIT_UNIFORM, bound};
+}
+static inline td_init td_init_normal(float std) {
+    return (td_init){TD_INIT_NORMAL, std};
+}
+
+/* Element types as safetensors names them. Every tensor is float in memory; an I64 buffer (a
+ * counter such as num_batches_tracked) holds integral values and is written as int64. */
+typedef enum td_dtype { TD_F32, TD_I64 } td_dtype;
+
+/* A named parameter of the model (a view into its flat parameter block, with a gradient in the
+ * gradient block) or a buffer (a view into the buffer block, no gradient). */
 typedef struct td_param {
     char name[TD_NAME_MAX + 32]; /* PyTorch state_dict name, e.g. "conv1.weight" */
     int ndim;
     int dims[TD_MAX_DIMS]; /* PyTorch's shape: Linear [out, in], Conv2d [O, I, KH, KW] */
     size_t offset;         /* in floats, into the flat block */
     size_t size;
-    float *data, *grad;
-    /* PyTorch's default init: uniform(-init_bound, init_bound) when init_bound > 0, else init_fill
-     */
-    float init_bound, init_fill;
+    float *data, *grad; /* grad is NULL for buffers */
+    td_init init;
+    td_dtype dtype;
 } td_param;
 
 /* A bump allocator over one 64-byte aligned block. With base == NULL it only counts, so a

@@ -1,0 +1,163 @@
+/* BatchNorm1d / BatchNorm2d with torch.nn semantics.
+ *
+ * Channels are the last dimension of both layouts ([N, C] and channels-last [N, H, W, C]), so one
+ * implementation serves both: statistics run over the N·H·W rows of C channels. Training uses the
+ * batch's mean and biased variance, and updates running_mean / running_var (the latter with the
+ * unbiased variance) by `momentum`, and counts num_batches_tracked; evaluation uses the running
+ * statistics. With track_running_stats false there are no buffers and batch statistics are used
+ * in both modes. Sums are accumulated in double: a ResNet batch is millions of rows.
+ */
+#include "td_model.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { ARG_EPS, ARG_MOMENTUM, ARG_AFFINE, ARG_TRACK, ARG_ZERO_INIT };
+
+static const td_op_arg bn_args[] = {
+    {"eps", TD_ARG_FLOAT, false, 1e-5, 0, 1, NULL},
+    {"momentum", TD_ARG_FLOAT, false, 0.1, 0, 1, NULL},
+    {"affine", TD_ARG_BOOL, false, 1, 0, 1, NULL},
+    {"track_running_stats", TD_ARG_BOOL, false, 1, 0, 1, NULL},
+    /* weight starts at 0 instead of 1 (torchvision's zero_init_residual) */
+    {"zero_init", TD_ARG_BOOL, false, 0, 0, 1, NULL},
+    {0},
+};
+
+static int bn_build_common(td_model *model, td_node *node, td_err *err, bool spatial) {
+    td_shape in = node->in_shape[0];
+    if (in.spatial != spatial) {
+        char buf[64];
+        td_shape_format(in, buf, sizeof buf);
+        return td_fail(err, "expects %s input but its input has shape %s%s",
+                       spatial ? "an image [C, H, W]" : "flat [C]", buf,
+                       spatial ? "; use batchnorm1d for flat features" : "; use batchnorm2d");
+    }
+    int c = in.c;
+    if (node->args[ARG_AFFINE]) {
+        td_model_add_param(model, node, "weight", 1, &c,
+                           td_init_fill(node->args[ARG_ZERO_INIT] ? 0.0f : 1.0f));
+        td_model_add_param(model, node, "bias", 1, &c, td_init_fill(0.0f));
+    }
+    if (node->args[ARG_TRACK]) {
+        td_model_add_buffer(model, node, "running_mean", 1, &c, 0.0f, TD_F32);
+        td_model_add_buffer(model, node, "running_var", 1, &c, 1.0f, TD_F32);
+        td_model_add_buffer(model, node, "num_batches_tracked", 0, NULL, 0.0f, TD_I64);
+    }
+    node->out_shape = in;
+    node->saved_bytes = 2 * (size_t)c * sizeof(float); /* mean and 1/std used by forward */
+    node->scratch_floats = 7 * (size_t)c; /* two double sums and three floats per channel */
+    return 0;
+}
+
+static int bn2d_build(td_model *model, td_node *node, td_err *err) {
+    return bn_build_common(model, node, err, true);
+}
+static int bn1d_build(td_model *model, td_node *node, td_err *err) {
+    return bn_build_common(model, node, err, false);
+}
+
+/* Whether this call normalises with the batch's own statistics. */
+static bool uses_batch_stats(const td_node *node, const td_run *run) {
+    return run->training || !node->args[ARG_TRACK];
+}
+
+static void bn_forward(td_node *node, const td_run *run) {
+    int c = node->out_shape.c;
+    size_t rows = (size_t)run->n * node->out_shape.h * node->out_shape.w;
+    const float *x = node->in[0];
+    float *mean = node->saved, *invstd = mean + c;
+    float eps = (float)node->args[ARG_EPS];
+    if (uses_batch_stats(node, run)) {
+        double *s = (double *)run->scratch, *s2 = s + c;
+        memset(s, 0, 2 * (size_t)c * sizeof(double));
+        for (size_t r = 0; r < rows; r++)
+            for (int k = 0; k < c; k++) s[k] += x[r * c + k];
+        for (int k = 0; k < c; k++) mean[k] = (float)(s[k] / (double)rows);
+        for (size_t r = 0; r < rows; r++)
+            for (int k = 0; k < c; k++) {
+                double d = (double)x[r * c + k] - mean[k];
+                s2[k] += d * d;
+            }
+        for (int k = 0; k < c; k++) {
+            double var = s2[k] / (double)rows;
+            invstd[k] = (float)(1.0 / sqrt(var + eps));
+            if (run->training && node->args[ARG_TRACK]) {
+                float m = (float)node->args[ARG_MOMENTUM];
+                double unbiased = rows > 1 ? s2[k] / (double)(rows - 1) : var;
+                float *rm = node->buffers[0]->data, *rv = node->buffers[1]->data;
+                rm[k] = (1.0f - m) * rm[k] + m * mean[k];
+                rv[k] = (1.0f - m) * rv[k] + m * (float)unbiased;
+            }
+        }
+        if (run->training && node->args[ARG_TRACK]) node->buffers[2]->data[0] += 1.0f;
+    } else {
+        const float *rm = node->buffers[0]->data, *rv = node->buffers[1]->data;
+        for (int k = 0; k < c; k++) {
+            mean[k] = rm[k];
+            invstd[k] = 1.0f / sqrtf(rv[k] + eps);
+        }
+    }
+    /* y = x·scale + shift, scale = w/std, shift = b - mean·scale */
+    float *scale = (float *)run->scratch, *shift = scale + c;
+    for (int k = 0; k < c; k++) {
+        float w = node->n_params ? node->params[0]->data[k] : 1.0f;
+        float b = node->n_params ? node->params[1]->data[k] : 0.0f;
+        scale[k] = w * invstd[k];
+        shift[k] = b - mean[k] * scale[k];
+    }
+    float *y = node->out;
+    for (size_t r = 0; r < rows; r++)
+        for (int k = 0; k < c; k++) y[r * c + k] = x[r * c + k] * scale[k] + shift[k];
+}
+
+static void bn_backward(td_node *node, const td_run *run) {
+    int c = node->out_shape.c;
+    size_t rows = (size_t)run->n * node->out_shape.h * node->out_shape.w;
+    const float *x = node->in[0], *dy = node->grad;
+    const float *mean = node->saved, *invstd = mean + c;
+    double *sdy = (double *)run->scratch, *sdyx = sdy + c;
+    memset(sdy, 0, 2 * (size_t)c * sizeof(double));
+    for (size_t r = 0; r < rows; r++)
+        for (int k = 0; k < c; k++) {
+            double g = dy[r * c + k];
+            sdy[k] += g;
+            sdyx[k] += g * (double)((x[r * c + k] - mean[k]) * invstd[k]);
+        }
+    if (node->n_params) {
+        float *dw = node->params[0]->grad, *db = node->params[1]->grad;
+        bool acc = run->accumulate_grads;
+        for (int k = 0; k < c; k++) {
+            dw[k] = (acc ? dw[k] : 0.0f) + (float)sdyx[k];
+            db[k] = (acc ? db[k] : 0.0f) + (float)sdy[k];
+        }
+    }
+    float *dx = node->in_grad[0];
+    if (!dx) return;
+    bool add = node->in_grad_add[0];
+    /* dx = w/std · (dy - mean(dy) - xhat·mean(dy·xhat)) with batch statistics (the batch's
+     * mean and std depend on x), dx = w/std · dy with running ones. xhat is affine in x, so per
+     * channel dx = k1·dy + k2·x + k3. */
+    float *k1 = (float *)(sdyx + c), *k2 = k1 + c, *k3 = k2 + c;
+    bool batch = uses_batch_stats(node, run);
+    for (int k = 0; k < c; k++) {
+        float w = node->n_params ? node->params[0]->data[k] : 1.0f;
+        float s = w * invstd[k];
+        k1[k] = s;
+        k2[k] = k3[k] = 0.0f;
+        if (batch) {
+            float mdy = (float)(sdy[k] / (double)rows), mdyx = (float)(sdyx[k] / (double)rows);
+            k2[k] = -s * invstd[k] * mdyx;
+            k3[k] = -s * mdy + s * invstd[k] * mean[k] * mdyx;
+        }
+    }
+    for (size_t r = 0; r < rows; r++)
+        for (int k = 0; k < c; k++) {
+            size_t i = r * c + k;
+            float v = k1[k] * dy[i] + k2[k] * x[i] + k3[k];
+            dx[i] = add ? dx[i] + v : v;
+        }
+}
+
+const td_op td_op_batchnorm2d = {"batchnorm2d", 1, 1, bn_args, bn2d_build, bn_forward, bn_backward};
+const td_op td_op_batchnorm1d = {"batchnorm1d", 1, 1, bn_args, bn1d_build, bn_forward, bn_backward};
