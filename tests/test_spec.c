@@ -81,7 +81,7 @@ Test(spec, unknown_key_is_not_ignored) {
 
 Test(spec, unknown_preset) {
     EXPECT_ERROR(spec_of("{\"preset\": \"resnet9000\", \"num_classes\": 10}", SYNTH, GOOD_TRAIN),
-                 "model.preset: expected one of lenet5/mlp", "\"resnet9000\"");
+                 "model.preset: expected one of lenet5/mlp/cifar_net/resnet18", "\"resnet9000\"");
 }
 
 Test(spec, unknown_op) {

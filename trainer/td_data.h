@@ -18,7 +18,7 @@ typedef struct td_dataset {
     td_shape shape; /* of one sample, spatial */
     int num_classes;
     uint8_t *pixels; /* n × shape size; NULL for synthetic data */
-    uint8_t *labels;
+    int32_t *labels; /* class indices */
     uint64_t synthetic_seed; /* synthetic samples are a pure function of (seed, index) */
 } td_dataset;
 

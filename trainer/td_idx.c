@@ -102,9 +102,12 @@ int td_dataset_load_idx(td_dataset *ds, const char *images_path, const char *lab
                 labels_path, ldims[0], images_path, idims[0]);
         goto fail;
     }
-    ds->labels = td_malloc(ldims[0]);
-    rc = read_exact(fl, labels_path, ds->labels, ldims[0], "the labels", err);
+    uint8_t *raw = td_malloc(ldims[0]);
+    rc = read_exact(fl, labels_path, raw, ldims[0], "the labels", err);
     if (rc == 0) rc = expect_end(fl, labels_path, err);
+    ds->labels = td_malloc((size_t)ldims[0] * sizeof(int32_t));
+    for (uint32_t i = 0; i < ldims[0]; i++) ds->labels[i] = raw[i];
+    free(raw);
     gzclose(fl);
     if (rc != 0) goto fail;
 

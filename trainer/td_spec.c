@@ -255,14 +255,29 @@ static int parse_model(const json_t *root, td_job *job, td_err *err) {
         return 0;
     }
     if (!preset) return td_fail(err, "model: missing; expected \"preset\" or \"nodes\"");
-    char name[32];
     int which;
-    if (get_choice(m, "model", "preset", true, "", "lenet5|mlp", &which, err) != 0) return -1;
-    (void)name;
-    if (which == 0) {
+    if (get_choice(m, "model", "preset", true, "",
+                   "lenet5|mlp|cifar_net|resnet18|resnet34|resnet50", &which, err) != 0)
+        return -1;
+    if (which == 0 || which == 2) {
         static const char *const keys[] = {"preset", "num_classes", NULL};
         if (check_keys(m, "model", keys, err) != 0) return -1;
-        return td_preset_lenet5(job->num_classes, &job->nodes, &job->n_nodes);
+        return which == 0 ? td_preset_lenet5(job->num_classes, &job->nodes, &job->n_nodes)
+                          : td_preset_cifar_net(job->num_classes, &job->nodes, &job->n_nodes);
+    }
+    if (which >= 3) {
+        static const char *const keys[] = {"preset", "num_classes", "stem", "zero_init_residual",
+                                           NULL};
+        if (check_keys(m, "model", keys, err) != 0) return -1;
+        int stem;
+        bool zero_init;
+        if (get_choice(m, "model", "stem", false, "imagenet", "imagenet|cifar", &stem, err) != 0 ||
+            get_bool(m, "model", "zero_init_residual", false, &zero_init, err) != 0)
+            return -1;
+        static const int depths[] = {18, 34, 50};
+        return td_preset_resnet(depths[which - 3], job->num_classes,
+                                stem ? TD_STEM_CIFAR : TD_STEM_IMAGENET, zero_init, &job->nodes,
+                                &job->n_nodes);
     }
     static const char *const keys[] = {"preset",     "num_classes", "hidden",
                                        "activation", "dropout",     NULL};
@@ -361,7 +376,7 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
             return td_fail(err, "data.shape[0]: %d channels; at most 4 are supported", dims[0]);
         job->synthetic_shape = td_shape_image(dims[0], dims[1], dims[2]);
         long classes, size, val_size;
-        if (get_int(d, "data", "num_classes", true, 0, 1, 256, &classes, err) != 0 ||
+        if (get_int(d, "data", "num_classes", true, 0, 1, 1 << 20, &classes, err) != 0 ||
             get_int(d, "data", "size", true, 0, 1, 1 << 28, &size, err) != 0 ||
             get_int(d, "data", "val_size", false, 0, 0, 1 << 28, &val_size, err) != 0)
             return -1;

@@ -67,6 +67,18 @@ typedef struct td_mlp_options {
  * fc2 120->84, relu, fc3 84->classes (for 28x28 input; parameter names conv1.*, conv2.*, fc1-3.*)
  */
 int td_preset_lenet5(int num_classes, td_node_spec **out, int *n_out);
+/* The classic PyTorch CIFAR-10 tutorial net: conv1 3->6 5x5, relu, pool 2, conv2 6->16 5x5, relu,
+ * pool 2, flatten, fc1 400->120, relu, fc2 120->84, relu, fc3 84->classes (32x32 input). */
+int td_preset_cifar_net(int num_classes, td_node_spec **out, int *n_out);
+
+typedef enum td_resnet_stem { TD_STEM_IMAGENET, TD_STEM_CIFAR } td_resnet_stem;
+/* torchvision's ResNet v1.5 (stride on the 3x3 conv of a bottleneck), node for node with its
+ * module names (conv1, bn1, layer1.0.conv1, layer2.0.downsample.0, fc, ...), its init
+ * (kaiming_normal fan_out for convs, BN weight 1 and bias 0) and optionally zero-initialised last
+ * BN of each block. depth: 18, 34 or 50. The cifar stem is a 3x3 stride-1 conv without max-pool. */
+int td_preset_resnet(int depth, int num_classes, td_resnet_stem stem, bool zero_init_residual,
+                     td_node_spec **out, int *n_out);
+
 /* flatten, then fc1..fcK (hidden sizes, each followed by the activation and optional dropout),
  * then fc{K+1} -> classes */
 int td_preset_mlp(const td_mlp_options *opt, int num_classes, td_node_spec **out, int *n_out);

@@ -1,0 +1,132 @@
+/* Presets against torchvision: parameter counts, and every state_dict name, dtype and shape
+ * against fixtures written once by tests/fixtures/make_fixtures.py. */
+#include "td_spec.h"
+#include "test_util.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void build_preset(td_model *m, const char *model_json, td_shape input) {
+    char spec[1024];
+    snprintf(spec, sizeof spec,
+             "{\"model\": %s, \"data\": {\"format\": \"idx\", \"train\": {\"images\": "
+             "\"unused\", \"labels\": \"unused\"}}, \"train\": {\"batch_size\": 1, "
+             "\"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+             model_json);
+    td_job job;
+    td_err err = {{0}};
+    cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+    cr_assert_eq(td_model_build(m, job.nodes, job.n_nodes, input, 1, 7, 0, &err), 0, "%s", err.msg);
+    td_job_free(&job);
+}
+
+/* Every line of the fixture names a tensor the model has, with that dtype and shape, and the
+ * model has no other. */
+static void expect_state_dict(const td_model *m, const char *fixture) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/fixtures/%s", getenv("TRAIND_SOURCE_DIR"), fixture);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "cannot open %s", path);
+    char line[512];
+    int lines = 0;
+    while (fgets(line, sizeof line, f)) {
+        char name[256], dtype[8], shape[128] = "";
+        int got = sscanf(line, "%255s %7s %127s", name, dtype, shape);
+        cr_assert(got >= 2, "bad fixture line: %s", line);
+        lines++;
+        const td_param *p = td_model_find_param(m, name);
+        if (!p) {
+            cr_expect_fail("torchvision has %s; the preset does not", name);
+            continue;
+        }
+        cr_expect_str_eq(p->dtype == TD_I64 ? "I64" : "F32", dtype, "%s dtype", name);
+        char ours[128] = "";
+        size_t used = 0;
+        for (int i = 0; i < p->ndim; i++)
+            used +=
+                (size_t)snprintf(ours + used, sizeof ours - used, "%s%d", i ? "," : "", p->dims[i]);
+        cr_expect_str_eq(ours, shape, "%s: shape [%s], torchvision [%s]", name, ours, shape);
+    }
+    fclose(f);
+    cr_expect_eq(m->n_params + m->n_buffers, lines, "the preset has %d tensors, torchvision %d",
+                 m->n_params + m->n_buffers, lines);
+}
+
+Test(presets, resnet18_matches_torchvision) {
+    td_model m;
+    build_preset(&m, "{\"preset\": \"resnet18\", \"num_classes\": 1000}",
+                 td_shape_image(3, 64, 64));
+    cr_expect_eq(m.param_floats, 11689512u, "resnet18 has %zu parameters", m.param_floats);
+    expect_state_dict(&m, "resnet18.state_dict.txt");
+    td_model_free(&m);
+}
+
+Test(presets, resnet34_matches_torchvision) {
+    td_model m;
+    build_preset(&m, "{\"preset\": \"resnet34\", \"num_classes\": 1000}",
+                 td_shape_image(3, 64, 64));
+    cr_expect_eq(m.param_floats, 21797672u, "resnet34 has %zu parameters", m.param_floats);
+    expect_state_dict(&m, "resnet34.state_dict.txt");
+    td_model_free(&m);
+}
+
+Test(presets, resnet50_matches_torchvision) {
+    td_model m;
+    build_preset(&m, "{\"preset\": \"resnet50\", \"num_classes\": 1000}",
+                 td_shape_image(3, 64, 64));
+    cr_expect_eq(m.param_floats, 25557032u, "resnet50 has %zu parameters", m.param_floats);
+    expect_state_dict(&m, "resnet50.state_dict.txt");
+    /* v1.5: the stride sits on the 3x3 conv of the first bottleneck of layer2 */
+    const td_node *conv2 = NULL, *conv1 = NULL;
+    for (int i = 0; i < m.n_nodes; i++) {
+        if (strcmp(m.nodes[i].name, "layer2.0.conv2") == 0) conv2 = &m.nodes[i];
+        if (strcmp(m.nodes[i].name, "layer2.0.conv1") == 0) conv1 = &m.nodes[i];
+    }
+    cr_assert(conv1 && conv2);
+    cr_expect_eq(conv1->out_shape.h, conv1->in_shape[0].h, "layer2.0.conv1 keeps the size");
+    cr_expect_eq(conv2->out_shape.h, conv2->in_shape[0].h / 2, "layer2.0.conv2 halves it");
+    td_model_free(&m);
+}
+
+Test(presets, resnet_init_and_zero_init_residual) {
+    td_model m;
+    build_preset(&m,
+                 "{\"preset\": \"resnet18\", \"num_classes\": 10, \"stem\": \"cifar\", "
+                 "\"zero_init_residual\": true}",
+                 td_shape_image(3, 32, 32));
+    const td_param *w = td_model_find_param(&m, "layer3.1.conv1.weight"); /* 256x256x3x3 */
+    double ss = 0;
+    for (size_t i = 0; i < w->size; i++) ss += (double)w->data[i] * w->data[i];
+    double std = sqrt(ss / (double)w->size), want = sqrt(2.0 / (256 * 9));
+    cr_expect(fabs(std / want - 1) < 0.02, "kaiming_normal fan_out: std %.5f, expected %.5f", std,
+              want);
+    const td_param *bn2 = td_model_find_param(&m, "layer1.0.bn2.weight");
+    const td_param *bn1 = td_model_find_param(&m, "layer1.0.bn1.weight");
+    cr_expect(bn2->data[0] == 0.0f && bn1->data[0] == 1.0f, "only the block's last BN is zero");
+    const td_param *conv1 = td_model_find_param(&m, "conv1.weight");
+    cr_expect(conv1->dims[2] == 3 && conv1->dims[3] == 3, "cifar stem: 3x3 conv1");
+    cr_expect(td_model_output_shape(&m).c == 10);
+    const td_node *last_block = NULL;
+    for (int i = 0; i < m.n_nodes; i++)
+        if (strcmp(m.nodes[i].name, "layer4.1.relu2") == 0) last_block = &m.nodes[i];
+    cr_assert(last_block);
+    cr_expect_eq(last_block->out_shape.h, 4, "32x32 input, no max-pool: 4x4 before the pool");
+    td_model_free(&m);
+}
+
+Test(presets, cifar_net_is_the_tutorial_net) {
+    td_model m;
+    build_preset(&m, "{\"preset\": \"cifar_net\", \"num_classes\": 10}", td_shape_image(3, 32, 32));
+    const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
+                           "fc1.bias",     "fc2.weight", "fc2.bias",     "fc3.weight", "fc3.bias"};
+    cr_assert_eq(m.n_params, 10);
+    for (int i = 0; i < 10; i++) cr_expect_str_eq(m.params[i].name, names[i]);
+    const td_param *fc1 = td_model_find_param(&m, "fc1.weight");
+    cr_expect(fc1->dims[0] == 120 && fc1->dims[1] == 400, "fc1 is 400 -> 120");
+    const td_param *c1 = td_model_find_param(&m, "conv1.weight");
+    cr_expect(c1->dims[0] == 6 && c1->dims[1] == 3 && c1->dims[2] == 5);
+    cr_expect_eq(m.param_floats, 62006u, "the tutorial net has 62,006 parameters");
+    td_model_free(&m);
+}
