@@ -22,7 +22,7 @@ static void expect_error(const char *spec, const char *const *fragments) {
     int rc = td_job_load_string(&job, spec, &err);
     if (rc == 0) {
         FILE *devnull = fopen("/dev/null", "w");
-        rc = td_train_run(&job, devnull, devnull, NULL, &err);
+        rc = td_train_run(&job, NULL, devnull, devnull, NULL, &err);
         fclose(devnull);
         td_job_free(&job);
     }

@@ -15,7 +15,7 @@ static char *run_metrics(const char *spec, td_train_result *res) {
     size_t len = 0;
     FILE *metrics = open_memstream(&text, &len);
     FILE *devnull = fopen("/dev/null", "w");
-    int rc = td_train_run(&job, metrics, devnull, res, &err);
+    int rc = td_train_run(&job, NULL, metrics, devnull, res, &err);
     fclose(metrics);
     fclose(devnull);
     td_job_free(&job);

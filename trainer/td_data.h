@@ -17,8 +17,8 @@ typedef struct td_dataset {
     int n;
     td_shape shape; /* of one sample, spatial */
     int num_classes;
-    uint8_t *pixels; /* n × shape size; NULL for synthetic data */
-    int32_t *labels; /* class indices */
+    uint8_t *pixels;         /* n × shape size; NULL for synthetic data */
+    int32_t *labels;         /* class indices */
     uint64_t synthetic_seed; /* synthetic samples are a pure function of (seed, index) */
 } td_dataset;
 

@@ -238,12 +238,16 @@ static int parse_model(const json_t *root, td_job *job, td_err *err) {
     json_t *preset = json_object_get(m, "preset");
     if (nodes && preset)
         return td_fail(err, "model: has both \"preset\" and \"nodes\"; expected one of them");
+    if (get_string(m, "model", "init_from", false, "", job->init_from, sizeof job->init_from,
+                   err) != 0 ||
+        get_bool(m, "model", "strict", true, &job->init_strict, err) != 0)
+        return -1;
     long classes;
     if (get_int(m, "model", "num_classes", preset != NULL, 0, 1, 1 << 20, &classes, err) != 0)
         return -1;
     job->num_classes = (int)classes;
     if (nodes) {
-        static const char *const keys[] = {"nodes", "num_classes", NULL};
+        static const char *const keys[] = {"nodes", "num_classes", "init_from", "strict", NULL};
         if (check_keys(m, "model", keys, err) != 0) return -1;
         if (!json_is_array(nodes) || json_array_size(nodes) == 0)
             return fail_found(err, "model.nodes", "a non-empty array of nodes", nodes);
@@ -260,14 +264,14 @@ static int parse_model(const json_t *root, td_job *job, td_err *err) {
                    "lenet5|mlp|cifar_net|resnet18|resnet34|resnet50", &which, err) != 0)
         return -1;
     if (which == 0 || which == 2) {
-        static const char *const keys[] = {"preset", "num_classes", NULL};
+        static const char *const keys[] = {"preset", "num_classes", "init_from", "strict", NULL};
         if (check_keys(m, "model", keys, err) != 0) return -1;
         return which == 0 ? td_preset_lenet5(job->num_classes, &job->nodes, &job->n_nodes)
                           : td_preset_cifar_net(job->num_classes, &job->nodes, &job->n_nodes);
     }
     if (which >= 3) {
-        static const char *const keys[] = {"preset", "num_classes", "stem", "zero_init_residual",
-                                           NULL};
+        static const char *const keys[] = {"preset",    "num_classes", "stem", "zero_init_residual",
+                                           "init_from", "strict",      NULL};
         if (check_keys(m, "model", keys, err) != 0) return -1;
         int stem;
         bool zero_init;
@@ -279,8 +283,8 @@ static int parse_model(const json_t *root, td_job *job, td_err *err) {
                                 stem ? TD_STEM_CIFAR : TD_STEM_IMAGENET, zero_init, &job->nodes,
                                 &job->n_nodes);
     }
-    static const char *const keys[] = {"preset",     "num_classes", "hidden",
-                                       "activation", "dropout",     NULL};
+    static const char *const keys[] = {"preset",  "num_classes", "hidden", "activation",
+                                       "dropout", "init_from",   "strict", NULL};
     if (check_keys(m, "model", keys, err) != 0) return -1;
     td_mlp_options opt = {.n_hidden = 2, .hidden = {512, 512}};
     json_t *hidden = json_object_get(m, "hidden");
@@ -566,16 +570,44 @@ static int parse_train(const json_t *root, td_job *job, td_err *err) {
     return 0;
 }
 
+static int parse_checkpoint(const json_t *root, td_job *job, td_err *err) {
+    if (get_string(root, "", "resume_from", false, "", job->resume_from, sizeof job->resume_from,
+                   err) != 0)
+        return -1;
+    json_t *c;
+    if (get_object(root, "", "checkpoint", false, &c, err) != 0) return -1;
+    if (!c) {
+        if (strcmp(job->resume_from, "latest") == 0)
+            return td_fail(err, "resume_from: \"latest\" needs checkpoint.dir to look in");
+        return 0;
+    }
+    static const char *const keys[] = {"dir", "every_steps", "every_epochs", "keep", NULL};
+    if (check_keys(c, "checkpoint", keys, err) != 0) return -1;
+    long steps, epochs, keep;
+    if (get_string(c, "checkpoint", "dir", true, "", job->checkpoint_dir,
+                   sizeof job->checkpoint_dir, err) != 0 ||
+        get_int(c, "checkpoint", "every_steps", false, 0, 0, 1L << 40, &steps, err) != 0 ||
+        get_int(c, "checkpoint", "every_epochs", false, 0, 0, 1 << 20, &epochs, err) != 0 ||
+        get_int(c, "checkpoint", "keep", false, 0, 0, 1 << 20, &keep, err) != 0)
+        return -1;
+    job->checkpoint_every_steps = steps;
+    job->checkpoint_every_epochs = (int)epochs;
+    job->checkpoint_keep = (int)keep;
+    return 0;
+}
+
 static int parse_job(const json_t *root, td_job *job, td_err *err) {
     memset(job, 0, sizeof *job);
     if (!json_is_object(root)) return fail_found(err, "(root)", "a JSON object", root);
-    static const char *const keys[] = {"name", "model", "data", "train", "log", NULL};
+    static const char *const keys[] = {"name", "model",      "data",        "train",
+                                       "log",  "checkpoint", "resume_from", NULL};
     if (check_keys(root, "", keys, err) != 0) return -1;
     if (get_string(root, "", "name", false, "job", job->name, sizeof job->name, err) != 0)
         return -1;
     if (parse_model(root, job, err) != 0 || parse_data(root, job, err) != 0 ||
         parse_train(root, job, err) != 0)
         return -1;
+    if (parse_checkpoint(root, job, err) != 0) return -1;
     json_t *log;
     long l;
     if (get_object(root, "", "log", false, &log, err) != 0) return -1;

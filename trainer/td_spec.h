@@ -48,6 +48,15 @@ typedef struct td_job {
     float clip_grad_norm; /* 0: off */
 
     int log_every;
+
+    /* checkpoints: none unless dir is set */
+    char checkpoint_dir[TD_PATH_MAX];
+    long checkpoint_every_steps;   /* 0: not by steps */
+    int checkpoint_every_epochs;   /* 0: not by epochs */
+    int checkpoint_keep;           /* newest K kept; 0: all */
+    char resume_from[TD_PATH_MAX]; /* a checkpoint directory, "latest", or empty */
+    char init_from[TD_PATH_MAX];   /* a safetensors file of weights, or empty */
+    bool init_strict;
 } td_job;
 
 /* Parses and validates a spec from a file or a string. On error returns -1 with err set. */

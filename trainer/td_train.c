@@ -1,6 +1,7 @@
 #include "td_train.h"
 
 #include "td_blas.h"
+#include "td_checkpoint.h"
 #include "td_cuda.h"
 
 #include <cblas.h>
@@ -17,15 +18,18 @@ static double now_s(void) {
 
 typedef struct trainer {
     const td_job *job;
+    const td_train_options *opt;
     FILE *metrics, *log;
     td_dataset train, val;
     td_normalize norm;
     td_model model;
     td_optim optim;
     td_loader *train_loader, *val_loader;
-    td_rng dropout_rng;
     float *dlogits;
     int classes;
+    td_train_state state; /* position, RNG and open logging interval: what a checkpoint saves */
+    long last_saved_step;
+    int checkpoints_saved; /* in this process, for the kill_at_checkpoint test hook */
 } trainer;
 
 static int load_split(const td_job *job, const td_split_spec *split, td_dataset *ds, uint64_t salt,
@@ -93,12 +97,59 @@ static int setup_model(trainer *t, td_err *err) {
     }
     td_optim_init(&t->optim, &job->optim, t->model.param_floats);
     t->dlogits = td_aligned_alloc((size_t)max_n * t->classes * sizeof(float));
-    td_rng_seed_for(&t->dropout_rng, job->seed, "dropout", 0);
+    t->state.seed = job->seed;
+    td_rng_seed_for(&t->state.dropout_rng, job->seed, "dropout", 0);
+    t->last_saved_step = -1;
+    return 0;
+}
+
+/* Weights from init_from, then everything from resume_from. */
+static int restore(trainer *t, td_err *err) {
+    const td_job *job = t->job;
+    if (job->init_from[0] &&
+        td_checkpoint_load_weights(job->init_from, &t->model, job->init_strict, t->log, err) != 0)
+        return td_fail_prefix(err, "model.init_from");
+    if (!job->resume_from[0]) return 0;
+    char dir[TD_PATH_MAX + 32];
+    if (td_checkpoint_resolve(job->resume_from, job->checkpoint_dir, dir, sizeof dir, err) != 0)
+        return -1;
+    if (td_checkpoint_load(dir, &t->model, &t->optim, &t->state, err) != 0)
+        return td_fail_prefix(err, "resume_from");
+    if (t->state.seed != job->seed)
+        return td_fail(err,
+                       "resume_from: %s was trained with train.seed %llu but the spec says "
+                       "%llu; the data order would differ",
+                       dir, (unsigned long long)t->state.seed, (unsigned long long)job->seed);
+    t->last_saved_step = t->state.step;
+    fprintf(t->log, "[traind] resumed from %s at step %ld (epoch %d, batch %d)\n", dir,
+            t->state.step, t->state.epoch + 1, t->state.batch);
+    return 0;
+}
+
+static int save_checkpoint(trainer *t, td_err *err) {
+    if (!t->job->checkpoint_dir[0] || t->last_saved_step == t->state.step) return 0;
+    char path[TD_PATH_MAX + 32];
+    bool kill = t->opt && t->opt->kill_at_checkpoint > 0 &&
+                ++t->checkpoints_saved == t->opt->kill_at_checkpoint;
+    if (td_checkpoint_save(t->job->checkpoint_dir, &t->model, &t->optim, &t->state,
+                           t->job->checkpoint_keep, kill, path, sizeof path, err) != 0)
+        return -1;
+    t->last_saved_step = t->state.step;
+    fprintf(t->metrics, "{\"event\":\"checkpoint\",\"step\":%ld,\"path\":\"", t->state.step);
+    for (const char *c = path; *c; c++) /* JSON string escaping for the path */
+        if (*c == '"' || *c == '\\')
+            fprintf(t->metrics, "\\%c", *c);
+        else if ((unsigned char)*c < 0x20)
+            fprintf(t->metrics, "\\u%04x", *c);
+        else
+            fputc(*c, t->metrics);
+    fprintf(t->metrics, "\"}\n");
+    fflush(t->metrics);
     return 0;
 }
 
 static void evaluate(trainer *t, double *val_loss, double *val_acc) {
-    td_run run = {.training = false, .rng = &t->dropout_rng};
+    td_run run = {.training = false, .rng = &t->state.dropout_rng};
     double *profile = t->model.profile; /* only training steps are profiled */
     t->model.profile = NULL;
     double loss = 0;
@@ -134,8 +185,17 @@ static void log_banner(const trainer *t) {
                      : why);
 }
 
+static void print_eval(trainer *t, int epoch, long step, const td_train_result *res) {
+    fprintf(t->metrics,
+            "{\"event\":\"eval\",\"epoch\":%d,\"step\":%ld,\"val_loss\":%.9g,"
+            "\"val_acc\":%.6f}\n",
+            epoch, step, res->val_loss, res->val_acc);
+    fflush(t->metrics);
+}
+
 static int train_loop(trainer *t, td_train_result *res, td_err *err) {
     const td_job *job = t->job;
+    td_train_state *st = &t->state;
     td_schedule sched = job->schedule;
     int steps_per_epoch = job->drop_last ? t->train.n / job->batch_size
                                          : (t->train.n + job->batch_size - 1) / job->batch_size;
@@ -145,20 +205,25 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
     long total = (long)steps_per_epoch * job->epochs;
     if (job->max_steps > 0 && job->max_steps < total) total = job->max_steps;
     sched.total_steps = total;
+    /* --stop-after: leave as if preempted, the schedule still spanning the whole run */
+    long stop = total;
+    if (t->opt && t->opt->stop_after_steps > 0 && t->opt->stop_after_steps < stop)
+        stop = t->opt->stop_after_steps;
 
-    td_run run = {.training = true, .rng = &t->dropout_rng};
-    long step = 0;
+    td_run run = {.training = true, .rng = &st->dropout_rng};
     /* TRAIND_PROFILE=1: per-node times of the training steps, printed at the end */
     const char *profile = getenv("TRAIND_PROFILE");
     bool profiling = profile && *profile && strcmp(profile, "0") != 0;
-    double interval_loss = 0, t_start = now_s(), t_interval = t_start;
-    long interval_steps = 0, interval_samples = 0, total_samples = 0;
+    double t_start = now_s(), t_interval = t_start;
+    long interval_samples = 0, interval_steps_here = 0, total_samples = 0, steps_here = 0;
     memset(res, 0, sizeof *res);
-    for (int epoch = 0; epoch < job->epochs && step < total; epoch++) {
-        td_loader_start_epoch(t->train_loader, epoch, 0);
+    res->epochs_done = st->epoch;
+    for (int epoch = st->epoch; epoch < job->epochs && st->step < stop; epoch++) {
+        td_loader_start_epoch(t->train_loader, epoch, st->epoch == epoch ? st->batch : 0);
+        st->epoch = epoch;
         td_batch b;
-        while (step < total && td_loader_next(t->train_loader, &b)) {
-            float lr = td_schedule_lr(&sched, job->optim.lr, step);
+        while (st->step < stop && td_loader_next(t->train_loader, &b)) {
+            float lr = td_schedule_lr(&sched, job->optim.lr, st->step);
             run.n = b.n;
             if (profiling) td_model_enable_profile(&t->model);
             const float *logits = td_model_forward(&t->model, b.x, &run);
@@ -169,55 +234,69 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
                 return td_fail(err,
                                "the training loss became %g at step %ld (epoch %d); lower "
                                "train.optimizer.lr or set train.clip_grad_norm",
-                               loss, step + 1, epoch + 1);
+                               loss, st->step + 1, epoch + 1);
             td_model_backward(&t->model, t->dlogits, &run);
             if (job->clip_grad_norm > 0)
                 td_grad_clip(t->model.grad_block, t->model.param_floats, job->clip_grad_norm);
             td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
-            step++;
-            interval_loss += loss;
-            interval_steps++;
+            st->step++;
+            st->batch++;
+            steps_here++;
+            st->interval_loss += loss;
+            st->interval_steps++;
             interval_samples += b.n;
+            interval_steps_here++;
             total_samples += b.n;
             res->last_loss = loss;
-            if (step % job->log_every == 0 || step == total) {
+            if (st->step % job->log_every == 0 || st->step == total) {
+                /* the loss covers the whole interval (after a resume, partly run by the earlier
+                 * process); the timings only what this process ran */
                 double now = now_s(), dt = now - t_interval;
                 fprintf(t->metrics,
-                        "{\"event\":\"train\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g,\"lr\":%.9g,"
-                        "\"samples_per_s\":%.1f,\"step_ms\":%.4f}\n",
-                        step, epoch + 1, interval_loss / interval_steps, lr, interval_samples / dt,
-                        dt * 1000.0 / interval_steps);
+                        "{\"event\":\"train\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g,"
+                        "\"lr\":%.9g,\"samples_per_s\":%.1f,\"step_ms\":%.4f}\n",
+                        st->step, epoch + 1, st->interval_loss / st->interval_steps, lr,
+                        interval_samples / dt, dt * 1000.0 / interval_steps_here);
                 fflush(t->metrics);
-                interval_loss = 0;
-                interval_steps = interval_samples = 0;
+                st->interval_loss = 0;
+                st->interval_steps = 0;
+                interval_samples = interval_steps_here = 0;
                 t_interval = now;
             }
+            if (job->checkpoint_every_steps > 0 && st->step % job->checkpoint_every_steps == 0 &&
+                save_checkpoint(t, err) != 0)
+                return -1;
         }
-        bool epoch_complete =
-            !(step == total && job->max_steps > 0 && step < (long)steps_per_epoch * (epoch + 1));
-        res->epochs_done = epoch + (epoch_complete ? 1 : 0);
-        if (job->val.present && epoch_complete) {
+        if (st->batch < steps_per_epoch) break; /* stopped inside the epoch */
+        st->epoch = epoch + 1;
+        st->batch = 0;
+        res->epochs_done = epoch + 1;
+        if (job->val.present) {
             double t0 = now_s();
             evaluate(t, &res->val_loss, &res->val_acc);
             res->has_val = true;
-            fprintf(t->metrics,
-                    "{\"event\":\"eval\",\"epoch\":%d,\"step\":%ld,\"val_loss\":%.9g,"
-                    "\"val_acc\":%.6f}\n",
-                    epoch + 1, step, res->val_loss, res->val_acc);
-            fflush(t->metrics);
+            print_eval(t, epoch + 1, st->step, res);
             fprintf(t->log, "[traind] epoch %d: val_loss %.4f, val_acc %.4f (eval %.2fs)\n",
                     epoch + 1, res->val_loss, res->val_acc, now_s() - t0);
             t_interval += now_s() - t0; /* evaluation time is not training throughput */
         }
+        if (job->checkpoint_every_epochs > 0 && (epoch + 1) % job->checkpoint_every_epochs == 0 &&
+            save_checkpoint(t, err) != 0)
+            return -1;
     }
-    td_model_print_profile(&t->model, step, t->log);
+    td_model_print_profile(&t->model, steps_here, t->log);
+    res->steps = st->step;
+    if (st->step < total) { /* stopped early on request: save and leave, no final line */
+        res->stopped = true;
+        return save_checkpoint(t, err);
+    }
+    if (save_checkpoint(t, err) != 0) return -1;
     if (job->val.present && !res->has_val) {
         evaluate(t, &res->val_loss, &res->val_acc);
         res->has_val = true;
     }
-    res->steps = step;
     double elapsed = now_s() - t_start;
-    fprintf(t->metrics, "{\"event\":\"done\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g", step,
+    fprintf(t->metrics, "{\"event\":\"done\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g", st->step,
             res->epochs_done, res->last_loss);
     if (res->has_val)
         fprintf(t->metrics, ",\"val_loss\":%.9g,\"val_acc\":%.6f", res->val_loss, res->val_acc);
@@ -227,29 +306,65 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
     return 0;
 }
 
-int td_train_run(const td_job *job, FILE *metrics, FILE *log, td_train_result *result,
-                 td_err *err) {
+/* Loads data, builds the model and restores init_from / resume_from: what training and
+ * evaluation share. */
+static int prepare(trainer *t, td_err *err) {
+    openblas_set_num_threads(t->job->threads);
+    if (setup_data(t, err) != 0 || setup_model(t, err) != 0) return -1;
+    log_banner(t);
+    if (restore(t, err) != 0) return -1;
+    if (t->job->val.present)
+        t->val_loader = td_loader_create(&t->val, &t->norm, t->job->eval_batch_size, false, false,
+                                         t->job->seed);
+    return 0;
+}
+
+static void release(trainer *t) {
+    td_loader_destroy(t->train_loader);
+    td_loader_destroy(t->val_loader);
+    free(t->dlogits);
+    td_optim_free(&t->optim);
+    td_model_free(&t->model);
+    td_dataset_free(&t->train);
+    td_dataset_free(&t->val);
+}
+
+int td_train_run(const td_job *job, const td_train_options *opt, FILE *metrics, FILE *log,
+                 td_train_result *result, td_err *err) {
+    trainer t = {.job = job, .opt = opt, .metrics = metrics, .log = log};
+    td_train_result scratch;
+    if (!result) result = &scratch;
+    int rc = prepare(&t, err);
+    if (rc == 0) {
+        t.train_loader = td_loader_create(&t.train, &t.norm, job->batch_size, job->shuffle,
+                                          job->drop_last, job->seed);
+        rc = train_loop(&t, result, err);
+    }
+    release(&t);
+    return rc;
+}
+
+int td_train_evaluate(const td_job *job, FILE *metrics, FILE *log, td_train_result *result,
+                      td_err *err) {
     trainer t = {.job = job, .metrics = metrics, .log = log};
     td_train_result scratch;
     if (!result) result = &scratch;
-    openblas_set_num_threads(job->threads);
-    int rc = setup_data(&t, err);
-    if (rc == 0) rc = setup_model(&t, err);
+    memset(result, 0, sizeof *result);
+    int rc = -1;
+    if (!job->val.present)
+        td_fail(err, "--eval: the spec has no data.val to evaluate on");
+    else if (!job->resume_from[0] && !job->init_from[0])
+        td_fail(err, "--eval: give resume_from or model.init_from, or there is nothing trained "
+                     "to evaluate");
+    else
+        rc = prepare(&t, err);
     if (rc == 0) {
-        log_banner(&t);
-        t.train_loader = td_loader_create(&t.train, &t.norm, job->batch_size, job->shuffle,
-                                          job->drop_last, job->seed);
-        if (job->val.present)
-            t.val_loader =
-                td_loader_create(&t.val, &t.norm, job->eval_batch_size, false, false, job->seed);
-        rc = train_loop(&t, result, err);
+        evaluate(&t, &result->val_loss, &result->val_acc);
+        result->has_val = true;
+        result->steps = t.state.step;
+        result->epochs_done = t.state.epoch;
+        print_eval(&t, t.state.epoch, t.state.step, result);
     }
-    td_loader_destroy(t.train_loader);
-    td_loader_destroy(t.val_loader);
-    free(t.dlogits);
-    td_optim_free(&t.optim);
-    td_model_free(&t.model);
-    td_dataset_free(&t.train);
-    td_dataset_free(&t.val);
+    release(&t);
     return rc;
 }

@@ -11,7 +11,13 @@
 
 #include <stdio.h>
 
+typedef struct td_train_options {
+    long stop_after_steps;  /* stop (checkpoint and return) after this step; 0: run to the end */
+    int kill_at_checkpoint; /* tests: SIGKILL this process midway through the Nth save; 0: never */
+} td_train_options;
+
 typedef struct td_train_result {
+    bool stopped; /* by stop_after_steps, before the end */
     long steps;
     int epochs_done;
     double last_loss;
@@ -19,6 +25,11 @@ typedef struct td_train_result {
     double val_loss, val_acc;
 } td_train_result;
 
-int td_train_run(const td_job *job, FILE *metrics, FILE *log, td_train_result *result, td_err *err);
+/* Trains the job (resuming when it says so); opt may be NULL. */
+int td_train_run(const td_job *job, const td_train_options *opt, FILE *metrics, FILE *log,
+                 td_train_result *result, td_err *err);
+/* Evaluates the weights of resume_from / init_from on data.val and prints the eval line. */
+int td_train_evaluate(const td_job *job, FILE *metrics, FILE *log, td_train_result *result,
+                      td_err *err);
 
 #endif

@@ -1,10 +1,13 @@
-/* traind-worker: trains the job a spec file describes. Metrics on stdout (JSON lines), progress
- * and errors on stderr, exit status 0 on success, 1 on a training or data error, 2 on usage. */
+/* traind-worker: trains (or evaluates) the job a spec file describes. Metrics on stdout (JSON
+ * lines), progress and errors on stderr; exit status 0 on success, 1 on a training or data
+ * error, 2 on usage. */
 #include "td_blas.h"
 #include "td_spec.h"
 #include "td_train.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef TRAIND_VERSION
@@ -14,26 +17,41 @@
 static void usage(FILE *out) {
     fprintf(
         out,
-        "usage: traind-worker [--check] JOB.json\n"
+        "usage: traind-worker [options] JOB.json\n"
         "\n"
         "Trains the job described by JOB.json and prints one JSON object per line on\n"
         "stdout: {\"event\":\"train\",...} every log.every_steps steps, {\"event\":\"eval\",...}\n"
-        "after each epoch when data.val is given, and {\"event\":\"done\",...} at the end.\n"
-        "Progress and errors go to stderr.\n"
+        "after each epoch when data.val is given, {\"event\":\"checkpoint\",...} after each\n"
+        "save, and {\"event\":\"done\",...} at the end. Progress and errors go to stderr.\n"
         "\n"
-        "  --check     validate the spec and exit (0: valid)\n"
-        "  --blas-core print the OpenBLAS kernel set in use and exit\n"
-        "  --help      this text\n"
-        "  --version   print the version\n"
+        "  --eval            evaluate the weights of resume_from / model.init_from on\n"
+        "                    data.val, print the eval line and exit\n"
+        "  --stop-after N    stop after optimizer step N as if preempted: save a checkpoint\n"
+        "                    (checkpoint.dir) and exit 0; resume_from continues exactly\n"
+        "  --check           validate the spec and exit (0: valid)\n"
+        "  --blas-core       print the OpenBLAS kernel set in use and exit\n"
+        "  --help            this text\n"
+        "  --version         print the version\n"
         "\n"
-        "Environment: OPENBLAS_NUM_THREADS is overridden by train.threads.\n"
+        "Environment: TRAIND_PROFILE=1 prints per-node times per step at the end.\n"
+        "OPENBLAS_NUM_THREADS is overridden by train.threads.\n"
         "See README.md for the spec's fields.\n");
+}
+
+static int parse_long(const char *s, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 1) return -1;
+    *out = v;
+    return 0;
 }
 
 int main(int argc, char **argv) {
     td_blas_fix_kernel(argv);
     const char *path = NULL;
-    bool check_only = false;
+    bool check_only = false, eval_only = false;
+    td_train_options opt = {0};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -46,6 +64,14 @@ int main(int argc, char **argv) {
             return 0;
         } else if (strcmp(argv[i], "--check") == 0) {
             check_only = true;
+        } else if (strcmp(argv[i], "--eval") == 0) {
+            eval_only = true;
+        } else if (strcmp(argv[i], "--stop-after") == 0) {
+            if (i + 1 >= argc || parse_long(argv[i + 1], &opt.stop_after_steps) != 0) {
+                fprintf(stderr, "traind-worker: --stop-after needs a step count >= 1\n");
+                return 2;
+            }
+            i++;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "traind-worker: unknown option %s\n", argv[i]);
             usage(stderr);
@@ -62,6 +88,11 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    /* Test hook: SIGKILL the process midway through its Nth checkpoint save, to prove a crash
+     * mid-write leaves the previous checkpoint intact. */
+    const char *kill_at = getenv("TRAIND_TEST_KILL_AT_CHECKPOINT");
+    if (kill_at) opt.kill_at_checkpoint = atoi(kill_at);
+
     td_err err = {{0}};
     td_job job;
     if (td_job_load_file(&job, path, &err) != 0) {
@@ -73,14 +104,24 @@ int main(int argc, char **argv) {
         td_job_free(&job);
         return 0;
     }
+    if (opt.stop_after_steps && !job.checkpoint_dir[0]) {
+        fprintf(stderr, "traind-worker: error: --stop-after needs checkpoint.dir in the spec, or "
+                        "the work done would be lost\n");
+        td_job_free(&job);
+        return 2;
+    }
     td_train_result res;
-    int rc = td_train_run(&job, stdout, stderr, &res, &err);
+    int rc = eval_only ? td_train_evaluate(&job, stdout, stderr, &res, &err)
+                       : td_train_run(&job, &opt, stdout, stderr, &res, &err);
     td_job_free(&job);
     if (rc != 0) {
         fprintf(stderr, "traind-worker: error: %s\n", err.msg);
         return 1;
     }
-    if (res.has_val)
+    if (res.stopped)
+        fprintf(stderr, "[traind] stopped after step %ld as asked; resume_from continues\n",
+                res.steps);
+    else if (res.has_val)
         fprintf(stderr, "[traind] finished: %ld steps, val_acc %.4f\n", res.steps, res.val_acc);
     return 0;
 }

@@ -1,0 +1,53 @@
+/* Checkpoints: a directory per save, `step-00001234/`, holding
+ *   model.safetensors      every parameter and buffer under its PyTorch state_dict name
+ *   optimizer.safetensors  "<param>.momentum_buffer" (SGD) or "<param>.exp_avg" and
+ *                          "<param>.exp_avg_sq" (Adam, AdamW)
+ *   state.json             where training stands: step, epoch and batch within it, the RNG
+ *                          state, the optimizer's step count, the open logging interval
+ * Written into a temporary directory, each file fsynced, then renamed into place and the parent
+ * fsynced: a crash at any point leaves the previous checkpoint complete and the new one either
+ * complete or absent (an abandoned .tmp-* directory is ignored and cleaned up later).
+ */
+#ifndef TD_CHECKPOINT_H
+#define TD_CHECKPOINT_H
+
+#include "td_model.h"
+#include "td_optim.h"
+#include "td_rng.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Everything besides the tensors that a bitwise-exact resume needs. */
+typedef struct td_train_state {
+    long step; /* optimizer steps done */
+    int epoch; /* 0-based epoch in progress (or next, when batch == 0) */
+    int batch; /* next batch index within that epoch */
+    uint64_t seed;
+    td_rng dropout_rng;
+    double interval_loss; /* the open logging interval, so the next train line matches */
+    long interval_steps;
+} td_train_state;
+
+/* Saves into root/step-NNNNNNNN, keeping the newest `keep` (0: all). Writes the directory's path
+ * to out. kill_midway (tests only): SIGKILL this process after the first file is written. */
+int td_checkpoint_save(const char *root, const td_model *model, const td_optim *optim,
+                       const td_train_state *state, int keep, bool kill_midway, char *out,
+                       size_t out_len, td_err *err);
+
+/* "latest" (the newest complete checkpoint under root) or a checkpoint directory, checked to
+ * hold the three files. */
+int td_checkpoint_resolve(const char *resume_from, const char *root, char *dir, size_t len,
+                          td_err *err);
+
+/* Loads a checkpoint directory into the model, optimizer and state. Every tensor must match. */
+int td_checkpoint_load(const char *dir, td_model *model, td_optim *optim, td_train_state *state,
+                       td_err *err);
+
+/* Loads weights (parameters and buffers) from a safetensors file by name. strict: missing,
+ * unexpected and shape-mismatched names are one error listing them all; otherwise matching
+ * names load and the rest are reported to log. */
+int td_checkpoint_load_weights(const char *path, td_model *model, bool strict, FILE *log,
+                               td_err *err);
+
+#endif
