@@ -58,9 +58,11 @@ static void check_valid(bool gz) {
     cr_assert_eq(td_dataset_load_idx(&ds, images_path, labels_path, &err), 0, "%s", err.msg);
     cr_expect_eq(ds.n, 3);
     cr_expect(ds.shape.c == 1 && ds.shape.h == 2 && ds.shape.w == 2);
-    uint8_t px[4];
-    cr_expect_eq(td_dataset_sample(&ds, 2, px), 2);
-    cr_expect(px[0] == 32 && px[3] == 35);
+    float px[4];
+    td_normalize raw = {1, {0}, {1}};
+    cr_expect_eq(td_dataset_sample(&ds, 2, &raw, px), 2);
+    cr_expect(fabsf(px[0] - 32 / 255.0f) < 1e-7f && fabsf(px[3] - 35 / 255.0f) < 1e-7f,
+              "x/255 with mean 0, std 1");
     td_dataset_free(&ds);
 }
 
@@ -164,7 +166,7 @@ Test(loader, every_sample_once_normalised) {
     td_dataset ds;
     td_dataset_synthetic(&ds, td_shape_image(1, 2, 2), 3, 10, 77);
     td_normalize norm = {1, {0.5f}, {0.25f}};
-    td_loader *ld = td_loader_create(&ds, &norm, 4, true, false, 3);
+    td_loader *ld = td_loader_create(&ds, &norm, NULL, 4, true, false, 3);
     for (int epoch = 0; epoch < 2; epoch++) {
         int order[10];
         td_sampler_indices(10, true, 3, epoch, 0, 1, false, order);
@@ -174,13 +176,11 @@ Test(loader, every_sample_once_normalised) {
         while (td_loader_next(ld, &b)) {
             sizes[nb++] = b.n;
             for (int i = 0; i < b.n; i++, k++) {
-                uint8_t px[4];
-                int label = td_dataset_sample(&ds, order[k], px);
+                float px[4];
+                int label = td_dataset_sample(&ds, order[k], &norm, px);
                 cr_expect_eq(b.labels[i], label);
-                for (int j = 0; j < 4; j++) {
-                    float want = ((float)px[j] / 255.0f - 0.5f) / 0.25f;
-                    cr_expect(fabsf(b.x[i * 4 + j] - want) < 1e-5f, "pixel %d of sample %d", j, k);
-                }
+                for (int j = 0; j < 4; j++)
+                    cr_expect(b.x[i * 4 + j] == px[j], "pixel %d of sample %d", j, k);
             }
         }
         cr_expect_eq(k, 10);
@@ -196,5 +196,209 @@ Test(loader, every_sample_once_normalised) {
     td_loader_start_epoch(ld, 0, 0);
     cr_assert(td_loader_next(ld, &b));
     td_loader_destroy(ld);
+    td_dataset_free(&ds);
+}
+
+/* ---- .npy ---------------------------------------------------------------------------- */
+
+/* A .npy v1 file with the given dict and payload. */
+static const char *npy_file(const char *name, const char *dict, const void *data, size_t len) {
+    char header[256];
+    int hl = snprintf(header, sizeof header, "%s", dict);
+    int total = 10 + hl + 1;
+    int pad = (64 - total % 64) % 64;
+    size_t size = (size_t)total + (size_t)pad + len;
+    unsigned char *buf = malloc(size);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)((hl + pad + 1) & 0xFF);
+    buf[9] = (unsigned char)((hl + pad + 1) >> 8);
+    memcpy(buf + 10, header, (size_t)hl);
+    memset(buf + 10 + hl, ' ', (size_t)pad);
+    buf[10 + hl + pad] = '\n';
+    memcpy(buf + total + pad, data, len);
+    const char *path = test_write_file(name, buf, size);
+    free(buf);
+    return path;
+}
+
+static char x_path[512], y_path[512];
+
+static void npy_pair(const char *xdict, const void *x, size_t xl, const char *ydict, const void *y,
+                     size_t yl) {
+    strcpy(x_path, npy_file("x.npy", xdict, x, xl));
+    strcpy(y_path, npy_file("y.npy", ydict, y, yl));
+}
+
+static void expect_npy_error(bool nhwc, const char *fragment) {
+    td_dataset ds;
+    td_err err = {{0}};
+    cr_assert_neq(td_dataset_load_npy(&ds, x_path, y_path, nhwc, &err), 0);
+    cr_expect(strstr(err.msg, fragment), "message \"%s\" lacks \"%s\"", err.msg, fragment);
+}
+
+Test(npy, uint8_nchw_is_transposed_to_channels_last) {
+    /* 2 images, 3 channels, 1x2: x[n, c, 0, w] = 100n + 10c + w */
+    uint8_t x[12];
+    for (int n = 0; n < 2; n++)
+        for (int c = 0; c < 3; c++)
+            for (int w = 0; w < 2; w++) x[n * 6 + c * 2 + w] = (uint8_t)(100 * n + 10 * c + w);
+    int64_t y[2] = {3, 1};
+    npy_pair("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3, 1, 2), }", x, sizeof x,
+             "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", y, sizeof y);
+    td_dataset ds;
+    td_err err = {{0}};
+    cr_assert_eq(td_dataset_load_npy(&ds, x_path, y_path, false, &err), 0, "%s", err.msg);
+    cr_expect(ds.n == 2 && ds.shape.c == 3 && ds.shape.h == 1 && ds.shape.w == 2);
+    /* channels last: image 1, pixel w=1, channel 2 = 100 + 20 + 1 */
+    cr_expect_eq(ds.pixels[6 + 1 * 3 + 2], 121);
+    cr_expect_eq(ds.labels[0], 3);
+    cr_expect_eq(ds.num_classes, 4);
+    td_dataset_free(&ds);
+}
+
+Test(npy, float32_nhwc_and_flat) {
+    float x[8] = {0.5f, -1, 2, 3, 4, 5, 6, 7};
+    int32_t y[2] = {0, 1};
+    npy_pair("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2, 1, 2), }", x, sizeof x,
+             "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", y, sizeof y);
+    td_dataset ds;
+    td_err err = {{0}};
+    cr_assert_eq(td_dataset_load_npy(&ds, x_path, y_path, true, &err), 0, "%s", err.msg);
+    cr_expect(ds.values && ds.shape.c == 2 && ds.shape.h == 2 && ds.shape.w == 1);
+    cr_expect_eq(ds.values[1], -1.0f, "NHWC is already channels last");
+    td_dataset_free(&ds);
+    npy_pair("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }", x, sizeof x,
+             "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", y, sizeof y);
+    cr_assert_eq(td_dataset_load_npy(&ds, x_path, y_path, false, &err), 0, "%s", err.msg);
+    cr_expect(!ds.shape.spatial && ds.shape.c == 4, "[N, F] gives flat features");
+    td_dataset_free(&ds);
+}
+
+Test(npy, malformed) {
+    uint8_t x[8] = {0};
+    int64_t y[2] = {0, 1};
+    const char *yd = "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }";
+    npy_pair("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 2, 2), }", x, 6, yd, y,
+             sizeof y);
+    expect_npy_error(false, "file is truncated: the array needs 8 bytes but only 6");
+    npy_pair("{'descr': '|u1', 'fortran_order': True, 'shape': (2, 2, 2), }", x, 8, yd, y,
+             sizeof y);
+    expect_npy_error(false, "Fortran-ordered");
+    npy_pair("{'descr': '<f8', 'fortran_order': False, 'shape': (1, 1), }", x, 8, yd, y, sizeof y);
+    expect_npy_error(false, "dtype '<f8' is not supported");
+    npy_pair("{'descr': '|u1', 'fortran_order': False, 'shape': (4, 2), }", x, 8, yd, y, sizeof y);
+    expect_npy_error(false, "has 2 labels");
+    npy_pair("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 4), }", x, 8,
+             "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", y, 8);
+    expect_npy_error(false, "labels must be a 1-D integer array");
+    strcpy(x_path, test_write_file("bad.npy", "NUMPY\x01\x00", 7));
+    expect_npy_error(false, "not a .npy file");
+}
+
+/* ---- CIFAR-10 -------------------------------------------------------------------------- */
+
+Test(cifar10, records_and_errors) {
+    static uint8_t rec[2 * 3073];
+    for (int r = 0; r < 2; r++) {
+        rec[r * 3073] = (uint8_t)(7 + r);
+        for (int c = 0; c < 3; c++)
+            for (int p = 0; p < 1024; p++)
+                rec[r * 3073 + 1 + c * 1024 + p] = (uint8_t)(c * 50 + p % 7);
+    }
+    const char *files[2];
+    char a[512], b[512];
+    strcpy(a, test_write_file("c1.bin", rec, 3073));
+    strcpy(b, test_write_file("c2.bin", rec + 3073, 3073));
+    files[0] = a, files[1] = b;
+    td_dataset ds;
+    td_err err = {{0}};
+    cr_assert_eq(td_dataset_load_cifar10(&ds, files, 2, &err), 0, "%s", err.msg);
+    cr_expect(ds.n == 2 && ds.shape.c == 3 && ds.shape.h == 32 && ds.labels[1] == 8);
+    /* pixel 9 of image 0, green: 50 + 9 % 7 */
+    cr_expect_eq(ds.pixels[9 * 3 + 1], 52);
+    td_dataset_free(&ds);
+    strcpy(a, test_write_file("short.bin", rec, 3000));
+    files[0] = a;
+    cr_assert_neq(td_dataset_load_cifar10(&ds, files, 1, &err), 0);
+    cr_expect(strstr(err.msg, "3000 bytes is not a whole number of CIFAR-10 records"), "%s",
+              err.msg);
+    rec[0] = 12;
+    strcpy(a, test_write_file("label.bin", rec, 3073));
+    cr_assert_neq(td_dataset_load_cifar10(&ds, files, 1, &err), 0);
+    cr_expect(strstr(err.msg, "record 0 has label 12"), "%s", err.msg);
+}
+
+/* ---- CSV ----------------------------------------------------------------------------- */
+
+static void expect_csv(const char *text, bool header, int label_column, const char *fragment) {
+    const char *path = test_write_file("d.csv", text, strlen(text));
+    td_dataset ds;
+    td_err err = {{0}};
+    int rc = td_dataset_load_csv(&ds, path, label_column, header, &err);
+    if (!fragment) {
+        cr_assert_eq(rc, 0, "%s", err.msg);
+        td_dataset_free(&ds);
+        return;
+    }
+    cr_assert_neq(rc, 0, "accepted: %s", text);
+    cr_expect(strstr(err.msg, fragment), "message \"%s\" lacks \"%s\"", err.msg, fragment);
+}
+
+Test(csv, parses_and_reports_lines) {
+    const char *ok = "label,a,b\n1,0.5,2\n0,-1e-3,3\r\n\n2,4,5\n";
+    const char *path = test_write_file("ok.csv", ok, strlen(ok));
+    td_dataset ds;
+    td_err err = {{0}};
+    cr_assert_eq(td_dataset_load_csv(&ds, path, 0, true, &err), 0, "%s", err.msg);
+    cr_expect(ds.n == 3 && !ds.shape.spatial && ds.shape.c == 2 && ds.num_classes == 3);
+    cr_expect(ds.values[2] == -1e-3f && ds.labels[2] == 2);
+    td_dataset_free(&ds);
+    expect_csv("a,b,label\n1,2,0\n", true, 2, NULL);
+    expect_csv("1,2,3\n0,1\n", false, 0, "d.csv:2: 2 columns, but the first row has 3");
+    expect_csv("1,2,3\n0,x1,2\n", false, 0, "d.csv:2: column 2: \"x1\" is not a number");
+    expect_csv("1.5,2,3\n", false, 0, "d.csv:1: label \"1.5\" in column 1 is not a class index");
+    expect_csv("", false, 0, "no data rows");
+    expect_csv("1,2\n", false, 5, "expected a label column (5)");
+}
+
+/* ---- augmentation --------------------------------------------------------------------- */
+
+Test(augment, crops_and_flips_are_shifts_and_mirrors) {
+    td_dataset ds;
+    td_dataset_synthetic(&ds, td_shape_image(1, 6, 6), 3, 8, 21);
+    td_normalize norm = {1, {0.25f}, {0.5f}};
+    td_augment aug = {.crop_padding = 2, .hflip = true};
+    td_loader *ld = td_loader_create(&ds, &norm, &aug, 8, false, false, 4);
+    td_loader *again = td_loader_create(&ds, &norm, &aug, 8, false, false, 4);
+    td_loader_start_epoch(ld, 0, 0);
+    td_loader_start_epoch(again, 0, 0);
+    td_batch b, c;
+    cr_assert(td_loader_next(ld, &b) && td_loader_next(again, &c));
+    cr_expect(memcmp(b.x, c.x, 8 * 36 * sizeof(float)) == 0, "same seed, same augmentation");
+    float zero = -0.25f / 0.5f; /* a padded (0) pixel after normalisation */
+    int changed = 0;
+    for (int i = 0; i < 8; i++) {
+        float src[36];
+        td_dataset_sample(&ds, i, &norm, src);
+        bool found = false;
+        for (int flip = 0; flip < 2 && !found; flip++)
+            for (int dy = -2; dy <= 2 && !found; dy++)
+                for (int dx = -2; dx <= 2 && !found; dx++) {
+                    bool same = true;
+                    for (int y = 0; y < 6 && same; y++)
+                        for (int x = 0; x < 6 && same; x++) {
+                            int sy = y + dy, sx = (flip ? 5 - x : x) + dx;
+                            float want =
+                                sy < 0 || sy > 5 || sx < 0 || sx > 5 ? zero : src[sy * 6 + sx];
+                            same = b.x[i * 36 + y * 6 + x] == want;
+                        }
+                    found = same;
+                    if (found && (flip || dy || dx)) changed++;
+                }
+        cr_expect(found, "sample %d is a padded crop and/or mirror of the original", i);
+    }
+    cr_expect(changed >= 4, "most of 8 samples are moved or flipped (%d were)", changed);
+    td_loader_destroy(ld);
+    td_loader_destroy(again);
     td_dataset_free(&ds);
 }

@@ -172,12 +172,12 @@ static int write_state(const char *path, const td_train_state *s, const td_optim
     for (int i = 0; i < 4; i++) snprintf(rng[i], sizeof rng[i], "%016" PRIx64, s->dropout_rng.s[i]);
     snprintf(seed, sizeof seed, "%016" PRIx64, s->seed);
     snprintf(loss, sizeof loss, "%a", s->interval_loss); /* hex float: exact */
-    json_t *j = json_pack("{s:s, s:i, s:I, s:i, s:i, s:s, s:{s:[s,s,s,s]}, s:{s:I}, s:{s:s, s:I}}",
-                          "format", STATE_FORMAT, "version", STATE_VERSION, "step",
-                          (json_int_t)s->step, "epoch", s->epoch, "batch", s->batch, "seed_hex",
-                          seed, "rng", "dropout", rng[0], rng[1], rng[2], rng[3], "optimizer",
-                          "steps", (json_int_t)o->steps, "interval", "loss_sum", loss, "steps",
-                          (json_int_t)s->interval_steps);
+    json_t *j =
+        json_pack("{s:s, s:i, s:I, s:i, s:i, s:s, s:{s:[s,s,s,s]}, s:{s:I}, s:{s:s, s:I}}",
+                  "format", STATE_FORMAT, "version", STATE_VERSION, "step", (json_int_t)s->step,
+                  "epoch", s->epoch, "batch", s->batch, "seed_hex", seed, "rng", "dropout", rng[0],
+                  rng[1], rng[2], rng[3], "optimizer", "steps", (json_int_t)o->steps, "interval",
+                  "loss_sum", loss, "steps", (json_int_t)s->interval_steps);
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(j);
     FILE *f = fopen(path, "w");

@@ -133,8 +133,8 @@ void td_conv1ch_wgrad(int n, int h, int w, int k, int o, const float *x, const f
         WGRAD_CASE(3)
         WGRAD_CASE(4)
         WGRAD_CASE(5)
-        WGRAD_CASE(6) WGRAD_CASE(7) WGRAD_CASE(8) WGRAD_CASE(9) WGRAD_CASE(10) WGRAD_CASE(11)
-            WGRAD_CASE(12)
+        WGRAD_CASE(6)
+        WGRAD_CASE(7) WGRAD_CASE(8) WGRAD_CASE(9) WGRAD_CASE(10) WGRAD_CASE(11) WGRAD_CASE(12)
     }
 }
 

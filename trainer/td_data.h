@@ -1,8 +1,10 @@
 /* Datasets, the sampler and the background batch loader.
  *
- * Samples stay uint8 in memory ([H, W, C] per image, matching the activations' channels-last
- * layout) and are normalised per batch, (x/255 - mean[c]) / std[c], as torchvision's
- * ToTensor + Normalize would: Fashion-MNIST's 60,000 images take 47 MB instead of 188 MB.
+ * Image samples stay uint8 in memory ([H, W, C] per image, matching the activations'
+ * channels-last layout) and are normalised per batch, (x/255 - mean[c]) / std[c], as
+ * torchvision's ToTensor + Normalize would: Fashion-MNIST's 60,000 images take 47 MB instead of
+ * 188 MB. Float data (float32 .npy, CSV features) is kept as float and normalised as
+ * (x - mean[c]) / std[c], without the /255.
  */
 #ifndef TD_DATA_H
 #define TD_DATA_H
@@ -13,11 +15,24 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+typedef struct td_normalize {
+    int channels; /* 1: the same for every channel or feature */
+    float mean[4], std[4];
+} td_normalize;
+
+/* Training-time augmentation of images (none at evaluation), torchvision's RandomCrop(size,
+ * padding) with zero fill and RandomHorizontalFlip(0.5). */
+typedef struct td_augment {
+    int crop_padding; /* 0: no random crop */
+    bool hflip;
+} td_augment;
+
 typedef struct td_dataset {
     int n;
     td_shape shape; /* of one sample, spatial */
     int num_classes;
-    uint8_t *pixels;         /* n × shape size; NULL for synthetic data */
+    uint8_t *pixels;         /* n × shape size, uint8 data */
+    float *values;           /* n × shape size, float data (pixels is NULL then) */
     int32_t *labels;         /* class indices */
     uint64_t synthetic_seed; /* synthetic samples are a pure function of (seed, index) */
 } td_dataset;
@@ -25,12 +40,22 @@ typedef struct td_dataset {
 /* Loads an IDX image file (magic 0x00000803) and label file (0x00000801), gzipped or plain. */
 int td_dataset_load_idx(td_dataset *ds, const char *images_path, const char *labels_path,
                         td_err *err);
+/* .npy images (uint8 or float32; [N, C, H, W], [N, H, W, C] per nhwc, [N, H, W] or [N, F])
+ * and labels (an integer array [N]). */
+int td_dataset_load_npy(td_dataset *ds, const char *images_path, const char *labels_path, bool nhwc,
+                        td_err *err);
+/* CIFAR-10 binary batch files: records of a label byte and 3x32x32 pixel planes. */
+int td_dataset_load_cifar10(td_dataset *ds, const char *const *files, int n_files, td_err *err);
+/* CSV: one sample per line, the label in column label_column, the features in the others; an
+ * optional header line. */
+int td_dataset_load_csv(td_dataset *ds, const char *path, int label_column, bool header,
+                        td_err *err);
 /* A deterministic synthetic dataset of the given shape and size, for benchmarks. */
 void td_dataset_synthetic(td_dataset *ds, td_shape shape, int num_classes, int size, uint64_t seed);
 void td_dataset_free(td_dataset *ds);
 
-/* Copies sample i's pixels ([H, W, C] bytes) to dst and returns its label. */
-int td_dataset_sample(const td_dataset *ds, int i, uint8_t *dst);
+/* Writes sample i's values, normalised ([H, W, C] or [F] floats), to dst and returns its label. */
+int td_dataset_sample(const td_dataset *ds, int i, const td_normalize *norm, float *dst);
 /* The largest label present, to check against the model's class count. */
 int td_dataset_max_label(const td_dataset *ds);
 
@@ -42,11 +67,6 @@ int td_sampler_count(int n, int world, bool drop_last);
 void td_sampler_indices(int n, bool shuffle, uint64_t seed, int epoch, int rank, int world,
                         bool drop_last, int *out);
 
-typedef struct td_normalize {
-    int channels;
-    float mean[4], std[4];
-} td_normalize;
-
 typedef struct td_batch {
     int n;
     float *x;        /* [n, H, W, C] normalised */
@@ -55,9 +75,12 @@ typedef struct td_batch {
 
 typedef struct td_loader td_loader;
 
-/* A loader assembles batches on its own thread, a few ahead of the consumer. */
-td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm, int batch_size,
-                            bool shuffle, bool drop_last, uint64_t seed);
+/* A loader assembles batches on its own thread, a few ahead of the consumer. augment may be
+ * NULL; its randomness is a function of (seed, epoch, sample), so a resumed run sees the same
+ * crops and flips. */
+td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
+                            const td_augment *augment, int batch_size, bool shuffle, bool drop_last,
+                            uint64_t seed);
 /* Starts an epoch from its first batch (or, on resume, from batch `first`). Returns its number of
  * batches. */
 int td_loader_start_epoch(td_loader *ld, int epoch, int first);

@@ -16,27 +16,49 @@ void td_dataset_synthetic(td_dataset *ds, td_shape shape, int num_classes, int s
 
 void td_dataset_free(td_dataset *ds) {
     free(ds->pixels);
+    free(ds->values);
     free(ds->labels);
     memset(ds, 0, sizeof *ds);
 }
 
-int td_dataset_sample(const td_dataset *ds, int i, uint8_t *dst) {
+int td_dataset_sample(const td_dataset *ds, int i, const td_normalize *norm, float *dst) {
     size_t size = td_shape_size(ds->shape);
+    int c = ds->shape.spatial ? ds->shape.c : 1;
+    float scale[4], shift[4];
+    /* per channel: (x·k - mean) / std as one multiply-add; k = 1/255 for uint8 data */
+    float k = ds->values ? 1.0f : 1.0f / 255.0f;
+    for (int j = 0; j < c; j++) {
+        int q = norm->channels == 1 ? 0 : j;
+        scale[j] = k / norm->std[q];
+        shift[j] = -norm->mean[q] / norm->std[q];
+    }
+    if (ds->values) {
+        const float *v = ds->values + (size_t)i * size;
+        for (size_t j = 0; j < size; j++) dst[j] = v[j] * scale[j % c] + shift[j % c];
+        return ds->labels[i];
+    }
     if (ds->pixels) {
-        memcpy(dst, ds->pixels + (size_t)i * size, size);
+        const uint8_t *p = ds->pixels + (size_t)i * size;
+        if (c == 1)
+            for (size_t j = 0; j < size; j++) dst[j] = (float)p[j] * scale[0] + shift[0];
+        else
+            for (size_t j = 0; j < size; j++) dst[j] = (float)p[j] * scale[j % c] + shift[j % c];
         return ds->labels[i];
     }
     /* Synthetic: noise, plus a brighter band whose position depends on the label, so a model
      * can learn it and a benchmark exercises a real training signal. */
     uint64_t h = td_mix64(ds->synthetic_seed ^ td_mix64((uint64_t)i));
     int label = (int)(h % (uint64_t)ds->num_classes);
+    size_t row = (size_t)ds->shape.w * ds->shape.c;
+    size_t band = (size_t)(label * ds->shape.h / ds->num_classes);
     for (size_t j = 0; j < size; j += 8) {
         uint64_t r = td_mix64(h + j);
-        for (size_t k = 0; k < 8 && j + k < size; k++) dst[j + k] = (uint8_t)(r >> (8 * k)) >> 1;
+        for (size_t b = 0; b < 8 && j + b < size; b++) {
+            uint8_t px = (uint8_t)(r >> (8 * b)) >> 1;
+            if ((j + b) / row == band) px |= 0x80;
+            dst[j + b] = (float)px * scale[(j + b) % c] + shift[(j + b) % c];
+        }
     }
-    size_t row = (size_t)ds->shape.w * ds->shape.c;
-    int band = label * ds->shape.h / ds->num_classes;
-    for (size_t k = 0; k < row; k++) dst[(size_t)band * row + k] |= 0x80;
     return label;
 }
 

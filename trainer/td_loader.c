@@ -7,6 +7,7 @@
  * slot is written while it is being reset.
  */
 #include "td_data.h"
+#include "td_rng.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,13 +17,15 @@
 
 typedef struct slot {
     td_batch batch;
-    uint8_t *raw;
+    float *raw; /* one sample before augmentation */
     bool full;
 } slot;
 
 struct td_loader {
     const td_dataset *ds;
     td_normalize norm;
+    td_augment augment;
+    int epoch;
     int batch_size;
     bool shuffle, drop_last;
     uint64_t seed;
@@ -41,26 +44,47 @@ struct td_loader {
     int holding;   /* slot the consumer holds, -1 if none */
 };
 
+/* RandomCrop(padding) with zero fill and RandomHorizontalFlip(0.5) on one normalised [H, W, C]
+ * sample; "zero" is the normalised value of a 0 pixel, as torchvision pads before Normalize. */
+static void augment_sample(const td_loader *ld, int sample, const float *src, float *dst) {
+    const td_dataset *ds = ld->ds;
+    int h = ds->shape.h, w = ds->shape.w, c = ds->shape.c, pad = ld->augment.crop_padding;
+    td_rng rng;
+    td_rng_seed_for(&rng, ld->seed, "augment", (uint64_t)ld->epoch * (uint64_t)ds->n + sample);
+    int dy = pad ? (int)td_rng_below(&rng, 2 * (uint64_t)pad + 1) - pad : 0;
+    int dx = pad ? (int)td_rng_below(&rng, 2 * (uint64_t)pad + 1) - pad : 0;
+    bool flip = ld->augment.hflip && td_rng_uniform(&rng) < 0.5f;
+    float zero[4];
+    for (int k = 0; k < c; k++) {
+        int q = ld->norm.channels == 1 ? 0 : k;
+        zero[k] = -ld->norm.mean[q] / ld->norm.std[q];
+    }
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            int sy = y + dy, sx = (flip ? w - 1 - x : x) + dx;
+            float *d = dst + ((size_t)y * w + x) * c;
+            if (sy < 0 || sy >= h || sx < 0 || sx >= w)
+                for (int k = 0; k < c; k++) d[k] = zero[k];
+            else
+                for (int k = 0; k < c; k++) d[k] = src[((size_t)sy * w + sx) * c + k];
+        }
+}
+
 static void fill(td_loader *ld, int batch_index, slot *s) {
     const td_dataset *ds = ld->ds;
     size_t size = td_shape_size(ds->shape);
-    int c = ds->shape.c;
+    bool augment = ds->shape.spatial && (ld->augment.crop_padding > 0 || ld->augment.hflip);
     int first = batch_index * ld->batch_size;
     int n = ld->n_order - first < ld->batch_size ? ld->n_order - first : ld->batch_size;
-    /* per channel: x/255·(1/std) - mean/std, one multiply-add per pixel */
-    float scale[4], shift[4];
-    for (int k = 0; k < c; k++) {
-        scale[k] = 1.0f / (255.0f * ld->norm.std[k]);
-        shift[k] = -ld->norm.mean[k] / ld->norm.std[k];
-    }
     for (int i = 0; i < n; i++) {
         int idx = ld->order[first + i];
-        s->batch.labels[i] = td_dataset_sample(ds, idx, s->raw);
         float *x = s->batch.x + (size_t)i * size;
-        if (c == 1)
-            for (size_t j = 0; j < size; j++) x[j] = (float)s->raw[j] * scale[0] + shift[0];
-        else
-            for (size_t j = 0; j < size; j++) x[j] = (float)s->raw[j] * scale[j % c] + shift[j % c];
+        if (!augment) {
+            s->batch.labels[i] = td_dataset_sample(ds, idx, &ld->norm, x);
+            continue;
+        }
+        s->batch.labels[i] = td_dataset_sample(ds, idx, &ld->norm, s->raw);
+        augment_sample(ld, idx, s->raw, x);
     }
     s->batch.n = n;
 }
@@ -91,11 +115,13 @@ static void *producer(void *arg) {
     return NULL;
 }
 
-td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm, int batch_size,
-                            bool shuffle, bool drop_last, uint64_t seed) {
+td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
+                            const td_augment *augment, int batch_size, bool shuffle, bool drop_last,
+                            uint64_t seed) {
     td_loader *ld = td_calloc(1, sizeof *ld);
     ld->ds = ds;
     ld->norm = *norm;
+    if (augment) ld->augment = *augment;
     ld->batch_size = batch_size;
     ld->shuffle = shuffle;
     ld->drop_last = drop_last;
@@ -106,7 +132,7 @@ td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm, int 
     for (int i = 0; i < N_SLOTS; i++) {
         ld->slots[i].batch.x = td_aligned_alloc((size_t)batch_size * size * sizeof(float));
         ld->slots[i].batch.labels = td_malloc((size_t)batch_size * sizeof(int32_t));
-        ld->slots[i].raw = td_malloc(size);
+        ld->slots[i].raw = td_malloc(size * sizeof(float));
     }
     TD_ASSERT(pthread_mutex_init(&ld->lock, NULL) == 0, "pthread_mutex_init failed");
     TD_ASSERT(pthread_cond_init(&ld->cond, NULL) == 0, "pthread_cond_init failed");
@@ -120,6 +146,7 @@ int td_loader_start_epoch(td_loader *ld, int epoch, int first) {
     ld->gen++;
     ld->n_batches = 0; /* nothing to produce while the order is rewritten */
     while (ld->busy) pthread_cond_wait(&ld->cond, &ld->lock);
+    ld->epoch = epoch;
     ld->n_order = td_sampler_count(ld->ds->n, 1, false);
     td_sampler_indices(ld->ds->n, ld->shuffle, ld->seed, epoch, 0, 1, false, ld->order);
     int n_batches = ld->drop_last ? ld->n_order / ld->batch_size

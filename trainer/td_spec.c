@@ -313,20 +313,64 @@ static int parse_model(const json_t *root, td_job *job, td_err *err) {
 
 /* ---- data ----------------------------------------------------------------------------- */
 
-static int parse_split(const json_t *d, const char *key, bool required, td_split_spec *split,
-                       td_err *err) {
+static int parse_split(const json_t *d, td_data_format format, const char *key, bool required,
+                       td_split_spec *split, td_err *err) {
     json_t *s;
     if (get_object(d, "data", key, required, &s, err) != 0) return -1;
     if (!s) return 0;
     char path[32];
     snprintf(path, sizeof path, "data.%s", key);
+    split->present = true;
+    if (format == TD_DATA_CSV) {
+        static const char *const keys[] = {"path", NULL};
+        if (check_keys(s, path, keys, err) != 0) return -1;
+        return get_string(s, path, "path", true, "", split->images, sizeof split->images, err);
+    }
+    if (format == TD_DATA_CIFAR10) {
+        static const char *const keys[] = {"files", NULL};
+        if (check_keys(s, path, keys, err) != 0) return -1;
+        json_t *files = json_object_get(s, "files");
+        char where[64];
+        snprintf(where, sizeof where, "%s.files", path);
+        if (!json_is_array(files) || json_array_size(files) == 0 ||
+            json_array_size(files) > TD_MAX_FILES)
+            return fail_found(err, where, "an array of 1 to 16 batch file paths",
+                              files ? files : json_null());
+        split->n_files = (int)json_array_size(files);
+        for (int i = 0; i < split->n_files; i++) {
+            json_t *f = json_array_get(files, (size_t)i);
+            snprintf(where, sizeof where, "%s.files[%d]", path, i);
+            if (!json_is_string(f) || strlen(json_string_value(f)) >= TD_PATH_MAX)
+                return fail_found(err, where, "a file path", f);
+            snprintf(split->files[i], TD_PATH_MAX, "%s", json_string_value(f));
+        }
+        return 0;
+    }
     static const char *const keys[] = {"images", "labels", NULL};
     if (check_keys(s, path, keys, err) != 0) return -1;
     if (get_string(s, path, "images", true, "", split->images, sizeof split->images, err) != 0 ||
         get_string(s, path, "labels", true, "", split->labels, sizeof split->labels, err) != 0)
         return -1;
-    split->present = true;
     return 0;
+}
+
+static int parse_augment(const json_t *d, td_job *job, td_err *err) {
+    json_t *a;
+    if (get_object(d, "data", "augment", false, &a, err) != 0) return -1;
+    if (!a) return 0;
+    static const char *const keys[] = {"random_crop", "horizontal_flip", NULL};
+    if (check_keys(a, "data.augment", keys, err) != 0) return -1;
+    json_t *crop;
+    if (get_object(a, "data.augment", "random_crop", false, &crop, err) != 0) return -1;
+    if (crop) {
+        static const char *const ckeys[] = {"padding", NULL};
+        long pad;
+        if (check_keys(crop, "data.augment.random_crop", ckeys, err) != 0 ||
+            get_int(crop, "data.augment.random_crop", "padding", true, 0, 1, 64, &pad, err) != 0)
+            return -1;
+        job->augment.crop_padding = (int)pad;
+    }
+    return get_bool(a, "data.augment", "horizontal_flip", false, &job->augment.hflip, err);
 }
 
 static int parse_float_list(const json_t *obj, const char *path, const char *key, int n_max,
@@ -353,17 +397,41 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
     json_t *d;
     if (get_object(root, "", "data", true, &d, err) != 0) return -1;
     int format;
-    if (get_choice(d, "data", "format", true, "", "idx|synthetic", &format, err) != 0) return -1;
-    job->format = format == 0 ? TD_DATA_IDX : TD_DATA_SYNTHETIC;
-    if (job->format == TD_DATA_IDX) {
-        static const char *const keys[] = {"format", "train", "val", "normalize", NULL};
+    if (get_choice(d, "data", "format", true, "", "idx|synthetic|npy|cifar10|csv", &format, err) !=
+        0)
+        return -1;
+    job->format = (td_data_format)format;
+    switch (job->format) {
+    case TD_DATA_IDX:
+    case TD_DATA_CIFAR10: {
+        static const char *const keys[] = {"format", "train", "val", "normalize", "augment", NULL};
         if (check_keys(d, "data", keys, err) != 0) return -1;
-        if (parse_split(d, "train", true, &job->train, err) != 0 ||
-            parse_split(d, "val", false, &job->val, err) != 0)
+        break;
+    }
+    case TD_DATA_NPY: {
+        static const char *const keys[] = {"format",    "train",   "val", "layout",
+                                           "normalize", "augment", NULL};
+        int layout;
+        if (check_keys(d, "data", keys, err) != 0 ||
+            get_choice(d, "data", "layout", false, "NCHW", "NCHW|NHWC", &layout, err) != 0)
             return -1;
-    } else {
+        job->nhwc = layout == 1;
+        break;
+    }
+    case TD_DATA_CSV: {
+        static const char *const keys[] = {"format", "train",     "val", "label_column",
+                                           "header", "normalize", NULL};
+        long col;
+        if (check_keys(d, "data", keys, err) != 0 ||
+            get_int(d, "data", "label_column", false, 0, 0, 1 << 20, &col, err) != 0 ||
+            get_bool(d, "data", "header", false, &job->csv_header, err) != 0)
+            return -1;
+        job->label_column = (int)col;
+        break;
+    }
+    case TD_DATA_SYNTHETIC: {
         static const char *const keys[] = {"format",   "shape",     "num_classes", "size",
-                                           "val_size", "normalize", NULL};
+                                           "val_size", "normalize", "augment",     NULL};
         if (check_keys(d, "data", keys, err) != 0) return -1;
         json_t *shape = json_object_get(d, "shape");
         if (!shape || !json_is_array(shape) || json_array_size(shape) != 3)
@@ -394,7 +462,14 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
         job->train.size = (int)size;
         job->val.present = val_size > 0;
         job->val.size = (int)val_size;
+        break;
     }
+    }
+    if (job->format != TD_DATA_SYNTHETIC &&
+        (parse_split(d, job->format, "train", true, &job->train, err) != 0 ||
+         parse_split(d, job->format, "val", false, &job->val, err) != 0))
+        return -1;
+    if (parse_augment(d, job, err) != 0) return -1;
     json_t *norm;
     if (get_object(d, "data", "normalize", false, &norm, err) != 0) return -1;
     job->norm.channels = 0;

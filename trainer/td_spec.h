@@ -15,11 +15,21 @@
 
 #define TD_PATH_MAX 1024
 
-typedef enum td_data_format { TD_DATA_IDX, TD_DATA_SYNTHETIC } td_data_format;
+typedef enum td_data_format {
+    TD_DATA_IDX,
+    TD_DATA_SYNTHETIC,
+    TD_DATA_NPY,
+    TD_DATA_CIFAR10,
+    TD_DATA_CSV
+} td_data_format;
+
+#define TD_MAX_FILES 16
 
 typedef struct td_split_spec {
     bool present;
-    char images[TD_PATH_MAX], labels[TD_PATH_MAX];
+    char images[TD_PATH_MAX], labels[TD_PATH_MAX]; /* idx, npy; csv: images is the file */
+    int n_files;                                   /* cifar10 */
+    char files[TD_MAX_FILES][TD_PATH_MAX];
     int size; /* synthetic */
 } td_split_spec;
 
@@ -35,6 +45,10 @@ typedef struct td_job {
     td_shape synthetic_shape;
     td_normalize norm;
     bool norm_given;
+    td_augment augment;
+    bool nhwc;        /* npy image layout */
+    int label_column; /* csv */
+    bool csv_header;
 
     int epochs;
     long max_steps; /* 0: no limit */

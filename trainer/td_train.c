@@ -34,12 +34,24 @@ typedef struct trainer {
 
 static int load_split(const td_job *job, const td_split_spec *split, td_dataset *ds, uint64_t salt,
                       td_err *err) {
-    if (job->format == TD_DATA_SYNTHETIC) {
+    switch (job->format) {
+    case TD_DATA_SYNTHETIC:
         td_dataset_synthetic(ds, job->synthetic_shape, job->num_classes, split->size,
                              job->seed * 0x9E3779B97F4A7C15ull + salt);
         return 0;
+    case TD_DATA_IDX:
+        return td_dataset_load_idx(ds, split->images, split->labels, err);
+    case TD_DATA_NPY:
+        return td_dataset_load_npy(ds, split->images, split->labels, job->nhwc, err);
+    case TD_DATA_CIFAR10: {
+        const char *files[TD_MAX_FILES];
+        for (int i = 0; i < split->n_files; i++) files[i] = split->files[i];
+        return td_dataset_load_cifar10(ds, files, split->n_files, err);
     }
-    return td_dataset_load_idx(ds, split->images, split->labels, err);
+    case TD_DATA_CSV:
+        return td_dataset_load_csv(ds, split->images, job->label_column, job->csv_header, err);
+    }
+    return td_fail(err, "unknown data format");
 }
 
 static int setup_data(trainer *t, td_err *err) {
@@ -50,13 +62,17 @@ static int setup_data(trainer *t, td_err *err) {
         if (load_split(job, &job->val, &t->val, 2, err) != 0)
             return td_fail_prefix(err, "data.val");
         td_shape a = t->train.shape, b = t->val.shape;
-        if (a.c != b.c || a.h != b.h || a.w != b.w)
-            return td_fail(err, "data.val: images are %dx%dx%d but training images are %dx%dx%d",
-                           b.c, b.h, b.w, a.c, a.h, a.w);
+        if (a.c != b.c || a.h != b.h || a.w != b.w || a.spatial != b.spatial) {
+            char sa[64], sb[64];
+            td_shape_format(a, sa, sizeof sa);
+            td_shape_format(b, sb, sizeof sb);
+            return td_fail(err, "data.val: samples have shape %s but training samples %s", sb, sa);
+        }
     }
-    int channels = t->train.shape.c;
+    /* flat features share one mean/std; images have one per channel (or one for all) */
+    int channels = t->train.shape.spatial ? t->train.shape.c : 1;
     if (job->norm_given) {
-        if (job->norm.channels != channels)
+        if (job->norm.channels != channels && job->norm.channels != 1)
             return td_fail(err,
                            "data.normalize: gives %d values per list but the images have %d "
                            "channel%s",
@@ -175,9 +191,10 @@ static void log_banner(const trainer *t) {
     int gpus = td_cuda_device_count(why, sizeof why);
     fprintf(t->log, "[traind] job \"%s\": %d parameters in %d tensors, %d nodes\n", job->name,
             (int)t->model.param_floats, t->model.n_params, t->model.n_nodes);
-    fprintf(t->log, "[traind] data: %d training samples%s, shape [%d, %d, %d], %d classes\n",
-            t->train.n, job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", t->train.shape.c,
-            t->train.shape.h, t->train.shape.w, t->classes);
+    char shape[64];
+    td_shape_format(t->train.shape, shape, sizeof shape);
+    fprintf(t->log, "[traind] data: %d training samples%s, shape %s, %d classes\n", t->train.n,
+            job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", shape, t->classes);
     if (job->val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
     fprintf(t->log, "[traind] device: CPU, OpenBLAS %s kernels, %d thread%s (%s)\n",
             td_blas_describe(), job->threads, job->threads > 1 ? "s" : "",
@@ -314,8 +331,8 @@ static int prepare(trainer *t, td_err *err) {
     log_banner(t);
     if (restore(t, err) != 0) return -1;
     if (t->job->val.present)
-        t->val_loader = td_loader_create(&t->val, &t->norm, t->job->eval_batch_size, false, false,
-                                         t->job->seed);
+        t->val_loader = td_loader_create(&t->val, &t->norm, NULL, t->job->eval_batch_size, false,
+                                         false, t->job->seed);
     return 0;
 }
 
@@ -336,8 +353,8 @@ int td_train_run(const td_job *job, const td_train_options *opt, FILE *metrics, 
     if (!result) result = &scratch;
     int rc = prepare(&t, err);
     if (rc == 0) {
-        t.train_loader = td_loader_create(&t.train, &t.norm, job->batch_size, job->shuffle,
-                                          job->drop_last, job->seed);
+        t.train_loader = td_loader_create(&t.train, &t.norm, &job->augment, job->batch_size,
+                                          job->shuffle, job->drop_last, job->seed);
         rc = train_loop(&t, result, err);
     }
     release(&t);

@@ -1,0 +1,218 @@
+/* NumPy .npy files (format versions 1-3): a magic string, a header length, a Python dict
+ * literal {'descr': '<f4', 'fortran_order': False, 'shape': (N, C, H, W), } and the raw array.
+ * The dict is parsed by hand: it is a fixed, tiny grammar and no Debian C library reads .npy. */
+#include "td_data.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct npy_array {
+    char descr[16];
+    int ndim;
+    long dims[8];
+    size_t count, item;
+    uint8_t *data; /* owned */
+} npy_array;
+
+/* The value text after 'key': in the header dict, or NULL. */
+static const char *dict_value(const char *header, const char *key) {
+    char quoted[32];
+    snprintf(quoted, sizeof quoted, "'%s'", key);
+    const char *p = strstr(header, quoted);
+    if (!p) return NULL;
+    p += strlen(quoted);
+    while (*p == ' ' || *p == ':') p++;
+    return p;
+}
+
+static int npy_read(const char *path, npy_array *a, td_err *err) {
+    memset(a, 0, sizeof *a);
+    FILE *f = fopen(path, "rb");
+    if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    uint8_t pre[12];
+    int rc = -1;
+    char *header = NULL;
+    if (fread(pre, 1, 8, f) != 8 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+        td_fail(err, "%s: not a .npy file (no \\x93NUMPY magic)", path);
+        goto out;
+    }
+    size_t hlen;
+    if (pre[6] == 1) {
+        if (fread(pre + 8, 1, 2, f) != 2) goto truncated;
+        hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
+    } else if (pre[6] == 2 || pre[6] == 3) {
+        if (fread(pre + 8, 1, 4, f) != 4) goto truncated;
+        hlen = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+    } else {
+        td_fail(err, "%s: .npy format version %d.%d is not supported (1, 2 or 3 expected)", path,
+                pre[6], pre[7]);
+        goto out;
+    }
+    if (hlen > (1u << 20)) {
+        td_fail(err, "%s: .npy header of %zu bytes is implausible", path, hlen);
+        goto out;
+    }
+    header = td_malloc(hlen + 1);
+    if (fread(header, 1, hlen, f) != hlen) goto truncated;
+    header[hlen] = 0;
+    const char *d = dict_value(header, "descr"), *fo = dict_value(header, "fortran_order"),
+               *sh = dict_value(header, "shape");
+    if (!d || !fo || !sh || *d != '\'' || *sh != '(') {
+        td_fail(err, "%s: .npy header lacks descr, fortran_order or shape: %.80s", path, header);
+        goto out;
+    }
+    size_t dl = strcspn(d + 1, "'");
+    snprintf(a->descr, sizeof a->descr, "%.*s", (int)(dl < 15 ? dl : 15), d + 1);
+    if (strncmp(fo, "False", 5) != 0) {
+        td_fail(err,
+                "%s: Fortran-ordered arrays are not supported; save with "
+                "numpy.ascontiguousarray",
+                path);
+        goto out;
+    }
+    const char *p = sh + 1;
+    a->count = 1;
+    while (*p && *p != ')') {
+        while (*p == ' ' || *p == ',') p++;
+        if (*p == ')') break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || a->ndim == 8) {
+            td_fail(err, "%s: .npy shape is not a tuple of sizes: %.60s", path, sh);
+            goto out;
+        }
+        a->dims[a->ndim++] = v;
+        a->count *= (size_t)v;
+        p = end;
+    }
+    static const struct {
+        const char *descr;
+        size_t item;
+    } known[] = {{"|u1", 1}, {"<f4", 4}, {"<i8", 8}, {"<i4", 4}, {"|i1", 1}, {"<u2", 2}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(a->descr, known[i].descr) == 0) a->item = known[i].item;
+    if (!a->item) {
+        td_fail(err,
+                "%s: .npy dtype '%s' is not supported (expected uint8 '|u1' or float32 "
+                "'<f4' images, integer labels)",
+                path, a->descr);
+        goto out;
+    }
+    a->data = td_malloc(a->count * a->item + 1);
+    size_t got = fread(a->data, 1, a->count * a->item, f);
+    if (got != a->count * a->item) {
+        td_fail(err, "%s: file is truncated: the array needs %zu bytes but only %zu are there",
+                path, a->count * a->item, got);
+        goto out;
+    }
+    if (fgetc(f) != EOF) {
+        td_fail(err, "%s: has data after the array its header declares", path);
+        goto out;
+    }
+    rc = 0;
+    goto out;
+truncated:
+    td_fail(err, "%s: file is truncated inside the .npy header", path);
+out:
+    free(header);
+    fclose(f);
+    if (rc != 0) free(a->data);
+    return rc;
+}
+
+static long npy_int(const npy_array *a, size_t i) {
+    const uint8_t *p = a->data + i * a->item;
+    if (strcmp(a->descr, "<i8") == 0) {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return (long)v;
+    }
+    if (strcmp(a->descr, "<i4") == 0) {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    if (strcmp(a->descr, "<u2") == 0) return p[0] | p[1] << 8;
+    if (strcmp(a->descr, "|i1") == 0) return (int8_t)p[0];
+    return p[0];
+}
+
+int td_dataset_load_npy(td_dataset *ds, const char *images_path, const char *labels_path, bool nhwc,
+                        td_err *err) {
+    memset(ds, 0, sizeof *ds);
+    npy_array x, y;
+    if (npy_read(images_path, &x, err) != 0) return -1;
+    if (npy_read(labels_path, &y, err) != 0) {
+        free(x.data);
+        return -1;
+    }
+    int rc = -1;
+    bool u8 = strcmp(x.descr, "|u1") == 0, f32 = strcmp(x.descr, "<f4") == 0;
+    if (!u8 && !f32) {
+        td_fail(err, "%s: images must be uint8 or float32, found '%s'", images_path, x.descr);
+        goto out;
+    }
+    if (y.ndim != 1 || strcmp(y.descr, "<f4") == 0) {
+        td_fail(err, "%s: labels must be a 1-D integer array, found '%s' with %d dimensions",
+                labels_path, y.descr, y.ndim);
+        goto out;
+    }
+    if (x.ndim < 2 || x.ndim > 4 || x.dims[0] != y.dims[0] || x.dims[0] == 0) {
+        td_fail(err,
+                "%s: images have shape with %d dimensions and %ld samples, %s has %ld "
+                "labels; expected [N, C, H, W], [N, H, W, C], [N, H, W] or [N, F] with one "
+                "label per sample",
+                images_path, x.ndim, x.ndim ? x.dims[0] : 0, labels_path, y.dims[0]);
+        goto out;
+    }
+    int n = (int)x.dims[0];
+    if (x.ndim == 2)
+        ds->shape = td_shape_flat((int)x.dims[1]);
+    else if (x.ndim == 3)
+        ds->shape = td_shape_image(1, (int)x.dims[1], (int)x.dims[2]);
+    else if (nhwc)
+        ds->shape = td_shape_image((int)x.dims[3], (int)x.dims[1], (int)x.dims[2]);
+    else
+        ds->shape = td_shape_image((int)x.dims[1], (int)x.dims[2], (int)x.dims[3]);
+    if (ds->shape.spatial && ds->shape.c > 4) {
+        td_fail(err, "%s: %d channels (at most 4 are supported); is the layout %s right?",
+                images_path, ds->shape.c, nhwc ? "NHWC" : "NCHW");
+        goto out;
+    }
+    ds->n = n;
+    size_t size = td_shape_size(ds->shape), hw = (size_t)ds->shape.h * ds->shape.w;
+    int c = ds->shape.c;
+    bool transpose = x.ndim == 4 && !nhwc && c > 1; /* NCHW on disk, channels last in memory */
+    if (u8)
+        ds->pixels = td_malloc((size_t)n * size);
+    else
+        ds->values = td_malloc((size_t)n * size * sizeof(float));
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < size; j++) {
+            size_t src = transpose ? (j % (size_t)c) * hw + j / (size_t)c : j;
+            const uint8_t *e = x.data + ((size_t)i * size + src) * x.item;
+            if (u8)
+                ds->pixels[(size_t)i * size + j] = *e;
+            else
+                memcpy(&ds->values[(size_t)i * size + j], e, 4);
+        }
+    ds->labels = td_malloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) {
+        long v = npy_int(&y, (size_t)i);
+        if (v < 0 || v > (1 << 20)) {
+            td_fail(err, "%s: label %ld at index %d is not a class index", labels_path, v, i);
+            goto out;
+        }
+        ds->labels[i] = (int32_t)v;
+    }
+    ds->num_classes = td_dataset_max_label(ds) + 1;
+    rc = 0;
+out:
+    free(x.data);
+    free(y.data);
+    if (rc != 0) td_dataset_free(ds);
+    return rc;
+}
