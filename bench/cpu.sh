@@ -1,6 +1,8 @@
 #!/bin/sh
 # CPU benchmark: traind-worker against PyTorch (Debian's python3-torch) on the same models,
-# batch sizes and optimizer, synthetic Fashion-MNIST-shaped data, one thread each, in one run.
+# batch sizes and optimizer, on synthetic data of the same shape (Fashion-MNIST's, CIFAR's), at
+# the same thread count, in one run: LeNet-5, the MLP, and ResNet-18 with the CIFAR stem at 1 and
+# 2 threads.
 #
 #   bench/cpu.sh [BUILD_DIR]        (default: build)
 #
@@ -23,39 +25,40 @@ trap 'rm -rf "$tmp"' EXIT
 # the OpenBLAS kernels traind-worker runs with (after correcting a generic fallback)
 core=$(cd "$tmp" && "$worker" --blas-core)
 
-spec() { # model_json batch steps
+spec() { # model_json batch steps threads shape log_every
     cat <<JSON
 {"name": "bench", "model": $1,
- "data": {"format": "synthetic", "shape": [1, 28, 28], "num_classes": 10, "size": 60000},
- "train": {"epochs": 1, "max_steps": $3, "batch_size": $2, "seed": 1, "threads": 1,
+ "data": {"format": "synthetic", "shape": $5, "num_classes": 10, "size": 60000},
+ "train": {"epochs": 1, "max_steps": $3, "batch_size": $2, "seed": 1, "threads": $4,
            "optimizer": {"type": "sgd", "lr": 0.01, "momentum": 0.9}},
- "log": {"every_steps": 50}}
+ "log": {"every_steps": $6}}
 JSON
 }
 
-ours() { # model_json batch steps -> img/s over the steps after the first 50 (warm-up)
-    spec "$1" "$2" "$3" >"$tmp/job.json"
-    "$worker" "$tmp/job.json" 2>/dev/null | $py -c '
+ours() { # model_json batch steps threads shape log_every -> img/s after the first interval
+    spec "$1" "$2" "$3" "$4" "$5" "$6" >"$tmp/job.json"
+    OPENBLAS_NUM_THREADS=$4 "$worker" "$tmp/job.json" 2>/dev/null | $py -c '
 import json, sys
 rates = [json.loads(l)["samples_per_s"] for l in sys.stdin if "\"event\":\"train\"" in l]
 print(sum(rates[1:]) / len(rates[1:]))'
 }
 
-theirs() { # model batch [coretype]
-    OPENBLAS_CORETYPE=${3:-} $py "$here/torch_peer.py" --model "$1" --batch "$2" --steps 300 \
-        --threads 1 | $py -c 'import json, sys; print(json.load(sys.stdin)["img_per_s"])'
+theirs() { # model batch steps threads [coretype]
+    OPENBLAS_CORETYPE=${5:-} OPENBLAS_NUM_THREADS=$4 OMP_NUM_THREADS=$4 \
+        $py "$here/torch_peer.py" --model "$1" --batch "$2" --steps "$3" --warmup "$(($3 / 10 + 1))" \
+        --threads "$4" | $py -c 'import json, sys; print(json.load(sys.stdin)["img_per_s"])'
 }
 
 rounds=${ROUNDS:-3}
 best() { $py -c "import sys; print(max(float(x) for x in sys.argv[1:]))" "$@"; }
 
-row() { # label model_json torch_model batch steps
+row() { # label model_json torch_model batch steps threads shape log_every torch_steps
     as="" bs="" cs=""
     i=0
     while [ "$i" -lt "$rounds" ]; do
-        as="$as $(ours "$2" "$4" "$5")"
-        bs="$bs $(OPENBLAS_CORETYPE= theirs "$3" "$4")"
-        if [ -n "$core" ]; then cs="$cs $(theirs "$3" "$4" "$core")"; fi
+        as="$as $(ours "$2" "$4" "$5" "$6" "$7" "$8")"
+        bs="$bs $(theirs "$3" "$4" "$9" "$6")"
+        if [ -n "$core" ]; then cs="$cs $(theirs "$3" "$4" "$9" "$6" "$core")"; fi
         i=$((i + 1))
     done
     a=$(best $as)
@@ -64,13 +67,18 @@ row() { # label model_json torch_model batch steps
     if [ -n "$core" ]; then c=$(best $cs); fi
     $py -c "
 a, b, c = $a, $b, $c
-print(f'| {\"$1\":<22} | {a:>10.0f} | {b:>10.0f} | {a / b:>6.2f}x | {c:>12.0f} | {a / c:>6.2f}x |')"
+print(f'| {\"$1\":<32} | {a:>10.1f} | {b:>10.1f} | {a / b:>6.2f}x | {c:>12.1f} | {a / c:>6.2f}x |')"
 }
 
-echo "traind-worker vs PyTorch $($py -c 'import torch; print(torch.__version__)'), 1 thread, img/s (training), best of $rounds"
+echo "traind-worker vs PyTorch $($py -c 'import torch; print(torch.__version__)'), img/s (training), best of $rounds"
 echo "OpenBLAS kernels: traind-worker ${core:-as detected}; PyTorch as installed, then with OPENBLAS_CORETYPE=${core:-unset}"
 echo
-echo "| model                  |     traind |    PyTorch |  ratio | PyTorch+core |  ratio |"
-echo "|------------------------|------------|------------|--------|--------------|--------|"
-row "LeNet-5, batch 64" '{"preset": "lenet5", "num_classes": 10}' lenet5 64 600
-row "MLP 784-512-512-10, b128" '{"preset": "mlp", "hidden": [512, 512], "num_classes": 10}' mlp 128 400
+echo "| model                            |     traind |    PyTorch |  ratio | PyTorch+core |  ratio |"
+echo "|----------------------------------|------------|------------|--------|--------------|--------|"
+mnist='[1, 28, 28]'
+cifar='[3, 32, 32]'
+r18='{"preset": "resnet18", "num_classes": 10, "stem": "cifar"}'
+row "LeNet-5, b64, 1 thread" '{"preset": "lenet5", "num_classes": 10}' lenet5 64 600 1 "$mnist" 50 300
+row "MLP 784-512-512-10, b128, 1 thr" '{"preset": "mlp", "hidden": [512, 512], "num_classes": 10}' mlp 128 400 1 "$mnist" 50 300
+row "ResNet-18-cifar, b64, 1 thr" "$r18" resnet18_cifar 64 5 1 "$cifar" 1 4
+row "ResNet-18-cifar, b64, 2 thr" "$r18" resnet18_cifar 64 5 2 "$cifar" 1 4

@@ -40,9 +40,17 @@ def mlp(hidden, classes=10):
     return nn.Sequential(*layers)
 
 
+def resnet18_cifar(classes=10):
+    import torchvision
+    m = torchvision.models.resnet18(num_classes=classes)
+    m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)  # the CIFAR stem: 3x3, stride 1,
+    m.maxpool = nn.Identity()                         # no max-pool
+    return m
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["lenet5", "mlp"], required=True)
+    ap.add_argument("--model", choices=["lenet5", "mlp", "resnet18_cifar"], required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
@@ -52,10 +60,12 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = LeNet5() if args.model == "lenet5" else mlp([512, 512])
+    model = {"lenet5": LeNet5, "mlp": lambda: mlp([512, 512]),
+             "resnet18_cifar": resnet18_cifar}[args.model]()
+    shape = (3, 32, 32) if args.model == "resnet18_cifar" else (1, 28, 28)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # A fixed pool of synthetic batches, like the worker's synthetic dataset: no loader cost.
-    pool = [(torch.rand(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,)))
+    pool = [(torch.rand(args.batch, *shape), torch.randint(0, 10, (args.batch,)))
             for _ in range(8)]
 
     def step(i):

@@ -31,8 +31,12 @@ static const td_op_arg conv_args[] = {
     {0},
 };
 
-/* About 256 KiB of Col per chunk: it stays in L2 between im2col and the GEMM that reads it. */
+/* About 256 KiB of Col per chunk: it stays in L2 between im2col and the GEMM that reads it.
+ * But never fewer than CONV_CHUNK_ROWS rows: OpenBLAS packs the whole weight for every call, and
+ * deep layers (ResNet's layer4: 16 pixels per image, a 512x4608 weight) would repack 9 MB of
+ * weights for every image. */
 #define CONV_CHUNK_FLOATS (64 * 1024)
+#define CONV_CHUNK_ROWS 1024
 /* A training forward keeps the whole batch's Col for backward when it is at most this big (small
  * images and few channels, where im2col costs as much as the GEMMs); larger layers recompute it
  * chunk by chunk in backward. */
@@ -67,7 +71,8 @@ static conv_geom geom_of(const td_node *node, int max_n) {
     g.cols = g.kkc + 1;
     size_t per_image = (size_t)g.oh * g.ow * g.cols;
     g.chunk = (int)(CONV_CHUNK_FLOATS / per_image);
-    if (g.chunk < 1) g.chunk = 1;
+    int min_images = (CONV_CHUNK_ROWS + g.oh * g.ow - 1) / (g.oh * g.ow);
+    if (g.chunk < min_images) g.chunk = min_images;
     g.direct = g.k == 1 && g.s == 1 && g.p == 0;
     g.conv1ch = td_conv1ch_fits(g.c, g.k, g.s, g.p, g.o);
     g.keep_col =

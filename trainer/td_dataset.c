@@ -50,13 +50,14 @@ int td_dataset_sample(const td_dataset *ds, int i, const td_normalize *norm, flo
     uint64_t h = td_mix64(ds->synthetic_seed ^ td_mix64((uint64_t)i));
     int label = (int)(h % (uint64_t)ds->num_classes);
     size_t row = (size_t)ds->shape.w * ds->shape.c;
-    size_t band = (size_t)(label * ds->shape.h / ds->num_classes);
+    size_t band = (size_t)(label * ds->shape.h / ds->num_classes) * row, band_end = band + row;
     for (size_t j = 0; j < size; j += 8) {
         uint64_t r = td_mix64(h + j);
         for (size_t b = 0; b < 8 && j + b < size; b++) {
             uint8_t px = (uint8_t)(r >> (8 * b)) >> 1;
-            if ((j + b) / row == band) px |= 0x80;
-            dst[j + b] = (float)px * scale[(j + b) % c] + shift[(j + b) % c];
+            if (j + b >= band && j + b < band_end) px |= 0x80;
+            dst[j + b] =
+                (float)px * scale[c == 1 ? 0 : (j + b) % c] + shift[c == 1 ? 0 : (j + b) % c];
         }
     }
     return label;

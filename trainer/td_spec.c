@@ -610,8 +610,7 @@ static int parse_train(const json_t *root, td_job *job, td_err *err) {
     job->max_steps = l;
     if (get_int(t, "train", "batch_size", true, 0, 1, 1 << 20, &l, err) != 0) return -1;
     job->batch_size = (int)l;
-    if (get_int(t, "train", "eval_batch_size", false, job->batch_size > 256 ? job->batch_size : 256,
-                1, 1 << 20, &l, err) != 0)
+    if (get_int(t, "train", "eval_batch_size", false, job->batch_size, 1, 1 << 20, &l, err) != 0)
         return -1;
     job->eval_batch_size = (int)l;
     if (get_int(t, "train", "seed", false, 0, 0, (long)(~0ul >> 1), &l, err) != 0) return -1;
