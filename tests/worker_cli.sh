@@ -40,5 +40,29 @@ sed 's|train-images-idx3-ubyte.gz|train-labels-idx1-ubyte.gz|' "$src/examples/fm
 expect "labels file given as images" 1 "magic number is 0x00000801, expected 0x00000803" -- \
     "$worker" "$tmp/magic.json"
 
+expect "stop-after needs a number" 2 "--stop-after needs a step count" -- \
+    "$worker" --stop-after zero "$src/examples/fmnist-lenet.json"
+expect "stop-after needs checkpoint.dir" 2 "--stop-after needs checkpoint.dir" -- \
+    "$worker" --stop-after 5 "$src/examples/fmnist-lenet.json"
+expect "eval needs weights" 1 "--eval: give resume_from or model.init_from" -- \
+    "$worker" --eval "$src/examples/fmnist-lenet.json"
+sed 's|"log"|"resume_from": "/nonexistent/ck", "log"|' "$src/examples/fmnist-lenet.json" \
+    >"$tmp/resume.json"
+expect "resume from a missing checkpoint" 1 "/nonexistent/ck is not a checkpoint directory" -- \
+    "$worker" "$tmp/resume.json"
+
+# train a few steps with a checkpoint, then evaluate it with --eval
+cat >"$tmp/small.json" <<JSON
+{"model": {"preset": "mlp", "hidden": [16], "num_classes": 10},
+ "data": {"format": "synthetic", "shape": [1, 8, 8], "num_classes": 10, "size": 64, "val_size": 32},
+ "train": {"max_steps": 4, "batch_size": 16, "optimizer": {"type": "sgd", "lr": 0.1}},
+ "checkpoint": {"dir": "$tmp/ck"}}
+JSON
+expect "short training run with a checkpoint" 0 '"event":"checkpoint","step":4' -- \
+    "$worker" "$tmp/small.json"
+sed 's|"checkpoint"|"resume_from": "latest", "checkpoint"|' "$tmp/small.json" >"$tmp/eval.json"
+expect "evaluate the latest checkpoint" 0 '{"event":"eval","epoch":1,"step":4,' -- \
+    "$worker" --eval "$tmp/eval.json"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
