@@ -91,16 +91,8 @@ static const char *MODEL_NODES =
     " {\"name\":\"fc\",\"op\":\"linear\",\"out_features\":4}]";
 
 static void save_weights(const td_model *m, const char *path) {
-    int n = m->n_params + m->n_buffers;
-    td_st_out *out = calloc((size_t)n, sizeof *out);
-    for (int i = 0; i < n; i++) {
-        const td_param *p = i < m->n_params ? &m->params[i] : &m->buffers[i - m->n_params];
-        out[i] = (td_st_out){p->name, p->dtype == TD_I64 ? TD_ST_I64 : TD_ST_F32, p->ndim, p->dims,
-                             p->data};
-    }
-    td_err err;
-    cr_assert_eq(td_safetensors_write(path, out, n, NULL, &err), 0, "%s", err.msg);
-    free(out);
+    td_err err = {{0}};
+    cr_assert_eq(td_checkpoint_save_weights(path, m, &err), 0, "%s", err.msg);
 }
 
 Test(checkpoint, init_from_strict_lists_every_mismatch) {
@@ -134,22 +126,6 @@ Test(checkpoint, init_from_strict_lists_every_mismatch) {
     td_model_free(&b);
 }
 
-static char *run_job(const char *spec, const td_train_options *opt) {
-    td_job job;
-    td_err err = {{0}};
-    cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *metrics = open_memstream(&text, &len);
-    FILE *devnull = fopen("/dev/null", "w");
-    int rc = td_train_run(&job, opt, metrics, devnull, NULL, &err);
-    fclose(metrics);
-    fclose(devnull);
-    td_job_free(&job);
-    cr_assert_eq(rc, 0, "%s", err.msg);
-    return text;
-}
-
 /* Keeps the train, eval and done lines without their timings. */
 static void keep_comparable(char *text) {
     char *out = text;
@@ -164,15 +140,7 @@ static void keep_comparable(char *text) {
         line += n;
     }
     *out = 0;
-    const char *keys[] = {",\"samples_per_s\":", ",\"step_ms\":", ",\"elapsed_s\":"};
-    for (int k = 0; k < 3; k++) {
-        char *p;
-        while ((p = strstr(text, keys[k]))) {
-            char *e = p + strlen(keys[k]);
-            while (*e && *e != ',' && *e != '}') e++;
-            memmove(p, e, strlen(e) + 1);
-        }
-    }
+    test_strip_timings(text);
 }
 
 static char *resume_spec(const char *dir, bool resume) {
@@ -201,10 +169,10 @@ Test(checkpoint, resume_is_bitwise_exact) {
     char a_dir[512], b_dir[512];
     snprintf(a_dir, sizeof a_dir, "%s/resume-a", test_tmpdir());
     snprintf(b_dir, sizeof b_dir, "%s/resume-b", test_tmpdir());
-    char *straight = run_job(resume_spec(a_dir, false), NULL);
+    char *straight = test_run_job(resume_spec(a_dir, false), NULL, NULL);
     td_train_options stop = {.stop_after_steps = 11};
-    char *first = run_job(resume_spec(b_dir, false), &stop);
-    char *second = run_job(resume_spec(b_dir, true), NULL);
+    char *first = test_run_job(resume_spec(b_dir, false), &stop, NULL);
+    char *second = test_run_job(resume_spec(b_dir, true), NULL, NULL);
     cr_expect(strstr(first, "{\"event\":\"checkpoint\",\"step\":11,"), "%s", first);
     cr_expect(!strstr(first, "\"done\""), "a stopped run prints no done line");
     char *joined = malloc(strlen(first) + strlen(second) + 1);

@@ -6,35 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Runs spec and returns its metrics text. */
-static char *run_metrics(const char *spec, td_train_result *res) {
-    td_job job;
-    td_err err = {{0}};
-    cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *metrics = open_memstream(&text, &len);
-    FILE *devnull = fopen("/dev/null", "w");
-    int rc = td_train_run(&job, NULL, metrics, devnull, res, &err);
-    fclose(metrics);
-    fclose(devnull);
-    td_job_free(&job);
-    cr_assert_eq(rc, 0, "%s", err.msg);
-    return text;
-}
-
-static void strip_timings(char *text) {
-    const char *keys[] = {"\"samples_per_s\":", "\"step_ms\":", "\"elapsed_s\":"};
-    for (int k = 0; k < 3; k++) {
-        char *p;
-        while ((p = strstr(text, keys[k]))) {
-            char *end = p + strlen(keys[k]);
-            while (*end && *end != ',' && *end != '}') end++;
-            memmove(p, end, strlen(end) + 1);
-        }
-    }
-}
-
 static const char *SPEC_FMT =
     "{\"model\": {\"preset\": \"mlp\", \"hidden\": [32, 16], \"dropout\": 0.2, "
     "\"num_classes\": 10},"
@@ -48,16 +19,16 @@ static const char *SPEC_FMT =
 Test(train, same_seed_is_bitwise_identical) {
     char spec[2048];
     snprintf(spec, sizeof spec, SPEC_FMT, 42);
-    char *a = run_metrics(spec, NULL), *b = run_metrics(spec, NULL);
-    strip_timings(a);
-    strip_timings(b);
+    char *a = test_run_job(spec, NULL, NULL), *b = test_run_job(spec, NULL, NULL);
+    test_strip_timings(a);
+    test_strip_timings(b);
     cr_expect(strstr(a, "\"event\":\"train\"") && strstr(a, "\"event\":\"eval\"") &&
                   strstr(a, "\"event\":\"done\""),
               "all three kinds of line: %s", a);
     cr_expect_str_eq(a, b);
     snprintf(spec, sizeof spec, SPEC_FMT, 43);
-    char *c = run_metrics(spec, NULL);
-    strip_timings(c);
+    char *c = test_run_job(spec, NULL, NULL);
+    test_strip_timings(c);
     cr_expect_str_neq(a, c, "another seed gives another run");
     free(a);
     free(b);
@@ -75,7 +46,7 @@ Test(train, max_steps_and_metrics_lines) {
     memmove(t + 17, t, strlen(t) + 1);
     memcpy(t, "\"max_steps\": 13, ", 17);
     td_train_result res;
-    char *m = run_metrics(with_limit, &res);
+    char *m = test_run_job(with_limit, NULL, &res);
     cr_expect_eq(res.steps, 13);
     cr_expect(strstr(m, "{\"event\":\"train\",\"step\":5,\"epoch\":1,\"loss\":"), "%s", m);
     cr_expect(strstr(m, "{\"event\":\"train\",\"step\":13,"), "the last step is logged: %s", m);
@@ -100,7 +71,7 @@ Test(train, lenet_learns_fashion_mnist, .timeout = 120) {
         "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9}},"
         " \"log\": {\"every_steps\": 100}}";
     td_train_result res;
-    char *m = run_metrics(spec, &res);
+    char *m = test_run_job(spec, NULL, &res);
     /* chance is 0.10; 400 steps of LeNet reach about 0.8 */
     cr_expect(res.val_acc > 0.70, "val_acc %.3f after 400 steps", res.val_acc);
     free(m);

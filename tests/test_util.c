@@ -64,3 +64,31 @@ char *test_read_file(const char *path) {
     fclose(f);
     return buf;
 }
+
+char *test_run_job(const char *spec, const td_train_options *opt, td_train_result *res) {
+    td_job job;
+    td_err err = {{0}};
+    if (td_job_load_string(&job, spec, &err) != 0) cr_assert_fail("spec: %s", err.msg);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *metrics = open_memstream(&text, &len);
+    FILE *devnull = fopen("/dev/null", "w");
+    int rc = td_train_run(&job, opt, metrics, devnull, res, &err);
+    fclose(metrics);
+    fclose(devnull);
+    td_job_free(&job);
+    if (rc != 0) cr_assert_fail("training: %s", err.msg);
+    return text;
+}
+
+void test_strip_timings(char *text) {
+    const char *keys[] = {",\"samples_per_s\":", ",\"step_ms\":", ",\"elapsed_s\":"};
+    for (int k = 0; k < 3; k++) {
+        char *p;
+        while ((p = strstr(text, keys[k]))) {
+            char *end = p + strlen(keys[k]);
+            while (*end && *end != ',' && *end != '}') end++;
+            memmove(p, end, strlen(end) + 1);
+        }
+    }
+}

@@ -4,6 +4,7 @@
 
 #include "td_model.h"
 #include "td_spec.h"
+#include "td_train.h"
 
 #include <stdio.h>
 
@@ -20,6 +21,13 @@ const char *test_write_gz(const char *name, const void *data, size_t len);
 
 /* A unique temporary directory for this test process. */
 const char *test_tmpdir(void);
+
+/* Trains spec (opt may be NULL) and returns its metrics text (malloc'd); fails the test on
+ * error. */
+char *test_run_job(const char *spec, const td_train_options *opt, td_train_result *res);
+/* Cuts the timing fields (samples_per_s, step_ms, elapsed_s), which differ run to run, out of
+ * metrics text in place. */
+void test_strip_timings(char *text);
 
 /* Reads a whole file into a malloc'd NUL-terminated string. */
 char *test_read_file(const char *path);

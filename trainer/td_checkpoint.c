@@ -116,7 +116,7 @@ static void remove_stale(const char *root, int keep) {
     free(steps);
 }
 
-static int write_model(const char *path, const td_model *m, td_err *err) {
+int td_checkpoint_save_weights(const char *path, const td_model *m, td_err *err) {
     int n = m->n_params + m->n_buffers;
     td_st_out *out = td_calloc((size_t)n, sizeof *out);
     for (int i = 0; i < n; i++) {
@@ -201,7 +201,7 @@ int td_checkpoint_save(const char *root, const td_model *model, const td_optim *
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08ld-XXXXXX", root, state->step);
     if (!mkdtemp(tmp)) return td_fail(err, "%s: cannot create: %s", tmp, strerror(errno));
     snprintf(path, sizeof path, "%s/%s", tmp, FILES[0]);
-    if (write_model(path, model, err) != 0) goto fail;
+    if (td_checkpoint_save_weights(path, model, err) != 0) goto fail;
     if (kill_midway) raise(SIGKILL); /* tests: a writer killed with the save half done */
     snprintf(path, sizeof path, "%s/%s", tmp, FILES[1]);
     if (write_optim(path, model, optim, err) != 0) goto fail;

@@ -44,6 +44,9 @@ int td_checkpoint_resolve(const char *resume_from, const char *root, char *dir, 
 int td_checkpoint_load(const char *dir, td_model *model, td_optim *optim, td_train_state *state,
                        td_err *err);
 
+/* Writes every parameter and buffer of the model to a safetensors file by state_dict name. */
+int td_checkpoint_save_weights(const char *path, const td_model *model, td_err *err);
+
 /* Loads weights (parameters and buffers) from a safetensors file by name. strict: missing,
  * unexpected and shape-mismatched names are one error listing them all; otherwise matching
  * names load and the rest are reported to log. */

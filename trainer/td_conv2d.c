@@ -36,7 +36,7 @@ static const td_op_arg conv_args[] = {
  * deep layers (ResNet's layer4: 16 pixels per image, a 512x4608 weight) would repack 9 MB of
  * weights for every image. */
 #define CONV_CHUNK_FLOATS (64 * 1024)
-#define CONV_CHUNK_ROWS 1024
+#define CONV_CHUNK_ROWS   1024
 /* A training forward keeps the whole batch's Col for backward when it is at most this big (small
  * images and few channels, where im2col costs as much as the GEMMs); larger layers recompute it
  * chunk by chunk in backward. */
