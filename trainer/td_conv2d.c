@@ -17,6 +17,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 enum { ARG_OUT_CHANNELS, ARG_KERNEL, ARG_STRIDE, ARG_PADDING, ARG_BIAS, ARG_INIT };
@@ -192,11 +193,51 @@ static void im2col(const conv_geom *g, const float *x, int nb, float *col) {
         }
 }
 
+/* Stride 1: the taps reaching input pixel (ih, iw) are kh in [kh_lo, kh_hi] (output row
+ * oh = ih + P - kh) and kw in [kw_lo, kw_hi]; within one kh their dCol entries lie a constant
+ * C - kkc floats apart, so the inner loop is a strided sum, split over two accumulators. */
+static void col2im_stride1(const conv_geom *g, const float *dcol, int nb, float *dx, bool add) {
+    const int C = g->c, H = g->h, W = g->w, K = g->k, P = g->p;
+    const int OH = g->oh, OW = g->ow, kc = K * C, kkc = g->kkc;
+    const ptrdiff_t step = C - kkc;
+    for (int b = 0; b < nb; b++)
+        for (int ih = 0; ih < H; ih++) {
+            int kh_lo = ih + P - (OH - 1) > 0 ? ih + P - (OH - 1) : 0;
+            int kh_hi = ih + P < K - 1 ? ih + P : K - 1;
+            for (int iw = 0; iw < W; iw++) {
+                int kw_lo = iw + P - (OW - 1) > 0 ? iw + P - (OW - 1) : 0;
+                int kw_hi = iw + P < K - 1 ? iw + P : K - 1;
+                float *dst = dx + ((size_t)(b * H + ih) * W + iw) * C;
+                for (int c0 = 0; c0 < C; c0 += 16) {
+                    int n = C - c0 < 16 ? C - c0 : 16;
+                    td_acc16 even = td_acc16_zero(), odd = td_acc16_zero();
+                    for (int kh = kh_lo; kh <= kh_hi; kh++) {
+                        int oh = ih + P - kh;
+                        /* the entry of tap kw: output column iw + P - kw, column kh·kc + kw·C */
+                        const float *tap = dcol + ((size_t)(b * OH + oh) * OW + iw + P) * kkc +
+                                           kh * kc + c0 + (ptrdiff_t)kw_lo * step;
+                        int kw = kw_lo;
+                        for (; kw + 1 <= kw_hi; kw += 2, tap += 2 * step) {
+                            even = td_acc16_add(even, tap, n);
+                            odd = td_acc16_add(odd, tap + step, n);
+                        }
+                        if (kw <= kw_hi) even = td_acc16_add(even, tap, n);
+                    }
+                    td_acc16_store(dst + c0, td_acc16_sum(even, odd), n, add);
+                }
+            }
+        }
+}
+
 /* The adjoint of im2col (without the bias column): dx (+)= the sum, for every input pixel, of
- * the dCol [rows, kkc] entries that copied it. Written as a gather per input pixel, summed in a
- * register and stored once: scattering each window back instead makes neighbouring windows
+ * the dCol [rows, kkc] entries that copied it. Written as a gather per input pixel, summed in
+ * registers and stored once: scattering each window back instead makes neighbouring windows
  * read what a masked store just wrote, which the CPU cannot forward and stalls on. */
 static void col2im(const conv_geom *g, const float *dcol, int nb, float *dx, bool add) {
+    if (g->s == 1) {
+        col2im_stride1(g, dcol, nb, dx, add);
+        return;
+    }
     const int C = g->c, H = g->h, W = g->w, K = g->k, S = g->s, P = g->p;
     const int OH = g->oh, OW = g->ow, kc = K * C, kkc = g->kkc;
     for (int b = 0; b < nb; b++)
@@ -209,24 +250,13 @@ static void col2im(const conv_geom *g, const float *dcol, int nb, float *dx, boo
                 float *dst = dx + ((size_t)(b * H + ih) * W + iw) * C;
                 for (int c0 = 0; c0 < C; c0 += 16) {
                     int n = C - c0 < 16 ? C - c0 : 16;
-                    /* even and odd taps of each window row go to separate partial sums:
-                     * one running sum would chain every add behind the previous one */
                     td_acc16 acc = td_acc16_zero();
                     for (int kh = kh0, oh = oh0; kh < K && oh >= 0; kh += S, oh--) {
                         if (oh >= OH) continue;
                         const float *row = dcol + (size_t)(b * OH + oh) * OW * kkc + kh * kc + c0;
-                        td_acc16 even = td_acc16_zero(), odd = td_acc16_zero();
-                        bool flip = false;
-                        for (int kw = kw0, ow = ow0; kw < K && ow >= 0;
-                             kw += S, ow--, flip = !flip) {
-                            if (ow >= OW) continue;
-                            const float *src = row + (size_t)ow * kkc + kw * C;
-                            if (flip)
-                                odd = td_acc16_add(odd, src, n);
-                            else
-                                even = td_acc16_add(even, src, n);
-                        }
-                        acc = td_acc16_sum(acc, td_acc16_sum(even, odd));
+                        for (int kw = kw0, ow = ow0; kw < K && ow >= 0; kw += S, ow--)
+                            if (ow < OW)
+                                acc = td_acc16_add(acc, row + (size_t)ow * kkc + kw * C, n);
                     }
                     td_acc16_store(dst + c0, acc, n, add);
                 }
