@@ -93,10 +93,11 @@ static inline __attribute__((always_inline)) void wgrad_kernel(int n, int h, int
             const float *dr = dy + (((size_t)b * oh + r) * ow) * O;
             for (int c = 0; c < ow; c++) {
                 __m512 v0 = one_lo, v1 = one_hi;
+                /* most window rows lie in one register: skip the load whose mask is empty */
                 for (int kh = 0; kh < k; kh++) {
                     const float *src = xr + (size_t)kh * w + c - kh * k; /* lane kh*k -> col c */
-                    v0 = _mm512_mask_loadu_ps(v0, lo[kh], src);
-                    v1 = _mm512_mask_loadu_ps(v1, hi[kh], src + 16);
+                    if (lo[kh]) v0 = _mm512_mask_loadu_ps(v0, lo[kh], src);
+                    if (hi[kh]) v1 = _mm512_mask_loadu_ps(v1, hi[kh], src + 16);
                 }
                 const float *d = dr + (size_t)c * O;
                 for (int i = 0; i < O; i++) {
