@@ -19,7 +19,7 @@ typedef struct td_rng {
 uint64_t td_mix64(uint64_t x);
 
 void td_rng_seed(td_rng *rng, uint64_t seed);
-/* Derives an independent stream for a named purpose, e.g. td_rng_derive(seed, "dropout"). */
+/* Seeds an independent stream for a named purpose and index, e.g. (seed, "dropout", 0). */
 void td_rng_seed_for(td_rng *rng, uint64_t seed, const char *purpose, uint64_t index);
 uint64_t td_rng_u64(td_rng *rng);
 /* Uniform in [0, 1), 24 random bits: every value is exactly representable as a float. */

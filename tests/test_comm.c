@@ -1,0 +1,171 @@
+/* The rendezvous store and the CPU ring collectives, with ranks as threads of this process
+ * talking over loopback: results against a sequential reference for world 2, 3 and 4 and sizes
+ * 1, 7 and 1,000,003; bitwise agreement between ranks; a dead peer is an error naming it. */
+#include "td_comm.h"
+#include "td_store.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HOST    "127.0.0.1"
+#define TIMEOUT 20.0
+
+typedef struct rank_ctx {
+    int rank, world, port;
+    td_store *store; /* rank 0's is opened (with the server) before the threads start */
+    bool die_after_init;
+    int failures;
+    char error[1024];
+    float *result; /* rank's all-reduce of pseudo-random data, to compare across ranks */
+} rank_ctx;
+
+static const size_t SIZES[3] = {1, 7, 1000003};
+
+static float value(int rank, size_t i) {
+    return (float)((rank + 1) * ((int)(i % 17) - 8));
+}
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            snprintf(x->error, sizeof x->error, __VA_ARGS__);                                      \
+            x->failures++;                                                                         \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static void *run_rank(void *p) {
+    rank_ctx *x = p;
+    td_err err = {{0}};
+    td_comm *c = NULL;
+    float *buf = NULL;
+    if (!x->store &&
+        td_store_open(&x->store, HOST, x->port, false, "test/attempt-0", TIMEOUT, &err) != 0)
+        CHECK(0, "store: %s", err.msg);
+    CHECK(td_comm_init(&c, x->store, x->rank, x->world, HOST, TIMEOUT, &err) == 0, "init: %s",
+          err.msg);
+    if (x->die_after_init) goto out; /* a rank that vanishes: closes its sockets */
+    buf = malloc(SIZES[2] * sizeof(float));
+    for (int k = 0; k < 3; k++) {
+        size_t n = SIZES[k];
+        for (size_t i = 0; i < n; i++) buf[i] = value(x->rank, i);
+        CHECK(td_comm_allreduce(c, buf, n, false, &err) == 0, "allreduce %zu: %s", n, err.msg);
+        for (size_t i = 0; i < n; i++) {
+            float want = 0;
+            for (int r = 0; r < x->world; r++) want += value(r, i);
+            CHECK(buf[i] == want, "allreduce %zu: element %zu is %g, expected %g", n, i, buf[i],
+                  want);
+        }
+        for (size_t i = 0; i < n; i++) buf[i] = value(x->rank, i);
+        CHECK(td_comm_allreduce(c, buf, n, true, &err) == 0, "average: %s", err.msg);
+        float sum0 = 0;
+        for (int r = 0; r < x->world; r++) sum0 += value(r, n - 1);
+        CHECK(buf[n - 1] == sum0 * (1.0f / (float)x->world), "average of the last element");
+    }
+    /* bitwise agreement on data whose float sum depends on the order */
+    x->result = malloc(4096 * sizeof(float));
+    for (int i = 0; i < 4096; i++) x->result[i] = 1.0f / (float)(i + x->rank + 3) + 1e-3f * x->rank;
+    CHECK(td_comm_allreduce(c, x->result, 4096, false, &err) == 0, "allreduce: %s", err.msg);
+    /* broadcast from the last rank */
+    int root = x->world - 1;
+    for (size_t i = 0; i < SIZES[2]; i++) buf[i] = x->rank == root ? (float)i * 0.5f : -1.0f;
+    CHECK(td_comm_broadcast(c, buf, SIZES[2], root, &err) == 0, "broadcast: %s", err.msg);
+    CHECK(buf[12345] == 12345 * 0.5f && buf[SIZES[2] - 1] == (float)(SIZES[2] - 1) * 0.5f,
+          "broadcast content");
+    float mine[7], all[4 * 7];
+    for (int i = 0; i < 7; i++) mine[i] = (float)(x->rank * 100 + i);
+    CHECK(td_comm_allgather(c, mine, 7, all, &err) == 0, "allgather: %s", err.msg);
+    for (int r = 0; r < x->world; r++)
+        for (int i = 0; i < 7; i++)
+            CHECK(all[r * 7 + i] == (float)(r * 100 + i), "allgather block %d", r);
+    CHECK(td_comm_barrier(c, &err) == 0, "barrier: %s", err.msg);
+    /* the store's own barrier and counter */
+    CHECK(td_store_barrier(x->store, "end", x->world, &err) == 0, "store barrier: %s", err.msg);
+out:
+    free(buf);
+    td_comm_close(c);
+    if (x->rank != 0) td_store_close(x->store); /* rank 0's (the server) closes after join */
+    return NULL;
+}
+
+static void run_world(int world, rank_ctx *ctx, bool last_dies) {
+    td_err err = {{0}};
+    td_store *server;
+    cr_assert_eq(td_store_open(&server, HOST, 0, true, "test/attempt-0", TIMEOUT, &err), 0, "%s",
+                 err.msg);
+    pthread_t threads[4];
+    for (int r = 0; r < world; r++) {
+        ctx[r] = (rank_ctx){.rank = r,
+                            .world = world,
+                            .port = td_store_port(server),
+                            .store = r == 0 ? server : NULL,
+                            .die_after_init = last_dies && r == world - 1};
+        cr_assert_eq(pthread_create(&threads[r], NULL, run_rank, &ctx[r]), 0);
+    }
+    for (int r = 0; r < world; r++) pthread_join(threads[r], NULL);
+    td_store_close(server);
+}
+
+static void check_world(int world) {
+    rank_ctx ctx[4];
+    run_world(world, ctx, false);
+    for (int r = 0; r < world; r++)
+        cr_expect_eq(ctx[r].failures, 0, "rank %d: %s", r, ctx[r].error);
+    for (int r = 1; r < world; r++)
+        if (ctx[r].result && ctx[0].result)
+            cr_expect(memcmp(ctx[r].result, ctx[0].result, 4096 * sizeof(float)) == 0,
+                      "rank %d's all-reduce differs from rank 0's in some bit", r);
+    for (int r = 0; r < world; r++) free(ctx[r].result);
+}
+
+Test(comm, world_2, .timeout = 120) {
+    check_world(2);
+}
+Test(comm, world_3, .timeout = 120) {
+    check_world(3);
+}
+Test(comm, world_4, .timeout = 120) {
+    check_world(4);
+}
+
+Test(comm, dead_peer_is_an_error_naming_it, .timeout = 120) {
+    rank_ctx ctx[3];
+    run_world(3, ctx, true);
+    /* rank 2 vanished after joining: rank 0 (which receives from it) and rank 1 (which sends to
+     * it) fail, each naming rank 2 */
+    for (int r = 0; r < 2; r++) {
+        cr_expect_eq(ctx[r].failures, 1, "rank %d did not fail", r);
+        cr_expect(strstr(ctx[r].error, "rank 2"), "rank %d's error names rank 2: %s", r,
+                  ctx[r].error);
+    }
+}
+
+Test(store, refuses_another_namespace, .timeout = 60) {
+    td_err err = {{0}};
+    td_store *server, *stale;
+    cr_assert_eq(td_store_open(&server, HOST, 0, true, "job-7/attempt-2", TIMEOUT, &err), 0, "%s",
+                 err.msg);
+    cr_expect_neq(
+        td_store_open(&stale, HOST, td_store_port(server), false, "job-7/attempt-1", TIMEOUT, &err),
+        0);
+    cr_expect(strstr(err.msg, "serves \"job-7/attempt-2\", not \"job-7/attempt-1\""), "%s",
+              err.msg);
+    int64_t v;
+    cr_expect_eq(td_store_add(server, "counter", 5, &v, &err), 0, "%s", err.msg);
+    cr_expect_eq(td_store_add(server, "counter", -2, &v, &err), 0, "%s", err.msg);
+    cr_expect_eq(v, 3);
+    td_store_close(server);
+}
+
+Test(store, get_times_out_on_a_missing_key, .timeout = 60) {
+    td_err err = {{0}};
+    td_store *server;
+    cr_assert_eq(td_store_open(&server, HOST, 0, true, "ns", 0.5, &err), 0, "%s", err.msg);
+    void *v;
+    cr_expect_neq(td_store_get(server, "never-set", &v, NULL, &err), 0);
+    cr_expect(strstr(err.msg, "timed out") && strstr(err.msg, "never-set"), "%s", err.msg);
+    td_store_close(server);
+}

@@ -1,0 +1,33 @@
+/* Collectives between ranks on the CPU: all-reduce (sum or average), broadcast, all-gather and
+ * barrier over a TCP ring (each rank connected to the next), addresses exchanged through the
+ * rendezvous store. All-reduce is a ring reduce-scatter then all-gather, each step moving
+ * pieces of at most 256 KiB so large buffers stream through the ring. Every rank ends with the
+ * same bits: each element is summed in one place, in one order, and then copied. Every call is
+ * bounded by the timeout; a dead peer is an error that names it, never a hang. The NCCL backend
+ * (GPU issue) implements the same interface. */
+#ifndef TD_COMM_H
+#define TD_COMM_H
+
+#include "td_error.h"
+#include "td_store.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct td_comm td_comm;
+
+/* Joins the ring of `world` ranks: listens on host (this rank's address as the others reach
+ * it), publishes it in the store, connects to the next rank and accepts the previous one. */
+int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char *host,
+                 double timeout_s, td_err *err);
+void td_comm_close(td_comm *c);
+int td_comm_rank(const td_comm *c);
+int td_comm_world(const td_comm *c);
+
+int td_comm_allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *err);
+int td_comm_broadcast(td_comm *c, float *buf, size_t n, int root, td_err *err);
+/* all [world × n] receives every rank's `mine` [n], in rank order. */
+int td_comm_allgather(td_comm *c, const float *mine, size_t n, float *all, td_err *err);
+int td_comm_barrier(td_comm *c, td_err *err);
+
+#endif
