@@ -75,12 +75,24 @@ typedef struct td_batch {
 
 typedef struct td_loader td_loader;
 
+typedef struct td_loader_config {
+    int batch_size;
+    bool shuffle;
+    bool drop_last; /* of the last partial batch (DataLoader's drop_last) */
+    uint64_t seed;
+    int rank, world; /* this rank's share, as DistributedSampler gives it */
+    /* true (training): DistributedSampler's padding, every rank the same count; false
+     * (evaluation): rank r takes r, r+world, ... so each sample counts exactly once */
+    bool pad;
+} td_loader_config;
+
 /* A loader assembles batches on its own thread, a few ahead of the consumer. augment may be
  * NULL; its randomness is a function of (seed, epoch, sample), so a resumed run sees the same
  * crops and flips. */
 td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
-                            const td_augment *augment, int batch_size, bool shuffle, bool drop_last,
-                            uint64_t seed);
+                            const td_augment *augment, const td_loader_config *cfg);
+/* Batches per epoch for this rank. */
+int td_loader_batches(const td_dataset *ds, const td_loader_config *cfg);
 /* Starts an epoch from its first batch (or, on resume, from batch `first`). Returns its number of
  * batches. */
 int td_loader_start_epoch(td_loader *ld, int epoch, int first);

@@ -26,8 +26,8 @@ struct td_loader {
     td_normalize norm;
     td_augment augment;
     int epoch;
+    td_loader_config cfg;
     int batch_size;
-    bool shuffle, drop_last;
     uint64_t seed;
     int *order; /* this epoch's sample indices */
     int n_order;
@@ -115,17 +115,27 @@ static void *producer(void *arg) {
     return NULL;
 }
 
+/* This rank's samples: DistributedSampler's (padded) share, or every world-th one. */
+static int rank_samples(const td_dataset *ds, const td_loader_config *cfg) {
+    if (cfg->pad) return td_sampler_count(ds->n, cfg->world, false);
+    return ds->n > cfg->rank ? (ds->n - cfg->rank + cfg->world - 1) / cfg->world : 0;
+}
+
+int td_loader_batches(const td_dataset *ds, const td_loader_config *cfg) {
+    int n = rank_samples(ds, cfg);
+    return cfg->drop_last ? n / cfg->batch_size : (n + cfg->batch_size - 1) / cfg->batch_size;
+}
+
 td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
-                            const td_augment *augment, int batch_size, bool shuffle, bool drop_last,
-                            uint64_t seed) {
+                            const td_augment *augment, const td_loader_config *cfg) {
     td_loader *ld = td_calloc(1, sizeof *ld);
     ld->ds = ds;
     ld->norm = *norm;
     if (augment) ld->augment = *augment;
-    ld->batch_size = batch_size;
-    ld->shuffle = shuffle;
-    ld->drop_last = drop_last;
-    ld->seed = seed;
+    ld->cfg = *cfg;
+    ld->batch_size = cfg->batch_size;
+    ld->seed = cfg->seed;
+    int batch_size = cfg->batch_size;
     ld->order = td_malloc((size_t)ds->n * sizeof(int));
     ld->holding = -1;
     size_t size = td_shape_size(ds->shape);
@@ -147,10 +157,14 @@ int td_loader_start_epoch(td_loader *ld, int epoch, int first) {
     ld->n_batches = 0; /* nothing to produce while the order is rewritten */
     while (ld->busy) pthread_cond_wait(&ld->cond, &ld->lock);
     ld->epoch = epoch;
-    ld->n_order = td_sampler_count(ld->ds->n, 1, false);
-    td_sampler_indices(ld->ds->n, ld->shuffle, ld->seed, epoch, 0, 1, false, ld->order);
-    int n_batches = ld->drop_last ? ld->n_order / ld->batch_size
-                                  : (ld->n_order + ld->batch_size - 1) / ld->batch_size;
+    const td_loader_config *cfg = &ld->cfg;
+    ld->n_order = rank_samples(ld->ds, cfg);
+    if (cfg->pad)
+        td_sampler_indices(ld->ds->n, cfg->shuffle, ld->seed, epoch, cfg->rank, cfg->world, false,
+                           ld->order);
+    else
+        for (int k = 0; k < ld->n_order; k++) ld->order[k] = cfg->rank + k * cfg->world;
+    int n_batches = td_loader_batches(ld->ds, cfg);
     if (first > n_batches) first = n_batches;
     for (int i = 0; i < N_SLOTS; i++) ld->slots[i].full = false;
     ld->holding = -1;

@@ -2,6 +2,7 @@
 
 #include "td_blas.h"
 #include "td_checkpoint.h"
+#include "td_comm.h"
 #include "td_cuda.h"
 
 #include <cblas.h>
@@ -30,7 +31,53 @@ typedef struct trainer {
     td_train_state state; /* position, RNG and open logging interval: what a checkpoint saves */
     long last_saved_step;
     int checkpoints_saved; /* in this process, for the kill_at_checkpoint test hook */
+
+    /* data parallel: every rank a replica; rank 0 alone prints and checkpoints */
+    const td_dist *dist;
+    td_store *store;
+    bool own_store;
+    td_comm *comm;
+    bool rank0;
+    td_loader_config train_cfg, val_cfg;
 } trainer;
+
+static int world_of(const trainer *t) {
+    return td_dist_active(t->dist) ? t->dist->world : 1;
+}
+
+/* Averages a few floats over the ranks (the loss of a step, evaluation counts). */
+static int average_over_ranks(trainer *t, float *v, size_t n, bool average, td_err *err) {
+    if (!t->comm) return 0;
+    return td_comm_allreduce(t->comm, v, n, average, err);
+}
+
+/* Joins the job: the rendezvous store, the ring, then the replicas start from rank 0's
+ * parameters and buffers (as DDP's constructor broadcasts them). */
+static int setup_dist(trainer *t, td_err *err) {
+    const td_job *job = t->job;
+    int rank = td_dist_active(t->dist) ? t->dist->rank : 0, world = world_of(t);
+    t->rank0 = rank == 0;
+    t->train_cfg = (td_loader_config){
+        job->batch_size, job->shuffle, job->drop_last, job->seed, rank, world, true};
+    t->val_cfg =
+        (td_loader_config){job->eval_batch_size, false, false, job->seed, rank, world, false};
+    if (world == 1) return 0;
+    const td_dist *d = t->dist;
+    t->store = t->opt->store;
+    if (!t->store) {
+        if (td_store_open(&t->store, d->master_addr, d->master_port, t->rank0, d->namespace_,
+                          d->timeout_s, err) != 0)
+            return -1;
+        t->own_store = true;
+    }
+    if (td_comm_init(&t->comm, t->store, rank, world, d->host, d->timeout_s, err) != 0) return -1;
+    if (td_comm_broadcast(t->comm, t->model.param_block, t->model.param_floats, 0, err) != 0 ||
+        td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) != 0)
+        return td_fail_prefix(err, "broadcasting rank 0's parameters");
+    if (t->rank0)
+        fprintf(t->log, "[traind] data parallel: %d ranks, %d per node\n", world, d->local_world);
+    return 0;
+}
 
 static int load_split(const td_job *job, const td_split_spec *split, td_dataset *ds, uint64_t salt,
                       td_err *err) {
@@ -144,6 +191,10 @@ static int restore(trainer *t, td_err *err) {
 
 static int save_checkpoint(trainer *t, td_err *err) {
     if (!t->job->checkpoint_dir[0] || t->last_saved_step == t->state.step) return 0;
+    if (!t->rank0) { /* the replicas are identical: rank 0 writes, the others wait for it */
+        t->last_saved_step = t->state.step;
+        return t->comm ? td_comm_barrier(t->comm, err) : 0;
+    }
     char path[TD_PATH_MAX + 32];
     bool kill = t->opt && t->opt->kill_at_checkpoint > 0 &&
                 ++t->checkpoints_saved == t->opt->kill_at_checkpoint;
@@ -161,10 +212,11 @@ static int save_checkpoint(trainer *t, td_err *err) {
             fputc(*c, t->metrics);
     fprintf(t->metrics, "\"}\n");
     fflush(t->metrics);
-    return 0;
+    /* no rank races into the next collective while the save is under way */
+    return t->comm ? td_comm_barrier(t->comm, err) : 0;
 }
 
-static void evaluate(trainer *t, double *val_loss, double *val_acc) {
+static int evaluate(trainer *t, double *val_loss, double *val_acc, td_err *err) {
     td_run run = {.training = false, .rng = &t->state.dropout_rng};
     double *profile = t->model.profile; /* only training steps are profiled */
     t->model.profile = NULL;
@@ -180,9 +232,13 @@ static void evaluate(trainer *t, double *val_loss, double *val_acc) {
         correct += hits;
         seen += b.n;
     }
-    *val_loss = loss / (double)seen;
-    *val_acc = (double)correct / (double)seen;
     t->model.profile = profile;
+    /* every validation sample counted once, over all ranks */
+    float sums[3] = {(float)loss, (float)correct, (float)seen};
+    if (average_over_ranks(t, sums, 3, false, err) != 0) return -1;
+    *val_loss = sums[0] / sums[2];
+    *val_acc = sums[1] / sums[2];
+    return 0;
 }
 
 static void log_banner(const trainer *t) {
@@ -214,8 +270,7 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
     const td_job *job = t->job;
     td_train_state *st = &t->state;
     td_schedule sched = job->schedule;
-    int steps_per_epoch = job->drop_last ? t->train.n / job->batch_size
-                                         : (t->train.n + job->batch_size - 1) / job->batch_size;
+    int steps_per_epoch = td_loader_batches(&t->train, &t->train_cfg);
     if (steps_per_epoch == 0)
         return td_fail(err, "train.batch_size: %d with drop_last leaves no batch from %d samples",
                        job->batch_size, t->train.n);
@@ -243,16 +298,30 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             float lr = td_schedule_lr(&sched, job->optim.lr, st->step);
             run.n = b.n;
             if (profiling) td_model_enable_profile(&t->model);
+            /* DDP's broadcast_buffers: BatchNorm statistics follow rank 0's */
+            if (t->comm && t->model.buffer_floats &&
+                td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) !=
+                    0)
+                return -1;
             const float *logits = td_model_forward(&t->model, b.x, &run);
             double loss = td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes, t->dlogits,
                                           1.0f, NULL) /
                           b.n;
+            if (t->comm) { /* the logged loss is the mean over ranks, the same on every rank */
+                float l = (float)loss;
+                if (average_over_ranks(t, &l, 1, true, err) != 0) return -1;
+                loss = l;
+            }
             if (!isfinite(loss))
                 return td_fail(err,
                                "the training loss became %g at step %ld (epoch %d); lower "
                                "train.optimizer.lr or set train.clip_grad_norm",
                                loss, st->step + 1, epoch + 1);
             td_model_backward(&t->model, t->dlogits, &run);
+            /* gradients averaged over the replicas: the mean over the global batch */
+            if (t->comm && td_comm_allreduce(t->comm, t->model.grad_block, t->model.param_floats,
+                                             true, err) != 0)
+                return -1;
             if (job->clip_grad_norm > 0)
                 td_grad_clip(t->model.grad_block, t->model.param_floats, job->clip_grad_norm);
             td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
@@ -261,19 +330,20 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             steps_here++;
             st->interval_loss += loss;
             st->interval_steps++;
-            interval_samples += b.n;
+            interval_samples += (long)b.n * world_of(t);
             interval_steps_here++;
-            total_samples += b.n;
+            total_samples += (long)b.n * world_of(t);
             res->last_loss = loss;
             if (st->step % job->log_every == 0 || st->step == total) {
                 /* the loss covers the whole interval (after a resume, partly run by the earlier
                  * process); the timings only what this process ran */
                 double now = now_s(), dt = now - t_interval;
-                fprintf(t->metrics,
-                        "{\"event\":\"train\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g,"
-                        "\"lr\":%.9g,\"samples_per_s\":%.1f,\"step_ms\":%.4f}\n",
-                        st->step, epoch + 1, st->interval_loss / st->interval_steps, lr,
-                        interval_samples / dt, dt * 1000.0 / interval_steps_here);
+                if (t->rank0)
+                    fprintf(t->metrics,
+                            "{\"event\":\"train\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g,"
+                            "\"lr\":%.9g,\"samples_per_s\":%.1f,\"step_ms\":%.4f}\n",
+                            st->step, epoch + 1, st->interval_loss / st->interval_steps, lr,
+                            interval_samples / dt, dt * 1000.0 / interval_steps_here);
                 fflush(t->metrics);
                 st->interval_loss = 0;
                 st->interval_steps = 0;
@@ -290,9 +360,9 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
         res->epochs_done = epoch + 1;
         if (job->val.present) {
             double t0 = now_s();
-            evaluate(t, &res->val_loss, &res->val_acc);
+            if (evaluate(t, &res->val_loss, &res->val_acc, err) != 0) return -1;
             res->has_val = true;
-            print_eval(t, epoch + 1, st->step, res);
+            if (t->rank0) print_eval(t, epoch + 1, st->step, res);
             fprintf(t->log, "[traind] epoch %d: val_loss %.4f, val_acc %.4f (eval %.2fs)\n",
                     epoch + 1, res->val_loss, res->val_acc, now_s() - t0);
             t_interval += now_s() - t0; /* evaluation time is not training throughput */
@@ -309,10 +379,11 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
     }
     if (save_checkpoint(t, err) != 0) return -1;
     if (job->val.present && !res->has_val) {
-        evaluate(t, &res->val_loss, &res->val_acc);
+        if (evaluate(t, &res->val_loss, &res->val_acc, err) != 0) return -1;
         res->has_val = true;
     }
     double elapsed = now_s() - t_start;
+    if (!t->rank0) return 0;
     fprintf(t->metrics, "{\"event\":\"done\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g", st->step,
             res->epochs_done, res->last_loss);
     if (res->has_val)
@@ -328,15 +399,15 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
 static int prepare(trainer *t, td_err *err) {
     openblas_set_num_threads(t->job->threads);
     if (setup_data(t, err) != 0 || setup_model(t, err) != 0) return -1;
-    log_banner(t);
-    if (restore(t, err) != 0) return -1;
-    if (t->job->val.present)
-        t->val_loader = td_loader_create(&t->val, &t->norm, NULL, t->job->eval_batch_size, false,
-                                         false, t->job->seed);
+    if (t->rank0) log_banner(t);
+    if (restore(t, err) != 0 || setup_dist(t, err) != 0) return -1;
+    if (t->job->val.present) t->val_loader = td_loader_create(&t->val, &t->norm, NULL, &t->val_cfg);
     return 0;
 }
 
 static void release(trainer *t) {
+    td_comm_close(t->comm);
+    if (t->own_store) td_store_close(t->store);
     td_loader_destroy(t->train_loader);
     td_loader_destroy(t->val_loader);
     free(t->dlogits);
@@ -348,13 +419,18 @@ static void release(trainer *t) {
 
 int td_train_run(const td_job *job, const td_train_options *opt, FILE *metrics, FILE *log,
                  td_train_result *result, td_err *err) {
-    trainer t = {.job = job, .opt = opt, .metrics = metrics, .log = log};
+    static const td_train_options defaults = {0};
+    trainer t = {.job = job,
+                 .opt = opt ? opt : &defaults,
+                 .metrics = metrics,
+                 .log = log,
+                 .dist = opt ? opt->dist : NULL,
+                 .rank0 = !(opt && td_dist_active(opt->dist)) || opt->dist->rank == 0};
     td_train_result scratch;
     if (!result) result = &scratch;
     int rc = prepare(&t, err);
     if (rc == 0) {
-        t.train_loader = td_loader_create(&t.train, &t.norm, &job->augment, job->batch_size,
-                                          job->shuffle, job->drop_last, job->seed);
+        t.train_loader = td_loader_create(&t.train, &t.norm, &job->augment, &t.train_cfg);
         rc = train_loop(&t, result, err);
     }
     release(&t);
@@ -363,7 +439,8 @@ int td_train_run(const td_job *job, const td_train_options *opt, FILE *metrics, 
 
 int td_train_evaluate(const td_job *job, FILE *metrics, FILE *log, td_train_result *result,
                       td_err *err) {
-    trainer t = {.job = job, .metrics = metrics, .log = log};
+    static const td_train_options defaults = {0};
+    trainer t = {.job = job, .opt = &defaults, .metrics = metrics, .log = log, .rank0 = true};
     td_train_result scratch;
     if (!result) result = &scratch;
     memset(result, 0, sizeof *result);
@@ -376,11 +453,11 @@ int td_train_evaluate(const td_job *job, FILE *metrics, FILE *log, td_train_resu
     else
         rc = prepare(&t, err);
     if (rc == 0) {
-        evaluate(&t, &result->val_loss, &result->val_acc);
+        rc = evaluate(&t, &result->val_loss, &result->val_acc, err);
         result->has_val = true;
         result->steps = t.state.step;
         result->epochs_done = t.state.epoch;
-        print_eval(&t, t.state.epoch, t.state.step, result);
+        if (rc == 0) print_eval(&t, t.state.epoch, t.state.step, result);
     }
     release(&t);
     return rc;

@@ -7,13 +7,19 @@
 #ifndef TD_TRAIN_H
 #define TD_TRAIN_H
 
+#include "td_dist.h"
 #include "td_spec.h"
+#include "td_store.h"
 
 #include <stdio.h>
 
 typedef struct td_train_options {
     long stop_after_steps;  /* stop (checkpoint and return) after this step; 0: run to the end */
     int kill_at_checkpoint; /* tests: SIGKILL this process midway through the Nth save; 0: never */
+    /* Data-parallel training (DDP): NULL or a world of 1 trains alone. Rank 0 hosts the
+     * rendezvous store unless `store` is given (tests open it themselves to learn its port). */
+    const td_dist *dist;
+    td_store *store;
 } td_train_options;
 
 typedef struct td_train_result {

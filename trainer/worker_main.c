@@ -94,6 +94,12 @@ int main(int argc, char **argv) {
     if (kill_at) opt.kill_at_checkpoint = atoi(kill_at);
 
     td_err err = {{0}};
+    td_dist dist;
+    if (td_dist_from_env(&dist, &err) != 0) {
+        fprintf(stderr, "traind-worker: error: %s\n", err.msg);
+        return 1;
+    }
+    opt.dist = &dist;
     td_job job;
     if (td_job_load_file(&job, path, &err) != 0) {
         fprintf(stderr, "traind-worker: error: %s\n", err.msg);
@@ -115,7 +121,10 @@ int main(int argc, char **argv) {
                        : td_train_run(&job, &opt, stdout, stderr, &res, &err);
     td_job_free(&job);
     if (rc != 0) {
-        fprintf(stderr, "traind-worker: error: %s\n", err.msg);
+        if (dist.world > 1)
+            fprintf(stderr, "traind-worker: rank %d: error: %s\n", dist.rank, err.msg);
+        else
+            fprintf(stderr, "traind-worker: error: %s\n", err.msg);
         return 1;
     }
     if (res.stopped)

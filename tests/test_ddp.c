@@ -1,0 +1,156 @@
+/* Data-parallel training with ranks as threads over loopback: world 2 with batch B trains the
+ * same model as one process with batch 2B (DistributedSampler shards + averaged gradients),
+ * only rank 0 reports, and a rank that leaves makes the other fail with an error naming it. */
+#include "td_checkpoint.h"
+#include "td_safetensors.h"
+#include "test_util.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct rank_run {
+    const char *spec;
+    td_dist dist;
+    td_train_options opt;
+    char *metrics;
+    int rc;
+    char error[TD_ERR_MAX];
+} rank_run;
+
+static void *run_rank(void *p) {
+    rank_run *r = p;
+    td_job job;
+    td_err err = {{0}};
+    r->rc = td_job_load_string(&job, r->spec, &err);
+    if (r->rc == 0) {
+        size_t len = 0;
+        FILE *metrics = open_memstream(&r->metrics, &len);
+        FILE *devnull = fopen("/dev/null", "w");
+        r->rc = td_train_run(&job, &r->opt, metrics, devnull, NULL, &err);
+        fclose(metrics);
+        fclose(devnull);
+        td_job_free(&job);
+    }
+    snprintf(r->error, sizeof r->error, "%s", err.msg);
+    return NULL;
+}
+
+/* Runs `world` ranks of the given specs (one per rank) and waits for all of them. */
+static void run_ranks(int world, const char *const *specs, rank_run *runs, long *stop_after) {
+    td_err err = {{0}};
+    td_store *server;
+    cr_assert_eq(td_store_open(&server, "127.0.0.1", 0, true, "ddp-test/attempt-0", 20, &err), 0,
+                 "%s", err.msg);
+    pthread_t th[4];
+    for (int r = 0; r < world; r++) {
+        runs[r] = (rank_run){.spec = specs[r]};
+        runs[r].dist = (td_dist){.rank = r,
+                                 .world = world,
+                                 .local_world = world,
+                                 .master_port = td_store_port(server),
+                                 .timeout_s = 20};
+        strcpy(runs[r].dist.master_addr, "127.0.0.1");
+        strcpy(runs[r].dist.host, "127.0.0.1");
+        strcpy(runs[r].dist.namespace_, "ddp-test/attempt-0");
+        runs[r].opt = (td_train_options){.dist = &runs[r].dist,
+                                         .store = r == 0 ? server : NULL,
+                                         .stop_after_steps = stop_after ? stop_after[r] : 0};
+        cr_assert_eq(pthread_create(&th[r], NULL, run_rank, &runs[r]), 0);
+    }
+    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+    td_store_close(server);
+}
+
+static char *spec_for(int batch, const char *ckdir) {
+    char *s = malloc(2048);
+    snprintf(s, 2048,
+             "{\"model\": {\"preset\": \"mlp\", \"hidden\": [24], \"num_classes\": 10},"
+             " \"data\": {\"format\": \"synthetic\", \"shape\": [1, 6, 6], \"num_classes\": 10,"
+             "   \"size\": 250, \"val_size\": 77},"
+             " \"train\": {\"epochs\": 2, \"batch_size\": %d, \"seed\": 3,"
+             "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1, \"momentum\": 0.9}},"
+             " \"checkpoint\": {\"dir\": \"%s\"}, \"log\": {\"every_steps\": 2}}",
+             batch, ckdir);
+    return s;
+}
+
+/* Every number in the metrics lines, in order. */
+static int numbers(const char *text, double *out, int max) {
+    int n = 0;
+    for (const char *p = text; *p && n < max; p++) {
+        if (*p != ':') continue;
+        char *end;
+        double v = strtod(p + 1, &end);
+        if (end != p + 1) out[n++] = v;
+    }
+    return n;
+}
+
+Test(ddp, world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
+    char one_dir[512], two_dir[512];
+    snprintf(one_dir, sizeof one_dir, "%s/ddp-one", test_tmpdir());
+    snprintf(two_dir, sizeof two_dir, "%s/ddp-two", test_tmpdir());
+    char *single_spec = spec_for(32, one_dir), *ddp_spec = spec_for(16, two_dir);
+    char *single = test_run_job(single_spec, NULL, NULL);
+    const char *specs[2] = {ddp_spec, ddp_spec};
+    rank_run runs[2];
+    run_ranks(2, specs, runs, NULL);
+    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
+    cr_expect_str_eq(runs[1].metrics, "", "only rank 0 reports");
+    test_strip_timings(single);
+    test_strip_timings(runs[0].metrics);
+    double a[512], b[512];
+    int na = numbers(single, a, 512), nb = numbers(runs[0].metrics, b, 512);
+    cr_assert_eq(na, nb, "the same lines:\n%s\n---\n%s", single, runs[0].metrics);
+    for (int i = 0; i < na; i++)
+        cr_expect(fabs(a[i] - b[i]) <= 1e-4 * fmax(1.0, fabs(a[i])),
+                  "value %d: one process %.9g, two ranks %.9g", i, a[i], b[i]);
+    /* and the same weights at the end */
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/step-00000016/model.safetensors", one_dir);
+    snprintf(pb, sizeof pb, "%s/step-00000016/model.safetensors", two_dir);
+    td_safetensors sa, sb;
+    td_err err = {{0}};
+    cr_assert_eq(td_safetensors_read(&sa, pa, &err), 0, "%s", err.msg);
+    cr_assert_eq(td_safetensors_read(&sb, pb, &err), 0, "%s", err.msg);
+    for (int i = 0; i < sa.n; i++) {
+        const td_st_tensor *ta = &sa.tensors[i], *tb = td_safetensors_find(&sb, ta->name);
+        cr_assert(tb && tb->count == ta->count);
+        float *va = malloc(ta->count * sizeof(float)), *vb = malloc(ta->count * sizeof(float));
+        td_safetensors_to_float(ta, va);
+        td_safetensors_to_float(tb, vb);
+        double diff = 0, scale = 0;
+        for (size_t k = 0; k < ta->count; k++) {
+            diff = fmax(diff, fabs((double)va[k] - vb[k]));
+            scale = fmax(scale, fabs((double)va[k]));
+        }
+        cr_expect(diff <= 1e-4 * scale, "%s differs by %.3g", ta->name, diff);
+        free(va);
+        free(vb);
+    }
+    td_safetensors_free(&sa);
+    td_safetensors_free(&sb);
+    free(single);
+    free(single_spec);
+    free(ddp_spec);
+    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+}
+
+Test(ddp, a_rank_that_leaves_fails_the_others_naming_it, .timeout = 120) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ddp-leave", test_tmpdir());
+    char *spec = spec_for(16, dir);
+    const char *specs[2] = {spec, spec};
+    rank_run runs[2];
+    long stop[2] = {0, 3}; /* rank 1 stops after step 3 and closes its connections */
+    run_ranks(2, specs, runs, stop);
+    cr_expect_eq(runs[1].rc, 0, "the leaving rank itself stopped cleanly: %s", runs[1].error);
+    cr_expect_neq(runs[0].rc, 0, "rank 0 must not carry on alone");
+    cr_expect(strstr(runs[0].error, "rank 1"), "rank 0's error names rank 1: %s", runs[0].error);
+    free(spec);
+    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+}

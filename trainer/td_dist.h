@@ -1,0 +1,28 @@
+/* Where this process stands in a distributed job: the torchrun environment (RANK, LOCAL_RANK,
+ * WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; TORCHELASTIC_RUN_ID and
+ * TORCHELASTIC_RESTART_COUNT name the attempt). Without RANK and WORLD_SIZE the process is a
+ * world of one. */
+#ifndef TD_DIST_H
+#define TD_DIST_H
+
+#include "td_error.h"
+
+#include <stdbool.h>
+
+typedef struct td_dist {
+    int rank, world;
+    int local_rank, local_world, group_rank;
+    char master_addr[256];
+    int master_port;
+    char host[256];       /* the address other ranks reach this one at */
+    char namespace_[256]; /* "<run id>/attempt-<restart count>" */
+    double timeout_s;     /* for the rendezvous and every collective */
+} td_dist;
+
+/* Reads the environment; every malformed variable is an error naming it. */
+int td_dist_from_env(td_dist *d, td_err *err);
+static inline bool td_dist_active(const td_dist *d) {
+    return d && d->world > 1;
+}
+
+#endif
