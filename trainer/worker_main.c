@@ -2,6 +2,7 @@
  * lines), progress and errors on stderr; exit status 0 on success, 1 on a training or data
  * error, 2 on usage. */
 #include "td_blas.h"
+#include "td_checkpoint.h"
 #include "td_spec.h"
 #include "td_train.h"
 
@@ -104,6 +105,16 @@ int main(int argc, char **argv) {
     if (td_job_load_file(&job, path, &err) != 0) {
         fprintf(stderr, "traind-worker: error: %s\n", err.msg);
         return 1;
+    }
+    /* relaunched by traind-run after a failure: continue from the newest checkpoint */
+    const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
+    if (restart && atoi(restart) > 0 && job.checkpoint_dir[0] && !job.resume_from[0]) {
+        char dir[TD_PATH_MAX + 32];
+        td_err none;
+        if (td_checkpoint_resolve("latest", job.checkpoint_dir, dir, sizeof dir, &none) == 0) {
+            snprintf(job.resume_from, sizeof job.resume_from, "latest");
+            fprintf(stderr, "[traind] restart %s: resuming from %s\n", restart, dir);
+        }
     }
     if (check_only) {
         fprintf(stderr, "traind-worker: %s: valid\n", path);

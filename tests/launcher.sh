@@ -1,0 +1,58 @@
+#!/bin/sh
+# traind-run: the torchrun environment, failure handling without orphans, restarts, a PyTorch
+# gloo job, and traind-worker data-parallel training with a restart that resumes.
+#   launcher.sh TRAIND_RUN TRAIND_WORKER PYTHON SOURCE_DIR
+set -u
+run=$1 worker=$2 py=$3 src=$4
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passes=0 fails=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# 1. the environment of every local process
+"$run" --nproc-per-node 3 -- sh -c 'echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $TORCHELASTIC_RESTART_COUNT"' >"$tmp/env" 2>&1
+if [ "$(sort "$tmp/env" | tr '\n' '|')" = "0 0 3 3 0 127.0.0.1 0|1 1 3 3 0 127.0.0.1 0|2 2 3 3 0 127.0.0.1 0|" ]; then ok; else bad "environment: $(cat "$tmp/env")"; fi
+
+# 2. one failure stops the others at once, with its exit code, leaving no process behind
+marker="traind-launch-test-$$"
+start=$(date +%s)
+"$run" --nproc-per-node 3 -- sh -c "if [ \"\$RANK\" = 1 ]; then exit 3; fi; exec sleep 300 $marker" 2>"$tmp/err"
+code=$?
+elapsed=$(($(date +%s) - start))
+if [ "$code" = 3 ]; then ok; else bad "failure exit code $code, expected 3"; fi
+if [ "$elapsed" -lt 60 ]; then ok; else bad "the other workers were not stopped ($elapsed s)"; fi
+if pgrep -f "$marker" >/dev/null; then bad "orphans left: $(pgrep -af "$marker")"; pkill -f "$marker"; else ok; fi
+if grep -q "rank 1 (local 1, pid [0-9]*) failed with exit code 3" "$tmp/err"; then ok; else bad "message: $(cat "$tmp/err")"; fi
+
+# 3. restarts: the second attempt succeeds
+"$run" --nproc-per-node 2 --max-restarts 1 -- sh -c '[ "$TORCHELASTIC_RESTART_COUNT" -ge 1 ]' 2>"$tmp/err"
+code=$?
+if [ "$code" = 0 ] && grep -q "restarting the group (attempt 2 of 2)" "$tmp/err"; then ok; else bad "restart: code $code: $(cat "$tmp/err")"; fi
+"$run" --nproc-per-node 2 --max-restarts 1 -- sh -c 'exit 5' 2>/dev/null
+code=$?
+if [ "$code" = 5 ]; then ok; else bad "restarts exhausted: code $code, expected 5"; fi
+
+# 4. an unmodified PyTorch gloo program
+"$run" --nproc_per_node=2 -- "$py" "$src/tests/gloo_allreduce.py" >"$tmp/gloo" 2>&1
+if [ "$(grep -o 'of 2: sum 3' "$tmp/gloo" | wc -l)" = 2 ]; then ok; else bad "gloo: $(cat "$tmp/gloo")"; fi
+
+# 5. traind-worker, two ranks, and a failure after a checkpoint that the restart resumes from
+cat >"$tmp/job.json" <<JSON
+{"model": {"preset": "mlp", "hidden": [32], "num_classes": 10},
+ "data": {"format": "synthetic", "shape": [1, 8, 8], "num_classes": 10, "size": 256, "val_size": 64},
+ "train": {"epochs": 2, "batch_size": 16, "seed": 9, "optimizer": {"type": "sgd", "lr": 0.1, "momentum": 0.9}},
+ "checkpoint": {"dir": "$tmp/ck", "every_steps": 4},
+ "log": {"every_steps": 4}}
+JSON
+"$run" --nproc-per-node 2 --max-restarts 1 -- sh -c \
+    "if [ \"\$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then $worker --stop-after 6 $tmp/job.json; exit 1; fi; exec $worker $tmp/job.json" \
+    >"$tmp/out" 2>"$tmp/err"
+code=$?
+if [ "$code" = 0 ]; then ok; else bad "ddp run: code $code: $(tail -5 "$tmp/err")"; fi
+if grep -q '"event":"done","step":16,' "$tmp/out"; then ok; else bad "no done line at step 16: $(cat "$tmp/out")"; fi
+if [ "$(grep -c '"event":"done"' "$tmp/out")" = 1 ]; then ok; else bad "rank 0 alone reports"; fi
+if grep -q "resuming from $tmp/ck/step-00000006" "$tmp/err"; then ok; else bad "no resume: $(cat "$tmp/err")"; fi
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
