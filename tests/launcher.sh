@@ -15,9 +15,9 @@ bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 if [ "$(sort "$tmp/env" | tr '\n' '|')" = "0 0 3 3 0 127.0.0.1 0|1 1 3 3 0 127.0.0.1 0|2 2 3 3 0 127.0.0.1 0|" ]; then ok; else bad "environment: $(cat "$tmp/env")"; fi
 
 # 2. one failure stops the others at once, with its exit code, leaving no process behind
-marker="traind-launch-test-$$"
+marker="sleep 4$(($$ % 1000)).25" # a duration no other process uses, to find leftovers
 start=$(date +%s)
-"$run" --nproc-per-node 3 -- sh -c "if [ \"\$RANK\" = 1 ]; then exit 3; fi; exec sleep 300 $marker" 2>"$tmp/err"
+"$run" --nproc-per-node 3 -- sh -c "if [ \"\$RANK\" = 1 ]; then exit 3; fi; exec $marker" 2>"$tmp/err"
 code=$?
 elapsed=$(($(date +%s) - start))
 if [ "$code" = 3 ]; then ok; else bad "failure exit code $code, expected 3"; fi
@@ -53,6 +53,37 @@ if [ "$code" = 0 ]; then ok; else bad "ddp run: code $code: $(tail -5 "$tmp/err"
 if grep -q '"event":"done","step":16,' "$tmp/out"; then ok; else bad "no done line at step 16: $(cat "$tmp/out")"; fi
 if [ "$(grep -c '"event":"done"' "$tmp/out")" = 1 ]; then ok; else bad "rank 0 alone reports"; fi
 if grep -q "resuming from $tmp/ck/step-00000006" "$tmp/err"; then ok; else bad "no resume: $(cat "$tmp/err")"; fi
+
+# 6. a peer SIGKILLed in the middle of an all-reduce: the launcher reports it, stops the other
+# rank, and nothing is left running
+start=$(date +%s)
+TRAIND_TEST_KILL_IN_ALLREDUCE=1:7 "$run" --nproc-per-node 2 -- "$worker" "$tmp/job.json" \
+    >/dev/null 2>"$tmp/err"
+code=$?
+elapsed=$(($(date +%s) - start))
+if [ "$code" = 137 ]; then ok; else bad "killed peer: code $code, expected 137: $(cat "$tmp/err")"; fi
+if grep -q "rank 1 (local 1, pid [0-9]*) failed with signal 9" "$tmp/err"; then ok; else bad "launcher message: $(cat "$tmp/err")"; fi
+if [ "$elapsed" -lt 60 ]; then ok; else bad "took $elapsed s"; fi
+if pgrep -f "$tmp/job.json" >/dev/null; then bad "workers left behind"; pkill -f "$tmp/job.json"; else ok; fi
+
+# 7. the same without a launcher to stop them: three ranks, rank 2 dies mid all-reduce; ranks 0
+# and 1 exit with errors that lead to rank 2 (rank 1's own neighbour may be rank 0 giving up)
+port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=3 TRAIND_TIMEOUT_S=30
+RANK=0 "$worker" "$tmp/job.json" >/dev/null 2>"$tmp/rank0" &
+p0=$!
+RANK=1 "$worker" "$tmp/job.json" >/dev/null 2>"$tmp/rank1" &
+p1=$!
+RANK=2 TRAIND_TEST_KILL_IN_ALLREDUCE=2:7 "$worker" "$tmp/job.json" >/dev/null 2>/dev/null &
+p2=$!
+wait $p2
+wait $p0
+c0=$?
+wait $p1
+c1=$?
+unset MASTER_ADDR MASTER_PORT WORLD_SIZE TRAIND_TIMEOUT_S
+if [ "$c0" = 1 ] && grep -q "peer rank 2" "$tmp/rank0"; then ok; else bad "rank 0: code $c0: $(cat "$tmp/rank0")"; fi
+if [ "$c1" = 1 ] && grep -q "peer rank 2" "$tmp/rank1"; then ok; else bad "rank 1: code $c1: $(cat "$tmp/rank1")"; fi
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -134,13 +134,14 @@ Test(comm, world_4, .timeout = 120) {
 Test(comm, dead_peer_is_an_error_naming_it, .timeout = 120) {
     rank_ctx ctx[3];
     run_world(3, ctx, true);
-    /* rank 2 vanished after joining: rank 0 (which receives from it) and rank 1 (which sends to
-     * it) fail, each naming rank 2 */
-    for (int r = 0; r < 2; r++) {
-        cr_expect_eq(ctx[r].failures, 1, "rank %d did not fail", r);
-        cr_expect(strstr(ctx[r].error, "rank 2"), "rank %d's error names rank 2: %s", r,
-                  ctx[r].error);
-    }
+    /* rank 2 vanished after joining: rank 0, which receives from it, fails naming it; rank 1
+     * fails too, naming whichever neighbour closed on it first (rank 2, or rank 0 once rank 0
+     * gave up). The trainer adds the job's first failure to such cascades (test_ddp). */
+    cr_expect_eq(ctx[0].failures, 1, "rank 0 did not fail");
+    cr_expect(strstr(ctx[0].error, "peer rank 2"), "rank 0's error names rank 2: %s", ctx[0].error);
+    cr_expect_eq(ctx[1].failures, 1, "rank 1 did not fail");
+    cr_expect(strstr(ctx[1].error, "peer rank 2") || strstr(ctx[1].error, "peer rank 0"),
+              "rank 1's error names a peer: %s", ctx[1].error);
 }
 
 Test(store, refuses_another_namespace, .timeout = 60) {

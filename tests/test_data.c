@@ -440,3 +440,61 @@ Test(loader, ranks_share_an_epoch_like_distributed_sampler) {
     for (int k = 0; k < 10; k++) cr_expect_eq(seen[k], 1, "sample %d seen %d times", k, seen[k]);
     td_dataset_free(&ds);
 }
+
+/* PyTorch's DistributedSampler, written out independently of td_sampler_indices: the epoch's
+ * permutation, then with drop_last the first floor(N/W)·W of it, otherwise padded to ceil(N/W)·W
+ * by repeating it from its head, then every W-th from rank r. */
+static int reference_partition(const int *perm, int n, int world, int rank, bool drop_last,
+                               int *out) {
+    int per = drop_last && n % world ? (n - world + world - 1) / world : (n + world - 1) / world;
+    int total = per * world, padded[64], k = 0;
+    for (int i = 0; i < total; i++) padded[i] = perm[i % n];
+    for (int i = rank; i < total; i += world) out[k++] = padded[i];
+    return k;
+}
+
+Test(sampler, partitions_match_distributed_sampler) {
+    for (int n = 10; n <= 12; n++)
+        for (int world = 1; world <= 4; world++)
+            for (int drop = 0; drop <= 1; drop++) {
+                int perm[16];
+                td_sampler_indices(n, true, 77, 3, 0, 1, false, perm);
+                int covered[16] = {0};
+                for (int r = 0; r < world; r++) {
+                    int want[16], got[16];
+                    int count = reference_partition(perm, n, world, r, drop, want);
+                    cr_assert_eq(td_sampler_count(n, world, drop), count,
+                                 "N=%d world=%d drop_last=%d: count", n, world, drop);
+                    td_sampler_indices(n, true, 77, 3, r, world, drop, got);
+                    for (int k = 0; k < count; k++) {
+                        cr_expect_eq(got[k], want[k], "N=%d world=%d drop_last=%d rank %d item %d",
+                                     n, world, drop, r, k);
+                        covered[got[k]]++;
+                    }
+                }
+                /* every index appears; with padding a few twice, with drop_last a few never */
+                int seen = 0;
+                for (int i = 0; i < n; i++) seen += covered[i] > 0;
+                cr_expect_eq(seen, drop ? (n / world) * world : n);
+            }
+}
+
+Test(loader, evaluation_split_covers_each_index_once) {
+    td_normalize norm = {1, {0}, {1}};
+    for (int n = 10; n <= 12; n++)
+        for (int world = 1; world <= 4; world++) {
+            td_dataset ds;
+            td_dataset_synthetic(&ds, td_shape_flat(1), 2, n, 1);
+            int total = 0;
+            for (int r = 0; r < world; r++) {
+                td_loader_config cfg = {.batch_size = 3, .rank = r, .world = world, .pad = false};
+                td_loader *ld = td_loader_create(&ds, &norm, NULL, &cfg);
+                td_loader_start_epoch(ld, 0, 0);
+                td_batch b;
+                while (td_loader_next(ld, &b)) total += b.n;
+                td_loader_destroy(ld);
+            }
+            cr_expect_eq(total, n, "N=%d world=%d: evaluation saw %d samples", n, world, total);
+            td_dataset_free(&ds);
+        }
+}

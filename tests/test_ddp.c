@@ -128,7 +128,8 @@ Test(ddp, world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
             diff = fmax(diff, fabs((double)va[k] - vb[k]));
             scale = fmax(scale, fabs((double)va[k]));
         }
-        cr_expect(diff <= 1e-4 * scale, "%s differs by %.3g", ta->name, diff);
+        cr_expect(diff <= 1e-5 * scale, "%s differs by %.3g (relative %.3g)", ta->name, diff,
+                  diff / scale);
         free(va);
         free(vb);
     }

@@ -2,9 +2,11 @@
 
 #include "td_net.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* 64 Ki floats: big enough to keep the socket busy, small enough to stay in L2 */
@@ -15,8 +17,13 @@ struct td_comm {
     int next_fd, prev_fd; /* -1 for world 1 */
     char next_addr[128], prev_addr[128];
     double timeout_s;
-    float *tmp; /* PIECE_FLOATS */
+    float *tmp;         /* PIECE_FLOATS */
+    int kill_countdown; /* td_comm_kill_in_allreduce; 0: off */
 };
+
+void td_comm_kill_in_allreduce(td_comm *c, int n) {
+    c->kill_countdown = n;
+}
 
 int td_comm_rank(const td_comm *c) {
     return c->rank;
@@ -25,11 +32,12 @@ int td_comm_world(const td_comm *c) {
     return c->world;
 }
 
+/* Names the neighbour a failed transfer was with: the one error a user needs to find the
+ * crashed or stuck rank. */
 static int peer_fail(const td_comm *c, bool next, td_err *err) {
     int peer = (c->rank + (next ? 1 : c->world - 1)) % c->world;
-    return td_fail_prefix(err, "rank %d: %s rank %d (%s)", c->rank,
-                          next ? "sending to the next," : "receiving from the previous,", peer,
-                          next ? c->next_addr : c->prev_addr);
+    return td_fail_prefix(err, "rank %d: peer rank %d (%s, the %s rank in the ring)", c->rank, peer,
+                          next ? c->next_addr : c->prev_addr, next ? "next" : "previous");
 }
 
 int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char *host,
@@ -88,6 +96,11 @@ fail:
     return td_fail_prefix(err, "rank %d joining the ring of %d", rank, world);
 }
 
+void td_comm_abort(td_comm *c) {
+    if (c->next_fd >= 0) shutdown(c->next_fd, SHUT_RDWR);
+    if (c->prev_fd >= 0) shutdown(c->prev_fd, SHUT_RDWR);
+}
+
 void td_comm_close(td_comm *c) {
     if (!c) return;
     if (c->next_fd >= 0) close(c->next_fd);
@@ -112,11 +125,10 @@ static int step(td_comm *c, const float *send, size_t send_len, float *recv, siz
         size_t ps = send_len - done_s < PIECE_FLOATS ? send_len - done_s : PIECE_FLOATS;
         size_t pr = recv_len - done_r < PIECE_FLOATS ? recv_len - done_r : PIECE_FLOATS;
         float *into = add ? c->tmp : recv + done_r;
+        bool recv_side;
         if (td_net_exchange(c->next_fd, send + done_s, ps * sizeof(float), c->prev_fd, into,
-                            pr * sizeof(float), deadline, err) != 0)
-            return td_fail_prefix(err, "rank %d: ring neighbours rank %d (%s) and rank %d (%s)",
-                                  c->rank, (c->rank + 1) % c->world, c->next_addr,
-                                  (c->rank + c->world - 1) % c->world, c->prev_addr);
+                            pr * sizeof(float), deadline, &recv_side, err) != 0)
+            return peer_fail(c, !recv_side, err);
         if (add)
             for (size_t i = 0; i < pr; i++) recv[done_r + i] += c->tmp[i];
         done_s += ps;
@@ -133,6 +145,7 @@ int td_comm_allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *er
             segment(n, w, (r - s + w) % w, &so, &sl);
             segment(n, w, (r - s - 1 + 2 * w) % w, &ro, &rl);
             if (step(c, buf + so, sl, buf + ro, rl, true, err) != 0) return -1;
+            if (c->kill_countdown > 0 && --c->kill_countdown == 0) raise(SIGKILL);
         }
         for (int s = 0; s < w - 1; s++) { /* all-gather of the reduced segments */
             size_t so, sl, ro, rl;

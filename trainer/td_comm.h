@@ -21,6 +21,9 @@ typedef struct td_comm td_comm;
 int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char *host,
                  double timeout_s, td_err *err);
 void td_comm_close(td_comm *c);
+/* After a failure: shuts the ring connections down at once, so the neighbours fail now rather
+ * than at their timeout. Later collectives fail. */
+void td_comm_abort(td_comm *c);
 int td_comm_rank(const td_comm *c);
 int td_comm_world(const td_comm *c);
 
@@ -29,5 +32,9 @@ int td_comm_broadcast(td_comm *c, float *buf, size_t n, int root, td_err *err);
 /* all [world × n] receives every rank's `mine` [n], in rank order. */
 int td_comm_allgather(td_comm *c, const float *mine, size_t n, float *all, td_err *err);
 int td_comm_barrier(td_comm *c, td_err *err);
+
+/* Tests only: SIGKILL this process halfway through its n-th all-reduce from now (after the
+ * first ring step), to prove a peer dying mid-collective fails the others cleanly. */
+void td_comm_kill_in_allreduce(td_comm *c, int n);
 
 #endif

@@ -149,8 +149,9 @@ int td_net_recv_all(int fd, void *buf, size_t len, double deadline, td_err *err)
 }
 
 int td_net_exchange(int send_fd, const void *sbuf, size_t slen, int recv_fd, void *rbuf,
-                    size_t rlen, double deadline, td_err *err) {
+                    size_t rlen, double deadline, bool *recv_side, td_err *err) {
     const char *sp = sbuf;
+    *recv_side = true;
     char *rp = rbuf;
     while (slen > 0 || rlen > 0) {
         struct pollfd p[2];
@@ -158,17 +159,18 @@ int td_net_exchange(int send_fd, const void *sbuf, size_t slen, int recv_fd, voi
         if (slen > 0) si = n, p[n++] = (struct pollfd){send_fd, POLLOUT, 0};
         if (rlen > 0) ri = n, p[n++] = (struct pollfd){recv_fd, POLLIN, 0};
         int ms = remaining_ms(deadline);
-        if (ms == 0) return td_fail(err, "timed out exchanging with the ring neighbours");
+        if (ms == 0) return td_fail(err, "timed out waiting for data");
         int rc = poll(p, (nfds_t)n, ms);
         if (rc < 0 && errno != EINTR) return td_fail(err, "poll: %s", strerror(errno));
-        if (rc == 0) return td_fail(err, "timed out exchanging with the ring neighbours");
+        if (rc == 0) return td_fail(err, "timed out waiting for data");
         if (si >= 0 && (p[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
             ssize_t k = send(send_fd, sp, slen, MSG_NOSIGNAL);
             if (k > 0) {
                 sp += k;
                 slen -= (size_t)k;
             } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                return td_fail(err, "send to the next rank failed: %s", strerror(errno));
+                *recv_side = false;
+                return td_fail(err, "sending failed: %s", strerror(errno));
             }
         }
         if (ri >= 0 && (p[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
@@ -177,7 +179,7 @@ int td_net_exchange(int send_fd, const void *sbuf, size_t slen, int recv_fd, voi
                 rp += k;
                 rlen -= (size_t)k;
             } else if (k == 0) {
-                return td_fail(err, "the previous rank closed the connection");
+                return td_fail(err, "it closed the connection");
             } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                 return td_fail(err, "receive from the previous rank failed: %s", strerror(errno));
             }

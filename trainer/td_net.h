@@ -6,6 +6,7 @@
 
 #include "td_error.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 double td_net_now(void);
@@ -22,8 +23,9 @@ int td_net_send_all(int fd, const void *buf, size_t len, double deadline, td_err
 int td_net_recv_all(int fd, void *buf, size_t len, double deadline, td_err *err);
 
 /* Sends sbuf on send_fd while receiving rbuf on recv_fd, both to completion, interleaved so two
- * peers exchanging large buffers cannot deadlock on full socket buffers. */
+ * peers exchanging large buffers cannot deadlock on full socket buffers. On failure *recv_side
+ * tells which side failed (true: the receive; also for a timeout). */
 int td_net_exchange(int send_fd, const void *sbuf, size_t slen, int recv_fd, void *rbuf,
-                    size_t rlen, double deadline, td_err *err);
+                    size_t rlen, double deadline, bool *recv_side, td_err *err);
 
 #endif

@@ -306,6 +306,10 @@ int td_store_port(const td_store *s) {
     return s->port;
 }
 
+void td_store_set_timeout(td_store *s, double timeout_s) {
+    s->timeout_s = timeout_s;
+}
+
 void td_store_close(td_store *s) {
     if (!s) return;
     if (s->fd >= 0) close(s->fd);

@@ -20,6 +20,8 @@ typedef struct td_store td_store;
 int td_store_open(td_store **out, const char *host, int port, bool host_server,
                   const char *namespace_, double timeout_s, td_err *err);
 int td_store_port(const td_store *s);
+/* Changes the deadline of later calls (seconds). */
+void td_store_set_timeout(td_store *s, double timeout_s);
 void td_store_close(td_store *s);
 
 int td_store_set(td_store *s, const char *key, const void *value, size_t len, td_err *err);

@@ -45,10 +45,46 @@ static int world_of(const trainer *t) {
     return td_dist_active(t->dist) ? t->dist->world : 1;
 }
 
+/* After a collective failed: the first rank to fail records its message in the store; the
+ * others, whose failure is often the cascade (a neighbour that gave up), add it to theirs, so
+ * every rank's error leads to the rank that really died. Best effort, with a short deadline:
+ * the store itself may be gone (rank 0 hosts it). */
+static int collective_failed(trainer *t, td_err *err) {
+    if (!t->store) {
+        if (t->comm) td_comm_abort(t->comm);
+        return -1;
+    }
+    td_err ignored;
+    int64_t order = 0;
+    td_store_set_timeout(t->store, 5.0);
+    /* register before shutting the ring down: a neighbour only learns of the failure from that
+     * shutdown, so the rank that failed first is also first in the store */
+    bool counted = td_store_add(t->store, "failures", 1, &order, &ignored) == 0;
+    if (counted && order == 1)
+        td_store_set(t->store, "failure/first", err->msg, strlen(err->msg) + 1, &ignored);
+    if (t->comm) td_comm_abort(t->comm); /* the neighbours learn now, not at their timeout */
+    if (!counted) return -1;
+    void *first;
+    if (order > 1 && td_store_get(t->store, "failure/first", &first, NULL, &ignored) == 0) {
+        char ours[TD_ERR_MAX];
+        memcpy(ours, err->msg, sizeof ours);
+        td_fail(err, "%.500s (the job's first failure: %.480s)", ours, (char *)first);
+        free(first);
+    }
+    /* when one rank died, the world - 1 others report; the last of them says so */
+    if (order == world_of(t) - 1) td_store_set(t->store, "failure/reported", "1", 1, &ignored);
+    if (t->rank0) { /* rank 0 hosts the store: keep it up until the others have read it */
+        void *done;
+        if (td_store_get(t->store, "failure/reported", &done, NULL, &ignored) == 0) free(done);
+    }
+    return -1;
+}
+
 /* Averages a few floats over the ranks (the loss of a step, evaluation counts). */
 static int average_over_ranks(trainer *t, float *v, size_t n, bool average, td_err *err) {
     if (!t->comm) return 0;
-    return td_comm_allreduce(t->comm, v, n, average, err);
+    if (td_comm_allreduce(t->comm, v, n, average, err) != 0) return collective_failed(t, err);
+    return 0;
 }
 
 /* Joins the job: the rendezvous store, the ring, then the replicas start from rank 0's
@@ -71,6 +107,8 @@ static int setup_dist(trainer *t, td_err *err) {
         t->own_store = true;
     }
     if (td_comm_init(&t->comm, t->store, rank, world, d->host, d->timeout_s, err) != 0) return -1;
+    if (t->opt->kill_in_allreduce > 0)
+        td_comm_kill_in_allreduce(t->comm, t->opt->kill_in_allreduce);
     if (td_comm_broadcast(t->comm, t->model.param_block, t->model.param_floats, 0, err) != 0 ||
         td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) != 0)
         return td_fail_prefix(err, "broadcasting rank 0's parameters");
@@ -193,7 +231,7 @@ static int save_checkpoint(trainer *t, td_err *err) {
     if (!t->job->checkpoint_dir[0] || t->last_saved_step == t->state.step) return 0;
     if (!t->rank0) { /* the replicas are identical: rank 0 writes, the others wait for it */
         t->last_saved_step = t->state.step;
-        return t->comm ? td_comm_barrier(t->comm, err) : 0;
+        return t->comm && td_comm_barrier(t->comm, err) != 0 ? collective_failed(t, err) : 0;
     }
     char path[TD_PATH_MAX + 32];
     bool kill = t->opt && t->opt->kill_at_checkpoint > 0 &&
@@ -213,7 +251,7 @@ static int save_checkpoint(trainer *t, td_err *err) {
     fprintf(t->metrics, "\"}\n");
     fflush(t->metrics);
     /* no rank races into the next collective while the save is under way */
-    return t->comm ? td_comm_barrier(t->comm, err) : 0;
+    return t->comm && td_comm_barrier(t->comm, err) != 0 ? collective_failed(t, err) : 0;
 }
 
 static int evaluate(trainer *t, double *val_loss, double *val_acc, td_err *err) {
@@ -302,7 +340,7 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             if (t->comm && t->model.buffer_floats &&
                 td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) !=
                     0)
-                return -1;
+                return collective_failed(t, err);
             const float *logits = td_model_forward(&t->model, b.x, &run);
             double loss = td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes, t->dlogits,
                                           1.0f, NULL) /
@@ -321,7 +359,7 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             /* gradients averaged over the replicas: the mean over the global batch */
             if (t->comm && td_comm_allreduce(t->comm, t->model.grad_block, t->model.param_floats,
                                              true, err) != 0)
-                return -1;
+                return collective_failed(t, err);
             if (job->clip_grad_norm > 0)
                 td_grad_clip(t->model.grad_block, t->model.param_floats, job->clip_grad_norm);
             td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);

@@ -20,6 +20,7 @@ typedef struct td_train_options {
      * rendezvous store unless `store` is given (tests open it themselves to learn its port). */
     const td_dist *dist;
     td_store *store;
+    int kill_in_allreduce; /* tests: SIGKILL halfway through this (gradient) all-reduce; 0: never */
 } td_train_options;
 
 typedef struct td_train_result {

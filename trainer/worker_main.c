@@ -93,6 +93,11 @@ int main(int argc, char **argv) {
      * mid-write leaves the previous checkpoint intact. */
     const char *kill_at = getenv("TRAIND_TEST_KILL_AT_CHECKPOINT");
     if (kill_at) opt.kill_at_checkpoint = atoi(kill_at);
+    /* and "RANK:N": that rank SIGKILLs itself halfway through its N-th all-reduce */
+    const char *kill_ar = getenv("TRAIND_TEST_KILL_IN_ALLREDUCE");
+    const char *rank_env = getenv("RANK");
+    if (kill_ar && rank_env && atoi(kill_ar) == atoi(rank_env) && strchr(kill_ar, ':'))
+        opt.kill_in_allreduce = atoi(strchr(kill_ar, ':') + 1);
 
     td_err err = {{0}};
     td_dist dist;
@@ -132,10 +137,7 @@ int main(int argc, char **argv) {
                        : td_train_run(&job, &opt, stdout, stderr, &res, &err);
     td_job_free(&job);
     if (rc != 0) {
-        if (dist.world > 1)
-            fprintf(stderr, "traind-worker: rank %d: error: %s\n", dist.rank, err.msg);
-        else
-            fprintf(stderr, "traind-worker: error: %s\n", err.msg);
+        fprintf(stderr, "traind-worker: error: %s\n", err.msg);
         return 1;
     }
     if (res.stopped)
