@@ -1,0 +1,35 @@
+#!/bin/sh
+# Data-parallel benchmark on this machine's 2 cores, one BLAS thread per rank:
+#   - LeNet-5, batch 64 per rank: traind with 2 ranks, traind with 1, PyTorch DDP (gloo) with 2;
+#   - a 100 MB all-reduce between 2 ranks.
+#   bench/ddp.sh [BUILD_DIR]
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-$here/../build}
+py=/usr/bin/python3
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cat >"$tmp/lenet.json" <<JSON
+{"name": "bench-ddp", "model": {"preset": "lenet5", "num_classes": 10},
+ "data": {"format": "synthetic", "shape": [1, 28, 28], "num_classes": 10, "size": 60000},
+ "train": {"epochs": 1, "max_steps": 400, "batch_size": 64, "seed": 1, "threads": 1,
+           "optimizer": {"type": "sgd", "lr": 0.01, "momentum": 0.9}},
+ "log": {"every_steps": 50}}
+JSON
+rate() { $py -c '
+import json, sys
+r = [json.loads(l)["samples_per_s"] for l in sys.stdin if "\"event\":\"train\"" in l]
+print(sum(r[1:]) / len(r[1:]))'; }
+one=$("$build/traind-worker" "$tmp/lenet.json" 2>/dev/null | rate)
+two=$("$build/traind-run" --nproc-per-node 2 -- "$build/traind-worker" "$tmp/lenet.json" 2>/dev/null | rate)
+torch=$(cd "$here" && "$build/traind-run" --nproc-per-node 2 -- $py torch_ddp_peer.py 2>/dev/null |
+    $py -c 'import json, sys; print(json.loads(sys.stdin.readline())["img_per_s"])')
+ar=$("$build/traind-run" --nproc-per-node 2 -- "$build/traind-bench-allreduce" 100 5)
+$py -c "
+one, two, torch = $one, $two, $torch
+print('LeNet-5, batch 64 per rank, 1 BLAS thread per rank (img/s, all ranks together)')
+print(f'| traind 1 rank | traind 2 ranks | scaling (2 ranks / 2x1) | PyTorch DDP gloo 2 ranks | traind / PyTorch |')
+print(f'| {one:13.0f} | {two:14.0f} | {two / (2 * one):23.2f} | {torch:24.0f} | {two / torch:15.2f}x |')
+"
+echo "100 MB all-reduce, 2 ranks: $ar"
