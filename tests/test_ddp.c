@@ -65,17 +65,57 @@ static void run_ranks(int world, const char *const *specs, rank_run *runs, long 
     td_store_close(server);
 }
 
-static char *spec_for(int batch, const char *ckdir) {
-    char *s = malloc(2048);
-    snprintf(s, 2048,
-             "{\"model\": {\"preset\": \"mlp\", \"hidden\": [24], \"num_classes\": 10},"
+static const char *MLP = "{\"preset\": \"mlp\", \"hidden\": [24], \"num_classes\": 10}";
+static const char *CONV_BN =
+    "{\"nodes\": [{\"name\": \"conv\", \"op\": \"conv2d\", \"out_channels\": 4, "
+    "\"kernel_size\": 3}, {\"name\": \"bn\", \"op\": \"batchnorm2d\"}, {\"name\": \"relu\", "
+    "\"op\": \"relu\"}, {\"name\": \"flat\", \"op\": \"flatten\"}, {\"name\": \"fc\", "
+    "\"op\": \"linear\", \"out_features\": 10}], \"num_classes\": 10}";
+
+static char *spec_with(const char *model, int batch, const char *ckdir, bool sync_bn) {
+    char *s = malloc(4096);
+    snprintf(s, 4096,
+             "{\"model\": %s,"
              " \"data\": {\"format\": \"synthetic\", \"shape\": [1, 6, 6], \"num_classes\": 10,"
              "   \"size\": 250, \"val_size\": 77},"
-             " \"train\": {\"epochs\": 2, \"batch_size\": %d, \"seed\": 3,"
+             " \"train\": {\"epochs\": 2, \"batch_size\": %d, \"seed\": 3, \"sync_bn\": %s,"
              "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1, \"momentum\": 0.9}},"
              " \"checkpoint\": {\"dir\": \"%s\"}, \"log\": {\"every_steps\": 2}}",
-             batch, ckdir);
+             model, batch, sync_bn ? "true" : "false", ckdir);
     return s;
+}
+
+static char *spec_for(int batch, const char *ckdir) {
+    return spec_with(MLP, batch, ckdir, false);
+}
+
+/* Every tensor of two final checkpoints agrees within `tol` relative to its largest value. */
+static void expect_same_weights(const char *dir_a, const char *dir_b, double tol) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/step-00000016/model.safetensors", dir_a);
+    snprintf(pb, sizeof pb, "%s/step-00000016/model.safetensors", dir_b);
+    td_safetensors sa, sb;
+    td_err err = {{0}};
+    cr_assert_eq(td_safetensors_read(&sa, pa, &err), 0, "%s", err.msg);
+    cr_assert_eq(td_safetensors_read(&sb, pb, &err), 0, "%s", err.msg);
+    for (int i = 0; i < sa.n; i++) {
+        const td_st_tensor *ta = &sa.tensors[i], *tb = td_safetensors_find(&sb, ta->name);
+        cr_assert(tb && tb->count == ta->count);
+        float *va = malloc(ta->count * sizeof(float)), *vb = malloc(ta->count * sizeof(float));
+        td_safetensors_to_float(ta, va);
+        td_safetensors_to_float(tb, vb);
+        double diff = 0, scale = 0;
+        for (size_t k = 0; k < ta->count; k++) {
+            diff = fmax(diff, fabs((double)va[k] - vb[k]));
+            scale = fmax(scale, fabs((double)va[k]));
+        }
+        cr_expect(diff <= tol * scale, "%s differs by %.3g (relative %.3g)", ta->name, diff,
+                  scale > 0 ? diff / scale : diff);
+        free(va);
+        free(vb);
+    }
+    td_safetensors_free(&sa);
+    td_safetensors_free(&sb);
 }
 
 /* Every number in the metrics lines, in order. */
@@ -110,31 +150,7 @@ Test(ddp, world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
         cr_expect(fabs(a[i] - b[i]) <= 1e-4 * fmax(1.0, fabs(a[i])),
                   "value %d: one process %.9g, two ranks %.9g", i, a[i], b[i]);
     /* and the same weights at the end */
-    char pa[600], pb[600];
-    snprintf(pa, sizeof pa, "%s/step-00000016/model.safetensors", one_dir);
-    snprintf(pb, sizeof pb, "%s/step-00000016/model.safetensors", two_dir);
-    td_safetensors sa, sb;
-    td_err err = {{0}};
-    cr_assert_eq(td_safetensors_read(&sa, pa, &err), 0, "%s", err.msg);
-    cr_assert_eq(td_safetensors_read(&sb, pb, &err), 0, "%s", err.msg);
-    for (int i = 0; i < sa.n; i++) {
-        const td_st_tensor *ta = &sa.tensors[i], *tb = td_safetensors_find(&sb, ta->name);
-        cr_assert(tb && tb->count == ta->count);
-        float *va = malloc(ta->count * sizeof(float)), *vb = malloc(ta->count * sizeof(float));
-        td_safetensors_to_float(ta, va);
-        td_safetensors_to_float(tb, vb);
-        double diff = 0, scale = 0;
-        for (size_t k = 0; k < ta->count; k++) {
-            diff = fmax(diff, fabs((double)va[k] - vb[k]));
-            scale = fmax(scale, fabs((double)va[k]));
-        }
-        cr_expect(diff <= 1e-5 * scale, "%s differs by %.3g (relative %.3g)", ta->name, diff,
-                  diff / scale);
-        free(va);
-        free(vb);
-    }
-    td_safetensors_free(&sa);
-    td_safetensors_free(&sb);
+    expect_same_weights(one_dir, two_dir, 1e-5);
     free(single);
     free(single_spec);
     free(ddp_spec);
@@ -153,5 +169,24 @@ Test(ddp, a_rank_that_leaves_fails_the_others_naming_it, .timeout = 120) {
     cr_expect_neq(runs[0].rc, 0, "rank 0 must not carry on alone");
     cr_expect(strstr(runs[0].error, "rank 1"), "rank 0's error names rank 1: %s", runs[0].error);
     free(spec);
+    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+}
+
+Test(ddp, sync_batchnorm_world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
+    /* with SyncBatchNorm the batch statistics span both ranks: the same model, running
+     * statistics included, as one process with the global batch */
+    char one_dir[512], two_dir[512];
+    snprintf(one_dir, sizeof one_dir, "%s/syncbn-one", test_tmpdir());
+    snprintf(two_dir, sizeof two_dir, "%s/syncbn-two", test_tmpdir());
+    char *single_spec = spec_with(CONV_BN, 32, one_dir, false);
+    char *ddp_spec = spec_with(CONV_BN, 16, two_dir, true);
+    free(test_run_job(single_spec, NULL, NULL));
+    const char *specs[2] = {ddp_spec, ddp_spec};
+    rank_run runs[2];
+    run_ranks(2, specs, runs, NULL);
+    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
+    expect_same_weights(one_dir, two_dir, 1e-5);
+    free(single_spec);
+    free(ddp_spec);
     for (int r = 0; r < 2; r++) free(runs[r].metrics);
 }

@@ -1,4 +1,6 @@
-/* BatchNorm1d / BatchNorm2d with torch.nn semantics.
+/* BatchNorm1d / BatchNorm2d with torch.nn semantics, and SyncBatchNorm when the run carries a
+ * td_sync: the statistics (and backward's reductions) then span every rank's batch, which
+ * equals one process holding the global batch.
  *
  * Channels are the last dimension of both layouts ([N, C] and channels-last [N, H, W, C]), so one
  * implementation serves both: statistics run over the N·H·W rows of C channels. Training uses the
@@ -46,7 +48,8 @@ static int bn_build_common(td_model *model, td_node *node, td_err *err, bool spa
     }
     node->out_shape = in;
     node->saved_bytes = 2 * (size_t)c * sizeof(float); /* mean and 1/std used by forward */
-    node->scratch_floats = 7 * (size_t)c; /* two double sums and three floats per channel */
+    /* two double sums, three floats per channel, and 2c + 1 floats for SyncBatchNorm */
+    node->scratch_floats = 9 * (size_t)c + 1;
     return 0;
 }
 
@@ -73,18 +76,33 @@ static void bn_forward(td_node *node, const td_run *run) {
         memset(s, 0, 2 * (size_t)c * sizeof(double));
         for (size_t r = 0; r < rows; r++)
             for (int k = 0; k < c; k++) s[k] += x[r * c + k];
-        for (int k = 0; k < c; k++) mean[k] = (float)(s[k] / (double)rows);
+        double count = (double)rows;
+        td_sync *sync = run->training ? run->sync : NULL;
+        float *wire = (float *)(s2 + c); /* c + 1 floats for the reductions */
+        if (sync) { /* global sums and count: the statistics of the global batch */
+            for (int k = 0; k < c; k++) wire[k] = (float)s[k];
+            wire[c] = (float)rows;
+            if (sync->sum(sync->ctx, wire, (size_t)c + 1) != 0) sync->failed = true;
+            for (int k = 0; k < c; k++) s[k] = wire[k];
+            count = wire[c];
+        }
+        for (int k = 0; k < c; k++) mean[k] = (float)(s[k] / count);
         for (size_t r = 0; r < rows; r++)
             for (int k = 0; k < c; k++) {
                 double d = (double)x[r * c + k] - mean[k];
                 s2[k] += d * d;
             }
+        if (sync) {
+            for (int k = 0; k < c; k++) wire[k] = (float)s2[k];
+            if (sync->sum(sync->ctx, wire, (size_t)c) != 0) sync->failed = true;
+            for (int k = 0; k < c; k++) s2[k] = wire[k];
+        }
         for (int k = 0; k < c; k++) {
-            double var = s2[k] / (double)rows;
+            double var = s2[k] / count;
             invstd[k] = (float)(1.0 / sqrt(var + eps));
             if (run->training && node->args[ARG_TRACK]) {
                 float m = (float)node->args[ARG_MOMENTUM];
-                double unbiased = rows > 1 ? s2[k] / (double)(rows - 1) : var;
+                double unbiased = count > 1 ? s2[k] / (count - 1) : var;
                 float *rm = node->buffers[0]->data, *rv = node->buffers[1]->data;
                 rm[k] = (1.0f - m) * rm[k] + m * mean[k];
                 rv[k] = (1.0f - m) * rv[k] + m * (float)unbiased;
@@ -135,6 +153,18 @@ static void bn_backward(td_node *node, const td_run *run) {
     float *dx = node->in_grad[0];
     if (!dx) return;
     bool add = node->in_grad_add[0];
+    double count = (double)rows;
+    td_sync *sync = run->training ? run->sync : NULL;
+    /* weight and bias gradients above are this rank's (DDP averages them like any other); the
+     * input gradient needs the reductions over the global batch its statistics came from */
+    if (sync) {
+        float *wire = (float *)run->scratch + 7 * (size_t)c;
+        for (int k = 0; k < c; k++) wire[k] = (float)sdy[k], wire[c + k] = (float)sdyx[k];
+        wire[2 * c] = (float)rows;
+        if (sync->sum(sync->ctx, wire, 2 * (size_t)c + 1) != 0) sync->failed = true;
+        for (int k = 0; k < c; k++) sdy[k] = wire[k], sdyx[k] = wire[c + k];
+        count = wire[2 * c];
+    }
     /* dx = w/std · (dy - mean(dy) - xhat·mean(dy·xhat)) with batch statistics (the batch's
      * mean and std depend on x), dx = w/std · dy with running ones. xhat is affine in x, so per
      * channel dx = k1·dy + k2·x + k3. */
@@ -146,7 +176,7 @@ static void bn_backward(td_node *node, const td_run *run) {
         k1[k] = s;
         k2[k] = k3[k] = 0.0f;
         if (batch) {
-            float mdy = (float)(sdy[k] / (double)rows), mdyx = (float)(sdyx[k] / (double)rows);
+            float mdy = (float)(sdy[k] / count), mdyx = (float)(sdyx[k] / count);
             k2[k] = -s * invstd[k] * mdyx;
             k3[k] = -s * mdy + s * invstd[k] * mean[k] * mdyx;
         }

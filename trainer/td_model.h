@@ -25,12 +25,22 @@ typedef struct td_model td_model;
 typedef struct td_node td_node;
 
 /* Everything a forward or backward call needs to know about the batch at hand. */
+/* Sums across data-parallel ranks, for ops whose statistics span the global batch
+ * (SyncBatchNorm). The model knows nothing of the transport: the trainer supplies it. A failed
+ * reduction sets `failed`; the trainer checks it after each pass. */
+typedef struct td_sync {
+    int (*sum)(void *ctx, float *values, size_t n);
+    void *ctx;
+    bool failed;
+} td_sync;
+
 typedef struct td_run {
     int n;                 /* samples in this batch (<= the model's max batch) */
-    bool training;         /* dropout active, batch statistics (later: BatchNorm) */
+    bool training;         /* dropout active, BatchNorm batch statistics */
     bool accumulate_grads; /* add into parameter gradients (gradient accumulation) */
     float *scratch;        /* shared temporary of model->scratch_floats, valid during one call */
     td_rng *rng;           /* for dropout masks */
+    td_sync *sync;         /* SyncBatchNorm across ranks; NULL: statistics of this batch alone */
 } td_run;
 
 typedef enum td_arg_type { TD_ARG_INT, TD_ARG_FLOAT, TD_ARG_BOOL, TD_ARG_CHOICE } td_arg_type;

@@ -601,7 +601,7 @@ static int parse_train(const json_t *root, td_job *job, td_err *err) {
     static const char *const keys[] = {"epochs",    "max_steps", "batch_size", "eval_batch_size",
                                        "seed",      "threads",   "shuffle",    "drop_last",
                                        "optimizer", "schedule",  "loss",       "clip_grad_norm",
-                                       NULL};
+                                       "sync_bn",   NULL};
     if (check_keys(t, "train", keys, err) != 0) return -1;
     long l;
     if (get_int(t, "train", "epochs", false, 1, 1, 1000000, &l, err) != 0) return -1;
@@ -617,6 +617,7 @@ static int parse_train(const json_t *root, td_job *job, td_err *err) {
     job->seed = (uint64_t)l;
     if (get_int(t, "train", "threads", false, 1, 1, 1024, &l, err) != 0) return -1;
     job->threads = (int)l;
+    if (get_bool(t, "train", "sync_bn", false, &job->sync_bn, err) != 0) return -1;
     if (get_bool(t, "train", "shuffle", true, &job->shuffle, err) != 0 ||
         get_bool(t, "train", "drop_last", false, &job->drop_last, err) != 0)
         return -1;

@@ -60,6 +60,7 @@ typedef struct td_job {
     td_schedule schedule;
     td_loss loss;
     float clip_grad_norm; /* 0: off */
+    bool sync_bn;         /* SyncBatchNorm across data-parallel ranks */
 
     int log_every;
 

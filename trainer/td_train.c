@@ -39,6 +39,7 @@ typedef struct trainer {
     td_comm *comm;
     bool rank0;
     td_loader_config train_cfg, val_cfg;
+    td_sync sync; /* SyncBatchNorm's reductions, when train.sync_bn */
 } trainer;
 
 static int world_of(const trainer *t) {
@@ -78,6 +79,12 @@ static int collective_failed(trainer *t, td_err *err) {
         if (td_store_get(t->store, "failure/reported", &done, NULL, &ignored) == 0) free(done);
     }
     return -1;
+}
+
+static int sync_sum(void *ctx, float *values, size_t n) {
+    trainer *t = ctx;
+    td_err err;
+    return td_comm_allreduce(t->comm, values, n, false, &err);
 }
 
 /* Averages a few floats over the ranks (the loss of a step, evaluation counts). */
@@ -321,6 +328,10 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
         stop = t->opt->stop_after_steps;
 
     td_run run = {.training = true, .rng = &st->dropout_rng};
+    if (t->comm && job->sync_bn) {
+        t->sync = (td_sync){.sum = sync_sum, .ctx = t};
+        run.sync = &t->sync;
+    }
     /* TRAIND_PROFILE=1: per-node times of the training steps, printed at the end */
     const char *profile = getenv("TRAIND_PROFILE");
     bool profiling = profile && *profile && strcmp(profile, "0") != 0;
@@ -337,7 +348,7 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             run.n = b.n;
             if (profiling) td_model_enable_profile(&t->model);
             /* DDP's broadcast_buffers: BatchNorm statistics follow rank 0's */
-            if (t->comm && t->model.buffer_floats &&
+            if (t->comm && !run.sync && t->model.buffer_floats &&
                 td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) !=
                     0)
                 return collective_failed(t, err);
@@ -356,6 +367,11 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
                                "train.optimizer.lr or set train.clip_grad_norm",
                                loss, st->step + 1, epoch + 1);
             td_model_backward(&t->model, t->dlogits, &run);
+            if (t->sync.failed) {
+                td_fail(err, "rank %d: a SyncBatchNorm reduction failed (a peer is gone?)",
+                        t->dist->rank);
+                return collective_failed(t, err);
+            }
             /* gradients averaged over the replicas: the mean over the global batch */
             if (t->comm && td_comm_allreduce(t->comm, t->model.grad_block, t->model.param_floats,
                                              true, err) != 0)
