@@ -72,17 +72,22 @@ static const char *CONV_BN =
     "\"op\": \"relu\"}, {\"name\": \"flat\", \"op\": \"flatten\"}, {\"name\": \"fc\", "
     "\"op\": \"linear\", \"out_features\": 10}], \"num_classes\": 10}";
 
-static char *spec_with(const char *model, int batch, const char *ckdir, bool sync_bn) {
+static char *spec_accum(const char *model, int batch, int accum, const char *ckdir, bool sync_bn) {
     char *s = malloc(4096);
     snprintf(s, 4096,
              "{\"model\": %s,"
              " \"data\": {\"format\": \"synthetic\", \"shape\": [1, 6, 6], \"num_classes\": 10,"
-             "   \"size\": 250, \"val_size\": 77},"
-             " \"train\": {\"epochs\": 2, \"batch_size\": %d, \"seed\": 3, \"sync_bn\": %s,"
+             "   \"size\": 256, \"val_size\": 77},"
+             " \"train\": {\"epochs\": 2, \"batch_size\": %d, \"grad_accum\": %d, \"seed\": 3,"
+             "   \"sync_bn\": %s,"
              "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1, \"momentum\": 0.9}},"
              " \"checkpoint\": {\"dir\": \"%s\"}, \"log\": {\"every_steps\": 2}}",
-             model, batch, sync_bn ? "true" : "false", ckdir);
+             model, batch, accum, sync_bn ? "true" : "false", ckdir);
     return s;
+}
+
+static char *spec_with(const char *model, int batch, const char *ckdir, bool sync_bn) {
+    return spec_accum(model, batch, 1, ckdir, sync_bn);
 }
 
 static char *spec_for(int batch, const char *ckdir) {
@@ -188,5 +193,30 @@ Test(ddp, sync_batchnorm_world_2_equals_one_process_with_the_global_batch, .time
     expect_same_weights(one_dir, two_dir, 1e-5);
     free(single_spec);
     free(ddp_spec);
+    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+}
+
+Test(ddp, gradient_accumulation_equals_the_larger_batch, .timeout = 120) {
+    /* 2 batches of 16 per step is one batch of 32; and 2 ranks x 2 batches of 8 (gradients
+     * synchronised on the second only, PyTorch's no_sync) is that too */
+    char one_dir[512], accum_dir[512], ddp_dir[512];
+    snprintf(one_dir, sizeof one_dir, "%s/accum-one", test_tmpdir());
+    snprintf(accum_dir, sizeof accum_dir, "%s/accum-two", test_tmpdir());
+    snprintf(ddp_dir, sizeof ddp_dir, "%s/accum-ddp", test_tmpdir());
+    char *big = spec_accum(MLP, 32, 1, one_dir, false);
+    char *accum = spec_accum(MLP, 16, 2, accum_dir, false);
+    char *ddp = spec_accum(MLP, 8, 2, ddp_dir, false);
+    char *a = test_run_job(big, NULL, NULL), *b = test_run_job(accum, NULL, NULL);
+    expect_same_weights(one_dir, accum_dir, 1e-5);
+    const char *specs[2] = {ddp, ddp};
+    rank_run runs[2];
+    run_ranks(2, specs, runs, NULL);
+    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
+    expect_same_weights(one_dir, ddp_dir, 1e-5);
+    free(a);
+    free(b);
+    free(big);
+    free(accum);
+    free(ddp);
     for (int r = 0; r < 2; r++) free(runs[r].metrics);
 }

@@ -104,11 +104,11 @@ bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float
         TN_CASE(4, 2)
         TN_CASE(4, 3)
         TN_CASE(5, 1)
-        TN_CASE(5, 2) TN_CASE(5, 3) TN_CASE(6, 1) TN_CASE(6, 2) TN_CASE(6, 3) TN_CASE(7, 1)
-            TN_CASE(7, 2) TN_CASE(7, 3) TN_CASE(8, 1) TN_CASE(8, 2) TN_CASE(8, 3) TN_CASE(9, 1)
-                TN_CASE(9, 2) TN_CASE(10, 1) TN_CASE(10, 2) TN_CASE(11, 1) TN_CASE(11, 2)
-                    TN_CASE(12, 1) TN_CASE(12, 2) TN_CASE(13, 1) TN_CASE(14, 1) TN_CASE(15, 1)
-                        TN_CASE(16, 1)
+        TN_CASE(5, 2)
+        TN_CASE(5, 3) TN_CASE(6, 1) TN_CASE(6, 2) TN_CASE(6, 3) TN_CASE(7, 1) TN_CASE(7, 2)
+            TN_CASE(7, 3) TN_CASE(8, 1) TN_CASE(8, 2) TN_CASE(8, 3) TN_CASE(9, 1) TN_CASE(9, 2)
+                TN_CASE(10, 1) TN_CASE(10, 2) TN_CASE(11, 1) TN_CASE(11, 2) TN_CASE(12, 1)
+                    TN_CASE(12, 2) TN_CASE(13, 1) TN_CASE(14, 1) TN_CASE(15, 1) TN_CASE(16, 1)
     }
     return false;
 }

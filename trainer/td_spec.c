@@ -598,10 +598,10 @@ static int parse_schedule(const json_t *t, td_job *job, td_err *err) {
 static int parse_train(const json_t *root, td_job *job, td_err *err) {
     json_t *t;
     if (get_object(root, "", "train", true, &t, err) != 0) return -1;
-    static const char *const keys[] = {"epochs",    "max_steps", "batch_size", "eval_batch_size",
-                                       "seed",      "threads",   "shuffle",    "drop_last",
-                                       "optimizer", "schedule",  "loss",       "clip_grad_norm",
-                                       "sync_bn",   NULL};
+    static const char *const keys[] = {"epochs",    "max_steps",  "batch_size", "eval_batch_size",
+                                       "seed",      "threads",    "shuffle",    "drop_last",
+                                       "optimizer", "schedule",   "loss",       "clip_grad_norm",
+                                       "sync_bn",   "grad_accum", NULL};
     if (check_keys(t, "train", keys, err) != 0) return -1;
     long l;
     if (get_int(t, "train", "epochs", false, 1, 1, 1000000, &l, err) != 0) return -1;
@@ -618,6 +618,8 @@ static int parse_train(const json_t *root, td_job *job, td_err *err) {
     if (get_int(t, "train", "threads", false, 1, 1, 1024, &l, err) != 0) return -1;
     job->threads = (int)l;
     if (get_bool(t, "train", "sync_bn", false, &job->sync_bn, err) != 0) return -1;
+    if (get_int(t, "train", "grad_accum", false, 1, 1, 1 << 16, &l, err) != 0) return -1;
+    job->grad_accum = (int)l;
     if (get_bool(t, "train", "shuffle", true, &job->shuffle, err) != 0 ||
         get_bool(t, "train", "drop_last", false, &job->drop_last, err) != 0)
         return -1;

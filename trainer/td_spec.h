@@ -61,6 +61,7 @@ typedef struct td_job {
     td_loss loss;
     float clip_grad_norm; /* 0: off */
     bool sync_bn;         /* SyncBatchNorm across data-parallel ranks */
+    int grad_accum;       /* batches per optimizer step; gradients sync on the last only */
 
     int log_every;
 

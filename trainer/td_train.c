@@ -315,7 +315,9 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
     const td_job *job = t->job;
     td_train_state *st = &t->state;
     td_schedule sched = job->schedule;
-    int steps_per_epoch = td_loader_batches(&t->train, &t->train_cfg);
+    /* an optimizer step every grad_accum batches (the last group of an epoch may be short) */
+    int batches = td_loader_batches(&t->train, &t->train_cfg), accum = job->grad_accum;
+    int steps_per_epoch = (batches + accum - 1) / accum;
     if (steps_per_epoch == 0)
         return td_fail(err, "train.batch_size: %d with drop_last leaves no batch from %d samples",
                        job->batch_size, t->train.n);
@@ -343,9 +345,14 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
         td_loader_start_epoch(t->train_loader, epoch, st->epoch == epoch ? st->batch : 0);
         st->epoch = epoch;
         td_batch b;
+        double group_loss = 0;
         while (st->step < stop && td_loader_next(t->train_loader, &b)) {
             float lr = td_schedule_lr(&sched, job->optim.lr, st->step);
+            int micro = st->batch % accum;
+            int group =
+                batches - (st->batch - micro) < accum ? batches - (st->batch - micro) : accum;
             run.n = b.n;
+            run.accumulate_grads = micro > 0;
             if (profiling) td_model_enable_profile(&t->model);
             /* DDP's broadcast_buffers: BatchNorm statistics follow rank 0's */
             if (t->comm && !run.sync && t->model.buffer_floats &&
@@ -353,9 +360,22 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
                     0)
                 return collective_failed(t, err);
             const float *logits = td_model_forward(&t->model, b.x, &run);
-            double loss = td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes, t->dlogits,
-                                          1.0f, NULL) /
+            /* each batch of a group carries 1/group of the step's gradient */
+            group_loss += td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes, t->dlogits,
+                                          1.0f / (float)group, NULL) /
                           b.n;
+            td_model_backward(&t->model, t->dlogits, &run);
+            if (t->sync.failed) {
+                td_fail(err, "rank %d: a SyncBatchNorm reduction failed (a peer is gone?)",
+                        t->dist->rank);
+                return collective_failed(t, err);
+            }
+            st->batch++;
+            interval_samples += (long)b.n * world_of(t);
+            total_samples += (long)b.n * world_of(t);
+            if (micro + 1 < group) continue; /* no_sync: gradients accumulate locally */
+            double loss = group_loss / group;
+            group_loss = 0;
             if (t->comm) { /* the logged loss is the mean over ranks, the same on every rank */
                 float l = (float)loss;
                 if (average_over_ranks(t, &l, 1, true, err) != 0) return -1;
@@ -366,12 +386,6 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
                                "the training loss became %g at step %ld (epoch %d); lower "
                                "train.optimizer.lr or set train.clip_grad_norm",
                                loss, st->step + 1, epoch + 1);
-            td_model_backward(&t->model, t->dlogits, &run);
-            if (t->sync.failed) {
-                td_fail(err, "rank %d: a SyncBatchNorm reduction failed (a peer is gone?)",
-                        t->dist->rank);
-                return collective_failed(t, err);
-            }
             /* gradients averaged over the replicas: the mean over the global batch */
             if (t->comm && td_comm_allreduce(t->comm, t->model.grad_block, t->model.param_floats,
                                              true, err) != 0)
@@ -380,13 +394,10 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
                 td_grad_clip(t->model.grad_block, t->model.param_floats, job->clip_grad_norm);
             td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
             st->step++;
-            st->batch++;
             steps_here++;
             st->interval_loss += loss;
             st->interval_steps++;
-            interval_samples += (long)b.n * world_of(t);
             interval_steps_here++;
-            total_samples += (long)b.n * world_of(t);
             res->last_loss = loss;
             if (st->step % job->log_every == 0 || st->step == total) {
                 /* the loss covers the whole interval (after a resume, partly run by the earlier
@@ -408,7 +419,7 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
                 save_checkpoint(t, err) != 0)
                 return -1;
         }
-        if (st->batch < steps_per_epoch) break; /* stopped inside the epoch */
+        if (st->batch < batches) break; /* stopped inside the epoch */
         st->epoch = epoch + 1;
         st->batch = 0;
         res->epochs_done = epoch + 1;
