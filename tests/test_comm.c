@@ -18,7 +18,7 @@ typedef struct rank_ctx {
     td_store *store; /* rank 0's is opened (with the server) before the threads start */
     bool die_after_init;
     int failures;
-    char error[1024];
+    char error[TD_ERR_MAX + 128];
     float *result; /* rank's all-reduce of pseudo-random data, to compare across ranks */
 } rank_ctx;
 
