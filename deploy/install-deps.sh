@@ -4,7 +4,7 @@
 set -eu
 
 packages="
-  build-essential cmake pkg-config git ca-certificates
+  build-essential cmake pkg-config git ca-certificates procps
   libopenblas-dev zlib1g-dev libjansson-dev libcriterion-dev
   libmicrohttpd-dev libsqlite3-dev libcurl4-openssl-dev
   dataset-fashion-mnist
