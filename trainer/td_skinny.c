@@ -90,26 +90,17 @@ static inline __attribute__((always_inline)) void tn_kernel(int rows, const int 
 bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float *dw, bool add) {
     int nv = (k + 15) / 16;
     if (o > 16 || nv > 3 || o * nv > 24) return false;
+    /* one instantiation per (outputs, vectors) pair, so the accumulators stay in registers */
+    // clang-format off
     switch (o * 4 + nv) {
-        TN_CASE(1, 1)
-        TN_CASE(1, 2)
-        TN_CASE(1, 3)
-        TN_CASE(2, 1)
-        TN_CASE(2, 2)
-        TN_CASE(2, 3)
-        TN_CASE(3, 1)
-        TN_CASE(3, 2)
-        TN_CASE(3, 3)
-        TN_CASE(4, 1)
-        TN_CASE(4, 2)
-        TN_CASE(4, 3)
-        TN_CASE(5, 1)
-        TN_CASE(5, 2)
-        TN_CASE(5, 3) TN_CASE(6, 1) TN_CASE(6, 2) TN_CASE(6, 3) TN_CASE(7, 1) TN_CASE(7, 2)
-            TN_CASE(7, 3) TN_CASE(8, 1) TN_CASE(8, 2) TN_CASE(8, 3) TN_CASE(9, 1) TN_CASE(9, 2)
-                TN_CASE(10, 1) TN_CASE(10, 2) TN_CASE(11, 1) TN_CASE(11, 2) TN_CASE(12, 1)
-                    TN_CASE(12, 2) TN_CASE(13, 1) TN_CASE(14, 1) TN_CASE(15, 1) TN_CASE(16, 1)
+        TN_CASE(1, 1) TN_CASE(1, 2) TN_CASE(1, 3) TN_CASE(2, 1) TN_CASE(2, 2) TN_CASE(2, 3)
+        TN_CASE(3, 1) TN_CASE(3, 2) TN_CASE(3, 3) TN_CASE(4, 1) TN_CASE(4, 2) TN_CASE(4, 3)
+        TN_CASE(5, 1) TN_CASE(5, 2) TN_CASE(5, 3) TN_CASE(6, 1) TN_CASE(6, 2) TN_CASE(6, 3)
+        TN_CASE(7, 1) TN_CASE(7, 2) TN_CASE(7, 3) TN_CASE(8, 1) TN_CASE(8, 2) TN_CASE(8, 3)
+        TN_CASE(9, 1) TN_CASE(9, 2) TN_CASE(10, 1) TN_CASE(10, 2) TN_CASE(11, 1) TN_CASE(11, 2)
+        TN_CASE(12, 1) TN_CASE(12, 2) TN_CASE(13, 1) TN_CASE(14, 1) TN_CASE(15, 1) TN_CASE(16, 1)
     }
+    // clang-format on
     return false;
 }
 
