@@ -27,8 +27,6 @@ struct td_loader {
     td_augment augment;
     int epoch;
     td_loader_config cfg;
-    int batch_size;
-    uint64_t seed;
     int *order; /* this epoch's sample indices */
     int n_order;
 
@@ -50,7 +48,7 @@ static void augment_sample(const td_loader *ld, int sample, const float *src, fl
     const td_dataset *ds = ld->ds;
     int h = ds->shape.h, w = ds->shape.w, c = ds->shape.c, pad = ld->augment.crop_padding;
     td_rng rng;
-    td_rng_seed_for(&rng, ld->seed, "augment", (uint64_t)ld->epoch * (uint64_t)ds->n + sample);
+    td_rng_seed_for(&rng, ld->cfg.seed, "augment", (uint64_t)ld->epoch * (uint64_t)ds->n + sample);
     int dy = pad ? (int)td_rng_below(&rng, 2 * (uint64_t)pad + 1) - pad : 0;
     int dx = pad ? (int)td_rng_below(&rng, 2 * (uint64_t)pad + 1) - pad : 0;
     bool flip = ld->augment.hflip && td_rng_uniform(&rng) < 0.5f;
@@ -74,8 +72,8 @@ static void fill(td_loader *ld, int batch_index, slot *s) {
     const td_dataset *ds = ld->ds;
     size_t size = td_shape_size(ds->shape);
     bool augment = ds->shape.spatial && (ld->augment.crop_padding > 0 || ld->augment.hflip);
-    int first = batch_index * ld->batch_size;
-    int n = ld->n_order - first < ld->batch_size ? ld->n_order - first : ld->batch_size;
+    int first = batch_index * ld->cfg.batch_size;
+    int n = ld->n_order - first < ld->cfg.batch_size ? ld->n_order - first : ld->cfg.batch_size;
     for (int i = 0; i < n; i++) {
         int idx = ld->order[first + i];
         float *x = s->batch.x + (size_t)i * size;
@@ -133,8 +131,6 @@ td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
     ld->norm = *norm;
     if (augment) ld->augment = *augment;
     ld->cfg = *cfg;
-    ld->batch_size = cfg->batch_size;
-    ld->seed = cfg->seed;
     int batch_size = cfg->batch_size;
     ld->order = td_malloc((size_t)ds->n * sizeof(int));
     ld->holding = -1;
@@ -160,8 +156,8 @@ int td_loader_start_epoch(td_loader *ld, int epoch, int first) {
     const td_loader_config *cfg = &ld->cfg;
     ld->n_order = rank_samples(ld->ds, cfg);
     if (cfg->pad)
-        td_sampler_indices(ld->ds->n, cfg->shuffle, ld->seed, epoch, cfg->rank, cfg->world, false,
-                           ld->order);
+        td_sampler_indices(ld->ds->n, cfg->shuffle, ld->cfg.seed, epoch, cfg->rank, cfg->world,
+                           false, ld->order);
     else
         for (int k = 0; k < ld->n_order; k++) ld->order[k] = cfg->rank + k * cfg->world;
     int n_batches = td_loader_batches(ld->ds, cfg);
