@@ -191,6 +191,18 @@ Test(gradcheck, dropout_eval) {
     run_check("[{\"name\":\"d\",\"op\":\"dropout\",\"p\":0.3}]", td_shape_flat(20), false);
 }
 
+/* The same with Winograd convolutions (16 channels): its input gradient adds into the skip's */
+Test(gradcheck, residual_block_winograd) {
+    run_check("[{\"name\":\"c1\",\"op\":\"conv2d\",\"out_channels\":16,\"kernel_size\":3,"
+              "\"padding\":1,\"algorithm\":\"winograd\"},"
+              " {\"name\":\"r1\",\"op\":\"relu\"},"
+              " {\"name\":\"c2\",\"op\":\"conv2d\",\"out_channels\":16,\"kernel_size\":3,"
+              "\"padding\":1,\"algorithm\":\"winograd\"},"
+              " {\"name\":\"sum\",\"op\":\"add\",\"inputs\":[\"c2\",\"input\"]},"
+              " {\"name\":\"g\",\"op\":\"global_avgpool\"}]",
+              td_shape_image(16, 5, 5), true);
+}
+
 Test(gradcheck, residual_block) {
     /* the input feeds both the conv branch and the add: its gradient is the sum of two paths */
     run_check("[{\"name\":\"c1\",\"op\":\"conv2d\",\"out_channels\":2,\"kernel_size\":3,"

@@ -14,13 +14,15 @@
 #include "td_model.h"
 #include "td_simd.h"
 #include "td_skinny.h"
+#include "td_winograd.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
 
-enum { ARG_OUT_CHANNELS, ARG_KERNEL, ARG_STRIDE, ARG_PADDING, ARG_BIAS, ARG_INIT };
+enum { ARG_OUT_CHANNELS, ARG_KERNEL, ARG_STRIDE, ARG_PADDING, ARG_BIAS, ARG_INIT, ARG_ALGO };
+enum { ALGO_AUTO, ALGO_IM2COL, ALGO_WINOGRAD };
 
 static const td_op_arg conv_args[] = {
     {"out_channels", TD_ARG_INT, true, 0, 1, 1 << 16, NULL},
@@ -29,6 +31,8 @@ static const td_op_arg conv_args[] = {
     {"padding", TD_ARG_INT, false, 0, 0, 64, NULL},
     {"bias", TD_ARG_BOOL, false, 1, 0, 1, NULL},
     {"init", TD_ARG_CHOICE, false, 0, 0, 0, "default|kaiming_normal_fan_out"},
+    /* auto: Winograd (td_winograd.h) where it fits, else im2col + GEMM */
+    {"algorithm", TD_ARG_CHOICE, false, 0, 0, 0, "auto|im2col|winograd"},
     {0},
 };
 
@@ -54,6 +58,7 @@ typedef struct conv_geom {
     bool bias;
     bool keep_col; /* the training forward's Col is kept for backward */
     bool conv1ch;  /* single-channel direct kernels instead of im2col (td_conv1ch.h) */
+    bool wino;     /* Winograd F(4x4, 3x3) instead of im2col (td_winograd.h) */
 } conv_geom;
 
 static conv_geom geom_of(const td_node *node, int max_n) {
@@ -76,8 +81,11 @@ static conv_geom geom_of(const td_node *node, int max_n) {
     if (g.chunk < min_images) g.chunk = min_images;
     g.direct = g.k == 1 && g.s == 1 && g.p == 0;
     g.conv1ch = td_conv1ch_fits(g.c, g.k, g.s, g.p, g.o);
-    g.keep_col =
-        !g.direct && !g.conv1ch && (size_t)max_n * per_image * sizeof(float) <= CONV_KEEP_COL_BYTES;
+    int algo = (int)node->args[ARG_ALGO];
+    g.wino = algo == ALGO_WINOGRAD || (algo == ALGO_AUTO && !g.conv1ch &&
+                                       td_wino_fits(g.c, g.o, g.k, g.s, g.p));
+    g.keep_col = !g.direct && !g.conv1ch && !g.wino &&
+                 (size_t)max_n * per_image * sizeof(float) <= CONV_KEEP_COL_BYTES;
     return g;
 }
 
@@ -97,6 +105,12 @@ static int conv_build(td_model *model, td_node *node, td_err *err) {
                        "is too small for this layer (check the earlier strides and pools)",
                        k, in.h, in.w, p);
     conv_geom g = geom_of(node, model->max_n);
+    if (node->args[ARG_ALGO] == ALGO_WINOGRAD && !td_wino_fits(g.c, g.o, g.k, g.s, g.p))
+        return td_fail(err,
+                       "\"algorithm\": \"winograd\" needs kernel_size 3, stride 1, padding at "
+                       "most 2 and at least 16 input and output channels (this layer: kernel %d, "
+                       "stride %d, padding %d, %d -> %d channels); use \"auto\"",
+                       g.k, g.s, g.p, g.c, g.o);
     /* PyTorch's default, kaiming_uniform_(a=sqrt(5)), and its bias rule both reduce to a bound
      * of 1/sqrt(fan_in); torchvision's ResNets use kaiming_normal_(mode="fan_out") instead */
     float bound = 1.0f / sqrtf((float)g.kkc);
@@ -106,7 +120,10 @@ static int conv_build(td_model *model, td_node *node, td_err *err) {
     td_model_add_param(model, node, "weight", 4, (int[]){g.o, g.c, g.k, g.k}, w_init);
     if (g.bias) td_model_add_param(model, node, "bias", 1, (int[]){g.o}, td_init_uniform(bound));
     node->out_shape = td_shape_image(g.o, g.oh, g.ow);
-    if (!g.direct) {
+    if (g.wino) {
+        td_wino wg = td_wino_geom(model->max_n, g.h, g.w, g.c, g.o, g.p);
+        node->scratch_floats = td_wino_scratch_floats(&wg);
+    } else if (!g.direct) {
         /* Wp, then the kept Col */
         node->saved_bytes = (size_t)g.o * g.cols * sizeof(float);
         if (g.keep_col)
@@ -269,6 +286,11 @@ static void conv_forward(td_node *node, const td_run *run) {
     const float *w = node->params[0]->data;
     const float *b = g.bias ? node->params[1]->data : NULL;
     size_t out_pix = (size_t)g.oh * g.ow, in_size = (size_t)g.h * g.w * g.c;
+    if (g.wino) {
+        td_wino wg = td_wino_geom(run->n, g.h, g.w, g.c, g.o, g.p);
+        td_wino_forward(&wg, node->in[0], w, b, node->out, false, run->scratch);
+        return;
+    }
     if (g.direct) {
         size_t rows = (size_t)run->n * out_pix;
         if (b) td_fill_rows(node->out, b, rows, (size_t)g.o);
@@ -314,8 +336,26 @@ static void conv_backward_direct(const conv_geom *g, td_node *node, const td_run
                     node->in_grad[0], g->c);
 }
 
+static void conv_backward_wino(const conv_geom *g, td_node *node, const td_run *run) {
+    td_wino wg = td_wino_geom(run->n, g->h, g->w, g->c, g->o, g->p);
+    bool acc = run->accumulate_grads;
+    td_wino_backward(&wg, node->in[0], node->params[0]->data, node->grad, node->params[0]->grad,
+                     acc, node->in_grad[0], node->in_grad_add[0], run->scratch);
+    if (g->bias) {
+        float *db = node->params[1]->grad;
+        if (!acc) memset(db, 0, (size_t)g->o * sizeof(float));
+        size_t rows = (size_t)run->n * g->oh * g->ow;
+        for (size_t r = 0; r < rows; r++)
+            for (int o = 0; o < g->o; o++) db[o] += node->grad[r * g->o + o];
+    }
+}
+
 static void conv_backward(td_node *node, const td_run *run) {
     conv_geom g = geom_of(node, node->max_n);
+    if (g.wino) {
+        conv_backward_wino(&g, node, run);
+        return;
+    }
     if (g.direct) {
         conv_backward_direct(&g, node, run);
         return;
