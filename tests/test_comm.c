@@ -1,6 +1,8 @@
 /* The rendezvous store and the CPU ring collectives, with ranks as threads of this process
  * talking over loopback: results against a sequential reference for world 2, 3 and 4 and sizes
- * 1, 7 and 1,000,003; bitwise agreement between ranks; a dead peer is an error naming it. */
+ * 1, 7 and 1,000,003, on plain memory (the TCP ring) and on buffers from td_comm_alloc (shared
+ * memory), there also at an offset inside the buffer; bitwise agreement between ranks; a dead
+ * peer is an error naming it; ranks naming different buffers are an error. */
 #include "td_comm.h"
 #include "td_store.h"
 
@@ -17,6 +19,8 @@ typedef struct rank_ctx {
     int rank, world, port;
     td_store *store; /* rank 0's is opened (with the server) before the threads start */
     bool die_after_init;
+    bool shared;     /* all-reduce on td_comm_alloc's memory */
+    bool mismatched; /* each rank all-reduces at a different offset: all must fail */
     int failures;
     char error[TD_ERR_MAX + 128];
     float *result; /* rank's all-reduce of pseudo-random data, to compare across ranks */
@@ -41,16 +45,30 @@ static void *run_rank(void *p) {
     rank_ctx *x = p;
     td_err err = {{0}};
     td_comm *c = NULL;
-    float *buf = NULL;
+    float *buf = NULL, *plain = NULL; /* plain: buf when it is malloc'd */
     if (!x->store &&
         td_store_open(&x->store, HOST, x->port, false, "test/attempt-0", TIMEOUT, &err) != 0)
         CHECK(0, "store: %s", err.msg);
     CHECK(td_comm_init(&c, x->store, x->rank, x->world, HOST, TIMEOUT, &err) == 0, "init: %s",
           err.msg);
     if (x->die_after_init) goto out; /* a rank that vanishes: closes its sockets */
-    buf = malloc(SIZES[2] * sizeof(float));
+    float *region = NULL;
+    if (x->shared || x->mismatched) {
+        region = td_comm_alloc(c, SIZES[2] + 64, &err);
+        CHECK(region, "alloc: %s", err.msg);
+        CHECK(strcmp(td_comm_transport(c, region), "shared memory") == 0, "transport: %s",
+              td_comm_transport(c, region));
+    }
+    if (x->mismatched) {
+        int rc = td_comm_allreduce(c, region + x->rank, 10, false, &err);
+        CHECK(rc != 0 && strstr(err.msg, "different buffers"), "mismatch not detected: %s",
+              err.msg);
+        goto out;
+    }
+    if (!x->shared) buf = plain = malloc(SIZES[2] * sizeof(float));
     for (int k = 0; k < 3; k++) {
         size_t n = SIZES[k];
+        if (x->shared) buf = region + (k == 1 ? 33 : 0); /* also a part at an offset */
         for (size_t i = 0; i < n; i++) buf[i] = value(x->rank, i);
         CHECK(td_comm_allreduce(c, buf, n, false, &err) == 0, "allreduce %zu: %s", n, err.msg);
         for (size_t i = 0; i < n; i++) {
@@ -67,8 +85,14 @@ static void *run_rank(void *p) {
     }
     /* bitwise agreement on data whose float sum depends on the order */
     x->result = malloc(4096 * sizeof(float));
-    for (int i = 0; i < 4096; i++) x->result[i] = 1.0f / (float)(i + x->rank + 3) + 1e-3f * x->rank;
-    CHECK(td_comm_allreduce(c, x->result, 4096, false, &err) == 0, "allreduce: %s", err.msg);
+    float *mixed = x->shared ? region + 64 : x->result;
+    for (int i = 0; i < 4096; i++) mixed[i] = 1.0f / (float)(i + x->rank + 3) + 1e-3f * x->rank;
+    CHECK(td_comm_allreduce(c, mixed, 4096, false, &err) == 0, "allreduce: %s", err.msg);
+    memmove(x->result, mixed, 4096 * sizeof(float));
+    if (x->shared) {
+        buf = plain = malloc(SIZES[2] * sizeof(float)); /* the rest on plain memory */
+        td_comm_free(c, region);
+    }
     /* broadcast from the last rank */
     int root = x->world - 1;
     for (size_t i = 0; i < SIZES[2]; i++) buf[i] = x->rank == root ? (float)i * 0.5f : -1.0f;
@@ -85,13 +109,13 @@ static void *run_rank(void *p) {
     /* the store's own barrier and counter */
     CHECK(td_store_barrier(x->store, "end", x->world, &err) == 0, "store barrier: %s", err.msg);
 out:
-    free(buf);
+    free(plain);
     td_comm_close(c);
     if (x->rank != 0) td_store_close(x->store); /* rank 0's (the server) closes after join */
     return NULL;
 }
 
-static void run_world(int world, rank_ctx *ctx, bool last_dies) {
+static void run_world(int world, rank_ctx *ctx, bool last_dies, bool shared, bool mismatched) {
     td_err err = {{0}};
     td_store *server;
     cr_assert_eq(td_store_open(&server, HOST, 0, true, "test/attempt-0", TIMEOUT, &err), 0, "%s",
@@ -102,16 +126,18 @@ static void run_world(int world, rank_ctx *ctx, bool last_dies) {
                             .world = world,
                             .port = td_store_port(server),
                             .store = r == 0 ? server : NULL,
-                            .die_after_init = last_dies && r == world - 1};
+                            .die_after_init = last_dies && r == world - 1,
+                            .shared = shared,
+                            .mismatched = mismatched};
         cr_assert_eq(pthread_create(&threads[r], NULL, run_rank, &ctx[r]), 0);
     }
     for (int r = 0; r < world; r++) pthread_join(threads[r], NULL);
     td_store_close(server);
 }
 
-static void check_world(int world) {
+static void check_world(int world, bool shared) {
     rank_ctx ctx[4];
-    run_world(world, ctx, false);
+    run_world(world, ctx, false, shared, false);
     for (int r = 0; r < world; r++)
         cr_expect_eq(ctx[r].failures, 0, "rank %d: %s", r, ctx[r].error);
     for (int r = 1; r < world; r++)
@@ -122,18 +148,33 @@ static void check_world(int world) {
 }
 
 Test(comm, world_2, .timeout = 120) {
-    check_world(2);
+    check_world(2, false);
 }
 Test(comm, world_3, .timeout = 120) {
-    check_world(3);
+    check_world(3, false);
 }
 Test(comm, world_4, .timeout = 120) {
-    check_world(4);
+    check_world(4, false);
+}
+Test(comm, world_2_shared_memory, .timeout = 120) {
+    check_world(2, true);
+}
+Test(comm, world_3_shared_memory, .timeout = 120) {
+    check_world(3, true);
+}
+Test(comm, world_4_shared_memory, .timeout = 120) {
+    check_world(4, true);
+}
+
+Test(comm, shared_memory_ranks_naming_different_buffers_fail, .timeout = 120) {
+    rank_ctx ctx[3];
+    run_world(3, ctx, false, false, true);
+    for (int r = 0; r < 3; r++) cr_expect_eq(ctx[r].failures, 0, "rank %d: %s", r, ctx[r].error);
 }
 
 Test(comm, dead_peer_is_an_error_naming_it, .timeout = 120) {
     rank_ctx ctx[3];
-    run_world(3, ctx, true);
+    run_world(3, ctx, true, false, false);
     /* rank 2 vanished after joining: rank 0, which receives from it, fails naming it; rank 1
      * fails too, naming whichever neighbour closed on it first (rank 2, or rank 0 once rank 0
      * gave up). The trainer adds the job's first failure to such cascades (test_ddp). */

@@ -82,8 +82,10 @@ static void expect_close(const char *what, const float *a, const float *b, size_
         double d = fabs((double)a[i] - (double)b[i]);
         if (!(d <= worst)) worst = d, at = i; /* NaN counts as worst */
     }
-    cr_expect(worst <= tol * scale, "%s: winograd and im2col differ by %.3g at [%zu] (%g vs %g), "
-              "scale %.3g", what, worst, at, (double)a[at], (double)b[at], scale);
+    cr_expect(worst <= tol * scale,
+              "%s: winograd and im2col differ by %.3g at [%zu] (%g vs %g), "
+              "scale %.3g",
+              what, worst, at, (double)a[at], (double)b[at], scale);
 }
 
 static void check_case(conv_case k, int passes) {

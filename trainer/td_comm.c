@@ -1,5 +1,6 @@
 #include "td_comm.h"
 
+#include "td_comm_private.h"
 #include "td_net.h"
 
 #include <signal.h>
@@ -8,18 +9,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-/* 64 Ki floats: big enough to keep the socket busy, small enough to stay in L2 */
-#define PIECE_FLOATS (64 * 1024)
-
-struct td_comm {
-    int rank, world;
-    int next_fd, prev_fd; /* -1 for world 1 */
-    char next_addr[128], prev_addr[128];
-    double timeout_s;
-    float *tmp;         /* PIECE_FLOATS */
-    int kill_countdown; /* td_comm_kill_in_allreduce; 0: off */
-};
 
 void td_comm_kill_in_allreduce(td_comm *c, int n) {
     c->kill_countdown = n;
@@ -34,7 +23,7 @@ int td_comm_world(const td_comm *c) {
 
 /* Names the neighbour a failed transfer was with: the one error a user needs to find the
  * crashed or stuck rank. */
-static int peer_fail(const td_comm *c, bool next, td_err *err) {
+int td_comm_peer_fail(const td_comm *c, bool next, td_err *err) {
     int peer = (c->rank + (next ? 1 : c->world - 1)) % c->world;
     return td_fail_prefix(err, "rank %d: peer rank %d (%s, the %s rank in the ring)", c->rank, peer,
                           next ? c->next_addr : c->prev_addr, next ? "next" : "previous");
@@ -47,6 +36,7 @@ int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char
     c->world = world;
     c->next_fd = c->prev_fd = -1;
     c->timeout_s = timeout_s;
+    c->store = store;
     c->tmp = td_malloc(PIECE_FLOATS * sizeof(float));
     *out = c;
     if (world == 1) return 0;
@@ -74,17 +64,17 @@ int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char
     double deadline = td_net_now() + timeout_s;
     if (td_net_connect(next_host, next_port, deadline, &c->next_fd, err) != 0) {
         close(listen_fd);
-        return peer_fail(c, true, err);
+        return td_comm_peer_fail(c, true, err);
     }
     int32_t me = rank, who = -1;
     if (td_net_send_all(c->next_fd, &me, 4, deadline, err) != 0) {
         close(listen_fd);
-        return peer_fail(c, true, err);
+        return td_comm_peer_fail(c, true, err);
     }
     if (td_net_accept(listen_fd, deadline, &c->prev_fd, err) != 0 ||
         td_net_recv_all(c->prev_fd, &who, 4, deadline, err) != 0) {
         close(listen_fd);
-        return peer_fail(c, false, err);
+        return td_comm_peer_fail(c, false, err);
     }
     close(listen_fd);
     if (who != prev)
@@ -105,12 +95,12 @@ void td_comm_close(td_comm *c) {
     if (!c) return;
     if (c->next_fd >= 0) close(c->next_fd);
     if (c->prev_fd >= 0) close(c->prev_fd);
+    td_comm_free_regions(c);
     free(c->tmp);
     free(c);
 }
 
-/* Segment k of n floats split into world nearly equal parts. */
-static void segment(size_t n, int world, int k, size_t *off, size_t *len) {
+void td_comm_segment(size_t n, int world, int k, size_t *off, size_t *len) {
     size_t base = n / (size_t)world, extra = n % (size_t)world;
     *off = (size_t)k * base + ((size_t)k < extra ? (size_t)k : extra);
     *len = base + ((size_t)k < extra ? 1 : 0);
@@ -128,7 +118,7 @@ static int step(td_comm *c, const float *send, size_t send_len, float *recv, siz
         bool recv_side;
         if (td_net_exchange(c->next_fd, send + done_s, ps * sizeof(float), c->prev_fd, into,
                             pr * sizeof(float), deadline, &recv_side, err) != 0)
-            return peer_fail(c, !recv_side, err);
+            return td_comm_peer_fail(c, !recv_side, err);
         if (add)
             for (size_t i = 0; i < pr; i++) recv[done_r + i] += c->tmp[i];
         done_s += ps;
@@ -139,18 +129,20 @@ static int step(td_comm *c, const float *send, size_t send_len, float *recv, siz
 
 int td_comm_allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *err) {
     int w = c->world, r = c->rank;
+    td_comm_region *shared = w > 1 ? td_comm_region_of(c, buf, n) : NULL;
+    if (shared) return td_comm_allreduce_shared(c, shared, buf, n, average, err);
     if (w > 1) {
         for (int s = 0; s < w - 1; s++) { /* reduce-scatter */
             size_t so, sl, ro, rl;
-            segment(n, w, (r - s + w) % w, &so, &sl);
-            segment(n, w, (r - s - 1 + 2 * w) % w, &ro, &rl);
+            td_comm_segment(n, w, (r - s + w) % w, &so, &sl);
+            td_comm_segment(n, w, (r - s - 1 + 2 * w) % w, &ro, &rl);
             if (step(c, buf + so, sl, buf + ro, rl, true, err) != 0) return -1;
             if (c->kill_countdown > 0 && --c->kill_countdown == 0) raise(SIGKILL);
         }
         for (int s = 0; s < w - 1; s++) { /* all-gather of the reduced segments */
             size_t so, sl, ro, rl;
-            segment(n, w, (r + 1 - s + w) % w, &so, &sl);
-            segment(n, w, (r - s + w) % w, &ro, &rl);
+            td_comm_segment(n, w, (r + 1 - s + w) % w, &so, &sl);
+            td_comm_segment(n, w, (r - s + w) % w, &ro, &rl);
             if (step(c, buf + so, sl, buf + ro, rl, false, err) != 0) return -1;
         }
     }
@@ -170,10 +162,10 @@ int td_comm_broadcast(td_comm *c, float *buf, size_t n, int root, td_err *err) {
         size_t len = n - off < PIECE_FLOATS ? n - off : PIECE_FLOATS;
         if (receives &&
             td_net_recv_all(c->prev_fd, buf + off, len * sizeof(float), deadline, err) != 0)
-            return peer_fail(c, false, err);
+            return td_comm_peer_fail(c, false, err);
         if (forwards &&
             td_net_send_all(c->next_fd, buf + off, len * sizeof(float), deadline, err) != 0)
-            return peer_fail(c, true, err);
+            return td_comm_peer_fail(c, true, err);
     }
     return 0;
 }

@@ -33,6 +33,16 @@ int td_comm_broadcast(td_comm *c, float *buf, size_t n, int root, td_err *err);
 int td_comm_allgather(td_comm *c, const float *mine, size_t n, float *all, td_err *err);
 int td_comm_barrier(td_comm *c, td_err *err);
 
+/* Collective (every rank calls it with the same n, in the same order): a buffer of n floats for
+ * all-reduces. When all ranks run on one host, each rank's buffer is mapped into every rank
+ * (POSIX shared memory) and all-reduces on it, or on any part of it at the same offset on every
+ * rank, read the peers' memory directly instead of streaming it through the TCP ring (as NCCL's
+ * registered buffers). Otherwise it is plain memory. NULL on failure. */
+float *td_comm_alloc(td_comm *c, size_t n, td_err *err);
+void td_comm_free(td_comm *c, float *p);
+/* How all-reduces on p travel: "shared memory", or "the TCP ring (why not shared memory)". */
+const char *td_comm_transport(const td_comm *c, const float *p);
+
 /* Tests only: SIGKILL this process halfway through its n-th all-reduce from now (after the
  * first ring step), to prove a peer dying mid-collective fails the others cleanly. */
 void td_comm_kill_in_allreduce(td_comm *c, int n);

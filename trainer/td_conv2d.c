@@ -82,8 +82,8 @@ static conv_geom geom_of(const td_node *node, int max_n) {
     g.direct = g.k == 1 && g.s == 1 && g.p == 0;
     g.conv1ch = td_conv1ch_fits(g.c, g.k, g.s, g.p, g.o);
     int algo = (int)node->args[ARG_ALGO];
-    g.wino = algo == ALGO_WINOGRAD || (algo == ALGO_AUTO && !g.conv1ch &&
-                                       td_wino_fits(g.c, g.o, g.k, g.s, g.p));
+    g.wino = algo == ALGO_WINOGRAD ||
+             (algo == ALGO_AUTO && !g.conv1ch && td_wino_fits(g.c, g.o, g.k, g.s, g.p));
     g.keep_col = !g.direct && !g.conv1ch && !g.wino &&
                  (size_t)max_n * per_image * sizeof(float) <= CONV_KEEP_COL_BYTES;
     return g;

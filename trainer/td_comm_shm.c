@@ -1,0 +1,224 @@
+/* All-reduce through shared memory, for ranks on one host (the common case: one process per
+ * core or GPU of a node).
+ *
+ * Over the TCP ring, every float crosses the loopback twice and every rank copies it through
+ * the kernel; on one host the ranks can instead read each other's buffers. td_comm_alloc maps
+ * each rank's buffer into every rank (POSIX shared memory), like NCCL's registered buffers. An
+ * all-reduce on such a buffer is then: rank r sums segment r straight from every rank's memory
+ * into its own, then copies the other segments from their owners. The ring's sockets carry only
+ * the three synchronisations (and their deadlines, so a dead peer is still an error naming it,
+ * never a hang). Each segment is summed by one rank in rank order and copied to the others, so
+ * every rank ends with the same bits.
+ */
+#include "td_comm_private.h"
+#include "td_net.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void *map_shared(int fd, size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Creates this rank's segment; NULL (and the reason in why) when shared memory is unavailable. */
+static float *create_own(const char *name, size_t bytes, char *why, size_t why_len) {
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+        snprintf(why, why_len, "shm_open(%s): %s", name, strerror(errno));
+        return NULL;
+    }
+    void *p = NULL;
+    if (ftruncate(fd, (off_t)bytes) != 0)
+        snprintf(why, why_len, "ftruncate(%s, %zu): %s", name, bytes, strerror(errno));
+    else if (!(p = map_shared(fd, bytes)))
+        snprintf(why, why_len, "mmap(%s, %zu): %s", name, bytes, strerror(errno));
+    close(fd);
+    if (!p) shm_unlink(name);
+    return p;
+}
+
+static float *map_peer(const char *name, size_t bytes) {
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) return NULL;
+    struct stat st;
+    void *p = NULL;
+    if (fstat(fd, &st) == 0 && (size_t)st.st_size == bytes) p = map_shared(fd, bytes);
+    close(fd);
+    return p;
+}
+
+float *td_comm_alloc(td_comm *c, size_t n, td_err *err) {
+    int slot = 0;
+    while (slot < TD_COMM_MAX_REGIONS && c->regions[slot].mine) slot++;
+    if (slot == TD_COMM_MAX_REGIONS) {
+        td_fail(err, "rank %d: more than %d communication buffers at once", c->rank,
+                TD_COMM_MAX_REGIONS);
+        return NULL;
+    }
+    td_comm_region *g = &c->regions[slot];
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    g->floats = n;
+    g->bytes = (n * sizeof(float) + page - 1) / page * page;
+    if (g->bytes == 0) g->bytes = page;
+    int seq = c->region_seq++;
+    if (c->world == 1) {
+        g->mine = td_aligned_alloc(g->bytes);
+        snprintf(g->transport, sizeof g->transport, "nothing (a world of one)");
+        return g->mine;
+    }
+
+    /* every rank publishes its segment's name ("" if it has none), then maps the others' */
+    char name[96], key[64], why[256] = "";
+    snprintf(name, sizeof name, "/traind-%ld-%d-%d", (long)getpid(), c->rank, seq);
+    float *own = create_own(name, g->bytes, why, sizeof why);
+    snprintf(key, sizeof key, "comm/shm/%d/%d", seq, c->rank);
+    if (td_store_set(c->store, key, own ? name : "", own ? strlen(name) + 1 : 1, err) != 0)
+        goto fail;
+    g->peer = td_calloc((size_t)c->world, sizeof(float *));
+    float shared = own ? 1.0f : 0.0f;
+    for (int p = 0; p < c->world && own; p++) {
+        if (p == c->rank) {
+            g->peer[p] = own;
+            continue;
+        }
+        void *v;
+        snprintf(key, sizeof key, "comm/shm/%d/%d", seq, p);
+        if (td_store_get(c->store, key, &v, NULL, err) != 0) goto fail;
+        g->peer[p] = *(char *)v ? map_peer(v, g->bytes) : NULL;
+        free(v);
+        if (!g->peer[p]) shared = 0.0f; /* another host, another /dev/shm, or no memory */
+    }
+    /* all or nothing: the count of ranks that mapped everyone's, summed over the TCP ring (no
+     * region is registered yet); once it returns, every rank has opened the names */
+    if (td_comm_allreduce(c, &shared, 1, false, err) != 0) goto fail;
+    if (own) shm_unlink(name); /* the mappings live on; nothing is left in /dev/shm */
+    if (shared == (float)c->world) {
+        g->mine = own;
+        snprintf(g->transport, sizeof g->transport, "shared memory");
+        return own;
+    }
+    for (int p = 0; p < c->world; p++)
+        if (p != c->rank && g->peer[p]) munmap(g->peer[p], g->bytes);
+    free(g->peer);
+    g->peer = NULL;
+    if (own) munmap(own, g->bytes);
+    g->mine = td_aligned_alloc(g->bytes); /* TCP all-reduces on plain memory */
+    snprintf(g->transport, sizeof g->transport, "the TCP ring (%s)",
+             why[0] ? why : "the ranks cannot map each other's memory: not all on one host");
+    return g->mine;
+fail:
+    if (own) {
+        shm_unlink(name);
+        munmap(own, g->bytes);
+    }
+    if (g->peer)
+        for (int p = 0; p < c->world; p++)
+            if (p != c->rank && g->peer[p]) munmap(g->peer[p], g->bytes);
+    free(g->peer);
+    memset(g, 0, sizeof *g);
+    td_fail_prefix(err, "rank %d: allocating a shared gradient buffer", c->rank);
+    return NULL;
+}
+
+static void release(td_comm *c, td_comm_region *g) {
+    if (g->peer) {
+        for (int p = 0; p < c->world; p++)
+            if (g->peer[p]) munmap(g->peer[p], g->bytes); /* peer[rank] is mine */
+        free(g->peer);
+    } else {
+        free(g->mine);
+    }
+    memset(g, 0, sizeof *g);
+}
+
+void td_comm_free(td_comm *c, float *p) {
+    if (!c || !p) return;
+    for (int i = 0; i < TD_COMM_MAX_REGIONS; i++)
+        if (c->regions[i].mine == p) release(c, &c->regions[i]);
+}
+
+const char *td_comm_transport(const td_comm *c, const float *p) {
+    for (int i = 0; i < TD_COMM_MAX_REGIONS; i++)
+        if (c->regions[i].mine == p) return c->regions[i].transport;
+    return "the TCP ring";
+}
+
+void td_comm_free_regions(td_comm *c) {
+    for (int i = 0; i < TD_COMM_MAX_REGIONS; i++)
+        if (c->regions[i].mine) release(c, &c->regions[i]);
+}
+
+td_comm_region *td_comm_region_of(td_comm *c, const float *buf, size_t n) {
+    for (int i = 0; i < TD_COMM_MAX_REGIONS; i++) {
+        td_comm_region *g = &c->regions[i];
+        if (g->peer && buf >= g->mine && buf + n <= g->mine + g->floats) return g;
+    }
+    return NULL;
+}
+
+/* A barrier over the ring that also checks every rank names the same part of the region: the
+ * (offset, length) pair travels round the ring once. */
+static int sync_ranks(td_comm *c, uint64_t off, uint64_t n, td_err *err) {
+    uint64_t mine[2] = {off, n}, pass[2] = {off, n}, got[2];
+    double deadline = td_net_now() + c->timeout_s;
+    for (int s = 0; s < c->world - 1; s++) {
+        bool recv_side;
+        if (td_net_exchange(c->next_fd, pass, sizeof pass, c->prev_fd, got, sizeof got, deadline,
+                            &recv_side, err) != 0)
+            return td_comm_peer_fail(c, !recv_side, err);
+        if (got[0] != mine[0] || got[1] != mine[1])
+            return td_fail(err,
+                           "rank %d: ranks all-reduce different buffers (this rank: %llu floats at "
+                           "offset %llu; rank %d: %llu at %llu); every rank must make the same "
+                           "collective calls in the same order",
+                           c->rank, (unsigned long long)n, (unsigned long long)off,
+                           (c->rank - 1 - s + 2 * c->world) % c->world, (unsigned long long)got[1],
+                           (unsigned long long)got[0]);
+        memcpy(pass, got, sizeof pass);
+    }
+    return 0;
+}
+
+/* dst[i] = (src[0][i] + src[1][i] + ...) · scale, summed in rank order */
+static void sum_segment(float *dst, float *const *src, int world, size_t n, float scale) {
+    enum { BLOCK = 2048 };
+    float acc[BLOCK];
+    for (size_t b = 0; b < n; b += BLOCK) {
+        size_t m = n - b < BLOCK ? n - b : BLOCK;
+        for (size_t i = 0; i < m; i++) acc[i] = src[0][b + i] + src[1][b + i];
+        for (int p = 2; p < world; p++)
+            for (size_t i = 0; i < m; i++) acc[i] += src[p][b + i];
+        for (size_t i = 0; i < m; i++) dst[b + i] = acc[i] * scale;
+    }
+}
+
+int td_comm_allreduce_shared(td_comm *c, td_comm_region *g, float *buf, size_t n, bool average,
+                             td_err *err) {
+    int w = c->world, r = c->rank;
+    size_t off = (size_t)(buf - g->mine), so, sl;
+    /* 1: every rank's input is complete */
+    if (sync_ranks(c, off, n, err) != 0) return -1;
+    td_comm_segment(n, w, r, &so, &sl);
+    float *src[w];
+    for (int p = 0; p < w; p++) src[p] = g->peer[p] + off + so;
+    sum_segment(buf + so, src, w, sl, average ? 1.0f / (float)w : 1.0f);
+    if (c->kill_countdown > 0 && --c->kill_countdown == 0) raise(SIGKILL);
+    /* 2: every segment is reduced */
+    if (sync_ranks(c, off, n, err) != 0) return -1;
+    for (int p = 0; p < w; p++) {
+        if (p == r) continue;
+        td_comm_segment(n, w, p, &so, &sl);
+        memcpy(buf + so, g->peer[p] + off + so, sl * sizeof(float));
+    }
+    /* 3: nobody still reads this rank's buffer when the caller gets it back */
+    return sync_ranks(c, off, n, err);
+}
