@@ -5,10 +5,10 @@
  * the kernel; on one host the ranks can instead read each other's buffers. td_comm_alloc maps
  * each rank's buffer into every rank (POSIX shared memory), like NCCL's registered buffers. An
  * all-reduce on such a buffer is then: rank r sums segment r straight from every rank's memory
- * into its own, then copies the other segments from their owners. The ring's sockets carry only
- * the three synchronisations (and their deadlines, so a dead peer is still an error naming it,
- * never a hang). Each segment is summed by one rank in rank order and copied to the others, so
- * every rank ends with the same bits.
+ * and writes the result into every rank's memory. The ring's sockets carry only the two
+ * synchronisations (and their deadlines, so a dead peer is still an error naming it, never a
+ * hang). Each segment is summed by one rank in rank order and written to all, so every rank
+ * ends with the same bits.
  */
 #include "td_comm_private.h"
 #include "td_net.h"
@@ -188,16 +188,18 @@ static int sync_ranks(td_comm *c, uint64_t off, uint64_t n, td_err *err) {
     return 0;
 }
 
-/* dst[i] = (src[0][i] + src[1][i] + ...) · scale, summed in rank order */
-static void sum_segment(float *dst, float *const *src, int world, size_t n, float scale) {
+/* buf[p][i] = (buf[0][i] + buf[1][i] + ...) · scale for every rank p, summed in rank order.
+ * Block by block, every input of a block is read before any rank's copy of it is written. */
+static void sum_segment(float *const *buf, int world, size_t n, float scale) {
     enum { BLOCK = 2048 };
     float acc[BLOCK];
     for (size_t b = 0; b < n; b += BLOCK) {
         size_t m = n - b < BLOCK ? n - b : BLOCK;
-        for (size_t i = 0; i < m; i++) acc[i] = src[0][b + i] + src[1][b + i];
+        for (size_t i = 0; i < m; i++) acc[i] = buf[0][b + i] + buf[1][b + i];
         for (int p = 2; p < world; p++)
-            for (size_t i = 0; i < m; i++) acc[i] += src[p][b + i];
-        for (size_t i = 0; i < m; i++) dst[b + i] = acc[i] * scale;
+            for (size_t i = 0; i < m; i++) acc[i] += buf[p][b + i];
+        for (size_t i = 0; i < m; i++) acc[i] *= scale;
+        for (int p = 0; p < world; p++) memcpy(buf[p] + b, acc, m * sizeof(float));
     }
 }
 
@@ -207,18 +209,12 @@ int td_comm_allreduce_shared(td_comm *c, td_comm_region *g, float *buf, size_t n
     size_t off = (size_t)(buf - g->mine), so, sl;
     /* 1: every rank's input is complete */
     if (sync_ranks(c, off, n, err) != 0) return -1;
+    /* only rank r reads or writes segment r, in any rank's memory */
     td_comm_segment(n, w, r, &so, &sl);
-    float *src[w];
-    for (int p = 0; p < w; p++) src[p] = g->peer[p] + off + so;
-    sum_segment(buf + so, src, w, sl, average ? 1.0f / (float)w : 1.0f);
+    float *seg[w];
+    for (int p = 0; p < w; p++) seg[p] = g->peer[p] + off + so;
+    sum_segment(seg, w, sl, average ? 1.0f / (float)w : 1.0f);
     if (c->kill_countdown > 0 && --c->kill_countdown == 0) raise(SIGKILL);
-    /* 2: every segment is reduced */
-    if (sync_ranks(c, off, n, err) != 0) return -1;
-    for (int p = 0; p < w; p++) {
-        if (p == r) continue;
-        td_comm_segment(n, w, p, &so, &sl);
-        memcpy(buf + so, g->peer[p] + off + so, sl * sizeof(float));
-    }
-    /* 3: nobody still reads this rank's buffer when the caller gets it back */
+    /* 2: every segment is written everywhere, and nobody touches this rank's memory any more */
     return sync_ranks(c, off, n, err);
 }
