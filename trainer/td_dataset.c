@@ -21,6 +21,16 @@ void td_dataset_free(td_dataset *ds) {
     memset(ds, 0, sizeof *ds);
 }
 
+/* dst[j] = p[j] · scale + shift of channel (first + j) mod c: uint8 pixels to normalised floats */
+static void convert_pixels(const uint8_t *p, size_t n, size_t first, int c, const float *scale,
+                           const float *shift, float *dst) {
+    if (c == 1)
+        for (size_t j = 0; j < n; j++) dst[j] = (float)p[j] * scale[0] + shift[0];
+    else
+        for (size_t j = 0; j < n; j++)
+            dst[j] = (float)p[j] * scale[(first + j) % c] + shift[(first + j) % c];
+}
+
 int td_dataset_sample(const td_dataset *ds, int i, const td_normalize *norm, float *dst) {
     size_t size = td_shape_size(ds->shape);
     int c = ds->shape.spatial ? ds->shape.c : 1;
@@ -38,11 +48,7 @@ int td_dataset_sample(const td_dataset *ds, int i, const td_normalize *norm, flo
         return ds->labels[i];
     }
     if (ds->pixels) {
-        const uint8_t *p = ds->pixels + (size_t)i * size;
-        if (c == 1)
-            for (size_t j = 0; j < size; j++) dst[j] = (float)p[j] * scale[0] + shift[0];
-        else
-            for (size_t j = 0; j < size; j++) dst[j] = (float)p[j] * scale[j % c] + shift[j % c];
+        convert_pixels(ds->pixels + (size_t)i * size, size, 0, c, scale, shift, dst);
         return ds->labels[i];
     }
     /* Synthetic: noise, plus a brighter band whose position depends on the label, so a model
@@ -51,14 +57,19 @@ int td_dataset_sample(const td_dataset *ds, int i, const td_normalize *norm, flo
     int label = (int)(h % (uint64_t)ds->num_classes);
     size_t row = (size_t)ds->shape.w * ds->shape.c;
     size_t band = (size_t)(label * ds->shape.h / ds->num_classes) * row, band_end = band + row;
-    for (size_t j = 0; j < size; j += 8) {
-        uint64_t r = td_mix64(h + j);
-        for (size_t b = 0; b < 8 && j + b < size; b++) {
-            uint8_t px = (uint8_t)(r >> (8 * b)) >> 1;
-            if (j + b >= band && j + b < band_end) px |= 0x80;
-            dst[j + b] =
-                (float)px * scale[c == 1 ? 0 : (j + b) % c] + shift[c == 1 ? 0 : (j + b) % c];
+    /* bytes first, then the same conversion as real pixels: the loader thread shares the cores
+     * with the ranks' training, so its cost per sample matters */
+    enum { CHUNK = 4096 }; /* a multiple of 8: each td_mix64 gives 8 pixels */
+    uint8_t px[CHUNK];
+    for (size_t j0 = 0; j0 < size; j0 += CHUNK) {
+        size_t m = size - j0 < CHUNK ? size - j0 : CHUNK;
+        for (size_t j = 0; j < m; j += 8) {
+            uint64_t r = td_mix64(h + j0 + j);
+            for (size_t b = 0; b < 8 && j + b < m; b++) px[j + b] = (uint8_t)(r >> (8 * b)) >> 1;
         }
+        size_t lo = band > j0 ? band : j0, hi = band_end < j0 + m ? band_end : j0 + m;
+        for (size_t j = lo; j < hi; j++) px[j - j0] |= 0x80;
+        convert_pixels(px, m, j0, c, scale, shift, dst + j0);
     }
     return label;
 }
