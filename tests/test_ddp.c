@@ -4,6 +4,8 @@
 #include "td_checkpoint.h"
 #include "td_safetensors.h"
 #include "test_util.h"
+#include "td_comm.h"
+#include "td_reducer.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -72,18 +74,24 @@ static const char *CONV_BN =
     "\"op\": \"relu\"}, {\"name\": \"flat\", \"op\": \"flatten\"}, {\"name\": \"fc\", "
     "\"op\": \"linear\", \"out_features\": 10}], \"num_classes\": 10}";
 
-static char *spec_accum(const char *model, int batch, int accum, const char *ckdir, bool sync_bn) {
+/* extra: more top-level members, each followed by a comma ("" for none) */
+static char *spec_full(const char *model, int batch, int accum, const char *ckdir, bool sync_bn,
+                       const char *extra) {
     char *s = malloc(4096);
     snprintf(s, 4096,
-             "{\"model\": %s,"
+             "{%s \"model\": %s,"
              " \"data\": {\"format\": \"synthetic\", \"shape\": [1, 6, 6], \"num_classes\": 10,"
              "   \"size\": 256, \"val_size\": 77},"
              " \"train\": {\"epochs\": 2, \"batch_size\": %d, \"grad_accum\": %d, \"seed\": 3,"
              "   \"sync_bn\": %s,"
              "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1, \"momentum\": 0.9}},"
              " \"checkpoint\": {\"dir\": \"%s\"}, \"log\": {\"every_steps\": 2}}",
-             model, batch, accum, sync_bn ? "true" : "false", ckdir);
+             extra, model, batch, accum, sync_bn ? "true" : "false", ckdir);
     return s;
+}
+
+static char *spec_accum(const char *model, int batch, int accum, const char *ckdir, bool sync_bn) {
+    return spec_full(model, batch, accum, ckdir, sync_bn, "");
 }
 
 static char *spec_with(const char *model, int batch, const char *ckdir, bool sync_bn) {
@@ -160,6 +168,84 @@ Test(ddp, world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
     free(single_spec);
     free(ddp_spec);
     for (int r = 0; r < 2; r++) free(runs[r].metrics);
+}
+
+/* Buckets of about 1 KiB: the MLP's gradients go out in two all-reduces while backward runs,
+ * and with SyncBatchNorm its backward's sums queue up between the buckets. Still the model of
+ * one process with the global batch. */
+static const char *SMALL_BUCKETS = "\"distributed\": {\"bucket_cap_mb\": 0.001},";
+
+Test(ddp, small_buckets_equal_one_process_with_the_global_batch, .timeout = 120) {
+    char one_dir[512], two_dir[512];
+    snprintf(one_dir, sizeof one_dir, "%s/buckets-one", test_tmpdir());
+    snprintf(two_dir, sizeof two_dir, "%s/buckets-two", test_tmpdir());
+    char *single_spec = spec_full(MLP, 32, 1, one_dir, false, "");
+    char *ddp_spec = spec_full(MLP, 16, 1, two_dir, false, SMALL_BUCKETS);
+    free(test_run_job(single_spec, NULL, NULL));
+    const char *specs[2] = {ddp_spec, ddp_spec};
+    rank_run runs[2];
+    run_ranks(2, specs, runs, NULL);
+    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
+    expect_same_weights(one_dir, two_dir, 1e-5);
+    free(single_spec);
+    free(ddp_spec);
+    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+}
+
+Test(ddp, small_buckets_with_sync_batchnorm, .timeout = 120) {
+    char one_dir[512], two_dir[512];
+    snprintf(one_dir, sizeof one_dir, "%s/buckets-bn-one", test_tmpdir());
+    snprintf(two_dir, sizeof two_dir, "%s/buckets-bn-two", test_tmpdir());
+    char *single_spec = spec_full(CONV_BN, 32, 1, one_dir, false, "");
+    char *ddp_spec = spec_full(CONV_BN, 16, 1, two_dir, true, SMALL_BUCKETS);
+    free(test_run_job(single_spec, NULL, NULL));
+    const char *specs[2] = {ddp_spec, ddp_spec};
+    rank_run runs[2];
+    run_ranks(2, specs, runs, NULL);
+    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
+    expect_same_weights(one_dir, two_dir, 1e-5);
+    free(single_spec);
+    free(ddp_spec);
+    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+}
+
+/* The bucket plan: reverse parameter order, closed once a bucket reaches the cap. The MLP
+ * 36-24-10 has fc2.bias (10 floats), fc2.weight (240), fc1.bias (24), fc1.weight (864): with a
+ * 1000-byte cap, [fc2.bias, fc2.weight, fc1.bias] then [fc1.weight]. In a world of one the
+ * reducer leaves gradients and loss as they are. */
+Test(reducer, buckets_in_reverse_order_up_to_the_cap) {
+    td_model m;
+    test_build_model(&m,
+                     "[{\"name\":\"fc1\",\"op\":\"linear\",\"out_features\":24},"
+                     " {\"name\":\"fc2\",\"op\":\"linear\",\"out_features\":10}]",
+                     td_shape_flat(36), 4, 1);
+    td_comm *comm;
+    td_err err = {{0}};
+    cr_assert_eq(td_comm_init(&comm, NULL, 0, 1, "127.0.0.1", 5.0, &err), 0, "%s", err.msg);
+    td_reducer *r;
+    cr_assert_eq(td_reducer_start(&r, comm, &m, 1000.0 / (1024 * 1024), &err), 0, "%s", err.msg);
+    cr_expect_eq(td_reducer_buckets(r), 2);
+    float x[4 * 36], dy[4 * 10];
+    for (int i = 0; i < 4 * 36; i++) x[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < 4 * 10; i++) dy[i] = (float)(i % 5) - 2.0f;
+    td_run run = {.n = 4, .training = true};
+    td_model_forward(&m, x, &run);
+    td_model_backward(&m, dy, &run);
+    float *plain = malloc(m.param_floats * sizeof(float));
+    memcpy(plain, m.grad_block, m.param_floats * sizeof(float));
+    td_reducer_begin(r, 2.5f, &run);
+    td_model_backward(&m, dy, &run);
+    float loss = 0;
+    cr_assert_eq(td_reducer_finish(r, &loss, &err), 0, "%s", err.msg);
+    cr_expect_eq(loss, 2.5f);
+    cr_expect(memcmp(plain, m.grad_block, m.param_floats * sizeof(float)) == 0,
+              "a world of one changed the gradients");
+    td_reducer_stop(r, &m);
+    cr_expect(memcmp(plain, m.grad_block, m.param_floats * sizeof(float)) == 0,
+              "stopping lost the gradients");
+    free(plain);
+    td_comm_close(comm);
+    td_model_free(&m);
 }
 
 Test(ddp, a_rank_that_leaves_fails_the_others_naming_it, .timeout = 120) {

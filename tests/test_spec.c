@@ -72,6 +72,16 @@ Test(spec, out_of_range) {
                  "train.optimizer.lr: expected a number in", "found -1");
 }
 
+Test(spec, bucket_cap_must_be_positive) {
+    char spec[4200];
+    snprintf(spec, sizeof spec, "{\"distributed\": {\"bucket_cap_mb\": 0}, %s",
+             spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                     "\"train\": {\"batch_size\": 8, \"optimizer\": {\"type\": \"sgd\", "
+                     "\"lr\": 0.1}}") +
+                 1);
+    EXPECT_ERROR(spec, "distributed.bucket_cap_mb: expected a number in", "found 0");
+}
+
 Test(spec, unknown_key_is_not_ignored) {
     EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
                          "\"train\": {\"batch_size\": 8, \"optimizer\": {\"type\": \"sgd\", "

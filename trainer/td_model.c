@@ -269,6 +269,15 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
     return 0;
 }
 
+float *td_model_swap_grad_block(td_model *model, float *block) {
+    float *old = model->grad_block;
+    memcpy(block, old, model->param_floats * sizeof(float));
+    model->grad_block = block;
+    for (int i = 0; i < model->n_params; i++)
+        model->params[i].grad = block + model->params[i].offset;
+    return old;
+}
+
 void td_model_free(td_model *model) {
     free(model->input_grad);
     free(model->profile);
@@ -352,5 +361,6 @@ void td_model_backward(td_model *model, const float *dlogits, const td_run *run)
         double t0 = model->profile ? seconds() : 0;
         node->op->backward(node, &r);
         if (model->profile) model->profile[2 * i + 1] += seconds() - t0;
+        if (r.node_done && node->n_params > 0) r.node_done(r.node_done_ctx, node);
     }
 }

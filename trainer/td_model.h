@@ -41,6 +41,10 @@ typedef struct td_run {
     float *scratch;        /* shared temporary of model->scratch_floats, valid during one call */
     td_rng *rng;           /* for dropout masks */
     td_sync *sync;         /* SyncBatchNorm across ranks; NULL: statistics of this batch alone */
+    /* Called by backward after each node with parameters, whose gradients are then final (DDP's
+     * reducer starts all-reducing them); NULL: none. */
+    void (*node_done)(void *ctx, const td_node *node);
+    void *node_done_ctx;
 } td_run;
 
 typedef enum td_arg_type { TD_ARG_INT, TD_ARG_FLOAT, TD_ARG_BOOL, TD_ARG_CHOICE } td_arg_type;
@@ -153,6 +157,10 @@ td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix,
  * ndim 0 is a scalar, as PyTorch's num_batches_tracked. */
 td_param *td_model_add_buffer(td_model *model, td_node *node, const char *suffix, int ndim,
                               const int *dims, float fill, td_dtype dtype);
+
+/* Moves the gradients into block (param_floats, contents copied) and returns the block they
+ * were in, which the caller now owns: DDP keeps gradients in memory the ranks share. */
+float *td_model_swap_grad_block(td_model *model, float *block);
 
 /* A parameter or buffer by its state_dict name; NULL if there is none. */
 const td_param *td_model_find_param(const td_model *model, const char *name);

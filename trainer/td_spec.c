@@ -676,8 +676,8 @@ static int parse_checkpoint(const json_t *root, td_job *job, td_err *err) {
 static int parse_job(const json_t *root, td_job *job, td_err *err) {
     memset(job, 0, sizeof *job);
     if (!json_is_object(root)) return fail_found(err, "(root)", "a JSON object", root);
-    static const char *const keys[] = {"name", "model",      "data",        "train",
-                                       "log",  "checkpoint", "resume_from", NULL};
+    static const char *const keys[] = {"name",       "model",       "data",        "train", "log",
+                                       "checkpoint", "resume_from", "distributed", NULL};
     if (check_keys(root, "", keys, err) != 0) return -1;
     if (get_string(root, "", "name", false, "job", job->name, sizeof job->name, err) != 0)
         return -1;
@@ -694,6 +694,16 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
         if (check_keys(log, "log", lkeys, err) != 0) return -1;
         if (get_int(log, "log", "every_steps", false, 100, 1, 1L << 40, &l, err) != 0) return -1;
         job->log_every = (int)l;
+    }
+    json_t *dist;
+    if (get_object(root, "", "distributed", false, &dist, err) != 0) return -1;
+    job->bucket_cap_mb = 25.0; /* DDP's default */
+    if (dist) {
+        static const char *const dkeys[] = {"bucket_cap_mb", NULL};
+        if (check_keys(dist, "distributed", dkeys, err) != 0) return -1;
+        if (get_number(dist, "distributed", "bucket_cap_mb", false, 25.0, 1e-6, 1e6,
+                       &job->bucket_cap_mb, err) != 0)
+            return -1;
     }
     return 0;
 }

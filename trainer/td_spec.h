@@ -62,6 +62,7 @@ typedef struct td_job {
     float clip_grad_norm; /* 0: off */
     bool sync_bn;         /* SyncBatchNorm across data-parallel ranks */
     int grad_accum;       /* batches per optimizer step; gradients sync on the last only */
+    double bucket_cap_mb; /* distributed.bucket_cap_mb: DDP's gradient bucket size */
 
     int log_every;
 

@@ -3,6 +3,7 @@
 #include "td_blas.h"
 #include "td_checkpoint.h"
 #include "td_comm.h"
+#include "td_reducer.h"
 #include "td_cuda.h"
 
 #include <cblas.h>
@@ -37,6 +38,7 @@ typedef struct trainer {
     td_store *store;
     bool own_store;
     td_comm *comm;
+    td_reducer *reducer; /* DDP's bucketed gradient all-reduce */
     bool rank0;
     td_loader_config train_cfg, val_cfg;
     td_sync sync; /* SyncBatchNorm's reductions, when train.sync_bn */
@@ -81,10 +83,12 @@ static int collective_failed(trainer *t, td_err *err) {
     return -1;
 }
 
+/* through the reducer's thread: in backward, SyncBatchNorm's sums interleave with the
+ * gradient buckets, and every rank must issue them in the same order */
 static int sync_sum(void *ctx, float *values, size_t n) {
     trainer *t = ctx;
     td_err err;
-    return td_comm_allreduce(t->comm, values, n, false, &err);
+    return td_reducer_sum(t->reducer, values, n, &err);
 }
 
 /* Averages a few floats over the ranks (the loss of a step, evaluation counts). */
@@ -119,8 +123,14 @@ static int setup_dist(trainer *t, td_err *err) {
     if (td_comm_broadcast(t->comm, t->model.param_block, t->model.param_floats, 0, err) != 0 ||
         td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) != 0)
         return td_fail_prefix(err, "broadcasting rank 0's parameters");
+    if (td_reducer_start(&t->reducer, t->comm, &t->model, job->bucket_cap_mb, err) != 0) return -1;
     if (t->rank0)
-        fprintf(t->log, "[traind] data parallel: %d ranks, %d per node\n", world, d->local_world);
+        fprintf(t->log,
+                "[traind] data parallel: %d ranks, %d per node; gradients in %d bucket%s "
+                "(bucket_cap_mb %g), all-reduced through %s\n",
+                world, d->local_world, td_reducer_buckets(t->reducer),
+                td_reducer_buckets(t->reducer) == 1 ? "" : "s", job->bucket_cap_mb,
+                td_reducer_transport(t->reducer));
     return 0;
 }
 
@@ -364,6 +374,11 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             group_loss += td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes, t->dlogits,
                                           1.0f / (float)group, NULL) /
                           b.n;
+            /* no_sync for all but the group's last batch; on the last, buckets of gradients are
+             * all-reduced while backward goes on, the loss riding with them */
+            bool sync_now = t->reducer && micro + 1 == group;
+            run.node_done = NULL;
+            if (sync_now) td_reducer_begin(t->reducer, (float)(group_loss / group), &run);
             td_model_backward(&t->model, t->dlogits, &run);
             if (t->sync.failed) {
                 td_fail(err, "rank %d: a SyncBatchNorm reduction failed (a peer is gone?)",
@@ -376,20 +391,16 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             if (micro + 1 < group) continue; /* no_sync: gradients accumulate locally */
             double loss = group_loss / group;
             group_loss = 0;
-            if (t->comm) { /* the logged loss is the mean over ranks, the same on every rank */
-                float l = (float)loss;
-                if (average_over_ranks(t, &l, 1, true, err) != 0) return -1;
-                loss = l;
+            if (sync_now) { /* gradients and loss averaged over the replicas: the global batch's */
+                float l;
+                if (td_reducer_finish(t->reducer, &l, err) != 0) return collective_failed(t, err);
+                loss = l; /* the mean over ranks, the same on every rank */
             }
             if (!isfinite(loss))
                 return td_fail(err,
                                "the training loss became %g at step %ld (epoch %d); lower "
                                "train.optimizer.lr or set train.clip_grad_norm",
                                loss, st->step + 1, epoch + 1);
-            /* gradients averaged over the replicas: the mean over the global batch */
-            if (t->comm && td_comm_allreduce(t->comm, t->model.grad_block, t->model.param_floats,
-                                             true, err) != 0)
-                return collective_failed(t, err);
             if (job->clip_grad_norm > 0)
                 td_grad_clip(t->model.grad_block, t->model.param_floats, job->clip_grad_norm);
             td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
@@ -471,6 +482,7 @@ static int prepare(trainer *t, td_err *err) {
 }
 
 static void release(trainer *t) {
+    td_reducer_stop(t->reducer, &t->model);
     td_comm_close(t->comm);
     if (t->own_store) td_store_close(t->store);
     td_loader_destroy(t->train_loader);

@@ -1,0 +1,211 @@
+#include "td_reducer.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* PyTorch's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) */
+#define FIRST_BUCKET_BYTES (1u << 20)
+
+typedef struct reduce_op {
+    float *buf;
+    size_t n;
+    bool average;
+    bool done;
+} reduce_op;
+
+typedef struct bucket {
+    size_t lo, hi; /* its floats in the gradient block (the first also holds the loss slot) */
+    int params;    /* parameters it holds */
+    int pending;   /* of those, still without their gradient in this backward */
+    reduce_op op;
+} bucket;
+
+struct td_reducer {
+    td_comm *comm;
+    float *block;     /* the gradients (communication memory), the loss slot after them */
+    float *own_block; /* the model's block before, given back at stop */
+    size_t loss_slot;
+    int *bucket_of; /* per parameter */
+    int n_buckets;
+    bucket *buckets;
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    reduce_op **queue; /* FIFO of n_buckets + 1 entries (a td_reducer_sum waits for its own) */
+    int head, count, capacity;
+    bool stop, failed;
+    td_err err; /* the first failure */
+};
+
+static void *comm_thread(void *arg) {
+    td_reducer *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->count && !r->stop) pthread_cond_wait(&r->work, &r->mu);
+        if (!r->count) break; /* stopping, nothing left */
+        reduce_op *op = r->queue[r->head];
+        r->head = (r->head + 1) % r->capacity;
+        r->count--;
+        bool skip = r->failed;
+        pthread_mutex_unlock(&r->mu);
+        td_err err = {{0}};
+        /* after a failure the ring is unusable: later operations fail without touching it */
+        int rc = skip ? -1 : td_comm_allreduce(r->comm, op->buf, op->n, op->average, &err);
+        pthread_mutex_lock(&r->mu);
+        if (rc != 0 && !r->failed) {
+            r->failed = true;
+            r->err = err;
+        }
+        op->done = true;
+        pthread_cond_broadcast(&r->done);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static void submit(td_reducer *r, reduce_op *op) {
+    pthread_mutex_lock(&r->mu);
+    op->done = false;
+    r->queue[(r->head + r->count) % r->capacity] = op;
+    r->count++;
+    pthread_cond_signal(&r->work);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Waits for op; -1 with the first failure if any operation so far failed. */
+static int wait_for(td_reducer *r, reduce_op *op, td_err *err) {
+    pthread_mutex_lock(&r->mu);
+    while (!op->done) pthread_cond_wait(&r->done, &r->mu);
+    bool failed = r->failed;
+    if (failed) *err = r->err;
+    pthread_mutex_unlock(&r->mu);
+    return failed ? -1 : 0;
+}
+
+/* Buckets in reverse parameter order: the first up to FIRST_BUCKET_BYTES (or the cap, if that
+ * is smaller), the rest up to cap. A bucket closes once it reaches its size, so a parameter
+ * larger than the cap gets its own. */
+static void plan_buckets(td_reducer *r, const td_model *m, double cap_mb) {
+    size_t cap = (size_t)(cap_mb * 1024.0 * 1024.0);
+    r->buckets = td_calloc((size_t)m->n_params + 1, sizeof(bucket));
+    r->bucket_of = td_calloc((size_t)m->n_params + 1, sizeof(int));
+    bucket *b = NULL;
+    size_t limit = cap < FIRST_BUCKET_BYTES ? cap : FIRST_BUCKET_BYTES;
+    if (limit == 0) limit = 1;
+    for (int i = m->n_params - 1; i >= 0; i--) {
+        const td_param *p = &m->params[i];
+        if (!b) {
+            b = &r->buckets[r->n_buckets++];
+            b->hi = p->offset + p->size;
+        }
+        b->lo = p->offset;
+        b->params++;
+        r->bucket_of[i] = (int)(b - r->buckets);
+        if ((b->hi - b->lo) * sizeof(float) >= limit) {
+            b = NULL;
+            limit = cap > 0 ? cap : 1;
+        }
+    }
+    if (r->n_buckets == 0) { /* no parameters: the loss still needs its average */
+        r->buckets[0] = (bucket){0};
+        r->n_buckets = 1;
+    }
+    /* the first bucket also carries the loss slot after the last parameter */
+    r->buckets[0].hi = r->loss_slot + 1;
+}
+
+int td_reducer_start(td_reducer **out, td_comm *comm, td_model *model, double bucket_cap_mb,
+                     td_err *err) {
+    td_reducer *r = td_calloc(1, sizeof *r);
+    r->comm = comm;
+    r->loss_slot = model->param_floats;
+    r->block = td_comm_alloc(comm, model->param_floats + 1, err);
+    if (!r->block) {
+        free(r);
+        return -1;
+    }
+    r->own_block = td_model_swap_grad_block(model, r->block);
+    plan_buckets(r, model, bucket_cap_mb);
+    r->capacity = r->n_buckets + 1;
+    r->queue = td_calloc((size_t)r->capacity, sizeof *r->queue);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->work, NULL);
+    pthread_cond_init(&r->done, NULL);
+    int rc = pthread_create(&r->thread, NULL, comm_thread, r);
+    if (rc != 0) {
+        td_model_swap_grad_block(model, r->own_block);
+        td_comm_free(comm, r->block);
+        free(r->queue);
+        free(r->buckets);
+        free(r->bucket_of);
+        free(r);
+        return td_fail(err, "starting the gradient communication thread: %s", strerror(rc));
+    }
+    *out = r;
+    return 0;
+}
+
+void td_reducer_stop(td_reducer *r, td_model *model) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_signal(&r->work);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->thread, NULL);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->work);
+    pthread_cond_destroy(&r->done);
+    td_model_swap_grad_block(model, r->own_block);
+    td_comm_free(r->comm, r->block);
+    free(r->queue);
+    free(r->buckets);
+    free(r->bucket_of);
+    free(r);
+}
+
+static void node_done(void *ctx, const td_node *node) {
+    td_reducer *r = ctx;
+    for (int j = 0; j < node->n_params; j++) {
+        bucket *b = &r->buckets[r->bucket_of[node->param_ids[j]]];
+        if (--b->pending == 0) submit(r, &b->op);
+    }
+}
+
+void td_reducer_begin(td_reducer *r, float loss, td_run *run) {
+    r->block[r->loss_slot] = loss;
+    for (int i = 0; i < r->n_buckets; i++) {
+        bucket *b = &r->buckets[i];
+        b->pending = b->params;
+        b->op = (reduce_op){r->block + b->lo, b->hi - b->lo, true, false};
+        if (b->params == 0) submit(r, &b->op); /* only the loss */
+    }
+    run->node_done = node_done;
+    run->node_done_ctx = r;
+}
+
+int td_reducer_finish(td_reducer *r, float *loss, td_err *err) {
+    for (int i = 0; i < r->n_buckets; i++) {
+        bucket *b = &r->buckets[i];
+        if (b->pending > 0) /* a parameter backward never reached: every bucket must go out */
+            submit(r, &b->op), b->pending = 0;
+        if (wait_for(r, &b->op, err) != 0) return -1;
+    }
+    *loss = r->block[r->loss_slot];
+    return 0;
+}
+
+int td_reducer_sum(td_reducer *r, float *values, size_t n, td_err *err) {
+    reduce_op op = {values, n, false, false};
+    submit(r, &op);
+    return wait_for(r, &op, err);
+}
+
+int td_reducer_buckets(const td_reducer *r) {
+    return r->n_buckets;
+}
+
+const char *td_reducer_transport(const td_reducer *r) {
+    return td_comm_transport(r->comm, r->block);
+}
