@@ -56,6 +56,17 @@ static float *map_peer(const char *name, size_t bytes) {
     return p;
 }
 
+/* Unmaps the peers' mappings of g and this rank's own (which peer[rank] may or may not hold). */
+static void unmap_region(const td_comm *c, td_comm_region *g, float *own) {
+    if (g->peer) {
+        for (int p = 0; p < c->world; p++)
+            if (g->peer[p] && g->peer[p] != own) munmap(g->peer[p], g->bytes);
+        free(g->peer);
+        g->peer = NULL;
+    }
+    if (own) munmap(own, g->bytes);
+}
+
 float *td_comm_alloc(td_comm *c, size_t n, td_err *err) {
     int slot = 0;
     while (slot < TD_COMM_MAX_REGIONS && c->regions[slot].mine) slot++;
@@ -106,37 +117,24 @@ float *td_comm_alloc(td_comm *c, size_t n, td_err *err) {
         snprintf(g->transport, sizeof g->transport, "shared memory");
         return own;
     }
-    for (int p = 0; p < c->world; p++)
-        if (p != c->rank && g->peer[p]) munmap(g->peer[p], g->bytes);
-    free(g->peer);
-    g->peer = NULL;
-    if (own) munmap(own, g->bytes);
+    unmap_region(c, g, own);
     g->mine = td_aligned_alloc(g->bytes); /* TCP all-reduces on plain memory */
     snprintf(g->transport, sizeof g->transport, "the TCP ring (%s)",
              why[0] ? why : "the ranks cannot map each other's memory: not all on one host");
     return g->mine;
 fail:
-    if (own) {
-        shm_unlink(name);
-        munmap(own, g->bytes);
-    }
-    if (g->peer)
-        for (int p = 0; p < c->world; p++)
-            if (p != c->rank && g->peer[p]) munmap(g->peer[p], g->bytes);
-    free(g->peer);
+    if (own) shm_unlink(name);
+    unmap_region(c, g, own);
     memset(g, 0, sizeof *g);
     td_fail_prefix(err, "rank %d: allocating a shared gradient buffer", c->rank);
     return NULL;
 }
 
 static void release(td_comm *c, td_comm_region *g) {
-    if (g->peer) {
-        for (int p = 0; p < c->world; p++)
-            if (g->peer[p]) munmap(g->peer[p], g->bytes); /* peer[rank] is mine */
-        free(g->peer);
-    } else {
+    if (g->peer)
+        unmap_region(c, g, g->mine);
+    else
         free(g->mine);
-    }
     memset(g, 0, sizeof *g);
 }
 

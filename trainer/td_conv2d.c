@@ -318,18 +318,20 @@ static void conv_forward(td_node *node, const td_run *run) {
     }
 }
 
+/* db [o] (+)= the column sums of dy [rows, o]: for the paths whose GEMMs have no bias column */
+static void bias_grad(const float *dy, size_t rows, int o, float *db, bool add) {
+    if (!add) memset(db, 0, (size_t)o * sizeof(float));
+    for (size_t r = 0; r < rows; r++)
+        for (int k = 0; k < o; k++) db[k] += dy[r * o + k];
+}
+
 static void conv_backward_direct(const conv_geom *g, td_node *node, const td_run *run) {
     int rows = run->n * g->oh * g->ow;
     const float *dy = node->grad;
     bool acc = run->accumulate_grads;
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->o, g->c, rows, 1.0f, dy, g->o,
                 node->in[0], g->c, acc ? 1.0f : 0.0f, node->params[0]->grad, g->c);
-    if (g->bias) {
-        float *db = node->params[1]->grad;
-        if (!acc) memset(db, 0, (size_t)g->o * sizeof(float));
-        for (int r = 0; r < rows; r++)
-            for (int o = 0; o < g->o; o++) db[o] += dy[(size_t)r * g->o + o];
-    }
+    if (g->bias) bias_grad(dy, (size_t)rows, g->o, node->params[1]->grad, acc);
     if (node->in_grad[0])
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g->c, g->o, 1.0f, dy, g->o,
                     node->params[0]->data, g->c, node->in_grad_add[0] ? 1.0f : 0.0f,
@@ -341,13 +343,8 @@ static void conv_backward_wino(const conv_geom *g, td_node *node, const td_run *
     bool acc = run->accumulate_grads;
     td_wino_backward(&wg, node->in[0], node->params[0]->data, node->grad, node->params[0]->grad,
                      acc, node->in_grad[0], node->in_grad_add[0], run->scratch);
-    if (g->bias) {
-        float *db = node->params[1]->grad;
-        if (!acc) memset(db, 0, (size_t)g->o * sizeof(float));
-        size_t rows = (size_t)run->n * g->oh * g->ow;
-        for (size_t r = 0; r < rows; r++)
-            for (int o = 0; o < g->o; o++) db[o] += node->grad[r * g->o + o];
-    }
+    if (g->bias)
+        bias_grad(node->grad, (size_t)run->n * g->oh * g->ow, g->o, node->params[1]->grad, acc);
 }
 
 static void conv_backward(td_node *node, const td_run *run) {

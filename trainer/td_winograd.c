@@ -243,39 +243,25 @@ static void kernel_to_tile(const vec16 *k, vec16 *u) {
     for (int i = 0; i < ALPHA; i++) wino_g(u + i * ALPHA, 1, t[i], 1);
 }
 
-/* U [36][C][O] from the OIHW kernel w [O, C, 3, 3], 16 output channels at a time: for each c the
- * 16 kernels' taps are gathered across o and each position's 16 results are one contiguous
- * store (scattering single floats into 36 planes a megabyte apart thrashes the TLB). */
-static void transform_weight(int O, int C, const float *w, float *u) {
-    const size_t plane = (size_t)C * O;
-    for (int c = 0; c < C; c++)
-        for (int o0 = 0; o0 < O; o0 += LANES) {
-            int no = O - o0 < LANES ? O - o0 : LANES;
-            vec16 k[9] = {0}, r[POSITIONS];
-            for (int l = 0; l < no; l++) {
-                const float *src = w + ((size_t)(o0 + l) * C + c) * 9;
-                for (int q = 0; q < 9; q++) k[q][l] = src[q];
-            }
-            kernel_to_tile(k, r);
-            float *dst = u + (size_t)c * O + o0;
-            for (int q = 0; q < POSITIONS; q++) lanes_store(dst + q * plane, &r[q], no);
-        }
-}
-
-/* The input gradient's kernel: U' [36][O][C], U'[ξ][o][c] = G rot(w[o][c]) G^T with the taps
- * rotated by 180 degrees. 16 input channels at a time: w[o][c0..c0+16] is one contiguous run. */
-static void transform_weight_flipped(int O, int C, const float *w, float *u) {
-    const size_t plane = (size_t)C * O;
-    for (int o = 0; o < O; o++)
-        for (int c0 = 0; c0 < C; c0 += LANES) {
-            int nc = C - c0 < LANES ? C - c0 : LANES;
+/* U [36][rows][cols] from the OIHW kernel w [O, C, 3, 3], 16 columns at a time: kernel (row,
+ * col) is w + (row·row_step + col·col_step)·9, its taps rotated by 180 degrees when flip. Each
+ * position's 16 results are one contiguous store (scattering single floats into 36 planes a
+ * megabyte apart thrashes the TLB).
+ *   forward:        U [36][C][O]:  rows c, cols o (row_step 1, col_step C)
+ *   input gradient: U'[36][O][C]:  rows o, cols c (row_step C, col_step 1), rotated */
+static void transform_kernels(int rows, int cols, size_t row_step, size_t col_step, bool flip,
+                              const float *w, float *u) {
+    const size_t plane = (size_t)rows * cols;
+    for (int row = 0; row < rows; row++)
+        for (int c0 = 0; c0 < cols; c0 += LANES) {
+            int nc = cols - c0 < LANES ? cols - c0 : LANES;
             vec16 k[9] = {0}, r[POSITIONS];
             for (int l = 0; l < nc; l++) {
-                const float *src = w + ((size_t)o * C + c0 + l) * 9;
-                for (int q = 0; q < 9; q++) k[8 - q][l] = src[q];
+                const float *src = w + (row * row_step + (size_t)(c0 + l) * col_step) * 9;
+                for (int q = 0; q < 9; q++) k[flip ? 8 - q : q][l] = src[q];
             }
             kernel_to_tile(k, r);
-            float *dst = u + (size_t)o * C + c0;
+            float *dst = u + (size_t)row * cols + c0;
             for (int q = 0; q < POSITIONS; q++) lanes_store(dst + q * plane, &r[q], nc);
         }
 }
@@ -319,7 +305,7 @@ static void forward_with(const td_wino *g, const float *x, const float *u, const
 void td_wino_forward(const td_wino *g, const float *x, const float *w, const float *bias, float *y,
                      bool add, float *scratch) {
     float *u = scratch, *v = u + (size_t)POSITIONS * g->c * g->o;
-    transform_weight(g->o, g->c, w, u);
+    transform_kernels(g->c, g->o, 1, (size_t)g->c, false, w, u);
     forward_with(g, x, u, bias, y, add, v);
 }
 
@@ -342,6 +328,6 @@ void td_wino_backward(const td_wino *g, const float *x, const float *w, const fl
     if (!dx) return;
     td_wino d = dgrad_geom(g);
     float *u = scratch; /* dU is spent: the rotated kernel takes its place */
-    transform_weight_flipped(g->o, g->c, w, u);
+    transform_kernels(g->o, g->c, (size_t)g->c, 1, true, w, u);
     forward_with(&d, dy, u, NULL, dx, add_x, u + (size_t)POSITIONS * g->c * g->o);
 }
