@@ -94,12 +94,8 @@ static char *spec_accum(const char *model, int batch, int accum, const char *ckd
     return spec_full(model, batch, accum, ckdir, sync_bn, "");
 }
 
-static char *spec_with(const char *model, int batch, const char *ckdir, bool sync_bn) {
-    return spec_accum(model, batch, 1, ckdir, sync_bn);
-}
-
 static char *spec_for(int batch, const char *ckdir) {
-    return spec_with(MLP, batch, ckdir, false);
+    return spec_accum(MLP, batch, 1, ckdir, false);
 }
 
 /* Every tensor of two final checkpoints agrees within `tol` relative to its largest value. */
@@ -132,6 +128,26 @@ static void expect_same_weights(const char *dir_a, const char *dir_b, double tol
 }
 
 /* Every number in the metrics lines, in order. */
+/* World 2 with batch 16 per rank (ddp_extra: more top-level spec members) ends with the weights
+ * of one process with batch 32. tag names the checkpoint directories. */
+static void expect_ddp_matches_one_process(const char *tag, const char *model, bool sync_bn,
+                                           const char *ddp_extra) {
+    char one_dir[512], two_dir[512];
+    snprintf(one_dir, sizeof one_dir, "%s/%s-one", test_tmpdir(), tag);
+    snprintf(two_dir, sizeof two_dir, "%s/%s-two", test_tmpdir(), tag);
+    char *single_spec = spec_full(model, 32, 1, one_dir, false, "");
+    char *ddp_spec = spec_full(model, 16, 1, two_dir, sync_bn, ddp_extra);
+    free(test_run_job(single_spec, NULL, NULL));
+    const char *specs[2] = {ddp_spec, ddp_spec};
+    rank_run runs[2];
+    run_ranks(2, specs, runs, NULL);
+    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
+    expect_same_weights(one_dir, two_dir, 1e-5);
+    free(single_spec);
+    free(ddp_spec);
+    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+}
+
 static int numbers(const char *text, double *out, int max) {
     int n = 0;
     for (const char *p = text; *p && n < max; p++) {
@@ -176,37 +192,11 @@ Test(ddp, world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
 static const char *SMALL_BUCKETS = "\"distributed\": {\"bucket_cap_mb\": 0.001},";
 
 Test(ddp, small_buckets_equal_one_process_with_the_global_batch, .timeout = 120) {
-    char one_dir[512], two_dir[512];
-    snprintf(one_dir, sizeof one_dir, "%s/buckets-one", test_tmpdir());
-    snprintf(two_dir, sizeof two_dir, "%s/buckets-two", test_tmpdir());
-    char *single_spec = spec_full(MLP, 32, 1, one_dir, false, "");
-    char *ddp_spec = spec_full(MLP, 16, 1, two_dir, false, SMALL_BUCKETS);
-    free(test_run_job(single_spec, NULL, NULL));
-    const char *specs[2] = {ddp_spec, ddp_spec};
-    rank_run runs[2];
-    run_ranks(2, specs, runs, NULL);
-    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
-    expect_same_weights(one_dir, two_dir, 1e-5);
-    free(single_spec);
-    free(ddp_spec);
-    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+    expect_ddp_matches_one_process("buckets", MLP, false, SMALL_BUCKETS);
 }
 
 Test(ddp, small_buckets_with_sync_batchnorm, .timeout = 120) {
-    char one_dir[512], two_dir[512];
-    snprintf(one_dir, sizeof one_dir, "%s/buckets-bn-one", test_tmpdir());
-    snprintf(two_dir, sizeof two_dir, "%s/buckets-bn-two", test_tmpdir());
-    char *single_spec = spec_full(CONV_BN, 32, 1, one_dir, false, "");
-    char *ddp_spec = spec_full(CONV_BN, 16, 1, two_dir, true, SMALL_BUCKETS);
-    free(test_run_job(single_spec, NULL, NULL));
-    const char *specs[2] = {ddp_spec, ddp_spec};
-    rank_run runs[2];
-    run_ranks(2, specs, runs, NULL);
-    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
-    expect_same_weights(one_dir, two_dir, 1e-5);
-    free(single_spec);
-    free(ddp_spec);
-    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+    expect_ddp_matches_one_process("buckets-bn", CONV_BN, true, SMALL_BUCKETS);
 }
 
 /* The bucket plan: reverse parameter order, closed once a bucket reaches the cap. The MLP
@@ -266,20 +256,7 @@ Test(ddp, a_rank_that_leaves_fails_the_others_naming_it, .timeout = 120) {
 Test(ddp, sync_batchnorm_world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
     /* with SyncBatchNorm the batch statistics span both ranks: the same model, running
      * statistics included, as one process with the global batch */
-    char one_dir[512], two_dir[512];
-    snprintf(one_dir, sizeof one_dir, "%s/syncbn-one", test_tmpdir());
-    snprintf(two_dir, sizeof two_dir, "%s/syncbn-two", test_tmpdir());
-    char *single_spec = spec_with(CONV_BN, 32, one_dir, false);
-    char *ddp_spec = spec_with(CONV_BN, 16, two_dir, true);
-    free(test_run_job(single_spec, NULL, NULL));
-    const char *specs[2] = {ddp_spec, ddp_spec};
-    rank_run runs[2];
-    run_ranks(2, specs, runs, NULL);
-    for (int r = 0; r < 2; r++) cr_assert_eq(runs[r].rc, 0, "rank %d: %s", r, runs[r].error);
-    expect_same_weights(one_dir, two_dir, 1e-5);
-    free(single_spec);
-    free(ddp_spec);
-    for (int r = 0; r < 2; r++) free(runs[r].metrics);
+    expect_ddp_matches_one_process("syncbn", CONV_BN, true, "");
 }
 
 Test(ddp, gradient_accumulation_equals_the_larger_batch, .timeout = 120) {
