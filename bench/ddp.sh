@@ -3,9 +3,9 @@
 #   - LeNet-5, batch 64 per rank: traind with 2 ranks, traind with 1, PyTorch DDP (gloo) with 2;
 #   - a 100 MB all-reduce between 2 ranks.
 #   bench/ddp.sh [BUILD_DIR]
-# Each img/s is the best of ROUNDS (default 3) runs, the contenders interleaved round by round:
+# Each img/s is the best of ROUNDS (default 5) runs, the contenders interleaved round by round:
 # on a shared 2-core VM other tenants only ever slow a run down, and a data-parallel step waits
-# for its slowest rank, so single runs scatter by +-20%.
+# for its slowest rank, so single runs scatter by +-20%. The medians are printed too.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
@@ -25,9 +25,10 @@ import json, sys
 r = [json.loads(l)["samples_per_s"] for l in sys.stdin if "\"event\":\"train\"" in l]
 print(sum(r[1:]) / len(r[1:]))'; }
 best() { $py -c "import sys; print(max(float(x) for x in sys.argv[1:]))" "$@"; }
+median() { $py -c "import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 ones="" twos="" torches=""
 i=0
-while [ "$i" -lt "${ROUNDS:-3}" ]; do
+while [ "$i" -lt "${ROUNDS:-5}" ]; do
     ones="$ones $("$build/traind-worker" "$tmp/lenet.json" 2>/dev/null | rate)"
     twos="$twos $("$build/traind-run" --nproc-per-node 2 -- "$build/traind-worker" "$tmp/lenet.json" 2>/dev/null | rate)"
     torches="$torches $(cd "$here" && "$build/traind-run" --nproc-per-node 2 -- $py torch_ddp_peer.py 2>/dev/null |
@@ -35,11 +36,12 @@ while [ "$i" -lt "${ROUNDS:-3}" ]; do
     i=$((i + 1))
 done
 one=$(best $ones) two=$(best $twos) torch=$(best $torches)
+mone=$(median $ones) mtwo=$(median $twos) mtorch=$(median $torches)
 ar=$("$build/traind-run" --nproc-per-node 2 -- "$build/traind-bench-allreduce" 100 5)
 $py -c "
-one, two, torch = $one, $two, $torch
 print('LeNet-5, batch 64 per rank, 1 BLAS thread per rank (img/s, all ranks together)')
-print(f'| traind 1 rank | traind 2 ranks | scaling (2 ranks / 2x1) | PyTorch DDP gloo 2 ranks | traind / PyTorch |')
-print(f'| {one:13.0f} | {two:14.0f} | {two / (2 * one):23.2f} | {torch:24.0f} | {two / torch:15.2f}x |')
+print(f'|        | traind 1 rank | traind 2 ranks | scaling (2 ranks / 2x1) | PyTorch DDP gloo 2 ranks | traind / PyTorch |')
+for what, one, two, torch in (('best', $one, $two, $torch), ('median', $mone, $mtwo, $mtorch)):
+    print(f'| {what:6} | {one:13.0f} | {two:14.0f} | {two / (2 * one):23.2f} | {torch:24.0f} | {two / torch:15.2f}x |')
 "
 echo "100 MB all-reduce, 2 ranks: $ar"

@@ -244,11 +244,17 @@ Test(ddp, a_rank_that_leaves_fails_the_others_naming_it, .timeout = 120) {
     char *spec = spec_for(16, dir);
     const char *specs[2] = {spec, spec};
     rank_run runs[2];
-    long stop[2] = {0, 3}; /* rank 1 stops after step 3 and closes its connections */
+    long stop[2] = {0, 3}; /* rank 1 stops after step 3: its final checkpoint barrier meets
+                            * rank 0's next all-reduce */
     run_ranks(2, specs, runs, stop);
-    cr_expect_eq(runs[1].rc, 0, "the leaving rank itself stopped cleanly: %s", runs[1].error);
     cr_expect_neq(runs[0].rc, 0, "rank 0 must not carry on alone");
     cr_expect(strstr(runs[0].error, "rank 1"), "rank 0's error names rank 1: %s", runs[0].error);
+    /* and neither waits out its timeout: the mismatch is seen, and rank 0's failure ends rank
+     * 1's barrier, which must not pass as if rank 0 had joined it */
+    cr_expect(!strstr(runs[0].error, "timed out"), "rank 0 noticed at once: %s", runs[0].error);
+    cr_expect_neq(runs[1].rc, 0, "rank 1's barrier cannot have succeeded without rank 0");
+    cr_expect(strstr(runs[1].error, "rank 0") && !strstr(runs[1].error, "timed out"),
+              "rank 1's error names rank 0, at once: %s", runs[1].error);
     free(spec);
     for (int r = 0; r < 2; r++) free(runs[r].metrics);
 }

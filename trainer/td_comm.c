@@ -182,7 +182,11 @@ int td_comm_allgather(td_comm *c, const float *mine, size_t n, float *all, td_er
     return 0;
 }
 
+/* world floats, not one: every ring step then carries a float in each direction, so a rank
+ * in a barrier always writes to its neighbours, and one that meets a shared-memory all-reduce
+ * there is told at once rather than at the timeout (td_comm_shm.c watches the sockets). */
 int td_comm_barrier(td_comm *c, td_err *err) {
-    float one = 1.0f;
-    return td_comm_allreduce(c, &one, 1, false, err);
+    float ones[c->world];
+    for (int i = 0; i < c->world; i++) ones[i] = 1.0f;
+    return td_comm_allreduce(c, ones, (size_t)c->world, false, err);
 }

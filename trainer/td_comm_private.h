@@ -5,17 +5,22 @@
 
 #include "td_comm.h"
 
+#include <stdint.h>
+
 /* 64 Ki floats: big enough to keep the socket busy, small enough to stay in L2 */
 #define PIECE_FLOATS        (64 * 1024)
 #define TD_COMM_MAX_REGIONS 8
 
 /* Memory from td_comm_alloc. peer[p] is rank p's copy mapped here (peer[rank] == mine), or
  * NULL when the ranks could not share memory (other hosts), where the region is plain memory. */
+typedef struct td_comm_ctl td_comm_ctl;
+
 typedef struct td_comm_region {
     float *mine;
     float **peer;
-    size_t floats, bytes;
-    char transport[320]; /* for td_comm_transport */
+    size_t floats, bytes, data_bytes; /* bytes: the data, then one control page */
+    uint32_t barriers;                /* shared-memory barriers passed on it */
+    char transport[320];              /* for td_comm_transport */
 } td_comm_region;
 
 struct td_comm {

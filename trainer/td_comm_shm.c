@@ -5,24 +5,57 @@
  * the kernel; on one host the ranks can instead read each other's buffers. td_comm_alloc maps
  * each rank's buffer into every rank (POSIX shared memory), like NCCL's registered buffers. An
  * all-reduce on such a buffer is then: rank r sums segment r straight from every rank's memory
- * and writes the result into every rank's memory. The ring's sockets carry only the two
- * synchronisations (and their deadlines, so a dead peer is still an error naming it, never a
- * hang). Each segment is summed by one rank in rank order and written to all, so every rank
- * ends with the same bits.
+ * and writes the result into every rank's memory, between two barriers. Each segment is summed
+ * by one rank in rank order and written to all, so every rank ends with the same bits.
+ *
+ * The barriers live in a control page after each rank's buffer, not on the sockets: a rank
+ * announces its arrival with a store and waits by spinning, then by sleeping on a futex. A
+ * message over loopback TCP wakes the peer through the kernel, and on a virtual machine a
+ * sleeping vCPU takes tens to hundreds of microseconds to wake: measured on our 2-core CI VM,
+ * the two socket barriers of a LeNet step cost 400-800 us of a 2.5 ms step. The sockets stay
+ * open for what shared memory cannot tell: a waiting rank polls them between futex sleeps, so
+ * a peer that died (the kernel closes its sockets) is an error naming it, never a hang.
  */
 #include "td_comm_private.h"
 #include "td_net.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+/* Spinning keeps a waiting vCPU awake for the common short wait (ranks finishing backward a
+ * little apart); past this a waiter sleeps so a long wait (a slow peer, a checkpoint) costs no
+ * CPU. */
+#define SPIN_S 300e-6
+/* Between futex sleeps a waiter checks its sockets for a dead neighbour and its deadline. */
+#define SLEEP_NS (5 * 1000 * 1000)
+
+/* The control page after a rank's buffer. Only its owner writes `arrived` and `span`; peers
+ * write only `sleepers`. span is indexed by barrier parity: a rank cannot reach barrier e + 2
+ * before every peer has reached e + 1, so slot e & 1 is stable while anyone still reads it. */
+struct td_comm_ctl {
+    _Atomic uint32_t arrived;  /* barriers this rank has reached on the region */
+    _Atomic uint32_t sleepers; /* peers in a futex wait on `arrived` */
+    uint64_t span[2][2];       /* (offset, floats) of the all-reduce, by barrier parity */
+};
+
+static td_comm_ctl *control_of(const td_comm_region *g, int p) {
+    return (td_comm_ctl *)((char *)g->peer[p] + g->data_bytes);
+}
 
 static void *map_shared(int fd, size_t bytes) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -78,8 +111,9 @@ float *td_comm_alloc(td_comm *c, size_t n, td_err *err) {
     td_comm_region *g = &c->regions[slot];
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     g->floats = n;
-    g->bytes = (n * sizeof(float) + page - 1) / page * page;
-    if (g->bytes == 0) g->bytes = page;
+    g->data_bytes = (n * sizeof(float) + page - 1) / page * page;
+    if (g->data_bytes == 0) g->data_bytes = page;
+    g->bytes = g->data_bytes + page; /* the control page (unused off shared memory) */
     int seq = c->region_seq++;
     if (c->world == 1) {
         g->mine = td_aligned_alloc(g->bytes);
@@ -163,25 +197,104 @@ td_comm_region *td_comm_region_of(td_comm *c, const float *buf, size_t n) {
     return NULL;
 }
 
-/* A barrier over the ring that also checks every rank names the same part of the region: the
- * (offset, length) pair travels round the ring once. */
-static int sync_ranks(td_comm *c, uint64_t off, uint64_t n, td_err *err) {
-    uint64_t mine[2] = {off, n}, pass[2] = {off, n}, got[2];
-    double deadline = td_net_now() + c->timeout_s;
-    for (int s = 0; s < c->world - 1; s++) {
-        bool recv_side;
-        if (td_net_exchange(c->next_fd, pass, sizeof pass, c->prev_fd, got, sizeof got, deadline,
-                            &recv_side, err) != 0)
-            return td_comm_peer_fail(c, !recv_side, err);
-        if (got[0] != mine[0] || got[1] != mine[1])
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause(); /* yields the core's pipeline to its sibling while spinning */
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static bool reached(uint32_t arrived, uint32_t barrier) {
+    return (int32_t)(arrived - barrier) >= 0; /* wraps after 2^31 barriers: harmless */
+}
+
+static long futex(_Atomic uint32_t *word, int op, uint32_t value, const struct timespec *timeout) {
+    /* not FUTEX_PRIVATE_FLAG: the word is shared between processes */
+    return syscall(SYS_futex, (uint32_t *)word, op, value, timeout, NULL, 0);
+}
+
+/* What a neighbour's socket says while this rank waits at a barrier: nothing (the usual), the
+ * neighbour is gone (closed: it died, or aborted after its own failure), or it sent data. */
+typedef enum { SOCKET_QUIET, SOCKET_CLOSED, SOCKET_DATA } socket_news;
+
+static socket_news neighbour_news(int fd) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) return SOCKET_QUIET;
+    char byte;
+    ssize_t k = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k > 0) return SOCKET_DATA;
+    return k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ? SOCKET_CLOSED
+                                                                                 : SOCKET_QUIET;
+}
+
+/* Checks both neighbours while waiting for rank p. A neighbour that sent data has left this
+ * barrier for a collective over the sockets; it can only have left after every rank arrived,
+ * and it announced its own arrival before sending, so if p has still not arrived the ranks are
+ * making different collective calls. */
+static int check_neighbours(td_comm *c, td_comm_region *g, int p, uint32_t barrier, td_err *err) {
+    for (int side = 0; side < 2; side++) {
+        bool next = side == 0;
+        socket_news news = neighbour_news(next ? c->next_fd : c->prev_fd);
+        if (news == SOCKET_CLOSED) return td_comm_peer_fail(c, next, err);
+        if (news == SOCKET_DATA && !reached(atomic_load(&control_of(g, p)->arrived), barrier)) {
+            td_fail(err,
+                    "it is in a collective over the sockets while this rank waits in a "
+                    "shared-memory all-reduce for rank %d; every rank must make the same "
+                    "collective calls in the same order",
+                    p);
+            return td_comm_peer_fail(c, next, err);
+        }
+    }
+    return 0;
+}
+
+static int wait_for_peer(td_comm *c, td_comm_region *g, int p, uint32_t barrier, td_err *err) {
+    td_comm_ctl *ctl = control_of(g, p);
+    double start = td_net_now(), deadline = start + c->timeout_s;
+    for (int i = 0; !reached(atomic_load(&ctl->arrived), barrier); i++) {
+        if (i % 64 == 0 && td_net_now() - start > SPIN_S) break;
+        cpu_relax();
+    }
+    while (!reached(atomic_load(&ctl->arrived), barrier)) {
+        atomic_fetch_add(&ctl->sleepers, 1);
+        uint32_t seen = atomic_load(&ctl->arrived); /* after announcing: no wake-up is lost */
+        if (!reached(seen, barrier)) {
+            struct timespec ts = {0, SLEEP_NS};
+            (void)futex(&ctl->arrived, FUTEX_WAIT, seen, &ts); /* EAGAIN, ETIMEDOUT: re-check */
+        }
+        atomic_fetch_sub(&ctl->sleepers, 1);
+        if (reached(atomic_load(&ctl->arrived), barrier)) break;
+        if (check_neighbours(c, g, p, barrier, err) != 0) return -1;
+        if (td_net_now() > deadline)
+            return td_fail(err,
+                           "rank %d: timed out after %.0f s waiting for rank %d to reach an "
+                           "all-reduce (is it stuck, or making other collective calls?)",
+                           c->rank, c->timeout_s, p);
+    }
+    return 0;
+}
+
+/* A barrier through the control pages that also checks every rank names the same part of the
+ * region. */
+static int sync_ranks(td_comm *c, td_comm_region *g, uint64_t off, uint64_t n, td_err *err) {
+    uint32_t barrier = ++g->barriers;
+    td_comm_ctl *me = control_of(g, c->rank);
+    me->span[barrier & 1][0] = off;
+    me->span[barrier & 1][1] = n;
+    atomic_store(&me->arrived, barrier); /* seq_cst: ordered before the sleepers load below */
+    if (atomic_load(&me->sleepers) > 0) (void)futex(&me->arrived, FUTEX_WAKE, INT_MAX, NULL);
+    for (int p = 0; p < c->world; p++) {
+        if (p == c->rank) continue;
+        if (wait_for_peer(c, g, p, barrier, err) != 0) return -1;
+        const uint64_t *got = control_of(g, p)->span[barrier & 1];
+        if (got[0] != off || got[1] != n)
             return td_fail(err,
                            "rank %d: ranks all-reduce different buffers (this rank: %llu floats at "
                            "offset %llu; rank %d: %llu at %llu); every rank must make the same "
                            "collective calls in the same order",
-                           c->rank, (unsigned long long)n, (unsigned long long)off,
-                           (c->rank - 1 - s + 2 * c->world) % c->world, (unsigned long long)got[1],
-                           (unsigned long long)got[0]);
-        memcpy(pass, got, sizeof pass);
+                           c->rank, (unsigned long long)n, (unsigned long long)off, p,
+                           (unsigned long long)got[1], (unsigned long long)got[0]);
     }
     return 0;
 }
@@ -206,7 +319,7 @@ int td_comm_allreduce_shared(td_comm *c, td_comm_region *g, float *buf, size_t n
     int w = c->world, r = c->rank;
     size_t off = (size_t)(buf - g->mine), so, sl;
     /* 1: every rank's input is complete */
-    if (sync_ranks(c, off, n, err) != 0) return -1;
+    if (sync_ranks(c, g, off, n, err) != 0) return -1;
     /* only rank r reads or writes segment r, in any rank's memory */
     td_comm_segment(n, w, r, &so, &sl);
     float *seg[w];
@@ -214,5 +327,5 @@ int td_comm_allreduce_shared(td_comm *c, td_comm_region *g, float *buf, size_t n
     sum_segment(seg, w, sl, average ? 1.0f / (float)w : 1.0f);
     if (c->kill_countdown > 0 && --c->kill_countdown == 0) raise(SIGKILL);
     /* 2: every segment is written everywhere, and nobody touches this rank's memory any more */
-    return sync_ranks(c, off, n, err);
+    return sync_ranks(c, g, off, n, err);
 }

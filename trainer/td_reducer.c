@@ -165,11 +165,15 @@ void td_reducer_stop(td_reducer *r, td_model *model) {
     free(r);
 }
 
+/* The last bucket is not handed to the thread: it fills when backward ends, so nothing is left
+ * to overlap, and td_reducer_finish all-reduces it on the calling thread instead, saving two
+ * thread wake-ups per step (on a VM, each can cost more than the all-reduce itself). */
 static void node_done(void *ctx, const td_node *node) {
     td_reducer *r = ctx;
     for (int j = 0; j < node->n_params; j++) {
-        bucket *b = &r->buckets[r->bucket_of[node->param_ids[j]]];
-        if (--b->pending == 0) submit(r, &b->op);
+        int i = r->bucket_of[node->param_ids[j]];
+        bucket *b = &r->buckets[i];
+        if (--b->pending == 0 && i + 1 < r->n_buckets) submit(r, &b->op);
     }
 }
 
@@ -186,11 +190,29 @@ void td_reducer_begin(td_reducer *r, float loss, td_run *run) {
 }
 
 int td_reducer_finish(td_reducer *r, float *loss, td_err *err) {
-    for (int i = 0; i < r->n_buckets; i++) {
+    int last = r->n_buckets - 1;
+    for (int i = 0; i < last; i++) {
         bucket *b = &r->buckets[i];
         if (b->pending > 0) /* a parameter backward never reached: every bucket must go out */
             submit(r, &b->op), b->pending = 0;
         if (wait_for(r, &b->op, err) != 0) return -1;
+    }
+    /* every earlier operation is done (the queue is FIFO), so the ranks still call collectives
+     * in one order; a bucket of only the loss was already submitted by begin */
+    bucket *b = &r->buckets[last];
+    pthread_mutex_lock(&r->mu);
+    bool failed = r->failed; /* e.g. a SyncBatchNorm sum in this backward */
+    if (failed) *err = r->err;
+    pthread_mutex_unlock(&r->mu);
+    if (failed) return -1;
+    if (b->params == 0) {
+        if (wait_for(r, &b->op, err) != 0) return -1;
+    } else if (td_comm_allreduce(r->comm, b->op.buf, b->op.n, b->op.average, err) != 0) {
+        pthread_mutex_lock(&r->mu);
+        r->failed = true; /* the ring is unusable now: later operations fail at once */
+        r->err = *err;
+        pthread_mutex_unlock(&r->mu);
+        return -1;
     }
     *loss = r->block[r->loss_slot];
     return 0;
