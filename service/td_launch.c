@@ -1,8 +1,9 @@
-#define _GNU_SOURCE /* prctl, sigtimedwait */
+#define _GNU_SOURCE /* prctl, sigtimedwait, environ */
 #include "td_launch.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 int td_launch_free_port(int *port, td_err *err) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -29,36 +32,167 @@ int td_launch_free_port(int *port, td_err *err) {
     return 0;
 }
 
-static void set_int_env(const char *name, int v) {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%d", v);
-    setenv(name, buf, 1);
+double td_launch_now(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
 }
 
-/* In the child: the torchrun environment, death with the parent, then the command. */
-static void exec_worker(const td_launch_config *cfg, int local_rank, int attempt, pid_t pgid) {
+/* The variables a worker's environment gets from us, replacing any inherited value. */
+static const char *const OURS[] = {"RANK",
+                                   "LOCAL_RANK",
+                                   "WORLD_SIZE",
+                                   "LOCAL_WORLD_SIZE",
+                                   "GROUP_RANK",
+                                   "MASTER_ADDR",
+                                   "MASTER_PORT",
+                                   "TORCHELASTIC_RUN_ID",
+                                   "TORCHELASTIC_RESTART_COUNT",
+                                   "TORCHELASTIC_MAX_RESTARTS",
+                                   NULL};
+
+static bool named(const char *entry, const char *name) {
+    size_t k = strlen(name);
+    return strncmp(entry, name, k) == 0 && entry[k] == '=';
+}
+
+static bool overridden(const char *entry, const td_launch_config *cfg) {
+    for (int i = 0; OURS[i]; i++)
+        if (named(entry, OURS[i])) return true;
+    if (cfg->devices && named(entry, "CUDA_VISIBLE_DEVICES")) return true;
+    for (int i = 0; cfg->extra_env && cfg->extra_env[i]; i++) {
+        const char *eq = strchr(cfg->extra_env[i], '=');
+        if (eq && strncmp(entry, cfg->extra_env[i], (size_t)(eq - cfg->extra_env[i]) + 1) == 0)
+            return true;
+    }
+    return false;
+}
+
+static char *td_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(td_malloc(n), s, n);
+}
+
+static char *format(const char *fmt, const char *name, const char *value) {
+    size_t n = strlen(name) + strlen(value) + 2;
+    char *s = td_malloc(n);
+    snprintf(s, n, fmt, name, value);
+    return s;
+}
+
+static char *int_entry(const char *name, int v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", v);
+    return format("%s=%s", name, buf);
+}
+
+/* Local rank r's whole environment: the inherited one without our names, then ours. */
+static char **worker_env(const td_launch_config *cfg, int r, int attempt) {
+    size_t n_env = 0, n_extra = 0;
+    while (environ[n_env]) n_env++;
+    while (cfg->extra_env && cfg->extra_env[n_extra]) n_extra++;
+    char **env = td_calloc(n_env + n_extra + 16, sizeof(char *));
+    size_t k = 0;
+    for (size_t i = 0; i < n_env; i++)
+        if (!overridden(environ[i], cfg)) env[k++] = td_strdup(environ[i]);
+    int world = cfg->nnodes * cfg->nproc_per_node;
+    env[k++] = int_entry("RANK", cfg->node_rank * cfg->nproc_per_node + r);
+    env[k++] = int_entry("LOCAL_RANK", r);
+    env[k++] = int_entry("WORLD_SIZE", world);
+    env[k++] = int_entry("LOCAL_WORLD_SIZE", cfg->nproc_per_node);
+    env[k++] = int_entry("GROUP_RANK", cfg->node_rank);
+    env[k++] = format("%s=%s", "MASTER_ADDR", cfg->master_addr);
+    env[k++] = int_entry("MASTER_PORT", cfg->master_port);
+    env[k++] = format("%s=%s", "TORCHELASTIC_RUN_ID", cfg->run_id);
+    env[k++] = int_entry("TORCHELASTIC_RESTART_COUNT", attempt);
+    env[k++] = int_entry("TORCHELASTIC_MAX_RESTARTS", cfg->max_restarts);
+    if (cfg->devices) env[k++] = format("%s=%s", "CUDA_VISIBLE_DEVICES", cfg->devices[r]);
+    /* as torchrun: one OpenMP thread per process unless the user chose otherwise */
+    if (cfg->nproc_per_node > 1 && !getenv("OMP_NUM_THREADS"))
+        env[k++] = td_strdup("OMP_NUM_THREADS=1");
+    for (size_t i = 0; i < n_extra; i++) env[k++] = td_strdup(cfg->extra_env[i]);
+    env[k] = NULL;
+    return env;
+}
+
+static void free_env(char **env) {
+    if (!env) return;
+    for (char **e = env; *e; e++) free(*e);
+    free(env);
+}
+
+/* execvp's PATH search, done before fork (it allocates). */
+static int resolve_program(const char *name, char *out, size_t len, td_err *err) {
+    if (strchr(name, '/')) {
+        if (access(name, X_OK) != 0)
+            return td_fail(err, "cannot run %s: %s", name, strerror(errno));
+        snprintf(out, len, "%s", name);
+        return 0;
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path) path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; *p;) {
+        const char *colon = strchr(p, ':');
+        size_t dl = colon ? (size_t)(colon - p) : strlen(p);
+        snprintf(out, len, "%.*s/%s", (int)dl, dl ? p : ".", name);
+        if (access(out, X_OK) == 0) return 0;
+        p += dl + (colon ? 1 : 0);
+    }
+    return td_fail(err, "cannot run %s: not found in PATH (%s)", name, path);
+}
+
+/* In the child, between fork and exec: async-signal-safe calls only (the daemon has threads). */
+static void exec_worker(const td_launch_config *cfg, int r, const char *program, char **env,
+                        pid_t pgid) {
     setpgid(0, pgid);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) _exit(127); /* the launcher died before prctl took effect */
-    int world = cfg->nnodes * cfg->nproc_per_node;
-    set_int_env("RANK", cfg->node_rank * cfg->nproc_per_node + local_rank);
-    set_int_env("LOCAL_RANK", local_rank);
-    set_int_env("WORLD_SIZE", world);
-    set_int_env("LOCAL_WORLD_SIZE", cfg->nproc_per_node);
-    set_int_env("GROUP_RANK", cfg->node_rank);
-    setenv("MASTER_ADDR", cfg->master_addr, 1);
-    set_int_env("MASTER_PORT", cfg->master_port);
-    setenv("TORCHELASTIC_RUN_ID", cfg->run_id, 1);
-    set_int_env("TORCHELASTIC_RESTART_COUNT", attempt);
-    set_int_env("TORCHELASTIC_MAX_RESTARTS", cfg->max_restarts);
-    /* as torchrun: one OpenMP thread per process unless the user chose otherwise */
-    if (cfg->nproc_per_node > 1 && !getenv("OMP_NUM_THREADS")) setenv("OMP_NUM_THREADS", "1", 1);
+    if (cfg->stdout_fds && cfg->stdout_fds[r] >= 0) dup2(cfg->stdout_fds[r], STDOUT_FILENO);
+    if (cfg->stderr_fds && cfg->stderr_fds[r] >= 0) dup2(cfg->stderr_fds[r], STDERR_FILENO);
+    if (cfg->cwd && chdir(cfg->cwd) != 0) {
+        static const char msg[] = "traind: cannot enter the job directory\n";
+        (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+        _exit(127);
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    execvp(cfg->argv[0], cfg->argv);
-    fprintf(stderr, "traind-run: cannot run %s: %s\n", cfg->argv[0], strerror(errno));
+    execve(program, cfg->argv, env);
+    static const char msg[] = "traind: exec failed\n";
+    (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
     _exit(127);
+}
+
+int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err *err) {
+    int n = cfg->nproc_per_node;
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    g->rank_base = cfg->node_rank * n;
+    g->failed_rank = -1;
+    char program[4096];
+    if (resolve_program(cfg->argv[0], program, sizeof program, err) != 0) return -1;
+    char **envs[n];
+    for (int i = 0; i < n; i++) envs[i] = worker_env(cfg, i, attempt);
+    g->pids = td_calloc((size_t)n, sizeof(pid_t));
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            rc = td_fail(err, "fork: %s", strerror(errno));
+            if (g->pgid) {
+                killpg(g->pgid, SIGKILL);
+                g->terminating = true;
+            }
+            break;
+        }
+        if (pid == 0) exec_worker(cfg, i, program, envs[i], g->pgid);
+        if (!g->pgid) g->pgid = pid;
+        setpgid(pid, g->pgid); /* both sides set it: whichever runs first wins the race */
+        g->pids[i] = pid;
+        g->alive++;
+    }
+    for (int i = 0; i < n; i++) free_env(envs[i]);
+    return rc;
 }
 
 static int status_code(int status) {
@@ -67,94 +201,95 @@ static int status_code(int status) {
     return 1;
 }
 
-/* Waits for a child until the deadline (CLOCK_MONOTONIC seconds); 0 when none exited. */
-static pid_t wait_child(int *status, double deadline) {
-    for (;;) {
-        pid_t pid = waitpid(-1, status, WNOHANG);
-        if (pid != 0) return pid; /* a child, or -1 when there are none */
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        double left = deadline - ((double)now.tv_sec + (double)now.tv_nsec * 1e-9);
-        if (left <= 0) return 0;
-        /* SIGCHLD (blocked) wakes us as soon as a child changes state */
-        sigset_t chld;
-        sigemptyset(&chld);
-        sigaddset(&chld, SIGCHLD);
-        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-        if (left > 0.2) ts = (struct timespec){0, 200 * 1000 * 1000}; /* see stop_signal */
-        sigtimedwait(&chld, NULL, &ts);
-        return 0;
+bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
+    int local = -1;
+    for (int i = 0; i < g->n; i++)
+        if (g->pids[i] == pid) local = i;
+    if (local < 0) return false;
+    g->pids[local] = 0;
+    g->alive--;
+    int code = status_code(status);
+    if (code != 0 && !g->terminating) {
+        g->first_failure = code;
+        g->failed_rank = g->rank_base + local;
+        if (WIFSIGNALED(status))
+            snprintf(g->reason, sizeof g->reason,
+                     "rank %d (local %d, pid %d) failed with signal %d (%s)", g->failed_rank, local,
+                     (int)pid, WTERMSIG(status), strsignal(WTERMSIG(status)));
+        else
+            snprintf(g->reason, sizeof g->reason,
+                     "rank %d (local %d, pid %d) failed with exit code %d", g->failed_rank, local,
+                     (int)pid, code);
+        if (g->alive > 0) td_group_terminate(g, SIGTERM, grace_s);
+    }
+    return true;
+}
+
+void td_group_terminate(td_group *g, int sig, double grace_s) {
+    if (g->pgid && g->alive > 0) killpg(g->pgid, sig);
+    g->terminating = true;
+    g->kill_at = sig == SIGKILL ? 0 : td_launch_now() + grace_s;
+}
+
+void td_group_tick(td_group *g) {
+    if (g->terminating && g->kill_at > 0 && g->alive > 0 && td_launch_now() >= g->kill_at) {
+        killpg(g->pgid, SIGKILL);
+        g->kill_at = 0;
     }
 }
 
-static double mono(void) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+void td_group_free(td_group *g) {
+    free(g->pids);
+    g->pids = NULL;
+}
+
+/* Waits for a child for at most 200 ms (so stop_signal and kill deadlines are seen); 0 when
+ * none exited, -1 when there are none. */
+static pid_t wait_child(int *status) {
+    pid_t pid = waitpid(-1, status, WNOHANG);
+    if (pid != 0) return pid;
+    sigset_t chld; /* SIGCHLD (blocked) wakes us as soon as a child changes state */
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    sigtimedwait(&chld, NULL, &ts);
+    return 0;
 }
 
 /* One attempt: start the group, wait for it; returns the first failure's code (0: success). */
 static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool *stopped,
                        td_err *err) {
-    int n = cfg->nproc_per_node, alive = 0, first_failure = 0, failed_rank = -1;
-    pid_t *pids = td_calloc((size_t)n, sizeof(pid_t));
-    pid_t pgid = 0;
-    for (int i = 0; i < n; i++) {
-        pid_t pid = fork();
-        if (pid < 0) {
-            td_fail(err, "fork: %s", strerror(errno));
-            if (pgid) killpg(pgid, SIGKILL);
-            free(pids);
-            return -1;
+    td_group g;
+    if (td_group_start(&g, cfg, attempt, err) != 0) {
+        while (g.alive > 0) {
+            int status;
+            pid_t pid = waitpid(-1, &status, 0);
+            if (pid < 0) break;
+            td_group_reaped(&g, pid, status, 0);
         }
-        if (pid == 0) exec_worker(cfg, i, attempt, pgid);
-        if (!pgid) pgid = pid;
-        setpgid(pid, pgid); /* both sides set it: whichever runs first wins the race */
-        pids[i] = pid;
-        alive++;
+        td_group_free(&g);
+        return -1;
     }
-    double kill_at = 0;
-    bool terminating = false;
-    while (alive > 0) {
-        if (cfg->stop_signal && *cfg->stop_signal && !terminating) {
+    while (g.alive > 0) {
+        if (cfg->stop_signal && *cfg->stop_signal && !g.terminating) {
             fprintf(log, "[traind-run] forwarding signal %d to the workers\n",
                     (int)*cfg->stop_signal);
-            killpg(pgid, (int)*cfg->stop_signal);
-            terminating = true;
+            td_group_terminate(&g, (int)*cfg->stop_signal, cfg->grace_s);
             *stopped = true;
-            kill_at = mono() + cfg->grace_s;
         }
         int status;
-        pid_t pid = wait_child(&status, terminating ? kill_at : mono() + 3600);
+        pid_t pid = wait_child(&status);
         if (pid < 0) break;
-        if (pid == 0) {
-            if (terminating && mono() >= kill_at) {
-                killpg(pgid, SIGKILL);
-                kill_at = mono() + 3600;
-            }
-            continue;
-        }
-        int local = -1;
-        for (int i = 0; i < n; i++)
-            if (pids[i] == pid) local = i;
-        if (local < 0) continue;
-        alive--;
-        int code = status_code(status);
-        if (code != 0 && !terminating) {
-            first_failure = code;
-            failed_rank = cfg->node_rank * n + local;
-            fprintf(log,
-                    "[traind-run] rank %d (local %d, pid %d) failed with %s %d; stopping the "
-                    "other workers\n",
-                    failed_rank, local, (int)pid, WIFSIGNALED(status) ? "signal" : "exit code",
-                    WIFSIGNALED(status) ? WTERMSIG(status) : code);
-            killpg(pgid, SIGTERM);
-            terminating = true;
-            kill_at = mono() + cfg->grace_s;
-        }
+        td_group_tick(&g);
+        if (pid == 0) continue;
+        int failed_before = g.failed_rank;
+        if (td_group_reaped(&g, pid, status, cfg->grace_s) && g.failed_rank != failed_before)
+            fprintf(log, "[traind-run] %s%s\n", g.reason,
+                    g.alive > 0 ? "; stopping the other workers" : "");
     }
-    free(pids);
-    return first_failure;
+    int code = g.first_failure;
+    td_group_free(&g);
+    return code;
 }
 
 int td_launch_run(const td_launch_config *cfg, FILE *log, int *exit_code, td_err *err) {

@@ -1,11 +1,12 @@
 /* Launching and supervising a group of local worker processes with the torchrun environment:
- * used by traind-run and (next) by the daemon, so both supervise workers the same way.
+ * traind-run and the daemon share it, so both start, stop and restart workers the same way.
  *
- * Each attempt starts nproc processes in one new process group, each with RANK, LOCAL_RANK,
- * WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and the TORCHELASTIC_*
- * variables, and PR_SET_PDEATHSIG so none outlives the launcher. When one exits non-zero (or is
- * killed) the rest get SIGTERM, then SIGKILL after the grace period; with restarts left the
- * whole group starts again with TORCHELASTIC_RESTART_COUNT raised. */
+ * An attempt (a td_group) is nproc processes in one new process group, each with RANK,
+ * LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and the
+ * TORCHELASTIC_* variables, and PR_SET_PDEATHSIG so none outlives the thread that started it.
+ * When one exits non-zero (or is killed) the rest get SIGTERM, then SIGKILL after the grace
+ * period. td_launch_run (traind-run) loops over attempts, restarting the whole group while
+ * restarts remain; the daemon drives td_group itself from its supervisor loop. */
 #ifndef TD_LAUNCH_H
 #define TD_LAUNCH_H
 
@@ -14,6 +15,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 typedef struct td_launch_config {
     int nproc_per_node, nnodes, node_rank;
@@ -25,14 +27,51 @@ typedef struct td_launch_config {
     char *const *argv;
     /* set by a signal handler to forward SIGINT/SIGTERM to the group; may be NULL */
     volatile sig_atomic_t *stop_signal;
+
+    /* for the daemon; zero values keep traind-run's behaviour */
+    const char *cwd;        /* the workers' directory; NULL: inherit */
+    const int *stdout_fds;  /* [nproc_per_node] dup'ed onto each worker's stdout; NULL: inherit */
+    const int *stderr_fds;  /* likewise for stderr */
+    char *const *extra_env; /* "NAME=value" entries added for every worker; NULL-terminated */
+    const char *const *devices; /* [nproc_per_node] CUDA_VISIBLE_DEVICES per worker, or NULL */
 } td_launch_config;
+
+/* One attempt's processes. */
+typedef struct td_group {
+    int n, alive;
+    int rank_base; /* the global rank of local rank 0 */
+    pid_t pgid;
+    pid_t *pids;
+    bool terminating;  /* SIGTERM sent: exits from now on are not failures */
+    double kill_at;    /* CLOCK_MONOTONIC time for SIGKILL while terminating; 0: none */
+    int first_failure; /* the first failing worker's status (128 + signal), 0: none */
+    int failed_rank;   /* its global rank, -1: none */
+    char reason[256];  /* in words, for logs and the daemon's job record */
+} td_group;
+
+/* Starts attempt `attempt` (TORCHELASTIC_RESTART_COUNT) of cfg's group. Safe in a multithreaded
+ * process: everything the children need (environment, program path) is prepared before fork,
+ * so a child only calls async-signal-safe functions until exec. -1 if it could not start (then
+ * nothing is left running). */
+int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err *err);
+/* Records that child pid ended with wait status `status`. False if pid is not in the group. The
+ * first failure starts termination of the rest (SIGTERM now, SIGKILL after grace_s). */
+bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s);
+/* Sends sig to the whole group and, unless it is SIGKILL, schedules SIGKILL after grace_s. */
+void td_group_terminate(td_group *g, int sig, double grace_s);
+/* SIGKILL to the group once its grace period is over. Call it now and then while terminating. */
+void td_group_tick(td_group *g);
+void td_group_free(td_group *g);
 
 /* Runs the attempts; *exit_code is 0 when every process of an attempt succeeded, else the exit
  * status of the first process that failed (128 + signal for a signal). Returns -1 only when the
- * group could not be started at all. */
+ * group could not be started at all. Blocks SIGCHLD while it runs. */
 int td_launch_run(const td_launch_config *cfg, FILE *log, int *exit_code, td_err *err);
 
 /* A free TCP port on the loopback interface (torchrun's choice for a single node). */
 int td_launch_free_port(int *port, td_err *err);
+
+/* CLOCK_MONOTONIC in seconds. */
+double td_launch_now(void);
 
 #endif
