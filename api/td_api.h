@@ -1,0 +1,29 @@
+/* traind's HTTP API v1 (api/README.md) on libmicrohttpd: routing, bearer-token checks, body
+ * limits, JSON errors, Server-Sent Events, log following and checkpoint downloads with Range.
+ *
+ * One thread per connection: an event stream or a followed log blocks its own thread on the
+ * job's condition variable instead of polling, and keep-alive clients (curl, wrk, browsers)
+ * each get a thread that serves request after request without a hand-off. */
+#ifndef TD_API_H
+#define TD_API_H
+
+#include "td_error.h"
+#include "td_jobs.h"
+
+#include <stddef.h>
+
+typedef struct td_api td_api;
+
+typedef struct td_api_config {
+    const char *host; /* an address to bind, e.g. 127.0.0.1 */
+    int port;         /* 0: any free port */
+    const char *token;
+    size_t max_body;
+    const char *version;
+} td_api_config;
+
+int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err);
+int td_api_port(const td_api *api);
+void td_api_stop(td_api *api);
+
+#endif

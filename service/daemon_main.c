@@ -1,0 +1,365 @@
+/* traind: the training daemon. Serves the HTTP API (api/README.md), keeps its state in SQLite
+ * under the state directory, and runs jobs on this node's slots. */
+#define _GNU_SOURCE /* getrandom's header, strsignal */
+#include "td_api.h"
+#include "td_cuda.h"
+#include "td_db.h"
+#include "td_jobs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define TRAIND_VERSION "0.1.0"
+#define MAX_ROOTS      16
+
+typedef struct options {
+    char listen[256];
+    char state_dir[PATH_MAX];
+    char worker[PATH_MAX];
+    int slots; /* 0: the core count */
+    double grace_s;
+    long max_body;
+    char roots[MAX_ROOTS][PATH_MAX];
+    int n_roots; /* 0: the defaults */
+} options;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: traind [--listen ADDR:PORT] [--state-dir DIR] [--config FILE]\n"
+            "              [--slots N] [--data-root DIR]... [--grace S] [--max-body BYTES]\n"
+            "              [--worker PATH]\n"
+            "\n"
+            "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
+            "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
+            "\n"
+            "  --listen ADDR:PORT  where to serve (default 127.0.0.1:8470; port 0: any free\n"
+            "                      port). Loopback by default: put a TLS proxy in front to\n"
+            "                      serve other hosts.\n"
+            "  --state-dir DIR     jobs, logs, checkpoints, the database (state.db) and the API\n"
+            "                      token (default: $STATE_DIRECTORY, /var/lib/traind for root,\n"
+            "                      else $XDG_STATE_HOME/traind or ~/.local/state/traind)\n"
+            "  --config FILE       a JSON object with any of: listen, state_dir, slots,\n"
+            "                      data_roots (array), grace_s, max_body_bytes, worker;\n"
+            "                      command-line options override it\n"
+            "  --slots N           job processes at once when there is no GPU (default: the\n"
+            "                      core count); with GPUs, one slot per GPU\n"
+            "  --data-root DIR     a directory job specs may read from (repeatable; default\n"
+            "                      /usr/share/datasets); the state directory always is one\n"
+            "  --grace S           seconds between SIGTERM and SIGKILL when stopping a job\n"
+            "                      (default 10)\n"
+            "  --max-body BYTES    the largest request body (default 1048576)\n"
+            "  --worker PATH       traind-worker (default: next to traind)\n"
+            "\n"
+            "On its first start traind writes a random API token to STATE_DIR/token (mode\n"
+            "0600) and prints it; every endpoint but GET /v1/health needs\n"
+            "\"Authorization: Bearer TOKEN\". Once it serves it prints\n"
+            "\"traind: listening on http://ADDR:PORT\" to stderr. SIGTERM or SIGINT stops it;\n"
+            "running jobs resume from their latest checkpoints at the next start.\n");
+}
+
+static void die(const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "traind: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n");
+    exit(2);
+}
+
+static long long number(const char *what, const char *v, long long min, long long max) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || *end || end == v || x < min || x > max) {
+        char range[64];
+        snprintf(range, sizeof range, "an integer in [%lld, %lld]", min, max);
+        die("%s: expected %s", what, range);
+    }
+    return x;
+}
+
+static void read_config(options *o, const char *path, bool *have) {
+    json_error_t je;
+    json_t *c = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!c) {
+        fprintf(stderr, "traind: %s:%d:%d: %s\n", path, je.line, je.column, je.text);
+        exit(2);
+    }
+    if (!json_is_object(c)) die("%s: expected a JSON object%s", path, "");
+    const char *key;
+    json_t *v;
+    json_object_foreach(c, key, v) {
+        bool ok = true;
+        if (!strcmp(key, "listen") && json_is_string(v) && !have[0])
+            snprintf(o->listen, sizeof o->listen, "%s", json_string_value(v));
+        else if (!strcmp(key, "state_dir") && json_is_string(v) && !have[1])
+            snprintf(o->state_dir, sizeof o->state_dir, "%s", json_string_value(v));
+        else if (!strcmp(key, "slots") && json_is_integer(v) && json_integer_value(v) > 0 &&
+                 json_integer_value(v) <= 4096 && !have[2])
+            o->slots = (int)json_integer_value(v);
+        else if (!strcmp(key, "grace_s") && json_is_number(v) && json_number_value(v) >= 0 &&
+                 !have[3])
+            o->grace_s = json_number_value(v);
+        else if (!strcmp(key, "max_body_bytes") && json_is_integer(v) &&
+                 json_integer_value(v) > 0 && !have[4])
+            o->max_body = (long)json_integer_value(v);
+        else if (!strcmp(key, "worker") && json_is_string(v) && !have[5])
+            snprintf(o->worker, sizeof o->worker, "%s", json_string_value(v));
+        else if (!strcmp(key, "data_roots") && json_is_array(v) && !have[6]) {
+            size_t i;
+            json_t *r;
+            json_array_foreach(v, i, r) {
+                if (!json_is_string(r) || o->n_roots == MAX_ROOTS) {
+                    ok = false;
+                    break;
+                }
+                snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", json_string_value(r));
+            }
+        } else if (strcmp(key, "listen") && strcmp(key, "state_dir") && strcmp(key, "slots") &&
+                   strcmp(key, "grace_s") && strcmp(key, "max_body_bytes") &&
+                   strcmp(key, "worker") && strcmp(key, "data_roots")) {
+            fprintf(stderr,
+                    "traind: %s: %s: unknown key; expected one of: listen, state_dir, slots, "
+                    "data_roots, grace_s, max_body_bytes, worker\n",
+                    path, key);
+            exit(2);
+        } else if (!((!strcmp(key, "listen") && have[0]) ||
+                     (!strcmp(key, "state_dir") && have[1]) || (!strcmp(key, "slots") && have[2]) ||
+                     (!strcmp(key, "grace_s") && have[3]) ||
+                     (!strcmp(key, "max_body_bytes") && have[4]) ||
+                     (!strcmp(key, "worker") && have[5]) ||
+                     (!strcmp(key, "data_roots") && have[6]))) {
+            ok = false;
+        }
+        if (!ok) {
+            fprintf(stderr,
+                    "traind: %s: %s: wrong type or value (listen, state_dir, worker: strings; "
+                    "slots, max_body_bytes: positive integers; grace_s: a number >= 0; "
+                    "data_roots: an array of at most %d strings)\n",
+                    path, key, MAX_ROOTS);
+            exit(2);
+        }
+    }
+    json_decref(c);
+}
+
+static void default_state_dir(char *out, size_t len) {
+    const char *s = getenv("STATE_DIRECTORY"); /* systemd's StateDirectory= */
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    if (s && *s)
+        snprintf(out, len, "%s", s);
+    else if (getuid() == 0)
+        snprintf(out, len, "/var/lib/traind");
+    else if (xdg && *xdg)
+        snprintf(out, len, "%s/traind", xdg);
+    else
+        snprintf(out, len, "%s/.local/state/traind", home && *home ? home : ".");
+}
+
+/* mkdir -p with mode 0700 for the directories it creates. */
+static void make_dirs(const char *path) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(p, 0700) != 0 && errno != EEXIST)
+                die("cannot create %s: %s", p, strerror(errno));
+            *s = '/';
+        }
+    if (mkdir(p, 0700) != 0 && errno != EEXIST) die("cannot create %s: %s", p, strerror(errno));
+}
+
+/* The API token: read, or created on the first start (32 random bytes as hex, mode 0600). */
+static void load_token(const char *dir, char *token, size_t len) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/token", dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(token, (int)len, f)) token[0] = 0;
+        fclose(f);
+        token[strcspn(token, "\r\n")] = 0;
+        if (strlen(token) < 16) die("%s: the token is shorter than 16 characters%s", path, "");
+        struct stat st;
+        if (stat(path, &st) == 0 && (st.st_mode & 077))
+            fprintf(stderr, "traind: warning: %s is readable by others (chmod 600 it)\n", path);
+        return;
+    }
+    unsigned char raw[32];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        die("cannot read random bytes for the token: %s%s", strerror(errno), "");
+    for (size_t i = 0; i < sizeof raw && 2 * i + 2 < len; i++)
+        snprintf(token + 2 * i, 3, "%02x", raw[i]);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) die("cannot create %s: %s", path, strerror(errno));
+    size_t n = strlen(token);
+    if (write(fd, token, n) != (ssize_t)n || write(fd, "\n", 1) != 1 || fsync(fd) != 0)
+        die("cannot write %s: %s", path, strerror(errno));
+    close(fd);
+    fprintf(stderr, "traind: created the API token (shown once; it is kept in %s):\n%s\n", path,
+            token);
+}
+
+static void default_worker(char *out, size_t len) {
+    char self[PATH_MAX - 32];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        snprintf(out, len, "traind-worker");
+        return;
+    }
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    *slash = 0;
+    snprintf(out, len, "%s/traind-worker", self);
+}
+
+int main(int argc, char **argv) {
+    options o = {.grace_s = 10, .max_body = 1 << 20};
+    bool have[7] = {false}; /* given on the command line: listen, state, slots, grace, body,
+                               worker, roots */
+    const char *config = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            printf("traind %s\n", TRAIND_VERSION);
+            return 0;
+        }
+        if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "traind: %s: %s\n", a,
+                    strncmp(a, "--", 2) ? "unexpected argument" : "needs a value");
+            usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (!strcmp(a, "--listen"))
+            snprintf(o.listen, sizeof o.listen, "%s", v), have[0] = true;
+        else if (!strcmp(a, "--state-dir"))
+            snprintf(o.state_dir, sizeof o.state_dir, "%s", v), have[1] = true;
+        else if (!strcmp(a, "--slots"))
+            o.slots = (int)number("--slots", v, 1, 4096), have[2] = true;
+        else if (!strcmp(a, "--grace"))
+            o.grace_s = (double)number("--grace", v, 0, 3600), have[3] = true;
+        else if (!strcmp(a, "--max-body"))
+            o.max_body = (long)number("--max-body", v, 1, 1L << 30), have[4] = true;
+        else if (!strcmp(a, "--worker"))
+            snprintf(o.worker, sizeof o.worker, "%s", v), have[5] = true;
+        else if (!strcmp(a, "--data-root")) {
+            if (o.n_roots == MAX_ROOTS) die("at most %d --data-root%s", "16", "");
+            snprintf(o.roots[o.n_roots++], PATH_MAX, "%s", v);
+            have[6] = true;
+        } else if (!strcmp(a, "--config"))
+            config = v;
+        else {
+            fprintf(stderr, "traind: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (config) read_config(&o, config, have);
+    if (!o.listen[0]) snprintf(o.listen, sizeof o.listen, "127.0.0.1:8470");
+    if (!o.state_dir[0]) default_state_dir(o.state_dir, sizeof o.state_dir);
+    if (!o.worker[0]) default_worker(o.worker, sizeof o.worker);
+    if (access(o.worker, X_OK) != 0)
+        die("cannot run the worker %s: %s (give --worker)", o.worker, strerror(errno));
+    char host[128];
+    const char *colon = strrchr(o.listen, ':');
+    if (!colon || colon == o.listen || (size_t)(colon - o.listen) >= sizeof host)
+        die("--listen \"%s\": expected ADDR:PORT, e.g. 127.0.0.1:8470%s", o.listen, "");
+    snprintf(host, sizeof host, "%.*s", (int)(colon - o.listen), o.listen);
+    int port = (int)number("--listen port", colon + 1, 0, 65535);
+
+    make_dirs(o.state_dir);
+    char state[PATH_MAX];
+    if (!realpath(o.state_dir, state)) die("%s: %s", o.state_dir, strerror(errno));
+    if (o.n_roots == 0) snprintf(o.roots[o.n_roots++], PATH_MAX, "/usr/share/datasets");
+    const char *roots[MAX_ROOTS + 1];
+    static char resolved[MAX_ROOTS + 1][PATH_MAX];
+    int n_roots = 0;
+    for (int i = 0; i < o.n_roots; i++) {
+        if (!realpath(o.roots[i], resolved[n_roots])) {
+            fprintf(stderr, "traind: warning: data root %s: %s (skipped)\n", o.roots[i],
+                    strerror(errno));
+            continue;
+        }
+        roots[n_roots] = resolved[n_roots];
+        n_roots++;
+    }
+    snprintf(resolved[n_roots], PATH_MAX, "%s", state);
+    roots[n_roots] = resolved[n_roots];
+    n_roots++;
+
+    char why[256] = "";
+    int gpus = td_cuda_device_count(why, sizeof why);
+    if (gpus < 0) gpus = 0;
+    int slots = gpus > 0 ? gpus : o.slots > 0 ? o.slots : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (slots < 1) slots = 1;
+
+    /* every thread inherits this mask: children are reaped through the supervisor's signalfd,
+     * and SIGTERM/SIGINT are taken by sigwait below */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char token[128];
+    load_token(state, token, sizeof token);
+    char db_path[PATH_MAX + 16];
+    snprintf(db_path, sizeof db_path, "%s/state.db", state);
+    td_err err = {{0}};
+    td_db *db = NULL;
+    td_jobs *jobs = NULL;
+    td_api *api = NULL;
+    if (td_db_open(&db, db_path, &err) != 0) goto fail;
+    td_jobs_config jc = {.state_dir = state,
+                         .worker = o.worker,
+                         .slots = slots,
+                         .gpus = gpus,
+                         .grace_s = o.grace_s,
+                         .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots}};
+    if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0 || td_jobs_start(jobs, &err) != 0)
+        goto fail;
+    td_api_config ac = {.host = host,
+                        .port = port,
+                        .token = token,
+                        .max_body = (size_t)o.max_body,
+                        .version = TRAIND_VERSION};
+    if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
+    fprintf(stderr, "traind: %d %s slot%s; state in %s; worker %s\n", slots,
+            gpus > 0 ? "GPU" : "CPU", slots == 1 ? "" : "s", state, o.worker);
+    fprintf(stderr, "traind: listening on http://%s:%d\n", host, td_api_port(api));
+    fflush(stderr);
+
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    int sig = 0;
+    sigwait(&stop, &sig);
+    fprintf(stderr, "traind: %s: stopping (running jobs resume at the next start)\n",
+            strsignal(sig));
+    td_jobs_stop(jobs);
+    td_api_stop(api);
+    td_jobs_close(jobs);
+    td_db_close(db);
+    return 0;
+fail:
+    fprintf(stderr, "traind: %s\n", err.msg);
+    td_api_stop(api);
+    td_jobs_close(jobs);
+    td_db_close(db);
+    return 1;
+}

@@ -1,0 +1,407 @@
+#include "td_db.h"
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct td_db {
+    sqlite3 *db;
+    pthread_mutex_t mu;
+};
+
+static const char SCHEMA[] =
+    "PRAGMA journal_mode = WAL;"
+    "PRAGMA synchronous = NORMAL;" /* WAL + NORMAL: durable across a process crash */
+    "PRAGMA foreign_keys = ON;"
+    "CREATE TABLE IF NOT EXISTS jobs ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, kind TEXT NOT NULL,"
+    "  spec TEXT NOT NULL, nproc INTEGER NOT NULL, max_restarts INTEGER NOT NULL,"
+    "  restarts INTEGER NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL,"
+    "  started_at REAL, finished_at REAL, exit_code INTEGER, reason TEXT,"
+    "  pgid INTEGER NOT NULL DEFAULT 0, last_seq INTEGER NOT NULL DEFAULT 0);"
+    "CREATE TABLE IF NOT EXISTS attempts ("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL,"
+    "  started_at REAL, finished_at REAL, exit_code INTEGER, reason TEXT,"
+    "  PRIMARY KEY (job_id, attempt));"
+    "CREATE TABLE IF NOT EXISTS events ("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), seq INTEGER NOT NULL, type TEXT NOT NULL,"
+    "  data TEXT NOT NULL, PRIMARY KEY (job_id, seq));"
+    "CREATE TABLE IF NOT EXISTS metrics ("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), event TEXT NOT NULL, step INTEGER NOT NULL,"
+    "  data TEXT NOT NULL, PRIMARY KEY (job_id, event, step));"
+    "CREATE TABLE IF NOT EXISTS checkpoints ("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), step INTEGER NOT NULL, path TEXT NOT NULL,"
+    "  size INTEGER NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (job_id, step));";
+
+static int db_fail(td_db *db, td_err *err, const char *what) {
+    return td_fail(err, "state database: %s: %s", what, sqlite3_errmsg(db->db));
+}
+
+int td_db_open(td_db **out, const char *path, td_err *err) {
+    td_db *db = td_calloc(1, sizeof *db);
+    pthread_mutex_init(&db->mu, NULL);
+    if (sqlite3_open_v2(path, &db->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+        SQLITE_OK) {
+        td_fail(err, "cannot open the state database %s: %s", path,
+                db->db ? sqlite3_errmsg(db->db) : "out of memory");
+        td_db_close(db);
+        return -1;
+    }
+    sqlite3_busy_timeout(db->db, 5000);
+    char *msg = NULL;
+    if (sqlite3_exec(db->db, SCHEMA, NULL, NULL, &msg) != SQLITE_OK) {
+        td_fail(err, "state database %s: %s (is it another program's file?)", path,
+                msg ? msg : "?");
+        sqlite3_free(msg);
+        td_db_close(db);
+        return -1;
+    }
+    *out = db;
+    return 0;
+}
+
+void td_db_close(td_db *db) {
+    if (!db) return;
+    sqlite3_close(db->db);
+    pthread_mutex_destroy(&db->mu);
+    free(db);
+}
+
+static void bind_time(sqlite3_stmt *s, int i, double t) {
+    if (t > 0)
+        sqlite3_bind_double(s, i, t);
+    else
+        sqlite3_bind_null(s, i);
+}
+
+static void bind_code(sqlite3_stmt *s, int i, int code) {
+    if (code >= 0)
+        sqlite3_bind_int(s, i, code);
+    else
+        sqlite3_bind_null(s, i);
+}
+
+/* Runs a prepared statement to completion under the lock held by the caller. */
+static int step_done(td_db *db, sqlite3_stmt *s, td_err *err, const char *what) {
+    int rc = sqlite3_step(s);
+    sqlite3_finalize(s);
+    return rc == SQLITE_DONE ? 0 : db_fail(db, err, what);
+}
+
+static sqlite3_stmt *prepare(td_db *db, const char *sql) {
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(db->db, sql, -1, &s, NULL) != SQLITE_OK) return NULL;
+    return s;
+}
+
+int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = -1;
+    sqlite3_stmt *s = prepare(db, "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, "
+                                  "restarts, state, created_at) VALUES (?,?,?,?,?,?,?,?)");
+    if (!s) {
+        db_fail(db, err, "preparing a job insert");
+        goto out;
+    }
+    sqlite3_bind_text(s, 1, job->name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, job->kind, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, job->spec, -1, SQLITE_STATIC);
+    sqlite3_bind_int(s, 4, job->nproc);
+    sqlite3_bind_int(s, 5, job->max_restarts);
+    sqlite3_bind_int(s, 6, job->restarts);
+    sqlite3_bind_text(s, 7, job->state, -1, SQLITE_STATIC);
+    sqlite3_bind_double(s, 8, job->created_at);
+    if (step_done(db, s, err, "inserting a job") != 0) goto out;
+    job->id = (long)sqlite3_last_insert_rowid(db->db);
+    rc = 0;
+out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+static int update_job_locked(td_db *db, const td_db_job *job, td_err *err) {
+    sqlite3_stmt *s = prepare(db, "UPDATE jobs SET restarts=?, state=?, started_at=?, "
+                                  "finished_at=?, exit_code=?, reason=?, pgid=?, last_seq=? "
+                                  "WHERE id=?");
+    if (!s) return db_fail(db, err, "preparing a job update");
+    sqlite3_bind_int(s, 1, job->restarts);
+    sqlite3_bind_text(s, 2, job->state, -1, SQLITE_STATIC);
+    bind_time(s, 3, job->started_at);
+    bind_time(s, 4, job->finished_at);
+    bind_code(s, 5, job->exit_code);
+    if (job->reason[0])
+        sqlite3_bind_text(s, 6, job->reason, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 6);
+    sqlite3_bind_int64(s, 7, job->pgid);
+    sqlite3_bind_int64(s, 8, job->last_seq);
+    sqlite3_bind_int64(s, 9, job->id);
+    return step_done(db, s, err, "updating a job");
+}
+
+int td_db_update_job(td_db *db, const td_db_job *job, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = update_job_locked(db, job, err);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_save_attempt(td_db *db, long job_id, const td_db_attempt *a, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = -1;
+    sqlite3_stmt *s = prepare(db, "INSERT OR REPLACE INTO attempts (job_id, attempt, "
+                                  "started_at, finished_at, exit_code, reason) "
+                                  "VALUES (?,?,?,?,?,?)");
+    if (!s) {
+        db_fail(db, err, "preparing an attempt");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    sqlite3_bind_int(s, 2, a->attempt);
+    bind_time(s, 3, a->started_at);
+    bind_time(s, 4, a->finished_at);
+    bind_code(s, 5, a->exit_code);
+    if (a->reason[0])
+        sqlite3_bind_text(s, 6, a->reason, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 6);
+    rc = step_done(db, s, err, "saving an attempt");
+out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+static int exec_locked(td_db *db, const char *sql, td_err *err) {
+    return sqlite3_exec(db->db, sql, NULL, NULL, NULL) == SQLITE_OK ? 0 : db_fail(db, err, sql);
+}
+
+int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = -1;
+    if (exec_locked(db, "BEGIN IMMEDIATE", err) != 0) goto out;
+    sqlite3_stmt *s = prepare(db, "INSERT INTO events (job_id, seq, type, data) VALUES (?,?,?,?)");
+    if (!s) {
+        db_fail(db, err, "preparing an event");
+        goto rollback;
+    }
+    sqlite3_bind_int64(s, 1, ev->job_id);
+    sqlite3_bind_int64(s, 2, ev->seq);
+    sqlite3_bind_text(s, 3, ev->type, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 4, ev->data, -1, SQLITE_STATIC);
+    if (step_done(db, s, err, "adding an event") != 0) goto rollback;
+    if (ev->metric && ev->step >= 0) {
+        /* a restarted attempt runs some steps again: its values replace the earlier ones */
+        s = prepare(db, "INSERT OR REPLACE INTO metrics (job_id, event, step, data) "
+                        "VALUES (?,?,?,?)");
+        if (!s) {
+            db_fail(db, err, "preparing a metric");
+            goto rollback;
+        }
+        sqlite3_bind_int64(s, 1, ev->job_id);
+        sqlite3_bind_text(s, 2, ev->type, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 3, ev->step);
+        sqlite3_bind_text(s, 4, ev->data, -1, SQLITE_STATIC);
+        if (step_done(db, s, err, "adding a metric") != 0) goto rollback;
+    }
+    if (ev->checkpoint_path) {
+        s = prepare(db, "INSERT OR REPLACE INTO checkpoints (job_id, step, path, size, "
+                        "created_at) VALUES (?,?,?,?,strftime('%s','now'))");
+        if (!s) {
+            db_fail(db, err, "preparing a checkpoint");
+            goto rollback;
+        }
+        sqlite3_bind_int64(s, 1, ev->job_id);
+        sqlite3_bind_int64(s, 2, ev->step);
+        sqlite3_bind_text(s, 3, ev->checkpoint_path, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 4, ev->checkpoint_size);
+        if (step_done(db, s, err, "adding a checkpoint") != 0) goto rollback;
+    }
+    if (job && update_job_locked(db, job, err) != 0) goto rollback;
+    if (exec_locked(db, "COMMIT", err) != 0) goto rollback;
+    rc = 0;
+    goto out;
+rollback:
+    sqlite3_exec(db->db, "ROLLBACK", NULL, NULL, NULL);
+out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+static void copy_text(sqlite3_stmt *s, int col, char *out, size_t len) {
+    const unsigned char *t = sqlite3_column_text(s, col);
+    snprintf(out, len, "%s", t ? (const char *)t : "");
+}
+
+static double column_time(sqlite3_stmt *s, int col) {
+    return sqlite3_column_type(s, col) == SQLITE_NULL ? 0 : sqlite3_column_double(s, col);
+}
+
+static int column_code(sqlite3_stmt *s, int col) {
+    return sqlite3_column_type(s, col) == SQLITE_NULL ? -1 : sqlite3_column_int(s, col);
+}
+
+int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = -1;
+    sqlite3_stmt *s = prepare(db, "SELECT id, name, kind, spec, nproc, max_restarts, restarts, "
+                                  "state, created_at, started_at, finished_at, exit_code, "
+                                  "reason, pgid, last_seq FROM jobs ORDER BY id");
+    sqlite3_stmt *a = prepare(db, "SELECT attempt, started_at, finished_at, exit_code, reason "
+                                  "FROM attempts WHERE job_id=? ORDER BY attempt");
+    if (!s || !a) {
+        db_fail(db, err, "loading jobs");
+        goto out;
+    }
+    int step;
+    while ((step = sqlite3_step(s)) == SQLITE_ROW) {
+        td_db_job j = {0};
+        j.id = (long)sqlite3_column_int64(s, 0);
+        copy_text(s, 1, j.name, sizeof j.name);
+        copy_text(s, 2, j.kind, sizeof j.kind);
+        const unsigned char *spec = sqlite3_column_text(s, 3);
+        j.spec = strdup(spec ? (const char *)spec : "{}");
+        TD_ASSERT(j.spec, "out of memory loading jobs");
+        j.nproc = sqlite3_column_int(s, 4);
+        j.max_restarts = sqlite3_column_int(s, 5);
+        j.restarts = sqlite3_column_int(s, 6);
+        copy_text(s, 7, j.state, sizeof j.state);
+        j.created_at = column_time(s, 8);
+        j.started_at = column_time(s, 9);
+        j.finished_at = column_time(s, 10);
+        j.exit_code = column_code(s, 11);
+        copy_text(s, 12, j.reason, sizeof j.reason);
+        j.pgid = (long)sqlite3_column_int64(s, 13);
+        j.last_seq = (long)sqlite3_column_int64(s, 14);
+        int n = 0, cap = 4;
+        td_db_attempt *list = td_calloc((size_t)cap, sizeof *list);
+        sqlite3_reset(a);
+        sqlite3_bind_int64(a, 1, j.id);
+        while (sqlite3_step(a) == SQLITE_ROW) {
+            if (n == cap) {
+                cap *= 2;
+                list = realloc(list, (size_t)cap * sizeof *list);
+                TD_ASSERT(list, "out of memory loading attempts");
+            }
+            td_db_attempt *t = &list[n++];
+            t->attempt = sqlite3_column_int(a, 0);
+            t->started_at = column_time(a, 1);
+            t->finished_at = column_time(a, 2);
+            t->exit_code = column_code(a, 3);
+            copy_text(a, 4, t->reason, sizeof t->reason);
+        }
+        fn(ctx, &j, list, n);
+        free(list);
+    }
+    if (step != SQLITE_DONE)
+        db_fail(db, err, "loading jobs");
+    else
+        rc = 0;
+out:
+    sqlite3_finalize(s);
+    sqlite3_finalize(a);
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_events_sse(td_db *db, long job_id, long after, int limit, td_buf *out, long *last,
+                     td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = 0;
+    sqlite3_stmt *s = prepare(db, "SELECT seq, type, data FROM events WHERE job_id=? AND seq>? "
+                                  "ORDER BY seq LIMIT ?");
+    if (!s) {
+        rc = db_fail(db, err, "reading events");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    sqlite3_bind_int64(s, 2, after);
+    sqlite3_bind_int(s, 3, limit);
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        long seq = (long)sqlite3_column_int64(s, 0);
+        /* data is one line: the daemon stores compact JSON */
+        td_buf_printf(out, "id: %ld\nevent: %s\ndata: %s\n\n", seq, sqlite3_column_text(s, 1),
+                      sqlite3_column_text(s, 2));
+        *last = seq;
+    }
+    sqlite3_finalize(s);
+out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_metrics_json(td_db *db, long job_id, long since, td_buf *out, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = 0;
+    sqlite3_stmt *s = prepare(db, "SELECT data FROM metrics WHERE job_id=? AND step>? "
+                                  "ORDER BY step, event");
+    if (!s) {
+        rc = db_fail(db, err, "reading metrics");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    sqlite3_bind_int64(s, 2, since);
+    td_buf_puts(out, "[");
+    for (int n = 0; sqlite3_step(s) == SQLITE_ROW; n++) {
+        if (n) td_buf_puts(out, ",\n");
+        td_buf_puts(out, (const char *)sqlite3_column_text(s, 0));
+    }
+    td_buf_puts(out, "]\n");
+    sqlite3_finalize(s);
+out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_checkpoints_json(td_db *db, long job_id, td_buf *out, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = 0;
+    sqlite3_stmt *s = prepare(db, "SELECT step, size, created_at FROM checkpoints "
+                                  "WHERE job_id=? ORDER BY step");
+    if (!s) {
+        rc = db_fail(db, err, "reading checkpoints");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    td_buf_puts(out, "[");
+    for (int n = 0; sqlite3_step(s) == SQLITE_ROW; n++) {
+        long step = (long)sqlite3_column_int64(s, 0);
+        char when[64];
+        time_t t = (time_t)sqlite3_column_double(s, 2);
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        td_buf_printf(out,
+                      "%s{\"step\":%ld,\"size\":%lld,\"created_at\":\"%s\","
+                      "\"url\":\"/v1/jobs/%ld/checkpoints/%ld/model.safetensors\"}",
+                      n ? ",\n" : "", step, (long long)sqlite3_column_int64(s, 1), when, job_id,
+                      step);
+    }
+    td_buf_puts(out, "]\n");
+    sqlite3_finalize(s);
+out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_checkpoint_path(td_db *db, long job_id, long step, char *path, size_t len, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = 0;
+    sqlite3_stmt *s = prepare(db, "SELECT path FROM checkpoints WHERE job_id=? AND step=?");
+    if (!s) {
+        rc = db_fail(db, err, "reading a checkpoint");
+        goto out;
+    }
+    sqlite3_bind_int64(s, 1, job_id);
+    sqlite3_bind_int64(s, 2, step);
+    if (sqlite3_step(s) == SQLITE_ROW) {
+        copy_text(s, 0, path, len);
+        rc = 1;
+    }
+    sqlite3_finalize(s);
+out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}

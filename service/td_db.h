@@ -1,0 +1,77 @@
+/* The daemon's durable state: one SQLite database (WAL) in the state directory holding jobs,
+ * their attempts, their event log (what SSE replays), metrics and checkpoints. Every change is
+ * committed before the caller announces it, so what a client has seen survives a crash.
+ *
+ * One connection, serialised by a mutex: the daemon's writes are small and few (a metric line
+ * every log interval), and reads of hot data come from memory (td_jobs), not from here. */
+#ifndef TD_DB_H
+#define TD_DB_H
+
+#include "td_buf.h"
+#include "td_error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct td_db td_db;
+
+/* The columns of a job row (strings owned by the row). */
+typedef struct td_db_job {
+    long id;
+    char name[128];
+    char kind[16]; /* "train" or "command" */
+    char *spec;    /* the body as submitted */
+    int nproc, max_restarts, restarts;
+    char state[16];
+    double created_at, started_at, finished_at; /* unix seconds; 0: not yet */
+    int exit_code;                              /* -1: none */
+    char reason[512];
+    long pgid;     /* the running attempt's process group, 0: none */
+    long last_seq; /* the newest event's id */
+} td_db_job;
+
+typedef struct td_db_attempt {
+    int attempt;
+    double started_at, finished_at;
+    int exit_code; /* -1: none */
+    char reason[512];
+} td_db_attempt;
+
+int td_db_open(td_db **out, const char *path, td_err *err);
+void td_db_close(td_db *db);
+
+/* Inserts the job (id assigned and stored in job->id). */
+int td_db_insert_job(td_db *db, td_db_job *job, td_err *err);
+/* Writes every column but spec. */
+int td_db_update_job(td_db *db, const td_db_job *job, td_err *err);
+int td_db_save_attempt(td_db *db, long job_id, const td_db_attempt *a, td_err *err);
+
+/* Appends event seq of a job, and in the same transaction: a metric (when step >= 0 and the
+ * event is a metric), a checkpoint (checkpoint_path non-NULL), and the job row (job non-NULL). */
+typedef struct td_db_event {
+    long job_id, seq;
+    const char *type, *data;
+    long step;                   /* -1: none */
+    bool metric;                 /* also a row of /metrics */
+    const char *checkpoint_path; /* also a checkpoint row */
+    long long checkpoint_size;
+} td_db_event;
+int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_err *err);
+
+/* Calls back for each job, oldest first, with its attempts. */
+typedef void (*td_db_job_fn)(void *ctx, const td_db_job *job, const td_db_attempt *attempts,
+                             int n_attempts);
+int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err);
+
+/* Events with seq > after, at most limit, appended to out as SSE records ("id: ..\nevent: ..\n
+ * data: ..\n\n"); *last is the last seq written (unchanged when none). */
+int td_db_events_sse(td_db *db, long job_id, long after, int limit, td_buf *out, long *last,
+                     td_err *err);
+/* The metric events with step > since as a JSON array. */
+int td_db_metrics_json(td_db *db, long job_id, long since, td_buf *out, td_err *err);
+/* Checkpoints as a JSON array; or one checkpoint's file path. */
+int td_db_checkpoints_json(td_db *db, long job_id, td_buf *out, td_err *err);
+/* 1 when found (path filled), 0 when not. */
+int td_db_checkpoint_path(td_db *db, long job_id, long step, char *path, size_t len, td_err *err);
+
+#endif

@@ -1,0 +1,60 @@
+/* The daemon's jobs: the FIFO queue, the slots, and the supervisor thread that starts attempts
+ * (td_launch's groups), reads rank 0's metric lines, records every change in the database
+ * before announcing it, restarts failed attempts from their checkpoints and cancels on request.
+ *
+ * The HTTP side only calls the functions below; all of them are thread-safe. Job JSON is kept
+ * rendered in memory so GET /v1/jobs/{id} costs no database access. */
+#ifndef TD_JOBS_H
+#define TD_JOBS_H
+
+#include "td_buf.h"
+#include "td_db.h"
+#include "td_submit.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef struct td_jobs td_jobs;
+
+typedef struct td_jobs_config {
+    const char *state_dir; /* jobs/<id>/ lives here */
+    const char *worker;    /* traind-worker's path */
+    int slots;             /* GPUs, or CPU slots when there are none */
+    int gpus;              /* > 0: slot i is GPU i (CUDA_VISIBLE_DEVICES) */
+    double grace_s;        /* SIGTERM to SIGKILL */
+    td_submit_rules rules;
+} td_jobs_config;
+
+/* Loads the jobs from db and recovers the ones a previous daemon left running (their workers
+ * died with it): each restarts from its latest checkpoint, not charged to its restart budget. */
+int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, FILE *log, td_err *err);
+/* Starts the supervisor thread. SIGCHLD must be blocked in every thread of the process. */
+int td_jobs_start(td_jobs *j, td_err *err);
+/* Stops the supervisor and ends every waiting stream; running jobs stay "running" in the
+ * database, so the next start resumes them. Call it before stopping the HTTP server. */
+void td_jobs_stop(td_jobs *j);
+/* Stops (if not yet) and frees; the workers are killed. */
+void td_jobs_close(td_jobs *j);
+
+/* 201: the new job's JSON in out, its id in *id. */
+int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *id,
+                   td_reply_error *e);
+/* The job's JSON; -1 with 404 when there is no such job. */
+int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e);
+/* states: a bit per td_jobs_state_bit (0: all). */
+void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *out);
+unsigned td_jobs_state_bit(const char *state); /* 0: not a state */
+/* Stops the job and waits until none of its processes is left; then the job's JSON. */
+int td_jobs_cancel(td_jobs *j, long id, td_buf *out, td_reply_error *e);
+
+/* For streams: waits until the job has an event after `after`, has ended, the daemon stops, or
+ * timeout_s passes. -1 when there is no such job; *last_seq: its newest event; *ended: it is
+ * final and *last_seq is its last event (or the daemon is stopping). */
+int td_jobs_wait(td_jobs *j, long id, long after, double timeout_s, long *last_seq, bool *ended);
+/* Rank r's log file; -1 with 404 for no such job or rank. */
+int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_reply_error *e);
+td_db *td_jobs_db(td_jobs *j);
+/* Whether job id exists (404 otherwise). */
+int td_jobs_exists(td_jobs *j, long id, td_reply_error *e);
+
+#endif

@@ -1,0 +1,288 @@
+#include "td_submit.h"
+
+#include "td_spec.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int td_reply_fail(td_reply_error *e, int status, const char *code, const char *field,
+                  const char *fmt, ...) {
+    e->status = status;
+    e->code = code;
+    snprintf(e->field, sizeof e->field, "%s", field ? field : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static bool under(const char *path, const char *root) {
+    size_t n = strlen(root);
+    if (n == 1 && root[0] == '/') return true;
+    return strncmp(path, root, n) == 0 && (path[n] == 0 || path[n] == '/');
+}
+
+bool td_path_inside_roots(const char *path, const char *const *roots, int n_roots) {
+    if (!path || !*path) return true;
+    char real[PATH_MAX], probe[PATH_MAX];
+    snprintf(probe, sizeof probe, "%s", path);
+    /* a path not there yet (a checkpoint directory): its nearest existing parent decides, and
+     * the part below it must not climb out with ".." */
+    const char *rest = "";
+    while (!realpath(probe, real)) {
+        if (errno != ENOENT) return false;
+        char *slash = strrchr(probe, '/');
+        if (!slash) {
+            if (!getcwd(real, sizeof real)) return false;
+            rest = path;
+            break;
+        }
+        if (strcmp(slash + 1, "..") == 0) return false;
+        rest = path + (slash - probe);
+        if (slash == probe) {
+            snprintf(real, sizeof real, "/");
+            break;
+        }
+        *slash = 0;
+    }
+    if (strstr(rest, "/../") || (strlen(rest) >= 3 && !strcmp(rest + strlen(rest) - 3, "/..")))
+        return false;
+    for (int i = 0; i < n_roots; i++)
+        if (under(real, roots[i])) return true;
+    return false;
+}
+
+/* The field name at the head of a spec error ("train.batch_size: expected ..."), if any. */
+static void field_of(const char *msg, char *field, size_t len) {
+    size_t n = strcspn(msg, ": ");
+    field[0] = 0;
+    if (n == 0 || msg[n] != ':' || n >= len) return;
+    for (size_t i = 0; i < n; i++)
+        if (!(msg[i] == '.' || msg[i] == '_' || msg[i] == '[' || msg[i] == ']' ||
+              (msg[i] >= '0' && msg[i] <= '9') || (msg[i] >= 'a' && msg[i] <= 'z') ||
+              (msg[i] >= 'A' && msg[i] <= 'Z')))
+            return;
+    memcpy(field, msg, n);
+    field[n] = 0;
+}
+
+static int get_int_member(json_t *obj, const char *where, const char *key, int min, int max,
+                          int *out, td_reply_error *e) {
+    json_t *v = json_object_get(obj, key);
+    char path[128];
+    snprintf(path, sizeof path, "%s.%s", where, key);
+    if (!v) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
+        return td_reply_fail(e, 400, "invalid_spec", path, "%s: expected an integer in [%d, %d]",
+                             path, min, max);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int check_only(json_t *obj, const char *where, const char *const *allowed,
+                      td_reply_error *e) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v) {
+        bool ok = false;
+        for (int i = 0; allowed[i]; i++) ok |= strcmp(key, allowed[i]) == 0;
+        if (!ok) {
+            char path[256], list[256] = "";
+            snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", key);
+            for (int i = 0; allowed[i]; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                         allowed[i]);
+            return td_reply_fail(e, 400, "invalid_spec", path,
+                                 "%s: unknown key; expected one of: %s", path, list);
+        }
+    }
+    return 0;
+}
+
+static int parse_resources(td_submission *s, json_t *root, const td_submit_rules *rules,
+                           td_reply_error *e) {
+    s->nproc = 1;
+    json_t *r = json_object_get(root, "resources");
+    if (r) {
+        if (!json_is_object(r))
+            return td_reply_fail(e, 400, "invalid_spec", "resources",
+                                 "resources: expected an object like {\"nproc\": 2}");
+        static const char *const keys[] = {"nproc", NULL};
+        if (check_only(r, "resources", keys, e) != 0 ||
+            get_int_member(r, "resources", "nproc", 1, 4096, &s->nproc, e) != 0)
+            return -1;
+        if (s->nproc > rules->slots)
+            return td_reply_fail(e, 400, "invalid_spec", "resources.nproc",
+                                 "resources.nproc: %d processes, but this node has %d slots",
+                                 s->nproc, rules->slots);
+    }
+    json_t *t = json_object_get(root, "restart");
+    if (t) {
+        if (!json_is_object(t))
+            return td_reply_fail(e, 400, "invalid_spec", "restart",
+                                 "restart: expected an object like {\"max_restarts\": 1}");
+        static const char *const keys[] = {"max_restarts", NULL};
+        if (check_only(t, "restart", keys, e) != 0 ||
+            get_int_member(t, "restart", "max_restarts", 0, 1000, &s->max_restarts, e) != 0)
+            return -1;
+    }
+    json_t *n = json_object_get(root, "name");
+    if (n && !json_is_string(n))
+        return td_reply_fail(e, 400, "invalid_spec", "name", "name: expected a string");
+    snprintf(s->name, sizeof s->name, "%s", n ? json_string_value(n) : "");
+    return 0;
+}
+
+static char *dup_str(const char *s) {
+    char *p = strdup(s);
+    if (!p) abort();
+    return p;
+}
+
+static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
+    static const char *const keys[] = {"name", "command", "env", "resources", "restart", NULL};
+    if (check_only(root, "", keys, e) != 0) return -1;
+    json_t *cmd = json_object_get(root, "command");
+    if (!json_is_array(cmd) || json_array_size(cmd) == 0)
+        return td_reply_fail(e, 400, "invalid_spec", "command",
+                             "command: expected a non-empty array of strings, the program first");
+    size_t n = json_array_size(cmd);
+    s->argv = calloc(n + 1, sizeof(char *));
+    if (!s->argv) abort();
+    for (size_t i = 0; i < n; i++) {
+        json_t *a = json_array_get(cmd, i);
+        if (!json_is_string(a) || (i == 0 && !*json_string_value(a))) {
+            char path[64];
+            snprintf(path, sizeof path, "command[%zu]", i);
+            return td_reply_fail(e, 400, "invalid_spec", path, "%s: expected a%s string", path,
+                                 i == 0 ? " non-empty" : "");
+        }
+        s->argv[i] = dup_str(json_string_value(a));
+    }
+    json_t *env = json_object_get(root, "env");
+    size_t k = 0;
+    s->env = calloc((env && json_is_object(env) ? json_object_size(env) : 0) + 1, sizeof(char *));
+    if (!s->env) abort();
+    if (env) {
+        if (!json_is_object(env))
+            return td_reply_fail(e, 400, "invalid_spec", "env",
+                                 "env: expected an object of string values");
+        const char *key;
+        json_t *v;
+        json_object_foreach(env, key, v) {
+            char path[160];
+            snprintf(path, sizeof path, "env.%.150s", key);
+            if (!json_is_string(v))
+                return td_reply_fail(e, 400, "invalid_spec", path, "%s: expected a string", path);
+            if (!*key || strchr(key, '='))
+                return td_reply_fail(e, 400, "invalid_spec", path,
+                                     "%s: a variable name must be non-empty, without '='", path);
+            size_t len = strlen(key) + strlen(json_string_value(v)) + 2;
+            s->env[k] = malloc(len);
+            if (!s->env[k]) abort();
+            snprintf(s->env[k++], len, "%s=%s", key, json_string_value(v));
+        }
+    }
+    if (!s->name[0]) {
+        const char *base = strrchr(s->argv[n > 1 ? 1 : 0], '/');
+        snprintf(s->name, sizeof s->name, "%s", base ? base + 1 : s->argv[n > 1 ? 1 : 0]);
+    }
+    return 0;
+}
+
+static int check_path(const char *path, const char *field, const td_submit_rules *rules,
+                      td_reply_error *e) {
+    if (!path[0] || td_path_inside_roots(path, rules->data_roots, rules->n_roots)) return 0;
+    char roots[512] = "";
+    for (int i = 0; i < rules->n_roots; i++)
+        snprintf(roots + strlen(roots), sizeof roots - strlen(roots), "%s%s", i ? ", " : "",
+                 rules->data_roots[i]);
+    return td_reply_fail(e, 400, "invalid_spec", field,
+                         "%s: \"%s\" is not inside a data root (after resolving symlinks); "
+                         "allowed: %s",
+                         field, path, roots);
+}
+
+static int check_split(const td_split_spec *sp, const char *where, const td_submit_rules *rules,
+                       td_reply_error *e) {
+    char field[64];
+    snprintf(field, sizeof field, "data.%s.images", where);
+    if (check_path(sp->images, field, rules, e) != 0) return -1;
+    snprintf(field, sizeof field, "data.%s.labels", where);
+    if (check_path(sp->labels, field, rules, e) != 0) return -1;
+    for (int i = 0; i < sp->n_files; i++) {
+        snprintf(field, sizeof field, "data.%s.files[%d]", where, i);
+        if (check_path(sp->files[i], field, rules, e) != 0) return -1;
+    }
+    return 0;
+}
+
+static int parse_train(td_submission *s, json_t *root, const td_submit_rules *rules,
+                       td_reply_error *e) {
+    s->spec = json_deep_copy(root);
+    json_object_del(s->spec, "resources");
+    json_object_del(s->spec, "restart");
+    char *text = json_dumps(s->spec, JSON_COMPACT);
+    if (!text) abort();
+    td_job job;
+    td_err err = {{0}};
+    int rc = td_job_load_string(&job, text, &err);
+    free(text);
+    if (rc != 0) {
+        char field[256];
+        field_of(err.msg, field, sizeof field);
+        return td_reply_fail(e, 400, "invalid_spec", field, "%s", err.msg);
+    }
+    rc = check_split(&job.train, "train", rules, e);
+    if (rc == 0 && job.val.present) rc = check_split(&job.val, "val", rules, e);
+    if (rc == 0) rc = check_path(job.init_from, "model.init_from", rules, e);
+    if (rc == 0) rc = check_path(job.checkpoint_dir, "checkpoint.dir", rules, e);
+    if (rc == 0 && strcmp(job.resume_from, "latest") != 0)
+        rc = check_path(job.resume_from, "resume_from", rules, e);
+    if (!s->name[0]) snprintf(s->name, sizeof s->name, "%s", job.name[0] ? job.name : "job");
+    td_job_free(&job);
+    return rc;
+}
+
+int td_submission_parse(td_submission *s, const char *body, size_t len,
+                        const td_submit_rules *rules, td_reply_error *e) {
+    memset(s, 0, sizeof *s);
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return td_reply_fail(e, 400, "bad_json", NULL,
+                             "the body is not valid JSON: line %d, column %d: %s", jerr.line,
+                             jerr.column, jerr.text);
+    int rc = -1;
+    if (!json_is_object(root)) {
+        td_reply_fail(e, 400, "invalid_spec", NULL, "the body must be a JSON object (a job spec)");
+        goto out;
+    }
+    if (parse_resources(s, root, rules, e) != 0) goto out;
+    s->command = json_object_get(root, "command") != NULL;
+    rc = s->command ? parse_command(s, root, e) : parse_train(s, root, rules, e);
+out:
+    json_decref(root);
+    if (rc != 0) td_submission_free(s);
+    return rc;
+}
+
+static void free_strings(char **v) {
+    if (!v) return;
+    for (char **p = v; *p; p++) free(*p);
+    free(v);
+}
+
+void td_submission_free(td_submission *s) {
+    json_decref(s->spec);
+    free_strings(s->argv);
+    free_strings(s->env);
+    s->spec = NULL;
+    s->argv = s->env = NULL;
+}

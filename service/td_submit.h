@@ -1,0 +1,46 @@
+/* A job submission, checked before anything is stored: the body as JSON, the members the
+ * daemon adds to a worker spec (resources, restart) or a command job's (command, env), the spec
+ * itself through the worker's own validator, and every file path against the data roots. An
+ * error names the JSON path at fault, so a client can point at the field. */
+#ifndef TD_SUBMIT_H
+#define TD_SUBMIT_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* An error bound for an HTTP reply. */
+typedef struct td_reply_error {
+    int status;       /* 400, 404, ... */
+    const char *code; /* "invalid_spec", ... */
+    char message[1536];
+    char field[256]; /* JSON path; "" when none */
+} td_reply_error;
+
+int td_reply_fail(td_reply_error *e, int status, const char *code, const char *field,
+                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+typedef struct td_submit_rules {
+    const char *const *data_roots; /* resolved directories */
+    int n_roots;
+    int slots; /* the node's; nproc above it can never run */
+} td_submit_rules;
+
+typedef struct td_submission {
+    char name[128];
+    bool command;
+    json_t *spec; /* train jobs: the worker spec (without resources/restart) */
+    char **argv;  /* command jobs: NULL-terminated */
+    char **env;   /* command jobs: "NAME=value", NULL-terminated (may be empty) */
+    int nproc, max_restarts;
+} td_submission;
+
+int td_submission_parse(td_submission *s, const char *body, size_t len,
+                        const td_submit_rules *rules, td_reply_error *e);
+void td_submission_free(td_submission *s);
+
+/* Whether path resolves (after symlinks; a path that does not exist yet by its nearest existing
+ * parent) inside one of the roots. */
+bool td_path_inside_roots(const char *path, const char *const *roots, int n_roots);
+
+#endif
