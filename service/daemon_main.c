@@ -324,12 +324,13 @@ int main(int argc, char **argv) {
     td_jobs *jobs = NULL;
     td_api *api = NULL;
     if (td_db_open(&db, db_path, &err) != 0) goto fail;
-    td_jobs_config jc = {.state_dir = state,
-                         .worker = o.worker,
-                         .slots = slots,
-                         .gpus = gpus,
-                         .grace_s = o.grace_s,
-                         .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots}};
+    td_jobs_config jc = {
+        .state_dir = state,
+        .worker = o.worker,
+        .slots = slots,
+        .gpus = gpus,
+        .grace_s = o.grace_s,
+        .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state}};
     if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0 || td_jobs_start(jobs, &err) != 0)
         goto fail;
     td_api_config ac = {.host = host,

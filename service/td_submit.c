@@ -228,7 +228,17 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     s->spec = json_deep_copy(root);
     json_object_del(s->spec, "resources");
     json_object_del(s->spec, "restart");
-    char *text = json_dumps(s->spec, JSON_COMPACT);
+    /* checked as it will run: the daemon gives a checkpoint section without a dir one in the
+     * job's directory (td_jobs), so validate with a stand-in there */
+    json_t *check = json_deep_copy(s->spec);
+    json_t *ck = json_object_get(check, "checkpoint");
+    if (json_is_object(ck) && !json_object_get(ck, "dir")) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/jobs/new/checkpoints", rules->state_dir);
+        json_object_set_new(ck, "dir", json_string(dir));
+    }
+    char *text = json_dumps(check, JSON_COMPACT);
+    json_decref(check);
     if (!text) abort();
     td_job job;
     td_err err = {{0}};

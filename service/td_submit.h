@@ -24,6 +24,7 @@ typedef struct td_submit_rules {
     const char *const *data_roots; /* resolved directories */
     int n_roots;
     int slots; /* the node's; nproc above it can never run */
+    const char *state_dir;
 } td_submit_rules;
 
 typedef struct td_submission {

@@ -1,0 +1,1205 @@
+#!/usr/bin/python3
+"""Integration tests of the traind daemon through its HTTP API (api/README.md).
+
+    /usr/bin/python3 tests/daemon_test.py TRAIND_BINARY SOURCE_DIR [unittest options: -k cancel]
+
+Each test starts its own `traind --listen 127.0.0.1:0 --state-dir TMP ...` in a fresh temporary
+state directory, reads the `traind: listening on http://127.0.0.1:PORT` line from its stderr,
+and SIGKILLs it at the end; the cleanup then checks that none of the daemon's descendants
+survived it (its workers die with it through PR_SET_PDEATHSIG). Standard library only; every
+socket has a timeout, so a daemon bug fails a test instead of hanging it. Nothing waits by
+sleeping: the tests read the daemon's stderr, the SSE stream and pidfds.
+
+Set TRAIND_TEST_KEEP=1 to keep the state directories of failed tests.
+
+Points the contract leaves open that these tests pin down:
+- SSE: every record has an `id:` line and JSON `data:`; ids are per job, +1 each, persisted, and
+  continue across a daemon restart; an event is on disk before it is sent (after a kill -9 the
+  replayed stream starts with exactly the events a client had received).
+- `checkpoint` events and the checkpoint list: `size` is model.safetensors' size in bytes.
+- `field` in errors: train.batch_size, resources.nproc, command, model, env.A,
+  data.train.images; for an unknown key the path contains the key; null for bad_json.
+- bad_request for limit outside 1..500, a negative offset, an unknown state, since=abc; a
+  non-numeric job id may be 400 bad_request or 404 not_found.
+- A queued job cancelled has started_at null and no attempts.
+- exit_code 137 (attempt and job) when rank 0 is SIGKILLed, also with two ranks; the reason names
+  signal 9, SIGKILL, 137 or "killed".
+- A command job's rank 0 stdout events other than train/eval/done are both SSE events and
+  metrics; only rank 0's count; rank 1's log holds its stdout and stderr; cwd is in the state dir.
+"""
+import collections
+import http.client
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+TRAIND = None  # argv[1]
+SOURCE_DIR = None  # argv[2]
+
+TIMEOUT = 60.0  # seconds, on every socket: a stuck daemon fails the test, never hangs it
+START_TIMEOUT = 30.0  # until the "listening" line
+EXIT_TIMEOUT = 30.0  # for processes that must die (PDEATHSIG after a kill -9 of the daemon)
+
+LISTEN_RE = re.compile(r"^traind: listening on http://127\.0\.0\.1:(\d+)\s*$")
+ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+ALL_STATES = ("queued", "running", "restarting") + FINAL_STATES
+JOB_FIELDS = ("id", "name", "kind", "state", "nproc", "max_restarts", "restarts", "created_at",
+              "started_at", "finished_at", "exit_code", "reason", "attempts", "latest",
+              "checkpoints")
+ATTEMPT_FIELDS = ("attempt", "started_at", "finished_at", "exit_code", "reason")
+
+Event = collections.namedtuple("Event", "id event data")
+
+
+# ---------------------------------------------------------------------------------------------
+# Job specs
+
+def train_spec(name, epochs=1, nproc=None, max_restarts=None, max_steps=None, checkpoint=True):
+    """LeNet-5 on 2048 synthetic 28x28 samples, batch 64: 32 steps per epoch for one rank (16 per
+    rank for two), about 3 ms a step on one core; a train event every 5 steps and at the last,
+    a checkpoint every 10 steps and at the end."""
+    spec = {
+        "name": name,
+        "model": {"preset": "lenet5", "num_classes": 10},
+        "data": {"format": "synthetic", "shape": [1, 28, 28], "num_classes": 10, "size": 2048},
+        "train": {"epochs": epochs, "batch_size": 64, "seed": 1, "threads": 1,
+                  "optimizer": {"type": "sgd", "lr": 0.01, "momentum": 0.9}},
+        "log": {"every_steps": 5},
+    }
+    if checkpoint:
+        spec["checkpoint"] = {"every_steps": 10}
+    if max_steps is not None:
+        spec["train"]["max_steps"] = max_steps
+    if nproc is not None:
+        spec["resources"] = {"nproc": nproc}
+    if max_restarts is not None:
+        spec["restart"] = {"max_restarts": max_restarts}
+    return spec
+
+
+def expected_log_steps(total, every=5):
+    """traind-worker logs every `every` steps and at the last one."""
+    steps = list(range(every, total + 1, every))
+    if not steps or steps[-1] != total:
+        steps.append(total)
+    return steps
+
+
+def write_idx(images_path, labels_path, n=64):
+    """A tiny IDX data set (uncompressed): n 28x28 uint8 images and n labels in 0..9."""
+    with open(images_path, "wb") as f:
+        f.write(struct.pack(">IIII", 0x00000803, n, 28, 28))
+        f.write(bytes((i * 7 + i // 784) % 256 for i in range(n * 784)))
+    with open(labels_path, "wb") as f:
+        f.write(struct.pack(">II", 0x00000801, n))
+        f.write(bytes(i % 10 for i in range(n)))
+
+
+# ---------------------------------------------------------------------------------------------
+# /proc
+
+def proc_stat(pid):
+    """(state, ppid, pgrp) of a process, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and ')'
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def all_pids():
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def proc_table():
+    table = {}
+    for pid in all_pids():
+        st = proc_stat(pid)
+        if st:
+            table[pid] = st
+    return table
+
+
+def descendants(root):
+    children = collections.defaultdict(list)
+    for pid, (_, ppid, _) in proc_table().items():
+        children[ppid].append(pid)
+    out, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+
+
+def environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def exe_name(pid):
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return ""
+
+
+def is_traind_worker(pid):
+    return exe_name(pid) == "traind-worker" or any(
+        os.path.basename(a) == "traind-worker" for a in cmdline(pid)[:1])
+
+
+def lingering(pid, reaper=None):
+    """True while the process exists, counting a zombie only when `reaper` (the daemon, which
+    must wait for its own children) is its parent: a zombie reparented elsewhere has exited."""
+    st = proc_stat(pid)
+    if st is None:
+        return False
+    state, ppid, _ = st
+    return state != "Z" or (reaper is not None and ppid == reaper)
+
+
+def wait_exited(pids, timeout=EXIT_TIMEOUT):
+    """Waits until each process has exited (pidfd readability is the exit event); returns the
+    ones still running at the deadline."""
+    deadline = time.monotonic() + timeout
+    left = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            finally:
+                os.close(fd)
+            if not ready:
+                left.append(pid)
+            continue
+        # No pidfd (old kernel or Python): there is no exit event to wait for on a process that
+        # is not our child, so poll /proc against the deadline.
+        while lingering(pid) and time.monotonic() < deadline:
+            select.select([], [], [], 0.05)
+        if lingering(pid):
+            left.append(pid)
+    return left
+
+
+def describe_procs(pids):
+    return "; ".join(f"{pid} {proc_stat(pid)} {' '.join(cmdline(pid))}" for pid in pids)
+
+
+# ---------------------------------------------------------------------------------------------
+# The daemon, its HTTP API and its event streams
+
+class Daemon:
+    """One traind process: start() it, then talk to it with request()/json()/events()."""
+
+    def __init__(self, state_dir, args=()):
+        self.state_dir = state_dir
+        self.args = list(args)
+        self.proc = None
+        self.port = None
+        self.token = None
+        self.stderr_lines = []
+        self._lock = threading.Lock()
+        self._drainer = None
+        self.stdout_path = None
+
+    # -- process
+
+    def start(self):
+        fd, self.stdout_path = tempfile.mkstemp(prefix="traind-stdout-", suffix=".log")
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        argv = [TRAIND, "--listen", "127.0.0.1:0", "--state-dir", self.state_dir] + self.args
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
+                                     stderr=subprocess.PIPE, env=env, start_new_session=True)
+        os.close(fd)
+        self._wait_listening()
+        with open(os.path.join(self.state_dir, "token")) as f:
+            self.token = f.read().strip()
+        if not self.token:
+            raise AssertionError("traind wrote an empty token file")
+        return self
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def _add_line(self, raw):
+        with self._lock:
+            self.stderr_lines.append(raw.decode(errors="replace").rstrip("\r"))
+
+    def _wait_listening(self):
+        fd = self.proc.stderr.fileno()
+        deadline = time.monotonic() + START_TIMEOUT
+        buf = b""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"traind printed no listening line within {START_TIMEOUT} s; "
+                                     f"stderr so far:\n{self.stderr_tail()}")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                rc = self.proc.wait(timeout=TIMEOUT)
+                if buf:
+                    self._add_line(buf)
+                raise AssertionError(f"traind exited ({rc}) before listening; stderr:\n"
+                                     f"{self.stderr_tail()}")
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self._add_line(line)
+                m = LISTEN_RE.match(line.decode(errors="replace"))
+                if m:
+                    self.port = int(m.group(1))
+                    # keep draining stderr so the daemon never blocks on a full pipe
+                    self._drainer = threading.Thread(target=self._drain, args=(fd, buf),
+                                                     daemon=True)
+                    self._drainer.start()
+                    return
+
+    def _drain(self, fd, buf):
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                return
+            if not chunk:
+                if buf:
+                    self._add_line(buf)
+                self.proc.stderr.close()
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self._add_line(line)
+
+    def stderr_tail(self, n=60):
+        with self._lock:
+            lines = self.stderr_lines[-n:]
+        out = "\n".join(lines)
+        try:
+            with open(self.stdout_path, errors="replace") as f:
+                stdout = f.read()[-4000:]
+            if stdout:
+                out += "\n--- traind stdout ---\n" + stdout
+        except (OSError, TypeError):
+            pass
+        return out
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def job_processes(self):
+        """The daemon's descendants, plus any process whose command line names the state dir
+        (in case the daemon detached one)."""
+        pids = descendants(self.pid) if self.alive() else set()
+        for pid in all_pids():
+            if pid != self.pid and any(self.state_dir in a for a in cmdline(pid)):
+                pids.add(pid)
+        return pids
+
+    def kill(self):
+        """SIGKILL the daemon and wait until every process it started is gone (they die with it
+        through PR_SET_PDEATHSIG). Returns the pids that survived (killed here, as cleanup)."""
+        if not self.alive():
+            return []
+        procs = self.job_processes()
+        os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(timeout=TIMEOUT)
+        survivors = wait_exited(sorted(procs))
+        survivors = [p for p in survivors if lingering(p)]
+        if survivors:
+            desc = describe_procs(survivors)
+            for pid in survivors:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return [desc]
+        return []
+
+    def workers(self, kind_check=is_traind_worker):
+        """[(pid, pgrp, environ)] of the daemon's descendants that are traind-worker processes."""
+        out = []
+        for pid in sorted(descendants(self.pid)):
+            st = proc_stat(pid)
+            if st and st[0] != "Z" and kind_check(pid):
+                out.append((pid, st[2], environ(pid)))
+        return out
+
+    # -- HTTP
+
+    def connect(self, timeout=TIMEOUT):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def _headers(self, token, headers, body_is_json):
+        h = {}
+        if token is True:
+            h["Authorization"] = "Bearer " + self.token
+        elif token:
+            h["Authorization"] = "Bearer " + token
+        if body_is_json:
+            h["Content-Type"] = "application/json"
+        h.update(headers or {})
+        return h
+
+    def request(self, method, path, body=None, headers=None, token=True, timeout=TIMEOUT):
+        """(status, {lower-case header: value}, body bytes). body: bytes, or an object sent as
+        JSON. token: True for the daemon's, False for none, or a string to send instead."""
+        if body is not None and not isinstance(body, (bytes, bytearray)):
+            body = json.dumps(body).encode()
+        conn = self.connect(timeout)
+        try:
+            conn.request(method, path, body=body,
+                         headers=self._headers(token, headers, body is not None))
+            resp = conn.getresponse()
+            data = resp.read()
+            hdrs = {}
+            for k, v in resp.getheaders():
+                k = k.lower()
+                hdrs[k] = hdrs[k] + ", " + v if k in hdrs else v
+            return resp.status, hdrs, data
+        finally:
+            conn.close()
+
+    def json(self, method, path, body=None, **kw):
+        """(status, headers, decoded JSON body)."""
+        status, hdrs, data = self.request(method, path, body, **kw)
+        try:
+            obj = json.loads(data) if data else None
+        except ValueError:
+            raise AssertionError(f"{method} {path}: {status} with a body that is not JSON: "
+                                 f"{data[:500]!r}")
+        return status, hdrs, obj
+
+    def get_ok(self, path):
+        status, _, obj = self.json("GET", path)
+        if status != 200:
+            raise AssertionError(f"GET {path}: {status} {obj}")
+        return obj
+
+    def submit(self, spec):
+        status, hdrs, job = self.json("POST", "/v1/jobs", spec)
+        if status != 201:
+            raise AssertionError(f"POST /v1/jobs: {status} {job}")
+        return job, hdrs
+
+    def job(self, job_id):
+        return self.get_ok(f"/v1/jobs/{job_id}")
+
+    def metrics(self, job_id, since=None):
+        return self.get_ok(f"/v1/jobs/{job_id}/metrics" + ("" if since is None else
+                                                           f"?since={since}"))
+
+    def logs(self, job_id, rank=0):
+        status, hdrs, data = self.request("GET", f"/v1/jobs/{job_id}/logs?rank={rank}")
+        if status != 200:
+            raise AssertionError(f"logs of job {job_id} rank {rank}: {status} {data[:300]!r}")
+        return hdrs, data.decode(errors="replace")
+
+    def events(self, job_id, last_event_id=None, query=""):
+        headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+        return EventStream(self, f"/v1/jobs/{job_id}/events{query}", headers)
+
+    def follow(self, job_id):
+        """Every event of the job, from its start until the server closes the stream."""
+        with self.events(job_id) as stream:
+            return stream.rest()
+
+
+class EventStream:
+    """A Server-Sent Events response, read line by line: iterating yields Event(id, event,
+    data) with the data decoded from JSON, and stops when the server closes the stream."""
+
+    def __init__(self, daemon, path, headers):
+        self.path = path
+        self.conn = daemon.connect()
+        self.ended = False
+        h = daemon._headers(True, headers, False)
+        h["Accept"] = "text/event-stream"
+        self.conn.request("GET", path, headers=h)
+        self.resp = self.conn.getresponse()
+        if self.resp.status != 200:
+            body = self.resp.read()
+            self.conn.close()
+            raise AssertionError(f"GET {path}: {self.resp.status} {body[:500]!r}")
+        ctype = self.resp.getheader("Content-Type", "")
+        if not ctype.startswith("text/event-stream"):
+            self.conn.close()
+            raise AssertionError(f"GET {path}: Content-Type {ctype!r}, expected text/event-stream")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self.conn.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        ev_id, name, data, started = None, None, [], False
+        while True:
+            line = self.resp.readline()
+            if not line or not line.endswith(b"\n"):
+                self.ended = True
+                if started or line:
+                    raise AssertionError(f"{self.path}: the stream closed in the middle of an "
+                                         f"event: {line!r}")
+                raise StopIteration
+            line = line.rstrip(b"\n").rstrip(b"\r").decode()
+            if not line:
+                if started:
+                    if ev_id is None:
+                        raise AssertionError(f"{self.path}: an event without an id: {name} {data}")
+                    try:
+                        payload = json.loads("\n".join(data))
+                    except ValueError:
+                        raise AssertionError(f"{self.path}: event {ev_id} {name}: data is not "
+                                             f"JSON: {data!r}")
+                    return Event(ev_id, name or "message", payload)
+                continue
+            if line.startswith(":"):  # a comment (keep-alive)
+                continue
+            field, _, value = line.partition(":")
+            if value.startswith(" "):
+                value = value[1:]
+            if field == "id":
+                ev_id, started = int(value), True
+            elif field == "event":
+                name, started = value, True
+            elif field == "data":
+                data.append(value)
+                started = True
+            # "retry" and unknown fields are ignored, as browsers do
+
+    def take(self, n):
+        out = []
+        for ev in self:
+            out.append(ev)
+            if len(out) == n:
+                return out
+        raise AssertionError(f"{self.path}: the stream ended after {len(out)} of {n} events")
+
+    def until(self, pred, what="the awaited event"):
+        """Events up to and including the first one for which pred(event) is true."""
+        out = []
+        for ev in self:
+            out.append(ev)
+            if pred(ev):
+                return out
+        raise AssertionError(f"{self.path}: the stream ended before {what}; got "
+                             f"{[(e.id, e.event, e.data) for e in out]}")
+
+    def rest(self):
+        """Every remaining event, until the server closes the stream."""
+        out = list(self)
+        if not self.ended:
+            raise AssertionError(f"{self.path}: stream not closed")
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+
+class DaemonTest(unittest.TestCase):
+    maxDiff = 4000
+
+    # -- fixtures
+
+    def new_state_dir(self):
+        path = os.path.realpath(tempfile.mkdtemp(prefix="traind-daemon-test-"))
+
+        def remove():
+            if os.environ.get("TRAIND_TEST_KEEP") and self._failed():
+                print(f"\n[daemon_test] kept {path}", file=sys.stderr)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+
+        self.addCleanup(remove)
+        return path
+
+    def start_daemon(self, *args, state_dir=None):
+        if state_dir is None:
+            state_dir = self.new_state_dir()
+        d = Daemon(state_dir, args)
+        self.addCleanup(self._stop_daemon, d)
+        d.start()
+        return d
+
+    def _failed(self):
+        outcome = getattr(self, "_outcome", None)
+        return outcome is not None and not getattr(outcome, "success", True)
+
+    def _stop_daemon(self, d):
+        if d.proc is None:
+            return
+        survivors = d.kill()
+        if d._drainer is not None:
+            d._drainer.join(timeout=10)  # it ends at EOF, once the daemon is gone
+        elif d.proc.stderr and not d.proc.stderr.closed:
+            d.proc.stderr.close()
+        if d.stdout_path:
+            if self._failed() or survivors:
+                print(f"\n[daemon_test] {self.id()}: traind (pid {d.pid}, port {d.port}) "
+                      f"stderr:\n{d.stderr_tail()}", file=sys.stderr)
+            try:
+                os.unlink(d.stdout_path)
+            except OSError:
+                pass
+        if survivors:
+            raise AssertionError(f"processes outlived the killed daemon: {survivors}")
+
+    # -- assertions
+
+    def assert_job(self, job, job_id=None):
+        for key in JOB_FIELDS:
+            self.assertIn(key, job, f"job object lacks {key}: {job}")
+        if job_id is not None:
+            self.assertEqual(job["id"], job_id)
+        self.assertIsInstance(job["id"], int)
+        self.assertIn(job["state"], ALL_STATES)
+        self.assertIn(job["kind"], ("train", "command"))
+        self.assertRegex(job["created_at"], ISO_RE)
+        for key in ("started_at", "finished_at"):
+            if job[key] is not None:
+                self.assertRegex(job[key], ISO_RE)
+        self.assertIsInstance(job["attempts"], list)
+        for a in job["attempts"]:
+            for key in ATTEMPT_FIELDS:
+                self.assertIn(key, a, f"attempt lacks {key}: {a}")
+        self.assertIsInstance(job["latest"], dict)
+        self.assertIn("train", job["latest"])
+        self.assertIn("eval", job["latest"])
+        self.assertIsInstance(job["checkpoints"], int)
+
+    def assert_error(self, resp, status, codes, field=Ellipsis, what=""):
+        """resp: (status, headers, obj) from Daemon.json. codes: one code or a tuple. field: the
+        expected `field`, a compiled regex for it, or Ellipsis for any."""
+        got_status, _, obj = resp
+        if isinstance(codes, str):
+            codes = (codes,)
+        self.assertEqual(got_status, status, f"{what}: {obj}")
+        self.assertIsInstance(obj, dict, what)
+        err = obj.get("error")
+        self.assertIsInstance(err, dict, f"{what}: {obj}")
+        self.assertIn(err.get("code"), codes, f"{what}: {obj}")
+        self.assertIsInstance(err.get("message"), str, f"{what}: {obj}")
+        self.assertTrue(err["message"], f"{what}: empty message")
+        self.assertIn("field", err, f"{what}: no field member: {obj}")
+        if isinstance(field, re.Pattern):
+            self.assertIsInstance(err["field"], str, f"{what}: {obj}")
+            self.assertRegex(err["field"], field, f"{what}: {obj}")
+        elif field is not Ellipsis:
+            self.assertEqual(err["field"], field, f"{what}: {obj}")
+        return err
+
+    def assert_healthy(self, d, what=""):
+        status, _, obj = d.json("GET", "/v1/health", token=False)
+        self.assertEqual((status, (obj or {}).get("status")), (200, "ok"), f"health after {what}")
+
+    def assert_consecutive(self, events):
+        ids = [e.id for e in events]
+        self.assertEqual(ids, list(range(ids[0], ids[0] + len(ids))) if ids else [],
+                         "event ids must increase by exactly one")
+
+    def assert_final(self, d, job_id, events, state):
+        """The stream ended with the `state` event of `state`, and the job says so too."""
+        self.assertTrue(events, "no events")
+        last = events[-1]
+        job = d.job(job_id)
+        if (last.event, last.data.get("state")) != ("state", state) or job["state"] != state:
+            try:
+                _, log = d.logs(job_id)
+            except AssertionError as e:
+                log = str(e)
+            self.fail(f"job {job_id}: expected to end {state}; last event {last}, job {job}\n"
+                      f"rank 0 log tail:\n{log[-3000:]}")
+        return job
+
+    def job_pgroups_members(self, pgids):
+        return sorted(pid for pid, (_, _, pg) in proc_table().items() if pg in pgids)
+
+    # -- 1
+
+    def test_1_train_job_lifecycle(self):
+        d = self.start_daemon("--slots", "2")
+        st = os.stat(os.path.join(d.state_dir, "token"))
+        self.assertEqual(st.st_mode & 0o777, 0o600, "token file mode")
+        self.assertEqual(d.get_ok("/v1/version").get("api"), "v1")
+
+        job, hdrs = d.submit(train_spec("lifecycle", epochs=1))
+        self.assert_job(job)
+        jid = job["id"]
+        self.assertEqual(job["state"], "queued")
+        self.assertEqual((job["name"], job["kind"], job["nproc"], job["max_restarts"],
+                          job["restarts"], job["finished_at"], job["exit_code"]),
+                         ("lifecycle", "train", 1, 0, 0, None, None))
+        self.assertTrue(hdrs.get("location", "").endswith(f"/v1/jobs/{jid}"),
+                        f"Location: {hdrs.get('location')}")
+
+        listing = d.get_ok("/v1/jobs")
+        self.assertIn(jid, [j["id"] for j in listing["jobs"]])
+        self.assertIn("next_offset", listing)
+        self.assertIsNone(listing["next_offset"])
+        for j in listing["jobs"]:
+            self.assert_job(j)
+        self.assert_job(d.job(jid), jid)
+
+        # the whole event stream, from the start until the server closes it
+        with d.events(jid) as stream:
+            events = stream.rest()
+        self.assert_consecutive(events)
+        names = [e.event for e in events]
+        states = [e.data.get("state") for e in events if e.event == "state"]
+        self.assertIn("running", states, names)
+        self.assertTrue(set(states) <= {"queued", "running", "succeeded"}, states)
+        self.assertEqual((events[-1].event, events[-1].data.get("state")), ("state", "succeeded"),
+                         "the stream ends with the final state event")
+        first_train = names.index("train")
+        running_at = [i for i, e in enumerate(events)
+                      if e.event == "state" and e.data.get("state") == "running"][0]
+        self.assertLess(running_at, first_train, "state running comes before the first train")
+        self.assertIn("done", names)
+        self.assertLess(names.index("done"), len(names) - 1)
+        sse_train = [e.data for e in events if e.event == "train"]
+        self.assertEqual([t["step"] for t in sse_train], expected_log_steps(32))
+        for t in sse_train:
+            self.assertEqual(t.get("event"), "train")
+            self.assertIsInstance(t.get("loss"), float)
+        sse_ckpt = {e.data["step"]: e.data.get("size") for e in events if e.event == "checkpoint"}
+        self.assertEqual(sorted(sse_ckpt), [10, 20, 30, 32])
+        for size in sse_ckpt.values():
+            self.assertIsInstance(size, int)
+            self.assertGreater(size, 0)
+
+        job = d.job(jid)
+        self.assert_job(job, jid)
+        self.assertEqual(job["state"], "succeeded")
+        self.assertIsNotNone(job["started_at"])
+        self.assertIsNotNone(job["finished_at"])
+        self.assertEqual(len(job["attempts"]), 1, job["attempts"])
+        self.assertIsNotNone(job["attempts"][0]["finished_at"])
+        self.assertEqual(job["restarts"], 0)
+        self.assertEqual(job["latest"]["train"]["step"], 32)
+        self.assertEqual(job["latest"]["train"]["event"], "train")
+        self.assertIsNone(job["latest"]["eval"])
+        self.assertEqual(job["checkpoints"], 4)
+
+        # metrics: the same train events, ordered by step; since= filters
+        metrics = d.metrics(jid)
+        self.assertIsInstance(metrics, list)
+        steps = [m["step"] for m in metrics]
+        self.assertEqual(steps, sorted(steps), "metrics are ordered by step")
+        self.assertEqual([m for m in metrics if m.get("event") == "train"], sse_train)
+        done = [m for m in metrics if m.get("event") == "done"]
+        self.assertEqual(len(done), 1, metrics)
+        self.assertEqual(done[0]["step"], 32)
+        later = d.metrics(jid, since=10)
+        self.assertTrue(all(m["step"] > 10 for m in later), later)
+        self.assertEqual([m["step"] for m in later if m.get("event") == "train"],
+                         [15, 20, 25, 30, 32])
+        self.assertEqual(d.metrics(jid, since=32), [])
+        self.assert_error(d.json("GET", f"/v1/jobs/{jid}/metrics?since=abc"), 400, "bad_request",
+                          what="since=abc")
+
+        # checkpoints: listed, downloadable, ranges
+        ckpts = d.get_ok(f"/v1/jobs/{jid}/checkpoints")
+        self.assertEqual(sorted(c["step"] for c in ckpts), [10, 20, 30, 32])
+        for c in ckpts:
+            self.assertEqual(c["url"], f"/v1/jobs/{jid}/checkpoints/{c['step']}/model.safetensors")
+            self.assertRegex(c["created_at"], ISO_RE)
+            self.assertEqual(c["size"], sse_ckpt[c["step"]], "size in the list and in the event")
+        last = max(ckpts, key=lambda c: c["step"])
+        status, hdrs, full = d.request("GET", last["url"])
+        self.assertEqual(status, 200)
+        self.assertTrue(hdrs.get("content-type", "").startswith("application/octet-stream"),
+                        hdrs)
+        self.assertEqual(len(full), last["size"], "size is the model.safetensors file's size")
+        (n,) = struct.unpack("<Q", full[:8])
+        self.assertLess(8 + n, len(full))
+        header = json.loads(full[8:8 + n])
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        self.assertGreaterEqual(len(tensors), 2)
+        self.assertEqual(max(v["data_offsets"][1] for v in tensors.values()), len(full) - 8 - n,
+                         "the tensors' data fills the file after the header")
+
+        status, hdrs, part = d.request("GET", last["url"], headers={"Range": "bytes=0-7"})
+        self.assertEqual(status, 206)
+        self.assertEqual(part, full[:8])
+        self.assertEqual(struct.unpack("<Q", part)[0], n)
+        self.assertEqual(hdrs.get("content-range"), f"bytes 0-7/{len(full)}")
+        status, hdrs, part = d.request("GET", last["url"],
+                                       headers={"Range": f"bytes=8-{8 + n - 1}"})
+        self.assertEqual(status, 206)
+        self.assertEqual(json.loads(part), header)
+        self.assert_error(d.json("GET", last["url"],
+                                 headers={"Range": f"bytes={len(full)}-{len(full) + 10}"}),
+                          416, "range_not_satisfiable", what="a range after the end")
+        self.assert_error(d.json("GET", f"/v1/jobs/{jid}/checkpoints/999/model.safetensors"),
+                          404, "not_found", what="unknown checkpoint")
+
+        hdrs, log = d.logs(jid, rank=0)
+        self.assertTrue(hdrs.get("content-type", "").startswith("text/plain"), hdrs)
+        self.assertIn("[traind]", log, "rank 0's stderr has traind-worker's banner")
+
+    # -- 2
+
+    def test_2_last_event_id_resume(self):
+        d = self.start_daemon("--slots", "2")
+        job, _ = d.submit(train_spec("resume", epochs=3))
+        jid = job["id"]
+
+        # while it runs: read a few events, hang up, reconnect after the last one read
+        with d.events(jid) as stream:
+            head = stream.take(3)
+        with d.events(jid, last_event_id=head[-1].id) as stream:
+            tail = stream.rest()
+        self.assertTrue(tail)
+        self.assertEqual(tail[0].id, head[-1].id + 1)
+
+        full = d.follow(jid)
+        self.assert_final(d, jid, full, "succeeded")
+        self.assert_consecutive(full)
+        self.assertEqual(head + tail, full, "a reconnection misses nothing and repeats nothing")
+        self.assertEqual(d.follow(jid), full, "a finished job's stream replays the same events")
+
+        for k in (full[len(full) // 2].id, full[0].id, full[-2].id):
+            expected = [e for e in full if e.id > k]
+            with d.events(jid, last_event_id=k) as stream:
+                self.assertEqual(stream.rest(), expected, f"Last-Event-ID: {k}")
+            with d.events(jid, query=f"?last_event_id={k}") as stream:
+                self.assertEqual(stream.rest(), expected, f"?last_event_id={k}")
+
+    # -- 3
+
+    def test_3_cancel(self):
+        d = self.start_daemon("--slots", "2", "--grace", "5")
+        a, _ = d.submit(train_spec("cancel-running", epochs=100, nproc=2))
+        b, _ = d.submit(train_spec("cancel-queued", epochs=1, nproc=2))
+        a_id, b_id = a["id"], b["id"]
+        self.assertGreater(b_id, a_id)
+
+        stream = d.events(a_id)
+        self.addCleanup(stream.close)
+        stream.until(lambda e: e.event == "train", "the first train event")
+        self.assertEqual(d.job(a_id)["state"], "running")
+        self.assertEqual(d.job(b_id)["state"], "queued", "FIFO: B waits for A's two slots")
+
+        workers = d.workers()
+        self.assertEqual(sorted(env.get("RANK") for _, _, env in workers), ["0", "1"],
+                         f"two traind-worker ranks: {describe_procs([w[0] for w in workers])}")
+        for _, _, env in workers:
+            self.assertEqual(env.get("WORLD_SIZE"), "2")
+        pgids = {pg for _, pg, _ in workers}
+        self.assertNotIn(os.getpgid(d.pid), pgids, "the job runs in its own process group(s)")
+        job_pids = set(self.job_pgroups_members(pgids)) | {w[0] for w in workers}
+
+        status, _, cancelled = d.json("POST", f"/v1/jobs/{b_id}/cancel")
+        self.assertEqual(status, 200, cancelled)
+        self.assertEqual(cancelled["state"], "cancelled")
+
+        status, _, cancelled = d.json("POST", f"/v1/jobs/{a_id}/cancel")
+        self.assertEqual(status, 200, cancelled)
+        self.assert_job(cancelled, a_id)
+        self.assertEqual(cancelled["state"], "cancelled")
+        self.assertIsNotNone(cancelled["finished_at"])
+        # the response comes when no process of the job is left
+        left = [p for p in job_pids if lingering(p, reaper=d.pid)]
+        self.assertEqual(left, [], f"still there after cancel: {describe_procs(left)}")
+        left = [p for p in self.job_pgroups_members(pgids) if lingering(p, reaper=d.pid)]
+        self.assertEqual(left, [], f"job process groups not empty: {describe_procs(left)}")
+
+        rest = stream.rest()
+        self.assertEqual((rest[-1].event, rest[-1].data.get("state")), ("state", "cancelled"))
+        stream.close()
+
+        self.assert_error(d.json("POST", f"/v1/jobs/{a_id}/cancel"), 409, "conflict",
+                          what="cancelling a cancelled job")
+        self.assert_error(d.json("POST", f"/v1/jobs/{b_id}/cancel"), 409, "conflict",
+                          what="cancelling a cancelled queued job")
+        self.assert_error(d.json("POST", "/v1/jobs/999999/cancel"), 404, "not_found",
+                          what="cancelling an unknown job")
+
+        # the slots are free again: a new job runs, and the cancelled queued one never does
+        c, _ = d.submit(train_spec("after-cancel", epochs=1, nproc=2, checkpoint=False))
+        self.assert_final(d, c["id"], d.follow(c["id"]), "succeeded")
+        b_events = d.follow(b_id)
+        self.assertEqual((b_events[-1].event, b_events[-1].data.get("state")),
+                         ("state", "cancelled"))
+        self.assertFalse([e for e in b_events if e.event != "state" or
+                          e.data.get("state") not in ("queued", "cancelled")],
+                         f"the queued job ran: {b_events}")
+        b = d.job(b_id)
+        self.assertEqual((b["state"], b["started_at"], b["attempts"]), ("cancelled", None, []))
+
+        # listing: newest first, state filter, paging
+        ids = [j["id"] for j in d.get_ok("/v1/jobs")["jobs"]]
+        self.assertEqual(ids, [c["id"], b_id, a_id])
+        self.assertEqual({j["id"] for j in d.get_ok("/v1/jobs?state=cancelled")["jobs"]},
+                         {a_id, b_id})
+        self.assertEqual({j["id"] for j in d.get_ok("/v1/jobs?state=succeeded,cancelled")["jobs"]},
+                         {a_id, b_id, c["id"]})
+        page = d.get_ok("/v1/jobs?limit=1")
+        self.assertEqual(([j["id"] for j in page["jobs"]], page["next_offset"]), ([c["id"]], 1))
+        page = d.get_ok("/v1/jobs?limit=2&offset=1")
+        self.assertEqual(([j["id"] for j in page["jobs"]], page["next_offset"]),
+                         ([b_id, a_id], None))
+        for bad in ("limit=0", "limit=501", "limit=abc", "offset=-1", "state=bogus"):
+            self.assert_error(d.json("GET", f"/v1/jobs?{bad}"), 400, "bad_request", what=bad)
+
+    # -- 4
+
+    def test_4_bad_inputs(self):
+        d = self.start_daemon("--slots", "2")
+        good = train_spec("good", epochs=1)
+
+        def check(resp, status, codes, field=Ellipsis, what=""):
+            err = self.assert_error(resp, status, codes, field, what)
+            self.assert_healthy(d, what)
+            return err
+
+        malformed = b'{"model": {"preset": "lenet5",\n "num_classes": }'
+        err = check(d.json("POST", "/v1/jobs", malformed), 400, "bad_json", None, "malformed JSON")
+        self.assertRegex(err["message"], re.compile(r"line", re.I), "bad_json gives the line")
+        check(d.json("POST", "/v1/jobs", b""), 400, "bad_json", what="empty body")
+
+        spec = json.loads(json.dumps(good))
+        spec["train"]["batch_size"] = "64"
+        check(d.json("POST", "/v1/jobs", spec), 400, "invalid_spec", "train.batch_size",
+              "batch_size as a string")
+        spec = json.loads(json.dumps(good))
+        spec["train"]["optimizer"]["momentun"] = 0.9
+        check(d.json("POST", "/v1/jobs", spec), 400, "invalid_spec", re.compile("momentun"),
+              "unknown key train.optimizer.momentun")
+        spec = dict(good, bogus=1)
+        check(d.json("POST", "/v1/jobs", spec), 400, "invalid_spec", re.compile("bogus"),
+              "unknown top-level key")
+        for nproc in (3, 0):
+            check(d.json("POST", "/v1/jobs", dict(good, resources={"nproc": nproc})), 400,
+                  "invalid_spec", "resources.nproc", f"nproc {nproc} with 2 slots")
+        cmd = ["/usr/bin/python3", "-c", "pass"]
+        check(d.json("POST", "/v1/jobs", {"command": "python3"}), 400, "invalid_spec", "command",
+              "command not an array")
+        check(d.json("POST", "/v1/jobs", {"command": cmd, "model": good["model"]}), 400,
+              "invalid_spec", "model", "a command job with a model")
+        check(d.json("POST", "/v1/jobs", {"command": cmd, "env": {"A": 1}}), 400,
+              "invalid_spec", "env.A", "an env value that is not a string")
+
+        check(self.post_oversized(d, 10 << 20), 413, "body_too_large", what="10 MiB body")
+
+        check(d.json("POST", "/v1/jobs", good, token=False), 401, "unauthorized", what="no token")
+        check(d.json("GET", "/v1/jobs", token=False), 401, "unauthorized", what="GET, no token")
+        check(d.json("GET", "/v1/jobs", token="0" * len(d.token)), 401, "unauthorized",
+              what="wrong token")
+        check(d.json("GET", "/v1/jobs", token=False, headers={"Authorization": d.token}), 401,
+              "unauthorized", what="token without Bearer")
+
+        check(d.json("GET", "/v1/jobs/999999"), 404, "not_found", what="unknown job")
+        for sub in ("events", "metrics", "checkpoints", "logs"):
+            check(d.json("GET", f"/v1/jobs/999999/{sub}"), 404, "not_found",
+                  what=f"unknown job's {sub}")
+        resp = d.json("GET", "/v1/jobs/abc")
+        self.assertIn(resp[0], (400, 404), f"non-numeric job id: {resp}")
+        check(resp, resp[0], "bad_request" if resp[0] == 400 else "not_found",
+              what="non-numeric job id")
+        check(d.json("GET", "/v1/nope"), 404, "not_found", what="unknown route")
+        check(d.json("GET", "/v2/jobs"), 404, "not_found", what="unknown version")
+        resp = d.json("DELETE", "/v1/jobs")
+        check(resp, 405, "method_not_allowed", what="DELETE /v1/jobs")
+        allow = {m.strip() for m in resp[1].get("allow", "").split(",")}
+        self.assertTrue({"GET", "POST"} <= allow, f"Allow: {resp[1].get('allow')}")
+        check(d.json("POST", "/v1/health", b"{}"), 405, "method_not_allowed",
+              what="POST /v1/health")
+
+        # paths: resolved after symlinks, inside a data root (the state dir is one)
+        def idx_spec(images, labels):
+            return {"name": "idx", "model": {"preset": "lenet5", "num_classes": 10},
+                    "data": {"format": "idx", "train": {"images": images, "labels": labels}},
+                    "train": {"epochs": 1, "batch_size": 64, "threads": 1,
+                              "optimizer": {"type": "sgd", "lr": 0.01}}}
+        check(d.json("POST", "/v1/jobs", idx_spec("/usr/share/datasets/../../etc/passwd",
+                                                  "/usr/share/datasets/../../etc/passwd")),
+              400, "invalid_spec", "data.train.images", "path traversal out of the data root")
+        outside = os.path.join(d.state_dir, "test-link-outside")
+        os.symlink("/etc/passwd", outside)
+        check(d.json("POST", "/v1/jobs", idx_spec(outside, outside)), 400, "invalid_spec",
+              "data.train.images", "a symlink in the state dir to a file outside the roots")
+
+        jobs = d.get_ok("/v1/jobs")["jobs"]
+        self.assertEqual(jobs, [], "no rejected request created a job")
+
+        # the positive control: data inside the state dir, reached through a symlink there
+        data_dir = os.path.join(d.state_dir, "test-data")
+        os.mkdir(data_dir)
+        write_idx(os.path.join(data_dir, "images.idx"), os.path.join(data_dir, "labels.idx"))
+        inside = os.path.join(d.state_dir, "test-link-inside")
+        os.symlink(os.path.join(data_dir, "images.idx"), inside)
+        job, _ = d.submit(idx_spec(inside, os.path.join(data_dir, "labels.idx")))
+        self.assert_final(d, job["id"], d.follow(job["id"]), "succeeded")
+
+        # protocol abuse: garbage, and a half-sent request left open, do not stop the daemon
+        with socket.create_connection(("127.0.0.1", d.port), timeout=TIMEOUT) as s:
+            s.sendall(b"THIS IS NOT HTTP\r\n\r\n")
+            resp = http.client.HTTPResponse(s)
+            try:  # a 4xx answer, or the connection closed without one
+                resp.begin()
+                resp.read()
+                self.assertTrue(400 <= resp.status < 500, f"garbage request: {resp.status}")
+            except (http.client.RemoteDisconnected, ConnectionResetError):
+                pass
+            except http.client.BadStatusLine as e:
+                self.fail(f"the answer to a garbage request is not HTTP: {e!r}")
+        self.assert_healthy(d, "a garbage request")
+        with socket.create_connection(("127.0.0.1", d.port), timeout=TIMEOUT) as idle:
+            idle.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            status, _, obj = d.json("GET", "/v1/health", token=False, timeout=10)
+            self.assertEqual(status, 200, "served while another client sends half a request")
+        self.assert_healthy(d, "everything")
+
+    def post_oversized(self, d, size):
+        """POST /v1/jobs with a `size`-byte body, sending it only while the daemon has not
+        answered (it may answer from Content-Length alone, or after reading up to its limit)."""
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=TIMEOUT)
+        try:
+            s.sendall((f"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       f"Authorization: Bearer {d.token}\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {size}\r\nConnection: close\r\n\r\n").encode())
+            chunk = b" " * 65536
+            sent = 0
+            while sent < size:
+                readable, writable, _ = select.select([s], [s], [], TIMEOUT)
+                if readable:
+                    break  # the answer is there
+                if not writable:
+                    raise AssertionError("the daemon neither reads the body nor answers")
+                try:
+                    sent += s.send(chunk[:size - sent])
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+            resp = http.client.HTTPResponse(s)
+            try:
+                resp.begin()
+                body = resp.read()
+            except (ConnectionResetError, http.client.RemoteDisconnected) as e:
+                raise AssertionError(f"no response to an oversized body ({sent} bytes sent): "
+                                     f"{e!r}; the daemon should answer 413 and close without "
+                                     f"resetting (drain or lingering close)")
+            try:
+                obj = json.loads(body)
+            except ValueError:
+                raise AssertionError(f"413 body is not JSON: {body[:300]!r}")
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, obj
+        finally:
+            s.close()
+
+    # -- 5
+
+    def test_5_daemon_killed_and_restarted(self):
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "2", state_dir=state)
+        token = d1.token
+        total = 30 * 32
+        job, _ = d1.submit(train_spec("survivor", epochs=30, max_restarts=0))
+        jid = job["id"]
+        with d1.events(jid) as stream:
+            seen = stream.until(lambda e: e.event == "checkpoint", "the first checkpoint")
+        ckpt_step = seen[-1].data["step"]
+        seen_train = {e.data["step"]: e.data for e in seen if e.event == "train"}
+        self.assertTrue(seen_train)
+        self.assertTrue(d1.workers(), "the job must still be running when the daemon is killed")
+
+        survivors = d1.kill()  # kill -9; its worker dies with it (PR_SET_PDEATHSIG)
+        self.assertEqual(survivors, [], "workers outlived the daemon")
+
+        d2 = self.start_daemon("--slots", "2", state_dir=state)
+        self.assertEqual(d2.token, token, "the token survives a restart")
+        job = d2.job(jid)
+        self.assert_job(job, jid)
+        self.assertEqual(job["name"], "survivor")
+        self.assertNotIn(job["state"], ("failed", "cancelled"), job)
+        metrics = {m["step"]: m for m in d2.metrics(jid) if m.get("event") == "train"}
+        for step, data in seen_train.items():
+            self.assertIn(step, metrics, "metrics recorded before the kill survive it")
+            if step <= ckpt_step:
+                self.assertEqual(metrics[step]["loss"], data["loss"])
+        ckpts = [c["step"] for c in d2.get_ok(f"/v1/jobs/{jid}/checkpoints")]
+        self.assertIn(ckpt_step, ckpts, "checkpoints written before the kill are listed")
+
+        with d2.events(jid, last_event_id=seen[-1].id) as stream:
+            after = stream.rest()
+        self.assertTrue(after)
+        self.assertEqual(after[0].id, seen[-1].id + 1, "event ids continue across the restart")
+        self.assert_consecutive(after)
+        job = self.assert_final(d2, jid, after, "succeeded")
+        self.assertEqual(job["restarts"], 0, "a daemon restart is not charged to the job")
+        self.assertEqual(job["latest"]["train"]["step"], total)
+        full = d2.follow(jid)
+        self.assert_consecutive(full)
+        self.assertEqual(full[:len(seen)], seen, "events from before the kill are kept as sent")
+        self.assertEqual(full[len(full) - len(after):], after)
+
+        train_steps = [m["step"] for m in d2.metrics(jid) if m.get("event") == "train"]
+        self.assertEqual(train_steps, expected_log_steps(total),
+                         "every step logged once: re-run steps replace, nothing is missing")
+
+    # -- 6
+
+    def kill_rank0_after_checkpoint(self, d, jid):
+        """Follows the job's events to its first checkpoint, SIGKILLs rank 0's traind-worker,
+        then follows the stream to its end. Returns (before, after, killed pid)."""
+        with d.events(jid) as stream:
+            before = stream.until(lambda e: e.event == "checkpoint", "the first checkpoint")
+            rank0 = [pid for pid, _, env in d.workers() if env.get("RANK") == "0"]
+            self.assertEqual(len(rank0), 1, f"one rank 0 worker: {describe_procs(rank0)}")
+            os.kill(rank0[0], signal.SIGKILL)
+            after = stream.rest()
+        return before, after, rank0[0]
+
+    def test_6a_worker_killed_restarts(self):
+        d = self.start_daemon("--slots", "2")
+        total = 30 * 16  # 2 ranks: 16 steps an epoch
+        job, _ = d.submit(train_spec("worker-restart", epochs=30, nproc=2, max_restarts=1))
+        jid = job["id"]
+        before, after, killed = self.kill_rank0_after_checkpoint(d, jid)
+        self.assertFalse(lingering(killed, reaper=d.pid))
+        self.assert_consecutive(before + after)
+        names = [e.event for e in after]
+        self.assertEqual(names.count("restart"), 1, names)
+        at = names.index("restart")
+        self.assertIn("train", names[at + 1:], "training goes on after the restart")
+        job = self.assert_final(d, jid, after, "succeeded")
+        self.assertEqual(job["restarts"], 1)
+        self.assertEqual(len(job["attempts"]), 2, job["attempts"])
+        self.assertEqual(job["attempts"][0]["exit_code"], 137, job["attempts"])
+        self.assertIsInstance(job["attempts"][0]["reason"], str)
+        self.assertEqual(job["latest"]["train"]["step"], total)
+        steps = [m["step"] for m in d.metrics(jid) if m.get("event") == "train"]
+        self.assertEqual(steps, expected_log_steps(total), "re-run steps replace the old ones")
+        self.assertEqual(d.workers(), [], "no worker left after the job")
+
+    def test_6b_worker_killed_no_restarts(self):
+        d = self.start_daemon("--slots", "2")
+        job, _ = d.submit(train_spec("worker-fail", epochs=30, max_restarts=0))
+        jid = job["id"]
+        before, after, killed = self.kill_rank0_after_checkpoint(d, jid)
+        self.assert_consecutive(before + after)
+        self.assertNotIn("restart", [e.event for e in after])
+        self.assertNotIn("done", [e.event for e in after])
+        job = self.assert_final(d, jid, after, "failed")
+        self.assertEqual(after[-1].data.get("exit_code"), 137, after[-1])
+        self.assertEqual(job["exit_code"], 137)
+        self.assertEqual(job["restarts"], 0)
+        self.assertEqual(len(job["attempts"]), 1, job["attempts"])
+        self.assertIsInstance(job["reason"], str)
+        self.assertRegex(job["reason"], re.compile(r"signal 9|SIGKILL|\b137\b|[Kk]illed"),
+                         "the reason names the signal")
+        self.assertFalse(lingering(killed, reaper=d.pid))
+        self.assertEqual(d.workers(), [])
+
+    # -- 7
+
+    def test_7_gloo_ddp_command_job(self):
+        d = self.start_daemon("--slots", "2")
+        script = os.path.join(SOURCE_DIR, "tests", "gloo_metrics.py")
+        job, _ = d.submit({"name": "gloo-ddp", "command": ["/usr/bin/python3", script],
+                           "resources": {"nproc": 2}, "env": {"TRAIND_TEST_MARK": "xyz"}})
+        jid = job["id"]
+        self.assertEqual((job["kind"], job["nproc"], job["state"]), ("command", 2, "queued"))
+        events = d.follow(jid)
+        job = self.assert_final(d, jid, events, "succeeded")
+        self.assert_consecutive(events)
+        self.assertEqual(job["latest"]["train"]["step"], 5)
+
+        by_name = collections.defaultdict(list)
+        for e in events:
+            by_name[e.event].append(e.data)
+        self.assertEqual([t["step"] for t in by_name["train"]], [1, 2, 3, 4, 5])
+        self.assertTrue(all(t["world"] == 2 for t in by_name["train"]))
+        self.assertEqual(by_name["sync"], [{"event": "sync", "step": 5, "max_param_diff": 0.0}],
+                         "a command's own events are SSE events; DDP kept replicas equal")
+        self.assertEqual(len(by_name["done"]), 1)
+        self.assertEqual(by_name["rank1_noise"], [], "only rank 0's lines are metrics")
+        (env,) = by_name["env"]
+        vars_ = env["vars"]
+        self.assertTrue(all(v is not None for v in vars_.values()), vars_)
+        self.assertEqual((vars_["RANK"], vars_["LOCAL_RANK"], vars_["WORLD_SIZE"],
+                          vars_["LOCAL_WORLD_SIZE"], vars_["GROUP_RANK"],
+                          vars_["TORCHELASTIC_RESTART_COUNT"]), ("0", "0", "2", "2", "0", "0"))
+        self.assertEqual(env["mark"], "xyz", "the spec's env reaches the processes")
+        self.assertTrue(os.path.realpath(env["cwd"]).startswith(d.state_dir + os.sep),
+                        f"runs in the job's directory, found {env['cwd']}")
+
+        metrics = d.metrics(jid)
+        self.assertTrue(all(isinstance(m, dict) and "event" in m for m in metrics), metrics)
+        self.assertEqual([m for m in metrics if m["event"] == "train"], by_name["train"])
+        self.assertIn("sync", [m["event"] for m in metrics])
+        self.assertNotIn("rank1_noise", [m["event"] for m in metrics])
+        steps = [m["step"] for m in metrics]
+        self.assertEqual(steps, sorted(steps))
+
+        _, log1 = d.logs(jid, rank=1)
+        self.assertIn("gloo_metrics rank 1 stdout marker", log1, "rank 1's stdout is in its log")
+        self.assertIn("gloo_metrics rank 1 of 2 starting", log1, "rank 1's stderr is in its log")
+        _, log0 = d.logs(jid, rank=0)
+        self.assertIn("gloo_metrics rank 0 of 2 starting", log0)
+        self.assertEqual(d.workers(lambda pid: "gloo_metrics.py" in " ".join(cmdline(pid))), [])
+
+
+def main():
+    global TRAIND, SOURCE_DIR
+    if len(sys.argv) < 3:
+        sys.exit(f"usage: {sys.argv[0]} TRAIND_BINARY SOURCE_DIR [unittest options]")
+    TRAIND = os.path.realpath(sys.argv[1])
+    SOURCE_DIR = os.path.realpath(sys.argv[2])
+    for path in (TRAIND, os.path.join(os.path.dirname(TRAIND), "traind-worker")):
+        if not os.access(path, os.X_OK):
+            sys.exit(f"{path}: not an executable")
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
