@@ -332,7 +332,7 @@ static void start_attempt(td_jobs *j, job *jb) {
         if (out_pipe[0] >= 0) close(out_pipe[0]);
         jb->out_fd = -1;
         a->finished_at = wall_now();
-        snprintf(a->reason, sizeof a->reason, "could not start: %s", err.msg);
+        snprintf(a->reason, sizeof a->reason, "could not start: %.480s", err.msg);
         save_attempt(j, jb, a);
         if (jb->group.alive == 0) {
             td_group_free(&jb->group);
