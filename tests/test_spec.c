@@ -168,7 +168,7 @@ Test(spec, example_spec_is_valid) {
     td_job job;
     td_err err = {{0}};
     cr_assert_eq(td_job_load_file(&job, path, &err), 0, "%s", err.msg);
-    cr_expect_eq(job.epochs, 8);
+    cr_expect_eq(job.epochs, 10);
     cr_expect_eq(job.batch_size, 64);
     cr_expect_eq(job.schedule.kind, TD_SCHED_COSINE);
     cr_expect_eq(job.schedule.warmup_steps, 200);
