@@ -2,6 +2,7 @@
 #include "td_jobs.h"
 
 #include "td_launch.h"
+#include "td_strv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -197,22 +198,12 @@ static void save_attempt(td_jobs *j, job *jb, const td_db_attempt *a) {
 
 /* ---- preparing what an attempt runs -------------------------------------------------------- */
 
-static char **strings(int n) {
-    char **v = calloc((size_t)n + 1, sizeof(char *));
-    TD_ASSERT(v, "out of memory");
-    return v;
-}
-
-static char *dup_str(const char *s) {
-    char *p = strdup(s);
-    TD_ASSERT(p, "out of memory");
-    return p;
-}
-
-static void free_strings(char **v) {
-    if (!v) return;
-    for (char **p = v; *p; p++) free(*p);
-    free(v);
+/* A train job runs traind-worker on the spec in its directory, with no extra environment. */
+static void set_worker_run(td_jobs *j, job *jb, const char *spec_path) {
+    jb->argv = td_strv_new(2);
+    jb->argv[0] = td_str_dup(j->cfg.worker);
+    jb->argv[1] = td_str_dup(spec_path);
+    jb->env = td_strv_new(0);
 }
 
 /* Writes the worker spec (with the daemon's checkpoint defaults) into the job directory and
@@ -243,10 +234,7 @@ static int prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
     snprintf(path, sizeof path, "%s/spec.json", jb->dir);
     if (json_dump_file(s->spec, path, JSON_INDENT(2)) != 0)
         return td_fail(err, "cannot write %s: %s", path, strerror(errno));
-    jb->argv = strings(2);
-    jb->argv[0] = dup_str(j->cfg.worker);
-    jb->argv[1] = dup_str(path);
-    jb->env = strings(0);
+    set_worker_run(j, jb, path);
     return 0;
 }
 
@@ -669,10 +657,7 @@ static int rebuild_run(td_jobs *j, job *jb, td_err *err) {
     if (strcmp(jb->row.kind, "command") != 0) {
         char path[PATH_MAX + 16];
         snprintf(path, sizeof path, "%s/spec.json", jb->dir);
-        jb->argv = strings(2);
-        jb->argv[0] = dup_str(j->cfg.worker);
-        jb->argv[1] = dup_str(path);
-        jb->env = strings(0);
+        set_worker_run(j, jb, path);
         return access(path, R_OK) == 0 ? 0 : td_fail(err, "%s is gone", path);
     }
     td_submission s;
@@ -748,8 +733,8 @@ static void free_job(job *jb) {
     free(jb->attempts);
     json_decref(jb->latest_train);
     json_decref(jb->latest_eval);
-    free_strings(jb->argv);
-    free_strings(jb->env);
+    td_strv_free(jb->argv);
+    td_strv_free(jb->env);
     free(jb->json);
     free(jb->devices);
     td_group_free(&jb->group);

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE /* prctl, sigtimedwait, environ */
 #include "td_launch.h"
 
+#include "td_strv.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -68,11 +70,6 @@ static bool overridden(const char *entry, const td_launch_config *cfg) {
     return false;
 }
 
-static char *td_strdup(const char *s) {
-    size_t n = strlen(s) + 1;
-    return memcpy(td_malloc(n), s, n);
-}
-
 static char *format(const char *fmt, const char *name, const char *value) {
     size_t n = strlen(name) + strlen(value) + 2;
     char *s = td_malloc(n);
@@ -91,10 +88,10 @@ static char **worker_env(const td_launch_config *cfg, int r, int attempt) {
     size_t n_env = 0, n_extra = 0;
     while (environ[n_env]) n_env++;
     while (cfg->extra_env && cfg->extra_env[n_extra]) n_extra++;
-    char **env = td_calloc(n_env + n_extra + 16, sizeof(char *));
+    char **env = td_strv_new((int)(n_env + n_extra + 15));
     size_t k = 0;
     for (size_t i = 0; i < n_env; i++)
-        if (!overridden(environ[i], cfg)) env[k++] = td_strdup(environ[i]);
+        if (!overridden(environ[i], cfg)) env[k++] = td_str_dup(environ[i]);
     int world = cfg->nnodes * cfg->nproc_per_node;
     env[k++] = int_entry("RANK", cfg->node_rank * cfg->nproc_per_node + r);
     env[k++] = int_entry("LOCAL_RANK", r);
@@ -109,16 +106,10 @@ static char **worker_env(const td_launch_config *cfg, int r, int attempt) {
     if (cfg->devices) env[k++] = format("%s=%s", "CUDA_VISIBLE_DEVICES", cfg->devices[r]);
     /* as torchrun: one OpenMP thread per process unless the user chose otherwise */
     if (cfg->nproc_per_node > 1 && !getenv("OMP_NUM_THREADS"))
-        env[k++] = td_strdup("OMP_NUM_THREADS=1");
-    for (size_t i = 0; i < n_extra; i++) env[k++] = td_strdup(cfg->extra_env[i]);
+        env[k++] = td_str_dup("OMP_NUM_THREADS=1");
+    for (size_t i = 0; i < n_extra; i++) env[k++] = td_str_dup(cfg->extra_env[i]);
     env[k] = NULL;
     return env;
-}
-
-static void free_env(char **env) {
-    if (!env) return;
-    for (char **e = env; *e; e++) free(*e);
-    free(env);
 }
 
 /* execvp's PATH search, done before fork (it allocates). */
@@ -191,7 +182,7 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
         g->pids[i] = pid;
         g->alive++;
     }
-    for (int i = 0; i < n; i++) free_env(envs[i]);
+    for (int i = 0; i < n; i++) td_strv_free(envs[i]);
     return rc;
 }
 

@@ -1,6 +1,7 @@
 #include "td_submit.h"
 
 #include "td_spec.h"
+#include "td_strv.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -139,12 +140,6 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
     return 0;
 }
 
-static char *dup_str(const char *s) {
-    char *p = strdup(s);
-    if (!p) abort();
-    return p;
-}
-
 static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
     static const char *const keys[] = {"name", "command", "env", "resources", "restart", NULL};
     if (check_only(root, "", keys, e) != 0) return -1;
@@ -153,8 +148,7 @@ static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
         return td_reply_fail(e, 400, "invalid_spec", "command",
                              "command: expected a non-empty array of strings, the program first");
     size_t n = json_array_size(cmd);
-    s->argv = calloc(n + 1, sizeof(char *));
-    if (!s->argv) abort();
+    s->argv = td_strv_new((int)n);
     for (size_t i = 0; i < n; i++) {
         json_t *a = json_array_get(cmd, i);
         if (!json_is_string(a) || (i == 0 && !*json_string_value(a))) {
@@ -163,12 +157,11 @@ static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
             return td_reply_fail(e, 400, "invalid_spec", path, "%s: expected a%s string", path,
                                  i == 0 ? " non-empty" : "");
         }
-        s->argv[i] = dup_str(json_string_value(a));
+        s->argv[i] = td_str_dup(json_string_value(a));
     }
     json_t *env = json_object_get(root, "env");
     size_t k = 0;
-    s->env = calloc((env && json_is_object(env) ? json_object_size(env) : 0) + 1, sizeof(char *));
-    if (!s->env) abort();
+    s->env = td_strv_new(env && json_is_object(env) ? (int)json_object_size(env) : 0);
     if (env) {
         if (!json_is_object(env))
             return td_reply_fail(e, 400, "invalid_spec", "env",
@@ -283,16 +276,10 @@ out:
     return rc;
 }
 
-static void free_strings(char **v) {
-    if (!v) return;
-    for (char **p = v; *p; p++) free(*p);
-    free(v);
-}
-
 void td_submission_free(td_submission *s) {
     json_decref(s->spec);
-    free_strings(s->argv);
-    free_strings(s->env);
+    td_strv_free(s->argv);
+    td_strv_free(s->env);
     s->spec = NULL;
     s->argv = s->env = NULL;
 }

@@ -1,0 +1,11 @@
+/* NULL-terminated string vectors (argv, environments), as the launcher, the submission parser
+ * and the job table all hold them. Allocation failure stops the process, as td_malloc does. */
+#ifndef TD_STRV_H
+#define TD_STRV_H
+
+char *td_str_dup(const char *s);
+/* n + 1 slots, all NULL. */
+char **td_strv_new(int n);
+void td_strv_free(char **v);
+
+#endif
