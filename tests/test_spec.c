@@ -1,5 +1,6 @@
 /* Each kind of bad spec gives one clear message naming the JSON path, what was found and what
  * was expected. Shape errors surface when the model is built, so those go through a real run. */
+#include "td_gpu.h"
 #include "td_train.h"
 #include "test_util.h"
 
@@ -174,4 +175,48 @@ Test(spec, example_spec_is_valid) {
     cr_expect_eq(job.schedule.warmup_steps, 200);
     cr_expect(job.optim.momentum == 0.9f);
     td_job_free(&job);
+}
+
+/* Device, precision and backend are checked against the machine before anything is built; on a
+ * machine with a GPU these specs are valid, so the checks only apply without one. */
+static bool machine_has_gpu(void) {
+    char why[256];
+    return td_gpu_device_count(why, sizeof why) > 0;
+}
+
+Test(spec, device_cuda_without_gpu) {
+    if (machine_has_gpu()) cr_skip_test("a GPU is present");
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"batch_size\": 8, \"device\": \"cuda\", \"optimizer\": "
+                         "{\"type\": \"sgd\", \"lr\": 0.1}}"),
+                 "train.device: \"cuda\", but this machine has no usable GPU");
+}
+
+Test(spec, half_precision_needs_gpu) {
+    if (machine_has_gpu()) cr_skip_test("a GPU is present");
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"batch_size\": 8, \"precision\": \"bf16\", \"optimizer\": "
+                         "{\"type\": \"sgd\", \"lr\": 0.1}}"),
+                 "train.precision: \"bf16\" runs on a GPU", "use \"fp32\"");
+}
+
+Test(spec, nccl_needs_gpu) {
+    if (machine_has_gpu()) cr_skip_test("a GPU is present");
+    char spec[4096];
+    snprintf(spec, sizeof spec, "%s",
+             spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH, GOOD_TRAIN));
+    strcpy(spec + strlen(spec) - 1, ", \"distributed\": {\"backend\": \"nccl\"}}");
+    EXPECT_ERROR(spec, "distributed.backend: \"nccl\" carries GPU memory");
+}
+
+Test(spec, unknown_precision_and_backend) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"batch_size\": 8, \"precision\": \"fp8\", \"optimizer\": "
+                         "{\"type\": \"sgd\", \"lr\": 0.1}}"),
+                 "train.precision", "one of fp32/bf16/fp16", "\"fp8\"");
+    char spec[4096];
+    snprintf(spec, sizeof spec, "%s",
+             spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH, GOOD_TRAIN));
+    strcpy(spec + strlen(spec) - 1, ", \"distributed\": {\"backend\": \"gloo\"}}");
+    EXPECT_ERROR(spec, "distributed.backend", "one of auto/nccl/cpu");
 }

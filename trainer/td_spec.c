@@ -598,11 +598,19 @@ static int parse_schedule(const json_t *t, td_job *job, td_err *err) {
 static int parse_train(const json_t *root, td_job *job, td_err *err) {
     json_t *t;
     if (get_object(root, "", "train", true, &t, err) != 0) return -1;
-    static const char *const keys[] = {"epochs",    "max_steps",  "batch_size", "eval_batch_size",
-                                       "seed",      "threads",    "shuffle",    "drop_last",
-                                       "optimizer", "schedule",   "loss",       "clip_grad_norm",
-                                       "sync_bn",   "grad_accum", NULL};
+    static const char *const keys[] = {
+        "epochs",  "max_steps",  "batch_size", "eval_batch_size", "seed",       "threads",
+        "shuffle", "drop_last",  "optimizer",  "schedule",        "loss",       "clip_grad_norm",
+        "sync_bn", "grad_accum", "device",     "precision",       "cuda_graph", NULL};
     if (check_keys(t, "train", keys, err) != 0) return -1;
+    int choice;
+    if (get_choice(t, "train", "device", false, "auto", "auto|cpu|cuda", &choice, err) != 0)
+        return -1;
+    job->device = choice == 0 ? TD_DEVICE_AUTO : choice == 1 ? TD_DEVICE_CPU : TD_DEVICE_CUDA;
+    if (get_choice(t, "train", "precision", false, "fp32", "fp32|bf16|fp16", &choice, err) != 0)
+        return -1;
+    job->precision = choice == 0 ? TD_PREC_FP32 : choice == 1 ? TD_PREC_BF16 : TD_PREC_FP16;
+    if (get_bool(t, "train", "cuda_graph", true, &job->cuda_graph, err) != 0) return -1;
     long l;
     if (get_int(t, "train", "epochs", false, 1, 1, 1000000, &l, err) != 0) return -1;
     job->epochs = (int)l;
@@ -699,8 +707,15 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
     if (get_object(root, "", "distributed", false, &dist, err) != 0) return -1;
     job->bucket_cap_mb = 25.0; /* DDP's default */
     if (dist) {
-        static const char *const dkeys[] = {"bucket_cap_mb", NULL};
+        static const char *const dkeys[] = {"bucket_cap_mb", "backend", NULL};
         if (check_keys(dist, "distributed", dkeys, err) != 0) return -1;
+        int backend;
+        if (get_choice(dist, "distributed", "backend", false, "auto", "auto|nccl|cpu", &backend,
+                       err) != 0)
+            return -1;
+        job->backend = backend == 0   ? TD_BACKEND_AUTO
+                       : backend == 1 ? TD_BACKEND_NCCL
+                                      : TD_BACKEND_CPU;
         if (get_number(dist, "distributed", "bucket_cap_mb", false, 25.0, 1e-6, 1e6,
                        &job->bucket_cap_mb, err) != 0)
             return -1;

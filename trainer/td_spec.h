@@ -5,6 +5,7 @@
 #define TD_SPEC_H
 
 #include "td_data.h"
+#include "td_device.h"
 #include "td_error.h"
 #include "td_loss.h"
 #include "td_model.h"
@@ -59,10 +60,14 @@ typedef struct td_job {
     td_optim_config optim;
     td_schedule schedule;
     td_loss loss;
-    float clip_grad_norm; /* 0: off */
-    bool sync_bn;         /* SyncBatchNorm across data-parallel ranks */
-    int grad_accum;       /* batches per optimizer step; gradients sync on the last only */
-    double bucket_cap_mb; /* distributed.bucket_cap_mb: DDP's gradient bucket size */
+    float clip_grad_norm;  /* 0: off */
+    bool sync_bn;          /* SyncBatchNorm across data-parallel ranks */
+    int grad_accum;        /* batches per optimizer step; gradients sync on the last only */
+    double bucket_cap_mb;  /* distributed.bucket_cap_mb: DDP's gradient bucket size */
+    td_backend backend;    /* distributed.backend */
+    td_device_kind device; /* train.device */
+    td_precision precision;
+    bool cuda_graph; /* capture the training step in a CUDA graph where shapes allow */
 
     int log_every;
 
