@@ -2,7 +2,7 @@
  * under the state directory, and runs jobs on this node's slots. */
 #define _GNU_SOURCE /* getrandom's header, strsignal */
 #include "td_api.h"
-#include "td_cuda.h"
+#include "td_gpu.h"
 #include "td_db.h"
 #include "td_jobs.h"
 
@@ -300,7 +300,7 @@ int main(int argc, char **argv) {
     n_roots++;
 
     char why[256] = "";
-    int gpus = td_cuda_device_count(why, sizeof why);
+    int gpus = td_gpu_device_count(why, sizeof why);
     if (gpus < 0) gpus = 0;
     int slots = gpus > 0 ? gpus : o.slots > 0 ? o.slots : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (slots < 1) slots = 1;

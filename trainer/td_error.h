@@ -24,7 +24,8 @@ int td_fail(td_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* Prepends "prefix: " to an error already set, to add context as it travels up. */
 int td_fail_prefix(td_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-_Noreturn void td_die(const char *file, int line, const char *what, const char *hint);
+__attribute__((noreturn)) void td_die(const char *file, int line, const char *what,
+                                      const char *hint);
 
 /* Allocation that cannot fail quietly: training without its buffers is not an option. */
 void *td_malloc_checked(size_t size, const char *file, int line);

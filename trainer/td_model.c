@@ -190,13 +190,14 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
 /* Carves activations, gradients and saved state out of one arena; decides which input
  * gradients are needed at all (none flow into the batch, nor into a parameter-free prefix) and
  * which consumer writes a gradient first in backward order, so the others add to it. */
-static void layout(td_model *model, td_arena *arena, bool *needs_grad, bool *written) {
+static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *needs_grad,
+                   bool *written) {
     int n = model->n_nodes;
     for (int i = 0; i < n; i++) {
         td_node *node = &model->nodes[i];
-        size_t out = (size_t)model->max_n * td_shape_size(node->out_shape);
-        node->out = td_arena_floats(arena, out);
-        node->grad = td_arena_floats(arena, out);
+        size_t out = (size_t)model->max_n * td_shape_size(node->out_shape) * elem_bytes;
+        node->out = td_arena_push(arena, out);
+        node->grad = td_arena_push(arena, out);
         node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;
         needs_grad[i] = node->n_params > 0;
         for (int j = 0; j < node->n_inputs; j++) {
@@ -257,16 +258,27 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
         model->input_grad =
             td_aligned_alloc((size_t)max_n * td_shape_size(input_shape) * sizeof(float));
 
-    bool *needs_grad = td_calloc((size_t)n_specs, sizeof(bool));
-    bool *written = td_calloc((size_t)n_specs, sizeof(bool));
+    if (flags & TD_MODEL_NO_ARENA) return 0;
     td_arena plan = {0};
-    layout(model, &plan, needs_grad, written);
+    td_model_layout(model, &plan, sizeof(float));
     model->arena.cap = plan.used;
     model->arena.base = td_aligned_alloc(plan.used);
-    layout(model, &model->arena, needs_grad, written);
+    td_model_layout(model, &model->arena, sizeof(float));
+    return 0;
+}
+
+void td_model_layout(td_model *model, td_arena *arena, size_t elem_bytes) {
+    bool *needs_grad = td_calloc((size_t)model->n_nodes, sizeof(bool));
+    bool *written = td_calloc((size_t)model->n_nodes, sizeof(bool));
+    layout(model, arena, elem_bytes, needs_grad, written);
     free(needs_grad);
     free(written);
-    return 0;
+}
+
+double td_node_arg(const td_node *node, const char *name) {
+    for (int i = 0; node->op->args[i].name; i++)
+        if (strcmp(node->op->args[i].name, name) == 0) return node->args[i];
+    td_die(__FILE__, __LINE__, name, "td_node_arg: the op has no argument of this name");
 }
 
 float *td_model_swap_grad_block(td_model *model, float *block) {

@@ -99,6 +99,9 @@ struct td_node {
     bool in_grad_add[TD_MAX_INPUTS];
     float *out, *grad; /* [max_n, out size] */
     void *saved;
+    /* On a GPU (td_gpu.h): the op's device plan (descriptors, chosen algorithms); the pointers
+     * above then address device memory of the compute precision's element type. */
+    void *gpu;
 };
 
 /* How a node is described before the model is built (from JSON or a preset). */
@@ -142,6 +145,9 @@ const char *td_op_names(void);
 /* td_model_build flags. INPUT_GRAD: backward also produces the gradient with respect to the
  * batch itself, in model->input_grad ([max_n, input size]), for gradient checks. */
 #define TD_MODEL_INPUT_GRAD 1u
+/* NO_ARENA: no host arena for activations; the model is to be attached to a device, which lays
+ * out its own (td_model_layout). */
+#define TD_MODEL_NO_ARENA 2u
 
 /* Builds and allocates the model for batches of up to max_n samples of input_shape. Parameters
  * are initialised as PyTorch initialises them by default, from the given seed. */
@@ -157,6 +163,15 @@ td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix,
  * ndim 0 is a scalar, as PyTorch's num_batches_tracked. */
 td_param *td_model_add_buffer(td_model *model, td_node *node, const char *suffix, int ndim,
                               const int *dims, float fill, td_dtype dtype);
+
+/* Lays out every node's output, gradient and saved state in arena (a counting pass when its base
+ * is NULL), elem_bytes per activation element, then the shared scratch; decides which input
+ * gradients are needed and which consumer writes each first. */
+void td_model_layout(td_model *model, td_arena *arena, size_t elem_bytes);
+
+/* The value of a node's argument by its spec name ("stride"): code outside an op's own file (its
+ * GPU side) reads arguments without depending on the op's private order. */
+double td_node_arg(const td_node *node, const char *name);
 
 /* Moves the gradients into block (param_floats, contents copied) and returns the block they
  * were in, which the caller now owns: DDP keeps gradients in memory the ranks share. */

@@ -60,6 +60,8 @@ typedef struct td_param {
     size_t offset;         /* in floats, into the flat block */
     size_t size;
     float *data, *grad; /* grad is NULL for buffers */
+    /* On a model attached to a GPU (td_gpu.h): the device copies, fp32; NULL otherwise. */
+    float *dev_data, *dev_grad;
     td_init init;
     td_dtype dtype;
 } td_param;

@@ -4,7 +4,7 @@
 #include "td_checkpoint.h"
 #include "td_comm.h"
 #include "td_reducer.h"
-#include "td_cuda.h"
+#include "td_gpu.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -42,10 +42,24 @@ typedef struct trainer {
     bool rank0;
     td_loader_config train_cfg, val_cfg;
     td_sync sync; /* SyncBatchNorm's reductions, when train.sync_bn */
+
+    /* the device: a GPU when gpu is set, and then NCCL carries the collectives when gpu_ddp */
+    td_device_plan device;
+    td_gpu *gpu;
+    bool gpu_ddp;
+    bool graph_off;  /* CUDA graphs off by the spec, or after a failed capture */
+    bool graph_warm; /* one full step ran op by op: lazy library setup is done before capture */
 } trainer;
 
 static int world_of(const trainer *t) {
     return td_dist_active(t->dist) ? t->dist->world : 1;
+}
+
+/* TRAIND_FORCE_DDP=1: a world of one still goes through DDP (NCCL, buckets): what its overhead
+ * costs is then measurable, and its steps comparable with the plain run's. GPU only. */
+static bool force_ddp(const trainer *t) {
+    const char *v = getenv("TRAIND_FORCE_DDP");
+    return t->gpu && world_of(t) == 1 && v && strcmp(v, "1") == 0;
 }
 
 /* After a collective failed: the first rank to fail records its message in the store; the
@@ -93,8 +107,56 @@ static int sync_sum(void *ctx, float *values, size_t n) {
 
 /* Averages a few floats over the ranks (the loss of a step, evaluation counts). */
 static int average_over_ranks(trainer *t, float *v, size_t n, bool average, td_err *err) {
+    if (t->gpu_ddp) {
+        if (td_gpu_ddp_allreduce_host(t->gpu, v, n, average, err) != 0)
+            return collective_failed(t, err);
+        return 0;
+    }
     if (!t->comm) return 0;
     if (td_comm_allreduce(t->comm, v, n, average, err) != 0) return collective_failed(t, err);
+    return 0;
+}
+
+/* Every rank arrives before any leaves (around rank 0's checkpoint writes). */
+static int barrier(trainer *t, td_err *err) {
+    if (t->gpu_ddp) {
+        float one = 1.0f;
+        return average_over_ranks(t, &one, 1, false, err);
+    }
+    return t->comm && td_comm_barrier(t->comm, err) != 0 ? collective_failed(t, err) : 0;
+}
+
+/* On GPUs: NCCL through the rendezvous store (none for a forced world of one), rank 0's
+ * parameters and buffers broadcast as DDP's constructor does. */
+static int setup_gpu_dist(trainer *t, int rank, int world, td_err *err) {
+    const td_job *job = t->job;
+    const td_dist *d = t->dist;
+    if (t->device.backend != TD_BACKEND_NCCL)
+        return td_fail(err, "distributed.backend: \"cpu\" with GPU training is not supported yet; "
+                            "use \"nccl\" (or \"auto\")");
+    if (job->sync_bn)
+        return td_fail(err, "train.sync_bn: SyncBatchNorm is not implemented on the GPU yet");
+    t->store = t->opt->store;
+    if (!t->store && world > 1) {
+        if (td_store_open(&t->store, d->master_addr, d->master_port, t->rank0, d->namespace_,
+                          d->timeout_s, err) != 0)
+            return -1;
+        t->own_store = true;
+    }
+    double timeout = d ? d->timeout_s : 300.0;
+    if (td_gpu_ddp_start(t->gpu, &t->model, t->store, rank, world, job->bucket_cap_mb, timeout,
+                         err) != 0)
+        return -1;
+    t->gpu_ddp = true;
+    if (td_gpu_ddp_broadcast_params(t->gpu, &t->model, false, err) != 0)
+        return td_fail_prefix(err, "broadcasting rank 0's parameters");
+    if (t->rank0)
+        fprintf(t->log,
+                "[traind] data parallel: %d rank%s, %d per node; gradients in %d bucket%s "
+                "(bucket_cap_mb %g), all-reduced through NCCL\n",
+                world, world == 1 ? "" : "s", d && world > 1 ? d->local_world : 1,
+                td_gpu_ddp_buckets(t->gpu), td_gpu_ddp_buckets(t->gpu) == 1 ? "" : "s",
+                job->bucket_cap_mb);
     return 0;
 }
 
@@ -108,8 +170,9 @@ static int setup_dist(trainer *t, td_err *err) {
         job->batch_size, job->shuffle, job->drop_last, job->seed, rank, world, true};
     t->val_cfg =
         (td_loader_config){job->eval_batch_size, false, false, job->seed, rank, world, false};
-    if (world == 1) return 0;
+    if (world == 1 && !force_ddp(t)) return 0;
     const td_dist *d = t->dist;
+    if (t->gpu) return setup_gpu_dist(t, rank, world, err);
     t->store = t->opt->store;
     if (!t->store) {
         if (td_store_open(&t->store, d->master_addr, d->master_port, t->rank0, d->namespace_,
@@ -190,7 +253,8 @@ static int setup_data(trainer *t, td_err *err) {
 static int setup_model(trainer *t, td_err *err) {
     const td_job *job = t->job;
     int max_n = job->batch_size > job->eval_batch_size ? job->batch_size : job->eval_batch_size;
-    if (td_model_build(&t->model, job->nodes, job->n_nodes, t->train.shape, max_n, job->seed, 0,
+    unsigned flags = t->device.device == TD_DEVICE_CUDA ? TD_MODEL_NO_ARENA : 0;
+    if (td_model_build(&t->model, job->nodes, job->n_nodes, t->train.shape, max_n, job->seed, flags,
                        err) != 0)
         return -1;
     td_shape out = td_model_output_shape(&t->model);
@@ -244,12 +308,27 @@ static int restore(trainer *t, td_err *err) {
     return 0;
 }
 
+/* On the GPU the training loss accumulates on the device (reading it back every step would stall
+ * the queue): at each log line, checkpoint and evaluation it is added to the interval's, averaged
+ * over the ranks. The device sums each step's mean loss, so the interval's value is the CPU's. */
+static int gpu_flush_loss(trainer *t, td_err *err) {
+    double sum, hits;
+    if (td_gpu_take_totals(t->gpu, &sum, &hits, err) != 0) return -1;
+    float v = (float)sum;
+    if (average_over_ranks(t, &v, 1, true, err) != 0) return -1;
+    t->state.interval_loss += v;
+    return 0;
+}
+
 static int save_checkpoint(trainer *t, td_err *err) {
     if (!t->job->checkpoint_dir[0] || t->last_saved_step == t->state.step) return 0;
+    /* the open logging interval's loss is part of the state: fetch it from the device */
+    if (t->gpu && gpu_flush_loss(t, err) != 0) return -1;
     if (!t->rank0) { /* the replicas are identical: rank 0 writes, the others wait for it */
         t->last_saved_step = t->state.step;
-        return t->comm && td_comm_barrier(t->comm, err) != 0 ? collective_failed(t, err) : 0;
+        return barrier(t, err);
     }
+    if (t->gpu && td_gpu_download(t->gpu, &t->model, &t->optim, err) != 0) return -1;
     char path[TD_PATH_MAX + 32];
     bool kill = t->opt && t->opt->kill_at_checkpoint > 0 &&
                 ++t->checkpoints_saved == t->opt->kill_at_checkpoint;
@@ -268,7 +347,7 @@ static int save_checkpoint(trainer *t, td_err *err) {
     fprintf(t->metrics, "\"}\n");
     fflush(t->metrics);
     /* no rank races into the next collective while the save is under way */
-    return t->comm && td_comm_barrier(t->comm, err) != 0 ? collective_failed(t, err) : 0;
+    return barrier(t, err);
 }
 
 static int evaluate(trainer *t, double *val_loss, double *val_acc, td_err *err) {
@@ -279,7 +358,20 @@ static int evaluate(trainer *t, double *val_loss, double *val_acc, td_err *err) 
     long correct = 0, seen = 0;
     td_loader_start_epoch(t->val_loader, 0, 0);
     td_batch b;
-    while (td_loader_next(t->val_loader, &b)) {
+    if (t->gpu) { /* the training loss pending on the device must not mix with these sums */
+        if (gpu_flush_loss(t, err) != 0) return -1;
+        while (td_loader_next(t->val_loader, &b)) {
+            run.n = b.n;
+            if (td_gpu_set_batch(t->gpu, &t->model, b.x, b.labels, b.n, err) != 0) return -1;
+            td_gpu_forward(t->gpu, &t->model, &run);
+            td_gpu_loss(t->gpu, &t->model, &t->job->loss, b.n, 1.0f, false, 1.0f);
+            seen += b.n;
+        }
+        double hits;
+        if (td_gpu_take_totals(t->gpu, &loss, &hits, err) != 0) return -1;
+        correct = (long)hits;
+    }
+    while (!t->gpu && td_loader_next(t->val_loader, &b)) {
         run.n = b.n;
         const float *logits = td_model_forward(&t->model, b.x, &run);
         int hits;
@@ -298,8 +390,6 @@ static int evaluate(trainer *t, double *val_loss, double *val_acc, td_err *err) 
 
 static void log_banner(const trainer *t) {
     const td_job *job = t->job;
-    char why[256];
-    int gpus = td_cuda_device_count(why, sizeof why);
     fprintf(t->log, "[traind] job \"%s\": %d parameters in %d tensors, %d nodes\n", job->name,
             (int)t->model.param_floats, t->model.n_params, t->model.n_nodes);
     char shape[64];
@@ -307,10 +397,76 @@ static void log_banner(const trainer *t) {
     fprintf(t->log, "[traind] data: %d training samples%s, shape %s, %d classes\n", t->train.n,
             job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", shape, t->classes);
     if (job->val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
+    if (t->gpu) {
+        char desc[512];
+        td_gpu_describe(t->gpu, desc, sizeof desc);
+        fprintf(t->log, "[traind] device: %s; %s, CUDA graphs %s\n", desc,
+                td_precision_name(t->device.precision), t->graph_off ? "off" : "on");
+        return;
+    }
+    char why[256];
+    td_gpu_device_count(why, sizeof why);
     fprintf(t->log, "[traind] device: CPU, OpenBLAS %s kernels, %d thread%s (%s)\n",
-            td_blas_describe(), job->threads, job->threads > 1 ? "s" : "",
-            gpus > 0 ? "CUDA devices present; the GPU backend is not built into this engine yet"
-                     : why);
+            td_blas_describe(), job->threads, job->threads > 1 ? "s" : "", why);
+}
+
+/* Decides CPU or GPU, precision and collective backend before the model is built (a GPU model
+ * gets no host arena). */
+static int resolve_device(trainer *t, td_err *err) {
+    const td_job *job = t->job;
+    char why[256];
+    int gpus = td_gpu_device_count(why, sizeof why);
+    int local_rank = t->dist ? t->dist->local_rank : 0;
+    if (td_device_resolve(job->device, job->precision, job->backend, gpus, why, local_rank,
+                          getenv("CUDA_VISIBLE_DEVICES"), &t->device, err) != 0)
+        return -1;
+    t->graph_off = !job->cuda_graph;
+    if (t->device.device == TD_DEVICE_CUDA && job->sync_bn && world_of(t) > 1)
+        return td_fail(err, "train.sync_bn: SyncBatchNorm is not implemented on the GPU yet; "
+                            "set train.device \"cpu\" or drop sync_bn");
+    return 0;
+}
+
+/* Opens the device and moves the restored model and optimizer onto it. */
+static int setup_gpu(trainer *t, td_err *err) {
+    if (t->device.device != TD_DEVICE_CUDA) return 0;
+    if (td_gpu_open(&t->gpu, t->device.cuda_device, err) != 0 ||
+        td_gpu_attach(t->gpu, &t->model, t->device.precision, t->job->seed, err) != 0 ||
+        td_gpu_optim_init(t->gpu, &t->model, &t->optim, err) != 0)
+        return td_fail_prefix(err, "train.device");
+    return 0;
+}
+
+/* One batch on the GPU: the whole step as one CUDA graph where it can be, else op by op. The
+ * loss stays on the device (see gpu_flush_loss). */
+static int gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int group, int micro,
+                     td_err *err) {
+    const td_job *job = t->job;
+    if (td_gpu_set_batch(t->gpu, &t->model, b->x, b->labels, b->n, err) != 0) return -1;
+    bool last = micro + 1 == group;
+    bool full = group == 1 && b->n == job->batch_size;
+    if (!t->graph_off && full && t->graph_warm) {
+        td_gpu_step_args args = {&job->loss, b->n, lr, job->clip_grad_norm, t->gpu_ddp};
+        if (td_gpu_graph_step(t->gpu, &t->model, &args, err) == 0) return 0;
+        if (t->rank0)
+            fprintf(t->log, "[traind] CUDA graph: %s; training op by op from here\n", err->msg);
+        t->graph_off = true;
+    }
+    run->n = b->n;
+    run->accumulate_grads = micro > 0;
+    run->node_done = NULL;
+    if (t->gpu_ddp && !run->sync && t->model.buffer_floats &&
+        td_gpu_ddp_broadcast_params(t->gpu, &t->model, true, err) != 0)
+        return collective_failed(t, err);
+    td_gpu_forward(t->gpu, &t->model, run);
+    td_gpu_loss(t->gpu, &t->model, &job->loss, b->n, 1.0f / (float)group, true,
+                1.0f / ((float)b->n * (float)group));
+    if (last && t->gpu_ddp) td_gpu_ddp_begin(t->gpu, run);
+    td_gpu_backward(t->gpu, &t->model, run);
+    if (last && t->gpu_ddp && td_gpu_ddp_finish(t->gpu, err) != 0) return collective_failed(t, err);
+    if (last) td_gpu_optim_step(t->gpu, &t->model, lr, job->clip_grad_norm);
+    t->graph_warm = t->graph_warm || full;
+    return 0;
 }
 
 static void print_eval(trainer *t, int epoch, long step, const td_train_result *res) {
@@ -319,6 +475,42 @@ static void print_eval(trainer *t, int epoch, long step, const td_train_result *
             "\"val_acc\":%.6f}\n",
             epoch, step, res->val_loss, res->val_acc);
     fflush(t->metrics);
+}
+
+/* Where the GPU's dropout counter stands after `batches` training batches: one draw per dropout
+ * node and batch (what a resumed run must continue from). */
+static int gpu_seek_dropout(trainer *t, long batches, td_err *err) {
+    long nodes = 0;
+    for (int i = 0; i < t->model.n_nodes; i++)
+        if (t->model.nodes[i].op == &td_op_dropout && td_node_arg(&t->model.nodes[i], "p") > 0)
+            nodes++;
+    return td_gpu_seek_dropout(t->gpu, (unsigned long long)(batches * nodes), err);
+}
+
+static bool profile_requested(void) {
+    const char *profile = getenv("TRAIND_PROFILE");
+    return profile && *profile && strcmp(profile, "0") != 0;
+}
+
+static int diverged(td_err *err, double loss, long step, int epoch) {
+    return td_fail(err,
+                   "the training loss became %g at step %ld (epoch %d); lower "
+                   "train.optimizer.lr or set train.clip_grad_norm",
+                   loss, step, epoch);
+}
+
+/* GPU memory this process holds, now and at most, with fp16's loss scale when it applies. */
+static void print_gpu_memory(trainer *t) {
+    size_t in_use, peak;
+    td_gpu_memory(t->gpu, &in_use, &peak);
+    fprintf(t->metrics, ",\"gpu_mem_mb\":%.1f,\"gpu_mem_peak_mb\":%.1f", in_use / 1048576.0,
+            peak / 1048576.0);
+    if (t->device.precision == TD_PREC_FP16) {
+        float scale;
+        long skipped;
+        td_gpu_scaler_state(t->gpu, &scale, &skipped);
+        fprintf(t->metrics, ",\"loss_scale\":%g,\"skipped_steps\":%ld", scale, skipped);
+    }
 }
 
 static int train_loop(trainer *t, td_train_result *res, td_err *err) {
@@ -340,17 +532,20 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
         stop = t->opt->stop_after_steps;
 
     td_run run = {.training = true, .rng = &st->dropout_rng};
+    if (t->gpu && profile_requested())
+        fprintf(t->log, "[traind] TRAIND_PROFILE: per-node times are not measured on the GPU "
+                        "(use nsys); ignored\n");
     if (t->comm && job->sync_bn) {
         t->sync = (td_sync){.sum = sync_sum, .ctx = t};
         run.sync = &t->sync;
     }
     /* TRAIND_PROFILE=1: per-node times of the training steps, printed at the end */
-    const char *profile = getenv("TRAIND_PROFILE");
-    bool profiling = profile && *profile && strcmp(profile, "0") != 0;
+    bool profiling = !t->gpu && profile_requested();
     double t_start = now_s(), t_interval = t_start;
     long interval_samples = 0, interval_steps_here = 0, total_samples = 0, steps_here = 0;
     memset(res, 0, sizeof *res);
     res->epochs_done = st->epoch;
+    if (t->gpu && gpu_seek_dropout(t, (long)st->epoch * batches + st->batch, err) != 0) return -1;
     for (int epoch = st->epoch; epoch < job->epochs && st->step < stop; epoch++) {
         td_loader_start_epoch(t->train_loader, epoch, st->epoch == epoch ? st->batch : 0);
         st->epoch = epoch;
@@ -361,65 +556,81 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             int micro = st->batch % accum;
             int group =
                 batches - (st->batch - micro) < accum ? batches - (st->batch - micro) : accum;
-            run.n = b.n;
-            run.accumulate_grads = micro > 0;
-            if (profiling) td_model_enable_profile(&t->model);
-            /* DDP's broadcast_buffers: BatchNorm statistics follow rank 0's */
-            if (t->comm && !run.sync && t->model.buffer_floats &&
-                td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) !=
-                    0)
-                return collective_failed(t, err);
-            const float *logits = td_model_forward(&t->model, b.x, &run);
-            /* each batch of a group carries 1/group of the step's gradient */
-            group_loss += td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes, t->dlogits,
-                                          1.0f / (float)group, NULL) /
-                          b.n;
-            /* no_sync for all but the group's last batch; on the last, buckets of gradients are
-             * all-reduced while backward goes on, the loss riding with them */
-            bool sync_now = t->reducer && micro + 1 == group;
-            run.node_done = NULL;
-            if (sync_now) td_reducer_begin(t->reducer, (float)(group_loss / group), &run);
-            td_model_backward(&t->model, t->dlogits, &run);
-            if (t->sync.failed) {
-                td_fail(err, "rank %d: a SyncBatchNorm reduction failed (a peer is gone?)",
-                        t->dist->rank);
-                return collective_failed(t, err);
+            double loss = NAN; /* on the GPU it stays on the device until the next log line */
+            if (t->gpu) {
+                if (gpu_batch(t, &b, &run, lr, group, micro, err) != 0) return -1;
+                st->batch++;
+                interval_samples += (long)b.n * world_of(t);
+                total_samples += (long)b.n * world_of(t);
+                if (micro + 1 < group) continue;
+            } else {
+                run.n = b.n;
+                run.accumulate_grads = micro > 0;
+                if (profiling) td_model_enable_profile(&t->model);
+                /* DDP's broadcast_buffers: BatchNorm statistics follow rank 0's */
+                if (t->comm && !run.sync && t->model.buffer_floats &&
+                    td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0,
+                                      err) != 0)
+                    return collective_failed(t, err);
+                const float *logits = td_model_forward(&t->model, b.x, &run);
+                /* each batch of a group carries 1/group of the step's gradient */
+                group_loss += td_loss_compute(&job->loss, logits, b.labels, b.n, t->classes,
+                                              t->dlogits, 1.0f / (float)group, NULL) /
+                              b.n;
+                /* no_sync for all but the group's last batch; on the last, buckets of gradients
+                 * are all-reduced while backward goes on, the loss riding with them */
+                bool sync_now = t->reducer && micro + 1 == group;
+                run.node_done = NULL;
+                if (sync_now) td_reducer_begin(t->reducer, (float)(group_loss / group), &run);
+                td_model_backward(&t->model, t->dlogits, &run);
+                if (t->sync.failed) {
+                    td_fail(err, "rank %d: a SyncBatchNorm reduction failed (a peer is gone?)",
+                            t->dist->rank);
+                    return collective_failed(t, err);
+                }
+                st->batch++;
+                interval_samples += (long)b.n * world_of(t);
+                total_samples += (long)b.n * world_of(t);
+                if (micro + 1 < group) continue; /* no_sync: gradients accumulate locally */
+                loss = group_loss / group;
+                group_loss = 0;
+                if (sync_now) { /* gradients and loss averaged over the replicas */
+                    float l;
+                    if (td_reducer_finish(t->reducer, &l, err) != 0)
+                        return collective_failed(t, err);
+                    loss = l; /* the mean over ranks, the same on every rank */
+                }
+                if (!isfinite(loss)) return diverged(err, loss, st->step + 1, epoch + 1);
+                if (job->clip_grad_norm > 0)
+                    td_grad_clip(t->model.grad_block, t->model.param_floats, job->clip_grad_norm);
+                td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
+                st->interval_loss += loss;
+                res->last_loss = loss;
             }
-            st->batch++;
-            interval_samples += (long)b.n * world_of(t);
-            total_samples += (long)b.n * world_of(t);
-            if (micro + 1 < group) continue; /* no_sync: gradients accumulate locally */
-            double loss = group_loss / group;
-            group_loss = 0;
-            if (sync_now) { /* gradients and loss averaged over the replicas: the global batch's */
-                float l;
-                if (td_reducer_finish(t->reducer, &l, err) != 0) return collective_failed(t, err);
-                loss = l; /* the mean over ranks, the same on every rank */
-            }
-            if (!isfinite(loss))
-                return td_fail(err,
-                               "the training loss became %g at step %ld (epoch %d); lower "
-                               "train.optimizer.lr or set train.clip_grad_norm",
-                               loss, st->step + 1, epoch + 1);
-            if (job->clip_grad_norm > 0)
-                td_grad_clip(t->model.grad_block, t->model.param_floats, job->clip_grad_norm);
-            td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
             st->step++;
             steps_here++;
-            st->interval_loss += loss;
             st->interval_steps++;
             interval_steps_here++;
-            res->last_loss = loss;
             if (st->step % job->log_every == 0 || st->step == total) {
+                if (t->gpu) {
+                    if (gpu_flush_loss(t, err) != 0) return -1;
+                    /* divergence shows at log lines here, not at the very step */
+                    double mean = st->interval_loss / st->interval_steps;
+                    if (!isfinite(mean)) return diverged(err, mean, st->step, epoch + 1);
+                    res->last_loss = mean;
+                }
                 /* the loss covers the whole interval (after a resume, partly run by the earlier
                  * process); the timings only what this process ran */
                 double now = now_s(), dt = now - t_interval;
-                if (t->rank0)
+                if (t->rank0) {
                     fprintf(t->metrics,
                             "{\"event\":\"train\",\"step\":%ld,\"epoch\":%d,\"loss\":%.9g,"
-                            "\"lr\":%.9g,\"samples_per_s\":%.1f,\"step_ms\":%.4f}\n",
+                            "\"lr\":%.9g,\"samples_per_s\":%.1f,\"step_ms\":%.4f",
                             st->step, epoch + 1, st->interval_loss / st->interval_steps, lr,
                             interval_samples / dt, dt * 1000.0 / interval_steps_here);
+                    if (t->gpu) print_gpu_memory(t);
+                    fprintf(t->metrics, "}\n");
+                }
                 fflush(t->metrics);
                 st->interval_loss = 0;
                 st->interval_steps = 0;
@@ -474,14 +685,17 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
  * evaluation share. */
 static int prepare(trainer *t, td_err *err) {
     openblas_set_num_threads(t->job->threads);
-    if (setup_data(t, err) != 0 || setup_model(t, err) != 0) return -1;
+    if (setup_data(t, err) != 0 || resolve_device(t, err) != 0 || setup_model(t, err) != 0)
+        return -1;
+    if (restore(t, err) != 0 || setup_gpu(t, err) != 0) return -1;
     if (t->rank0) log_banner(t);
-    if (restore(t, err) != 0 || setup_dist(t, err) != 0) return -1;
+    if (setup_dist(t, err) != 0) return -1;
     if (t->job->val.present) t->val_loader = td_loader_create(&t->val, &t->norm, NULL, &t->val_cfg);
     return 0;
 }
 
 static void release(trainer *t) {
+    td_gpu_close(t->gpu); /* NCCL first: the store it may still talk to closes below */
     td_reducer_stop(t->reducer, &t->model);
     td_comm_close(t->comm);
     if (t->own_store) td_store_close(t->store);

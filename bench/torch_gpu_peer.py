@@ -1,0 +1,134 @@
+"""The PyTorch side of bench/gpu.sh: trains the same model, batch size and optimizer (SGD,
+momentum 0.9) as the traind-worker run, on synthetic data of the same shape on the same GPU, and
+prints one JSON line with img/s.
+
+  python3 torch_gpu_peer.py --model resnet50 --batch 256 --precision bf16 --mode eager [--ddp]
+
+bf16 is AMP as PyTorch users run it: torch.autocast(bfloat16) around forward and loss, fp32
+weights and optimizer (traind's bf16 keeps fp32 masters too), channels_last for the
+convolutional models. fp32 is plain fp32 with TF32 off for convolutions and matmuls, as traind's
+fp32. --mode compile wraps the model in torch.compile. --ddp wraps it in DistributedDataParallel
+over a world of one (NCCL), for the cost of its bucketed all-reduce. Batches are a few random
+tensors made on the GPU once: no data loading is timed.
+"""
+import argparse
+import json
+import socket
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class LeNet5(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(256, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+def mlp(hidden, classes=10):
+    layers, width = [nn.Flatten()], 784
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(*layers)
+
+
+def resnet(name):
+    import torchvision
+    if name == "resnet50":
+        return torchvision.models.resnet50(num_classes=1000)
+    m = torchvision.models.resnet18(num_classes=10)
+    m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)  # the CIFAR stem: 3x3, stride 1,
+    m.maxpool = nn.Identity()                         # no max-pool
+    return m
+
+
+# model: (builder, sample shape, classes, convolutional)
+MODELS = {
+    "resnet50": (lambda: resnet("resnet50"), (3, 224, 224), 1000, True),
+    "resnet18_cifar": (lambda: resnet("resnet18_cifar"), (3, 32, 32), 10, True),
+    "lenet5": (LeNet5, (1, 28, 28), 10, True),
+    "mlp": (lambda: mlp([1024, 1024]), (1, 28, 28), 10, False),
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], required=True)
+    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    ap.add_argument("--ddp", action="store_true")
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--lr", type=float, default=0.01)
+    args = ap.parse_args()
+
+    build, shape, classes, conv = MODELS[args.model]
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    # fixed shapes: let cuDNN pick its fastest algorithms, as traind plans each shape once
+    torch.backends.cudnn.benchmark = True
+    if args.precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    fmt = torch.channels_last if conv else torch.contiguous_format
+    model = build().to(dev, memory_format=fmt)
+    if args.ddp:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                world_size=1)
+        model = DistributedDataParallel(model, device_ids=[0])
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    run = torch.compile(model) if args.mode == "compile" else model
+    pool = [(torch.rand(args.batch, *shape, device=dev).contiguous(memory_format=fmt),
+             torch.randint(0, classes, (args.batch,), device=dev)) for _ in range(4)]
+
+    def step(i):
+        x, y = pool[i % len(pool)]
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = F.cross_entropy(run(x), y)
+        loss.backward()
+        opt.step()
+
+    for i in range(args.warmup):  # cuDNN's search, torch.compile's compilation
+        step(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        step(i)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    print(json.dumps({"impl": "pytorch", "model": args.model, "batch": args.batch,
+                      "precision": args.precision, "mode": args.mode, "ddp": args.ddp,
+                      "img_per_s": args.steps * args.batch / dt, "torch": torch.__version__,
+                      "device": torch.cuda.get_device_name(0)}))
+    if args.ddp:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

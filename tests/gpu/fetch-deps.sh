@@ -1,0 +1,98 @@
+#!/bin/sh
+# Run on the Debian 12 development machine (apt, network): gathers what tests/gpu/run.sh needs on
+# a GPU machine that has CUDA, cuDNN, NCCL, CMake and PyTorch but none of Debian's -dev packages
+# and no network:
+#   .gpu-deps/debs/           the .debs, as apt-get download fetches them
+#   .gpu-deps/root/           each unpacked (dpkg-deb -x): headers, .pc files, libraries
+#   .gpu-deps/fashion-mnist/  the four Fashion-MNIST .gz files (examples/fmnist-lenet.json)
+#   .gpu-deps/MANIFEST        package and version of each .deb
+# .gpu-deps/ is ignored by git: copy it along with the tree (about 75 MB, plus 16 MB of debs/,
+# which run.sh does not need).
+#
+#   tests/gpu/fetch-deps.sh
+#
+# Nothing is installed here. The runtime libraries come along too (libjansson4, libopenblas0-
+# pthread and its libgfortran5, ...): the GPU machine may lack them, and run.sh links the
+# binaries with an RPATH into root/ so they are found without touching the system.
+set -eu
+top=$(cd "$(dirname "$0")/../.." && pwd)
+deps=$top/.gpu-deps
+ma=x86_64-linux-gnu
+
+# traind_engine: openblas, jansson, zlib; traind_service: sqlite3; the daemon's CMake target:
+# libmicrohttpd; the test tree's configure step: criterion (only its .pc and library are used,
+# as run.sh builds no Criterion test); pkgconf for machines without pkg-config.
+packages="libjansson-dev libjansson4
+libsqlite3-dev libsqlite3-0
+libmicrohttpd-dev libmicrohttpd12
+libopenblas-dev libopenblas0 libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
+libcriterion-dev libcriterion3
+zlib1g-dev zlib1g
+pkgconf pkgconf-bin libpkgconf3"
+
+for p in $packages; do
+    if ! apt-cache policy "$p" | grep -q 'Candidate: [0-9]'; then
+        echo "fetch-deps: apt knows no package $p (run apt-get update?)" >&2
+        exit 1
+    fi
+done
+
+rm -rf "$deps/debs" "$deps/root"
+mkdir -p "$deps/debs" "$deps/root" "$deps/fashion-mnist"
+# shellcheck disable=SC2086 # one word per package
+(cd "$deps/debs" && apt-get download $packages)
+: >"$deps/MANIFEST"
+for deb in "$deps"/debs/*.deb; do
+    dpkg-deb -x "$deb" "$deps/root"
+    dpkg-deb -f "$deb" Package Version | tr '\n' ' ' >>"$deps/MANIFEST"
+    echo >>"$deps/MANIFEST"
+done
+
+# Only shared libraries, headers and .pc files are used: static archives, the separate BLAS and
+# LAPACK (libopenblas has both), manuals and docs stay behind (about 60 MB of the 110).
+find "$deps/root" -name '*.a' -delete
+rm -f "$deps/root/usr/lib/$ma/openblas-pthread"/libblas.so* \
+    "$deps/root/usr/lib/$ma/openblas-pthread"/liblapack.so*
+rm -rf "$deps/root/usr/share/doc" "$deps/root/usr/share/man" "$deps/root/usr/share/lintian"
+
+# Debian's libopenblas.so.0 and libblas links go through /etc/alternatives, which the unpacked
+# tree lacks: point them at the pthread flavour directly.
+obl=$deps/root/usr/lib/$ma/openblas-pthread
+for lib in libopenblas.so libopenblas.so.0; do
+    [ -e "$obl/$lib" ] && ln -sfn "openblas-pthread/$lib" "$deps/root/usr/lib/$ma/$lib"
+done
+
+# Absolute symlinks (zlib1g-dev's libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13) would point
+# into the GPU machine's own system: make them relative inside the root where the target came
+# along, and drop the ones that dangle (nothing here needs them).
+find "$deps/root" -type l | while read -r link; do
+    target=$(readlink "$link")
+    case $target in
+    /*)
+        if [ -e "$deps/root$target" ]; then
+            ln -sfnr "$deps/root$target" "$link"
+        else
+            rm -f "$link"
+        fi
+        ;;
+    esac
+done
+find "$deps/root" -xtype l -delete # links to what was pruned above
+
+# Fashion-MNIST: Debian's dataset-fashion-mnist if installed, else its .deb.
+src=/usr/share/datasets/fashion-mnist
+if [ ! -f "$src/train-images-idx3-ubyte.gz" ]; then
+    (cd "$deps/debs" && apt-get download dataset-fashion-mnist)
+    mkdir -p "$deps/fmnist-deb"
+    dpkg-deb -x "$deps"/debs/dataset-fashion-mnist_*.deb "$deps/fmnist-deb"
+    src=$deps/fmnist-deb/usr/share/datasets/fashion-mnist
+fi
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
+    t10k-labels-idx1-ubyte.gz; do
+    cp "$src/$f" "$deps/fashion-mnist/$f"
+done
+rm -rf "$deps/fmnist-deb"
+
+echo "fetch-deps: $(wc -l <"$deps/MANIFEST") packages unpacked into $deps/root" \
+    "($(du -sh "$deps/root" | cut -f1)), Fashion-MNIST in $deps/fashion-mnist"
+echo "fetch-deps: copy $deps along with the tree, then run tests/gpu/run.sh on the GPU machine"

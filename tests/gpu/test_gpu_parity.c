@@ -1,0 +1,523 @@
+/* traind-gpu-parity: every op, loss and optimizer of the engine on the GPU against the CPU
+ * implementation, which the Criterion suite holds to PyTorch.
+ *
+ * Each case builds one small model twice from the same node specs and seed (the GPU copy with
+ * TD_MODEL_NO_ARENA, attached in the precision under test), runs forward, the loss and backward
+ * on the same batch, and compares every node's output, the loss sum and argmax hits, every
+ * parameter's gradient and the buffers (BatchNorm's running statistics) by the relative error
+ * max|cpu - gpu| / max(max|cpu|, 1e-6): at most 1e-4 in fp32, 1e-2 in bf16. Models end in a
+ * linear layer to the classes, so td_gpu_loss provides the upstream gradient on the GPU as
+ * td_loss_compute does on the CPU.
+ *
+ * Inputs are distinct odd multiples of 1/512 (exact in bf16, never 0) and, in bf16, parameters
+ * are rounded to bf16 before both copies start: the comparison then measures the ops, not the
+ * rounding of weights, and no ReLU or max-pool decision can flip between the two sides.
+ *
+ * Optimizers: the CPU's step runs on the GPU's own gradients (read back each step), so two steps
+ * of SGD (momentum, Nesterov, weight decay), Adam and AdamW compare the update arithmetic alone:
+ * fp32 on both sides in every precision, so 1e-4 of the update's size either way.
+ *
+ *   traind-gpu-parity [fp32|bf16]...     (default: both)
+ *
+ * One table row per case; exit status 1 if any case failed, 77 (skipped) without a GPU. */
+#include "td_gpu.h"
+#include "td_loss.h"
+#include "td_model.h"
+#include "td_optim.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BATCH     4
+#define CLASSES   5
+#define SEED      20240611u
+#define MAX_NODES 16
+
+typedef struct pcase {
+    const char *name;
+    /* "op key=value ...; op ...": arguments by their spec names, choices by name; name= and
+     * inputs=a,b as in a spec's nodes. Unnamed nodes are n0, n1, ... */
+    const char *nodes;
+    int c, h, w; /* the input: an image [c, h, w], or c flat features when h is 0 */
+    bool train;  /* training mode: batch statistics, dropout active */
+    bool warm;   /* a training forward first, so evaluation sees moved running statistics */
+    td_loss loss;
+} pcase;
+
+/* How each case ends: to the classes, through flatten from an image */
+#define TO_CLASSES   "; linear out_features=5"
+#define FLAT_CLASSES "; flatten; linear out_features=5"
+#define IMG(c, h, w) c, h, w
+#define FLAT(f)      f, 0, 0
+#define TRAIN        true, false
+#define EVAL         false, false
+#define EVAL_WARM    false, true
+#define CE                                                                                         \
+    { TD_LOSS_CROSS_ENTROPY, 0.0f }
+
+/* clang-format off */
+static const pcase CASES[] = {
+    {"linear +bias", "linear out_features=16" TO_CLASSES, FLAT(24), TRAIN, CE},
+    {"linear -bias", "linear out_features=16 bias=0; linear out_features=5 bias=0", FLAT(24),
+     TRAIN, CE},
+    {"conv 3x3 s1 p1 +bias", "conv2d out_channels=8 kernel_size=3 padding=1" FLAT_CLASSES,
+     IMG(3, 8, 8), TRAIN, CE},
+    {"conv 3x3 s1 p1 -bias", "conv2d out_channels=8 kernel_size=3 padding=1 bias=0" FLAT_CLASSES,
+     IMG(3, 8, 8), TRAIN, CE},
+    {"conv 1x1 +bias", "conv2d out_channels=8 kernel_size=1" FLAT_CLASSES, IMG(4, 6, 6), TRAIN,
+     CE},
+    {"conv 1x1 -bias", "conv2d out_channels=8 kernel_size=1 bias=0" FLAT_CLASSES, IMG(4, 6, 6),
+     TRAIN, CE},
+    {"conv 5x5 p2 +bias", "conv2d out_channels=6 kernel_size=5 padding=2" FLAT_CLASSES,
+     IMG(3, 10, 10), TRAIN, CE},
+    {"conv 5x5 p0 -bias", "conv2d out_channels=6 kernel_size=5 bias=0" FLAT_CLASSES,
+     IMG(1, 12, 12), TRAIN, CE},
+    {"conv 3x3 s2 p1 +bias", "conv2d out_channels=8 kernel_size=3 stride=2 padding=1"
+     FLAT_CLASSES, IMG(3, 9, 9), TRAIN, CE},
+    {"conv 3x3 s2 p1 -bias", "conv2d out_channels=8 kernel_size=3 stride=2 padding=1 bias=0"
+     FLAT_CLASSES, IMG(3, 9, 9), TRAIN, CE},
+    {"batchnorm2d train", "batchnorm2d" FLAT_CLASSES, IMG(4, 5, 5), TRAIN, CE},
+    {"batchnorm2d eval", "batchnorm2d momentum=0.5" FLAT_CLASSES, IMG(4, 5, 5), EVAL_WARM, CE},
+    {"batchnorm1d train", "batchnorm1d" TO_CLASSES, FLAT(12), TRAIN, CE},
+    {"batchnorm1d eval", "batchnorm1d momentum=0.5" TO_CLASSES, FLAT(12), EVAL_WARM, CE},
+    {"maxpool2d k3 s2 p1", "maxpool2d kernel_size=3 stride=2 padding=1" FLAT_CLASSES,
+     IMG(4, 9, 9), TRAIN, CE},
+    {"maxpool2d k2", "maxpool2d kernel_size=2" FLAT_CLASSES, IMG(4, 8, 8), TRAIN, CE},
+    {"avgpool2d k2", "avgpool2d kernel_size=2" FLAT_CLASSES, IMG(4, 8, 8), TRAIN, CE},
+    {"avgpool2d k3 s2 p1", "avgpool2d kernel_size=3 stride=2 padding=1" FLAT_CLASSES,
+     IMG(4, 9, 9), TRAIN, CE},
+    {"global_avgpool", "global_avgpool" TO_CLASSES, IMG(6, 5, 5), TRAIN, CE},
+    {"adaptive_avgpool2d", "adaptive_avgpool2d" FLAT_CLASSES, IMG(6, 5, 5), TRAIN, CE},
+    {"relu", "linear out_features=16; relu" TO_CLASSES, FLAT(24), TRAIN, CE},
+    {"gelu", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, CE},
+    {"gelu tanh", "linear out_features=16; gelu approximate=tanh" TO_CLASSES, FLAT(24), TRAIN,
+     CE},
+    {"add", "conv2d name=a out_channels=4 kernel_size=1 inputs=input; conv2d name=b "
+            "out_channels=4 kernel_size=3 padding=1 inputs=input; add inputs=a,b" FLAT_CLASSES,
+     IMG(3, 6, 6), TRAIN, CE},
+    {"flatten", "conv2d out_channels=3 kernel_size=1" FLAT_CLASSES, IMG(2, 4, 5), TRAIN, CE},
+    {"dropout p=0 train", "linear out_features=16; dropout p=0" TO_CLASSES, FLAT(24), TRAIN, CE},
+    {"dropout eval", "linear out_features=16; dropout p=0.5" TO_CLASSES, FLAT(24), EVAL, CE},
+    {"identity", "linear out_features=16; identity" TO_CLASSES, FLAT(24), TRAIN, CE},
+    {"loss cross_entropy ls=0.1", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN,
+     {TD_LOSS_CROSS_ENTROPY, 0.1f}},
+    {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}},
+};
+/* clang-format on */
+
+typedef struct ocase {
+    const char *name;
+    td_optim_config cfg;
+    float lr;
+} ocase;
+
+static const ocase OPTIMS[] = {
+    {"sgd momentum nesterov wd",
+     {.kind = TD_OPTIM_SGD, .momentum = 0.9f, .nesterov = true, .weight_decay = 5e-4f},
+     0.05f},
+    {"adam wd",
+     {.kind = TD_OPTIM_ADAM, .weight_decay = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
+     1e-2f},
+    {"adamw",
+     {.kind = TD_OPTIM_ADAMW, .weight_decay = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f},
+     1e-2f},
+};
+
+typedef struct result {
+    double out, loss, grad, buf; /* worst relative errors; -1: not compared */
+    char where[160];             /* which tensor gave the worst of them */
+    char error[TD_ERR_MAX];      /* a failure before anything could be compared */
+} result;
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static double rel_err(const float *want, const float *got, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(want[i])) return INFINITY;
+        double d = fabs((double)want[i] - (double)got[i]);
+        if (d > num) num = d;
+        if (fabs(want[i]) > den) den = fabs(want[i]);
+    }
+    return num / (den > 1e-6 ? den : 1e-6);
+}
+
+/* Keeps the worst error of a kind with where it came from. */
+static void note(result *r, double *slot, double e, const char *what, const char *name) {
+    if (*slot < 0 || e > *slot) *slot = e;
+    double worst = fmax(fmax(r->out, r->loss), fmax(r->grad, r->buf));
+    if (e >= worst) snprintf(r->where, sizeof r->where, "%s %s", what, name);
+}
+
+/* Round to nearest even bf16, kept in a float. */
+static float to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    u &= 0xFFFF0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* Distinct odd multiples of 1/512 in [-255/512, 255/512] (the range of normalised pixels, so
+ * logits stay near 1 and a bf16 logit's rounding moves the softmax little): a shuffled run of 256
+ * repeats, so any two values less than 256 elements apart differ (no ties inside a pooling
+ * window), and every value is exact in bf16 and non-zero. */
+static void fill_input(float *x, size_t n, td_rng *rng) {
+    int perm[256];
+    for (int i = 0; i < 256; i++) perm[i] = i;
+    for (int i = 255; i > 0; i--) {
+        int j = (int)td_rng_below(rng, (uint64_t)i + 1);
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (size_t i = 0; i < n; i++) x[i] = (float)(2 * perm[i % 256] - 255) / 512.0f;
+}
+
+static void fill_labels(int32_t *y, int n, td_rng *rng) {
+    for (int i = 0; i < n; i++) y[i] = (int32_t)td_rng_below(rng, CLASSES);
+}
+
+static int find_arg(const td_op *op, const char *key) {
+    for (int i = 0; op->args[i].name; i++)
+        if (strcmp(op->args[i].name, key) == 0) return i;
+    return -1;
+}
+
+/* The value of a choice argument by name ("tanh" in "none|tanh"), or -1. */
+static int choice_index(const char *choices, const char *value) {
+    size_t len = strlen(value);
+    int index = 0;
+    for (const char *p = choices; p && *p; index++) {
+        const char *bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        if (n == len && strncmp(p, value, n) == 0) return index;
+        p = bar ? bar + 1 : NULL;
+    }
+    return -1;
+}
+
+static int parse_node(char *text, int index, td_node_spec *s, td_err *err) {
+    memset(s, 0, sizeof *s);
+    char *save = NULL;
+    char *word = strtok_r(text, " \t", &save);
+    if (!word) return td_fail(err, "node %d: empty", index);
+    s->op = td_op_find(word);
+    if (!s->op) return td_fail(err, "node %d: unknown op %s", index, word);
+    snprintf(s->name, sizeof s->name, "n%d", index);
+    for (int i = 0; s->op->args[i].name; i++) s->args[i] = s->op->args[i].def;
+    while ((word = strtok_r(NULL, " \t", &save))) {
+        char *eq = strchr(word, '=');
+        if (!eq) return td_fail(err, "node %d: %s is not key=value", index, word);
+        *eq = 0;
+        const char *value = eq + 1;
+        if (strcmp(word, "name") == 0) {
+            snprintf(s->name, sizeof s->name, "%s", value);
+        } else if (strcmp(word, "inputs") == 0) {
+            char list[256], *save2 = NULL;
+            snprintf(list, sizeof list, "%s", value);
+            for (char *in = strtok_r(list, ",", &save2); in && s->n_inputs < TD_MAX_INPUTS;
+                 in = strtok_r(NULL, ",", &save2))
+                snprintf(s->inputs[s->n_inputs++], TD_NAME_MAX, "%s", in);
+        } else {
+            int a = find_arg(s->op, word);
+            if (a < 0)
+                return td_fail(err, "node %d: %s has no argument %s", index, s->op->name, word);
+            const td_op_arg *arg = &s->op->args[a];
+            char *end;
+            double v = strtod(value, &end);
+            if (*end && arg->type == TD_ARG_CHOICE) v = choice_index(arg->choices, value);
+            if ((*end && arg->type != TD_ARG_CHOICE) || v < 0)
+                return td_fail(err, "node %d: bad value %s for %s", index, value, word);
+            s->args[a] = v;
+        }
+    }
+    return 0;
+}
+
+static int parse_nodes(const char *text, td_node_spec *specs, int *n, td_err *err) {
+    char buf[1024], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", text);
+    *n = 0;
+    for (char *part = strtok_r(buf, ";", &save); part; part = strtok_r(NULL, ";", &save)) {
+        if (*n == MAX_NODES) return td_fail(err, "more than %d nodes", MAX_NODES);
+        if (parse_node(part, *n, &specs[*n], err) != 0) return -1;
+        (*n)++;
+    }
+    return 0;
+}
+
+static td_shape input_shape(const pcase *c) {
+    return c->h ? td_shape_image(c->c, c->h, c->w) : td_shape_flat(c->c);
+}
+
+/* Builds the CPU model and the GPU one (attached), with identical starting parameters. */
+static int build_pair(td_gpu *g, const char *nodes, td_shape in, td_precision prec, td_model *cm,
+                      td_model *gm, td_err *err) {
+    td_node_spec specs[MAX_NODES];
+    int n;
+    if (parse_nodes(nodes, specs, &n, err) != 0) return -1;
+    if (td_model_build(cm, specs, n, in, BATCH, SEED, 0, err) != 0) return -1;
+    if (td_model_build(gm, specs, n, in, BATCH, SEED, TD_MODEL_NO_ARENA, err) != 0) {
+        td_model_free(cm);
+        return -1;
+    }
+    if (prec != TD_PREC_FP32)
+        for (size_t i = 0; i < cm->param_floats; i++)
+            cm->param_block[i] = gm->param_block[i] = to_bf16(cm->param_block[i]);
+    if (td_gpu_attach(g, gm, prec, SEED, err) != 0) {
+        td_model_free(cm);
+        td_model_free(gm);
+        return -1;
+    }
+    return 0;
+}
+
+static void free_pair(td_gpu *g, td_model *cm, td_model *gm) {
+    td_gpu_detach(g, gm);
+    td_model_free(gm);
+    td_model_free(cm);
+}
+
+/* ---- op and loss cases --------------------------------------------------------------------- */
+
+static int compare_outputs(td_gpu *g, td_model *cm, td_model *gm, result *r, td_err *err) {
+    for (int i = 0; i < cm->n_nodes; i++) {
+        size_t elems = (size_t)BATCH * td_shape_size(cm->nodes[i].out_shape);
+        float *got = malloc(elems * sizeof(float));
+        if (td_gpu_read(g, gm->nodes[i].out, elems, got, err) != 0) {
+            free(got);
+            return -1;
+        }
+        note(r, &r->out, rel_err(cm->nodes[i].out, got, elems), "output of", cm->nodes[i].name);
+        free(got);
+    }
+    return 0;
+}
+
+static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
+    td_err err = {{0}};
+    td_model cm, gm;
+    if (build_pair(g, c->nodes, input_shape(c), prec, &cm, &gm, &err) != 0) {
+        snprintf(r->error, sizeof r->error, "%s", err.msg);
+        return -1;
+    }
+    size_t in_elems = (size_t)BATCH * td_shape_size(input_shape(c));
+    float *x = malloc(in_elems * sizeof(float));
+    float *dlogits = malloc((size_t)BATCH * CLASSES * sizeof(float));
+    float *grads = malloc((cm.param_floats + 1) * sizeof(float));
+    int32_t y[BATCH];
+    td_rng rng, drop_rng;
+    td_rng_seed(&rng, SEED);
+    td_rng_seed(&drop_rng, SEED + 1);
+    fill_input(x, in_elems, &rng);
+    fill_labels(y, BATCH, &rng);
+    td_run run = {.n = BATCH, .training = true, .rng = &drop_rng};
+    int rc = -1;
+    if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
+    if (c->warm) {
+        td_model_forward(&cm, x, &run);
+        td_gpu_forward(g, &gm, &run);
+    }
+    run.training = c->train;
+    const float *logits = td_model_forward(&cm, x, &run);
+    td_gpu_forward(g, &gm, &run);
+    if (compare_outputs(g, &cm, &gm, r, &err) != 0) goto done;
+
+    int hits = 0;
+    double loss = td_loss_compute(&c->loss, logits, y, BATCH, CLASSES, dlogits, 1.0f, &hits);
+    td_model_backward(&cm, dlogits, &run);
+    td_gpu_loss(g, &gm, &c->loss, BATCH, 1.0f, true, 1.0f);
+    td_gpu_backward(g, &gm, &run);
+    double gpu_loss, gpu_hits;
+    if (td_gpu_take_totals(g, &gpu_loss, &gpu_hits, &err) != 0) goto done;
+    note(r, &r->loss, fabs(loss - gpu_loss) / fmax(fabs(loss), 1e-6), "loss", "sum");
+    /* bf16 logits may reorder two near-equal classes of one sample */
+    if (fabs(gpu_hits - hits) > (prec == TD_PREC_FP32 ? 0 : 1)) {
+        snprintf(r->error, sizeof r->error, "argmax hits: CPU %d, GPU %.0f", hits, gpu_hits);
+        goto done;
+    }
+
+    if (td_gpu_read_grads(g, &gm, grads, &err) != 0) goto done;
+    for (int i = 0; i < cm.n_params; i++) {
+        const td_param *p = &cm.params[i];
+        note(r, &r->grad, rel_err(p->grad, grads + p->offset, p->size), "gradient of", p->name);
+    }
+    if (td_gpu_download(g, &gm, NULL, &err) != 0) goto done;
+    for (int i = 0; i < cm.n_buffers; i++) {
+        const td_param *b = &cm.buffers[i];
+        note(r, &r->buf, rel_err(b->data, gm.buffer_block + b->offset, b->size), "buffer", b->name);
+    }
+    if (td_gpu_check(g, &err) != 0) goto done;
+    rc = 0;
+done:
+    if (rc != 0 && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", err.msg);
+    td_gpu_check(g, &err); /* leave no failure behind for the next case */
+    free(x);
+    free(dlogits);
+    free(grads);
+    free_pair(g, &cm, &gm);
+    return rc;
+}
+
+/* ---- optimizers ---------------------------------------------------------------------------- */
+
+static int run_optim(td_gpu *g, const ocase *o, td_precision prec, result *r) {
+    static const pcase model = {"optimizer model", "linear out_features=16; gelu" TO_CLASSES,
+                                FLAT(24), TRAIN, CE};
+    td_err err = {{0}};
+    td_model cm, gm;
+    if (build_pair(g, model.nodes, input_shape(&model), prec, &cm, &gm, &err) != 0) {
+        snprintf(r->error, sizeof r->error, "%s", err.msg);
+        return -1;
+    }
+    size_t n = cm.param_floats;
+    size_t in_elems = (size_t)BATCH * td_shape_size(input_shape(&model));
+    float *x = malloc(in_elems * sizeof(float));
+    float *grads = malloc(n * sizeof(float));
+    float *p0 = malloc(n * sizeof(float));
+    memcpy(p0, cm.param_block, n * sizeof(float));
+    int32_t y[BATCH];
+    td_rng rng, drop_rng;
+    td_rng_seed(&rng, SEED + 7);
+    td_rng_seed(&drop_rng, SEED + 8);
+    td_optim cpu_opt, gpu_opt;
+    td_optim_init(&cpu_opt, &o->cfg, n);
+    td_optim_init(&gpu_opt, &o->cfg, n);
+    td_run run = {.n = BATCH, .training = true, .rng = &drop_rng};
+    int rc = -1;
+    if (td_gpu_optim_init(g, &gm, &gpu_opt, &err) != 0) goto done;
+    for (int step = 0; step < 2; step++) {
+        fill_input(x, in_elems, &rng);
+        fill_labels(y, BATCH, &rng);
+        if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
+        td_gpu_forward(g, &gm, &run);
+        td_gpu_loss(g, &gm, &model.loss, BATCH, 1.0f, true, 1.0f);
+        td_gpu_backward(g, &gm, &run);
+        /* the CPU steps on the GPU's gradients: only the update rule is under test */
+        if (td_gpu_read_grads(g, &gm, grads, &err) != 0) goto done;
+        td_optim_step(&cpu_opt, cm.param_block, grads, o->lr);
+        td_gpu_optim_step(g, &gm, o->lr, 0.0f);
+    }
+    if (td_gpu_download(g, &gm, &gpu_opt, &err) != 0) goto done;
+    /* parameters: relative to the size of the update, which is what the rule computes */
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)cm.param_block[i] - gm.param_block[i]);
+        if (!isfinite(gm.param_block[i])) d = INFINITY;
+        num = fmax(num, d);
+        den = fmax(den, fabs((double)cm.param_block[i] - p0[i]));
+    }
+    note(r, &r->grad, num / fmax(den, 1e-12), "parameters after", "2 steps");
+    if (cpu_opt.m) note(r, &r->buf, rel_err(cpu_opt.m, gpu_opt.m, n), "state", "m");
+    if (cpu_opt.v) note(r, &r->buf, rel_err(cpu_opt.v, gpu_opt.v, n), "state", "v");
+    if (cpu_opt.steps != gpu_opt.steps) {
+        snprintf(r->error, sizeof r->error, "step count: CPU %ld, GPU %ld", cpu_opt.steps,
+                 gpu_opt.steps);
+        goto done;
+    }
+    if (td_gpu_check(g, &err) != 0) goto done;
+    rc = 0;
+done:
+    if (rc != 0 && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", err.msg);
+    td_gpu_check(g, &err);
+    td_optim_free(&cpu_opt);
+    td_optim_free(&gpu_opt);
+    free(x);
+    free(grads);
+    free(p0);
+    free_pair(g, &cm, &gm);
+    return rc;
+}
+
+/* ---- the table ----------------------------------------------------------------------------- */
+
+static void cell(char *buf, size_t len, double v) {
+    if (v < 0)
+        snprintf(buf, len, "%9s", "-");
+    else
+        snprintf(buf, len, "%9.2e", v);
+}
+
+/* Prints the row; returns whether the case passed. */
+static bool row(const char *name, td_precision prec, const result *r, int rc, double tol) {
+    char out[16], loss[16], grad[16], buf[16];
+    cell(out, sizeof out, r->out);
+    cell(loss, sizeof loss, r->loss);
+    cell(grad, sizeof grad, r->grad);
+    cell(buf, sizeof buf, r->buf);
+    double worst = fmax(fmax(r->out, r->loss), fmax(r->grad, r->buf));
+    bool pass = rc == 0 && worst <= tol;
+    printf("| %-26s | %-4s | %s | %s | %s | %s | %s", name, td_precision_name(prec), out, loss,
+           grad, buf, pass ? "PASS" : "FAIL");
+    if (rc != 0)
+        printf(" (%s)", r->error);
+    else if (!pass)
+        printf(" (%s: %.3g > %.0e)", r->where, worst, tol);
+    printf(" |\n");
+    fflush(stdout);
+    return pass;
+}
+
+int main(int argc, char **argv) {
+    char why[512];
+    if (td_gpu_device_count(why, sizeof why) == 0) {
+        printf("SKIP: %s\n", why);
+        return 77;
+    }
+    td_precision precs[2] = {TD_PREC_FP32, TD_PREC_BF16};
+    int n_precs = 2;
+    if (argc > 1) {
+        n_precs = 0;
+        for (int i = 1; i < argc && n_precs < 2; i++) {
+            if (strcmp(argv[i], "fp32") == 0)
+                precs[n_precs++] = TD_PREC_FP32;
+            else if (strcmp(argv[i], "bf16") == 0)
+                precs[n_precs++] = TD_PREC_BF16;
+            else {
+                fprintf(stderr, "usage: traind-gpu-parity [fp32|bf16]...\n");
+                return 2;
+            }
+        }
+    }
+    td_err err = {{0}};
+    td_gpu *g;
+    if (td_gpu_open(&g, 0, &err) != 0) {
+        fprintf(stderr, "traind-gpu-parity: %s\n", err.msg);
+        return 1;
+    }
+    char desc[512];
+    td_gpu_describe(g, desc, sizeof desc);
+    printf("CPU vs GPU parity on %s\n", desc);
+    printf("relative error max|cpu - gpu| / max|cpu|; bounds: fp32 1e-4, bf16 1e-2; optimizer "
+           "rows: parameters after 2 steps (relative to the update) under gradients, their state "
+           "under buffers, 1e-4 in both precisions\n\n");
+    printf("| %-26s | prec |   outputs |      loss | gradients |   buffers | result |\n", "case");
+    printf("|----------------------------|------|-----------|-----------|-----------|-----------|"
+           "--------|\n");
+    int failed = 0, total = 0;
+    for (int p = 0; p < n_precs; p++) {
+        double tol = precs[p] == TD_PREC_FP32 ? 1e-4 : 1e-2;
+        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+            result r = {-1, -1, -1, -1, "", ""};
+            int rc = run_case(g, &CASES[i], precs[p], &r);
+            failed += !row(CASES[i].name, precs[p], &r, rc, tol);
+            total++;
+        }
+        for (size_t i = 0; i < sizeof OPTIMS / sizeof OPTIMS[0]; i++) {
+            result r = {-1, -1, -1, -1, "", ""};
+            int rc = run_optim(g, &OPTIMS[i], precs[p], &r);
+            char name[64];
+            snprintf(name, sizeof name, "optim %s", OPTIMS[i].name);
+            failed += !row(name, precs[p], &r, rc, 1e-4);
+            total++;
+        }
+    }
+    td_gpu_close(g);
+    printf("\n%d of %d cases passed\n", total - failed, total);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,376 @@
+// BatchNorm1d / BatchNorm2d on the GPU, with torch.nn semantics as td_batchnorm.c has them:
+// training normalises with the batch's mean and biased variance and moves running_mean /
+// running_var (the latter by the unbiased variance) by `momentum`, counting
+// num_batches_tracked; evaluation uses the running statistics; without track_running_stats
+// there are no buffers and batch statistics serve both modes.
+//
+// Channels are the innermost dimension of both layouts ([rows, C], rows = N·H·W), so plain
+// kernels do it: threads of a warp take consecutive channels (coalesced rows) and loop over
+// rows. Statistics, parameters and gradients of the parameters are fp32 whatever the
+// activations' precision; per-channel sums are accumulated in double, as the CPU does (a ResNet
+// batch is millions of rows, and E[x²] - E[x]² needs the headroom).
+//
+// Reductions are deterministic: every channel's rows are cut into a fixed number of tiles (a
+// function of rows and C only), each tile is summed by its own threads in a fixed order, and a
+// second kernel adds the tiles' partial sums in tile order. No atomics, so the same batch gives
+// bit-identical statistics and gradients at every run.
+#include "td_gpu_internal.h"
+
+#include <stdlib.h>
+
+#define BN_TX         32   // channels per block
+#define BN_TY         8    // row lanes per block in the row loops
+#define BN_FY         16   // tile lanes per block in the finalize kernels
+#define BN_TARGET     1024 // blocks the partial-sum kernels aim for (several waves on an H100)
+#define BN_MIN_ROWS   64   // rows per tile at least
+#define BN_APPLY_ROWS 64   // rows per block (8 per thread) in the element-wise kernels
+
+typedef struct bn_plan {
+    td_gpu *g;
+    int c;
+    float eps, momentum;
+    bool affine, track;
+} bn_plan;
+
+// Tiles per channel block for a batch of `rows` rows: enough blocks to fill the device, at
+// least BN_MIN_ROWS rows each. Depends on rows and C only (determinism).
+static int bn_tiles(size_t rows, int c) {
+    size_t cblocks = ((size_t)c + BN_TX - 1) / BN_TX;
+    size_t want = (BN_TARGET + cblocks - 1) / cblocks;
+    size_t most = (rows + BN_MIN_ROWS - 1) / BN_MIN_ROWS;
+    size_t t = want < most ? want : most;
+    return t < 1 ? 1 : (int)t;
+}
+
+// Scratch: two double partial sums per (tile, channel), then k1, k2, k3 of backward.
+static size_t bn_scratch_floats(size_t rows, int c) {
+    return 4 * (size_t)bn_tiles(rows, c) * c + 3 * (size_t)c;
+}
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+// Per (tile, channel): the sums of x and x² over the tile's rows.
+template <typename T>
+__global__ void bn_partial_stats(const T *__restrict__ x, size_t rows, int C, size_t per_tile,
+                                 double *__restrict__ part_s, double *__restrict__ part_q) {
+    __shared__ double ss[BN_TY][BN_TX], sq[BN_TY][BN_TX];
+    int c = blockIdx.x * BN_TX + threadIdx.x;
+    size_t r0 = (size_t)blockIdx.y * per_tile;
+    size_t r1 = r0 + per_tile < rows ? r0 + per_tile : rows;
+    double s = 0.0, q = 0.0;
+    if (c < C)
+        for (size_t r = r0 + threadIdx.y; r < r1; r += BN_TY) {
+            double v = (double)td_to_float(x[r * C + c]);
+            s += v;
+            q += v * v;
+        }
+    ss[threadIdx.y][threadIdx.x] = s;
+    sq[threadIdx.y][threadIdx.x] = q;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int k = 1; k < BN_TY; k++) {
+            s += ss[k][threadIdx.x];
+            q += sq[k][threadIdx.x];
+        }
+        part_s[(size_t)blockIdx.y * C + c] = s;
+        part_q[(size_t)blockIdx.y * C + c] = q;
+    }
+}
+
+// Per (tile, channel) of backward: the sums of dy and dy·xhat, xhat = (x - mean)·invstd.
+template <typename T>
+__global__ void bn_partial_grad(const T *__restrict__ x, const T *__restrict__ dy, size_t rows,
+                                int C, size_t per_tile, const float *__restrict__ mean,
+                                const float *__restrict__ invstd, double *__restrict__ part_dy,
+                                double *__restrict__ part_dyx) {
+    __shared__ double sa[BN_TY][BN_TX], sb[BN_TY][BN_TX];
+    int c = blockIdx.x * BN_TX + threadIdx.x;
+    size_t r0 = (size_t)blockIdx.y * per_tile;
+    size_t r1 = r0 + per_tile < rows ? r0 + per_tile : rows;
+    double a = 0.0, b = 0.0;
+    if (c < C) {
+        float m = mean[c], is = invstd[c];
+        for (size_t r = r0 + threadIdx.y; r < r1; r += BN_TY) {
+            double gv = (double)td_to_float(dy[r * C + c]);
+            float xhat = (td_to_float(x[r * C + c]) - m) * is;
+            a += gv;
+            b += gv * (double)xhat;
+        }
+    }
+    sa[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int k = 1; k < BN_TY; k++) {
+            a += sa[k][threadIdx.x];
+            b += sb[k][threadIdx.x];
+        }
+        part_dy[(size_t)blockIdx.y * C + c] = a;
+        part_dyx[(size_t)blockIdx.y * C + c] = b;
+    }
+}
+
+// The tiles' partial sums of one channel, in tile order (lanes take every BN_FY-th tile, then
+// lane sums are added in lane order). Valid in threadIdx.y == 0.
+__device__ __forceinline__ void bn_sum_tiles(const double *__restrict__ pa,
+                                             const double *__restrict__ pb, int tiles, int C, int c,
+                                             double *a_out, double *b_out) {
+    __shared__ double sa[BN_FY][BN_TX], sb[BN_FY][BN_TX];
+    double a = 0.0, b = 0.0;
+    if (c < C)
+        for (int t = threadIdx.y; t < tiles; t += BN_FY) {
+            a += pa[(size_t)t * C + c];
+            b += pb[(size_t)t * C + c];
+        }
+    sa[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0)
+        for (int k = 1; k < BN_FY; k++) {
+            a += sa[k][threadIdx.x];
+            b += sb[k][threadIdx.x];
+        }
+    *a_out = a;
+    *b_out = b;
+}
+
+// Batch statistics from the partial sums: mean and invstd for normalisation (saved for
+// backward), and in training with tracking the running statistics and the batch counter.
+__global__ void bn_finalize_stats(const double *__restrict__ part_s,
+                                  const double *__restrict__ part_q, int tiles, int C, double count,
+                                  float eps, float momentum, float *__restrict__ mean,
+                                  float *__restrict__ invstd, float *__restrict__ run_mean,
+                                  float *__restrict__ run_var, float *__restrict__ batches) {
+    int c = blockIdx.x * BN_TX + threadIdx.x;
+    double s, q;
+    bn_sum_tiles(part_s, part_q, tiles, C, c, &s, &q);
+    if (threadIdx.y != 0 || c >= C) return;
+    double mu = s / count;
+    double m2 = q - s * mu; // the sum of squared deviations
+    if (m2 < 0.0) m2 = 0.0;
+    double var = m2 / count;
+    float mean_f = (float)mu;
+    mean[c] = mean_f;
+    invstd[c] = (float)(1.0 / sqrt(var + (double)eps)); // PyTorch: 1/sqrt(var + eps)
+    if (run_mean) {
+        double unbiased = count > 1.0 ? m2 / (count - 1.0) : var;
+        run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * mean_f;
+        run_var[c] = (1.0f - momentum) * run_var[c] + momentum * (float)unbiased;
+        if (c == 0) batches[0] += 1.0f;
+    }
+}
+
+// Evaluation with tracked statistics: normalise by the running ones.
+__global__ void bn_running_stats(const float *__restrict__ run_mean,
+                                 const float *__restrict__ run_var, int C, float eps,
+                                 float *__restrict__ mean, float *__restrict__ invstd) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    mean[c] = run_mean[c];
+    invstd[c] = 1.0f / sqrtf(run_var[c] + eps);
+}
+
+// y = x·scale + shift, scale = w·invstd, shift = b - mean·scale.
+template <typename T>
+__global__ void bn_apply(const T *__restrict__ x, T *__restrict__ y, size_t rows, int C,
+                         const float *__restrict__ mean, const float *__restrict__ invstd,
+                         const float *__restrict__ w, const float *__restrict__ b) {
+    int c = blockIdx.x * BN_TX + threadIdx.x;
+    if (c >= C) return;
+    float scale = (w ? w[c] : 1.0f) * invstd[c];
+    float shift = (b ? b[c] : 0.0f) - mean[c] * scale;
+    for (size_t r = (size_t)blockIdx.y * BN_TY + threadIdx.y; r < rows;
+         r += (size_t)gridDim.y * BN_TY) {
+        size_t i = r * C + c;
+        y[i] = td_from_float<T>(td_to_float(x[i]) * scale + shift);
+    }
+}
+
+// Backward's per-channel totals: the parameters' gradients, and the coefficients of
+// dx = k1·dy + k2·x + k3 (xhat is affine in x). With batch statistics
+//   dx = w·invstd·(dy - mean(dy) - xhat·mean(dy·xhat)),
+// with running ones dx = w·invstd·dy. tiles == 0: no sums needed (no parameters, running
+// statistics).
+__global__ void bn_finalize_grad(const double *__restrict__ part_dy,
+                                 const double *__restrict__ part_dyx, int tiles, int C,
+                                 double count, bool batch, const float *__restrict__ mean,
+                                 const float *__restrict__ invstd, const float *__restrict__ w,
+                                 float *__restrict__ dw, float *__restrict__ db, bool accumulate,
+                                 float *__restrict__ k1, float *__restrict__ k2,
+                                 float *__restrict__ k3) {
+    int c = blockIdx.x * BN_TX + threadIdx.x;
+    double sdy, sdyx;
+    bn_sum_tiles(part_dy, part_dyx, tiles, C, c, &sdy, &sdyx);
+    if (threadIdx.y != 0 || c >= C) return;
+    if (dw) {
+        dw[c] = (accumulate ? dw[c] : 0.0f) + (float)sdyx;
+        db[c] = (accumulate ? db[c] : 0.0f) + (float)sdy;
+    }
+    float is = invstd[c];
+    float s = (w ? w[c] : 1.0f) * is;
+    float a = s, b = 0.0f, d = 0.0f;
+    if (batch) {
+        float mdy = (float)(sdy / count), mdyx = (float)(sdyx / count);
+        b = -s * is * mdyx;
+        d = -s * mdy + s * is * mean[c] * mdyx;
+    }
+    k1[c] = a;
+    k2[c] = b;
+    k3[c] = d;
+}
+
+template <typename T>
+__global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *__restrict__ dx,
+                      size_t rows, int C, const float *__restrict__ k1,
+                      const float *__restrict__ k2, const float *__restrict__ k3, bool add) {
+    int c = blockIdx.x * BN_TX + threadIdx.x;
+    if (c >= C) return;
+    float a = k1[c], b = k2[c], d = k3[c];
+    for (size_t r = (size_t)blockIdx.y * BN_TY + threadIdx.y; r < rows;
+         r += (size_t)gridDim.y * BN_TY) {
+        size_t i = r * C + c;
+        float v = a * td_to_float(dy[i]) + b * td_to_float(x[i]) + d;
+        dx[i] = td_from_float<T>(add ? td_to_float(dx[i]) + v : v);
+    }
+}
+
+// ---- launchers (TD_GPU_DISPATCH's body must not carry bare commas) ----------------------------
+
+static dim3 bn_grid_rows(size_t rows, int C) {
+    size_t y = (rows + BN_APPLY_ROWS - 1) / BN_APPLY_ROWS;
+    if (y > 65535) y = 65535;
+    return dim3((unsigned)((C + BN_TX - 1) / BN_TX), (unsigned)(y ? y : 1));
+}
+
+template <typename T>
+static void launch_partial_stats(const void *x, size_t rows, int C, int tiles, double *ps,
+                                 double *pq, cudaStream_t st) {
+    size_t per_tile = (rows + tiles - 1) / tiles;
+    dim3 grid((unsigned)((C + BN_TX - 1) / BN_TX), (unsigned)tiles), block(BN_TX, BN_TY);
+    bn_partial_stats<T><<<grid, block, 0, st>>>((const T *)x, rows, C, per_tile, ps, pq);
+}
+
+template <typename T>
+static void launch_partial_grad(const void *x, const void *dy, size_t rows, int C, int tiles,
+                                const float *mean, const float *invstd, double *pa, double *pb,
+                                cudaStream_t st) {
+    size_t per_tile = (rows + tiles - 1) / tiles;
+    dim3 grid((unsigned)((C + BN_TX - 1) / BN_TX), (unsigned)tiles), block(BN_TX, BN_TY);
+    bn_partial_grad<T><<<grid, block, 0, st>>>((const T *)x, (const T *)dy, rows, C, per_tile, mean,
+                                               invstd, pa, pb);
+}
+
+template <typename T>
+static void launch_apply(const void *x, void *y, size_t rows, int C, const float *mean,
+                         const float *invstd, const float *w, const float *b, cudaStream_t st) {
+    bn_apply<T><<<bn_grid_rows(rows, C), dim3(BN_TX, BN_TY), 0, st>>>((const T *)x, (T *)y, rows, C,
+                                                                      mean, invstd, w, b);
+}
+
+template <typename T>
+static void launch_dx(const void *x, const void *dy, void *dx, size_t rows, int C, const float *k1,
+                      const float *k2, const float *k3, bool add, cudaStream_t st) {
+    bn_dx<T><<<bn_grid_rows(rows, C), dim3(BN_TX, BN_TY), 0, st>>>(
+        (const T *)x, (const T *)dy, (T *)dx, rows, C, k1, k2, k3, add);
+}
+
+// ---- the op -----------------------------------------------------------------------------------
+
+static size_t bn_rows(const td_node *node, int n) {
+    return (size_t)n * node->out_shape.h * node->out_shape.w;
+}
+
+static int bn_plan_node(td_gpu *g, td_model *m, td_node *node, td_err *err) {
+    (void)m;
+    bn_plan *p = (bn_plan *)calloc(1, sizeof *p);
+    if (!p) return td_fail(err, "out of host memory");
+    node->gpu = p;
+    p->g = g;
+    p->c = node->out_shape.c;
+    p->eps = (float)td_node_arg(node, "eps");
+    p->momentum = (float)td_node_arg(node, "momentum");
+    p->affine = td_node_arg(node, "affine") != 0;
+    p->track = td_node_arg(node, "track_running_stats") != 0;
+    if ((p->affine && node->n_params < 2) || (p->track && node->n_buffers < 3))
+        return td_fail(err, "batchnorm: parameters or buffers missing for its arguments");
+    node->saved_bytes = 2 * (size_t)p->c * sizeof(float); // mean and invstd used by forward
+    node->scratch_floats = bn_scratch_floats(bn_rows(node, node->max_n), p->c);
+    return 0;
+}
+
+static void bn_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
+    bn_plan *p = (bn_plan *)node->gpu;
+    int C = p->c;
+    size_t rows = bn_rows(node, run->n);
+    float *mean = (float *)node->saved, *invstd = mean + C;
+    unsigned cblocks = (unsigned)((C + BN_TX - 1) / BN_TX);
+    if (run->training || !p->track) {
+        int tiles = bn_tiles(rows, C);
+        double *ps = (double *)g->workspace, *pq = ps + (size_t)tiles * C;
+        TD_GPU_DISPATCH(g->prec, T,
+                        launch_partial_stats<T>(node->in[0], rows, C, tiles, ps, pq, run->stream));
+        TD_LAUNCHED(g);
+        bool update = run->training && p->track;
+        float *rm = update ? node->buffers[0]->dev_data : NULL;
+        float *rv = update ? node->buffers[1]->dev_data : NULL;
+        float *nb = update ? node->buffers[2]->dev_data : NULL;
+        bn_finalize_stats<<<cblocks, dim3(BN_TX, BN_FY), 0, run->stream>>>(
+            ps, pq, tiles, C, (double)rows, p->eps, p->momentum, mean, invstd, rm, rv, nb);
+        TD_LAUNCHED(g);
+    } else {
+        bn_running_stats<<<(C + 255) / 256, 256, 0, run->stream>>>(
+            node->buffers[0]->dev_data, node->buffers[1]->dev_data, C, p->eps, mean, invstd);
+        TD_LAUNCHED(g);
+    }
+    const float *w = p->affine ? node->params[0]->dev_data : NULL;
+    const float *b = p->affine ? node->params[1]->dev_data : NULL;
+    TD_GPU_DISPATCH(
+        g->prec, T,
+        launch_apply<T>(node->in[0], node->out, rows, C, mean, invstd, w, b, run->stream));
+    TD_LAUNCHED(g);
+}
+
+static void bn_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
+    bn_plan *p = (bn_plan *)node->gpu;
+    int C = p->c;
+    size_t rows = bn_rows(node, run->n);
+    const float *mean = (const float *)node->saved, *invstd = mean + C;
+    bool batch = run->training || !p->track;
+    void *dx = node->in_grad[0];
+    if (!p->affine && !dx) return;
+    // The sums are needed for the parameters' gradients and for dx under batch statistics.
+    int tiles = p->affine || batch ? bn_tiles(rows, C) : 0;
+    int alloc_tiles = bn_tiles(rows, C);
+    double *pa = (double *)g->workspace, *pb = pa + (size_t)alloc_tiles * C;
+    float *k1 = (float *)(pb + (size_t)alloc_tiles * C), *k2 = k1 + C, *k3 = k2 + C;
+    if (tiles) {
+        TD_GPU_DISPATCH(g->prec, T,
+                        launch_partial_grad<T>(node->in[0], node->grad, rows, C, tiles, mean,
+                                               invstd, pa, pb, run->stream));
+        TD_LAUNCHED(g);
+    }
+    const float *w = p->affine ? node->params[0]->dev_data : NULL;
+    float *dw = p->affine ? node->params[0]->dev_grad : NULL;
+    float *db = p->affine ? node->params[1]->dev_grad : NULL;
+    unsigned cblocks = (unsigned)((C + BN_TX - 1) / BN_TX);
+    bn_finalize_grad<<<cblocks, dim3(BN_TX, BN_FY), 0, run->stream>>>(
+        pa, pb, tiles, C, (double)rows, batch, mean, invstd, w, dw, db, run->accumulate_grads, k1,
+        k2, k3);
+    TD_LAUNCHED(g);
+    if (!dx) return;
+    bool add = node->in_grad_add[0];
+    TD_GPU_DISPATCH(
+        g->prec, T,
+        launch_dx<T>(node->in[0], node->grad, dx, rows, C, k1, k2, k3, add, run->stream));
+    TD_LAUNCHED(g);
+}
+
+static void bn_release(td_node *node) {
+    free(node->gpu);
+    node->gpu = NULL;
+}
+
+extern "C" const td_gpu_op td_gpu_op_batchnorm2d = {&td_op_batchnorm2d, bn_plan_node, bn_forward,
+                                                    bn_backward, bn_release};
+extern "C" const td_gpu_op td_gpu_op_batchnorm1d = {&td_op_batchnorm1d, bn_plan_node, bn_forward,
+                                                    bn_backward, bn_release};

@@ -1,0 +1,524 @@
+// The device context: opening a GPU, failure records, memory accounting, and a model's life on
+// the device (attach, batches, forward, loss, backward, transfers).
+#include "td_gpu_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- failures ---------------------------------------------------------------------------------
+
+void td_gpu_fail(td_gpu *g, const char *file, int line, const char *what, const char *detail,
+                 const char *hint) {
+    pthread_mutex_lock(&g->fail_lock);
+    if (!g->failed) { // later failures are the cascade of the first
+        const char *base = strrchr(file, '/');
+        snprintf(g->msg, sizeof g->msg, "%s:%d: %s: %s%s%s%s", base ? base + 1 : file, line, what,
+                 detail ? detail : "failed", hint && *hint ? " (" : "", hint ? hint : "",
+                 hint && *hint ? ")" : "");
+        g->failed = true;
+    }
+    pthread_mutex_unlock(&g->fail_lock);
+}
+
+const char *td_gpu_hint_cuda(cudaError_t e) {
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+        return "out of GPU memory: lower train.batch_size, use train.precision bf16, or "
+               "train.activation_checkpointing";
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+        return "no usable GPU or driver: check nvidia-smi and CUDA_VISIBLE_DEVICES";
+    case cudaErrorInvalidDevice:
+        return "the device index is not visible: check CUDA_VISIBLE_DEVICES and LOCAL_RANK";
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+        return "a kernel faulted; the context is lost: rerun with CUDA_LAUNCH_BLOCKING=1 and "
+               "compute-sanitizer to find it";
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+        return "an operation cannot be captured in a CUDA graph: set train.cuda_graph false";
+    default:
+        return "";
+    }
+}
+
+const char *td_gpu_hint_cublas(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return "this GEMM shape or type is not supported on this GPU";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "out of GPU memory";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+        return "the GPU is too old for this data type";
+    default:
+        return "";
+    }
+}
+
+const char *td_gpu_hint_cudnn(cudnnStatus_t s) {
+    switch (s) {
+    case CUDNN_STATUS_NOT_SUPPORTED:
+        return "cuDNN has no kernel for this layer shape in this precision";
+    case CUDNN_STATUS_ALLOC_FAILED:
+        return "out of GPU memory";
+    case CUDNN_STATUS_BAD_PARAM:
+        return "a descriptor does not match its tensor";
+    default:
+        return "";
+    }
+}
+
+const char *td_gpu_hint_nccl(ncclResult_t r) {
+    switch (r) {
+    case ncclSystemError:
+        return "a network or system call failed: is every rank's host reachable? (NCCL_DEBUG=WARN "
+               "says more)";
+    case ncclRemoteError:
+        return "a peer rank failed or was killed";
+    case ncclInvalidUsage:
+        return "ranks disagree on a collective (a different model or batch on one rank?)";
+    case ncclUnhandledCudaError:
+        return "a CUDA error inside NCCL";
+    default:
+        return "";
+    }
+}
+
+// ---- discovery and lifetime -------------------------------------------------------------------
+
+extern "C" int td_gpu_device_count(char *why, size_t len) {
+    int count = 0;
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess) {
+        snprintf(why, len, "no CUDA device: %s", cudaGetErrorString(rc));
+        return 0;
+    }
+    if (count == 0)
+        snprintf(why, len, "no CUDA device found");
+    else
+        snprintf(why, len, "%d CUDA device%s", count, count > 1 ? "s" : "");
+    return count;
+}
+
+// Failures during open and attach go straight to err (there is no step to check afterwards).
+static int take_failure(td_gpu *g, td_err *err) {
+    if (!g->failed) return 0;
+    td_fail(err, "%s", g->msg);
+    return -1;
+}
+
+static int open_handles(td_gpu *g, int device) {
+    TD_CUDA_RET(g, cudaSetDevice(device), -1);
+    TD_CUDA_RET(g, cudaGetDeviceProperties(&g->prop, device), -1);
+    TD_CUDA_RET(g, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), -1);
+    TD_CUBLAS_RET(g, cublasCreate(&g->blas), -1);
+    TD_CUBLAS_RET(g, cublasSetStream(g->blas, g->stream), -1);
+    // fp32 stays fp32: TF32 would break parity with the CPU and with PyTorch's matmul default
+    TD_CUBLAS_RET(g, cublasSetMathMode(g->blas, CUBLAS_PEDANTIC_MATH), -1);
+    TD_CUBLAS_RET(g, cublasLtCreate(&g->lt), -1);
+    TD_CUDNN_RET(g, cudnnCreate(&g->dnn), -1);
+    TD_CUDNN_RET(g, cudnnSetStream(g->dnn, g->stream), -1);
+    TD_CUDA_RET(g, cudaEventCreateWithFlags(&g->staging_free, cudaEventDisableTiming), -1);
+    TD_CUDA_RET(g, cudaEventCreateWithFlags(&g->step_done, cudaEventDisableTiming), -1);
+    return 0;
+}
+
+extern "C" int td_gpu_open(td_gpu **out, int device, td_err *err) {
+    *out = NULL;
+    td_gpu *g = (td_gpu *)calloc(1, sizeof *g);
+    if (!g) return td_fail(err, "out of host memory opening the GPU");
+    g->device = device;
+    pthread_mutex_init(&g->fail_lock, NULL);
+    if (open_handles(g, device) != 0) {
+        td_fail(err, "opening CUDA device %d: %s", device, g->msg);
+        td_gpu_close(g);
+        return -1;
+    }
+    *out = g;
+    return 0;
+}
+
+extern "C" void td_gpu_close(td_gpu *g) {
+    if (!g) return;
+    if (g->model) td_gpu_detach(g, g->model);
+    if (g->staging_free) cudaEventDestroy(g->staging_free);
+    if (g->step_done) cudaEventDestroy(g->step_done);
+    if (g->dnn) cudnnDestroy(g->dnn);
+    if (g->lt) cublasLtDestroy(g->lt);
+    if (g->blas) cublasDestroy(g->blas);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    pthread_mutex_destroy(&g->fail_lock);
+    free(g);
+}
+
+extern "C" void td_gpu_describe(const td_gpu *g, char *buf, size_t len) {
+    int runtime = 0, nccl = 0;
+    cudaRuntimeGetVersion(&runtime);
+    ncclGetVersion(&nccl);
+    snprintf(buf, len, "%s (device %d, sm_%d%d, %.1f GiB), CUDA %d.%d, cuDNN %zu, NCCL %d.%d.%d",
+             g->prop.name, g->device, g->prop.major, g->prop.minor,
+             (double)g->prop.totalGlobalMem / (1u << 30), runtime / 1000, runtime % 1000 / 10,
+             cudnnGetVersion(), nccl / 10000, nccl / 100 % 100, nccl % 100);
+}
+
+extern "C" void td_gpu_memory(const td_gpu *g, size_t *in_use, size_t *peak) {
+    *in_use = g->in_use;
+    *peak = g->peak;
+}
+
+void *td_gpu_malloc(td_gpu *g, size_t bytes, const char *what) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        char detail[256];
+        snprintf(detail, sizeof detail, "%s for %s (%.1f MiB; %.1f MiB held already)",
+                 cudaGetErrorString(e), what, (double)bytes / (1 << 20),
+                 (double)g->in_use / (1 << 20));
+        td_gpu_fail(g, __FILE__, __LINE__, "cudaMalloc", detail, td_gpu_hint_cuda(e));
+        return NULL;
+    }
+    g->in_use += bytes;
+    if (g->in_use > g->peak) g->peak = g->in_use;
+    return p;
+}
+
+void td_gpu_free(td_gpu *g, void *p, size_t bytes) {
+    if (!p) return;
+    cudaFree(p);
+    g->in_use -= bytes;
+}
+
+extern "C" int td_gpu_check(td_gpu *g, td_err *err) {
+    if (!g->failed && td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
+    if (!g->failed) return 0;
+    td_fail(err, "GPU: %s", g->msg);
+    return -1;
+}
+
+// ---- the op table -----------------------------------------------------------------------------
+
+static const td_gpu_op *const gpu_ops[] = {
+    &td_gpu_op_linear,
+    &td_gpu_op_conv2d,
+    &td_gpu_op_batchnorm2d,
+    &td_gpu_op_batchnorm1d,
+    &td_gpu_op_maxpool2d,
+    &td_gpu_op_avgpool2d,
+    &td_gpu_op_global_avgpool,
+    &td_gpu_op_adaptive_avgpool2d,
+    &td_gpu_op_relu,
+    &td_gpu_op_gelu,
+    &td_gpu_op_flatten,
+    &td_gpu_op_dropout,
+    &td_gpu_op_add,
+    &td_gpu_op_identity,
+};
+
+static const td_gpu_op *gpu_op_for(const td_op *op) {
+    for (size_t i = 0; i < sizeof gpu_ops / sizeof gpu_ops[0]; i++)
+        if (gpu_ops[i]->op == op) return gpu_ops[i];
+    return NULL;
+}
+
+// ---- attaching a model ------------------------------------------------------------------------
+
+static size_t input_elems(const td_model *m) {
+    return (size_t)m->max_n * td_shape_size(m->input_shape);
+}
+
+static int plan_nodes(td_gpu *g, td_model *m, td_err *err) {
+    g->ops = (const td_gpu_op **)calloc((size_t)m->n_nodes, sizeof *g->ops);
+    if (!g->ops) return td_fail(err, "out of host memory");
+    m->scratch_floats = 0;
+    for (int i = 0; i < m->n_nodes; i++) {
+        td_node *node = &m->nodes[i];
+        const td_gpu_op *op = gpu_op_for(node->op);
+        if (!op)
+            return td_fail(err, "model.nodes[%d] (\"%s\"): op %s has no GPU implementation yet", i,
+                           node->name, node->op->name);
+        g->ops[i] = op;
+        node->saved_bytes = 0; // the CPU's needs are not the device's
+        node->scratch_floats = 0;
+        if (op->plan(g, m, node, err) != 0)
+            return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s) on the GPU", i, node->name,
+                                  node->op->name);
+        if (take_failure(g, err) != 0)
+            return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s) on the GPU", i, node->name,
+                                  node->op->name);
+        if (node->scratch_floats > m->scratch_floats) m->scratch_floats = node->scratch_floats;
+    }
+    return 0;
+}
+
+static int alloc_blocks(td_gpu *g, td_model *m, td_err *err) {
+    size_t pbytes = m->param_floats * sizeof(float), bbytes = m->buffer_floats * sizeof(float);
+    g->params = (float *)td_gpu_malloc(g, pbytes, "parameters");
+    g->grads = (float *)td_gpu_malloc(g, pbytes, "gradients");
+    g->buffers = (float *)td_gpu_malloc(g, bbytes, "buffers");
+    if (g->prec != TD_PREC_FP32)
+        g->params_half = td_gpu_malloc(g, m->param_floats * 2, "16-bit parameters");
+    if (take_failure(g, err) != 0) return -1;
+    for (int i = 0; i < m->n_params; i++) {
+        m->params[i].dev_data = g->params + m->params[i].offset;
+        m->params[i].dev_grad = g->grads + m->params[i].offset;
+    }
+    for (int i = 0; i < m->n_buffers; i++)
+        m->buffers[i].dev_data = g->buffers + m->buffers[i].offset;
+    TD_CUDA_RET(g, cudaMemsetAsync(g->grads, 0, pbytes, g->stream), take_failure(g, err));
+
+    // One arena: every activation, activation gradient and saved tensor, then the workspace.
+    size_t elem = td_gpu_elem(g->prec);
+    td_arena plan = {};
+    td_model_layout(m, &plan, elem);
+    g->arena_bytes = plan.used;
+    g->arena = td_gpu_malloc(g, g->arena_bytes, "activations");
+    if (take_failure(g, err) != 0) return -1;
+    td_arena arena = {(char *)g->arena, 0, g->arena_bytes};
+    td_model_layout(m, &arena, elem);
+    g->workspace = m->scratch;
+    g->workspace_bytes = m->scratch_floats * sizeof(float);
+    if (g->workspace_bytes)
+        TD_CUBLAS_RET(g, cublasSetWorkspace(g->blas, g->workspace, g->workspace_bytes),
+                      take_failure(g, err));
+
+    size_t in = input_elems(m);
+    g->input = td_gpu_malloc(g, in * elem, "the input batch");
+    g->input_f32 = g->prec == TD_PREC_FP32
+                       ? (float *)g->input
+                       : (float *)td_gpu_malloc(g, in * sizeof(float), "the fp32 input batch");
+    g->labels = (int32_t *)td_gpu_malloc(g, (size_t)m->max_n * sizeof(int32_t), "labels");
+    g->totals = (double *)td_gpu_malloc(g, 2 * sizeof(double), "loss totals");
+    g->rng_offset =
+        (unsigned long long *)td_gpu_malloc(g, sizeof(unsigned long long), "the dropout counter");
+    if (take_failure(g, err) != 0) return -1;
+    TD_CUDA_RET(g, cudaMallocHost((void **)&g->input_staging, in * sizeof(float)),
+                take_failure(g, err));
+    TD_CUDA_RET(g, cudaMallocHost((void **)&g->labels_staging, (size_t)m->max_n * sizeof(int32_t)),
+                take_failure(g, err));
+    TD_CUDA_RET(g, cudaMemsetAsync(g->totals, 0, 2 * sizeof(double), g->stream),
+                take_failure(g, err));
+    TD_CUDA_RET(g, cudaMemsetAsync(g->rng_offset, 0, sizeof(unsigned long long), g->stream),
+                take_failure(g, err));
+    return td_gpu_loss_alloc(g, m->max_n, err);
+}
+
+extern "C" int td_gpu_attach(td_gpu *g, td_model *m, td_precision prec, uint64_t seed,
+                             td_err *err) {
+    if (m->arena.base)
+        return td_fail(err, "td_gpu_attach: the model was built with a host arena; build it "
+                            "with TD_MODEL_NO_ARENA");
+    if (g->model) return td_fail(err, "td_gpu_attach: a model is attached to this GPU already");
+    g->model = m;
+    g->prec = prec;
+    g->seed = seed;
+    if (plan_nodes(g, m, err) != 0 || alloc_blocks(g, m, err) != 0 ||
+        td_gpu_upload(g, m, NULL, err) != 0) {
+        td_gpu_detach(g, m);
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void td_gpu_detach(td_gpu *g, td_model *m) {
+    if (g->model != m) return;
+    td_gpu_ddp_stop(g); // before any wait: a dead peer must not hang the teardown
+    cudaStreamSynchronize(g->stream);
+    if (g->graph) cudaGraphExecDestroy(g->graph);
+    g->graph = NULL;
+    td_gpu_optim_free(g);
+    td_gpu_loss_free(g);
+    for (int i = 0; i < m->n_nodes; i++) {
+        if (g->ops && g->ops[i] && g->ops[i]->release && m->nodes[i].gpu)
+            g->ops[i]->release(&m->nodes[i]);
+        m->nodes[i].gpu = NULL;
+        m->nodes[i].in[0] = m->nodes[i].out = m->nodes[i].grad = NULL;
+    }
+    for (int i = 0; i < m->n_params; i++) m->params[i].dev_data = m->params[i].dev_grad = NULL;
+    for (int i = 0; i < m->n_buffers; i++) m->buffers[i].dev_data = NULL;
+    size_t in = input_elems(m), pbytes = m->param_floats * sizeof(float);
+    if (g->input_f32 != (float *)g->input) td_gpu_free(g, g->input_f32, in * sizeof(float));
+    td_gpu_free(g, g->input, in * td_gpu_elem(g->prec));
+    td_gpu_free(g, g->labels, (size_t)m->max_n * sizeof(int32_t));
+    td_gpu_free(g, g->totals, 2 * sizeof(double));
+    td_gpu_free(g, g->rng_offset, sizeof(unsigned long long));
+    if (g->input_staging) cudaFreeHost(g->input_staging);
+    if (g->labels_staging) cudaFreeHost(g->labels_staging);
+    td_gpu_free(g, g->arena, g->arena_bytes);
+    td_gpu_free(g, g->params_half, m->param_floats * 2);
+    td_gpu_free(g, g->buffers, m->buffer_floats * sizeof(float));
+    td_gpu_free(g, g->grads, pbytes);
+    td_gpu_free(g, g->params, pbytes);
+    free(g->ops);
+    g->ops = NULL;
+    g->input = g->input_f32 = g->input_staging = NULL;
+    g->labels = g->labels_staging = NULL;
+    g->totals = NULL;
+    g->rng_offset = NULL;
+    g->arena = g->params_half = NULL;
+    g->params = g->grads = g->buffers = NULL;
+    g->model = NULL;
+}
+
+// ---- transfers --------------------------------------------------------------------------------
+
+extern "C" int td_gpu_upload(td_gpu *g, td_model *m, const td_optim *opt, td_err *err) {
+    TD_CUDA_RET(g,
+                cudaMemcpyAsync(g->params, m->param_block, m->param_floats * sizeof(float),
+                                cudaMemcpyHostToDevice, g->stream),
+                take_failure(g, err));
+    TD_CUDA_RET(g,
+                cudaMemcpyAsync(g->buffers, m->buffer_block, m->buffer_floats * sizeof(float),
+                                cudaMemcpyHostToDevice, g->stream),
+                take_failure(g, err));
+    if (g->prec != TD_PREC_FP32) td_gpu_refresh_half(g, m->param_floats, g->stream);
+    if (opt && g->optim_ready && td_gpu_optim_upload(g, opt, err) != 0) return -1;
+    if (td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
+    return take_failure(g, err);
+}
+
+extern "C" int td_gpu_download(td_gpu *g, td_model *m, td_optim *opt, td_err *err) {
+    if (td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
+    TD_CUDA_RET(g,
+                cudaMemcpyAsync(m->param_block, g->params, m->param_floats * sizeof(float),
+                                cudaMemcpyDeviceToHost, g->stream),
+                take_failure(g, err));
+    TD_CUDA_RET(g,
+                cudaMemcpyAsync(m->buffer_block, g->buffers, m->buffer_floats * sizeof(float),
+                                cudaMemcpyDeviceToHost, g->stream),
+                take_failure(g, err));
+    if (td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
+    if (opt && g->optim_ready && td_gpu_optim_download(g, opt, err) != 0) return -1;
+    return take_failure(g, err);
+}
+
+static float half_bits_to_float(td_precision p, uint16_t bits) {
+    if (p == TD_PREC_BF16) {
+        uint32_t u = (uint32_t)bits << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    __half_raw raw;
+    raw.x = bits;
+    return __half2float(__half(raw));
+}
+
+extern "C" int td_gpu_read(td_gpu *g, const void *dev, size_t elems, float *host, td_err *err) {
+    size_t elem = td_gpu_elem(g->prec);
+    if (td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
+    if (elem == 4) {
+        TD_CUDA_RET(g, cudaMemcpy(host, dev, elems * 4, cudaMemcpyDeviceToHost),
+                    take_failure(g, err));
+        return 0;
+    }
+    // 16-bit values land in the second half of the caller's buffer, then widen in place from
+    // the front (element i is read before anything is written at or beyond its own index)
+    uint16_t *bits = (uint16_t *)(host + elems) - elems;
+    TD_CUDA_RET(g, cudaMemcpy(bits, dev, elems * 2, cudaMemcpyDeviceToHost), take_failure(g, err));
+    for (size_t i = 0; i < elems; i++) host[i] = half_bits_to_float(g->prec, bits[i]);
+    return 0;
+}
+
+extern "C" int td_gpu_read_grads(td_gpu *g, const td_model *m, float *host, td_err *err) {
+    if (td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
+    TD_CUDA_RET(g,
+                cudaMemcpy(host, g->grads, m->param_floats * sizeof(float), cudaMemcpyDeviceToHost),
+                take_failure(g, err));
+    return 0;
+}
+
+extern "C" int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const int32_t *labels,
+                                int n, td_err *err) {
+    if (n <= 0 || n > m->max_n)
+        return td_fail(err, "td_gpu_set_batch: %d samples, the model holds 1..%d", n, m->max_n);
+    size_t elems = (size_t)n * td_shape_size(m->input_shape);
+    // the previous batch's copy must have left the pinned buffers before they are refilled
+    TD_CUDA_RET(g, cudaEventSynchronize(g->staging_free), take_failure(g, err));
+    memcpy(g->input_staging, x, elems * sizeof(float));
+    if (labels) memcpy(g->labels_staging, labels, (size_t)n * sizeof(int32_t));
+    TD_CUDA_RET(g,
+                cudaMemcpyAsync(g->input_f32, g->input_staging, elems * sizeof(float),
+                                cudaMemcpyHostToDevice, g->stream),
+                take_failure(g, err));
+    if (labels)
+        TD_CUDA_RET(g,
+                    cudaMemcpyAsync(g->labels, g->labels_staging, (size_t)n * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, g->stream),
+                    take_failure(g, err));
+    TD_CUDA_RET(g, cudaEventRecord(g->staging_free, g->stream), take_failure(g, err));
+    if (g->prec != TD_PREC_FP32) td_gpu_convert_in(g, g->input_f32, g->input, elems, g->stream);
+    return take_failure(g, err);
+}
+
+// ---- forward, loss, backward ------------------------------------------------------------------
+
+static td_gpu_run gpu_run_of(td_gpu *g, const td_run *run) {
+    td_gpu_run r = {};
+    r.g = g;
+    r.n = run->n;
+    r.training = run->training;
+    r.accumulate_grads = run->accumulate_grads;
+    r.stream = g->stream;
+    r.node_done = run->node_done;
+    r.node_done_ctx = run->node_done_ctx;
+    return r;
+}
+
+extern "C" void td_gpu_forward(td_gpu *g, td_model *m, const td_run *run) {
+    td_gpu_run r = gpu_run_of(g, run);
+    for (int i = 0; i < m->n_nodes && !g->failed; i++) {
+        td_node *node = &m->nodes[i];
+        for (int j = 0; j < node->n_inputs; j++)
+            if (node->inputs[j] == TD_INPUT_NODE) node->in[j] = (float *)g->input;
+        g->ops[i]->forward(g, node, &r);
+    }
+}
+
+extern "C" void td_gpu_loss(td_gpu *g, td_model *m, const td_loss *loss, int n, float grad_scale,
+                            bool backward, float total_weight) {
+    td_node *last = &m->nodes[m->n_nodes - 1];
+    const float *loss_scale = g->prec == TD_PREC_FP16 ? td_gpu_loss_scale_ptr(g) : NULL;
+    td_gpu_loss_run(g, loss, last->out, g->labels, n, last->out_shape.c,
+                    backward ? (void *)last->grad : NULL, grad_scale, loss_scale, total_weight,
+                    g->stream);
+}
+
+extern "C" void td_gpu_backward(td_gpu *g, td_model *m, const td_run *run) {
+    td_gpu_run r = gpu_run_of(g, run);
+    for (int i = m->n_nodes - 1; i >= 0 && !g->failed; i--) {
+        td_node *node = &m->nodes[i];
+        bool any = node->n_params > 0;
+        for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
+        if (!any) continue;
+        g->ops[i]->backward(g, node, &r);
+        if (r.node_done && node->n_params > 0) r.node_done(r.node_done_ctx, node);
+    }
+}
+
+extern "C" int td_gpu_seek_dropout(td_gpu *g, unsigned long long draws, td_err *err) {
+    unsigned long long *pinned = NULL;
+    TD_CUDA_RET(g, cudaMallocHost((void **)&pinned, sizeof *pinned), take_failure(g, err));
+    *pinned = draws;
+    cudaError_t e =
+        cudaMemcpyAsync(g->rng_offset, pinned, sizeof *pinned, cudaMemcpyHostToDevice, g->stream);
+    int rc = e == cudaSuccess ? td_gpu_ddp_wait(g, g->stream, err) : -1;
+    cudaFreeHost(pinned);
+    if (e != cudaSuccess)
+        return td_fail(err, "setting the dropout counter: %s", cudaGetErrorString(e));
+    return rc;
+}
+
+extern "C" int td_gpu_take_totals(td_gpu *g, double *loss_sum, double *hits, td_err *err) {
+    double t[2];
+    // wait first, under the watchdog: a copy into pageable memory would block in CUDA
+    if (td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
+    TD_CUDA_RET(g, cudaMemcpyAsync(t, g->totals, sizeof t, cudaMemcpyDeviceToHost, g->stream),
+                take_failure(g, err));
+    TD_CUDA_RET(g, cudaMemsetAsync(g->totals, 0, sizeof t, g->stream), take_failure(g, err));
+    if (td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
+    *loss_sum = t[0];
+    *hits = t[1];
+    return take_failure(g, err);
+}

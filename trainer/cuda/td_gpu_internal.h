@@ -1,0 +1,297 @@
+// What the CUDA sources of the engine share: the device context, the check macros, element
+// types per precision and the table through which a model node finds its GPU forward and
+// backward. C++ (nvcc) only; the trainer sees td_gpu.h.
+#ifndef TD_GPU_INTERNAL_H
+#define TD_GPU_INTERNAL_H
+
+extern "C" {
+#include "td_gpu.h"
+#include "td_model.h"
+}
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#include <pthread.h>
+#include <stdint.h>
+
+typedef struct td_gpu_ddp td_gpu_ddp; // td_gpu_nccl.cu
+struct td_gpu_op;
+
+// fp16 loss scaling state on the device, as torch.cuda.amp.GradScaler keeps it.
+struct td_gpu_scaler {
+    float *scale;        // current loss scale (init 65536)
+    int *growth_tracker; // consecutive finite steps
+    int *found_inf;      // set by the gradient check of this step
+    long long *skipped;  // steps skipped so far
+};
+
+struct td_gpu {
+    int device;
+    cudaDeviceProp prop;
+    cudaStream_t stream; // all compute
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    cudnnHandle_t dnn;
+
+    // The first failure, with file:line and a hint; later ones are dropped (they are cascades).
+    // The NCCL watchdog records from its own thread, hence the lock.
+    pthread_mutex_t fail_lock;
+    bool failed;
+    char msg[TD_ERR_MAX];
+
+    size_t in_use, peak; // bytes held through td_gpu_malloc
+
+    // The attached model (one per context).
+    td_model *model;
+    td_precision prec;
+    float *params, *grads, *buffers; // fp32, param_floats / buffer_floats
+    void *params_half;               // prec != fp32: the compute copy of params, same offsets
+    void *arena;                     // activations, their gradients, saved state, workspace
+    size_t arena_bytes;
+    void *workspace; // model->scratch: cuDNN and cuBLASLt workspace, shared by every node
+    size_t workspace_bytes;
+    void *input;              // [max_n, input size] in the compute precision
+    float *input_f32;         // the batch as copied, before conversion (== input in fp32)
+    cudaEvent_t staging_free; // the last copy out of the staging buffers has run
+    float *input_staging;     // pinned host copy of the batch, fp32
+    int32_t *labels;          // [max_n]
+    int32_t *labels_staging;  // pinned
+
+    // Per-batch accumulators (evaluation and metrics): loss sum and argmax hits, in double.
+    double *totals; // [2]
+
+    // Dropout: counter-based random numbers keyed by (seed, offset); the offset lives on the
+    // device and advances in-stream, so a captured graph draws fresh masks at every replay.
+    uint64_t seed;
+    unsigned long long *rng_offset;
+
+    // Optimizer state (td_gpu_optim.cu).
+    td_optim_config optim;
+    bool optim_ready;
+    float *m, *v;
+    long long *optim_steps; // steps taken (not skipped), for Adam's bias correction
+    float *lr;              // device scalar, written from lr_host before each step
+    float *lr_host;         // pinned
+    double *norm_sq;        // clipping's squared global norm
+    td_gpu_scaler scaler;   // fp16 only
+
+    td_gpu_ddp *ddp;
+
+    const td_gpu_op **ops; // per model node
+
+    // CUDA graph of a whole training step (td_gpu_graph.cu).
+    cudaGraphExec_t graph;
+    int graph_n;
+    bool graph_ddp;
+    cudaEvent_t step_done; // the last replay has run: its pinned inputs may be rewritten
+};
+
+// What a node's GPU forward and backward see.
+struct td_gpu_run {
+    td_gpu *g;
+    int n;
+    bool training;
+    bool accumulate_grads; // add into the parameter gradients
+    cudaStream_t stream;
+    // After backward of a node with parameters: DDP's bucket hook (NULL: none).
+    void (*node_done)(void *ctx, const td_node *node);
+    void *node_done_ctx;
+};
+
+// One op's GPU side. plan: from the node's shapes and arguments (already built on the host),
+// sets node->gpu (a malloc'ed plan, freed by release), node->saved_bytes (device bytes forward
+// keeps for backward) and node->scratch_floats (workspace it needs, in 4-byte units). Runs
+// before the arena exists. forward/backward: queue the work on run->stream; errors go to
+// td_gpu_fail.
+struct td_gpu_op {
+    const td_op *op;
+    int (*plan)(td_gpu *g, td_model *m, td_node *node, td_err *err);
+    void (*forward)(td_gpu *g, td_node *node, const td_gpu_run *run);
+    void (*backward)(td_gpu *g, td_node *node, const td_gpu_run *run);
+    void (*release)(td_node *node);
+};
+
+extern "C" {
+extern const td_gpu_op td_gpu_op_linear, td_gpu_op_conv2d, td_gpu_op_batchnorm2d,
+    td_gpu_op_batchnorm1d, td_gpu_op_maxpool2d, td_gpu_op_avgpool2d, td_gpu_op_global_avgpool,
+    td_gpu_op_adaptive_avgpool2d, td_gpu_op_relu, td_gpu_op_gelu, td_gpu_op_flatten,
+    td_gpu_op_dropout, td_gpu_op_add, td_gpu_op_identity;
+}
+
+// Records the first failure: "file:line: what: detail (hint)".
+void td_gpu_fail(td_gpu *g, const char *file, int line, const char *what, const char *detail,
+                 const char *hint);
+const char *td_gpu_hint_cuda(cudaError_t e);
+const char *td_gpu_hint_cublas(cublasStatus_t s);
+const char *td_gpu_hint_cudnn(cudnnStatus_t s);
+const char *td_gpu_hint_nccl(ncclResult_t r);
+
+// Device memory with accounting (in_use, peak). NULL after recording the failure.
+void *td_gpu_malloc(td_gpu *g, size_t bytes, const char *what);
+void td_gpu_free(td_gpu *g, void *p, size_t bytes);
+
+// Check macros: on failure record file:line, the library's message and a hint, then leave the
+// function (`return` in void functions; TD_*_RET returns the given value).
+#define TD_GPU_CHECK_IMPL(g, ok, what, detail, hint, ret)                                          \
+    do {                                                                                           \
+        if (!(ok)) {                                                                               \
+            td_gpu_fail((g), __FILE__, __LINE__, (what), (detail), (hint));                        \
+            return ret;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define TD_CUDA_RET(g, call, ret)                                                                  \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        TD_GPU_CHECK_IMPL(g, e_ == cudaSuccess, #call, cudaGetErrorString(e_),                     \
+                          td_gpu_hint_cuda(e_), ret);                                              \
+    } while (0)
+#define TD_CUBLAS_RET(g, call, ret)                                                                \
+    do {                                                                                           \
+        cublasStatus_t s_ = (call);                                                                \
+        TD_GPU_CHECK_IMPL(g, s_ == CUBLAS_STATUS_SUCCESS, #call, cublasGetStatusString(s_),        \
+                          td_gpu_hint_cublas(s_), ret);                                            \
+    } while (0)
+#define TD_CUDNN_RET(g, call, ret)                                                                 \
+    do {                                                                                           \
+        cudnnStatus_t s_ = (call);                                                                 \
+        TD_GPU_CHECK_IMPL(g, s_ == CUDNN_STATUS_SUCCESS, #call, cudnnGetErrorString(s_),           \
+                          td_gpu_hint_cudnn(s_), ret);                                             \
+    } while (0)
+#define TD_NCCL_RET(g, call, ret)                                                                  \
+    do {                                                                                           \
+        ncclResult_t r_ = (call);                                                                  \
+        TD_GPU_CHECK_IMPL(g, r_ == ncclSuccess || r_ == ncclInProgress, #call,                     \
+                          ncclGetErrorString(r_), td_gpu_hint_nccl(r_), ret);                      \
+    } while (0)
+#define TD_NOTHING
+#define TD_CUDA(g, call)   TD_CUDA_RET(g, call, TD_NOTHING)
+#define TD_CUBLAS(g, call) TD_CUBLAS_RET(g, call, TD_NOTHING)
+#define TD_CUDNN(g, call)  TD_CUDNN_RET(g, call, TD_NOTHING)
+#define TD_NCCL(g, call)   TD_NCCL_RET(g, call, TD_NOTHING)
+// After a kernel launch: a bad configuration shows up here, not at the next synchronisation.
+#define TD_LAUNCHED(g) TD_CUDA(g, cudaGetLastError())
+
+// Element types of activations per precision; arithmetic is always fp32 in registers.
+template <typename T> __device__ __forceinline__ float td_to_float(T v);
+template <> __device__ __forceinline__ float td_to_float<float>(float v) {
+    return v;
+}
+template <> __device__ __forceinline__ float td_to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float td_to_float<__half>(__half v) {
+    return __half2float(v);
+}
+template <typename T> __device__ __forceinline__ T td_from_float(float v);
+template <> __device__ __forceinline__ float td_from_float<float>(float v) {
+    return v;
+}
+template <> __device__ __forceinline__ __nv_bfloat16 td_from_float<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half td_from_float<__half>(float v) {
+    return __float2half_rn(v);
+}
+
+// Runs `body` with `T` the element type of precision `prec`.
+#define TD_GPU_DISPATCH(prec, T, body)                                                             \
+    do {                                                                                           \
+        switch (prec) {                                                                            \
+        case TD_PREC_FP32: {                                                                       \
+            typedef float T;                                                                       \
+            body;                                                                                  \
+        } break;                                                                                   \
+        case TD_PREC_BF16: {                                                                       \
+            typedef __nv_bfloat16 T;                                                               \
+            body;                                                                                  \
+        } break;                                                                                   \
+        case TD_PREC_FP16: {                                                                       \
+            typedef __half T;                                                                      \
+            body;                                                                                  \
+        } break;                                                                                   \
+        }                                                                                          \
+    } while (0)
+
+// Library data types of the compute precision.
+static inline cudaDataType_t td_gpu_cuda_type(td_precision p) {
+    return p == TD_PREC_BF16 ? CUDA_R_16BF : p == TD_PREC_FP16 ? CUDA_R_16F : CUDA_R_32F;
+}
+static inline cudnnDataType_t td_gpu_cudnn_type(td_precision p) {
+    return p == TD_PREC_BF16   ? CUDNN_DATA_BFLOAT16
+           : p == TD_PREC_FP16 ? CUDNN_DATA_HALF
+                               : CUDNN_DATA_FLOAT;
+}
+static inline size_t td_gpu_elem(td_precision p) {
+    return p == TD_PREC_FP32 ? 4 : 2;
+}
+
+// A parameter as compute reads it: the fp32 master in fp32, else its 16-bit copy.
+static inline void *td_gpu_weight(const td_gpu *g, const td_param *p) {
+    if (g->prec == TD_PREC_FP32) return p->dev_data;
+    return (char *)g->params_half + p->offset * 2;
+}
+
+// Grid size for n elements at `threads` per block, capped so huge tensors grid-stride.
+static inline unsigned td_gpu_blocks(size_t n, unsigned threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 65535u * 16 ? (b ? b : 1) : 65535u * 16);
+}
+#define TD_GRID_STRIDE(i, n)                                                                       \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
+         i += (size_t)gridDim.x * blockDim.x)
+
+// Counter-based uniform in [0, 1) for element i of draw `offset` (dropout): a hash, so any
+// element can be drawn by any thread in any order and a replayed graph draws new masks.
+__device__ __forceinline__ float td_gpu_uniform(uint64_t seed, unsigned long long offset,
+                                                size_t i) {
+    uint64_t x = seed ^ (offset * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)i * 0xBF58476D1CE4E5B9ull);
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return (float)(x >> 40) * (1.0f / 16777216.0f);
+}
+
+// Shared by the optimizer and graph code: the loss-scale multiplier of the loss gradient (1
+// unless fp16).
+float *td_gpu_loss_scale_ptr(td_gpu *g);
+
+// Loss kernels (td_gpu_loss.cu): the loss sum × total_weight and the hits added to g->totals;
+// when dlogits is not NULL, the gradient of (mean loss × grad_scale × *loss_scale, when
+// loss_scale is not NULL) into it.
+void td_gpu_loss_run(td_gpu *g, const td_loss *loss, const void *logits, const int32_t *labels,
+                     int n, int classes, void *dlogits, float grad_scale, const float *loss_scale,
+                     float total_weight, cudaStream_t stream);
+
+// Optimizer pieces (td_gpu_optim.cu), queued on stream.
+int td_gpu_optim_alloc(td_gpu *g, size_t n, td_err *err);
+void td_gpu_optim_free(td_gpu *g);
+void td_gpu_optim_queue(td_gpu *g, size_t n, float max_norm, cudaStream_t stream);
+// fp32 params -> their 16-bit copy (after an upload).
+void td_gpu_refresh_half(td_gpu *g, size_t n, cudaStream_t stream);
+// fp32 device values -> device elements of the compute precision.
+void td_gpu_convert_in(td_gpu *g, const float *src, void *dst, size_t n, cudaStream_t stream);
+
+// Loss scratch (td_gpu_loss.cu), sized for batches of up to max_n.
+int td_gpu_loss_alloc(td_gpu *g, int max_n, td_err *err);
+void td_gpu_loss_free(td_gpu *g);
+// Optimizer state between host and device (td_gpu_optim.cu). Synchronise.
+int td_gpu_optim_download(td_gpu *g, td_optim *opt, td_err *err);
+int td_gpu_optim_upload(td_gpu *g, const td_optim *opt, td_err *err);
+
+// DDP (td_gpu_nccl.cu)
+void td_gpu_ddp_stop(td_gpu *g);
+// Waits for stream s with the watchdog in charge: a dead peer or a collective past its deadline
+// becomes an error return, never a hang.
+int td_gpu_ddp_wait(td_gpu *g, cudaStream_t s, td_err *err);
+int td_gpu_ddp_wait_event(td_gpu *g, cudaEvent_t ev, td_err *err);
+
+#endif
