@@ -435,7 +435,7 @@ extern "C" int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const in
         return td_fail(err, "td_gpu_set_batch: %d samples, the model holds 1..%d", n, m->max_n);
     size_t elems = (size_t)n * td_shape_size(m->input_shape);
     // the previous batch's copy must have left the pinned buffers before they are refilled
-    TD_CUDA_RET(g, cudaEventSynchronize(g->staging_free), take_failure(g, err));
+    if (td_gpu_ddp_wait_event(g, g->staging_free, err) != 0) return -1;
     memcpy(g->input_staging, x, elems * sizeof(float));
     if (labels) memcpy(g->labels_staging, labels, (size_t)n * sizeof(int32_t));
     TD_CUDA_RET(g,
