@@ -1,6 +1,7 @@
 /* Device selection and the device/precision/backend decision, as torchrun users expect them:
  * LOCAL_RANK picks among the visible GPUs, one visible GPU serves any local rank. */
 #include "td_device.h"
+#include "td_gpu.h"
 
 #include <criterion/criterion.h>
 #include <string.h>
@@ -66,4 +67,30 @@ Test(device, cuda_rank_without_device_names_the_field) {
                                    &plan, &err),
                  -1);
     cr_assert(strstr(err.msg, "train.device: LOCAL_RANK 4"), "%s", err.msg);
+}
+
+/* The backend library is opened on demand and resolves the engine against this executable: a
+ * missing export or a wrong path shows up here, not first on a GPU machine. */
+Test(device, gpu_backend_opens) {
+    td_err err = {{0}};
+    td_gpu *g = NULL;
+    int rc = td_gpu_open(&g, 0, &err);
+#ifdef TRAIND_HAVE_CUDA
+    char why[256];
+    if (td_gpu_device_count(why, sizeof why) > 0) {
+        cr_assert_eq(rc, 0, "%s", err.msg);
+        char desc[512];
+        td_gpu_describe(g, desc, sizeof desc);
+        cr_assert(strstr(desc, "device 0"), "%s", desc);
+        td_gpu_close(g);
+        return;
+    }
+    /* no device: the library loaded and its own open failed */
+    cr_assert_eq(rc, -1);
+    cr_assert(strstr(err.msg, "opening CUDA device 0"), "%s", err.msg);
+#else
+    cr_assert_eq(rc, -1);
+    cr_assert(strstr(err.msg, "built without CUDA"), "%s", err.msg);
+#endif
+    cr_assert_null(g);
 }
