@@ -20,32 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class LeNet5(nn.Module):
-    def __init__(self, classes=10):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 5)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.fc1 = nn.Linear(256, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, classes)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
-
-
-def mlp(hidden, classes=10):
-    layers, width = [nn.Flatten()], 784
-    for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    layers.append(nn.Linear(width, classes))
-    return nn.Sequential(*layers)
+# the same models the CPU benchmark trains (this script's directory is on sys.path)
+from torch_peer import LeNet5, mlp
 
 
 def resnet(name):
