@@ -86,21 +86,7 @@ const char *td_gpu_hint_nccl(ncclResult_t r) {
     }
 }
 
-// ---- discovery and lifetime -------------------------------------------------------------------
-
-extern "C" int td_gpu_device_count(char *why, size_t len) {
-    int count = 0;
-    cudaError_t rc = cudaGetDeviceCount(&count);
-    if (rc != cudaSuccess) {
-        snprintf(why, len, "no CUDA device: %s", cudaGetErrorString(rc));
-        return 0;
-    }
-    if (count == 0)
-        snprintf(why, len, "no CUDA device found");
-    else
-        snprintf(why, len, "%d CUDA device%s", count, count > 1 ? "s" : "");
-    return count;
-}
+// ---- lifetime -------------------------------------------------------------------------
 
 // Failures during open and attach go straight to err (there is no step to check afterwards).
 static int take_failure(td_gpu *g, td_err *err) {

@@ -195,13 +195,9 @@ template <typename T> static void relu_bwd(td_gpu *g, td_node *node, const td_gp
     TD_LAUNCHED(g);
 }
 
-static void relu_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, relu_fwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(relu_forward, relu_fwd)
 
-static void relu_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, relu_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(relu_backward, relu_bwd)
 
 // ---- GELU -------------------------------------------------------------------------------------
 
@@ -281,13 +277,9 @@ template <typename T> static void gelu_bwd(td_gpu *g, td_node *node, const td_gp
     TD_LAUNCHED(g);
 }
 
-static void gelu_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, gelu_fwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(gelu_forward, gelu_fwd)
 
-static void gelu_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, gelu_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(gelu_backward, gelu_bwd)
 
 // ---- Add --------------------------------------------------------------------------------------
 
@@ -337,13 +329,9 @@ template <typename T> static void add_bwd(td_gpu *g, td_node *node, const td_gpu
            run->stream);
 }
 
-static void add_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, add_fwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(add_forward, add_fwd)
 
-static void add_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, add_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(add_backward, add_bwd)
 
 // ---- Dropout ----------------------------------------------------------------------------------
 
@@ -462,13 +450,9 @@ template <typename T> static void dropout_bwd(td_gpu *g, td_node *node, const td
     TD_LAUNCHED(g);
 }
 
-static void dropout_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, dropout_fwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(dropout_forward, dropout_fwd)
 
-static void dropout_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, dropout_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(dropout_backward, dropout_bwd)
 
 // ---- Flatten ----------------------------------------------------------------------------------
 
@@ -543,13 +527,9 @@ template <typename T> static void flatten_bwd(td_gpu *g, td_node *node, const td
     transpose(g, dy, dx, s.c, s.h * s.w, run->n, node->in_grad_add[0], run->stream);
 }
 
-static void flatten_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, flatten_fwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(flatten_forward, flatten_fwd)
 
-static void flatten_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, flatten_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(flatten_backward, flatten_bwd)
 
 // ---- Identity ---------------------------------------------------------------------------------
 
@@ -563,9 +543,7 @@ template <typename T> static void identity_bwd(td_gpu *g, td_node *node, const t
         fanout_one(g, node, (const T *)node->grad, ew_elems(node, run), run->stream);
 }
 
-static void identity_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, identity_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(identity_backward, identity_bwd)
 
 // ---- the table entries ------------------------------------------------------------------------
 

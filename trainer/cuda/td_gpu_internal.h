@@ -219,6 +219,12 @@ template <> __device__ __forceinline__ __half td_from_float<__half>(float v) {
         }                                                                                          \
     } while (0)
 
+// An op's forward or backward entry: the template `impl` instantiated for the compute precision.
+#define TD_GPU_TYPED_ENTRY(name, impl)                                                             \
+    static void name(td_gpu *g, td_node *node, const td_gpu_run *run) {                            \
+        TD_GPU_DISPATCH(g->prec, T, impl<T>(g, node, run));                                        \
+    }
+
 // Library data types of the compute precision.
 static inline cudaDataType_t td_gpu_cuda_type(td_precision p) {
     return p == TD_PREC_BF16 ? CUDA_R_16BF : p == TD_PREC_FP16 ? CUDA_R_16F : CUDA_R_32F;

@@ -147,13 +147,9 @@ template <typename T> static void maxpool_bwd(td_gpu *g, td_node *node, const td
     TD_LAUNCHED(g);
 }
 
-static void maxpool_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, maxpool_fwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(maxpool_forward, maxpool_fwd)
 
-static void maxpool_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, maxpool_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(maxpool_backward, maxpool_bwd)
 
 // ---- AvgPool2d --------------------------------------------------------------------------------
 
@@ -236,13 +232,9 @@ template <typename T> static void avgpool_bwd(td_gpu *g, td_node *node, const td
     TD_LAUNCHED(g);
 }
 
-static void avgpool_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, avgpool_fwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(avgpool_forward, avgpool_fwd)
 
-static void avgpool_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, avgpool_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(avgpool_backward, avgpool_bwd)
 
 // ---- global average pooling (and AdaptiveAvgPool2d(1)) ----------------------------------------
 
@@ -295,13 +287,9 @@ template <typename T> static void gap_bwd(td_gpu *g, td_node *node, const td_gpu
     TD_LAUNCHED(g);
 }
 
-static void gap_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, gap_fwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(gap_forward, gap_fwd)
 
-static void gap_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
-    TD_GPU_DISPATCH(g->prec, T, gap_bwd<T>(g, node, run));
-}
+TD_GPU_TYPED_ENTRY(gap_backward, gap_bwd)
 
 // ---- the table entries ------------------------------------------------------------------------
 
