@@ -74,9 +74,10 @@ static const char *CONV_BN =
     "\"op\": \"relu\"}, {\"name\": \"flat\", \"op\": \"flatten\"}, {\"name\": \"fc\", "
     "\"op\": \"linear\", \"out_features\": 10}], \"num_classes\": 10}";
 
-/* extra: more top-level members, each followed by a comma ("" for none) */
+/* extra: more top-level members, each followed by a comma ("" for none); train_extra: more
+ * members of train, each preceded by one */
 static char *spec_full(const char *model, int batch, int accum, const char *ckdir, bool sync_bn,
-                       const char *extra) {
+                       const char *extra, const char *train_extra) {
     char *s = malloc(4096);
     snprintf(s, 4096,
              "{%s \"model\": %s,"
@@ -84,14 +85,14 @@ static char *spec_full(const char *model, int batch, int accum, const char *ckdi
              "   \"size\": 256, \"val_size\": 77},"
              " \"train\": {\"epochs\": 2, \"batch_size\": %d, \"grad_accum\": %d, \"seed\": 3,"
              "   \"sync_bn\": %s,"
-             "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1, \"momentum\": 0.9}},"
+             "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1, \"momentum\": 0.9}%s},"
              " \"checkpoint\": {\"dir\": \"%s\"}, \"log\": {\"every_steps\": 2}}",
-             extra, model, batch, accum, sync_bn ? "true" : "false", ckdir);
+             extra, model, batch, accum, sync_bn ? "true" : "false", train_extra, ckdir);
     return s;
 }
 
 static char *spec_accum(const char *model, int batch, int accum, const char *ckdir, bool sync_bn) {
-    return spec_full(model, batch, accum, ckdir, sync_bn, "");
+    return spec_full(model, batch, accum, ckdir, sync_bn, "", "");
 }
 
 static char *spec_for(int batch, const char *ckdir) {
@@ -128,15 +129,16 @@ static void expect_same_weights(const char *dir_a, const char *dir_b, double tol
 }
 
 /* Every number in the metrics lines, in order. */
-/* World 2 with batch 16 per rank (ddp_extra: more top-level spec members) ends with the weights
- * of one process with batch 32. tag names the checkpoint directories. */
+/* World 2 with batch 16 per rank (ddp_extra, ddp_train_extra: more spec members, as spec_full
+ * takes them) ends with the weights of one process with batch 32. tag names the checkpoint
+ * directories. */
 static void expect_ddp_matches_one_process(const char *tag, const char *model, bool sync_bn,
-                                           const char *ddp_extra) {
+                                           const char *ddp_extra, const char *ddp_train_extra) {
     char one_dir[512], two_dir[512];
     snprintf(one_dir, sizeof one_dir, "%s/%s-one", test_tmpdir(), tag);
     snprintf(two_dir, sizeof two_dir, "%s/%s-two", test_tmpdir(), tag);
-    char *single_spec = spec_full(model, 32, 1, one_dir, false, "");
-    char *ddp_spec = spec_full(model, 16, 1, two_dir, sync_bn, ddp_extra);
+    char *single_spec = spec_full(model, 32, 1, one_dir, false, "", "");
+    char *ddp_spec = spec_full(model, 16, 1, two_dir, sync_bn, ddp_extra, ddp_train_extra);
     free(test_run_job(single_spec, NULL, NULL));
     const char *specs[2] = {ddp_spec, ddp_spec};
     rank_run runs[2];
@@ -192,11 +194,11 @@ Test(ddp, world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
 static const char *SMALL_BUCKETS = "\"distributed\": {\"bucket_cap_mb\": 0.001},";
 
 Test(ddp, small_buckets_equal_one_process_with_the_global_batch, .timeout = 120) {
-    expect_ddp_matches_one_process("buckets", MLP, false, SMALL_BUCKETS);
+    expect_ddp_matches_one_process("buckets", MLP, false, SMALL_BUCKETS, "");
 }
 
 Test(ddp, small_buckets_with_sync_batchnorm, .timeout = 120) {
-    expect_ddp_matches_one_process("buckets-bn", CONV_BN, true, SMALL_BUCKETS);
+    expect_ddp_matches_one_process("buckets-bn", CONV_BN, true, SMALL_BUCKETS, "");
 }
 
 /* The bucket plan: reverse parameter order, closed once a bucket reaches the cap. The MLP
@@ -259,10 +261,19 @@ Test(ddp, a_rank_that_leaves_fails_the_others_naming_it, .timeout = 120) {
     for (int r = 0; r < 2; r++) free(runs[r].metrics);
 }
 
+/* Activation checkpointing under DDP: buckets fire as backward reaches them, between segment
+ * recomputations, and a recomputing SyncBatchNorm reuses its global statistics instead of
+ * exchanging them again. Still the model of one process that keeps every activation. */
+Test(ddp, activation_checkpointing_with_sync_batchnorm_and_small_buckets, .timeout = 120) {
+    expect_ddp_matches_one_process("recompute", CONV_BN, true, SMALL_BUCKETS,
+                                   ", \"activation_checkpointing\": [{\"first\": \"conv\","
+                                   " \"last\": \"relu\"}, \"fc\"]");
+}
+
 Test(ddp, sync_batchnorm_world_2_equals_one_process_with_the_global_batch, .timeout = 120) {
     /* with SyncBatchNorm the batch statistics span both ranks: the same model, running
      * statistics included, as one process with the global batch */
-    expect_ddp_matches_one_process("syncbn", CONV_BN, true, "");
+    expect_ddp_matches_one_process("syncbn", CONV_BN, true, "", "");
 }
 
 Test(ddp, gradient_accumulation_equals_the_larger_batch, .timeout = 120) {

@@ -48,6 +48,7 @@ static int bn_build_common(td_model *model, td_node *node, td_err *err, bool spa
     }
     node->out_shape = in;
     node->saved_bytes = 2 * (size_t)c * sizeof(float); /* mean and 1/std used by forward */
+    node->keep_saved = true; /* a recomputing forward reuses them (see bn_forward) */
     /* two double sums, three floats per channel, and 2c + 1 floats for SyncBatchNorm */
     node->scratch_floats = 9 * (size_t)c + 1;
     return 0;
@@ -71,7 +72,11 @@ static void bn_forward(td_node *node, const td_run *run) {
     const float *x = node->in[0];
     float *mean = node->saved, *invstd = mean + c;
     float eps = (float)node->args[ARG_EPS];
-    if (uses_batch_stats(node, run)) {
+    /* Recomputing for activation checkpointing: the batch statistics were saved by the first
+     * forward, so the output is the same, running statistics move once per step (PyTorch's
+     * torch.utils.checkpoint would move them twice) and SyncBatchNorm exchanges nothing. */
+    bool batch = uses_batch_stats(node, run);
+    if (batch && !run->recompute) {
         double *s = (double *)run->scratch, *s2 = s + c;
         memset(s, 0, 2 * (size_t)c * sizeof(double));
         for (size_t r = 0; r < rows; r++)
@@ -109,7 +114,7 @@ static void bn_forward(td_node *node, const td_run *run) {
             }
         }
         if (run->training && node->args[ARG_TRACK]) node->buffers[2]->data[0] += 1.0f;
-    } else {
+    } else if (!batch) {
         const float *rm = node->buffers[0]->data, *rv = node->buffers[1]->data;
         for (int k = 0; k < c; k++) {
             mean[k] = rm[k];

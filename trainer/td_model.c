@@ -142,6 +142,7 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
                                s->name, j);
         node->op = s->op;
         node->max_n = model->max_n;
+        node->segment = -1;
         memcpy(node->args, s->args, sizeof node->args);
         if (s->n_inputs == 0) {
             node->n_inputs = 1;
@@ -187,18 +188,143 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
     return 0;
 }
 
+/* Turns the specs' segment numbers into model->segments, in node order, and marks the nodes
+ * whose outputs only their own segment reads. */
+static int link_segments(td_model *model, const td_node_spec *specs, int n, td_err *err) {
+    for (int i = 0; i < n; i++) {
+        int id = specs[i].segment;
+        if (id <= 0 || (i > 0 && specs[i - 1].segment == id)) continue;
+        for (int j = 0; j < i; j++)
+            if (specs[j].segment == id)
+                return td_fail(err,
+                               "model.nodes[%d] (\"%s\"): recompute segment %d also holds "
+                               "nodes[%d] (\"%s\"), and a segment must be consecutive nodes",
+                               i, specs[i].name, id, j, specs[j].name);
+        int last = i;
+        while (last + 1 < n && specs[last + 1].segment == id) last++;
+        model->segments =
+            realloc(model->segments, (size_t)(model->n_segments + 1) * sizeof(td_segment));
+        TD_ASSERT(model->segments != NULL, "out of memory");
+        model->segments[model->n_segments] = (td_segment){.first = i, .last = last};
+        for (int k = i; k <= last; k++) model->nodes[k].segment = model->n_segments;
+        model->n_segments++;
+    }
+    for (int i = 0; i < n; i++) {
+        td_node *node = &model->nodes[i];
+        /* the model's output is the loss's input, read after forward */
+        node->dropped = node->segment >= 0 && i + 1 < n;
+        for (int k = i + 1; k < n && node->dropped; k++)
+            for (int j = 0; j < model->nodes[k].n_inputs; j++)
+                if (model->nodes[k].inputs[j] == i && model->nodes[k].segment != node->segment)
+                    node->dropped = false;
+    }
+    return 0;
+}
+
+/* What of a node lives in the segments' shared region: a dropped output with its gradient, and
+ * the saved state of any node in a segment unless it must outlive recomputation. */
+static void push_recomputed(td_arena *arena, td_node *node, size_t out_bytes) {
+    if (node->dropped) {
+        node->out = td_arena_push(arena, out_bytes);
+        node->grad = td_arena_push(arena, out_bytes);
+    }
+    if (node->segment >= 0 && !node->keep_saved)
+        node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;
+}
+
+static bool in_module(const char *name, const char *prefix) {
+    size_t len = strlen(prefix);
+    return strncmp(name, prefix, len) == 0 && (name[len] == '\0' || name[len] == '.');
+}
+
+static int spec_index(const td_node_spec *specs, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(specs[i].name, name) == 0) return i;
+    return -1;
+}
+
+int td_segments_assign(td_node_spec *specs, int n_specs, const td_segment_name *names, int n_names,
+                       td_err *err) {
+    for (int i = 0; i < n_specs; i++) specs[i].segment = 0;
+    for (int k = 0; k < n_names; k++) {
+        const td_segment_name *e = &names[k];
+        int first, last;
+        if (e->last[0]) {
+            first = spec_index(specs, n_specs, e->first);
+            last = spec_index(specs, n_specs, e->last);
+            if (first < 0 || last < 0)
+                return td_fail(err, "[%d].%s: no node is named \"%s\"", k,
+                               first < 0 ? "first" : "last", first < 0 ? e->first : e->last);
+            if (first > last)
+                return td_fail(err,
+                               "[%d]: first (\"%s\", nodes[%d]) comes after last (\"%s\", "
+                               "nodes[%d]); expected first at or before last",
+                               k, e->first, first, e->last, last);
+        } else {
+            first = last = -1;
+            for (int i = 0; i < n_specs; i++) {
+                if (!in_module(specs[i].name, e->first)) continue;
+                if (first < 0) first = i;
+                last = i;
+            }
+            if (first < 0)
+                return td_fail(err,
+                               "[%d]: no node is named \"%s\" or \"%s.<name>\"; expected a "
+                               "module prefix such as \"layer1.0\", or {\"first\": node, "
+                               "\"last\": node}",
+                               k, e->first, e->first);
+            for (int i = first; i <= last; i++)
+                if (!in_module(specs[i].name, e->first))
+                    return td_fail(err,
+                                   "[%d] (\"%s\"): its nodes are not consecutive: nodes[%d] "
+                                   "(\"%s\") lies between nodes[%d] (\"%s\") and nodes[%d] "
+                                   "(\"%s\"); a segment is a run of consecutive nodes",
+                                   k, e->first, i, specs[i].name, first, specs[first].name, last,
+                                   specs[last].name);
+        }
+        for (int i = first; i <= last; i++) {
+            if (specs[i].segment)
+                return td_fail(err,
+                               "[%d]: overlaps entry [%d] at nodes[%d] (\"%s\"); segments "
+                               "must not share nodes",
+                               k, specs[i].segment - 1, i, specs[i].name);
+            specs[i].segment = k + 1;
+        }
+    }
+    return 0;
+}
+
 /* Carves activations, gradients and saved state out of one arena; decides which input
  * gradients are needed at all (none flow into the batch, nor into a parameter-free prefix) and
  * which consumer writes a gradient first in backward order, so the others add to it. */
 static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *needs_grad,
                    bool *written) {
     int n = model->n_nodes;
+    size_t start = arena->used;
+    /* The region is as large as the largest segment's share; each segment's share is carved
+     * from its start, so segments overlap each other and nothing else. */
+    size_t region = 0;
+    model->dropped_bytes = 0;
+    for (int s = 0; s < model->n_segments; s++) {
+        td_arena count = {0};
+        for (int i = model->segments[s].first; i <= model->segments[s].last; i++)
+            push_recomputed(&count, &model->nodes[i],
+                            (size_t)model->max_n * td_shape_size(model->nodes[i].out_shape) *
+                                elem_bytes);
+        /* whole 64-byte units, as pushes occupy them: the totals then add up exactly */
+        size_t share = (count.used + 63) / 64 * 64;
+        model->dropped_bytes += share;
+        if (share > region) region = share;
+    }
     for (int i = 0; i < n; i++) {
         td_node *node = &model->nodes[i];
         size_t out = (size_t)model->max_n * td_shape_size(node->out_shape) * elem_bytes;
-        node->out = td_arena_push(arena, out);
-        node->grad = td_arena_push(arena, out);
-        node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;
+        if (!node->dropped) {
+            node->out = td_arena_push(arena, out);
+            node->grad = td_arena_push(arena, out);
+        }
+        if (node->segment < 0 || node->keep_saved)
+            node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;
         needs_grad[i] = node->n_params > 0;
         for (int j = 0; j < node->n_inputs; j++) {
             int k = node->inputs[j];
@@ -206,6 +332,16 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
                 needs_grad[i] = true;
         }
     }
+    char *region_base = region ? td_arena_push(arena, region) : NULL;
+    for (int s = 0; s < model->n_segments; s++) {
+        td_arena share = {region_base, 0, region};
+        for (int i = model->segments[s].first; i <= model->segments[s].last; i++)
+            push_recomputed(&share, &model->nodes[i],
+                            (size_t)model->max_n * td_shape_size(model->nodes[i].out_shape) *
+                                elem_bytes);
+    }
+    model->region_bytes = region;
+    model->activation_bytes = (arena->used - start + 63) / 64 * 64;
     model->scratch = td_arena_floats(arena, model->scratch_floats);
     for (int i = 0; i < n; i++) written[i] = false;
     bool input_written = false;
@@ -239,7 +375,8 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
     model->nodes = td_calloc((size_t)n_specs, sizeof(td_node));
     model->input_shape = input_shape;
     model->max_n = max_n;
-    if (link_nodes(model, specs, n_specs, err) != 0) {
+    if (link_nodes(model, specs, n_specs, err) != 0 ||
+        link_segments(model, specs, n_specs, err) != 0) {
         td_model_free(model);
         return -1;
     }
@@ -296,6 +433,7 @@ void td_model_free(td_model *model) {
     free(model->nodes);
     free(model->params);
     free(model->buffers);
+    free(model->segments);
     free(model->buffer_block);
     free(model->param_block);
     free(model->grad_block);
@@ -353,11 +491,37 @@ const float *td_model_forward(td_model *model, const float *x, const td_run *run
         td_node *node = &model->nodes[i];
         for (int j = 0; j < node->n_inputs; j++)
             if (node->inputs[j] == TD_INPUT_NODE) node->in[j] = (float *)x;
+        if (node->segment >= 0 && model->segments[node->segment].first == i && r.rng)
+            model->segments[node->segment].rng = *r.rng;
         double t0 = model->profile ? seconds() : 0;
         node->op->forward(node, &r);
         if (model->profile) model->profile[2 * i] += seconds() - t0;
     }
     return model->nodes[model->n_nodes - 1].out;
+}
+
+static bool runs_backward(const td_node *node) {
+    bool any = node->n_params > 0;
+    for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
+    return any;
+}
+
+/* Rebuilds a segment's activations and saved state from its inputs (kept by forward), with the
+ * dropout generator as the segment's first forward found it: the same masks, so backward sees
+ * exactly the forward it differentiates. Timed as forward. */
+static void recompute_segment(td_model *model, const td_segment *seg, const td_run *run) {
+    bool any = false;
+    for (int i = seg->first; i <= seg->last; i++) any = any || runs_backward(&model->nodes[i]);
+    if (!any) return;
+    td_run r = *run;
+    td_rng rng = seg->rng;
+    r.rng = run->rng ? &rng : NULL;
+    r.recompute = true;
+    for (int i = seg->first; i <= seg->last; i++) {
+        double t0 = model->profile ? seconds() : 0;
+        model->nodes[i].op->forward(&model->nodes[i], &r);
+        if (model->profile) model->profile[2 * i] += seconds() - t0;
+    }
 }
 
 void td_model_backward(td_model *model, const float *dlogits, const td_run *run) {
@@ -367,9 +531,9 @@ void td_model_backward(td_model *model, const float *dlogits, const td_run *run)
     memcpy(last->grad, dlogits, (size_t)run->n * td_shape_size(last->out_shape) * sizeof(float));
     for (int i = model->n_nodes - 1; i >= 0; i--) {
         td_node *node = &model->nodes[i];
-        bool any = node->n_params > 0;
-        for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
-        if (!any) continue;
+        if (node->segment >= 0 && model->segments[node->segment].last == i)
+            recompute_segment(model, &model->segments[node->segment], &r);
+        if (!runs_backward(node)) continue;
         double t0 = model->profile ? seconds() : 0;
         node->op->backward(node, &r);
         if (model->profile) model->profile[2 * i + 1] += seconds() - t0;

@@ -41,6 +41,10 @@ typedef struct td_run {
     float *scratch;        /* shared temporary of model->scratch_floats, valid during one call */
     td_rng *rng;           /* for dropout masks */
     td_sync *sync;         /* SyncBatchNorm across ranks; NULL: statistics of this batch alone */
+    /* This forward repeats, in backward, one of the same batch (activation checkpointing): ops
+     * must reproduce their outputs and saved state without side effects (no running-statistics
+     * update; BatchNorm normalises by the statistics it saved). The generator is restored. */
+    bool recompute;
     /* Called by backward after each node with parameters, whose gradients are then final (DDP's
      * reducer starts all-reducing them); NULL: none. */
     void (*node_done)(void *ctx, const td_node *node);
@@ -89,8 +93,11 @@ struct td_node {
     int buffer_ids[TD_MAX_NODE_PARAMS];
     td_param *buffers[TD_MAX_NODE_PARAMS];
 
-    int max_n;             /* the largest batch the buffers hold */
-    size_t saved_bytes;    /* what forward keeps for backward (pool argmax, dropout mask) */
+    int max_n;          /* the largest batch the buffers hold */
+    size_t saved_bytes; /* what forward keeps for backward (pool argmax, dropout mask) */
+    /* Set by build when forward computes saved state that a recomputing forward reads instead of
+     * rewriting (BatchNorm's batch statistics): it then outlives activation checkpointing. */
+    bool keep_saved;
     size_t scratch_floats; /* temporary need during one forward or backward call */
 
     /* Set when the model is allocated. */
@@ -99,6 +106,11 @@ struct td_node {
     bool in_grad_add[TD_MAX_INPUTS];
     float *out, *grad; /* [max_n, out size] */
     void *saved;
+    /* Activation checkpointing: the segment this node belongs to (-1: none), and whether its
+     * output and gradient are dropped after forward (only nodes of its own segment read it), to
+     * live in the region all segments share. */
+    int segment;
+    bool dropped;
     /* On a GPU (td_gpu.h): the op's device plan (descriptors, chosen algorithms); the pointers
      * above then address device memory of the compute precision's element type. */
     void *gpu;
@@ -111,7 +123,20 @@ typedef struct td_node_spec {
     double args[TD_MAX_OP_ARGS];
     int n_inputs; /* 0: the previous node (or the batch, for the first) */
     char inputs[TD_MAX_INPUTS][TD_NAME_MAX];
+    /* Activation checkpointing: nodes with the same number > 0 form one segment (consecutive
+     * nodes; see td_segments_assign); 0: none. */
+    int segment;
 } td_node_spec;
+
+/* A run of consecutive nodes [first, last] recomputed in backward. Forward keeps only what
+ * nodes outside the segment read (and BatchNorm's statistics); the rest of its activations,
+ * their gradients and the ops' saved state live in one region every segment shares, rewritten
+ * by recomputing the segment from its inputs when backward reaches it. Memory falls from the sum
+ * over segments to the largest one; the price is a second forward of each segment. */
+typedef struct td_segment {
+    int first, last;
+    td_rng rng; /* the dropout generator as the segment's forward found it */
+} td_segment;
 
 struct td_model {
     int n_nodes;
@@ -131,6 +156,12 @@ struct td_model {
 
     float *input_grad; /* NULL unless built with TD_MODEL_INPUT_GRAD */
     double *profile;   /* per node: forward and backward seconds; NULL unless profiling */
+
+    int n_segments;
+    td_segment *segments;
+    size_t activation_bytes; /* the layout's total: activations, gradients, saved state */
+    size_t dropped_bytes;    /* of which what checkpointing would otherwise keep, all segments */
+    size_t region_bytes;     /* ... and the shared region that replaces it */
 
     size_t scratch_floats;
     td_arena arena;
@@ -163,6 +194,17 @@ td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix,
  * ndim 0 is a scalar, as PyTorch's num_batches_tracked. */
 td_param *td_model_add_buffer(td_model *model, td_node *node, const char *suffix, int ndim,
                               const int *dims, float fill, td_dtype dtype);
+
+/* Marks segments in specs (their `segment` numbers) from entries that each name one: a
+ * module prefix (first set, last empty: "layer1.0" is every node called so or "layer1.0.<any>",
+ * which must be consecutive) or a first and last node by name. Errors name the entry's index;
+ * the caller prefixes its JSON path. */
+typedef struct td_segment_name {
+    char first[TD_NAME_MAX];
+    char last[TD_NAME_MAX];
+} td_segment_name;
+int td_segments_assign(td_node_spec *specs, int n_specs, const td_segment_name *names, int n_names,
+                       td_err *err);
 
 /* Lays out every node's output, gradient and saved state in arena (a counting pass when its base
  * is NULL), elem_bytes per activation element, then the shared scratch; decides which input

@@ -595,13 +595,64 @@ static int parse_schedule(const json_t *t, td_job *job, td_err *err) {
     return 0;
 }
 
+/* train.activation_checkpointing: segments named by module prefix ("layer1.0") or by
+ * {"first": node, "last": node}, marked on the model's nodes. */
+static int parse_recompute(const json_t *t, td_job *job, td_err *err) {
+    const char *path = "train.activation_checkpointing";
+    json_t *list = json_object_get(t, "activation_checkpointing");
+    if (!list) return 0;
+    const char *expected = "an array of segments, each a module prefix such as \"layer1.0\" or "
+                           "{\"first\": node name, \"last\": node name}";
+    if (!json_is_array(list)) return fail_found(err, path, expected, list);
+    int n = (int)json_array_size(list);
+    td_segment_name *names = td_calloc(n ? (size_t)n : 1, sizeof *names);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        json_t *e = json_array_get(list, (size_t)i);
+        char where[TD_PATH_MAX];
+        snprintf(where, sizeof where, "%s[%d]", path, i);
+        if (json_is_string(e)) {
+            rc = strlen(json_string_value(e)) >= TD_NAME_MAX
+                     ? td_fail(err, "%s: longer than %d characters", where, TD_NAME_MAX - 1)
+                     : 0;
+            snprintf(names[i].first, sizeof names[i].first, "%s", json_string_value(e));
+            continue;
+        }
+        static const char *const keys[] = {"first", "last", NULL};
+        if (!json_is_object(e))
+            rc = fail_found(err, where, "a module prefix or {\"first\": ..., \"last\": ...}", e);
+        else if (check_keys(e, where, keys, err) != 0 ||
+                 get_string(e, where, "first", true, "", names[i].first, sizeof names[i].first,
+                            err) != 0 ||
+                 get_string(e, where, "last", true, "", names[i].last, sizeof names[i].last, err) !=
+                     0)
+            rc = -1;
+        else if (!names[i].last[0])
+            rc = td_fail(err, "%s.last: empty; expected a node name", where);
+    }
+    if (rc == 0 && td_segments_assign(job->nodes, job->n_nodes, names, n, err) != 0) {
+        char msg[TD_ERR_MAX]; /* "[2]: ..." joins the path without the usual ": " */
+        memcpy(msg, err->msg, sizeof msg);
+        rc = td_fail(err, "%s%s", path, msg);
+    }
+    job->n_segments = n;
+    free(names);
+    return rc;
+}
+
 static int parse_train(const json_t *root, td_job *job, td_err *err) {
     json_t *t;
     if (get_object(root, "", "train", true, &t, err) != 0) return -1;
-    static const char *const keys[] = {
-        "epochs",  "max_steps",  "batch_size", "eval_batch_size", "seed",       "threads",
-        "shuffle", "drop_last",  "optimizer",  "schedule",        "loss",       "clip_grad_norm",
-        "sync_bn", "grad_accum", "device",     "precision",       "cuda_graph", NULL};
+    static const char *const keys[] = {"epochs",     "max_steps",
+                                       "batch_size", "eval_batch_size",
+                                       "seed",       "threads",
+                                       "shuffle",    "drop_last",
+                                       "optimizer",  "schedule",
+                                       "loss",       "clip_grad_norm",
+                                       "sync_bn",    "grad_accum",
+                                       "device",     "precision",
+                                       "cuda_graph", "activation_checkpointing",
+                                       NULL};
     if (check_keys(t, "train", keys, err) != 0) return -1;
     int choice;
     if (get_choice(t, "train", "device", false, "auto", "auto|cpu|cuda", &choice, err) != 0)
@@ -611,6 +662,7 @@ static int parse_train(const json_t *root, td_job *job, td_err *err) {
         return -1;
     job->precision = choice == 0 ? TD_PREC_FP32 : choice == 1 ? TD_PREC_BF16 : TD_PREC_FP16;
     if (get_bool(t, "train", "cuda_graph", true, &job->cuda_graph, err) != 0) return -1;
+    if (parse_recompute(t, job, err) != 0) return -1;
     long l;
     if (get_int(t, "train", "epochs", false, 1, 1, 1000000, &l, err) != 0) return -1;
     job->epochs = (int)l;

@@ -68,6 +68,7 @@ typedef struct td_job {
     td_device_kind device; /* train.device */
     td_precision precision;
     bool cuda_graph; /* capture the training step in a CUDA graph where shapes allow */
+    int n_segments;  /* train.activation_checkpointing, marked on nodes[].segment */
 
     int log_every;
 

@@ -397,6 +397,15 @@ static void log_banner(const trainer *t) {
     fprintf(t->log, "[traind] data: %d training samples%s, shape %s, %d classes\n", t->train.n,
             job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", shape, t->classes);
     if (job->val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
+    const td_model *m = &t->model;
+    if (m->n_segments) {
+        double mib = 1.0 / (1024.0 * 1024.0);
+        fprintf(t->log,
+                "[traind] activation checkpointing: %d segment%s recomputed in backward; "
+                "activations %.1f MiB instead of %.1f MiB\n",
+                m->n_segments, m->n_segments > 1 ? "s" : "", (double)m->activation_bytes * mib,
+                (double)(m->activation_bytes - m->region_bytes + m->dropped_bytes) * mib);
+    }
     if (t->gpu) {
         char desc[512];
         td_gpu_describe(t->gpu, desc, sizeof desc);

@@ -39,7 +39,8 @@
 typedef struct pcase {
     const char *name;
     /* "op key=value ...; op ...": arguments by their spec names, choices by name; name= and
-     * inputs=a,b as in a spec's nodes. Unnamed nodes are n0, n1, ... */
+     * inputs=a,b as in a spec's nodes; seg=k puts the node in activation checkpointing's
+     * segment k. Unnamed nodes are n0, n1, ... */
     const char *nodes;
     int c, h, w; /* the input: an image [c, h, w], or c flat features when h is 0 */
     bool train;  /* training mode: batch statistics, dropout active */
@@ -104,6 +105,9 @@ static const pcase CASES[] = {
     {"identity", "linear out_features=16; identity" TO_CLASSES, FLAT(24), TRAIN, CE},
     {"loss cross_entropy ls=0.1", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN,
      {TD_LOSS_CROSS_ENTROPY, 0.1f}},
+    {"activation checkpointing", "conv2d out_channels=6 kernel_size=3 padding=1 seg=1; "
+     "batchnorm2d seg=1; relu seg=1; conv2d out_channels=6 kernel_size=3 padding=1 seg=2; "
+     "batchnorm2d seg=2; relu seg=2" FLAT_CLASSES, IMG(3, 8, 8), TRAIN, CE},
     {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}},
 };
 /* clang-format on */
@@ -217,6 +221,8 @@ static int parse_node(char *text, int index, td_node_spec *s, td_err *err) {
         const char *value = eq + 1;
         if (strcmp(word, "name") == 0) {
             snprintf(s->name, sizeof s->name, "%s", value);
+        } else if (strcmp(word, "seg") == 0) {
+            s->segment = atoi(value);
         } else if (strcmp(word, "inputs") == 0) {
             char list[256], *save2 = NULL;
             snprintf(list, sizeof list, "%s", value);
@@ -287,6 +293,7 @@ static void free_pair(td_gpu *g, td_model *cm, td_model *gm) {
 
 static int compare_outputs(td_gpu *g, td_model *cm, td_model *gm, result *r, td_err *err) {
     for (int i = 0; i < cm->n_nodes; i++) {
+        if (cm->nodes[i].dropped) continue; /* activation checkpointing: rebuilt in backward */
         size_t elems = (size_t)BATCH * td_shape_size(cm->nodes[i].out_shape);
         float *got = malloc(elems * sizeof(float));
         if (td_gpu_read(g, gm->nodes[i].out, elems, got, err) != 0) {

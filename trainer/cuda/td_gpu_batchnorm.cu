@@ -304,7 +304,11 @@ static void bn_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     size_t rows = bn_rows(node, run->n);
     float *mean = (float *)node->saved, *invstd = mean + C;
     unsigned cblocks = (unsigned)((C + BN_TX - 1) / BN_TX);
-    if (run->training || !p->track) {
+    // Recomputing for activation checkpointing, the statistics this batch's forward saved still
+    // hold (the node keeps its saved state out of the shared region) and running ones moved
+    // once: only the normalisation runs again.
+    bool batch = run->training || !p->track;
+    if (batch && !run->recompute) {
         int tiles = bn_tiles(rows, C);
         double *ps = (double *)g->workspace, *pq = ps + (size_t)tiles * C;
         TD_GPU_DISPATCH(g->prec, T,
@@ -317,7 +321,7 @@ static void bn_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
         bn_finalize_stats<<<cblocks, dim3(BN_TX, BN_FY), 0, run->stream>>>(
             ps, pq, tiles, C, (double)rows, p->eps, p->momentum, mean, invstd, rm, rv, nb);
         TD_LAUNCHED(g);
-    } else {
+    } else if (!batch) {
         bn_running_stats<<<(C + 255) / 256, 256, 0, run->stream>>>(
             node->buffers[0]->dev_data, node->buffers[1]->dev_data, C, p->eps, mean, invstd);
         TD_LAUNCHED(g);

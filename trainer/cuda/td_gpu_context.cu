@@ -276,8 +276,11 @@ static int alloc_blocks(td_gpu *g, td_model *m, td_err *err) {
                        : (float *)td_gpu_malloc(g, in * sizeof(float), "the fp32 input batch");
     g->labels = (int32_t *)td_gpu_malloc(g, (size_t)m->max_n * sizeof(int32_t), "labels");
     g->totals = (double *)td_gpu_malloc(g, 2 * sizeof(double), "loss totals");
-    g->rng_offset =
-        (unsigned long long *)td_gpu_malloc(g, sizeof(unsigned long long), "the dropout counter");
+    g->rng_slots = 2 + (size_t)m->n_segments;
+    g->rng_offset = (unsigned long long *)td_gpu_malloc(
+        g, g->rng_slots * sizeof(unsigned long long), "the dropout counters");
+    g->recompute_offset = g->rng_offset ? g->rng_offset + 1 : NULL;
+    g->segment_offsets = g->rng_offset ? g->rng_offset + 2 : NULL;
     if (take_failure(g, err) != 0) return -1;
     TD_CUDA_RET(g, cudaMallocHost((void **)&g->input_staging, in * sizeof(float)),
                 take_failure(g, err));
@@ -285,8 +288,9 @@ static int alloc_blocks(td_gpu *g, td_model *m, td_err *err) {
                 take_failure(g, err));
     TD_CUDA_RET(g, cudaMemsetAsync(g->totals, 0, 2 * sizeof(double), g->stream),
                 take_failure(g, err));
-    TD_CUDA_RET(g, cudaMemsetAsync(g->rng_offset, 0, sizeof(unsigned long long), g->stream),
-                take_failure(g, err));
+    TD_CUDA_RET(
+        g, cudaMemsetAsync(g->rng_offset, 0, g->rng_slots * sizeof(unsigned long long), g->stream),
+        take_failure(g, err));
     return td_gpu_loss_alloc(g, m->max_n, err);
 }
 
@@ -328,7 +332,7 @@ extern "C" void td_gpu_detach(td_gpu *g, td_model *m) {
     td_gpu_free(g, g->input, in * td_gpu_elem(g->prec));
     td_gpu_free(g, g->labels, (size_t)m->max_n * sizeof(int32_t));
     td_gpu_free(g, g->totals, 2 * sizeof(double));
-    td_gpu_free(g, g->rng_offset, sizeof(unsigned long long));
+    td_gpu_free(g, g->rng_offset, g->rng_slots * sizeof(unsigned long long));
     if (g->input_staging) cudaFreeHost(g->input_staging);
     if (g->labels_staging) cudaFreeHost(g->labels_staging);
     td_gpu_free(g, g->arena, g->arena_bytes);
@@ -341,7 +345,8 @@ extern "C" void td_gpu_detach(td_gpu *g, td_model *m) {
     g->input = g->input_f32 = g->input_staging = NULL;
     g->labels = g->labels_staging = NULL;
     g->totals = NULL;
-    g->rng_offset = NULL;
+    g->rng_offset = g->recompute_offset = g->segment_offsets = NULL;
+    g->rng_slots = 0;
     g->arena = g->params_half = NULL;
     g->params = g->grads = g->buffers = NULL;
     g->model = NULL;
@@ -447,6 +452,7 @@ static td_gpu_run gpu_run_of(td_gpu *g, const td_run *run) {
     r.training = run->training;
     r.accumulate_grads = run->accumulate_grads;
     r.stream = g->stream;
+    r.rng_offset = g->rng_offset;
     r.node_done = run->node_done;
     r.node_done_ctx = run->node_done_ctx;
     return r;
@@ -458,8 +464,35 @@ extern "C" void td_gpu_forward(td_gpu *g, td_model *m, const td_run *run) {
         td_node *node = &m->nodes[i];
         for (int j = 0; j < node->n_inputs; j++)
             if (node->inputs[j] == TD_INPUT_NODE) node->in[j] = (float *)g->input;
+        if (node->segment >= 0 && m->segments[node->segment].first == i && r.training)
+            TD_CUDA(g, cudaMemcpyAsync(g->segment_offsets + node->segment, g->rng_offset,
+                                       sizeof(unsigned long long), cudaMemcpyDeviceToDevice,
+                                       r.stream));
         g->ops[i]->forward(g, node, &r);
     }
+}
+
+static bool runs_backward(const td_node *node) {
+    bool any = node->n_params > 0;
+    for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
+    return any;
+}
+
+// Activation checkpointing: rebuilds a segment's dropped activations and saved state from its
+// inputs, drawing dropout from the counter its forward started at (the same masks), as the
+// CPU's td_model_backward does.
+static void recompute_segment(td_gpu *g, td_model *m, int s, const td_gpu_run *run) {
+    const td_segment *seg = &m->segments[s];
+    bool any = false;
+    for (int i = seg->first; i <= seg->last; i++) any = any || runs_backward(&m->nodes[i]);
+    if (!any) return;
+    td_gpu_run r = *run;
+    r.recompute = true;
+    r.rng_offset = g->recompute_offset;
+    TD_CUDA(g, cudaMemcpyAsync(g->recompute_offset, g->segment_offsets + s,
+                               sizeof(unsigned long long), cudaMemcpyDeviceToDevice, r.stream));
+    for (int i = seg->first; i <= seg->last && !g->failed; i++)
+        g->ops[i]->forward(g, &m->nodes[i], &r);
 }
 
 extern "C" void td_gpu_loss(td_gpu *g, td_model *m, const td_loss *loss, int n, float grad_scale,
@@ -475,9 +508,9 @@ extern "C" void td_gpu_backward(td_gpu *g, td_model *m, const td_run *run) {
     td_gpu_run r = gpu_run_of(g, run);
     for (int i = m->n_nodes - 1; i >= 0 && !g->failed; i--) {
         td_node *node = &m->nodes[i];
-        bool any = node->n_params > 0;
-        for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
-        if (!any) continue;
+        if (node->segment >= 0 && m->segments[node->segment].last == i)
+            recompute_segment(g, m, node->segment, &r);
+        if (!runs_backward(node)) continue;
         g->ops[i]->backward(g, node, &r);
         if (r.node_done && node->n_params > 0) r.node_done(r.node_done_ctx, node);
     }

@@ -427,9 +427,9 @@ template <typename T> static void dropout_fwd(td_gpu *g, td_node *node, const td
     uint8_t *mask = (uint8_t *)node->saved;
     bool vec = ew_aligned<T>(x, y) && (uintptr_t)mask % 8 == 0;
     dropout_forward_kernel<T><<<ew_blocks(n), EW_THREADS, 0, run->stream>>>(
-        x, y, mask, n, p, dropout_scale(p), g->seed, g->rng_offset, vec);
+        x, y, mask, n, p, dropout_scale(p), g->seed, run->rng_offset, vec);
     TD_LAUNCHED(g);
-    dropout_advance_kernel<<<1, 1, 0, run->stream>>>(g->rng_offset);
+    dropout_advance_kernel<<<1, 1, 0, run->stream>>>(run->rng_offset);
     TD_LAUNCHED(g);
 }
 

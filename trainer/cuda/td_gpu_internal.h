@@ -70,6 +70,11 @@ struct td_gpu {
     // device and advances in-stream, so a captured graph draws fresh masks at every replay.
     uint64_t seed;
     unsigned long long *rng_offset;
+    // Activation checkpointing: each segment's offset as its forward found it, and the counter a
+    // recomputation draws from (restored from the former), so it redraws the same masks.
+    unsigned long long *segment_offsets; // [model->n_segments]
+    unsigned long long *recompute_offset;
+    size_t rng_slots; // counters allocated together from rng_offset
 
     // Optimizer state (td_gpu_optim.cu).
     td_optim_config optim;
@@ -98,6 +103,10 @@ struct td_gpu_run {
     int n;
     bool training;
     bool accumulate_grads; // add into the parameter gradients
+    // A recomputation in backward (activation checkpointing; td_run.recompute): no running
+    // statistics move, BatchNorm reuses the statistics it saved.
+    bool recompute;
+    unsigned long long *rng_offset; // the dropout counter this pass draws from
     cudaStream_t stream;
     // After backward of a node with parameters: DDP's bucket hook (NULL: none).
     void (*node_done)(void *ctx, const td_node *node);
