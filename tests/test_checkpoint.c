@@ -240,3 +240,52 @@ Test(checkpoint, killed_writer_leaves_previous_checkpoint) {
     td_model_free(&m);
     td_job_free(&job);
 }
+
+/* fp16's GradScaler state (scale, growth tracker, skipped steps) travels in state.json, so a
+ * resumed run scales its loss as the uninterrupted one; without one nothing is written. The GPU
+ * fills and applies it (td_gpu_optim_download/upload); here the format alone is under test. */
+Test(checkpoint, grad_scaler_round_trip) {
+    td_job job;
+    td_err err = {{0}};
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/scaler", test_tmpdir());
+    cr_assert_eq(td_job_load_string(&job, resume_spec(dir, false), &err), 0, "%s", err.msg);
+    td_model m;
+    cr_assert_eq(td_model_build(&m, job.nodes, job.n_nodes, td_shape_image(1, 8, 8), 4, 5, 0, &err),
+                 0, "%s", err.msg);
+    td_optim opt, back;
+    td_optim_init(&opt, &job.optim, m.param_floats);
+    td_optim_init(&back, &job.optim, m.param_floats);
+    td_train_state st = {.step = 7}, st_back;
+    char saved[700], state[800];
+    for (int with = 0; with < 2; with++) {
+        opt.scaler = with ? (td_grad_scaler){131072.0f, 17, 3} : (td_grad_scaler){0.0f, 0, 0};
+        back.scaler = (td_grad_scaler){5.0f, 5, 5};
+        st.step = 7 + with;
+        cr_assert_eq(td_checkpoint_save(dir, &m, &opt, &st, 0, false, saved, sizeof saved, &err), 0,
+                     "%s", err.msg);
+        cr_assert_eq(td_checkpoint_load(saved, &m, &back, &st_back, &err), 0, "%s", err.msg);
+        cr_expect_float_eq(back.scaler.scale, opt.scaler.scale, 0);
+        cr_expect_eq(back.scaler.growth_tracker, opt.scaler.growth_tracker);
+        cr_expect_eq(back.scaler.skipped, opt.scaler.skipped);
+        snprintf(state, sizeof state, "%s/state.json", saved);
+        char *text = test_read_file(state);
+        cr_expect_eq(strstr(text, "\"grad_scaler\"") != NULL, with, "%s", text);
+        free(text);
+    }
+    /* a damaged scaler is an error naming the file and the field */
+    char *text = test_read_file(state);
+    char *scale = strstr(text, "131072");
+    cr_assert(scale != NULL, "%s", text);
+    memcpy(scale, "-13107", 6);
+    FILE *f = fopen(state, "w");
+    cr_assert(f && fputs(text, f) != EOF && fclose(f) == 0);
+    free(text);
+    cr_assert_neq(td_checkpoint_load(saved, &m, &back, &st_back, &err), 0);
+    cr_expect(strstr(err.msg, "state.json: grad_scaler: expected {\"scale\": > 0") != NULL, "%s",
+              err.msg);
+    td_optim_free(&opt);
+    td_optim_free(&back);
+    td_model_free(&m);
+    td_job_free(&job);
+}

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,6 +179,12 @@ static int write_state(const char *path, const td_train_state *s, const td_optim
                   "epoch", s->epoch, "batch", s->batch, "seed_hex", seed, "rng", "dropout", rng[0],
                   rng[1], rng[2], rng[3], "optimizer", "steps", (json_int_t)o->steps, "interval",
                   "loss_sum", loss, "steps", (json_int_t)s->interval_steps);
+    /* fp16's GradScaler, where there is one; the scale is a power of two, exact as a double */
+    if (j && o->scaler.scale > 0.0f)
+        json_object_set_new(j, "grad_scaler",
+                            json_pack("{s:f, s:i, s:I}", "scale", (double)o->scaler.scale,
+                                      "growth_tracker", o->scaler.growth_tracker, "skipped_steps",
+                                      (json_int_t)o->scaler.skipped));
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(j);
     FILE *f = fopen(path, "w");
@@ -387,6 +394,21 @@ static int load_state(const char *path, td_train_state *s, td_optim *o, td_err *
     s->interval_loss = strtod(loss, NULL);
     s->interval_steps = (long)isteps;
     o->steps = (long)osteps;
+    o->scaler = (td_grad_scaler){0.0f, 0, 0};
+    json_t *scaler = json_object_get(j, "grad_scaler");
+    double scale = 0;
+    json_int_t tracker = 0, skipped = 0;
+    if (scaler && (json_unpack_ex(scaler, &jerr, 0, "{s:F, s:I, s:I}", "scale", &scale,
+                                  "growth_tracker", &tracker, "skipped_steps", &skipped) != 0 ||
+                   !(scale > 0) || !isfinite(scale) || tracker < 0 || skipped < 0)) {
+        td_fail(err,
+                "%s: grad_scaler: expected {\"scale\": > 0, \"growth_tracker\": >= 0, "
+                "\"skipped_steps\": >= 0}%s%s",
+                path, jerr.text[0] ? ": " : "", jerr.text);
+        json_decref(j);
+        return -1;
+    }
+    if (scaler) o->scaler = (td_grad_scaler){(float)scale, (int)tracker, (long)skipped};
     json_decref(j);
     return 0;
 }

@@ -24,11 +24,22 @@ typedef struct td_optim_config {
     float beta1, beta2, eps;
 } td_optim_config;
 
+/* fp16's dynamic loss scaling: torch.cuda.amp.GradScaler's state_dict ("scale",
+ * "_growth_tracker": clean steps since the scale last changed) and the steps it skipped. Kept
+ * with the optimizer so checkpoints carry it and a resumed fp16 run scales as the uninterrupted
+ * one. scale 0: no scaler state (fp32, bf16, or none yet; the GPU starts fp16 at 65536). */
+typedef struct td_grad_scaler {
+    float scale;
+    int growth_tracker;
+    long skipped;
+} td_grad_scaler;
+
 typedef struct td_optim {
     td_optim_config cfg;
     size_t n;
     float *m, *v; /* SGD momentum buffer in m; Adam exp_avg in m, exp_avg_sq in v */
     long steps;   /* optimizer steps taken */
+    td_grad_scaler scaler;
 } td_optim;
 
 void td_optim_init(td_optim *opt, const td_optim_config *cfg, size_t n_params);

@@ -7,8 +7,9 @@
 #   b) ddp1     NCCL DDP with a world of one (TRAIND_FORCE_DDP=1) trains exactly as the plain
 #               run: the same loss lines and checkpoint bytes
 #   c) fmnist   Fashion-MNIST LeNet-5 in bf16 reaches val_acc >= 0.90
-#   d) resume   fp32: N steps straight against N/2, stop, resume (checkpoint bytes, loss lines),
-#               with BatchNorm and, separately, with dropout
+#   d) resume   N steps straight against N/2, stop, resume (checkpoint bytes, loss lines): fp32
+#               with BatchNorm and, separately, with dropout; fp16 (GradScaler state); fp32 with
+#               activation checkpointing, which must also equal the run without
 #   e) bench    bench/gpu.sh, img/s against PyTorch (informational: it never fails the suite)
 # and prints a summary table. Exit status 1 when a required item (a-d) failed.
 #
@@ -163,7 +164,7 @@ worker=$build/traind-worker
 
 # A small convolutional net with BatchNorm (buffers to broadcast and checkpoint) and optionally
 # dropout before the classifier; 28x28 synthetic data, 40 steps per epoch.
-spec() { # name ckpt_dir max_steps precision dropout(0|p) extra_json
+spec() { # name ckpt_dir max_steps precision dropout(0|p) extra_json [train_extra_json]
     local drop=""
     if [ "$5" != 0 ]; then drop="{\"name\": \"drop\", \"op\": \"dropout\", \"p\": $5},"; fi
     cat <<JSON
@@ -185,7 +186,7 @@ spec() { # name ckpt_dir max_steps precision dropout(0|p) extra_json
  "train": {"epochs": 4, "max_steps": $3, "batch_size": 64, "seed": 7, "device": "cuda",
            "precision": "$4",
            "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0005},
-           "schedule": {"type": "cosine", "warmup_steps": 5}},
+           "schedule": {"type": "cosine", "warmup_steps": 5}${7:-}},
  "checkpoint": {"dir": "$2"},
  "log": {"every_steps": 5}$6}
 JSON
@@ -307,13 +308,13 @@ fi
 
 # ---- d) resume exactness, fp32 ----------------------------------------------------------------
 
-resume_case() { # item dropout
-    local t0=$SECONDS d=$out/$1 n=48 half=24 rc
+resume_case() { # item dropout [precision [train_extra_json]]
+    local t0=$SECONDS d=$out/$1 n=48 half=24 rc prec=${3:-fp32} tx=${4:-}
     mkdir -p "$d"
-    spec "$1" "$d/ck-a" $n fp32 "$2" "" >"$d/a.json"
-    spec "$1" "$d/ck-a2" $n fp32 "$2" "" >"$d/a2.json"
-    spec "$1" "$d/ck-b" $n fp32 "$2" "" >"$d/b1.json"
-    spec "$1" "$d/ck-b" $n fp32 "$2" ', "resume_from": "latest"' >"$d/b2.json"
+    spec "$1" "$d/ck-a" $n "$prec" "$2" "" "$tx" >"$d/a.json"
+    spec "$1" "$d/ck-a2" $n "$prec" "$2" "" "$tx" >"$d/a2.json"
+    spec "$1" "$d/ck-b" $n "$prec" "$2" "" "$tx" >"$d/b1.json"
+    spec "$1" "$d/ck-b" $n "$prec" "$2" ', "resume_from": "latest"' "$tx" >"$d/b2.json"
     td timeout 600 "$worker" "$d/a.json" >"$d/a.out" 2>"$d/a.err" &&
         td timeout 600 "$worker" "$d/a2.json" >"$d/a2.out" 2>"$d/a2.err" &&
         td timeout 600 "$worker" --stop-after $half "$d/b1.json" >"$d/b1.out" 2>"$d/b1.err" &&
@@ -342,6 +343,27 @@ $(echo "$resumed" | wc -l) loss lines identical" $((SECONDS - t0)) yes
 }
 resume_case resume 0
 resume_case resume-d 0.3
+# fp16: the GradScaler's scale and growth tracker travel in the checkpoint
+resume_case resume-fp16 0 fp16
+# activation checkpointing (dropout inside a segment): resumes exactly, and trains exactly as
+# the run that keeps every activation (resume-d's straight run)
+segments=', "activation_checkpointing": [{"first": "conv1", "last": "pool1"},
+    {"first": "conv2", "last": "drop"}]'
+resume_case recompute 0.3 fp32 "$segments"
+t0=$SECONDS
+if [ -d "$out/recompute/ck-a" ] && [ -d "$out/resume-d/ck-a" ]; then
+    same=$(same_checkpoint "$(last_checkpoint "$out/resume-d/ck-a")" \
+        "$(last_checkpoint "$out/recompute/ck-a")")
+    if [ "$same" = same ]; then
+        record recompute-eq PASS "48 steps with 2 recomputed segments = without: checkpoint \
+bytes identical" $((SECONDS - t0)) yes
+    else
+        record recompute-eq FAIL "with and without activation checkpointing:$same" \
+            $((SECONDS - t0)) yes
+    fi
+else
+    record recompute-eq FAIL "a run it compares did not finish" 0 yes
+fi
 
 # ---- e) benchmark ------------------------------------------------------------------------------
 

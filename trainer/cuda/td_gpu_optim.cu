@@ -463,6 +463,22 @@ int td_gpu_optim_upload(td_gpu *g, const td_optim *opt, td_err *err) {
     TD_CUDA_RET(
         g, cudaMemcpyAsync(g->optim_steps, &steps, sizeof steps, cudaMemcpyHostToDevice, g->stream),
         take_failure(g, err));
+    // a resumed fp16 run goes on with the scale it had; without saved state it starts afresh
+    long long skipped = opt->scaler.skipped;
+    if (g->prec == TD_PREC_FP16 && opt->scaler.scale > 0.0f) {
+        TD_CUDA_RET(g,
+                    cudaMemcpyAsync(g->scaler.scale, &opt->scaler.scale, sizeof(float),
+                                    cudaMemcpyHostToDevice, g->stream),
+                    take_failure(g, err));
+        TD_CUDA_RET(g,
+                    cudaMemcpyAsync(g->scaler.growth_tracker, &opt->scaler.growth_tracker,
+                                    sizeof(int), cudaMemcpyHostToDevice, g->stream),
+                    take_failure(g, err));
+        TD_CUDA_RET(g,
+                    cudaMemcpyAsync(g->scaler.skipped, &skipped, sizeof skipped,
+                                    cudaMemcpyHostToDevice, g->stream),
+                    take_failure(g, err));
+    }
     TD_CUDA_RET(g, cudaStreamSynchronize(g->stream), take_failure(g, err));
     return take_failure(g, err);
 }
@@ -479,12 +495,29 @@ int td_gpu_optim_download(td_gpu *g, td_optim *opt, td_err *err) {
         TD_CUDA_RET(
             g, cudaMemcpyAsync(opt->v, g->v, n * sizeof(float), cudaMemcpyDeviceToHost, g->stream),
             take_failure(g, err));
-    long long steps = 0;
+    long long steps = 0, skipped = 0;
+    td_grad_scaler sc = {0.0f, 0, 0};
     TD_CUDA_RET(
         g, cudaMemcpyAsync(&steps, g->optim_steps, sizeof steps, cudaMemcpyDeviceToHost, g->stream),
         take_failure(g, err));
+    if (g->prec == TD_PREC_FP16) {
+        TD_CUDA_RET(g,
+                    cudaMemcpyAsync(&sc.scale, g->scaler.scale, sizeof(float),
+                                    cudaMemcpyDeviceToHost, g->stream),
+                    take_failure(g, err));
+        TD_CUDA_RET(g,
+                    cudaMemcpyAsync(&sc.growth_tracker, g->scaler.growth_tracker, sizeof(int),
+                                    cudaMemcpyDeviceToHost, g->stream),
+                    take_failure(g, err));
+        TD_CUDA_RET(g,
+                    cudaMemcpyAsync(&skipped, g->scaler.skipped, sizeof skipped,
+                                    cudaMemcpyDeviceToHost, g->stream),
+                    take_failure(g, err));
+    }
     TD_CUDA_RET(g, cudaStreamSynchronize(g->stream), take_failure(g, err));
     opt->steps = (long)steps;
+    sc.skipped = (long)skipped;
+    opt->scaler = sc;
     return take_failure(g, err);
 }
 
