@@ -99,10 +99,7 @@ static int open_handles(td_gpu *g, int device) {
     TD_CUDA_RET(g, cudaSetDevice(device), -1);
     TD_CUDA_RET(g, cudaGetDeviceProperties(&g->prop, device), -1);
     TD_CUDA_RET(g, cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), -1);
-    TD_CUBLAS_RET(g, cublasCreate(&g->blas), -1);
-    TD_CUBLAS_RET(g, cublasSetStream(g->blas, g->stream), -1);
-    // fp32 stays fp32: TF32 would break parity with the CPU and with PyTorch's matmul default
-    TD_CUBLAS_RET(g, cublasSetMathMode(g->blas, CUBLAS_PEDANTIC_MATH), -1);
+    // GEMMs go through cuBLASLt alone (fp32 there is true fp32: CUBLAS_COMPUTE_32F, no TF32)
     TD_CUBLAS_RET(g, cublasLtCreate(&g->lt), -1);
     TD_CUDNN_RET(g, cudnnCreate(&g->dnn), -1);
     TD_CUDNN_RET(g, cudnnSetStream(g->dnn, g->stream), -1);
@@ -133,7 +130,6 @@ extern "C" void td_gpu_close(td_gpu *g) {
     if (g->step_done) cudaEventDestroy(g->step_done);
     if (g->dnn) cudnnDestroy(g->dnn);
     if (g->lt) cublasLtDestroy(g->lt);
-    if (g->blas) cublasDestroy(g->blas);
     if (g->stream) cudaStreamDestroy(g->stream);
     pthread_mutex_destroy(&g->fail_lock);
     free(g);
@@ -176,10 +172,22 @@ void td_gpu_free(td_gpu *g, void *p, size_t bytes) {
     g->in_use -= bytes;
 }
 
+bool td_gpu_take_failure(td_gpu *g, char *msg, size_t len) {
+    pthread_mutex_lock(&g->fail_lock);
+    bool failed = g->failed;
+    if (failed) snprintf(msg, len, "%s", g->msg);
+    g->failed = false;
+    pthread_mutex_unlock(&g->fail_lock);
+    return failed;
+}
+
 extern "C" int td_gpu_check(td_gpu *g, td_err *err) {
+    // a communicator abort stays recorded in the DDP state; what is cleared here is only the
+    // report, so the next caller starts clean (td_gpu.h: failures "since the last call")
     if (!g->failed && td_gpu_ddp_wait(g, g->stream, err) != 0) return -1;
-    if (!g->failed) return 0;
-    td_fail(err, "GPU: %s", g->msg);
+    char msg[TD_ERR_MAX];
+    if (!td_gpu_take_failure(g, msg, sizeof msg)) return 0;
+    td_fail(err, "GPU: %s", msg);
     return -1;
 }
 
@@ -265,9 +273,6 @@ static int alloc_blocks(td_gpu *g, td_model *m, td_err *err) {
     td_model_layout(m, &arena, elem);
     g->workspace = m->scratch;
     g->workspace_bytes = m->scratch_floats * sizeof(float);
-    if (g->workspace_bytes)
-        TD_CUBLAS_RET(g, cublasSetWorkspace(g->blas, g->workspace, g->workspace_bytes),
-                      take_failure(g, err));
 
     size_t in = input_elems(m);
     g->input = td_gpu_malloc(g, in * elem, "the input batch");
@@ -313,10 +318,13 @@ extern "C" int td_gpu_attach(td_gpu *g, td_model *m, td_precision prec, uint64_t
 
 extern "C" void td_gpu_detach(td_gpu *g, td_model *m) {
     if (g->model != m) return;
-    td_gpu_ddp_stop(g); // before any wait: a dead peer must not hang the teardown
-    cudaStreamSynchronize(g->stream);
+    // The graph first: NCCL (2.26 on) will not destroy, or even finish aborting, a communicator
+    // while a graph that captured its collectives lives. Destroying one in flight is allowed
+    // (it is freed when it completes), so this never waits.
     if (g->graph) cudaGraphExecDestroy(g->graph);
     g->graph = NULL;
+    td_gpu_ddp_stop(g); // before any wait: a dead peer must not hang the teardown
+    cudaStreamSynchronize(g->stream);
     td_gpu_optim_free(g);
     td_gpu_loss_free(g);
     for (int i = 0; i < m->n_nodes; i++) {

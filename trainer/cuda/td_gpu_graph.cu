@@ -27,10 +27,11 @@ static int capture(td_gpu *g, td_model *m, const td_gpu_step_args *a, td_err *er
     queue_step(g, m, a);
     cudaGraph_t graph = NULL;
     e = cudaStreamEndCapture(g->stream, &graph);
-    if (g->failed || e != cudaSuccess) {
+    char msg[TD_ERR_MAX];
+    bool failed = td_gpu_take_failure(g, msg, sizeof msg);
+    if (failed || e != cudaSuccess) {
         // an op that cannot be captured: report it and let the trainer go on eagerly
-        td_fail(err, "capture failed: %s", g->failed ? g->msg : cudaGetErrorString(e));
-        g->failed = false;
+        td_fail(err, "capture failed: %s", failed ? msg : cudaGetErrorString(e));
         cudaGetLastError(); // clear the capture error so eager work starts clean
         if (graph) cudaGraphDestroy(graph);
         return -1;
@@ -54,8 +55,25 @@ extern "C" int td_gpu_graph_step(td_gpu *g, td_model *m, const td_gpu_step_args 
     }
     // The replay before this one may not have copied its learning rate yet.
     if (td_gpu_ddp_wait_event(g, g->step_done, err) != 0) return -1;
-    bool first = g->graph == NULL;
-    if (first && capture(g, m, a, err) != 0) return -1;
+    if (!g->graph) {
+        int rc = capture(g, m, a, err);
+        // NCCL requires whether a collective is graph-captured to be the same on every rank: a
+        // rank whose capture failed makes them all train op by op
+        if (a->ddp) {
+            float ok = rc == 0 ? 1.0f : 0.0f;
+            td_err agree = {{0}};
+            int arc = td_gpu_ddp_allreduce_host(g, &ok, 1, true, &agree);
+            if ((arc != 0 || ok < 1.0f) && g->graph) {
+                cudaGraphExecDestroy(g->graph);
+                g->graph = NULL;
+            }
+            if (arc != 0) return td_fail(err, "agreeing on CUDA graphs: %s", agree.msg);
+            if (rc == 0 && ok < 1.0f)
+                return td_fail(err, "capture failed on another rank (its log says why); every "
+                                    "rank trains op by op");
+        }
+        if (rc != 0) return -1;
+    }
     // capture queued nothing: the first replay is the first execution
     *g->lr_host = a->lr;
     TD_CUDA_RET(g, cudaGraphLaunch(g->graph, g->stream), td_gpu_check(g, err));

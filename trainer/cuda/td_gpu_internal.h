@@ -35,7 +35,6 @@ struct td_gpu {
     int device;
     cudaDeviceProp prop;
     cudaStream_t stream; // all compute
-    cublasHandle_t blas;
     cublasLtHandle_t lt;
     cudnnHandle_t dnn;
 
@@ -301,6 +300,10 @@ void td_gpu_loss_free(td_gpu *g);
 // Optimizer state between host and device (td_gpu_optim.cu). Synchronise.
 int td_gpu_optim_download(td_gpu *g, td_optim *opt, td_err *err);
 int td_gpu_optim_upload(td_gpu *g, const td_optim *opt, td_err *err);
+
+// Takes the recorded failure, if any, into msg and clears it (under the lock the NCCL
+// watchdog records with). Returns whether there was one.
+bool td_gpu_take_failure(td_gpu *g, char *msg, size_t len);
 
 // DDP (td_gpu_nccl.cu)
 void td_gpu_ddp_stop(td_gpu *g);

@@ -117,7 +117,9 @@ static bool is_aborted(td_gpu_ddp *d) {
 }
 
 // With mu held: aborts the communicator (its kernels return, the peers' collectives fail rather
-// than wait for us) and records why, once.
+// than wait for us) and records why, once. mu is released around ncclCommAbort: after raising
+// its abort flag it waits until no CUDA graph holds the communicator, and the graph is destroyed
+// by the main thread (td_gpu_detach) once it has seen `aborted` — which it reads under mu.
 static void abort_locked(td_gpu_ddp *d, int line, const char *what, const char *why,
                          const char *hint) {
     if (d->aborted) return;
@@ -127,10 +129,12 @@ static void abort_locked(td_gpu_ddp *d, int line, const char *what, const char *
     d->comm = NULL;
     td_gpu_fail(d->g, __FILE__, line, what, why, hint);
     if (comm) {
+        pthread_mutex_unlock(&d->mu);
         ncclResult_t r = ncclCommAbort(comm);
         if (r != ncclSuccess)
             fprintf(stderr, "[traind] rank %d: ncclCommAbort: %s\n", d->rank,
                     ncclGetErrorString(r));
+        pthread_mutex_lock(&d->mu);
     }
 }
 
