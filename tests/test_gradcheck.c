@@ -296,7 +296,7 @@ Test(gradcheck, lenet5_whole) {
     td_err err;
     cr_assert_eq(td_model_build(&m, nodes, n, td_shape_image(1, 28, 28), 4, 1, 0, &err), 0, "%s",
                  err.msg);
-    cr_expect_eq(m.param_floats, 44426u, "LeNet-5 has 44,426 parameters, got %zu", m.param_floats);
+    cr_expect_eq(m.param_count, 44426u, "LeNet-5 has 44,426 parameters, got %zu", m.param_count);
     const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
                            "fc1.bias",     "fc2.weight", "fc2.bias",     "fc3.weight", "fc3.bias"};
     cr_assert_eq(m.n_params, 10);
@@ -306,6 +306,25 @@ Test(gradcheck, lenet5_whole) {
     cr_expect(w->ndim == 4 && w->dims[0] == 16 && w->dims[1] == 6 && w->dims[2] == 5 &&
                   w->dims[3] == 5,
               "conv2.weight is OIHW [16, 6, 5, 5]");
+    /* each parameter starts 32-byte aligned (conv1.weight's 150 values leave a gap of 2); the
+     * gaps hold zeros, before and after a training step */
+    float x[4 * 28 * 28], dlogits[4 * 10];
+    for (int i = 0; i < 4 * 28 * 28; i++) x[i] = (float)(i % 17) / 17.0f;
+    for (int i = 0; i < 40; i++) dlogits[i] = (float)(i % 7) - 3.0f;
+    td_run run = {.n = 4, .training = true};
+    td_model_forward(&m, x, &run);
+    td_model_backward(&m, dlogits, &run);
+    cr_expect_eq(m.params[1].offset, 152u, "conv1.bias after conv1.weight's 150 and a gap of 2");
+    size_t end = 0;
+    for (int i = 0; i < m.n_params; i++) {
+        const td_param *p = &m.params[i];
+        cr_expect_eq(p->offset % 8, 0u, "%s at %zu", p->name, p->offset);
+        for (size_t k = end; k < p->offset; k++)
+            cr_expect(m.param_block[k] == 0.0f && m.grad_block[k] == 0.0f, "gap %zu before %s", k,
+                      p->name);
+        end = p->offset + p->size;
+    }
+    cr_expect_eq(end, m.param_floats);
     td_model_free(&m);
     free(nodes);
 }

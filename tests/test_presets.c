@@ -58,7 +58,7 @@ Test(presets, resnet18_matches_torchvision) {
     td_model m;
     build_preset(&m, "{\"preset\": \"resnet18\", \"num_classes\": 1000}",
                  td_shape_image(3, 64, 64));
-    cr_expect_eq(m.param_floats, 11689512u, "resnet18 has %zu parameters", m.param_floats);
+    cr_expect_eq(m.param_count, 11689512u, "resnet18 has %zu parameters", m.param_count);
     expect_state_dict(&m, "resnet18.state_dict.txt");
     td_model_free(&m);
 }
@@ -67,7 +67,7 @@ Test(presets, resnet34_matches_torchvision) {
     td_model m;
     build_preset(&m, "{\"preset\": \"resnet34\", \"num_classes\": 1000}",
                  td_shape_image(3, 64, 64));
-    cr_expect_eq(m.param_floats, 21797672u, "resnet34 has %zu parameters", m.param_floats);
+    cr_expect_eq(m.param_count, 21797672u, "resnet34 has %zu parameters", m.param_count);
     expect_state_dict(&m, "resnet34.state_dict.txt");
     td_model_free(&m);
 }
@@ -76,7 +76,7 @@ Test(presets, resnet50_matches_torchvision) {
     td_model m;
     build_preset(&m, "{\"preset\": \"resnet50\", \"num_classes\": 1000}",
                  td_shape_image(3, 64, 64));
-    cr_expect_eq(m.param_floats, 25557032u, "resnet50 has %zu parameters", m.param_floats);
+    cr_expect_eq(m.param_count, 25557032u, "resnet50 has %zu parameters", m.param_count);
     expect_state_dict(&m, "resnet50.state_dict.txt");
     /* v1.5: the stride sits on the 3x3 conv of the first bottleneck of layer2 */
     const td_node *conv2 = NULL, *conv1 = NULL;
@@ -127,6 +127,6 @@ Test(presets, cifar_net_is_the_tutorial_net) {
     cr_expect(fc1->dims[0] == 120 && fc1->dims[1] == 400, "fc1 is 400 -> 120");
     const td_param *c1 = td_model_find_param(&m, "conv1.weight");
     cr_expect(c1->dims[0] == 6 && c1->dims[1] == 3 && c1->dims[2] == 5);
-    cr_expect_eq(m.param_floats, 62006u, "the tutorial net has 62,006 parameters");
+    cr_expect_eq(m.param_count, 62006u, "the tutorial net has 62,006 parameters");
     td_model_free(&m);
 }

@@ -42,9 +42,15 @@ const char *td_op_names(void) {
     return names;
 }
 
-static td_param *add_tensor(td_param **list, int *count, size_t *floats, const td_node *node,
-                            const char *suffix, int ndim, const int *dims, td_init init,
-                            td_dtype dtype) {
+/* Parameters start at multiples of TD_PARAM_ALIGN floats (32 bytes; 16 in bf16/fp16): GPU GEMMs
+ * take their fast paths, and cuBLASLt its bias epilogue, only on 16-byte aligned operands. The
+ * gaps stay zero (blocks are allocated zeroed and no op writes them), so norms, all-reduces and
+ * optimizer steps over the whole block are unchanged. */
+#define TD_PARAM_ALIGN 8
+
+static td_param *add_tensor(td_param **list, int *count, size_t *floats, size_t align,
+                            const td_node *node, const char *suffix, int ndim, const int *dims,
+                            td_init init, td_dtype dtype) {
     *list = realloc(*list, (size_t)(*count + 1) * sizeof(td_param));
     TD_ASSERT(*list != NULL, "out of memory registering parameters");
     td_param *p = &(*list)[(*count)++];
@@ -56,8 +62,8 @@ static td_param *add_tensor(td_param **list, int *count, size_t *floats, const t
         p->dims[i] = dims[i];
         p->size *= (size_t)dims[i];
     }
-    p->offset = *floats;
-    *floats += p->size;
+    p->offset = (*floats + align - 1) / align * align;
+    *floats = p->offset + p->size;
     p->init = init;
     p->dtype = dtype;
     return p;
@@ -66,8 +72,9 @@ static td_param *add_tensor(td_param **list, int *count, size_t *floats, const t
 td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix, int ndim,
                              const int *dims, td_init init) {
     TD_ASSERT(node->n_params < TD_MAX_NODE_PARAMS, "raise TD_MAX_NODE_PARAMS");
-    td_param *p = add_tensor(&model->params, &model->n_params, &model->param_floats, node, suffix,
-                             ndim, dims, init, TD_F32);
+    td_param *p = add_tensor(&model->params, &model->n_params, &model->param_floats, TD_PARAM_ALIGN,
+                             node, suffix, ndim, dims, init, TD_F32);
+    model->param_count += p->size;
     node->param_ids[node->n_params++] = model->n_params - 1;
     return p;
 }
@@ -75,7 +82,7 @@ td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix,
 td_param *td_model_add_buffer(td_model *model, td_node *node, const char *suffix, int ndim,
                               const int *dims, float fill, td_dtype dtype) {
     TD_ASSERT(node->n_buffers < TD_MAX_NODE_PARAMS, "raise TD_MAX_NODE_PARAMS");
-    td_param *p = add_tensor(&model->buffers, &model->n_buffers, &model->buffer_floats, node,
+    td_param *p = add_tensor(&model->buffers, &model->n_buffers, &model->buffer_floats, 1, node,
                              suffix, ndim, dims, td_init_fill(fill), dtype);
     node->buffer_ids[node->n_buffers++] = model->n_buffers - 1;
     return p;

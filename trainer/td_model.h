@@ -145,8 +145,9 @@ struct td_model {
     int max_n;
 
     int n_params;
-    td_param *params; /* in registration order: forward order, PyTorch's state_dict order */
-    size_t param_floats;
+    td_param *params;    /* in registration order: forward order, PyTorch's state_dict order */
+    size_t param_floats; /* the block's length: parameters and the zero gaps aligning them */
+    size_t param_count;  /* the parameters' values alone, as PyTorch counts them */
     float *param_block, *grad_block;
 
     int n_buffers;

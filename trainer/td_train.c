@@ -391,7 +391,7 @@ static int evaluate(trainer *t, double *val_loss, double *val_acc, td_err *err) 
 static void log_banner(const trainer *t) {
     const td_job *job = t->job;
     fprintf(t->log, "[traind] job \"%s\": %d parameters in %d tensors, %d nodes\n", job->name,
-            (int)t->model.param_floats, t->model.n_params, t->model.n_nodes);
+            (int)t->model.param_count, t->model.n_params, t->model.n_nodes);
     char shape[64];
     td_shape_format(t->train.shape, shape, sizeof shape);
     fprintf(t->log, "[traind] data: %d training samples%s, shape %s, %d classes\n", t->train.n,
