@@ -13,8 +13,13 @@
 # (the train lines after the first, which holds cuDNN planning and the CUDA graph capture) and
 # includes its data loader: synthetic samples made on a CPU thread and copied in every step.
 # PyTorch's reuses four batches already on the GPU, so any loader cost counts against traind.
+# A progress line per figure goes to stderr as it is measured, so a run cut short still shows
+# what it had.
 # Environment: PYTHON (default python3, with torch and torchvision), BENCH_COMPILE=0 skips
-# torch.compile, TRAIND_LD_LIBRARY_PATH (for traind-worker alone; tests/gpu/run.sh sets it).
+# torch.compile, BENCH_MODELS (comma list of resnet50, resnet18_cifar, lenet5, mlp, ddp; default
+# all) picks rows, BENCH_TIMEOUT (default 300) bounds each traind-worker and PyTorch process in
+# seconds (a hung one reads "failed"), TRAIND_LD_LIBRARY_PATH (for traind-worker alone;
+# tests/gpu/run.sh sets it).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
@@ -22,6 +27,8 @@ worker=$build/traind-worker
 [ -x "$worker" ] || { echo "bench: $worker not found; build first" >&2; exit 1; }
 py=${PYTHON:-python3}
 compile=${BENCH_COMPILE:-1}
+models=${BENCH_MODELS:-resnet50,resnet18_cifar,lenet5,mlp,ddp}
+limit=${BENCH_TIMEOUT:-300}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -40,8 +47,15 @@ JSON
 rate() {
     $py -c '
 import json, sys
-ms = [json.loads(l)["step_ms"] for l in sys.stdin if "\"event\":\"train\"" in l]
-print(256 * 1000.0 / (sum(ms[1:]) / len(ms[1:])) if len(ms) > 1 else "nan")'
+ms = []
+for l in sys.stdin:
+    if "\"event\":\"train\"" in l:
+        try:
+            ms.append(float(json.loads(l)["step_ms"]))
+        except (ValueError, KeyError):
+            pass
+mean = sum(ms[1:]) / len(ms[1:]) if len(ms) > 1 else 0
+print(256 * 1000.0 / mean if mean > 0 else "nan")' || echo nan
 }
 
 ours() { # model_json shape classes precision steps log_every [ddp]
@@ -55,7 +69,7 @@ ours() { # model_json shape classes precision steps log_every [ddp]
             RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 TRAIND_FORCE_DDP=1
             export RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE TRAIND_FORCE_DDP
         fi
-        "$worker" "$tmp/job.json" 2>"$tmp/worker.err" || true
+        timeout -k 5 "$limit" "$worker" "$tmp/job.json" 2>"$tmp/worker.err" || true
     ) | rate >"$tmp/rate"
     if [ "$(cat "$tmp/rate")" = nan ]; then
         echo "bench: traind-worker: $(tail -1 "$tmp/worker.err")" >&2
@@ -64,19 +78,30 @@ ours() { # model_json shape classes precision steps log_every [ddp]
 }
 
 theirs() { # model precision mode steps [--ddp]
-    $py "$here/torch_gpu_peer.py" --model "$1" --batch 256 --precision "$2" --mode "$3" \
-        --steps "$4" --warmup 10 ${5:+"$5"} 2>"$tmp/torch.err" |
-        $py -c 'import json, sys; print(json.loads(sys.stdin.read())["img_per_s"])' 2>/dev/null ||
-        { tail -1 "$tmp/torch.err" >&2; echo nan; }
+    # shellcheck disable=SC2086 # PYTHON may carry options, as elsewhere here
+    timeout -k 5 "$limit" $py "$here/torch_gpu_peer.py" --model "$1" --batch 256 \
+        --precision "$2" --mode "$3" --steps "$4" --warmup 10 ${5:+"$5"} 2>"$tmp/torch.err" |
+        $py -c '
+import json, sys
+rates = [json.loads(l)["img_per_s"] for l in sys.stdin if l.startswith("{") and "img_per_s" in l]
+print(rates[-1])' 2>/dev/null ||
+        { echo "bench: torch_gpu_peer.py $*: $(tail -1 "$tmp/torch.err")" >&2; echo nan; }
 }
+want() { case ",$models," in *",$1,"*) return 0 ;; esac; return 1; }
 
 results=$tmp/results
 : >"$results"
 row() { # label precision model_json shape classes steps log_every torch_model torch_steps
+    want "$8" || return 0
     a=$(ours "$3" "$4" "$5" "$2" "$6" "$7")
+    echo "bench: $1 $2: traind $a img/s" >&2
     b=$(theirs "$8" "$2" eager "$9")
+    echo "bench: $1 $2: PyTorch eager $b img/s" >&2
     c=skipped
-    if [ "$compile" != 0 ]; then c=$(theirs "$8" "$2" compile "$9"); fi
+    if [ "$compile" != 0 ]; then
+        c=$(theirs "$8" "$2" compile "$9")
+        echo "bench: $1 $2: PyTorch compile $c img/s" >&2
+    fi
     echo "$1|$2|$a|$b|$c" >>"$results"
 }
 
@@ -93,10 +118,15 @@ row "MLP 784-1024-1024-10, b256" fp32 \
     '{"preset": "mlp", "hidden": [1024, 1024], "num_classes": 10}' "$mnist" 10 400 40 mlp 300
 
 # DDP over a world of one: the same ResNet-18 job, plain and through NCCL's buckets
-plain=$(ours "$r18" "$cifar" 10 bf16 200 20)
-ddp=$(ours "$r18" "$cifar" 10 bf16 200 20 ddp)
-tplain=$(theirs resnet18_cifar bf16 eager 150)
-tddp=$(theirs resnet18_cifar bf16 eager 150 --ddp)
+plain=skipped ddp=skipped tplain=skipped tddp=skipped
+if want ddp; then
+    plain=$(ours "$r18" "$cifar" 10 bf16 200 20)
+    ddp=$(ours "$r18" "$cifar" 10 bf16 200 20 ddp)
+    echo "bench: ResNet-18-cifar bf16: traind plain $plain, DDP $ddp img/s" >&2
+    tplain=$(theirs resnet18_cifar bf16 eager 150)
+    tddp=$(theirs resnet18_cifar bf16 eager 150 --ddp)
+    echo "bench: ResNet-18-cifar bf16: PyTorch plain $tplain, DDP $tddp img/s" >&2
+fi
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 torch_version=$($py -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "not found")

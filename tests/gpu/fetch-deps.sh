@@ -2,12 +2,15 @@
 # Run on the Debian 12 development machine (apt, network): gathers what tests/gpu/run.sh needs on
 # a GPU machine that has CUDA, cuDNN, NCCL, CMake and PyTorch but none of Debian's -dev packages
 # and no network:
-#   .gpu-deps/debs/           the .debs, as apt-get download fetches them
-#   .gpu-deps/root/           each unpacked (dpkg-deb -x): headers, .pc files, libraries
-#   .gpu-deps/fashion-mnist/  the four Fashion-MNIST .gz files (examples/fmnist-lenet.json)
+#   .gpu-deps/debs/           the .debs, as apt-get download fetches them (about 16 MB)
+#   .gpu-deps/root/           each unpacked (dpkg-deb -x): headers, .pc files, libraries, for
+#                             a look here; it stays here (run.sh unpacks debs/ again there)
+#   .gpu-deps/fashion-mnist/  the four Fashion-MNIST .gz files (examples/fmnist-lenet.json,
+#                             about 30 MB)
 #   .gpu-deps/MANIFEST        package and version of each .deb
-# .gpu-deps/ is ignored by git: copy it along with the tree (about 75 MB, plus 16 MB of debs/,
-# which run.sh does not need).
+# .gpu-deps/ is ignored by git: carry .gpu-deps/debs and .gpu-deps/fashion-mnist along with the
+# tree (the device tool: carry [".gpu-deps/debs", ".gpu-deps/fashion-mnist"], 64 MiB at most
+# with the tree).
 #
 #   tests/gpu/fetch-deps.sh
 #
@@ -59,7 +62,7 @@ rm -rf "$deps/root/usr/share/doc" "$deps/root/usr/share/man" "$deps/root/usr/sha
 # tree lacks: point them at the pthread flavour directly.
 obl=$deps/root/usr/lib/$ma/openblas-pthread
 for lib in libopenblas.so libopenblas.so.0; do
-    [ -e "$obl/$lib" ] && ln -sfn "openblas-pthread/$lib" "$deps/root/usr/lib/$ma/$lib"
+    if [ -e "$obl/$lib" ]; then ln -sfn "openblas-pthread/$lib" "$deps/root/usr/lib/$ma/$lib"; fi
 done
 
 # Absolute symlinks (zlib1g-dev's libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13) would point
@@ -79,13 +82,18 @@ find "$deps/root" -type l | while read -r link; do
 done
 find "$deps/root" -xtype l -delete # links to what was pruned above
 
-# Fashion-MNIST: Debian's dataset-fashion-mnist if installed, else its .deb.
+# run.sh takes a root with this stamp as finished (it unpacks debs/ itself where there is none)
+touch "$deps/root/.unpacked"
+
+# Fashion-MNIST: Debian's dataset-fashion-mnist if installed, else its .deb, fetched beside
+# debs/ (not into it: debs/ travels, and the .gz files already do).
 src=/usr/share/datasets/fashion-mnist
 if [ ! -f "$src/train-images-idx3-ubyte.gz" ]; then
-    (cd "$deps/debs" && apt-get download dataset-fashion-mnist)
-    mkdir -p "$deps/fmnist-deb"
-    dpkg-deb -x "$deps"/debs/dataset-fashion-mnist_*.deb "$deps/fmnist-deb"
-    src=$deps/fmnist-deb/usr/share/datasets/fashion-mnist
+    rm -rf "$deps/fmnist-deb"
+    mkdir -p "$deps/fmnist-deb/x"
+    (cd "$deps/fmnist-deb" && apt-get download dataset-fashion-mnist)
+    dpkg-deb -x "$deps"/fmnist-deb/dataset-fashion-mnist_*.deb "$deps/fmnist-deb/x"
+    src=$deps/fmnist-deb/x/usr/share/datasets/fashion-mnist
 fi
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
     t10k-labels-idx1-ubyte.gz; do
@@ -95,4 +103,6 @@ rm -rf "$deps/fmnist-deb"
 
 echo "fetch-deps: $(wc -l <"$deps/MANIFEST") packages unpacked into $deps/root" \
     "($(du -sh "$deps/root" | cut -f1)), Fashion-MNIST in $deps/fashion-mnist"
-echo "fetch-deps: copy $deps along with the tree, then run tests/gpu/run.sh on the GPU machine"
+echo "fetch-deps: carry $deps/debs ($(du -sh "$deps/debs" | cut -f1)) and $deps/fashion-mnist" \
+    "($(du -sh "$deps/fashion-mnist" | cut -f1)) along with the tree, then run tests/gpu/run.sh" \
+    "on the GPU machine"
