@@ -46,10 +46,10 @@ mkdir -p "$deps/debs" "$deps/root" "$deps/fashion-mnist"
 (cd "$deps/debs" && apt-get download $packages)
 : >"$deps/MANIFEST"
 for deb in "$deps"/debs/*.deb; do
-    dpkg-deb -x "$deb" "$deps/root"
     dpkg-deb -f "$deb" Package Version | tr '\n' ' ' >>"$deps/MANIFEST"
     echo >>"$deps/MANIFEST"
 done
+sh "$top/tests/gpu/unpack-root.sh" "$deps/debs" "$deps/root"
 
 # Only shared libraries, headers and .pc files are used: static archives, the separate BLAS and
 # LAPACK (libopenblas has both), manuals and docs stay behind (about 60 MB of the 110).
@@ -58,32 +58,7 @@ rm -f "$deps/root/usr/lib/$ma/openblas-pthread"/libblas.so* \
     "$deps/root/usr/lib/$ma/openblas-pthread"/liblapack.so*
 rm -rf "$deps/root/usr/share/doc" "$deps/root/usr/share/man" "$deps/root/usr/share/lintian"
 
-# Debian's libopenblas.so.0 and libblas links go through /etc/alternatives, which the unpacked
-# tree lacks: point them at the pthread flavour directly.
-obl=$deps/root/usr/lib/$ma/openblas-pthread
-for lib in libopenblas.so libopenblas.so.0; do
-    if [ -e "$obl/$lib" ]; then ln -sfn "openblas-pthread/$lib" "$deps/root/usr/lib/$ma/$lib"; fi
-done
-
-# Absolute symlinks (zlib1g-dev's libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13) would point
-# into the GPU machine's own system: make them relative inside the root where the target came
-# along, and drop the ones that dangle (nothing here needs them).
-find "$deps/root" -type l | while read -r link; do
-    target=$(readlink "$link")
-    case $target in
-    /*)
-        if [ -e "$deps/root$target" ]; then
-            ln -sfnr "$deps/root$target" "$link"
-        else
-            rm -f "$link"
-        fi
-        ;;
-    esac
-done
 find "$deps/root" -xtype l -delete # links to what was pruned above
-
-# run.sh takes a root with this stamp as finished (it unpacks debs/ itself where there is none)
-touch "$deps/root/.unpacked"
 
 # Fashion-MNIST: Debian's dataset-fashion-mnist if installed, else its .deb, fetched beside
 # debs/ (not into it: debs/ travels, and the .gz files already do).

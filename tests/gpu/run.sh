@@ -92,42 +92,11 @@ if [ "${SKIP_BUILD:-0}" = 1 ] || ! want build; then do_build=no; fi
 
 # The unpacked root is twice the size of the .debs, so only the .debs travel (the device tool
 # carries at most 64 MiB) and are unpacked here: with dpkg where there is one, else ar + tar.
-# Then as fetch-deps.sh does: absolute symlinks (zlib1g-dev's libz.so ->
-# /lib/x86_64-linux-gnu/libz.so.1.2.13) made relative inside the root, or dropped where they
-# dangle, and the libopenblas links that Debian makes through /etc/alternatives. The stamp
-# marks a finished unpack (a call cut short mid-way unpacks again).
+# The stamp marks a finished unpack (a call cut short mid-way unpacks again).
 stamp=$root/.unpacked
 if [ ! -f "$stamp" ] && compgen -G "$deps/debs/*.deb" >/dev/null; then
     echo "[gpu-tests] unpacking $deps/debs into $root"
-    rm -rf "$root"
-    mkdir -p "$root"
-    for deb in "$deps"/debs/*.deb; do
-        case $deb in */dataset-fashion-mnist_*) continue ;; esac
-        if command -v dpkg-deb >/dev/null; then
-            dpkg-deb -x "$deb" "$root" || exit 2
-        else
-            (tmp=$(mktemp -d) && cd "$tmp" && ar x "$deb" && tar -xf data.tar.* -C "$root" &&
-                rm -rf "$tmp") || exit 2
-        fi
-    done
-    find "$root" -type l | while read -r link; do
-        target=$(readlink "$link")
-        case $target in
-        /*)
-            if [ -e "$root$target" ]; then
-                ln -sfnr "$root$target" "$link"
-            else
-                rm -f "$link"
-            fi
-            ;;
-        esac
-    done
-    obl=$root/usr/lib/$ma/openblas-pthread
-    for lib in libopenblas.so libopenblas.so.0; do
-        if [ -e "$obl/$lib" ]; then ln -sfn "openblas-pthread/$lib" "$root/usr/lib/$ma/$lib"; fi
-    done
-    find "$root" -xtype l -delete
-    touch "$stamp"
+    sh "$top/tests/gpu/unpack-root.sh" "$deps/debs" "$root" || exit 2
 fi
 if [ ! -d "$root/usr/include" ]; then
     echo "run.sh: $root is missing: run tests/gpu/fetch-deps.sh on the Debian dev machine and" \
