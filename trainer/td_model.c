@@ -228,15 +228,27 @@ static int link_segments(td_model *model, const td_node_spec *specs, int n, td_e
     return 0;
 }
 
+/* A node's output (and its gradient) for the largest batch. */
+static size_t out_bytes(const td_model *model, const td_node *node, size_t elem_bytes) {
+    return (size_t)model->max_n * td_shape_size(node->out_shape) * elem_bytes;
+}
+
 /* What of a node lives in the segments' shared region: a dropped output with its gradient, and
  * the saved state of any node in a segment unless it must outlive recomputation. */
-static void push_recomputed(td_arena *arena, td_node *node, size_t out_bytes) {
+static void push_recomputed(td_arena *arena, td_node *node, size_t bytes) {
     if (node->dropped) {
-        node->out = td_arena_push(arena, out_bytes);
-        node->grad = td_arena_push(arena, out_bytes);
+        node->out = td_arena_push(arena, bytes);
+        node->grad = td_arena_push(arena, bytes);
     }
     if (node->segment >= 0 && !node->keep_saved)
         node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;
+}
+
+/* A segment's share of the region, carved from arena's start. */
+static void push_segment(td_arena *arena, td_model *model, const td_segment *seg,
+                         size_t elem_bytes) {
+    for (int i = seg->first; i <= seg->last; i++)
+        push_recomputed(arena, &model->nodes[i], out_bytes(model, &model->nodes[i], elem_bytes));
 }
 
 static bool in_module(const char *name, const char *prefix) {
@@ -314,10 +326,7 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
     model->dropped_bytes = 0;
     for (int s = 0; s < model->n_segments; s++) {
         td_arena count = {0};
-        for (int i = model->segments[s].first; i <= model->segments[s].last; i++)
-            push_recomputed(&count, &model->nodes[i],
-                            (size_t)model->max_n * td_shape_size(model->nodes[i].out_shape) *
-                                elem_bytes);
+        push_segment(&count, model, &model->segments[s], elem_bytes);
         /* whole 64-byte units, as pushes occupy them: the totals then add up exactly */
         size_t share = (count.used + 63) / 64 * 64;
         model->dropped_bytes += share;
@@ -325,7 +334,7 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
     }
     for (int i = 0; i < n; i++) {
         td_node *node = &model->nodes[i];
-        size_t out = (size_t)model->max_n * td_shape_size(node->out_shape) * elem_bytes;
+        size_t out = out_bytes(model, node, elem_bytes);
         if (!node->dropped) {
             node->out = td_arena_push(arena, out);
             node->grad = td_arena_push(arena, out);
@@ -342,10 +351,7 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
     char *region_base = region ? td_arena_push(arena, region) : NULL;
     for (int s = 0; s < model->n_segments; s++) {
         td_arena share = {region_base, 0, region};
-        for (int i = model->segments[s].first; i <= model->segments[s].last; i++)
-            push_recomputed(&share, &model->nodes[i],
-                            (size_t)model->max_n * td_shape_size(model->nodes[i].out_shape) *
-                                elem_bytes);
+        push_segment(&share, model, &model->segments[s], elem_bytes);
     }
     model->region_bytes = region;
     model->activation_bytes = (arena->used - start + 63) / 64 * 64;
@@ -507,19 +513,11 @@ const float *td_model_forward(td_model *model, const float *x, const td_run *run
     return model->nodes[model->n_nodes - 1].out;
 }
 
-static bool runs_backward(const td_node *node) {
-    bool any = node->n_params > 0;
-    for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
-    return any;
-}
-
 /* Rebuilds a segment's activations and saved state from its inputs (kept by forward), with the
  * dropout generator as the segment's first forward found it: the same masks, so backward sees
  * exactly the forward it differentiates. Timed as forward. */
 static void recompute_segment(td_model *model, const td_segment *seg, const td_run *run) {
-    bool any = false;
-    for (int i = seg->first; i <= seg->last; i++) any = any || runs_backward(&model->nodes[i]);
-    if (!any) return;
+    if (!td_segment_runs_backward(model, seg)) return;
     td_run r = *run;
     td_rng rng = seg->rng;
     r.rng = run->rng ? &rng : NULL;
@@ -540,7 +538,7 @@ void td_model_backward(td_model *model, const float *dlogits, const td_run *run)
         td_node *node = &model->nodes[i];
         if (node->segment >= 0 && model->segments[node->segment].last == i)
             recompute_segment(model, &model->segments[node->segment], &r);
-        if (!runs_backward(node)) continue;
+        if (!td_node_runs_backward(node)) continue;
         double t0 = model->profile ? seconds() : 0;
         node->op->backward(node, &r);
         if (model->profile) model->profile[2 * i + 1] += seconds() - t0;

@@ -232,6 +232,18 @@ void td_model_print_profile(const td_model *model, long steps, FILE *out);
 const float *td_model_forward(td_model *model, const float *x, const td_run *run);
 /* Backpropagates dlogits ([n, output size]) into the parameter gradients. */
 void td_model_backward(td_model *model, const float *dlogits, const td_run *run);
+/* Whether backward calls the node: it has parameters or some input wants a gradient. */
+static inline bool td_node_runs_backward(const td_node *node) {
+    bool any = node->n_params > 0;
+    for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
+    return any;
+}
+/* Whether backward must recompute the segment: some node of it runs backward. */
+static inline bool td_segment_runs_backward(const td_model *m, const td_segment *seg) {
+    bool any = false;
+    for (int i = seg->first; i <= seg->last; i++) any = any || td_node_runs_backward(&m->nodes[i]);
+    return any;
+}
 static inline td_shape td_model_output_shape(const td_model *m) {
     return m->nodes[m->n_nodes - 1].out_shape;
 }

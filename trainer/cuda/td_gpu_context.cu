@@ -480,20 +480,12 @@ extern "C" void td_gpu_forward(td_gpu *g, td_model *m, const td_run *run) {
     }
 }
 
-static bool runs_backward(const td_node *node) {
-    bool any = node->n_params > 0;
-    for (int j = 0; j < node->n_inputs; j++) any = any || node->in_grad[j];
-    return any;
-}
-
 // Activation checkpointing: rebuilds a segment's dropped activations and saved state from its
 // inputs, drawing dropout from the counter its forward started at (the same masks), as the
 // CPU's td_model_backward does.
 static void recompute_segment(td_gpu *g, td_model *m, int s, const td_gpu_run *run) {
     const td_segment *seg = &m->segments[s];
-    bool any = false;
-    for (int i = seg->first; i <= seg->last; i++) any = any || runs_backward(&m->nodes[i]);
-    if (!any) return;
+    if (!td_segment_runs_backward(m, seg)) return;
     td_gpu_run r = *run;
     r.recompute = true;
     r.rng_offset = g->recompute_offset;
@@ -518,7 +510,7 @@ extern "C" void td_gpu_backward(td_gpu *g, td_model *m, const td_run *run) {
         td_node *node = &m->nodes[i];
         if (node->segment >= 0 && m->segments[node->segment].last == i)
             recompute_segment(g, m, node->segment, &r);
-        if (!runs_backward(node)) continue;
+        if (!td_node_runs_backward(node)) continue;
         g->ops[i]->backward(g, node, &r);
         if (r.node_done && node->n_params > 0) r.node_done(r.node_done_ctx, node);
     }
