@@ -16,6 +16,22 @@ typedef struct pool_geom {
     bool include_pad; // avg only
 } pool_geom;
 
+// Element i of a channels-last [*, h, w, c] tensor: its sample, row, column and channel.
+struct nhwc_pos {
+    size_t b;
+    int y, x, c;
+};
+static __device__ __forceinline__ nhwc_pos nhwc_split(size_t i, int h, int w, int c) {
+    nhwc_pos p;
+    p.c = (int)(i % c);
+    size_t t = i / c;
+    p.x = (int)(t % w);
+    t /= w;
+    p.y = (int)(t % h);
+    p.b = t / h;
+    return p;
+}
+
 static pool_geom pool_geom_of(const td_node *node, bool avg) {
     pool_geom q;
     q.c = node->in_shape[0].c;
@@ -61,12 +77,9 @@ static __global__ void __launch_bounds__(POOL_THREADS)
                            pool_geom q, size_t total) {
     size_t in_size = (size_t)q.h * q.w * q.c;
     TD_GRID_STRIDE(o, total) {
-        int c = (int)(o % q.c);
-        size_t t = o / q.c;
-        int ow = (int)(t % q.ow);
-        t /= q.ow;
-        int oh = (int)(t % q.oh);
-        size_t b = t / q.oh;
+        nhwc_pos pos = nhwc_split(o, q.oh, q.ow, q.c);
+        int c = pos.c, ow = pos.x, oh = pos.y;
+        size_t b = pos.b;
         const T *xs = x + b * in_size;
         float best = 0.0f;
         int32_t best_at = -1;
@@ -96,12 +109,9 @@ static __global__ void __launch_bounds__(POOL_THREADS)
                             T *__restrict__ dx, pool_geom q, size_t total, bool add) {
     size_t out_size = (size_t)q.oh * q.ow * q.c;
     TD_GRID_STRIDE(i, total) {
-        int c = (int)(i % q.c);
-        size_t t = i / q.c;
-        int iw = (int)(t % q.w);
-        t /= q.w;
-        int ih = (int)(t % q.h);
-        size_t b = t / q.h;
+        nhwc_pos pos = nhwc_split(i, q.h, q.w, q.c);
+        int c = pos.c, iw = pos.x, ih = pos.y;
+        size_t b = pos.b;
         int32_t at = (ih * q.w + iw) * q.c + c;
         int oh0, oh1, ow0, ow1;
         pool_cover(ih, q.k, q.s, q.p, q.oh, &oh0, &oh1);
@@ -159,12 +169,9 @@ static __global__ void __launch_bounds__(POOL_THREADS)
     avgpool_forward_kernel(const T *__restrict__ x, T *__restrict__ y, pool_geom q, size_t total) {
     size_t in_size = (size_t)q.h * q.w * q.c;
     TD_GRID_STRIDE(o, total) {
-        int c = (int)(o % q.c);
-        size_t t = o / q.c;
-        int ow = (int)(t % q.ow);
-        t /= q.ow;
-        int oh = (int)(t % q.oh);
-        size_t b = t / q.oh;
+        nhwc_pos pos = nhwc_split(o, q.oh, q.ow, q.c);
+        int c = pos.c, ow = pos.x, oh = pos.y;
+        size_t b = pos.b;
         const T *xs = x + b * in_size;
         float sum = 0.0f;
         for (int kh = 0; kh < q.k; kh++) {
@@ -186,12 +193,9 @@ static __global__ void __launch_bounds__(POOL_THREADS)
                             bool add) {
     size_t out_size = (size_t)q.oh * q.ow * q.c;
     TD_GRID_STRIDE(i, total) {
-        int c = (int)(i % q.c);
-        size_t t = i / q.c;
-        int iw = (int)(t % q.w);
-        t /= q.w;
-        int ih = (int)(t % q.h);
-        size_t b = t / q.h;
+        nhwc_pos pos = nhwc_split(i, q.h, q.w, q.c);
+        int c = pos.c, iw = pos.x, ih = pos.y;
+        size_t b = pos.b;
         int oh0, oh1, ow0, ow1;
         pool_cover(ih, q.k, q.s, q.p, q.oh, &oh0, &oh1);
         pool_cover(iw, q.k, q.s, q.p, q.ow, &ow0, &ow1);
