@@ -87,9 +87,10 @@ void td_gpu_scaler_state(td_gpu *g, float *scale, long *skipped);
  * buckets as td_reducer.h describes them, each all-reduced (ncclAvg) on the communication stream
  * as soon as backward has produced it (event-gated), so communication overlaps backward. A
  * watchdog aborts the communicator when a peer fails or a collective outlives timeout_s, so a
- * dead peer never hangs the job. */
+ * dead peer never hangs the job. sync_bn: SyncBatchNorm, training BatchNorm's statistics and
+ * its backward's sums over every rank's batch (all-reduced in order with the buckets). */
 int td_gpu_ddp_start(td_gpu *g, td_model *m, td_store *store, int rank, int world,
-                     double bucket_cap_mb, double timeout_s, td_err *err);
+                     double bucket_cap_mb, double timeout_s, bool sync_bn, td_err *err);
 /* Before the backward whose gradients are to be averaged: installs the node hook in run. */
 void td_gpu_ddp_begin(td_gpu *g, td_run *run);
 /* After that backward: the compute stream waits for the last bucket (no host wait). */

@@ -62,8 +62,8 @@
     X(td_gpu_scaler_state, void, (td_gpu * g, float *scale, long *skipped), (g, scale, skipped))   \
     X(td_gpu_ddp_start, int,                                                                       \
       (td_gpu * g, td_model * m, td_store * store, int rank, int world, double bucket_cap_mb,      \
-       double timeout_s, td_err *err),                                                             \
-      (g, m, store, rank, world, bucket_cap_mb, timeout_s, err))                                   \
+       double timeout_s, bool sync_bn, td_err *err),                                               \
+      (g, m, store, rank, world, bucket_cap_mb, timeout_s, sync_bn, err))                          \
     X(td_gpu_ddp_begin, void, (td_gpu * g, td_run * run), (g, run))                                \
     X(td_gpu_ddp_finish, int, (td_gpu * g, td_err * err), (g, err))                                \
     X(td_gpu_ddp_allreduce_host, int,                                                              \

@@ -102,8 +102,9 @@ void td_gpu_scaler_state(td_gpu *g, float *scale, long *skipped) {
     *skipped = 0;
 }
 int td_gpu_ddp_start(td_gpu *g, td_model *m, td_store *store, int rank, int world,
-                     double bucket_cap_mb, double timeout_s, td_err *err) {
-    (void)g, (void)m, (void)store, (void)rank, (void)world, (void)bucket_cap_mb, (void)timeout_s;
+                     double bucket_cap_mb, double timeout_s, bool sync_bn, td_err *err) {
+    (void)g, (void)m, (void)store, (void)rank, (void)world, (void)bucket_cap_mb, (void)timeout_s,
+        (void)sync_bn;
     return td_fail(err, "%s", no_cuda);
 }
 void td_gpu_ddp_begin(td_gpu *g, td_run *run) {

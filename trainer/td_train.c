@@ -134,8 +134,6 @@ static int setup_gpu_dist(trainer *t, int rank, int world, td_err *err) {
     if (t->device.backend != TD_BACKEND_NCCL)
         return td_fail(err, "distributed.backend: \"cpu\" with GPU training is not supported yet; "
                             "use \"nccl\" (or \"auto\")");
-    if (job->sync_bn)
-        return td_fail(err, "train.sync_bn: SyncBatchNorm is not implemented on the GPU yet");
     t->store = t->opt->store;
     if (!t->store && world > 1) {
         if (td_store_open(&t->store, d->master_addr, d->master_port, t->rank0, d->namespace_,
@@ -145,7 +143,7 @@ static int setup_gpu_dist(trainer *t, int rank, int world, td_err *err) {
     }
     double timeout = d ? d->timeout_s : 300.0;
     if (td_gpu_ddp_start(t->gpu, &t->model, t->store, rank, world, job->bucket_cap_mb, timeout,
-                         err) != 0)
+                         job->sync_bn, err) != 0)
         return -1;
     t->gpu_ddp = true;
     if (td_gpu_ddp_broadcast_params(t->gpu, &t->model, false, err) != 0)
@@ -153,10 +151,11 @@ static int setup_gpu_dist(trainer *t, int rank, int world, td_err *err) {
     if (t->rank0)
         fprintf(t->log,
                 "[traind] data parallel: %d rank%s, %d per node; gradients in %d bucket%s "
-                "(bucket_cap_mb %g), all-reduced through NCCL\n",
+                "(bucket_cap_mb %g), all-reduced through NCCL%s\n",
                 world, world == 1 ? "" : "s", d && world > 1 ? d->local_world : 1,
                 td_gpu_ddp_buckets(t->gpu), td_gpu_ddp_buckets(t->gpu) == 1 ? "" : "s",
-                job->bucket_cap_mb);
+                job->bucket_cap_mb,
+                job->sync_bn ? "; SyncBatchNorm statistics over every rank's batch" : "");
     return 0;
 }
 
@@ -430,9 +429,6 @@ static int resolve_device(trainer *t, td_err *err) {
                           getenv("CUDA_VISIBLE_DEVICES"), &t->device, err) != 0)
         return -1;
     t->graph_off = !job->cuda_graph;
-    if (t->device.device == TD_DEVICE_CUDA && job->sync_bn && world_of(t) > 1)
-        return td_fail(err, "train.sync_bn: SyncBatchNorm is not implemented on the GPU yet; "
-                            "set train.device \"cpu\" or drop sync_bn");
     return 0;
 }
 
@@ -464,7 +460,8 @@ static int gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int g
     run->n = b->n;
     run->accumulate_grads = micro > 0;
     run->node_done = NULL;
-    if (t->gpu_ddp && !run->sync && t->model.buffer_floats &&
+    /* DDP's broadcast_buffers, needless under SyncBatchNorm (every rank's statistics agree) */
+    if (t->gpu_ddp && !job->sync_bn && t->model.buffer_floats &&
         td_gpu_ddp_broadcast_params(t->gpu, &t->model, true, err) != 0)
         return collective_failed(t, err);
     td_gpu_forward(t->gpu, &t->model, run);

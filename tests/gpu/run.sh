@@ -6,7 +6,8 @@
 # then runs
 #   a) parity   traind-gpu-parity: every op, loss and optimizer, CPU against GPU, fp32 and bf16
 #   b) ddp1     NCCL DDP with a world of one (TRAIND_FORCE_DDP=1) trains exactly as the plain
-#               run: the same loss lines and checkpoint bytes
+#               run: the same loss lines and checkpoint bytes; so does it with SyncBatchNorm
+#               (its sums then go through NCCL too)
 #   c) fmnist   Fashion-MNIST LeNet-5 in bf16 reaches val_acc >= 0.90
 #   d) resume   N steps straight against N/2, stop, resume (checkpoint bytes, loss lines): fp32
 #               with BatchNorm (resume) and, separately, with dropout (resume-d); fp16 with its
@@ -506,7 +507,20 @@ fi
 # ---- b) DDP with a world of one ---------------------------------------------------------------
 
 # The trainer treats WORLD_SIZE=1 as no distribution at all; TRAIND_FORCE_DDP=1 sends a world of
-# one through NCCL and the buckets anyway. A small bucket cap makes several buckets.
+# one through NCCL and the buckets anyway. A small bucket cap makes several buckets. With
+# train.sync_bn the BatchNorm sums take the NCCL path as well; over one rank they add nothing,
+# so that run must equal the plain one too.
+ddp1_compare() { # plain_dir run_dir label: "" when they trained identically, else what differs
+    local ck
+    if [ "$(losses "$1/plain.out")" != "$(losses "$2.out")" ]; then
+        echo "$3: loss lines differ: $(diff <(losses "$1/plain.out") <(losses "$2.out") |
+            head -3 | tr '\n' ' ')"
+        return
+    fi
+    ck=$(same_checkpoint "$(last_checkpoint "$1/ck-plain")" "$(last_checkpoint "$1/ck-$3")")
+    [ "$ck" = same ] || echo "$3: losses equal but the final checkpoint differs:$ck"
+}
+
 if begin ddp1; then
     t0=$SECONDS
     d=$out/ddp1
@@ -515,30 +529,33 @@ if begin ddp1; then
     dist=', "distributed": {"backend": "nccl", "bucket_cap_mb": 0.001}'
     spec ddp1 "$d/ck-plain" 40 fp32 0 "$dist" >"$d/plain.json"
     spec ddp1 "$d/ck-ddp" 40 fp32 0 "$dist" >"$d/ddp.json"
+    spec ddp1 "$d/ck-sync" 40 fp32 0 "$dist" ', "sync_bn": true' >"$d/sync.json"
     td timeout -k 10 "$(tmo 600)" "$worker" "$d/plain.json" >"$d/plain.out" 2>"$d/plain.err"
     rc1=$?
-    td env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 TRAIND_FORCE_DDP=1 \
-        TRAIND_TIMEOUT_S=120 timeout -k 10 "$(tmo 600)" "$worker" "$d/ddp.json" \
-        >"$d/ddp.out" 2>"$d/ddp.err"
-    rc2=$?
+    for run in ddp sync; do
+        td env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 TRAIND_FORCE_DDP=1 \
+            TRAIND_TIMEOUT_S=120 timeout -k 10 "$(tmo 600)" "$worker" "$d/$run.json" \
+            >"$d/$run.out" 2>"$d/$run.err"
+        eval "rc_$run=\$?"
+    done
     buckets=$(grep -o 'gradients in [0-9]* bucket' "$d/ddp.err" | grep -o '[0-9]*')
-    if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then
-        record ddp1 FAIL "worker $(why $rc1) (plain) / $(why $rc2) (DDP): \
-$(tail -1 "$d/plain.err") / $(tail -1 "$d/ddp.err")" $((SECONDS - t0)) yes
+    if [ $rc1 -ne 0 ] || [ $rc_ddp -ne 0 ] || [ $rc_sync -ne 0 ]; then
+        record ddp1 FAIL "worker $(why $rc1) (plain) / $(why $rc_ddp) (DDP) / $(why $rc_sync) \
+(SyncBatchNorm): $(tail -1 "$d/plain.err") / $(tail -1 "$d/ddp.err") / $(tail -1 "$d/sync.err")" \
+            $((SECONDS - t0)) yes
     elif ! grep -q "all-reduced through NCCL" "$d/ddp.err"; then
         record ddp1 FAIL "the DDP run did not go through NCCL (is TRAIND_FORCE_DDP honoured?)" \
             $((SECONDS - t0)) yes
-    elif [ "$(losses "$d/plain.out")" != "$(losses "$d/ddp.out")" ]; then
-        record ddp1 FAIL "loss lines differ: $(diff <(losses "$d/plain.out") \
-<(losses "$d/ddp.out") | head -3 | tr '\n' ' ')" $((SECONDS - t0)) yes
+    elif ! grep -q "SyncBatchNorm statistics over every rank" "$d/sync.err"; then
+        record ddp1 FAIL "the sync_bn run did not announce SyncBatchNorm (see $d/sync.err)" \
+            $((SECONDS - t0)) yes
     else
-        ck=$(same_checkpoint "$(last_checkpoint "$d/ck-plain")" "$(last_checkpoint "$d/ck-ddp")")
-        if [ "$ck" = same ]; then
+        diffs="$(ddp1_compare "$d" "$d/ddp" ddp)$(ddp1_compare "$d" "$d/sync" sync)"
+        if [ -z "$diffs" ]; then
             record ddp1 PASS "$(losses "$d/ddp.out" | wc -l) loss lines and the final \
-checkpoint identical; ${buckets:-?} buckets" $((SECONDS - t0)) yes
+checkpoint identical, with and without SyncBatchNorm; ${buckets:-?} buckets" $((SECONDS - t0)) yes
         else
-            record ddp1 FAIL "losses equal but the final checkpoint differs:$ck" \
-                $((SECONDS - t0)) yes
+            record ddp1 FAIL "$diffs" $((SECONDS - t0)) yes
         fi
     fi
 fi

@@ -10,6 +10,12 @@
 // activations' precision; per-channel sums are accumulated in double, as the CPU does (a ResNet
 // batch is millions of rows, and E[x²] - E[x]² needs the headroom).
 //
+// SyncBatchNorm (td_gpu_ddp_start's sync_bn, in training): the tiles' sums of this rank, with its
+// row count, are all-reduced in double over the ranks before the statistics (forward) and the
+// coefficients of dx (backward) are taken from them; the weight and bias gradients stay this
+// rank's own, for DDP to average like any other. A world of one gives bit-identical results to
+// plain BatchNorm.
+//
 // Reductions are deterministic: every channel's rows are cut into a fixed number of tiles (a
 // function of rows and C only), each tile is summed by its own threads in a fixed order, and a
 // second kernel adds the tiles' partial sums in tile order. No atomics, so the same batch gives
@@ -42,9 +48,10 @@ static int bn_tiles(size_t rows, int c) {
     return t < 1 ? 1 : (int)t;
 }
 
-// Scratch: two double partial sums per (tile, channel), then k1, k2, k3 of backward.
+// Scratch: two double partial sums per (tile, channel), SyncBatchNorm's 2c + 1 double totals, then
+// k1, k2, k3 of backward.
 static size_t bn_scratch_floats(size_t rows, int c) {
-    return 4 * (size_t)bn_tiles(rows, c) * c + 3 * (size_t)c;
+    return 4 * (size_t)bn_tiles(rows, c) * c + 2 * (2 * (size_t)c + 1) + 3 * (size_t)c;
 }
 
 // ---- kernels ----------------------------------------------------------------------------------
@@ -134,17 +141,37 @@ __device__ __forceinline__ void bn_sum_tiles(const double *__restrict__ pa,
     *b_out = b;
 }
 
-// Batch statistics from the partial sums: mean and invstd for normalisation (saved for
-// backward), and in training with tracking the running statistics and the batch counter.
+// SyncBatchNorm's wire: per channel the two sums over this rank's tiles ([0, C) and [C, 2C)),
+// then the rows they cover (at 2C), for the all-reduce across ranks.
+__global__ void bn_total_tiles(const double *__restrict__ pa, const double *__restrict__ pb,
+                               int tiles, int C, double rows, double *__restrict__ totals) {
+    int c = blockIdx.x * BN_TX + threadIdx.x;
+    double a, b;
+    bn_sum_tiles(pa, pb, tiles, C, c, &a, &b);
+    if (threadIdx.y != 0 || c >= C) return;
+    totals[c] = a;
+    totals[C + c] = b;
+    if (c == 0) totals[2 * C] = rows;
+}
+
+// Batch statistics from the partial sums (or, with SyncBatchNorm, from the totals over every
+// rank, whose count is then theirs): mean and invstd for normalisation (saved for backward), and
+// in training with tracking the running statistics and the batch counter.
 __global__ void bn_finalize_stats(const double *__restrict__ part_s,
                                   const double *__restrict__ part_q, int tiles, int C, double count,
-                                  float eps, float momentum, float *__restrict__ mean,
-                                  float *__restrict__ invstd, float *__restrict__ run_mean,
-                                  float *__restrict__ run_var, float *__restrict__ batches) {
+                                  const double *__restrict__ totals, float eps, float momentum,
+                                  float *__restrict__ mean, float *__restrict__ invstd,
+                                  float *__restrict__ run_mean, float *__restrict__ run_var,
+                                  float *__restrict__ batches) {
     int c = blockIdx.x * BN_TX + threadIdx.x;
     double s, q;
     bn_sum_tiles(part_s, part_q, tiles, C, c, &s, &q);
     if (threadIdx.y != 0 || c >= C) return;
+    if (totals) {
+        s = totals[c];
+        q = totals[C + c];
+        count = totals[2 * C];
+    }
     double mu = s / count;
     double m2 = q - s * mu; // the sum of squared deviations
     if (m2 < 0.0) m2 = 0.0;
@@ -190,14 +217,15 @@ __global__ void bn_apply(const T *__restrict__ x, T *__restrict__ y, size_t rows
 // dx = k1·dy + k2·x + k3 (xhat is affine in x). With batch statistics
 //   dx = w·invstd·(dy - mean(dy) - xhat·mean(dy·xhat)),
 // with running ones dx = w·invstd·dy. tiles == 0: no sums needed (no parameters, running
-// statistics).
+// statistics). With SyncBatchNorm, `global` holds the sums (and count) over every rank, which
+// the mean terms of dx take; the parameters' gradients keep this rank's.
 __global__ void bn_finalize_grad(const double *__restrict__ part_dy,
                                  const double *__restrict__ part_dyx, int tiles, int C,
-                                 double count, bool batch, const float *__restrict__ mean,
-                                 const float *__restrict__ invstd, const float *__restrict__ w,
-                                 float *__restrict__ dw, float *__restrict__ db, bool accumulate,
-                                 float *__restrict__ k1, float *__restrict__ k2,
-                                 float *__restrict__ k3) {
+                                 double count, const double *__restrict__ global, bool batch,
+                                 const float *__restrict__ mean, const float *__restrict__ invstd,
+                                 const float *__restrict__ w, float *__restrict__ dw,
+                                 float *__restrict__ db, bool accumulate, float *__restrict__ k1,
+                                 float *__restrict__ k2, float *__restrict__ k3) {
     int c = blockIdx.x * BN_TX + threadIdx.x;
     double sdy, sdyx;
     bn_sum_tiles(part_dy, part_dyx, tiles, C, c, &sdy, &sdyx);
@@ -205,6 +233,11 @@ __global__ void bn_finalize_grad(const double *__restrict__ part_dy,
     if (dw) {
         dw[c] = (accumulate ? dw[c] : 0.0f) + (float)sdyx;
         db[c] = (accumulate ? db[c] : 0.0f) + (float)sdy;
+    }
+    if (global) {
+        sdy = global[c];
+        sdyx = global[C + c];
+        count = global[2 * C];
     }
     float is = invstd[c];
     float s = (w ? w[c] : 1.0f) * is;
@@ -314,12 +347,20 @@ static void bn_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
         TD_GPU_DISPATCH(g->prec, T,
                         launch_partial_stats<T>(node->in[0], rows, C, tiles, ps, pq, run->stream));
         TD_LAUNCHED(g);
+        double *totals = NULL; // SyncBatchNorm: sums and count over every rank
+        if (run->training && td_gpu_ddp_syncs_batchnorm(g)) {
+            totals = pq + (size_t)tiles * C;
+            bn_total_tiles<<<cblocks, dim3(BN_TX, BN_FY), 0, run->stream>>>(ps, pq, tiles, C,
+                                                                            (double)rows, totals);
+            TD_LAUNCHED(g);
+            td_gpu_ddp_sum(g, totals, 2 * (size_t)C + 1, run->stream);
+        }
         bool update = run->training && p->track;
         float *rm = update ? node->buffers[0]->dev_data : NULL;
         float *rv = update ? node->buffers[1]->dev_data : NULL;
         float *nb = update ? node->buffers[2]->dev_data : NULL;
         bn_finalize_stats<<<cblocks, dim3(BN_TX, BN_FY), 0, run->stream>>>(
-            ps, pq, tiles, C, (double)rows, p->eps, p->momentum, mean, invstd, rm, rv, nb);
+            ps, pq, tiles, C, (double)rows, totals, p->eps, p->momentum, mean, invstd, rm, rv, nb);
         TD_LAUNCHED(g);
     } else if (!batch) {
         bn_running_stats<<<(C + 255) / 256, 256, 0, run->stream>>>(
@@ -346,20 +387,30 @@ static void bn_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     int tiles = p->affine || batch ? bn_tiles(rows, C) : 0;
     int alloc_tiles = bn_tiles(rows, C);
     double *pa = (double *)g->workspace, *pb = pa + (size_t)alloc_tiles * C;
-    float *k1 = (float *)(pb + (size_t)alloc_tiles * C), *k2 = k1 + C, *k3 = k2 + C;
+    double *global = pb + (size_t)alloc_tiles * C;
+    float *k1 = (float *)(global + 2 * (size_t)C + 1), *k2 = k1 + C, *k3 = k2 + C;
     if (tiles) {
         TD_GPU_DISPATCH(g->prec, T,
                         launch_partial_grad<T>(node->in[0], node->grad, rows, C, tiles, mean,
                                                invstd, pa, pb, run->stream));
         TD_LAUNCHED(g);
     }
+    unsigned cblocks = (unsigned)((C + BN_TX - 1) / BN_TX);
+    // SyncBatchNorm: dx's means run over the global batch its statistics came from (every rank
+    // has the same model, so all of them take this branch or none)
+    bool sync = run->training && dx && td_gpu_ddp_syncs_batchnorm(g);
+    if (sync) {
+        bn_total_tiles<<<cblocks, dim3(BN_TX, BN_FY), 0, run->stream>>>(pa, pb, tiles, C,
+                                                                        (double)rows, global);
+        TD_LAUNCHED(g);
+        td_gpu_ddp_sum(g, global, 2 * (size_t)C + 1, run->stream);
+    }
     const float *w = p->affine ? node->params[0]->dev_data : NULL;
     float *dw = p->affine ? node->params[0]->dev_grad : NULL;
     float *db = p->affine ? node->params[1]->dev_grad : NULL;
-    unsigned cblocks = (unsigned)((C + BN_TX - 1) / BN_TX);
     bn_finalize_grad<<<cblocks, dim3(BN_TX, BN_FY), 0, run->stream>>>(
-        pa, pb, tiles, C, (double)rows, batch, mean, invstd, w, dw, db, run->accumulate_grads, k1,
-        k2, k3);
+        pa, pb, tiles, C, (double)rows, sync ? global : NULL, batch, mean, invstd, w, dw, db,
+        run->accumulate_grads, k1, k2, k3);
     TD_LAUNCHED(g);
     if (!dx) return;
     bool add = node->in_grad_add[0];

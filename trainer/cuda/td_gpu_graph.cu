@@ -12,7 +12,9 @@ static void queue_step(td_gpu *g, td_model *m, const td_gpu_step_args *a) {
     run.n = a->n;
     run.training = true;
     td_err ignored;
-    if (a->ddp && m->buffer_floats) td_gpu_ddp_broadcast_params(g, m, true, &ignored);
+    // DDP's broadcast_buffers, as the eager step does it (not under SyncBatchNorm)
+    if (a->ddp && m->buffer_floats && !td_gpu_ddp_syncs_batchnorm(g))
+        td_gpu_ddp_broadcast_params(g, m, true, &ignored);
     td_gpu_forward(g, m, &run);
     td_gpu_loss(g, m, a->loss, a->n, 1.0f, true, 1.0f / (float)a->n);
     if (a->ddp) td_gpu_ddp_begin(g, &run);

@@ -311,5 +311,10 @@ void td_gpu_ddp_stop(td_gpu *g);
 // becomes an error return, never a hang.
 int td_gpu_ddp_wait(td_gpu *g, cudaStream_t s, td_err *err);
 int td_gpu_ddp_wait_event(td_gpu *g, cudaEvent_t ev, td_err *err);
+// SyncBatchNorm (td_gpu_ddp_start's sync_bn): whether training BatchNorm spans every rank, and the
+// all-reduce (sum) of n device doubles written by the compute stream, queued between that
+// stream's work so far and its next. A failure is recorded (td_gpu_fail).
+bool td_gpu_ddp_syncs_batchnorm(const td_gpu *g);
+void td_gpu_ddp_sum(td_gpu *g, double *values, size_t n, cudaStream_t compute);
 
 #endif

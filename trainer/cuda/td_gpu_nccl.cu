@@ -11,6 +11,12 @@
 // failure. Host waits poll an event instead of blocking in cudaStreamSynchronize, so a dead peer
 // becomes an error return on every rank, never a hang.
 //
+// SyncBatchNorm's per-channel sums go through the same communicator on the same communication
+// stream, between the compute stream's fork and join events, as PyTorch's process group puts them
+// on its one NCCL stream beside DDP's buckets: every rank then issues one sequence of
+// collectives (the host's order of BatchNorm passes and bucket launches, the same everywhere),
+// which is what NCCL needs to never deadlock.
+//
 // Nothing is created or allocated after td_gpu_ddp_start: begin/finish only record events, wait
 // on them and enqueue collectives, so a captured CUDA graph of a step holds its all-reduces.
 #include "td_gpu_internal.h"
@@ -53,6 +59,8 @@ struct td_gpu_ddp {
     cudaEvent_t fork;   // compute -> communication, outside backward
     cudaEvent_t join;   // communication -> compute
     cudaEvent_t host_done, wait_done;
+    bool sync_bn;                     // SyncBatchNorm: BatchNorm's sums span every rank
+    cudaEvent_t sync_fork, sync_join; // around each of its all-reduces
     int next; // the next bucket to launch in this backward: buckets go out in order
     bool in_backward;
     bool launch_failed;
@@ -188,18 +196,17 @@ static int settle(td_gpu_ddp *d, const char *what) {
 
 enum { OP_ALLREDUCE, OP_BROADCAST };
 
-// One collective on the communication stream, in place on device floats: launched under mu, then
-// settled. -1 with the failure recorded.
-static int collective(td_gpu_ddp *d, int kind, float *buf, size_t n, ncclRedOp_t op,
-                      const char *what) {
+// One collective on the communication stream, in place on device values of `type`: launched
+// under mu, then settled. -1 with the failure recorded.
+static int collective(td_gpu_ddp *d, int kind, void *buf, size_t n, ncclDataType_t type,
+                      ncclRedOp_t op, const char *what) {
     pthread_mutex_lock(&d->mu);
     if (d->aborted) {
         pthread_mutex_unlock(&d->mu);
         return -1;
     }
-    ncclResult_t r = kind == OP_ALLREDUCE
-                         ? ncclAllReduce(buf, buf, n, ncclFloat, op, d->comm, d->stream)
-                         : ncclBroadcast(buf, buf, n, ncclFloat, 0, d->comm, d->stream);
+    ncclResult_t r = kind == OP_ALLREDUCE ? ncclAllReduce(buf, buf, n, type, op, d->comm, d->stream)
+                                          : ncclBroadcast(buf, buf, n, type, 0, d->comm, d->stream);
     if (r != ncclSuccess && r != ncclInProgress) {
         // the peers would wait for this rank's part forever: abort, so they fail too
         char why[512];
@@ -430,6 +437,8 @@ void td_gpu_ddp_stop(td_gpu *g) {
     destroy_event(g, d->join);
     destroy_event(g, d->host_done);
     destroy_event(g, d->wait_done);
+    destroy_event(g, d->sync_fork);
+    destroy_event(g, d->sync_join);
     destroy_stream(g, d->stream);
     if (d->host_dev) td_gpu_free(g, d->host_dev, HOST_FLOATS * sizeof(float));
     free_pinned(g, d->host_pinned);
@@ -462,6 +471,10 @@ static int create_resources(td_gpu_ddp *d, td_err *err) {
                 gpu_error(g, err));
     TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->wait_done, cudaEventDisableTiming),
                 gpu_error(g, err));
+    TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->sync_fork, cudaEventDisableTiming),
+                gpu_error(g, err));
+    TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->sync_join, cudaEventDisableTiming),
+                gpu_error(g, err));
     d->host_dev = (float *)td_gpu_malloc(g, HOST_FLOATS * sizeof(float), "DDP host all-reduce");
     if (!d->host_dev) return gpu_error(g, err);
     TD_CUDA_RET(g, cudaMallocHost((void **)&d->host_pinned, HOST_FLOATS * sizeof(float)),
@@ -484,7 +497,7 @@ static int init_sync(td_gpu_ddp *d, td_err *err) {
 }
 
 int td_gpu_ddp_start(td_gpu *g, td_model *m, td_store *store, int rank, int world,
-                     double bucket_cap_mb, double timeout_s, td_err *err) {
+                     double bucket_cap_mb, double timeout_s, bool sync_bn, td_err *err) {
     if (g->ddp) return td_fail(err, "DDP: already started on this device");
     if (g->model != m || !g->grads)
         return td_fail(err, "DDP: attach the model to the device (td_gpu_attach) before starting "
@@ -502,6 +515,7 @@ int td_gpu_ddp_start(td_gpu *g, td_model *m, td_store *store, int rank, int worl
     d->rank = rank;
     d->world = world;
     d->timeout_s = timeout_s > 0 ? timeout_s : 300.0;
+    d->sync_bn = sync_bn;
     g->ddp = d; // from here on td_gpu_ddp_stop releases whatever was made
     if (init_sync(d, err) != 0 || plan_buckets(d, m, bucket_cap_mb, err) != 0 ||
         create_resources(d, err) != 0 || init_comm(d, &id, err) != 0) {
@@ -525,7 +539,7 @@ static bool launch_bucket(td_gpu_ddp *d, int b) {
     const ddp_bucket *k = &d->buckets[b];
     TD_CUDA_RET(g, cudaEventRecord(d->ready[b], g->stream), false);
     TD_CUDA_RET(g, cudaStreamWaitEvent(d->stream, d->ready[b], 0), false);
-    return collective(d, OP_ALLREDUCE, g->grads + k->lo, k->hi - k->lo, ncclAvg,
+    return collective(d, OP_ALLREDUCE, g->grads + k->lo, k->hi - k->lo, ncclFloat, ncclAvg,
                       "a gradient bucket's all-reduce") == 0;
 }
 
@@ -589,7 +603,7 @@ int td_gpu_ddp_allreduce_host(td_gpu *g, float *values, size_t n, bool average, 
                     cudaMemcpyAsync(d->host_dev, d->host_pinned, k * sizeof(float),
                                     cudaMemcpyHostToDevice, d->stream),
                     ddp_error(d, err));
-        if (collective(d, OP_ALLREDUCE, d->host_dev, k, average ? ncclAvg : ncclSum,
+        if (collective(d, OP_ALLREDUCE, d->host_dev, k, ncclFloat, average ? ncclAvg : ncclSum,
                        "an all-reduce of host values") != 0)
             return ddp_error(d, err);
         TD_CUDA_RET(g,
@@ -609,11 +623,11 @@ int td_gpu_ddp_broadcast_params(td_gpu *g, td_model *m, bool buffers_only, td_er
     TD_CUDA_RET(g, cudaEventRecord(d->fork, g->stream), ddp_error(d, err));
     TD_CUDA_RET(g, cudaStreamWaitEvent(d->stream, d->fork, 0), ddp_error(d, err));
     if (!buffers_only && m->param_floats &&
-        collective(d, OP_BROADCAST, g->params, m->param_floats, ncclSum,
+        collective(d, OP_BROADCAST, g->params, m->param_floats, ncclFloat, ncclSum,
                    "the broadcast of rank 0's parameters") != 0)
         return ddp_error(d, err);
-    if (m->buffer_floats && collective(d, OP_BROADCAST, g->buffers, m->buffer_floats, ncclSum,
-                                       "the broadcast of rank 0's buffers") != 0)
+    if (m->buffer_floats && collective(d, OP_BROADCAST, g->buffers, m->buffer_floats, ncclFloat,
+                                       ncclSum, "the broadcast of rank 0's buffers") != 0)
         return ddp_error(d, err);
     TD_CUDA_RET(g, cudaEventRecord(d->join, d->stream), ddp_error(d, err));
     TD_CUDA_RET(g, cudaStreamWaitEvent(g->stream, d->join, 0), ddp_error(d, err));
@@ -622,6 +636,27 @@ int td_gpu_ddp_broadcast_params(td_gpu *g, td_model *m, bool buffers_only, td_er
         td_gpu_refresh_half(g, m->param_floats, g->stream);
     if (g->failed) return ddp_error(d, err);
     return 0;
+}
+
+bool td_gpu_ddp_syncs_batchnorm(const td_gpu *g) {
+    return g->ddp && g->ddp->sync_bn;
+}
+
+void td_gpu_ddp_sum(td_gpu *g, double *values, size_t n, cudaStream_t compute) {
+    td_gpu_ddp *d = g->ddp;
+    if (!d) {
+        td_gpu_fail(g, __FILE__, __LINE__, "SyncBatchNorm", "no data-parallel communicator",
+                    "td_gpu_ddp_start(..., sync_bn = true) comes first");
+        return;
+    }
+    // after the compute stream's work so far (the sums), before its next (what reads them)
+    TD_CUDA(g, cudaEventRecord(d->sync_fork, compute));
+    TD_CUDA(g, cudaStreamWaitEvent(d->stream, d->sync_fork, 0));
+    if (collective(d, OP_ALLREDUCE, values, n, ncclDouble, ncclSum, "a SyncBatchNorm all-reduce") !=
+        0)
+        return; // failure recorded: the passes stop at the next node
+    TD_CUDA(g, cudaEventRecord(d->sync_join, d->stream));
+    TD_CUDA(g, cudaStreamWaitEvent(compute, d->sync_join, 0));
 }
 
 int td_gpu_ddp_buckets(const td_gpu *g) {
