@@ -138,6 +138,44 @@ Test(recompute, interior_activations_share_one_region) {
     td_model_free(&ckpt);
 }
 
+/* Bytes the layout plans for m (nothing placed: pointers come back NULL). */
+static size_t planned_bytes(td_model *m) {
+    td_arena count = {0};
+    td_model_layout(m, &count, sizeof(float));
+    return count.used;
+}
+
+/* A node whose output a device plan fuses into its reader (out_fused: BatchNorm + ReLU on the
+ * GPU) gets neither output nor gradient, in the arena and in the segments' shared region. */
+Test(recompute, a_fused_output_takes_no_memory) {
+    const size_t bn1_out = (size_t)BATCH * 6 * 4 * 4 * sizeof(float); /* [4, 4, 6] after the pool */
+    for (int segmented = 0; segmented < 2; segmented++) {
+        td_model m;
+        td_err err = {{0}};
+        cr_assert_eq(build(&m, segmented ? "[\"block\"]" : NULL, &err), 0, "%s", err.msg);
+        td_node *bn1 = &m.nodes[3];
+        cr_assert_str_eq(bn1->name, "block.bn1");
+        cr_assert_eq(bn1->dropped, segmented);
+        char *host_arena = m.arena.base; /* td_model_free frees it: layouts below only count */
+        size_t whole = planned_bytes(&m), region = m.region_bytes;
+        bn1->out_fused = true;
+        size_t fused = planned_bytes(&m);
+        cr_assert_eq(whole - fused, 2 * bn1_out, "segmented %d: %zu -> %zu bytes", segmented, whole,
+                     fused);
+        if (segmented) cr_assert_eq(region - m.region_bytes, 2 * bn1_out);
+        td_arena arena = {td_aligned_alloc(fused), 0, fused};
+        td_model_layout(&m, &arena, sizeof(float));
+        cr_assert_eq(arena.used, fused);
+        cr_assert_null(bn1->out);
+        cr_assert_null(bn1->grad);
+        cr_assert_null(m.nodes[4].in[0], "the ReLU reads nothing of the fused BatchNorm");
+        cr_assert_not_null(m.nodes[4].out);
+        free(arena.base);
+        m.arena.base = host_arena;
+        td_model_free(&m);
+    }
+}
+
 /* The whole trainer, ResNet-18 (CIFAR stem) with a segment per residual block: the metrics,
  * validation (running statistics) included, equal those of the run that keeps everything. */
 Test(recompute, resnet18_job_metrics_equal, .timeout = 300) {

@@ -230,6 +230,7 @@ static int link_segments(td_model *model, const td_node_spec *specs, int n, td_e
 
 /* A node's output (and its gradient) for the largest batch. */
 static size_t out_bytes(const td_model *model, const td_node *node, size_t elem_bytes) {
+    if (node->out_fused) return 0;
     return (size_t)model->max_n * td_shape_size(node->out_shape) * elem_bytes;
 }
 
@@ -237,8 +238,8 @@ static size_t out_bytes(const td_model *model, const td_node *node, size_t elem_
  * the saved state of any node in a segment unless it must outlive recomputation. */
 static void push_recomputed(td_arena *arena, td_node *node, size_t bytes) {
     if (node->dropped) {
-        node->out = td_arena_push(arena, bytes);
-        node->grad = td_arena_push(arena, bytes);
+        node->out = bytes ? td_arena_push(arena, bytes) : NULL;
+        node->grad = bytes ? td_arena_push(arena, bytes) : NULL;
     }
     if (node->segment >= 0 && !node->keep_saved)
         node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;
@@ -336,8 +337,8 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
         td_node *node = &model->nodes[i];
         size_t out = out_bytes(model, node, elem_bytes);
         if (!node->dropped) {
-            node->out = td_arena_push(arena, out);
-            node->grad = td_arena_push(arena, out);
+            node->out = out ? td_arena_push(arena, out) : NULL;
+            node->grad = out ? td_arena_push(arena, out) : NULL;
         }
         if (node->segment < 0 || node->keep_saved)
             node->saved = node->saved_bytes ? td_arena_push(arena, node->saved_bytes) : NULL;

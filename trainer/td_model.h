@@ -111,6 +111,10 @@ struct td_node {
      * live in the region all segments share. */
     int segment;
     bool dropped;
+    /* Set by a device plan when the op that reads this node's output computes it inside its own
+     * kernels (BatchNorm followed by ReLU on the GPU): the output and its gradient then never
+     * exist, and the layout gives them no memory (out and grad stay NULL). */
+    bool out_fused;
     /* On a GPU (td_gpu.h): the op's device plan (descriptors, chosen algorithms); the pointers
      * above then address device memory of the compute precision's element type. */
     void *gpu;

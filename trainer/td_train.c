@@ -408,8 +408,11 @@ static void log_banner(const trainer *t) {
     if (t->gpu) {
         char desc[512];
         td_gpu_describe(t->gpu, desc, sizeof desc);
-        fprintf(t->log, "[traind] device: %s; %s, CUDA graphs %s\n", desc,
-                td_precision_name(t->device.precision), t->graph_off ? "off" : "on");
+        int fused = 0;
+        for (int i = 0; i < t->model.n_nodes; i++) fused += t->model.nodes[i].out_fused;
+        fprintf(t->log, "[traind] device: %s; %s, CUDA graphs %s, %d BatchNorm+ReLU pair%s fused\n",
+                desc, td_precision_name(t->device.precision), t->graph_off ? "off" : "on", fused,
+                fused == 1 ? "" : "s");
         return;
     }
     char why[256];

@@ -46,6 +46,7 @@ typedef struct pcase {
     bool train;  /* training mode: batch statistics, dropout active */
     bool warm;   /* a training forward first, so evaluation sees moved running statistics */
     td_loss loss;
+    int fused; /* BatchNorm + ReLU pairs the GPU plan must fuse (unless TRAIND_GPU_FUSION=0) */
 } pcase;
 
 /* How each case ends: to the classes, through flatten from an image */
@@ -56,8 +57,11 @@ typedef struct pcase {
 #define TRAIN        true, false
 #define EVAL         false, false
 #define EVAL_WARM    false, true
+/* cross-entropy, and how many BatchNorm + ReLU pairs the GPU must fuse */
 #define CE                                                                                         \
-    { TD_LOSS_CROSS_ENTROPY, 0.0f }
+    { TD_LOSS_CROSS_ENTROPY, 0.0f }, 0
+#define CE_FUSED(k)                                                                                \
+    { TD_LOSS_CROSS_ENTROPY, 0.0f }, k
 
 /* clang-format off */
 static const pcase CASES[] = {
@@ -104,11 +108,19 @@ static const pcase CASES[] = {
     {"dropout eval", "linear out_features=16; dropout p=0.5" TO_CLASSES, FLAT(24), EVAL, CE},
     {"identity", "linear out_features=16; identity" TO_CLASSES, FLAT(24), TRAIN, CE},
     {"loss cross_entropy ls=0.1", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN,
-     {TD_LOSS_CROSS_ENTROPY, 0.1f}},
+     {TD_LOSS_CROSS_ENTROPY, 0.1f}, 0},
     {"activation checkpointing", "conv2d out_channels=6 kernel_size=3 padding=1 seg=1; "
      "batchnorm2d seg=1; relu seg=1; conv2d out_channels=6 kernel_size=3 padding=1 seg=2; "
-     "batchnorm2d seg=2; relu seg=2" FLAT_CLASSES, IMG(3, 8, 8), TRAIN, CE},
-    {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}},
+     "batchnorm2d seg=2; relu seg=2" FLAT_CLASSES, IMG(3, 8, 8), TRAIN, CE_FUSED(2)},
+    {"batchnorm2d+relu train", "conv2d out_channels=6 kernel_size=3 padding=1 bias=0; "
+     "batchnorm2d; relu" FLAT_CLASSES, IMG(3, 6, 6), TRAIN, CE_FUSED(1)},
+    {"batchnorm2d+relu eval", "conv2d out_channels=6 kernel_size=3 padding=1 bias=0; "
+     "batchnorm2d momentum=0.5; relu" FLAT_CLASSES, IMG(3, 6, 6), EVAL_WARM, CE_FUSED(1)},
+    {"batchnorm1d+relu train", "linear out_features=16; batchnorm1d; relu" TO_CLASSES, FLAT(24),
+     TRAIN, CE_FUSED(1)},
+    {"batchnorm+relu, output read twice", "conv2d out_channels=4 kernel_size=1; batchnorm2d "
+     "name=bn; relu name=r; add inputs=r,bn" FLAT_CLASSES, IMG(3, 5, 5), TRAIN, CE_FUSED(0)},
+    {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}, 0},
 };
 /* clang-format on */
 
@@ -293,7 +305,8 @@ static void free_pair(td_gpu *g, td_model *cm, td_model *gm) {
 
 static int compare_outputs(td_gpu *g, td_model *cm, td_model *gm, result *r, td_err *err) {
     for (int i = 0; i < cm->n_nodes; i++) {
-        if (cm->nodes[i].dropped) continue; /* activation checkpointing: rebuilt in backward */
+        if (cm->nodes[i].dropped) continue;   /* activation checkpointing: rebuilt in backward */
+        if (gm->nodes[i].out_fused) continue; /* computed inside the next op's kernels */
         size_t elems = (size_t)BATCH * td_shape_size(cm->nodes[i].out_shape);
         float *got = malloc(elems * sizeof(float));
         if (td_gpu_read(g, gm->nodes[i].out, elems, got, err) != 0) {
@@ -325,6 +338,14 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     fill_labels(y, BATCH, &rng);
     td_run run = {.n = BATCH, .training = true, .rng = &drop_rng};
     int rc = -1;
+    const char *fusion = getenv("TRAIND_GPU_FUSION");
+    int want_fused = fusion && strcmp(fusion, "0") == 0 ? 0 : c->fused, fused = 0;
+    for (int i = 0; i < gm.n_nodes; i++) fused += gm.nodes[i].out_fused;
+    if (fused != want_fused) {
+        snprintf(r->error, sizeof r->error,
+                 "the GPU plan fused %d BatchNorm+ReLU pairs; expected %d", fused, want_fused);
+        goto done;
+    }
     if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
     if (c->warm) {
         td_model_forward(&cm, x, &run);

@@ -10,6 +10,15 @@
 // activations' precision; per-channel sums are accumulated in double, as the CPU does (a ResNet
 // batch is millions of rows, and E[x²] - E[x]² needs the headroom).
 //
+// A ReLU that alone reads the output (td_gpu_fused_relu) runs inside these kernels: forward
+// writes max(y, 0) straight into the ReLU's output, backward reads the ReLU's output gradient
+// and masks it where the stored output is 0: y is recomputed from x exactly as forward computed
+// it (the same fused multiply-add of the same per-channel scale and shift, rounded to the
+// element type), so PyTorch's threshold_backward mask (output > 0) is reproduced without
+// reading the output. BatchNorm's own output and its gradient
+// then never exist: two of the five passes over the activation in forward and three of eight in
+// backward are saved, and the memory of one activation.
+//
 // SyncBatchNorm (td_gpu_ddp_start's sync_bn, in training): the tiles' sums of this rank, with its
 // row count, are all-reduced in double over the ranks before the statistics (forward) and the
 // coefficients of dx (backward) are taken from them; the weight and bias gradients stay this
@@ -36,6 +45,7 @@ typedef struct bn_plan {
     int c;
     float eps, momentum;
     bool affine, track;
+    td_node *relu; // the ReLU fused into this node's kernels, or NULL
 } bn_plan;
 
 // Tiles per channel block for a batch of `rows` rows: enough blocks to fill the device, at
@@ -55,6 +65,28 @@ static size_t bn_scratch_floats(size_t rows, int c) {
 }
 
 // ---- kernels ----------------------------------------------------------------------------------
+
+// y = x·scale + shift per channel, scale = w·invstd, shift = b - mean·scale: one rounding each, in
+// explicit fused multiply-adds, so the ReLU mask of backward recomputes forward's y bit for bit.
+struct bn_affine {
+    float scale, shift;
+};
+__device__ __forceinline__ bn_affine bn_affine_of(int c, const float *__restrict__ w,
+                                                  const float *__restrict__ b,
+                                                  const float *__restrict__ mean,
+                                                  const float *__restrict__ invstd) {
+    bn_affine a;
+    a.scale = (w ? w[c] : 1.0f) * invstd[c];
+    a.shift = __fmaf_rn(-mean[c], a.scale, b ? b[c] : 0.0f);
+    return a;
+}
+__device__ __forceinline__ float bn_y(float x, bn_affine a) {
+    return __fmaf_rn(x, a.scale, a.shift);
+}
+// Whether the fused ReLU's stored output (y rounded to T) is positive: its backward's mask.
+template <typename T> __device__ __forceinline__ bool bn_relu_passes(float x, bn_affine a) {
+    return td_to_float(td_from_float<T>(bn_y(x, a))) > 0.0f;
+}
 
 // Per (tile, channel): the sums of x and x² over the tile's rows.
 template <typename T>
@@ -85,11 +117,13 @@ __global__ void bn_partial_stats(const T *__restrict__ x, size_t rows, int C, si
 }
 
 // Per (tile, channel) of backward: the sums of dy and dy·xhat, xhat = (x - mean)·invstd.
+// relu: dy is the fused ReLU's output gradient, taken where y > 0 only.
 template <typename T>
 __global__ void bn_partial_grad(const T *__restrict__ x, const T *__restrict__ dy, size_t rows,
                                 int C, size_t per_tile, const float *__restrict__ mean,
-                                const float *__restrict__ invstd, double *__restrict__ part_dy,
-                                double *__restrict__ part_dyx) {
+                                const float *__restrict__ invstd, const float *__restrict__ w,
+                                const float *__restrict__ bias, bool relu,
+                                double *__restrict__ part_dy, double *__restrict__ part_dyx) {
     __shared__ double sa[BN_TY][BN_TX], sb[BN_TY][BN_TX];
     int c = blockIdx.x * BN_TX + threadIdx.x;
     size_t r0 = (size_t)blockIdx.y * per_tile;
@@ -97,9 +131,12 @@ __global__ void bn_partial_grad(const T *__restrict__ x, const T *__restrict__ d
     double a = 0.0, b = 0.0;
     if (c < C) {
         float m = mean[c], is = invstd[c];
+        bn_affine af = bn_affine_of(c, w, bias, mean, invstd);
         for (size_t r = r0 + threadIdx.y; r < r1; r += BN_TY) {
-            double gv = (double)td_to_float(dy[r * C + c]);
-            float xhat = (td_to_float(x[r * C + c]) - m) * is;
+            float xv = td_to_float(x[r * C + c]);
+            double gv =
+                relu && !bn_relu_passes<T>(xv, af) ? 0.0 : (double)td_to_float(dy[r * C + c]);
+            float xhat = (xv - m) * is;
             a += gv;
             b += gv * (double)xhat;
         }
@@ -197,19 +234,20 @@ __global__ void bn_running_stats(const float *__restrict__ run_mean,
     invstd[c] = 1.0f / sqrtf(run_var[c] + eps);
 }
 
-// y = x·scale + shift, scale = w·invstd, shift = b - mean·scale.
+// y = x·scale + shift (then max(y, 0) with a fused ReLU).
 template <typename T>
 __global__ void bn_apply(const T *__restrict__ x, T *__restrict__ y, size_t rows, int C,
                          const float *__restrict__ mean, const float *__restrict__ invstd,
-                         const float *__restrict__ w, const float *__restrict__ b) {
+                         const float *__restrict__ w, const float *__restrict__ b, bool relu) {
     int c = blockIdx.x * BN_TX + threadIdx.x;
     if (c >= C) return;
-    float scale = (w ? w[c] : 1.0f) * invstd[c];
-    float shift = (b ? b[c] : 0.0f) - mean[c] * scale;
+    bn_affine af = bn_affine_of(c, w, b, mean, invstd);
     for (size_t r = (size_t)blockIdx.y * BN_TY + threadIdx.y; r < rows;
          r += (size_t)gridDim.y * BN_TY) {
         size_t i = r * C + c;
-        y[i] = td_from_float<T>(td_to_float(x[i]) * scale + shift);
+        float v = bn_y(td_to_float(x[i]), af);
+        if (relu) v = v > 0.0f ? v : 0.0f; // as the ReLU kernel: NaN becomes 0
+        y[i] = td_from_float<T>(v);
     }
 }
 
@@ -252,17 +290,23 @@ __global__ void bn_finalize_grad(const double *__restrict__ part_dy,
     k3[c] = d;
 }
 
+// relu: as in bn_partial_grad, dy masked by forward's y > 0 (af: forward's scale and shift).
 template <typename T>
 __global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *__restrict__ dx,
                       size_t rows, int C, const float *__restrict__ k1,
-                      const float *__restrict__ k2, const float *__restrict__ k3, bool add) {
+                      const float *__restrict__ k2, const float *__restrict__ k3, bool add,
+                      const float *__restrict__ mean, const float *__restrict__ invstd,
+                      const float *__restrict__ w, const float *__restrict__ bias, bool relu) {
     int c = blockIdx.x * BN_TX + threadIdx.x;
     if (c >= C) return;
     float a = k1[c], b = k2[c], d = k3[c];
+    bn_affine af = bn_affine_of(c, w, bias, mean, invstd);
     for (size_t r = (size_t)blockIdx.y * BN_TY + threadIdx.y; r < rows;
          r += (size_t)gridDim.y * BN_TY) {
         size_t i = r * C + c;
-        float v = a * td_to_float(dy[i]) + b * td_to_float(x[i]) + d;
+        float xv = td_to_float(x[i]);
+        float g = relu && !bn_relu_passes<T>(xv, af) ? 0.0f : td_to_float(dy[i]);
+        float v = a * g + b * xv + d;
         dx[i] = td_from_float<T>(add ? td_to_float(dx[i]) + v : v);
     }
 }
@@ -283,28 +327,36 @@ static void launch_partial_stats(const void *x, size_t rows, int C, int tiles, d
     bn_partial_stats<T><<<grid, block, 0, st>>>((const T *)x, rows, C, per_tile, ps, pq);
 }
 
+// What backward reads besides x and dy: the statistics, and for a fused ReLU's mask the
+// affine parameters.
+struct bn_back {
+    const float *mean, *invstd, *w, *b;
+    bool relu;
+};
+
 template <typename T>
 static void launch_partial_grad(const void *x, const void *dy, size_t rows, int C, int tiles,
-                                const float *mean, const float *invstd, double *pa, double *pb,
-                                cudaStream_t st) {
+                                bn_back k, double *pa, double *pb, cudaStream_t st) {
     size_t per_tile = (rows + tiles - 1) / tiles;
     dim3 grid((unsigned)((C + BN_TX - 1) / BN_TX), (unsigned)tiles), block(BN_TX, BN_TY);
-    bn_partial_grad<T><<<grid, block, 0, st>>>((const T *)x, (const T *)dy, rows, C, per_tile, mean,
-                                               invstd, pa, pb);
+    bn_partial_grad<T><<<grid, block, 0, st>>>((const T *)x, (const T *)dy, rows, C, per_tile,
+                                               k.mean, k.invstd, k.w, k.b, k.relu, pa, pb);
 }
 
 template <typename T>
 static void launch_apply(const void *x, void *y, size_t rows, int C, const float *mean,
-                         const float *invstd, const float *w, const float *b, cudaStream_t st) {
+                         const float *invstd, const float *w, const float *b, bool relu,
+                         cudaStream_t st) {
     bn_apply<T><<<bn_grid_rows(rows, C), dim3(BN_TX, BN_TY), 0, st>>>((const T *)x, (T *)y, rows, C,
-                                                                      mean, invstd, w, b);
+                                                                      mean, invstd, w, b, relu);
 }
 
 template <typename T>
 static void launch_dx(const void *x, const void *dy, void *dx, size_t rows, int C, const float *k1,
-                      const float *k2, const float *k3, bool add, cudaStream_t st) {
+                      const float *k2, const float *k3, bool add, bn_back k, cudaStream_t st) {
     bn_dx<T><<<bn_grid_rows(rows, C), dim3(BN_TX, BN_TY), 0, st>>>(
-        (const T *)x, (const T *)dy, (T *)dx, rows, C, k1, k2, k3, add);
+        (const T *)x, (const T *)dy, (T *)dx, rows, C, k1, k2, k3, add, k.mean, k.invstd, k.w, k.b,
+        k.relu);
 }
 
 // ---- the op -----------------------------------------------------------------------------------
@@ -314,7 +366,6 @@ static size_t bn_rows(const td_node *node, int n) {
 }
 
 static int bn_plan_node(td_gpu *g, td_model *m, td_node *node, td_err *err) {
-    (void)m;
     bn_plan *p = (bn_plan *)calloc(1, sizeof *p);
     if (!p) return td_fail(err, "out of host memory");
     node->gpu = p;
@@ -326,6 +377,8 @@ static int bn_plan_node(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     p->track = td_node_arg(node, "track_running_stats") != 0;
     if ((p->affine && node->n_params < 2) || (p->track && node->n_buffers < 3))
         return td_fail(err, "batchnorm: parameters or buffers missing for its arguments");
+    p->relu = td_gpu_fused_relu(g, m, node);
+    node->out_fused = p->relu != NULL;
     node->saved_bytes = 2 * (size_t)p->c * sizeof(float); // mean and invstd used by forward
     node->scratch_floats = bn_scratch_floats(bn_rows(node, node->max_n), p->c);
     return 0;
@@ -369,9 +422,11 @@ static void bn_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     }
     const float *w = p->affine ? node->params[0]->dev_data : NULL;
     const float *b = p->affine ? node->params[1]->dev_data : NULL;
+    bool relu = p->relu != NULL;
+    void *y = relu ? p->relu->out : node->out;
     TD_GPU_DISPATCH(
         g->prec, T,
-        launch_apply<T>(node->in[0], node->out, rows, C, mean, invstd, w, b, run->stream));
+        launch_apply<T>(node->in[0], y, rows, C, mean, invstd, w, b, relu, run->stream));
     TD_LAUNCHED(g);
 }
 
@@ -389,10 +444,14 @@ static void bn_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     double *pa = (double *)g->workspace, *pb = pa + (size_t)alloc_tiles * C;
     double *global = pb + (size_t)alloc_tiles * C;
     float *k1 = (float *)(global + 2 * (size_t)C + 1), *k2 = k1 + C, *k3 = k2 + C;
+    // with a fused ReLU, the gradient arrives at the ReLU's output
+    const void *dy = p->relu ? p->relu->grad : node->grad;
+    bn_back k = {mean, invstd, p->affine ? node->params[0]->dev_data : NULL,
+                 p->affine ? node->params[1]->dev_data : NULL, p->relu != NULL};
     if (tiles) {
-        TD_GPU_DISPATCH(g->prec, T,
-                        launch_partial_grad<T>(node->in[0], node->grad, rows, C, tiles, mean,
-                                               invstd, pa, pb, run->stream));
+        TD_GPU_DISPATCH(
+            g->prec, T,
+            launch_partial_grad<T>(node->in[0], dy, rows, C, tiles, k, pa, pb, run->stream));
         TD_LAUNCHED(g);
     }
     unsigned cblocks = (unsigned)((C + BN_TX - 1) / BN_TX);
@@ -405,7 +464,7 @@ static void bn_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
         TD_LAUNCHED(g);
         td_gpu_ddp_sum(g, global, 2 * (size_t)C + 1, run->stream);
     }
-    const float *w = p->affine ? node->params[0]->dev_data : NULL;
+    const float *w = k.w;
     float *dw = p->affine ? node->params[0]->dev_grad : NULL;
     float *db = p->affine ? node->params[1]->dev_grad : NULL;
     bn_finalize_grad<<<cblocks, dim3(BN_TX, BN_FY), 0, run->stream>>>(
@@ -414,9 +473,8 @@ static void bn_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     TD_LAUNCHED(g);
     if (!dx) return;
     bool add = node->in_grad_add[0];
-    TD_GPU_DISPATCH(
-        g->prec, T,
-        launch_dx<T>(node->in[0], node->grad, dx, rows, C, k1, k2, k3, add, run->stream));
+    TD_GPU_DISPATCH(g->prec, T,
+                    launch_dx<T>(node->in[0], dy, dx, rows, C, k1, k2, k3, add, k, run->stream));
     TD_LAUNCHED(g);
 }
 

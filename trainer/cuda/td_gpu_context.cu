@@ -222,6 +222,21 @@ static size_t input_elems(const td_model *m) {
     return (size_t)m->max_n * td_shape_size(m->input_shape);
 }
 
+td_node *td_gpu_fused_relu(const td_gpu *g, td_model *m, const td_node *node) {
+    if (!g->fusion || (node->op != &td_op_batchnorm2d && node->op != &td_op_batchnorm1d))
+        return NULL;
+    int self = (int)(node - m->nodes), readers = 0;
+    td_node *reader = NULL;
+    for (int i = self + 1; i < m->n_nodes; i++)
+        for (int j = 0; j < m->nodes[i].n_inputs; j++)
+            if (m->nodes[i].inputs[j] == self) {
+                readers++;
+                reader = &m->nodes[i];
+            }
+    if (readers != 1 || reader->op != &td_op_relu || reader->segment != node->segment) return NULL;
+    return reader;
+}
+
 static int plan_nodes(td_gpu *g, td_model *m, td_err *err) {
     g->ops = (const td_gpu_op **)calloc((size_t)m->n_nodes, sizeof *g->ops);
     if (!g->ops) return td_fail(err, "out of host memory");
@@ -232,9 +247,15 @@ static int plan_nodes(td_gpu *g, td_model *m, td_err *err) {
         if (!op)
             return td_fail(err, "model.nodes[%d] (\"%s\"): op %s has no GPU implementation yet", i,
                            node->name, node->op->name);
+        // a node fused into the one it reads (whose plan, earlier, decided so)
+        int k = node->n_inputs == 1 ? node->inputs[0] : TD_INPUT_NODE;
+        if (k != TD_INPUT_NODE && m->nodes[k].out_fused &&
+            td_gpu_fused_relu(g, m, &m->nodes[k]) == node)
+            op = &td_gpu_op_fused;
         g->ops[i] = op;
         node->saved_bytes = 0; // the CPU's needs are not the device's
         node->scratch_floats = 0;
+        node->out_fused = false; // until the op's plan says otherwise
         if (op->plan(g, m, node, err) != 0)
             return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s) on the GPU", i, node->name,
                                   node->op->name);
@@ -308,6 +329,8 @@ extern "C" int td_gpu_attach(td_gpu *g, td_model *m, td_precision prec, uint64_t
     g->model = m;
     g->prec = prec;
     g->seed = seed;
+    const char *fusion = getenv("TRAIND_GPU_FUSION");
+    g->fusion = !(fusion && strcmp(fusion, "0") == 0);
     if (plan_nodes(g, m, err) != 0 || alloc_blocks(g, m, err) != 0 ||
         td_gpu_upload(g, m, NULL, err) != 0) {
         td_gpu_detach(g, m);

@@ -545,7 +545,15 @@ template <typename T> static void identity_bwd(td_gpu *g, td_node *node, const t
 
 TD_GPU_TYPED_ENTRY(identity_backward, identity_bwd)
 
+// ---- a node fused into another ----------------------------------------------------------------
+
+static void fused_pass(td_gpu *g, td_node *node, const td_gpu_run *run) {
+    (void)g, (void)node, (void)run;
+}
+
 // ---- the table entries ------------------------------------------------------------------------
+
+const td_gpu_op td_gpu_op_fused = {&td_op_relu, plain_plan, fused_pass, fused_pass, NULL};
 
 const td_gpu_op td_gpu_op_relu = {&td_op_relu, plain_plan, relu_forward, relu_backward, NULL};
 const td_gpu_op td_gpu_op_gelu = {&td_op_gelu, plain_plan, gelu_forward, gelu_backward, NULL};

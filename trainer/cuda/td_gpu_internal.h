@@ -87,6 +87,9 @@ struct td_gpu {
 
     td_gpu_ddp *ddp;
 
+    // Fusion of an op into the kernels of the op before it (BatchNorm + ReLU); off with
+    // TRAIND_GPU_FUSION=0, to measure what it saves or to rule it out.
+    bool fusion;
     const td_gpu_op **ops; // per model node
 
     // CUDA graph of a whole training step (td_gpu_graph.cu).
@@ -124,6 +127,15 @@ struct td_gpu_op {
     void (*backward)(td_gpu *g, td_node *node, const td_gpu_run *run);
     void (*release)(td_node *node);
 };
+
+// A node whose forward and backward run inside another node's kernels (a ReLU fused into the
+// BatchNorm before it): nothing to plan or queue.
+extern "C" const td_gpu_op td_gpu_op_fused;
+
+// The ReLU whose work BatchNorm `node` may do in its own kernels, or NULL: the ReLU is the only
+// reader of node's output (which then need not exist), in the same activation-checkpointing
+// segment, and fusion is on.
+td_node *td_gpu_fused_relu(const td_gpu *g, td_model *m, const td_node *node);
 
 extern "C" {
 extern const td_gpu_op td_gpu_op_linear, td_gpu_op_conv2d, td_gpu_op_batchnorm2d,
