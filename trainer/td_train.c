@@ -410,7 +410,8 @@ static void log_banner(const trainer *t) {
         td_gpu_describe(t->gpu, desc, sizeof desc);
         int fused = 0;
         for (int i = 0; i < t->model.n_nodes; i++) fused += t->model.nodes[i].out_fused;
-        fprintf(t->log, "[traind] device: %s; %s, CUDA graphs %s, %d BatchNorm+ReLU pair%s fused\n",
+        fprintf(t->log,
+                "[traind] device: %s; %s, CUDA graphs %s, %d ReLU%s fused into BatchNorm or Add\n",
                 desc, td_precision_name(t->device.precision), t->graph_off ? "off" : "on", fused,
                 fused == 1 ? "" : "s");
         return;

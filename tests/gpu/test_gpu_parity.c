@@ -46,7 +46,8 @@ typedef struct pcase {
     bool train;  /* training mode: batch statistics, dropout active */
     bool warm;   /* a training forward first, so evaluation sees moved running statistics */
     td_loss loss;
-    int fused; /* BatchNorm + ReLU pairs the GPU plan must fuse (unless TRAIND_GPU_FUSION=0) */
+    int fused; /* ReLUs the GPU plan must fuse into the BatchNorm or Add before (unless
+                  TRAIND_GPU_FUSION=0) */
 } pcase;
 
 /* How each case ends: to the classes, through flatten from an image */
@@ -57,11 +58,9 @@ typedef struct pcase {
 #define TRAIN        true, false
 #define EVAL         false, false
 #define EVAL_WARM    false, true
-/* cross-entropy, and how many BatchNorm + ReLU pairs the GPU must fuse */
-#define CE                                                                                         \
-    { TD_LOSS_CROSS_ENTROPY, 0.0f }, 0
-#define CE_FUSED(k)                                                                                \
-    { TD_LOSS_CROSS_ENTROPY, 0.0f }, k
+/* cross-entropy, and how many ReLUs the GPU must fuse into the op before */
+#define CE          {TD_LOSS_CROSS_ENTROPY, 0.0f}, 0
+#define CE_FUSED(k) {TD_LOSS_CROSS_ENTROPY, 0.0f}, k
 
 /* clang-format off */
 static const pcase CASES[] = {
@@ -118,6 +117,13 @@ static const pcase CASES[] = {
      "batchnorm2d momentum=0.5; relu" FLAT_CLASSES, IMG(3, 6, 6), EVAL_WARM, CE_FUSED(1)},
     {"batchnorm1d+relu train", "linear out_features=16; batchnorm1d; relu" TO_CLASSES, FLAT(24),
      TRAIN, CE_FUSED(1)},
+    {"add+relu", "conv2d name=a out_channels=4 kernel_size=1 inputs=input; conv2d name=b "
+     "out_channels=4 kernel_size=3 padding=1 inputs=input; add inputs=a,b; relu" FLAT_CLASSES,
+     IMG(3, 6, 6), TRAIN, CE_FUSED(1)},
+    {"basic block", "conv2d name=stem out_channels=4 kernel_size=3 padding=1; conv2d "
+     "out_channels=4 kernel_size=3 padding=1 bias=0; batchnorm2d; relu; conv2d out_channels=4 "
+     "kernel_size=3 padding=1 bias=0; batchnorm2d name=bn2; add inputs=bn2,stem; relu"
+     FLAT_CLASSES, IMG(3, 6, 6), TRAIN, CE_FUSED(2)},
     {"batchnorm+relu, output read twice", "conv2d out_channels=4 kernel_size=1; batchnorm2d "
      "name=bn; relu name=r; add inputs=r,bn" FLAT_CLASSES, IMG(3, 5, 5), TRAIN, CE_FUSED(0)},
     {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}, 0},
@@ -343,7 +349,7 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     for (int i = 0; i < gm.n_nodes; i++) fused += gm.nodes[i].out_fused;
     if (fused != want_fused) {
         snprintf(r->error, sizeof r->error,
-                 "the GPU plan fused %d BatchNorm+ReLU pairs; expected %d", fused, want_fused);
+                 "the GPU plan fused %d ReLUs into the op before; expected %d", fused, want_fused);
         goto done;
     }
     if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;

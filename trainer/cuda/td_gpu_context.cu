@@ -223,7 +223,8 @@ static size_t input_elems(const td_model *m) {
 }
 
 td_node *td_gpu_fused_relu(const td_gpu *g, td_model *m, const td_node *node) {
-    if (!g->fusion || (node->op != &td_op_batchnorm2d && node->op != &td_op_batchnorm1d))
+    if (!g->fusion || (node->op != &td_op_batchnorm2d && node->op != &td_op_batchnorm1d &&
+                       node->op != &td_op_add))
         return NULL;
     int self = (int)(node - m->nodes), readers = 0;
     td_node *reader = NULL;

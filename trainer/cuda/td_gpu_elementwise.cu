@@ -76,6 +76,7 @@ template <typename T> struct fanout_args {
     T *dx[TD_MAX_INPUTS];
     bool add[TD_MAX_INPUTS];
     int count;
+    const T *relu_out; // a fused ReLU's output: dy counts only where it is positive; NULL: none
 };
 
 template <typename T>
@@ -85,6 +86,12 @@ static __global__ void __launch_bounds__(EW_THREADS)
         bool full = vec && i + EW_VEC <= n;
         float d[EW_VEC];
         ew_load(dy, i, n, full, d);
+        if (a.relu_out) { // PyTorch's threshold_backward: the mask is output > 0
+            float z[EW_VEC];
+            ew_load(a.relu_out, i, n, full, z);
+#pragma unroll
+            for (int e = 0; e < EW_VEC; e++) d[e] = z[e] > 0.0f ? d[e] : 0.0f;
+        }
         for (int j = 0; j < a.count; j++) {
             float v[EW_VEC];
             if (a.add[j]) {
@@ -100,12 +107,14 @@ static __global__ void __launch_bounds__(EW_THREADS)
     }
 }
 
-// One overwritten destination is a copy; anything else is one kernel for all of them.
+// One overwritten destination is a copy; anything else is one kernel for all of them. relu_out:
+// a fused ReLU's output, masking dy (then never a plain copy).
 template <typename T>
 static void fanout(td_gpu *g, const T *dy, T *const *dx, const bool *add, int count, size_t n,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, const T *relu_out = NULL) {
     fanout_args<T> a = {};
-    bool vec = ew_aligned<T>(dy, NULL);
+    a.relu_out = relu_out;
+    bool vec = ew_aligned<T>(dy, relu_out);
     for (int j = 0; j < count; j++) {
         if (!dx[j]) continue;
         a.dx[a.count] = dx[j];
@@ -114,7 +123,7 @@ static void fanout(td_gpu *g, const T *dy, T *const *dx, const bool *add, int co
         a.count++;
     }
     if (a.count == 0 || n == 0) return;
-    if (a.count == 1 && !a.add[0]) {
+    if (a.count == 1 && !a.add[0] && !relu_out) {
         ew_copy(g, a.dx[0], dy, n, stream);
         return;
     }
@@ -131,6 +140,17 @@ static void fanout_one(td_gpu *g, td_node *node, const T *dy, size_t n, cudaStre
 }
 
 // ---- plans ------------------------------------------------------------------------------------
+
+// node->gpu: the ReLU fused into the Add (a node of the model: nothing to release), or NULL.
+static int add_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
+    (void)err;
+    td_node *relu = td_gpu_fused_relu(g, m, node);
+    node->gpu = relu;
+    node->saved_bytes = 0;
+    node->scratch_floats = 0;
+    node->out_fused = relu != NULL;
+    return 0;
+}
 
 static int plain_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     (void)g, (void)m, (void)err;
@@ -289,10 +309,11 @@ template <typename T> struct add_inputs {
 };
 
 // Summed in fp32 in input order and rounded once; in fp32 the same order and roundings as the
-// CPU's copy-then-add loops.
+// CPU's copy-then-add loops. relu: a fused ReLU (td_gpu_fused_relu), y = max(sum, 0) written
+// into the ReLU's output, as a ResNet block ends; backward masks by that output.
 template <typename T>
 static __global__ void __launch_bounds__(EW_THREADS)
-    add_forward_kernel(add_inputs<T> a, T *__restrict__ y, size_t n, bool vec) {
+    add_forward_kernel(add_inputs<T> a, T *__restrict__ y, size_t n, bool relu, bool vec) {
     EW_LOOP(i, n) {
         bool full = vec && i + EW_VEC <= n;
         float s[EW_VEC];
@@ -303,6 +324,9 @@ static __global__ void __launch_bounds__(EW_THREADS)
 #pragma unroll
             for (int e = 0; e < EW_VEC; e++) s[e] += v[e];
         }
+        if (relu)
+#pragma unroll
+            for (int e = 0; e < EW_VEC; e++) s[e] = s[e] > 0.0f ? s[e] : 0.0f;
         ew_store(y, i, n, full, s);
     }
 }
@@ -312,21 +336,24 @@ template <typename T> static void add_fwd(td_gpu *g, td_node *node, const td_gpu
     if (n == 0) return;
     add_inputs<T> a = {};
     a.count = node->n_inputs;
-    T *y = (T *)node->out;
+    const td_node *relu = (const td_node *)node->gpu;
+    T *y = (T *)(relu ? relu->out : node->out);
     bool vec = ew_aligned<T>(y, NULL);
     for (int j = 0; j < a.count; j++) {
         a.x[j] = (const T *)node->in[j];
         vec = vec && ew_aligned<T>(a.x[j], NULL);
     }
-    add_forward_kernel<T><<<ew_blocks(n), EW_THREADS, 0, run->stream>>>(a, y, n, vec);
+    add_forward_kernel<T><<<ew_blocks(n), EW_THREADS, 0, run->stream>>>(a, y, n, relu != NULL, vec);
     TD_LAUNCHED(g);
 }
 
 template <typename T> static void add_bwd(td_gpu *g, td_node *node, const td_gpu_run *run) {
     T *dx[TD_MAX_INPUTS];
     for (int j = 0; j < node->n_inputs; j++) dx[j] = (T *)node->in_grad[j];
-    fanout(g, (const T *)node->grad, dx, node->in_grad_add, node->n_inputs, ew_elems(node, run),
-           run->stream);
+    const td_node *relu = (const td_node *)node->gpu;
+    const T *dy = (const T *)(relu ? relu->grad : node->grad);
+    fanout(g, dy, dx, node->in_grad_add, node->n_inputs, ew_elems(node, run), run->stream,
+           relu ? (const T *)relu->out : (const T *)NULL);
 }
 
 TD_GPU_TYPED_ENTRY(add_forward, add_fwd)
@@ -557,7 +584,7 @@ const td_gpu_op td_gpu_op_fused = {&td_op_relu, plain_plan, fused_pass, fused_pa
 
 const td_gpu_op td_gpu_op_relu = {&td_op_relu, plain_plan, relu_forward, relu_backward, NULL};
 const td_gpu_op td_gpu_op_gelu = {&td_op_gelu, plain_plan, gelu_forward, gelu_backward, NULL};
-const td_gpu_op td_gpu_op_add = {&td_op_add, plain_plan, add_forward, add_backward, NULL};
+const td_gpu_op td_gpu_op_add = {&td_op_add, add_plan, add_forward, add_backward, NULL};
 const td_gpu_op td_gpu_op_dropout = {&td_op_dropout, dropout_plan, dropout_forward,
                                      dropout_backward, NULL};
 const td_gpu_op td_gpu_op_flatten = {&td_op_flatten, plain_plan, flatten_forward, flatten_backward,

@@ -87,7 +87,7 @@ struct td_gpu {
 
     td_gpu_ddp *ddp;
 
-    // Fusion of an op into the kernels of the op before it (BatchNorm + ReLU); off with
+    // Fusion of an op into the kernels of the op before it (BatchNorm or Add, then ReLU); off with
     // TRAIND_GPU_FUSION=0, to measure what it saves or to rule it out.
     bool fusion;
     const td_gpu_op **ops; // per model node
@@ -129,12 +129,12 @@ struct td_gpu_op {
 };
 
 // A node whose forward and backward run inside another node's kernels (a ReLU fused into the
-// BatchNorm before it): nothing to plan or queue.
+// BatchNorm or Add before it): nothing to plan or queue.
 extern "C" const td_gpu_op td_gpu_op_fused;
 
-// The ReLU whose work BatchNorm `node` may do in its own kernels, or NULL: the ReLU is the only
-// reader of node's output (which then need not exist), in the same activation-checkpointing
-// segment, and fusion is on.
+// The ReLU whose work `node` (a BatchNorm or an Add) may do in its own kernels, or NULL: the
+// ReLU is the only reader of node's output (which then need not exist), in the same
+// activation-checkpointing segment, and fusion is on.
 td_node *td_gpu_fused_relu(const td_gpu *g, td_model *m, const td_node *node);
 
 extern "C" {
