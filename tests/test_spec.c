@@ -220,3 +220,30 @@ Test(spec, unknown_precision_and_backend) {
     strcpy(spec + strlen(spec) - 1, ", \"distributed\": {\"backend\": \"gloo\"}}");
     EXPECT_ERROR(spec, "distributed.backend", "one of auto/nccl/cpu");
 }
+
+/* train.cudnn_benchmark: torch.backends.cudnn.benchmark's switch, a boolean (off by default; on
+ * the CPU it has nothing to time). */
+Test(spec, cudnn_benchmark_is_a_boolean) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"batch_size\": 8, \"cudnn_benchmark\": 1, \"optimizer\": "
+                         "{\"type\": \"sgd\", \"lr\": 0.1}}"),
+                 "train.cudnn_benchmark", "expected true or false", "found 1");
+    td_job job;
+    td_err err = {{0}};
+    cr_assert_eq(td_job_load_string(
+                     &job,
+                     spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH, GOOD_TRAIN),
+                     &err),
+                 0, "%s", err.msg);
+    cr_expect(!job.cudnn_benchmark);
+    td_job_free(&job);
+    cr_assert_eq(td_job_load_string(&job,
+                                    spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                                            "\"train\": {\"batch_size\": 8, \"cudnn_benchmark\": "
+                                            "true, \"optimizer\": {\"type\": \"sgd\", \"lr\": "
+                                            "0.1}}"),
+                                    &err),
+                 0, "%s", err.msg);
+    cr_expect(job.cudnn_benchmark);
+    td_job_free(&job);
+}

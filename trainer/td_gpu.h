@@ -51,6 +51,13 @@ void td_gpu_detach(td_gpu *g, td_model *m);
 int td_gpu_download(td_gpu *g, td_model *m, td_optim *opt, td_err *err);
 int td_gpu_upload(td_gpu *g, td_model *m, const td_optim *opt, td_err *err);
 
+/* torch.backends.cudnn.benchmark with cudnn.deterministic: times cuDNN's deterministic
+ * algorithms of every convolution pass at the full batch, on the attached model's own buffers,
+ * and keeps the fastest that fits the workspace (the plan's heuristic choice otherwise). Writes
+ * over activations and gradients, so it runs before training; *timed: convolutions timed.
+ * Synchronises. */
+int td_gpu_benchmark_convolutions(td_gpu *g, td_model *m, int *timed, td_err *err);
+
 /* Copies a host batch to the device (converting to the compute precision). */
 int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const int32_t *labels, int n,
                      td_err *err);

@@ -68,7 +68,9 @@ typedef struct td_job {
     td_device_kind device; /* train.device */
     td_precision precision;
     bool cuda_graph; /* capture the training step in a CUDA graph where shapes allow */
-    int n_segments;  /* train.activation_checkpointing, marked on nodes[].segment */
+    /* time cuDNN's algorithms per convolution before training (torch.backends.cudnn.benchmark) */
+    bool cudnn_benchmark;
+    int n_segments; /* train.activation_checkpointing, marked on nodes[].segment */
 
     int log_every;
 

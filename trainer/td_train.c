@@ -443,6 +443,14 @@ static int setup_gpu(trainer *t, td_err *err) {
         td_gpu_attach(t->gpu, &t->model, t->device.precision, t->job->seed, err) != 0 ||
         td_gpu_optim_init(t->gpu, &t->model, &t->optim, err) != 0)
         return td_fail_prefix(err, "train.device");
+    if (t->job->cudnn_benchmark) {
+        double t0 = now_s();
+        int timed = 0;
+        if (td_gpu_benchmark_convolutions(t->gpu, &t->model, &timed, err) != 0) return -1;
+        if (!td_dist_active(t->dist) || t->dist->rank == 0)
+            fprintf(t->log, "[traind] cuDNN benchmark: %d convolution%s timed in %.1f s\n", timed,
+                    timed == 1 ? "" : "s", now_s() - t0);
+    }
     return 0;
 }
 

@@ -10,7 +10,7 @@
 #               (its sums then go through NCCL too)
 #   c) fmnist   Fashion-MNIST LeNet-5 in bf16 reaches val_acc >= 0.90
 #   d) resume   N steps straight against N/2, stop, resume (checkpoint bytes, loss lines): fp32
-#               with BatchNorm (resume) and, separately, with dropout (resume-d); fp16 with its
+#               with BatchNorm and train.cudnn_benchmark (resume) and, separately, with dropout (resume-d); fp16 with its
 #               GradScaler state (resume-fp16); fp32 with activation checkpointing (recompute),
 #               which must also equal the run without (recompute-eq, needs resume-d's run)
 #   e) bench    bench/gpu.sh, img/s against PyTorch (informational: it never fails the suite)
@@ -626,7 +626,11 @@ resume_case() { # item dropout [precision [train_extra_json]]
     straight=$(same_checkpoint "$(last_checkpoint "$d/ck-a")" "$d/ck-b/step-$(printf %08d $n)")
     again=$(same_checkpoint "$(last_checkpoint "$d/ck-a")" "$(last_checkpoint "$d/ck-a2")")
     resumed=$(cat "$d/b1.out" "$d/b2.out" >"$d/b.out" && losses "$d/b.out")
-    if [ "$again" != same ]; then
+    if [[ $tx == *cudnn_benchmark* ]] && [ "$device" = cuda ] &&
+        ! grep -q "cuDNN benchmark: [1-9]" "$d/a.err"; then
+        record "$1" FAIL "train.cudnn_benchmark set but no convolution was timed (see \
+$d/a.err)" $((SECONDS - t0)) yes
+    elif [ "$again" != same ]; then
         record "$1" FAIL "two straight runs already differ ($again): the GPU run is not \
 deterministic (cuDNN algorithm choice? atomics?)" $((SECONDS - t0)) yes
     elif [ "$straight" != same ]; then
@@ -639,7 +643,8 @@ deterministic (cuDNN algorithm choice? atomics?)" $((SECONDS - t0)) yes
 $(echo "$resumed" | wc -l) loss lines identical" $((SECONDS - t0)) yes
     fi
 }
-if begin resume; then resume_case resume 0; fi
+# with train.cudnn_benchmark: the timed choice of algorithms must stay deterministic
+if begin resume; then resume_case resume 0 fp32 ', "cudnn_benchmark": true'; fi
 if begin resume-d; then resume_case resume-d 0.3; fi
 # fp16: the GradScaler's scale and growth tracker travel in the checkpoint
 if begin resume-fp16; then resume_case resume-fp16 0 fp16; fi

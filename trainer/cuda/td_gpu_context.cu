@@ -452,6 +452,27 @@ extern "C" int td_gpu_read_grads(td_gpu *g, const td_model *m, float *host, td_e
     return 0;
 }
 
+extern "C" int td_gpu_benchmark_convolutions(td_gpu *g, td_model *m, int *timed, td_err *err) {
+    *timed = 0;
+    if (g->model != m) return td_fail(err, "cuDNN benchmark: the model is not attached here");
+    for (int i = 0; i < m->n_nodes; i++) {
+        if (g->ops[i] != &td_gpu_op_conv2d) continue;
+        if (td_gpu_conv_benchmark(g, &m->nodes[i]) != 0 || g->failed) {
+            take_failure(g, err);
+            return td_fail_prefix(err,
+                                  "train.cudnn_benchmark: timing model.nodes[%d] (\"%s\")'s "
+                                  "algorithms (set it false to use cuDNN's heuristics)",
+                                  i, m->nodes[i].name);
+        }
+        (*timed)++;
+    }
+    // the searches wrote over the gradients: training starts from zeroed ones, as after attach
+    TD_CUDA_RET(g, cudaMemsetAsync(g->grads, 0, m->param_floats * sizeof(float), g->stream),
+                take_failure(g, err));
+    TD_CUDA_RET(g, cudaStreamSynchronize(g->stream), take_failure(g, err));
+    return take_failure(g, err);
+}
+
 extern "C" int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const int32_t *labels,
                                 int n, td_err *err) {
     if (n <= 0 || n > m->max_n)

@@ -351,6 +351,73 @@ static conv_slot *slot_for(conv_plan *p, int n) {
     return s;
 }
 
+// ---- cudnn.benchmark --------------------------------------------------------------------------
+
+// The fastest of cuDNN's timings (sorted fastest first) that is deterministic, fits `have` bytes
+// of workspace and, in fp32, does not compute in TF32. False when none qualifies: the heuristic
+// choice stays.
+template <typename Perf>
+static bool fastest(const Perf *perf, int got, size_t have, td_precision prec, conv_choice *out) {
+    for (int i = 0; i < got; i++) {
+        const Perf *r = &perf[i];
+        // fp32: FMA only (cuDNN's default math may use TF32 on Ampere and later)
+        if (r->status != CUDNN_STATUS_SUCCESS || r->determinism != CUDNN_DETERMINISTIC ||
+            r->memory > have || (prec == TD_PREC_FP32 && r->mathType != CUDNN_FMA_MATH))
+            continue;
+        out->algo = (int)r->algo;
+        out->math = prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : r->mathType;
+        out->ws = r->memory;
+        return true;
+    }
+    return false;
+}
+
+int td_gpu_conv_benchmark(td_gpu *g, td_node *node) {
+    conv_plan *p = (conv_plan *)node->gpu;
+    conv_slot *s = &p->slot[0];
+    if (!s->valid) return 0;
+    size_t have;
+    char *base = conv_workspace(p, &have);
+    char *ws = base ? base + p->dw_bytes : NULL;
+    const void *x = node->inputs[0] == TD_INPUT_NODE ? g->input : node->in[0];
+    const td_param *wp = node->params[0];
+    const void *wk = p->direct_w ? td_gpu_weight(g, wp) : node->saved;
+    void *dw = p->stage_dw ? (void *)base : (void *)wp->dev_grad;
+    td_precision prec = p->full.prec;
+    TD_CUDNN_RET(g, cudnnSetStream(g->dnn, g->stream), -1);
+    // the math the search may use: FMA keeps fp32 true fp32, as the heuristic choice does
+    TD_CUDNN_RET(g,
+                 cudnnSetConvolutionMathType(p->conv, prec == TD_PREC_FP32 ? CUDNN_FMA_MATH
+                                                                           : CUDNN_TENSOR_OP_MATH),
+                 -1);
+    int got = 0;
+    conv_choice c;
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    TD_CUDNN_RET(g,
+                 cudnnFindConvolutionForwardAlgorithmEx(g->dnn, s->x, x, p->w, wk, p->conv, s->y,
+                                                        node->out, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                        &got, fwd, ws, have),
+                 -1);
+    if (fastest(fwd, got, have, prec, &c)) s->pass[PASS_FWD] = c;
+    if (node->in_grad[0]) { // the first layer's input wants no gradient
+        cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        TD_CUDNN_RET(g,
+                     cudnnFindConvolutionBackwardDataAlgorithmEx(
+                         g->dnn, p->w, wk, s->y, node->grad, p->conv, s->x, node->in_grad[0],
+                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bd, ws, have),
+                     -1);
+        if (fastest(bd, got, have, prec, &c)) s->pass[PASS_BWD_DATA] = c;
+    }
+    cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    TD_CUDNN_RET(g,
+                 cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                     g->dnn, s->x, x, s->y, node->grad, p->conv, p->w, dw,
+                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf, ws, have),
+                 -1);
+    if (fastest(bf, got, have, prec, &c)) s->pass[PASS_BWD_FILTER] = c;
+    return 0;
+}
+
 // ---- the op -----------------------------------------------------------------------------------
 
 static void conv_release(td_node *node) {

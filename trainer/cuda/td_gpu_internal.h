@@ -128,6 +128,11 @@ struct td_gpu_op {
     void (*release)(td_node *node);
 };
 
+// cudnn.benchmark for one conv2d node (td_gpu_benchmark_convolutions): its passes timed on its
+// own buffers at the full batch, the fastest deterministic algorithms kept. -1 with the failure
+// recorded.
+int td_gpu_conv_benchmark(td_gpu *g, td_node *node);
+
 // A node whose forward and backward run inside another node's kernels (a ReLU fused into the
 // BatchNorm or Add before it): nothing to plan or queue.
 extern "C" const td_gpu_op td_gpu_op_fused;
