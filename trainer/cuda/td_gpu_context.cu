@@ -356,6 +356,7 @@ extern "C" void td_gpu_detach(td_gpu *g, td_model *m) {
             g->ops[i]->release(&m->nodes[i]);
         m->nodes[i].gpu = NULL;
         m->nodes[i].in[0] = m->nodes[i].out = m->nodes[i].grad = NULL;
+        m->nodes[i].out_fused = false; // the device's plan; a host layout gives it memory again
     }
     for (int i = 0; i < m->n_params; i++) m->params[i].dev_data = m->params[i].dev_grad = NULL;
     for (int i = 0; i < m->n_buffers; i++) m->buffers[i].dev_data = NULL;
@@ -457,14 +458,15 @@ extern "C" int td_gpu_benchmark_convolutions(td_gpu *g, td_model *m, int *timed,
     if (g->model != m) return td_fail(err, "cuDNN benchmark: the model is not attached here");
     for (int i = 0; i < m->n_nodes; i++) {
         if (g->ops[i] != &td_gpu_op_conv2d) continue;
-        if (td_gpu_conv_benchmark(g, &m->nodes[i]) != 0 || g->failed) {
+        int rc = td_gpu_conv_benchmark(g, &m->nodes[i]);
+        if (rc < 0 || g->failed) {
             take_failure(g, err);
             return td_fail_prefix(err,
                                   "train.cudnn_benchmark: timing model.nodes[%d] (\"%s\")'s "
                                   "algorithms (set it false to use cuDNN's heuristics)",
                                   i, m->nodes[i].name);
         }
-        (*timed)++;
+        *timed += rc;
     }
     // the searches wrote over the gradients: training starts from zeroed ones, as after attach
     TD_CUDA_RET(g, cudaMemsetAsync(g->grads, 0, m->param_floats * sizeof(float), g->stream),

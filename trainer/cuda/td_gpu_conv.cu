@@ -415,7 +415,7 @@ int td_gpu_conv_benchmark(td_gpu *g, td_node *node) {
                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf, ws, have),
                  -1);
     if (fastest(bf, got, have, prec, &c)) s->pass[PASS_BWD_FILTER] = c;
-    return 0;
+    return 1;
 }
 
 // ---- the op -----------------------------------------------------------------------------------
