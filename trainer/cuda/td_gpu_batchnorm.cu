@@ -33,12 +33,16 @@
 
 #include <stdlib.h>
 
-#define BN_TX         32   // channels per block
-#define BN_TY         8    // row lanes per block in the row loops
-#define BN_FY         16   // tile lanes per block in the finalize kernels
-#define BN_TARGET     1024 // blocks the partial-sum kernels aim for (several waves on an H100)
-#define BN_MIN_ROWS   64   // rows per tile at least
-#define BN_APPLY_ROWS 64   // rows per block (8 per thread) in the element-wise kernels
+#define BN_TX          32   // channels per block
+#define BN_TY          8    // row lanes per block in the row loops
+#define BN_FY          16   // tile lanes per block in the finalize kernels
+#define BN_TARGET      1024 // blocks the partial-sum kernels aim for (several waves on an H100)
+#define BN_MIN_ROWS    64   // rows per tile at least
+#define BN_APPLY_ROWS  64   // rows per block (8 per thread) in the element-wise kernels
+#define BN_VEC_THREADS 256  // threads per block of the vectorised element-wise kernels
+// Shared memory the vectorised kernels may stage per-channel coefficients in (the default
+// per-block limit); wider layers take the per-channel kernels.
+#define BN_VEC_SMEM (48u << 10)
 
 typedef struct bn_plan {
     td_gpu *g;
@@ -311,7 +315,96 @@ __global__ void bn_dx(const T *__restrict__ x, const T *__restrict__ dy, T *__re
     }
 }
 
+// The element-wise passes vectorised, when C is a multiple of 8 and the pointers allow 8-element
+// vectors: rows are contiguous and channels innermost, so the activation is one flat run of packs
+// of 8 channels of one row (element i has channel i % C). Each block first stages the
+// per-channel coefficients in shared memory, computed by the same functions as the per-channel
+// kernels (the same bits), then streams packs; with few channels the per-channel kernels would
+// read 16 to 64 bytes per row and warp instead of 512.
+template <typename T>
+__global__ void __launch_bounds__(BN_VEC_THREADS)
+    bn_apply_vec(const T *__restrict__ x, T *__restrict__ y, size_t n, int C,
+                 const float *__restrict__ mean, const float *__restrict__ invstd,
+                 const float *__restrict__ w, const float *__restrict__ b, bool relu) {
+    extern __shared__ float coef[]; // scale [C], shift [C]
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        bn_affine a = bn_affine_of(c, w, b, mean, invstd);
+        coef[c] = a.scale;
+        coef[C + c] = a.shift;
+    }
+    __syncthreads();
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * EW_VEC; i < n;
+         i += (size_t)gridDim.x * blockDim.x * EW_VEC) {
+        int c0 = (int)(i % (size_t)C);
+        float v[EW_VEC];
+        ew_load(x, i, n, true, v);
+#pragma unroll
+        for (int e = 0; e < EW_VEC; e++) {
+            bn_affine a = {coef[c0 + e], coef[C + c0 + e]};
+            v[e] = bn_y(v[e], a);
+            if (relu) v[e] = v[e] > 0.0f ? v[e] : 0.0f;
+        }
+        ew_store(y, i, n, true, v);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(BN_VEC_THREADS)
+    bn_dx_vec(const T *__restrict__ x, const T *__restrict__ dy, T *__restrict__ dx, size_t n,
+              int C, const float *__restrict__ k1, const float *__restrict__ k2,
+              const float *__restrict__ k3, bool add, const float *__restrict__ mean,
+              const float *__restrict__ invstd, const float *__restrict__ w,
+              const float *__restrict__ bias, bool relu) {
+    extern __shared__ float coef[]; // k1, k2, k3 [C] each, then scale, shift [C] with relu
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        coef[c] = k1[c];
+        coef[C + c] = k2[c];
+        coef[2 * C + c] = k3[c];
+        if (relu) {
+            bn_affine a = bn_affine_of(c, w, bias, mean, invstd);
+            coef[3 * C + c] = a.scale;
+            coef[4 * C + c] = a.shift;
+        }
+    }
+    __syncthreads();
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * EW_VEC; i < n;
+         i += (size_t)gridDim.x * blockDim.x * EW_VEC) {
+        int c0 = (int)(i % (size_t)C);
+        float xv[EW_VEC], g[EW_VEC], v[EW_VEC];
+        ew_load(x, i, n, true, xv);
+        ew_load(dy, i, n, true, g);
+        if (add) ew_load(dx, i, n, true, v);
+#pragma unroll
+        for (int e = 0; e < EW_VEC; e++) {
+            int c = c0 + e;
+            if (relu) {
+                bn_affine a = {coef[3 * C + c], coef[4 * C + c]};
+                if (!bn_relu_passes<T>(xv[e], a)) g[e] = 0.0f;
+            }
+            float t = coef[c] * g[e] + coef[C + c] * xv[e] + coef[2 * C + c];
+            v[e] = add ? v[e] + t : t;
+        }
+        ew_store(dx, i, n, true, v);
+    }
+}
+
 // ---- launchers (TD_GPU_DISPATCH's body must not carry bare commas) ----------------------------
+
+// Blocks for the vectorised kernels: enough to fill the device a few times over (each block
+// stages its coefficients once, then grid-strides), never more than there are packs.
+static unsigned bn_vec_blocks(const td_gpu *g, size_t n) {
+    size_t packs = n / EW_VEC, want = (size_t)g->prop.multiProcessorCount * 8;
+    size_t b = (packs + BN_VEC_THREADS - 1) / BN_VEC_THREADS;
+    return (unsigned)(b < want ? (b ? b : 1) : want);
+}
+
+// Whether the vectorised kernels apply: whole packs of channels, aligned pointers, and the
+// coefficients (`coef_per_channel` floats per channel) within the shared memory at hand.
+template <typename T>
+static bool bn_vec_ok(int C, int coef_per_channel, const void *a, const void *b, const void *c) {
+    return C % EW_VEC == 0 && ew_aligned<T>(a, b, c) &&
+           (size_t)coef_per_channel * C * sizeof(float) <= BN_VEC_SMEM;
+}
 
 static dim3 bn_grid_rows(size_t rows, int C) {
     size_t y = (rows + BN_APPLY_ROWS - 1) / BN_APPLY_ROWS;
@@ -344,16 +437,31 @@ static void launch_partial_grad(const void *x, const void *dy, size_t rows, int 
 }
 
 template <typename T>
-static void launch_apply(const void *x, void *y, size_t rows, int C, const float *mean,
-                         const float *invstd, const float *w, const float *b, bool relu,
-                         cudaStream_t st) {
+static void launch_apply(const td_gpu *g, const void *x, void *y, size_t rows, int C,
+                         const float *mean, const float *invstd, const float *w, const float *b,
+                         bool relu, cudaStream_t st) {
+    if (bn_vec_ok<T>(C, 2, x, y, NULL)) {
+        size_t n = rows * C;
+        bn_apply_vec<T><<<bn_vec_blocks(g, n), BN_VEC_THREADS, 2 * C * sizeof(float), st>>>(
+            (const T *)x, (T *)y, n, C, mean, invstd, w, b, relu);
+        return;
+    }
     bn_apply<T><<<bn_grid_rows(rows, C), dim3(BN_TX, BN_TY), 0, st>>>((const T *)x, (T *)y, rows, C,
                                                                       mean, invstd, w, b, relu);
 }
 
 template <typename T>
-static void launch_dx(const void *x, const void *dy, void *dx, size_t rows, int C, const float *k1,
-                      const float *k2, const float *k3, bool add, bn_back k, cudaStream_t st) {
+static void launch_dx(const td_gpu *g, const void *x, const void *dy, void *dx, size_t rows, int C,
+                      const float *k1, const float *k2, const float *k3, bool add, bn_back k,
+                      cudaStream_t st) {
+    int per_channel = k.relu ? 5 : 3;
+    if (bn_vec_ok<T>(C, per_channel, x, dy, dx)) {
+        size_t n = rows * C;
+        bn_dx_vec<T><<<bn_vec_blocks(g, n), BN_VEC_THREADS, per_channel * C * sizeof(float), st>>>(
+            (const T *)x, (const T *)dy, (T *)dx, n, C, k1, k2, k3, add, k.mean, k.invstd, k.w, k.b,
+            k.relu);
+        return;
+    }
     bn_dx<T><<<bn_grid_rows(rows, C), dim3(BN_TX, BN_TY), 0, st>>>(
         (const T *)x, (const T *)dy, (T *)dx, rows, C, k1, k2, k3, add, k.mean, k.invstd, k.w, k.b,
         k.relu);
@@ -426,7 +534,7 @@ static void bn_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     void *y = relu ? p->relu->out : node->out;
     TD_GPU_DISPATCH(
         g->prec, T,
-        launch_apply<T>(node->in[0], y, rows, C, mean, invstd, w, b, relu, run->stream));
+        launch_apply<T>(g, node->in[0], y, rows, C, mean, invstd, w, b, relu, run->stream));
     TD_LAUNCHED(g);
 }
 
@@ -474,7 +582,7 @@ static void bn_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     if (!dx) return;
     bool add = node->in_grad_add[0];
     TD_GPU_DISPATCH(g->prec, T,
-                    launch_dx<T>(node->in[0], dy, dx, rows, C, k1, k2, k3, add, k, run->stream));
+                    launch_dx<T>(g, node->in[0], dy, dx, rows, C, k1, k2, k3, add, k, run->stream));
     TD_LAUNCHED(g);
 }
 

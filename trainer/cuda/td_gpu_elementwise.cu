@@ -7,49 +7,8 @@
 #include <math.h>
 
 #define EW_THREADS 256
-#define EW_VEC     8
 
 // ---- eight elements at a time -----------------------------------------------------------------
-
-// 16 bytes of a 16-bit type or 32 of fp32: what lets the compiler emit 128-bit accesses.
-template <typename T> struct alignas(EW_VEC * sizeof(T)) ew_pack { T e[EW_VEC]; };
-
-// Elements i..i+7 as floats. full: all eight exist and the pointer is aligned for the vector;
-// otherwise each element is read on its own and those past n read as 0. The unrolled constant
-// indices keep v[] in registers.
-template <typename T>
-static __device__ __forceinline__ void ew_load(const T *p, size_t i, size_t n, bool full,
-                                               float *v) {
-    if (full) {
-        ew_pack<T> a = *reinterpret_cast<const ew_pack<T> *>(p + i);
-#pragma unroll
-        for (int e = 0; e < EW_VEC; e++) v[e] = td_to_float(a.e[e]);
-    } else {
-#pragma unroll
-        for (int e = 0; e < EW_VEC; e++) v[e] = i + e < n ? td_to_float(p[i + e]) : 0.0f;
-    }
-}
-
-template <typename T>
-static __device__ __forceinline__ void ew_store(T *p, size_t i, size_t n, bool full,
-                                                const float *v) {
-    if (full) {
-        ew_pack<T> a;
-#pragma unroll
-        for (int e = 0; e < EW_VEC; e++) a.e[e] = td_from_float<T>(v[e]);
-        *reinterpret_cast<ew_pack<T> *>(p + i) = a;
-    } else {
-#pragma unroll
-        for (int e = 0; e < EW_VEC; e++)
-            if (i + e < n) p[i + e] = td_from_float<T>(v[e]);
-    }
-}
-
-// Whether every pointer given allows the vector accesses of T (NULL ones do).
-template <typename T> static bool ew_aligned(const void *a, const void *b, const void *c = NULL) {
-    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c;
-    return bits % (EW_VEC * sizeof(T)) == 0;
-}
 
 static unsigned ew_blocks(size_t n) {
     return td_gpu_blocks((n + EW_VEC - 1) / EW_VEC, EW_THREADS);
