@@ -145,8 +145,8 @@ static size_t planned_bytes(td_model *m) {
     return count.used;
 }
 
-/* A node whose output a device plan fuses into its reader (out_fused: BatchNorm or Add + ReLU on the
- * GPU) gets neither output nor gradient, in the arena and in the segments' shared region. */
+/* A node whose output a device plan fuses into its reader (out_fused: BatchNorm or Add + ReLU on
+ * the GPU) gets neither output nor gradient, in the arena and in the segments' shared region. */
 Test(recompute, a_fused_output_takes_no_memory) {
     const size_t bn1_out = (size_t)BATCH * 6 * 4 * 4 * sizeof(float); /* [4, 4, 6] after the pool */
     for (int segmented = 0; segmented < 2; segmented++) {
