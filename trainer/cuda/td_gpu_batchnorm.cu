@@ -333,8 +333,7 @@ __global__ void __launch_bounds__(BN_VEC_THREADS)
         coef[C + c] = a.shift;
     }
     __syncthreads();
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * EW_VEC; i < n;
-         i += (size_t)gridDim.x * blockDim.x * EW_VEC) {
+    EW_LOOP(i, n) {
         int c0 = (int)(i % (size_t)C);
         float v[EW_VEC];
         ew_load(x, i, n, true, v);
@@ -367,8 +366,7 @@ __global__ void __launch_bounds__(BN_VEC_THREADS)
         }
     }
     __syncthreads();
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * EW_VEC; i < n;
-         i += (size_t)gridDim.x * blockDim.x * EW_VEC) {
+    EW_LOOP(i, n) {
         int c0 = (int)(i % (size_t)C);
         float xv[EW_VEC], g[EW_VEC], v[EW_VEC];
         ew_load(x, i, n, true, xv);

@@ -248,11 +248,9 @@ static int plan_nodes(td_gpu *g, td_model *m, td_err *err) {
         if (!op)
             return td_fail(err, "model.nodes[%d] (\"%s\"): op %s has no GPU implementation yet", i,
                            node->name, node->op->name);
-        // a node fused into the one it reads (whose plan, earlier, decided so)
+        // a node fused into the one it reads: that one's plan, earlier, found it its only reader
         int k = node->n_inputs == 1 ? node->inputs[0] : TD_INPUT_NODE;
-        if (k != TD_INPUT_NODE && m->nodes[k].out_fused &&
-            td_gpu_fused_relu(g, m, &m->nodes[k]) == node)
-            op = &td_gpu_op_fused;
+        if (k != TD_INPUT_NODE && m->nodes[k].out_fused) op = &td_gpu_op_fused;
         g->ops[i] = op;
         node->saved_bytes = 0; // the CPU's needs are not the device's
         node->scratch_floats = 0;

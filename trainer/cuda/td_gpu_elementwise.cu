@@ -14,10 +14,6 @@ static unsigned ew_blocks(size_t n) {
     return td_gpu_blocks((n + EW_VEC - 1) / EW_VEC, EW_THREADS);
 }
 
-#define EW_LOOP(i, n)                                                                              \
-    for (size_t k_ = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = k_ * EW_VEC; i < (n);      \
-         k_ += (size_t)gridDim.x * blockDim.x, i = k_ * EW_VEC)
-
 static size_t ew_elems(const td_node *node, const td_gpu_run *run) {
     return (size_t)run->n * td_shape_size(node->out_shape);
 }

@@ -317,6 +317,11 @@ static __device__ __forceinline__ void ew_store(T *p, size_t i, size_t n, bool f
     }
 }
 
+// Grid-stride over the packs of n elements: i is each pack's first element.
+#define EW_LOOP(i, n)                                                                              \
+    for (size_t k_ = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = k_ * EW_VEC; i < (n);      \
+         k_ += (size_t)gridDim.x * blockDim.x, i = k_ * EW_VEC)
+
 // Whether every pointer given allows the vector accesses of T (NULL ones do).
 template <typename T> static bool ew_aligned(const void *a, const void *b, const void *c = NULL) {
     uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c;
