@@ -200,6 +200,98 @@ Test(loader, every_sample_once_normalised) {
     td_dataset_free(&ds);
 }
 
+/* Several producer threads (num_workers) give exactly the batches one gives, in order: across
+ * epochs, with augmentation, after a resume inside an epoch and after an epoch abandoned while
+ * producers were mid-fill. */
+Test(loader, workers_give_the_batches_one_thread_gives) {
+    td_dataset ds;
+    td_dataset_synthetic(&ds, td_shape_image(3, 9, 7), 5, 203, 13);
+    td_normalize norm = {3, {0.5f, 0.25f, 0.75f}, {0.5f, 2.0f, 0.125f}};
+    td_augment aug = {.crop_padding = 2, .hflip = true};
+    size_t size = td_shape_size(ds.shape);
+    td_loader_config one = {.batch_size = 6, .shuffle = true, .seed = 9, .world = 1, .pad = true};
+    td_loader_config many = one;
+    many.workers = 5;
+    td_loader *a = td_loader_create(&ds, &norm, &aug, &one);
+    td_loader *b = td_loader_create(&ds, &norm, &aug, &many);
+    /* epoch, first batch, batches to take (-1: all) */
+    static const int plan[][3] = {{0, 0, -1}, {1, 0, 3}, {1, 7, -1}, {2, 0, 1}, {2, 0, -1}};
+    for (size_t p = 0; p < sizeof plan / sizeof plan[0]; p++) {
+        int na = td_loader_start_epoch(a, plan[p][0], plan[p][1]);
+        cr_assert_eq(td_loader_start_epoch(b, plan[p][0], plan[p][1]), na);
+        td_batch x, y;
+        int taken = 0;
+        while ((plan[p][2] < 0 || taken < plan[p][2]) && td_loader_next(a, &x)) {
+            cr_assert(td_loader_next(b, &y), "step %zu: batch %d missing", p, taken);
+            cr_assert_eq(x.n, y.n);
+            cr_expect(memcmp(x.labels, y.labels, (size_t)x.n * sizeof(int32_t)) == 0,
+                      "step %zu batch %d: labels", p, taken);
+            cr_expect(memcmp(x.x, y.x, (size_t)x.n * size * sizeof(float)) == 0,
+                      "step %zu batch %d: samples", p, taken);
+            taken++;
+        }
+        if (plan[p][2] < 0) {
+            cr_expect_eq(taken, na - plan[p][1], "step %zu", p);
+            cr_expect(!td_loader_next(b, &y), "step %zu: an extra batch", p);
+        }
+    }
+    td_loader_destroy(a);
+    td_loader_destroy(b);
+    td_dataset_free(&ds);
+}
+
+/* Per-channel normalisation of a 3-channel sample larger than the generator's 4096-value chunk
+ * (a chunk boundary falls mid-pixel): undoing each value's normalisation with its own channel's
+ * constants must give a whole pixel value, 128 and up in the label's bright row and below it
+ * elsewhere. A value normalised with a neighbouring channel's constants gives a fraction. */
+Test(dataset, synthetic_pixels_take_their_own_channels_normalisation) {
+    td_dataset ds;
+    int h = 40, w = 80;
+    td_dataset_synthetic(&ds, td_shape_image(3, h, w), 7, 20, 3);
+    td_normalize norm = {3, {0.1f, 0.5f, 0.9f}, {0.3f, 0.7f, 0.11f}};
+    size_t size = td_shape_size(ds.shape);
+    cr_assert_gt(size, 8192);
+    float *x = malloc(size * sizeof(float));
+    for (int i = 0; i < 4; i++) {
+        int label = td_dataset_sample(&ds, i, &norm, x);
+        int band = label * h / 7, bad = 0;
+        for (size_t j = 0; j < size && bad < 5; j++) {
+            int k = (int)(j % 3);
+            float p = (x[j] * norm.std[k] + norm.mean[k]) * 255.0f;
+            bool bright = (int)(j / ((size_t)w * 3)) == band;
+            bool whole = fabsf(p - roundf(p)) < 0.02f;
+            bool range = bright ? p > 127.5f && p < 255.5f : p > -0.5f && p < 127.5f;
+            if (!whole || !range) {
+                bad++;
+                cr_expect(false, "sample %d value %zu (channel %d): pixel %.3f%s", i, j, k,
+                          (double)p, bright ? " in the bright row" : "");
+            }
+        }
+    }
+    free(x);
+    td_dataset_free(&ds);
+}
+
+/* Float data (npy, csv) is normalised per channel as well: (x - mean[c]) / std[c]. */
+Test(dataset, float_values_take_their_own_channels_normalisation) {
+    td_dataset ds = {0};
+    ds.n = 1;
+    ds.shape = td_shape_image(3, 5, 7); /* 105 values: whole 24-value runs and a tail */
+    ds.values = malloc(105 * sizeof(float));
+    ds.labels = calloc(1, sizeof(int32_t));
+    for (int j = 0; j < 105; j++) ds.values[j] = (float)j * 0.25f - 3.0f;
+    td_normalize norm = {3, {0.1f, 0.5f, 0.9f}, {0.3f, 0.7f, 0.11f}};
+    float x[105];
+    td_dataset_sample(&ds, 0, &norm, x);
+    for (int j = 0; j < 105; j++) {
+        int k = j % 3;
+        float want = (ds.values[j] - norm.mean[k]) / norm.std[k];
+        cr_expect(fabsf(x[j] - want) <= 1e-5f * fmaxf(1.0f, fabsf(want)), "value %d: %g, want %g",
+                  j, (double)x[j], (double)want);
+    }
+    td_dataset_free(&ds);
+}
+
 /* ---- .npy ---------------------------------------------------------------------------- */
 
 /* A .npy v1 file with the given dict and payload. */

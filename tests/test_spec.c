@@ -221,6 +221,38 @@ Test(spec, unknown_precision_and_backend) {
     EXPECT_ERROR(spec, "distributed.backend", "one of auto/nccl/cpu");
 }
 
+/* data.num_workers: DataLoader's num_workers, "auto" or 1..64 loader threads */
+Test(spec, num_workers_is_auto_or_a_count) {
+    static const char *const bad[] = {"0", "65", "\"many\"", "2.5"};
+    static const char *const found[] = {"found 0", "found 65", "found \"many\"", "found 2.5"};
+    char data[512];
+    for (int i = 0; i < 4; i++) {
+        snprintf(data, sizeof data,
+                 "\"data\": {\"format\": \"synthetic\", \"shape\": [1, 28, 28], "
+                 "\"num_classes\": 10, \"size\": 32, \"num_workers\": %s}",
+                 bad[i]);
+        EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", data, GOOD_TRAIN),
+                     "data.num_workers", "\"auto\" or an integer in [1, 64]", found[i]);
+    }
+    static const char *const good[] = {"", ", \"num_workers\": \"auto\"", ", \"num_workers\": 6"};
+    static const int want[] = {0, 0, 6};
+    for (int i = 0; i < 3; i++) {
+        snprintf(data, sizeof data,
+                 "\"data\": {\"format\": \"synthetic\", \"shape\": [1, 28, 28], "
+                 "\"num_classes\": 10, \"size\": 32%s}",
+                 good[i]);
+        td_job job;
+        td_err err = {{0}};
+        cr_assert_eq(td_job_load_string(
+                         &job,
+                         spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", data, GOOD_TRAIN),
+                         &err),
+                     0, "%s", err.msg);
+        cr_expect_eq(job.num_workers, want[i], "case %d", i);
+        td_job_free(&job);
+    }
+}
+
 /* train.cudnn_benchmark: torch.backends.cudnn.benchmark's switch, a boolean (off by default; on
  * the CPU it has nothing to time). */
 Test(spec, cudnn_benchmark_is_a_boolean) {

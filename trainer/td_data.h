@@ -84,9 +84,10 @@ typedef struct td_loader_config {
     /* true (training): DistributedSampler's padding, every rank the same count; false
      * (evaluation): rank r takes r, r+world, ... so each sample counts exactly once */
     bool pad;
+    int workers; /* producer threads (DataLoader's num_workers); 0 counts as 1 */
 } td_loader_config;
 
-/* A loader assembles batches on its own thread, a few ahead of the consumer. augment may be
+/* A loader assembles batches on its own threads, a few ahead of the consumer. augment may be
  * NULL; its randomness is a function of (seed, epoch, sample), so a resumed run sees the same
  * crops and flips. */
 td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,

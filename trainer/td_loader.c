@@ -1,10 +1,16 @@
-/* The batch loader: a producer thread fills a small ring of batch slots while the trainer
- * consumes them, so gathering and normalising the next batch overlaps the current step.
+/* The batch loader: producer threads (DataLoader's num_workers) fill a small ring of batch slots
+ * while the trainer consumes them, so gathering and normalising the next batches overlaps the
+ * current step. Each producer fills whole batches; several work on consecutive batches at once,
+ * which a GPU step needs when one thread cannot make a batch per step (a 3x224x224 batch of 256
+ * is ~20 ms of one core).
  *
- * Invariants, all under `lock`: a slot is FREE (producer may fill it) or FULL (consumer may read
- * it); the producer fills slots in ring order for the epoch generation `gen` and drops a batch it
- * finished for an older generation; start_epoch waits until the producer is not mid-fill, so no
- * slot is written while it is being reset.
+ * Invariants, all under `lock`: a slot is FREE (a producer may claim it), FILLING (one producer
+ * writes it, unlocked) or FULL (the consumer may read it). Producers claim batches in order,
+ * batch b in slot b mod n_slots, for the epoch generation `gen`, and drop a batch finished for an
+ * older generation; the consumer takes batches in order, so batch b's slot is free exactly when
+ * batch b - n_slots has been released. A batch's contents depend on its index alone, never on
+ * which producer made it. start_epoch waits until no producer is mid-fill, so no slot is written
+ * while it is being reset.
  */
 #include "td_data.h"
 #include "td_rng.h"
@@ -13,12 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define N_SLOTS 3
+/* Slots beyond the producers' own: the one the consumer holds and one ready ahead of it */
+#define SPARE_SLOTS 2
+
+typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_FULL } slot_state;
 
 typedef struct slot {
     td_batch batch;
     float *raw; /* one sample before augmentation */
-    bool full;
+    slot_state state;
 } slot;
 
 struct td_loader {
@@ -30,11 +39,14 @@ struct td_loader {
     int *order; /* this epoch's sample indices */
     int n_order;
 
-    pthread_t thread;
+    int n_threads;
+    pthread_t *threads;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    slot slots[N_SLOTS];
-    bool stop, busy;
+    int n_slots;
+    slot *slots;
+    bool stop;
+    int busy; /* producers mid-fill */
     unsigned gen;
     int n_batches; /* in this epoch */
     int produced;  /* next batch index the producer fills */
@@ -91,22 +103,20 @@ static void *producer(void *arg) {
     td_loader *ld = arg;
     pthread_mutex_lock(&ld->lock);
     for (;;) {
-        while (!ld->stop &&
-               !(ld->produced < ld->n_batches && !ld->slots[ld->produced % N_SLOTS].full))
+        while (!ld->stop && !(ld->produced < ld->n_batches &&
+                              ld->slots[ld->produced % ld->n_slots].state == SLOT_FREE))
             pthread_cond_wait(&ld->cond, &ld->lock);
         if (ld->stop) break;
-        int b = ld->produced;
+        int b = ld->produced++;
         unsigned gen = ld->gen;
-        slot *s = &ld->slots[b % N_SLOTS];
-        ld->busy = true;
+        slot *s = &ld->slots[b % ld->n_slots];
+        s->state = SLOT_FILLING;
+        ld->busy++;
         pthread_mutex_unlock(&ld->lock);
         fill(ld, b, s);
         pthread_mutex_lock(&ld->lock);
-        ld->busy = false;
-        if (gen == ld->gen) {
-            s->full = true;
-            ld->produced++;
-        }
+        ld->busy--;
+        s->state = gen == ld->gen ? SLOT_FULL : SLOT_FREE;
         pthread_cond_broadcast(&ld->cond);
     }
     pthread_mutex_unlock(&ld->lock);
@@ -135,15 +145,21 @@ td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
     ld->order = td_malloc((size_t)ds->n * sizeof(int));
     ld->holding = -1;
     size_t size = td_shape_size(ds->shape);
-    for (int i = 0; i < N_SLOTS; i++) {
+    ld->n_threads = cfg->workers > 0 ? cfg->workers : 1;
+    ld->n_slots = ld->n_threads + SPARE_SLOTS;
+    ld->slots = td_calloc((size_t)ld->n_slots, sizeof *ld->slots);
+    for (int i = 0; i < ld->n_slots; i++) {
         ld->slots[i].batch.x = td_aligned_alloc((size_t)batch_size * size * sizeof(float));
         ld->slots[i].batch.labels = td_malloc((size_t)batch_size * sizeof(int32_t));
         ld->slots[i].raw = td_malloc(size * sizeof(float));
     }
     TD_ASSERT(pthread_mutex_init(&ld->lock, NULL) == 0, "pthread_mutex_init failed");
     TD_ASSERT(pthread_cond_init(&ld->cond, NULL) == 0, "pthread_cond_init failed");
-    TD_ASSERT(pthread_create(&ld->thread, NULL, producer, ld) == 0,
-              "cannot start the data loader thread (process or thread limit reached?)");
+    ld->threads = td_calloc((size_t)ld->n_threads, sizeof *ld->threads);
+    for (int i = 0; i < ld->n_threads; i++)
+        TD_ASSERT(pthread_create(&ld->threads[i], NULL, producer, ld) == 0,
+                  "cannot start a data loader thread (process or thread limit reached? "
+                  "data.num_workers sets how many)");
     return ld;
 }
 
@@ -151,7 +167,7 @@ int td_loader_start_epoch(td_loader *ld, int epoch, int first) {
     pthread_mutex_lock(&ld->lock);
     ld->gen++;
     ld->n_batches = 0; /* nothing to produce while the order is rewritten */
-    while (ld->busy) pthread_cond_wait(&ld->cond, &ld->lock);
+    while (ld->busy > 0) pthread_cond_wait(&ld->cond, &ld->lock);
     ld->epoch = epoch;
     const td_loader_config *cfg = &ld->cfg;
     ld->n_order = rank_samples(ld->ds, cfg);
@@ -162,7 +178,7 @@ int td_loader_start_epoch(td_loader *ld, int epoch, int first) {
         for (int k = 0; k < ld->n_order; k++) ld->order[k] = cfg->rank + k * cfg->world;
     int n_batches = td_loader_batches(ld->ds, cfg);
     if (first > n_batches) first = n_batches;
-    for (int i = 0; i < N_SLOTS; i++) ld->slots[i].full = false;
+    for (int i = 0; i < ld->n_slots; i++) ld->slots[i].state = SLOT_FREE;
     ld->holding = -1;
     ld->produced = ld->consumed = first;
     ld->n_batches = n_batches;
@@ -174,7 +190,7 @@ int td_loader_start_epoch(td_loader *ld, int epoch, int first) {
 bool td_loader_next(td_loader *ld, td_batch *batch) {
     pthread_mutex_lock(&ld->lock);
     if (ld->holding >= 0) {
-        ld->slots[ld->holding].full = false;
+        ld->slots[ld->holding].state = SLOT_FREE;
         ld->holding = -1;
         pthread_cond_broadcast(&ld->cond);
     }
@@ -182,9 +198,9 @@ bool td_loader_next(td_loader *ld, td_batch *batch) {
         pthread_mutex_unlock(&ld->lock);
         return false;
     }
-    slot *s = &ld->slots[ld->consumed % N_SLOTS];
-    while (!s->full) pthread_cond_wait(&ld->cond, &ld->lock);
-    ld->holding = ld->consumed % N_SLOTS;
+    slot *s = &ld->slots[ld->consumed % ld->n_slots];
+    while (s->state != SLOT_FULL) pthread_cond_wait(&ld->cond, &ld->lock);
+    ld->holding = ld->consumed % ld->n_slots;
     ld->consumed++;
     *batch = s->batch;
     pthread_mutex_unlock(&ld->lock);
@@ -197,14 +213,16 @@ void td_loader_destroy(td_loader *ld) {
     ld->stop = true;
     pthread_cond_broadcast(&ld->cond);
     pthread_mutex_unlock(&ld->lock);
-    pthread_join(ld->thread, NULL);
+    for (int i = 0; i < ld->n_threads; i++) pthread_join(ld->threads[i], NULL);
+    free(ld->threads);
     pthread_mutex_destroy(&ld->lock);
     pthread_cond_destroy(&ld->cond);
-    for (int i = 0; i < N_SLOTS; i++) {
+    for (int i = 0; i < ld->n_slots; i++) {
         free(ld->slots[i].batch.x);
         free(ld->slots[i].batch.labels);
         free(ld->slots[i].raw);
     }
+    free(ld->slots);
     free(ld->order);
     free(ld);
 }

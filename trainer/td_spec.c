@@ -393,6 +393,18 @@ static int parse_float_list(const json_t *obj, const char *path, const char *key
     return 0;
 }
 
+/* data.num_workers: "auto" (0) or a count of loader threads, DataLoader's num_workers (which
+ * loads in the training process at 0; here a loader thread always overlaps the step). */
+static int parse_num_workers(const json_t *d, int *out, td_err *err) {
+    const json_t *v = json_object_get(d, "num_workers");
+    *out = 0;
+    if (!v || (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0)) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 64)
+        return fail_found(err, "data.num_workers", "\"auto\" or an integer in [1, 64]", v);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
 static int parse_data(const json_t *root, td_job *job, td_err *err) {
     json_t *d;
     if (get_object(root, "", "data", true, &d, err) != 0) return -1;
@@ -404,13 +416,14 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
     switch (job->format) {
     case TD_DATA_IDX:
     case TD_DATA_CIFAR10: {
-        static const char *const keys[] = {"format", "train", "val", "normalize", "augment", NULL};
+        static const char *const keys[] = {"format",  "train",       "val", "normalize",
+                                           "augment", "num_workers", NULL};
         if (check_keys(d, "data", keys, err) != 0) return -1;
         break;
     }
     case TD_DATA_NPY: {
-        static const char *const keys[] = {"format",    "train",   "val", "layout",
-                                           "normalize", "augment", NULL};
+        static const char *const keys[] = {"format",    "train",   "val",         "layout",
+                                           "normalize", "augment", "num_workers", NULL};
         int layout;
         if (check_keys(d, "data", keys, err) != 0 ||
             get_choice(d, "data", "layout", false, "NCHW", "NCHW|NHWC", &layout, err) != 0)
@@ -419,8 +432,8 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
         break;
     }
     case TD_DATA_CSV: {
-        static const char *const keys[] = {"format", "train",     "val", "label_column",
-                                           "header", "normalize", NULL};
+        static const char *const keys[] = {"format", "train",     "val",         "label_column",
+                                           "header", "normalize", "num_workers", NULL};
         long col;
         if (check_keys(d, "data", keys, err) != 0 ||
             get_int(d, "data", "label_column", false, 0, 0, 1 << 20, &col, err) != 0 ||
@@ -430,8 +443,9 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
         break;
     }
     case TD_DATA_SYNTHETIC: {
-        static const char *const keys[] = {"format",   "shape",     "num_classes", "size",
-                                           "val_size", "normalize", "augment",     NULL};
+        static const char *const keys[] = {"format",  "shape",       "num_classes",
+                                           "size",    "val_size",    "normalize",
+                                           "augment", "num_workers", NULL};
         if (check_keys(d, "data", keys, err) != 0) return -1;
         json_t *shape = json_object_get(d, "shape");
         if (!shape || !json_is_array(shape) || json_array_size(shape) != 3)
@@ -465,6 +479,7 @@ static int parse_data(const json_t *root, td_job *job, td_err *err) {
         break;
     }
     }
+    if (parse_num_workers(d, &job->num_workers, err) != 0) return -1;
     if (job->format != TD_DATA_SYNTHETIC &&
         (parse_split(d, job->format, "train", true, &job->train, err) != 0 ||
          parse_split(d, job->format, "val", false, &job->val, err) != 0))

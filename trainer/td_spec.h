@@ -50,6 +50,7 @@ typedef struct td_job {
     bool nhwc;        /* npy image layout */
     int label_column; /* csv */
     bool csv_header;
+    int num_workers; /* data.num_workers: loader threads, 0 = auto (td_train picks) */
 
     int epochs;
     long max_steps; /* 0: no limit */
