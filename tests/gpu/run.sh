@@ -11,7 +11,8 @@
 #   c) fmnist   Fashion-MNIST LeNet-5 in bf16 reaches val_acc >= 0.90, with cuDNN's algorithms
 #               timed (train.cudnn_benchmark)
 #   d) resume   N steps straight against N/2, stop, resume (checkpoint bytes, loss lines): fp32
-#               with BatchNorm (resume) and, separately, with dropout (resume-d); fp16 with its
+#               with BatchNorm (resume), whose straight run must also equal the same job with
+#               CUDA graphs off (graph-eq), and, separately, with dropout (resume-d); fp16 with its
 #               GradScaler state (resume-fp16); fp32 with activation checkpointing (recompute),
 #               which must also equal the run without (recompute-eq, needs resume-d's run)
 #   e) bench    bench/gpu.sh, img/s against PyTorch (informational: it never fails the suite)
@@ -644,7 +645,44 @@ deterministic (cuDNN algorithm choice? atomics?)" $((SECONDS - t0)) yes
 $(echo "$resumed" | wc -l) loss lines identical" $((SECONDS - t0)) yes
     fi
 }
-if begin resume; then resume_case resume 0; fi
+# CUDA graph replays train exactly as op-by-op steps: resume's straight run (its first step op by
+# op, then replays of one captured graph, the learning rate changing every step under warmup and
+# cosine) against the same job with train.cuda_graph off
+graph_eq() {
+    local t0=$SECONDS d=$out/resume rc same
+    rm -rf "$d/ck-eager"
+    spec resume "$d/ck-eager" 48 fp32 0 "" ', "cuda_graph": false' >"$d/eager.json"
+    td timeout -k 10 "$(tmo 600)" "$worker" "$d/eager.json" >"$d/eager.out" 2>"$d/eager.err"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        record graph-eq FAIL "worker $(why $rc): $(tail -1 "$d/eager.err")" $((SECONDS - t0)) yes
+        return
+    fi
+    if [ ! -f "$d/a.err" ] || [ -z "$(last_checkpoint "$d/ck-a")" ]; then
+        record graph-eq FAIL "resume's straight run did not finish" $((SECONDS - t0)) yes
+        return
+    fi
+    if [ "$device" = cuda ] && grep -q "training op by op from here" "$d/a.err"; then
+        record graph-eq FAIL "the straight run never replayed a graph: $(grep -m1 "CUDA graph:" \
+"$d/a.err")" $((SECONDS - t0)) yes
+        return
+    fi
+    same=$(same_checkpoint "$(last_checkpoint "$d/ck-a")" "$(last_checkpoint "$d/ck-eager")")
+    if [ "$same" != same ]; then
+        record graph-eq FAIL "48 steps from CUDA graph replays against op by op:$same" \
+            $((SECONDS - t0)) yes
+    elif [ "$(losses "$d/a.out")" != "$(losses "$d/eager.out")" ]; then
+        record graph-eq FAIL "checkpoints equal but loss lines differ: $(diff <(losses "$d/a.out") \
+<(losses "$d/eager.out") | head -3 | tr '\n' ' ')" $((SECONDS - t0)) yes
+    else
+        record graph-eq PASS "48 steps, 47 of them CUDA graph replays = op by op: checkpoint \
+bytes and $(losses "$d/eager.out" | wc -l) loss lines identical" $((SECONDS - t0)) yes
+    fi
+}
+if begin resume; then
+    resume_case resume 0
+    graph_eq
+fi
 if begin resume-d; then resume_case resume-d 0.3; fi
 # fp16: the GradScaler's scale and growth tracker travel in the checkpoint
 if begin resume-fp16; then resume_case resume-fp16 0 fp16; fi

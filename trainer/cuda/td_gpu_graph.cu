@@ -1,8 +1,11 @@
 // CUDA graphs: a whole training step (forward, loss, backward, the DDP all-reduces, the
 // optimizer) captured once and replayed, so a step costs one launch instead of hundreds. What
-// changes between steps lives in device memory the graph reads at replay: the batch (copied in
-// before the launch), the learning rate (a pinned scalar copied by a captured memcpy), the
-// dropout counter and the fp16 loss scale (advanced by captured kernels).
+// changes between steps lives in device memory the graph reads at replay: the batch (taken over
+// in-stream before the launch), the learning rate (written in-stream by a one-thread kernel
+// before the launch, its value a launch argument), the dropout counter and the fp16 loss scale
+// (advanced by captured kernels). Nothing the graph reads lives on the host, so the host never
+// waits for a replay before queuing the next: the GPU goes from one step to the next without
+// a gap.
 #include "td_gpu_internal.h"
 
 #include <stdio.h>
@@ -55,8 +58,6 @@ extern "C" int td_gpu_graph_step(td_gpu *g, td_model *m, const td_gpu_step_args 
         cudaGraphExecDestroy(g->graph);
         g->graph = NULL;
     }
-    // The replay before this one may not have copied its learning rate yet.
-    if (td_gpu_ddp_wait_event(g, g->step_done, err) != 0) return -1;
     if (!g->graph) {
         int rc = capture(g, m, a, err);
         // NCCL requires whether a collective is graph-captured to be the same on every rank: a
@@ -77,8 +78,8 @@ extern "C" int td_gpu_graph_step(td_gpu *g, td_model *m, const td_gpu_step_args 
         if (rc != 0) return -1;
     }
     // capture queued nothing: the first replay is the first execution
-    *g->lr_host = a->lr;
+    td_gpu_optim_set_lr(g, a->lr, g->stream);
     TD_CUDA_RET(g, cudaGraphLaunch(g->graph, g->stream), td_gpu_check(g, err));
-    TD_CUDA_RET(g, cudaEventRecord(g->step_done, g->stream), td_gpu_check(g, err));
-    return 0;
+    // a failed launch of the lr write (td_gpu_check does not wait once a failure is recorded)
+    return g->failed ? td_gpu_check(g, err) : 0;
 }

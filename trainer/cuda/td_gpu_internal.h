@@ -55,12 +55,19 @@ struct td_gpu {
     size_t arena_bytes;
     void *workspace; // model->scratch: cuDNN and cuBLASLt workspace, shared by every node
     size_t workspace_bytes;
+    // The batch travels host -> device on its own stream, into input_next / labels_next, while
+    // the previous step still computes; its step then takes it over (a device copy, or the
+    // conversion to 16 bits) into input / labels, which the step alone reads.
     void *input;              // [max_n, input size] in the compute precision
-    float *input_f32;         // the batch as copied, before conversion (== input in fp32)
-    cudaEvent_t staging_free; // the last copy out of the staging buffers has run
-    float *input_staging;     // pinned host copy of the batch, fp32
     int32_t *labels;          // [max_n]
+    float *input_next;        // the next batch as copied in, fp32
+    int32_t *labels_next;     // [max_n]
+    float *input_staging;     // pinned host copy of the batch, fp32
     int32_t *labels_staging;  // pinned
+    cudaStream_t copy_stream; // host -> device copies of batches
+    cudaEvent_t staging_free; // the last copy out of the staging buffers has run (copy_stream)
+    cudaEvent_t input_ready;  // the last batch is in input_next / labels_next (copy_stream)
+    cudaEvent_t input_taken;  // the last batch left input_next / labels_next (stream)
 
     // Per-batch accumulators (evaluation and metrics): loss sum and argmax hits, in double.
     double *totals; // [2]
@@ -80,8 +87,7 @@ struct td_gpu {
     bool optim_ready;
     float *m, *v;
     long long *optim_steps; // steps taken (not skipped), for Adam's bias correction
-    float *lr;              // device scalar, written from lr_host before each step
-    float *lr_host;         // pinned
+    float *lr;              // device scalar a captured step reads (td_gpu_optim_set_lr)
     double *norm_sq;        // clipping's squared global norm
     td_gpu_scaler scaler;   // fp16 only
 
@@ -96,7 +102,6 @@ struct td_gpu {
     cudaGraphExec_t graph;
     int graph_n;
     bool graph_ddp;
-    cudaEvent_t step_done; // the last replay has run: its pinned inputs may be rewritten
 };
 
 // What a node's GPU forward and backward see.
@@ -355,7 +360,8 @@ void td_gpu_loss_run(td_gpu *g, const td_loss *loss, const void *logits, const i
 // Optimizer pieces (td_gpu_optim.cu), queued on stream.
 int td_gpu_optim_alloc(td_gpu *g, size_t n, td_err *err);
 void td_gpu_optim_free(td_gpu *g);
-void td_gpu_optim_queue(td_gpu *g, size_t n, float max_norm, cudaStream_t stream);
+// Writes the learning rate a captured step reads, in-stream, before its replay.
+void td_gpu_optim_set_lr(td_gpu *g, float lr, cudaStream_t stream);
 // fp32 params -> their 16-bit copy (after an upload).
 void td_gpu_refresh_half(td_gpu *g, size_t n, cudaStream_t stream);
 // fp32 device values -> device elements of the compute precision.

@@ -342,8 +342,16 @@ static void optim_queue(td_gpu *g, size_t n, float max_norm, cudaStream_t stream
         update_launch<__half>(g, a, half, stream);
 }
 
-void td_gpu_optim_queue(td_gpu *g, size_t n, float max_norm, cudaStream_t stream) {
-    optim_queue(g, n, max_norm, stream, g->lr, 0.0f);
+// The learning rate a captured step reads at replay, written in-stream just before it: a kernel's
+// argument is fixed at launch, so the host never waits for the previous replay to have read it.
+__global__ void set_lr_kernel(float *lr, float value) {
+    *lr = value;
+}
+
+void td_gpu_optim_set_lr(td_gpu *g, float lr, cudaStream_t stream) {
+    if (!g->optim_ready) return; // the step itself reports it
+    set_lr_kernel<<<1, 1, 0, stream>>>(g->lr, lr);
+    TD_LAUNCHED(g);
 }
 
 extern "C" void td_gpu_optim_step(td_gpu *g, td_model *m, float lr, float max_norm) {
@@ -355,14 +363,12 @@ extern "C" void td_gpu_optim_step(td_gpu *g, td_model *m, float lr, float max_no
         optim_queue(g, m->param_floats, max_norm, g->stream, NULL, lr);
         return;
     }
-    // captured: the graph copies lr_host at each replay; the replaying code refreshes it
+    // captured: the graph reads the device lr, which td_gpu_optim_set_lr writes before each
+    // replay
     if (!g->optim_ready) {
         optim_queue(g, m->param_floats, max_norm, g->stream, NULL, lr); // records the failure
         return;
     }
-    *g->lr_host = lr;
-    TD_CUDA(g,
-            cudaMemcpyAsync(g->lr, g->lr_host, sizeof(float), cudaMemcpyHostToDevice, g->stream));
     optim_queue(g, m->param_floats, max_norm, g->stream, g->lr, lr);
 }
 
@@ -374,14 +380,12 @@ void td_gpu_optim_free(td_gpu *g) {
     td_gpu_free(g, g->m, bytes);
     td_gpu_free(g, g->v, bytes);
     td_gpu_free(g, g->norm_sq, sizeof(optim_state));
-    float *lr_host = g->lr_host;
     g->m = g->v = NULL;
     g->norm_sq = NULL;
     g->optim_steps = NULL;
-    g->lr = g->lr_host = NULL;
+    g->lr = NULL;
     memset(&g->scaler, 0, sizeof g->scaler);
     g->optim_ready = false;
-    if (lr_host) TD_CUDA(g, cudaFreeHost(lr_host));
 }
 
 int td_gpu_optim_alloc(td_gpu *g, size_t n, td_err *err) {
@@ -401,8 +405,6 @@ int td_gpu_optim_alloc(td_gpu *g, size_t n, td_err *err) {
     g->scaler.growth_tracker = &st->growth_tracker;
     g->scaler.found_inf = &st->found_inf;
     g->scaler.skipped = &st->skipped;
-    TD_CUDA_RET(g, cudaMallocHost((void **)&g->lr_host, sizeof(float)), take_failure(g, err));
-    *g->lr_host = c->lr;
 
     float scale = g->prec == TD_PREC_FP16 ? SCALER_INIT : 1.0f;
     TD_CUDA_RET(g, cudaMemsetAsync(st, 0, sizeof(optim_state), g->stream), take_failure(g, err));
