@@ -119,6 +119,11 @@ static const pcase CASES[] = {
      "bias=0; batchnorm2d" FLAT_CLASSES, IMG(3, 5, 5), TRAIN, CE_FUSED(0)},
     {"batchnorm2d+relu 16ch train (vector)", "conv2d out_channels=16 kernel_size=3 padding=1 "
      "bias=0; batchnorm2d; relu" FLAT_CLASSES, IMG(3, 5, 5), TRAIN, CE_FUSED(1)},
+    {"batchnorm2d+relu 16ch eval (vector)", "conv2d out_channels=16 kernel_size=3 padding=1 "
+     "bias=0; batchnorm2d momentum=0.5; relu" FLAT_CLASSES, IMG(3, 5, 5), EVAL_WARM, CE_FUSED(1)},
+    /* 264 channels: the vectorised sums' second block of channels holds one pack of 8 */
+    {"batchnorm2d+relu 264ch train (vector, 2 blocks)", "conv2d out_channels=264 kernel_size=1 "
+     "bias=0; batchnorm2d; relu" FLAT_CLASSES, IMG(3, 4, 4), TRAIN, CE_FUSED(1)},
     {"batchnorm1d+relu train", "linear out_features=16; batchnorm1d; relu" TO_CLASSES, FLAT(24),
      TRAIN, CE_FUSED(1)},
     {"add+relu", "conv2d name=a out_channels=4 kernel_size=1 inputs=input; conv2d name=b "

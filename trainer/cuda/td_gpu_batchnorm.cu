@@ -6,9 +6,11 @@
 //
 // Channels are the innermost dimension of both layouts ([rows, C], rows = N·H·W), so plain
 // kernels do it: threads of a warp take consecutive channels (coalesced rows) and loop over
-// rows. Statistics, parameters and gradients of the parameters are fp32 whatever the
-// activations' precision; per-channel sums are accumulated in double, as the CPU does (a ResNet
-// batch is millions of rows, and E[x²] - E[x]² needs the headroom).
+// rows; when C is a multiple of 8, every pass (sums, normalisation, input gradient) has a
+// variant whose threads move 8 channels at a time instead. Statistics, parameters and gradients of
+// the parameters are fp32 whatever the activations' precision; per-channel sums are accumulated in
+// double, as the CPU does (a ResNet batch is millions of rows, and E[x²] - E[x]² needs the
+// headroom).
 //
 // A ReLU that alone reads the output (td_gpu_fused_relu) runs inside these kernels: forward
 // writes max(y, 0) straight into the ReLU's output, backward reads the ReLU's output gradient
@@ -386,6 +388,107 @@ __global__ void __launch_bounds__(BN_VEC_THREADS)
     }
 }
 
+// The tiles' partial sums vectorised, under the same conditions: a block takes up to BN_RED_PACKS
+// packs of 8 channels and as many row lanes as its threads leave (BN_VEC_THREADS / packs); each
+// thread keeps its own 8 channels' sums through the tile's rows (16-byte loads of bf16 where the
+// per-channel kernels load 2 bytes a thread), then the lanes' sums are added per channel, in lane
+// order, through shared memory. The tiles are the per-channel kernels' (bn_tiles), so scratch and
+// the finalize kernels are shared; only the order of rows within a tile differs, and it depends
+// on rows and C alone (deterministic).
+#define BN_RED_PACKS 32
+
+__host__ __device__ static inline int bn_red_packs(int C) {
+    int packs = C / EW_VEC;
+    return packs < BN_RED_PACKS ? packs : BN_RED_PACKS;
+}
+
+// Adds the row lanes' per-channel sums (a[], b[] of this thread's pack) in lane order and writes
+// the block's channels of tile blockIdx.y.
+__device__ __forceinline__ void bn_reduce_lanes(const double *a, const double *b, int packs,
+                                                int lanes, int C, double *__restrict__ pa,
+                                                double *__restrict__ pb) {
+    __shared__ double sa[BN_VEC_THREADS * EW_VEC], sb[BN_VEC_THREADS * EW_VEC];
+    int t = threadIdx.x, width = packs * EW_VEC, lane = t / packs, pack = t % packs;
+    if (lane < lanes)
+#pragma unroll
+        for (int e = 0; e < EW_VEC; e++) {
+            sa[lane * width + pack * EW_VEC + e] = a[e];
+            sb[lane * width + pack * EW_VEC + e] = b[e];
+        }
+    __syncthreads();
+    if (t >= width) return;
+    int c = blockIdx.x * width + t;
+    double ta = 0.0, tb = 0.0;
+    for (int l = 0; l < lanes; l++) {
+        ta += sa[l * width + t];
+        tb += sb[l * width + t];
+    }
+    if (c < C) {
+        pa[(size_t)blockIdx.y * C + c] = ta;
+        pb[(size_t)blockIdx.y * C + c] = tb;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(BN_VEC_THREADS)
+    bn_partial_stats_vec(const T *__restrict__ x, size_t rows, int C, size_t per_tile,
+                         double *__restrict__ part_s, double *__restrict__ part_q) {
+    int packs = bn_red_packs(C), lanes = BN_VEC_THREADS / packs;
+    int lane = threadIdx.x / packs, c0 = (blockIdx.x * packs + threadIdx.x % packs) * EW_VEC;
+    size_t r0 = (size_t)blockIdx.y * per_tile;
+    size_t r1 = r0 + per_tile < rows ? r0 + per_tile : rows;
+    double s[EW_VEC] = {}, q[EW_VEC] = {};
+    if (lane < lanes && c0 < C)
+        for (size_t r = r0 + lane; r < r1; r += lanes) {
+            float v[EW_VEC];
+            ew_load(x, r * C + c0, 0, true, v);
+#pragma unroll
+            for (int e = 0; e < EW_VEC; e++) {
+                double d = (double)v[e];
+                s[e] += d;
+                q[e] += d * d;
+            }
+        }
+    bn_reduce_lanes(s, q, packs, lanes, C, part_s, part_q);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(BN_VEC_THREADS)
+    bn_partial_grad_vec(const T *__restrict__ x, const T *__restrict__ dy, size_t rows, int C,
+                        size_t per_tile, const float *__restrict__ mean,
+                        const float *__restrict__ invstd, const float *__restrict__ w,
+                        const float *__restrict__ bias, bool relu, double *__restrict__ part_dy,
+                        double *__restrict__ part_dyx) {
+    int packs = bn_red_packs(C), lanes = BN_VEC_THREADS / packs;
+    int lane = threadIdx.x / packs, c0 = (blockIdx.x * packs + threadIdx.x % packs) * EW_VEC;
+    size_t r0 = (size_t)blockIdx.y * per_tile;
+    size_t r1 = r0 + per_tile < rows ? r0 + per_tile : rows;
+    double a[EW_VEC] = {}, b[EW_VEC] = {};
+    if (lane < lanes && c0 < C) {
+        float m[EW_VEC], is[EW_VEC];
+        bn_affine af[EW_VEC];
+#pragma unroll
+        for (int e = 0; e < EW_VEC; e++) {
+            m[e] = mean[c0 + e];
+            is[e] = invstd[c0 + e];
+            af[e] = bn_affine_of(c0 + e, w, bias, mean, invstd);
+        }
+        for (size_t r = r0 + lane; r < r1; r += lanes) {
+            float xv[EW_VEC], g[EW_VEC];
+            ew_load(x, r * C + c0, 0, true, xv);
+            ew_load(dy, r * C + c0, 0, true, g);
+#pragma unroll
+            for (int e = 0; e < EW_VEC; e++) {
+                double gv = relu && !bn_relu_passes<T>(xv[e], af[e]) ? 0.0 : (double)g[e];
+                float xhat = (xv[e] - m[e]) * is[e];
+                a[e] += gv;
+                b[e] += gv * (double)xhat;
+            }
+        }
+    }
+    bn_reduce_lanes(a, b, packs, lanes, C, part_dy, part_dyx);
+}
+
 // ---- launchers (TD_GPU_DISPATCH's body must not carry bare commas) ----------------------------
 
 // Blocks for the vectorised kernels: enough to fill the device a few times over (each block
@@ -414,6 +517,12 @@ template <typename T>
 static void launch_partial_stats(const void *x, size_t rows, int C, int tiles, double *ps,
                                  double *pq, cudaStream_t st) {
     size_t per_tile = (rows + tiles - 1) / tiles;
+    if (C % EW_VEC == 0 && ew_aligned<T>(x, NULL)) {
+        int packs = bn_red_packs(C), blocks = (C / EW_VEC + packs - 1) / packs;
+        bn_partial_stats_vec<T><<<dim3((unsigned)blocks, (unsigned)tiles), BN_VEC_THREADS, 0, st>>>(
+            (const T *)x, rows, C, per_tile, ps, pq);
+        return;
+    }
     dim3 grid((unsigned)((C + BN_TX - 1) / BN_TX), (unsigned)tiles), block(BN_TX, BN_TY);
     bn_partial_stats<T><<<grid, block, 0, st>>>((const T *)x, rows, C, per_tile, ps, pq);
 }
@@ -429,6 +538,13 @@ template <typename T>
 static void launch_partial_grad(const void *x, const void *dy, size_t rows, int C, int tiles,
                                 bn_back k, double *pa, double *pb, cudaStream_t st) {
     size_t per_tile = (rows + tiles - 1) / tiles;
+    if (C % EW_VEC == 0 && ew_aligned<T>(x, dy)) {
+        int packs = bn_red_packs(C), blocks = (C / EW_VEC + packs - 1) / packs;
+        bn_partial_grad_vec<T><<<dim3((unsigned)blocks, (unsigned)tiles), BN_VEC_THREADS, 0, st>>>(
+            (const T *)x, (const T *)dy, rows, C, per_tile, k.mean, k.invstd, k.w, k.b, k.relu, pa,
+            pb);
+        return;
+    }
     dim3 grid((unsigned)((C + BN_TX - 1) / BN_TX), (unsigned)tiles), block(BN_TX, BN_TY);
     bn_partial_grad<T><<<grid, block, 0, st>>>((const T *)x, (const T *)dy, rows, C, per_tile,
                                                k.mean, k.invstd, k.w, k.b, k.relu, pa, pb);
