@@ -214,6 +214,7 @@ Test(loader, workers_give_the_batches_one_thread_gives) {
     many.workers = 5;
     td_loader *a = td_loader_create(&ds, &norm, &aug, &one);
     td_loader *b = td_loader_create(&ds, &norm, &aug, &many);
+    cr_assert(td_loader_threads(a) == 1 && td_loader_threads(b) == 5);
     /* epoch, first batch, batches to take (-1: all) */
     static const int plan[][3] = {{0, 0, -1}, {1, 0, 3}, {1, 7, -1}, {2, 0, 1}, {2, 0, -1}};
     for (size_t p = 0; p < sizeof plan / sizeof plan[0]; p++) {

@@ -99,6 +99,8 @@ int td_loader_batches(const td_dataset *ds, const td_loader_config *cfg);
 int td_loader_start_epoch(td_loader *ld, int epoch, int first);
 /* The next batch of the epoch, valid until the next call; false at the epoch's end. */
 bool td_loader_next(td_loader *ld, td_batch *batch);
+/* Its producer threads (workers, at least one). */
+int td_loader_threads(const td_loader *ld);
 void td_loader_destroy(td_loader *ld);
 
 #endif

@@ -83,8 +83,9 @@ int td_gpu_take_totals(td_gpu *g, double *loss_sum, double *hits, td_err *err);
 
 /* The optimizer on the device: state allocated at init, one fused kernel per step over the flat
  * blocks (clipping to max_norm when > 0, fp16 unscaling and the skip of a step whose gradients
- * hold inf or nan, then the update of the fp32 weights and their 16-bit copy). lr is read on the
- * device at execution, so a captured step picks up each step's value. */
+ * hold inf or nan, then the update of the fp32 weights and their 16-bit copy). Op by op, lr is the
+ * kernel's argument; a captured step reads it from device memory, which td_gpu_graph_step writes
+ * in-stream before each replay. */
 int td_gpu_optim_init(td_gpu *g, td_model *m, const td_optim *opt, td_err *err);
 void td_gpu_optim_step(td_gpu *g, td_model *m, float lr, float max_norm);
 /* fp16 loss scaling: the current scale and the number of steps skipped so far. */

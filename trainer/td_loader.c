@@ -207,6 +207,10 @@ bool td_loader_next(td_loader *ld, td_batch *batch) {
     return true;
 }
 
+int td_loader_threads(const td_loader *ld) {
+    return ld->n_threads;
+}
+
 void td_loader_destroy(td_loader *ld) {
     if (!ld) return;
     pthread_mutex_lock(&ld->lock);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now_s(void) {
     struct timespec ts;
@@ -164,14 +165,17 @@ static int setup_gpu_dist(trainer *t, int rank, int world, td_err *err) {
 /* data.num_workers, "auto" resolved: on the CPU one loader thread, which shares the cores with
  * training's BLAS threads; on a GPU this rank's share of the cores it may run on, less one for
  * the thread that drives the device, at most 8 (a 3x224x224 batch of 256 takes one core ~20 ms,
- * a ResNet-50 step on an H100 well under 100 ms). */
+ * a ResNet-50 step on an H100 well under 100 ms). A rank whose launcher pinned it to some of the
+ * cores has those to itself; an unpinned one shares the machine's with the node's other ranks. */
 static int loader_workers(const trainer *t) {
     if (t->job->num_workers > 0) return t->job->num_workers;
     if (!t->gpu) return 1;
     cpu_set_t set;
     int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
     int local =
         t->dist && td_dist_active(t->dist) && t->dist->local_world > 0 ? t->dist->local_world : 1;
+    if (online > 0 && cores < online) local = 1;
     int n = cores / local - 1;
     return n < 1 ? 1 : n > 8 ? 8 : n;
 }

@@ -487,7 +487,8 @@ extern "C" int td_gpu_benchmark_convolutions(td_gpu *g, td_model *m, int *timed,
 //                conversion to 16 bits: ~0.1 ms where the host copy of a ResNet-50 batch is
 //                several), record input_taken
 // so only the take-over is on the compute stream's path, and the host copy of batch k runs
-// while step k-1 computes. Neither stream ever waits for the host.
+// while step k-1 computes. Neither stream ever waits for the host. The price is one more fp32
+// input batch on the device (input_next; 16-bit runs had it already, for the conversion).
 extern "C" int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const int32_t *labels,
                                 int n, td_err *err) {
     if (n <= 0 || n > m->max_n)

@@ -79,7 +79,9 @@ extern "C" int td_gpu_graph_step(td_gpu *g, td_model *m, const td_gpu_step_args 
     }
     // capture queued nothing: the first replay is the first execution
     td_gpu_optim_set_lr(g, a->lr, g->stream);
+    // a failed launch of the lr write stops the step before the replay (td_gpu_check does not
+    // wait once a failure is recorded): the trainer then runs this step op by op, once
+    if (g->failed) return td_gpu_check(g, err);
     TD_CUDA_RET(g, cudaGraphLaunch(g->graph, g->stream), td_gpu_check(g, err));
-    // a failed launch of the lr write (td_gpu_check does not wait once a failure is recorded)
-    return g->failed ? td_gpu_check(g, err) : 0;
+    return 0;
 }

@@ -358,8 +358,7 @@ extern "C" void td_gpu_optim_step(td_gpu *g, td_model *m, float lr, float max_no
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     TD_CUDA(g, cudaStreamIsCapturing(g->stream, &capture));
     if (capture != cudaStreamCaptureStatusActive) {
-        // eager: lr travels as a kernel argument, fixed at launch; the pinned buffer could be
-        // overwritten by the next step before a lagging stream had copied it
+        // eager: lr travels as a kernel argument, fixed at launch
         optim_queue(g, m->param_floats, max_norm, g->stream, NULL, lr);
         return;
     }
