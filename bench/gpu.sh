@@ -4,9 +4,10 @@
 #   ResNet-50 (3x224x224, 1000 classes, bf16), ResNet-18 with the CIFAR stem (3x32x32, 10
 #   classes, bf16), LeNet-5 (1x28x28, fp32 and bf16), MLP 784-1024-1024-10 (fp32);
 # PyTorch eager (bf16: torch.autocast + channels_last; fp32: TF32 off, as traind's fp32) and
-# with torch.compile; both search cuDNN's algorithms first (cudnn.benchmark, and traind's
-# train.cudnn_benchmark, which keeps to deterministic ones); then what DDP over a world of one (NCCL, bucketed all-reduce) costs on the
-# ResNet-18 for both (traind through TRAIND_FORCE_DDP=1).
+# with torch.compile; both search cuDNN's algorithms first with the same freedom (PyTorch's
+# cudnn.benchmark with its default cudnn.deterministic = False; traind's train.cudnn_benchmark
+# with train.deterministic false); then what DDP over a world of one (NCCL, bucketed
+# all-reduce) costs on the ResNet-18 for both (traind through TRAIND_FORCE_DDP=1).
 #
 #   bench/gpu.sh [BUILD_DIR]        (default: build)
 #
@@ -38,7 +39,7 @@ spec() { # model_json shape classes precision steps log_every
 {"name": "bench-gpu", "model": $1,
  "data": {"format": "synthetic", "shape": $2, "num_classes": $3, "size": $((256 * $5))},
  "train": {"epochs": 1, "max_steps": $5, "batch_size": 256, "seed": 1, "device": "cuda",
-           "precision": "$4", "cudnn_benchmark": true,
+           "precision": "$4", "cudnn_benchmark": true, "deterministic": false,
            "optimizer": {"type": "sgd", "lr": 0.01, "momentum": 0.9}},
  "distributed": {"backend": "nccl"},
  "log": {"every_steps": $6}}

@@ -253,6 +253,33 @@ Test(spec, num_workers_is_auto_or_a_count) {
     }
 }
 
+/* train.deterministic: torch.backends.cudnn.deterministic's switch, a boolean, on by default
+ * (unlike PyTorch's: runs are reproducible unless asked otherwise). */
+Test(spec, deterministic_is_a_boolean_on_by_default) {
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                         "\"train\": {\"batch_size\": 8, \"deterministic\": \"yes\", "
+                         "\"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}"),
+                 "train.deterministic", "expected true or false", "found \"yes\"");
+    td_job job;
+    td_err err = {{0}};
+    cr_assert_eq(td_job_load_string(
+                     &job,
+                     spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH, GOOD_TRAIN),
+                     &err),
+                 0, "%s", err.msg);
+    cr_expect(job.deterministic);
+    td_job_free(&job);
+    cr_assert_eq(td_job_load_string(&job,
+                                    spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
+                                            "\"train\": {\"batch_size\": 8, \"deterministic\": "
+                                            "false, \"optimizer\": {\"type\": \"sgd\", \"lr\": "
+                                            "0.1}}"),
+                                    &err),
+                 0, "%s", err.msg);
+    cr_expect(!job.deterministic);
+    td_job_free(&job);
+}
+
 /* train.cudnn_benchmark: torch.backends.cudnn.benchmark's switch, a boolean (off by default; on
  * the CPU it has nothing to time). */
 Test(spec, cudnn_benchmark_is_a_boolean) {

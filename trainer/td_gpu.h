@@ -57,6 +57,11 @@ int td_gpu_upload(td_gpu *g, td_model *m, const td_optim *opt, td_err *err);
  * over activations and gradients, so it runs before training; *timed: convolutions timed.
  * Synchronises. */
 int td_gpu_benchmark_convolutions(td_gpu *g, td_model *m, int *timed, td_err *err);
+/* Whether convolutions keep to cuDNN's deterministic algorithms (the default, true), as
+ * torch.backends.cudnn.deterministic; false also admits those that add with atomics (some
+ * filter-gradient ones), PyTorch's default, where they rank or time faster. Before
+ * td_gpu_attach, which chooses the algorithms. */
+void td_gpu_set_deterministic(td_gpu *g, bool on);
 
 /* Copies a host batch to the device (converting to the compute precision). */
 int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const int32_t *labels, int n,

@@ -40,6 +40,7 @@
       (g, m, opt, err))                                                                            \
     X(td_gpu_benchmark_convolutions, int, (td_gpu * g, td_model * m, int *timed, td_err *err),     \
       (g, m, timed, err))                                                                          \
+    X(td_gpu_set_deterministic, void, (td_gpu * g, bool on), (g, on))                              \
     X(td_gpu_set_batch, int,                                                                       \
       (td_gpu * g, td_model * m, const float *x, const int32_t *labels, int n, td_err *err),       \
       (g, m, x, labels, n, err))                                                                   \

@@ -58,6 +58,10 @@ int td_gpu_benchmark_convolutions(td_gpu *g, td_model *m, int *timed, td_err *er
     (void)g, (void)m, (void)timed, (void)err;
     UNREACHABLE();
 }
+void td_gpu_set_deterministic(td_gpu *g, bool on) {
+    (void)g, (void)on;
+    UNREACHABLE();
+}
 int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const int32_t *labels, int n,
                      td_err *err) {
     (void)g, (void)m, (void)x, (void)labels, (void)n, (void)err;

@@ -658,13 +658,14 @@ static int parse_recompute(const json_t *t, td_job *job, td_err *err) {
 static int parse_train(const json_t *root, td_job *job, td_err *err) {
     json_t *t;
     if (get_object(root, "", "train", true, &t, err) != 0) return -1;
-    static const char *const keys[] = {"epochs",          "max_steps",  "batch_size",
-                                       "eval_batch_size", "seed",       "threads",
-                                       "shuffle",         "drop_last",  "optimizer",
-                                       "schedule",        "loss",       "clip_grad_norm",
-                                       "sync_bn",         "grad_accum", "device",
-                                       "precision",       "cuda_graph", "activation_checkpointing",
-                                       "cudnn_benchmark", NULL};
+    static const char *const keys[] = {
+        "epochs",          "max_steps",     "batch_size",
+        "eval_batch_size", "seed",          "threads",
+        "shuffle",         "drop_last",     "optimizer",
+        "schedule",        "loss",          "clip_grad_norm",
+        "sync_bn",         "grad_accum",    "device",
+        "precision",       "cuda_graph",    "activation_checkpointing",
+        "cudnn_benchmark", "deterministic", NULL};
     if (check_keys(t, "train", keys, err) != 0) return -1;
     int choice;
     if (get_choice(t, "train", "device", false, "auto", "auto|cpu|cuda", &choice, err) != 0)
@@ -674,7 +675,8 @@ static int parse_train(const json_t *root, td_job *job, td_err *err) {
         return -1;
     job->precision = choice == 0 ? TD_PREC_FP32 : choice == 1 ? TD_PREC_BF16 : TD_PREC_FP16;
     if (get_bool(t, "train", "cuda_graph", true, &job->cuda_graph, err) != 0 ||
-        get_bool(t, "train", "cudnn_benchmark", false, &job->cudnn_benchmark, err) != 0)
+        get_bool(t, "train", "cudnn_benchmark", false, &job->cudnn_benchmark, err) != 0 ||
+        get_bool(t, "train", "deterministic", true, &job->deterministic, err) != 0)
         return -1;
     if (parse_recompute(t, job, err) != 0) return -1;
     long l;

@@ -71,6 +71,9 @@ typedef struct td_job {
     bool cuda_graph; /* capture the training step in a CUDA graph where shapes allow */
     /* time cuDNN's algorithms per convolution before training (torch.backends.cudnn.benchmark) */
     bool cudnn_benchmark;
+    /* cuDNN keeps to deterministic algorithms (torch.backends.cudnn.deterministic); the CPU
+     * always is */
+    bool deterministic;
     int n_segments; /* train.activation_checkpointing, marked on nodes[].segment */
 
     int log_every;

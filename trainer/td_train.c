@@ -436,9 +436,11 @@ static void log_banner(const trainer *t) {
         int fused = 0;
         for (int i = 0; i < t->model.n_nodes; i++) fused += t->model.nodes[i].out_fused;
         fprintf(t->log,
-                "[traind] device: %s; %s, CUDA graphs %s, %d ReLU%s fused into BatchNorm or Add\n",
+                "[traind] device: %s; %s, CUDA graphs %s, %d ReLU%s fused into BatchNorm or "
+                "Add%s\n",
                 desc, td_precision_name(t->device.precision), t->graph_off ? "off" : "on", fused,
-                fused == 1 ? "" : "s");
+                fused == 1 ? "" : "s",
+                job->deterministic ? "" : "; cuDNN may choose nondeterministic algorithms");
         return;
     }
     char why[256];
@@ -464,8 +466,10 @@ static int resolve_device(trainer *t, td_err *err) {
 /* Opens the device and moves the restored model and optimizer onto it. */
 static int setup_gpu(trainer *t, td_err *err) {
     if (t->device.device != TD_DEVICE_CUDA) return 0;
-    if (td_gpu_open(&t->gpu, t->device.cuda_device, err) != 0 ||
-        td_gpu_attach(t->gpu, &t->model, t->device.precision, t->job->seed, err) != 0 ||
+    if (td_gpu_open(&t->gpu, t->device.cuda_device, err) != 0)
+        return td_fail_prefix(err, "train.device");
+    td_gpu_set_deterministic(t->gpu, t->job->deterministic);
+    if (td_gpu_attach(t->gpu, &t->model, t->device.precision, t->job->seed, err) != 0 ||
         td_gpu_optim_init(t->gpu, &t->model, &t->optim, err) != 0)
         return td_fail_prefix(err, "train.device");
     if (t->job->cudnn_benchmark) {

@@ -115,6 +115,7 @@ extern "C" int td_gpu_open(td_gpu **out, int device, td_err *err) {
     td_gpu *g = (td_gpu *)calloc(1, sizeof *g);
     if (!g) return td_fail(err, "out of host memory opening the GPU");
     g->device = device;
+    g->deterministic = true;
     pthread_mutex_init(&g->fail_lock, NULL);
     if (open_handles(g, device) != 0) {
         td_fail(err, "opening CUDA device %d: %s", device, g->msg);
@@ -321,6 +322,10 @@ static int alloc_blocks(td_gpu *g, td_model *m, td_err *err) {
         g, cudaMemsetAsync(g->rng_offset, 0, g->rng_slots * sizeof(unsigned long long), g->stream),
         take_failure(g, err));
     return td_gpu_loss_alloc(g, m->max_n, err);
+}
+
+extern "C" void td_gpu_set_deterministic(td_gpu *g, bool on) {
+    g->deterministic = on;
 }
 
 extern "C" int td_gpu_attach(td_gpu *g, td_model *m, td_precision prec, uint64_t seed,

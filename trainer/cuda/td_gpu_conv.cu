@@ -218,9 +218,11 @@ static cudnnStatus_t ws_query(conv_plan *p, const conv_slot *s, int pass, const 
 }
 
 // Keeps a heuristic result as a candidate: only successful ones, fp32 forced to FMA math.
+// want_det: 1 deterministic ones only, 0 the others only, -1 either.
 static void add_cand(conv_plan *p, int pass, int algo, cudnnStatus_t status, cudnnMathType_t math,
-                     cudnnDeterminism_t det, bool want_det) {
-    if (status != CUDNN_STATUS_SUCCESS || (det == CUDNN_DETERMINISTIC) != want_det) return;
+                     cudnnDeterminism_t det, int want_det) {
+    if (status != CUDNN_STATUS_SUCCESS) return;
+    if (want_det >= 0 && (det == CUDNN_DETERMINISTIC) != (want_det == 1)) return;
     if (p->n_cand[pass] >= CONV_MAX_CAND) return;
     conv_choice *c = &p->cand[pass][p->n_cand[pass]++];
     c->algo = algo;
@@ -228,9 +230,11 @@ static void add_cand(conv_plan *p, int pass, int algo, cudnnStatus_t status, cud
     c->ws = 0;
 }
 
-// cuDNN's ranking of every pass at the full batch, deterministic algorithms first.
+// cuDNN's ranking of every pass at the full batch: deterministic algorithms first, or (not
+// g->deterministic) in cuDNN's own order whatever their determinism.
 static int rank_algorithms(conv_plan *p, const conv_slot *s) {
     td_gpu *g = p->g;
+    int first = g->deterministic ? 1 : -1, last = g->deterministic ? 0 : -1;
     TD_CUDNN_RET(g,
                  cudnnSetConvolutionMathType(
                      p->conv, p->full.prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH),
@@ -242,7 +246,7 @@ static int rank_algorithms(conv_plan *p, const conv_slot *s) {
                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
                                                         fwd),
                  -1);
-    for (int d = 1; d >= 0; d--)
+    for (int d = first; d >= last; d--)
         for (int i = 0; i < got; i++)
             add_cand(p, PASS_FWD, fwd[i].algo, fwd[i].status, fwd[i].mathType, fwd[i].determinism,
                      d);
@@ -252,7 +256,7 @@ static int rank_algorithms(conv_plan *p, const conv_slot *s) {
                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
                                                              &got, bd),
                  -1);
-    for (int d = 1; d >= 0; d--)
+    for (int d = first; d >= last; d--)
         for (int i = 0; i < got; i++)
             add_cand(p, PASS_BWD_DATA, bd[i].algo, bd[i].status, bd[i].mathType, bd[i].determinism,
                      d);
@@ -262,7 +266,7 @@ static int rank_algorithms(conv_plan *p, const conv_slot *s) {
         cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             g->dnn, s->x, s->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf),
         -1);
-    for (int d = 1; d >= 0; d--)
+    for (int d = first; d >= last; d--)
         for (int i = 0; i < got; i++)
             add_cand(p, PASS_BWD_FILTER, bf[i].algo, bf[i].status, bf[i].mathType,
                      bf[i].determinism, d);
@@ -353,16 +357,18 @@ static conv_slot *slot_for(conv_plan *p, int n) {
 
 // ---- cudnn.benchmark --------------------------------------------------------------------------
 
-// The fastest of cuDNN's timings (sorted fastest first) that is deterministic, fits `have` bytes
-// of workspace and, in fp32, does not compute in TF32. False when none qualifies: the heuristic
-// choice stays.
+// The fastest of cuDNN's timings (sorted fastest first) that is deterministic (unless det_only is
+// false), fits `have` bytes of workspace and, in fp32, does not compute in TF32. False when none
+// qualifies: the heuristic choice stays.
 template <typename Perf>
-static bool fastest(const Perf *perf, int got, size_t have, td_precision prec, conv_choice *out) {
+static bool fastest(const Perf *perf, int got, size_t have, td_precision prec, bool det_only,
+                    conv_choice *out) {
     for (int i = 0; i < got; i++) {
         const Perf *r = &perf[i];
         // fp32: FMA only (cuDNN's default math may use TF32 on Ampere and later)
-        if (r->status != CUDNN_STATUS_SUCCESS || r->determinism != CUDNN_DETERMINISTIC ||
-            r->memory > have || (prec == TD_PREC_FP32 && r->mathType != CUDNN_FMA_MATH))
+        if (r->status != CUDNN_STATUS_SUCCESS ||
+            (det_only && r->determinism != CUDNN_DETERMINISTIC) || r->memory > have ||
+            (prec == TD_PREC_FP32 && r->mathType != CUDNN_FMA_MATH))
             continue;
         out->algo = (int)r->algo;
         out->math = prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : r->mathType;
@@ -398,7 +404,7 @@ int td_gpu_conv_benchmark(td_gpu *g, td_node *node) {
                                                         node->out, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                         &got, fwd, ws, have),
                  -1);
-    if (fastest(fwd, got, have, prec, &c)) s->pass[PASS_FWD] = c;
+    if (fastest(fwd, got, have, prec, g->deterministic, &c)) s->pass[PASS_FWD] = c;
     if (node->in_grad[0]) { // the first layer's input wants no gradient
         cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         TD_CUDNN_RET(g,
@@ -406,7 +412,7 @@ int td_gpu_conv_benchmark(td_gpu *g, td_node *node) {
                          g->dnn, p->w, wk, s->y, node->grad, p->conv, s->x, node->in_grad[0],
                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bd, ws, have),
                      -1);
-        if (fastest(bd, got, have, prec, &c)) s->pass[PASS_BWD_DATA] = c;
+        if (fastest(bd, got, have, prec, g->deterministic, &c)) s->pass[PASS_BWD_DATA] = c;
     }
     cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     TD_CUDNN_RET(g,
@@ -414,7 +420,7 @@ int td_gpu_conv_benchmark(td_gpu *g, td_node *node) {
                      g->dnn, s->x, x, s->y, node->grad, p->conv, p->w, dw,
                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf, ws, have),
                  -1);
-    if (fastest(bf, got, have, prec, &c)) s->pass[PASS_BWD_FILTER] = c;
+    if (fastest(bf, got, have, prec, g->deterministic, &c)) s->pass[PASS_BWD_FILTER] = c;
     return 1;
 }
 

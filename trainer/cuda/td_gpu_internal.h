@@ -96,6 +96,8 @@ struct td_gpu {
     // Fusion of an op into the kernels of the op before it (BatchNorm or Add, then ReLU); off with
     // TRAIND_GPU_FUSION=0, to measure what it saves or to rule it out.
     bool fusion;
+    // Convolutions keep to cuDNN's deterministic algorithms (td_gpu_set_deterministic).
+    bool deterministic;
     const td_gpu_op **ops; // per model node
 
     // CUDA graph of a whole training step (td_gpu_graph.cu).
