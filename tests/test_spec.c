@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include <criterion/criterion.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -253,13 +254,18 @@ Test(spec, num_workers_is_auto_or_a_count) {
     }
 }
 
-/* train.deterministic: torch.backends.cudnn.deterministic's switch, a boolean, on by default
- * (unlike PyTorch's: runs are reproducible unless asked otherwise). */
-Test(spec, deterministic_is_a_boolean_on_by_default) {
-    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
-                         "\"train\": {\"batch_size\": 8, \"deterministic\": \"yes\", "
-                         "\"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}"),
-                 "train.deterministic", "expected true or false", "found \"yes\"");
+/* A boolean train key: `bad` (not a boolean) is refused naming the key and what was found; absent
+ * it is `def`; the other value is taken. field: the bool's offset in td_job. */
+static void check_train_bool(const char *key, const char *bad, size_t field, bool def) {
+    char train[256], where[64], found[64];
+    snprintf(train, sizeof train,
+             "\"train\": {\"batch_size\": 8, \"%s\": %s, \"optimizer\": {\"type\": \"sgd\", "
+             "\"lr\": 0.1}}",
+             key, bad);
+    snprintf(where, sizeof where, "train.%s", key);
+    snprintf(found, sizeof found, "found %s", bad);
+    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH, train), where,
+                 "expected true or false", found);
     td_job job;
     td_err err = {{0}};
     cr_assert_eq(td_job_load_string(
@@ -267,42 +273,28 @@ Test(spec, deterministic_is_a_boolean_on_by_default) {
                      spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH, GOOD_TRAIN),
                      &err),
                  0, "%s", err.msg);
-    cr_expect(job.deterministic);
+    cr_expect_eq(*(bool *)((char *)&job + field), def, "%s by default", key);
     td_job_free(&job);
-    cr_assert_eq(td_job_load_string(&job,
-                                    spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
-                                            "\"train\": {\"batch_size\": 8, \"deterministic\": "
-                                            "false, \"optimizer\": {\"type\": \"sgd\", \"lr\": "
-                                            "0.1}}"),
-                                    &err),
-                 0, "%s", err.msg);
-    cr_expect(!job.deterministic);
+    snprintf(train, sizeof train,
+             "\"train\": {\"batch_size\": 8, \"%s\": %s, \"optimizer\": {\"type\": \"sgd\", "
+             "\"lr\": 0.1}}",
+             key, def ? "false" : "true");
+    cr_assert_eq(
+        td_job_load_string(
+            &job, spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH, train), &err),
+        0, "%s", err.msg);
+    cr_expect_eq(*(bool *)((char *)&job + field), !def, "%s given", key);
     td_job_free(&job);
+}
+
+/* train.deterministic: torch.backends.cudnn.deterministic's switch, a boolean, on by default
+ * (unlike PyTorch's: runs are reproducible unless asked otherwise). */
+Test(spec, deterministic_is_a_boolean_on_by_default) {
+    check_train_bool("deterministic", "\"yes\"", offsetof(td_job, deterministic), true);
 }
 
 /* train.cudnn_benchmark: torch.backends.cudnn.benchmark's switch, a boolean (off by default; on
  * the CPU it has nothing to time). */
 Test(spec, cudnn_benchmark_is_a_boolean) {
-    EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
-                         "\"train\": {\"batch_size\": 8, \"cudnn_benchmark\": 1, \"optimizer\": "
-                         "{\"type\": \"sgd\", \"lr\": 0.1}}"),
-                 "train.cudnn_benchmark", "expected true or false", "found 1");
-    td_job job;
-    td_err err = {{0}};
-    cr_assert_eq(td_job_load_string(
-                     &job,
-                     spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH, GOOD_TRAIN),
-                     &err),
-                 0, "%s", err.msg);
-    cr_expect(!job.cudnn_benchmark);
-    td_job_free(&job);
-    cr_assert_eq(td_job_load_string(&job,
-                                    spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", SYNTH,
-                                            "\"train\": {\"batch_size\": 8, \"cudnn_benchmark\": "
-                                            "true, \"optimizer\": {\"type\": \"sgd\", \"lr\": "
-                                            "0.1}}"),
-                                    &err),
-                 0, "%s", err.msg);
-    cr_expect(job.cudnn_benchmark);
-    td_job_free(&job);
+    check_train_bool("cudnn_benchmark", "1", offsetof(td_job, cudnn_benchmark), false);
 }
