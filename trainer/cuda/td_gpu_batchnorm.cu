@@ -429,19 +429,35 @@ __device__ __forceinline__ void bn_reduce_lanes(const double *a, const double *b
     }
 }
 
+// This thread's share of a vectorised sum: its pack's first channel c0 and row lane, and the
+// rows [r0, r1) of tile blockIdx.y; active when it has a lane and a channel.
+struct bn_red_at {
+    int packs, lanes, lane, c0;
+    size_t r0, r1;
+    bool active;
+};
+__device__ __forceinline__ bn_red_at bn_red_here(int C, size_t rows, size_t per_tile) {
+    bn_red_at at;
+    at.packs = bn_red_packs(C);
+    at.lanes = BN_VEC_THREADS / at.packs;
+    at.lane = threadIdx.x / at.packs;
+    at.c0 = (blockIdx.x * at.packs + threadIdx.x % at.packs) * EW_VEC;
+    at.r0 = (size_t)blockIdx.y * per_tile;
+    at.r1 = at.r0 + per_tile < rows ? at.r0 + per_tile : rows;
+    at.active = at.lane < at.lanes && at.c0 < C;
+    return at;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(BN_VEC_THREADS)
     bn_partial_stats_vec(const T *__restrict__ x, size_t rows, int C, size_t per_tile,
                          double *__restrict__ part_s, double *__restrict__ part_q) {
-    int packs = bn_red_packs(C), lanes = BN_VEC_THREADS / packs;
-    int lane = threadIdx.x / packs, c0 = (blockIdx.x * packs + threadIdx.x % packs) * EW_VEC;
-    size_t r0 = (size_t)blockIdx.y * per_tile;
-    size_t r1 = r0 + per_tile < rows ? r0 + per_tile : rows;
+    bn_red_at at = bn_red_here(C, rows, per_tile);
     double s[EW_VEC] = {}, q[EW_VEC] = {};
-    if (lane < lanes && c0 < C)
-        for (size_t r = r0 + lane; r < r1; r += lanes) {
+    if (at.active)
+        for (size_t r = at.r0 + at.lane; r < at.r1; r += at.lanes) {
             float v[EW_VEC];
-            ew_load(x, r * C + c0, 0, true, v);
+            ew_load(x, r * C + at.c0, 0, true, v);
 #pragma unroll
             for (int e = 0; e < EW_VEC; e++) {
                 double d = (double)v[e];
@@ -449,7 +465,7 @@ __global__ void __launch_bounds__(BN_VEC_THREADS)
                 q[e] += d * d;
             }
         }
-    bn_reduce_lanes(s, q, packs, lanes, C, part_s, part_q);
+    bn_reduce_lanes(s, q, at.packs, at.lanes, C, part_s, part_q);
 }
 
 template <typename T>
@@ -459,12 +475,10 @@ __global__ void __launch_bounds__(BN_VEC_THREADS)
                         const float *__restrict__ invstd, const float *__restrict__ w,
                         const float *__restrict__ bias, bool relu, double *__restrict__ part_dy,
                         double *__restrict__ part_dyx) {
-    int packs = bn_red_packs(C), lanes = BN_VEC_THREADS / packs;
-    int lane = threadIdx.x / packs, c0 = (blockIdx.x * packs + threadIdx.x % packs) * EW_VEC;
-    size_t r0 = (size_t)blockIdx.y * per_tile;
-    size_t r1 = r0 + per_tile < rows ? r0 + per_tile : rows;
+    bn_red_at at = bn_red_here(C, rows, per_tile);
     double a[EW_VEC] = {}, b[EW_VEC] = {};
-    if (lane < lanes && c0 < C) {
+    if (at.active) {
+        int c0 = at.c0;
         float m[EW_VEC], is[EW_VEC];
         bn_affine af[EW_VEC];
 #pragma unroll
@@ -473,7 +487,7 @@ __global__ void __launch_bounds__(BN_VEC_THREADS)
             is[e] = invstd[c0 + e];
             af[e] = bn_affine_of(c0 + e, w, bias, mean, invstd);
         }
-        for (size_t r = r0 + lane; r < r1; r += lanes) {
+        for (size_t r = at.r0 + at.lane; r < at.r1; r += at.lanes) {
             float xv[EW_VEC], g[EW_VEC];
             ew_load(x, r * C + c0, 0, true, xv);
             ew_load(dy, r * C + c0, 0, true, g);
@@ -486,7 +500,7 @@ __global__ void __launch_bounds__(BN_VEC_THREADS)
             }
         }
     }
-    bn_reduce_lanes(a, b, packs, lanes, C, part_dy, part_dyx);
+    bn_reduce_lanes(a, b, at.packs, at.lanes, C, part_dy, part_dyx);
 }
 
 // ---- launchers (TD_GPU_DISPATCH's body must not carry bare commas) ----------------------------
