@@ -17,7 +17,7 @@
 //
 // Algorithms are chosen once at plan time from cuDNN's heuristics for the full batch (no
 // buffers exist yet, so no benchmarking): the first candidate whose workspace is at most
-// CONV_WS_LIMIT, deterministic algorithms ranked first so runs are reproducible. The ranked
+// CONV_WS_LIMIT, only deterministic ones unless train.deterministic is false. The ranked
 // candidates are kept; a smaller last batch re-queries the workspace of the chosen algorithm and
 // walks the ranking when it no longer fits the shared workspace. Choices live in two slots keyed
 // by the full shape (the batch size and the largest other batch size seen last).
@@ -230,11 +230,12 @@ static void add_cand(conv_plan *p, int pass, int algo, cudnnStatus_t status, cud
     c->ws = 0;
 }
 
-// cuDNN's ranking of every pass at the full batch: deterministic algorithms first, or (not
-// g->deterministic) in cuDNN's own order whatever their determinism.
+// cuDNN's ranking of every pass at the full batch: its deterministic algorithms alone, or (not
+// g->deterministic) all of them in cuDNN's own order. As torch.backends.cudnn.deterministic, a
+// deterministic run never falls back on an algorithm that adds with atomics: it fails instead.
 static int rank_algorithms(conv_plan *p, const conv_slot *s) {
     td_gpu *g = p->g;
-    int first = g->deterministic ? 1 : -1, last = g->deterministic ? 0 : -1;
+    int want_det = g->deterministic ? 1 : -1;
     TD_CUDNN_RET(g,
                  cudnnSetConvolutionMathType(
                      p->conv, p->full.prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH),
@@ -246,44 +247,49 @@ static int rank_algorithms(conv_plan *p, const conv_slot *s) {
                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
                                                         fwd),
                  -1);
-    for (int d = first; d >= last; d--)
-        for (int i = 0; i < got; i++)
-            add_cand(p, PASS_FWD, fwd[i].algo, fwd[i].status, fwd[i].mathType, fwd[i].determinism,
-                     d);
+    for (int i = 0; i < got; i++)
+        add_cand(p, PASS_FWD, fwd[i].algo, fwd[i].status, fwd[i].mathType, fwd[i].determinism,
+                 want_det);
     cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     TD_CUDNN_RET(g,
                  cudnnGetConvolutionBackwardDataAlgorithm_v7(g->dnn, p->w, s->y, p->conv, s->x,
                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
                                                              &got, bd),
                  -1);
-    for (int d = first; d >= last; d--)
-        for (int i = 0; i < got; i++)
-            add_cand(p, PASS_BWD_DATA, bd[i].algo, bd[i].status, bd[i].mathType, bd[i].determinism,
-                     d);
+    for (int i = 0; i < got; i++)
+        add_cand(p, PASS_BWD_DATA, bd[i].algo, bd[i].status, bd[i].mathType, bd[i].determinism,
+                 want_det);
     cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     TD_CUDNN_RET(
         g,
         cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             g->dnn, s->x, s->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf),
         -1);
-    for (int d = first; d >= last; d--)
-        for (int i = 0; i < got; i++)
-            add_cand(p, PASS_BWD_FILTER, bf[i].algo, bf[i].status, bf[i].mathType,
-                     bf[i].determinism, d);
+    for (int i = 0; i < got; i++)
+        add_cand(p, PASS_BWD_FILTER, bf[i].algo, bf[i].status, bf[i].mathType, bf[i].determinism,
+                 want_det);
     return 0;
 }
 
 // The first candidate of the pass (after `first`, if given) that cuDNN supports at the slot's
-// shape within `limit` bytes of workspace; then the algorithm 0 of the pass (implicit GEMM,
-// no workspace) as the last resort. -1 after recording a failure.
+// shape within `limit` bytes of workspace; then the pass's plain deterministic algorithm
+// (forward's implicit GEMM, the gradients' ALGO_1) and, unless g->deterministic, its ALGO_0,
+// which adds with atomics (cudnn_ops.h marks it non-deterministic). -1 after recording a failure.
 static int choose(conv_plan *p, conv_slot *s, int pass, const conv_choice *first, size_t limit) {
-    conv_choice tries[CONV_MAX_CAND + 2];
+    conv_choice tries[CONV_MAX_CAND + 3];
     int n = 0;
     if (first) tries[n++] = *first;
     for (int i = 0; i < p->n_cand[pass]; i++) tries[n++] = p->cand[pass][i];
-    tries[n].algo = 0; // IMPLICIT_GEMM / BWD_DATA_ALGO_0 / BWD_FILTER_ALGO_0
-    tries[n].math = p->full.prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
-    n++;
+    int plain = pass == PASS_FWD        ? (int)CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
+                : pass == PASS_BWD_DATA ? (int)CUDNN_CONVOLUTION_BWD_DATA_ALGO_1
+                                        : (int)CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    int last[2] = {plain, 0};
+    int n_last = pass == PASS_FWD || p->g->deterministic ? 1 : 2;
+    for (int i = 0; i < n_last; i++) {
+        tries[n].algo = last[i];
+        tries[n].math = p->full.prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+        tries[n++].ws = 0;
+    }
     for (int i = 0; i < n; i++) {
         size_t bytes = 0;
         if (ws_query(p, s, pass, &tries[i], &bytes) == CUDNN_STATUS_SUCCESS && bytes <= limit) {
@@ -300,8 +306,12 @@ static int choose(conv_plan *p, conv_slot *s, int pass, const conv_choice *first
              names[pass], s->key.c, s->key.o, s->key.h, s->key.w, s->key.k, s->key.s, s->key.p,
              s->key.n, (double)limit / (1 << 20));
     td_gpu_fail(p->g, __FILE__, __LINE__, "cuDNN", detail,
-                "cuDNN has no kernel for this layer in this precision; try train.precision fp32 "
-                "or another kernel_size / channel count");
+                p->g->deterministic
+                    ? "cuDNN has no deterministic kernel for this layer in this precision; try "
+                      "train.deterministic false, train.precision fp32, or another kernel_size / "
+                      "channel count"
+                    : "cuDNN has no kernel for this layer in this precision; try train.precision "
+                      "fp32 or another kernel_size / channel count");
     return -1;
 }
 
