@@ -168,6 +168,25 @@ Test(gradcheck, relu) {
     run_check("[{\"name\":\"a\",\"op\":\"relu\"}]", td_shape_flat(12), true);
 }
 
+/* torch.relu(tensor([nan, -1, 0, 2])) is [nan, 0, 0, 2]; the gradient at the NaN is 0, as
+ * threshold_backward's mask (output > 0) is false there. */
+Test(gradcheck, relu_passes_nan_through_as_torch_does) {
+    td_model m;
+    test_build_model(&m, "[{\"name\":\"a\",\"op\":\"relu\"}]", td_shape_flat(4), 1, 1);
+    float x[4] = {NAN, -1.0f, 0.0f, 2.0f}, dy[4] = {5.0f, 5.0f, 5.0f, 5.0f};
+    td_rng rng;
+    td_rng_seed(&rng, 1);
+    td_run run = {.n = 1, .training = true, .rng = &rng};
+    const float *y = td_model_forward(&m, x, &run);
+    cr_expect(isnan(y[0]), "relu(nan) = %g, torch gives nan", y[0]);
+    cr_expect(y[1] == 0.0f && y[2] == 0.0f && y[3] == 2.0f, "relu gave %g %g %g", y[1], y[2], y[3]);
+    td_model_backward(&m, dy, &run);
+    const float *dx = m.input_grad;
+    cr_expect(dx[0] == 0.0f && dx[1] == 0.0f && dx[2] == 0.0f && dx[3] == 5.0f,
+              "relu backward gave %g %g %g %g", dx[0], dx[1], dx[2], dx[3]);
+    td_model_free(&m);
+}
+
 Test(gradcheck, gelu) {
     run_check("[{\"name\":\"a\",\"op\":\"gelu\"}]", td_shape_flat(12), true);
 }

@@ -20,7 +20,8 @@ static void relu_forward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
     const float *x = node->in[0];
     float *y = node->out;
-    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    /* as torch.relu, a NaN passes through rather than becoming 0, so it still reaches the loss */
+    for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
 }
 
 static void relu_backward(td_node *node, const td_run *run) {

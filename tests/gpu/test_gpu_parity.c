@@ -407,6 +407,74 @@ done:
     return rc;
 }
 
+/* ---- NaN through ReLU ---------------------------------------------------------------------- */
+
+/* torch.relu keeps a NaN (the CPU does too, and tests/test_gradcheck.c holds it to that): the
+ * plain ReLU kernel and the one fused into Add must neither turn it into 0 nor spread it. */
+typedef struct nancase {
+    const char *name;
+    const char *nodes; /* node 0 takes the input; node `relu` is the ReLU whose output is read */
+    int relu, fused;
+} nancase;
+
+static const nancase NAN_CASES[] = {
+    {"relu keeps NaN", "relu; linear out_features=5", 0, 0},
+    {"add+relu keeps NaN", "identity name=a; add inputs=a,input; relu; linear out_features=5", 2,
+     1},
+};
+
+static int run_nan_case(td_gpu *g, const nancase *c, td_precision prec, result *r) {
+    td_err err = {{0}};
+    td_model cm, gm;
+    enum { FEATURES = 16 };
+    if (build_pair(g, c->nodes, td_shape_flat(FEATURES), prec, &cm, &gm, &err) != 0) {
+        snprintf(r->error, sizeof r->error, "%s", err.msg);
+        return -1;
+    }
+    float x[BATCH * FEATURES], got[BATCH * FEATURES];
+    int32_t y[BATCH];
+    td_rng rng;
+    td_rng_seed(&rng, SEED);
+    fill_input(x, BATCH * FEATURES, &rng);
+    fill_labels(y, BATCH, &rng);
+    x[3] = x[FEATURES + 7] = NAN;
+    td_run run = {.n = BATCH, .training = true, .rng = &rng};
+    int rc = -1, fused = 0;
+    for (int i = 0; i < gm.n_nodes; i++) fused += gm.nodes[i].out_fused;
+    const char *fusion = getenv("TRAIND_GPU_FUSION");
+    int want_fused = fusion && strcmp(fusion, "0") == 0 ? 0 : c->fused;
+    if (fused != want_fused) {
+        snprintf(r->error, sizeof r->error, "the GPU plan fused %d ReLUs; expected %d", fused,
+                 want_fused);
+        goto done;
+    }
+    if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
+    td_model_forward(&cm, x, &run);
+    const float *want = cm.nodes[c->relu].out;
+    td_gpu_forward(g, &gm, &run);
+    if (td_gpu_read(g, gm.nodes[c->relu].out, BATCH * FEATURES, got, &err) != 0) goto done;
+    double worst = 0, den = 1e-6;
+    for (int i = 0; i < BATCH * FEATURES; i++) {
+        bool nan_in = isnan(x[i]);
+        if (isnan(want[i]) != nan_in || isnan(got[i]) != nan_in) {
+            snprintf(r->error, sizeof r->error, "element %d: input %g, CPU %g, GPU %g", i, x[i],
+                     want[i], got[i]);
+            goto done;
+        }
+        if (nan_in) continue;
+        worst = fmax(worst, fabs((double)want[i] - got[i]));
+        den = fmax(den, fabs(want[i]));
+    }
+    note(r, &r->out, worst / den, "output of", gm.nodes[c->relu].name);
+    if (td_gpu_check(g, &err) != 0) goto done;
+    rc = 0;
+done:
+    if (rc != 0 && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", err.msg);
+    td_gpu_check(g, &err);
+    free_pair(g, &cm, &gm);
+    return rc;
+}
+
 /* ---- optimizers ---------------------------------------------------------------------------- */
 
 static int run_optim(td_gpu *g, const ocase *o, td_precision prec, result *r) {
@@ -549,6 +617,12 @@ int main(int argc, char **argv) {
             result r = {-1, -1, -1, -1, "", ""};
             int rc = run_case(g, &CASES[i], precs[p], &r);
             failed += !row(CASES[i].name, precs[p], &r, rc, tol);
+            total++;
+        }
+        for (size_t i = 0; i < sizeof NAN_CASES / sizeof NAN_CASES[0]; i++) {
+            result r = {-1, -1, -1, -1, "", ""};
+            int rc = run_nan_case(g, &NAN_CASES[i], precs[p], &r);
+            failed += !row(NAN_CASES[i].name, precs[p], &r, rc, tol);
             total++;
         }
         for (size_t i = 0; i < sizeof OPTIMS / sizeof OPTIMS[0]; i++) {

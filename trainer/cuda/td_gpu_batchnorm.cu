@@ -252,7 +252,7 @@ __global__ void bn_apply(const T *__restrict__ x, T *__restrict__ y, size_t rows
          r += (size_t)gridDim.y * BN_TY) {
         size_t i = r * C + c;
         float v = bn_y(td_to_float(x[i]), af);
-        if (relu) v = v > 0.0f ? v : 0.0f; // as the ReLU kernel: NaN becomes 0
+        if (relu) v = td_relu(v);
         y[i] = td_from_float<T>(v);
     }
 }
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(BN_VEC_THREADS)
         for (int e = 0; e < EW_VEC; e++) {
             bn_affine a = {coef[c0 + e], coef[C + c0 + e]};
             v[e] = bn_y(v[e], a);
-            if (relu) v[e] = v[e] > 0.0f ? v[e] : 0.0f;
+            if (relu) v[e] = td_relu(v[e]);
         }
         ew_store(y, i, n, true, v);
     }

@@ -125,7 +125,7 @@ static __global__ void __launch_bounds__(EW_THREADS)
         float v[EW_VEC];
         ew_load(x, i, n, full, v);
 #pragma unroll
-        for (int e = 0; e < EW_VEC; e++) v[e] = v[e] > 0.0f ? v[e] : 0.0f;
+        for (int e = 0; e < EW_VEC; e++) v[e] = td_relu(v[e]);
         ew_store(y, i, n, full, v);
     }
 }
@@ -281,7 +281,7 @@ static __global__ void __launch_bounds__(EW_THREADS)
         }
         if (relu)
 #pragma unroll
-            for (int e = 0; e < EW_VEC; e++) s[e] = s[e] > 0.0f ? s[e] : 0.0f;
+            for (int e = 0; e < EW_VEC; e++) s[e] = td_relu(s[e]);
         ew_store(y, i, n, full, s);
     }
 }

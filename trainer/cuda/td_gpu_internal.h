@@ -232,6 +232,12 @@ template <> __device__ __forceinline__ __half td_from_float<__half>(float v) {
     return __float2half_rn(v);
 }
 
+// ReLU as torch.relu: a NaN passes through (fmaxf would turn it into 0 and hide it from the loss
+// and from fp16's overflow check). The CPU's td_activation.c does the same.
+__device__ __forceinline__ float td_relu(float v) {
+    return v <= 0.0f ? 0.0f : v;
+}
+
 // Runs `body` with `T` the element type of precision `prec`.
 #define TD_GPU_DISPATCH(prec, T, body)                                                             \
     do {                                                                                           \
