@@ -118,7 +118,9 @@ int td_gpu_ddp_buckets(const td_gpu *g);
 /* CUDA graphs: the whole training step (forward, loss, backward, all-reduce, optimizer) captured
  * once for a full batch and replayed. td_gpu_step runs it, capturing on first use; eager steps
  * remain for short batches. Returns -1 (and the trainer runs eagerly) when capture fails, with
- * the reason in err. */
+ * the reason in err; TD_GPU_GRAPH_FATAL when, under DDP, the step failed where this rank cannot
+ * fall back alone (its peers would replay collectives it runs op by op): the job must stop. */
+#define TD_GPU_GRAPH_FATAL (-2)
 typedef struct td_gpu_step_args {
     const td_loss *loss;
     int n;

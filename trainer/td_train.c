@@ -493,7 +493,9 @@ static int gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int g
     bool full = group == 1 && b->n == job->batch_size;
     if (!t->graph_off && full && t->graph_warm) {
         td_gpu_step_args args = {&job->loss, b->n, lr, job->clip_grad_norm, t->gpu_ddp};
-        if (td_gpu_graph_step(t->gpu, &t->model, &args, err) == 0) return 0;
+        int rc = td_gpu_graph_step(t->gpu, &t->model, &args, err);
+        if (rc == 0) return 0;
+        if (rc == TD_GPU_GRAPH_FATAL) return collective_failed(t, err);
         if (t->rank0)
             fprintf(t->log, "[traind] CUDA graph: %s; training op by op from here\n", err->msg);
         t->graph_off = true;

@@ -53,6 +53,12 @@ static int capture(td_gpu *g, td_model *m, const td_gpu_step_args *a, td_err *er
     return 0;
 }
 
+// The recorded failure into err; returns `rc`.
+static int step_failed(td_gpu *g, int rc, td_err *err) {
+    td_gpu_check(g, err);
+    return rc;
+}
+
 extern "C" int td_gpu_graph_step(td_gpu *g, td_model *m, const td_gpu_step_args *a, td_err *err) {
     if (g->graph && (g->graph_n != a->n || g->graph_ddp != a->ddp)) {
         cudaGraphExecDestroy(g->graph);
@@ -61,27 +67,34 @@ extern "C" int td_gpu_graph_step(td_gpu *g, td_model *m, const td_gpu_step_args 
     if (!g->graph) {
         int rc = capture(g, m, a, err);
         // NCCL requires whether a collective is graph-captured to be the same on every rank: a
-        // rank whose capture failed makes them all train op by op
+        // rank whose capture failed makes them all train op by op. The failures are summed, not
+        // averaged: NCCL's float average adds fl(1/world) world times, which misses 1.0 at
+        // world sizes such as 12, and the ranks would never agree on a good capture.
         if (a->ddp) {
-            float ok = rc == 0 ? 1.0f : 0.0f;
+            float failures = rc == 0 ? 0.0f : 1.0f;
             td_err agree = {{0}};
-            int arc = td_gpu_ddp_allreduce_host(g, &ok, 1, true, &agree);
-            if ((arc != 0 || ok < 1.0f) && g->graph) {
+            int arc = td_gpu_ddp_allreduce_host(g, &failures, 1, false, &agree);
+            if ((arc != 0 || failures > 0.5f) && g->graph) {
                 cudaGraphExecDestroy(g->graph);
                 g->graph = NULL;
             }
-            if (arc != 0) return td_fail(err, "agreeing on CUDA graphs: %s", agree.msg);
-            if (rc == 0 && ok < 1.0f)
+            if (arc != 0) {
+                td_fail(err, "agreeing on CUDA graphs: %s", agree.msg);
+                return TD_GPU_GRAPH_FATAL;
+            }
+            if (rc == 0 && failures > 0.5f)
                 return td_fail(err, "capture failed on another rank (its log says why); every "
                                     "rank trains op by op");
         }
         if (rc != 0) return -1;
     }
+    // Past the agreement a failure cannot fall back alone under DDP: this rank would run the
+    // step's collectives op by op while its peers replay theirs. Alone, the trainer runs the step
+    // op by op, once (td_gpu_check does not wait once a failure is recorded).
+    int fail = a->ddp ? TD_GPU_GRAPH_FATAL : -1;
     // capture queued nothing: the first replay is the first execution
     td_gpu_optim_set_lr(g, a->lr, g->stream);
-    // a failed launch of the lr write stops the step before the replay (td_gpu_check does not
-    // wait once a failure is recorded): the trainer then runs this step op by op, once
-    if (g->failed) return td_gpu_check(g, err);
-    TD_CUDA_RET(g, cudaGraphLaunch(g->graph, g->stream), td_gpu_check(g, err));
+    if (g->failed) return step_failed(g, fail, err);
+    TD_CUDA_RET(g, cudaGraphLaunch(g->graph, g->stream), step_failed(g, fail, err));
     return 0;
 }
