@@ -316,6 +316,19 @@ static void free_pair(td_gpu *g, td_model *cm, td_model *gm) {
     td_model_free(cm);
 }
 
+/* Whether the GPU plan fused `want` ReLUs into the op before each (none under
+ * TRAIND_GPU_FUSION=0); the error goes to r when not. */
+static bool fused_as_expected(const td_model *gm, int want, result *r) {
+    const char *fusion = getenv("TRAIND_GPU_FUSION");
+    if (fusion && strcmp(fusion, "0") == 0) want = 0;
+    int fused = 0;
+    for (int i = 0; i < gm->n_nodes; i++) fused += gm->nodes[i].out_fused;
+    if (fused == want) return true;
+    snprintf(r->error, sizeof r->error,
+             "the GPU plan fused %d ReLUs into the op before; expected %d", fused, want);
+    return false;
+}
+
 /* ---- op and loss cases --------------------------------------------------------------------- */
 
 static int compare_outputs(td_gpu *g, td_model *cm, td_model *gm, result *r, td_err *err) {
@@ -353,14 +366,7 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     fill_labels(y, BATCH, &rng);
     td_run run = {.n = BATCH, .training = true, .rng = &drop_rng};
     int rc = -1;
-    const char *fusion = getenv("TRAIND_GPU_FUSION");
-    int want_fused = fusion && strcmp(fusion, "0") == 0 ? 0 : c->fused, fused = 0;
-    for (int i = 0; i < gm.n_nodes; i++) fused += gm.nodes[i].out_fused;
-    if (fused != want_fused) {
-        snprintf(r->error, sizeof r->error,
-                 "the GPU plan fused %d ReLUs into the op before; expected %d", fused, want_fused);
-        goto done;
-    }
+    if (!fused_as_expected(&gm, c->fused, r)) goto done;
     if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
     if (c->warm) {
         td_model_forward(&cm, x, &run);
@@ -439,15 +445,8 @@ static int run_nan_case(td_gpu *g, const nancase *c, td_precision prec, result *
     fill_labels(y, BATCH, &rng);
     x[3] = x[FEATURES + 7] = NAN;
     td_run run = {.n = BATCH, .training = true, .rng = &rng};
-    int rc = -1, fused = 0;
-    for (int i = 0; i < gm.n_nodes; i++) fused += gm.nodes[i].out_fused;
-    const char *fusion = getenv("TRAIND_GPU_FUSION");
-    int want_fused = fusion && strcmp(fusion, "0") == 0 ? 0 : c->fused;
-    if (fused != want_fused) {
-        snprintf(r->error, sizeof r->error, "the GPU plan fused %d ReLUs; expected %d", fused,
-                 want_fused);
-        goto done;
-    }
+    int rc = -1;
+    if (!fused_as_expected(&gm, c->fused, r)) goto done;
     if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
     td_model_forward(&cm, x, &run);
     const float *want = cm.nodes[c->relu].out;

@@ -192,6 +192,12 @@ static void launch_bias_partial(const void *dy, size_t rows, int O, int tiles, f
 
 // ---- algorithms -------------------------------------------------------------------------------
 
+// The math a plan's convolutions run with: FMA keeps fp32 true fp32 (cuDNN's default may use
+// TF32 on Ampere and later); 16-bit data runs on tensor cores.
+static cudnnMathType_t conv_math(td_precision prec) {
+    return prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+}
+
 static bool key_eq(const conv_key *a, const conv_key *b) {
     return a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w && a->o == b->o &&
            a->k == b->k && a->s == b->s && a->p == b->p && a->prec == b->prec;
@@ -236,10 +242,7 @@ static void add_cand(conv_plan *p, int pass, int algo, cudnnStatus_t status, cud
 static int rank_algorithms(conv_plan *p, const conv_slot *s) {
     td_gpu *g = p->g;
     int want_det = g->deterministic ? 1 : -1;
-    TD_CUDNN_RET(g,
-                 cudnnSetConvolutionMathType(
-                     p->conv, p->full.prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH),
-                 -1);
+    TD_CUDNN_RET(g, cudnnSetConvolutionMathType(p->conv, conv_math(p->full.prec)), -1);
     int got = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     TD_CUDNN_RET(g,
@@ -283,13 +286,9 @@ static int choose(conv_plan *p, conv_slot *s, int pass, const conv_choice *first
     int plain = pass == PASS_FWD        ? (int)CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM
                 : pass == PASS_BWD_DATA ? (int)CUDNN_CONVOLUTION_BWD_DATA_ALGO_1
                                         : (int)CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    int last[2] = {plain, 0};
-    int n_last = pass == PASS_FWD || p->g->deterministic ? 1 : 2;
-    for (int i = 0; i < n_last; i++) {
-        tries[n].algo = last[i];
-        tries[n].math = p->full.prec == TD_PREC_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
-        tries[n++].ws = 0;
-    }
+    tries[n++] = conv_choice{plain, conv_math(p->full.prec), 0};
+    if (pass != PASS_FWD && !p->g->deterministic)
+        tries[n++] = conv_choice{0, conv_math(p->full.prec), 0};
     for (int i = 0; i < n; i++) {
         size_t bytes = 0;
         if (ws_query(p, s, pass, &tries[i], &bytes) == CUDNN_STATUS_SUCCESS && bytes <= limit) {
@@ -401,11 +400,8 @@ int td_gpu_conv_benchmark(td_gpu *g, td_node *node) {
     void *dw = p->stage_dw ? (void *)base : (void *)wp->dev_grad;
     td_precision prec = p->full.prec;
     TD_CUDNN_RET(g, cudnnSetStream(g->dnn, g->stream), -1);
-    // the math the search may use: FMA keeps fp32 true fp32, as the heuristic choice does
-    TD_CUDNN_RET(g,
-                 cudnnSetConvolutionMathType(p->conv, prec == TD_PREC_FP32 ? CUDNN_FMA_MATH
-                                                                           : CUDNN_TENSOR_OP_MATH),
-                 -1);
+    // the math the search may use, as the heuristic choice's
+    TD_CUDNN_RET(g, cudnnSetConvolutionMathType(p->conv, conv_math(prec)), -1);
     int got = 0;
     conv_choice c;
     cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
