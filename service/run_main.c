@@ -29,8 +29,24 @@ static void usage(FILE *out) {
             "get SIGTERM (SIGKILL after the grace period, default 10 s) and, with restarts left,\n"
             "the group starts again; traind-worker then resumes from its latest checkpoint.\n"
             "Defaults: one node, MASTER_ADDR 127.0.0.1, a free MASTER_PORT, no restarts.\n"
+            "The run id (TORCHELASTIC_RUN_ID) names the job in the rendezvous: without --run-id\n"
+            "it is \"traind-run-ADDR-PORT\" with --nnodes above 1, from --master-addr and\n"
+            "--master-port, so every node started with the same ones agrees (nodes that disagree\n"
+            "all stop at once, saying so), and unique to this launcher with one node.\n"
             "Underscores are accepted in option names (--nproc_per_node), as torchrun does.\n"
             "Exit status: 0, or the first failing worker's (128 + signal for a signal).\n");
+}
+
+/* Without --run-id, as torchrun's fixed default rendezvous id ("none"): the nodes of one job must
+ * agree on it, so with several it comes only from what every node is given (the same master);
+ * one node keeps a run of its own. The master's address is cut short to fit run_id, the same on
+ * every node. */
+static void default_run_id(td_launch_config *cfg) {
+    if (cfg->nnodes > 1)
+        snprintf(cfg->run_id, sizeof cfg->run_id, "traind-run-%.40s-%d", cfg->master_addr,
+                 cfg->master_port);
+    else
+        snprintf(cfg->run_id, sizeof cfg->run_id, "run-%ld-%d", (long)time(NULL), (int)getpid());
 }
 
 /* "--nproc_per_node" and "--nproc-per-node" alike; "--opt=value" or "--opt value". */
@@ -64,7 +80,7 @@ static int int_value(const char *name, const char *v, int min, int max) {
 int main(int argc, char **argv) {
     td_launch_config cfg = {.nproc_per_node = 0, .nnodes = 1, .master_port = 0, .grace_s = 10};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "127.0.0.1");
-    snprintf(cfg.run_id, sizeof cfg.run_id, "run-%ld-%d", (long)time(NULL), (int)getpid());
+    bool run_id_given = false;
     int i = 1;
     for (; i < argc; i++) {
         const char *v;
@@ -88,6 +104,7 @@ int main(int argc, char **argv) {
             cfg.max_restarts = int_value("--max-restarts", v, 0, 1000);
         } else if ((v = option(argc, argv, &i, "--run-id"))) {
             snprintf(cfg.run_id, sizeof cfg.run_id, "%s", v);
+            run_id_given = true;
         } else if ((v = option(argc, argv, &i, "--grace-period"))) {
             cfg.grace_s = int_value("--grace-period", v, 0, 3600);
         } else if (argv[i][0] == '-') {
@@ -123,6 +140,7 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    if (!run_id_given) default_run_id(&cfg);
     cfg.argv = argv + i;
     cfg.stop_signal = &stop_signal;
     struct sigaction sa = {.sa_handler = on_signal};

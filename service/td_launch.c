@@ -1,12 +1,16 @@
 #define _GNU_SOURCE /* prctl, sigtimedwait, environ */
 #include "td_launch.h"
 
+#include "td_dist.h"
+#include "td_store.h"
 #include "td_strv.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -247,6 +251,80 @@ static pid_t wait_child(int *status) {
     return 0;
 }
 
+/* A note for the master's rendezvous store, sent from a thread of its own: connecting to a host
+ * that drops packets can block far beyond any deadline, and the launcher must go on reaping and
+ * killing its workers meanwhile. The thread and tell_master share it; the last one out frees it. */
+typedef struct master_note {
+    char host[256];
+    int port;
+    char namespace_[256];
+    char why[400];
+    bool failed;
+    int rc;
+    td_err err;
+    atomic_int owners;
+} master_note;
+
+static void *send_note(void *p) {
+    master_note *n = p;
+    n->rc = td_store_abort_at(n->host, n->port, n->namespace_, n->why, 3.0, &n->failed, &n->err);
+    if (atomic_fetch_sub(&n->owners, 1) == 1) free(n);
+    return NULL;
+}
+
+/* --nnodes > 1, before the job has begun: the other nodes' ranks would wait for this node's
+ * until their timeout, and for ever if a worker died before it reached the rendezvous store. So
+ * the store (at the master, hosted by rank 0) hears why now and fails every rank with it; once
+ * every rank has joined it ignores this, and the collectives report the failure instead. Best
+ * effort, a few seconds at most, before this node's workers are stopped (rank 0 may be one). */
+static void tell_master(const td_launch_config *cfg, int attempt, const char *what, FILE *log) {
+    master_note *n = td_calloc(1, sizeof *n);
+    snprintf(n->host, sizeof n->host, "%s", cfg->master_addr);
+    n->port = cfg->master_port;
+    td_dist_namespace(n->namespace_, sizeof n->namespace_, cfg->run_id, attempt);
+    snprintf(n->why, sizeof n->why, "node %d: %.300s before the job began", cfg->node_rank, what);
+    atomic_init(&n->owners, 2);
+    pthread_t th;
+    if (pthread_create(&th, NULL, send_note, n) != 0) {
+        free(n);
+        return;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 4;
+    if (pthread_timedjoin_np(th, NULL, &until) != 0) {
+        pthread_detach(th);
+        fprintf(log, "[traind-run] the rendezvous store at %s:%d did not answer in time\n",
+                cfg->master_addr, cfg->master_port);
+        if (atomic_fetch_sub(&n->owners, 1) == 1) free(n);
+        return;
+    }
+    /* silent when it could not: mostly the store is gone already, with rank 0 */
+    if (n->rc == 0 && n->failed)
+        fprintf(log, "[traind-run] told the rendezvous store at %s:%d: %s\n", cfg->master_addr,
+                cfg->master_port, n->why);
+    free(n);
+}
+
+/* Worker pid of g ended with `status`, not yet recorded in g: if that is this node's first
+ * failure, tells the master (with several nodes). Not for rank 0: the store went with it. */
+static void report_failure(const td_launch_config *cfg, int attempt, const td_group *g, pid_t pid,
+                           int status, FILE *log) {
+    if (cfg->nnodes < 2 || g->terminating || status_code(status) == 0) return;
+    int local = -1;
+    for (int i = 0; i < g->n; i++)
+        if (g->pids[i] == pid) local = i;
+    int rank = g->rank_base + local;
+    if (local < 0 || rank == 0) return;
+    char what[160];
+    if (WIFSIGNALED(status))
+        snprintf(what, sizeof what, "rank %d was killed by signal %d (%s)", rank, WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
+    else
+        snprintf(what, sizeof what, "rank %d failed with exit code %d", rank, status_code(status));
+    tell_master(cfg, attempt, what, log);
+}
+
 /* One attempt: start the group, wait for it; returns the first failure's code (0: success). */
 static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool *stopped,
                        td_err *err) {
@@ -267,12 +345,19 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
                     (int)*cfg->stop_signal);
             td_group_terminate(&g, (int)*cfg->stop_signal, cfg->grace_s);
             *stopped = true;
+            if (cfg->nnodes > 1 && cfg->node_rank > 0) { /* node 0's store goes with rank 0 */
+                char what[96];
+                snprintf(what, sizeof what, "traind-run was stopped by signal %d (%s)",
+                         (int)*cfg->stop_signal, strsignal((int)*cfg->stop_signal));
+                tell_master(cfg, attempt, what, log);
+            }
         }
         int status;
         pid_t pid = wait_child(&status);
         if (pid < 0) break;
         td_group_tick(&g);
         if (pid == 0) continue;
+        report_failure(cfg, attempt, &g, pid, status, log);
         int failed_before = g.failed_rank;
         if (td_group_reaped(&g, pid, status, cfg->grace_s) && g.failed_rank != failed_before)
             fprintf(log, "[traind-run] %s%s\n", g.reason,

@@ -1,6 +1,7 @@
 #!/bin/sh
 # traind-run: the torchrun environment, failure handling without orphans, restarts, a PyTorch
-# gloo job, and traind-worker data-parallel training with a restart that resumes.
+# gloo job, traind-worker data-parallel training with a restart that resumes, and two nodes: the
+# run id they agree on without flags, and a rendezvous that fails on every node at once.
 #   launcher.sh TRAIND_RUN TRAIND_WORKER PYTHON SOURCE_DIR
 set -u
 run=$1 worker=$2 py=$3 src=$4
@@ -84,6 +85,88 @@ c1=$?
 unset MASTER_ADDR MASTER_PORT WORLD_SIZE TRAIND_TIMEOUT_S
 if [ "$c0" = 1 ] && grep -q "peer rank 2" "$tmp/rank0"; then ok; else bad "rank 0: code $c0: $(cat "$tmp/rank0")"; fi
 if [ "$c1" = 1 ] && grep -q "peer rank 2" "$tmp/rank1"; then ok; else bad "rank 1: code $c1: $(cat "$tmp/rank1")"; fi
+
+# 8-11. two "nodes" on this host, each a traind-run started as README shows. Their ring
+# addresses are this host's loopback (TRAIND_HOST); every wait is bounded by TRAIND_TIMEOUT_S.
+sed "s|$tmp/ck|$tmp/ck2|" "$tmp/job.json" >"$tmp/job2.json"
+export TRAIND_HOST=127.0.0.1
+node() { # node K [traind-run options] -- COMMAND...: node K of two, in the background, with
+    # TRAIND_TIMEOUT_S=$timeout
+    k=$1
+    shift
+    TRAIND_TIMEOUT_S=$timeout "$run" --nnodes 2 --node-rank "$k" --master-addr 127.0.0.1 --master-port "$port" \
+        --nproc-per-node 1 "$@" >"$tmp/node$k.out" 2>"$tmp/node$k.err" &
+}
+free_port() { "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# both nodes' exit codes in c0 and c1, and the seconds until both ended in elapsed
+wait_nodes() {
+    wait "$1"
+    c0=$?
+    wait "$2"
+    c1=$?
+    elapsed=$(($(date +%s) - start))
+}
+
+# 8. no --run-id: both launchers derive the same one from the master's address and port
+port=$(free_port) timeout=30
+start=$(date +%s)
+node 0 -- "$worker" "$tmp/job2.json"
+p0=$!
+node 1 -- "$worker" "$tmp/job2.json"
+p1=$!
+wait_nodes $p0 $p1
+if [ "$c0" = 0 ] && [ "$c1" = 0 ]; then ok; else bad "two nodes: codes $c0 $c1: $(tail -3 "$tmp/node0.err") | $(tail -3 "$tmp/node1.err")"; fi
+if grep -q '"event":"done","step":16,' "$tmp/node0.out"; then ok; else bad "two nodes: no done line: $(cat "$tmp/node0.out")"; fi
+
+# 9. different run ids: a configuration error that stops both nodes at once, saying so (a
+# hang would last TRAIND_TIMEOUT_S)
+port=$(free_port) timeout=120
+start=$(date +%s)
+node 0 --run-id job-a -- "$worker" "$tmp/job2.json"
+p0=$!
+node 1 --run-id job-b -- "$worker" "$tmp/job2.json"
+p1=$!
+wait_nodes $p0 $p1
+if [ "$c0" != 0 ] && [ "$c1" != 0 ]; then ok; else bad "run id mismatch: codes $c0 $c1"; fi
+if [ "$elapsed" -lt 10 ]; then ok; else bad "run id mismatch took $elapsed s"; fi
+mismatch='belongs to run "job-b" but this store serves run "job-a"'
+if grep -q "$mismatch" "$tmp/node0.err" && grep -q "$mismatch" "$tmp/node1.err"; then ok; else bad "run id mismatch: $(cat "$tmp/node0.err") | $(cat "$tmp/node1.err")"; fi
+
+# 10. a rank that connects to the store and then fails (it cannot listen on its ring address)
+port=$(free_port) timeout=120
+start=$(date +%s)
+node 0 -- "$worker" "$tmp/job2.json"
+p0=$!
+node 1 -- env TRAIND_HOST=192.0.2.1 "$worker" "$tmp/job2.json"
+p1=$!
+wait_nodes $p0 $p1
+if [ "$c0" != 0 ] && [ "$c1" != 0 ]; then ok; else bad "peer lost in rendezvous: codes $c0 $c1"; fi
+if [ "$elapsed" -lt 10 ]; then ok; else bad "peer lost in rendezvous: took $elapsed s"; fi
+if grep -q "rendezvous failed: rank 1 (host [^,]*, pid [0-9]*) failed before every rank had joined: .*192.0.2.1" "$tmp/node0.err"; then ok; else bad "peer lost in rendezvous: $(cat "$tmp/node0.err")"; fi
+
+# 11. a worker that dies before it reaches the store: its launcher tells the master's store
+port=$(free_port) timeout=120
+start=$(date +%s)
+node 0 -- "$worker" "$tmp/job2.json"
+p0=$!
+# node 0's store is up before node 1 starts, or there would be no one to tell (polls, bounded)
+"$py" -c 'import socket, sys, time
+end = time.time() + 30
+while time.time() < end:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.05)
+sys.exit(1)' "$port"
+node 1 -- sh -c 'exit 3'
+p1=$!
+wait_nodes $p0 $p1
+if [ "$c0" != 0 ] && [ "$c1" = 3 ]; then ok; else bad "worker dead before rendezvous: codes $c0 $c1"; fi
+if [ "$elapsed" -lt 10 ]; then ok; else bad "worker dead before rendezvous: took $elapsed s"; fi
+if grep -q "rendezvous failed: node 1: rank 1 failed with exit code 3 before the job began" "$tmp/node0.err"; then ok; else bad "worker dead before rendezvous: $(cat "$tmp/node0.err")"; fi
+unset TRAIND_HOST
+if pgrep -f "$tmp/job2.json" >/dev/null; then bad "workers left behind: $(pgrep -af "$tmp/job2.json")"; pkill -f "$tmp/job2.json"; else ok; fi
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -2,7 +2,9 @@
  * talking over loopback: results against a sequential reference for world 2, 3 and 4 and sizes
  * 1, 7 and 1,000,003, on plain memory (the TCP ring) and on buffers from td_comm_alloc (shared
  * memory), there also at an offset inside the buffer; bitwise agreement between ranks; a dead
- * peer is an error naming it; ranks naming different buffers are an error. */
+ * peer is an error naming it; ranks naming different buffers are an error. The store's
+ * rendezvous fails every waiting rank at once, with the cause, on another run, a rank that leaves
+ * before it is ready, an abort, a rank taken twice or another world size. */
 #include "td_comm.h"
 #include "td_store.h"
 
@@ -210,4 +212,132 @@ Test(store, get_times_out_on_a_missing_key, .timeout = 60) {
     cr_expect_neq(td_store_get(server, "never-set", &v, NULL, &err), 0);
     cr_expect(strstr(err.msg, "timed out") && strstr(err.msg, "never-set"), "%s", err.msg);
     td_store_close(server);
+}
+
+/* A rank waiting in the store (as td_comm_init waits for its neighbour's address). */
+typedef struct waiter {
+    td_store *store;
+    int rc;
+    td_err err;
+} waiter;
+
+static void *wait_for_a_key(void *p) {
+    waiter *w = p;
+    void *v;
+    w->rc = td_store_get(w->store, "never-set", &v, NULL, &w->err);
+    if (w->rc == 0) free(v);
+    return NULL;
+}
+
+/* Rank 0 of a world of 2, with a thread waiting in a GET. */
+static td_store *rank0_waiting(const char *ns, waiter *w, pthread_t *th) {
+    td_err err = {{0}};
+    td_store *server;
+    cr_assert_eq(td_store_open_rank(&server, HOST, 0, true, ns, 0, 2, TIMEOUT, &err), 0, "%s",
+                 err.msg);
+    *w = (waiter){.store = server};
+    cr_assert_eq(pthread_create(th, NULL, wait_for_a_key, w), 0);
+    return server;
+}
+
+/* Nodes given different run ids: a configuration error that the stray rank and the waiting one
+ * both report at once, rather than one of them at its timeout. */
+Test(store, another_run_fails_every_rank_at_once, .timeout = 60) {
+    waiter w;
+    pthread_t th;
+    td_store *server = rank0_waiting("run-a/attempt-0", &w, &th), *stray;
+    td_err err = {{0}};
+    cr_expect_neq(td_store_open_rank(&stray, HOST, td_store_port(server), false, "run-b/attempt-0",
+                                     1, 2, TIMEOUT, &err),
+                  0);
+    const char *why = "belongs to run \"run-b\" but this store serves run \"run-a\"";
+    cr_expect(strstr(err.msg, "rendezvous failed: rank 1 (host ") && strstr(err.msg, why), "%s",
+              err.msg);
+    pthread_join(th, NULL);
+    cr_expect_neq(w.rc, 0);
+    cr_expect(strstr(w.err.msg, why) && !strstr(w.err.msg, "timed out"), "%s", w.err.msg);
+    /* and every later call says so too */
+    cr_expect_neq(td_store_set(server, "k", "v", 1, &err), 0);
+    cr_expect(strstr(err.msg, why), "%s", err.msg);
+    td_store_close(server);
+}
+
+Test(store, a_rank_leaving_before_it_is_ready_fails_every_rank, .timeout = 60) {
+    waiter w;
+    pthread_t th;
+    td_store *server = rank0_waiting("job/attempt-0", &w, &th), *rank1;
+    td_err err = {{0}};
+    cr_assert_eq(td_store_open_rank(&rank1, HOST, td_store_port(server), false, "job/attempt-0", 1,
+                                    2, TIMEOUT, &err),
+                 0, "%s", err.msg);
+    td_store_close(rank1); /* as a crash would */
+    pthread_join(th, NULL);
+    cr_expect_neq(w.rc, 0);
+    cr_expect(strstr(w.err.msg, "rendezvous failed: rank 1 (host ") &&
+                  strstr(w.err.msg, "disconnected before every rank had joined"),
+              "%s", w.err.msg);
+    td_store_close(server);
+}
+
+/* traind-run's word that a worker died (perhaps before it connected) fails the rendezvous; once
+ * every rank is ready the job has begun and the store ignores it, and keeps working. */
+Test(store, abort_fails_the_rendezvous_until_every_rank_is_ready, .timeout = 60) {
+    waiter w;
+    pthread_t th;
+    td_store *server = rank0_waiting("job/attempt-0", &w, &th);
+    td_err err = {{0}};
+    bool failed = true;
+    int port = td_store_port(server);
+    cr_expect_eq(td_store_abort_at(HOST, port, "job/attempt-1", "stale", 5, &failed, &err), 0, "%s",
+                 err.msg);
+    cr_expect(!failed, "another attempt's abort is not this one's");
+    cr_expect_eq(
+        td_store_abort_at(HOST, port, "job/attempt-0", "node 1: rank 1 failed", 5, &failed, &err),
+        0, "%s", err.msg);
+    cr_expect(failed);
+    pthread_join(th, NULL);
+    cr_expect(strstr(w.err.msg, "rendezvous failed: node 1: rank 1 failed"), "%s", w.err.msg);
+    td_store_close(server);
+
+    td_store *rank1;
+    cr_assert_eq(td_store_open_rank(&server, HOST, 0, true, "job/attempt-0", 0, 2, TIMEOUT, &err),
+                 0, "%s", err.msg);
+    port = td_store_port(server);
+    cr_assert_eq(
+        td_store_open_rank(&rank1, HOST, port, false, "job/attempt-0", 1, 2, TIMEOUT, &err), 0,
+        "%s", err.msg);
+    cr_expect_eq(td_store_ready(server, 0, 2, &err), 0, "%s", err.msg);
+    cr_expect_eq(td_store_ready(rank1, 1, 2, &err), 0, "%s", err.msg);
+    cr_expect_eq(td_store_abort_at(HOST, port, "job/attempt-0", "late", 5, &failed, &err), 0, "%s",
+                 err.msg);
+    cr_expect(!failed, "the job had begun");
+    cr_expect_eq(td_store_set(rank1, "k", "v", 2, &err), 0, "%s", err.msg);
+    void *v = NULL;
+    cr_expect_eq(td_store_get(server, "k", &v, NULL, &err), 0, "%s", err.msg);
+    free(v);
+    td_store_close(rank1);
+    td_store_close(server);
+}
+
+/* Two nodes with the same --node-rank, or nodes disagreeing on the world size. */
+Test(store, a_rank_taken_twice_or_another_world_size_fails_the_rendezvous, .timeout = 60) {
+    const char *cases[2] = {"both joined as rank 1", "was started with WORLD_SIZE 3"};
+    for (int k = 0; k < 2; k++) {
+        waiter w;
+        pthread_t th;
+        td_store *server = rank0_waiting("job/attempt-0", &w, &th), *a, *b;
+        td_err err = {{0}};
+        int port = td_store_port(server);
+        cr_assert_eq(
+            td_store_open_rank(&a, HOST, port, false, "job/attempt-0", 1, 2, TIMEOUT, &err), 0,
+            "%s", err.msg);
+        cr_expect_neq(
+            td_store_open_rank(&b, HOST, port, false, "job/attempt-0", 1, k ? 3 : 2, TIMEOUT, &err),
+            0);
+        cr_expect(strstr(err.msg, cases[k]), "%s", err.msg);
+        pthread_join(th, NULL);
+        cr_expect(strstr(w.err.msg, cases[k]), "%s", w.err.msg);
+        td_store_close(a);
+        td_store_close(server);
+    }
 }

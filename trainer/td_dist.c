@@ -61,7 +61,10 @@ int td_dist_from_env(td_dist *d, td_err *err) {
     const char *run = getenv("TORCHELASTIC_RUN_ID");
     int restart = 0;
     if (env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 20, &restart, err) != 0) return -1;
-    snprintf(d->namespace_, sizeof d->namespace_, "%s/attempt-%d", run && *run ? run : "none",
-             restart);
+    td_dist_namespace(d->namespace_, sizeof d->namespace_, run && *run ? run : "none", restart);
     return 0;
+}
+
+void td_dist_namespace(char *out, size_t len, const char *run_id, int restart) {
+    snprintf(out, len, "%s" TD_DIST_ATTEMPT "%d", run_id, restart);
 }

@@ -8,6 +8,7 @@
 #include "td_error.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 
 typedef struct td_dist {
     int rank, world;
@@ -18,6 +19,13 @@ typedef struct td_dist {
     char namespace_[256]; /* "<run id>/attempt-<restart count>" */
     double timeout_s;     /* for the rendezvous and every collective */
 } td_dist;
+
+/* The rendezvous store's namespace for attempt `restart` of run `run_id`:
+ * "<run id>" TD_DIST_ATTEMPT "<restart>". The workers and traind-run (which tells the store when
+ * a worker of its node failed) spell it here, and the store tells a stale attempt of its own run
+ * (refused) from another run (a configuration error) by the part before TD_DIST_ATTEMPT. */
+#define TD_DIST_ATTEMPT "/attempt-"
+void td_dist_namespace(char *out, size_t len, const char *run_id, int restart);
 
 /* Reads the environment; every malformed variable is an error naming it. */
 int td_dist_from_env(td_dist *d, td_err *err);

@@ -1,20 +1,31 @@
 /* The store server runs on a thread of rank 0's process, one thread per connected rank (a few
  * hundred at most), over a table guarded by one mutex; a GET for a missing key waits on the
- * table's condition variable. Messages: request = op (1 byte), key length (4), key, value
- * length (8), value; reply = status (1 byte: 0 ok, 1 error), length (8), payload. */
+ * table's condition variable, and so does every GET while the rendezvous can still fail (see
+ * td_store.h): failing it is one broadcast. Messages: request = op (1 byte), key length (4), key,
+ * value length (8), value; reply = status (1 byte, enum below), length (8), payload. HELLO,
+ * READY and ABORT carry the namespace as their key, the others "<namespace>/<key>". */
+#define _GNU_SOURCE /* gethostname */
 #include "td_store.h"
 
+#include "td_dist.h"
 #include "td_net.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
-enum { OP_HELLO = 1, OP_SET, OP_GET, OP_ADD };
+enum { OP_HELLO = 1, OP_SET, OP_GET, OP_ADD, OP_READY, OP_ABORT };
+enum {
+    REPLY_OK = 0,
+    REPLY_REFUSED = 1, /* this call only: a stale attempt, a late abort */
+    REPLY_FAILED = 2   /* the rendezvous failed; the payload says why */
+};
 
 #define MAX_KEY     4096
 #define MAX_VALUE   (64u << 20)
@@ -25,6 +36,12 @@ typedef struct entry {
     uint8_t *value;
     size_t len;
 } entry;
+
+/* Who a client is, from its HELLO: "<rank> <world> <pid> <host>". rank -1: anonymous. */
+typedef struct member {
+    int rank, world, pid;
+    char host[64];
+} member;
 
 typedef struct server {
     int listen_fd;
@@ -38,6 +55,16 @@ typedef struct server {
     int clients[MAX_CLIENTS];
     pthread_t threads[MAX_CLIENTS];
     int n_clients;
+
+    /* the rendezvous: until complete, failed[] can be set once and then answers every call */
+    char failed[768];
+    bool complete; /* every rank is ready: the job has begun and nothing fails it any more */
+    int world;     /* named by the first rank that said; 0: none yet */
+    member first;  /* that rank, to name when another says otherwise */
+    member *ranks; /* [world] who joined as each rank (rank -1: no one yet) */
+    bool *ready;   /* [world] */
+    int n_ready;
+    int waiting; /* GETs waiting or answering: server_stop lets them answer before it closes */
 } server;
 
 struct td_store {
@@ -45,8 +72,10 @@ struct td_store {
     int fd;
     int port;
     char namespace_[256];
+    int rank, world; /* -1, 0: anonymous */
     double timeout_s;
-    bool broken; /* a reply was lost to a timeout: the stream is out of step */
+    bool broken;  /* a reply was lost to a timeout: the stream is out of step */
+    bool refused; /* the last call was refused (REPLY_REFUSED) */
 };
 
 /* ---- server -------------------------------------------------------------------------- */
@@ -83,6 +112,242 @@ static int reply(int fd, uint8_t status, const void *data, size_t len) {
     return td_net_send_all(fd, data, len, deadline, NULL);
 }
 
+/* "rank 3 (host n2, pid 4711)": what an error says about a client. */
+typedef struct who_text {
+    char s[128];
+} who_text;
+
+static who_text who(const member *m) {
+    who_text w;
+    if (m->rank < 0)
+        snprintf(w.s, sizeof w.s, "a client");
+    else if (m->pid <= 0)
+        snprintf(w.s, sizeof w.s, "rank %d", m->rank);
+    else
+        snprintf(w.s, sizeof w.s, "rank %d (host %s, pid %d)", m->rank, m->host, m->pid);
+    return w;
+}
+
+static member parse_member(const uint8_t *value, size_t len) {
+    member m = {.rank = -1};
+    char text[128];
+    if (len == 0 || len >= sizeof text) return m;
+    memcpy(text, value, len);
+    text[len] = 0;
+    if (sscanf(text, "%d %d %d %63s", &m.rank, &m.world, &m.pid, m.host) != 4 || m.rank < 0 ||
+        m.world < 1 || m.rank >= m.world)
+        m.rank = -1;
+    return m;
+}
+
+/* The run id: the namespace up to its last TD_DIST_ATTEMPT (all of it if it has none). */
+static int run_len(const char *ns) {
+    int len = (int)strlen(ns);
+    for (const char *p = ns; (p = strstr(p, TD_DIST_ATTEMPT)); p++) len = (int)(p - ns);
+    return len;
+}
+
+/* Fails the rendezvous (lock held), unless it failed already or is complete. */
+static void fail_locked(server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail_locked(server *s, const char *fmt, ...) {
+    if (s->complete || s->failed[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->failed, sizeof s->failed, fmt, ap);
+    va_end(ap);
+    pthread_cond_broadcast(&s->changed);
+}
+
+/* What the serving thread sends back for one request. */
+typedef struct answer {
+    uint8_t status;
+    uint8_t *data; /* malloc'd, or NULL */
+    size_t len;
+    bool silent;  /* no reply (the server is stopping) */
+    bool hang_up; /* close the connection after the reply */
+    bool waited;  /* counted in s->waiting until the reply is out */
+} answer;
+
+static void say(answer *a, uint8_t status, const char *text) {
+    a->status = status;
+    a->len = strlen(text);
+    a->data = (uint8_t *)strdup(text);
+    TD_ASSERT(a->data != NULL, "out of memory in the rendezvous store");
+}
+
+/* A client that cannot be part of this job: it is told why and dropped, and the rendezvous
+ * fails with the same words if it still can (once the job has begun, only this client goes). */
+static void misfit(server *s, answer *a, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void misfit(server *s, answer *a, const char *fmt, ...) {
+    char msg[sizeof s->failed];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fail_locked(s, "%s", msg);
+    say(a, REPLY_FAILED, msg);
+    a->hang_up = true;
+}
+
+/* The first rank to name the world size sets it; another size is a configuration error. */
+static bool same_world(server *s, const member *m, answer *a) {
+    if (s->world == 0) {
+        s->world = m->world;
+        s->first = *m;
+        s->ranks = td_calloc((size_t)m->world, sizeof *s->ranks);
+        s->ready = td_calloc((size_t)m->world, sizeof *s->ready);
+        for (int i = 0; i < m->world; i++) s->ranks[i].rank = -1;
+    }
+    if (m->world == s->world) return true;
+    misfit(s, a,
+           "%s was started with WORLD_SIZE %d but %s with %d: give every node the same --nnodes "
+           "and --nproc-per-node",
+           who(m).s, m->world, who(&s->first).s, s->world);
+    return false;
+}
+
+/* One connection as its serving thread knows it. */
+typedef struct conn {
+    member me;  /* from its HELLO; rank -1: anonymous */
+    bool ready; /* it called td_store_ready: leaving no longer fails the rendezvous */
+} conn;
+
+static void hello(server *s, conn *c, const char *ns, const uint8_t *value, size_t len, answer *a) {
+    member m = parse_member(value, len);
+    if (strcmp(ns, s->namespace_) != 0) {
+        int mine = run_len(s->namespace_), theirs = run_len(ns);
+        if (mine == theirs && strncmp(ns, s->namespace_, (size_t)mine) == 0) {
+            char msg[600]; /* a stale process of an earlier attempt: only it is turned away */
+            snprintf(msg, sizeof msg, "this store serves \"%s\", not \"%.255s\"", s->namespace_,
+                     ns);
+            say(a, REPLY_REFUSED, msg);
+            a->hang_up = true;
+            return;
+        }
+        misfit(s, a,
+               "%s belongs to run \"%.*s\" but this store serves run \"%.*s\": give every node "
+               "the same --run-id, or none (traind-run then derives it from --master-addr and "
+               "--master-port)",
+               who(&m).s, theirs, ns, mine, s->namespace_);
+        return;
+    }
+    if (s->failed[0]) {
+        say(a, REPLY_FAILED, s->failed);
+        a->hang_up = true;
+        return;
+    }
+    if (m.rank >= 0) {
+        if (!same_world(s, &m, a)) return;
+        member *taken = &s->ranks[m.rank];
+        if (taken->rank >= 0) {
+            misfit(s, a,
+                   "%s and %s both joined as rank %d: give every node its own --node-rank (0 to "
+                   "--nnodes - 1)",
+                   who(taken).s, who(&m).s, m.rank);
+            return;
+        }
+        *taken = m;
+        c->me = m;
+    }
+    a->status = REPLY_OK;
+}
+
+static void ready(server *s, conn *c, const uint8_t *value, size_t len, answer *a) {
+    int rank = -1, world = 0;
+    char text[64];
+    if (len < sizeof text) {
+        memcpy(text, value, len);
+        text[len] = 0;
+        if (sscanf(text, "%d %d", &rank, &world) != 2) rank = -1;
+    }
+    if (rank < 0 || world < 1 || rank >= world) {
+        a->hang_up = a->silent = true; /* not our protocol */
+        return;
+    }
+    member m = c->me.rank == rank ? c->me : (member){.rank = rank, .world = world};
+    if (!same_world(s, &m, a)) return;
+    if (s->ranks[rank].rank < 0) s->ranks[rank] = m;
+    if (!s->ready[rank]) {
+        s->ready[rank] = true;
+        if (++s->n_ready == s->world) s->complete = true;
+    }
+    c->ready = true;
+    a->status = REPLY_OK;
+}
+
+static void abort_rendezvous(server *s, conn *c, const char *ns, const uint8_t *value, size_t len,
+                             answer *a) {
+    if (strcmp(ns, s->namespace_) != 0) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "this store serves \"%s\", not \"%.255s\"", s->namespace_, ns);
+        say(a, REPLY_REFUSED, msg);
+        return;
+    }
+    if (s->complete || s->failed[0]) { /* too late, or too: the ranks know why already */
+        say(a, REPLY_REFUSED, s->complete ? "every rank had joined: the job has begun" : s->failed);
+        return;
+    }
+    int n = len > 600 ? 600 : (int)len;
+    if (c->me.rank >= 0)
+        fail_locked(s, "%s failed before every rank had joined: %.*s", who(&c->me).s, n,
+                    (const char *)value);
+    else
+        fail_locked(s, "%.*s", n, (const char *)value);
+    a->status = REPLY_OK;
+}
+
+static void get(server *s, const char *key, answer *a) {
+    entry *e;
+    s->waiting++;
+    a->waited = true;
+    while (!(e = find(s, key)) && !s->failed[0] && !s->stopping)
+        pthread_cond_wait(&s->changed, &s->lock);
+    if (e) {
+        a->status = REPLY_OK;
+        a->len = e->len;
+        a->data = malloc(e->len ? e->len : 1);
+        TD_ASSERT(a->data != NULL, "out of memory in the rendezvous store");
+        memcpy(a->data, e->value, e->len);
+    } else if (s->failed[0]) {
+        say(a, REPLY_FAILED, s->failed);
+    } else {
+        a->hang_up = a->silent = true;
+    }
+}
+
+/* One request, lock held. */
+static void handle(server *s, conn *c, uint8_t op, const char *key, const uint8_t *value,
+                   size_t len, answer *a) {
+    if (op == OP_HELLO) {
+        hello(s, c, key, value, len, a);
+    } else if (op == OP_ABORT) {
+        abort_rendezvous(s, c, key, value, len, a);
+    } else if (s->failed[0] && op >= OP_SET && op <= OP_READY) {
+        say(a, REPLY_FAILED, s->failed);
+    } else if (op == OP_READY) {
+        ready(s, c, value, len, a);
+    } else if (op == OP_SET) {
+        put(s, key, value, len);
+        a->status = REPLY_OK;
+    } else if (op == OP_GET) {
+        get(s, key, a);
+    } else if (op == OP_ADD && len == 8) {
+        int64_t delta = 0, cur = 0;
+        memcpy(&delta, value, 8);
+        entry *e = find(s, key);
+        if (e && e->len == 8) memcpy(&cur, e->value, 8);
+        cur += delta;
+        put(s, key, (uint8_t *)&cur, 8);
+        a->status = REPLY_OK;
+        a->len = 8;
+        a->data = td_malloc(8);
+        memcpy(a->data, &cur, 8);
+    } else {
+        a->hang_up = a->silent = true;
+    }
+}
+
 typedef struct client_arg {
     server *srv;
     int fd;
@@ -90,10 +355,11 @@ typedef struct client_arg {
 
 /* Serves one rank until it disconnects or the server stops. */
 static void *serve_client(void *p) {
-    client_arg *a = p;
-    server *s = a->srv;
-    int fd = a->fd;
-    free(a);
+    client_arg *arg = p;
+    server *s = arg->srv;
+    int fd = arg->fd;
+    free(arg);
+    conn c = {.me = {.rank = -1}};
     uint8_t *value = NULL;
     char *key = NULL;
     for (;;) {
@@ -113,48 +379,25 @@ static void *serve_client(void *p) {
         if (vlen > MAX_VALUE) break;
         value = realloc(value, vlen ? vlen : 1);
         if (td_net_recv_all(fd, value, vlen, forever, NULL) != 0) break;
-        int rc = 0;
+        answer a = {0};
         pthread_mutex_lock(&s->lock);
-        if (op == OP_HELLO) {
-            bool ok = strcmp(key, s->namespace_) == 0;
-            char msg[600];
-            snprintf(msg, sizeof msg, "this store serves \"%s\", not \"%s\"", s->namespace_, key);
+        handle(s, &c, op, key, value, vlen, &a);
+        pthread_mutex_unlock(&s->lock);
+        int rc = a.silent ? 0 : reply(fd, a.status, a.data, a.len);
+        free(a.data);
+        if (a.waited) {
+            pthread_mutex_lock(&s->lock);
+            s->waiting--;
+            pthread_cond_broadcast(&s->changed);
             pthread_mutex_unlock(&s->lock);
-            rc = ok ? reply(fd, 0, NULL, 0) : reply(fd, 1, msg, strlen(msg));
-            if (!ok) break;
-        } else if (op == OP_SET) {
-            put(s, key, value, vlen);
-            pthread_mutex_unlock(&s->lock);
-            rc = reply(fd, 0, NULL, 0);
-        } else if (op == OP_GET) {
-            entry *e;
-            while (!(e = find(s, key)) && !s->stopping) pthread_cond_wait(&s->changed, &s->lock);
-            if (!e) {
-                pthread_mutex_unlock(&s->lock);
-                break;
-            }
-            size_t len = e->len;
-            uint8_t *copy = malloc(len ? len : 1);
-            TD_ASSERT(copy != NULL, "out of memory in the rendezvous store");
-            memcpy(copy, e->value, len);
-            pthread_mutex_unlock(&s->lock);
-            rc = reply(fd, 0, copy, len);
-            free(copy);
-        } else if (op == OP_ADD && vlen == 8) {
-            int64_t delta = 0, cur = 0;
-            memcpy(&delta, value, 8);
-            entry *e = find(s, key);
-            if (e && e->len == 8) memcpy(&cur, e->value, 8);
-            cur += delta;
-            put(s, key, (uint8_t *)&cur, 8);
-            pthread_mutex_unlock(&s->lock);
-            rc = reply(fd, 0, &cur, 8);
-        } else {
-            pthread_mutex_unlock(&s->lock);
-            break;
         }
-        if (rc != 0) break;
+        if (rc != 0 || a.hang_up) break;
     }
+    pthread_mutex_lock(&s->lock);
+    if (c.me.rank >= 0 && !c.ready && !s->stopping)
+        fail_locked(s, "%s disconnected before every rank had joined (did it crash? see its log)",
+                    who(&c.me).s);
+    pthread_mutex_unlock(&s->lock);
     free(key);
     free(value);
     return NULL;
@@ -196,8 +439,18 @@ static void *accept_loop(void *p) {
 
 static void server_stop(server *s) {
     pthread_mutex_lock(&s->lock);
+    if (s->world > 0) /* a job's rank 0 leaving early (with an error, or told to stop) */
+        fail_locked(s, "%s, which hosts the store, left before every rank had joined (see its log)",
+                    s->ranks[0].rank == 0 ? who(&s->ranks[0]).s : "rank 0");
     s->stopping = true;
     pthread_cond_broadcast(&s->changed);
+    /* the ranks waiting in a GET answer with why before their connections go (bounded: one may
+     * be stuck sending to a rank that stopped reading) */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    while (s->waiting > 0)
+        if (pthread_cond_timedwait(&s->changed, &s->lock, &until) == ETIMEDOUT) break;
     for (int i = 0; i < s->n_clients; i++) shutdown(s->clients[i], SHUT_RDWR);
     pthread_mutex_unlock(&s->lock);
     pthread_join(s->accept_thread, NULL);
@@ -211,6 +464,8 @@ static void server_stop(server *s) {
         free(s->table[i].value);
     }
     free(s->table);
+    free(s->ranks);
+    free(s->ready);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->changed);
     free(s);
@@ -220,11 +475,12 @@ static void server_stop(server *s) {
 
 static int call(td_store *st, uint8_t op, const char *key, const void *value, size_t len,
                 void **out, size_t *out_len, td_err *err) {
+    st->refused = false;
     if (st->broken)
         return td_fail(err, "rendezvous store: an earlier call timed out; the connection is no "
                             "longer usable");
     char full[MAX_KEY];
-    if (op == OP_HELLO)
+    if (op == OP_HELLO || op == OP_READY || op == OP_ABORT)
         snprintf(full, sizeof full, "%s", key);
     else
         snprintf(full, sizeof full, "%s/%s", st->namespace_, key);
@@ -254,8 +510,10 @@ static int call(td_store *st, uint8_t op, const char *key, const void *value, si
         goto lost;
     }
     data[rlen] = 0;
-    if (rh[0] != 0) {
-        td_fail(err, "rendezvous store refused: %s", (char *)data);
+    if (rh[0] != REPLY_OK) {
+        st->refused = rh[0] == REPLY_REFUSED;
+        td_fail(err, "%s: %s", st->refused ? "rendezvous store refused" : "rendezvous failed",
+                (char *)data);
         free(data);
         return -1;
     }
@@ -271,10 +529,26 @@ lost:
     return td_fail_prefix(err, "rendezvous store at port %d, key \"%s\"", st->port, key);
 }
 
-int td_store_open(td_store **out, const char *host, int port, bool host_server,
-                  const char *namespace_, double timeout_s, td_err *err) {
+/* HELLO's value: who this client is, for the server's checks and errors ("" if anonymous). */
+static void introduce(const td_store *st, char *out, size_t len) {
+    if (st->rank < 0) {
+        out[0] = 0;
+        return;
+    }
+    char host[64];
+    if (gethostname(host, sizeof host) != 0 || !host[0]) snprintf(host, sizeof host, "?");
+    host[sizeof host - 1] = 0;
+    for (char *p = host; *p; p++)
+        if (*p == ' ') *p = '_';
+    snprintf(out, len, "%d %d %d %s", st->rank, st->world, (int)getpid(), host);
+}
+
+int td_store_open_rank(td_store **out, const char *host, int port, bool host_server,
+                       const char *namespace_, int rank, int world, double timeout_s, td_err *err) {
     td_store *st = td_calloc(1, sizeof *st);
     st->fd = -1;
+    st->rank = rank;
+    st->world = world;
     st->timeout_s = timeout_s;
     snprintf(st->namespace_, sizeof st->namespace_, "%s", namespace_);
     if (host_server) {
@@ -292,14 +566,21 @@ int td_store_open(td_store **out, const char *host, int port, bool host_server,
         st->srv = s;
     }
     st->port = port;
+    char me[128];
+    introduce(st, me, sizeof me);
     if (td_net_connect(host, port, td_net_now() + timeout_s, &st->fd, err) != 0 ||
-        call(st, OP_HELLO, namespace_, NULL, 0, NULL, NULL, err) != 0) {
+        call(st, OP_HELLO, namespace_, me, strlen(me), NULL, NULL, err) != 0) {
         td_fail_prefix(err, "rendezvous with %s:%d", host, port);
         td_store_close(st);
         return -1;
     }
     *out = st;
     return 0;
+}
+
+int td_store_open(td_store **out, const char *host, int port, bool host_server,
+                  const char *namespace_, double timeout_s, td_err *err) {
+    return td_store_open_rank(out, host, port, host_server, namespace_, -1, 0, timeout_s, err);
 }
 
 int td_store_port(const td_store *s) {
@@ -312,8 +593,10 @@ void td_store_set_timeout(td_store *s, double timeout_s) {
 
 void td_store_close(td_store *s) {
     if (!s) return;
-    if (s->fd >= 0) close(s->fd);
+    /* the server first: rank 0's own connection closing is then no "disconnected" failure, and
+     * ranks still waiting hear why rank 0 left */
     if (s->srv) server_stop(s->srv);
+    if (s->fd >= 0) close(s->fd);
     free(s);
 }
 
@@ -346,4 +629,31 @@ int td_store_barrier(td_store *s, const char *name, int count, td_err *err) {
                               name, (long long)arrived, count);
     free(v);
     return 0;
+}
+
+int td_store_ready(td_store *s, int rank, int world, td_err *err) {
+    char text[64];
+    snprintf(text, sizeof text, "%d %d", rank, world);
+    return call(s, OP_READY, s->namespace_, text, strlen(text), NULL, NULL, err);
+}
+
+void td_store_abort(td_store *s, const char *why) {
+    td_err ignored;
+    double timeout = s->timeout_s;
+    s->timeout_s = timeout < 5.0 ? timeout : 5.0; /* the store may be gone with rank 0 */
+    call(s, OP_ABORT, s->namespace_, why, strlen(why), NULL, NULL, &ignored);
+    s->timeout_s = timeout;
+}
+
+int td_store_abort_at(const char *host, int port, const char *namespace_, const char *why,
+                      double timeout_s, bool *failed, td_err *err) {
+    td_store st = {.fd = -1, .port = port, .rank = -1, .timeout_s = timeout_s};
+    snprintf(st.namespace_, sizeof st.namespace_, "%s", namespace_);
+    *failed = false;
+    if (td_net_connect(host, port, td_net_now() + timeout_s, &st.fd, err) != 0)
+        return td_fail_prefix(err, "rendezvous store at %s:%d", host, port);
+    int rc = call(&st, OP_ABORT, namespace_, why, strlen(why), NULL, NULL, err);
+    close(st.fd);
+    *failed = rc == 0;
+    return rc == 0 || st.refused ? 0 : -1;
 }

@@ -129,6 +129,14 @@ static int barrier(trainer *t, td_err *err) {
     return t->comm && td_comm_barrier(t->comm, err) != 0 ? collective_failed(t, err) : 0;
 }
 
+/* This rank failed to join (td_store_ready comes after the ring or NCCL is up): the store
+ * fails the rendezvous with our error, so the ranks waiting for us stop now, naming us, rather
+ * than at their timeout. */
+static int join_failed(trainer *t, td_err *err) {
+    if (t->store) td_store_abort(t->store, err->msg);
+    return -1;
+}
+
 /* On GPUs: NCCL through the rendezvous store (none for a forced world of one), rank 0's
  * parameters and buffers broadcast as DDP's constructor does. */
 static int setup_gpu_dist(trainer *t, int rank, int world, td_err *err) {
@@ -139,16 +147,17 @@ static int setup_gpu_dist(trainer *t, int rank, int world, td_err *err) {
                             "use \"nccl\" (or \"auto\")");
     t->store = t->opt->store;
     if (!t->store && world > 1) {
-        if (td_store_open(&t->store, d->master_addr, d->master_port, t->rank0, d->namespace_,
-                          d->timeout_s, err) != 0)
+        if (td_store_open_rank(&t->store, d->master_addr, d->master_port, t->rank0, d->namespace_,
+                               rank, world, d->timeout_s, err) != 0)
             return -1;
         t->own_store = true;
     }
     double timeout = d ? d->timeout_s : 300.0;
     if (td_gpu_ddp_start(t->gpu, &t->model, t->store, rank, world, job->bucket_cap_mb, timeout,
                          job->sync_bn, err) != 0)
-        return -1;
+        return join_failed(t, err);
     t->gpu_ddp = true;
+    if (t->store && td_store_ready(t->store, rank, world, err) != 0) return -1;
     if (td_gpu_ddp_broadcast_params(t->gpu, &t->model, false, err) != 0)
         return td_fail_prefix(err, "broadcasting rank 0's parameters");
     if (t->rank0)
@@ -196,12 +205,14 @@ static int setup_dist(trainer *t, td_err *err) {
     if (t->gpu) return setup_gpu_dist(t, rank, world, err);
     t->store = t->opt->store;
     if (!t->store) {
-        if (td_store_open(&t->store, d->master_addr, d->master_port, t->rank0, d->namespace_,
-                          d->timeout_s, err) != 0)
+        if (td_store_open_rank(&t->store, d->master_addr, d->master_port, t->rank0, d->namespace_,
+                               rank, world, d->timeout_s, err) != 0)
             return -1;
         t->own_store = true;
     }
-    if (td_comm_init(&t->comm, t->store, rank, world, d->host, d->timeout_s, err) != 0) return -1;
+    if (td_comm_init(&t->comm, t->store, rank, world, d->host, d->timeout_s, err) != 0)
+        return join_failed(t, err);
+    if (td_store_ready(t->store, rank, world, err) != 0) return -1;
     if (t->opt->kill_in_allreduce > 0)
         td_comm_kill_in_allreduce(t->comm, t->opt->kill_in_allreduce);
     if (td_comm_broadcast(t->comm, t->model.param_block, t->model.param_floats, 0, err) != 0 ||
