@@ -542,30 +542,56 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
+int td_api_listen(const char *host, int *port, int *fd, td_err *err) {
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)*port)};
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1)
+        return td_fail(err, "--listen: \"%s\" is not an IPv4 address (e.g. 127.0.0.1)", host);
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) return td_fail(err, "socket: %s", strerror(errno));
+    /* SO_REUSEADDR only lets a restarted daemon bind while old connections sit in TIME_WAIT;
+     * on Linux it never lets two sockets listen on one address and port */
+    int one = 1;
+    if (setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(s, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(s, 128) != 0) {
+        int e = errno;
+        close(s);
+        return td_fail(err, "cannot listen on %s:%d: %s%s", host, *port, strerror(e),
+                       e == EADDRINUSE ? " (another traind or program serves there: stop it, or "
+                                         "give this one another --listen ADDR:PORT)"
+                       : e == EADDRNOTAVAIL ? " (no interface of this host has that address)"
+                       : e == EACCES        ? " (ports below 1024 need privileges)"
+                                            : "");
+    }
+    socklen_t len = sizeof addr;
+    if (getsockname(s, (struct sockaddr *)&addr, &len) != 0) {
+        int e = errno;
+        close(s);
+        return td_fail(err, "getsockname: %s", strerror(e));
+    }
+    *port = ntohs(addr.sin_port);
+    *fd = s;
+    return 0;
+}
+
 int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err) {
     td_api *api = td_calloc(1, sizeof *api);
     api->cfg = *cfg;
     api->jobs = jobs;
     snprintf(api->token, sizeof api->token, "%s", cfg->token);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
-    if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1) {
-        free(api);
-        return td_fail(err, "--listen: \"%s\" is not an IPv4 address (e.g. 127.0.0.1)", cfg->host);
-    }
-    api->daemon =
-        MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                             MHD_USE_POLL | MHD_USE_ERROR_LOG,
-                         (uint16_t)cfg->port, NULL, NULL, handle, api, MHD_OPTION_SOCK_ADDR,
-                         (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, completed, api,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                         MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+    struct sockaddr_in addr;
+    socklen_t len = sizeof addr;
+    api->port =
+        getsockname(cfg->listen_fd, (struct sockaddr *)&addr, &len) == 0 ? ntohs(addr.sin_port) : 0;
+    api->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                                       MHD_USE_POLL | MHD_USE_ERROR_LOG,
+                                   0, NULL, NULL, handle, api, MHD_OPTION_LISTEN_SOCKET,
+                                   cfg->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, completed, api,
+                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
     if (!api->daemon) {
+        int port = api->port;
         free(api);
-        return td_fail(err, "cannot listen on %s:%d (in use? no permission?)", cfg->host,
-                       cfg->port);
+        return td_fail(err, "cannot start the HTTP server (libmicrohttpd) on port %d", port);
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(api->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    api->port = info ? info->port : cfg->port;
     *out = api;
     return 0;
 }

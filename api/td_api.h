@@ -15,13 +15,16 @@
 typedef struct td_api td_api;
 
 typedef struct td_api_config {
-    const char *host; /* an address to bind, e.g. 127.0.0.1 */
-    int port;         /* 0: any free port */
+    int listen_fd; /* from td_api_listen; the server owns it from td_api_start on */
     const char *token;
     size_t max_body;
     const char *version;
 } td_api_config;
 
+/* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a
+ * port in use stops the daemon before it touches its jobs. No SO_REUSEPORT: a second daemon on
+ * the same port is an error, never a silent split of the requests. *port gets the bound port. */
+int td_api_listen(const char *host, int *port, int *fd, td_err *err);
 int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err);
 int td_api_port(const td_api *api);
 void td_api_stop(td_api *api);

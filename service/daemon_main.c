@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,10 +61,12 @@ static void usage(FILE *out) {
             "  --worker PATH       traind-worker (default: next to traind)\n"
             "\n"
             "On its first start traind writes a random API token to STATE_DIR/token (mode\n"
-            "0600) and prints it; every endpoint but GET /v1/health needs\n"
+            "0600; it is never printed); every endpoint but GET /v1/health needs\n"
             "\"Authorization: Bearer TOKEN\". Once it serves it prints\n"
             "\"traind: listening on http://ADDR:PORT\" to stderr. SIGTERM or SIGINT stops it;\n"
-            "running jobs resume from their latest checkpoints at the next start.\n");
+            "running jobs resume from their latest checkpoints at the next start.\n"
+            "One traind per state directory (it holds a lock on STATE_DIR/traind.pid) and per\n"
+            "address: a second one on either exits with status 1 and touches nothing.\n");
 }
 
 static void die(const char *fmt, const char *a, const char *b) {
@@ -203,8 +206,41 @@ static void load_token(const char *dir, char *token, size_t len) {
     if (write(fd, token, n) != (ssize_t)n || write(fd, "\n", 1) != 1 || fsync(fd) != 0)
         die("cannot write %s: %s", path, strerror(errno));
     close(fd);
-    fprintf(stderr, "traind: created the API token (shown once; it is kept in %s):\n%s\n", path,
-            token);
+    /* never the token itself: under systemd stderr is the journal, which others may read */
+    fprintf(stderr, "traind: created a new API token in %s (mode 0600); clients read it there\n",
+            path);
+}
+
+/* One daemon per state directory: an exclusive flock on STATE_DIR/traind.pid, held for the
+ * daemon's life. Two daemons on one directory would each recover the other's running jobs as
+ * interrupted and kill its workers. The kernel drops the lock when the process ends, SIGKILL
+ * included, so a crash never leaves a stale lock behind; the file's content (the PID) only
+ * serves the message a second daemon prints. The descriptor is close-on-exec: workers never
+ * inherit it. */
+static int lock_state_dir(const char *dir) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/traind.pid", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) die("cannot open %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        if (e != EWOULDBLOCK) die("cannot lock %s: %s", path, strerror(e));
+        char pid[32] = "";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\r\n")] = 0;
+        fprintf(stderr,
+                "traind: the state directory %s is in use by another traind (pid %s, which "
+                "holds the lock on %s); stop that daemon first, or give this one another "
+                "--state-dir\n",
+                dir, pid[0] ? pid : "unknown", path);
+        exit(1);
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+        die("cannot write %s: %s", path, strerror(errno));
+    return fd;
 }
 
 static void default_worker(char *out, size_t len) {
@@ -282,6 +318,14 @@ int main(int argc, char **argv) {
     make_dirs(o.state_dir);
     char state[PATH_MAX];
     if (!realpath(o.state_dir, state)) die("%s: %s", o.state_dir, strerror(errno));
+    int lock_fd = lock_state_dir(state);
+    /* the port before the jobs: a daemon that cannot serve must not recover anything */
+    int listen_fd = -1;
+    td_err err = {{0}};
+    if (td_api_listen(host, &port, &listen_fd, &err) != 0) {
+        fprintf(stderr, "traind: %s\n", err.msg);
+        return 1;
+    }
     if (o.n_roots == 0) snprintf(o.roots[o.n_roots++], PATH_MAX, "/usr/share/datasets");
     const char *roots[MAX_ROOTS + 1];
     static char resolved[MAX_ROOTS + 1][PATH_MAX];
@@ -319,7 +363,6 @@ int main(int argc, char **argv) {
     load_token(state, token, sizeof token);
     char db_path[PATH_MAX + 16];
     snprintf(db_path, sizeof db_path, "%s/state.db", state);
-    td_err err = {{0}};
     td_db *db = NULL;
     td_jobs *jobs = NULL;
     td_api *api = NULL;
@@ -333,8 +376,7 @@ int main(int argc, char **argv) {
         .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state}};
     if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0 || td_jobs_start(jobs, &err) != 0)
         goto fail;
-    td_api_config ac = {.host = host,
-                        .port = port,
+    td_api_config ac = {.listen_fd = listen_fd,
                         .token = token,
                         .max_body = (size_t)o.max_body,
                         .version = TRAIND_VERSION};
@@ -356,6 +398,7 @@ int main(int argc, char **argv) {
     td_api_stop(api);
     td_jobs_close(jobs);
     td_db_close(db);
+    close(lock_fd);
     return 0;
 fail:
     fprintf(stderr, "traind: %s\n", err.msg);
