@@ -1,5 +1,6 @@
 #include "td_submit.h"
 
+#include "td_data.h"
 #include "td_spec.h"
 #include "td_strv.h"
 
@@ -77,7 +78,7 @@ static int get_int_member(json_t *obj, const char *where, const char *key, int m
                           int *out, td_reply_error *e) {
     json_t *v = json_object_get(obj, key);
     char path[128];
-    snprintf(path, sizeof path, "%s.%s", where, key);
+    snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", key);
     if (!v) return 0;
     if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
         return td_reply_fail(e, 400, "invalid_spec", path, "%s: expected an integer in [%d, %d]",
@@ -86,25 +87,47 @@ static int get_int_member(json_t *obj, const char *where, const char *key, int m
     return 0;
 }
 
-static int check_only(json_t *obj, const char *where, const char *const *allowed,
-                      td_reply_error *e) {
+/* The keys obj may have: those of any of the NULL-terminated lists in `allowed` (NULL-ended). */
+static bool key_allowed(const char *key, const char *const *const *allowed) {
+    for (int l = 0; allowed[l]; l++)
+        for (int i = 0; allowed[l][i]; i++)
+            if (strcmp(key, allowed[l][i]) == 0) return true;
+    return false;
+}
+
+static void key_list(const char *const *const *allowed, char *out, size_t len) {
+    out[0] = 0;
+    for (int l = 0; allowed[l]; l++)
+        for (int i = 0; allowed[l][i]; i++)
+            snprintf(out + strlen(out), len - strlen(out), "%s%s", out[0] ? ", " : "",
+                     allowed[l][i]);
+}
+
+/* An unknown key is named with the whole list of what is allowed there; `also` adds a note. */
+static int check_keys_in(json_t *obj, const char *where, const char *const *const *allowed,
+                         const char *also, td_reply_error *e) {
     const char *key;
     json_t *v;
     json_object_foreach(obj, key, v) {
-        bool ok = false;
-        for (int i = 0; allowed[i]; i++) ok |= strcmp(key, allowed[i]) == 0;
-        if (!ok) {
-            char path[256], list[256] = "";
-            snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", key);
-            for (int i = 0; allowed[i]; i++)
-                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                         allowed[i]);
-            return td_reply_fail(e, 400, "invalid_spec", path,
-                                 "%s: unknown key; expected one of: %s", path, list);
-        }
+        if (key_allowed(key, allowed)) continue;
+        char path[256], list[512];
+        snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", key);
+        key_list(allowed, list, sizeof list);
+        return td_reply_fail(e, 400, "invalid_spec", path, "%s: unknown key; expected one of: %s%s",
+                             path, list, also ? also : "");
     }
     return 0;
 }
+
+static int check_only(json_t *obj, const char *where, const char *const *allowed,
+                      td_reply_error *e) {
+    const char *const *lists[] = {allowed, NULL};
+    return check_keys_in(obj, where, lists, NULL, e);
+}
+
+/* What the daemon adds to a job spec, and what a command job has instead of the worker's. */
+static const char *const SERVICE_KEYS[] = {"resources", "restart", "priority", NULL};
+static const char *const COMMAND_KEYS[] = {"name", "command", "env", NULL};
 
 static int parse_resources(td_submission *s, json_t *root, const td_submit_rules *rules,
                            td_reply_error *e) {
@@ -114,10 +137,16 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
         if (!json_is_object(r))
             return td_reply_fail(e, 400, "invalid_spec", "resources",
                                  "resources: expected an object like {\"nproc\": 2}");
-        static const char *const keys[] = {"nproc", NULL};
+        static const char *const keys[] = {"nproc", "time_limit_s", NULL};
         if (check_only(r, "resources", keys, e) != 0 ||
             get_int_member(r, "resources", "nproc", 1, 4096, &s->nproc, e) != 0)
             return -1;
+        json_t *limit = json_object_get(r, "time_limit_s");
+        if (limit && (!json_is_number(limit) || json_number_value(limit) <= 0 ||
+                      json_number_value(limit) > 1e8))
+            return td_reply_fail(e, 400, "invalid_spec", "resources.time_limit_s",
+                                 "resources.time_limit_s: expected seconds, a number in (0, 1e8]");
+        s->time_limit_s = limit ? json_number_value(limit) : 0;
         if (s->nproc > rules->slots)
             return td_reply_fail(e, 400, "invalid_spec", "resources.nproc",
                                  "resources.nproc: %d processes, but this node has %d slots",
@@ -133,6 +162,7 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
             get_int_member(t, "restart", "max_restarts", 0, 1000, &s->max_restarts, e) != 0)
             return -1;
     }
+    if (get_int_member(root, "", "priority", -1000000, 1000000, &s->priority, e) != 0) return -1;
     json_t *n = json_object_get(root, "name");
     if (n && !json_is_string(n))
         return td_reply_fail(e, 400, "invalid_spec", "name", "name: expected a string");
@@ -141,8 +171,9 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
 }
 
 static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
-    static const char *const keys[] = {"name", "command", "env", "resources", "restart", NULL};
-    if (check_only(root, "", keys, e) != 0) return -1;
+    const char *const *lists[] = {COMMAND_KEYS, SERVICE_KEYS, NULL};
+    if (check_keys_in(root, "", lists, " (a command job has none of the training keys)", e) != 0)
+        return -1;
     json_t *cmd = json_object_get(root, "command");
     if (!json_is_array(cmd) || json_array_size(cmd) == 0)
         return td_reply_fail(e, 400, "invalid_spec", "command",
@@ -161,7 +192,8 @@ static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
     }
     json_t *env = json_object_get(root, "env");
     size_t k = 0;
-    s->env = td_strv_new(env && json_is_object(env) ? (int)json_object_size(env) : 0);
+    /* one more for PYTHONUNBUFFERED */
+    s->env = td_strv_new(env && json_is_object(env) ? (int)json_object_size(env) + 1 : 1);
     if (env) {
         if (!json_is_object(env))
             return td_reply_fail(e, 400, "invalid_spec", "env",
@@ -182,6 +214,10 @@ static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
             snprintf(s->env[k++], len, "%s=%s", key, json_string_value(v));
         }
     }
+    /* Python block-buffers stdout into a pipe, so a script's metric lines would reach the
+     * daemon only when 8 KiB had piled up or at exit; as torchrun users expect print() to show
+     * at once, the job gets unbuffered output unless its env says otherwise */
+    if (!json_object_get(env, "PYTHONUNBUFFERED")) s->env[k++] = td_str_dup("PYTHONUNBUFFERED=1");
     if (!s->name[0]) {
         const char *base = strrchr(s->argv[n > 1 ? 1 : 0], '/');
         snprintf(s->name, sizeof s->name, "%s", base ? base + 1 : s->argv[n > 1 ? 1 : 0]);
@@ -216,11 +252,102 @@ static int check_split(const td_split_spec *sp, const char *where, const td_subm
     return 0;
 }
 
+/* The JSON path of the split's file that an error message starts with (loaders begin their
+ * messages with the file's path), else the split itself. */
+static void field_of_file(const td_split_spec *sp, const char *where, const char *msg, char *field,
+                          size_t len) {
+    snprintf(field, len, "data.%s", where);
+    size_t best = 0;
+    const char *names[2] = {"images", "labels"};
+    const char *paths[2] = {sp->images, sp->labels};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(paths[i]);
+        /* one file given as both: the message says which role it failed in */
+        bool tie = n == best && i == 1 && strstr(msg, " label");
+        if ((n > best || tie) && strncmp(msg, paths[i], n) == 0 && msg[n] == ':') {
+            best = n;
+            snprintf(field, len, "data.%s.%s", where, names[i]);
+        }
+    }
+    for (int i = 0; i < sp->n_files; i++) {
+        size_t n = strlen(sp->files[i]);
+        if (n > best && strncmp(msg, sp->files[i], n) == 0 && msg[n] == ':') {
+            best = n;
+            snprintf(field, len, "data.%s.files[%d]", where, i);
+        }
+    }
+}
+
+/* Reads what is cheap to read of a split (headers, sizes, labels) and checks it as the worker
+ * would at its start: the files exist and are what the format says, labels match the samples
+ * one to one and lie within the model's classes. */
+static int check_data(const td_job *job, const td_split_spec *sp, const char *where,
+                      td_data_probe *p, td_reply_error *e) {
+    td_err err = {{0}};
+    int rc = 0;
+    const char *labels_field = "labels";
+    switch (job->format) {
+    case TD_DATA_SYNTHETIC:
+        return 1; /* nothing on disk */
+    case TD_DATA_IDX:
+        rc = td_dataset_probe_idx(sp->images, sp->labels, p, &err);
+        break;
+    case TD_DATA_NPY:
+        rc = td_dataset_probe_npy(sp->images, sp->labels, job->nhwc, p, &err);
+        break;
+    case TD_DATA_CIFAR10: {
+        const char *files[TD_MAX_FILES];
+        for (int i = 0; i < sp->n_files; i++) files[i] = sp->files[i];
+        rc = td_dataset_probe_cifar10(files, sp->n_files, p, &err);
+        labels_field = "files";
+        break;
+    }
+    case TD_DATA_CSV:
+        rc = td_dataset_probe_csv(sp->images, job->label_column, job->csv_header, p, &err);
+        labels_field = "path";
+        break;
+    }
+    char field[128];
+    if (rc != 0) {
+        field_of_file(sp, where, err.msg, field, sizeof field);
+        if (job->format == TD_DATA_CSV) snprintf(field, sizeof field, "data.%s.path", where);
+        return td_reply_fail(e, 400, "invalid_data", field, "%s: %s", field, err.msg);
+    }
+    if (job->num_classes > 0 && p->max_label >= job->num_classes) {
+        snprintf(field, sizeof field, "data.%s.%s", where, labels_field);
+        return td_reply_fail(e, 400, "invalid_data", field,
+                             "%s: holds label %d but model.num_classes is %d (labels must be "
+                             "0..%d)",
+                             field, p->max_label, job->num_classes, job->num_classes - 1);
+    }
+    return 0;
+}
+
+static int check_splits(const td_job *job, td_reply_error *e) {
+    td_data_probe train = {0}, val = {0};
+    int rc = check_data(job, &job->train, "train", &train, e);
+    if (rc < 0) return -1;
+    if (!job->val.present) return 0;
+    int rv = check_data(job, &job->val, "val", &val, e);
+    if (rv < 0) return -1;
+    td_shape a = train.shape, b = val.shape;
+    if (rc == 0 && rv == 0 && train.n > 0 && val.n > 0 &&
+        (a.c != b.c || a.h != b.h || a.w != b.w || a.spatial != b.spatial)) {
+        char sa[64], sb[64];
+        td_shape_format(a, sa, sizeof sa);
+        td_shape_format(b, sb, sizeof sb);
+        return td_reply_fail(e, 400, "invalid_data", "data.val",
+                             "data.val: samples have shape %s but training samples %s", sb, sa);
+    }
+    return 0;
+}
+
 static int parse_train(td_submission *s, json_t *root, const td_submit_rules *rules,
                        td_reply_error *e) {
+    const char *const *lists[] = {td_job_keys, SERVICE_KEYS, NULL};
+    if (check_keys_in(root, "", lists, "; or, for a command job: command, env", e) != 0) return -1;
     s->spec = json_deep_copy(root);
-    json_object_del(s->spec, "resources");
-    json_object_del(s->spec, "restart");
+    for (int i = 0; SERVICE_KEYS[i]; i++) json_object_del(s->spec, SERVICE_KEYS[i]);
     /* checked as it will run: the daemon gives a checkpoint section without a dir one in the
      * job's directory (td_jobs), so validate with a stand-in there */
     json_t *check = json_deep_copy(s->spec);
@@ -248,6 +375,7 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     if (rc == 0) rc = check_path(job.checkpoint_dir, "checkpoint.dir", rules, e);
     if (rc == 0 && strcmp(job.resume_from, "latest") != 0)
         rc = check_path(job.resume_from, "resume_from", rules, e);
+    if (rc == 0) rc = check_splits(&job, e); /* only once every path is known to be allowed */
     if (!s->name[0]) snprintf(s->name, sizeof s->name, "%s", job.name[0] ? job.name : "job");
     td_job_free(&job);
     return rc;

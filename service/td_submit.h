@@ -34,6 +34,8 @@ typedef struct td_submission {
     char **argv;  /* command jobs: NULL-terminated */
     char **env;   /* command jobs: "NAME=value", NULL-terminated (may be empty) */
     int nproc, max_restarts;
+    int priority;        /* higher first; then submission order */
+    double time_limit_s; /* resources.time_limit_s; 0: none */
 } td_submission;
 
 int td_submission_parse(td_submission *s, const char *body, size_t len,

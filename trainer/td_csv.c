@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int count_fields(const char *line) {
     int n = 1;
@@ -93,4 +94,30 @@ out:
     fclose(f);
     if (rc != 0) td_dataset_free(ds);
     return rc;
+}
+
+/* A CSV up to this size is read whole at submit time (well under a second); a larger one is only
+ * checked to be readable, and the rest waits for the run. */
+#define CSV_PROBE_FULL (16 << 20)
+
+int td_dataset_probe_csv(const char *path, int label_column, bool header, td_data_probe *p,
+                         td_err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    td_dataset ds;
+    if (st.st_size <= CSV_PROBE_FULL) {
+        if (td_dataset_load_csv(&ds, path, label_column, header, err) != 0) return -1;
+        p->n = ds.n;
+        p->shape = ds.shape;
+        p->max_label = td_dataset_max_label(&ds);
+        td_dataset_free(&ds);
+        return 0;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    fclose(f);
+    p->n = 0;
+    p->shape = td_shape_flat(0);
+    p->max_label = -1;
+    return 0;
 }

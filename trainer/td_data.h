@@ -50,6 +50,22 @@ int td_dataset_load_cifar10(td_dataset *ds, const char *const *files, int n_file
  * optional header line. */
 int td_dataset_load_csv(td_dataset *ds, const char *path, int label_column, bool header,
                         td_err *err);
+/* What a split holds, learned cheaply without loading its samples: the headers, the file sizes
+ * and the labels (small next to the images). The daemon checks a job's data with these before
+ * it accepts the job, so a wrong path or file is a 400 naming the field, not a failed run. */
+typedef struct td_data_probe {
+    int n;          /* samples */
+    td_shape shape; /* of one sample */
+    int max_label;  /* the largest label; -1 when it was not read (a large CSV) */
+} td_data_probe;
+int td_dataset_probe_idx(const char *images_path, const char *labels_path, td_data_probe *p,
+                         td_err *err);
+int td_dataset_probe_npy(const char *images_path, const char *labels_path, bool nhwc,
+                         td_data_probe *p, td_err *err);
+int td_dataset_probe_cifar10(const char *const *files, int n_files, td_data_probe *p, td_err *err);
+int td_dataset_probe_csv(const char *path, int label_column, bool header, td_data_probe *p,
+                         td_err *err);
+
 /* A deterministic synthetic dataset of the given shape and size, for benchmarks. */
 void td_dataset_synthetic(td_dataset *ds, td_shape shape, int num_classes, int size, uint64_t seed);
 void td_dataset_free(td_dataset *ds);

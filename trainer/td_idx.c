@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define IDX_MAGIC_IMAGES 0x00000803u
@@ -75,17 +76,71 @@ static int expect_end(gzFile f, const char *path, td_err *err) {
     return 0;
 }
 
+static int check_image_dims(const char *path, const uint32_t *d, td_err *err) {
+    if (d[0] == 0 || d[1] == 0 || d[2] == 0 || d[1] > 4096 || d[2] > 4096 || d[0] > (1u << 28))
+        return td_fail(err, "%s: implausible IDX dimensions %u x %u x %u", path, d[0], d[1], d[2]);
+    return 0;
+}
+
+/* The labels file: its count must match the images', every label is read. */
+static int read_labels(const char *labels_path, const char *images_path, uint32_t n_images,
+                       uint8_t **raw, td_err *err) {
+    uint32_t ldims[1];
+    gzFile fl = idx_open(labels_path, IDX_MAGIC_LABELS, 1, ldims, err);
+    if (!fl) return -1;
+    if (ldims[0] != n_images) {
+        gzclose(fl);
+        return td_fail(err,
+                       "%s: holds %u labels but %s holds %u images; they must match one to one",
+                       labels_path, ldims[0], images_path, n_images);
+    }
+    *raw = td_malloc(ldims[0] ? ldims[0] : 1);
+    int rc = read_exact(fl, labels_path, *raw, ldims[0], "the labels", err);
+    if (rc == 0) rc = expect_end(fl, labels_path, err);
+    gzclose(fl);
+    if (rc != 0) free(*raw);
+    return rc;
+}
+
+int td_dataset_probe_idx(const char *images_path, const char *labels_path, td_data_probe *p,
+                         td_err *err) {
+    uint32_t d[3];
+    gzFile fi = idx_open(images_path, IDX_MAGIC_IMAGES, 3, d, err);
+    if (!fi) return -1;
+    bool plain = gzdirect(fi);
+    gzclose(fi);
+    if (check_image_dims(images_path, d, err) != 0) return -1;
+    /* a plain file's size must be what its header declares; a gzipped one is only known by
+     * decompressing it, which waits for the run */
+    struct stat st;
+    unsigned long long want = 16ull + (unsigned long long)d[0] * d[1] * d[2];
+    if (plain && stat(images_path, &st) == 0 && (unsigned long long)st.st_size != want)
+        return td_fail(err,
+                       "%s: %llu bytes, but its header declares %u images of %u x %u, %llu bytes "
+                       "in all; %s",
+                       images_path, (unsigned long long)st.st_size, d[0], d[1], d[2], want,
+                       (unsigned long long)st.st_size < want ? "the file is truncated"
+                                                             : "it has data after the images");
+    uint8_t *raw;
+    if (read_labels(labels_path, images_path, d[0], &raw, err) != 0) return -1;
+    p->n = (int)d[0];
+    p->shape = td_shape_image(1, (int)d[1], (int)d[2]);
+    p->max_label = 0;
+    for (uint32_t i = 0; i < d[0]; i++)
+        if (raw[i] > p->max_label) p->max_label = raw[i];
+    free(raw);
+    return 0;
+}
+
 int td_dataset_load_idx(td_dataset *ds, const char *images_path, const char *labels_path,
                         td_err *err) {
     memset(ds, 0, sizeof *ds);
-    uint32_t idims[3], ldims[1];
+    uint32_t idims[3];
     gzFile fi = idx_open(images_path, IDX_MAGIC_IMAGES, 3, idims, err);
     if (!fi) return -1;
-    if (idims[0] == 0 || idims[1] == 0 || idims[2] == 0 || idims[1] > 4096 || idims[2] > 4096 ||
-        idims[0] > (1u << 28)) {
+    if (check_image_dims(images_path, idims, err) != 0) {
         gzclose(fi);
-        return td_fail(err, "%s: implausible IDX dimensions %u x %u x %u", images_path, idims[0],
-                       idims[1], idims[2]);
+        return -1;
     }
     size_t size = (size_t)idims[0] * idims[1] * idims[2];
     ds->pixels = td_malloc(size);
@@ -94,22 +149,11 @@ int td_dataset_load_idx(td_dataset *ds, const char *images_path, const char *lab
     gzclose(fi);
     if (rc != 0) goto fail;
 
-    gzFile fl = idx_open(labels_path, IDX_MAGIC_LABELS, 1, ldims, err);
-    if (!fl) goto fail;
-    if (ldims[0] != idims[0]) {
-        gzclose(fl);
-        td_fail(err, "%s: holds %u labels but %s holds %u images; they must match one to one",
-                labels_path, ldims[0], images_path, idims[0]);
-        goto fail;
-    }
-    uint8_t *raw = td_malloc(ldims[0]);
-    rc = read_exact(fl, labels_path, raw, ldims[0], "the labels", err);
-    if (rc == 0) rc = expect_end(fl, labels_path, err);
-    ds->labels = td_malloc((size_t)ldims[0] * sizeof(int32_t));
-    for (uint32_t i = 0; i < ldims[0]; i++) ds->labels[i] = raw[i];
+    uint8_t *raw;
+    if (read_labels(labels_path, images_path, idims[0], &raw, err) != 0) goto fail;
+    ds->labels = td_malloc((size_t)idims[0] * sizeof(int32_t));
+    for (uint32_t i = 0; i < idims[0]; i++) ds->labels[i] = raw[i];
     free(raw);
-    gzclose(fl);
-    if (rc != 0) goto fail;
 
     ds->n = (int)idims[0];
     ds->shape = td_shape_image(1, (int)idims[1], (int)idims[2]);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct npy_array {
     char descr[16];
@@ -28,7 +29,8 @@ static const char *dict_value(const char *header, const char *key) {
     return p;
 }
 
-static int npy_read(const char *path, npy_array *a, td_err *err) {
+/* The header, and the array too unless header_only (then only the file's size is checked). */
+static int npy_read(const char *path, npy_array *a, bool header_only, td_err *err) {
     memset(a, 0, sizeof *a);
     FILE *f = fopen(path, "rb");
     if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
@@ -101,6 +103,25 @@ static int npy_read(const char *path, npy_array *a, td_err *err) {
                 path, a->descr);
         goto out;
     }
+    if (header_only) {
+        long at = ftell(f);
+        struct stat st;
+        if (at < 0 || fstat(fileno(f), &st) != 0) {
+            td_fail(err, "%s: %s", path, strerror(errno));
+            goto out;
+        }
+        long long want = (long long)at + (long long)(a->count * a->item);
+        if ((long long)st.st_size != want) {
+            td_fail(err, "%s: %s: the array needs %zu bytes after its header, the file has %lld",
+                    path,
+                    (long long)st.st_size < want ? "file is truncated"
+                                                 : "has data after the array its header declares",
+                    a->count * a->item, (long long)st.st_size - at);
+            goto out;
+        }
+        rc = 0;
+        goto out;
+    }
     a->data = td_malloc(a->count * a->item + 1);
     size_t got = fread(a->data, 1, a->count * a->item, f);
     if (got != a->count * a->item) {
@@ -140,48 +161,82 @@ static long npy_int(const npy_array *a, size_t i) {
     return p[0];
 }
 
+/* The images' type and shape against the labels' (both headers read), as the loader wants
+ * them; sets ds->shape and returns the sample count, or -1. */
+static int check_arrays(const char *images_path, const npy_array *x, const char *labels_path,
+                        const npy_array *y, bool nhwc, td_shape *shape, td_err *err) {
+    bool u8 = strcmp(x->descr, "|u1") == 0, f32 = strcmp(x->descr, "<f4") == 0;
+    if (!u8 && !f32)
+        return td_fail(err, "%s: images must be uint8 or float32, found '%s'", images_path,
+                       x->descr);
+    if (y->ndim != 1 || strcmp(y->descr, "<f4") == 0)
+        return td_fail(err, "%s: labels must be a 1-D integer array, found '%s' with %d dimensions",
+                       labels_path, y->descr, y->ndim);
+    if (x->ndim < 2 || x->ndim > 4 || x->dims[0] != y->dims[0] || x->dims[0] == 0)
+        return td_fail(err,
+                       "%s: images have shape with %d dimensions and %ld samples, %s has %ld "
+                       "labels; expected [N, C, H, W], [N, H, W, C], [N, H, W] or [N, F] with one "
+                       "label per sample",
+                       images_path, x->ndim, x->ndim ? x->dims[0] : 0, labels_path, y->dims[0]);
+    if (x->ndim == 2)
+        *shape = td_shape_flat((int)x->dims[1]);
+    else if (x->ndim == 3)
+        *shape = td_shape_image(1, (int)x->dims[1], (int)x->dims[2]);
+    else if (nhwc)
+        *shape = td_shape_image((int)x->dims[3], (int)x->dims[1], (int)x->dims[2]);
+    else
+        *shape = td_shape_image((int)x->dims[1], (int)x->dims[2], (int)x->dims[3]);
+    if (shape->spatial && shape->c > 4)
+        return td_fail(err, "%s: %d channels (at most 4 are supported); is the layout %s right?",
+                       images_path, shape->c, nhwc ? "NHWC" : "NCHW");
+    return (int)x->dims[0];
+}
+
+/* Labels as class indices; -1 at the first that is not one. */
+static int read_label_values(const char *labels_path, const npy_array *y, int32_t *out,
+                             td_err *err) {
+    for (size_t i = 0; i < y->count; i++) {
+        long v = npy_int(y, i);
+        if (v < 0 || v > (1 << 20))
+            return td_fail(err, "%s: label %ld at index %zu is not a class index", labels_path, v,
+                           i);
+        out[i] = (int32_t)v;
+    }
+    return 0;
+}
+
+int td_dataset_probe_npy(const char *images_path, const char *labels_path, bool nhwc,
+                         td_data_probe *p, td_err *err) {
+    npy_array x, y;
+    if (npy_read(images_path, &x, true, err) != 0) return -1;
+    if (npy_read(labels_path, &y, false, err) != 0) return -1;
+    int n = check_arrays(images_path, &x, labels_path, &y, nhwc, &p->shape, err);
+    int32_t *labels = n > 0 ? td_malloc((size_t)n * sizeof(int32_t)) : NULL;
+    int rc = n > 0 ? read_label_values(labels_path, &y, labels, err) : -1;
+    if (rc == 0) {
+        p->n = n;
+        p->max_label = 0;
+        for (int i = 0; i < n; i++)
+            if (labels[i] > p->max_label) p->max_label = labels[i];
+    }
+    free(labels);
+    free(y.data);
+    return rc;
+}
+
 int td_dataset_load_npy(td_dataset *ds, const char *images_path, const char *labels_path, bool nhwc,
                         td_err *err) {
     memset(ds, 0, sizeof *ds);
     npy_array x, y;
-    if (npy_read(images_path, &x, err) != 0) return -1;
-    if (npy_read(labels_path, &y, err) != 0) {
+    if (npy_read(images_path, &x, false, err) != 0) return -1;
+    if (npy_read(labels_path, &y, false, err) != 0) {
         free(x.data);
         return -1;
     }
     int rc = -1;
-    bool u8 = strcmp(x.descr, "|u1") == 0, f32 = strcmp(x.descr, "<f4") == 0;
-    if (!u8 && !f32) {
-        td_fail(err, "%s: images must be uint8 or float32, found '%s'", images_path, x.descr);
-        goto out;
-    }
-    if (y.ndim != 1 || strcmp(y.descr, "<f4") == 0) {
-        td_fail(err, "%s: labels must be a 1-D integer array, found '%s' with %d dimensions",
-                labels_path, y.descr, y.ndim);
-        goto out;
-    }
-    if (x.ndim < 2 || x.ndim > 4 || x.dims[0] != y.dims[0] || x.dims[0] == 0) {
-        td_fail(err,
-                "%s: images have shape with %d dimensions and %ld samples, %s has %ld "
-                "labels; expected [N, C, H, W], [N, H, W, C], [N, H, W] or [N, F] with one "
-                "label per sample",
-                images_path, x.ndim, x.ndim ? x.dims[0] : 0, labels_path, y.dims[0]);
-        goto out;
-    }
-    int n = (int)x.dims[0];
-    if (x.ndim == 2)
-        ds->shape = td_shape_flat((int)x.dims[1]);
-    else if (x.ndim == 3)
-        ds->shape = td_shape_image(1, (int)x.dims[1], (int)x.dims[2]);
-    else if (nhwc)
-        ds->shape = td_shape_image((int)x.dims[3], (int)x.dims[1], (int)x.dims[2]);
-    else
-        ds->shape = td_shape_image((int)x.dims[1], (int)x.dims[2], (int)x.dims[3]);
-    if (ds->shape.spatial && ds->shape.c > 4) {
-        td_fail(err, "%s: %d channels (at most 4 are supported); is the layout %s right?",
-                images_path, ds->shape.c, nhwc ? "NHWC" : "NCHW");
-        goto out;
-    }
+    bool u8 = strcmp(x.descr, "|u1") == 0;
+    int n = check_arrays(images_path, &x, labels_path, &y, nhwc, &ds->shape, err);
+    if (n < 0) goto out;
     ds->n = n;
     size_t size = td_shape_size(ds->shape), hw = (size_t)ds->shape.h * ds->shape.w;
     int c = ds->shape.c;
@@ -200,14 +255,7 @@ int td_dataset_load_npy(td_dataset *ds, const char *images_path, const char *lab
                 memcpy(&ds->values[(size_t)i * size + j], e, 4);
         }
     ds->labels = td_malloc((size_t)n * sizeof(int32_t));
-    for (int i = 0; i < n; i++) {
-        long v = npy_int(&y, (size_t)i);
-        if (v < 0 || v > (1 << 20)) {
-            td_fail(err, "%s: label %ld at index %d is not a class index", labels_path, v, i);
-            goto out;
-        }
-        ds->labels[i] = (int32_t)v;
-    }
+    if (read_label_values(labels_path, &y, ds->labels, err) != 0) goto out;
     ds->num_classes = td_dataset_max_label(ds) + 1;
     rc = 0;
 out:

@@ -749,12 +749,13 @@ static int parse_checkpoint(const json_t *root, td_job *job, td_err *err) {
     return 0;
 }
 
+const char *const td_job_keys[] = {"name",       "model",       "data",        "train", "log",
+                                   "checkpoint", "resume_from", "distributed", NULL};
+
 static int parse_job(const json_t *root, td_job *job, td_err *err) {
     memset(job, 0, sizeof *job);
     if (!json_is_object(root)) return fail_found(err, "(root)", "a JSON object", root);
-    static const char *const keys[] = {"name",       "model",       "data",        "train", "log",
-                                       "checkpoint", "resume_from", "distributed", NULL};
-    if (check_keys(root, "", keys, err) != 0) return -1;
+    if (check_keys(root, "", td_job_keys, err) != 0) return -1;
     if (get_string(root, "", "name", false, "job", job->name, sizeof job->name, err) != 0)
         return -1;
     if (parse_model(root, job, err) != 0 || parse_data(root, job, err) != 0 ||

@@ -89,6 +89,9 @@ typedef struct td_job {
 } td_job;
 
 /* Parses and validates a spec from a file or a string. On error returns -1 with err set. */
+/* The spec's top-level keys, NULL-terminated: the daemon's submit check adds its own to them. */
+extern const char *const td_job_keys[];
+
 int td_job_load_file(td_job *job, const char *path, td_err *err);
 int td_job_load_string(td_job *job, const char *text, td_err *err);
 void td_job_free(td_job *job);
