@@ -1,5 +1,7 @@
 #include "td_api.h"
 
+#include "td_ckpt.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 struct td_api {
@@ -28,6 +31,10 @@ typedef struct request {
 } request;
 
 static const char JSON_TYPE[] = "application/json";
+
+static bool is(const char *a, const char *b) {
+    return strcmp(a, b) == 0;
+}
 
 static enum MHD_Result send_buf(struct MHD_Connection *c, int status, const char *type, td_buf *b) {
     size_t len = b->len;
@@ -276,57 +283,159 @@ static bool parse_range(const char *h, uint64_t n, uint64_t *from, uint64_t *to)
     return *from < n;
 }
 
-static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, long id,
-                                       const char *step_text, size_t step_len) {
-    long step;
+/* Percent-encodes a file name for a URL path (unreserved characters and "/" stay). */
+static void url_escape(td_buf *b, const char *s) {
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            strchr("-._~/", c))
+            td_buf_append(b, (const char *)&c, 1);
+        else
+            td_buf_printf(b, "%%%02X", c);
+    }
+}
+
+static json_t *url_json(long job, long step, const char *name) {
+    td_buf b = {0};
+    td_buf_printf(&b, "/v1/jobs/%ld/checkpoints/%ld/", job, step);
+    url_escape(&b, name);
+    json_t *v = json_string(b.data);
+    td_buf_free(&b);
+    return v;
+}
+
+typedef struct ckpt_ctx {
+    long job;
+    json_t *list;
+} ckpt_ctx;
+
+/* One checkpoint as the API shows it: its files as they are on disk now (checkpoint.keep may
+ * have removed it since), each with its download URL, and the URL of the whole as a tar. */
+static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
+    ckpt_ctx *ctx = cls;
+    td_ckpt_file *files = NULL;
+    int n = 0;
+    td_err err = {{0}};
+    bool on_disk = td_ckpt_list(c->path, &files, &n, &err) == 0;
+    json_t *list = json_array(), *model = json_null();
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(list, json_pack("{s:s, s:I, s:o}", "name", files[i].name, "size",
+                                              (json_int_t)files[i].size, "url",
+                                              url_json(ctx->job, c->step, files[i].name)));
+        if (strcmp(files[i].name, "model.safetensors") == 0) {
+            json_decref(model);
+            model = url_json(ctx->job, c->step, files[i].name);
+        }
+    }
+    td_ckpt_files_free(files, n);
+    char when[64], archive[96];
+    time_t t = (time_t)c->created_at;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    snprintf(archive, sizeof archive, "/v1/jobs/%ld/checkpoints/%ld.tar", ctx->job, c->step);
+    json_t *o = json_pack("{s:I, s:I, s:s, s:b, s:o, s:o, s:s}", "step", (json_int_t)c->step,
+                          "size", (json_int_t)c->size, "created_at", when, "on_disk", on_disk,
+                          "files", list, "url", model, "archive_url", archive);
+    if (o) json_array_append_new(ctx->list, o);
+}
+
+/* GET .../checkpoints (step < 0: all) or .../checkpoints/{step}. */
+static enum MHD_Result checkpoints(td_api *api, struct MHD_Connection *c, long id, long step) {
     td_reply_error e;
     if (td_jobs_exists(api->jobs, id, &e) != 0) return send_error(c, &e, NULL);
-    if (!parse_id(step_text, step_len, &step))
-        return fail(c, 400, "bad_request", "step", "the checkpoint step must be a number");
-    char path[PATH_MAX], file[PATH_MAX + 32];
+    ckpt_ctx ctx = {id, json_array()};
     td_err err = {{0}};
-    int found = td_db_checkpoint_path(td_jobs_db(api->jobs), id, step, path, sizeof path, &err);
-    if (found < 0) return fail(c, 500, "internal", NULL, err.msg);
-    if (found == 0) {
+    if (td_db_checkpoints(td_jobs_db(api->jobs), id, step, checkpoint_json, &ctx, &err) != 0) {
+        json_decref(ctx.list);
+        return fail(c, 500, "internal", NULL, err.msg);
+    }
+    if (step >= 0 && json_array_size(ctx.list) == 0) {
+        json_decref(ctx.list);
         td_reply_fail(&e, 404, "not_found", NULL, "job %ld has no checkpoint at step %ld", id,
                       step);
         return send_error(c, &e, NULL);
     }
-    snprintf(file, sizeof file, "%s/model.safetensors", path);
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        if (fd >= 0) close(fd);
-        td_reply_fail(&e, 404, "not_found", NULL,
-                      "the checkpoint of step %ld is no longer on disk (checkpoint.keep removes "
-                      "older ones)",
+    json_t *body = step >= 0 ? json_incref(json_array_get(ctx.list, 0)) : json_incref(ctx.list);
+    json_decref(ctx.list);
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!text) return MHD_NO;
+    enum MHD_Result ok = send_json_text(c, MHD_HTTP_OK, text);
+    free(text);
+    return ok;
+}
+
+/* The path of job id's checkpoint at step, or an error reply already queued (*sent). */
+static int checkpoint_path(td_api *api, struct MHD_Connection *c, long id, long step, char *path,
+                           size_t len, enum MHD_Result *sent) {
+    td_reply_error e;
+    if (td_jobs_exists(api->jobs, id, &e) != 0) {
+        *sent = send_error(c, &e, NULL);
+        return -1;
+    }
+    td_err err = {{0}};
+    int found = td_db_checkpoint_path(td_jobs_db(api->jobs), id, step, path, len, &err);
+    if (found < 0) {
+        *sent = fail(c, 500, "internal", NULL, err.msg);
+        return -1;
+    }
+    if (found == 0) {
+        td_reply_fail(&e, 404, "not_found", NULL, "job %ld has no checkpoint at step %ld", id,
                       step);
+        *sent = send_error(c, &e, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+static enum MHD_Result range_not_satisfiable(struct MHD_Connection *c, const char *range,
+                                             uint64_t n) {
+    td_reply_error e;
+    char cr[64];
+    snprintf(cr, sizeof cr, "bytes */%llu", (unsigned long long)n);
+    td_reply_fail(&e, 416, "range_not_satisfiable", "Range",
+                  "Range \"%s\" does not fit a file of %llu bytes (one range, bytes=A-B, A-, "
+                  "or -N)",
+                  range, (unsigned long long)n);
+    json_t *o = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", e.code, "message", e.message,
+                          "field", "Range");
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(text ? strlen(text) : 0, text, MHD_RESPMEM_MUST_FREE);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, JSON_TYPE);
+    enum MHD_Result ok = MHD_queue_response(c, 416, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* GET .../checkpoints/{step}/{name}: one file of a checkpoint, with Range. */
+static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, long id, long step,
+                                       const char *name) {
+    char path[PATH_MAX];
+    enum MHD_Result sent;
+    if (checkpoint_path(api, c, id, step, path, sizeof path, &sent) != 0) return sent;
+    int fd;
+    long long size;
+    td_err err = {{0}};
+    if (td_ckpt_open(path, name, &fd, &size, &err) != 0) {
+        td_reply_error e;
+        td_reply_fail(&e, 404, "not_found", NULL,
+                      "checkpoint of step %ld: %s (the list at /v1/jobs/%ld/checkpoints/%ld names "
+                      "its files; checkpoint.keep removes older checkpoints)",
+                      step, err.msg, id, step);
         return send_error(c, &e, NULL);
     }
-    uint64_t n = (uint64_t)st.st_size, from = 0, to = n ? n - 1 : 0;
+    uint64_t n = (uint64_t)size, from = 0, to = n ? n - 1 : 0;
     const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_RANGE);
     int status = MHD_HTTP_OK;
     if (range) {
         if (!parse_range(range, n, &from, &to)) {
             close(fd);
-            char cr[64];
-            snprintf(cr, sizeof cr, "bytes */%llu", (unsigned long long)n);
-            td_reply_fail(&e, 416, "range_not_satisfiable", "Range",
-                          "Range \"%s\" does not fit a file of %llu bytes (one range, "
-                          "bytes=A-B, A-, or -N)",
-                          range, (unsigned long long)n);
-            json_t *o = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", e.code, "message",
-                                  e.message, "field", "Range");
-            char *text = json_dumps(o, JSON_COMPACT);
-            json_decref(o);
-            struct MHD_Response *r = MHD_create_response_from_buffer(text ? strlen(text) : 0, text,
-                                                                     MHD_RESPMEM_MUST_FREE);
-            if (!r) return MHD_NO;
-            MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_RANGE, cr);
-            MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, JSON_TYPE);
-            enum MHD_Result ok = MHD_queue_response(c, 416, r);
-            MHD_destroy_response(r);
-            return ok;
+            return range_not_satisfiable(c, range, n);
         }
         status = MHD_HTTP_PARTIAL_CONTENT;
     }
@@ -347,6 +456,96 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
+}
+
+typedef struct tar_stream {
+    td_ckpt_tar *tar;
+    td_buf pending;
+    size_t off;
+    bool done;
+} tar_stream;
+
+static ssize_t read_tar(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    tar_stream *s = cls;
+    for (;;) {
+        if (s->off < s->pending.len) {
+            size_t n = s->pending.len - s->off < max ? s->pending.len - s->off : max;
+            memcpy(buf, s->pending.data + s->off, n);
+            s->off += n;
+            return (ssize_t)n;
+        }
+        if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        s->pending.len = s->off = 0;
+        td_err err = {{0}};
+        /* a file that went away mid-download: cut the response, never a short archive that
+         * looks complete (the chunked encoding then lacks its end) */
+        if (td_ckpt_tar_next(s->tar, &s->pending, &s->done, &err) != 0) {
+            fprintf(stderr, "traind: checkpoint archive: %s\n", err.msg);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void free_tar(void *cls) {
+    tar_stream *s = cls;
+    td_ckpt_tar_close(s->tar);
+    td_buf_free(&s->pending);
+    free(s);
+}
+
+/* GET .../checkpoints/{step}.tar: the whole checkpoint as one tar, its files under the
+ * checkpoint directory's name (step-00000400/model.safetensors, ...). */
+static enum MHD_Result checkpoint_tar(td_api *api, struct MHD_Connection *c, long id, long step) {
+    char path[PATH_MAX];
+    enum MHD_Result sent;
+    if (checkpoint_path(api, c, id, step, path, sizeof path, &sent) != 0) return sent;
+    struct stat st;
+    char top[PATH_MAX + 2] = "";
+    const char *base = strrchr(path, '/');
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        snprintf(top, sizeof top, "%s/", base && base[1] ? base + 1 : "checkpoint");
+    tar_stream *s = td_calloc(1, sizeof *s);
+    td_err err = {{0}};
+    if (td_ckpt_tar_open(&s->tar, path, top, &err) != 0) {
+        free(s);
+        td_reply_error e;
+        td_reply_fail(&e, 404, "not_found", NULL,
+                      "the checkpoint of step %ld is no longer on disk (%s)", step, err.msg);
+        return send_error(c, &e, NULL);
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, read_tar, s, free_tar);
+    if (!r) {
+        free_tar(s);
+        return MHD_NO;
+    }
+    char disposition[128];
+    snprintf(disposition, sizeof disposition,
+             "attachment; filename=\"traind-job-%ld-step-%ld.tar\"", id, step);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/x-tar");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, disposition);
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* .../checkpoints/{step}[.tar|/{name}] */
+static enum MHD_Result checkpoint_route(td_api *api, struct MHD_Connection *c, long id,
+                                        const char *tail) {
+    size_t digits = strspn(tail, "0123456789");
+    long step;
+    if (!parse_id(tail, digits, &step))
+        return fail(c, 400, "bad_request", "step",
+                    "a checkpoint is named by its step: /checkpoints/STEP, /checkpoints/STEP.tar "
+                    "or /checkpoints/STEP/FILE");
+    const char *rest = tail + digits;
+    if (!*rest) return checkpoints(api, c, id, step);
+    if (is(rest, ".tar")) return checkpoint_tar(api, c, id, step);
+    if (rest[0] == '/' && rest[1]) return checkpoint_file(api, c, id, step, rest + 1);
+    td_reply_error e;
+    td_reply_fail(&e, 404, "not_found", NULL, "no checkpoint route %s", tail);
+    return send_error(c, &e, NULL);
 }
 
 /* ---- routing ------------------------------------------------------------------------------- */
@@ -419,10 +618,6 @@ static enum MHD_Result list(td_api *api, struct MHD_Connection *c) {
     return send_buf(c, MHD_HTTP_OK, JSON_TYPE, &out);
 }
 
-static bool is(const char *a, const char *b) {
-    return strcmp(a, b) == 0;
-}
-
 /* /v1/jobs/{id}[/rest]: the routes under one job. */
 static enum MHD_Result job_route(td_api *api, struct MHD_Connection *c, const char *url,
                                  const char *method, const char *tail) {
@@ -436,7 +631,16 @@ static enum MHD_Result job_route(td_api *api, struct MHD_Connection *c, const ch
     td_reply_error e;
     td_buf out = {0};
     if (!*rest) {
-        if (!get) return wrong_method(c, method, url, "GET");
+        if (is(method, "DELETE")) {
+            if (td_jobs_delete(api->jobs, id, &e) != 0) return send_error(c, &e, NULL);
+            struct MHD_Response *r =
+                MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+            if (!r) return MHD_NO;
+            enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_NO_CONTENT, r);
+            MHD_destroy_response(r);
+            return ok;
+        }
+        if (!get) return wrong_method(c, method, url, "GET, DELETE");
         if (td_jobs_get(api->jobs, id, &out, &e) != 0) return send_error(c, &e, NULL);
         return send_buf(c, MHD_HTTP_OK, JSON_TYPE, &out);
     }
@@ -462,18 +666,8 @@ static enum MHD_Result job_route(td_api *api, struct MHD_Connection *c, const ch
     }
     if (is(rest, "/events")) return events(api, c, id);
     if (is(rest, "/logs")) return logs(api, c, id);
-    if (is(rest, "/checkpoints")) {
-        if (td_jobs_exists(api->jobs, id, &e) != 0) return send_error(c, &e, NULL);
-        td_err err = {{0}};
-        if (td_db_checkpoints_json(td_jobs_db(api->jobs), id, &out, &err) != 0)
-            return fail(c, 500, "internal", NULL, err.msg);
-        return send_buf(c, MHD_HTTP_OK, JSON_TYPE, &out);
-    }
-    if (strncmp(rest, "/checkpoints/", 13) == 0) {
-        const char *step = rest + 13, *file = strchr(step, '/');
-        if (file && is(file, "/model.safetensors"))
-            return checkpoint_file(api, c, id, step, (size_t)(file - step));
-    }
+    if (is(rest, "/checkpoints")) return checkpoints(api, c, id, -1);
+    if (strncmp(rest, "/checkpoints/", 13) == 0) return checkpoint_route(api, c, id, rest + 13);
     td_reply_fail(&e, 404, "not_found", NULL, "no route %s", url);
     return send_error(c, &e, NULL);
 }

@@ -21,7 +21,8 @@ static const char SCHEMA[] =
     "  spec TEXT NOT NULL, nproc INTEGER NOT NULL, max_restarts INTEGER NOT NULL,"
     "  restarts INTEGER NOT NULL, state TEXT NOT NULL, created_at REAL NOT NULL,"
     "  started_at REAL, finished_at REAL, exit_code INTEGER, reason TEXT,"
-    "  pgid INTEGER NOT NULL DEFAULT 0, last_seq INTEGER NOT NULL DEFAULT 0);"
+    "  pgid INTEGER NOT NULL DEFAULT 0, last_seq INTEGER NOT NULL DEFAULT 0,"
+    "  priority INTEGER NOT NULL DEFAULT 0, time_limit REAL NOT NULL DEFAULT 0);"
     "CREATE TABLE IF NOT EXISTS attempts ("
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL,"
     "  started_at REAL, finished_at REAL, exit_code INTEGER, reason TEXT,"
@@ -31,13 +32,50 @@ static const char SCHEMA[] =
     "  data TEXT NOT NULL, PRIMARY KEY (job_id, seq));"
     "CREATE TABLE IF NOT EXISTS metrics ("
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), event TEXT NOT NULL, step INTEGER NOT NULL,"
-    "  data TEXT NOT NULL, PRIMARY KEY (job_id, event, step));"
+    "  data TEXT NOT NULL, seq INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, event, step));"
     "CREATE TABLE IF NOT EXISTS checkpoints ("
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), step INTEGER NOT NULL, path TEXT NOT NULL,"
     "  size INTEGER NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (job_id, step));";
 
 static int db_fail(td_db *db, td_err *err, const char *what) {
     return td_fail(err, "state database: %s: %s", what, sqlite3_errmsg(db->db));
+}
+
+/* Columns added after the first release: a database written by an older traind gets them (with
+ * their defaults) the first time a newer one opens it. */
+static const struct {
+    const char *table, *column, *decl;
+} ADDED_COLUMNS[] = {
+    {"jobs", "priority", "INTEGER NOT NULL DEFAULT 0"},
+    {"jobs", "time_limit", "REAL NOT NULL DEFAULT 0"},
+    {"metrics", "seq", "INTEGER NOT NULL DEFAULT 0"},
+};
+
+static int has_column(sqlite3 *db, const char *table, const char *column) {
+    char sql[128];
+    snprintf(sql, sizeof sql, "PRAGMA table_info(%s)", table);
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) return -1;
+    int found = 0;
+    while (sqlite3_step(s) == SQLITE_ROW)
+        if (strcmp((const char *)sqlite3_column_text(s, 1), column) == 0) found = 1;
+    sqlite3_finalize(s);
+    return found;
+}
+
+static int migrate(td_db *db, const char *path, td_err *err) {
+    for (size_t i = 0; i < sizeof ADDED_COLUMNS / sizeof ADDED_COLUMNS[0]; i++) {
+        int has = has_column(db->db, ADDED_COLUMNS[i].table, ADDED_COLUMNS[i].column);
+        if (has < 0) return db_fail(db, err, "reading the schema");
+        if (has) continue;
+        char sql[256];
+        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", ADDED_COLUMNS[i].table,
+                 ADDED_COLUMNS[i].column, ADDED_COLUMNS[i].decl);
+        if (sqlite3_exec(db->db, sql, NULL, NULL, NULL) != SQLITE_OK)
+            return td_fail(err, "state database %s: cannot add %s.%s: %s", path,
+                           ADDED_COLUMNS[i].table, ADDED_COLUMNS[i].column, sqlite3_errmsg(db->db));
+    }
+    return 0;
 }
 
 int td_db_open(td_db **out, const char *path, td_err *err) {
@@ -56,6 +94,10 @@ int td_db_open(td_db **out, const char *path, td_err *err) {
         td_fail(err, "state database %s: %s (is it another program's file?)", path,
                 msg ? msg : "?");
         sqlite3_free(msg);
+        td_db_close(db);
+        return -1;
+    }
+    if (migrate(db, path, err) != 0) {
         td_db_close(db);
         return -1;
     }
@@ -100,8 +142,9 @@ static sqlite3_stmt *prepare(td_db *db, const char *sql) {
 int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = -1;
-    sqlite3_stmt *s = prepare(db, "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, "
-                                  "restarts, state, created_at) VALUES (?,?,?,?,?,?,?,?)");
+    sqlite3_stmt *s =
+        prepare(db, "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, restarts, state, "
+                    "created_at, priority, time_limit) VALUES (?,?,?,?,?,?,?,?,?,?)");
     if (!s) {
         db_fail(db, err, "preparing a job insert");
         goto out;
@@ -114,6 +157,8 @@ int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     sqlite3_bind_int(s, 6, job->restarts);
     sqlite3_bind_text(s, 7, job->state, -1, SQLITE_STATIC);
     sqlite3_bind_double(s, 8, job->created_at);
+    sqlite3_bind_int(s, 9, job->priority);
+    sqlite3_bind_double(s, 10, job->time_limit_s);
     if (step_done(db, s, err, "inserting a job") != 0) goto out;
     job->id = (long)sqlite3_last_insert_rowid(db->db);
     rc = 0;
@@ -194,8 +239,8 @@ int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_e
     if (step_done(db, s, err, "adding an event") != 0) goto rollback;
     if (ev->metric && ev->step >= 0) {
         /* a restarted attempt runs some steps again: its values replace the earlier ones */
-        s = prepare(db, "INSERT OR REPLACE INTO metrics (job_id, event, step, data) "
-                        "VALUES (?,?,?,?)");
+        s = prepare(db, "INSERT OR REPLACE INTO metrics (job_id, event, step, data, seq) "
+                        "VALUES (?,?,?,?,?)");
         if (!s) {
             db_fail(db, err, "preparing a metric");
             goto rollback;
@@ -204,6 +249,7 @@ int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_e
         sqlite3_bind_text(s, 2, ev->type, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 3, ev->step);
         sqlite3_bind_text(s, 4, ev->data, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 5, ev->seq);
         if (step_done(db, s, err, "adding a metric") != 0) goto rollback;
     }
     if (ev->checkpoint_path) {
@@ -248,7 +294,8 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
     int rc = -1;
     sqlite3_stmt *s = prepare(db, "SELECT id, name, kind, spec, nproc, max_restarts, restarts, "
                                   "state, created_at, started_at, finished_at, exit_code, "
-                                  "reason, pgid, last_seq FROM jobs ORDER BY id");
+                                  "reason, pgid, last_seq, priority, time_limit FROM jobs "
+                                  "ORDER BY id");
     sqlite3_stmt *a = prepare(db, "SELECT attempt, started_at, finished_at, exit_code, reason "
                                   "FROM attempts WHERE job_id=? ORDER BY attempt");
     if (!s || !a) {
@@ -275,6 +322,8 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
         copy_text(s, 12, j.reason, sizeof j.reason);
         j.pgid = (long)sqlite3_column_int64(s, 13);
         j.last_seq = (long)sqlite3_column_int64(s, 14);
+        j.priority = sqlite3_column_int(s, 15);
+        j.time_limit_s = sqlite3_column_double(s, 16);
         int n = 0, cap = 4;
         td_db_attempt *list = td_calloc((size_t)cap, sizeof *list);
         sqlite3_reset(a);
@@ -335,8 +384,9 @@ out:
 int td_db_metrics_json(td_db *db, long job_id, long since, td_buf *out, td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = 0;
+    /* within a step, in the order the events happened (train, eval, done), not by name */
     sqlite3_stmt *s = prepare(db, "SELECT data FROM metrics WHERE job_id=? AND step>? "
-                                  "ORDER BY step, event");
+                                  "ORDER BY step, seq");
     if (!s) {
         rc = db_fail(db, err, "reading metrics");
         goto out;
@@ -355,32 +405,39 @@ out:
     return rc;
 }
 
-int td_db_checkpoints_json(td_db *db, long job_id, td_buf *out, td_err *err) {
+int td_db_checkpoints(td_db *db, long job_id, long step, td_db_checkpoint_fn fn, void *ctx,
+                      td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = 0;
-    sqlite3_stmt *s = prepare(db, "SELECT step, size, created_at FROM checkpoints "
-                                  "WHERE job_id=? ORDER BY step");
+    sqlite3_stmt *s = prepare(db, "SELECT step, path, size, created_at FROM checkpoints "
+                                  "WHERE job_id=? AND (?<0 OR step=?) ORDER BY step");
     if (!s) {
         rc = db_fail(db, err, "reading checkpoints");
         goto out;
     }
     sqlite3_bind_int64(s, 1, job_id);
-    td_buf_puts(out, "[");
-    for (int n = 0; sqlite3_step(s) == SQLITE_ROW; n++) {
-        long step = (long)sqlite3_column_int64(s, 0);
-        char when[64];
-        time_t t = (time_t)sqlite3_column_double(s, 2);
-        struct tm tm;
-        gmtime_r(&t, &tm);
-        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-        td_buf_printf(out,
-                      "%s{\"step\":%ld,\"size\":%lld,\"created_at\":\"%s\","
-                      "\"url\":\"/v1/jobs/%ld/checkpoints/%ld/model.safetensors\"}",
-                      n ? ",\n" : "", step, (long long)sqlite3_column_int64(s, 1), when, job_id,
-                      step);
+    sqlite3_bind_int64(s, 2, step);
+    sqlite3_bind_int64(s, 3, step);
+    /* rows are copied out first: the callback reads the file system, not under this lock */
+    int n = 0, cap = 0;
+    td_db_checkpoint *rows = NULL;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            rows = realloc(rows, (size_t)cap * sizeof *rows);
+            TD_ASSERT(rows, "out of memory reading checkpoints");
+        }
+        td_db_checkpoint *c = &rows[n++];
+        c->step = (long)sqlite3_column_int64(s, 0);
+        copy_text(s, 1, c->path, sizeof c->path);
+        c->size = (long long)sqlite3_column_int64(s, 2);
+        c->created_at = sqlite3_column_double(s, 3);
     }
-    td_buf_puts(out, "]\n");
     sqlite3_finalize(s);
+    pthread_mutex_unlock(&db->mu);
+    for (int i = 0; i < n; i++) fn(ctx, &rows[i]);
+    free(rows);
+    return 0;
 out:
     pthread_mutex_unlock(&db->mu);
     return rc;
@@ -401,6 +458,36 @@ int td_db_checkpoint_path(td_db *db, long job_id, long step, char *path, size_t 
         rc = 1;
     }
     sqlite3_finalize(s);
+out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_delete_job(td_db *db, long job_id, td_err *err) {
+    static const char *const SQL[] = {
+        "DELETE FROM events WHERE job_id=?",
+        "DELETE FROM metrics WHERE job_id=?",
+        "DELETE FROM checkpoints WHERE job_id=?",
+        "DELETE FROM attempts WHERE job_id=?",
+        "DELETE FROM jobs WHERE id=?",
+    };
+    pthread_mutex_lock(&db->mu);
+    int rc = -1;
+    if (exec_locked(db, "BEGIN IMMEDIATE", err) != 0) goto out;
+    for (size_t i = 0; i < sizeof SQL / sizeof SQL[0]; i++) {
+        sqlite3_stmt *s = prepare(db, SQL[i]);
+        if (!s) {
+            db_fail(db, err, "preparing a job's deletion");
+            goto rollback;
+        }
+        sqlite3_bind_int64(s, 1, job_id);
+        if (step_done(db, s, err, "deleting a job") != 0) goto rollback;
+    }
+    if (exec_locked(db, "COMMIT", err) != 0) goto rollback;
+    rc = 0;
+    goto out;
+rollback:
+    sqlite3_exec(db->db, "ROLLBACK", NULL, NULL, NULL);
 out:
     pthread_mutex_unlock(&db->mu);
     return rc;

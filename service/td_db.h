@@ -25,16 +25,18 @@ typedef struct td_db_job {
     char state[16];
     double created_at, started_at, finished_at; /* unix seconds; 0: not yet */
     int exit_code;                              /* -1: none */
-    char reason[512];
-    long pgid;     /* the running attempt's process group, 0: none */
-    long last_seq; /* the newest event's id */
+    char reason[1024];
+    long pgid;           /* the running attempt's process group, 0: none */
+    long last_seq;       /* the newest event's id */
+    int priority;        /* higher runs first */
+    double time_limit_s; /* wall time from the first start; 0: none */
 } td_db_job;
 
 typedef struct td_db_attempt {
     int attempt;
     double started_at, finished_at;
     int exit_code; /* -1: none */
-    char reason[512];
+    char reason[1024];
 } td_db_attempt;
 
 int td_db_open(td_db **out, const char *path, td_err *err);
@@ -58,6 +60,9 @@ typedef struct td_db_event {
 } td_db_event;
 int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_err *err);
 
+/* Removes the job and everything recorded of it, in one transaction. */
+int td_db_delete_job(td_db *db, long job_id, td_err *err);
+
 /* Calls back for each job, oldest first, with its attempts. */
 typedef void (*td_db_job_fn)(void *ctx, const td_db_job *job, const td_db_attempt *attempts,
                              int n_attempts);
@@ -69,8 +74,17 @@ int td_db_events_sse(td_db *db, long job_id, long after, int limit, td_buf *out,
                      td_err *err);
 /* The metric events with step > since as a JSON array. */
 int td_db_metrics_json(td_db *db, long job_id, long since, td_buf *out, td_err *err);
-/* Checkpoints as a JSON array; or one checkpoint's file path. */
-int td_db_checkpoints_json(td_db *db, long job_id, td_buf *out, td_err *err);
+/* The job's checkpoints (step < 0), or the one of a step, in step order. */
+typedef struct td_db_checkpoint {
+    long step;
+    char path[4096]; /* a directory, or a command's single file */
+    long long size;  /* every file's bytes when it was registered */
+    double created_at;
+} td_db_checkpoint;
+typedef void (*td_db_checkpoint_fn)(void *ctx, const td_db_checkpoint *c);
+int td_db_checkpoints(td_db *db, long job_id, long step, td_db_checkpoint_fn fn, void *ctx,
+                      td_err *err);
+/* One checkpoint's path. */
 /* 1 when found (path filled), 0 when not. */
 int td_db_checkpoint_path(td_db *db, long job_id, long step, char *path, size_t len, td_err *err);
 

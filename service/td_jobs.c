@@ -1,11 +1,13 @@
 #define _GNU_SOURCE /* pipe2, signalfd */
 #include "td_jobs.h"
 
+#include "td_ckpt.h"
 #include "td_launch.h"
 #include "td_strv.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <poll.h>
@@ -32,16 +34,21 @@ typedef struct job {
     int n_attempts, cap_attempts;
     json_t *latest_train, *latest_eval;
     int n_checkpoints;
+    long last_step;  /* of rank 0's latest event with a step; given to events without one */
+    long ckpt_step;  /* the latest registered checkpoint's step, -1: none */
+    char *ckpt_path; /* and where it is (NULL: none) */
     char dir[PATH_MAX];
     char **argv, **env; /* what an attempt runs */
     char *json;         /* rendered job object; NULL when stale */
 
     bool cancel_requested;
-    bool active;  /* a group is running; holds nproc slots */
-    int *devices; /* GPU ids while active */
+    bool timed_out; /* stopped at resources.time_limit_s */
+    bool active;    /* a group is running; holds nproc slots */
+    int *devices;   /* GPU ids while active */
     td_group group;
     int out_fd; /* rank 0's stdout, read end; -1 when closed */
     td_buf line;
+    long long *log_start; /* [nproc] each rank's log size when the attempt began */
 } job;
 
 struct td_jobs {
@@ -99,13 +106,16 @@ static const char *render(job *jb) {
                                         code_json(a->exit_code), "reason", reason_json(a->reason)));
     }
     json_t *o = json_pack(
-        "{s:I, s:s, s:s, s:s, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:O, s:O}, s:i}",
+        "{s:I, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:O, s:O},"
+        " s:i}",
         "id", (json_int_t)jb->row.id, "name", jb->row.name, "kind", jb->row.kind, "state",
-        STATE_NAMES[jb->state], "nproc", jb->row.nproc, "max_restarts", jb->row.max_restarts,
-        "restarts", jb->row.restarts, "created_at", time_json(jb->row.created_at), "started_at",
-        time_json(jb->row.started_at), "finished_at", time_json(jb->row.finished_at), "exit_code",
-        code_json(jb->row.exit_code), "reason", reason_json(jb->row.reason), "attempts", attempts,
-        "latest", "train", jb->latest_train ? jb->latest_train : json_null(), "eval",
+        STATE_NAMES[jb->state], "nproc", jb->row.nproc, "priority", jb->row.priority,
+        "max_restarts", jb->row.max_restarts, "restarts", jb->row.restarts, "time_limit_s",
+        jb->row.time_limit_s > 0 ? json_real(jb->row.time_limit_s) : json_null(), "created_at",
+        time_json(jb->row.created_at), "started_at", time_json(jb->row.started_at), "finished_at",
+        time_json(jb->row.finished_at), "exit_code", code_json(jb->row.exit_code), "reason",
+        reason_json(jb->row.reason), "attempts", attempts, "latest", "train",
+        jb->latest_train ? jb->latest_train : json_null(), "eval",
         jb->latest_eval ? jb->latest_eval : json_null(), "checkpoints", jb->n_checkpoints);
     TD_ASSERT(o, "json_pack of a job failed (a bad UTF-8 name?)");
     /* the metrics as the worker printed them (%.9g), not as 17 digits */
@@ -273,13 +283,18 @@ static void start_attempt(td_jobs *j, job *jb) {
     for (int r = 0; r < n; r++) stdout_fds[r] = stderr_fds[r] = -1;
     int ok = pipe2(out_pipe, O_CLOEXEC) == 0;
     if (!ok) td_fail(&err, "pipe: %s", strerror(errno));
+    free(jb->log_start);
+    jb->log_start = td_calloc((size_t)n, sizeof *jb->log_start);
     for (int r = 0; ok && r < n; r++) {
         char path[PATH_MAX + 32];
         snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, r);
         stderr_fds[r] = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        struct stat st;
         if (stderr_fds[r] < 0) {
             td_fail(&err, "cannot open %s: %s", path, strerror(errno));
             ok = 0;
+        } else if (fstat(stderr_fds[r], &st) == 0) {
+            jb->log_start[r] = (long long)st.st_size; /* this attempt's lines start here */
         }
         stdout_fds[r] = r == 0 ? out_pipe[1] : stderr_fds[r];
         if (jb->devices) {
@@ -287,15 +302,21 @@ static void start_attempt(td_jobs *j, job *jb) {
             devices[r] = devices_text[r];
         }
     }
-    char run_id[64], job_var[64];
+    char run_id[64], job_var[64], ckpt_var[PATH_MAX + 32];
     snprintf(run_id, sizeof run_id, "traind-job-%ld", jb->row.id);
     snprintf(job_var, sizeof job_var, "TRAIND_JOB_ID=%ld", jb->row.id);
     size_t n_env = 0;
     while (jb->env[n_env]) n_env++;
-    char *env[n_env + 2];
+    char *env[n_env + 3];
     for (size_t i = 0; i < n_env; i++) env[i] = jb->env[i];
-    env[n_env] = job_var;
-    env[n_env + 1] = NULL;
+    env[n_env++] = job_var;
+    /* a command restarts from its beginning: where its own latest checkpoint is lets a script
+     * resume (traind-worker finds its checkpoints in checkpoint.dir itself) */
+    if (jb->ckpt_path && strcmp(jb->row.kind, "command") == 0) {
+        snprintf(ckpt_var, sizeof ckpt_var, "TRAIND_LATEST_CHECKPOINT=%s", jb->ckpt_path);
+        env[n_env++] = ckpt_var;
+    }
+    env[n_env] = NULL;
     td_launch_config cfg = {.nproc_per_node = n,
                             .nnodes = 1,
                             .max_restarts = jb->row.max_restarts,
@@ -353,17 +374,160 @@ static bool reserve_slots(td_jobs *j, job *jb) {
     return true;
 }
 
-/* Recovered jobs first (they were running), then the queue in order; a job that does not fit
- * waits and so do the ones behind it: first in, first out, no overtaking. */
+/* When the job's time limit ends (CLOCK_REALTIME seconds), or 0 without one. */
+static double deadline_of(const job *jb) {
+    return jb->row.time_limit_s > 0 && jb->row.started_at > 0
+               ? jb->row.started_at + jb->row.time_limit_s
+               : 0;
+}
+
+/* Queue order: higher priority first, then submission order. */
+static bool runs_before(const job *a, const job *b) {
+    return a->row.priority != b->row.priority ? a->row.priority > b->row.priority
+                                              : a->row.id < b->row.id;
+}
+
+/* The earliest time the blocked job `head` could start, assuming each running job ends at its
+ * time limit or, without one, at any moment (now): its "shadow" time, and how many slots would
+ * be left over then. Backfilling into those spare slots, or with a job whose own limit ends
+ * before the shadow time, cannot delay the head (EASY backfilling, as Slurm's backfill). */
+static void head_shadow(td_jobs *j, const job *head, double now, double *shadow, int *spare) {
+    int n = 0;
+    double ends[j->n_jobs + 1]; /* + 1: never a VLA of 0 */
+    int slots[j->n_jobs + 1];
+    for (int i = 0; i < j->n_jobs; i++) {
+        const job *jb = j->jobs[i];
+        if (!jb->active) continue;
+        double end = deadline_of(jb);
+        int k = n++;
+        for (; k > 0 && ends[k - 1] > (end > 0 ? end : now); k--)
+            ends[k] = ends[k - 1], slots[k] = slots[k - 1];
+        ends[k] = end > 0 ? end : now;
+        slots[k] = jb->row.nproc;
+    }
+    int free_slots = j->cfg.slots - j->used_slots;
+    *shadow = now;
+    for (int i = 0; i < n && free_slots < head->row.nproc; i++) {
+        free_slots += slots[i];
+        *shadow = ends[i];
+    }
+    *spare = free_slots - head->row.nproc;
+}
+
+/* Recovered jobs first (they were running), then the queue by priority and age. The first job
+ * that does not fit holds its place: a later one starts only where it cannot delay it. */
 static void schedule(td_jobs *j) {
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < j->n_jobs; i++) {
-            job *jb = j->jobs[i];
-            bool wanted = pass == 0 ? jb->state == RESTARTING && !jb->active : jb->state == QUEUED;
-            if (!wanted) continue;
-            if (!reserve_slots(j, jb)) return;
-            start_attempt(j, jb);
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (jb->state != RESTARTING || jb->active) continue;
+        if (!reserve_slots(j, jb)) return;
+        start_attempt(j, jb);
+    }
+    int n = 0;
+    job *queue[j->n_jobs + 1];
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (jb->state != QUEUED) continue;
+        int k = n++;
+        for (; k > 0 && runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
+        queue[k] = jb;
+    }
+    const job *head = NULL;
+    double shadow = 0, now = wall_now();
+    int spare = 0;
+    for (int i = 0; i < n; i++) {
+        job *jb = queue[i];
+        if (!head) {
+            if (reserve_slots(j, jb)) {
+                start_attempt(j, jb);
+                continue;
+            }
+            head = jb;
+            head_shadow(j, head, now, &shadow, &spare);
+            continue;
         }
+        if (j->cfg.slots - j->used_slots < jb->row.nproc) continue;
+        bool ends_in_time =
+            jb->row.time_limit_s > 0 && shadow > now && now + jb->row.time_limit_s <= shadow;
+        if (!ends_in_time && jb->row.nproc > spare) continue;
+        if (!ends_in_time) spare -= jb->row.nproc;
+        reserve_slots(j, jb);
+        fprintf(j->log, "traind: job %ld starts ahead of job %ld (backfill: %s)\n", jb->row.id,
+                head->row.id,
+                ends_in_time ? "its time limit ends before that job could start"
+                             : "it uses slots that job would leave free");
+        start_attempt(j, jb);
+    }
+}
+
+/* What a restarted attempt starts from, in words, for the restart event and the job's reason:
+ * traind-worker resumes from its newest checkpoint by itself; a command starts from its beginning
+ * and gets its latest registered checkpoint in TRAIND_LATEST_CHECKPOINT. */
+static void resume_note(const job *jb, char *out, size_t len) {
+    bool command = strcmp(jb->row.kind, "command") == 0;
+    if (!jb->ckpt_path)
+        snprintf(out, len, "%s",
+                 command ? "the command starts again from scratch (it registered no checkpoint)"
+                         : "starting from scratch (no checkpoint had been written)");
+    else if (command)
+        snprintf(out, len,
+                 "the command starts again from its beginning; its latest checkpoint (step %ld) "
+                 "is given to it as TRAIND_LATEST_CHECKPOINT",
+                 jb->ckpt_step);
+    else
+        snprintf(out, len, "resuming from its newest checkpoint (the latest registered: step %ld)",
+                 jb->ckpt_step);
+}
+
+static json_t *resume_json(const job *jb) {
+    return jb->ckpt_path
+               ? json_pack("{s:I, s:s}", "step", (json_int_t)jb->ckpt_step, "path", jb->ckpt_path)
+               : json_null();
+}
+
+/* The failing rank's own words for the job record, from its log lines of this attempt:
+ * traind-worker's first "error:" line, or else (any program, e.g. Python's exception line) the
+ * last line that is not a metric. Empty when there is none (a process killed by a signal). */
+static void worker_message(const job *jb, int rank, char *out, size_t len) {
+    static const char PREFIX[] = "traind-worker: error: ";
+    out[0] = 0;
+    if (!jb->log_start || rank < 0 || rank >= jb->row.nproc) return;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, rank);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    const long long cap = 1 << 20; /* the attempt's last MiB holds its end */
+    long long from = jb->log_start[rank], size = (long long)st.st_size;
+    if (size - from > cap) from = size - cap;
+    if (size <= from) {
+        close(fd);
+        return;
+    }
+    char *text = td_malloc((size_t)(size - from) + 1);
+    ssize_t got = pread(fd, text, (size_t)(size - from), (off_t)from);
+    close(fd);
+    text[got > 0 ? got : 0] = 0;
+    const char *last = NULL;
+    size_t last_len = 0;
+    for (char *line = text, *next; *line; line = next) {
+        char *nl = strchr(line, '\n');
+        next = nl ? nl + 1 : line + strlen(line);
+        size_t n = (size_t)(next - line) - (nl ? 1 : 0);
+        while (n && (line[n - 1] == '\r' || line[n - 1] == ' ')) n--;
+        if (n > sizeof PREFIX - 1 && strncmp(line, PREFIX, sizeof PREFIX - 1) == 0) {
+            snprintf(out, len, "%.*s", (int)(n - (sizeof PREFIX - 1)), line + sizeof PREFIX - 1);
+            free(text);
+            return;
+        }
+        if (n && line[0] != '{') last = line, last_len = n;
+    }
+    if (last && strcmp(jb->row.kind, "command") == 0)
+        snprintf(out, len, "%.*s", (int)last_len, last);
+    free(text);
 }
 
 /* The attempt's processes are all gone: decide what comes next. */
@@ -371,36 +535,55 @@ static void attempt_over(td_jobs *j, job *jb) {
     td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
     td_group *g = &jb->group;
     a->finished_at = wall_now();
-    a->exit_code = g->first_failure;
-    snprintf(a->reason, sizeof a->reason, "%s",
-             jb->cancel_requested ? "cancelled"
-             : g->first_failure   ? g->reason
-                                  : "");
+    /* a failure's own status, else (stopped on request or at the time limit) the status the
+     * processes ended with: 137 for one that needed SIGKILL after the grace period */
+    int code = g->first_failure ? g->first_failure : g->stop_status;
+    char reason[1024], own[320];
+    if (g->first_failure) {
+        worker_message(jb, g->failed_rank, own, sizeof own);
+        snprintf(reason, sizeof reason, "%s%s%s", g->reason, own[0] ? ": " : "", own);
+    } else if (jb->cancel_requested) {
+        snprintf(reason, sizeof reason, "cancelled by request");
+    } else if (jb->timed_out) {
+        snprintf(reason, sizeof reason,
+                 "stopped at its time limit of %g s (resources.time_limit_s)",
+                 jb->row.time_limit_s);
+    } else {
+        reason[0] = 0;
+    }
+    if (g->grace_note[0])
+        snprintf(reason + strlen(reason), sizeof reason - strlen(reason), "%s%s",
+                 reason[0] ? "; " : "", g->grace_note);
+    a->exit_code = code;
+    snprintf(a->reason, sizeof a->reason, "%s", reason);
     save_attempt(j, jb, a);
-    int code = g->first_failure;
-    char reason[512];
-    snprintf(reason, sizeof reason, "%s", g->reason);
     td_group_free(g);
     if (jb->cancel_requested) {
         release_slots(j, jb);
-        finish(j, jb, CANCELLED, -1, "cancelled by request");
+        finish(j, jb, CANCELLED, code, reason);
+    } else if (jb->timed_out) {
+        release_slots(j, jb);
+        finish(j, jb, FAILED, code, reason);
     } else if (code == 0) {
         release_slots(j, jb);
         finish(j, jb, SUCCEEDED, 0, "");
     } else if (jb->row.restarts < jb->row.max_restarts) {
         jb->row.restarts++;
         set_state(jb, RESTARTING);
-        snprintf(jb->row.reason, sizeof jb->row.reason, "%s", reason);
-        json_t *d = json_pack("{s:i, s:i, s:s, s:i}", "attempt", jb->n_attempts, "restarts",
-                              jb->row.restarts, "reason", reason, "exit_code", code);
+        char note[256];
+        resume_note(jb, note, sizeof note);
+        snprintf(jb->row.reason, sizeof jb->row.reason, "%.300s; restart %d of %d, %s", reason,
+                 jb->row.restarts, jb->row.max_restarts, note);
+        json_t *d = json_pack("{s:i, s:i, s:s, s:i, s:o}", "attempt", jb->n_attempts, "restarts",
+                              jb->row.restarts, "reason", jb->row.reason, "exit_code", code,
+                              "resume_from", resume_json(jb));
         emit(j, jb, "restart", d, NULL, -1, false, NULL, 0);
         json_decref(d);
         emit_state(j, jb);
-        fprintf(j->log, "traind: job %ld: %s; restart %d of %d\n", jb->row.id, reason,
-                jb->row.restarts, jb->row.max_restarts);
+        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, jb->row.reason);
         start_attempt(j, jb); /* keeps its slots */
     } else {
-        char why[600];
+        char why[1200];
         snprintf(why, sizeof why, "%s (attempt %d; %d restart%s allowed)", reason, jb->n_attempts,
                  jb->row.max_restarts, jb->row.max_restarts == 1 ? "" : "s");
         release_slots(j, jb);
@@ -420,8 +603,35 @@ static void append_rank0_log(job *jb, const char *line, size_t n) {
     close(fd);
 }
 
-/* A line of rank 0's stdout: a JSON object with a string "event" is an event (and a metric
- * when it has a step); anything else only goes to the log. */
+static void set_latest_checkpoint(job *jb, long step, const char *path) {
+    free(jb->ckpt_path);
+    jb->ckpt_path = td_str_dup(path);
+    jb->ckpt_step = step;
+}
+
+/* A checkpoint event's path: a directory (traind-worker's step-N/, or any a command writes) or
+ * one file (a command's torch.save). Registered with its total size when it exists. */
+static bool checkpoint_size(const char *path, long long *size) {
+    struct stat st;
+    if (!path || !*path || stat(path, &st) != 0) return false;
+    if (S_ISREG(st.st_mode)) {
+        *size = (long long)st.st_size;
+        return true;
+    }
+    if (!S_ISDIR(st.st_mode)) return false;
+    td_err err = {{0}};
+    td_ckpt_file *files = NULL;
+    int n = 0;
+    if (td_ckpt_list(path, &files, &n, &err) != 0) return false;
+    *size = 0;
+    for (int i = 0; i < n; i++) *size += files[i].size;
+    td_ckpt_files_free(files, n);
+    return true;
+}
+
+/* A line of rank 0's stdout: a JSON object with a string "event" is an event, and a metric
+ * unless it is a checkpoint. An event without an integer "step" gets the step of the latest one
+ * that had one (0 before any), so every metric has a place on the step axis. */
 static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
     append_rank0_log(jb, line, n);
     json_error_t jerr;
@@ -433,21 +643,35 @@ static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
         return;
     }
     json_t *step_v = json_object_get(o, "step");
-    long step = json_is_integer(step_v) ? (long)json_integer_value(step_v) : -1;
+    bool changed = false;
+    long step;
+    if (json_is_integer(step_v) && json_integer_value(step_v) >= 0) {
+        step = (long)json_integer_value(step_v);
+        jb->last_step = step;
+    } else {
+        step = jb->last_step;
+        json_object_set_new(o, "step", json_integer(step));
+        changed = true;
+    }
     const char *ckpt = NULL;
     long long size = 0;
-    char file[PATH_MAX + 32];
-    if (strcmp(type, "checkpoint") == 0 && step >= 0) {
-        const char *dir = json_string_value(json_object_get(o, "path"));
-        struct stat st;
-        if (dir) {
-            snprintf(file, sizeof file, "%s/model.safetensors", dir);
-            if (stat(file, &st) == 0) {
-                ckpt = dir;
-                size = (long long)st.st_size;
-                json_object_set_new(o, "size", json_integer(size));
-                jb->n_checkpoints++;
-            }
+    char full[2 * PATH_MAX];
+    if (strcmp(type, "checkpoint") == 0) {
+        const char *path = json_string_value(json_object_get(o, "path"));
+        /* relative to the job's directory, where its processes run; copied, as "path" is
+         * replaced in o below */
+        if (path) {
+            snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : jb->dir,
+                     path[0] == '/' ? "" : "/", path);
+            path = full;
+        }
+        if (checkpoint_size(path, &size)) {
+            ckpt = path;
+            json_object_set_new(o, "path", json_string(path));
+            json_object_set_new(o, "size", json_integer(size));
+            changed = true;
+            jb->n_checkpoints++;
+            set_latest_checkpoint(jb, step, path);
         }
     }
     if (strcmp(type, "train") == 0) {
@@ -457,9 +681,9 @@ static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
         json_decref(jb->latest_eval);
         jb->latest_eval = json_incref(o);
     }
-    bool metric = step >= 0 && strcmp(type, "checkpoint") != 0;
+    bool metric = strcmp(type, "checkpoint") != 0;
     /* kept as written unless it changed or holds a CR (which would break an SSE record) */
-    bool raw = !ckpt && !memchr(line, '\r', n);
+    bool raw = !changed && !memchr(line, '\r', n);
     emit(j, jb, type, o, raw ? line : NULL, step, metric, ckpt, size);
     json_decref(o);
 }
@@ -524,15 +748,26 @@ static void *supervise(void *arg) {
         fds[n++] = (struct pollfd){j->wake_fd, POLLIN, 0};
         fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
         bool ticking = false;
+        double now = wall_now(), next_limit = 0;
         for (int i = 0; i < j->n_jobs; i++) {
             job *jb = j->jobs[i];
             if (!jb->active) continue;
             ticking |= jb->group.terminating || jb->cancel_requested;
+            double limit = deadline_of(jb);
+            if (limit > 0 && !jb->timed_out && (next_limit == 0 || limit < next_limit))
+                next_limit = limit;
             if (jb->out_fd >= 0) owner[n] = jb, fds[n++] = (struct pollfd){jb->out_fd, POLLIN, 0};
         }
+        /* kill deadlines and time limits are the only things without a file descriptor to
+         * wake us */
+        int timeout_ms = ticking ? 100 : -1;
+        if (next_limit > 0) {
+            double ms = (next_limit - now) * 1000.0 + 1.0;
+            int until = ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
+            if (timeout_ms < 0 || until < timeout_ms) timeout_ms = until;
+        }
         pthread_mutex_unlock(&j->mu);
-        /* a kill deadline is the only thing without a file descriptor to wake us */
-        int rc = poll(fds, (nfds_t)n, ticking ? 100 : -1);
+        int rc = poll(fds, (nfds_t)n, timeout_ms);
         pthread_mutex_lock(&j->mu);
         if (rc < 0 && errno != EINTR) {
             fprintf(j->log, "traind: poll: %s\n", strerror(errno));
@@ -553,7 +788,13 @@ static void *supervise(void *arg) {
         for (int i = 0; i < j->n_jobs; i++) {
             job *jb = j->jobs[i];
             if (!jb->active || !jb->group.pids) continue;
-            if (jb->cancel_requested && !jb->group.terminating)
+            double limit = deadline_of(jb);
+            if (limit > 0 && !jb->timed_out && !jb->cancel_requested && wall_now() >= limit) {
+                jb->timed_out = true;
+                fprintf(j->log, "traind: job %ld reached its time limit of %g s: stopping it\n",
+                        jb->row.id, jb->row.time_limit_s);
+            }
+            if ((jb->cancel_requested || jb->timed_out) && !jb->group.terminating)
                 td_group_terminate(&jb->group, SIGTERM, j->cfg.grace_s);
             td_group_tick(&jb->group);
             if (jb->group.alive == 0) {
@@ -581,6 +822,7 @@ static job *new_job(td_jobs *j, const td_db_job *row) {
     job *jb = td_calloc(1, sizeof *jb);
     jb->row = *row;
     jb->out_fd = -1;
+    jb->ckpt_step = -1;
     jb->state = QUEUED;
     for (int s = 0; s < N_STATES; s++)
         if (strcmp(row->state, STATE_NAMES[s]) == 0) jb->state = s;
@@ -615,12 +857,18 @@ static void load_latest(td_jobs *j, job *jb) {
         if (!end) break;
         *nl = *end = 0;
         json_t *o = json_loads(data, 0, NULL);
-        if (strcmp(type, "train") == 0)
+        json_t *step = json_object_get(o, "step");
+        bool ours = !strcmp(type, "state") || !strcmp(type, "restart"); /* the daemon's */
+        if (!ours && json_is_integer(step)) jb->last_step = (long)json_integer_value(step);
+        if (strcmp(type, "train") == 0) {
             json_decref(jb->latest_train), jb->latest_train = o, o = NULL;
-        else if (strcmp(type, "eval") == 0)
+        } else if (strcmp(type, "eval") == 0) {
             json_decref(jb->latest_eval), jb->latest_eval = o, o = NULL;
-        else if (strcmp(type, "checkpoint") == 0 && json_object_get(o, "size"))
+        } else if (strcmp(type, "checkpoint") == 0 && json_object_get(o, "size")) {
             jb->n_checkpoints++;
+            const char *path = json_string_value(json_object_get(o, "path"));
+            if (path) set_latest_checkpoint(jb, (long)json_integer_value(step), path);
+        }
         json_decref(o);
         p = end + 1;
     }
@@ -640,11 +888,13 @@ static void recover(td_jobs *j, job *jb) {
     }
     jb->row.pgid = 0;
     set_state(jb, RESTARTING);
-    snprintf(jb->row.reason, sizeof jb->row.reason, "the daemon restarted");
-    json_t *d = json_pack("{s:i, s:i, s:s}", "attempt", jb->n_attempts, "restarts",
-                          jb->row.restarts, "reason",
-                          "the daemon restarted; resuming from the latest checkpoint (not "
-                          "counted against max_restarts)");
+    char note[256];
+    resume_note(jb, note, sizeof note);
+    snprintf(jb->row.reason, sizeof jb->row.reason,
+             "the daemon restarted while the job ran; %s (not counted against max_restarts)", note);
+    json_t *d =
+        json_pack("{s:i, s:i, s:s, s:o}", "attempt", jb->n_attempts, "restarts", jb->row.restarts,
+                  "reason", jb->row.reason, "resume_from", resume_json(jb));
     emit(j, jb, "restart", d, NULL, -1, false, NULL, 0);
     json_decref(d);
     emit_state(j, jb);
@@ -733,6 +983,8 @@ static void free_job(job *jb) {
     free(jb->attempts);
     json_decref(jb->latest_train);
     json_decref(jb->latest_eval);
+    free(jb->ckpt_path);
+    free(jb->log_start);
     td_strv_free(jb->argv);
     td_strv_free(jb->env);
     free(jb->json);
@@ -783,7 +1035,11 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
                    td_reply_error *e) {
     td_submission s;
     if (td_submission_parse(&s, body, len, &j->cfg.rules, e) != 0) return -1;
-    td_db_job row = {.nproc = s.nproc, .max_restarts = s.max_restarts, .exit_code = -1};
+    td_db_job row = {.nproc = s.nproc,
+                     .max_restarts = s.max_restarts,
+                     .priority = s.priority,
+                     .time_limit_s = s.time_limit_s,
+                     .exit_code = -1};
     snprintf(row.name, sizeof row.name, "%s", s.name);
     snprintf(row.kind, sizeof row.kind, "%s", s.command ? "command" : "train");
     snprintf(row.state, sizeof row.state, "queued");
@@ -929,4 +1185,52 @@ int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_r
 
 td_db *td_jobs_db(td_jobs *j) {
     return j->db;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st, (void)ftw;
+    return (type == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+int td_jobs_delete(td_jobs *j, long id, td_reply_error *e) {
+    pthread_mutex_lock(&j->mu);
+    int at = -1;
+    for (int i = 0; i < j->n_jobs; i++)
+        if (j->jobs[i]->row.id == id) at = i;
+    if (at < 0) {
+        pthread_mutex_unlock(&j->mu);
+        return not_found(e, id);
+    }
+    job *jb = j->jobs[at];
+    if (!final_state(jb->state)) {
+        int rc = td_reply_fail(e, 409, "conflict", NULL,
+                               "job %ld is %s: only a finished job can be deleted (cancel it "
+                               "first: POST /v1/jobs/%ld/cancel)",
+                               id, STATE_NAMES[jb->state], id);
+        pthread_mutex_unlock(&j->mu);
+        return rc;
+    }
+    td_err err = {{0}};
+    if (td_db_delete_job(j->db, id, &err) != 0) {
+        pthread_mutex_unlock(&j->mu);
+        return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
+    }
+    /* out of the way at once (a rename), removed after the lock is let go: a job's files can
+     * be gigabytes of checkpoints */
+    char doomed[PATH_MAX + 32];
+    snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.state_dir, id);
+    bool moved = rename(jb->dir, doomed) == 0;
+    if (!moved && errno != ENOENT)
+        fprintf(j->log, "traind: job %ld: cannot move %s aside: %s\n", id, jb->dir,
+                strerror(errno));
+    memmove(&j->jobs[at], &j->jobs[at + 1], (size_t)(j->n_jobs - at - 1) * sizeof *j->jobs);
+    j->n_jobs--;
+    pthread_cond_broadcast(&j->changed); /* its streams end */
+    free_job(jb);
+    pthread_mutex_unlock(&j->mu);
+    if (moved && nftw(doomed, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        fprintf(j->log, "traind: job %ld: cannot remove all of %s: %s\n", id, doomed,
+                strerror(errno));
+    fprintf(j->log, "traind: job %ld deleted\n", id);
+    return 0;
 }

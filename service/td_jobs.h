@@ -1,4 +1,5 @@
-/* The daemon's jobs: the FIFO queue, the slots, and the supervisor thread that starts attempts
+/* The daemon's jobs: the queue (priority, then age; backfilling that never delays the head), the
+ * slots, and the supervisor thread that starts attempts
  * (td_launch's groups), reads rank 0's metric lines, records every change in the database
  * before announcing it, restarts failed attempts from their checkpoints and cancels on request.
  *
@@ -46,6 +47,10 @@ void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *ou
 unsigned td_jobs_state_bit(const char *state); /* 0: not a state */
 /* Stops the job and waits until none of its processes is left; then the job's JSON. */
 int td_jobs_cancel(td_jobs *j, long id, td_buf *out, td_reply_error *e);
+
+/* Removes a finished job: its records and its directory (checkpoints it wrote elsewhere, in a
+ * checkpoint.dir of its own, stay). 404 for no such job, 409 for one not finished. */
+int td_jobs_delete(td_jobs *j, long id, td_reply_error *e);
 
 /* For streams: waits until the job has an event after `after`, has ended, the daemon stops, or
  * timeout_s passes. -1 when there is no such job; *last_seq: its newest event; *ended: it is

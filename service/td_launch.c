@@ -204,6 +204,12 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
     g->pids[local] = 0;
     g->alive--;
     int code = status_code(status);
+    if (code != 0 && g->terminating && !g->stop_status) g->stop_status = code;
+    if (g->grace_expired && !g->grace_note[0] && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        snprintf(g->grace_note, sizeof g->grace_note,
+                 "rank %d (pid %d) did not stop within the %g s grace period after SIGTERM and "
+                 "was killed with SIGKILL (exit status 137)",
+                 g->rank_base + local, (int)pid, g->grace_s);
     if (code != 0 && !g->terminating) {
         g->first_failure = code;
         g->failed_rank = g->rank_base + local;
@@ -223,6 +229,7 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
 void td_group_terminate(td_group *g, int sig, double grace_s) {
     if (g->pgid && g->alive > 0) killpg(g->pgid, sig);
     g->terminating = true;
+    g->grace_s = grace_s;
     g->kill_at = sig == SIGKILL ? 0 : td_launch_now() + grace_s;
 }
 
@@ -230,6 +237,7 @@ void td_group_tick(td_group *g) {
     if (g->terminating && g->kill_at > 0 && g->alive > 0 && td_launch_now() >= g->kill_at) {
         killpg(g->pgid, SIGKILL);
         g->kill_at = 0;
+        g->grace_expired = true; /* who was still there is told by td_group_reaped */
     }
 }
 

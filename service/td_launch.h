@@ -47,6 +47,12 @@ typedef struct td_group {
     int first_failure; /* the first failing worker's status (128 + signal), 0: none */
     int failed_rank;   /* its global rank, -1: none */
     char reason[256];  /* in words, for logs and the daemon's job record */
+    /* once terminating: the first non-zero status of a worker told to stop (0: every one
+     * stopped cleanly), and whether the grace period ran out (SIGKILL sent) */
+    int stop_status;
+    bool grace_expired;
+    char grace_note[192]; /* "rank R (pid P) ignored SIGTERM ..." when a worker was SIGKILLed */
+    double grace_s;
 } td_group;
 
 /* Starts attempt `attempt` (TORCHELASTIC_RESTART_COUNT) of cfg's group. Safe in a multithreaded

@@ -50,6 +50,7 @@ SOURCE_DIR = None  # argv[2]
 TIMEOUT = 60.0  # seconds, on every socket: a stuck daemon fails the test, never hangs it
 START_TIMEOUT = 30.0  # until the "listening" line
 EXIT_TIMEOUT = 30.0  # for processes that must die (PDEATHSIG after a kill -9 of the daemon)
+STREAM_DEADLINE = 180.0  # the longest any test follows one event stream
 
 LISTEN_RE = re.compile(r"^traind: listening on http://127\.0\.0\.1:(\d+)\s*$")
 ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
@@ -246,6 +247,7 @@ class Daemon:
     def start(self):
         fd, self.stdout_path = tempfile.mkstemp(prefix="traind-stdout-", suffix=".log")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        env.pop("PYTHONUNBUFFERED", None)  # as systemd starts it: the daemon must see to it
         argv = [TRAIND, "--listen", "127.0.0.1:0", "--state-dir", self.state_dir] + self.args
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
                                      stderr=subprocess.PIPE, env=env, start_new_session=True)
@@ -451,10 +453,13 @@ class EventStream:
     """A Server-Sent Events response, read line by line: iterating yields Event(id, event,
     data) with the data decoded from JSON, and stops when the server closes the stream."""
 
-    def __init__(self, daemon, path, headers):
+    def __init__(self, daemon, path, headers, deadline=STREAM_DEADLINE):
         self.path = path
         self.conn = daemon.connect()
         self.ended = False
+        # keep-alive comments every 15 s defeat the socket timeout: a stream whose awaited event
+        # never comes must still fail the test
+        self.deadline = time.monotonic() + deadline
         h = daemon._headers(True, headers, False)
         h["Accept"] = "text/event-stream"
         self.conn.request("GET", path, headers=h)
@@ -483,6 +488,8 @@ class EventStream:
     def __next__(self):
         ev_id, name, data, started = None, None, [], False
         while True:
+            if time.monotonic() > self.deadline:
+                raise AssertionError(f"{self.path}: still open after {STREAM_DEADLINE} s")
             line = self.resp.readline()
             if not line or not line.endswith(b"\n"):
                 self.ended = True
@@ -753,12 +760,17 @@ class DaemonTest(unittest.TestCase):
             self.assertEqual(c["url"], f"/v1/jobs/{jid}/checkpoints/{c['step']}/model.safetensors")
             self.assertRegex(c["created_at"], ISO_RE)
             self.assertEqual(c["size"], sse_ckpt[c["step"]], "size in the list and in the event")
+            self.assertEqual([f["name"] for f in c["files"]],
+                             ["model.safetensors", "optimizer.safetensors", "state.json"])
+            self.assertEqual(c["size"], sum(f["size"] for f in c["files"]),
+                             "size is the checkpoint's bytes, every file")
         last = max(ckpts, key=lambda c: c["step"])
         status, hdrs, full = d.request("GET", last["url"])
         self.assertEqual(status, 200)
         self.assertTrue(hdrs.get("content-type", "").startswith("application/octet-stream"),
                         hdrs)
-        self.assertEqual(len(full), last["size"], "size is the model.safetensors file's size")
+        model_size = [f["size"] for f in last["files"] if f["name"] == "model.safetensors"][0]
+        self.assertEqual(len(full), model_size, "the listed size of model.safetensors")
         (n,) = struct.unpack("<Q", full[:8])
         self.assertLess(8 + n, len(full))
         header = json.loads(full[8:8 + n])
@@ -1188,6 +1200,414 @@ class DaemonTest(unittest.TestCase):
         self.assertIn("gloo_metrics rank 0 of 2 starting", log0)
         self.assertEqual(d.workers(lambda pid: "gloo_metrics.py" in " ".join(cmdline(pid))), [])
 
+
+    # -- 8: one daemon per state directory, one per address
+
+    def run_second_traind(self, *args, timeout=START_TIMEOUT):
+        """Runs a traind that is expected to refuse to start: (exit code, stderr)."""
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        proc = subprocess.run([TRAIND] + list(args), stdin=subprocess.DEVNULL,
+                              capture_output=True, env=env, timeout=timeout)
+        return proc.returncode, proc.stderr.decode(errors="replace")
+
+    def test_8a_second_daemon_on_state_dir_exits(self):
+        d = self.start_daemon("--slots", "2")
+        job, _ = d.submit(train_spec("untouched", epochs=3))
+        jid = job["id"]
+        stream = d.events(jid)
+        self.addCleanup(stream.close)
+        head = stream.until(lambda e: e.event == "train", "the first train event")
+        workers = d.workers()
+        self.assertEqual(len(workers), 1, describe_procs([w[0] for w in workers]))
+
+        code, err = self.run_second_traind("--listen", "127.0.0.1:0", "--state-dir", d.state_dir)
+        self.assertNotEqual(code, 0, f"a second daemon on the same state dir started: {err}")
+        self.assertIn(d.state_dir, err, "the message names the directory")
+        self.assertIn(f"pid {d.pid}", err, "the message names the daemon holding it")
+        self.assertNotIn("listening", err)
+
+        self.assertEqual(d.workers()[0][0], workers[0][0], "the first daemon's worker lives on")
+        rest = stream.rest()
+        events = head + rest
+        self.assert_consecutive(events)
+        self.assertNotIn("restart", [e.event for e in events])
+        job = self.assert_final(d, jid, events, "succeeded")
+        self.assertEqual(len(job["attempts"]), 1, job["attempts"])
+        self.assertEqual(job["reason"], None)
+        self.assertFalse([l for l in d.stderr_tail(400).splitlines() if "UNIQUE" in l])
+
+    def test_8b_second_daemon_on_port_exits(self):
+        d = self.start_daemon("--slots", "1")
+        other = self.new_state_dir()
+        code, err = self.run_second_traind("--listen", f"127.0.0.1:{d.port}", "--state-dir",
+                                           other)
+        self.assertNotEqual(code, 0, f"a second daemon on port {d.port} started: {err}")
+        self.assertRegex(err, re.compile(r"in use", re.I))
+        self.assertIn(str(d.port), err)
+        self.assertFalse(os.path.exists(os.path.join(other, "state.db")),
+                         "it stopped before opening its state")
+        for i in range(20):  # every request reaches the one daemon: its token is accepted
+            status, _, _ = d.json("GET", "/v1/jobs")
+            self.assertEqual(status, 200, f"request {i}")
+
+    # -- 9: Python command jobs' metrics arrive while they run
+
+    def test_9_python_metrics_unbuffered(self):
+        d = self.start_daemon("--slots", "1")
+        fifo = os.path.join(d.state_dir, "release")
+        os.mkfifo(fifo)
+        code = ("import json, sys\n"
+                "print(json.dumps({'event': 'train', 'step': 1, 'loss': 0.5}))\n"
+                "print('a plain line')\n"
+                f"open({fifo!r}).read()\n"  # blocks until the test has seen the metric
+                "print(json.dumps({'event': 'done', 'step': 2}))\n")
+        job, _ = d.submit({"name": "unflushed", "command": ["/usr/bin/python3", "-c", code]})
+        jid = job["id"]
+        with d.events(jid) as stream:
+            first = stream.until(lambda e: e.event == "train", "the unflushed metric")
+            self.assertEqual(first[-1].data["loss"], 0.5)
+            self.assertEqual(d.job(jid)["state"], "running", "delivered while the job runs")
+            with open(fifo, "w") as f:
+                f.write("go")
+            rest = stream.rest()
+        self.assert_final(d, jid, first + rest, "succeeded")
+
+    # -- 10: data checked at submit time; a run-time failure's own words in the record
+
+    def test_10a_bad_data_is_a_400(self):
+        d = self.start_daemon("--slots", "1")
+        data = os.path.join(d.state_dir, "bad-data")
+        os.mkdir(data)
+        images, labels = os.path.join(data, "images.idx"), os.path.join(data, "labels.idx")
+        write_idx(images, labels, n=64)
+        short_labels = os.path.join(data, "short-labels.idx")
+        with open(short_labels, "wb") as f:
+            f.write(struct.pack(">II", 0x00000801, 63) + bytes(63))
+        big_labels = os.path.join(data, "big-labels.idx")
+        with open(big_labels, "wb") as f:
+            f.write(struct.pack(">II", 0x00000801, 64) + bytes([12] * 64))
+        truncated = os.path.join(data, "truncated.idx")
+        with open(images, "rb") as f, open(truncated, "wb") as g:
+            g.write(f.read()[:-100])
+        cifar = os.path.join(data, "batch.bin")
+        with open(cifar, "wb") as f:
+            f.write(bytes(3073 * 2 + 5))
+        npy_x, npy_y = os.path.join(data, "x.npy"), os.path.join(data, "y.npy")
+        with open(npy_x, "wb") as f:  # 4 samples of 2 features, float32
+            header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), }"
+            header += " " * (63 - len(header) - 10) + "\n"
+            f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+            f.write(bytes(4 * 2 * 4))
+        with open(npy_y, "wb") as f:  # 3 labels
+            header = "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }"
+            header += " " * (63 - len(header) - 10) + "\n"
+            f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+            f.write(bytes(3 * 8))
+
+        def spec(train, val=None, fmt="idx", classes=10, preset="lenet5"):
+            data_ = {"format": fmt, "train": train}
+            if val:
+                data_["val"] = val
+            return {"name": "bad", "model": {"preset": preset, "num_classes": classes},
+                    "data": data_, "train": {"epochs": 1, "batch_size": 8, "threads": 1,
+                                             "optimizer": {"type": "sgd", "lr": 0.01}}}
+        missing = os.path.join(data, "missing.idx")
+        cases = [
+            ("a missing file", spec({"images": missing, "labels": labels}),
+             "data.train.images", "cannot open"),
+            ("labels given as images", spec({"images": labels, "labels": labels}),
+             "data.train.images", "not an IDX image file"),
+            ("images given as labels", spec({"images": images, "labels": images}),
+             "data.train.labels", "not an IDX label file"),
+            ("fewer labels than images", spec({"images": images, "labels": short_labels}),
+             "data.train.labels", "63 labels"),
+            ("a label outside num_classes", spec({"images": images, "labels": big_labels}),
+             "data.train.labels", "label 12"),
+            ("a truncated image file", spec({"images": truncated, "labels": labels}),
+             "data.train.images", "truncated"),
+            ("a bad validation file", spec({"images": images, "labels": labels},
+                                           {"images": images, "labels": missing}),
+             "data.val.labels", "cannot open"),
+            ("a CIFAR file of the wrong size", spec({"files": [cifar]}, fmt="cifar10"),
+             "data.train.files[0]", "whole number of CIFAR-10 records"),
+            ("npy labels that do not match the samples",
+             spec({"images": npy_x, "labels": npy_y}, fmt="npy", preset="mlp"),
+             "data.train", "3 labels"),
+        ]
+        for what, body, field, text in cases:
+            err = self.assert_error(d.json("POST", "/v1/jobs", body), 400, "invalid_data",
+                                    what=what)
+            self.assertTrue(err["field"].startswith(field), f"{what}: field {err['field']}")
+            self.assertIn(text, err["message"], what)
+            self.assertIn(err["field"], err["message"], f"{what}: the message names the field")
+        self.assertEqual(d.get_ok("/v1/jobs")["jobs"], [], "no rejected request created a job")
+        job, _ = d.submit(spec({"images": images, "labels": labels}))  # the positive control
+        self.assert_final(d, job["id"], d.follow(job["id"]), "succeeded")
+
+    def test_10b_run_time_failure_reason(self):
+        d = self.start_daemon("--slots", "1")
+        data = os.path.join(d.state_dir, "gz-data")
+        os.mkdir(data)
+        images, labels = os.path.join(data, "images.idx"), os.path.join(data, "labels.idx")
+        write_idx(images, labels, n=64)
+        import gzip
+        with open(images, "rb") as f:
+            packed = gzip.compress(f.read())
+        cut = os.path.join(data, "images.idx.gz")
+        with open(cut, "wb") as f:  # a gzip stream cut short: only decompressing finds it
+            f.write(packed[:len(packed) // 2])
+        job, _ = d.submit({"name": "gz", "model": {"preset": "lenet5", "num_classes": 10},
+                           "data": {"format": "idx", "train": {"images": cut, "labels": labels}},
+                           "train": {"epochs": 1, "batch_size": 8, "threads": 1,
+                                     "optimizer": {"type": "sgd", "lr": 0.01}}})
+        events = d.follow(job["id"])
+        job = self.assert_final(d, job["id"], events, "failed")
+        for where, reason in (("job", job["reason"]), ("attempt", job["attempts"][0]["reason"]),
+                              ("state event", events[-1].data["reason"])):
+            self.assertIn("truncated", reason, f"the {where}'s reason has the worker's message")
+            self.assertIn(cut, reason, f"the {where}'s reason names the file")
+            self.assertIn("exit code 1", reason)
+
+    # -- 11: every file of a checkpoint, and the whole as a tar
+
+    def assert_checkpoint_downloads(self, d, jid, ckpt, on_disk):
+        """Every listed file of `ckpt` downloads as the bytes in `on_disk` (a directory or a
+        file); the .tar holds the same files."""
+        import tarfile
+        import io
+        expect = {}
+        if os.path.isdir(on_disk):
+            for root, _, names in os.walk(on_disk):
+                for n in names:
+                    full = os.path.join(root, n)
+                    with open(full, "rb") as f:
+                        expect[os.path.relpath(full, on_disk)] = f.read()
+        else:
+            with open(on_disk, "rb") as f:
+                expect[os.path.basename(on_disk)] = f.read()
+        self.assertEqual(sorted(f["name"] for f in ckpt["files"]), sorted(expect))
+        for f in ckpt["files"]:
+            status, _, body = d.request("GET", f["url"])
+            self.assertEqual(status, 200, f["url"])
+            self.assertEqual(body, expect[f["name"]], f"{f['url']} is the file on disk")
+            self.assertEqual(f["size"], len(body))
+        status, hdrs, body = d.request("GET", ckpt["archive_url"])
+        self.assertEqual(status, 200, ckpt["archive_url"])
+        self.assertEqual(hdrs.get("content-type"), "application/x-tar")
+        with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        top = os.path.basename(on_disk) + "/" if os.path.isdir(on_disk) else ""
+        self.assertEqual(members, {top + k: v for k, v in expect.items()})
+
+    def test_11_checkpoint_files(self):
+        d = self.start_daemon("--slots", "1")
+        job, _ = d.submit(train_spec("files", epochs=1))
+        jid = job["id"]
+        self.assert_final(d, jid, d.follow(jid), "succeeded")
+        ckpts = d.get_ok(f"/v1/jobs/{jid}/checkpoints")
+        root = os.path.join(d.state_dir, "jobs", str(jid), "checkpoints")
+        for c in ckpts:
+            self.assertTrue(c["on_disk"])
+            self.assert_checkpoint_downloads(d, jid, c, os.path.join(root, f"step-{c['step']:08d}"))
+        one = d.get_ok(f"/v1/jobs/{jid}/checkpoints/{ckpts[0]['step']}")
+        self.assertEqual(one, ckpts[0], "one checkpoint's object is its list entry")
+        state = [f["url"] for f in ckpts[-1]["files"] if f["name"] == "state.json"][0]
+        status, hdrs, part = d.request("GET", state, headers={"Range": "bytes=0-0"})
+        self.assertEqual((status, part), (206, b"{"), "Range works on every file")
+        for bad in ("../../token", "..", "nope.bin", "model.safetensors/x", "/etc/passwd"):
+            self.assert_error(d.json("GET", f"/v1/jobs/{jid}/checkpoints/32/{bad}"), 404,
+                              "not_found", what=f"file {bad!r}")
+        self.assert_error(d.json("GET", f"/v1/jobs/{jid}/checkpoints/7.tar"), 404, "not_found",
+                          what="the archive of a step without a checkpoint")
+
+        # a command job's own checkpoints: a directory (with a subdirectory) and a single file
+        code = ("import json, os\n"
+                "os.makedirs('ck/step-3/extra')\n"
+                "open('ck/step-3/weights.pt', 'wb').write(b'w' * 1000)\n"
+                "open('ck/step-3/extra/notes.txt', 'w').write('hello')\n"
+                "print(json.dumps({'event': 'checkpoint', 'step': 3, 'path': 'ck/step-3'}))\n"
+                "open('final.pt', 'wb').write(bytes(range(256)) * 4)\n"
+                "print(json.dumps({'event': 'checkpoint', 'step': 5, "
+                "'path': os.path.abspath('final.pt')}))\n")
+        job, _ = d.submit({"name": "cmd-ckpt", "command": ["/usr/bin/python3", "-c", code]})
+        cid = job["id"]
+        events = d.follow(cid)
+        self.assert_final(d, cid, events, "succeeded")
+        self.assertEqual([e.data["size"] for e in events if e.event == "checkpoint"],
+                         [1005, 1024])
+        job_dir = os.path.join(d.state_dir, "jobs", str(cid))
+        self.assertEqual([e.data["path"] for e in events if e.event == "checkpoint"],
+                         [os.path.join(job_dir, "ck", "step-3"), os.path.join(job_dir, "final.pt")],
+                         "a relative path is the job directory's")
+        ckpts = d.get_ok(f"/v1/jobs/{cid}/checkpoints")
+        self.assertEqual([c["step"] for c in ckpts], [3, 5])
+        self.assert_checkpoint_downloads(d, cid, ckpts[0], os.path.join(job_dir, "ck", "step-3"))
+        self.assert_checkpoint_downloads(d, cid, ckpts[1], os.path.join(job_dir, "final.pt"))
+        self.assertIsNone(ckpts[0]["url"], "no model.safetensors in a command's checkpoint")
+
+    # -- 12: priority and backfill
+
+    def wait_state(self, d, jid, state):
+        with d.events(jid) as stream:
+            stream.until(lambda e: e.event == "state" and e.data.get("state") == state,
+                         f"job {jid} {state}")
+
+    def test_12_priority_and_backfill(self):
+        d = self.start_daemon("--slots", "3", "--grace", "2")
+        a, _ = d.submit(train_spec("a", epochs=1000, nproc=2, checkpoint=False))
+        self.wait_state(d, a["id"], "running")
+        b, _ = d.submit(train_spec("b", epochs=1000, nproc=2, checkpoint=False))
+        c, _ = d.submit(train_spec("c", epochs=1000, nproc=1, checkpoint=False))
+        # c fits the free slot, and b (2 slots) could not use it even when a ends: backfilled
+        self.wait_state(d, c["id"], "running")
+        self.assertEqual(d.job(b["id"])["state"], "queued")
+
+        e_low, _ = d.submit(train_spec("d", epochs=1000, nproc=1, checkpoint=False))
+        spec = train_spec("e", epochs=1000, nproc=1, checkpoint=False)
+        spec["priority"] = 5
+        e_high, _ = d.submit(spec)
+        self.assertEqual(e_high["priority"], 5)
+        self.assertEqual(d.job(e_low["id"])["state"], "queued", "no slot is free")
+        status, _, _ = d.json("POST", f"/v1/jobs/{a['id']}/cancel")
+        self.assertEqual(status, 200)
+        # two slots free: e (priority 5) goes first, then b needs 2 of the 1 left and holds its
+        # place; d (1 slot) would delay b, so it waits although a slot is idle
+        self.wait_state(d, e_high["id"], "running")
+        self.assertEqual(d.job(b["id"])["state"], "queued")
+        self.assertEqual(d.job(e_low["id"])["state"], "queued",
+                         "backfill must not delay the head of the queue")
+        listing = d.get_ok("/v1/jobs?state=queued")["jobs"]
+        self.assertEqual({j["id"] for j in listing}, {b["id"], e_low["id"]})
+        for job in (b, c, e_low, e_high):
+            status, _, _ = d.json("POST", f"/v1/jobs/{job['id']}/cancel")
+            self.assertEqual(status, 200)
+
+    def test_12b_time_limit(self):
+        d = self.start_daemon("--slots", "2", "--grace", "2")
+        spec = train_spec("limited", epochs=1000, checkpoint=False)
+        spec["resources"] = {"time_limit_s": 1}
+        job, _ = d.submit(spec)
+        self.assertEqual(job["time_limit_s"], 1)
+        events = d.follow(job["id"])
+        job = self.assert_final(d, job["id"], events, "failed")
+        self.assertIn("time limit", job["reason"])
+        self.assertIn("train", [e.event for e in events], "it ran before its limit")
+        self.assert_error(d.json("POST", "/v1/jobs", dict(spec, resources={"time_limit_s": 0})),
+                          400, "invalid_spec", "resources.time_limit_s")
+
+    # -- 13: what the records say
+
+    def test_13a_killed_after_grace_records_137(self):
+        d = self.start_daemon("--slots", "1", "--grace", "1")
+        code = ("import json, signal, select\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "print(json.dumps({'event': 'ready', 'step': 0}))\n"
+                "select.select([], [], [])\n")
+        job, _ = d.submit({"name": "stubborn", "command": ["/usr/bin/python3", "-c", code]})
+        self.wait_state(d, job["id"], "running")
+        with d.events(job["id"]) as stream:
+            stream.until(lambda e: e.event == "ready", "the script's ready line")
+        status, _, job = d.json("POST", f"/v1/jobs/{job['id']}/cancel")
+        self.assertEqual(status, 200, job)
+        self.assertEqual(job["state"], "cancelled")
+        attempt = job["attempts"][0]
+        self.assertEqual(attempt["exit_code"], 137, attempt)
+        self.assertEqual(job["exit_code"], 137, job)
+        self.assertIn("grace period", attempt["reason"])
+        self.assertIn("SIGKILL", job["reason"])
+
+    def test_13b_records(self):
+        d = self.start_daemon("--slots", "2")
+        # a command that fails on its first attempt, before any checkpoint: it starts over
+        code = ("import json, os, sys\n"
+                "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+                "    print('ValueError: the first attempt fails', file=sys.stderr)\n"
+                "    sys.exit(3)\n"
+                "for e in ('train', 'eval', 'done'):\n"
+                "    print(json.dumps({'event': e, 'step': 5, 'value': 1}))\n"
+                "print(json.dumps({'event': 'note', 'text': 'no step'}))\n")
+        job, _ = d.submit({"name": "records", "command": ["/usr/bin/python3", "-c", code],
+                           "restart": {"max_restarts": 1}})
+        events = d.follow(job["id"])
+        job = self.assert_final(d, job["id"], events, "succeeded")
+        (restart,) = [e.data for e in events if e.event == "restart"]
+        self.assertIn("from scratch", restart["reason"])
+        self.assertIsNone(restart["resume_from"])
+        self.assertIn("ValueError: the first attempt fails", job["attempts"][0]["reason"],
+                      "a command's last words are in its failed attempt's reason")
+        self.assertEqual(job["attempts"][0]["exit_code"], 3)
+        metrics = d.metrics(job["id"])
+        self.assertEqual([m["event"] for m in metrics], ["train", "eval", "done", "note"],
+                         "events of one step in the order they happened")
+        note = [e.data for e in events if e.event == "note"][0]
+        self.assertEqual(note["step"], 5, "an event without a step takes the latest step")
+        self.assertEqual(metrics[-1], note)
+
+        err = self.assert_error(d.json("POST", "/v1/jobs", dict(train_spec("x"), bogus=1)), 400,
+                                "invalid_spec", "bogus")
+        for key in ("model", "data", "train", "resources", "restart", "priority", "command",
+                    "env"):
+            self.assertIn(key, err["message"], "the unknown-key error lists every allowed key")
+
+    def test_13c_command_after_daemon_restart(self):
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "1", state_dir=state)
+        fifo = os.path.join(state, "hold")
+        os.mkfifo(fifo)
+        code = ("import json, os\n"
+                "print(json.dumps({'event': 'started', 'step': 0}))\n"
+                "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+                f"    open({fifo!r}).read()\n")
+        job, _ = d1.submit({"name": "cmd", "command": ["/usr/bin/python3", "-c", code]})
+        with d1.events(job["id"]) as stream:
+            stream.until(lambda e: e.event == "started", "the command's first line")
+        self.assertEqual(d1.kill(), [])
+        d2 = self.start_daemon("--slots", "1", state_dir=state)
+        events = d2.follow(job["id"])
+        self.assert_final(d2, job["id"], events, "succeeded")
+        (restart,) = [e.data for e in events if e.event == "restart"]
+        self.assertIn("from scratch", restart["reason"])
+        self.assertNotIn("resuming from", restart["reason"])
+
+    # -- 14: DELETE
+
+    def test_14_delete(self):
+        d = self.start_daemon("--slots", "1")
+        job, _ = d.submit(train_spec("doomed", epochs=1))
+        jid = job["id"]
+        job_dir = os.path.join(d.state_dir, "jobs", str(jid))
+        running, _ = d.submit(train_spec("busy", epochs=1000, checkpoint=False))
+        self.assert_final(d, jid, d.follow(jid), "succeeded")
+        self.assertTrue(os.path.isdir(job_dir))
+        self.wait_state(d, running["id"], "running")
+        self.assert_error(d.json("DELETE", f"/v1/jobs/{running['id']}"), 409, "conflict",
+                          what="deleting a running job")
+        status, _, body = d.request("DELETE", f"/v1/jobs/{jid}")
+        self.assertEqual((status, body), (204, b""))
+        self.assertFalse(os.path.exists(job_dir), "the job's directory is gone")
+        self.assert_error(d.json("GET", f"/v1/jobs/{jid}"), 404, "not_found", what="deleted")
+        for sub in ("events", "metrics", "checkpoints"):
+            self.assert_error(d.json("GET", f"/v1/jobs/{jid}/{sub}"), 404, "not_found",
+                              what=f"deleted job's {sub}")
+        self.assertNotIn(jid, [j["id"] for j in d.get_ok("/v1/jobs")["jobs"]])
+        self.assert_error(d.json("DELETE", f"/v1/jobs/{jid}"), 404, "not_found",
+                          what="deleting twice")
+        status, _, _ = d.json("POST", f"/v1/jobs/{running['id']}/cancel")
+        self.assertEqual(status, 200)
+        again, _ = d.submit(train_spec("next", epochs=1, checkpoint=False))
+        self.assertGreater(again["id"], running["id"], "ids are never reused")
+
+    # -- 15: the token is never logged
+
+    def test_15_token_not_logged(self):
+        d = self.start_daemon("--slots", "1")
+        job, _ = d.submit(train_spec("quiet", epochs=1))
+        self.assert_final(d, job["id"], d.follow(job["id"]), "succeeded")
+        log = d.stderr_tail(100000)
+        self.assertNotIn(d.token, log, "the daemon's log shows the token")
+        self.assertIn(os.path.join(d.state_dir, "token"), log, "the log names the token file")
+        _, worker_log = d.logs(job["id"])
+        self.assertNotIn(d.token, worker_log)
 
 def main():
     global TRAIND, SOURCE_DIR
