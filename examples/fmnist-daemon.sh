@@ -19,7 +19,6 @@ url=
 while IFS= read -r line <&3; do
     case $line in
     *"listening on "*) url=${line##*listening on }; echo "$line" >&2; break ;;
-    *"API token"* | [0-9a-f][0-9a-f][0-9a-f][0-9a-f]*) ;; # the token: not for the terminal
     *) echo "$line" >&2 ;;
     esac
 done
@@ -51,5 +50,6 @@ step=$(curl -sS -H "$auth" "$url/v1/jobs/$id/checkpoints" |
     sed -n 's/.*"step":\([0-9]*\),"size".*/\1/p' | tail -1)
 echo "download the final weights (while this daemon runs; state kept in $state):"
 echo "  curl -H \"Authorization: Bearer \$(cat $state/token)\" -o model.safetensors $url/v1/jobs/$id/checkpoints/$step/model.safetensors"
+echo "  (or the whole checkpoint, weights, optimizer and state, as one archive: .../checkpoints/$step.tar)"
 curl -sS -H "$auth" -o "$state/model.safetensors" "$url/v1/jobs/$id/checkpoints/$step/model.safetensors"
 echo "downloaded it once to $state/model.safetensors ($(wc -c <"$state/model.safetensors") bytes)"
