@@ -1501,7 +1501,7 @@ class DaemonTest(unittest.TestCase):
         d = self.start_daemon("--slots", "1", "--grace", "1")
         code = ("import json, signal, select\n"
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                "print(json.dumps({'event': 'ready', 'step': 0}))\n"
+                "print(json.dumps({'event': 'ready', 'step': 0}), flush=True)\n"
                 "select.select([], [], [])\n")
         job, _ = d.submit({"name": "stubborn", "command": ["/usr/bin/python3", "-c", code]})
         self.wait_state(d, job["id"], "running")
@@ -1555,7 +1555,7 @@ class DaemonTest(unittest.TestCase):
         fifo = os.path.join(state, "hold")
         os.mkfifo(fifo)
         code = ("import json, os\n"
-                "print(json.dumps({'event': 'started', 'step': 0}))\n"
+                "print(json.dumps({'event': 'started', 'step': 0}), flush=True)\n"
                 "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
                 f"    open({fifo!r}).read()\n")
         job, _ = d1.submit({"name": "cmd", "command": ["/usr/bin/python3", "-c", code]})
