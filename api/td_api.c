@@ -124,13 +124,33 @@ static bool query_long(struct MHD_Connection *c, const char *name, long min, lon
     return true;
 }
 
+/* ---- streamed responses ----------------------------------------------------------------- */
+
+/* Bytes made ahead of what libmicrohttpd has asked for (SSE records, tar blocks). */
+typedef struct pending {
+    td_buf buf;
+    size_t off;
+} pending;
+
+/* Copies what is pending into buf, at most max; 0 when nothing is, and then the buffer is
+ * emptied for the caller to make more. */
+static size_t pending_take(pending *p, char *buf, size_t max) {
+    if (p->off < p->buf.len) {
+        size_t n = p->buf.len - p->off < max ? p->buf.len - p->off : max;
+        memcpy(buf, p->buf.data + p->off, n);
+        p->off += n;
+        return n;
+    }
+    p->buf.len = p->off = 0;
+    return 0;
+}
+
 /* ---- Server-Sent Events ------------------------------------------------------------------- */
 
 typedef struct stream {
     td_jobs *jobs;
     long id, sent; /* the last event id written */
-    td_buf pending;
-    size_t off;
+    pending out;
     bool done;
 } stream;
 
@@ -138,19 +158,14 @@ static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     stream *s = cls;
     for (;;) {
-        if (s->off < s->pending.len) {
-            size_t n = s->pending.len - s->off < max ? s->pending.len - s->off : max;
-            memcpy(buf, s->pending.data + s->off, n);
-            s->off += n;
-            return (ssize_t)n;
-        }
+        size_t n = pending_take(&s->out, buf, max);
+        if (n) return (ssize_t)n;
         if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
-        s->pending.len = s->off = 0;
         td_err err = {{0}};
-        if (td_db_events_sse(td_jobs_db(s->jobs), s->id, s->sent, 256, &s->pending, &s->sent,
+        if (td_db_events_sse(td_jobs_db(s->jobs), s->id, s->sent, 256, &s->out.buf, &s->sent,
                              &err) != 0)
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (s->pending.len) continue;
+        if (s->out.buf.len) continue;
         long last;
         bool ended;
         if (td_jobs_wait(s->jobs, s->id, s->sent, 15.0, &last, &ended) != 0)
@@ -158,13 +173,13 @@ static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
         if (ended && last <= s->sent)
             s->done = true;
         else if (last <= s->sent) /* quiet for 15 s: a comment keeps proxies from timing out */
-            td_buf_puts(&s->pending, ": keep-alive\n\n");
+            td_buf_puts(&s->out.buf, ": keep-alive\n\n");
     }
 }
 
 static void free_stream(void *cls) {
     stream *s = cls;
-    td_buf_free(&s->pending);
+    td_buf_free(&s->out.buf);
     free(s);
 }
 
@@ -460,8 +475,7 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
 
 typedef struct tar_stream {
     td_ckpt_tar *tar;
-    td_buf pending;
-    size_t off;
+    pending out;
     bool done;
 } tar_stream;
 
@@ -469,18 +483,13 @@ static ssize_t read_tar(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     tar_stream *s = cls;
     for (;;) {
-        if (s->off < s->pending.len) {
-            size_t n = s->pending.len - s->off < max ? s->pending.len - s->off : max;
-            memcpy(buf, s->pending.data + s->off, n);
-            s->off += n;
-            return (ssize_t)n;
-        }
+        size_t n = pending_take(&s->out, buf, max);
+        if (n) return (ssize_t)n;
         if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
-        s->pending.len = s->off = 0;
         td_err err = {{0}};
         /* a file that went away mid-download: cut the response, never a short archive that
          * looks complete (the chunked encoding then lacks its end) */
-        if (td_ckpt_tar_next(s->tar, &s->pending, &s->done, &err) != 0) {
+        if (td_ckpt_tar_next(s->tar, &s->out.buf, &s->done, &err) != 0) {
             fprintf(stderr, "traind: checkpoint archive: %s\n", err.msg);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -490,7 +499,7 @@ static ssize_t read_tar(void *cls, uint64_t pos, char *buf, size_t max) {
 static void free_tar(void *cls) {
     tar_stream *s = cls;
     td_ckpt_tar_close(s->tar);
-    td_buf_free(&s->pending);
+    td_buf_free(&s->out.buf);
     free(s);
 }
 

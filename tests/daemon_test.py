@@ -108,6 +108,14 @@ def write_idx(images_path, labels_path, n=64):
         f.write(bytes(i % 10 for i in range(n)))
 
 
+def write_npy(path, descr, shape, data):
+    """A .npy file (format 1.0) of raw little-endian `data`."""
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    header += " " * (63 - len(header) - 10) + "\n"  # the whole preamble is 64 bytes
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data)
+
+
 # ---------------------------------------------------------------------------------------------
 # /proc
 
@@ -1274,12 +1282,18 @@ class DaemonTest(unittest.TestCase):
 
     # -- 10: data checked at submit time; a run-time failure's own words in the record
 
-    def test_10a_bad_data_is_a_400(self):
-        d = self.start_daemon("--slots", "1")
-        data = os.path.join(d.state_dir, "bad-data")
+    def idx_data(self, d, name):
+        """A directory of the daemon's state dir with a 64-sample IDX pair: (dir, images,
+        labels)."""
+        data = os.path.join(d.state_dir, name)
         os.mkdir(data)
         images, labels = os.path.join(data, "images.idx"), os.path.join(data, "labels.idx")
         write_idx(images, labels, n=64)
+        return data, images, labels
+
+    def test_10a_bad_data_is_a_400(self):
+        d = self.start_daemon("--slots", "1")
+        data, images, labels = self.idx_data(d, "bad-data")
         short_labels = os.path.join(data, "short-labels.idx")
         with open(short_labels, "wb") as f:
             f.write(struct.pack(">II", 0x00000801, 63) + bytes(63))
@@ -1293,16 +1307,8 @@ class DaemonTest(unittest.TestCase):
         with open(cifar, "wb") as f:
             f.write(bytes(3073 * 2 + 5))
         npy_x, npy_y = os.path.join(data, "x.npy"), os.path.join(data, "y.npy")
-        with open(npy_x, "wb") as f:  # 4 samples of 2 features, float32
-            header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), }"
-            header += " " * (63 - len(header) - 10) + "\n"
-            f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-            f.write(bytes(4 * 2 * 4))
-        with open(npy_y, "wb") as f:  # 3 labels
-            header = "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }"
-            header += " " * (63 - len(header) - 10) + "\n"
-            f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-            f.write(bytes(3 * 8))
+        write_npy(npy_x, "<f4", (4, 2), bytes(4 * 2 * 4))  # 4 samples of 2 features
+        write_npy(npy_y, "<i8", (3,), bytes(3 * 8))  # 3 labels
 
         def spec(train, val=None, fmt="idx", classes=10, preset="lenet5"):
             data_ = {"format": fmt, "train": train}
@@ -1346,10 +1352,7 @@ class DaemonTest(unittest.TestCase):
 
     def test_10b_run_time_failure_reason(self):
         d = self.start_daemon("--slots", "1")
-        data = os.path.join(d.state_dir, "gz-data")
-        os.mkdir(data)
-        images, labels = os.path.join(data, "images.idx"), os.path.join(data, "labels.idx")
-        write_idx(images, labels, n=64)
+        data, images, labels = self.idx_data(d, "gz-data")
         import gzip
         with open(images, "rb") as f:
             packed = gzip.compress(f.read())
