@@ -1,6 +1,6 @@
-#include "td_api.h"
+#include "api/td_api.h"
 
-#include "td_ckpt.h"
+#include "service/td_ckpt.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -7,8 +7,8 @@
 #ifndef TD_API_H
 #define TD_API_H
 
-#include "td_error.h"
-#include "td_jobs.h"
+#include "core/td_error.h"
+#include "service/td_jobs.h"
 
 #include <stddef.h>
 

@@ -1,9 +1,9 @@
 /* traind-bench-allreduce: times all-reduces of one buffer size on the CPU ring. Run it under
  * traind-run; rank 0 prints one JSON line.  usage: traind-bench-allreduce MEGABYTES [REPEATS] */
-#include "td_comm.h"
-#include "td_dist.h"
-#include "td_net.h"
-#include "td_store.h"
+#include "dist/td_comm.h"
+#include "dist/td_dist.h"
+#include "dist/td_net.h"
+#include "dist/td_store.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,10 +1,10 @@
 /* traind: the training daemon. Serves the HTTP API (api/README.md), keeps its state in SQLite
  * under the state directory, and runs jobs on this node's slots. */
 #define _GNU_SOURCE /* getrandom's header, strsignal */
-#include "td_api.h"
-#include "td_gpu.h"
-#include "td_db.h"
-#include "td_jobs.h"
+#include "api/td_api.h"
+#include "gpu/td_gpu.h"
+#include "service/td_db.h"
+#include "service/td_jobs.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* traind-run: a torchrun-compatible launcher. Starts --nproc-per-node copies of a command with
  * the torchrun environment, stops them all when one fails, restarts the group while restarts
  * remain, forwards SIGINT and SIGTERM, and exits with the failing worker's status. */
-#include "td_launch.h"
+#include "service/td_launch.h"
 
 #include <errno.h>
 #include <signal.h>

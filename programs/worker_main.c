@@ -1,10 +1,10 @@
 /* traind-worker: trains (or evaluates) the job a spec file describes. Metrics on stdout (JSON
  * lines), progress and errors on stderr; exit status 0 on success, 1 on a training or data
  * error, 2 on usage. */
-#include "td_blas.h"
-#include "td_checkpoint.h"
-#include "td_spec.h"
-#include "td_train.h"
+#include "core/td_blas.h"
+#include "io/td_checkpoint.h"
+#include "spec/td_spec.h"
+#include "train/td_train.h"
 
 #include <errno.h>
 #include <stdio.h>

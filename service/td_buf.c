@@ -1,6 +1,6 @@
-#include "td_buf.h"
+#include "service/td_buf.h"
 
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -9,8 +9,8 @@
 #ifndef TD_CKPT_H
 #define TD_CKPT_H
 
-#include "td_buf.h"
-#include "td_error.h"
+#include "service/td_buf.h"
+#include "core/td_error.h"
 
 #include <stdbool.h>
 

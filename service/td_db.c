@@ -1,4 +1,4 @@
-#include "td_db.h"
+#include "service/td_db.h"
 
 #include <pthread.h>
 #include <sqlite3.h>

@@ -7,8 +7,8 @@
 #ifndef TD_DB_H
 #define TD_DB_H
 
-#include "td_buf.h"
-#include "td_error.h"
+#include "service/td_buf.h"
+#include "core/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,9 +1,9 @@
 #define _GNU_SOURCE /* pipe2, signalfd */
-#include "td_jobs.h"
+#include "service/td_jobs.h"
 
-#include "td_ckpt.h"
-#include "td_launch.h"
-#include "td_strv.h"
+#include "service/td_ckpt.h"
+#include "service/td_launch.h"
+#include "service/td_strv.h"
 
 #include <errno.h>
 #include <fcntl.h>

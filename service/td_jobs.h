@@ -8,9 +8,9 @@
 #ifndef TD_JOBS_H
 #define TD_JOBS_H
 
-#include "td_buf.h"
-#include "td_db.h"
-#include "td_submit.h"
+#include "service/td_buf.h"
+#include "service/td_db.h"
+#include "service/td_submit.h"
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -1,9 +1,9 @@
 #define _GNU_SOURCE /* prctl, sigtimedwait, environ */
-#include "td_launch.h"
+#include "service/td_launch.h"
 
-#include "td_dist.h"
-#include "td_store.h"
-#include "td_strv.h"
+#include "dist/td_dist.h"
+#include "dist/td_store.h"
+#include "service/td_strv.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -10,7 +10,7 @@
 #ifndef TD_LAUNCH_H
 #define TD_LAUNCH_H
 
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <signal.h>
 #include <stdbool.h>

@@ -1,6 +1,6 @@
-#include "td_strv.h"
+#include "service/td_strv.h"
 
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,8 @@
-#include "td_submit.h"
+#include "service/td_submit.h"
 
-#include "td_data.h"
-#include "td_spec.h"
-#include "td_strv.h"
+#include "data/td_data.h"
+#include "spec/td_spec.h"
+#include "service/td_strv.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -20,10 +20,10 @@
  *   traind-gpu-parity [fp32|bf16]...     (default: both)
  *
  * One table row per case; exit status 1 if any case failed, 77 (skipped) without a GPU. */
-#include "td_gpu.h"
-#include "td_loss.h"
-#include "td_model.h"
-#include "td_optim.h"
+#include "gpu/td_gpu.h"
+#include "core/td_loss.h"
+#include "core/td_model.h"
+#include "core/td_optim.h"
 
 #include <math.h>
 #include <stdint.h>

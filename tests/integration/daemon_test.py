@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Integration tests of the traind daemon through its HTTP API (api/README.md).
 
-    /usr/bin/python3 tests/daemon_test.py TRAIND_BINARY SOURCE_DIR [unittest options: -k cancel]
+    /usr/bin/python3 tests/integration/daemon_test.py TRAIND_BINARY SOURCE_DIR [unittest options: -k cancel]
 
 Each test starts its own `traind --listen 127.0.0.1:0 --state-dir TMP ...` in a fresh temporary
 state directory, reads the `traind: listening on http://127.0.0.1:PORT` line from its stderr,
@@ -1164,7 +1164,7 @@ class DaemonTest(unittest.TestCase):
 
     def test_7_gloo_ddp_command_job(self):
         d = self.start_daemon("--slots", "2")
-        script = os.path.join(SOURCE_DIR, "tests", "gloo_metrics.py")
+        script = os.path.join(SOURCE_DIR, "tests", "integration", "gloo_metrics.py")
         job, _ = d.submit({"name": "gloo-ddp", "command": ["/usr/bin/python3", script],
                            "resources": {"nproc": 2}, "env": {"TRAIND_TEST_MARK": "xyz"}})
         jid = job["id"]

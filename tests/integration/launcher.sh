@@ -35,7 +35,7 @@ code=$?
 if [ "$code" = 5 ]; then ok; else bad "restarts exhausted: code $code, expected 5"; fi
 
 # 4. an unmodified PyTorch gloo program
-"$run" --nproc_per_node=2 -- "$py" "$src/tests/gloo_allreduce.py" >"$tmp/gloo" 2>&1
+"$run" --nproc_per_node=2 -- "$py" "$src/tests/integration/gloo_allreduce.py" >"$tmp/gloo" 2>&1
 if [ "$(grep -o 'of 2: sum 3' "$tmp/gloo" | wc -l)" = 2 ]; then ok; else bad "gloo: $(cat "$tmp/gloo")"; fi
 
 # 5. traind-worker, two ranks, and a failure after a checkpoint that the restart resumes from

@@ -2,7 +2,7 @@
  * 1x1 conv with a residual add, avgpool with padding, flatten, linear) with PyTorch's weights on
  * PyTorch's input must give the same logits, loss and gradients within 1e-4 relative error.
  * The reference comes from tests/torch_parity.py, run by the ctest fixture before this test. */
-#include "td_loss.h"
+#include "core/td_loss.h"
 #include "test_util.h"
 
 #include <criterion/criterion.h>

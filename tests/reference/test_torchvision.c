@@ -1,7 +1,7 @@
 /* A resnet18 checkpoint written by traind, after a few training steps (so BatchNorm's running
  * statistics have moved), loads into torchvision's resnet18 with strict=True and gives the same
  * eval-mode logits as the engine's own forward (tests/torchvision_load.py ran it). */
-#include "td_checkpoint.h"
+#include "io/td_checkpoint.h"
 #include "test_util.h"
 
 #include <criterion/criterion.h>

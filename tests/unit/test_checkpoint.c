@@ -1,8 +1,8 @@
 /* safetensors and checkpoints: round trips, every kind of malformed file, strict and lenient
  * weight import, bitwise-exact resume, and a writer killed mid-save. */
-#include "td_checkpoint.h"
-#include "td_safetensors.h"
-#include "td_train.h"
+#include "io/td_checkpoint.h"
+#include "io/td_safetensors.h"
+#include "train/td_train.h"
 #include "test_util.h"
 
 #include <criterion/criterion.h>

@@ -5,8 +5,8 @@
  * peer is an error naming it; ranks naming different buffers are an error. The store's
  * rendezvous fails every waiting rank at once, with the cause, on another run, a rank that leaves
  * before it is ready, an abort, a rank taken twice or another world size. */
-#include "td_comm.h"
-#include "td_store.h"
+#include "dist/td_comm.h"
+#include "dist/td_store.h"
 
 #include <criterion/criterion.h>
 #include <pthread.h>

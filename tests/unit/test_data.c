@@ -1,6 +1,6 @@
 /* IDX parsing (plain and gzipped, and every way such a file goes wrong), the sampler's
  * DistributedSampler semantics, and the background loader's batches. */
-#include "td_data.h"
+#include "data/td_data.h"
 #include "test_util.h"
 
 #include <criterion/criterion.h>

@@ -1,11 +1,11 @@
 /* Data-parallel training with ranks as threads over loopback: world 2 with batch B trains the
  * same model as one process with batch 2B (DistributedSampler shards + averaged gradients),
  * only rank 0 reports, and a rank that leaves makes the other fail with an error naming it. */
-#include "td_checkpoint.h"
-#include "td_safetensors.h"
+#include "io/td_checkpoint.h"
+#include "io/td_safetensors.h"
 #include "test_util.h"
-#include "td_comm.h"
-#include "td_reducer.h"
+#include "dist/td_comm.h"
+#include "dist/td_reducer.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /* Device selection and the device/precision/backend decision, as torchrun users expect them:
  * LOCAL_RANK picks among the visible GPUs, one visible GPU serves any local rank. */
-#include "td_device.h"
-#include "td_gpu.h"
+#include "core/td_device.h"
+#include "gpu/td_gpu.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

@@ -1,8 +1,8 @@
 /* Losses, optimizers, clipping and schedules against values worked out by hand (the
  * arithmetic is in the comments). */
-#include "td_loss.h"
-#include "td_optim.h"
-#include "td_schedule.h"
+#include "core/td_loss.h"
+#include "core/td_optim.h"
+#include "core/td_schedule.h"
 
 #include <criterion/criterion.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* Presets against torchvision: parameter counts, and every state_dict name, dtype and shape
  * against fixtures written once by tests/fixtures/make_fixtures.py. */
-#include "td_spec.h"
+#include "spec/td_spec.h"
 #include "test_util.h"
 
 #include <criterion/criterion.h>

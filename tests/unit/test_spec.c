@@ -1,7 +1,7 @@
 /* Each kind of bad spec gives one clear message naming the JSON path, what was found and what
  * was expected. Shape errors surface when the model is built, so those go through a real run. */
-#include "td_gpu.h"
-#include "td_train.h"
+#include "gpu/td_gpu.h"
+#include "train/td_train.h"
 #include "test_util.h"
 
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 /* Whole training runs: bitwise determinism for a seed, and that a run actually learns. */
-#include "td_train.h"
+#include "train/td_train.h"
 #include "test_util.h"
 
 #include <criterion/criterion.h>

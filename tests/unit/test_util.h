@@ -2,9 +2,9 @@
 #ifndef TEST_UTIL_H
 #define TEST_UTIL_H
 
-#include "td_model.h"
-#include "td_spec.h"
-#include "td_train.h"
+#include "core/td_model.h"
+#include "spec/td_spec.h"
+#include "train/td_train.h"
 
 #include <stdio.h>
 

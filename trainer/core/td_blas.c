@@ -1,4 +1,4 @@
-#include "td_blas.h"
+#include "core/td_blas.h"
 
 #include <stdio.h>
 #include <stdlib.h>

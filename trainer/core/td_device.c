@@ -1,4 +1,4 @@
-#include "td_device.h"
+#include "core/td_device.h"
 
 #include <stdio.h>
 

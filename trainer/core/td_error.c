@@ -1,4 +1,4 @@
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "td_loss.h"
+#include "core/td_loss.h"
 
 #include <math.h>
 #include <stddef.h>

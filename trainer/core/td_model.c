@@ -1,4 +1,4 @@
-#include "td_model.h"
+#include "core/td_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>

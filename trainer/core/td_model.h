@@ -9,9 +9,9 @@
 #ifndef TD_MODEL_H
 #define TD_MODEL_H
 
-#include "td_error.h"
-#include "td_rng.h"
-#include "td_tensor.h"
+#include "core/td_error.h"
+#include "core/td_rng.h"
+#include "core/td_tensor.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
-#include "td_optim.h"
+#include "core/td_optim.h"
 
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <math.h>
 #include <stdlib.h>

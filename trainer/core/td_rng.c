@@ -1,4 +1,4 @@
-#include "td_rng.h"
+#include "core/td_rng.h"
 
 #include <math.h>
 

@@ -1,4 +1,4 @@
-#include "td_schedule.h"
+#include "core/td_schedule.h"
 
 #include <math.h>
 

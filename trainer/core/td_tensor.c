@@ -1,6 +1,6 @@
-#include "td_tensor.h"
+#include "core/td_tensor.h"
 
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <stdio.h>
 #include <string.h>

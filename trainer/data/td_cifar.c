@@ -1,6 +1,6 @@
 /* CIFAR-10 binary batches (data_batch_1.bin ... test_batch.bin): 3073-byte records, a label byte
  * then the 32x32 red, green and blue planes; stored here channels-last like every image. */
-#include "td_data.h"
+#include "data/td_data.h"
 
 #include <errno.h>
 #include <stdio.h>

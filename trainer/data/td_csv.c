@@ -1,7 +1,7 @@
 /* CSV datasets: one sample per line, an integer class label in one column and numeric features
  * in the others, an optional header line. Read with strtof: every malformed cell is reported
  * with its line and column. */
-#include "td_data.h"
+#include "data/td_data.h"
 
 #include <errno.h>
 #include <math.h>

@@ -9,8 +9,8 @@
 #ifndef TD_DATA_H
 #define TD_DATA_H
 
-#include "td_error.h"
-#include "td_tensor.h"
+#include "core/td_error.h"
+#include "core/td_tensor.h"
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
-#include "td_data.h"
+#include "data/td_data.h"
 
-#include "td_rng.h"
+#include "core/td_rng.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* IDX files (the MNIST family's format): a big-endian header, then raw bytes. Read through zlib,
  * which passes plain files through unchanged, so .gz and uncompressed files take one path. */
-#include "td_data.h"
+#include "data/td_data.h"
 
 #include <errno.h>
 #include <stdlib.h>

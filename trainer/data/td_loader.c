@@ -12,8 +12,8 @@
  * which producer made it. start_epoch waits until no producer is mid-fill, so no slot is written
  * while it is being reset.
  */
-#include "td_data.h"
-#include "td_rng.h"
+#include "data/td_data.h"
+#include "core/td_rng.h"
 
 #include <pthread.h>
 #include <stdlib.h>

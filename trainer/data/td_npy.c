@@ -1,7 +1,7 @@
 /* NumPy .npy files (format versions 1-3): a magic string, a header length, a Python dict
  * literal {'descr': '<f4', 'fortran_order': False, 'shape': (N, C, H, W), } and the raw array.
  * The dict is parsed by hand: it is a fixed, tiny grammar and no Debian C library reads .npy. */
-#include "td_data.h"
+#include "data/td_data.h"
 
 #include <ctype.h>
 #include <errno.h>

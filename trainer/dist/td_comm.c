@@ -1,7 +1,7 @@
-#include "td_comm.h"
+#include "dist/td_comm.h"
 
-#include "td_comm_private.h"
-#include "td_net.h"
+#include "dist/td_comm_private.h"
+#include "dist/td_net.h"
 
 #include <signal.h>
 #include <stdio.h>

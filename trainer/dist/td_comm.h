@@ -8,8 +8,8 @@
 #ifndef TD_COMM_H
 #define TD_COMM_H
 
-#include "td_error.h"
-#include "td_store.h"
+#include "core/td_error.h"
+#include "dist/td_store.h"
 
 #include <stdbool.h>
 #include <stddef.h>

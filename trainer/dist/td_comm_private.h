@@ -3,7 +3,7 @@
 #ifndef TD_COMM_PRIVATE_H
 #define TD_COMM_PRIVATE_H
 
-#include "td_comm.h"
+#include "dist/td_comm.h"
 
 #include <stdint.h>
 

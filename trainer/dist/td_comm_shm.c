@@ -16,8 +16,8 @@
  * open for what shared memory cannot tell: a waiting rank polls them between futex sleeps, so
  * a peer that died (the kernel closes its sockets) is an error naming it, never a hang.
  */
-#include "td_comm_private.h"
-#include "td_net.h"
+#include "dist/td_comm_private.h"
+#include "dist/td_net.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "td_dist.h"
+#include "dist/td_dist.h"
 
 #include <errno.h>
 #include <stdio.h>

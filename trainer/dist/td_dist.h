@@ -5,7 +5,7 @@
 #ifndef TD_DIST_H
 #define TD_DIST_H
 
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

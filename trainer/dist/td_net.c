@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* accept4 */
-#include "td_net.h"
+#include "dist/td_net.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -4,7 +4,7 @@
 #ifndef TD_NET_H
 #define TD_NET_H
 
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

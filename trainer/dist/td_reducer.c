@@ -1,4 +1,4 @@
-#include "td_reducer.h"
+#include "dist/td_reducer.h"
 
 #include <pthread.h>
 #include <stdlib.h>

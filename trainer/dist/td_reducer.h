@@ -15,8 +15,8 @@
 #ifndef TD_REDUCER_H
 #define TD_REDUCER_H
 
-#include "td_comm.h"
-#include "td_model.h"
+#include "dist/td_comm.h"
+#include "core/td_model.h"
 
 typedef struct td_reducer td_reducer;
 

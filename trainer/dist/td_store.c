@@ -5,10 +5,10 @@
  * value length (8), value; reply = status (1 byte, enum below), length (8), payload. HELLO,
  * READY and ABORT carry the namespace as their key, the others "<namespace>/<key>". */
 #define _GNU_SOURCE /* gethostname */
-#include "td_store.h"
+#include "dist/td_store.h"
 
-#include "td_dist.h"
-#include "td_net.h"
+#include "dist/td_dist.h"
+#include "dist/td_net.h"
 
 #include <errno.h>
 #include <pthread.h>

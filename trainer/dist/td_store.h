@@ -16,7 +16,7 @@
 #ifndef TD_STORE_H
 #define TD_STORE_H
 
-#include "td_error.h"
+#include "core/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

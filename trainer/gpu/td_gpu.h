@@ -16,12 +16,12 @@
 #ifndef TD_GPU_H
 #define TD_GPU_H
 
-#include "td_device.h"
-#include "td_error.h"
-#include "td_loss.h"
-#include "td_model.h"
-#include "td_optim.h"
-#include "td_store.h"
+#include "core/td_device.h"
+#include "core/td_error.h"
+#include "core/td_loss.h"
+#include "core/td_model.h"
+#include "core/td_optim.h"
+#include "dist/td_store.h"
 
 #include <stdint.h>
 

@@ -9,7 +9,7 @@
  * uses of the engine (td_fail, the op table, the store) against this executable, which exports
  * them (-rdynamic). The handle and table are process-wide, like the dynamic loader's own state,
  * and filled once under pthread_once. */
-#include "td_gpu.h"
+#include "gpu/td_gpu.h"
 
 #include <dlfcn.h>
 #include <limits.h>

@@ -1,7 +1,7 @@
 /* The GPU backend of an engine built without CUDA (-DTRAIND_CUDA=OFF, or no nvcc): no device is
  * ever found, so the trainer never gets past td_gpu_device_count; the rest exists so that callers
  * link unchanged, and fails loudly if reached. */
-#include "td_gpu.h"
+#include "gpu/td_gpu.h"
 
 #include <stdio.h>
 

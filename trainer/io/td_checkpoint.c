@@ -1,6 +1,6 @@
-#include "td_checkpoint.h"
+#include "io/td_checkpoint.h"
 
-#include "td_safetensors.h"
+#include "io/td_safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -11,9 +11,9 @@
 #ifndef TD_CHECKPOINT_H
 #define TD_CHECKPOINT_H
 
-#include "td_model.h"
-#include "td_optim.h"
-#include "td_rng.h"
+#include "core/td_model.h"
+#include "core/td_optim.h"
+#include "core/td_rng.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,4 +1,4 @@
-#include "td_safetensors.h"
+#include "io/td_safetensors.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -7,8 +7,8 @@
 #ifndef TD_SAFETENSORS_H
 #define TD_SAFETENSORS_H
 
-#include "td_error.h"
-#include "td_tensor.h"
+#include "core/td_error.h"
+#include "core/td_tensor.h"
 
 #include <stddef.h>
 #include <stdint.h>

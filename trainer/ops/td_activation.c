@@ -1,5 +1,5 @@
 /* Elementwise activations: ReLU and GELU (torch.nn.GELU, exact erf form or approximate="tanh"). */
-#include "td_model.h"
+#include "core/td_model.h"
 
 #include <math.h>
 

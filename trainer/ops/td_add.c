@@ -1,5 +1,5 @@
 /* Add: the elementwise sum of two or more inputs of one shape (the join of a residual block). */
-#include "td_model.h"
+#include "core/td_model.h"
 
 #include <string.h>
 

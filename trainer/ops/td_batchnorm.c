@@ -9,7 +9,7 @@
  * statistics. With track_running_stats false there are no buffers and batch statistics are used
  * in both modes. Sums are accumulated in double: a ResNet batch is millions of rows.
  */
-#include "td_model.h"
+#include "core/td_model.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-#include "td_conv1ch.h"
+#include "ops/td_conv1ch.h"
 
 #include <string.h>
 

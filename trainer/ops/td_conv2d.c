@@ -10,11 +10,11 @@
  * keeping it (ResNet-sized columns would dwarf the activations). A 1x1 stride-1 unpadded
  * convolution needs no Col at all: channels-last X already is [P, C].
  */
-#include "td_conv1ch.h"
-#include "td_model.h"
-#include "td_simd.h"
-#include "td_skinny.h"
-#include "td_winograd.h"
+#include "ops/td_conv1ch.h"
+#include "core/td_model.h"
+#include "core/td_simd.h"
+#include "ops/td_skinny.h"
+#include "ops/td_winograd.h"
 
 #include <cblas.h>
 #include <math.h>

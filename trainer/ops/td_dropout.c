@@ -1,7 +1,7 @@
 /* Dropout (inverted, as torch.nn.Dropout): in training each element is zeroed with probability p
  * and the survivors scaled by 1/(1-p); in evaluation it is the identity. The mask comes from the
  * run's seeded generator, so a run is reproducible bit for bit. */
-#include "td_model.h"
+#include "core/td_model.h"
 
 #include <stdint.h>
 #include <string.h>

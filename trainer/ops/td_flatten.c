@@ -1,6 +1,6 @@
 /* Flatten: [H, W, C] channels-last -> [C*H*W] in PyTorch's (c, h, w) order, so that the Linear
  * after it has exactly the weight layout a torch.nn.Flatten + Linear would have. */
-#include "td_model.h"
+#include "core/td_model.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* Linear: y = x W^T + b, W [out, in] as in torch.nn.Linear. */
-#include "td_model.h"
+#include "core/td_model.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -1,8 +1,8 @@
 /* Pooling over channels-last activations: MaxPool2d, AvgPool2d (torch.nn semantics, floor mode)
  * and global average pooling ([H, W, C] -> [C], i.e. AdaptiveAvgPool2d(1) followed by flatten).
  * The inner loops run over channels, which are contiguous. */
-#include "td_model.h"
-#include "td_simd.h"
+#include "core/td_model.h"
+#include "core/td_simd.h"
 
 #include <math.h>
 #include <stdint.h>

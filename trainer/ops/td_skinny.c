@@ -1,4 +1,4 @@
-#include "td_skinny.h"
+#include "ops/td_skinny.h"
 
 #include <string.h>
 

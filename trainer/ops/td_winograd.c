@@ -5,7 +5,7 @@
  * dimension of the activations. Tiles are processed in chunks so that a chunk's transformed
  * inputs V and products M stay in L2 between the transform, the GEMMs and the inverse transform.
  */
-#include "td_winograd.h"
+#include "ops/td_winograd.h"
 
 #include <cblas.h>
 #include <string.h>

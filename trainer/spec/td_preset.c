@@ -1,4 +1,4 @@
-#include "td_spec.h"
+#include "spec/td_spec.h"
 
 #include <stdio.h>
 #include <string.h>

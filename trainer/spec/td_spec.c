@@ -1,6 +1,6 @@
 /* Reading the job spec. Every accessor takes the JSON path of what it reads, so each error can
  * say exactly where the problem is: "train.optimizer.lr: expected a number > 0, found \"fast\"". */
-#include "td_spec.h"
+#include "spec/td_spec.h"
 
 #include <jansson.h>
 #include <math.h>

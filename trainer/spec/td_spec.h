@@ -4,13 +4,13 @@
 #ifndef TD_SPEC_H
 #define TD_SPEC_H
 
-#include "td_data.h"
-#include "td_device.h"
-#include "td_error.h"
-#include "td_loss.h"
-#include "td_model.h"
-#include "td_optim.h"
-#include "td_schedule.h"
+#include "data/td_data.h"
+#include "core/td_device.h"
+#include "core/td_error.h"
+#include "core/td_loss.h"
+#include "core/td_model.h"
+#include "core/td_optim.h"
+#include "core/td_schedule.h"
 
 #include <stdint.h>
 

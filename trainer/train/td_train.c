@@ -1,11 +1,11 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
-#include "td_train.h"
+#include "train/td_train.h"
 
-#include "td_blas.h"
-#include "td_checkpoint.h"
-#include "td_comm.h"
-#include "td_reducer.h"
-#include "td_gpu.h"
+#include "core/td_blas.h"
+#include "io/td_checkpoint.h"
+#include "dist/td_comm.h"
+#include "dist/td_reducer.h"
+#include "gpu/td_gpu.h"
 
 #include <cblas.h>
 #include <math.h>

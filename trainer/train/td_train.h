@@ -7,9 +7,9 @@
 #ifndef TD_TRAIN_H
 #define TD_TRAIN_H
 
-#include "td_dist.h"
-#include "td_spec.h"
-#include "td_store.h"
+#include "dist/td_dist.h"
+#include "spec/td_spec.h"
+#include "dist/td_store.h"
 
 #include <stdio.h>
 

@@ -31,7 +31,7 @@
 // function of rows and C only), each tile is summed by its own threads in a fixed order, and a
 // second kernel adds the tiles' partial sums in tile order. No atomics, so the same batch gives
 // bit-identical statistics and gradients at every run.
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #include <stdlib.h>
 

@@ -1,6 +1,6 @@
 // The device context: opening a GPU, failure records, memory accounting, and a model's life on
 // the device (attach, batches, forward, loss, backward, transfers).
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>

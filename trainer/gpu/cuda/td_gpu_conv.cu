@@ -21,7 +21,7 @@
 // candidates are kept; a smaller last batch re-queries the workspace of the chosen algorithm and
 // walks the ranking when it no longer fits the shared workspace. Choices live in two slots keyed
 // by the full shape (the batch size and the largest other batch size seen last).
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

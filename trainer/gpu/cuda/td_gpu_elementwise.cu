@@ -2,7 +2,7 @@
 // semantics of their CPU files (td_activation.c, td_add.c, td_dropout.c, td_flatten.c,
 // td_identity.c). They are memory-bound and small models launch many of them, so each op call is
 // one kernel (or one copy), and each thread moves eight elements with vector loads.
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #include <math.h>
 

@@ -6,7 +6,7 @@
 // (advanced by captured kernels). Nothing the graph reads lives on the host, so the host never
 // waits for a replay before queuing the next: the GPU goes from one step to the next without
 // a gap.
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #include <stdio.h>
 

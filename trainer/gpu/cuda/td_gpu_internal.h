@@ -5,8 +5,8 @@
 #define TD_GPU_INTERNAL_H
 
 extern "C" {
-#include "td_gpu.h"
-#include "td_model.h"
+#include "gpu/td_gpu.h"
+#include "core/td_model.h"
 }
 
 #include <cublasLt.h>

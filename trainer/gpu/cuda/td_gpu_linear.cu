@@ -23,7 +23,7 @@
 // parameter block are only 2-byte aligned). They are queried on first use and cached in two
 // slots, n == max_n and the latest other n, each remembering the alignments it was asked for;
 // node pointers never move, so after the first step every call is a cache hit.
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

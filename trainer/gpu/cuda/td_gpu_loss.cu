@@ -6,7 +6,7 @@
 // partial kept by its lane 0 in row order, the warps' partials summed in warp order. The sums
 // are thus the same at every run (no atomics), and no scratch memory is needed: batches of a few
 // thousand rows are still a handful of rows per warp.
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #include <limits.h>
 #include <math.h>

@@ -19,11 +19,11 @@
 //
 // Nothing is created or allocated after td_gpu_ddp_start: begin/finish only record events, wait
 // on them and enqueue collectives, so a captured CUDA graph of a step holds its all-reduces.
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 extern "C" {
-#include "td_error.h"
-#include "td_store.h"
+#include "core/td_error.h"
+#include "dist/td_store.h"
 }
 
 #include <pthread.h>

@@ -12,7 +12,7 @@
 //    steps).
 // The gradients themselves are not rewritten (PyTorch unscales and clips them in place): the
 // next backward overwrites them, and the update reads them once instead of twice.
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #include <math.h>
 #include <string.h>

@@ -7,7 +7,7 @@
 // Backward gathers, for each input element, over the windows that cover it instead of
 // scattering each window into its inputs: overlapping windows then need no atomics, the result
 // is deterministic, and the sums run in the CPU's order (windows in increasing output index).
-#include "td_gpu_internal.h"
+#include "gpu/cuda/td_gpu_internal.h"
 
 #define POOL_THREADS 256
 
