@@ -1,0 +1,278 @@
+/* Attempts and the restart policy: what a job runs (a worker spec or a command), starting an
+ * attempt's process group, and deciding what comes after it: success, a restart from the latest
+ * checkpoint, or the end, recorded with the failing rank's own words. */
+#define _GNU_SOURCE /* pipe2, signalfd */
+#include "service/td_jobs_private.h"
+
+#include "service/td_launch.h"
+#include "service/td_strv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A train job runs traind-worker on the spec in its directory, with no extra environment. */
+void td_jobs_set_worker_run(td_jobs *j, job *jb, const char *spec_path) {
+    jb->argv = td_strv_new(2);
+    jb->argv[0] = td_str_dup(j->cfg.worker);
+    jb->argv[1] = td_str_dup(spec_path);
+    jb->env = td_strv_new(0);
+}
+
+/* Writes the worker spec (with the daemon's checkpoint defaults) into the job directory and
+ * sets argv/env. A train job's checkpoints go to its directory unless it names a place, and
+ * one is taken every epoch unless it says when: a restart needs something to resume from. */
+int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
+    if (mkdir(jb->dir, 0750) != 0 && errno != EEXIST)
+        return td_fail(err, "cannot create %s: %s", jb->dir, strerror(errno));
+    if (s->command) {
+        jb->argv = s->argv;
+        jb->env = s->env;
+        s->argv = s->env = NULL;
+        return 0;
+    }
+    json_t *ck = json_object_get(s->spec, "checkpoint");
+    if (!ck) {
+        ck = json_object();
+        json_object_set_new(s->spec, "checkpoint", ck);
+    }
+    if (!json_object_get(ck, "dir")) {
+        char dir[PATH_MAX + 16];
+        snprintf(dir, sizeof dir, "%s/checkpoints", jb->dir);
+        json_object_set_new(ck, "dir", json_string(dir));
+    }
+    if (!json_object_get(ck, "every_steps") && !json_object_get(ck, "every_epochs"))
+        json_object_set_new(ck, "every_epochs", json_integer(1));
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/spec.json", jb->dir);
+    if (json_dump_file(s->spec, path, JSON_INDENT(2)) != 0)
+        return td_fail(err, "cannot write %s: %s", path, strerror(errno));
+    td_jobs_set_worker_run(j, jb, path);
+    return 0;
+}
+
+/* Starts the job's next attempt on slots already reserved. */
+void td_jobs_start_attempt(td_jobs *j, job *jb) {
+    int n = jb->row.nproc;
+    td_db_attempt *a = td_jobs_new_attempt(jb);
+    a->started_at = td_jobs_now();
+    int out_pipe[2] = {-1, -1};
+    int stdout_fds[n], stderr_fds[n];
+    char devices_text[n][16];
+    const char *devices[n];
+    td_err err = {{0}};
+    for (int r = 0; r < n; r++) stdout_fds[r] = stderr_fds[r] = -1;
+    int ok = pipe2(out_pipe, O_CLOEXEC) == 0;
+    if (!ok) td_fail(&err, "pipe: %s", strerror(errno));
+    free(jb->log_start);
+    jb->log_start = td_calloc((size_t)n, sizeof *jb->log_start);
+    for (int r = 0; ok && r < n; r++) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, r);
+        stderr_fds[r] = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        struct stat st;
+        if (stderr_fds[r] < 0) {
+            td_fail(&err, "cannot open %s: %s", path, strerror(errno));
+            ok = 0;
+        } else if (fstat(stderr_fds[r], &st) == 0) {
+            jb->log_start[r] = (long long)st.st_size; /* this attempt's lines start here */
+        }
+        stdout_fds[r] = r == 0 ? out_pipe[1] : stderr_fds[r];
+        if (jb->devices) {
+            snprintf(devices_text[r], sizeof devices_text[r], "%d", jb->devices[r]);
+            devices[r] = devices_text[r];
+        }
+    }
+    char run_id[64], job_var[64], ckpt_var[PATH_MAX + 32];
+    snprintf(run_id, sizeof run_id, "traind-job-%ld", jb->row.id);
+    snprintf(job_var, sizeof job_var, "TRAIND_JOB_ID=%ld", jb->row.id);
+    size_t n_env = 0;
+    while (jb->env[n_env]) n_env++;
+    char *env[n_env + 3];
+    for (size_t i = 0; i < n_env; i++) env[i] = jb->env[i];
+    env[n_env++] = job_var;
+    /* a command restarts from its beginning: where its own latest checkpoint is lets a script
+     * resume (traind-worker finds its checkpoints in checkpoint.dir itself) */
+    if (jb->ckpt_path && strcmp(jb->row.kind, "command") == 0) {
+        snprintf(ckpt_var, sizeof ckpt_var, "TRAIND_LATEST_CHECKPOINT=%s", jb->ckpt_path);
+        env[n_env++] = ckpt_var;
+    }
+    env[n_env] = NULL;
+    td_launch_config cfg = {.nproc_per_node = n,
+                            .nnodes = 1,
+                            .max_restarts = jb->row.max_restarts,
+                            .grace_s = j->cfg.grace_s,
+                            .argv = jb->argv,
+                            .cwd = jb->dir,
+                            .stdout_fds = stdout_fds,
+                            .stderr_fds = stderr_fds,
+                            .extra_env = env,
+                            .devices = jb->devices ? devices : NULL};
+    snprintf(cfg.master_addr, sizeof cfg.master_addr, "127.0.0.1");
+    snprintf(cfg.run_id, sizeof cfg.run_id, "%s", run_id);
+    if (ok && td_launch_free_port(&cfg.master_port, &err) != 0) ok = 0;
+    if (ok && td_group_start(&jb->group, &cfg, a->attempt, &err) != 0) {
+        ok = 0;
+        if (jb->group.alive > 0) killpg(jb->group.pgid, SIGKILL); /* reaped by the loop */
+    }
+    for (int r = 0; r < n; r++)
+        if (stderr_fds[r] >= 0) close(stderr_fds[r]);
+    if (out_pipe[1] >= 0) close(out_pipe[1]);
+    if (!ok) {
+        if (out_pipe[0] >= 0) close(out_pipe[0]);
+        jb->out_fd = -1;
+        a->finished_at = td_jobs_now();
+        snprintf(a->reason, sizeof a->reason, "could not start: %.480s", err.msg);
+        td_jobs_save_attempt(j, jb, a);
+        if (jb->group.alive == 0) {
+            td_group_free(&jb->group);
+            td_jobs_release_slots(j, jb);
+        }
+        td_jobs_finish(j, jb, FAILED, -1, a->reason);
+        return;
+    }
+    fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+    jb->out_fd = out_pipe[0];
+    jb->line.len = 0;
+    if (jb->row.started_at <= 0) jb->row.started_at = a->started_at;
+    jb->row.pgid = jb->group.pgid;
+    td_jobs_set_state(jb, RUNNING);
+    td_jobs_save_attempt(j, jb, a);
+    td_jobs_emit_state(j, jb);
+    fprintf(j->log, "traind: job %ld attempt %d started: %d process%s, process group %d\n",
+            jb->row.id, a->attempt, n, n == 1 ? "" : "es", (int)jb->group.pgid);
+}
+
+/* What a restarted attempt starts from, in words, for the restart event and the job's reason:
+ * traind-worker resumes from its newest checkpoint by itself; a command starts from its beginning
+ * and gets its latest registered checkpoint in TRAIND_LATEST_CHECKPOINT. */
+void td_jobs_resume_note(const job *jb, char *out, size_t len) {
+    bool command = strcmp(jb->row.kind, "command") == 0;
+    if (!jb->ckpt_path)
+        snprintf(out, len, "%s",
+                 command ? "the command starts again from scratch (it registered no checkpoint)"
+                         : "starting from scratch (no checkpoint had been written)");
+    else if (command)
+        snprintf(out, len,
+                 "the command starts again from its beginning; its latest checkpoint (step %ld) "
+                 "is given to it as TRAIND_LATEST_CHECKPOINT",
+                 jb->ckpt_step);
+    else
+        snprintf(out, len, "resuming from its newest checkpoint (the latest registered: step %ld)",
+                 jb->ckpt_step);
+}
+
+json_t *td_jobs_resume_json(const job *jb) {
+    return jb->ckpt_path
+               ? json_pack("{s:I, s:s}", "step", (json_int_t)jb->ckpt_step, "path", jb->ckpt_path)
+               : json_null();
+}
+
+/* The failing rank's own words for the job record, from its log lines of this attempt:
+ * traind-worker's first "error:" line, or else (any program, e.g. Python's exception line) the
+ * last line that is not a metric. Empty when there is none (a process killed by a signal). */
+static void worker_message(const job *jb, int rank, char *out, size_t len) {
+    static const char PREFIX[] = "traind-worker: error: ";
+    out[0] = 0;
+    if (!jb->log_start || rank < 0 || rank >= jb->row.nproc) return;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, rank);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    const long long cap = 1 << 20; /* the attempt's last MiB holds its end */
+    long long from = jb->log_start[rank], size = (long long)st.st_size;
+    if (size - from > cap) from = size - cap;
+    if (size <= from) {
+        close(fd);
+        return;
+    }
+    char *text = td_malloc((size_t)(size - from) + 1);
+    ssize_t got = pread(fd, text, (size_t)(size - from), (off_t)from);
+    close(fd);
+    text[got > 0 ? got : 0] = 0;
+    const char *last = NULL;
+    size_t last_len = 0;
+    for (char *line = text, *next; *line; line = next) {
+        char *nl = strchr(line, '\n');
+        next = nl ? nl + 1 : line + strlen(line);
+        size_t n = (size_t)(next - line) - (nl ? 1 : 0);
+        while (n && (line[n - 1] == '\r' || line[n - 1] == ' ')) n--;
+        if (n > sizeof PREFIX - 1 && strncmp(line, PREFIX, sizeof PREFIX - 1) == 0) {
+            snprintf(out, len, "%.*s", (int)(n - (sizeof PREFIX - 1)), line + sizeof PREFIX - 1);
+            free(text);
+            return;
+        }
+        if (n && line[0] != '{') last = line, last_len = n;
+    }
+    if (last && strcmp(jb->row.kind, "command") == 0)
+        snprintf(out, len, "%.*s", (int)last_len, last);
+    free(text);
+}
+
+/* The attempt's processes are all gone: decide what comes next. */
+void td_jobs_attempt_over(td_jobs *j, job *jb) {
+    td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
+    td_group *g = &jb->group;
+    a->finished_at = td_jobs_now();
+    /* a failure's own status, else (stopped on request or at the time limit) the status the
+     * processes ended with: 137 for one that needed SIGKILL after the grace period */
+    int code = g->first_failure ? g->first_failure : g->stop_status;
+    char reason[1024], own[320];
+    if (g->first_failure) {
+        worker_message(jb, g->failed_rank, own, sizeof own);
+        snprintf(reason, sizeof reason, "%s%s%s", g->reason, own[0] ? ": " : "", own);
+    } else if (jb->cancel_requested) {
+        snprintf(reason, sizeof reason, "cancelled by request");
+    } else if (jb->timed_out) {
+        snprintf(reason, sizeof reason,
+                 "stopped at its time limit of %g s (resources.time_limit_s)",
+                 jb->row.time_limit_s);
+    } else {
+        reason[0] = 0;
+    }
+    if (g->grace_note[0])
+        snprintf(reason + strlen(reason), sizeof reason - strlen(reason), "%s%s",
+                 reason[0] ? "; " : "", g->grace_note);
+    a->exit_code = code;
+    snprintf(a->reason, sizeof a->reason, "%s", reason);
+    td_jobs_save_attempt(j, jb, a);
+    td_group_free(g);
+    if (jb->cancel_requested) {
+        td_jobs_release_slots(j, jb);
+        td_jobs_finish(j, jb, CANCELLED, code, reason);
+    } else if (jb->timed_out) {
+        td_jobs_release_slots(j, jb);
+        td_jobs_finish(j, jb, FAILED, code, reason);
+    } else if (code == 0) {
+        td_jobs_release_slots(j, jb);
+        td_jobs_finish(j, jb, SUCCEEDED, 0, "");
+    } else if (jb->row.restarts < jb->row.max_restarts) {
+        jb->row.restarts++;
+        td_jobs_set_state(jb, RESTARTING);
+        char note[256];
+        td_jobs_resume_note(jb, note, sizeof note);
+        snprintf(jb->row.reason, sizeof jb->row.reason, "%.300s; restart %d of %d, %s", reason,
+                 jb->row.restarts, jb->row.max_restarts, note);
+        json_t *d = json_pack("{s:i, s:i, s:s, s:i, s:o}", "attempt", jb->n_attempts, "restarts",
+                              jb->row.restarts, "reason", jb->row.reason, "exit_code", code,
+                              "resume_from", td_jobs_resume_json(jb));
+        td_jobs_emit(j, jb, "restart", d, NULL, -1, false, NULL, 0);
+        json_decref(d);
+        td_jobs_emit_state(j, jb);
+        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, jb->row.reason);
+        td_jobs_start_attempt(j, jb); /* keeps its slots */
+    } else {
+        char why[1200];
+        snprintf(why, sizeof why, "%s (attempt %d; %d restart%s allowed)", reason, jb->n_attempts,
+                 jb->row.max_restarts, jb->row.max_restarts == 1 ? "" : "s");
+        td_jobs_release_slots(j, jb);
+        td_jobs_finish(j, jb, FAILED, code, why);
+    }
+}

@@ -1,0 +1,142 @@
+/* Rank 0's stdout: its lines are read as they come, JSON objects with an "event" become the job's
+ * events and metrics (api/README.md, "Metric lines"), a checkpoint line registers a checkpoint,
+ * and every line also goes to rank 0's log. */
+#include "service/td_jobs_private.h"
+
+#include "service/td_ckpt.h"
+#include "service/td_strv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void append_rank0_log(job *jb, const char *line, size_t n) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/rank-0.log", jb->dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0) return;
+    (void)!write(fd, line, n);
+    (void)!write(fd, "\n", 1);
+    close(fd);
+}
+
+void td_jobs_set_checkpoint(job *jb, long step, const char *path) {
+    free(jb->ckpt_path);
+    jb->ckpt_path = td_str_dup(path);
+    jb->ckpt_step = step;
+}
+
+/* A checkpoint event's path: a directory (traind-worker's step-N/, or any a command writes) or
+ * one file (a command's torch.save). Registered with its total size when it exists. */
+static bool checkpoint_size(const char *path, long long *size) {
+    struct stat st;
+    if (!path || !*path || stat(path, &st) != 0) return false;
+    if (S_ISREG(st.st_mode)) {
+        *size = (long long)st.st_size;
+        return true;
+    }
+    if (!S_ISDIR(st.st_mode)) return false;
+    td_err err = {{0}};
+    td_ckpt_file *files = NULL;
+    int n = 0;
+    if (td_ckpt_list(path, &files, &n, &err) != 0) return false;
+    *size = 0;
+    for (int i = 0; i < n; i++) *size += files[i].size;
+    td_ckpt_files_free(files, n);
+    return true;
+}
+
+/* A line of rank 0's stdout: a JSON object with a string "event" is an event, and a metric
+ * unless it is a checkpoint. An event without an integer "step" gets the step of the latest one
+ * that had one (0 before any), so every metric has a place on the step axis. */
+static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
+    append_rank0_log(jb, line, n);
+    json_error_t jerr;
+    json_t *o = json_loadb(line, n, 0, &jerr);
+    const char *type = o ? json_string_value(json_object_get(o, "event")) : NULL;
+    if (!o || !json_is_object(o) || !type || !*type || strlen(type) > 64 ||
+        strpbrk(type, "\r\n:")) {
+        json_decref(o);
+        return;
+    }
+    json_t *step_v = json_object_get(o, "step");
+    bool changed = false;
+    long step;
+    if (json_is_integer(step_v) && json_integer_value(step_v) >= 0) {
+        step = (long)json_integer_value(step_v);
+        jb->last_step = step;
+    } else {
+        step = jb->last_step;
+        json_object_set_new(o, "step", json_integer(step));
+        changed = true;
+    }
+    const char *ckpt = NULL;
+    long long size = 0;
+    char full[2 * PATH_MAX];
+    if (strcmp(type, "checkpoint") == 0) {
+        const char *path = json_string_value(json_object_get(o, "path"));
+        /* relative to the job's directory, where its processes run; copied, as "path" is
+         * replaced in o below */
+        if (path) {
+            snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : jb->dir,
+                     path[0] == '/' ? "" : "/", path);
+            path = full;
+        }
+        if (checkpoint_size(path, &size)) {
+            ckpt = path;
+            json_object_set_new(o, "path", json_string(path));
+            json_object_set_new(o, "size", json_integer(size));
+            changed = true;
+            jb->n_checkpoints++;
+            td_jobs_set_checkpoint(jb, step, path);
+        }
+    }
+    if (strcmp(type, "train") == 0) {
+        json_decref(jb->latest_train);
+        jb->latest_train = json_incref(o);
+    } else if (strcmp(type, "eval") == 0) {
+        json_decref(jb->latest_eval);
+        jb->latest_eval = json_incref(o);
+    }
+    bool metric = strcmp(type, "checkpoint") != 0;
+    /* kept as written unless it changed or holds a CR (which would break an SSE record) */
+    bool raw = !changed && !memchr(line, '\r', n);
+    td_jobs_emit(j, jb, type, o, raw ? line : NULL, step, metric, ckpt, size);
+    json_decref(o);
+}
+
+/* Reads what rank 0 wrote; closes the pipe at its end. */
+void td_jobs_read_output(td_jobs *j, job *jb) {
+    char buf[65536];
+    for (;;) {
+        ssize_t k = read(jb->out_fd, buf, sizeof buf);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                if (jb->line.len) on_line(j, jb, jb->line.data, jb->line.len);
+                jb->line.len = 0;
+                close(jb->out_fd);
+                jb->out_fd = -1;
+            }
+            return;
+        }
+        td_buf_append(&jb->line, buf, (size_t)k);
+        char *start = jb->line.data, *nl;
+        while ((nl = memchr(start, '\n', jb->line.len - (size_t)(start - jb->line.data)))) {
+            *nl = 0;
+            on_line(j, jb, start, (size_t)(nl - start));
+            start = nl + 1;
+        }
+        size_t rest = jb->line.len - (size_t)(start - jb->line.data);
+        memmove(jb->line.data, start, rest);
+        jb->line.len = rest;
+        jb->line.data[rest] = 0;
+        if (rest > (1u << 20)) { /* a runaway line: keep the log, not the memory */
+            append_rank0_log(jb, jb->line.data, rest);
+            jb->line.len = 0;
+        }
+    }
+}

@@ -1,0 +1,113 @@
+/* The queue and the slots: which waiting job starts next (priority, then age, backfilling only
+ * where the head of the queue cannot be delayed) and which slots (GPUs) it holds while it runs. */
+#include "service/td_jobs_private.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void td_jobs_release_slots(td_jobs *j, job *jb) {
+    j->used_slots -= jb->row.nproc;
+    if (jb->devices)
+        for (int i = 0; i < jb->row.nproc; i++) j->gpu_used[jb->devices[i]] = false;
+    free(jb->devices);
+    jb->devices = NULL;
+    jb->active = false;
+}
+
+bool td_jobs_reserve_slots(td_jobs *j, job *jb) {
+    if (j->cfg.slots - j->used_slots < jb->row.nproc) return false;
+    j->used_slots += jb->row.nproc;
+    jb->active = true;
+    if (j->cfg.gpus > 0) {
+        jb->devices = td_calloc((size_t)jb->row.nproc, sizeof(int));
+        for (int i = 0, k = 0; i < j->cfg.gpus && k < jb->row.nproc; i++)
+            if (!j->gpu_used[i]) j->gpu_used[i] = true, jb->devices[k++] = i;
+    }
+    return true;
+}
+
+/* When the job's time limit ends (CLOCK_REALTIME seconds), or 0 without one. */
+double td_jobs_deadline(const job *jb) {
+    return jb->row.time_limit_s > 0 && jb->row.started_at > 0
+               ? jb->row.started_at + jb->row.time_limit_s
+               : 0;
+}
+
+/* Queue order: higher priority first, then submission order. */
+static bool runs_before(const job *a, const job *b) {
+    return a->row.priority != b->row.priority ? a->row.priority > b->row.priority
+                                              : a->row.id < b->row.id;
+}
+
+/* The earliest time the blocked job `head` could start, assuming each running job ends at its
+ * time limit or, without one, at any moment (now): its "shadow" time, and how many slots would
+ * be left over then. Backfilling into those spare slots, or with a job whose own limit ends
+ * before the shadow time, cannot delay the head (EASY backfilling, as Slurm's backfill). */
+static void head_shadow(td_jobs *j, const job *head, double now, double *shadow, int *spare) {
+    int n = 0;
+    double ends[j->n_jobs + 1]; /* + 1: never a VLA of 0 */
+    int slots[j->n_jobs + 1];
+    for (int i = 0; i < j->n_jobs; i++) {
+        const job *jb = j->jobs[i];
+        if (!jb->active) continue;
+        double end = td_jobs_deadline(jb);
+        int k = n++;
+        for (; k > 0 && ends[k - 1] > (end > 0 ? end : now); k--)
+            ends[k] = ends[k - 1], slots[k] = slots[k - 1];
+        ends[k] = end > 0 ? end : now;
+        slots[k] = jb->row.nproc;
+    }
+    int free_slots = j->cfg.slots - j->used_slots;
+    *shadow = now;
+    for (int i = 0; i < n && free_slots < head->row.nproc; i++) {
+        free_slots += slots[i];
+        *shadow = ends[i];
+    }
+    *spare = free_slots - head->row.nproc;
+}
+
+/* Recovered jobs first (they were running), then the queue by priority and age. The first job
+ * that does not fit holds its place: a later one starts only where it cannot delay it. */
+void td_jobs_schedule(td_jobs *j) {
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (jb->state != RESTARTING || jb->active) continue;
+        if (!td_jobs_reserve_slots(j, jb)) return;
+        td_jobs_start_attempt(j, jb);
+    }
+    int n = 0;
+    job *queue[j->n_jobs + 1];
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (jb->state != QUEUED) continue;
+        int k = n++;
+        for (; k > 0 && runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
+        queue[k] = jb;
+    }
+    const job *head = NULL;
+    double shadow = 0, now = td_jobs_now();
+    int spare = 0;
+    for (int i = 0; i < n; i++) {
+        job *jb = queue[i];
+        if (!head) {
+            if (td_jobs_reserve_slots(j, jb)) {
+                td_jobs_start_attempt(j, jb);
+                continue;
+            }
+            head = jb;
+            head_shadow(j, head, now, &shadow, &spare);
+            continue;
+        }
+        if (j->cfg.slots - j->used_slots < jb->row.nproc) continue;
+        bool ends_in_time =
+            jb->row.time_limit_s > 0 && shadow > now && now + jb->row.time_limit_s <= shadow;
+        if (!ends_in_time && jb->row.nproc > spare) continue;
+        if (!ends_in_time) spare -= jb->row.nproc;
+        td_jobs_reserve_slots(j, jb);
+        fprintf(j->log, "traind: job %ld starts ahead of job %ld (backfill: %s)\n", jb->row.id,
+                head->row.id,
+                ends_in_time ? "its time limit ends before that job could start"
+                             : "it uses slots that job would leave free");
+        td_jobs_start_attempt(j, jb);
+    }
+}

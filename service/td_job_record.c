@@ -1,0 +1,190 @@
+/* The job table and what it says: lookup by id, rendering a job as the API's JSON, state changes
+ * and events, each committed to the database before it is announced to the streams. Everything
+ * here runs under the jobs' mutex. */
+#include "service/td_jobs_private.h"
+
+#include "service/td_strv.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *const td_jobs_state_names[N_STATES] = {"queued",    "running", "restarting",
+                                                   "succeeded", "failed",  "cancelled"};
+
+double td_jobs_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static json_t *time_json(double t) {
+    if (t <= 0) return json_null();
+    time_t s = (time_t)t;
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    char buf[64];
+    size_t n = strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + n, sizeof buf - n, ".%03dZ", (int)((t - (double)s) * 1000.0));
+    return json_string(buf);
+}
+
+json_t *td_jobs_code_json(int code) {
+    return code >= 0 ? json_integer(code) : json_null();
+}
+
+json_t *td_jobs_reason_json(const char *r) {
+    return r[0] ? json_string(r) : json_null();
+}
+
+const char *td_jobs_render(job *jb) {
+    if (jb->json) return jb->json;
+    json_t *attempts = json_array();
+    for (int i = 0; i < jb->n_attempts; i++) {
+        const td_db_attempt *a = &jb->attempts[i];
+        json_array_append_new(
+            attempts, json_pack("{s:i, s:o, s:o, s:o, s:o}", "attempt", a->attempt, "started_at",
+                                time_json(a->started_at), "finished_at", time_json(a->finished_at),
+                                "exit_code", td_jobs_code_json(a->exit_code), "reason",
+                                td_jobs_reason_json(a->reason)));
+    }
+    json_t *o = json_pack(
+        "{s:I, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:O, s:O},"
+        " s:i}",
+        "id", (json_int_t)jb->row.id, "name", jb->row.name, "kind", jb->row.kind, "state",
+        td_jobs_state_names[jb->state], "nproc", jb->row.nproc, "priority", jb->row.priority,
+        "max_restarts", jb->row.max_restarts, "restarts", jb->row.restarts, "time_limit_s",
+        jb->row.time_limit_s > 0 ? json_real(jb->row.time_limit_s) : json_null(), "created_at",
+        time_json(jb->row.created_at), "started_at", time_json(jb->row.started_at), "finished_at",
+        time_json(jb->row.finished_at), "exit_code", td_jobs_code_json(jb->row.exit_code), "reason",
+        td_jobs_reason_json(jb->row.reason), "attempts", attempts, "latest", "train",
+        jb->latest_train ? jb->latest_train : json_null(), "eval",
+        jb->latest_eval ? jb->latest_eval : json_null(), "checkpoints", jb->n_checkpoints);
+    TD_ASSERT(o, "json_pack of a job failed (a bad UTF-8 name?)");
+    /* the metrics as the worker printed them (%.9g), not as 17 digits */
+    jb->json = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
+    json_decref(o);
+    TD_ASSERT(jb->json, "out of memory rendering a job");
+    return jb->json;
+}
+
+void td_jobs_stale(job *jb) {
+    free(jb->json);
+    jb->json = NULL;
+}
+
+job *td_jobs_find(td_jobs *j, long id) {
+    int lo = 0, hi = j->n_jobs - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (j->jobs[mid]->row.id == id) return j->jobs[mid];
+        if (j->jobs[mid]->row.id < id)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
+
+void td_jobs_add(td_jobs *j, job *jb) {
+    if (j->n_jobs == j->cap_jobs) {
+        j->cap_jobs = j->cap_jobs ? 2 * j->cap_jobs : 64;
+        j->jobs = realloc(j->jobs, (size_t)j->cap_jobs * sizeof *j->jobs);
+        TD_ASSERT(j->jobs, "out of memory adding a job");
+    }
+    j->jobs[j->n_jobs++] = jb;
+}
+
+job *td_jobs_new_job(td_jobs *j, const td_db_job *row) {
+    job *jb = td_calloc(1, sizeof *jb);
+    jb->row = *row;
+    jb->out_fd = -1;
+    jb->ckpt_step = -1;
+    jb->state = QUEUED;
+    for (int s = 0; s < N_STATES; s++)
+        if (strcmp(row->state, td_jobs_state_names[s]) == 0) jb->state = s;
+    snprintf(jb->dir, sizeof jb->dir, "%s/jobs/%ld", j->cfg.state_dir, row->id);
+    return jb;
+}
+
+td_db_attempt *td_jobs_new_attempt(job *jb) {
+    if (jb->n_attempts == jb->cap_attempts) {
+        jb->cap_attempts = jb->cap_attempts ? 2 * jb->cap_attempts : 4;
+        jb->attempts = realloc(jb->attempts, (size_t)jb->cap_attempts * sizeof *jb->attempts);
+        TD_ASSERT(jb->attempts, "out of memory adding an attempt");
+    }
+    td_db_attempt *a = &jb->attempts[jb->n_attempts];
+    *a = (td_db_attempt){.attempt = jb->n_attempts, .exit_code = -1};
+    jb->n_attempts++;
+    return a;
+}
+
+void td_jobs_set_state(job *jb, int state) {
+    jb->state = state;
+    snprintf(jb->row.state, sizeof jb->row.state, "%s", td_jobs_state_names[state]);
+    td_jobs_stale(jb);
+}
+
+bool td_jobs_final_state(int s) {
+    return s == SUCCEEDED || s == FAILED || s == CANCELLED;
+}
+
+/* Appends an event (and the job row) to the database, then wakes the streams. */
+/* raw: the event's text as the worker wrote it (kept byte for byte), or NULL to encode data */
+void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const char *raw, long step,
+                  bool metric, const char *ckpt_path, long long ckpt_size) {
+    char *text = raw ? strdup(raw) : json_dumps(data, JSON_COMPACT);
+    TD_ASSERT(text, "out of memory encoding an event");
+    jb->row.last_seq++;
+    td_db_event ev = {jb->row.id, jb->row.last_seq, type, text, step, metric, ckpt_path, ckpt_size};
+    td_err err = {{0}};
+    if (td_db_add_event(j->db, &ev, &jb->row, &err) != 0)
+        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
+    free(text);
+    td_jobs_stale(jb);
+    pthread_cond_broadcast(&j->changed);
+}
+
+void td_jobs_emit_state(td_jobs *j, job *jb) {
+    json_t *d = json_pack("{s:s, s:o, s:o, s:i}", "state", td_jobs_state_names[jb->state], "reason",
+                          td_jobs_reason_json(jb->row.reason), "exit_code",
+                          td_jobs_code_json(jb->row.exit_code), "attempt",
+                          jb->n_attempts > 0 ? jb->n_attempts - 1 : 0);
+    td_jobs_emit(j, jb, "state", d, NULL, -1, false, NULL, 0);
+    json_decref(d);
+}
+
+void td_jobs_save_attempt(td_jobs *j, job *jb, const td_db_attempt *a) {
+    td_err err = {{0}};
+    if (td_db_save_attempt(j->db, jb->row.id, a, &err) != 0)
+        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
+}
+
+void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason) {
+    td_jobs_set_state(jb, state);
+    jb->row.exit_code = code;
+    snprintf(jb->row.reason, sizeof jb->row.reason, "%s", reason);
+    jb->row.finished_at = td_jobs_now();
+    jb->row.pgid = 0;
+    td_jobs_emit_state(j, jb);
+    fprintf(j->log, "traind: job %ld %s%s%s\n", jb->row.id, td_jobs_state_names[state],
+            reason[0] ? ": " : "", reason);
+}
+
+void td_jobs_free_job(job *jb) {
+    free(jb->row.spec);
+    free(jb->attempts);
+    json_decref(jb->latest_train);
+    json_decref(jb->latest_eval);
+    free(jb->ckpt_path);
+    free(jb->log_start);
+    td_strv_free(jb->argv);
+    td_strv_free(jb->env);
+    free(jb->json);
+    free(jb->devices);
+    td_group_free(&jb->group);
+    td_buf_free(&jb->line);
+    if (jb->out_fd >= 0) close(jb->out_fd);
+    free(jb);
+}

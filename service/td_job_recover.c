@@ -1,0 +1,123 @@
+/* Opening: the jobs of the database are loaded, their metrics and checkpoints read back from the
+ * event log, and the ones a previous daemon left running (their workers died with it) set to
+ * restart from their latest checkpoints, not charged to their restart budget. */
+#include "service/td_jobs_private.h"
+
+#include "service/td_strv.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct load_ctx {
+    td_jobs *j;
+} load_ctx;
+
+static void load_one(void *ctx, const td_db_job *row, const td_db_attempt *attempts, int n) {
+    td_jobs *j = ((load_ctx *)ctx)->j;
+    job *jb = td_jobs_new_job(j, row);
+    for (int i = 0; i < n; i++) *td_jobs_new_attempt(jb) = attempts[i];
+    td_jobs_add(j, jb);
+}
+
+/* Metrics and checkpoints a job had, for its JSON: read back from the event log. */
+static void load_latest(td_jobs *j, job *jb) {
+    td_buf b = {0};
+    long last = 0;
+    td_err err = {{0}};
+    if (td_db_events_sse(j->db, jb->row.id, 0, INT_MAX, &b, &last, &err) != 0) {
+        td_buf_free(&b);
+        return;
+    }
+    for (char *p = b.data; p && (p = strstr(p, "event: "));) {
+        char *type = p + 7, *nl = strchr(type, '\n');
+        if (!nl) break;
+        char *data = nl + 1 + 6, *end = strchr(data, '\n');
+        if (!end) break;
+        *nl = *end = 0;
+        json_t *o = json_loads(data, 0, NULL);
+        json_t *step = json_object_get(o, "step");
+        bool ours = !strcmp(type, "state") || !strcmp(type, "restart"); /* the daemon's */
+        if (!ours && json_is_integer(step)) jb->last_step = (long)json_integer_value(step);
+        if (strcmp(type, "train") == 0) {
+            json_decref(jb->latest_train), jb->latest_train = o, o = NULL;
+        } else if (strcmp(type, "eval") == 0) {
+            json_decref(jb->latest_eval), jb->latest_eval = o, o = NULL;
+        } else if (strcmp(type, "checkpoint") == 0 && json_object_get(o, "size")) {
+            jb->n_checkpoints++;
+            const char *path = json_string_value(json_object_get(o, "path"));
+            if (path) td_jobs_set_checkpoint(jb, (long)json_integer_value(step), path);
+        }
+        json_decref(o);
+        p = end + 1;
+    }
+    td_buf_free(&b);
+}
+
+/* A job the previous daemon was running: its workers died with it (PR_SET_PDEATHSIG), or are
+ * killed now if they somehow outlived it; the job goes on from its latest checkpoint. */
+static void recover(td_jobs *j, job *jb) {
+    if (jb->row.pgid > 0 && killpg((pid_t)jb->row.pgid, 0) == 0)
+        killpg((pid_t)jb->row.pgid, SIGKILL);
+    if (jb->n_attempts > 0 && jb->attempts[jb->n_attempts - 1].finished_at <= 0) {
+        td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
+        a->finished_at = td_jobs_now();
+        snprintf(a->reason, sizeof a->reason, "the daemon stopped while this attempt ran");
+        td_jobs_save_attempt(j, jb, a);
+    }
+    jb->row.pgid = 0;
+    td_jobs_set_state(jb, RESTARTING);
+    char note[256];
+    td_jobs_resume_note(jb, note, sizeof note);
+    snprintf(jb->row.reason, sizeof jb->row.reason,
+             "the daemon restarted while the job ran; %s (not counted against max_restarts)", note);
+    json_t *d =
+        json_pack("{s:i, s:i, s:s, s:o}", "attempt", jb->n_attempts, "restarts", jb->row.restarts,
+                  "reason", jb->row.reason, "resume_from", td_jobs_resume_json(jb));
+    td_jobs_emit(j, jb, "restart", d, NULL, -1, false, NULL, 0);
+    json_decref(d);
+    td_jobs_emit_state(j, jb);
+    fprintf(j->log, "traind: job %ld was running when the daemon stopped: restarting it\n",
+            jb->row.id);
+}
+
+/* Re-reads what a stored job runs (its spec is in the database, its worker spec on disk). */
+static int rebuild_run(td_jobs *j, job *jb, td_err *err) {
+    if (strcmp(jb->row.kind, "command") != 0) {
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/spec.json", jb->dir);
+        td_jobs_set_worker_run(j, jb, path);
+        return access(path, R_OK) == 0 ? 0 : td_fail(err, "%s is gone", path);
+    }
+    td_submission s;
+    td_reply_error e;
+    td_submit_rules rules = j->cfg.rules;
+    rules.slots = INT_MAX;
+    if (td_submission_parse(&s, jb->row.spec, strlen(jb->row.spec), &rules, &e) != 0)
+        return td_fail(err, "its stored spec no longer parses: %s", e.message);
+    jb->argv = s.argv;
+    jb->env = s.env;
+    s.argv = s.env = NULL;
+    td_submission_free(&s);
+    return 0;
+}
+
+int td_jobs_load(td_jobs *j, td_err *err) {
+    load_ctx ctx = {j};
+    if (td_db_load_jobs(j->db, load_one, &ctx, err) != 0) return -1;
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        load_latest(j, jb);
+        if (td_jobs_final_state(jb->state)) continue;
+        td_err why = {{0}};
+        if (rebuild_run(j, jb, &why) != 0) {
+            char reason[TD_ERR_MAX + 64];
+            snprintf(reason, sizeof reason, "cannot run after a daemon restart: %s", why.msg);
+            td_jobs_finish(j, jb, FAILED, -1, reason);
+            continue;
+        }
+        if (jb->state == RUNNING || jb->state == RESTARTING) recover(j, jb);
+    }
+    return 0;
+}

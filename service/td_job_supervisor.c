@@ -1,0 +1,107 @@
+/* The supervisor thread: one poll over the wake-up eventfd, the SIGCHLD signalfd and every running
+ * job's stdout pipe; it reaps processes, enforces grace periods and time limits, and schedules.
+ * The mutex is let go only while it waits. */
+#define _GNU_SOURCE /* pipe2, signalfd */
+#include "service/td_jobs_private.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void reap(td_jobs *j) {
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) return;
+        for (int i = 0; i < j->n_jobs; i++) {
+            job *jb = j->jobs[i];
+            if (jb->active && jb->group.pids &&
+                td_group_reaped(&jb->group, pid, status, j->cfg.grace_s))
+                break;
+        }
+    }
+}
+
+void *td_jobs_supervise(void *arg) {
+    td_jobs *j = arg;
+    pthread_mutex_lock(&j->mu);
+    while (!j->stopping) {
+        td_jobs_schedule(j);
+        int n = 0;
+        struct pollfd fds[2 + j->n_jobs];
+        job *owner[2 + j->n_jobs];
+        fds[n++] = (struct pollfd){j->wake_fd, POLLIN, 0};
+        fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
+        bool ticking = false;
+        double now = td_jobs_now(), next_limit = 0;
+        for (int i = 0; i < j->n_jobs; i++) {
+            job *jb = j->jobs[i];
+            if (!jb->active) continue;
+            ticking |= jb->group.terminating || jb->cancel_requested;
+            double limit = td_jobs_deadline(jb);
+            if (limit > 0 && !jb->timed_out && (next_limit == 0 || limit < next_limit))
+                next_limit = limit;
+            if (jb->out_fd >= 0) owner[n] = jb, fds[n++] = (struct pollfd){jb->out_fd, POLLIN, 0};
+        }
+        /* kill deadlines and time limits are the only things without a file descriptor to
+         * wake us */
+        int timeout_ms = ticking ? 100 : -1;
+        if (next_limit > 0) {
+            double ms = (next_limit - now) * 1000.0 + 1.0;
+            int until = ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
+            if (timeout_ms < 0 || until < timeout_ms) timeout_ms = until;
+        }
+        pthread_mutex_unlock(&j->mu);
+        int rc = poll(fds, (nfds_t)n, timeout_ms);
+        pthread_mutex_lock(&j->mu);
+        if (rc < 0 && errno != EINTR) {
+            fprintf(j->log, "traind: poll: %s\n", strerror(errno));
+            continue;
+        }
+        if (fds[0].revents) {
+            uint64_t v;
+            (void)!read(j->wake_fd, &v, sizeof v);
+        }
+        if (fds[1].revents) {
+            struct signalfd_siginfo si;
+            while (read(j->sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+            }
+        }
+        reap(j);
+        for (int i = 2; i < n; i++)
+            if (fds[i].revents && owner[i]->out_fd >= 0) td_jobs_read_output(j, owner[i]);
+        for (int i = 0; i < j->n_jobs; i++) {
+            job *jb = j->jobs[i];
+            if (!jb->active || !jb->group.pids) continue;
+            double limit = td_jobs_deadline(jb);
+            if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_jobs_now() >= limit) {
+                jb->timed_out = true;
+                fprintf(j->log, "traind: job %ld reached its time limit of %g s: stopping it\n",
+                        jb->row.id, jb->row.time_limit_s);
+            }
+            if ((jb->cancel_requested || jb->timed_out) && !jb->group.terminating)
+                td_group_terminate(&jb->group, SIGTERM, j->cfg.grace_s);
+            td_group_tick(&jb->group);
+            if (jb->group.alive == 0) {
+                if (jb->out_fd >= 0) td_jobs_read_output(j, jb); /* what is left in the pipe */
+                if (jb->out_fd >= 0) {                           /* a stray holder: stop reading */
+                    close(jb->out_fd);
+                    jb->out_fd = -1;
+                }
+                td_jobs_attempt_over(j, jb);
+            }
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+void td_jobs_wake(td_jobs *j) {
+    uint64_t one = 1;
+    (void)!write(j->wake_fd, &one, sizeof one);
+}

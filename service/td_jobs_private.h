@@ -1,0 +1,110 @@
+/* Inside the jobs module (td_jobs.h): the job record and the table, shared by its files:
+ *   td_jobs.c            the API side (submit, get, list, cancel, delete, wait), open and close
+ *   td_job_record.c      the table, rendering, state changes and events
+ *   td_job_queue.c       which waiting job starts next, and the slots it holds
+ *   td_job_attempt.c     what a job runs, its attempts and the restart policy
+ *   td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
+ *   td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
+ *   td_job_recover.c     loading the table at start, recovering jobs a daemon left running
+ * Every function here runs with j->mu held unless it says otherwise. */
+#ifndef TD_JOBS_PRIVATE_H
+#define TD_JOBS_PRIVATE_H
+
+#include "service/td_jobs.h"
+#include "service/td_launch.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+enum { QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED, N_STATES };
+extern const char *const td_jobs_state_names[N_STATES];
+
+typedef struct job {
+    td_db_job row; /* what the database holds; row.state mirrors state */
+    int state;
+    td_db_attempt *attempts;
+    int n_attempts, cap_attempts;
+    json_t *latest_train, *latest_eval;
+    int n_checkpoints;
+    long last_step;  /* of rank 0's latest event with a step; given to events without one */
+    long ckpt_step;  /* the latest registered checkpoint's step, -1: none */
+    char *ckpt_path; /* and where it is (NULL: none) */
+    char dir[PATH_MAX];
+    char **argv, **env; /* what an attempt runs */
+    char *json;         /* rendered job object; NULL when stale */
+
+    bool cancel_requested;
+    bool timed_out; /* stopped at resources.time_limit_s */
+    bool active;    /* a group is running; holds nproc slots */
+    int *devices;   /* GPU ids while active */
+    td_group group;
+    int out_fd; /* rank 0's stdout, read end; -1 when closed */
+    td_buf line;
+    long long *log_start; /* [nproc] each rank's log size when the attempt began */
+} job;
+
+struct td_jobs {
+    td_jobs_config cfg;
+    char *const *roots;
+    td_db *db;
+    FILE *log;
+    pthread_mutex_t mu;
+    pthread_cond_t changed; /* any event, state change or stop */
+    job **jobs;             /* by id, ascending */
+    int n_jobs, cap_jobs;
+    int used_slots;
+    bool *gpu_used;
+    int wake_fd, sig_fd;
+    pthread_t thread;
+    bool started, stopping;
+};
+
+/* ---- td_job_record.c ---- */
+double td_jobs_now(void); /* CLOCK_REALTIME seconds, for the records */
+json_t *td_jobs_code_json(int code);
+json_t *td_jobs_reason_json(const char *r);
+const char *td_jobs_render(job *jb); /* the job object as JSON, cached until stale */
+void td_jobs_stale(job *jb);
+job *td_jobs_find(td_jobs *j, long id);
+void td_jobs_add(td_jobs *j, job *jb);
+job *td_jobs_new_job(td_jobs *j, const td_db_job *row);
+void td_jobs_free_job(job *jb);
+td_db_attempt *td_jobs_new_attempt(job *jb);
+void td_jobs_set_state(job *jb, int state);
+bool td_jobs_final_state(int s);
+/* Appends an event (and the job row) to the database, then wakes the streams. raw: the event's
+ * text as the worker wrote it (kept byte for byte), or NULL to encode data. */
+void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const char *raw, long step,
+                  bool metric, const char *ckpt_path, long long ckpt_size);
+void td_jobs_emit_state(td_jobs *j, job *jb);
+void td_jobs_save_attempt(td_jobs *j, job *jb, const td_db_attempt *a);
+void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason);
+
+/* ---- td_job_queue.c ---- */
+double td_jobs_deadline(const job *jb); /* the time limit's end, or 0 */
+bool td_jobs_reserve_slots(td_jobs *j, job *jb);
+void td_jobs_release_slots(td_jobs *j, job *jb);
+void td_jobs_schedule(td_jobs *j);
+
+/* ---- td_job_attempt.c ---- */
+void td_jobs_set_worker_run(td_jobs *j, job *jb, const char *spec_path);
+int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err);
+void td_jobs_start_attempt(td_jobs *j, job *jb); /* on slots already reserved */
+void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ended */
+void td_jobs_resume_note(const job *jb, char *out, size_t len);
+json_t *td_jobs_resume_json(const job *jb);
+
+/* ---- td_job_output.c ---- */
+void td_jobs_read_output(td_jobs *j, job *jb);
+void td_jobs_set_checkpoint(job *jb, long step, const char *path);
+
+/* ---- td_job_supervisor.c ---- */
+void *td_jobs_supervise(void *arg); /* the thread */
+void td_jobs_wake(td_jobs *j);      /* any thread, without the lock */
+
+/* ---- td_job_recover.c ---- */
+int td_jobs_load(td_jobs *j, td_err *err);
+
+#endif
