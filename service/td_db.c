@@ -355,8 +355,8 @@ out:
     return rc;
 }
 
-int td_db_events_sse(td_db *db, long job_id, long after, int limit, td_buf *out, long *last,
-                     td_err *err) {
+int td_db_events(td_db *db, long job_id, long after, int limit, td_db_event_fn fn, void *ctx,
+                 td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = 0;
     sqlite3_stmt *s = prepare(db, "SELECT seq, type, data FROM events WHERE job_id=? AND seq>? "
@@ -368,20 +368,16 @@ int td_db_events_sse(td_db *db, long job_id, long after, int limit, td_buf *out,
     sqlite3_bind_int64(s, 1, job_id);
     sqlite3_bind_int64(s, 2, after);
     sqlite3_bind_int(s, 3, limit);
-    while (sqlite3_step(s) == SQLITE_ROW) {
-        long seq = (long)sqlite3_column_int64(s, 0);
-        /* data is one line: the daemon stores compact JSON */
-        td_buf_printf(out, "id: %ld\nevent: %s\ndata: %s\n\n", seq, sqlite3_column_text(s, 1),
-                      sqlite3_column_text(s, 2));
-        *last = seq;
-    }
+    while (sqlite3_step(s) == SQLITE_ROW)
+        fn(ctx, (long)sqlite3_column_int64(s, 0), (const char *)sqlite3_column_text(s, 1),
+           (const char *)sqlite3_column_text(s, 2));
     sqlite3_finalize(s);
 out:
     pthread_mutex_unlock(&db->mu);
     return rc;
 }
 
-int td_db_metrics_json(td_db *db, long job_id, long since, td_buf *out, td_err *err) {
+int td_db_metrics(td_db *db, long job_id, long since, td_db_metric_fn fn, void *ctx, td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = 0;
     /* within a step, in the order the events happened (train, eval, done), not by name */
@@ -393,12 +389,7 @@ int td_db_metrics_json(td_db *db, long job_id, long since, td_buf *out, td_err *
     }
     sqlite3_bind_int64(s, 1, job_id);
     sqlite3_bind_int64(s, 2, since);
-    td_buf_puts(out, "[");
-    for (int n = 0; sqlite3_step(s) == SQLITE_ROW; n++) {
-        if (n) td_buf_puts(out, ",\n");
-        td_buf_puts(out, (const char *)sqlite3_column_text(s, 0));
-    }
-    td_buf_puts(out, "]\n");
+    while (sqlite3_step(s) == SQLITE_ROW) fn(ctx, (const char *)sqlite3_column_text(s, 0));
     sqlite3_finalize(s);
 out:
     pthread_mutex_unlock(&db->mu);

@@ -7,7 +7,6 @@
 #ifndef TD_DB_H
 #define TD_DB_H
 
-#include "service/td_buf.h"
 #include "core/td_error.h"
 
 #include <stdbool.h>
@@ -68,12 +67,14 @@ typedef void (*td_db_job_fn)(void *ctx, const td_db_job *job, const td_db_attemp
                              int n_attempts);
 int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err);
 
-/* Events with seq > after, at most limit, appended to out as SSE records ("id: ..\nevent: ..\n
- * data: ..\n\n"); *last is the last seq written (unchanged when none). */
-int td_db_events_sse(td_db *db, long job_id, long after, int limit, td_buf *out, long *last,
-                     td_err *err);
-/* The metric events with step > since as a JSON array. */
-int td_db_metrics_json(td_db *db, long job_id, long since, td_buf *out, td_err *err);
+/* Events with seq > after, at most limit, in order, each given to fn (called under the
+ * database's lock: copy what is kept, call nothing that takes it again). */
+typedef void (*td_db_event_fn)(void *ctx, long seq, const char *type, const char *data);
+int td_db_events(td_db *db, long job_id, long after, int limit, td_db_event_fn fn, void *ctx,
+                 td_err *err);
+/* The metric events with step > since, by step and then as they happened (fn as above). */
+typedef void (*td_db_metric_fn)(void *ctx, const char *data);
+int td_db_metrics(td_db *db, long job_id, long since, td_db_metric_fn fn, void *ctx, td_err *err);
 /* The job's checkpoints (step < 0), or the one of a step, in step order. */
 typedef struct td_db_checkpoint {
     long step;

@@ -21,38 +21,31 @@ static void load_one(void *ctx, const td_db_job *row, const td_db_attempt *attem
     td_jobs_add(j, jb);
 }
 
+/* One event of the log, as it was when the daemon stopped: what the job's JSON shows of it. */
+static void replay_event(void *ctx, long seq, const char *type, const char *data) {
+    (void)seq;
+    job *jb = ctx;
+    json_t *o = json_loads(data, 0, NULL);
+    json_t *step = json_object_get(o, "step");
+    bool ours = !strcmp(type, "state") || !strcmp(type, "restart"); /* the daemon's */
+    if (!ours && json_is_integer(step)) jb->last_step = (long)json_integer_value(step);
+    if (strcmp(type, "train") == 0) {
+        json_decref(jb->latest_train), jb->latest_train = o, o = NULL;
+    } else if (strcmp(type, "eval") == 0) {
+        json_decref(jb->latest_eval), jb->latest_eval = o, o = NULL;
+    } else if (strcmp(type, "checkpoint") == 0 && json_object_get(o, "size")) {
+        jb->n_checkpoints++;
+        const char *path = json_string_value(json_object_get(o, "path"));
+        if (path) td_jobs_set_checkpoint(jb, (long)json_integer_value(step), path);
+    }
+    json_decref(o);
+}
+
 /* Metrics and checkpoints a job had, for its JSON: read back from the event log. */
 static void load_latest(td_jobs *j, job *jb) {
-    td_buf b = {0};
-    long last = 0;
     td_err err = {{0}};
-    if (td_db_events_sse(j->db, jb->row.id, 0, INT_MAX, &b, &last, &err) != 0) {
-        td_buf_free(&b);
-        return;
-    }
-    for (char *p = b.data; p && (p = strstr(p, "event: "));) {
-        char *type = p + 7, *nl = strchr(type, '\n');
-        if (!nl) break;
-        char *data = nl + 1 + 6, *end = strchr(data, '\n');
-        if (!end) break;
-        *nl = *end = 0;
-        json_t *o = json_loads(data, 0, NULL);
-        json_t *step = json_object_get(o, "step");
-        bool ours = !strcmp(type, "state") || !strcmp(type, "restart"); /* the daemon's */
-        if (!ours && json_is_integer(step)) jb->last_step = (long)json_integer_value(step);
-        if (strcmp(type, "train") == 0) {
-            json_decref(jb->latest_train), jb->latest_train = o, o = NULL;
-        } else if (strcmp(type, "eval") == 0) {
-            json_decref(jb->latest_eval), jb->latest_eval = o, o = NULL;
-        } else if (strcmp(type, "checkpoint") == 0 && json_object_get(o, "size")) {
-            jb->n_checkpoints++;
-            const char *path = json_string_value(json_object_get(o, "path"));
-            if (path) td_jobs_set_checkpoint(jb, (long)json_integer_value(step), path);
-        }
-        json_decref(o);
-        p = end + 1;
-    }
-    td_buf_free(&b);
+    if (td_db_events(j->db, jb->row.id, 0, INT_MAX, replay_event, jb, &err) != 0)
+        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
 }
 
 /* A job the previous daemon was running: its workers died with it (PR_SET_PDEATHSIG), or are

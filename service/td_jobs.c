@@ -241,8 +241,50 @@ int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_r
     return 0;
 }
 
-td_db *td_jobs_db(td_jobs *j) {
-    return j->db;
+int td_jobs_events(td_jobs *j, long id, long after, int limit, td_db_event_fn fn, void *ctx,
+                   td_reply_error *e) {
+    if (td_jobs_exists(j, id, e) != 0) return -1;
+    td_err err = {{0}};
+    if (td_db_events(j->db, id, after, limit, fn, ctx, &err) != 0)
+        return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
+    return 0;
+}
+
+static void append_metric(void *ctx, const char *data) {
+    td_buf *out = ctx;
+    if (out->len > 1) td_buf_puts(out, ",\n");
+    td_buf_puts(out, data);
+}
+
+int td_jobs_metrics(td_jobs *j, long id, long since, td_buf *out, td_reply_error *e) {
+    if (td_jobs_exists(j, id, e) != 0) return -1;
+    td_err err = {{0}};
+    td_buf_puts(out, "[");
+    if (td_db_metrics(j->db, id, since, append_metric, out, &err) != 0)
+        return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
+    td_buf_puts(out, "]\n");
+    return 0;
+}
+
+int td_jobs_checkpoints(td_jobs *j, long id, long step, td_db_checkpoint_fn fn, void *ctx,
+                        td_reply_error *e) {
+    if (td_jobs_exists(j, id, e) != 0) return -1;
+    td_err err = {{0}};
+    if (td_db_checkpoints(j->db, id, step, fn, ctx, &err) != 0)
+        return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
+    return 0;
+}
+
+int td_jobs_checkpoint_path(td_jobs *j, long id, long step, char *path, size_t len,
+                            td_reply_error *e) {
+    if (td_jobs_exists(j, id, e) != 0) return -1;
+    td_err err = {{0}};
+    int found = td_db_checkpoint_path(j->db, id, step, path, len, &err);
+    if (found < 0) return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
+    if (found == 0)
+        return td_reply_fail(e, 404, "not_found", NULL, "job %ld has no checkpoint at step %ld", id,
+                             step);
+    return 0;
 }
 
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {

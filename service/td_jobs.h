@@ -58,7 +58,16 @@ int td_jobs_delete(td_jobs *j, long id, td_reply_error *e);
 int td_jobs_wait(td_jobs *j, long id, long after, double timeout_s, long *last_seq, bool *ended);
 /* Rank r's log file; -1 with 404 for no such job or rank. */
 int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_reply_error *e);
-td_db *td_jobs_db(td_jobs *j);
+/* What the job has recorded, for the API; each 404s for no such job. Events after `after` (at
+ * most limit) go to fn under the database's lock; metrics with step > since as a JSON array;
+ * checkpoints (step < 0: all) to fn; a checkpoint's path (404 when the step has none). */
+int td_jobs_events(td_jobs *j, long id, long after, int limit, td_db_event_fn fn, void *ctx,
+                   td_reply_error *e);
+int td_jobs_metrics(td_jobs *j, long id, long since, td_buf *out, td_reply_error *e);
+int td_jobs_checkpoints(td_jobs *j, long id, long step, td_db_checkpoint_fn fn, void *ctx,
+                        td_reply_error *e);
+int td_jobs_checkpoint_path(td_jobs *j, long id, long step, char *path, size_t len,
+                            td_reply_error *e);
 /* Whether job id exists (404 otherwise). */
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e);
 

@@ -1,0 +1,256 @@
+/* A job's checkpoints over HTTP: the listing with every file of each one (as it is on disk now),
+ * one file with Range, and a whole checkpoint streamed as a tar (service/td_ckpt.c). */
+#include "api/td_api_private.h"
+
+#include "service/td_ckpt.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* "bytes=A-B", "bytes=A-" or "bytes=-N" against a file of size n: [*from, *to]. */
+static bool parse_range(const char *h, uint64_t n, uint64_t *from, uint64_t *to) {
+    if (strncmp(h, "bytes=", 6) != 0 || strchr(h, ',')) return false;
+    const char *p = h + 6, *dash = strchr(p, '-');
+    if (!dash) return false;
+    long a = -1, b = -1;
+    if (dash > p && !td_api_parse_id(p, (size_t)(dash - p), &a)) return false;
+    if (dash[1] && !td_api_parse_id(dash + 1, strlen(dash + 1), &b)) return false;
+    if (a < 0) { /* the last b bytes */
+        if (b <= 0) return false;
+        *from = (uint64_t)b >= n ? 0 : n - (uint64_t)b;
+        *to = n - 1;
+    } else {
+        *from = (uint64_t)a;
+        *to = b < 0 || (uint64_t)b >= n ? n - 1 : (uint64_t)b;
+        if (b >= 0 && b < a) return false;
+    }
+    return *from < n;
+}
+
+/* Percent-encodes a file name for a URL path (unreserved characters and "/" stay). */
+static void url_escape(td_buf *b, const char *s) {
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            strchr("-._~/", c))
+            td_buf_append(b, (const char *)&c, 1);
+        else
+            td_buf_printf(b, "%%%02X", c);
+    }
+}
+
+static json_t *url_json(long job, long step, const char *name) {
+    td_buf b = {0};
+    td_buf_printf(&b, "/v1/jobs/%ld/checkpoints/%ld/", job, step);
+    url_escape(&b, name);
+    json_t *v = json_string(b.data);
+    td_buf_free(&b);
+    return v;
+}
+
+typedef struct ckpt_ctx {
+    long job;
+    json_t *list;
+} ckpt_ctx;
+
+/* One checkpoint as the API shows it: its files as they are on disk now (checkpoint.keep may
+ * have removed it since), each with its download URL, and the URL of the whole as a tar. */
+static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
+    ckpt_ctx *ctx = cls;
+    td_ckpt_file *files = NULL;
+    int n = 0;
+    td_err err = {{0}};
+    bool on_disk = td_ckpt_list(c->path, &files, &n, &err) == 0;
+    json_t *list = json_array(), *model = json_null();
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(list, json_pack("{s:s, s:I, s:o}", "name", files[i].name, "size",
+                                              (json_int_t)files[i].size, "url",
+                                              url_json(ctx->job, c->step, files[i].name)));
+        if (strcmp(files[i].name, "model.safetensors") == 0) {
+            json_decref(model);
+            model = url_json(ctx->job, c->step, files[i].name);
+        }
+    }
+    td_ckpt_files_free(files, n);
+    char when[64], archive[96];
+    time_t t = (time_t)c->created_at;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    snprintf(archive, sizeof archive, "/v1/jobs/%ld/checkpoints/%ld.tar", ctx->job, c->step);
+    json_t *o = json_pack("{s:I, s:I, s:s, s:b, s:o, s:o, s:s}", "step", (json_int_t)c->step,
+                          "size", (json_int_t)c->size, "created_at", when, "on_disk", on_disk,
+                          "files", list, "url", model, "archive_url", archive);
+    if (o) json_array_append_new(ctx->list, o);
+}
+
+/* GET .../checkpoints (step < 0: all) or .../checkpoints/{step}. */
+static enum MHD_Result listing(td_api *api, struct MHD_Connection *c, long id, long step) {
+    td_reply_error e;
+    ckpt_ctx ctx = {id, json_array()};
+    if (td_jobs_checkpoints(api->jobs, id, step, checkpoint_json, &ctx, &e) != 0) {
+        json_decref(ctx.list);
+        return td_api_error(c, &e, NULL);
+    }
+    if (step >= 0 && json_array_size(ctx.list) == 0) {
+        json_decref(ctx.list);
+        td_reply_fail(&e, 404, "not_found", NULL, "job %ld has no checkpoint at step %ld", id,
+                      step);
+        return td_api_error(c, &e, NULL);
+    }
+    json_t *body = step >= 0 ? json_incref(json_array_get(ctx.list, 0)) : json_incref(ctx.list);
+    json_decref(ctx.list);
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!text) return MHD_NO;
+    td_buf b = {0};
+    td_buf_puts(&b, text);
+    free(text);
+    return td_api_reply_buf(c, MHD_HTTP_OK, &b);
+}
+
+static enum MHD_Result range_not_satisfiable(struct MHD_Connection *c, const char *range,
+                                             uint64_t n) {
+    td_reply_error e;
+    char cr[64];
+    snprintf(cr, sizeof cr, "bytes */%llu", (unsigned long long)n);
+    td_reply_fail(&e, 416, "range_not_satisfiable", "Range",
+                  "Range \"%s\" does not fit a file of %llu bytes (one range, bytes=A-B, A-, "
+                  "or -N)",
+                  range, (unsigned long long)n);
+    json_t *o = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", e.code, "message", e.message,
+                          "field", "Range");
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(text ? strlen(text) : 0, text, MHD_RESPMEM_MUST_FREE);
+    return td_api_respond(c, 416, r, TD_API_JSON, MHD_HTTP_HEADER_CONTENT_RANGE, cr, NULL);
+}
+
+/* GET .../checkpoints/{step}/{name}: one file of a checkpoint, with Range. */
+static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, long id, long step,
+                                       const char *name) {
+    char path[PATH_MAX];
+    td_reply_error e;
+    if (td_jobs_checkpoint_path(api->jobs, id, step, path, sizeof path, &e) != 0)
+        return td_api_error(c, &e, NULL);
+    int fd;
+    long long size;
+    td_err err = {{0}};
+    if (td_ckpt_open(path, name, &fd, &size, &err) != 0) {
+        td_reply_fail(&e, 404, "not_found", NULL,
+                      "checkpoint of step %ld: %s (the list at /v1/jobs/%ld/checkpoints/%ld names "
+                      "its files; checkpoint.keep removes older checkpoints)",
+                      step, err.msg, id, step);
+        return td_api_error(c, &e, NULL);
+    }
+    uint64_t n = (uint64_t)size, from = 0, to = n ? n - 1 : 0;
+    const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_RANGE);
+    int status = MHD_HTTP_OK;
+    if (range) {
+        if (!parse_range(range, n, &from, &to)) {
+            close(fd);
+            return range_not_satisfiable(c, range, n);
+        }
+        status = MHD_HTTP_PARTIAL_CONTENT;
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_fd_at_offset64(n ? to - from + 1 : 0, fd, from);
+    if (!r) close(fd);
+    char cr[96];
+    snprintf(cr, sizeof cr, "bytes %llu-%llu/%llu", (unsigned long long)from,
+             (unsigned long long)to, (unsigned long long)n);
+    /* Content-Range only with a range: a NULL name ends the header list early */
+    return td_api_respond(
+        c, (unsigned)status, r, "application/octet-stream", MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes",
+        status == MHD_HTTP_PARTIAL_CONTENT ? MHD_HTTP_HEADER_CONTENT_RANGE : NULL, cr, NULL);
+}
+
+typedef struct tar_stream {
+    td_ckpt_tar *tar;
+    td_api_pending out;
+    bool done;
+} tar_stream;
+
+static ssize_t read_tar(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    tar_stream *s = cls;
+    for (;;) {
+        size_t n = td_api_pending_take(&s->out, buf, max);
+        if (n) return (ssize_t)n;
+        if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        td_err err = {{0}};
+        /* a file that went away mid-download: cut the response, never a short archive that
+         * looks complete (the chunked encoding then lacks its end) */
+        if (td_ckpt_tar_next(s->tar, &s->out.buf, &s->done, &err) != 0) {
+            fprintf(stderr, "traind: checkpoint archive: %s\n", err.msg);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void free_tar(void *cls) {
+    tar_stream *s = cls;
+    td_ckpt_tar_close(s->tar);
+    td_buf_free(&s->out.buf);
+    free(s);
+}
+
+/* GET .../checkpoints/{step}.tar: the whole checkpoint as one tar, its files under the
+ * checkpoint directory's name (step-00000400/model.safetensors, ...). */
+static enum MHD_Result checkpoint_tar(td_api *api, struct MHD_Connection *c, long id, long step) {
+    char path[PATH_MAX];
+    td_reply_error e;
+    if (td_jobs_checkpoint_path(api->jobs, id, step, path, sizeof path, &e) != 0)
+        return td_api_error(c, &e, NULL);
+    struct stat st;
+    char top[PATH_MAX + 2] = "";
+    const char *base = strrchr(path, '/');
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        snprintf(top, sizeof top, "%s/", base && base[1] ? base + 1 : "checkpoint");
+    tar_stream *s = td_calloc(1, sizeof *s);
+    td_err err = {{0}};
+    if (td_ckpt_tar_open(&s->tar, path, top, &err) != 0) {
+        free(s);
+        td_reply_fail(&e, 404, "not_found", NULL,
+                      "the checkpoint of step %ld is no longer on disk (%s)", step, err.msg);
+        return td_api_error(c, &e, NULL);
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, read_tar, s, free_tar);
+    if (!r) free_tar(s);
+    char disposition[128];
+    snprintf(disposition, sizeof disposition,
+             "attachment; filename=\"traind-job-%ld-step-%ld.tar\"", id, step);
+    return td_api_respond(c, MHD_HTTP_OK, r, "application/x-tar",
+                          MHD_HTTP_HEADER_CONTENT_DISPOSITION, disposition, NULL);
+}
+
+enum MHD_Result td_api_checkpoints(td_api *api, struct MHD_Connection *c, long id) {
+    return listing(api, c, id, -1);
+}
+
+/* .../checkpoints/{step}[.tar|/{name}] */
+enum MHD_Result td_api_checkpoint(td_api *api, struct MHD_Connection *c, long id,
+                                  const char *tail) {
+    size_t digits = strspn(tail, "0123456789");
+    long step;
+    if (!td_api_parse_id(tail, digits, &step))
+        return td_api_fail(
+            c, 400, "bad_request", "step",
+            "a checkpoint is named by its step: /checkpoints/STEP, /checkpoints/STEP.tar "
+            "or /checkpoints/STEP/FILE");
+    const char *rest = tail + digits;
+    if (!*rest) return listing(api, c, id, step);
+    if (strcmp(rest, ".tar") == 0) return checkpoint_tar(api, c, id, step);
+    if (rest[0] == '/' && rest[1]) return checkpoint_file(api, c, id, step, rest + 1);
+    return td_api_fail(c, 404, "not_found", NULL,
+                       "no such checkpoint route: expected /checkpoints/STEP, STEP.tar or "
+                       "STEP/FILE");
+}
