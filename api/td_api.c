@@ -3,6 +3,8 @@
  * files. */
 #include "api/td_api_private.h"
 
+#include "core/td_parse.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
@@ -77,29 +79,15 @@ enum MHD_Result td_api_fail(struct MHD_Connection *c, int status, const char *co
 }
 
 bool td_api_parse_id(const char *s, size_t n, long *out) {
-    if (n == 0 || n > 18) return false;
-    long v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') return false;
-        v = v * 10 + (s[i] - '0');
-    }
-    *out = v;
-    return true;
+    return n > 0 && s[0] != '-' && s[0] != '+' && td_parse_long_n(s, n, 0, LONG_MAX, out);
 }
 
 bool td_api_query_long(struct MHD_Connection *c, const char *name, long min, long max, long *out,
                        bool *bad) {
     const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
     if (!v) return false;
-    long x;
-    bool neg = v[0] == '-';
-    if (!td_api_parse_id(v + neg, strlen(v + neg), &x) || (neg ? -x : x) < min ||
-        (neg ? -x : x) > max) {
-        *bad = true;
-        return false;
-    }
-    *out = neg ? -x : x;
-    return true;
+    if (!td_parse_long(v, min, max, out)) *bad = true;
+    return !*bad;
 }
 
 /* Constant time in the token's length: a wrong guess takes as long whatever it shares. */

@@ -38,9 +38,9 @@ int main(int argc, char **argv) {
     double best = 1e30;
     for (int r = 0; r < repeats + 1; r++) { /* the first round warms the pages and sockets */
         if (td_comm_barrier(comm, &err) != 0) break;
-        double t0 = td_net_now();
+        double t0 = td_clock_now();
         if (td_comm_allreduce(comm, buf, n, true, &err) != 0) break;
-        double dt = td_net_now() - t0;
+        double dt = td_clock_now() - t0;
         if (r > 0 && dt < best) best = dt;
     }
     if (err.msg[0]) {

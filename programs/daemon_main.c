@@ -2,6 +2,7 @@
  * under the state directory, and runs jobs on this node's slots. */
 #define _GNU_SOURCE /* getrandom's header, strsignal */
 #include "api/td_api.h"
+#include "core/td_parse.h"
 #include "gpu/td_gpu.h"
 #include "service/td_db.h"
 #include "service/td_jobs.h"
@@ -11,6 +12,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,22 +71,21 @@ static void usage(FILE *out) {
             "address: a second one on either exits with status 1 and touches nothing.\n");
 }
 
-static void die(const char *fmt, const char *a, const char *b) {
+/* A start-up error: "traind: " and the message on stderr, exit status 2. */
+__attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "traind: ");
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
+    va_end(ap);
     exit(2);
 }
 
-static long long number(const char *what, const char *v, long long min, long long max) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || *end || end == v || x < min || x > max) {
-        char range[64];
-        snprintf(range, sizeof range, "an integer in [%lld, %lld]", min, max);
-        die("%s: expected %s", what, range);
-    }
+static long number(const char *what, const char *v, long min, long max) {
+    long x;
+    if (!td_parse_long(v, min, max, &x))
+        die("%s \"%s\": expected an integer in [%ld, %ld]", what, v, min, max);
     return x;
 }
 
@@ -95,7 +96,7 @@ static void read_config(options *o, const char *path, bool *have) {
         fprintf(stderr, "traind: %s:%d:%d: %s\n", path, je.line, je.column, je.text);
         exit(2);
     }
-    if (!json_is_object(c)) die("%s: expected a JSON object%s", path, "");
+    if (!json_is_object(c)) die("%s: expected a JSON object", path);
     const char *key;
     json_t *v;
     json_object_foreach(c, key, v) {
@@ -189,7 +190,7 @@ static void load_token(const char *dir, char *token, size_t len) {
         if (!fgets(token, (int)len, f)) token[0] = 0;
         fclose(f);
         token[strcspn(token, "\r\n")] = 0;
-        if (strlen(token) < 16) die("%s: the token is shorter than 16 characters%s", path, "");
+        if (strlen(token) < 16) die("%s: the token is shorter than 16 characters", path);
         struct stat st;
         if (stat(path, &st) == 0 && (st.st_mode & 077))
             fprintf(stderr, "traind: warning: %s is readable by others (chmod 600 it)\n", path);
@@ -197,7 +198,7 @@ static void load_token(const char *dir, char *token, size_t len) {
     }
     unsigned char raw[32];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
-        die("cannot read random bytes for the token: %s%s", strerror(errno), "");
+        die("cannot read random bytes for the token: %s", strerror(errno));
     for (size_t i = 0; i < sizeof raw && 2 * i + 2 < len; i++)
         snprintf(token + 2 * i, 3, "%02x", raw[i]);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -291,7 +292,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--worker"))
             snprintf(o.worker, sizeof o.worker, "%s", v), have[5] = true;
         else if (!strcmp(a, "--data-root")) {
-            if (o.n_roots == MAX_ROOTS) die("at most %d --data-root%s", "16", "");
+            if (o.n_roots == MAX_ROOTS) die("at most %d --data-root", MAX_ROOTS);
             snprintf(o.roots[o.n_roots++], PATH_MAX, "%s", v);
             have[6] = true;
         } else if (!strcmp(a, "--config"))
@@ -311,7 +312,7 @@ int main(int argc, char **argv) {
     char host[128];
     const char *colon = strrchr(o.listen, ':');
     if (!colon || colon == o.listen || (size_t)(colon - o.listen) >= sizeof host)
-        die("--listen \"%s\": expected ADDR:PORT, e.g. 127.0.0.1:8470%s", o.listen, "");
+        die("--listen \"%s\": expected ADDR:PORT, e.g. 127.0.0.1:8470", o.listen);
     snprintf(host, sizeof host, "%.*s", (int)(colon - o.listen), o.listen);
     int port = (int)number("--listen port", colon + 1, 0, 65535);
 

@@ -1,6 +1,7 @@
 /* traind-run: a torchrun-compatible launcher. Starts --nproc-per-node copies of a command with
  * the torchrun environment, stops them all when one fails, restarts the group while restarts
  * remain, forwards SIGINT and SIGTERM, and exits with the failing worker's status. */
+#include "core/td_parse.h"
 #include "service/td_launch.h"
 
 #include <errno.h>
@@ -66,10 +67,8 @@ static const char *option(int argc, char **argv, int *i, const char *name) {
 }
 
 static int int_value(const char *name, const char *v, int min, int max) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < min || x > max) {
+    long x;
+    if (!td_parse_long(v, min, max, &x)) {
         fprintf(stderr, "traind-run: %s \"%s\": expected an integer in [%d, %d]\n", name, v, min,
                 max);
         exit(2);

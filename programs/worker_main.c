@@ -2,11 +2,13 @@
  * lines), progress and errors on stderr; exit status 0 on success, 1 on a training or data
  * error, 2 on usage. */
 #include "core/td_blas.h"
+#include "core/td_parse.h"
 #include "io/td_checkpoint.h"
 #include "spec/td_spec.h"
 #include "train/td_train.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,15 +41,6 @@ static void usage(FILE *out) {
         "See README.md for the spec's fields.\n");
 }
 
-static int parse_long(const char *s, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 1) return -1;
-    *out = v;
-    return 0;
-}
-
 int main(int argc, char **argv) {
     td_blas_fix_kernel(argv);
     const char *path = NULL;
@@ -68,7 +61,7 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--eval") == 0) {
             eval_only = true;
         } else if (strcmp(argv[i], "--stop-after") == 0) {
-            if (i + 1 >= argc || parse_long(argv[i + 1], &opt.stop_after_steps) != 0) {
+            if (i + 1 >= argc || !td_parse_long(argv[i + 1], 1, LONG_MAX, &opt.stop_after_steps)) {
                 fprintf(stderr, "traind-worker: --stop-after needs a step count >= 1\n");
                 return 2;
             }

@@ -58,7 +58,7 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
 void td_jobs_start_attempt(td_jobs *j, job *jb) {
     int n = jb->row.nproc;
     td_db_attempt *a = td_jobs_new_attempt(jb);
-    a->started_at = td_jobs_now();
+    a->started_at = td_clock_wall();
     int out_pipe[2] = {-1, -1};
     int stdout_fds[n], stderr_fds[n];
     char devices_text[n][16];
@@ -124,7 +124,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     if (!ok) {
         if (out_pipe[0] >= 0) close(out_pipe[0]);
         jb->out_fd = -1;
-        a->finished_at = td_jobs_now();
+        a->finished_at = td_clock_wall();
         snprintf(a->reason, sizeof a->reason, "could not start: %.480s", err.msg);
         td_jobs_save_attempt(j, jb, a);
         if (jb->group.alive == 0) {
@@ -220,7 +220,7 @@ static void worker_message(const job *jb, int rank, char *out, size_t len) {
 void td_jobs_attempt_over(td_jobs *j, job *jb) {
     td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
     td_group *g = &jb->group;
-    a->finished_at = td_jobs_now();
+    a->finished_at = td_clock_wall();
     /* a failure's own status, else (stopped on request or at the time limit) the status the
      * processes ended with: 137 for one that needed SIGKILL after the grace period */
     int code = g->first_failure ? g->first_failure : g->stop_status;

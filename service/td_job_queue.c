@@ -85,7 +85,7 @@ void td_jobs_schedule(td_jobs *j) {
         queue[k] = jb;
     }
     const job *head = NULL;
-    double shadow = 0, now = td_jobs_now();
+    double shadow = 0, now = td_clock_wall();
     int spare = 0;
     for (int i = 0; i < n; i++) {
         job *jb = queue[i];

@@ -13,12 +13,6 @@
 const char *const td_jobs_state_names[N_STATES] = {"queued",    "running", "restarting",
                                                    "succeeded", "failed",  "cancelled"};
 
-double td_jobs_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static json_t *time_json(double t) {
     if (t <= 0) return json_null();
     time_t s = (time_t)t;
@@ -165,7 +159,7 @@ void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason
     td_jobs_set_state(jb, state);
     jb->row.exit_code = code;
     snprintf(jb->row.reason, sizeof jb->row.reason, "%s", reason);
-    jb->row.finished_at = td_jobs_now();
+    jb->row.finished_at = td_clock_wall();
     jb->row.pgid = 0;
     td_jobs_emit_state(j, jb);
     fprintf(j->log, "traind: job %ld %s%s%s\n", jb->row.id, td_jobs_state_names[state],

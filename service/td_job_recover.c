@@ -55,7 +55,7 @@ static void recover(td_jobs *j, job *jb) {
         killpg((pid_t)jb->row.pgid, SIGKILL);
     if (jb->n_attempts > 0 && jb->attempts[jb->n_attempts - 1].finished_at <= 0) {
         td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
-        a->finished_at = td_jobs_now();
+        a->finished_at = td_clock_wall();
         snprintf(a->reason, sizeof a->reason, "the daemon stopped while this attempt ran");
         td_jobs_save_attempt(j, jb, a);
     }

@@ -38,7 +38,7 @@ void *td_jobs_supervise(void *arg) {
         fds[n++] = (struct pollfd){j->wake_fd, POLLIN, 0};
         fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
         bool ticking = false;
-        double now = td_jobs_now(), next_limit = 0;
+        double now = td_clock_wall(), next_limit = 0;
         for (int i = 0; i < j->n_jobs; i++) {
             job *jb = j->jobs[i];
             if (!jb->active) continue;
@@ -79,7 +79,7 @@ void *td_jobs_supervise(void *arg) {
             job *jb = j->jobs[i];
             if (!jb->active || !jb->group.pids) continue;
             double limit = td_jobs_deadline(jb);
-            if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_jobs_now() >= limit) {
+            if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_clock_wall() >= limit) {
                 jb->timed_out = true;
                 fprintf(j->log, "traind: job %ld reached its time limit of %g s: stopping it\n",
                         jb->row.id, jb->row.time_limit_s);

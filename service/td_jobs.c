@@ -105,7 +105,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
     TD_ASSERT(row.spec, "out of memory storing a spec");
     memcpy(row.spec, body, len);
     row.spec[len] = 0;
-    row.created_at = td_jobs_now();
+    row.created_at = td_clock_wall();
     td_err err = {{0}};
     pthread_mutex_lock(&j->mu);
     if (td_db_insert_job(j->db, &row, &err) != 0) {
@@ -174,13 +174,6 @@ void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *ou
     pthread_mutex_unlock(&j->mu);
 }
 
-static void deadline_in(struct timespec *ts, double s) {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    double t = (double)ts->tv_sec + (double)ts->tv_nsec * 1e-9 + s;
-    ts->tv_sec = (time_t)t;
-    ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
-}
-
 int td_jobs_cancel(td_jobs *j, long id, td_buf *out, td_reply_error *e) {
     pthread_mutex_lock(&j->mu);
     job *jb = td_jobs_find(j, id);
@@ -197,7 +190,7 @@ int td_jobs_cancel(td_jobs *j, long id, td_buf *out, td_reply_error *e) {
         jb->cancel_requested = true;
         td_jobs_wake(j);
         struct timespec until;
-        deadline_in(&until, j->cfg.grace_s + 30.0);
+        td_clock_deadline(&until, j->cfg.grace_s + 30.0);
         while (!td_jobs_final_state(jb->state) && !j->stopping &&
                pthread_cond_timedwait(&j->changed, &j->mu, &until) != ETIMEDOUT) {
         }
@@ -218,7 +211,7 @@ int td_jobs_wait(td_jobs *j, long id, long after, double timeout_s, long *last_s
         return -1;
     }
     struct timespec until;
-    deadline_in(&until, timeout_s);
+    td_clock_deadline(&until, timeout_s);
     while (jb->row.last_seq <= after && !td_jobs_final_state(jb->state) && !j->stopping &&
            pthread_cond_timedwait(&j->changed, &j->mu, &until) != ETIMEDOUT) {
     }

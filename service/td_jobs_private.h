@@ -10,6 +10,7 @@
 #ifndef TD_JOBS_PRIVATE_H
 #define TD_JOBS_PRIVATE_H
 
+#include "core/td_clock.h"
 #include "service/td_jobs.h"
 #include "service/td_launch.h"
 
@@ -62,7 +63,6 @@ struct td_jobs {
 };
 
 /* ---- td_job_record.c ---- */
-double td_jobs_now(void); /* CLOCK_REALTIME seconds, for the records */
 json_t *td_jobs_code_json(int code);
 json_t *td_jobs_reason_json(const char *r);
 const char *td_jobs_render(job *jb); /* the job object as JSON, cached until stale */

@@ -38,12 +38,6 @@ int td_launch_free_port(int *port, td_err *err) {
     return 0;
 }
 
-double td_launch_now(void) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
-}
-
 /* The variables a worker's environment gets from us, replacing any inherited value. */
 static const char *const OURS[] = {"RANK",
                                    "LOCAL_RANK",
@@ -74,17 +68,18 @@ static bool overridden(const char *entry, const td_launch_config *cfg) {
     return false;
 }
 
-static char *format(const char *fmt, const char *name, const char *value) {
+/* "NAME=value", allocated. */
+static char *entry(const char *name, const char *value) {
     size_t n = strlen(name) + strlen(value) + 2;
     char *s = td_malloc(n);
-    snprintf(s, n, fmt, name, value);
+    snprintf(s, n, "%s=%s", name, value);
     return s;
 }
 
 static char *int_entry(const char *name, int v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%d", v);
-    return format("%s=%s", name, buf);
+    return entry(name, buf);
 }
 
 /* Local rank r's whole environment: the inherited one without our names, then ours. */
@@ -102,12 +97,12 @@ static char **worker_env(const td_launch_config *cfg, int r, int attempt) {
     env[k++] = int_entry("WORLD_SIZE", world);
     env[k++] = int_entry("LOCAL_WORLD_SIZE", cfg->nproc_per_node);
     env[k++] = int_entry("GROUP_RANK", cfg->node_rank);
-    env[k++] = format("%s=%s", "MASTER_ADDR", cfg->master_addr);
+    env[k++] = entry("MASTER_ADDR", cfg->master_addr);
     env[k++] = int_entry("MASTER_PORT", cfg->master_port);
-    env[k++] = format("%s=%s", "TORCHELASTIC_RUN_ID", cfg->run_id);
+    env[k++] = entry("TORCHELASTIC_RUN_ID", cfg->run_id);
     env[k++] = int_entry("TORCHELASTIC_RESTART_COUNT", attempt);
     env[k++] = int_entry("TORCHELASTIC_MAX_RESTARTS", cfg->max_restarts);
-    if (cfg->devices) env[k++] = format("%s=%s", "CUDA_VISIBLE_DEVICES", cfg->devices[r]);
+    if (cfg->devices) env[k++] = entry("CUDA_VISIBLE_DEVICES", cfg->devices[r]);
     /* as torchrun: one OpenMP thread per process unless the user chose otherwise */
     if (cfg->nproc_per_node > 1 && !getenv("OMP_NUM_THREADS"))
         env[k++] = td_str_dup("OMP_NUM_THREADS=1");
@@ -230,11 +225,11 @@ void td_group_terminate(td_group *g, int sig, double grace_s) {
     if (g->pgid && g->alive > 0) killpg(g->pgid, sig);
     g->terminating = true;
     g->grace_s = grace_s;
-    g->kill_at = sig == SIGKILL ? 0 : td_launch_now() + grace_s;
+    g->kill_at = sig == SIGKILL ? 0 : td_clock_now() + grace_s;
 }
 
 void td_group_tick(td_group *g) {
-    if (g->terminating && g->kill_at > 0 && g->alive > 0 && td_launch_now() >= g->kill_at) {
+    if (g->terminating && g->kill_at > 0 && g->alive > 0 && td_clock_now() >= g->kill_at) {
         killpg(g->pgid, SIGKILL);
         g->kill_at = 0;
         g->grace_expired = true; /* who was still there is told by td_group_reaped */

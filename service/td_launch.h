@@ -10,6 +10,7 @@
 #ifndef TD_LAUNCH_H
 #define TD_LAUNCH_H
 
+#include "core/td_clock.h"
 #include "core/td_error.h"
 
 #include <signal.h>
@@ -77,7 +78,5 @@ int td_launch_run(const td_launch_config *cfg, FILE *log, int *exit_code, td_err
 /* A free TCP port on the loopback interface (torchrun's choice for a single node). */
 int td_launch_free_port(int *port, td_err *err);
 
-/* CLOCK_MONOTONIC in seconds. */
-double td_launch_now(void);
 
 #endif

@@ -61,7 +61,7 @@ int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char
     char *colon = strrchr(c->next_addr, ':');
     snprintf(next_host, sizeof next_host, "%.*s", (int)(colon - c->next_addr), c->next_addr);
     next_port = atoi(colon + 1);
-    double deadline = td_net_now() + timeout_s;
+    double deadline = td_clock_now() + timeout_s;
     if (td_net_connect(next_host, next_port, deadline, &c->next_fd, err) != 0) {
         close(listen_fd);
         return td_comm_peer_fail(c, true, err);
@@ -110,7 +110,7 @@ void td_comm_segment(size_t n, int world, int k, size_t *off, size_t *len) {
 static int step(td_comm *c, const float *send, size_t send_len, float *recv, size_t recv_len,
                 bool add, td_err *err) {
     size_t done_s = 0, done_r = 0;
-    double deadline = td_net_now() + c->timeout_s;
+    double deadline = td_clock_now() + c->timeout_s;
     while (done_s < send_len || done_r < recv_len) {
         size_t ps = send_len - done_s < PIECE_FLOATS ? send_len - done_s : PIECE_FLOATS;
         size_t pr = recv_len - done_r < PIECE_FLOATS ? recv_len - done_r : PIECE_FLOATS;
@@ -157,7 +157,7 @@ int td_comm_broadcast(td_comm *c, float *buf, size_t n, int root, td_err *err) {
     int w = c->world;
     if (w == 1) return 0;
     bool receives = c->rank != root, forwards = (c->rank + 1) % w != root;
-    double deadline = td_net_now() + c->timeout_s;
+    double deadline = td_clock_now() + c->timeout_s;
     for (size_t off = 0; off < n; off += PIECE_FLOATS) {
         size_t len = n - off < PIECE_FLOATS ? n - off : PIECE_FLOATS;
         if (receives &&

@@ -251,9 +251,9 @@ static int check_neighbours(td_comm *c, td_comm_region *g, int p, uint32_t barri
 
 static int wait_for_peer(td_comm *c, td_comm_region *g, int p, uint32_t barrier, td_err *err) {
     td_comm_ctl *ctl = control_of(g, p);
-    double start = td_net_now(), deadline = start + c->timeout_s;
+    double start = td_clock_now(), deadline = start + c->timeout_s;
     for (int i = 0; !reached(atomic_load(&ctl->arrived), barrier); i++) {
-        if (i % 64 == 0 && td_net_now() - start > SPIN_S) break;
+        if (i % 64 == 0 && td_clock_now() - start > SPIN_S) break;
         cpu_relax();
     }
     while (!reached(atomic_load(&ctl->arrived), barrier)) {
@@ -266,7 +266,7 @@ static int wait_for_peer(td_comm *c, td_comm_region *g, int p, uint32_t barrier,
         atomic_fetch_sub(&ctl->sleepers, 1);
         if (reached(atomic_load(&ctl->arrived), barrier)) break;
         if (check_neighbours(c, g, p, barrier, err) != 0) return -1;
-        if (td_net_now() > deadline)
+        if (td_clock_now() > deadline)
             return td_fail(err,
                            "rank %d: timed out after %.0f s waiting for rank %d to reach an "
                            "all-reduce (is it stuck, or making other collective calls?)",

@@ -1,5 +1,7 @@
 #include "dist/td_dist.h"
 
+#include "core/td_parse.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,10 +14,8 @@ static int env_int(const char *name, int def, int min, int max, int *out, td_err
         *out = def;
         return 0;
     }
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < min || x > max)
+    long x;
+    if (!td_parse_long(v, min, max, &x))
         return td_fail(err, "environment variable %s=\"%s\": expected an integer in [%d, %d]", name,
                        v, min, max);
     *out = (int)x;

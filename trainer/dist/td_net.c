@@ -14,14 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-double td_net_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int remaining_ms(double deadline) {
-    double left = deadline - td_net_now();
+    double left = deadline - td_clock_now();
     if (left <= 0) return 0;
     return left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
 }
@@ -86,7 +80,7 @@ int td_net_connect(const char *host, int port, double deadline, int *fd_out, td_
     struct sockaddr_in addr;
     if (resolve(host, port, &addr, err) != 0) return -1;
     int last = 0;
-    while (td_net_now() < deadline) {
+    while (td_clock_now() < deadline) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) return td_fail(err, "socket: %s", strerror(errno));
         if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {

@@ -4,12 +4,11 @@
 #ifndef TD_NET_H
 #define TD_NET_H
 
+#include "core/td_clock.h" /* deadlines are td_clock_now() times */
 #include "core/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>
-
-double td_net_now(void);
 
 /* Listens on host:port (port 0: any free port, written back). */
 int td_net_listen(const char *host, int *port, int *fd_out, td_err *err);

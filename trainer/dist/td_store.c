@@ -107,7 +107,7 @@ static int reply(int fd, uint8_t status, const void *data, size_t len) {
     uint8_t head[9];
     head[0] = status;
     for (int i = 0; i < 8; i++) head[1 + i] = (uint8_t)((uint64_t)len >> (8 * i));
-    double deadline = td_net_now() + 60.0;
+    double deadline = td_clock_now() + 60.0;
     if (td_net_send_all(fd, head, 9, deadline, NULL) != 0) return -1;
     return td_net_send_all(fd, data, len, deadline, NULL);
 }
@@ -366,7 +366,7 @@ static void *serve_client(void *p) {
         uint8_t op, lenbuf[8];
         uint32_t klen = 0;
         uint64_t vlen = 0;
-        double forever = td_net_now() + 1e9; /* ranks may idle between calls for hours */
+        double forever = td_clock_now() + 1e9; /* ranks may idle between calls for hours */
         if (td_net_recv_all(fd, &op, 1, forever, NULL) != 0) break;
         if (td_net_recv_all(fd, lenbuf, 4, forever, NULL) != 0) break;
         for (int i = 0; i < 4; i++) klen |= (uint32_t)lenbuf[i] << (8 * i);
@@ -408,7 +408,7 @@ static void *accept_loop(void *p) {
     for (;;) {
         int fd;
         td_err err;
-        if (td_net_accept(s->listen_fd, td_net_now() + 0.2, &fd, &err) != 0) {
+        if (td_net_accept(s->listen_fd, td_clock_now() + 0.2, &fd, &err) != 0) {
             pthread_mutex_lock(&s->lock);
             bool stop = s->stopping;
             pthread_mutex_unlock(&s->lock);
@@ -489,7 +489,7 @@ static int call(td_store *st, uint8_t op, const char *key, const void *value, si
     head[0] = op;
     for (int i = 0; i < 4; i++) head[1 + i] = (uint8_t)(klen >> (8 * i));
     for (int i = 0; i < 8; i++) vl[i] = (uint8_t)((uint64_t)len >> (8 * i));
-    double deadline = td_net_now() + st->timeout_s;
+    double deadline = td_clock_now() + st->timeout_s;
     if (td_net_send_all(st->fd, head, 5, deadline, err) != 0 ||
         td_net_send_all(st->fd, full, klen, deadline, err) != 0 ||
         td_net_send_all(st->fd, vl, 8, deadline, err) != 0 ||
@@ -568,7 +568,7 @@ int td_store_open_rank(td_store **out, const char *host, int port, bool host_ser
     st->port = port;
     char me[128];
     introduce(st, me, sizeof me);
-    if (td_net_connect(host, port, td_net_now() + timeout_s, &st->fd, err) != 0 ||
+    if (td_net_connect(host, port, td_clock_now() + timeout_s, &st->fd, err) != 0 ||
         call(st, OP_HELLO, namespace_, me, strlen(me), NULL, NULL, err) != 0) {
         td_fail_prefix(err, "rendezvous with %s:%d", host, port);
         td_store_close(st);
@@ -650,7 +650,7 @@ int td_store_abort_at(const char *host, int port, const char *namespace_, const 
     td_store st = {.fd = -1, .port = port, .rank = -1, .timeout_s = timeout_s};
     snprintf(st.namespace_, sizeof st.namespace_, "%s", namespace_);
     *failed = false;
-    if (td_net_connect(host, port, td_net_now() + timeout_s, &st.fd, err) != 0)
+    if (td_net_connect(host, port, td_clock_now() + timeout_s, &st.fd, err) != 0)
         return td_fail_prefix(err, "rendezvous store at %s:%d", host, port);
     int rc = call(&st, OP_ABORT, namespace_, why, strlen(why), NULL, NULL, err);
     close(st.fd);

@@ -1,0 +1,28 @@
+#include "core/td_parse.h"
+
+#include <limits.h>
+#include <string.h>
+
+bool td_parse_long_n(const char *text, size_t n, long min, long max, long *out) {
+    size_t i = 0;
+    bool neg = false;
+    if (n && (text[0] == '-' || text[0] == '+')) neg = text[i++] == '-';
+    if (i == n) return false;
+    /* accumulated as a negative number: LONG_MIN has no positive counterpart */
+    long v = 0;
+    for (; i < n; i++) {
+        if (text[i] < '0' || text[i] > '9') return false;
+        int d = text[i] - '0';
+        if (v < (LONG_MIN + d) / 10) return false;
+        v = v * 10 - d;
+    }
+    if (!neg && v == LONG_MIN) return false;
+    v = neg ? v : -v;
+    if (v < min || v > max) return false;
+    *out = v;
+    return true;
+}
+
+bool td_parse_long(const char *text, long min, long max, long *out) {
+    return td_parse_long_n(text, strlen(text), min, max, out);
+}
