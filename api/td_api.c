@@ -163,11 +163,11 @@ static enum MHD_Result jobs_list(td_api *api, struct MHD_Connection *c) {
         for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             unsigned bit = td_jobs_state_bit(t);
             if (!bit) {
+                char names[128];
+                td_jobs_state_list(names, sizeof names);
                 td_reply_error e;
-                td_reply_fail(&e, 400, "bad_request", "state",
-                              "state \"%s\": expected queued, running, restarting, succeeded, "
-                              "failed or cancelled",
-                              t);
+                td_reply_fail(&e, 400, "bad_request", "state", "state \"%s\": expected one of %s",
+                              t, names);
                 return td_api_error(c, &e, NULL);
             }
             states |= bit;

@@ -2,6 +2,7 @@
  * one file with Range, and a whole checkpoint streamed as a tar (service/td_ckpt.c). */
 #include "api/td_api_private.h"
 
+#include "io/td_checkpoint.h"
 #include "service/td_ckpt.h"
 
 #include <jansson.h>
@@ -72,7 +73,7 @@ static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
         json_array_append_new(list, json_pack("{s:s, s:I, s:o}", "name", files[i].name, "size",
                                               (json_int_t)files[i].size, "url",
                                               url_json(ctx->job, c->step, files[i].name)));
-        if (strcmp(files[i].name, "model.safetensors") == 0) {
+        if (strcmp(files[i].name, TD_CHECKPOINT_MODEL) == 0) {
             json_decref(model);
             model = url_json(ctx->job, c->step, files[i].name);
         }

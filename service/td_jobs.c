@@ -151,6 +151,13 @@ unsigned td_jobs_state_bit(const char *state) {
     return 0;
 }
 
+void td_jobs_state_list(char *out, size_t len) {
+    out[0] = 0;
+    for (int s = 0; s < N_STATES; s++)
+        snprintf(out + strlen(out), len - strlen(out), "%s%s", s == 0 ? "" : ", ",
+                 td_jobs_state_names[s]);
+}
+
 void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *out) {
     pthread_mutex_lock(&j->mu);
     td_buf_puts(out, "{\"jobs\":[");

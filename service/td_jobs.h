@@ -44,7 +44,8 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
 int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e);
 /* states: a bit per td_jobs_state_bit (0: all). */
 void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *out);
-unsigned td_jobs_state_bit(const char *state); /* 0: not a state */
+unsigned td_jobs_state_bit(const char *state);  /* 0: not a state */
+void td_jobs_state_list(char *out, size_t len); /* "queued, running, ..." for messages */
 /* Stops the job and waits until none of its processes is left; then the job's JSON. */
 int td_jobs_cancel(td_jobs *j, long id, td_buf *out, td_reply_error *e);
 

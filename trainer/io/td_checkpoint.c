@@ -18,7 +18,8 @@
 #define STATE_FORMAT  "traind-checkpoint"
 #define STATE_VERSION 1
 
-static const char *const FILES[3] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+static const char *const FILES[3] = {TD_CHECKPOINT_MODEL, TD_CHECKPOINT_OPTIMIZER,
+                                     TD_CHECKPOINT_STATE};
 
 static int mkdir_p(const char *path, td_err *err) {
     char buf[4096];

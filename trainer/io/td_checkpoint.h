@@ -18,6 +18,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* A checkpoint's files, named once: the daemon serves and lists them by these names. */
+#define TD_CHECKPOINT_MODEL     "model.safetensors"
+#define TD_CHECKPOINT_OPTIMIZER "optimizer.safetensors"
+#define TD_CHECKPOINT_STATE     "state.json"
+
 /* Everything besides the tensors that a bitwise-exact resume needs. */
 typedef struct td_train_state {
     long step; /* optimizer steps done */
