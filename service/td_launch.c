@@ -230,7 +230,7 @@ void td_group_terminate(td_group *g, int sig, double grace_s) {
 
 void td_group_tick(td_group *g) {
     if (g->terminating && g->kill_at > 0 && g->alive > 0 && td_clock_now() >= g->kill_at) {
-        killpg(g->pgid, SIGKILL);
+        if (g->pgid > 0) killpg(g->pgid, SIGKILL); /* never 0: that is our own group */
         g->kill_at = 0;
         g->grace_expired = true; /* who was still there is told by td_group_reaped */
     }
