@@ -257,101 +257,76 @@ static void default_worker(char *out, size_t len) {
     snprintf(out, len, "%s/traind-worker", self);
 }
 
-int main(int argc, char **argv) {
-    options o = {.grace_s = 10, .max_body = 1 << 20};
-    bool have[7] = {false}; /* given on the command line: listen, state, slots, grace, body,
-                               worker, roots */
+/* The command line into o; have[] marks what it gave, so the config file fills only the rest.
+ * Returns the --config path or NULL; --help, --version and a usage error end the process. */
+static const char *parse_args(int argc, char **argv, options *o, bool *have) {
     const char *config = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
-            return 0;
+            exit(0);
         }
         if (!strcmp(a, "--version")) {
             printf("traind %s\n", TRAIND_VERSION);
-            return 0;
+            exit(0);
         }
         if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "traind: %s: %s\n", a,
                     strncmp(a, "--", 2) ? "unexpected argument" : "needs a value");
             usage(stderr);
-            return 2;
+            exit(2);
         }
         const char *v = argv[++i];
         if (!strcmp(a, "--listen"))
-            snprintf(o.listen, sizeof o.listen, "%s", v), have[0] = true;
+            snprintf(o->listen, sizeof o->listen, "%s", v), have[0] = true;
         else if (!strcmp(a, "--state-dir"))
-            snprintf(o.state_dir, sizeof o.state_dir, "%s", v), have[1] = true;
+            snprintf(o->state_dir, sizeof o->state_dir, "%s", v), have[1] = true;
         else if (!strcmp(a, "--slots"))
-            o.slots = (int)number("--slots", v, 1, 4096), have[2] = true;
+            o->slots = (int)number("--slots", v, 1, 4096), have[2] = true;
         else if (!strcmp(a, "--grace"))
-            o.grace_s = (double)number("--grace", v, 0, 3600), have[3] = true;
+            o->grace_s = (double)number("--grace", v, 0, 3600), have[3] = true;
         else if (!strcmp(a, "--max-body"))
-            o.max_body = (long)number("--max-body", v, 1, 1L << 30), have[4] = true;
+            o->max_body = number("--max-body", v, 1, 1L << 30), have[4] = true;
         else if (!strcmp(a, "--worker"))
-            snprintf(o.worker, sizeof o.worker, "%s", v), have[5] = true;
+            snprintf(o->worker, sizeof o->worker, "%s", v), have[5] = true;
         else if (!strcmp(a, "--data-root")) {
-            if (o.n_roots == MAX_ROOTS) die("at most %d --data-root", MAX_ROOTS);
-            snprintf(o.roots[o.n_roots++], PATH_MAX, "%s", v);
+            if (o->n_roots == MAX_ROOTS) die("at most %d --data-root", MAX_ROOTS);
+            snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", v);
             have[6] = true;
         } else if (!strcmp(a, "--config"))
             config = v;
         else {
             fprintf(stderr, "traind: unknown option %s\n", a);
             usage(stderr);
-            return 2;
+            exit(2);
         }
     }
-    if (config) read_config(&o, config, have);
-    if (!o.listen[0]) snprintf(o.listen, sizeof o.listen, "127.0.0.1:8470");
-    if (!o.state_dir[0]) default_state_dir(o.state_dir, sizeof o.state_dir);
-    if (!o.worker[0]) default_worker(o.worker, sizeof o.worker);
-    if (access(o.worker, X_OK) != 0)
-        die("cannot run the worker %s: %s (give --worker)", o.worker, strerror(errno));
-    char host[128];
-    const char *colon = strrchr(o.listen, ':');
-    if (!colon || colon == o.listen || (size_t)(colon - o.listen) >= sizeof host)
-        die("--listen \"%s\": expected ADDR:PORT, e.g. 127.0.0.1:8470", o.listen);
-    snprintf(host, sizeof host, "%.*s", (int)(colon - o.listen), o.listen);
-    int port = (int)number("--listen port", colon + 1, 0, 65535);
+    return config;
+}
 
-    make_dirs(o.state_dir);
-    char state[PATH_MAX];
-    if (!realpath(o.state_dir, state)) die("%s: %s", o.state_dir, strerror(errno));
-    int lock_fd = lock_state_dir(state);
-    /* the port before the jobs: a daemon that cannot serve must not recover anything */
-    int listen_fd = -1;
-    td_err err = {{0}};
-    if (td_api_listen(host, &port, &listen_fd, &err) != 0) {
-        fprintf(stderr, "traind: %s\n", err.msg);
-        return 1;
-    }
-    if (o.n_roots == 0) snprintf(o.roots[o.n_roots++], PATH_MAX, "/usr/share/datasets");
-    const char *roots[MAX_ROOTS + 1];
-    static char resolved[MAX_ROOTS + 1][PATH_MAX];
-    int n_roots = 0;
-    for (int i = 0; i < o.n_roots; i++) {
-        if (!realpath(o.roots[i], resolved[n_roots])) {
-            fprintf(stderr, "traind: warning: data root %s: %s (skipped)\n", o.roots[i],
+/* The data roots resolved after symlinks (a missing one is skipped with a warning), then the
+ * state directory, which always is one. Returns how many. */
+static int resolve_roots(const options *o, const char *state, char (*resolved)[PATH_MAX],
+                         const char **roots) {
+    int n = 0;
+    for (int i = 0; i < o->n_roots; i++) {
+        if (!realpath(o->roots[i], resolved[n])) {
+            fprintf(stderr, "traind: warning: data root %s: %s (skipped)\n", o->roots[i],
                     strerror(errno));
             continue;
         }
-        roots[n_roots] = resolved[n_roots];
-        n_roots++;
+        roots[n] = resolved[n];
+        n++;
     }
-    snprintf(resolved[n_roots], PATH_MAX, "%s", state);
-    roots[n_roots] = resolved[n_roots];
-    n_roots++;
+    snprintf(resolved[n], PATH_MAX, "%s", state);
+    roots[n] = resolved[n];
+    return n + 1;
+}
 
-    char why[256] = "";
-    int gpus = td_gpu_device_count(why, sizeof why);
-    if (gpus < 0) gpus = 0;
-    int slots = gpus > 0 ? gpus : o.slots > 0 ? o.slots : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (slots < 1) slots = 1;
-
-    /* every thread inherits this mask: children are reaped through the supervisor's signalfd,
-     * and SIGTERM/SIGINT are taken by sigwait below */
+/* Every thread inherits this mask: children are reaped through the supervisor's signalfd, and
+ * SIGTERM/SIGINT are taken by the main thread's sigwait. */
+static void block_signals(void) {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGCHLD);
@@ -359,31 +334,45 @@ int main(int argc, char **argv) {
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
+
+/* Serves from the state directory `state` (locked) on listen_fd until SIGTERM or SIGINT. */
+static int serve(const options *o, const char *state, const char *host, int listen_fd) {
+    static char resolved[MAX_ROOTS + 1][PATH_MAX];
+    const char *roots[MAX_ROOTS + 1];
+    int n_roots = resolve_roots(o, state, resolved, roots);
+    char why[256] = "";
+    int gpus = td_gpu_device_count(why, sizeof why);
+    if (gpus < 0) gpus = 0;
+    int slots = gpus > 0 ? gpus : o->slots > 0 ? o->slots : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (slots < 1) slots = 1;
+    block_signals();
 
     char token[128];
     load_token(state, token, sizeof token);
     char db_path[PATH_MAX + 16];
     snprintf(db_path, sizeof db_path, "%s/state.db", state);
+    td_err err = {{0}};
     td_db *db = NULL;
     td_jobs *jobs = NULL;
     td_api *api = NULL;
     if (td_db_open(&db, db_path, &err) != 0) goto fail;
     td_jobs_config jc = {
         .state_dir = state,
-        .worker = o.worker,
+        .worker = o->worker,
         .slots = slots,
         .gpus = gpus,
-        .grace_s = o.grace_s,
+        .grace_s = o->grace_s,
         .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state}};
     if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0 || td_jobs_start(jobs, &err) != 0)
         goto fail;
     td_api_config ac = {.listen_fd = listen_fd,
                         .token = token,
-                        .max_body = (size_t)o.max_body,
+                        .max_body = (size_t)o->max_body,
                         .version = TRAIND_VERSION};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
     fprintf(stderr, "traind: %d %s slot%s; state in %s; worker %s\n", slots,
-            gpus > 0 ? "GPU" : "CPU", slots == 1 ? "" : "s", state, o.worker);
+            gpus > 0 ? "GPU" : "CPU", slots == 1 ? "" : "s", state, o->worker);
     fprintf(stderr, "traind: listening on http://%s:%d\n", host, td_api_port(api));
     fflush(stderr);
 
@@ -399,7 +388,6 @@ int main(int argc, char **argv) {
     td_api_stop(api);
     td_jobs_close(jobs);
     td_db_close(db);
-    close(lock_fd);
     return 0;
 fail:
     fprintf(stderr, "traind: %s\n", err.msg);
@@ -407,4 +395,39 @@ fail:
     td_jobs_close(jobs);
     td_db_close(db);
     return 1;
+}
+
+int main(int argc, char **argv) {
+    options o = {.grace_s = 10, .max_body = 1 << 20};
+    bool have[7] = {false}; /* given on the command line: listen, state, slots, grace, body,
+                               worker, roots */
+    const char *config = parse_args(argc, argv, &o, have);
+    if (config) read_config(&o, config, have);
+    if (!o.listen[0]) snprintf(o.listen, sizeof o.listen, "127.0.0.1:8470");
+    if (!o.state_dir[0]) default_state_dir(o.state_dir, sizeof o.state_dir);
+    if (!o.worker[0]) default_worker(o.worker, sizeof o.worker);
+    if (o.n_roots == 0) snprintf(o.roots[o.n_roots++], PATH_MAX, "/usr/share/datasets");
+    if (access(o.worker, X_OK) != 0)
+        die("cannot run the worker %s: %s (give --worker)", o.worker, strerror(errno));
+    char host[128];
+    const char *colon = strrchr(o.listen, ':');
+    if (!colon || colon == o.listen || (size_t)(colon - o.listen) >= sizeof host)
+        die("--listen \"%s\": expected ADDR:PORT, e.g. 127.0.0.1:8470", o.listen);
+    snprintf(host, sizeof host, "%.*s", (int)(colon - o.listen), o.listen);
+    int port = (int)number("--listen port", colon + 1, 0, 65535);
+
+    make_dirs(o.state_dir);
+    char state[PATH_MAX];
+    if (!realpath(o.state_dir, state)) die("%s: %s", o.state_dir, strerror(errno));
+    int lock_fd = lock_state_dir(state); /* held until the process ends */
+    /* the port before the jobs: a daemon that cannot serve must not recover anything */
+    int listen_fd = -1;
+    td_err err = {{0}};
+    if (td_api_listen(host, &port, &listen_fd, &err) != 0) {
+        fprintf(stderr, "traind: %s\n", err.msg);
+        return 1;
+    }
+    int rc = serve(&o, state, host, listen_fd);
+    close(lock_fd);
+    return rc;
 }
