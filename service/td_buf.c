@@ -11,8 +11,7 @@ static void reserve(td_buf *b, size_t more) {
     if (b->len + more + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + more + 1) cap *= 2;
-    char *p = realloc(b->data, cap);
-    TD_ASSERT(p, "out of memory growing a response buffer");
+    char *p = td_realloc(b->data, cap);
     b->data = p;
     b->cap = cap;
 }

@@ -24,11 +24,9 @@ typedef struct file_list {
 static void add_file(file_list *l, const char *name, long long size) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 16;
-        l->v = realloc(l->v, (size_t)l->cap * sizeof *l->v);
-        TD_ASSERT(l->v, "out of memory listing a checkpoint");
+        l->v = td_realloc(l->v, (size_t)l->cap * sizeof *l->v);
     }
-    l->v[l->n].name = strdup(name);
-    TD_ASSERT(l->v[l->n].name, "out of memory listing a checkpoint");
+    l->v[l->n].name = td_strdup(name);
     l->v[l->n++].size = size;
 }
 
@@ -169,11 +167,10 @@ int td_ckpt_tar_open(td_ckpt_tar **out, const char *path, const char *top, td_er
         free(t);
         return -1;
     }
-    t->path = strdup(path);
-    t->top = strdup(top);
-    TD_ASSERT(t->path && t->top, "out of memory");
+    t->path = td_strdup(path);
+    t->top = td_strdup(top);
     t->a = archive_write_new();
-    TD_ASSERT(t->a, "out of memory");
+    TD_CHECK_ALLOC(t->a, "starting a tar archive");
     /* pax: names of any length and sizes beyond 8 GiB; every tar reads it */
     if (archive_write_set_format_pax_restricted(t->a) != ARCHIVE_OK ||
         archive_write_set_bytes_per_block(t->a, 0) != ARCHIVE_OK ||
@@ -194,7 +191,7 @@ static int begin_member(td_ckpt_tar *t, td_err *err) {
     snprintf(name, sizeof name, "%s%s", t->top, f->name);
     struct stat st;
     struct archive_entry *e = archive_entry_new();
-    TD_ASSERT(e, "out of memory");
+    TD_CHECK_ALLOC(e, "for a tar entry");
     archive_entry_set_pathname(e, name);
     archive_entry_set_size(e, t->left);
     archive_entry_set_filetype(e, AE_IFREG);

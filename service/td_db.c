@@ -309,8 +309,7 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
         copy_text(s, 1, j.name, sizeof j.name);
         copy_text(s, 2, j.kind, sizeof j.kind);
         const unsigned char *spec = sqlite3_column_text(s, 3);
-        j.spec = strdup(spec ? (const char *)spec : "{}");
-        TD_ASSERT(j.spec, "out of memory loading jobs");
+        j.spec = td_strdup(spec ? (const char *)spec : "{}");
         j.nproc = sqlite3_column_int(s, 4);
         j.max_restarts = sqlite3_column_int(s, 5);
         j.restarts = sqlite3_column_int(s, 6);
@@ -331,8 +330,7 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
         while (sqlite3_step(a) == SQLITE_ROW) {
             if (n == cap) {
                 cap *= 2;
-                list = realloc(list, (size_t)cap * sizeof *list);
-                TD_ASSERT(list, "out of memory loading attempts");
+                list = td_realloc(list, (size_t)cap * sizeof *list);
             }
             td_db_attempt *t = &list[n++];
             t->attempt = sqlite3_column_int(a, 0);
@@ -415,8 +413,7 @@ int td_db_checkpoints(td_db *db, long job_id, long step, td_db_checkpoint_fn fn,
     while (sqlite3_step(s) == SQLITE_ROW) {
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
-            rows = realloc(rows, (size_t)cap * sizeof *rows);
-            TD_ASSERT(rows, "out of memory reading checkpoints");
+            rows = td_realloc(rows, (size_t)cap * sizeof *rows);
         }
         td_db_checkpoint *c = &rows[n++];
         c->step = (long)sqlite3_column_int64(s, 0);

@@ -59,7 +59,7 @@ const char *td_jobs_render(job *jb) {
     /* the metrics as the worker printed them (%.9g), not as 17 digits */
     jb->json = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
     json_decref(o);
-    TD_ASSERT(jb->json, "out of memory rendering a job");
+    TD_CHECK_ALLOC(jb->json, "rendering a job");
     return jb->json;
 }
 
@@ -84,8 +84,7 @@ job *td_jobs_find(td_jobs *j, long id) {
 void td_jobs_add(td_jobs *j, job *jb) {
     if (j->n_jobs == j->cap_jobs) {
         j->cap_jobs = j->cap_jobs ? 2 * j->cap_jobs : 64;
-        j->jobs = realloc(j->jobs, (size_t)j->cap_jobs * sizeof *j->jobs);
-        TD_ASSERT(j->jobs, "out of memory adding a job");
+        j->jobs = td_realloc(j->jobs, (size_t)j->cap_jobs * sizeof *j->jobs);
     }
     j->jobs[j->n_jobs++] = jb;
 }
@@ -105,8 +104,7 @@ job *td_jobs_new_job(td_jobs *j, const td_db_job *row) {
 td_db_attempt *td_jobs_new_attempt(job *jb) {
     if (jb->n_attempts == jb->cap_attempts) {
         jb->cap_attempts = jb->cap_attempts ? 2 * jb->cap_attempts : 4;
-        jb->attempts = realloc(jb->attempts, (size_t)jb->cap_attempts * sizeof *jb->attempts);
-        TD_ASSERT(jb->attempts, "out of memory adding an attempt");
+        jb->attempts = td_realloc(jb->attempts, (size_t)jb->cap_attempts * sizeof *jb->attempts);
     }
     td_db_attempt *a = &jb->attempts[jb->n_attempts];
     *a = (td_db_attempt){.attempt = jb->n_attempts, .exit_code = -1};
@@ -128,8 +126,8 @@ bool td_jobs_final_state(int s) {
 /* raw: the event's text as the worker wrote it (kept byte for byte), or NULL to encode data */
 void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const char *raw, long step,
                   bool metric, const char *ckpt_path, long long ckpt_size) {
-    char *text = raw ? strdup(raw) : json_dumps(data, JSON_COMPACT);
-    TD_ASSERT(text, "out of memory encoding an event");
+    char *text = raw ? td_strdup(raw) : json_dumps(data, JSON_COMPACT);
+    TD_CHECK_ALLOC(text, "encoding an event");
     jb->row.last_seq++;
     td_db_event ev = {jb->row.id, jb->row.last_seq, type, text, step, metric, ckpt_path, ckpt_size};
     td_err err = {{0}};

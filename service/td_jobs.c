@@ -101,8 +101,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
     snprintf(row.name, sizeof row.name, "%s", s.name);
     snprintf(row.kind, sizeof row.kind, "%s", s.command ? "command" : "train");
     snprintf(row.state, sizeof row.state, "queued");
-    row.spec = malloc(len + 1);
-    TD_ASSERT(row.spec, "out of memory storing a spec");
+    row.spec = td_malloc(len + 1);
     memcpy(row.spec, body, len);
     row.spec[len] = 0;
     row.created_at = td_clock_wall();

@@ -209,8 +209,7 @@ static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
                 return td_reply_fail(e, 400, "invalid_spec", path,
                                      "%s: a variable name must be non-empty, without '='", path);
             size_t len = strlen(key) + strlen(json_string_value(v)) + 2;
-            s->env[k] = malloc(len);
-            if (!s->env[k]) abort();
+            s->env[k] = td_malloc(len);
             snprintf(s->env[k++], len, "%s=%s", key, json_string_value(v));
         }
     }
@@ -359,7 +358,7 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     }
     char *text = json_dumps(check, JSON_COMPACT);
     json_decref(check);
-    if (!text) abort();
+    TD_CHECK_ALLOC(text, "checking a spec");
     td_job job;
     td_err err = {{0}};
     int rc = td_job_load_string(&job, text, &err);

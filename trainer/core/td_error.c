@@ -55,6 +55,17 @@ void *td_calloc_checked(size_t n, size_t size, const char *file, int line) {
     return p;
 }
 
+void *td_realloc_checked(void *p, size_t size, const char *file, int line) {
+    void *q = realloc(p, size ? size : 1);
+    if (!q) td_die(file, line, "out of memory", "reduce train.batch_size or the model size");
+    return q;
+}
+
+char *td_strdup_checked(const char *s, const char *file, int line) {
+    size_t n = strlen(s) + 1;
+    return memcpy(td_malloc_checked(n, file, line), s, n);
+}
+
 void *td_aligned_alloc_checked(size_t size, const char *file, int line) {
     size_t rounded = (size + 63) / 64 * 64;
     void *p = aligned_alloc(64, rounded ? rounded : 64);

@@ -27,13 +27,24 @@ int td_fail_prefix(td_err *err, const char *fmt, ...) __attribute__((format(prin
 __attribute__((noreturn)) void td_die(const char *file, int line, const char *what,
                                       const char *hint);
 
-/* Allocation that cannot fail quietly: training without its buffers is not an option. */
+/* Allocation that cannot fail quietly: training without its buffers is not an option. One policy
+ * everywhere, engine and daemon alike: out of memory ends the process at once with file:line
+ * (td_die), through these or, for what a library allocated (jansson, libarchive), through
+ * TD_CHECK_ALLOC. Nothing calls malloc, realloc or strdup unchecked, or abort() by itself. */
 void *td_malloc_checked(size_t size, const char *file, int line);
 void *td_calloc_checked(size_t n, size_t size, const char *file, int line);
+void *td_realloc_checked(void *p, size_t size, const char *file, int line);
+char *td_strdup_checked(const char *s, const char *file, int line);
 void *td_aligned_alloc_checked(size_t size, const char *file, int line);
 
-#define td_malloc(size)    td_malloc_checked((size), __FILE__, __LINE__)
-#define td_calloc(n, size) td_calloc_checked((n), (size), __FILE__, __LINE__)
+#define td_malloc(size)     td_malloc_checked((size), __FILE__, __LINE__)
+#define td_calloc(n, size)  td_calloc_checked((n), (size), __FILE__, __LINE__)
+#define td_realloc(p, size) td_realloc_checked((p), (size), __FILE__, __LINE__)
+#define td_strdup(s)        td_strdup_checked((s), __FILE__, __LINE__)
+#define TD_CHECK_ALLOC(p, what)                                                                    \
+    do {                                                                                           \
+        if (!(p)) td_die(__FILE__, __LINE__, "out of memory " what, NULL);                         \
+    } while (0)
 /* 64-byte aligned, zeroed: one cache line, and what AVX-512 loads like best. */
 #define td_aligned_alloc(size) td_aligned_alloc_checked((size), __FILE__, __LINE__)
 
