@@ -6,8 +6,8 @@
  * on the same batch, and compares every node's output, the loss sum and argmax hits, every
  * parameter's gradient and the buffers (BatchNorm's running statistics) by the relative error
  * max|cpu - gpu| / max(max|cpu|, 1e-6): at most 1e-4 in fp32, 1e-2 in bf16. Models end in a
- * linear layer to the classes, so td_gpu_loss provides the upstream gradient on the GPU as
- * td_loss_compute does on the CPU.
+ * linear layer to the classes, so the backend's loss provides the upstream gradient on the GPU
+ * as td_loss_compute does on the CPU. Every op of ops/td_ops.def must appear in some case.
  *
  * Inputs are distinct odd multiples of 1/512 (exact in bf16, never 0) and, in bf16, parameters
  * are rounded to bf16 before both copies start: the comparison then measures the ops, not the
@@ -24,12 +24,16 @@
 #include "core/td_loss.h"
 #include "core/td_model.h"
 #include "core/td_optim.h"
+#include "ops/td_ops.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The GPU backend's functions (gpu/td_gpu.h), loaded by main. */
+static const td_gpu_api *gpu;
 
 #define BATCH     4
 #define CLASSES   5
@@ -302,7 +306,7 @@ static int build_pair(td_gpu *g, const char *nodes, td_shape in, td_precision pr
     if (prec != TD_PREC_FP32)
         for (size_t i = 0; i < cm->param_floats; i++)
             cm->param_block[i] = gm->param_block[i] = to_bf16(cm->param_block[i]);
-    if (td_gpu_attach(g, gm, prec, SEED, err) != 0) {
+    if (gpu->attach(g, gm, prec, SEED, err) != 0) {
         td_model_free(cm);
         td_model_free(gm);
         return -1;
@@ -311,7 +315,7 @@ static int build_pair(td_gpu *g, const char *nodes, td_shape in, td_precision pr
 }
 
 static void free_pair(td_gpu *g, td_model *cm, td_model *gm) {
-    td_gpu_detach(g, gm);
+    gpu->detach(g, gm);
     td_model_free(gm);
     td_model_free(cm);
 }
@@ -337,7 +341,7 @@ static int compare_outputs(td_gpu *g, td_model *cm, td_model *gm, result *r, td_
         if (gm->nodes[i].out_fused) continue; /* computed inside the next op's kernels */
         size_t elems = (size_t)BATCH * td_shape_size(cm->nodes[i].out_shape);
         float *got = malloc(elems * sizeof(float));
-        if (td_gpu_read(g, gm->nodes[i].out, elems, got, err) != 0) {
+        if (gpu->read(g, gm->nodes[i].out, elems, got, err) != 0) {
             free(got);
             return -1;
         }
@@ -367,23 +371,23 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     td_run run = {.n = BATCH, .training = true, .rng = &drop_rng};
     int rc = -1;
     if (!fused_as_expected(&gm, c->fused, r)) goto done;
-    if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
+    if (gpu->set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
     if (c->warm) {
         td_model_forward(&cm, x, &run);
-        td_gpu_forward(g, &gm, &run);
+        gpu->forward(g, &gm, &run);
     }
     run.training = c->train;
     const float *logits = td_model_forward(&cm, x, &run);
-    td_gpu_forward(g, &gm, &run);
+    gpu->forward(g, &gm, &run);
     if (compare_outputs(g, &cm, &gm, r, &err) != 0) goto done;
 
     int hits = 0;
     double loss = td_loss_compute(&c->loss, logits, y, BATCH, CLASSES, dlogits, 1.0f, &hits);
     td_model_backward(&cm, dlogits, &run);
-    td_gpu_loss(g, &gm, &c->loss, BATCH, 1.0f, true, 1.0f);
-    td_gpu_backward(g, &gm, &run);
+    gpu->loss(g, &gm, &c->loss, BATCH, 1.0f, true, 1.0f);
+    gpu->backward(g, &gm, &run);
     double gpu_loss, gpu_hits;
-    if (td_gpu_take_totals(g, &gpu_loss, &gpu_hits, &err) != 0) goto done;
+    if (gpu->take_totals(g, &gpu_loss, &gpu_hits, &err) != 0) goto done;
     note(r, &r->loss, fabs(loss - gpu_loss) / fmax(fabs(loss), 1e-6), "loss", "sum");
     /* bf16 logits may reorder two near-equal classes of one sample */
     if (fabs(gpu_hits - hits) > (prec == TD_PREC_FP32 ? 0 : 1)) {
@@ -391,21 +395,21 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
         goto done;
     }
 
-    if (td_gpu_read_grads(g, &gm, grads, &err) != 0) goto done;
+    if (gpu->read_grads(g, &gm, grads, &err) != 0) goto done;
     for (int i = 0; i < cm.n_params; i++) {
         const td_param *p = &cm.params[i];
         note(r, &r->grad, rel_err(p->grad, grads + p->offset, p->size), "gradient of", p->name);
     }
-    if (td_gpu_download(g, &gm, NULL, &err) != 0) goto done;
+    if (gpu->download(g, &gm, NULL, &err) != 0) goto done;
     for (int i = 0; i < cm.n_buffers; i++) {
         const td_param *b = &cm.buffers[i];
         note(r, &r->buf, rel_err(b->data, gm.buffer_block + b->offset, b->size), "buffer", b->name);
     }
-    if (td_gpu_check(g, &err) != 0) goto done;
+    if (gpu->check(g, &err) != 0) goto done;
     rc = 0;
 done:
     if (rc != 0 && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", err.msg);
-    td_gpu_check(g, &err); /* leave no failure behind for the next case */
+    gpu->check(g, &err); /* leave no failure behind for the next case */
     free(x);
     free(dlogits);
     free(grads);
@@ -447,11 +451,11 @@ static int run_nan_case(td_gpu *g, const nancase *c, td_precision prec, result *
     td_run run = {.n = BATCH, .training = true, .rng = &rng};
     int rc = -1;
     if (!fused_as_expected(&gm, c->fused, r)) goto done;
-    if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
+    if (gpu->set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
     td_model_forward(&cm, x, &run);
     const float *want = cm.nodes[c->relu].out;
-    td_gpu_forward(g, &gm, &run);
-    if (td_gpu_read(g, gm.nodes[c->relu].out, BATCH * FEATURES, got, &err) != 0) goto done;
+    gpu->forward(g, &gm, &run);
+    if (gpu->read(g, gm.nodes[c->relu].out, BATCH * FEATURES, got, &err) != 0) goto done;
     double worst = 0, den = 1e-6;
     for (int i = 0; i < BATCH * FEATURES; i++) {
         bool nan_in = isnan(x[i]);
@@ -465,11 +469,11 @@ static int run_nan_case(td_gpu *g, const nancase *c, td_precision prec, result *
         den = fmax(den, fabs(want[i]));
     }
     note(r, &r->out, worst / den, "output of", gm.nodes[c->relu].name);
-    if (td_gpu_check(g, &err) != 0) goto done;
+    if (gpu->check(g, &err) != 0) goto done;
     rc = 0;
 done:
     if (rc != 0 && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", err.msg);
-    td_gpu_check(g, &err);
+    gpu->check(g, &err);
     free_pair(g, &cm, &gm);
     return rc;
 }
@@ -500,20 +504,20 @@ static int run_optim(td_gpu *g, const ocase *o, td_precision prec, result *r) {
     td_optim_init(&gpu_opt, &o->cfg, n);
     td_run run = {.n = BATCH, .training = true, .rng = &drop_rng};
     int rc = -1;
-    if (td_gpu_optim_init(g, &gm, &gpu_opt, &err) != 0) goto done;
+    if (gpu->optim_init(g, &gm, &gpu_opt, &err) != 0) goto done;
     for (int step = 0; step < 2; step++) {
         fill_input(x, in_elems, &rng);
         fill_labels(y, BATCH, &rng);
-        if (td_gpu_set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
-        td_gpu_forward(g, &gm, &run);
-        td_gpu_loss(g, &gm, &model.loss, BATCH, 1.0f, true, 1.0f);
-        td_gpu_backward(g, &gm, &run);
+        if (gpu->set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
+        gpu->forward(g, &gm, &run);
+        gpu->loss(g, &gm, &model.loss, BATCH, 1.0f, true, 1.0f);
+        gpu->backward(g, &gm, &run);
         /* the CPU steps on the GPU's gradients: only the update rule is under test */
-        if (td_gpu_read_grads(g, &gm, grads, &err) != 0) goto done;
+        if (gpu->read_grads(g, &gm, grads, &err) != 0) goto done;
         td_optim_step(&cpu_opt, cm.param_block, grads, o->lr);
-        td_gpu_optim_step(g, &gm, o->lr, 0.0f);
+        gpu->optim_step(g, &gm, o->lr, 0.0f);
     }
-    if (td_gpu_download(g, &gm, &gpu_opt, &err) != 0) goto done;
+    if (gpu->download(g, &gm, &gpu_opt, &err) != 0) goto done;
     /* parameters: relative to the size of the update, which is what the rule computes */
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
@@ -530,11 +534,11 @@ static int run_optim(td_gpu *g, const ocase *o, td_precision prec, result *r) {
                  gpu_opt.steps);
         goto done;
     }
-    if (td_gpu_check(g, &err) != 0) goto done;
+    if (gpu->check(g, &err) != 0) goto done;
     rc = 0;
 done:
     if (rc != 0 && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", err.msg);
-    td_gpu_check(g, &err);
+    gpu->check(g, &err);
     td_optim_free(&cpu_opt);
     td_optim_free(&gpu_opt);
     free(x);
@@ -573,7 +577,31 @@ static bool row(const char *name, td_precision prec, const result *r, int rc, do
     return pass;
 }
 
+/* The ops of ops/td_ops.def that no case's nodes use, each named on stderr: a new op without a
+ * case fails here, with or without a GPU, rather than go untested on one. */
+static int ops_without_a_case(void) {
+    static const td_op *const ops[] = {
+#define TD_OP(name) &td_op_##name,
+#include "ops/td_ops.def"
+    };
+    int missing = 0;
+    for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+        bool found = false;
+        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0] && !found; i++) {
+            td_node_spec specs[MAX_NODES];
+            int n;
+            td_err err;
+            if (parse_nodes(CASES[i].nodes, specs, &n, &err) != 0) continue;
+            for (int j = 0; j < n; j++) found = found || specs[j].op == ops[k];
+        }
+        if (!found) fprintf(stderr, "traind-gpu-parity: no case uses op %s\n", ops[k]->name);
+        missing += !found;
+    }
+    return missing;
+}
+
 int main(int argc, char **argv) {
+    if (ops_without_a_case() > 0) return 1;
     char why[512];
     if (td_gpu_device_count(why, sizeof why) == 0) {
         printf("SKIP: %s\n", why);
@@ -596,12 +624,13 @@ int main(int argc, char **argv) {
     }
     td_err err = {{0}};
     td_gpu *g;
-    if (td_gpu_open(&g, 0, &err) != 0) {
+    gpu = td_gpu_load(&err);
+    if (!gpu || gpu->open(&g, 0, &err) != 0) {
         fprintf(stderr, "traind-gpu-parity: %s\n", err.msg);
         return 1;
     }
     char desc[512];
-    td_gpu_describe(g, desc, sizeof desc);
+    gpu->describe(g, desc, sizeof desc);
     printf("CPU vs GPU parity on %s\n", desc);
     printf("relative error max|cpu - gpu| / max|cpu|; bounds: fp32 1e-4, bf16 1e-2; optimizer "
            "rows: parameters after 2 steps (relative to the update) under gradients, their state "
@@ -633,7 +662,7 @@ int main(int argc, char **argv) {
             total++;
         }
     }
-    td_gpu_close(g);
+    gpu->close(g);
     printf("\n%d of %d cases passed\n", total - failed, total);
     return failed ? 1 : 0;
 }

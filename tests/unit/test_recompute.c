@@ -2,6 +2,7 @@
  * recomputed in backward must train exactly as the same model keeping every activation — same
  * outputs, gradients, BatchNorm running statistics and dropout draws — in less memory. */
 #include "test_util.h"
+#include "ops/td_ops.h"
 
 #include <criterion/criterion.h>
 #include <string.h>

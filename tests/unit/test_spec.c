@@ -1,6 +1,7 @@
 /* Each kind of bad spec gives one clear message naming the JSON path, what was found and what
  * was expected. Shape errors surface when the model is built, so those go through a real run. */
 #include "gpu/td_gpu.h"
+#include "ops/td_ops.h"
 #include "train/td_train.h"
 #include "test_util.h"
 
@@ -101,6 +102,17 @@ Test(spec, unknown_op) {
                          "\"op\": \"conv3d\"}]}",
                          SYNTH, GOOD_TRAIN),
                  "model.nodes[1].op: unknown op \"conv3d\"", "conv2d");
+}
+
+/* The op list (ops/td_ops.def) is the table: every op in it is found by the name it is listed
+ * under, and the error for an unknown one lists them all in its order. */
+Test(spec, every_listed_op_is_found_by_its_name) {
+    char listed[256] = "";
+#define TD_OP(name)                                                                                \
+    cr_expect_eq(td_op_find(#name), &td_op_##name, "op %s", #name);                                \
+    strcat(listed, listed[0] ? ", " #name : #name);
+#include "ops/td_ops.def"
+    cr_expect_str_eq(td_op_names(), listed);
 }
 
 Test(spec, missing_op_argument) {

@@ -5,43 +5,6 @@
 #include <string.h>
 #include <time.h>
 
-static const td_op *const all_ops[] = {
-    &td_op_linear,
-    &td_op_conv2d,
-    &td_op_maxpool2d,
-    &td_op_avgpool2d,
-    &td_op_global_avgpool,
-    &td_op_relu,
-    &td_op_gelu,
-    &td_op_flatten,
-    &td_op_dropout,
-    &td_op_add,
-    &td_op_batchnorm2d,
-    &td_op_batchnorm1d,
-    &td_op_adaptive_avgpool2d,
-    &td_op_identity,
-};
-#define N_OPS (sizeof all_ops / sizeof all_ops[0])
-
-const td_op *td_op_find(const char *name) {
-    for (size_t i = 0; i < N_OPS; i++)
-        if (strcmp(all_ops[i]->name, name) == 0) return all_ops[i];
-    return NULL;
-}
-
-const char *td_op_names(void) {
-    /* Built from the table so the message can never drift from what is accepted. The buffer is
-     * constant after first use; every caller would write the same bytes. */
-    static char names[256];
-    if (!names[0]) {
-        size_t used = 0;
-        for (size_t i = 0; i < N_OPS; i++)
-            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
-                                     all_ops[i]->name);
-    }
-    return names;
-}
-
 /* Parameters start at multiples of TD_PARAM_ALIGN floats (32 bytes; 16 in bf16/fp16): GPU GEMMs
  * take their fast paths, and cuBLASLt its bias epilogue, only on 16-byte aligned operands. The
  * gaps stay zero (blocks are allocated zeroed and no op writes them), so norms, all-reduces and

@@ -63,6 +63,7 @@ typedef struct td_op_arg {
     const char *choices; /* for TD_ARG_CHOICE: "none|tanh"; the value is the index */
 } td_op_arg;
 
+/* What every op provides; the ops themselves, and the table of them, are ops/ (ops/td_ops.h). */
 typedef struct td_op {
     const char *name; /* as written in the spec: "conv2d" */
     int min_inputs, max_inputs;
@@ -173,11 +174,6 @@ struct td_model {
     float *scratch;
 };
 
-/* The op table: looked up by name when specs are read. */
-const td_op *td_op_find(const char *name);
-/* "linear, conv2d, ..." for error messages. */
-const char *td_op_names(void);
-
 /* td_model_build flags. INPUT_GRAD: backward also produces the gradient with respect to the
  * batch itself, in model->input_grad ([max_n, input size]), for gradient checks. */
 #define TD_MODEL_INPUT_GRAD 1u
@@ -251,10 +247,5 @@ static inline bool td_segment_runs_backward(const td_model *m, const td_segment 
 static inline td_shape td_model_output_shape(const td_model *m) {
     return m->nodes[m->n_nodes - 1].out_shape;
 }
-
-/* Ops, one file each. */
-extern const td_op td_op_linear, td_op_conv2d, td_op_maxpool2d, td_op_avgpool2d,
-    td_op_global_avgpool, td_op_relu, td_op_gelu, td_op_flatten, td_op_dropout, td_op_add,
-    td_op_batchnorm2d, td_op_batchnorm1d, td_op_adaptive_avgpool2d, td_op_identity;
 
 #endif

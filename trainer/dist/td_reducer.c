@@ -1,11 +1,9 @@
 #include "dist/td_reducer.h"
+#include "dist/td_buckets.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* PyTorch's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) */
-#define FIRST_BUCKET_BYTES (1u << 20)
 
 typedef struct reduce_op {
     float *buf;
@@ -15,9 +13,8 @@ typedef struct reduce_op {
 } reduce_op;
 
 typedef struct bucket {
-    size_t lo, hi; /* its floats in the gradient block (the first also holds the loss slot) */
-    int params;    /* parameters it holds */
-    int pending;   /* of those, still without their gradient in this backward */
+    td_bucket span; /* the plan's, the first extended by the loss slot */
+    int pending;    /* of its parameters, those still without their gradient in this backward */
     reduce_op op;
 } bucket;
 
@@ -26,7 +23,7 @@ struct td_reducer {
     float *block;     /* the gradients (communication memory), the loss slot after them */
     float *own_block; /* the model's block before, given back at stop */
     size_t loss_slot;
-    int *bucket_of; /* per parameter */
+    td_buckets plan; /* dist/td_buckets.h; its bucket_of maps parameters to buckets */
     int n_buckets;
     bucket *buckets;
 
@@ -84,36 +81,16 @@ static int wait_for(td_reducer *r, reduce_op *op, td_err *err) {
     return failed ? -1 : 0;
 }
 
-/* Buckets in reverse parameter order: the first up to FIRST_BUCKET_BYTES (or the cap, if that
- * is smaller), the rest up to cap. A bucket closes once it reaches its size, so a parameter
- * larger than the cap gets its own. */
-static void plan_buckets(td_reducer *r, const td_model *m, double cap_mb) {
-    size_t cap = (size_t)(cap_mb * 1024.0 * 1024.0);
-    r->buckets = td_calloc((size_t)m->n_params + 1, sizeof(bucket));
-    r->bucket_of = td_calloc((size_t)m->n_params + 1, sizeof(int));
-    bucket *b = NULL;
-    size_t limit = cap < FIRST_BUCKET_BYTES ? cap : FIRST_BUCKET_BYTES;
-    if (limit == 0) limit = 1;
-    for (int i = m->n_params - 1; i >= 0; i--) {
-        const td_param *p = &m->params[i];
-        if (!b) {
-            b = &r->buckets[r->n_buckets++];
-            b->hi = p->offset + p->size;
-        }
-        b->lo = p->offset;
-        b->params++;
-        r->bucket_of[i] = (int)(b - r->buckets);
-        if ((b->hi - b->lo) * sizeof(float) >= limit) {
-            b = NULL;
-            limit = cap > 0 ? cap : 1;
-        }
-    }
-    if (r->n_buckets == 0) { /* no parameters: the loss still needs its average */
-        r->buckets[0] = (bucket){0};
-        r->n_buckets = 1;
-    }
-    /* the first bucket also carries the loss slot after the last parameter */
-    r->buckets[0].hi = r->loss_slot + 1;
+/* The plan's buckets (dist/td_buckets.h), the first also carrying the loss slot after the last
+ * parameter; a model without parameters gets one bucket of the loss alone, which still needs its
+ * average. */
+static int plan_buckets(td_reducer *r, const td_model *m, double cap_mb, td_err *err) {
+    if (td_buckets_plan(&r->plan, m->params, m->n_params, cap_mb, err) != 0) return -1;
+    r->n_buckets = r->plan.n > 0 ? r->plan.n : 1;
+    r->buckets = td_calloc((size_t)r->n_buckets, sizeof(bucket));
+    for (int i = 0; i < r->plan.n; i++) r->buckets[i].span = r->plan.bucket[i];
+    r->buckets[0].span.hi = r->loss_slot + 1;
+    return 0;
 }
 
 int td_reducer_start(td_reducer **out, td_comm *comm, td_model *model, double bucket_cap_mb,
@@ -121,13 +98,18 @@ int td_reducer_start(td_reducer **out, td_comm *comm, td_model *model, double bu
     td_reducer *r = td_calloc(1, sizeof *r);
     r->comm = comm;
     r->loss_slot = model->param_floats;
+    if (plan_buckets(r, model, bucket_cap_mb, err) != 0) {
+        free(r);
+        return -1;
+    }
     r->block = td_comm_alloc(comm, model->param_floats + 1, err);
     if (!r->block) {
+        td_buckets_free(&r->plan);
+        free(r->buckets);
         free(r);
         return -1;
     }
     r->own_block = td_model_swap_grad_block(model, r->block);
-    plan_buckets(r, model, bucket_cap_mb);
     r->capacity = r->n_buckets + 1;
     r->queue = td_calloc((size_t)r->capacity, sizeof *r->queue);
     pthread_mutex_init(&r->mu, NULL);
@@ -139,7 +121,7 @@ int td_reducer_start(td_reducer **out, td_comm *comm, td_model *model, double bu
         td_comm_free(comm, r->block);
         free(r->queue);
         free(r->buckets);
-        free(r->bucket_of);
+        td_buckets_free(&r->plan);
         free(r);
         return td_fail(err, "starting the gradient communication thread: %s", strerror(rc));
     }
@@ -161,7 +143,7 @@ void td_reducer_stop(td_reducer *r, td_model *model) {
     td_comm_free(r->comm, r->block);
     free(r->queue);
     free(r->buckets);
-    free(r->bucket_of);
+    td_buckets_free(&r->plan);
     free(r);
 }
 
@@ -171,7 +153,7 @@ void td_reducer_stop(td_reducer *r, td_model *model) {
 static void node_done(void *ctx, const td_node *node) {
     td_reducer *r = ctx;
     for (int j = 0; j < node->n_params; j++) {
-        int i = r->bucket_of[node->param_ids[j]];
+        int i = r->plan.bucket_of[node->param_ids[j]];
         bucket *b = &r->buckets[i];
         if (--b->pending == 0 && i + 1 < r->n_buckets) submit(r, &b->op);
     }
@@ -181,9 +163,9 @@ void td_reducer_begin(td_reducer *r, float loss, td_run *run) {
     r->block[r->loss_slot] = loss;
     for (int i = 0; i < r->n_buckets; i++) {
         bucket *b = &r->buckets[i];
-        b->pending = b->params;
-        b->op = (reduce_op){r->block + b->lo, b->hi - b->lo, true, false};
-        if (b->params == 0) submit(r, &b->op); /* only the loss */
+        b->pending = b->span.params;
+        b->op = (reduce_op){r->block + b->span.lo, b->span.hi - b->span.lo, true, false};
+        if (b->span.params == 0) submit(r, &b->op); /* only the loss */
     }
     run->node_done = node_done;
     run->node_done_ctx = r;
@@ -205,7 +187,7 @@ int td_reducer_finish(td_reducer *r, float *loss, td_err *err) {
     if (failed) *err = r->err;
     pthread_mutex_unlock(&r->mu);
     if (failed) return -1;
-    if (b->params == 0) {
+    if (b->span.params == 0) {
         if (wait_for(r, &b->op, err) != 0) return -1;
     } else if (td_comm_allreduce(r->comm, b->op.buf, b->op.n, b->op.average, err) != 0) {
         pthread_mutex_lock(&r->mu);

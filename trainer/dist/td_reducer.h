@@ -4,9 +4,10 @@
  * Parameters are grouped into buckets in reverse registration order (the order backward
  * produces their gradients): a first small bucket of 1 MiB (PyTorch's
  * _DEFAULT_FIRST_BUCKET_BYTES), so communication starts early, then buckets of bucket_cap_mb
- * (distributed.bucket_cap_mb, default 25 as PyTorch's). As backward finishes a node, the buckets
- * its parameters complete go to the communication thread, which averages them over the ranks
- * one after another while backward computes the next layers. The gradient block lives in
+ * (distributed.bucket_cap_mb, default 25 as PyTorch's); td_buckets.h plans them, for NCCL's
+ * path as for this one. As backward finishes a node, the buckets its parameters complete go to
+ * the communication thread, which averages them over the ranks one after another while
+ * backward computes the next layers. The gradient block lives in
  * td_comm_alloc memory, so on one host the buckets are summed through shared memory.
  *
  * Every collective of the trainer made while a backward is in flight goes through the same

@@ -1,5 +1,6 @@
 /* Elementwise activations: ReLU and GELU (torch.nn.GELU, exact erf form or approximate="tanh"). */
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 
 #include <math.h>
 

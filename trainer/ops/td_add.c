@@ -1,5 +1,6 @@
 /* Add: the elementwise sum of two or more inputs of one shape (the join of a residual block). */
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 
 #include <string.h>
 

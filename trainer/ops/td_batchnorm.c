@@ -10,6 +10,7 @@
  * in both modes. Sums are accumulated in double: a ResNet batch is millions of rows.
  */
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 
 #include <math.h>
 #include <string.h>

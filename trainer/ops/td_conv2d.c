@@ -12,6 +12,7 @@
  */
 #include "ops/td_conv1ch.h"
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 #include "core/td_simd.h"
 #include "ops/td_skinny.h"
 #include "ops/td_winograd.h"

@@ -2,6 +2,7 @@
  * and the survivors scaled by 1/(1-p); in evaluation it is the identity. The mask comes from the
  * run's seeded generator, so a run is reproducible bit for bit. */
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -1,6 +1,7 @@
 /* Flatten: [H, W, C] channels-last -> [C*H*W] in PyTorch's (c, h, w) order, so that the Linear
  * after it has exactly the weight layout a torch.nn.Flatten + Linear would have. */
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 
 #include <string.h>
 

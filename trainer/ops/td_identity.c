@@ -1,6 +1,7 @@
 /* Identity (nn.Identity) and AdaptiveAvgPool2d(1): shape-preserving or shape-collapsing
  * pass-throughs that exist so a spec can mirror a PyTorch module tree name for name. */
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 
 #include <string.h>
 

@@ -1,5 +1,6 @@
 /* Linear: y = x W^T + b, W [out, in] as in torch.nn.Linear. */
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -2,6 +2,7 @@
  * and global average pooling ([H, W, C] -> [C], i.e. AdaptiveAvgPool2d(1) followed by flatten).
  * The inner loops run over channels, which are contiguous. */
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 #include "core/td_simd.h"
 
 #include <math.h>

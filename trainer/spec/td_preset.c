@@ -1,4 +1,5 @@
 #include "spec/td_spec.h"
+#include "ops/td_ops.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,6 +1,7 @@
 /* Reading the job spec. Every accessor takes the JSON path of what it reads, so each error can
  * say exactly where the problem is: "train.optimizer.lr: expected a number > 0, found \"fast\"". */
 #include "spec/td_spec.h"
+#include "ops/td_ops.h"
 
 #include <jansson.h>
 #include <math.h>

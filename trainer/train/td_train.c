@@ -5,6 +5,7 @@
 #include "io/td_checkpoint.h"
 #include "dist/td_comm.h"
 #include "dist/td_reducer.h"
+#include "ops/td_ops.h"
 #include "gpu/td_gpu.h"
 
 #include <cblas.h>
@@ -48,6 +49,7 @@ typedef struct trainer {
 
     /* the device: a GPU when gpu is set, and then NCCL carries the collectives when gpu_ddp */
     td_device_plan device;
+    const td_gpu_api *gpu_api; /* the backend's functions (gpu/td_gpu.h), set with gpu */
     td_gpu *gpu;
     bool gpu_ddp;
     bool graph_off;  /* CUDA graphs off by the spec, or after a failed capture */
@@ -111,7 +113,7 @@ static int sync_sum(void *ctx, float *values, size_t n) {
 /* Averages a few floats over the ranks (the loss of a step, evaluation counts). */
 static int average_over_ranks(trainer *t, float *v, size_t n, bool average, td_err *err) {
     if (t->gpu_ddp) {
-        if (td_gpu_ddp_allreduce_host(t->gpu, v, n, average, err) != 0)
+        if (t->gpu_api->ddp_allreduce_host(t->gpu, v, n, average, err) != 0)
             return collective_failed(t, err);
         return 0;
     }
@@ -153,19 +155,19 @@ static int setup_gpu_dist(trainer *t, int rank, int world, td_err *err) {
         t->own_store = true;
     }
     double timeout = d ? d->timeout_s : 300.0;
-    if (td_gpu_ddp_start(t->gpu, &t->model, t->store, rank, world, job->bucket_cap_mb, timeout,
-                         job->sync_bn, err) != 0)
+    if (t->gpu_api->ddp_start(t->gpu, &t->model, t->store, rank, world, job->bucket_cap_mb, timeout,
+                              job->sync_bn, err) != 0)
         return join_failed(t, err);
     t->gpu_ddp = true;
     if (t->store && td_store_ready(t->store, rank, world, err) != 0) return -1;
-    if (td_gpu_ddp_broadcast_params(t->gpu, &t->model, false, err) != 0)
+    if (t->gpu_api->ddp_broadcast_params(t->gpu, &t->model, false, err) != 0)
         return td_fail_prefix(err, "broadcasting rank 0's parameters");
     if (t->rank0)
         fprintf(t->log,
                 "[traind] data parallel: %d rank%s, %d per node; gradients in %d bucket%s "
                 "(bucket_cap_mb %g), all-reduced through NCCL%s\n",
                 world, world == 1 ? "" : "s", d && world > 1 ? d->local_world : 1,
-                td_gpu_ddp_buckets(t->gpu), td_gpu_ddp_buckets(t->gpu) == 1 ? "" : "s",
+                t->gpu_api->ddp_buckets(t->gpu), t->gpu_api->ddp_buckets(t->gpu) == 1 ? "" : "s",
                 job->bucket_cap_mb,
                 job->sync_bn ? "; SyncBatchNorm statistics over every rank's batch" : "");
     return 0;
@@ -345,7 +347,7 @@ static int restore(trainer *t, td_err *err) {
  * over the ranks. The device sums each step's mean loss, so the interval's value is the CPU's. */
 static int gpu_flush_loss(trainer *t, td_err *err) {
     double sum, hits;
-    if (td_gpu_take_totals(t->gpu, &sum, &hits, err) != 0) return -1;
+    if (t->gpu_api->take_totals(t->gpu, &sum, &hits, err) != 0) return -1;
     float v = (float)sum;
     if (average_over_ranks(t, &v, 1, true, err) != 0) return -1;
     t->state.interval_loss += v;
@@ -360,7 +362,7 @@ static int save_checkpoint(trainer *t, td_err *err) {
         t->last_saved_step = t->state.step;
         return barrier(t, err);
     }
-    if (t->gpu && td_gpu_download(t->gpu, &t->model, &t->optim, err) != 0) return -1;
+    if (t->gpu && t->gpu_api->download(t->gpu, &t->model, &t->optim, err) != 0) return -1;
     char path[TD_PATH_MAX + 32];
     bool kill = t->opt && t->opt->kill_at_checkpoint > 0 &&
                 ++t->checkpoints_saved == t->opt->kill_at_checkpoint;
@@ -394,13 +396,13 @@ static int evaluate(trainer *t, double *val_loss, double *val_acc, td_err *err) 
         if (gpu_flush_loss(t, err) != 0) return -1;
         while (td_loader_next(t->val_loader, &b)) {
             run.n = b.n;
-            if (td_gpu_set_batch(t->gpu, &t->model, b.x, b.labels, b.n, err) != 0) return -1;
-            td_gpu_forward(t->gpu, &t->model, &run);
-            td_gpu_loss(t->gpu, &t->model, &t->job->loss, b.n, 1.0f, false, 1.0f);
+            if (t->gpu_api->set_batch(t->gpu, &t->model, b.x, b.labels, b.n, err) != 0) return -1;
+            t->gpu_api->forward(t->gpu, &t->model, &run);
+            t->gpu_api->loss(t->gpu, &t->model, &t->job->loss, b.n, 1.0f, false, 1.0f);
             seen += b.n;
         }
         double hits;
-        if (td_gpu_take_totals(t->gpu, &loss, &hits, err) != 0) return -1;
+        if (t->gpu_api->take_totals(t->gpu, &loss, &hits, err) != 0) return -1;
         correct = (long)hits;
     }
     while (!t->gpu && td_loader_next(t->val_loader, &b)) {
@@ -443,7 +445,7 @@ static void log_banner(const trainer *t) {
     }
     if (t->gpu) {
         char desc[512];
-        td_gpu_describe(t->gpu, desc, sizeof desc);
+        t->gpu_api->describe(t->gpu, desc, sizeof desc);
         int fused = 0;
         for (int i = 0; i < t->model.n_nodes; i++) fused += t->model.nodes[i].out_fused;
         fprintf(t->log,
@@ -477,16 +479,17 @@ static int resolve_device(trainer *t, td_err *err) {
 /* Opens the device and moves the restored model and optimizer onto it. */
 static int setup_gpu(trainer *t, td_err *err) {
     if (t->device.device != TD_DEVICE_CUDA) return 0;
-    if (td_gpu_open(&t->gpu, t->device.cuda_device, err) != 0)
+    t->gpu_api = td_gpu_load(err);
+    if (!t->gpu_api || t->gpu_api->open(&t->gpu, t->device.cuda_device, err) != 0)
         return td_fail_prefix(err, "train.device");
-    td_gpu_set_deterministic(t->gpu, t->job->deterministic);
-    if (td_gpu_attach(t->gpu, &t->model, t->device.precision, t->job->seed, err) != 0 ||
-        td_gpu_optim_init(t->gpu, &t->model, &t->optim, err) != 0)
+    t->gpu_api->set_deterministic(t->gpu, t->job->deterministic);
+    if (t->gpu_api->attach(t->gpu, &t->model, t->device.precision, t->job->seed, err) != 0 ||
+        t->gpu_api->optim_init(t->gpu, &t->model, &t->optim, err) != 0)
         return td_fail_prefix(err, "train.device");
     if (t->job->cudnn_benchmark) {
         double t0 = now_s();
         int timed = 0;
-        if (td_gpu_benchmark_convolutions(t->gpu, &t->model, &timed, err) != 0) return -1;
+        if (t->gpu_api->benchmark_convolutions(t->gpu, &t->model, &timed, err) != 0) return -1;
         if (!td_dist_active(t->dist) || t->dist->rank == 0)
             fprintf(t->log, "[traind] cuDNN benchmark: %d convolution%s timed in %.1f s\n", timed,
                     timed == 1 ? "" : "s", now_s() - t0);
@@ -499,12 +502,12 @@ static int setup_gpu(trainer *t, td_err *err) {
 static int gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int group, int micro,
                      td_err *err) {
     const td_job *job = t->job;
-    if (td_gpu_set_batch(t->gpu, &t->model, b->x, b->labels, b->n, err) != 0) return -1;
+    if (t->gpu_api->set_batch(t->gpu, &t->model, b->x, b->labels, b->n, err) != 0) return -1;
     bool last = micro + 1 == group;
     bool full = group == 1 && b->n == job->batch_size;
     if (!t->graph_off && full && t->graph_warm) {
         td_gpu_step_args args = {&job->loss, b->n, lr, job->clip_grad_norm, t->gpu_ddp};
-        int rc = td_gpu_graph_step(t->gpu, &t->model, &args, err);
+        int rc = t->gpu_api->graph_step(t->gpu, &t->model, &args, err);
         if (rc == 0) return 0;
         if (rc == TD_GPU_GRAPH_FATAL) return collective_failed(t, err);
         if (t->rank0)
@@ -516,15 +519,16 @@ static int gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int g
     run->node_done = NULL;
     /* DDP's broadcast_buffers, needless under SyncBatchNorm (every rank's statistics agree) */
     if (t->gpu_ddp && !job->sync_bn && t->model.buffer_floats &&
-        td_gpu_ddp_broadcast_params(t->gpu, &t->model, true, err) != 0)
+        t->gpu_api->ddp_broadcast_params(t->gpu, &t->model, true, err) != 0)
         return collective_failed(t, err);
-    td_gpu_forward(t->gpu, &t->model, run);
-    td_gpu_loss(t->gpu, &t->model, &job->loss, b->n, 1.0f / (float)group, true,
-                1.0f / ((float)b->n * (float)group));
-    if (last && t->gpu_ddp) td_gpu_ddp_begin(t->gpu, run);
-    td_gpu_backward(t->gpu, &t->model, run);
-    if (last && t->gpu_ddp && td_gpu_ddp_finish(t->gpu, err) != 0) return collective_failed(t, err);
-    if (last) td_gpu_optim_step(t->gpu, &t->model, lr, job->clip_grad_norm);
+    t->gpu_api->forward(t->gpu, &t->model, run);
+    t->gpu_api->loss(t->gpu, &t->model, &job->loss, b->n, 1.0f / (float)group, true,
+                     1.0f / ((float)b->n * (float)group));
+    if (last && t->gpu_ddp) t->gpu_api->ddp_begin(t->gpu, run);
+    t->gpu_api->backward(t->gpu, &t->model, run);
+    if (last && t->gpu_ddp && t->gpu_api->ddp_finish(t->gpu, err) != 0)
+        return collective_failed(t, err);
+    if (last) t->gpu_api->optim_step(t->gpu, &t->model, lr, job->clip_grad_norm);
     t->graph_warm = t->graph_warm || full;
     return 0;
 }
@@ -544,7 +548,7 @@ static int gpu_seek_dropout(trainer *t, long batches, td_err *err) {
     for (int i = 0; i < t->model.n_nodes; i++)
         if (t->model.nodes[i].op == &td_op_dropout && td_node_arg(&t->model.nodes[i], "p") > 0)
             nodes++;
-    return td_gpu_seek_dropout(t->gpu, (unsigned long long)(batches * nodes), err);
+    return t->gpu_api->seek_dropout(t->gpu, (unsigned long long)(batches * nodes), err);
 }
 
 static bool profile_requested(void) {
@@ -562,13 +566,13 @@ static int diverged(td_err *err, double loss, long step, int epoch) {
 /* GPU memory this process holds, now and at most, with fp16's loss scale when it applies. */
 static void print_gpu_memory(trainer *t) {
     size_t in_use, peak;
-    td_gpu_memory(t->gpu, &in_use, &peak);
+    t->gpu_api->memory(t->gpu, &in_use, &peak);
     fprintf(t->metrics, ",\"gpu_mem_mb\":%.1f,\"gpu_mem_peak_mb\":%.1f", in_use / 1048576.0,
             peak / 1048576.0);
     if (t->device.precision == TD_PREC_FP16) {
         float scale;
         long skipped;
-        td_gpu_scaler_state(t->gpu, &scale, &skipped);
+        t->gpu_api->scaler_state(t->gpu, &scale, &skipped);
         fprintf(t->metrics, ",\"loss_scale\":%g,\"skipped_steps\":%ld", scale, skipped);
     }
 }
@@ -755,7 +759,8 @@ static int prepare(trainer *t, td_err *err) {
 }
 
 static void release(trainer *t) {
-    td_gpu_close(t->gpu); /* NCCL first: the store it may still talk to closes below */
+    if (t->gpu)
+        t->gpu_api->close(t->gpu); /* NCCL first: the store it may still talk to closes below */
     td_reducer_stop(t->reducer, &t->model);
     td_comm_close(t->comm);
     if (t->own_store) td_store_close(t->store);

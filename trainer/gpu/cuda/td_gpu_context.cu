@@ -198,26 +198,22 @@ extern "C" int td_gpu_check(td_gpu *g, td_err *err) {
 
 // ---- the op table -----------------------------------------------------------------------------
 
+// Every op of ops/td_ops.def by its GPU side. The references are weak: an op that has no
+// td_gpu_op_<name> (yet) is a null entry here, which plan_nodes reports for a model that uses it,
+// instead of an undefined symbol that would keep the library from loading for every model.
+extern "C" {
+#define TD_OP(name) extern const td_gpu_op td_gpu_op_##name __attribute__((weak));
+#include "ops/td_ops.def"
+}
+
 static const td_gpu_op *const gpu_ops[] = {
-    &td_gpu_op_linear,
-    &td_gpu_op_conv2d,
-    &td_gpu_op_batchnorm2d,
-    &td_gpu_op_batchnorm1d,
-    &td_gpu_op_maxpool2d,
-    &td_gpu_op_avgpool2d,
-    &td_gpu_op_global_avgpool,
-    &td_gpu_op_adaptive_avgpool2d,
-    &td_gpu_op_relu,
-    &td_gpu_op_gelu,
-    &td_gpu_op_flatten,
-    &td_gpu_op_dropout,
-    &td_gpu_op_add,
-    &td_gpu_op_identity,
+#define TD_OP(name) &td_gpu_op_##name,
+#include "ops/td_ops.def"
 };
 
 static const td_gpu_op *gpu_op_for(const td_op *op) {
     for (size_t i = 0; i < sizeof gpu_ops / sizeof gpu_ops[0]; i++)
-        if (gpu_ops[i]->op == op) return gpu_ops[i];
+        if (gpu_ops[i] && gpu_ops[i]->op == op) return gpu_ops[i];
     return NULL;
 }
 

@@ -7,6 +7,7 @@
 extern "C" {
 #include "gpu/td_gpu.h"
 #include "core/td_model.h"
+#include "ops/td_ops.h"
 }
 
 #include <cublasLt.h>
@@ -19,9 +20,27 @@ extern "C" {
 
 #include <pthread.h>
 #include <stdint.h>
+#include <type_traits>
 
 typedef struct td_gpu_ddp td_gpu_ddp; // td_gpu_nccl.cu
 struct td_gpu_op;
+
+// The members of td_gpu.h's table. Each is implemented by td_gpu_<member> (td_gpu_open, ...),
+// declared here with the member's own type, so td_gpu.h alone spells the signatures; the
+// functions are defined across these sources and td_gpu_api.cu gathers them into the table the
+// library exports.
+// clang-format off
+#define TD_GPU_API_FUNCTIONS(X)                                                                    \
+    X(open) X(close) X(describe) X(memory) X(check) X(attach) X(detach) X(download) X(upload)      \
+    X(benchmark_convolutions) X(set_deterministic) X(set_batch) X(forward) X(loss) X(backward)     \
+    X(read) X(read_grads) X(seek_dropout) X(take_totals) X(optim_init) X(optim_step)               \
+    X(scaler_state) X(ddp_start) X(ddp_begin) X(ddp_finish) X(ddp_allreduce_host)                  \
+    X(ddp_broadcast_params) X(ddp_buckets) X(graph_step)
+// clang-format on
+#define TD_GPU_DECLARE(member)                                                                     \
+    extern "C" std::remove_pointer_t<decltype(td_gpu_api::member)> td_gpu_##member;
+TD_GPU_API_FUNCTIONS(TD_GPU_DECLARE)
+#undef TD_GPU_DECLARE
 
 // fp16 loss scaling state on the device, as torch.cuda.amp.GradScaler keeps it.
 struct td_gpu_scaler {
@@ -149,11 +168,11 @@ extern "C" const td_gpu_op td_gpu_op_fused;
 // activation-checkpointing segment, and fusion is on.
 td_node *td_gpu_fused_relu(const td_gpu *g, td_model *m, const td_node *node);
 
+// Each op's GPU side, td_gpu_op_<name> for the op td_op_<name> of ops/td_ops.def, defined in the
+// source of its kind (td_gpu_conv.cu: conv2d).
 extern "C" {
-extern const td_gpu_op td_gpu_op_linear, td_gpu_op_conv2d, td_gpu_op_batchnorm2d,
-    td_gpu_op_batchnorm1d, td_gpu_op_maxpool2d, td_gpu_op_avgpool2d, td_gpu_op_global_avgpool,
-    td_gpu_op_adaptive_avgpool2d, td_gpu_op_relu, td_gpu_op_gelu, td_gpu_op_flatten,
-    td_gpu_op_dropout, td_gpu_op_add, td_gpu_op_identity;
+#define TD_OP(name) extern const td_gpu_op td_gpu_op_##name;
+#include "ops/td_ops.def"
 }
 
 // Records the first failure: "file:line: what: detail (hint)".

@@ -1,8 +1,8 @@
 // Data-parallel gradients through NCCL, as torch.nn.parallel.DistributedDataParallel does them on
-// GPUs: the same buckets as the CPU reducer (td_reducer.c), each all-reduced (ncclAvg, in place)
-// on a communication stream as soon as backward has produced it, so communication overlaps the
-// rest of backward; the compute stream then waits for the last bucket on the device, never on
-// the host.
+// GPUs: the same buckets as the CPU reducer (one plan, dist/td_buckets.h), each all-reduced
+// (ncclAvg, in place) on a communication stream as soon as backward has produced it, so
+// communication overlaps the rest of backward; the compute stream then waits for the last bucket on
+// the device, never on the host.
 //
 // Failure handling. The communicator is non-blocking (config.blocking = 0): no NCCL call can
 // trap this thread while a peer is gone, and another thread may abort it. A watchdog thread
@@ -23,6 +23,7 @@
 
 extern "C" {
 #include "core/td_error.h"
+#include "dist/td_buckets.h"
 #include "dist/td_store.h"
 }
 
@@ -32,19 +33,11 @@ extern "C" {
 #include <string.h>
 #include <time.h>
 
-// PyTorch's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), as td_reducer.c.
-#define FIRST_BUCKET_BYTES (1u << 20)
 // td_gpu_ddp_allreduce_host's staging, in floats; longer inputs go through in chunks.
 #define HOST_FLOATS 4096
 // How often the watchdog looks at the communicator.
 #define WATCHDOG_PERIOD_S 0.05
 #define UNIQUE_ID_KEY     "nccl/unique-id"
-
-typedef struct ddp_bucket {
-    size_t lo, hi; // its floats in the gradient block
-    int params;    // parameters it holds
-    int pending;   // of those, still without their gradient in this backward
-} ddp_bucket;
 
 struct td_gpu_ddp {
     td_gpu *g;
@@ -52,9 +45,8 @@ struct td_gpu_ddp {
     double timeout_s;
     cudaStream_t stream; // communication
 
-    int n_buckets;
-    ddp_bucket *buckets;
-    int *bucket_of;     // per parameter
+    td_buckets plan;    // dist/td_buckets.h: each bucket's floats, and each parameter's bucket
+    int *pending;       // per bucket: its parameters still without their gradient in this backward
     cudaEvent_t *ready; // per bucket: recorded on the compute stream when its gradients are final
     cudaEvent_t fork;   // compute -> communication, outside backward
     cudaEvent_t join;   // communication -> compute
@@ -298,37 +290,11 @@ static void *watchdog_main(void *arg) {
     return NULL;
 }
 
-// Buckets in reverse parameter order, as td_reducer.c plans them: the first up to
-// FIRST_BUCKET_BYTES (or the cap, if smaller), the rest up to the cap; a bucket closes once it
-// reaches its size. Each must be one contiguous range of the gradient block, which holds when
-// parameters sit in the block in registration order; anything else is refused rather than
-// all-reducing floats of another bucket twice.
+// The plan (dist/td_buckets.h, shared with the CPU reducer). A model without parameters has no
+// buckets: finish then launches nothing, and the loss is averaged apart (allreduce_host).
 static int plan_buckets(td_gpu_ddp *d, const td_model *m, double cap_mb, td_err *err) {
-    size_t cap = (size_t)(cap_mb * 1024.0 * 1024.0);
-    d->buckets = (ddp_bucket *)td_calloc((size_t)m->n_params + 1, sizeof(ddp_bucket));
-    d->bucket_of = (int *)td_calloc((size_t)m->n_params + 1, sizeof(int));
-    ddp_bucket *b = NULL;
-    size_t limit = cap < FIRST_BUCKET_BYTES ? cap : FIRST_BUCKET_BYTES;
-    if (limit == 0) limit = 1;
-    for (int i = m->n_params - 1; i >= 0; i--) {
-        const td_param *p = &m->params[i];
-        if (b && p->offset + p->size != b->lo)
-            return td_fail(err,
-                           "DDP: parameter %s ends at float %zu of the gradient block but the "
-                           "next one starts at %zu; buckets need contiguous parameters",
-                           p->name, p->offset + p->size, b->lo);
-        if (!b) {
-            b = &d->buckets[d->n_buckets++];
-            b->hi = p->offset + p->size;
-        }
-        b->lo = p->offset;
-        b->params++;
-        d->bucket_of[i] = (int)(b - d->buckets);
-        if ((b->hi - b->lo) * sizeof(float) >= limit) {
-            b = NULL;
-            limit = cap > 0 ? cap : 1;
-        }
-    }
+    if (td_buckets_plan(&d->plan, m->params, m->n_params, cap_mb, err) != 0) return -1;
+    d->pending = (int *)td_calloc((size_t)d->plan.n + 1, sizeof(int));
     return 0;
 }
 
@@ -432,7 +398,7 @@ void td_gpu_ddp_stop(td_gpu *g) {
         pthread_mutex_unlock(&d->mu);
         pthread_join(d->watchdog, NULL);
     }
-    for (int i = 0; d->ready && i < d->n_buckets; i++) destroy_event(g, d->ready[i]);
+    for (int i = 0; d->ready && i < d->plan.n; i++) destroy_event(g, d->ready[i]);
     destroy_event(g, d->fork);
     destroy_event(g, d->join);
     destroy_event(g, d->host_done);
@@ -445,8 +411,8 @@ void td_gpu_ddp_stop(td_gpu *g) {
     if (d->sync_ready) pthread_cond_destroy(&d->wake);
     if (d->mu_ready) pthread_mutex_destroy(&d->mu);
     free(d->ready);
-    free(d->buckets);
-    free(d->bucket_of);
+    td_buckets_free(&d->plan);
+    free(d->pending);
     free(d);
     g->ddp = NULL;
 }
@@ -461,8 +427,8 @@ static int create_resources(td_gpu_ddp *d, td_err *err) {
     TD_CUDA_RET(g, cudaDeviceGetStreamPriorityRange(&least, &greatest), gpu_error(g, err));
     TD_CUDA_RET(g, cudaStreamCreateWithPriority(&d->stream, cudaStreamNonBlocking, greatest),
                 gpu_error(g, err));
-    d->ready = (cudaEvent_t *)td_calloc((size_t)d->n_buckets + 1, sizeof(cudaEvent_t));
-    for (int i = 0; i < d->n_buckets; i++)
+    d->ready = (cudaEvent_t *)td_calloc((size_t)d->plan.n + 1, sizeof(cudaEvent_t));
+    for (int i = 0; i < d->plan.n; i++)
         TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->ready[i], cudaEventDisableTiming),
                     gpu_error(g, err));
     TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->fork, cudaEventDisableTiming), gpu_error(g, err));
@@ -536,7 +502,7 @@ int td_gpu_ddp_start(td_gpu *g, td_model *m, td_store *store, int rank, int worl
 // work so far, which includes the backward of every parameter in the bucket.
 static bool launch_bucket(td_gpu_ddp *d, int b) {
     td_gpu *g = d->g;
-    const ddp_bucket *k = &d->buckets[b];
+    const td_bucket *k = &d->plan.bucket[b];
     TD_CUDA_RET(g, cudaEventRecord(d->ready[b], g->stream), false);
     TD_CUDA_RET(g, cudaStreamWaitEvent(d->stream, d->ready[b], 0), false);
     return collective(d, OP_ALLREDUCE, g->grads + k->lo, k->hi - k->lo, ncclFloat, ncclAvg,
@@ -551,18 +517,18 @@ static void launch(td_gpu_ddp *d, int b) {
 // collectives on every rank, and a bucket that completes early (its other parameters' nodes
 // came first) waits for the ones before it.
 static void launch_ready(td_gpu_ddp *d) {
-    while (d->next < d->n_buckets && d->buckets[d->next].pending <= 0) launch(d, d->next++);
+    while (d->next < d->plan.n && d->pending[d->next] <= 0) launch(d, d->next++);
 }
 
 // Backward's hook after each node with parameters, whose gradients are then queued.
 static void node_done(void *ctx, const td_node *node) {
     td_gpu_ddp *d = (td_gpu_ddp *)ctx;
-    for (int j = 0; j < node->n_params; j++) d->buckets[d->bucket_of[node->param_ids[j]]].pending--;
+    for (int j = 0; j < node->n_params; j++) d->pending[d->plan.bucket_of[node->param_ids[j]]]--;
     launch_ready(d);
 }
 
 static void reset_buckets(td_gpu_ddp *d) {
-    for (int i = 0; i < d->n_buckets; i++) d->buckets[i].pending = d->buckets[i].params;
+    for (int i = 0; i < d->plan.n; i++) d->pending[i] = d->plan.bucket[i].params;
     d->next = 0;
     d->launch_failed = false;
 }
@@ -582,7 +548,7 @@ int td_gpu_ddp_finish(td_gpu *g, td_err *err) {
     if (!d->in_backward) reset_buckets(d); // no hook ran: every bucket goes out now
     d->in_backward = false;
     // parameters whose node had no backward in this pass still take part, as on every rank
-    while (d->next < d->n_buckets) launch(d, d->next++);
+    while (d->next < d->plan.n) launch(d, d->next++);
     TD_CUDA_RET(g, cudaEventRecord(d->join, d->stream), ddp_error(d, err));
     TD_CUDA_RET(g, cudaStreamWaitEvent(g->stream, d->join, 0), ddp_error(d, err));
     if (d->launch_failed || is_aborted(d)) return ddp_error(d, err);
@@ -660,7 +626,7 @@ void td_gpu_ddp_sum(td_gpu *g, double *values, size_t n, cudaStream_t compute) {
 }
 
 int td_gpu_ddp_buckets(const td_gpu *g) {
-    return g->ddp ? g->ddp->n_buckets : 0;
+    return g->ddp ? g->ddp->plan.n : 0;
 }
 
 // The trainer's synchronisations: waits on the host for ev (already recorded) by polling under

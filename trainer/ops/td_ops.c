@@ -1,0 +1,30 @@
+/* The op table, generated from td_ops.def. */
+#include "ops/td_ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const td_op *const all_ops[] = {
+#define TD_OP(name) &td_op_##name,
+#include "ops/td_ops.def"
+};
+#define N_OPS (sizeof all_ops / sizeof all_ops[0])
+
+const td_op *td_op_find(const char *name) {
+    for (size_t i = 0; i < N_OPS; i++)
+        if (strcmp(all_ops[i]->name, name) == 0) return all_ops[i];
+    return NULL;
+}
+
+const char *td_op_names(void) {
+    /* Built from the table so the message can never drift from what is accepted. The buffer is
+     * constant after first use; every caller would write the same bytes. */
+    static char names[256];
+    if (!names[0]) {
+        size_t used = 0;
+        for (size_t i = 0; i < N_OPS; i++)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                     all_ops[i]->name);
+    }
+    return names;
+}
