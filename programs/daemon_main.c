@@ -2,6 +2,7 @@
  * under the state directory, and runs jobs on this node's slots. */
 #define _GNU_SOURCE /* getrandom's header, strsignal */
 #include "api/td_api.h"
+#include "core/td_json.h"
 #include "core/td_parse.h"
 #include "gpu/td_gpu.h"
 #include "service/td_db.h"
@@ -89,67 +90,49 @@ static long number(const char *what, const char *v, long min, long max) {
     return x;
 }
 
+/* The config file: a JSON object whose members default what the command line did not give
+ * (have[]); read with the JSON kit, so an error names the member ("traind: /etc/traind.json:
+ * slots: expected an integer in [1, 4096], found 0"). */
 static void read_config(options *o, const char *path, bool *have) {
+    static const char *const KEYS[] = {"listen",  "state_dir",      "slots",  "data_roots",
+                                       "grace_s", "max_body_bytes", "worker", NULL};
     json_error_t je;
     json_t *c = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!c) {
-        fprintf(stderr, "traind: %s:%d:%d: %s\n", path, je.line, je.column, je.text);
-        exit(2);
-    }
+    if (!c) die("%s:%d:%d: %s", path, je.line, je.column, je.text);
     if (!json_is_object(c)) die("%s: expected a JSON object", path);
-    const char *key;
-    json_t *v;
-    json_object_foreach(c, key, v) {
-        bool ok = true;
-        if (!strcmp(key, "listen") && json_is_string(v) && !have[0])
-            snprintf(o->listen, sizeof o->listen, "%s", json_string_value(v));
-        else if (!strcmp(key, "state_dir") && json_is_string(v) && !have[1])
-            snprintf(o->state_dir, sizeof o->state_dir, "%s", json_string_value(v));
-        else if (!strcmp(key, "slots") && json_is_integer(v) && json_integer_value(v) > 0 &&
-                 json_integer_value(v) <= 4096 && !have[2])
-            o->slots = (int)json_integer_value(v);
-        else if (!strcmp(key, "grace_s") && json_is_number(v) && json_number_value(v) >= 0 &&
-                 !have[3])
-            o->grace_s = json_number_value(v);
-        else if (!strcmp(key, "max_body_bytes") && json_is_integer(v) &&
-                 json_integer_value(v) > 0 && !have[4])
-            o->max_body = (long)json_integer_value(v);
-        else if (!strcmp(key, "worker") && json_is_string(v) && !have[5])
-            snprintf(o->worker, sizeof o->worker, "%s", json_string_value(v));
-        else if (!strcmp(key, "data_roots") && json_is_array(v) && !have[6]) {
-            size_t i;
-            json_t *r;
-            json_array_foreach(v, i, r) {
-                if (!json_is_string(r) || o->n_roots == MAX_ROOTS) {
-                    ok = false;
-                    break;
-                }
-                snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", json_string_value(r));
-            }
-        } else if (strcmp(key, "listen") && strcmp(key, "state_dir") && strcmp(key, "slots") &&
-                   strcmp(key, "grace_s") && strcmp(key, "max_body_bytes") &&
-                   strcmp(key, "worker") && strcmp(key, "data_roots")) {
-            fprintf(stderr,
-                    "traind: %s: %s: unknown key; expected one of: listen, state_dir, slots, "
-                    "data_roots, grace_s, max_body_bytes, worker\n",
-                    path, key);
-            exit(2);
-        } else if (!((!strcmp(key, "listen") && have[0]) ||
-                     (!strcmp(key, "state_dir") && have[1]) || (!strcmp(key, "slots") && have[2]) ||
-                     (!strcmp(key, "grace_s") && have[3]) ||
-                     (!strcmp(key, "max_body_bytes") && have[4]) ||
-                     (!strcmp(key, "worker") && have[5]) ||
-                     (!strcmp(key, "data_roots") && have[6]))) {
-            ok = false;
+    td_err err = {{0}};
+    long slots = o->slots, body = o->max_body;
+    double grace = o->grace_s;
+    options f = *o;
+    json_t *roots = NULL;
+    if (td_json_check_keys(c, "", KEYS, &err) != 0 ||
+        td_json_string(c, "", "listen", false, o->listen, f.listen, sizeof f.listen, &err) != 0 ||
+        td_json_string(c, "", "state_dir", false, o->state_dir, f.state_dir, sizeof f.state_dir,
+                       &err) != 0 ||
+        td_json_string(c, "", "worker", false, o->worker, f.worker, sizeof f.worker, &err) != 0 ||
+        td_json_int(c, "", "slots", false, o->slots, 1, 4096, &slots, &err) != 0 ||
+        td_json_number(c, "", "grace_s", false, o->grace_s, 0, 3600, &grace, &err) != 0 ||
+        td_json_int(c, "", "max_body_bytes", false, o->max_body, 1, 1L << 30, &body, &err) != 0)
+        die("%s: %s", path, err.msg);
+    roots = json_object_get(c, "data_roots");
+    if (roots && (!json_is_array(roots) || json_array_size(roots) > MAX_ROOTS))
+        die("%s: data_roots: expected an array of at most %d paths", path, MAX_ROOTS);
+    /* what the command line gave stays */
+    if (!have[0]) snprintf(o->listen, sizeof o->listen, "%s", f.listen);
+    if (!have[1]) snprintf(o->state_dir, sizeof o->state_dir, "%s", f.state_dir);
+    if (!have[2]) o->slots = (int)slots;
+    if (!have[3]) o->grace_s = grace;
+    if (!have[4]) o->max_body = body;
+    if (!have[5]) snprintf(o->worker, sizeof o->worker, "%s", f.worker);
+    for (size_t i = 0; roots && !have[6] && i < json_array_size(roots); i++) {
+        json_t *r = json_array_get(roots, i);
+        if (!json_is_string(r)) {
+            char where[48];
+            snprintf(where, sizeof where, "data_roots[%d]", (int)i);
+            td_json_fail_found(&err, where, "a path (a string)", r);
+            die("%s: %s", path, err.msg);
         }
-        if (!ok) {
-            fprintf(stderr,
-                    "traind: %s: %s: wrong type or value (listen, state_dir, worker: strings; "
-                    "slots, max_body_bytes: positive integers; grace_s: a number >= 0; "
-                    "data_roots: an array of at most %d strings)\n",
-                    path, key, MAX_ROOTS);
-            exit(2);
-        }
+        snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", json_string_value(r));
     }
     json_decref(c);
 }

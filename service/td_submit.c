@@ -1,5 +1,6 @@
 #include "service/td_submit.h"
 
+#include "core/td_json.h"
 #include "data/td_data.h"
 #include "spec/td_spec.h"
 #include "service/td_strv.h"
@@ -74,55 +75,27 @@ static void field_of(const char *msg, char *field, size_t len) {
     field[n] = 0;
 }
 
-static int get_int_member(json_t *obj, const char *where, const char *key, int min, int max,
-                          int *out, td_reply_error *e) {
-    json_t *v = json_object_get(obj, key);
-    char path[128];
-    snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", key);
-    if (!v) return 0;
-    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
-        return td_reply_fail(e, 400, "invalid_spec", path, "%s: expected an integer in [%d, %d]",
-                             path, min, max);
-    *out = (int)json_integer_value(v);
+/* A kit error (td_json.h) as a 400 whose field is the JSON path its message begins with. */
+static int spec_error(td_reply_error *e, const td_err *err) {
+    char field[256];
+    field_of(err->msg, field, sizeof field);
+    return td_reply_fail(e, 400, "invalid_spec", field, "%s", err->msg);
+}
+
+static int int_member(json_t *obj, const char *path, const char *key, long def, long min, long max,
+                      int *out, td_reply_error *e) {
+    long v;
+    td_err err = {{0}};
+    if (td_json_int(obj, path, key, false, def, min, max, &v, &err) != 0)
+        return spec_error(e, &err);
+    *out = (int)v;
     return 0;
 }
 
-/* The keys obj may have: those of any of the NULL-terminated lists in `allowed` (NULL-ended). */
-static bool key_allowed(const char *key, const char *const *const *allowed) {
-    for (int l = 0; allowed[l]; l++)
-        for (int i = 0; allowed[l][i]; i++)
-            if (strcmp(key, allowed[l][i]) == 0) return true;
-    return false;
-}
-
-static void key_list(const char *const *const *allowed, char *out, size_t len) {
-    out[0] = 0;
-    for (int l = 0; allowed[l]; l++)
-        for (int i = 0; allowed[l][i]; i++)
-            snprintf(out + strlen(out), len - strlen(out), "%s%s", out[0] ? ", " : "",
-                     allowed[l][i]);
-}
-
-/* An unknown key is named with the whole list of what is allowed there; `also` adds a note. */
-static int check_keys_in(json_t *obj, const char *where, const char *const *const *allowed,
-                         const char *also, td_reply_error *e) {
-    const char *key;
-    json_t *v;
-    json_object_foreach(obj, key, v) {
-        if (key_allowed(key, allowed)) continue;
-        char path[256], list[512];
-        snprintf(path, sizeof path, "%s%s%s", where, *where ? "." : "", key);
-        key_list(allowed, list, sizeof list);
-        return td_reply_fail(e, 400, "invalid_spec", path, "%s: unknown key; expected one of: %s%s",
-                             path, list, also ? also : "");
-    }
-    return 0;
-}
-
-static int check_only(json_t *obj, const char *where, const char *const *allowed,
-                      td_reply_error *e) {
-    const char *const *lists[] = {allowed, NULL};
-    return check_keys_in(obj, where, lists, NULL, e);
+static int keys_in(json_t *obj, const char *path, const char *const *const *lists, const char *note,
+                   td_reply_error *e) {
+    td_err err = {{0}};
+    return td_json_check_keys_in(obj, path, lists, note, &err) != 0 ? spec_error(e, &err) : 0;
 }
 
 /* What the daemon adds to a job spec, and what a command job has instead of the worker's. */
@@ -131,48 +104,38 @@ static const char *const COMMAND_KEYS[] = {"name", "command", "env", NULL};
 
 static int parse_resources(td_submission *s, json_t *root, const td_submit_rules *rules,
                            td_reply_error *e) {
+    static const char *const RESOURCE_KEYS[] = {"nproc", "time_limit_s", NULL};
+    static const char *const RESTART_KEYS[] = {"max_restarts", NULL};
+    const char *const *resource_keys[] = {RESOURCE_KEYS, NULL};
+    const char *const *restart_keys[] = {RESTART_KEYS, NULL};
+    td_err err = {{0}};
+    json_t *r, *t;
+    if (td_json_object(root, "", "resources", false, &r, &err) != 0 ||
+        td_json_object(root, "", "restart", false, &t, &err) != 0 ||
+        td_json_string(root, "", "name", false, "", s->name, sizeof s->name, &err) != 0)
+        return spec_error(e, &err);
     s->nproc = 1;
-    json_t *r = json_object_get(root, "resources");
     if (r) {
-        if (!json_is_object(r))
-            return td_reply_fail(e, 400, "invalid_spec", "resources",
-                                 "resources: expected an object like {\"nproc\": 2}");
-        static const char *const keys[] = {"nproc", "time_limit_s", NULL};
-        if (check_only(r, "resources", keys, e) != 0 ||
-            get_int_member(r, "resources", "nproc", 1, 4096, &s->nproc, e) != 0)
+        if (keys_in(r, "resources", resource_keys, NULL, e) != 0 ||
+            int_member(r, "resources", "nproc", 1, 1, 4096, &s->nproc, e) != 0)
             return -1;
-        json_t *limit = json_object_get(r, "time_limit_s");
-        if (limit && (!json_is_number(limit) || json_number_value(limit) <= 0 ||
-                      json_number_value(limit) > 1e8))
-            return td_reply_fail(e, 400, "invalid_spec", "resources.time_limit_s",
-                                 "resources.time_limit_s: expected seconds, a number in (0, 1e8]");
-        s->time_limit_s = limit ? json_number_value(limit) : 0;
+        if (td_json_number(r, "resources", "time_limit_s", false, 0, 1e-3, 1e8, &s->time_limit_s,
+                           &err) != 0)
+            return spec_error(e, &err);
         if (s->nproc > rules->slots)
             return td_reply_fail(e, 400, "invalid_spec", "resources.nproc",
                                  "resources.nproc: %d processes, but this node has %d slots",
                                  s->nproc, rules->slots);
     }
-    json_t *t = json_object_get(root, "restart");
-    if (t) {
-        if (!json_is_object(t))
-            return td_reply_fail(e, 400, "invalid_spec", "restart",
-                                 "restart: expected an object like {\"max_restarts\": 1}");
-        static const char *const keys[] = {"max_restarts", NULL};
-        if (check_only(t, "restart", keys, e) != 0 ||
-            get_int_member(t, "restart", "max_restarts", 0, 1000, &s->max_restarts, e) != 0)
-            return -1;
-    }
-    if (get_int_member(root, "", "priority", -1000000, 1000000, &s->priority, e) != 0) return -1;
-    json_t *n = json_object_get(root, "name");
-    if (n && !json_is_string(n))
-        return td_reply_fail(e, 400, "invalid_spec", "name", "name: expected a string");
-    snprintf(s->name, sizeof s->name, "%s", n ? json_string_value(n) : "");
-    return 0;
+    if (t && (keys_in(t, "restart", restart_keys, NULL, e) != 0 ||
+              int_member(t, "restart", "max_restarts", 0, 0, 1000, &s->max_restarts, e) != 0))
+        return -1;
+    return int_member(root, "", "priority", 0, -1000000, 1000000, &s->priority, e);
 }
 
 static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
     const char *const *lists[] = {COMMAND_KEYS, SERVICE_KEYS, NULL};
-    if (check_keys_in(root, "", lists, " (a command job has none of the training keys)", e) != 0)
+    if (keys_in(root, "", lists, " (a command job has none of the training keys)", e) != 0)
         return -1;
     json_t *cmd = json_object_get(root, "command");
     if (!json_is_array(cmd) || json_array_size(cmd) == 0)
@@ -344,7 +307,7 @@ static int check_splits(const td_job *job, td_reply_error *e) {
 static int parse_train(td_submission *s, json_t *root, const td_submit_rules *rules,
                        td_reply_error *e) {
     const char *const *lists[] = {td_job_keys, SERVICE_KEYS, NULL};
-    if (check_keys_in(root, "", lists, "; or, for a command job: command, env", e) != 0) return -1;
+    if (keys_in(root, "", lists, "; or, for a command job: command, env", e) != 0) return -1;
     s->spec = json_deep_copy(root);
     for (int i = 0; SERVICE_KEYS[i]; i++) json_object_del(s->spec, SERVICE_KEYS[i]);
     /* checked as it will run: the daemon gives a checkpoint section without a dir one in the
@@ -363,11 +326,7 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     td_err err = {{0}};
     int rc = td_job_load_string(&job, text, &err);
     free(text);
-    if (rc != 0) {
-        char field[256];
-        field_of(err.msg, field, sizeof field);
-        return td_reply_fail(e, 400, "invalid_spec", field, "%s", err.msg);
-    }
+    if (rc != 0) return spec_error(e, &err);
     rc = check_split(&job.train, "train", rules, e);
     if (rc == 0 && job.val.present) rc = check_split(&job.val, "val", rules, e);
     if (rc == 0) rc = check_path(job.init_from, "model.init_from", rules, e);

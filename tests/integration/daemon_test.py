@@ -1612,6 +1612,26 @@ class DaemonTest(unittest.TestCase):
         _, worker_log = d.logs(job["id"])
         self.assertNotIn(d.token, worker_log)
 
+    # -- 16: the config file
+
+    def test_16_config_file(self):
+        state = self.new_state_dir()
+        config = os.path.join(state, "traind.json")
+        for body, key in (('{"slots": 0}', "slots"), ('{"slotz": 2}', "slotz"),
+                          ('{"data_roots": ["/tmp", 3]}', "data_roots[1]"),
+                          ('{"grace_s": "x"}', "grace_s"), ('{"slots": 2,}', ":1:")):
+            with open(config, "w") as f:
+                f.write(body)
+            code, err = self.run_second_traind("--listen", "127.0.0.1:0", "--state-dir", state,
+                                               "--config", config)
+            self.assertEqual(code, 2, f"{body}: {err}")
+            self.assertIn(config, err, f"{body}: the message names the file")
+            self.assertIn(key, err, f"{body}: the message names the member")
+        with open(config, "w") as f:
+            json.dump({"slots": 3, "grace_s": 1, "listen": "127.0.0.1:1"}, f)
+        d = self.start_daemon("--config", config, state_dir=state)  # its --listen wins
+        self.assertIn("traind: 3 CPU slots", d.stderr_tail(), "slots from the file")
+
 def main():
     global TRAIND, SOURCE_DIR
     if len(sys.argv) < 3:
