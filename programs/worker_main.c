@@ -82,16 +82,6 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    /* Test hook: SIGKILL the process midway through its Nth checkpoint save, to prove a crash
-     * mid-write leaves the previous checkpoint intact. */
-    const char *kill_at = getenv("TRAIND_TEST_KILL_AT_CHECKPOINT");
-    if (kill_at) opt.kill_at_checkpoint = atoi(kill_at);
-    /* and "RANK:N": that rank SIGKILLs itself halfway through its N-th all-reduce */
-    const char *kill_ar = getenv("TRAIND_TEST_KILL_IN_ALLREDUCE");
-    const char *rank_env = getenv("RANK");
-    if (kill_ar && rank_env && atoi(kill_ar) == atoi(rank_env) && strchr(kill_ar, ':'))
-        opt.kill_in_allreduce = atoi(strchr(kill_ar, ':') + 1);
-
     td_err err = {{0}};
     td_dist dist;
     if (td_dist_from_env(&dist, &err) != 0) {

@@ -58,7 +58,7 @@ if grep -q "resuming from $tmp/ck/step-00000006" "$tmp/err"; then ok; else bad "
 # 6. a peer SIGKILLed in the middle of an all-reduce: the launcher reports it, stops the other
 # rank, and nothing is left running
 start=$(date +%s)
-TRAIND_TEST_KILL_IN_ALLREDUCE=1:7 "$run" --nproc-per-node 2 -- "$worker" "$tmp/job.json" \
+TRAIND_FAULT=allreduce:1:7 "$run" --nproc-per-node 2 -- "$worker" "$tmp/job.json" \
     >/dev/null 2>"$tmp/err"
 code=$?
 elapsed=$(($(date +%s) - start))
@@ -75,7 +75,7 @@ RANK=0 "$worker" "$tmp/job.json" >/dev/null 2>"$tmp/rank0" &
 p0=$!
 RANK=1 "$worker" "$tmp/job.json" >/dev/null 2>"$tmp/rank1" &
 p1=$!
-RANK=2 TRAIND_TEST_KILL_IN_ALLREDUCE=2:7 "$worker" "$tmp/job.json" >/dev/null 2>/dev/null &
+RANK=2 TRAIND_FAULT=allreduce:2:7 "$worker" "$tmp/job.json" >/dev/null 2>/dev/null &
 p2=$!
 wait $p2
 wait $p0

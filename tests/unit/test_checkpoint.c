@@ -208,7 +208,7 @@ Test(checkpoint, killed_writer_leaves_previous_checkpoint) {
     pid_t pid = fork();
     cr_assert_neq(pid, -1);
     if (pid == 0) {
-        setenv("TRAIND_TEST_KILL_AT_CHECKPOINT", "2", 1);
+        setenv("TRAIND_FAULT", "checkpoint:2", 1);
         freopen("/dev/null", "w", stdout);
         freopen("/dev/null", "w", stderr);
         execl(worker, worker, spec_path, (char *)NULL);
@@ -262,8 +262,8 @@ Test(checkpoint, grad_scaler_round_trip) {
         opt.scaler = with ? (td_grad_scaler){131072.0f, 17, 3} : (td_grad_scaler){0.0f, 0, 0};
         back.scaler = (td_grad_scaler){5.0f, 5, 5};
         st.step = 7 + with;
-        cr_assert_eq(td_checkpoint_save(dir, &m, &opt, &st, 0, false, saved, sizeof saved, &err), 0,
-                     "%s", err.msg);
+        cr_assert_eq(td_checkpoint_save(dir, &m, &opt, &st, 0, saved, sizeof saved, &err), 0, "%s",
+                     err.msg);
         cr_assert_eq(td_checkpoint_load(saved, &m, &back, &st_back, &err), 0, "%s", err.msg);
         cr_expect_float_eq(back.scaler.scale, opt.scaler.scale, 0);
         cr_expect_eq(back.scaler.growth_tracker, opt.scaler.growth_tracker);

@@ -14,8 +14,7 @@
 static td_param *add_tensor(td_param **list, int *count, size_t *floats, size_t align,
                             const td_node *node, const char *suffix, int ndim, const int *dims,
                             td_init init, td_dtype dtype) {
-    *list = realloc(*list, (size_t)(*count + 1) * sizeof(td_param));
-    TD_ASSERT(*list != NULL, "out of memory registering parameters");
+    *list = td_realloc(*list, (size_t)(*count + 1) * sizeof(td_param));
     td_param *p = &(*list)[(*count)++];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s.%s", node->name, suffix);
@@ -173,8 +172,7 @@ static int link_segments(td_model *model, const td_node_spec *specs, int n, td_e
         int last = i;
         while (last + 1 < n && specs[last + 1].segment == id) last++;
         model->segments =
-            realloc(model->segments, (size_t)(model->n_segments + 1) * sizeof(td_segment));
-        TD_ASSERT(model->segments != NULL, "out of memory");
+            td_realloc(model->segments, (size_t)(model->n_segments + 1) * sizeof(td_segment));
         model->segments[model->n_segments] = (td_segment){.first = i, .last = last};
         for (int k = i; k <= last; k++) model->nodes[k].segment = model->n_segments;
         model->n_segments++;

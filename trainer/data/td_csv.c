@@ -48,9 +48,8 @@ int td_dataset_load_csv(td_dataset *ds, const char *path, int label_column, bool
         }
         if (n == alloc) {
             alloc = alloc ? 2 * alloc : 1024;
-            ds->values = realloc(ds->values, alloc * (size_t)(columns - 1) * sizeof(float));
-            ds->labels = realloc(ds->labels, alloc * sizeof(int32_t));
-            TD_ASSERT(ds->values && ds->labels, "out of memory reading a CSV dataset");
+            ds->values = td_realloc(ds->values, alloc * (size_t)(columns - 1) * sizeof(float));
+            ds->labels = td_realloc(ds->labels, alloc * sizeof(int32_t));
         }
         char *p = line;
         int feature = 0;

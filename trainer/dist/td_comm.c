@@ -1,18 +1,14 @@
 #include "dist/td_comm.h"
 
+#include "core/td_fault.h"
 #include "dist/td_comm_private.h"
 #include "dist/td_net.h"
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-void td_comm_kill_in_allreduce(td_comm *c, int n) {
-    c->kill_countdown = n;
-}
 
 int td_comm_rank(const td_comm *c) {
     return c->rank;
@@ -137,7 +133,7 @@ int td_comm_allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *er
             td_comm_segment(n, w, (r - s + w) % w, &so, &sl);
             td_comm_segment(n, w, (r - s - 1 + 2 * w) % w, &ro, &rl);
             if (step(c, buf + so, sl, buf + ro, rl, true, err) != 0) return -1;
-            if (c->kill_countdown > 0 && --c->kill_countdown == 0) raise(SIGKILL);
+            td_fault_at(TD_FAULT_ALLREDUCE); /* tests: a peer dying mid-collective (td_fault.h) */
         }
         for (int s = 0; s < w - 1; s++) { /* all-gather of the reduced segments */
             size_t so, sl, ro, rl;

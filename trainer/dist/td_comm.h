@@ -43,8 +43,4 @@ void td_comm_free(td_comm *c, float *p);
 /* How all-reduces on p travel: "shared memory", or "the TCP ring (why not shared memory)". */
 const char *td_comm_transport(const td_comm *c, const float *p);
 
-/* Tests only: SIGKILL this process halfway through its n-th all-reduce from now (after the
- * first ring step), to prove a peer dying mid-collective fails the others cleanly. */
-void td_comm_kill_in_allreduce(td_comm *c, int n);
-
 #endif

@@ -29,9 +29,8 @@ struct td_comm {
     char next_addr[128], prev_addr[128];
     double timeout_s;
     td_store *store;
-    float *tmp;         /* PIECE_FLOATS */
-    int kill_countdown; /* td_comm_kill_in_allreduce; 0: off */
-    int region_seq;     /* td_comm_alloc calls so far (the same on every rank) */
+    float *tmp;     /* PIECE_FLOATS */
+    int region_seq; /* td_comm_alloc calls so far (the same on every rank) */
     td_comm_region regions[TD_COMM_MAX_REGIONS];
 };
 

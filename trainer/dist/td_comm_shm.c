@@ -16,6 +16,7 @@
  * open for what shared memory cannot tell: a waiting rank polls them between futex sleeps, so
  * a peer that died (the kernel closes its sockets) is an error naming it, never a hang.
  */
+#include "core/td_fault.h"
 #include "dist/td_comm_private.h"
 #include "dist/td_net.h"
 
@@ -24,7 +25,6 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -325,7 +325,7 @@ int td_comm_allreduce_shared(td_comm *c, td_comm_region *g, float *buf, size_t n
     float *seg[w];
     for (int p = 0; p < w; p++) seg[p] = g->peer[p] + off + so;
     sum_segment(seg, w, sl, average ? 1.0f / (float)w : 1.0f);
-    if (c->kill_countdown > 0 && --c->kill_countdown == 0) raise(SIGKILL);
+    td_fault_at(TD_FAULT_ALLREDUCE); /* tests: a peer dying mid-collective (td_fault.h) */
     /* 2: every segment is written everywhere, and nobody touches this rank's memory any more */
     return sync_ranks(c, g, off, n, err);
 }

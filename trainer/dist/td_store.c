@@ -58,8 +58,7 @@ static int call(td_store *st, uint8_t op, const char *key, const void *value, si
         td_fail(err, "rendezvous store: implausible reply of %llu bytes", (unsigned long long)rlen);
         goto lost;
     }
-    uint8_t *data = malloc(rlen + 1);
-    TD_ASSERT(data != NULL, "out of memory");
+    uint8_t *data = td_malloc(rlen + 1);
     if (td_net_recv_all(st->fd, data, rlen, deadline, err) != 0) {
         free(data);
         goto lost;

@@ -65,15 +65,13 @@ static entry *find(server *s, const char *key) {
 static void put(server *s, const char *key, const uint8_t *value, size_t len) {
     entry *e = find(s, key);
     if (!e) {
-        s->table = realloc(s->table, (size_t)(s->n_entries + 1) * sizeof *s->table);
-        TD_ASSERT(s->table != NULL, "out of memory in the rendezvous store");
+        s->table = td_realloc(s->table, (size_t)(s->n_entries + 1) * sizeof *s->table);
         e = &s->table[s->n_entries++];
-        e->key = strdup(key);
+        e->key = td_strdup(key);
         e->value = NULL;
     }
     free(e->value);
-    e->value = malloc(len ? len : 1);
-    TD_ASSERT(e->value && e->key, "out of memory in the rendezvous store");
+    e->value = td_malloc(len);
     memcpy(e->value, value, len);
     e->len = len;
     pthread_cond_broadcast(&s->changed);
@@ -148,8 +146,7 @@ typedef struct answer {
 static void say(answer *a, uint8_t status, const char *text) {
     a->status = status;
     a->len = strlen(text);
-    a->data = (uint8_t *)strdup(text);
-    TD_ASSERT(a->data != NULL, "out of memory in the rendezvous store");
+    a->data = (uint8_t *)td_strdup(text);
 }
 
 /* A client that cannot be part of this job: it is told why and dropped, and the rendezvous
@@ -284,8 +281,7 @@ static void get(server *s, const char *key, answer *a) {
     if (e) {
         a->status = REPLY_OK;
         a->len = e->len;
-        a->data = malloc(e->len ? e->len : 1);
-        TD_ASSERT(a->data != NULL, "out of memory in the rendezvous store");
+        a->data = td_malloc(e->len);
         memcpy(a->data, e->value, e->len);
     } else if (s->failed[0]) {
         say(a, REPLY_FAILED, s->failed);
@@ -349,13 +345,13 @@ static void *serve_client(void *p) {
         if (td_net_recv_all(fd, lenbuf, 4, forever, NULL) != 0) break;
         for (int i = 0; i < 4; i++) klen |= (uint32_t)lenbuf[i] << (8 * i);
         if (klen > MAX_KEY) break;
-        key = realloc(key, klen + 1);
+        key = td_realloc(key, klen + 1);
         if (td_net_recv_all(fd, key, klen, forever, NULL) != 0) break;
         key[klen] = 0;
         if (td_net_recv_all(fd, lenbuf, 8, forever, NULL) != 0) break;
         for (int i = 0; i < 8; i++) vlen |= (uint64_t)lenbuf[i] << (8 * i);
         if (vlen > MAX_VALUE) break;
-        value = realloc(value, vlen ? vlen : 1);
+        value = td_realloc(value, vlen);
         if (td_net_recv_all(fd, value, vlen, forever, NULL) != 0) break;
         answer a = {0};
         pthread_mutex_lock(&s->lock);
@@ -400,8 +396,7 @@ static void *accept_loop(void *p) {
             if (s->stopping) return NULL;
             continue;
         }
-        client_arg *a = malloc(sizeof *a);
-        TD_ASSERT(a != NULL, "out of memory in the rendezvous store");
+        client_arg *a = td_malloc(sizeof *a);
         a->srv = s;
         a->fd = fd;
         int k = s->n_clients;

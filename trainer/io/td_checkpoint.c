@@ -1,5 +1,6 @@
 #include "io/td_checkpoint.h"
 
+#include "core/td_fault.h"
 #include "io/td_safetensors.h"
 
 #include <dirent.h>
@@ -8,7 +9,6 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,8 +80,7 @@ static int list_steps(const char *root, long **steps_out) {
         long step;
         char tail;
         if (sscanf(e->d_name, "step-%ld%c", &step, &tail) != 1) continue;
-        steps = realloc(steps, (size_t)(n + 1) * sizeof *steps);
-        TD_ASSERT(steps != NULL, "out of memory listing checkpoints");
+        steps = td_realloc(steps, (size_t)(n + 1) * sizeof *steps);
         steps[n++] = step;
     }
     closedir(d);
@@ -180,13 +179,17 @@ static int write_state(const char *path, const td_train_state *s, const td_optim
                   "epoch", s->epoch, "batch", s->batch, "seed_hex", seed, "rng", "dropout", rng[0],
                   rng[1], rng[2], rng[3], "optimizer", "steps", (json_int_t)o->steps, "interval",
                   "loss_sum", loss, "steps", (json_int_t)s->interval_steps);
+    TD_CHECK_ALLOC(j, "encoding a checkpoint's state");
     /* fp16's GradScaler, where there is one; the scale is a power of two, exact as a double */
-    if (j && o->scaler.scale > 0.0f)
-        json_object_set_new(j, "grad_scaler",
-                            json_pack("{s:f, s:i, s:I}", "scale", (double)o->scaler.scale,
-                                      "growth_tracker", o->scaler.growth_tracker, "skipped_steps",
-                                      (json_int_t)o->scaler.skipped));
+    if (o->scaler.scale > 0.0f) {
+        json_t *scaler =
+            json_pack("{s:f, s:i, s:I}", "scale", (double)o->scaler.scale, "growth_tracker",
+                      o->scaler.growth_tracker, "skipped_steps", (json_int_t)o->scaler.skipped);
+        TD_CHECK_ALLOC(scaler, "encoding a checkpoint's state");
+        json_object_set_new(j, "grad_scaler", scaler);
+    }
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    TD_CHECK_ALLOC(text, "encoding a checkpoint's state");
     json_decref(j);
     FILE *f = fopen(path, "w");
     if (!f) {
@@ -202,15 +205,16 @@ static int write_state(const char *path, const td_train_state *s, const td_optim
 }
 
 int td_checkpoint_save(const char *root, const td_model *model, const td_optim *optim,
-                       const td_train_state *state, int keep, bool kill_midway, char *out,
-                       size_t out_len, td_err *err) {
+                       const td_train_state *state, int keep, char *out, size_t out_len,
+                       td_err *err) {
     if (mkdir_p(root, err) != 0) return td_fail_prefix(err, "checkpoint.dir");
     char tmp[4096], path[4200], final[4096];
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08ld-XXXXXX", root, state->step);
     if (!mkdtemp(tmp)) return td_fail(err, "%s: cannot create: %s", tmp, strerror(errno));
     snprintf(path, sizeof path, "%s/%s", tmp, FILES[0]);
     if (td_checkpoint_save_weights(path, model, err) != 0) goto fail;
-    if (kill_midway) raise(SIGKILL); /* tests: a writer killed with the save half done */
+    /* tests: a writer killed with the save half done (core/td_fault.h) */
+    td_fault_at(TD_FAULT_CHECKPOINT);
     snprintf(path, sizeof path, "%s/%s", tmp, FILES[1]);
     if (write_optim(path, model, optim, err) != 0) goto fail;
     snprintf(path, sizeof path, "%s/%s", tmp, FILES[2]);

@@ -35,10 +35,10 @@ typedef struct td_train_state {
 } td_train_state;
 
 /* Saves into root/step-NNNNNNNN, keeping the newest `keep` (0: all). Writes the directory's path
- * to out. kill_midway (tests only): SIGKILL this process after the first file is written. */
+ * to out. Tests kill a save halfway with TRAIND_FAULT=checkpoint:N (core/td_fault.h). */
 int td_checkpoint_save(const char *root, const td_model *model, const td_optim *optim,
-                       const td_train_state *state, int keep, bool kill_midway, char *out,
-                       size_t out_len, td_err *err);
+                       const td_train_state *state, int keep, char *out, size_t out_len,
+                       td_err *err);
 
 /* "latest" (the newest complete checkpoint under root) or a checkpoint directory, checked to
  * hold the three files. */

@@ -166,6 +166,7 @@ int td_safetensors_read(td_safetensors *st, const char *path, td_err *err) {
     json_object_foreach(header, key, v) {
         if (strcmp(key, "__metadata__") == 0) {
             st->metadata_json = json_dumps(v, JSON_COMPACT);
+            TD_CHECK_ALLOC(st->metadata_json, "reading safetensors metadata");
             continue;
         }
         td_st_tensor *t = &st->tensors[st->n];
@@ -256,29 +257,37 @@ static int write_le(FILE *f, uint64_t v, int bytes) {
 
 int td_safetensors_write(const char *path, const td_st_out *tensors, int n,
                          const char *metadata_json, td_err *err) {
+    /* Jansson reports out of memory as a NULL value or a nonzero return; a header missing an
+     * entry would be a corrupt file, so each is checked (TD_CHECK_ALLOC ends the process) */
     json_t *header = json_object();
+    TD_CHECK_ALLOC(header, "encoding a safetensors header");
     size_t offset = 0;
     if (metadata_json) {
         json_t *meta = json_loads(metadata_json, 0, NULL);
         TD_ASSERT(meta != NULL, "safetensors metadata must be a JSON object text");
-        json_object_set_new(header, "__metadata__", meta);
+        TD_CHECK_ALLOC(json_object_set_new(header, "__metadata__", meta) == 0,
+                       "encoding a safetensors header");
     }
     for (int i = 0; i < n; i++) {
         const td_st_out *t = &tensors[i];
         size_t count = 1;
         json_t *shape = json_array();
+        TD_CHECK_ALLOC(shape, "encoding a safetensors header");
         for (int d = 0; d < t->ndim; d++) {
             count *= (size_t)t->dims[d];
-            json_array_append_new(shape, json_integer(t->dims[d]));
+            TD_CHECK_ALLOC(json_array_append_new(shape, json_integer(t->dims[d])) == 0,
+                           "encoding a safetensors header");
         }
         size_t bytes = count * dtype_size(t->dtype);
-        json_object_set_new(header, t->name,
-                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", dtype_name(t->dtype),
-                                      "shape", shape, "data_offsets", (json_int_t)offset,
-                                      (json_int_t)(offset + bytes)));
+        json_t *entry =
+            json_pack("{s:s, s:o, s:[I, I]}", "dtype", dtype_name(t->dtype), "shape", shape,
+                      "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes));
+        TD_CHECK_ALLOC(entry && json_object_set_new(header, t->name, entry) == 0,
+                       "encoding a safetensors header");
         offset += bytes;
     }
     char *text = json_dumps(header, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    TD_CHECK_ALLOC(text, "encoding a safetensors header");
     json_decref(header);
     size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8; /* data starts 8-byte aligned */
     FILE *f = fopen(path, "wb");

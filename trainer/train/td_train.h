@@ -1,8 +1,8 @@
 /* The training loop: spec in, metrics lines out.
  *
- * Metrics go to `metrics` as one JSON object per line (the daemon and scripts parse them);
- * human-readable progress goes to `log`. Every error (data, shapes, divergence) comes back as -1
- * with err set; nothing here exits the process.
+ * Metrics go to `metrics` as one JSON object per line (train/td_metrics.h: the daemon and
+ * scripts parse them); human-readable progress goes to `log`. Every error (data, shapes,
+ * divergence) comes back as -1 with err set; nothing here exits the process.
  */
 #ifndef TD_TRAIN_H
 #define TD_TRAIN_H
@@ -13,14 +13,13 @@
 
 #include <stdio.h>
 
+/* Tests inject crashes through TRAIND_FAULT (core/td_fault.h), not through these options. */
 typedef struct td_train_options {
-    long stop_after_steps;  /* stop (checkpoint and return) after this step; 0: run to the end */
-    int kill_at_checkpoint; /* tests: SIGKILL this process midway through the Nth save; 0: never */
+    long stop_after_steps; /* stop (checkpoint and return) after this step; 0: run to the end */
     /* Data-parallel training (DDP): NULL or a world of 1 trains alone. Rank 0 hosts the
      * rendezvous store unless `store` is given (tests open it themselves to learn its port). */
     const td_dist *dist;
     td_store *store;
-    int kill_in_allreduce; /* tests: SIGKILL halfway through this (gradient) all-reduce; 0: never */
 } td_train_options;
 
 typedef struct td_train_result {

@@ -602,8 +602,7 @@ static size_t bn_rows(const td_node *node, int n) {
 }
 
 static int bn_plan_node(td_gpu *g, td_model *m, td_node *node, td_err *err) {
-    bn_plan *p = (bn_plan *)calloc(1, sizeof *p);
-    if (!p) return td_fail(err, "out of host memory");
+    bn_plan *p = (bn_plan *)td_calloc(1, sizeof *p);
     node->gpu = p;
     p->g = g;
     p->c = node->out_shape.c;

@@ -112,8 +112,7 @@ static int open_handles(td_gpu *g, int device) {
 
 extern "C" int td_gpu_open(td_gpu **out, int device, td_err *err) {
     *out = NULL;
-    td_gpu *g = (td_gpu *)calloc(1, sizeof *g);
-    if (!g) return td_fail(err, "out of host memory opening the GPU");
+    td_gpu *g = (td_gpu *)td_calloc(1, sizeof *g);
     g->device = device;
     g->deterministic = true;
     pthread_mutex_init(&g->fail_lock, NULL);
@@ -240,8 +239,7 @@ td_node *td_gpu_fused_relu(const td_gpu *g, td_model *m, const td_node *node) {
 }
 
 static int plan_nodes(td_gpu *g, td_model *m, td_err *err) {
-    g->ops = (const td_gpu_op **)calloc((size_t)m->n_nodes, sizeof *g->ops);
-    if (!g->ops) return td_fail(err, "out of host memory");
+    g->ops = (const td_gpu_op **)td_calloc((size_t)m->n_nodes, sizeof *g->ops);
     m->scratch_floats = 0;
     for (int i = 0; i < m->n_nodes; i++) {
         td_node *node = &m->nodes[i];

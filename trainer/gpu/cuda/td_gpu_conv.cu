@@ -471,8 +471,7 @@ static int conv_build_plan(conv_plan *p, size_t *ws_max) {
 
 static int conv_plan_node(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     (void)m;
-    conv_plan *p = (conv_plan *)calloc(1, sizeof *p);
-    if (!p) return td_fail(err, "out of host memory");
+    conv_plan *p = (conv_plan *)td_calloc(1, sizeof *p);
     node->gpu = p; // set first: release cleans up after a partial build
     p->g = g;
     conv_key *k = &p->full;

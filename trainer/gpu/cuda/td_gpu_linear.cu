@@ -277,8 +277,7 @@ static int lin_build(lin_plan *p) {
 
 static int lin_plan_node(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     (void)m;
-    lin_plan *p = (lin_plan *)calloc(1, sizeof *p);
-    if (!p) return td_fail(err, "out of host memory");
+    lin_plan *p = (lin_plan *)td_calloc(1, sizeof *p);
     node->gpu = p; // set first: release cleans up after a partial build
     p->g = g;
     p->in = node->in_shape[0].c;

@@ -1,0 +1,234 @@
+/* Before the loop: the data, the device, the model (restored from a checkpoint where the spec
+ * says), the GPU, the loaders and the banner, then joining the job; after it, releasing all of
+ * it. The order matters: the device is chosen before the model is built (a GPU model gets no
+ * host arena), and the restored model is what moves onto the GPU and what rank 0 broadcasts. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#include "train/td_train_private.h"
+
+#include "core/td_blas.h"
+#include "core/td_clock.h"
+
+#include <cblas.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static int load_split(const td_job *job, const td_split_spec *split, td_dataset *ds, uint64_t salt,
+                      td_err *err) {
+    switch (job->format) {
+    case TD_DATA_SYNTHETIC:
+        td_dataset_synthetic(ds, job->synthetic_shape, job->num_classes, split->size,
+                             job->seed * 0x9E3779B97F4A7C15ull + salt);
+        return 0;
+    case TD_DATA_IDX:
+        return td_dataset_load_idx(ds, split->images, split->labels, err);
+    case TD_DATA_NPY:
+        return td_dataset_load_npy(ds, split->images, split->labels, job->nhwc, err);
+    case TD_DATA_CIFAR10: {
+        const char *files[TD_MAX_FILES];
+        for (int i = 0; i < split->n_files; i++) files[i] = split->files[i];
+        return td_dataset_load_cifar10(ds, files, split->n_files, err);
+    }
+    case TD_DATA_CSV:
+        return td_dataset_load_csv(ds, split->images, job->label_column, job->csv_header, err);
+    }
+    return td_fail(err, "unknown data format");
+}
+
+static int setup_data(trainer *t, td_err *err) {
+    const td_job *job = t->job;
+    if (load_split(job, &job->train, &t->train, 1, err) != 0)
+        return td_fail_prefix(err, "data.train");
+    if (job->val.present) {
+        if (load_split(job, &job->val, &t->val, 2, err) != 0)
+            return td_fail_prefix(err, "data.val");
+        td_shape a = t->train.shape, b = t->val.shape;
+        if (a.c != b.c || a.h != b.h || a.w != b.w || a.spatial != b.spatial) {
+            char sa[64], sb[64];
+            td_shape_format(a, sa, sizeof sa);
+            td_shape_format(b, sb, sizeof sb);
+            return td_fail(err, "data.val: samples have shape %s but training samples %s", sb, sa);
+        }
+    }
+    /* flat features share one mean/std; images have one per channel (or one for all) */
+    int channels = t->train.shape.spatial ? t->train.shape.c : 1;
+    if (job->norm_given) {
+        if (job->norm.channels != channels && job->norm.channels != 1)
+            return td_fail(err,
+                           "data.normalize: gives %d values per list but the images have %d "
+                           "channel%s",
+                           job->norm.channels, channels, channels > 1 ? "s" : "");
+        t->norm = job->norm;
+    } else {
+        t->norm.channels = channels;
+        for (int c = 0; c < channels; c++) t->norm.mean[c] = 0.0f, t->norm.std[c] = 1.0f;
+    }
+    return 0;
+}
+
+static int setup_model(trainer *t, td_err *err) {
+    const td_job *job = t->job;
+    int max_n = job->batch_size > job->eval_batch_size ? job->batch_size : job->eval_batch_size;
+    unsigned flags = t->device.device == TD_DEVICE_CUDA ? TD_MODEL_NO_ARENA : 0;
+    if (td_model_build(&t->model, job->nodes, job->n_nodes, t->train.shape, max_n, job->seed, flags,
+                       err) != 0)
+        return -1;
+    td_shape out = td_model_output_shape(&t->model);
+    if (out.spatial)
+        return td_fail(err,
+                       "model: the last node outputs an image [%d, %d, %d]; expected logits "
+                       "[classes] (end with a linear node)",
+                       out.c, out.h, out.w);
+    t->classes = out.c;
+    if (job->num_classes && job->num_classes != out.c)
+        return td_fail(err, "model: the last node outputs %d values but num_classes is %d", out.c,
+                       job->num_classes);
+    const td_dataset *sets[2] = {&t->train, job->val.present ? &t->val : NULL};
+    for (int i = 0; i < 2; i++) {
+        if (!sets[i]) continue;
+        int max_label = td_dataset_max_label(sets[i]);
+        if (max_label >= t->classes)
+            return td_fail(err,
+                           "data.%s: holds label %d but the model has %d classes (labels "
+                           "must be 0..%d)",
+                           i ? "val" : "train", max_label, t->classes, t->classes - 1);
+    }
+    td_optim_init(&t->optim, &job->optim, t->model.param_floats);
+    t->dlogits = td_aligned_alloc((size_t)max_n * t->classes * sizeof(float));
+    t->state.seed = job->seed;
+    td_rng_seed_for(&t->state.dropout_rng, job->seed, "dropout", 0);
+    t->last_saved_step = -1;
+    return 0;
+}
+
+/* Decides CPU or GPU, precision and collective backend before the model is built (a GPU model
+ * gets no host arena). */
+static int resolve_device(trainer *t, td_err *err) {
+    const td_job *job = t->job;
+    char why[256];
+    int gpus = td_gpu_device_count(why, sizeof why);
+    int local_rank = t->dist ? t->dist->local_rank : 0;
+    if (td_device_resolve(job->device, job->precision, job->backend, gpus, why, local_rank,
+                          getenv("CUDA_VISIBLE_DEVICES"), &t->device, err) != 0)
+        return -1;
+    t->graph_off = !job->cuda_graph;
+    return 0;
+}
+
+/* Opens the device and moves the restored model and optimizer onto it. */
+static int setup_gpu(trainer *t, td_err *err) {
+    if (t->device.device != TD_DEVICE_CUDA) return 0;
+    t->gpu_api = td_gpu_load(err);
+    if (!t->gpu_api || t->gpu_api->open(&t->gpu, t->device.cuda_device, err) != 0)
+        return td_fail_prefix(err, "train.device");
+    t->gpu_api->set_deterministic(t->gpu, t->job->deterministic);
+    if (t->gpu_api->attach(t->gpu, &t->model, t->device.precision, t->job->seed, err) != 0 ||
+        t->gpu_api->optim_init(t->gpu, &t->model, &t->optim, err) != 0)
+        return td_fail_prefix(err, "train.device");
+    if (t->job->cudnn_benchmark) {
+        double t0 = td_clock_now();
+        int timed = 0;
+        if (t->gpu_api->benchmark_convolutions(t->gpu, &t->model, &timed, err) != 0) return -1;
+        if (!td_dist_active(t->dist) || t->dist->rank == 0)
+            fprintf(t->log, "[traind] cuDNN benchmark: %d convolution%s timed in %.1f s\n", timed,
+                    timed == 1 ? "" : "s", td_clock_now() - t0);
+    }
+    return 0;
+}
+
+/* data.num_workers, "auto" resolved: on the CPU one loader thread, which shares the cores with
+ * training's BLAS threads; on a GPU this rank's share of the cores it may run on, less one for
+ * the thread that drives the device, at most 8 (a 3x224x224 batch of 256 takes one core ~20 ms,
+ * a ResNet-50 step on an H100 well under 100 ms). A rank whose launcher pinned it to some of the
+ * cores has those to itself; an unpinned one shares the machine's with the node's other ranks. */
+int td_train_loader_workers(const trainer *t) {
+    if (t->job->num_workers > 0) return t->job->num_workers;
+    if (!t->gpu) return 1;
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int local =
+        t->dist && td_dist_active(t->dist) && t->dist->local_world > 0 ? t->dist->local_world : 1;
+    if (online > 0 && cores < online) local = 1;
+    int n = cores / local - 1;
+    return n < 1 ? 1 : n > 8 ? 8 : n;
+}
+
+/* Both loaders read this rank's part of the data (the sampler splits it by rank and world). */
+static void configure_loaders(trainer *t) {
+    const td_job *job = t->job;
+    int rank = td_dist_active(t->dist) ? t->dist->rank : 0, world = td_train_world(t);
+    t->rank0 = rank == 0;
+    int workers = td_train_loader_workers(t);
+    t->train_cfg = (td_loader_config){
+        job->batch_size, job->shuffle, job->drop_last, job->seed, rank, world, true, workers};
+    t->val_cfg = (td_loader_config){
+        job->eval_batch_size, false, false, job->seed, rank, world, false, workers};
+}
+
+static void log_banner(const trainer *t) {
+    const td_job *job = t->job;
+    fprintf(t->log, "[traind] job \"%s\": %d parameters in %d tensors, %d nodes\n", job->name,
+            (int)t->model.param_count, t->model.n_params, t->model.n_nodes);
+    char shape[64];
+    td_shape_format(t->train.shape, shape, sizeof shape);
+    int workers = td_train_loader_workers(t);
+    fprintf(t->log,
+            "[traind] data: %d training samples%s, shape %s, %d classes; %d loader thread%s\n",
+            t->train.n, job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", shape, t->classes,
+            workers, workers == 1 ? "" : "s");
+    if (job->val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
+    const td_model *m = &t->model;
+    if (m->n_segments) {
+        double mib = 1.0 / (1024.0 * 1024.0);
+        fprintf(t->log,
+                "[traind] activation checkpointing: %d segment%s recomputed in backward; "
+                "activations %.1f MiB instead of %.1f MiB\n",
+                m->n_segments, m->n_segments > 1 ? "s" : "", (double)m->activation_bytes * mib,
+                (double)(m->activation_bytes - m->region_bytes + m->dropped_bytes) * mib);
+    }
+    if (t->gpu) {
+        char desc[512];
+        t->gpu_api->describe(t->gpu, desc, sizeof desc);
+        int fused = 0;
+        for (int i = 0; i < t->model.n_nodes; i++) fused += t->model.nodes[i].out_fused;
+        fprintf(t->log,
+                "[traind] device: %s; %s, CUDA graphs %s, %d ReLU%s fused into BatchNorm or "
+                "Add%s\n",
+                desc, td_precision_name(t->device.precision), t->graph_off ? "off" : "on", fused,
+                fused == 1 ? "" : "s",
+                job->deterministic ? "" : "; cuDNN may choose nondeterministic algorithms");
+        return;
+    }
+    char why[256];
+    td_gpu_device_count(why, sizeof why);
+    fprintf(t->log, "[traind] device: CPU, OpenBLAS %s kernels, %d thread%s (%s)\n",
+            td_blas_describe(), job->threads, job->threads > 1 ? "s" : "", why);
+}
+
+int td_train_setup(trainer *t, td_err *err) {
+    openblas_set_num_threads(t->job->threads);
+    if (setup_data(t, err) != 0 || resolve_device(t, err) != 0 || setup_model(t, err) != 0)
+        return -1;
+    if (td_train_restore(t, err) != 0 || setup_gpu(t, err) != 0) return -1;
+    if (t->rank0) log_banner(t);
+    configure_loaders(t);
+    if (td_train_join(t, err) != 0) return -1;
+    if (t->job->val.present) t->val_loader = td_loader_create(&t->val, &t->norm, NULL, &t->val_cfg);
+    return 0;
+}
+
+void td_train_release(trainer *t) {
+    if (t->gpu)
+        t->gpu_api->close(t->gpu); /* NCCL first: the store it may still talk to closes below */
+    td_reducer_stop(t->reducer, &t->model);
+    td_comm_close(t->comm);
+    if (t->own_store) td_store_close(t->store);
+    td_loader_destroy(t->train_loader);
+    td_loader_destroy(t->val_loader);
+    free(t->dlogits);
+    td_optim_free(&t->optim);
+    td_model_free(&t->model);
+    td_dataset_free(&t->train);
+    td_dataset_free(&t->val);
+}
