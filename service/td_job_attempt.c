@@ -263,7 +263,7 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         json_t *d = json_pack("{s:i, s:i, s:s, s:i, s:o}", "attempt", jb->n_attempts, "restarts",
                               jb->row.restarts, "reason", jb->row.reason, "exit_code", code,
                               "resume_from", td_jobs_resume_json(jb));
-        td_jobs_emit(j, jb, "restart", d, NULL, -1, false, NULL, 0);
+        td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
         json_decref(d);
         td_jobs_emit_state(j, jb);
         fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, jb->row.reason);

@@ -3,6 +3,8 @@
  * and every line also goes to rank 0's log. */
 #include "service/td_jobs_private.h"
 
+#include "train/td_metrics.h"
+
 #include "service/td_ckpt.h"
 #include "service/td_strv.h"
 
@@ -76,7 +78,7 @@ static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
     const char *ckpt = NULL;
     long long size = 0;
     char full[2 * PATH_MAX];
-    if (strcmp(type, "checkpoint") == 0) {
+    if (strcmp(type, TD_EVENT_CHECKPOINT) == 0) {
         const char *path = json_string_value(json_object_get(o, "path"));
         /* relative to the job's directory, where its processes run; copied, as "path" is
          * replaced in o below */
@@ -94,14 +96,14 @@ static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
             td_jobs_set_checkpoint(jb, step, path);
         }
     }
-    if (strcmp(type, "train") == 0) {
+    if (strcmp(type, TD_EVENT_TRAIN) == 0) {
         json_decref(jb->latest_train);
         jb->latest_train = json_incref(o);
-    } else if (strcmp(type, "eval") == 0) {
+    } else if (strcmp(type, TD_EVENT_EVAL) == 0) {
         json_decref(jb->latest_eval);
         jb->latest_eval = json_incref(o);
     }
-    bool metric = strcmp(type, "checkpoint") != 0;
+    bool metric = strcmp(type, TD_EVENT_CHECKPOINT) != 0;
     /* kept as written unless it changed or holds a CR (which would break an SSE record) */
     bool raw = !changed && !memchr(line, '\r', n);
     td_jobs_emit(j, jb, type, o, raw ? line : NULL, step, metric, ckpt, size);

@@ -143,7 +143,7 @@ void td_jobs_emit_state(td_jobs *j, job *jb) {
                           td_jobs_reason_json(jb->row.reason), "exit_code",
                           td_jobs_code_json(jb->row.exit_code), "attempt",
                           jb->n_attempts > 0 ? jb->n_attempts - 1 : 0);
-    td_jobs_emit(j, jb, "state", d, NULL, -1, false, NULL, 0);
+    td_jobs_emit(j, jb, TD_JOBS_EVENT_STATE, d, NULL, -1, false, NULL, 0);
     json_decref(d);
 }
 

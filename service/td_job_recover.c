@@ -3,6 +3,8 @@
  * restart from their latest checkpoints, not charged to their restart budget. */
 #include "service/td_jobs_private.h"
 
+#include "train/td_metrics.h"
+
 #include "service/td_strv.h"
 
 #include <signal.h>
@@ -27,13 +29,14 @@ static void replay_event(void *ctx, long seq, const char *type, const char *data
     job *jb = ctx;
     json_t *o = json_loads(data, 0, NULL);
     json_t *step = json_object_get(o, "step");
-    bool ours = !strcmp(type, "state") || !strcmp(type, "restart"); /* the daemon's */
+    bool ours = !strcmp(type, TD_JOBS_EVENT_STATE) ||
+                !strcmp(type, TD_JOBS_EVENT_RESTART); /* the daemon's */
     if (!ours && json_is_integer(step)) jb->last_step = (long)json_integer_value(step);
-    if (strcmp(type, "train") == 0) {
+    if (strcmp(type, TD_EVENT_TRAIN) == 0) {
         json_decref(jb->latest_train), jb->latest_train = o, o = NULL;
-    } else if (strcmp(type, "eval") == 0) {
+    } else if (strcmp(type, TD_EVENT_EVAL) == 0) {
         json_decref(jb->latest_eval), jb->latest_eval = o, o = NULL;
-    } else if (strcmp(type, "checkpoint") == 0 && json_object_get(o, "size")) {
+    } else if (strcmp(type, TD_EVENT_CHECKPOINT) == 0 && json_object_get(o, "size")) {
         jb->n_checkpoints++;
         const char *path = json_string_value(json_object_get(o, "path"));
         if (path) td_jobs_set_checkpoint(jb, (long)json_integer_value(step), path);
@@ -68,7 +71,7 @@ static void recover(td_jobs *j, job *jb) {
     json_t *d =
         json_pack("{s:i, s:i, s:s, s:o}", "attempt", jb->n_attempts, "restarts", jb->row.restarts,
                   "reason", jb->row.reason, "resume_from", td_jobs_resume_json(jb));
-    td_jobs_emit(j, jb, "restart", d, NULL, -1, false, NULL, 0);
+    td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
     json_decref(d);
     td_jobs_emit_state(j, jb);
     fprintf(j->log, "traind: job %ld was running when the daemon stopped: restarting it\n",
