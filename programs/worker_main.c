@@ -96,11 +96,11 @@ int main(int argc, char **argv) {
     }
     /* relaunched by traind-run after a failure: continue from the newest checkpoint */
     const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
-    if (restart && atoi(restart) > 0 && job.checkpoint_dir[0] && !job.resume_from[0]) {
+    if (restart && atoi(restart) > 0 && job.checkpoint.dir[0] && !job.checkpoint.resume_from[0]) {
         char dir[TD_PATH_MAX + 32];
         td_err none;
-        if (td_checkpoint_resolve("latest", job.checkpoint_dir, dir, sizeof dir, &none) == 0) {
-            snprintf(job.resume_from, sizeof job.resume_from, "latest");
+        if (td_checkpoint_resolve("latest", job.checkpoint.dir, dir, sizeof dir, &none) == 0) {
+            snprintf(job.checkpoint.resume_from, sizeof job.checkpoint.resume_from, "latest");
             fprintf(stderr, "[traind] restart %s: resuming from %s\n", restart, dir);
         }
     }
@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
         td_job_free(&job);
         return 0;
     }
-    if (opt.stop_after_steps && !job.checkpoint_dir[0]) {
+    if (opt.stop_after_steps && !job.checkpoint.dir[0]) {
         fprintf(stderr, "traind-worker: error: --stop-after needs checkpoint.dir in the spec, or "
                         "the work done would be lost\n");
         td_job_free(&job);

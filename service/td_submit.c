@@ -243,54 +243,39 @@ static void field_of_file(const td_split_spec *sp, const char *where, const char
 /* Reads what is cheap to read of a split (headers, sizes, labels) and checks it as the worker
  * would at its start: the files exist and are what the format says, labels match the samples
  * one to one and lie within the model's classes. */
-static int check_data(const td_job *job, const td_split_spec *sp, const char *where,
-                      td_data_probe *p, td_reply_error *e) {
+/* Reads what is cheap to read of a split (headers, sizes, labels) and checks it as the worker
+ * would at its start: the files exist and are what the format says, labels match the samples
+ * one to one and lie within the model's classes. 1: nothing on disk to check (synthetic). */
+static int check_data(const td_data_spec *d, int num_classes, const td_split_spec *sp,
+                      const char *where, td_data_probe *p, td_reply_error *e) {
     td_err err = {{0}};
-    int rc = 0;
-    const char *labels_field = "labels";
-    switch (job->format) {
-    case TD_DATA_SYNTHETIC:
-        return 1; /* nothing on disk */
-    case TD_DATA_IDX:
-        rc = td_dataset_probe_idx(sp->images, sp->labels, p, &err);
-        break;
-    case TD_DATA_NPY:
-        rc = td_dataset_probe_npy(sp->images, sp->labels, job->nhwc, p, &err);
-        break;
-    case TD_DATA_CIFAR10: {
-        const char *files[TD_MAX_FILES];
-        for (int i = 0; i < sp->n_files; i++) files[i] = sp->files[i];
-        rc = td_dataset_probe_cifar10(files, sp->n_files, p, &err);
-        labels_field = "files";
-        break;
-    }
-    case TD_DATA_CSV:
-        rc = td_dataset_probe_csv(sp->images, job->label_column, job->csv_header, p, &err);
-        labels_field = "path";
-        break;
-    }
+    int rc = td_data_probe_split(d, sp, p, &err);
+    if (rc > 0) return 1;
     char field[128];
     if (rc != 0) {
         field_of_file(sp, where, err.msg, field, sizeof field);
-        if (job->format == TD_DATA_CSV) snprintf(field, sizeof field, "data.%s.path", where);
+        if (d->format == TD_DATA_CSV) snprintf(field, sizeof field, "data.%s.path", where);
         return td_reply_fail(e, 400, "invalid_data", field, "%s: %s", field, err.msg);
     }
-    if (job->num_classes > 0 && p->max_label >= job->num_classes) {
-        snprintf(field, sizeof field, "data.%s.%s", where, labels_field);
+    if (num_classes > 0 && p->max_label >= num_classes) {
+        const char *labels = d->format == TD_DATA_CIFAR10 ? "files"
+                             : d->format == TD_DATA_CSV   ? "path"
+                                                          : "labels";
+        snprintf(field, sizeof field, "data.%s.%s", where, labels);
         return td_reply_fail(e, 400, "invalid_data", field,
                              "%s: holds label %d but model.num_classes is %d (labels must be "
                              "0..%d)",
-                             field, p->max_label, job->num_classes, job->num_classes - 1);
+                             field, p->max_label, num_classes, num_classes - 1);
     }
     return 0;
 }
 
 static int check_splits(const td_job *job, td_reply_error *e) {
     td_data_probe train = {0}, val = {0};
-    int rc = check_data(job, &job->train, "train", &train, e);
+    int rc = check_data(&job->data, job->model.num_classes, &job->data.train, "train", &train, e);
     if (rc < 0) return -1;
-    if (!job->val.present) return 0;
-    int rv = check_data(job, &job->val, "val", &val, e);
+    if (!job->data.val.present) return 0;
+    int rv = check_data(&job->data, job->model.num_classes, &job->data.val, "val", &val, e);
     if (rv < 0) return -1;
     td_shape a = train.shape, b = val.shape;
     if (rc == 0 && rv == 0 && train.n > 0 && val.n > 0 &&
@@ -327,12 +312,12 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     int rc = td_job_load_string(&job, text, &err);
     free(text);
     if (rc != 0) return spec_error(e, &err);
-    rc = check_split(&job.train, "train", rules, e);
-    if (rc == 0 && job.val.present) rc = check_split(&job.val, "val", rules, e);
-    if (rc == 0) rc = check_path(job.init_from, "model.init_from", rules, e);
-    if (rc == 0) rc = check_path(job.checkpoint_dir, "checkpoint.dir", rules, e);
-    if (rc == 0 && strcmp(job.resume_from, "latest") != 0)
-        rc = check_path(job.resume_from, "resume_from", rules, e);
+    rc = check_split(&job.data.train, "train", rules, e);
+    if (rc == 0 && job.data.val.present) rc = check_split(&job.data.val, "val", rules, e);
+    if (rc == 0) rc = check_path(job.model.init_from, "model.init_from", rules, e);
+    if (rc == 0) rc = check_path(job.checkpoint.dir, "checkpoint.dir", rules, e);
+    if (rc == 0 && strcmp(job.checkpoint.resume_from, "latest") != 0)
+        rc = check_path(job.checkpoint.resume_from, "resume_from", rules, e);
     if (rc == 0) rc = check_splits(&job, e); /* only once every path is known to be allowed */
     if (!s->name[0]) snprintf(s->name, sizeof s->name, "%s", job.name[0] ? job.name : "job");
     td_job_free(&job);

@@ -227,11 +227,11 @@ Test(checkpoint, killed_writer_leaves_previous_checkpoint) {
     td_job job;
     cr_assert_eq(td_job_load_string(&job, resume_spec(dir, true), &err), 0, "%s", err.msg);
     td_model m;
-    cr_assert_eq(
-        td_model_build(&m, job.nodes, job.n_nodes, td_shape_image(1, 8, 8), 32, 5, 0, &err), 0,
-        "%s", err.msg);
+    cr_assert_eq(td_model_build(&m, job.model.nodes, job.model.n_nodes, td_shape_image(1, 8, 8), 32,
+                                5, 0, &err),
+                 0, "%s", err.msg);
     td_optim opt;
-    td_optim_init(&opt, &job.optim, m.param_floats);
+    td_optim_init(&opt, &job.train.optim, m.param_floats);
     td_train_state st;
     cr_expect_eq(td_checkpoint_load(latest, &m, &opt, &st, &err), 0, "%s", err.msg);
     cr_expect_eq(st.step, 5);
@@ -251,11 +251,12 @@ Test(checkpoint, grad_scaler_round_trip) {
     snprintf(dir, sizeof dir, "%s/scaler", test_tmpdir());
     cr_assert_eq(td_job_load_string(&job, resume_spec(dir, false), &err), 0, "%s", err.msg);
     td_model m;
-    cr_assert_eq(td_model_build(&m, job.nodes, job.n_nodes, td_shape_image(1, 8, 8), 4, 5, 0, &err),
+    cr_assert_eq(td_model_build(&m, job.model.nodes, job.model.n_nodes, td_shape_image(1, 8, 8), 4,
+                                5, 0, &err),
                  0, "%s", err.msg);
     td_optim opt, back;
-    td_optim_init(&opt, &job.optim, m.param_floats);
-    td_optim_init(&back, &job.optim, m.param_floats);
+    td_optim_init(&opt, &job.train.optim, m.param_floats);
+    td_optim_init(&back, &job.train.optim, m.param_floats);
     td_train_state st = {.step = 7}, st_back;
     char saved[700], state[800];
     for (int with = 0; with < 2; with++) {

@@ -41,7 +41,8 @@ static int build(td_model *m, const char *segments, td_err *err) {
         segments ? segments : "");
     td_job job;
     if (td_job_load_string(&job, spec, err) != 0) return -1;
-    int rc = td_model_build(m, job.nodes, job.n_nodes, td_shape_image(3, 8, 8), BATCH, 11, 0, err);
+    int rc = td_model_build(m, job.model.nodes, job.model.n_nodes, td_shape_image(3, 8, 8), BATCH,
+                            11, 0, err);
     td_job_free(&job);
     return rc;
 }

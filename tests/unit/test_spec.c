@@ -182,11 +182,11 @@ Test(spec, example_spec_is_valid) {
     td_job job;
     td_err err = {{0}};
     cr_assert_eq(td_job_load_file(&job, path, &err), 0, "%s", err.msg);
-    cr_expect_eq(job.epochs, 10);
-    cr_expect_eq(job.batch_size, 64);
-    cr_expect_eq(job.schedule.kind, TD_SCHED_COSINE);
-    cr_expect_eq(job.schedule.warmup_steps, 200);
-    cr_expect(job.optim.momentum == 0.9f);
+    cr_expect_eq(job.train.epochs, 10);
+    cr_expect_eq(job.train.batch_size, 64);
+    cr_expect_eq(job.train.schedule.kind, TD_SCHED_COSINE);
+    cr_expect_eq(job.train.schedule.warmup_steps, 200);
+    cr_expect(job.train.optim.momentum == 0.9f);
     td_job_free(&job);
 }
 
@@ -261,7 +261,7 @@ Test(spec, num_workers_is_auto_or_a_count) {
                          spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", data, GOOD_TRAIN),
                          &err),
                      0, "%s", err.msg);
-        cr_expect_eq(job.num_workers, want[i], "case %d", i);
+        cr_expect_eq(job.data.num_workers, want[i], "case %d", i);
         td_job_free(&job);
     }
 }
@@ -302,11 +302,11 @@ static void check_train_bool(const char *key, const char *bad, size_t field, boo
 /* train.deterministic: torch.backends.cudnn.deterministic's switch, a boolean, on by default
  * (unlike PyTorch's: runs are reproducible unless asked otherwise). */
 Test(spec, deterministic_is_a_boolean_on_by_default) {
-    check_train_bool("deterministic", "\"yes\"", offsetof(td_job, deterministic), true);
+    check_train_bool("deterministic", "\"yes\"", offsetof(td_job, train.deterministic), true);
 }
 
 /* train.cudnn_benchmark: torch.backends.cudnn.benchmark's switch, a boolean (off by default; on
  * the CPU it has nothing to time). */
 Test(spec, cudnn_benchmark_is_a_boolean) {
-    check_train_bool("cudnn_benchmark", "1", offsetof(td_job, cudnn_benchmark), false);
+    check_train_bool("cudnn_benchmark", "1", offsetof(td_job, train.cudnn_benchmark), false);
 }

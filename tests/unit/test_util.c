@@ -18,8 +18,8 @@ void test_build_model(td_model *model, const char *nodes_json, td_shape input, i
     td_job job;
     td_err err = {{0}};
     if (td_job_load_string(&job, spec, &err) != 0) cr_assert_fail("spec: %s", err.msg);
-    int rc = td_model_build(model, job.nodes, job.n_nodes, input, max_n, seed, TD_MODEL_INPUT_GRAD,
-                            &err);
+    int rc = td_model_build(model, job.model.nodes, job.model.n_nodes, input, max_n, seed,
+                            TD_MODEL_INPUT_GRAD, &err);
     td_job_free(&job);
     if (rc != 0) cr_assert_fail("build: %s", err.msg);
 }

@@ -37,6 +37,46 @@ typedef struct td_dataset {
     uint64_t synthetic_seed; /* synthetic samples are a pure function of (seed, index) */
 } td_dataset;
 
+#define TD_PATH_MAX 1024 /* a path in a spec */
+
+typedef enum td_data_format {
+    TD_DATA_IDX,
+    TD_DATA_SYNTHETIC,
+    TD_DATA_NPY,
+    TD_DATA_CIFAR10,
+    TD_DATA_CSV
+} td_data_format;
+
+#define TD_MAX_FILES 16
+
+typedef struct td_split_spec {
+    bool present;
+    char images[TD_PATH_MAX], labels[TD_PATH_MAX]; /* idx, npy; csv: images is the file */
+    int n_files;                                   /* cifar10 */
+    char files[TD_MAX_FILES][TD_PATH_MAX];
+    int size; /* synthetic */
+} td_split_spec;
+
+/* A spec's data section (spec/td_spec.c reads it from JSON); defined here, by its user. */
+typedef struct td_data_spec {
+    td_data_format format;
+    td_split_spec train, val;
+    td_shape synthetic_shape;
+    td_normalize norm;
+    bool norm_given;
+    td_augment augment;
+    bool nhwc;        /* npy image layout */
+    int label_column; /* csv */
+    bool csv_header;
+    int num_workers; /* data.num_workers: loader threads, 0 = auto (td_train picks) */
+} td_data_spec;
+
+/* Split sp of d: loaded whole, or probed (td_data_probe_split below) as far as is cheap. The one
+ * place that dispatches on the format. A synthetic split is generated from seed (num_classes wide)
+ * and has nothing to probe: td_data_probe_split returns 1 for it. */
+int td_data_load_split(const td_data_spec *d, const td_split_spec *sp, int num_classes,
+                       uint64_t seed, td_dataset *ds, td_err *err);
+
 /* Loads an IDX image file (magic 0x00000803) and label file (0x00000801), gzipped or plain. */
 int td_dataset_load_idx(td_dataset *ds, const char *images_path, const char *labels_path,
                         td_err *err);
@@ -65,6 +105,8 @@ int td_dataset_probe_npy(const char *images_path, const char *labels_path, bool 
 int td_dataset_probe_cifar10(const char *const *files, int n_files, td_data_probe *p, td_err *err);
 int td_dataset_probe_csv(const char *path, int label_column, bool header, td_data_probe *p,
                          td_err *err);
+int td_data_probe_split(const td_data_spec *d, const td_split_spec *sp, td_data_probe *p,
+                        td_err *err);
 
 /* A deterministic synthetic dataset of the given shape and size, for benchmarks. */
 void td_dataset_synthetic(td_dataset *ds, td_shape shape, int num_classes, int size, uint64_t seed);

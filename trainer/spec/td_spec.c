@@ -12,28 +12,28 @@
 #include <string.h>
 
 static int parse_checkpoint(const json_t *root, td_job *job, td_err *err) {
-    if (td_json_string(root, "", "resume_from", false, "", job->resume_from,
-                       sizeof job->resume_from, err) != 0)
+    if (td_json_string(root, "", "resume_from", false, "", job->checkpoint.resume_from,
+                       sizeof job->checkpoint.resume_from, err) != 0)
         return -1;
     json_t *c;
     if (td_json_object(root, "", "checkpoint", false, &c, err) != 0) return -1;
     if (!c) {
-        if (strcmp(job->resume_from, "latest") == 0)
+        if (strcmp(job->checkpoint.resume_from, "latest") == 0)
             return td_fail(err, "resume_from: \"latest\" needs checkpoint.dir to look in");
         return 0;
     }
     static const char *const keys[] = {"dir", "every_steps", "every_epochs", "keep", NULL};
     if (td_json_check_keys(c, "checkpoint", keys, err) != 0) return -1;
     long steps, epochs, keep;
-    if (td_json_string(c, "checkpoint", "dir", true, "", job->checkpoint_dir,
-                       sizeof job->checkpoint_dir, err) != 0 ||
+    if (td_json_string(c, "checkpoint", "dir", true, "", job->checkpoint.dir,
+                       sizeof job->checkpoint.dir, err) != 0 ||
         td_json_int(c, "checkpoint", "every_steps", false, 0, 0, 1L << 40, &steps, err) != 0 ||
         td_json_int(c, "checkpoint", "every_epochs", false, 0, 0, 1 << 20, &epochs, err) != 0 ||
         td_json_int(c, "checkpoint", "keep", false, 0, 0, 1 << 20, &keep, err) != 0)
         return -1;
-    job->checkpoint_every_steps = steps;
-    job->checkpoint_every_epochs = (int)epochs;
-    job->checkpoint_keep = (int)keep;
+    job->checkpoint.every_steps = steps;
+    job->checkpoint.every_epochs = (int)epochs;
+    job->checkpoint.keep = (int)keep;
     return 0;
 }
 
@@ -53,17 +53,17 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
     json_t *log;
     long l;
     if (td_json_object(root, "", "log", false, &log, err) != 0) return -1;
-    job->log_every = 100;
+    job->log.every_steps = 100;
     if (log) {
         static const char *const lkeys[] = {"every_steps", NULL};
         if (td_json_check_keys(log, "log", lkeys, err) != 0) return -1;
         if (td_json_int(log, "log", "every_steps", false, 100, 1, 1L << 40, &l, err) != 0)
             return -1;
-        job->log_every = (int)l;
+        job->log.every_steps = (int)l;
     }
     json_t *dist;
     if (td_json_object(root, "", "distributed", false, &dist, err) != 0) return -1;
-    job->bucket_cap_mb = 25.0; /* DDP's default */
+    job->distributed.bucket_cap_mb = 25.0; /* DDP's default */
     if (dist) {
         static const char *const dkeys[] = {"bucket_cap_mb", "backend", NULL};
         if (td_json_check_keys(dist, "distributed", dkeys, err) != 0) return -1;
@@ -71,11 +71,11 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
         if (td_json_choice(dist, "distributed", "backend", false, "auto", "auto|nccl|cpu", &backend,
                            err) != 0)
             return -1;
-        job->backend = backend == 0   ? TD_BACKEND_AUTO
-                       : backend == 1 ? TD_BACKEND_NCCL
-                                      : TD_BACKEND_CPU;
+        job->distributed.backend = backend == 0   ? TD_BACKEND_AUTO
+                                   : backend == 1 ? TD_BACKEND_NCCL
+                                                  : TD_BACKEND_CPU;
         if (td_json_number(dist, "distributed", "bucket_cap_mb", false, 25.0, 1e-6, 1e6,
-                           &job->bucket_cap_mb, err) != 0)
+                           &job->distributed.bucket_cap_mb, err) != 0)
             return -1;
     }
     return 0;
@@ -110,7 +110,7 @@ int td_job_load_string(td_job *job, const char *text, td_err *err) {
 }
 
 void td_job_free(td_job *job) {
-    free(job->nodes);
-    job->nodes = NULL;
-    job->n_nodes = 0;
+    free(job->model.nodes);
+    job->model.nodes = NULL;
+    job->model.n_nodes = 0;
 }

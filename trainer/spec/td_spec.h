@@ -14,44 +14,16 @@
 
 #include <stdint.h>
 
-#define TD_PATH_MAX 1024
-
-typedef enum td_data_format {
-    TD_DATA_IDX,
-    TD_DATA_SYNTHETIC,
-    TD_DATA_NPY,
-    TD_DATA_CIFAR10,
-    TD_DATA_CSV
-} td_data_format;
-
-#define TD_MAX_FILES 16
-
-typedef struct td_split_spec {
-    bool present;
-    char images[TD_PATH_MAX], labels[TD_PATH_MAX]; /* idx, npy; csv: images is the file */
-    int n_files;                                   /* cifar10 */
-    char files[TD_MAX_FILES][TD_PATH_MAX];
-    int size; /* synthetic */
-} td_split_spec;
-
-typedef struct td_job {
-    char name[128];
-
+/* The spec's sections, each read by its own parser (td_spec_*.c) and taken by what uses it. */
+typedef struct td_model_spec {
     td_node_spec *nodes;
     int n_nodes;
     int num_classes;
+    char init_from[TD_PATH_MAX]; /* a safetensors file of weights, or empty */
+    bool init_strict;
+} td_model_spec;
 
-    td_data_format format;
-    td_split_spec train, val;
-    td_shape synthetic_shape;
-    td_normalize norm;
-    bool norm_given;
-    td_augment augment;
-    bool nhwc;        /* npy image layout */
-    int label_column; /* csv */
-    bool csv_header;
-    int num_workers; /* data.num_workers: loader threads, 0 = auto (td_train picks) */
-
+typedef struct td_train_spec {
     int epochs;
     long max_steps; /* 0: no limit */
     int batch_size, eval_batch_size;
@@ -64,8 +36,6 @@ typedef struct td_job {
     float clip_grad_norm;  /* 0: off */
     bool sync_bn;          /* SyncBatchNorm across data-parallel ranks */
     int grad_accum;        /* batches per optimizer step; gradients sync on the last only */
-    double bucket_cap_mb;  /* distributed.bucket_cap_mb: DDP's gradient bucket size */
-    td_backend backend;    /* distributed.backend */
     td_device_kind device; /* train.device */
     td_precision precision;
     bool cuda_graph; /* capture the training step in a CUDA graph where shapes allow */
@@ -74,18 +44,36 @@ typedef struct td_job {
     /* cuDNN keeps to deterministic algorithms (torch.backends.cudnn.deterministic); the CPU
      * always is */
     bool deterministic;
-    int n_segments; /* train.activation_checkpointing, marked on nodes[].segment */
+    int n_segments; /* train.activation_checkpointing, marked on model.nodes[].segment */
+} td_train_spec;
 
-    int log_every;
+typedef struct td_distributed_spec {
+    double bucket_cap_mb; /* DDP's gradient bucket size */
+    td_backend backend;
+} td_distributed_spec;
 
-    /* checkpoints: none unless dir is set */
-    char checkpoint_dir[TD_PATH_MAX];
-    long checkpoint_every_steps;   /* 0: not by steps */
-    int checkpoint_every_epochs;   /* 0: not by epochs */
-    int checkpoint_keep;           /* newest K kept; 0: all */
-    char resume_from[TD_PATH_MAX]; /* a checkpoint directory, "latest", or empty */
-    char init_from[TD_PATH_MAX];   /* a safetensors file of weights, or empty */
-    bool init_strict;
+/* checkpoints: none unless dir is set */
+typedef struct td_checkpoint_spec {
+    char dir[TD_PATH_MAX];
+    long every_steps;              /* 0: not by steps */
+    int every_epochs;              /* 0: not by epochs */
+    int keep;                      /* newest K kept; 0: all */
+    char resume_from[TD_PATH_MAX]; /* (the spec's top-level resume_from) a checkpoint directory,
+                                      "latest", or empty */
+} td_checkpoint_spec;
+
+typedef struct td_log_spec {
+    int every_steps;
+} td_log_spec;
+
+typedef struct td_job {
+    char name[128];
+    td_model_spec model;
+    td_data_spec data;
+    td_train_spec train;
+    td_distributed_spec distributed;
+    td_checkpoint_spec checkpoint;
+    td_log_spec log;
 } td_job;
 
 /* Parses and validates a spec from a file or a string. On error returns -1 with err set. */

@@ -68,9 +68,9 @@ static int parse_augment(const json_t *d, td_job *job, td_err *err) {
             td_json_int(crop, "data.augment.random_crop", "padding", true, 0, 1, 64, &pad, err) !=
                 0)
             return -1;
-        job->augment.crop_padding = (int)pad;
+        job->data.augment.crop_padding = (int)pad;
     }
-    return td_json_bool(a, "data.augment", "horizontal_flip", false, &job->augment.hflip, err);
+    return td_json_bool(a, "data.augment", "horizontal_flip", false, &job->data.augment.hflip, err);
 }
 
 static int parse_float_list(const json_t *obj, const char *path, const char *key, int n_max,
@@ -112,8 +112,8 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
     if (td_json_choice(d, "data", "format", true, "", "idx|synthetic|npy|cifar10|csv", &format,
                        err) != 0)
         return -1;
-    job->format = (td_data_format)format;
-    switch (job->format) {
+    job->data.format = (td_data_format)format;
+    switch (job->data.format) {
     case TD_DATA_IDX:
     case TD_DATA_CIFAR10: {
         static const char *const keys[] = {"format",  "train",       "val", "normalize",
@@ -128,7 +128,7 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
         if (td_json_check_keys(d, "data", keys, err) != 0 ||
             td_json_choice(d, "data", "layout", false, "NCHW", "NCHW|NHWC", &layout, err) != 0)
             return -1;
-        job->nhwc = layout == 1;
+        job->data.nhwc = layout == 1;
         break;
     }
     case TD_DATA_CSV: {
@@ -137,9 +137,9 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
         long col;
         if (td_json_check_keys(d, "data", keys, err) != 0 ||
             td_json_int(d, "data", "label_column", false, 0, 0, 1 << 20, &col, err) != 0 ||
-            td_json_bool(d, "data", "header", false, &job->csv_header, err) != 0)
+            td_json_bool(d, "data", "header", false, &job->data.csv_header, err) != 0)
             return -1;
-        job->label_column = (int)col;
+        job->data.label_column = (int)col;
         break;
     }
     case TD_DATA_SYNTHETIC: {
@@ -161,49 +161,50 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
         }
         if (dims[0] > 4)
             return td_fail(err, "data.shape[0]: %d channels; at most 4 are supported", dims[0]);
-        job->synthetic_shape = td_shape_image(dims[0], dims[1], dims[2]);
+        job->data.synthetic_shape = td_shape_image(dims[0], dims[1], dims[2]);
         long classes, size, val_size;
         if (td_json_int(d, "data", "num_classes", true, 0, 1, 1 << 20, &classes, err) != 0 ||
             td_json_int(d, "data", "size", true, 0, 1, 1 << 28, &size, err) != 0 ||
             td_json_int(d, "data", "val_size", false, 0, 0, 1 << 28, &val_size, err) != 0)
             return -1;
-        if (job->num_classes && job->num_classes != classes)
+        if (job->model.num_classes && job->model.num_classes != classes)
             return td_fail(err,
                            "data.num_classes: %ld, but model.num_classes is %d; they must "
                            "agree",
-                           classes, job->num_classes);
-        job->num_classes = (int)classes;
-        job->train.present = true;
-        job->train.size = (int)size;
-        job->val.present = val_size > 0;
-        job->val.size = (int)val_size;
+                           classes, job->model.num_classes);
+        job->model.num_classes = (int)classes;
+        job->data.train.present = true;
+        job->data.train.size = (int)size;
+        job->data.val.present = val_size > 0;
+        job->data.val.size = (int)val_size;
         break;
     }
     }
-    if (parse_num_workers(d, &job->num_workers, err) != 0) return -1;
-    if (job->format != TD_DATA_SYNTHETIC &&
-        (parse_split(d, job->format, "train", true, &job->train, err) != 0 ||
-         parse_split(d, job->format, "val", false, &job->val, err) != 0))
+    if (parse_num_workers(d, &job->data.num_workers, err) != 0) return -1;
+    if (job->data.format != TD_DATA_SYNTHETIC &&
+        (parse_split(d, job->data.format, "train", true, &job->data.train, err) != 0 ||
+         parse_split(d, job->data.format, "val", false, &job->data.val, err) != 0))
         return -1;
     if (parse_augment(d, job, err) != 0) return -1;
     json_t *norm;
     if (td_json_object(d, "data", "normalize", false, &norm, err) != 0) return -1;
-    job->norm.channels = 0;
+    job->data.norm.channels = 0;
     if (norm) {
         static const char *const keys[] = {"mean", "std", NULL};
         if (td_json_check_keys(norm, "data.normalize", keys, err) != 0) return -1;
         int nm, ns;
-        if (parse_float_list(norm, "data.normalize", "mean", 4, job->norm.mean, &nm, false, err) !=
-                0 ||
-            parse_float_list(norm, "data.normalize", "std", 4, job->norm.std, &ns, true, err) != 0)
+        if (parse_float_list(norm, "data.normalize", "mean", 4, job->data.norm.mean, &nm, false,
+                             err) != 0 ||
+            parse_float_list(norm, "data.normalize", "std", 4, job->data.norm.std, &ns, true,
+                             err) != 0)
             return -1;
         if (nm != ns)
             return td_fail(err,
                            "data.normalize: mean has %d values but std has %d; expected one "
                            "of each per channel",
                            nm, ns);
-        job->norm.channels = nm;
-        job->norm_given = true;
+        job->data.norm.channels = nm;
+        job->data.norm_given = true;
     }
     return 0;
 }

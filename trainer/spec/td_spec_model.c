@@ -86,23 +86,23 @@ int td_spec_parse_model(const json_t *root, td_job *job, td_err *err) {
     json_t *preset = json_object_get(m, "preset");
     if (nodes && preset)
         return td_fail(err, "model: has both \"preset\" and \"nodes\"; expected one of them");
-    if (td_json_string(m, "model", "init_from", false, "", job->init_from, sizeof job->init_from,
-                       err) != 0 ||
-        td_json_bool(m, "model", "strict", true, &job->init_strict, err) != 0)
+    if (td_json_string(m, "model", "init_from", false, "", job->model.init_from,
+                       sizeof job->model.init_from, err) != 0 ||
+        td_json_bool(m, "model", "strict", true, &job->model.init_strict, err) != 0)
         return -1;
     long classes;
     if (td_json_int(m, "model", "num_classes", preset != NULL, 0, 1, 1 << 20, &classes, err) != 0)
         return -1;
-    job->num_classes = (int)classes;
+    job->model.num_classes = (int)classes;
     if (nodes) {
         static const char *const keys[] = {"nodes", "num_classes", "init_from", "strict", NULL};
         if (td_json_check_keys(m, "model", keys, err) != 0) return -1;
         if (!json_is_array(nodes) || json_array_size(nodes) == 0)
             return td_json_fail_found(err, "model.nodes", "a non-empty array of nodes", nodes);
-        job->n_nodes = (int)json_array_size(nodes);
-        job->nodes = td_calloc((size_t)job->n_nodes, sizeof *job->nodes);
-        for (int i = 0; i < job->n_nodes; i++)
-            if (parse_node(json_array_get(nodes, (size_t)i), i, &job->nodes[i], err) != 0)
+        job->model.n_nodes = (int)json_array_size(nodes);
+        job->model.nodes = td_calloc((size_t)job->model.n_nodes, sizeof *job->model.nodes);
+        for (int i = 0; i < job->model.n_nodes; i++)
+            if (parse_node(json_array_get(nodes, (size_t)i), i, &job->model.nodes[i], err) != 0)
                 return -1;
         return 0;
     }
@@ -114,8 +114,10 @@ int td_spec_parse_model(const json_t *root, td_job *job, td_err *err) {
     if (which == 0 || which == 2) {
         static const char *const keys[] = {"preset", "num_classes", "init_from", "strict", NULL};
         if (td_json_check_keys(m, "model", keys, err) != 0) return -1;
-        return which == 0 ? td_preset_lenet5(job->num_classes, &job->nodes, &job->n_nodes)
-                          : td_preset_cifar_net(job->num_classes, &job->nodes, &job->n_nodes);
+        return which == 0 ? td_preset_lenet5(job->model.num_classes, &job->model.nodes,
+                                             &job->model.n_nodes)
+                          : td_preset_cifar_net(job->model.num_classes, &job->model.nodes,
+                                                &job->model.n_nodes);
     }
     if (which >= 3) {
         static const char *const keys[] = {"preset",    "num_classes", "stem", "zero_init_residual",
@@ -128,9 +130,9 @@ int td_spec_parse_model(const json_t *root, td_job *job, td_err *err) {
             td_json_bool(m, "model", "zero_init_residual", false, &zero_init, err) != 0)
             return -1;
         static const int depths[] = {18, 34, 50};
-        return td_preset_resnet(depths[which - 3], job->num_classes,
-                                stem ? TD_STEM_CIFAR : TD_STEM_IMAGENET, zero_init, &job->nodes,
-                                &job->n_nodes);
+        return td_preset_resnet(depths[which - 3], job->model.num_classes,
+                                stem ? TD_STEM_CIFAR : TD_STEM_IMAGENET, zero_init,
+                                &job->model.nodes, &job->model.n_nodes);
     }
     static const char *const keys[] = {"preset",  "num_classes", "hidden", "activation",
                                        "dropout", "init_from",   "strict", NULL};
@@ -159,5 +161,5 @@ int td_spec_parse_model(const json_t *root, td_job *job, td_err *err) {
     double dropout;
     if (td_json_number(m, "model", "dropout", false, 0, 0, 0.999, &dropout, err) != 0) return -1;
     opt.dropout = (float)dropout;
-    return td_preset_mlp(&opt, job->num_classes, &job->nodes, &job->n_nodes);
+    return td_preset_mlp(&opt, job->model.num_classes, &job->model.nodes, &job->model.n_nodes);
 }

@@ -17,7 +17,7 @@ static int parse_optimizer(const json_t *t, td_job *job, td_err *err) {
     const char *p = "train.optimizer";
     int kind;
     if (td_json_choice(o, p, "type", true, "", "sgd|adam|adamw", &kind, err) != 0) return -1;
-    td_optim_config *c = &job->optim;
+    td_optim_config *c = &job->train.optim;
     c->kind = kind == 0 ? TD_OPTIM_SGD : kind == 1 ? TD_OPTIM_ADAM : TD_OPTIM_ADAMW;
     double lr, wd, v;
     if (td_json_number(o, p, "lr", true, 0, 1e-12, 1e6, &lr, err) != 0) return -1;
@@ -64,7 +64,7 @@ static int parse_optimizer(const json_t *t, td_job *job, td_err *err) {
 
 static int parse_schedule(const json_t *t, td_job *job, td_err *err) {
     json_t *s;
-    td_schedule *sc = &job->schedule;
+    td_schedule *sc = &job->train.schedule;
     memset(sc, 0, sizeof *sc);
     sc->kind = TD_SCHED_CONSTANT;
     if (td_json_object(t, "train", "schedule", false, &s, err) != 0) return -1;
@@ -148,12 +148,12 @@ static int parse_recompute(const json_t *t, td_job *job, td_err *err) {
         else if (!names[i].last[0])
             rc = td_fail(err, "%s.last: empty; expected a node name", where);
     }
-    if (rc == 0 && td_segments_assign(job->nodes, job->n_nodes, names, n, err) != 0) {
+    if (rc == 0 && td_segments_assign(job->model.nodes, job->model.n_nodes, names, n, err) != 0) {
         char msg[TD_ERR_MAX]; /* "[2]: ..." joins the path without the usual ": " */
         memcpy(msg, err->msg, sizeof msg);
         rc = td_fail(err, "%s%s", path, msg);
     }
-    job->n_segments = n;
+    job->train.n_segments = n;
     free(names);
     return rc;
 }
@@ -173,43 +173,43 @@ int td_spec_parse_train(const json_t *root, td_job *job, td_err *err) {
     int choice;
     if (td_json_choice(t, "train", "device", false, "auto", "auto|cpu|cuda", &choice, err) != 0)
         return -1;
-    job->device = choice == 0 ? TD_DEVICE_AUTO : choice == 1 ? TD_DEVICE_CPU : TD_DEVICE_CUDA;
+    job->train.device = choice == 0 ? TD_DEVICE_AUTO : choice == 1 ? TD_DEVICE_CPU : TD_DEVICE_CUDA;
     if (td_json_choice(t, "train", "precision", false, "fp32", "fp32|bf16|fp16", &choice, err) != 0)
         return -1;
-    job->precision = choice == 0 ? TD_PREC_FP32 : choice == 1 ? TD_PREC_BF16 : TD_PREC_FP16;
-    if (td_json_bool(t, "train", "cuda_graph", true, &job->cuda_graph, err) != 0 ||
-        td_json_bool(t, "train", "cudnn_benchmark", false, &job->cudnn_benchmark, err) != 0 ||
-        td_json_bool(t, "train", "deterministic", true, &job->deterministic, err) != 0)
+    job->train.precision = choice == 0 ? TD_PREC_FP32 : choice == 1 ? TD_PREC_BF16 : TD_PREC_FP16;
+    if (td_json_bool(t, "train", "cuda_graph", true, &job->train.cuda_graph, err) != 0 ||
+        td_json_bool(t, "train", "cudnn_benchmark", false, &job->train.cudnn_benchmark, err) != 0 ||
+        td_json_bool(t, "train", "deterministic", true, &job->train.deterministic, err) != 0)
         return -1;
     if (parse_recompute(t, job, err) != 0) return -1;
     long l;
     if (td_json_int(t, "train", "epochs", false, 1, 1, 1000000, &l, err) != 0) return -1;
-    job->epochs = (int)l;
+    job->train.epochs = (int)l;
     if (td_json_int(t, "train", "max_steps", false, 0, 0, 1L << 40, &l, err) != 0) return -1;
-    job->max_steps = l;
+    job->train.max_steps = l;
     if (td_json_int(t, "train", "batch_size", true, 0, 1, 1 << 20, &l, err) != 0) return -1;
-    job->batch_size = (int)l;
-    if (td_json_int(t, "train", "eval_batch_size", false, job->batch_size, 1, 1 << 20, &l, err) !=
-        0)
+    job->train.batch_size = (int)l;
+    if (td_json_int(t, "train", "eval_batch_size", false, job->train.batch_size, 1, 1 << 20, &l,
+                    err) != 0)
         return -1;
-    job->eval_batch_size = (int)l;
+    job->train.eval_batch_size = (int)l;
     if (td_json_int(t, "train", "seed", false, 0, 0, (long)(~0ul >> 1), &l, err) != 0) return -1;
-    job->seed = (uint64_t)l;
+    job->train.seed = (uint64_t)l;
     if (td_json_int(t, "train", "threads", false, 1, 1, 1024, &l, err) != 0) return -1;
-    job->threads = (int)l;
-    if (td_json_bool(t, "train", "sync_bn", false, &job->sync_bn, err) != 0) return -1;
+    job->train.threads = (int)l;
+    if (td_json_bool(t, "train", "sync_bn", false, &job->train.sync_bn, err) != 0) return -1;
     if (td_json_int(t, "train", "grad_accum", false, 1, 1, 1 << 16, &l, err) != 0) return -1;
-    job->grad_accum = (int)l;
-    if (td_json_bool(t, "train", "shuffle", true, &job->shuffle, err) != 0 ||
-        td_json_bool(t, "train", "drop_last", false, &job->drop_last, err) != 0)
+    job->train.grad_accum = (int)l;
+    if (td_json_bool(t, "train", "shuffle", true, &job->train.shuffle, err) != 0 ||
+        td_json_bool(t, "train", "drop_last", false, &job->train.drop_last, err) != 0)
         return -1;
     double v;
     if (td_json_number(t, "train", "clip_grad_norm", false, 0, 0, 1e12, &v, err) != 0) return -1;
-    job->clip_grad_norm = (float)v;
+    job->train.clip_grad_norm = (float)v;
     if (parse_optimizer(t, job, err) != 0 || parse_schedule(t, job, err) != 0) return -1;
     json_t *loss;
     if (td_json_object(t, "train", "loss", false, &loss, err) != 0) return -1;
-    job->loss.kind = TD_LOSS_CROSS_ENTROPY;
+    job->train.loss.kind = TD_LOSS_CROSS_ENTROPY;
     if (loss) {
         static const char *const lkeys[] = {"type", "label_smoothing", NULL};
         if (td_json_check_keys(loss, "train.loss", lkeys, err) != 0) return -1;
@@ -217,11 +217,11 @@ int td_spec_parse_train(const json_t *root, td_job *job, td_err *err) {
         if (td_json_choice(loss, "train.loss", "type", false, "cross_entropy", "cross_entropy|mse",
                            &kind, err) != 0)
             return -1;
-        job->loss.kind = kind == 0 ? TD_LOSS_CROSS_ENTROPY : TD_LOSS_MSE;
+        job->train.loss.kind = kind == 0 ? TD_LOSS_CROSS_ENTROPY : TD_LOSS_MSE;
         if (td_json_number(loss, "train.loss", "label_smoothing", false, 0, 0, 1, &v, err) != 0)
             return -1;
-        job->loss.label_smoothing = (float)v;
-        if (job->loss.kind == TD_LOSS_MSE && v != 0)
+        job->train.loss.label_smoothing = (float)v;
+        if (job->train.loss.kind == TD_LOSS_MSE && v != 0)
             return td_fail(err, "train.loss.label_smoothing: only applies to cross_entropy");
     }
     return 0;

@@ -28,15 +28,16 @@ static bool profile_requested(void) {
 /* The run's extent and the model's training settings, before the first batch. */
 static int start(trainer *t, loop *L, td_run *run, td_err *err) {
     const td_job *job = t->job;
-    *L = (loop){.sched = job->schedule};
+    *L = (loop){.sched = job->train.schedule};
     /* an optimizer step every grad_accum batches (the last group of an epoch may be short) */
     L->batches = td_loader_batches(&t->train, &t->train_cfg);
-    int steps_per_epoch = (L->batches + job->grad_accum - 1) / job->grad_accum;
+    int steps_per_epoch = (L->batches + job->train.grad_accum - 1) / job->train.grad_accum;
     if (steps_per_epoch == 0)
         return td_fail(err, "train.batch_size: %d with drop_last leaves no batch from %d samples",
-                       job->batch_size, t->train.n);
-    L->total = (long)steps_per_epoch * job->epochs;
-    if (job->max_steps > 0 && job->max_steps < L->total) L->total = job->max_steps;
+                       job->train.batch_size, t->train.n);
+    L->total = (long)steps_per_epoch * job->train.epochs;
+    if (job->train.max_steps > 0 && job->train.max_steps < L->total)
+        L->total = job->train.max_steps;
     L->sched.total_steps = L->total;
     /* --stop-after: leave as if preempted, the schedule still spanning the whole run */
     L->stop = L->total;
@@ -124,7 +125,7 @@ static int finish(trainer *t, loop *L, td_train_result *res, td_err *err) {
         return td_train_save(t, err);
     }
     if (td_train_save(t, err) != 0) return -1;
-    if (t->job->val.present && !res->has_val) {
+    if (t->job->data.val.present && !res->has_val) {
         if (td_train_eval_pass(t, &res->val_loss, &res->val_acc, err) != 0) return -1;
         res->has_val = true;
     }
@@ -148,17 +149,17 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
     loop L;
     td_run run;
     if (start(t, &L, &run, err) != 0) return -1;
-    int accum = job->grad_accum, world = td_train_world(t);
+    int accum = job->train.grad_accum, world = td_train_world(t);
     memset(res, 0, sizeof *res);
     res->epochs_done = st->epoch;
     if (t->gpu && td_train_gpu_seek_dropout(t, (long)st->epoch * L.batches + st->batch, err) != 0)
         return -1;
-    for (int epoch = st->epoch; epoch < job->epochs && st->step < L.stop; epoch++) {
+    for (int epoch = st->epoch; epoch < job->train.epochs && st->step < L.stop; epoch++) {
         td_loader_start_epoch(t->train_loader, epoch, st->epoch == epoch ? st->batch : 0);
         st->epoch = epoch;
         td_batch b;
         while (st->step < L.stop && td_loader_next(t->train_loader, &b)) {
-            float lr = td_schedule_lr(&L.sched, job->optim.lr, st->step);
+            float lr = td_schedule_lr(&L.sched, job->train.optim.lr, st->step);
             /* this batch's place in its group of grad_accum (the epoch's last may be short) */
             int micro = st->batch % accum, left = L.batches - (st->batch - micro);
             int group = left < accum ? left : accum;
@@ -175,10 +176,10 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             L.steps++;
             st->interval_steps++;
             L.interval_steps++;
-            if ((st->step % job->log_every == 0 || st->step == L.total) &&
+            if ((st->step % job->log.every_steps == 0 || st->step == L.total) &&
                 log_train(t, &L, lr, res, err) != 0)
                 return -1;
-            if (job->checkpoint_every_steps > 0 && st->step % job->checkpoint_every_steps == 0 &&
+            if (job->checkpoint.every_steps > 0 && st->step % job->checkpoint.every_steps == 0 &&
                 td_train_save(t, err) != 0)
                 return -1;
         }
@@ -186,8 +187,8 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
         st->epoch = epoch + 1;
         st->batch = 0;
         res->epochs_done = epoch + 1;
-        if (job->val.present && evaluate_epoch(t, &L, res, err) != 0) return -1;
-        if (job->checkpoint_every_epochs > 0 && (epoch + 1) % job->checkpoint_every_epochs == 0 &&
+        if (job->data.val.present && evaluate_epoch(t, &L, res, err) != 0) return -1;
+        if (job->checkpoint.every_epochs > 0 && (epoch + 1) % job->checkpoint.every_epochs == 0 &&
             td_train_save(t, err) != 0)
             return -1;
     }
@@ -207,7 +208,7 @@ int td_train_run(const td_job *job, const td_train_options *opt, FILE *metrics, 
     if (!result) result = &scratch;
     int rc = td_train_setup(&t, err);
     if (rc == 0) {
-        t.train_loader = td_loader_create(&t.train, &t.norm, &job->augment, &t.train_cfg);
+        t.train_loader = td_loader_create(&t.train, &t.norm, &job->data.augment, &t.train_cfg);
         rc = train_loop(&t, result, err);
     }
     td_train_release(&t);
@@ -222,9 +223,9 @@ int td_train_evaluate(const td_job *job, FILE *metrics, FILE *log, td_train_resu
     if (!result) result = &scratch;
     memset(result, 0, sizeof *result);
     int rc = -1;
-    if (!job->val.present)
+    if (!job->data.val.present)
         td_fail(err, "--eval: the spec has no data.val to evaluate on");
-    else if (!job->resume_from[0] && !job->init_from[0])
+    else if (!job->checkpoint.resume_from[0] && !job->model.init_from[0])
         td_fail(err, "--eval: give resume_from or model.init_from, or there is nothing trained "
                      "to evaluate");
     else

@@ -7,20 +7,22 @@
 /* Weights from init_from, then everything from resume_from. */
 int td_train_restore(trainer *t, td_err *err) {
     const td_job *job = t->job;
-    if (job->init_from[0] &&
-        td_checkpoint_load_weights(job->init_from, &t->model, job->init_strict, t->log, err) != 0)
+    if (job->model.init_from[0] &&
+        td_checkpoint_load_weights(job->model.init_from, &t->model, job->model.init_strict, t->log,
+                                   err) != 0)
         return td_fail_prefix(err, "model.init_from");
-    if (!job->resume_from[0]) return 0;
+    if (!job->checkpoint.resume_from[0]) return 0;
     char dir[TD_PATH_MAX + 32];
-    if (td_checkpoint_resolve(job->resume_from, job->checkpoint_dir, dir, sizeof dir, err) != 0)
+    if (td_checkpoint_resolve(job->checkpoint.resume_from, job->checkpoint.dir, dir, sizeof dir,
+                              err) != 0)
         return -1;
     if (td_checkpoint_load(dir, &t->model, &t->optim, &t->state, err) != 0)
         return td_fail_prefix(err, "resume_from");
-    if (t->state.seed != job->seed)
+    if (t->state.seed != job->train.seed)
         return td_fail(err,
                        "resume_from: %s was trained with train.seed %llu but the spec says "
                        "%llu; the data order would differ",
-                       dir, (unsigned long long)t->state.seed, (unsigned long long)job->seed);
+                       dir, (unsigned long long)t->state.seed, (unsigned long long)job->train.seed);
     t->last_saved_step = t->state.step;
     fprintf(t->log, "[traind] resumed from %s at step %ld (epoch %d, batch %d)\n", dir,
             t->state.step, t->state.epoch + 1, t->state.batch);
@@ -28,7 +30,7 @@ int td_train_restore(trainer *t, td_err *err) {
 }
 
 int td_train_save(trainer *t, td_err *err) {
-    if (!t->job->checkpoint_dir[0] || t->last_saved_step == t->state.step) return 0;
+    if (!t->job->checkpoint.dir[0] || t->last_saved_step == t->state.step) return 0;
     /* the open logging interval's loss is part of the state: fetch it from the device */
     if (t->gpu && td_train_gpu_flush_loss(t, err) != 0) return -1;
     if (!t->rank0) { /* the replicas are identical: rank 0 writes, the others wait for it */
@@ -37,8 +39,8 @@ int td_train_save(trainer *t, td_err *err) {
     }
     if (t->gpu && t->gpu_api->download(t->gpu, &t->model, &t->optim, err) != 0) return -1;
     char path[TD_PATH_MAX + 32];
-    if (td_checkpoint_save(t->job->checkpoint_dir, &t->model, &t->optim, &t->state,
-                           t->job->checkpoint_keep, path, sizeof path, err) != 0)
+    if (td_checkpoint_save(t->job->checkpoint.dir, &t->model, &t->optim, &t->state,
+                           t->job->checkpoint.keep, path, sizeof path, err) != 0)
         return -1;
     t->last_saved_step = t->state.step;
     td_metrics_checkpoint(t->metrics, t->state.step, path);

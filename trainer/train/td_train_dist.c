@@ -106,8 +106,9 @@ static int join_gpu(trainer *t, int rank, int world, td_err *err) {
         t->own_store = true;
     }
     double timeout = d ? d->timeout_s : 300.0;
-    if (t->gpu_api->ddp_start(t->gpu, &t->model, t->store, rank, world, job->bucket_cap_mb, timeout,
-                              job->sync_bn, err) != 0)
+    if (t->gpu_api->ddp_start(t->gpu, &t->model, t->store, rank, world,
+                              job->distributed.bucket_cap_mb, timeout, job->train.sync_bn,
+                              err) != 0)
         return join_failed(t, err);
     t->gpu_ddp = true;
     if (t->store && td_store_ready(t->store, rank, world, err) != 0) return -1;
@@ -119,8 +120,8 @@ static int join_gpu(trainer *t, int rank, int world, td_err *err) {
                 "(bucket_cap_mb %g), all-reduced through NCCL%s\n",
                 world, world == 1 ? "" : "s", d && world > 1 ? d->local_world : 1,
                 t->gpu_api->ddp_buckets(t->gpu), t->gpu_api->ddp_buckets(t->gpu) == 1 ? "" : "s",
-                job->bucket_cap_mb,
-                job->sync_bn ? "; SyncBatchNorm statistics over every rank's batch" : "");
+                job->distributed.bucket_cap_mb,
+                job->train.sync_bn ? "; SyncBatchNorm statistics over every rank's batch" : "");
     return 0;
 }
 
@@ -145,14 +146,15 @@ int td_train_join(trainer *t, td_err *err) {
     if (td_comm_broadcast(t->comm, t->model.param_block, t->model.param_floats, 0, err) != 0 ||
         td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) != 0)
         return td_fail_prefix(err, "broadcasting rank 0's parameters");
-    if (td_reducer_start(&t->reducer, t->comm, &t->model, job->bucket_cap_mb, err) != 0) return -1;
-    if (job->sync_bn) t->sync = (td_sync){.sum = sync_sum, .ctx = t};
+    if (td_reducer_start(&t->reducer, t->comm, &t->model, job->distributed.bucket_cap_mb, err) != 0)
+        return -1;
+    if (job->train.sync_bn) t->sync = (td_sync){.sum = sync_sum, .ctx = t};
     if (t->rank0)
         fprintf(t->log,
                 "[traind] data parallel: %d ranks, %d per node; gradients in %d bucket%s "
                 "(bucket_cap_mb %g), all-reduced through %s\n",
                 world, d->local_world, td_reducer_buckets(t->reducer),
-                td_reducer_buckets(t->reducer) == 1 ? "" : "s", job->bucket_cap_mb,
+                td_reducer_buckets(t->reducer) == 1 ? "" : "s", job->distributed.bucket_cap_mb,
                 td_reducer_transport(t->reducer));
     return 0;
 }

@@ -13,34 +13,16 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static int load_split(const td_job *job, const td_split_spec *split, td_dataset *ds, uint64_t salt,
-                      td_err *err) {
-    switch (job->format) {
-    case TD_DATA_SYNTHETIC:
-        td_dataset_synthetic(ds, job->synthetic_shape, job->num_classes, split->size,
-                             job->seed * 0x9E3779B97F4A7C15ull + salt);
-        return 0;
-    case TD_DATA_IDX:
-        return td_dataset_load_idx(ds, split->images, split->labels, err);
-    case TD_DATA_NPY:
-        return td_dataset_load_npy(ds, split->images, split->labels, job->nhwc, err);
-    case TD_DATA_CIFAR10: {
-        const char *files[TD_MAX_FILES];
-        for (int i = 0; i < split->n_files; i++) files[i] = split->files[i];
-        return td_dataset_load_cifar10(ds, files, split->n_files, err);
-    }
-    case TD_DATA_CSV:
-        return td_dataset_load_csv(ds, split->images, job->label_column, job->csv_header, err);
-    }
-    return td_fail(err, "unknown data format");
-}
-
 static int setup_data(trainer *t, td_err *err) {
     const td_job *job = t->job;
-    if (load_split(job, &job->train, &t->train, 1, err) != 0)
+    /* synthetic splits: distinct streams of the run's seed (1: train, 2: val) */
+    uint64_t seed = job->train.seed * 0x9E3779B97F4A7C15ull;
+    if (td_data_load_split(&job->data, &job->data.train, job->model.num_classes, seed + 1,
+                           &t->train, err) != 0)
         return td_fail_prefix(err, "data.train");
-    if (job->val.present) {
-        if (load_split(job, &job->val, &t->val, 2, err) != 0)
+    if (job->data.val.present) {
+        if (td_data_load_split(&job->data, &job->data.val, job->model.num_classes, seed + 2,
+                               &t->val, err) != 0)
             return td_fail_prefix(err, "data.val");
         td_shape a = t->train.shape, b = t->val.shape;
         if (a.c != b.c || a.h != b.h || a.w != b.w || a.spatial != b.spatial) {
@@ -52,13 +34,13 @@ static int setup_data(trainer *t, td_err *err) {
     }
     /* flat features share one mean/std; images have one per channel (or one for all) */
     int channels = t->train.shape.spatial ? t->train.shape.c : 1;
-    if (job->norm_given) {
-        if (job->norm.channels != channels && job->norm.channels != 1)
+    if (job->data.norm_given) {
+        if (job->data.norm.channels != channels && job->data.norm.channels != 1)
             return td_fail(err,
                            "data.normalize: gives %d values per list but the images have %d "
                            "channel%s",
-                           job->norm.channels, channels, channels > 1 ? "s" : "");
-        t->norm = job->norm;
+                           job->data.norm.channels, channels, channels > 1 ? "s" : "");
+        t->norm = job->data.norm;
     } else {
         t->norm.channels = channels;
         for (int c = 0; c < channels; c++) t->norm.mean[c] = 0.0f, t->norm.std[c] = 1.0f;
@@ -68,10 +50,11 @@ static int setup_data(trainer *t, td_err *err) {
 
 static int setup_model(trainer *t, td_err *err) {
     const td_job *job = t->job;
-    int max_n = job->batch_size > job->eval_batch_size ? job->batch_size : job->eval_batch_size;
+    int max_n = job->train.batch_size > job->train.eval_batch_size ? job->train.batch_size
+                                                                   : job->train.eval_batch_size;
     unsigned flags = t->device.device == TD_DEVICE_CUDA ? TD_MODEL_NO_ARENA : 0;
-    if (td_model_build(&t->model, job->nodes, job->n_nodes, t->train.shape, max_n, job->seed, flags,
-                       err) != 0)
+    if (td_model_build(&t->model, job->model.nodes, job->model.n_nodes, t->train.shape, max_n,
+                       job->train.seed, flags, err) != 0)
         return -1;
     td_shape out = td_model_output_shape(&t->model);
     if (out.spatial)
@@ -80,10 +63,10 @@ static int setup_model(trainer *t, td_err *err) {
                        "[classes] (end with a linear node)",
                        out.c, out.h, out.w);
     t->classes = out.c;
-    if (job->num_classes && job->num_classes != out.c)
+    if (job->model.num_classes && job->model.num_classes != out.c)
         return td_fail(err, "model: the last node outputs %d values but num_classes is %d", out.c,
-                       job->num_classes);
-    const td_dataset *sets[2] = {&t->train, job->val.present ? &t->val : NULL};
+                       job->model.num_classes);
+    const td_dataset *sets[2] = {&t->train, job->data.val.present ? &t->val : NULL};
     for (int i = 0; i < 2; i++) {
         if (!sets[i]) continue;
         int max_label = td_dataset_max_label(sets[i]);
@@ -93,10 +76,10 @@ static int setup_model(trainer *t, td_err *err) {
                            "must be 0..%d)",
                            i ? "val" : "train", max_label, t->classes, t->classes - 1);
     }
-    td_optim_init(&t->optim, &job->optim, t->model.param_floats);
+    td_optim_init(&t->optim, &job->train.optim, t->model.param_floats);
     t->dlogits = td_aligned_alloc((size_t)max_n * t->classes * sizeof(float));
-    t->state.seed = job->seed;
-    td_rng_seed_for(&t->state.dropout_rng, job->seed, "dropout", 0);
+    t->state.seed = job->train.seed;
+    td_rng_seed_for(&t->state.dropout_rng, job->train.seed, "dropout", 0);
     t->last_saved_step = -1;
     return 0;
 }
@@ -108,10 +91,10 @@ static int resolve_device(trainer *t, td_err *err) {
     char why[256];
     int gpus = td_gpu_device_count(why, sizeof why);
     int local_rank = t->dist ? t->dist->local_rank : 0;
-    if (td_device_resolve(job->device, job->precision, job->backend, gpus, why, local_rank,
-                          getenv("CUDA_VISIBLE_DEVICES"), &t->device, err) != 0)
+    if (td_device_resolve(job->train.device, job->train.precision, job->distributed.backend, gpus,
+                          why, local_rank, getenv("CUDA_VISIBLE_DEVICES"), &t->device, err) != 0)
         return -1;
-    t->graph_off = !job->cuda_graph;
+    t->graph_off = !job->train.cuda_graph;
     return 0;
 }
 
@@ -121,11 +104,11 @@ static int setup_gpu(trainer *t, td_err *err) {
     t->gpu_api = td_gpu_load(err);
     if (!t->gpu_api || t->gpu_api->open(&t->gpu, t->device.cuda_device, err) != 0)
         return td_fail_prefix(err, "train.device");
-    t->gpu_api->set_deterministic(t->gpu, t->job->deterministic);
-    if (t->gpu_api->attach(t->gpu, &t->model, t->device.precision, t->job->seed, err) != 0 ||
+    t->gpu_api->set_deterministic(t->gpu, t->job->train.deterministic);
+    if (t->gpu_api->attach(t->gpu, &t->model, t->device.precision, t->job->train.seed, err) != 0 ||
         t->gpu_api->optim_init(t->gpu, &t->model, &t->optim, err) != 0)
         return td_fail_prefix(err, "train.device");
-    if (t->job->cudnn_benchmark) {
+    if (t->job->train.cudnn_benchmark) {
         double t0 = td_clock_now();
         int timed = 0;
         if (t->gpu_api->benchmark_convolutions(t->gpu, &t->model, &timed, err) != 0) return -1;
@@ -142,7 +125,7 @@ static int setup_gpu(trainer *t, td_err *err) {
  * a ResNet-50 step on an H100 well under 100 ms). A rank whose launcher pinned it to some of the
  * cores has those to itself; an unpinned one shares the machine's with the node's other ranks. */
 int td_train_loader_workers(const trainer *t) {
-    if (t->job->num_workers > 0) return t->job->num_workers;
+    if (t->job->data.num_workers > 0) return t->job->data.num_workers;
     if (!t->gpu) return 1;
     cpu_set_t set;
     int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
@@ -160,10 +143,16 @@ static void configure_loaders(trainer *t) {
     int rank = td_dist_active(t->dist) ? t->dist->rank : 0, world = td_train_world(t);
     t->rank0 = rank == 0;
     int workers = td_train_loader_workers(t);
-    t->train_cfg = (td_loader_config){
-        job->batch_size, job->shuffle, job->drop_last, job->seed, rank, world, true, workers};
+    t->train_cfg = (td_loader_config){job->train.batch_size,
+                                      job->train.shuffle,
+                                      job->train.drop_last,
+                                      job->train.seed,
+                                      rank,
+                                      world,
+                                      true,
+                                      workers};
     t->val_cfg = (td_loader_config){
-        job->eval_batch_size, false, false, job->seed, rank, world, false, workers};
+        job->train.eval_batch_size, false, false, job->train.seed, rank, world, false, workers};
 }
 
 static void log_banner(const trainer *t) {
@@ -175,9 +164,9 @@ static void log_banner(const trainer *t) {
     int workers = td_train_loader_workers(t);
     fprintf(t->log,
             "[traind] data: %d training samples%s, shape %s, %d classes; %d loader thread%s\n",
-            t->train.n, job->format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", shape, t->classes,
-            workers, workers == 1 ? "" : "s");
-    if (job->val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
+            t->train.n, job->data.format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", shape,
+            t->classes, workers, workers == 1 ? "" : "s");
+    if (job->data.val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
     const td_model *m = &t->model;
     if (m->n_segments) {
         double mib = 1.0 / (1024.0 * 1024.0);
@@ -197,24 +186,25 @@ static void log_banner(const trainer *t) {
                 "Add%s\n",
                 desc, td_precision_name(t->device.precision), t->graph_off ? "off" : "on", fused,
                 fused == 1 ? "" : "s",
-                job->deterministic ? "" : "; cuDNN may choose nondeterministic algorithms");
+                job->train.deterministic ? "" : "; cuDNN may choose nondeterministic algorithms");
         return;
     }
     char why[256];
     td_gpu_device_count(why, sizeof why);
     fprintf(t->log, "[traind] device: CPU, OpenBLAS %s kernels, %d thread%s (%s)\n",
-            td_blas_describe(), job->threads, job->threads > 1 ? "s" : "", why);
+            td_blas_describe(), job->train.threads, job->train.threads > 1 ? "s" : "", why);
 }
 
 int td_train_setup(trainer *t, td_err *err) {
-    openblas_set_num_threads(t->job->threads);
+    openblas_set_num_threads(t->job->train.threads);
     if (setup_data(t, err) != 0 || resolve_device(t, err) != 0 || setup_model(t, err) != 0)
         return -1;
     if (td_train_restore(t, err) != 0 || setup_gpu(t, err) != 0) return -1;
     if (t->rank0) log_banner(t);
     configure_loaders(t);
     if (td_train_join(t, err) != 0) return -1;
-    if (t->job->val.present) t->val_loader = td_loader_create(&t->val, &t->norm, NULL, &t->val_cfg);
+    if (t->job->data.val.present)
+        t->val_loader = td_loader_create(&t->val, &t->norm, NULL, &t->val_cfg);
     return 0;
 }
 

@@ -28,8 +28,8 @@ int td_train_cpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
     const float *logits = td_model_forward(&t->model, b->x, run);
     if (micro == 0) t->group_loss = 0; /* a group's first batch opens its sum */
     /* each batch of a group carries 1/group of the step's gradient */
-    t->group_loss += td_loss_compute(&job->loss, logits, b->labels, b->n, t->classes, t->dlogits,
-                                     1.0f / (float)group, NULL) /
+    t->group_loss += td_loss_compute(&job->train.loss, logits, b->labels, b->n, t->classes,
+                                     t->dlogits, 1.0f / (float)group, NULL) /
                      b->n;
     /* no_sync for all but the group's last batch; on the last, buckets of gradients are
      * all-reduced while backward goes on, the loss riding with them */
@@ -50,8 +50,8 @@ int td_train_cpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
     }
     if (!isfinite(*loss))
         return td_train_diverged(err, *loss, t->state.step + 1, t->state.epoch + 1);
-    if (job->clip_grad_norm > 0)
-        td_grad_clip(t->model.grad_block, t->model.param_floats, job->clip_grad_norm);
+    if (job->train.clip_grad_norm > 0)
+        td_grad_clip(t->model.grad_block, t->model.param_floats, job->train.clip_grad_norm);
     td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
     t->state.interval_loss += *loss;
     return 0;
@@ -64,9 +64,9 @@ int td_train_gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
     const td_job *job = t->job;
     if (t->gpu_api->set_batch(t->gpu, &t->model, b->x, b->labels, b->n, err) != 0) return -1;
     bool last = micro + 1 == group;
-    bool full = group == 1 && b->n == job->batch_size;
+    bool full = group == 1 && b->n == job->train.batch_size;
     if (!t->graph_off && full && t->graph_warm) {
-        td_gpu_step_args args = {&job->loss, b->n, lr, job->clip_grad_norm, t->gpu_ddp};
+        td_gpu_step_args args = {&job->train.loss, b->n, lr, job->train.clip_grad_norm, t->gpu_ddp};
         int rc = t->gpu_api->graph_step(t->gpu, &t->model, &args, err);
         if (rc == 0) return 0;
         if (rc == TD_GPU_GRAPH_FATAL) return td_train_collective_failed(t, err);
@@ -78,17 +78,17 @@ int td_train_gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
     run->accumulate_grads = micro > 0;
     run->node_done = NULL;
     /* DDP's broadcast_buffers, needless under SyncBatchNorm (every rank's statistics agree) */
-    if (t->gpu_ddp && !job->sync_bn && t->model.buffer_floats &&
+    if (t->gpu_ddp && !job->train.sync_bn && t->model.buffer_floats &&
         t->gpu_api->ddp_broadcast_params(t->gpu, &t->model, true, err) != 0)
         return td_train_collective_failed(t, err);
     t->gpu_api->forward(t->gpu, &t->model, run);
-    t->gpu_api->loss(t->gpu, &t->model, &job->loss, b->n, 1.0f / (float)group, true,
+    t->gpu_api->loss(t->gpu, &t->model, &job->train.loss, b->n, 1.0f / (float)group, true,
                      1.0f / ((float)b->n * (float)group));
     if (last && t->gpu_ddp) t->gpu_api->ddp_begin(t->gpu, run);
     t->gpu_api->backward(t->gpu, &t->model, run);
     if (last && t->gpu_ddp && t->gpu_api->ddp_finish(t->gpu, err) != 0)
         return td_train_collective_failed(t, err);
-    if (last) t->gpu_api->optim_step(t->gpu, &t->model, lr, job->clip_grad_norm);
+    if (last) t->gpu_api->optim_step(t->gpu, &t->model, lr, job->train.clip_grad_norm);
     t->graph_warm = t->graph_warm || full;
     return 0;
 }
@@ -129,7 +129,7 @@ int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *er
             run.n = b.n;
             if (t->gpu_api->set_batch(t->gpu, &t->model, b.x, b.labels, b.n, err) != 0) return -1;
             t->gpu_api->forward(t->gpu, &t->model, &run);
-            t->gpu_api->loss(t->gpu, &t->model, &t->job->loss, b.n, 1.0f, false, 1.0f);
+            t->gpu_api->loss(t->gpu, &t->model, &t->job->train.loss, b.n, 1.0f, false, 1.0f);
             seen += b.n;
         }
         double hits;
@@ -140,7 +140,8 @@ int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *er
         run.n = b.n;
         const float *logits = td_model_forward(&t->model, b.x, &run);
         int hits;
-        loss += td_loss_compute(&t->job->loss, logits, b.labels, b.n, t->classes, NULL, 1, &hits);
+        loss +=
+            td_loss_compute(&t->job->train.loss, logits, b.labels, b.n, t->classes, NULL, 1, &hits);
         correct += hits;
         seen += b.n;
     }
