@@ -26,6 +26,8 @@
 
 /* PyTorch's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES). */
 #define TD_FIRST_BUCKET_BYTES (1u << 20)
+/* distributed.bucket_cap_mb when the spec gives none: DistributedDataParallel's default */
+#define TD_BUCKET_CAP_MB_DEFAULT 25.0
 
 typedef struct td_bucket {
     size_t lo, hi; /* its floats in the gradient block: [lo, hi) */

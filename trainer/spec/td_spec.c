@@ -3,6 +3,7 @@
 #include "spec/td_spec_private.h"
 
 #include "core/td_json.h"
+#include "dist/td_buckets.h"
 #include "ops/td_ops.h"
 
 #include <jansson.h>
@@ -53,17 +54,18 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
     json_t *log;
     long l;
     if (td_json_object(root, "", "log", false, &log, err) != 0) return -1;
-    job->log.every_steps = 100;
+    job->log.every_steps = TD_LOG_EVERY_STEPS_DEFAULT;
     if (log) {
         static const char *const lkeys[] = {"every_steps", NULL};
         if (td_json_check_keys(log, "log", lkeys, err) != 0) return -1;
-        if (td_json_int(log, "log", "every_steps", false, 100, 1, 1L << 40, &l, err) != 0)
+        if (td_json_int(log, "log", "every_steps", false, TD_LOG_EVERY_STEPS_DEFAULT, 1, 1L << 40,
+                        &l, err) != 0)
             return -1;
         job->log.every_steps = (int)l;
     }
     json_t *dist;
     if (td_json_object(root, "", "distributed", false, &dist, err) != 0) return -1;
-    job->distributed.bucket_cap_mb = 25.0; /* DDP's default */
+    job->distributed.bucket_cap_mb = TD_BUCKET_CAP_MB_DEFAULT;
     if (dist) {
         static const char *const dkeys[] = {"bucket_cap_mb", "backend", NULL};
         if (td_json_check_keys(dist, "distributed", dkeys, err) != 0) return -1;
@@ -74,8 +76,8 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
         job->distributed.backend = backend == 0   ? TD_BACKEND_AUTO
                                    : backend == 1 ? TD_BACKEND_NCCL
                                                   : TD_BACKEND_CPU;
-        if (td_json_number(dist, "distributed", "bucket_cap_mb", false, 25.0, 1e-6, 1e6,
-                           &job->distributed.bucket_cap_mb, err) != 0)
+        if (td_json_number(dist, "distributed", "bucket_cap_mb", false, TD_BUCKET_CAP_MB_DEFAULT,
+                           1e-6, 1e6, &job->distributed.bucket_cap_mb, err) != 0)
             return -1;
     }
     return 0;

@@ -62,6 +62,8 @@ typedef struct td_checkpoint_spec {
                                       "latest", or empty */
 } td_checkpoint_spec;
 
+#define TD_LOG_EVERY_STEPS_DEFAULT 100 /* log.every_steps when the spec gives none */
+
 typedef struct td_log_spec {
     int every_steps;
 } td_log_spec;
