@@ -19,12 +19,16 @@
  *
  *   traind-gpu-parity [fp32|bf16]...     (default: both)
  *
- * One table row per case; exit status 1 if any case failed, 77 (skipped) without a GPU. */
+ * One table row per case; exit status 1 if any case failed, 77 (skipped) without a GPU.
+ *
+ * test_gpu_parity_util.c holds the helpers (node strings, inputs, the error measure, the table's
+ * rows); test_gpu_parity.h what the two share. */
 #include "gpu/td_gpu.h"
 #include "core/td_loss.h"
 #include "core/td_model.h"
 #include "core/td_optim.h"
 #include "ops/td_ops.h"
+#include "test_gpu_parity.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -34,11 +38,6 @@
 
 /* The GPU backend's functions (gpu/td_gpu.h), loaded by main. */
 static const td_gpu_api *gpu;
-
-#define BATCH     4
-#define CLASSES   5
-#define SEED      20240611u
-#define MAX_NODES 16
 
 typedef struct pcase {
     const char *name;
@@ -161,132 +160,7 @@ static const ocase OPTIMS[] = {
      1e-2f},
 };
 
-typedef struct result {
-    double out, loss, grad, buf; /* worst relative errors; -1: not compared */
-    char where[160];             /* which tensor gave the worst of them */
-    char error[TD_ERR_MAX];      /* a failure before anything could be compared */
-} result;
-
-/* ---- helpers ------------------------------------------------------------------------------- */
-
-static double rel_err(const float *want, const float *got, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i]) || !isfinite(want[i])) return INFINITY;
-        double d = fabs((double)want[i] - (double)got[i]);
-        if (d > num) num = d;
-        if (fabs(want[i]) > den) den = fabs(want[i]);
-    }
-    return num / (den > 1e-6 ? den : 1e-6);
-}
-
-/* Keeps the worst error of a kind with where it came from. */
-static void note(result *r, double *slot, double e, const char *what, const char *name) {
-    if (*slot < 0 || e > *slot) *slot = e;
-    double worst = fmax(fmax(r->out, r->loss), fmax(r->grad, r->buf));
-    if (e >= worst) snprintf(r->where, sizeof r->where, "%s %s", what, name);
-}
-
-/* Round to nearest even bf16, kept in a float. */
-static float to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    u &= 0xFFFF0000u;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-/* Distinct odd multiples of 1/512 in [-255/512, 255/512] (the range of normalised pixels, so
- * logits stay near 1 and a bf16 logit's rounding moves the softmax little): a shuffled run of 256
- * repeats, so any two values less than 256 elements apart differ (no ties inside a pooling
- * window), and every value is exact in bf16 and non-zero. */
-static void fill_input(float *x, size_t n, td_rng *rng) {
-    int perm[256];
-    for (int i = 0; i < 256; i++) perm[i] = i;
-    for (int i = 255; i > 0; i--) {
-        int j = (int)td_rng_below(rng, (uint64_t)i + 1);
-        int t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    for (size_t i = 0; i < n; i++) x[i] = (float)(2 * perm[i % 256] - 255) / 512.0f;
-}
-
-static void fill_labels(int32_t *y, int n, td_rng *rng) {
-    for (int i = 0; i < n; i++) y[i] = (int32_t)td_rng_below(rng, CLASSES);
-}
-
-static int find_arg(const td_op *op, const char *key) {
-    for (int i = 0; op->args[i].name; i++)
-        if (strcmp(op->args[i].name, key) == 0) return i;
-    return -1;
-}
-
-/* The value of a choice argument by name ("tanh" in "none|tanh"), or -1. */
-static int choice_index(const char *choices, const char *value) {
-    size_t len = strlen(value);
-    int index = 0;
-    for (const char *p = choices; p && *p; index++) {
-        const char *bar = strchr(p, '|');
-        size_t n = bar ? (size_t)(bar - p) : strlen(p);
-        if (n == len && strncmp(p, value, n) == 0) return index;
-        p = bar ? bar + 1 : NULL;
-    }
-    return -1;
-}
-
-static int parse_node(char *text, int index, td_node_spec *s, td_err *err) {
-    memset(s, 0, sizeof *s);
-    char *save = NULL;
-    char *word = strtok_r(text, " \t", &save);
-    if (!word) return td_fail(err, "node %d: empty", index);
-    s->op = td_op_find(word);
-    if (!s->op) return td_fail(err, "node %d: unknown op %s", index, word);
-    snprintf(s->name, sizeof s->name, "n%d", index);
-    for (int i = 0; s->op->args[i].name; i++) s->args[i] = s->op->args[i].def;
-    while ((word = strtok_r(NULL, " \t", &save))) {
-        char *eq = strchr(word, '=');
-        if (!eq) return td_fail(err, "node %d: %s is not key=value", index, word);
-        *eq = 0;
-        const char *value = eq + 1;
-        if (strcmp(word, "name") == 0) {
-            snprintf(s->name, sizeof s->name, "%s", value);
-        } else if (strcmp(word, "seg") == 0) {
-            s->segment = atoi(value);
-        } else if (strcmp(word, "inputs") == 0) {
-            char list[256], *save2 = NULL;
-            snprintf(list, sizeof list, "%s", value);
-            for (char *in = strtok_r(list, ",", &save2); in && s->n_inputs < TD_MAX_INPUTS;
-                 in = strtok_r(NULL, ",", &save2))
-                snprintf(s->inputs[s->n_inputs++], TD_NAME_MAX, "%s", in);
-        } else {
-            int a = find_arg(s->op, word);
-            if (a < 0)
-                return td_fail(err, "node %d: %s has no argument %s", index, s->op->name, word);
-            const td_op_arg *arg = &s->op->args[a];
-            char *end;
-            double v = strtod(value, &end);
-            if (*end && arg->type == TD_ARG_CHOICE) v = choice_index(arg->choices, value);
-            if ((*end && arg->type != TD_ARG_CHOICE) || v < 0)
-                return td_fail(err, "node %d: bad value %s for %s", index, value, word);
-            s->args[a] = v;
-        }
-    }
-    return 0;
-}
-
-static int parse_nodes(const char *text, td_node_spec *specs, int *n, td_err *err) {
-    char buf[1024], *save = NULL;
-    snprintf(buf, sizeof buf, "%s", text);
-    *n = 0;
-    for (char *part = strtok_r(buf, ";", &save); part; part = strtok_r(NULL, ";", &save)) {
-        if (*n == MAX_NODES) return td_fail(err, "more than %d nodes", MAX_NODES);
-        if (parse_node(part, *n, &specs[*n], err) != 0) return -1;
-        (*n)++;
-    }
-    return 0;
-}
+/* ---- model pairs --------------------------------------------------------------------------- */
 
 static td_shape input_shape(const pcase *c) {
     return c->h ? td_shape_image(c->c, c->h, c->w) : td_shape_flat(c->c);
@@ -297,7 +171,7 @@ static int build_pair(td_gpu *g, const char *nodes, td_shape in, td_precision pr
                       td_model *gm, td_err *err) {
     td_node_spec specs[MAX_NODES];
     int n;
-    if (parse_nodes(nodes, specs, &n, err) != 0) return -1;
+    if (parity_parse_nodes(nodes, specs, &n, err) != 0) return -1;
     if (td_model_build(cm, specs, n, in, BATCH, SEED, 0, err) != 0) return -1;
     if (td_model_build(gm, specs, n, in, BATCH, SEED, TD_MODEL_NO_ARENA, err) != 0) {
         td_model_free(cm);
@@ -305,7 +179,7 @@ static int build_pair(td_gpu *g, const char *nodes, td_shape in, td_precision pr
     }
     if (prec != TD_PREC_FP32)
         for (size_t i = 0; i < cm->param_floats; i++)
-            cm->param_block[i] = gm->param_block[i] = to_bf16(cm->param_block[i]);
+            cm->param_block[i] = gm->param_block[i] = parity_to_bf16(cm->param_block[i]);
     if (gpu->attach(g, gm, prec, SEED, err) != 0) {
         td_model_free(cm);
         td_model_free(gm);
@@ -345,7 +219,8 @@ static int compare_outputs(td_gpu *g, td_model *cm, td_model *gm, result *r, td_
             free(got);
             return -1;
         }
-        note(r, &r->out, rel_err(cm->nodes[i].out, got, elems), "output of", cm->nodes[i].name);
+        parity_note(r, &r->out, parity_rel_err(cm->nodes[i].out, got, elems), "output of",
+                    cm->nodes[i].name);
         free(got);
     }
     return 0;
@@ -366,8 +241,8 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     td_rng rng, drop_rng;
     td_rng_seed(&rng, SEED);
     td_rng_seed(&drop_rng, SEED + 1);
-    fill_input(x, in_elems, &rng);
-    fill_labels(y, BATCH, &rng);
+    parity_fill_input(x, in_elems, &rng);
+    parity_fill_labels(y, BATCH, &rng);
     td_run run = {.n = BATCH, .training = true, .rng = &drop_rng};
     int rc = -1;
     if (!fused_as_expected(&gm, c->fused, r)) goto done;
@@ -388,7 +263,7 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     gpu->backward(g, &gm, &run);
     double gpu_loss, gpu_hits;
     if (gpu->take_totals(g, &gpu_loss, &gpu_hits, &err) != 0) goto done;
-    note(r, &r->loss, fabs(loss - gpu_loss) / fmax(fabs(loss), 1e-6), "loss", "sum");
+    parity_note(r, &r->loss, fabs(loss - gpu_loss) / fmax(fabs(loss), 1e-6), "loss", "sum");
     /* bf16 logits may reorder two near-equal classes of one sample */
     if (fabs(gpu_hits - hits) > (prec == TD_PREC_FP32 ? 0 : 1)) {
         snprintf(r->error, sizeof r->error, "argmax hits: CPU %d, GPU %.0f", hits, gpu_hits);
@@ -398,12 +273,14 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     if (gpu->read_grads(g, &gm, grads, &err) != 0) goto done;
     for (int i = 0; i < cm.n_params; i++) {
         const td_param *p = &cm.params[i];
-        note(r, &r->grad, rel_err(p->grad, grads + p->offset, p->size), "gradient of", p->name);
+        parity_note(r, &r->grad, parity_rel_err(p->grad, grads + p->offset, p->size), "gradient of",
+                    p->name);
     }
     if (gpu->download(g, &gm, NULL, &err) != 0) goto done;
     for (int i = 0; i < cm.n_buffers; i++) {
         const td_param *b = &cm.buffers[i];
-        note(r, &r->buf, rel_err(b->data, gm.buffer_block + b->offset, b->size), "buffer", b->name);
+        parity_note(r, &r->buf, parity_rel_err(b->data, gm.buffer_block + b->offset, b->size),
+                    "buffer", b->name);
     }
     if (gpu->check(g, &err) != 0) goto done;
     rc = 0;
@@ -445,8 +322,8 @@ static int run_nan_case(td_gpu *g, const nancase *c, td_precision prec, result *
     int32_t y[BATCH];
     td_rng rng;
     td_rng_seed(&rng, SEED);
-    fill_input(x, BATCH * FEATURES, &rng);
-    fill_labels(y, BATCH, &rng);
+    parity_fill_input(x, BATCH * FEATURES, &rng);
+    parity_fill_labels(y, BATCH, &rng);
     x[3] = x[FEATURES + 7] = NAN;
     td_run run = {.n = BATCH, .training = true, .rng = &rng};
     int rc = -1;
@@ -468,7 +345,7 @@ static int run_nan_case(td_gpu *g, const nancase *c, td_precision prec, result *
         worst = fmax(worst, fabs((double)want[i] - got[i]));
         den = fmax(den, fabs(want[i]));
     }
-    note(r, &r->out, worst / den, "output of", gm.nodes[c->relu].name);
+    parity_note(r, &r->out, worst / den, "output of", gm.nodes[c->relu].name);
     if (gpu->check(g, &err) != 0) goto done;
     rc = 0;
 done:
@@ -506,8 +383,8 @@ static int run_optim(td_gpu *g, const ocase *o, td_precision prec, result *r) {
     int rc = -1;
     if (gpu->optim_init(g, &gm, &gpu_opt, &err) != 0) goto done;
     for (int step = 0; step < 2; step++) {
-        fill_input(x, in_elems, &rng);
-        fill_labels(y, BATCH, &rng);
+        parity_fill_input(x, in_elems, &rng);
+        parity_fill_labels(y, BATCH, &rng);
         if (gpu->set_batch(g, &gm, x, y, BATCH, &err) != 0) goto done;
         gpu->forward(g, &gm, &run);
         gpu->loss(g, &gm, &model.loss, BATCH, 1.0f, true, 1.0f);
@@ -526,9 +403,9 @@ static int run_optim(td_gpu *g, const ocase *o, td_precision prec, result *r) {
         num = fmax(num, d);
         den = fmax(den, fabs((double)cm.param_block[i] - p0[i]));
     }
-    note(r, &r->grad, num / fmax(den, 1e-12), "parameters after", "2 steps");
-    if (cpu_opt.m) note(r, &r->buf, rel_err(cpu_opt.m, gpu_opt.m, n), "state", "m");
-    if (cpu_opt.v) note(r, &r->buf, rel_err(cpu_opt.v, gpu_opt.v, n), "state", "v");
+    parity_note(r, &r->grad, num / fmax(den, 1e-12), "parameters after", "2 steps");
+    if (cpu_opt.m) parity_note(r, &r->buf, parity_rel_err(cpu_opt.m, gpu_opt.m, n), "state", "m");
+    if (cpu_opt.v) parity_note(r, &r->buf, parity_rel_err(cpu_opt.v, gpu_opt.v, n), "state", "v");
     if (cpu_opt.steps != gpu_opt.steps) {
         snprintf(r->error, sizeof r->error, "step count: CPU %ld, GPU %ld", cpu_opt.steps,
                  gpu_opt.steps);
@@ -548,34 +425,7 @@ done:
     return rc;
 }
 
-/* ---- the table ----------------------------------------------------------------------------- */
-
-static void cell(char *buf, size_t len, double v) {
-    if (v < 0)
-        snprintf(buf, len, "%9s", "-");
-    else
-        snprintf(buf, len, "%9.2e", v);
-}
-
-/* Prints the row; returns whether the case passed. */
-static bool row(const char *name, td_precision prec, const result *r, int rc, double tol) {
-    char out[16], loss[16], grad[16], buf[16];
-    cell(out, sizeof out, r->out);
-    cell(loss, sizeof loss, r->loss);
-    cell(grad, sizeof grad, r->grad);
-    cell(buf, sizeof buf, r->buf);
-    double worst = fmax(fmax(r->out, r->loss), fmax(r->grad, r->buf));
-    bool pass = rc == 0 && worst <= tol;
-    printf("| %-26s | %-4s | %s | %s | %s | %s | %s", name, td_precision_name(prec), out, loss,
-           grad, buf, pass ? "PASS" : "FAIL");
-    if (rc != 0)
-        printf(" (%s)", r->error);
-    else if (!pass)
-        printf(" (%s: %.3g > %.0e)", r->where, worst, tol);
-    printf(" |\n");
-    fflush(stdout);
-    return pass;
-}
+/* ---- main ---------------------------------------------------------------------------------- */
 
 /* The ops of ops/td_ops.def that no case's nodes use, each named on stderr: a new op without a
  * case fails here, with or without a GPU, rather than go untested on one. */
@@ -591,7 +441,7 @@ static int ops_without_a_case(void) {
             td_node_spec specs[MAX_NODES];
             int n;
             td_err err;
-            if (parse_nodes(CASES[i].nodes, specs, &n, &err) != 0) continue;
+            if (parity_parse_nodes(CASES[i].nodes, specs, &n, &err) != 0) continue;
             for (int j = 0; j < n; j++) found = found || specs[j].op == ops[k];
         }
         if (!found) fprintf(stderr, "traind-gpu-parity: no case uses op %s\n", ops[k]->name);
@@ -644,13 +494,13 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
             result r = {-1, -1, -1, -1, "", ""};
             int rc = run_case(g, &CASES[i], precs[p], &r);
-            failed += !row(CASES[i].name, precs[p], &r, rc, tol);
+            failed += !parity_row(CASES[i].name, precs[p], &r, rc, tol);
             total++;
         }
         for (size_t i = 0; i < sizeof NAN_CASES / sizeof NAN_CASES[0]; i++) {
             result r = {-1, -1, -1, -1, "", ""};
             int rc = run_nan_case(g, &NAN_CASES[i], precs[p], &r);
-            failed += !row(NAN_CASES[i].name, precs[p], &r, rc, tol);
+            failed += !parity_row(NAN_CASES[i].name, precs[p], &r, rc, tol);
             total++;
         }
         for (size_t i = 0; i < sizeof OPTIMS / sizeof OPTIMS[0]; i++) {
@@ -658,7 +508,7 @@ int main(int argc, char **argv) {
             int rc = run_optim(g, &OPTIMS[i], precs[p], &r);
             char name[64];
             snprintf(name, sizeof name, "optim %s", OPTIMS[i].name);
-            failed += !row(name, precs[p], &r, rc, 1e-4);
+            failed += !parity_row(name, precs[p], &r, rc, 1e-4);
             total++;
         }
     }

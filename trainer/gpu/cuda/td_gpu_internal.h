@@ -22,7 +22,7 @@ extern "C" {
 #include <stdint.h>
 #include <type_traits>
 
-typedef struct td_gpu_ddp td_gpu_ddp; // td_gpu_nccl.cu
+typedef struct td_gpu_ddp td_gpu_ddp; // td_gpu_nccl.h
 struct td_gpu_op;
 
 // The members of td_gpu.h's table. Each is implemented by td_gpu_<member> (td_gpu_open, ...),
@@ -405,7 +405,7 @@ int td_gpu_optim_upload(td_gpu *g, const td_optim *opt, td_err *err);
 // watchdog records with). Returns whether there was one.
 bool td_gpu_take_failure(td_gpu *g, char *msg, size_t len);
 
-// DDP (td_gpu_nccl.cu)
+// DDP (td_gpu_ddp_stop in td_gpu_nccl.cu, the rest in td_gpu_nccl_collectives.cu)
 void td_gpu_ddp_stop(td_gpu *g);
 // Waits for stream s with the watchdog in charge: a dead peer or a collective past its deadline
 // becomes an error return, never a hang.

@@ -19,62 +19,25 @@
 //
 // Nothing is created or allocated after td_gpu_ddp_start: begin/finish only record events, wait
 // on them and enqueue collectives, so a captured CUDA graph of a step holds its all-reduces.
-#include "gpu/cuda/td_gpu_internal.h"
+//
+// This file holds the communicator: its set-up, the watchdog, aborts and teardown.
+// td_gpu_nccl_collectives.cu holds the collectives and the host waits; td_gpu_nccl.h what the
+// two share.
+#include "gpu/cuda/td_gpu_nccl.h"
 
 extern "C" {
 #include "core/td_error.h"
-#include "dist/td_buckets.h"
 #include "dist/td_store.h"
 }
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-// td_gpu_ddp_allreduce_host's staging, in floats; longer inputs go through in chunks.
-#define HOST_FLOATS 4096
 // How often the watchdog looks at the communicator.
 #define WATCHDOG_PERIOD_S 0.05
 #define UNIQUE_ID_KEY     "nccl/unique-id"
-
-struct td_gpu_ddp {
-    td_gpu *g;
-    int rank, world;
-    double timeout_s;
-    cudaStream_t stream; // communication
-
-    td_buckets plan;    // dist/td_buckets.h: each bucket's floats, and each parameter's bucket
-    int *pending;       // per bucket: its parameters still without their gradient in this backward
-    cudaEvent_t *ready; // per bucket: recorded on the compute stream when its gradients are final
-    cudaEvent_t fork;   // compute -> communication, outside backward
-    cudaEvent_t join;   // communication -> compute
-    cudaEvent_t host_done, wait_done;
-    bool sync_bn;                     // SyncBatchNorm: BatchNorm's sums span every rank
-    cudaEvent_t sync_fork, sync_join; // around each of its all-reduces
-    int next; // the next bucket to launch in this backward: buckets go out in order
-    bool in_backward;
-    bool launch_failed;
-
-    float *host_dev;    // [HOST_FLOATS], allreduce_host's device side
-    float *host_pinned; // [HOST_FLOATS], its host side
-
-    // The communicator and what the watchdog shares with this thread. NCCL calls happen under
-    // mu, so the watchdog never aborts (frees) the communicator while this thread is inside one;
-    // the calls are non-blocking, so mu is never held for long except by an abort.
-    pthread_mutex_t mu;
-    pthread_cond_t wake;
-    ncclComm_t comm; // NULL once aborted or destroyed
-    bool aborted;
-    bool stop;
-    double deadline;      // CLOCK_MONOTONIC seconds by which the armed wait must end; 0: none
-    const char *what;     // what the armed wait waits for, for the message
-    char why[TD_ERR_MAX]; // the abort's reason
-    pthread_t watchdog;
-    bool watchdog_running;
-    bool sync_ready, mu_ready;
-};
 
 static double now_s(void) {
     struct timespec ts;
@@ -93,23 +56,19 @@ static unsigned next_backoff(unsigned us) {
     return us < 1000u ? us * 2u : 1000u;
 }
 
-// The device context's first failure as the caller's error.
-static int gpu_error(td_gpu *g, td_err *err) {
+int td_gpu_error(td_gpu *g, td_err *err) {
     return td_fail(err, "%s", g->failed ? g->msg : "a GPU operation failed");
 }
 
-// The abort's reason when the communicator was aborted (written under mu, so read it there: the
-// watchdog may be writing the device context's message at the same moment), else the device
-// context's first failure.
-static int ddp_error(td_gpu_ddp *d, td_err *err) {
+int td_gpu_ddp_error(td_gpu_ddp *d, td_err *err) {
     pthread_mutex_lock(&d->mu);
     bool aborted = d->aborted;
     if (aborted) td_fail(err, "%s", d->why);
     pthread_mutex_unlock(&d->mu);
-    return aborted ? -1 : gpu_error(d->g, err);
+    return aborted ? -1 : td_gpu_error(d->g, err);
 }
 
-static bool is_aborted(td_gpu_ddp *d) {
+bool td_gpu_ddp_aborted(td_gpu_ddp *d) {
     pthread_mutex_lock(&d->mu);
     bool aborted = d->aborted;
     pthread_mutex_unlock(&d->mu);
@@ -186,12 +145,8 @@ static int settle(td_gpu_ddp *d, const char *what) {
     }
 }
 
-enum { OP_ALLREDUCE, OP_BROADCAST };
-
-// One collective on the communication stream, in place on device values of `type`: launched
-// under mu, then settled. -1 with the failure recorded.
-static int collective(td_gpu_ddp *d, int kind, void *buf, size_t n, ncclDataType_t type,
-                      ncclRedOp_t op, const char *what) {
+int td_gpu_ddp_collective(td_gpu_ddp *d, int kind, void *buf, size_t n, ncclDataType_t type,
+                          ncclRedOp_t op, const char *what) {
     pthread_mutex_lock(&d->mu);
     if (d->aborted) {
         pthread_mutex_unlock(&d->mu);
@@ -228,9 +183,7 @@ static void disarm(td_gpu_ddp *d) {
     pthread_mutex_unlock(&d->mu);
 }
 
-// Waits on the host for ev by polling, so that the watchdog's abort (which lets NCCL's kernels
-// return, or leaves them stuck: either way `aborted` is set) ends the wait with an error.
-static int wait_event(td_gpu_ddp *d, cudaEvent_t ev, const char *what, td_err *err) {
+int td_gpu_ddp_poll_event(td_gpu_ddp *d, cudaEvent_t ev, const char *what, td_err *err) {
     td_gpu *g = d->g;
     arm(d, what);
     for (unsigned us = 2;; us = next_backoff(us)) {
@@ -240,17 +193,17 @@ static int wait_event(td_gpu_ddp *d, cudaEvent_t ev, const char *what, td_err *e
             disarm(d);
             td_gpu_fail(g, __FILE__, __LINE__, "cudaEventQuery", cudaGetErrorString(q),
                         td_gpu_hint_cuda(q));
-            return ddp_error(d, err);
+            return td_gpu_ddp_error(d, err);
         }
-        if (is_aborted(d)) {
+        if (td_gpu_ddp_aborted(d)) {
             disarm(d);
-            return ddp_error(d, err);
+            return td_gpu_ddp_error(d, err);
         }
         sleep_us(us);
     }
     disarm(d);
     // a collective cut short by an abort completes its event too, over garbage
-    if (is_aborted(d)) return ddp_error(d, err);
+    if (td_gpu_ddp_aborted(d)) return td_gpu_ddp_error(d, err);
     return 0;
 }
 
@@ -302,7 +255,7 @@ static int plan_buckets(td_gpu_ddp *d, const td_model *m, double cap_mb, td_err 
 static int rendezvous(td_gpu *g, td_store *store, int rank, int world, ncclUniqueId *id,
                       td_err *err) {
     if (rank == 0) {
-        TD_NCCL_RET(g, ncclGetUniqueId(id), gpu_error(g, err));
+        TD_NCCL_RET(g, ncclGetUniqueId(id), td_gpu_error(g, err));
         if (world > 1 && td_store_set(store, UNIQUE_ID_KEY, id, sizeof *id, err) != 0)
             return td_fail_prefix(err, "DDP: publishing the NCCL unique id");
         return 0;
@@ -333,14 +286,14 @@ static int init_comm(td_gpu_ddp *d, const ncclUniqueId *id, td_err *err) {
         td_gpu_fail(g, __FILE__, __LINE__, "ncclCommInitRankConfig", ncclGetErrorString(r),
                     td_gpu_hint_nccl(r));
         if (comm) ncclCommAbort(comm);
-        return gpu_error(g, err);
+        return td_gpu_error(g, err);
     }
     pthread_mutex_lock(&d->mu);
     d->comm = comm;
     pthread_mutex_unlock(&d->mu);
     char what[96];
     snprintf(what, sizeof what, "NCCL communicator setup (rank %d of %d)", d->rank, d->world);
-    if (settle(d, what) != 0) return ddp_error(d, err);
+    if (settle(d, what) != 0) return td_gpu_ddp_error(d, err);
     return 0;
 }
 
@@ -365,7 +318,8 @@ static void end_comm(td_gpu_ddp *d) {
     if (clean && d->stream && d->watchdog_running) { // the watchdog bounds this wait
         td_err ignored;
         clean = cudaEventRecord(d->join, d->stream) == cudaSuccess &&
-                wait_event(d, d->join, "the last collectives before shutdown", &ignored) == 0;
+                td_gpu_ddp_poll_event(d, d->join, "the last collectives before shutdown",
+                                      &ignored) == 0;
     }
     if (clean) {
         pthread_mutex_lock(&d->mu);
@@ -424,27 +378,29 @@ static int create_resources(td_gpu_ddp *d, td_err *err) {
     // priority, so they start as soon as their bucket is ready instead of queueing behind
     // backward's kernels
     int least = 0, greatest = 0;
-    TD_CUDA_RET(g, cudaDeviceGetStreamPriorityRange(&least, &greatest), gpu_error(g, err));
+    TD_CUDA_RET(g, cudaDeviceGetStreamPriorityRange(&least, &greatest), td_gpu_error(g, err));
     TD_CUDA_RET(g, cudaStreamCreateWithPriority(&d->stream, cudaStreamNonBlocking, greatest),
-                gpu_error(g, err));
+                td_gpu_error(g, err));
     d->ready = (cudaEvent_t *)td_calloc((size_t)d->plan.n + 1, sizeof(cudaEvent_t));
     for (int i = 0; i < d->plan.n; i++)
         TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->ready[i], cudaEventDisableTiming),
-                    gpu_error(g, err));
-    TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->fork, cudaEventDisableTiming), gpu_error(g, err));
-    TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->join, cudaEventDisableTiming), gpu_error(g, err));
+                    td_gpu_error(g, err));
+    TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->fork, cudaEventDisableTiming),
+                td_gpu_error(g, err));
+    TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->join, cudaEventDisableTiming),
+                td_gpu_error(g, err));
     TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->host_done, cudaEventDisableTiming),
-                gpu_error(g, err));
+                td_gpu_error(g, err));
     TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->wait_done, cudaEventDisableTiming),
-                gpu_error(g, err));
+                td_gpu_error(g, err));
     TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->sync_fork, cudaEventDisableTiming),
-                gpu_error(g, err));
+                td_gpu_error(g, err));
     TD_CUDA_RET(g, cudaEventCreateWithFlags(&d->sync_join, cudaEventDisableTiming),
-                gpu_error(g, err));
+                td_gpu_error(g, err));
     d->host_dev = (float *)td_gpu_malloc(g, HOST_FLOATS * sizeof(float), "DDP host all-reduce");
-    if (!d->host_dev) return gpu_error(g, err);
+    if (!d->host_dev) return td_gpu_error(g, err);
     TD_CUDA_RET(g, cudaMallocHost((void **)&d->host_pinned, HOST_FLOATS * sizeof(float)),
-                gpu_error(g, err));
+                td_gpu_error(g, err));
     return 0;
 }
 
@@ -472,7 +428,7 @@ int td_gpu_ddp_start(td_gpu *g, td_model *m, td_store *store, int rank, int worl
         return td_fail(err, "DDP: rank %d of %d ranks is out of range", rank, world);
     if (world > 1 && !store)
         return td_fail(err, "DDP: %d ranks need the rendezvous store for NCCL's unique id", world);
-    TD_CUDA_RET(g, cudaSetDevice(g->device), gpu_error(g, err));
+    TD_CUDA_RET(g, cudaSetDevice(g->device), td_gpu_error(g, err));
     ncclUniqueId id;
     if (rendezvous(g, store, rank, world, &id, err) != 0) return -1;
 
@@ -496,162 +452,4 @@ int td_gpu_ddp_start(td_gpu *g, td_model *m, td_store *store, int rank, int worl
     }
     d->watchdog_running = true;
     return 0;
-}
-
-// Sends out bucket b: the communication stream waits (on the device) for the compute stream's
-// work so far, which includes the backward of every parameter in the bucket.
-static bool launch_bucket(td_gpu_ddp *d, int b) {
-    td_gpu *g = d->g;
-    const td_bucket *k = &d->plan.bucket[b];
-    TD_CUDA_RET(g, cudaEventRecord(d->ready[b], g->stream), false);
-    TD_CUDA_RET(g, cudaStreamWaitEvent(d->stream, d->ready[b], 0), false);
-    return collective(d, OP_ALLREDUCE, g->grads + k->lo, k->hi - k->lo, ncclFloat, ncclAvg,
-                      "a gradient bucket's all-reduce") == 0;
-}
-
-static void launch(td_gpu_ddp *d, int b) {
-    if (!launch_bucket(d, b)) d->launch_failed = true; // finish reports it
-}
-
-// Launches every complete bucket from `next` on, in bucket order: NCCL needs the same order of
-// collectives on every rank, and a bucket that completes early (its other parameters' nodes
-// came first) waits for the ones before it.
-static void launch_ready(td_gpu_ddp *d) {
-    while (d->next < d->plan.n && d->pending[d->next] <= 0) launch(d, d->next++);
-}
-
-// Backward's hook after each node with parameters, whose gradients are then queued.
-static void node_done(void *ctx, const td_node *node) {
-    td_gpu_ddp *d = (td_gpu_ddp *)ctx;
-    for (int j = 0; j < node->n_params; j++) d->pending[d->plan.bucket_of[node->param_ids[j]]]--;
-    launch_ready(d);
-}
-
-static void reset_buckets(td_gpu_ddp *d) {
-    for (int i = 0; i < d->plan.n; i++) d->pending[i] = d->plan.bucket[i].params;
-    d->next = 0;
-    d->launch_failed = false;
-}
-
-void td_gpu_ddp_begin(td_gpu *g, td_run *run) {
-    td_gpu_ddp *d = g->ddp;
-    if (!d) return;
-    reset_buckets(d);
-    d->in_backward = true;
-    run->node_done = node_done;
-    run->node_done_ctx = d;
-}
-
-int td_gpu_ddp_finish(td_gpu *g, td_err *err) {
-    td_gpu_ddp *d = g->ddp;
-    if (!d) return td_fail(err, "DDP: td_gpu_ddp_finish without td_gpu_ddp_start");
-    if (!d->in_backward) reset_buckets(d); // no hook ran: every bucket goes out now
-    d->in_backward = false;
-    // parameters whose node had no backward in this pass still take part, as on every rank
-    while (d->next < d->plan.n) launch(d, d->next++);
-    TD_CUDA_RET(g, cudaEventRecord(d->join, d->stream), ddp_error(d, err));
-    TD_CUDA_RET(g, cudaStreamWaitEvent(g->stream, d->join, 0), ddp_error(d, err));
-    if (d->launch_failed || is_aborted(d)) return ddp_error(d, err);
-    return 0;
-}
-
-int td_gpu_ddp_allreduce_host(td_gpu *g, float *values, size_t n, bool average, td_err *err) {
-    td_gpu_ddp *d = g->ddp;
-    if (!d) return td_fail(err, "DDP: all-reduce without td_gpu_ddp_start");
-    for (size_t off = 0; off < n; off += HOST_FLOATS) {
-        size_t k = n - off < HOST_FLOATS ? n - off : HOST_FLOATS;
-        memcpy(d->host_pinned, values + off, k * sizeof(float));
-        // after the compute stream's work so far, as the CPU reducer orders td_reducer_sum
-        // behind the buckets
-        TD_CUDA_RET(g, cudaEventRecord(d->fork, g->stream), ddp_error(d, err));
-        TD_CUDA_RET(g, cudaStreamWaitEvent(d->stream, d->fork, 0), ddp_error(d, err));
-        TD_CUDA_RET(g,
-                    cudaMemcpyAsync(d->host_dev, d->host_pinned, k * sizeof(float),
-                                    cudaMemcpyHostToDevice, d->stream),
-                    ddp_error(d, err));
-        if (collective(d, OP_ALLREDUCE, d->host_dev, k, ncclFloat, average ? ncclAvg : ncclSum,
-                       "an all-reduce of host values") != 0)
-            return ddp_error(d, err);
-        TD_CUDA_RET(g,
-                    cudaMemcpyAsync(d->host_pinned, d->host_dev, k * sizeof(float),
-                                    cudaMemcpyDeviceToHost, d->stream),
-                    ddp_error(d, err));
-        TD_CUDA_RET(g, cudaEventRecord(d->host_done, d->stream), ddp_error(d, err));
-        if (wait_event(d, d->host_done, "an all-reduce of host values", err) != 0) return -1;
-        memcpy(values + off, d->host_pinned, k * sizeof(float));
-    }
-    return 0;
-}
-
-int td_gpu_ddp_broadcast_params(td_gpu *g, td_model *m, bool buffers_only, td_err *err) {
-    td_gpu_ddp *d = g->ddp;
-    if (!d) return td_fail(err, "DDP: broadcast without td_gpu_ddp_start");
-    TD_CUDA_RET(g, cudaEventRecord(d->fork, g->stream), ddp_error(d, err));
-    TD_CUDA_RET(g, cudaStreamWaitEvent(d->stream, d->fork, 0), ddp_error(d, err));
-    if (!buffers_only && m->param_floats &&
-        collective(d, OP_BROADCAST, g->params, m->param_floats, ncclFloat, ncclSum,
-                   "the broadcast of rank 0's parameters") != 0)
-        return ddp_error(d, err);
-    if (m->buffer_floats && collective(d, OP_BROADCAST, g->buffers, m->buffer_floats, ncclFloat,
-                                       ncclSum, "the broadcast of rank 0's buffers") != 0)
-        return ddp_error(d, err);
-    TD_CUDA_RET(g, cudaEventRecord(d->join, d->stream), ddp_error(d, err));
-    TD_CUDA_RET(g, cudaStreamWaitEvent(g->stream, d->join, 0), ddp_error(d, err));
-    // the 16-bit compute copy follows the new fp32 masters
-    if (!buffers_only && g->prec != TD_PREC_FP32)
-        td_gpu_refresh_half(g, m->param_floats, g->stream);
-    if (g->failed) return ddp_error(d, err);
-    return 0;
-}
-
-bool td_gpu_ddp_syncs_batchnorm(const td_gpu *g) {
-    return g->ddp && g->ddp->sync_bn;
-}
-
-void td_gpu_ddp_sum(td_gpu *g, double *values, size_t n, cudaStream_t compute) {
-    td_gpu_ddp *d = g->ddp;
-    if (!d) {
-        td_gpu_fail(g, __FILE__, __LINE__, "SyncBatchNorm", "no data-parallel communicator",
-                    "td_gpu_ddp_start(..., sync_bn = true) comes first");
-        return;
-    }
-    // after the compute stream's work so far (the sums), before its next (what reads them)
-    TD_CUDA(g, cudaEventRecord(d->sync_fork, compute));
-    TD_CUDA(g, cudaStreamWaitEvent(d->stream, d->sync_fork, 0));
-    if (collective(d, OP_ALLREDUCE, values, n, ncclDouble, ncclSum, "a SyncBatchNorm all-reduce") !=
-        0)
-        return; // failure recorded: the passes stop at the next node
-    TD_CUDA(g, cudaEventRecord(d->sync_join, d->stream));
-    TD_CUDA(g, cudaStreamWaitEvent(compute, d->sync_join, 0));
-}
-
-int td_gpu_ddp_buckets(const td_gpu *g) {
-    return g->ddp ? g->ddp->plan.n : 0;
-}
-
-// The trainer's synchronisations: waits on the host for ev (already recorded) by polling under
-// the watchdog's deadline, so a collective that never completes ends as an error return.
-// Without DDP it is a plain synchronisation.
-int td_gpu_ddp_wait_event(td_gpu *g, cudaEvent_t ev, td_err *err) {
-    td_gpu_ddp *d = g->ddp;
-    if (!d) {
-        TD_CUDA_RET(g, cudaEventSynchronize(ev), gpu_error(g, err));
-        return g->failed ? gpu_error(g, err) : 0;
-    }
-    if (wait_event(d, ev,
-                   "the GPU work queued before a synchronisation (gradient all-reduces among it)",
-                   err) != 0)
-        return -1;
-    return g->failed ? ddp_error(d, err) : 0;
-}
-
-// The same for everything queued on s so far.
-int td_gpu_ddp_wait(td_gpu *g, cudaStream_t s, td_err *err) {
-    td_gpu_ddp *d = g->ddp;
-    if (!d) {
-        TD_CUDA_RET(g, cudaStreamSynchronize(s), gpu_error(g, err));
-        return g->failed ? gpu_error(g, err) : 0;
-    }
-    TD_CUDA_RET(g, cudaEventRecord(d->wait_done, s), ddp_error(d, err));
-    return td_gpu_ddp_wait_event(g, d->wait_done, err);
 }
