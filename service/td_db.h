@@ -62,7 +62,8 @@ int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_e
 /* Removes the job and everything recorded of it, in one transaction. */
 int td_db_delete_job(td_db *db, long job_id, td_err *err);
 
-/* Calls back for each job, oldest first, with its attempts. */
+/* Calls back for each job, oldest first, with its attempts; the callback owns job->spec (free
+ * it, or keep it). */
 typedef void (*td_db_job_fn)(void *ctx, const td_db_job *job, const td_db_attempt *attempts,
                              int n_attempts);
 int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err);

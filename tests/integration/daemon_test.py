@@ -1485,6 +1485,26 @@ class DaemonTest(unittest.TestCase):
             status, _, _ = d.json("POST", f"/v1/jobs/{job['id']}/cancel")
             self.assertEqual(status, 200)
 
+    def test_12c_backfill_by_time_limit(self):
+        d = self.start_daemon("--slots", "2", "--grace", "2")
+        def limited(name, nproc, limit):
+            spec = train_spec(name, epochs=1000, checkpoint=False)
+            spec["resources"] = {"nproc": nproc, "time_limit_s": limit}
+            return spec
+        a, _ = d.submit(limited("a", 1, 600))
+        self.wait_state(d, a["id"], "running")
+        b, _ = d.submit(train_spec("b", epochs=1000, nproc=2, checkpoint=False))
+        # b can start when a's limit ends, in 600 s at the latest: a job whose own limit ends
+        # later could delay it, one whose limit ends sooner cannot
+        late, _ = d.submit(limited("late", 1, 900))
+        soon, _ = d.submit(limited("soon", 1, 300))
+        self.wait_state(d, soon["id"], "running")
+        self.assertEqual(d.job(late["id"])["state"], "queued", "it would end after b's start")
+        self.assertEqual(d.job(b["id"])["state"], "queued")
+        for job in (a, b, late, soon):
+            status, _, _ = d.json("POST", f"/v1/jobs/{job['id']}/cancel")
+            self.assertEqual(status, 200)
+
     def test_12b_time_limit(self):
         d = self.start_daemon("--slots", "2", "--grace", "2")
         spec = train_spec("limited", epochs=1000, checkpoint=False)
