@@ -6,9 +6,12 @@
  * rendezvous fails every waiting rank at once, with the cause, on another run, a rank that leaves
  * before it is ready, an abort, a rank taken twice or another world size. */
 #include "dist/td_comm.h"
+#include "dist/td_dist.h"
 #include "dist/td_store.h"
 
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <ifaddrs.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -340,4 +343,68 @@ Test(store, a_rank_taken_twice_or_another_world_size_fails_the_rendezvous, .time
         td_store_close(a);
         td_store_close(server);
     }
+}
+
+/* ---- the address a rank advertises (td_dist_pick_host) -------------------------------------- */
+
+static td_dist two_nodes(const char *master) {
+    unsetenv("TRAIND_HOST");
+    unsetenv("TRAIND_SOCKET_IFNAME");
+    unsetenv("GLOO_SOCKET_IFNAME");
+    td_dist d = {.rank = 2, .world = 4, .local_world = 2};
+    snprintf(d.master_addr, sizeof d.master_addr, "%s", master);
+    return d;
+}
+
+/* This host's first IPv4 address that is not loopback, or "" when it has none. */
+static void some_local_address(char *out, size_t len) {
+    struct ifaddrs *list, *i;
+    out[0] = 0;
+    cr_assert_eq(getifaddrs(&list), 0);
+    for (i = list; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && strcmp(i->ifa_name, "lo") != 0) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, len);
+            break;
+        }
+    freeifaddrs(list);
+}
+
+Test(host, several_nodes_advertise_the_route_to_the_master_never_the_hostname) {
+    char addr[64];
+    some_local_address(addr, sizeof addr);
+    if (!addr[0]) cr_skip_test("no IPv4 address but loopback on this host");
+    td_dist d = two_nodes(addr); /* the master is this host, reached over its interface */
+    td_err err = {{0}};
+    cr_assert_eq(td_dist_pick_host(&d, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(d.host, addr, "a peer on another host must be able to dial it");
+    cr_assert(strstr(d.host_why, "route to the master"), "%s", d.host_why);
+    d = two_nodes("127.0.0.1"); /* a master on loopback: loopback is right */
+    cr_assert_eq(td_dist_pick_host(&d, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(d.host, "127.0.0.1");
+}
+
+Test(host, the_user_chooses_by_address_or_interface) {
+    td_dist d = two_nodes("127.0.0.1");
+    td_err err = {{0}};
+    setenv("TRAIND_SOCKET_IFNAME", "lo", 1);
+    cr_assert_eq(td_dist_pick_host(&d, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(d.host, "127.0.0.1");
+    cr_assert(strstr(d.host_why, "TRAIND_SOCKET_IFNAME"), "%s", d.host_why);
+    setenv("TRAIND_HOST", "10.9.8.7", 1); /* wins over the interface */
+    cr_assert_eq(td_dist_pick_host(&d, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(d.host, "10.9.8.7");
+    d = two_nodes("127.0.0.1");
+    setenv("GLOO_SOCKET_IFNAME", "no-such-interface0", 1); /* as PyTorch's Gloo reads it */
+    cr_assert_neq(td_dist_pick_host(&d, &err), 0);
+    cr_assert(strstr(err.msg, "no-such-interface0") && strstr(err.msg, "GLOO_SOCKET_IFNAME"), "%s",
+              err.msg);
+    unsetenv("GLOO_SOCKET_IFNAME");
+}
+
+Test(host, one_node_reaches_its_ranks_where_the_master_is) {
+    td_dist d = two_nodes("127.0.0.1");
+    d.local_world = d.world;
+    td_err err = {{0}};
+    cr_assert_eq(td_dist_pick_host(&d, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(d.host, "127.0.0.1");
 }

@@ -1,11 +1,17 @@
+#define _GNU_SOURCE /* getifaddrs, getaddrinfo */
 #include "dist/td_dist.h"
 
 #include "core/td_parse.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static int env_int(const char *name, int def, int min, int max, int *out, td_err *err) {
@@ -50,18 +56,70 @@ int td_dist_from_env(td_dist *d, td_err *err) {
     if (!getenv("MASTER_PORT"))
         return td_fail(err, "environment: WORLD_SIZE is %d but MASTER_PORT is not set", d->world);
     if (env_int("MASTER_PORT", 0, 1, 65535, &d->master_port, err) != 0) return -1;
-    /* one node: reach each other where the master is; several: TRAIND_HOST or the hostname */
-    const char *host = getenv("TRAIND_HOST");
-    if (host && *host)
-        snprintf(d->host, sizeof d->host, "%s", host);
-    else if (d->local_world == d->world)
-        snprintf(d->host, sizeof d->host, "%s", d->master_addr);
-    else if (gethostname(d->host, sizeof d->host) != 0)
-        return td_fail(err, "gethostname: %s; set TRAIND_HOST", strerror(errno));
+    if (td_dist_pick_host(d, err) != 0) return -1;
     const char *run = getenv("TORCHELASTIC_RUN_ID");
     int restart = 0;
     if (env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 20, &restart, err) != 0) return -1;
     td_dist_namespace(d->namespace_, sizeof d->namespace_, run && *run ? run : "none", restart);
+    return 0;
+}
+
+/* The IPv4 address of interface `name`. */
+static int interface_address(const char *name, char *out, size_t len, td_err *err) {
+    struct ifaddrs *list;
+    if (getifaddrs(&list) != 0) return td_fail(err, "getifaddrs: %s", strerror(errno));
+    int rc = td_fail(err, "no network interface named \"%s\" with an IPv4 address", name);
+    for (struct ifaddrs *i = list; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && strcmp(i->ifa_name, name) == 0) {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, (socklen_t)len);
+            rc = 0;
+            break;
+        }
+    freeifaddrs(list);
+    return rc;
+}
+
+/* The local address the kernel would send from to reach master: a UDP socket "connected" there
+ * (which sends nothing) and asked its own name. */
+static int route_address(const char *master, char *out, size_t len, td_err *err) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    int rc = getaddrinfo(master, "9", &hints, &res);
+    if (rc != 0) return td_fail(err, "MASTER_ADDR %s: %s", master, gai_strerror(rc));
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in self;
+    socklen_t n = sizeof self;
+    if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0 ||
+        getsockname(fd, (struct sockaddr *)&self, &n) != 0)
+        rc = td_fail(err, "no route to the master %s: %s", master, strerror(errno));
+    else
+        inet_ntop(AF_INET, &self.sin_addr, out, (socklen_t)len);
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+    return rc;
+}
+
+int td_dist_pick_host(td_dist *d, td_err *err) {
+    const char *host = getenv("TRAIND_HOST");
+    const char *ifname = getenv("TRAIND_SOCKET_IFNAME");
+    const char *ifvar = "TRAIND_SOCKET_IFNAME";
+    if (!ifname || !*ifname) ifname = getenv("GLOO_SOCKET_IFNAME"), ifvar = "GLOO_SOCKET_IFNAME";
+    if (host && *host) {
+        snprintf(d->host, sizeof d->host, "%s", host);
+        snprintf(d->host_why, sizeof d->host_why, "TRAIND_HOST");
+    } else if (ifname && *ifname) {
+        if (interface_address(ifname, d->host, sizeof d->host, err) != 0)
+            return td_fail_prefix(err, "%s", ifvar);
+        snprintf(d->host_why, sizeof d->host_why, "the address of %.64s (%s)", ifname, ifvar);
+    } else if (d->local_world == d->world) {
+        snprintf(d->host, sizeof d->host, "%s", d->master_addr);
+        snprintf(d->host_why, sizeof d->host_why, "one node: where the master is");
+    } else {
+        if (route_address(d->master_addr, d->host, sizeof d->host, err) != 0)
+            return td_fail_prefix(err, "choosing the address to advertise (set TRAIND_HOST or "
+                                       "TRAIND_SOCKET_IFNAME)");
+        snprintf(d->host_why, sizeof d->host_why,
+                 "the local address of the route to the master %.64s", d->master_addr);
+    }
     return 0;
 }
 

@@ -140,6 +140,11 @@ int td_train_join(trainer *t, td_err *err) {
             return -1;
         t->own_store = true;
     }
+    /* several nodes: each rank says where its peers dial it, since that is what goes wrong
+     * between hosts (a hostname that resolves to loopback, the wrong interface) */
+    if (d->local_world < d->world)
+        fprintf(t->log, "[traind] rank %d advertises %s for its ring connections (%s)\n", rank,
+                d->host, d->host_why);
     if (td_comm_init(&t->comm, t->store, rank, world, d->host, d->timeout_s, err) != 0)
         return join_failed(t, err);
     if (td_store_ready(t->store, rank, world, err) != 0) return -1;
