@@ -25,6 +25,10 @@ int td_comm_peer_fail(const td_comm *c, bool next, td_err *err) {
                           next ? c->next_addr : c->prev_addr, next ? "next" : "previous");
 }
 
+/* How long a ring connection may take to come, once both neighbours have published their
+ * addresses. */
+#define CONNECT_S 10.0
+
 int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char *host,
                  double timeout_s, td_err *err) {
     td_comm *c = td_calloc(1, sizeof *c);
@@ -57,18 +61,35 @@ int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char
     char *colon = strrchr(c->next_addr, ':');
     snprintf(next_host, sizeof next_host, "%.*s", (int)(colon - c->next_addr), c->next_addr);
     next_port = atoi(colon + 1);
-    double deadline = td_clock_now() + timeout_s;
-    if (td_net_connect(next_host, next_port, deadline, &c->next_fd, err) != 0) {
+    /* A peer listens before it advertises, and both neighbours are past the exchange above:
+     * a connection that does not come within seconds never will (an address the others cannot
+     * reach), so it fails now, naming the address, not at the collectives' timeout. */
+    double start = td_clock_now();
+    double connect_by = start + (timeout_s < CONNECT_S ? timeout_s : CONNECT_S);
+    double accept_by = start + (timeout_s < CONNECT_S + 5 ? timeout_s : CONNECT_S + 5);
+    if (td_net_connect(next_host, next_port, connect_by, &c->next_fd, err) != 0) {
         close(listen_fd);
-        return td_comm_peer_fail(c, true, err);
+        return td_fail_prefix(err,
+                              "rank %d: cannot reach rank %d at %s, the address it advertises (if "
+                              "that host has an address this one can reach, give it TRAIND_HOST "
+                              "or TRAIND_SOCKET_IFNAME)",
+                              rank, next, c->next_addr);
     }
     int32_t me = rank, who = -1;
+    double deadline = start + timeout_s;
     if (td_net_send_all(c->next_fd, &me, 4, deadline, err) != 0) {
         close(listen_fd);
         return td_comm_peer_fail(c, true, err);
     }
-    if (td_net_accept(listen_fd, deadline, &c->prev_fd, err) != 0 ||
-        td_net_recv_all(c->prev_fd, &who, 4, deadline, err) != 0) {
+    if (td_net_accept(listen_fd, accept_by, &c->prev_fd, err) != 0) {
+        close(listen_fd);
+        return td_fail_prefix(err,
+                              "rank %d: rank %d did not connect to %s:%d, the address this rank "
+                              "advertises, within %.0f s (can it reach this host there? set "
+                              "TRAIND_HOST or TRAIND_SOCKET_IFNAME)",
+                              rank, prev, host, port, accept_by - start);
+    }
+    if (td_net_recv_all(c->prev_fd, &who, 4, deadline, err) != 0) {
         close(listen_fd);
         return td_comm_peer_fail(c, false, err);
     }

@@ -76,20 +76,39 @@ int td_net_accept(int listen_fd, double deadline, int *fd_out, td_err *err) {
     }
 }
 
+/* One attempt, bounded by the deadline: a blocking connect() to a host that drops packets waits
+ * for the kernel's SYN retries (about two minutes), whatever the deadline says. */
+static int connect_once(const struct sockaddr_in *addr, double deadline, int *fd_out) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return errno;
+    int e = connect(fd, (const struct sockaddr *)addr, sizeof *addr) == 0 ? 0 : errno;
+    if (e == EINPROGRESS) {
+        struct pollfd p = {fd, POLLOUT, 0};
+        int rc;
+        while ((rc = poll(&p, 1, remaining_ms(deadline))) < 0 && errno == EINTR) {
+        }
+        socklen_t len = sizeof e;
+        if (rc == 0)
+            e = ETIMEDOUT;
+        else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0)
+            e = errno;
+    }
+    if (e != 0) {
+        close(fd);
+        return e;
+    }
+    tune(fd);
+    *fd_out = fd;
+    return 0;
+}
+
 int td_net_connect(const char *host, int port, double deadline, int *fd_out, td_err *err) {
     struct sockaddr_in addr;
     if (resolve(host, port, &addr, err) != 0) return -1;
     int last = 0;
     while (td_clock_now() < deadline) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return td_fail(err, "socket: %s", strerror(errno));
-        if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
-            tune(fd);
-            *fd_out = fd;
-            return 0;
-        }
-        last = errno;
-        close(fd);
+        last = connect_once(&addr, deadline, fd_out);
+        if (last == 0) return 0;
         /* not listening yet: retry shortly (a back-off, not a synchronisation) */
         struct timespec pause = {0, 20 * 1000 * 1000};
         nanosleep(&pause, NULL);
