@@ -78,5 +78,4 @@ int td_launch_run(const td_launch_config *cfg, FILE *log, int *exit_code, td_err
 /* A free TCP port on the loopback interface (torchrun's choice for a single node). */
 int td_launch_free_port(int *port, td_err *err);
 
-
 #endif
