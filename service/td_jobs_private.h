@@ -52,7 +52,6 @@ typedef struct job {
 
 struct td_jobs {
     td_jobs_config cfg;
-    char *const *roots;
     td_db *db;
     FILE *log;
     pthread_mutex_t mu;
