@@ -22,8 +22,8 @@ int main(int argc, char **argv) {
     if (td_dist_from_env(&d, &err) != 0 ||
         td_store_open(&store, d.master_addr[0] ? d.master_addr : "127.0.0.1", d.master_port,
                       d.rank == 0, d.namespace_, d.timeout_s, &err) != 0 ||
-        td_comm_init(&comm, store, d.rank, d.world, d.host[0] ? d.host : "127.0.0.1", d.timeout_s,
-                     &err) != 0) {
+        td_comm_init(&comm, store, d.rank, d.world, d.host[0] ? d.host : "127.0.0.1", NULL,
+                     d.timeout_s, &err) != 0) {
         fprintf(stderr, "traind-bench-allreduce: %s\n", err.msg);
         return 1;
     }

@@ -24,8 +24,10 @@ typedef struct rank_ctx {
     int rank, world, port;
     td_store *store; /* rank 0's is opened (with the server) before the threads start */
     bool die_after_init;
-    bool shared;     /* all-reduce on td_comm_alloc's memory */
-    bool mismatched; /* each rank all-reduces at a different offset: all must fail */
+    bool shared;           /* all-reduce on td_comm_alloc's memory */
+    char node[8];          /* the node identity this rank claims ("" for this host's) */
+    const char *transport; /* what td_comm_transport must say (a part of it) */
+    bool mismatched;       /* each rank all-reduces at a different offset: all must fail */
     int failures;
     char error[TD_ERR_MAX + 128];
     float *result; /* rank's all-reduce of pseudo-random data, to compare across ranks */
@@ -54,15 +56,16 @@ static void *run_rank(void *p) {
     if (!x->store &&
         td_store_open(&x->store, HOST, x->port, false, "test/attempt-0", TIMEOUT, &err) != 0)
         CHECK(0, "store: %s", err.msg);
-    CHECK(td_comm_init(&c, x->store, x->rank, x->world, HOST, TIMEOUT, &err) == 0, "init: %s",
-          err.msg);
+    CHECK(td_comm_init(&c, x->store, x->rank, x->world, HOST, x->node[0] ? x->node : NULL, TIMEOUT,
+                       &err) == 0,
+          "init: %s", err.msg);
     if (x->die_after_init) goto out; /* a rank that vanishes: closes its sockets */
     float *region = NULL;
     if (x->shared || x->mismatched) {
         region = td_comm_alloc(c, SIZES[2] + 64, &err);
         CHECK(region, "alloc: %s", err.msg);
-        CHECK(strcmp(td_comm_transport(c, region), "shared memory") == 0, "transport: %s",
-              td_comm_transport(c, region));
+        CHECK(strstr(td_comm_transport(c, region), x->transport), "transport: %s (expected %s)",
+              td_comm_transport(c, region), x->transport);
     }
     if (x->mismatched) {
         int rc = td_comm_allreduce(c, region + x->rank, 10, false, &err);
@@ -120,7 +123,9 @@ out:
     return NULL;
 }
 
-static void run_world(int world, rank_ctx *ctx, bool last_dies, bool shared, bool mismatched) {
+/* nodes: one letter per rank, the node identity it claims (NULL: all on this host). */
+static void run_world(int world, rank_ctx *ctx, bool last_dies, bool shared, bool mismatched,
+                      const char *nodes, const char *transport) {
     td_err err = {{0}};
     td_store *server;
     cr_assert_eq(td_store_open(&server, HOST, 0, true, "test/attempt-0", TIMEOUT, &err), 0, "%s",
@@ -133,16 +138,18 @@ static void run_world(int world, rank_ctx *ctx, bool last_dies, bool shared, boo
                             .store = r == 0 ? server : NULL,
                             .die_after_init = last_dies && r == world - 1,
                             .shared = shared,
-                            .mismatched = mismatched};
+                            .mismatched = mismatched,
+                            .transport = transport ? transport : "shared memory"};
+        if (nodes) snprintf(ctx[r].node, sizeof ctx[r].node, "node-%c", nodes[r]);
         cr_assert_eq(pthread_create(&threads[r], NULL, run_rank, &ctx[r]), 0);
     }
     for (int r = 0; r < world; r++) pthread_join(threads[r], NULL);
     td_store_close(server);
 }
 
-static void check_world(int world, bool shared) {
+static void check_world(int world, bool shared, const char *nodes, const char *transport) {
     rank_ctx ctx[4];
-    run_world(world, ctx, false, shared, false);
+    run_world(world, ctx, false, shared, false, nodes, transport);
     for (int r = 0; r < world; r++)
         cr_expect_eq(ctx[r].failures, 0, "rank %d: %s", r, ctx[r].error);
     for (int r = 1; r < world; r++)
@@ -153,33 +160,49 @@ static void check_world(int world, bool shared) {
 }
 
 Test(comm, world_2, .timeout = 120) {
-    check_world(2, false);
+    check_world(2, false, NULL, NULL);
 }
 Test(comm, world_3, .timeout = 120) {
-    check_world(3, false);
+    check_world(3, false, NULL, NULL);
 }
 Test(comm, world_4, .timeout = 120) {
-    check_world(4, false);
+    check_world(4, false, NULL, NULL);
 }
 Test(comm, world_2_shared_memory, .timeout = 120) {
-    check_world(2, true);
+    check_world(2, true, NULL, NULL);
 }
 Test(comm, world_3_shared_memory, .timeout = 120) {
-    check_world(3, true);
+    check_world(3, true, NULL, NULL);
 }
 Test(comm, world_4_shared_memory, .timeout = 120) {
-    check_world(4, true);
+    check_world(4, true, NULL, NULL);
+}
+
+/* Ranks claiming other nodes' identities: shared memory only within a node, the node leaders'
+ * TCP ring between nodes, and the same sums, to the bit on every rank. */
+Test(comm, two_nodes_of_two_ranks_share_memory_within_and_talk_tcp_between, .timeout = 120) {
+    check_world(4, true, "aabb", "shared memory within each node, and a TCP ring between the 2");
+}
+Test(comm, nodes_of_unequal_size, .timeout = 120) {
+    check_world(3, true, "abb", "between the 2 nodes");
+    check_world(4, true, "abcc", "between the 3 nodes");
+}
+Test(comm, one_rank_per_node_is_the_tcp_ring, .timeout = 120) {
+    check_world(2, true, "ab", "the TCP ring (one rank on each of 2 nodes)");
+}
+Test(comm, ranks_on_one_node_need_not_be_neighbours, .timeout = 120) {
+    check_world(4, true, "abab", "between the 2 nodes");
 }
 
 Test(comm, shared_memory_ranks_naming_different_buffers_fail, .timeout = 120) {
     rank_ctx ctx[3];
-    run_world(3, ctx, false, false, true);
+    run_world(3, ctx, false, false, true, NULL, NULL);
     for (int r = 0; r < 3; r++) cr_expect_eq(ctx[r].failures, 0, "rank %d: %s", r, ctx[r].error);
 }
 
 Test(comm, dead_peer_is_an_error_naming_it, .timeout = 120) {
     rank_ctx ctx[3];
-    run_world(3, ctx, true, false, false);
+    run_world(3, ctx, true, false, false, NULL, NULL);
     /* rank 2 vanished after joining: rank 0, which receives from it, fails naming it; rank 1
      * fails too, naming whichever neighbour closed on it first (rank 2, or rank 0 once rank 0
      * gave up). The trainer adds the job's first failure to such cascades (test_ddp). */

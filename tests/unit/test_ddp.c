@@ -213,7 +213,7 @@ Test(reducer, buckets_in_reverse_order_up_to_the_cap) {
                      td_shape_flat(36), 4, 1);
     td_comm *comm;
     td_err err = {{0}};
-    cr_assert_eq(td_comm_init(&comm, NULL, 0, 1, "127.0.0.1", 5.0, &err), 0, "%s", err.msg);
+    cr_assert_eq(td_comm_init(&comm, NULL, 0, 1, "127.0.0.1", NULL, 5.0, &err), 0, "%s", err.msg);
     td_reducer *r;
     cr_assert_eq(td_reducer_start(&r, comm, &m, 1000.0 / (1024 * 1024), &err), 0, "%s", err.msg);
     cr_expect_eq(td_reducer_buckets(r), 2);

@@ -3,8 +3,11 @@
  * rendezvous store. All-reduce is a ring reduce-scatter then all-gather, each step moving
  * pieces of at most 256 KiB so large buffers stream through the ring. Every rank ends with the
  * same bits: each element is summed in one place, in one order, and then copied. Every call is
- * bounded by the timeout; a dead peer is an error that names it, never a hang. The NCCL backend
- * (GPU issue) implements the same interface. */
+ * bounded by the timeout; a dead peer is an error that names it, never a hang.
+ *
+ * Ranks know which of them share a node (td_comm_node.c): on buffers from td_comm_alloc the
+ * ranks of a node all-reduce through shared memory and only one rank per node, its leader,
+ * talks TCP to the other nodes. The NCCL backend (GPU issue) implements the same interface. */
 #ifndef TD_COMM_H
 #define TD_COMM_H
 
@@ -16,10 +19,13 @@
 
 typedef struct td_comm td_comm;
 
-/* Joins the ring of `world` ranks: listens on host (this rank's address as the others reach
- * it), publishes it in the store, connects to the next rank and accepts the previous one. */
+/* Joins the ring of `world` ranks: publishes this rank's node identity (node, or NULL for
+ * this host's: its boot id and /dev/shm) and learns the others', listens on host (this rank's
+ * address as the others reach it), publishes it in the store, connects to the next rank and
+ * accepts the previous one; the leaders of several nodes also join a ring of their own. A ring
+ * connection that does not come within seconds is an error naming the peer and the address. */
 int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char *host,
-                 double timeout_s, td_err *err);
+                 const char *node, double timeout_s, td_err *err);
 void td_comm_close(td_comm *c);
 /* After a failure: shuts the ring connections down at once, so the neighbours fail now rather
  * than at their timeout. Later collectives fail. */
@@ -34,13 +40,16 @@ int td_comm_allgather(td_comm *c, const float *mine, size_t n, float *all, td_er
 int td_comm_barrier(td_comm *c, td_err *err);
 
 /* Collective (every rank calls it with the same n, in the same order): a buffer of n floats for
- * all-reduces. When all ranks run on one host, each rank's buffer is mapped into every rank
- * (POSIX shared memory) and all-reduces on it, or on any part of it at the same offset on every
- * rank, read the peers' memory directly instead of streaming it through the TCP ring (as NCCL's
- * registered buffers). Otherwise it is plain memory. NULL on failure. */
+ * all-reduces. Each rank's buffer is mapped into every rank of its node (POSIX shared memory),
+ * and all-reduces on it, or on any part of it at the same offset on every rank, read the node's
+ * peers' memory directly instead of streaming it through the TCP ring (as NCCL's registered
+ * buffers); with several nodes, each node's sum then travels the ring of node leaders. With one
+ * rank per node, or when some node cannot share memory, it is plain memory (the TCP ring).
+ * NULL on failure. */
 float *td_comm_alloc(td_comm *c, size_t n, td_err *err);
 void td_comm_free(td_comm *c, float *p);
-/* How all-reduces on p travel: "shared memory", or "the TCP ring (why not shared memory)". */
+/* How all-reduces on p travel: "shared memory" (one node), "shared memory within each node, a
+ * TCP ring between the N nodes", or "the TCP ring (why not shared memory)". */
 const char *td_comm_transport(const td_comm *c, const float *p);
 
 #endif

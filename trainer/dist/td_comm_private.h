@@ -1,5 +1,5 @@
-/* What td_comm.c (the TCP ring) and td_comm_shm.c (shared memory between ranks of one host)
- * share. Not part of the engine's interface. */
+/* What td_comm.c (the TCP rings), td_comm_node.c (which ranks share a node) and td_comm_shm.c
+ * (shared memory between the ranks of one node) share. Not part of the engine's interface. */
 #ifndef TD_COMM_PRIVATE_H
 #define TD_COMM_PRIVATE_H
 
@@ -10,9 +10,11 @@
 /* 64 Ki floats: big enough to keep the socket busy, small enough to stay in L2 */
 #define PIECE_FLOATS        (64 * 1024)
 #define TD_COMM_MAX_REGIONS 8
+#define TD_COMM_NODE_MAX    160 /* a node identity string, with its terminator */
 
-/* Memory from td_comm_alloc. peer[p] is rank p's copy mapped here (peer[rank] == mine), or
- * NULL when the ranks could not share memory (other hosts), where the region is plain memory. */
+/* Memory from td_comm_alloc. peer[q] is the copy of the node's q-th rank (local position q)
+ * mapped here (peer[local_pos] == mine), or NULL when the region is plain memory (the TCP ring
+ * all-reduces it). */
 typedef struct td_comm_ctl td_comm_ctl;
 
 typedef struct td_comm_region {
@@ -23,10 +25,26 @@ typedef struct td_comm_region {
     char transport[320];              /* for td_comm_transport */
 } td_comm_region;
 
+/* A TCP ring: every member connected to the next one, in rank order. */
+typedef struct td_comm_ring {
+    const char *name;         /* "ring", "leaders' ring": for messages */
+    int size, pos;            /* members, and this rank's place among them */
+    int next_rank, prev_rank; /* the neighbours' global ranks */
+    int next_fd, prev_fd;     /* -1 when there is no ring (size 1, or not a member) */
+    char next_addr[128], prev_addr[128];
+} td_comm_ring;
+
 struct td_comm {
     int rank, world;
-    int next_fd, prev_fd; /* -1 for world 1 */
-    char next_addr[128], prev_addr[128];
+    /* every rank, in rank order: broadcast, all-gather, barrier and all-reduce on plain memory */
+    td_comm_ring ring;
+    /* the ranks on this node (same node identity), in rank order; the first one leads */
+    int *local, local_size, local_pos;
+    int nodes;       /* distinct node identities */
+    int *node_first; /* [world]: the first rank on each rank's node (its leader) */
+    /* the leaders of every node, when there are several nodes and this rank leads its own: the
+     * all-reduce of shared memory between nodes */
+    td_comm_ring leaders;
     double timeout_s;
     td_store *store;
     float *tmp;     /* PIECE_FLOATS */
@@ -34,10 +52,19 @@ struct td_comm {
     td_comm_region regions[TD_COMM_MAX_REGIONS];
 };
 
-/* Segment k of n floats split into world nearly equal parts. */
-void td_comm_segment(size_t n, int world, int k, size_t *off, size_t *len);
-/* Names the neighbour a failed transfer was with (the next one or the previous one). */
-int td_comm_peer_fail(const td_comm *c, bool next, td_err *err);
+/* Segment k of n floats split into `parts` nearly equal parts. */
+void td_comm_segment(size_t n, int parts, int k, size_t *off, size_t *len);
+/* Names the neighbour in ring a failed transfer was with (the next one or the previous one). */
+int td_comm_peer_fail(const td_comm *c, const td_comm_ring *ring, bool next, td_err *err);
+/* Sums buf [n] over the ring's members in place (no averaging). */
+int td_comm_ring_allreduce(td_comm *c, td_comm_ring *ring, float *buf, size_t n, td_err *err);
+
+/* This host's node identity: its boot id and the identity of its /dev/shm (a container or
+ * network namespace with its own tmpfs there is another node). */
+void td_comm_node_identity(char *out, size_t len);
+/* Publishes node (NULL: this host's identity) and sorts the ranks into nodes: fills local,
+ * local_size, local_pos, nodes and node_first. */
+int td_comm_find_nodes(td_comm *c, const char *node, td_err *err);
 
 /* The shared region holding buf [n], or NULL. */
 td_comm_region *td_comm_region_of(td_comm *c, const float *buf, size_t n);

@@ -1,12 +1,19 @@
-/* All-reduce through shared memory, for ranks on one host (the common case: one process per
- * core or GPU of a node).
+/* All-reduce through shared memory, for the ranks of one node (the common case: one process
+ * per core or GPU of a node).
  *
  * Over the TCP ring, every float crosses the loopback twice and every rank copies it through
- * the kernel; on one host the ranks can instead read each other's buffers. td_comm_alloc maps
- * each rank's buffer into every rank (POSIX shared memory), like NCCL's registered buffers. An
- * all-reduce on such a buffer is then: rank r sums segment r straight from every rank's memory
- * and writes the result into every rank's memory, between two barriers. Each segment is summed
- * by one rank in rank order and written to all, so every rank ends with the same bits.
+ * the kernel; on one node the ranks can instead read each other's buffers. td_comm_alloc maps
+ * each rank's buffer into every rank of its node (POSIX shared memory), like NCCL's registered
+ * buffers. On one node, an all-reduce on such a buffer is: the node's q-th rank sums segment q
+ * straight from every rank's memory and writes the result into every rank's memory, between
+ * two barriers. Each segment is summed by one rank in rank order and written to all, so every
+ * rank ends with the same bits.
+ *
+ * On several nodes the sum goes to the node's leader only; the leaders all-reduce their sums
+ * over their own TCP ring (every element summed in one place, in one order); then the node's
+ * ranks copy the leader's result, segment by segment, into every rank's memory. Four barriers
+ * instead of two, and only one rank per node on the network, as NCCL's trees and rings across
+ * nodes do.
  *
  * The barriers live in a control page after each rank's buffer, not on the sockets: a rank
  * announces its arrival with a store and waits by spinning, then by sleeping on a futex. A
@@ -89,10 +96,11 @@ static float *map_peer(const char *name, size_t bytes) {
     return p;
 }
 
-/* Unmaps the peers' mappings of g and this rank's own (which peer[rank] may or may not hold). */
+/* Unmaps the peers' mappings of g and this rank's own (which peer[local_pos] may or may not
+ * hold). */
 static void unmap_region(const td_comm *c, td_comm_region *g, float *own) {
     if (g->peer) {
-        for (int p = 0; p < c->world; p++)
+        for (int p = 0; p < c->local_size; p++)
             if (g->peer[p] && g->peer[p] != own) munmap(g->peer[p], g->bytes);
         free(g->peer);
         g->peer = NULL;
@@ -121,40 +129,58 @@ float *td_comm_alloc(td_comm *c, size_t n, td_err *err) {
         return g->mine;
     }
 
-    /* every rank publishes its segment's name ("" if it has none), then maps the others' */
+    /* one rank per node: nothing to share */
+    if (c->nodes == c->world) {
+        g->mine = td_aligned_alloc(g->bytes);
+        snprintf(g->transport, sizeof g->transport, "the TCP ring (one rank on each of %d nodes)",
+                 c->nodes);
+        return g->mine;
+    }
+    /* every rank publishes its segment's name ("" if it has none), then maps those of the
+     * ranks on its node */
     char name[96], key[64], why[256] = "";
     snprintf(name, sizeof name, "/traind-%ld-%d-%d", (long)getpid(), c->rank, seq);
     float *own = create_own(name, g->bytes, why, sizeof why);
     snprintf(key, sizeof key, "comm/shm/%d/%d", seq, c->rank);
     if (td_store_set(c->store, key, own ? name : "", own ? strlen(name) + 1 : 1, err) != 0)
         goto fail;
-    g->peer = td_calloc((size_t)c->world, sizeof(float *));
+    g->peer = td_calloc((size_t)c->local_size, sizeof(float *));
     float shared = own ? 1.0f : 0.0f;
-    for (int p = 0; p < c->world && own; p++) {
-        if (p == c->rank) {
-            g->peer[p] = own;
+    for (int q = 0; q < c->local_size && own; q++) {
+        if (q == c->local_pos) {
+            g->peer[q] = own;
             continue;
         }
         void *v;
-        snprintf(key, sizeof key, "comm/shm/%d/%d", seq, p);
+        snprintf(key, sizeof key, "comm/shm/%d/%d", seq, c->local[q]);
         if (td_store_get(c->store, key, &v, NULL, err) != 0) goto fail;
-        g->peer[p] = *(char *)v ? map_peer(v, g->bytes) : NULL;
+        g->peer[q] = *(char *)v ? map_peer(v, g->bytes) : NULL;
+        if (!g->peer[q] && !why[0])
+            snprintf(why, sizeof why,
+                     "rank %d cannot map the shared memory of rank %d, on its node%s", c->rank,
+                     c->local[q], *(char *)v ? "" : ", which has none");
         free(v);
-        if (!g->peer[p]) shared = 0.0f; /* another host, another /dev/shm, or no memory */
+        if (!g->peer[q]) shared = 0.0f; /* the peer has no shared memory, or no memory left */
     }
-    /* all or nothing: the count of ranks that mapped everyone's, summed over the TCP ring (no
-     * region is registered yet); once it returns, every rank has opened the names */
+    /* all or nothing: the count of ranks that mapped their node's peers, summed over the TCP
+     * ring (no region is registered yet); once it returns, every rank has opened the names */
     if (td_comm_allreduce(c, &shared, 1, false, err) != 0) goto fail;
     if (own) shm_unlink(name); /* the mappings live on; nothing is left in /dev/shm */
     if (shared == (float)c->world) {
         g->mine = own;
-        snprintf(g->transport, sizeof g->transport, "shared memory");
+        if (c->nodes == 1)
+            snprintf(g->transport, sizeof g->transport, "shared memory");
+        else
+            snprintf(g->transport, sizeof g->transport,
+                     "shared memory within each node, and a TCP ring between the %d nodes' "
+                     "leaders",
+                     c->nodes);
         return own;
     }
     unmap_region(c, g, own);
     g->mine = td_aligned_alloc(g->bytes); /* TCP all-reduces on plain memory */
     snprintf(g->transport, sizeof g->transport, "the TCP ring (%s)",
-             why[0] ? why : "the ranks cannot map each other's memory: not all on one host");
+             why[0] ? why : "another rank of the node cannot share memory");
     return g->mine;
 fail:
     if (own) shm_unlink(name);
@@ -228,29 +254,34 @@ static socket_news neighbour_news(int fd) {
                                                                                  : SOCKET_QUIET;
 }
 
-/* Checks both neighbours while waiting for rank p. A neighbour that sent data has left this
- * barrier for a collective over the sockets; it can only have left after every rank arrived,
- * and it announced its own arrival before sending, so if p has still not arrived the ranks are
- * making different collective calls. */
-static int check_neighbours(td_comm *c, td_comm_region *g, int p, uint32_t barrier, td_err *err) {
+/* Checks both ring neighbours while waiting for the node's q-th rank. A neighbour on this node
+ * that sent data has left this barrier for a collective over the sockets; it can only have left
+ * after every rank of the node arrived, and it announced its own arrival before sending, so if
+ * q has still not arrived the ranks are making different collective calls. (A neighbour on
+ * another node may legitimately be ahead: its node's part of the all-reduce ends apart from
+ * ours.) */
+static int check_neighbours(td_comm *c, td_comm_region *g, int q, uint32_t barrier, td_err *err) {
     for (int side = 0; side < 2; side++) {
         bool next = side == 0;
-        socket_news news = neighbour_news(next ? c->next_fd : c->prev_fd);
-        if (news == SOCKET_CLOSED) return td_comm_peer_fail(c, next, err);
-        if (news == SOCKET_DATA && !reached(atomic_load(&control_of(g, p)->arrived), barrier)) {
+        int peer = next ? c->ring.next_rank : c->ring.prev_rank;
+        socket_news news = neighbour_news(next ? c->ring.next_fd : c->ring.prev_fd);
+        if (news == SOCKET_CLOSED) return td_comm_peer_fail(c, &c->ring, next, err);
+        if (news == SOCKET_DATA && c->node_first[peer] == c->node_first[c->rank] &&
+            !reached(atomic_load(&control_of(g, q)->arrived), barrier)) {
             td_fail(err,
                     "it is in a collective over the sockets while this rank waits in a "
                     "shared-memory all-reduce for rank %d; every rank must make the same "
                     "collective calls in the same order",
-                    p);
-            return td_comm_peer_fail(c, next, err);
+                    c->local[q]);
+            return td_comm_peer_fail(c, &c->ring, next, err);
         }
     }
     return 0;
 }
 
-static int wait_for_peer(td_comm *c, td_comm_region *g, int p, uint32_t barrier, td_err *err) {
-    td_comm_ctl *ctl = control_of(g, p);
+/* Waits for the node's q-th rank to reach the barrier. */
+static int wait_for_peer(td_comm *c, td_comm_region *g, int q, uint32_t barrier, td_err *err) {
+    td_comm_ctl *ctl = control_of(g, q);
     double start = td_clock_now(), deadline = start + c->timeout_s;
     for (int i = 0; !reached(atomic_load(&ctl->arrived), barrier); i++) {
         if (i % 64 == 0 && td_clock_now() - start > SPIN_S) break;
@@ -265,67 +296,83 @@ static int wait_for_peer(td_comm *c, td_comm_region *g, int p, uint32_t barrier,
         }
         atomic_fetch_sub(&ctl->sleepers, 1);
         if (reached(atomic_load(&ctl->arrived), barrier)) break;
-        if (check_neighbours(c, g, p, barrier, err) != 0) return -1;
+        if (check_neighbours(c, g, q, barrier, err) != 0) return -1;
         if (td_clock_now() > deadline)
             return td_fail(err,
                            "rank %d: timed out after %.0f s waiting for rank %d to reach an "
                            "all-reduce (is it stuck, or making other collective calls?)",
-                           c->rank, c->timeout_s, p);
+                           c->rank, c->timeout_s, c->local[q]);
     }
     return 0;
 }
 
-/* A barrier through the control pages that also checks every rank names the same part of the
- * region. */
+/* A barrier of the node's ranks through the control pages that also checks they all name the
+ * same part of the region. */
 static int sync_ranks(td_comm *c, td_comm_region *g, uint64_t off, uint64_t n, td_err *err) {
     uint32_t barrier = ++g->barriers;
-    td_comm_ctl *me = control_of(g, c->rank);
+    td_comm_ctl *me = control_of(g, c->local_pos);
     me->span[barrier & 1][0] = off;
     me->span[barrier & 1][1] = n;
     atomic_store(&me->arrived, barrier); /* seq_cst: ordered before the sleepers load below */
     if (atomic_load(&me->sleepers) > 0) (void)futex(&me->arrived, FUTEX_WAKE, INT_MAX, NULL);
-    for (int p = 0; p < c->world; p++) {
-        if (p == c->rank) continue;
-        if (wait_for_peer(c, g, p, barrier, err) != 0) return -1;
-        const uint64_t *got = control_of(g, p)->span[barrier & 1];
+    for (int q = 0; q < c->local_size; q++) {
+        if (q == c->local_pos) continue;
+        if (wait_for_peer(c, g, q, barrier, err) != 0) return -1;
+        const uint64_t *got = control_of(g, q)->span[barrier & 1];
         if (got[0] != off || got[1] != n)
             return td_fail(err,
                            "rank %d: ranks all-reduce different buffers (this rank: %llu floats at "
                            "offset %llu; rank %d: %llu at %llu); every rank must make the same "
                            "collective calls in the same order",
-                           c->rank, (unsigned long long)n, (unsigned long long)off, p,
+                           c->rank, (unsigned long long)n, (unsigned long long)off, c->local[q],
                            (unsigned long long)got[1], (unsigned long long)got[0]);
     }
     return 0;
 }
 
-/* buf[p][i] = (buf[0][i] + buf[1][i] + ...) · scale for every rank p, summed in rank order.
- * Block by block, every input of a block is read before any rank's copy of it is written. */
-static void sum_segment(float *const *buf, int world, size_t n, float scale) {
+/* out[k][i] = (in[0][i] + in[1][i] + ...) · scale for each of the outs, summed in rank order.
+ * Block by block, every input of a block is read before any output of it is written (an output
+ * may be an input). */
+static void sum_segment(float *const *in, int ins, float *const *out, int outs, size_t n,
+                        float scale) {
     enum { BLOCK = 2048 };
     float acc[BLOCK];
     for (size_t b = 0; b < n; b += BLOCK) {
         size_t m = n - b < BLOCK ? n - b : BLOCK;
-        for (size_t i = 0; i < m; i++) acc[i] = buf[0][b + i] + buf[1][b + i];
-        for (int p = 2; p < world; p++)
-            for (size_t i = 0; i < m; i++) acc[i] += buf[p][b + i];
-        for (size_t i = 0; i < m; i++) acc[i] *= scale;
-        for (int p = 0; p < world; p++) memcpy(buf[p] + b, acc, m * sizeof(float));
+        memcpy(acc, in[0] + b, m * sizeof(float));
+        for (int p = 1; p < ins; p++)
+            for (size_t i = 0; i < m; i++) acc[i] += in[p][b + i];
+        if (scale != 1.0f)
+            for (size_t i = 0; i < m; i++) acc[i] *= scale;
+        for (int p = 0; p < outs; p++) memcpy(out[p] + b, acc, m * sizeof(float));
     }
 }
 
 int td_comm_allreduce_shared(td_comm *c, td_comm_region *g, float *buf, size_t n, bool average,
                              td_err *err) {
-    int w = c->world, r = c->rank;
+    int ranks = c->local_size, q = c->local_pos;
+    float scale = average ? 1.0f / (float)c->world : 1.0f;
     size_t off = (size_t)(buf - g->mine), so, sl;
     /* 1: every rank's input is complete */
     if (sync_ranks(c, g, off, n, err) != 0) return -1;
-    /* only rank r reads or writes segment r, in any rank's memory */
-    td_comm_segment(n, w, r, &so, &sl);
-    float *seg[w];
-    for (int p = 0; p < w; p++) seg[p] = g->peer[p] + off + so;
-    sum_segment(seg, w, sl, average ? 1.0f / (float)w : 1.0f);
-    td_fault_at(TD_FAULT_ALLREDUCE); /* tests: a peer dying mid-collective (td_fault.h) */
-    /* 2: every segment is written everywhere, and nobody touches this rank's memory any more */
+    /* only the node's q-th rank reads or writes segment q, in any rank's memory */
+    td_comm_segment(n, ranks, q, &so, &sl);
+    float *seg[ranks];
+    for (int p = 0; p < ranks; p++) seg[p] = g->peer[p] + off + so;
+    if (c->nodes == 1) {
+        sum_segment(seg, ranks, seg, ranks, sl, scale);
+        td_fault_at(TD_FAULT_ALLREDUCE); /* tests: a peer dying mid-collective (td_fault.h) */
+        /* 2: every segment is written everywhere; nobody touches this rank's memory any more */
+        return sync_ranks(c, g, off, n, err);
+    }
+    /* several nodes: the node's sum goes to its leader (the node's first rank) */
+    sum_segment(seg, ranks, seg, 1, sl, 1.0f);
+    /* 2: the leader holds the node's sum; it all-reduces it with the other nodes' leaders */
+    if (sync_ranks(c, g, off, n, err) != 0) return -1;
+    if (q == 0 && td_comm_ring_allreduce(c, &c->leaders, g->mine + off, n, err) != 0) return -1;
+    /* 3: the leader holds the sum over every node; each rank spreads its segment of it */
+    if (sync_ranks(c, g, off, n, err) != 0) return -1;
+    sum_segment(seg, 1, seg, ranks, sl, scale);
+    /* 4: every segment is written everywhere; nobody touches this rank's memory any more */
     return sync_ranks(c, g, off, n, err);
 }

@@ -49,7 +49,10 @@ int td_net_listen(const char *host, int *port, int *fd_out, td_err *err) {
         int e = errno;
         close(fd);
         return td_fail(err, "cannot listen on %s:%d: %s%s", host, *port, strerror(e),
-                       e == EADDRINUSE ? " (choose another MASTER_PORT)" : "");
+                       e == EADDRINUSE      ? " (choose another MASTER_PORT)"
+                       : e == EADDRNOTAVAIL ? " (not an address of this machine: check TRAIND_HOST "
+                                              "or TRAIND_SOCKET_IFNAME)"
+                                            : "");
     }
     socklen_t len = sizeof addr;
     getsockname(fd, (struct sockaddr *)&addr, &len);
@@ -59,7 +62,7 @@ int td_net_listen(const char *host, int *port, int *fd_out, td_err *err) {
     return 0;
 }
 
-int td_net_accept(int listen_fd, double deadline, int *fd_out, td_err *err) {
+int td_net_accept(int listen_fd, int watch_fd, double deadline, int *fd_out, td_err *err) {
     for (;;) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd >= 0) {
@@ -69,10 +72,14 @@ int td_net_accept(int listen_fd, double deadline, int *fd_out, td_err *err) {
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             return td_fail(err, "accept: %s", strerror(errno));
-        struct pollfd p = {listen_fd, POLLIN, 0};
+        struct pollfd p[2] = {{listen_fd, POLLIN, 0}, {watch_fd, POLLIN, 0}};
         int ms = remaining_ms(deadline);
         if (ms == 0) return td_fail(err, "timed out waiting for a peer to connect");
-        if (poll(&p, 1, ms) < 0 && errno != EINTR) return td_fail(err, "poll: %s", strerror(errno));
+        if (poll(p, watch_fd >= 0 ? 2 : 1, ms) < 0 && errno != EINTR)
+            return td_fail(err, "poll: %s", strerror(errno));
+        if (watch_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR)))
+            return td_fail(err, "the connection to the next rank closed while waiting for the "
+                                "previous one (that rank failed; see its error)");
     }
 }
 

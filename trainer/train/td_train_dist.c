@@ -145,7 +145,7 @@ int td_train_join(trainer *t, td_err *err) {
     if (d->local_world < d->world)
         fprintf(t->log, "[traind] rank %d advertises %s for its ring connections (%s)\n", rank,
                 d->host, d->host_why);
-    if (td_comm_init(&t->comm, t->store, rank, world, d->host, d->timeout_s, err) != 0)
+    if (td_comm_init(&t->comm, t->store, rank, world, d->host, NULL, d->timeout_s, err) != 0)
         return join_failed(t, err);
     if (td_store_ready(t->store, rank, world, err) != 0) return -1;
     if (td_comm_broadcast(t->comm, t->model.param_block, t->model.param_floats, 0, err) != 0 ||
