@@ -53,16 +53,16 @@ static int ring_listen(td_comm *c, td_comm_ring *ring, const char *tag, const in
     if (td_net_listen(host, &port, listen_fd, err) != 0)
         return td_fail_prefix(err, "rank %d: listening for the %s at the address it advertises",
                               c->rank, ring->name);
-    char key[64], addr[128];
-    snprintf(addr, sizeof addr, "%s:%d", host, port);
+    char key[64];
+    snprintf(ring->addr, sizeof ring->addr, "%s:%d", host, port);
     snprintf(key, sizeof key, "comm/%s/%d", tag, c->rank);
-    return td_store_set(c->store, key, addr, strlen(addr) + 1, err);
+    return td_store_set(c->store, key, ring->addr, strlen(ring->addr) + 1, err);
 }
 
 /* Second half: connects to the next member and accepts the previous one, each bounded by
  * seconds rather than the collectives' timeout. Closes listen_fd. */
 static int ring_connect(td_comm *c, td_comm_ring *ring, const char *tag, int listen_fd,
-                        const char *host, td_err *err) {
+                        td_err *err) {
     if (ring->size == 1) return 0;
     char key[64], next_host[128];
     void *v;
@@ -102,11 +102,10 @@ static int ring_connect(td_comm *c, td_comm_ring *ring, const char *tag, int lis
     if (td_net_accept(listen_fd, ring->next_fd, accept_by, &ring->prev_fd, err) != 0) {
         close(listen_fd);
         return td_fail_prefix(err,
-                              "rank %d: rank %d did not connect to %s:%s, the address this rank "
-                              "advertises for the %s, within %.0f s (can it reach this host "
-                              "there? set TRAIND_HOST or TRAIND_SOCKET_IFNAME)",
-                              c->rank, ring->prev_rank, host, strrchr(ring->prev_addr, ':') + 1,
-                              ring->name, accept_by - start);
+                              "rank %d: rank %d never connected to %s, the address this rank "
+                              "advertises for the %s (can it reach this host there? set "
+                              "TRAIND_HOST or TRAIND_SOCKET_IFNAME)",
+                              c->rank, ring->prev_rank, ring->addr, ring->name);
     }
     close(listen_fd);
     if (td_net_recv_all(ring->prev_fd, &who, 4, deadline, err) != 0)
@@ -151,12 +150,12 @@ int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char
         if (ring_listen(c, &c->leaders, "leaders", leaders, c->nodes, host, &leaders_fd, err) != 0)
             goto done;
     }
-    if (ring_connect(c, &c->ring, "addr", ring_fd, host, err) != 0) {
+    if (ring_connect(c, &c->ring, "addr", ring_fd, err) != 0) {
         ring_fd = -1;
         goto done;
     }
     ring_fd = -1;
-    rc = ring_connect(c, &c->leaders, "leaders", leaders_fd, host, err);
+    rc = ring_connect(c, &c->leaders, "leaders", leaders_fd, err);
     leaders_fd = -1;
 done:
     if (ring_fd >= 0) close(ring_fd);

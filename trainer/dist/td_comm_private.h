@@ -31,7 +31,7 @@ typedef struct td_comm_ring {
     int size, pos;            /* members, and this rank's place among them */
     int next_rank, prev_rank; /* the neighbours' global ranks */
     int next_fd, prev_fd;     /* -1 when there is no ring (size 1, or not a member) */
-    char next_addr[128], prev_addr[128];
+    char addr[128], next_addr[128], prev_addr[128]; /* host:port, this rank's first */
 } td_comm_ring;
 
 struct td_comm {
