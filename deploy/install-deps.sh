@@ -4,7 +4,7 @@
 set -eu
 
 packages="
-  build-essential cmake pkg-config git ca-certificates procps
+  build-essential cmake pkg-config git ca-certificates procps iproute2 util-linux mount
   libopenblas-dev zlib1g-dev libjansson-dev libcriterion-dev
   libmicrohttpd-dev libsqlite3-dev libarchive-dev libcurl4-openssl-dev curl wrk
   dataset-fashion-mnist

@@ -1,0 +1,177 @@
+#!/bin/sh
+# traind-run on two "hosts": two network namespaces joined by a bridge (in a third namespace, so
+# nothing touches this machine's own network), each with its own /dev/shm (a private tmpfs, as
+# real hosts have) and a hostname that resolves to a loopback address (as Debian's /etc/hosts
+# makes it). No TRAIND_HOST: what a new user types on two servers.
+#   1. 2 nodes x 1 rank: trains, equals one process with the global batch, talks TCP
+#   2. 2 nodes x 2 ranks: the same, shared memory within each node and TCP between them
+#   3. a node advertising an address the other cannot reach: both fail within 15 s, naming the
+#      peer, the address and port, and the fix
+#   4. a node told (TRAIND_HOST) to advertise an address nobody has: both fail at once
+# Everything it creates (namespaces, their links, processes, files) goes on exit, also on
+# failure. Exit 77 (ctest: skipped) when not root or namespaces cannot be made here.
+#   multinode.sh TRAIND_RUN TRAIND_WORKER SOURCE_DIR
+set -u
+run=$1 worker=$2 src=$3
+if [ "$(id -u)" != 0 ]; then
+    echo "SKIP: network namespaces need root"
+    exit 77
+fi
+tag="td$$"
+sw="$tag-sw" n0="$tag-n0" n1="$tag-n1"
+net=10.231.7 # exists only inside the namespaces below
+tmp=$(mktemp -d)
+cleanup() {
+    for ns in "$n0" "$n1" "$sw"; do
+        # processes still inside (a failed case) die with their namespace's last user
+        pids=$(ip netns pids "$ns" 2>/dev/null)
+        [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+        ip netns del "$ns" 2>/dev/null
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+passes=0 fails=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+if ! ip netns add "$sw" 2>"$tmp/netns.err"; then
+    echo "SKIP: cannot create a network namespace: $(cat "$tmp/netns.err")"
+    exit 77
+fi
+set -e
+ip netns add "$n0"
+ip netns add "$n1"
+ip -n "$sw" link add br0 type bridge
+ip -n "$sw" link set br0 up
+k=0
+for ns in "$n0" "$n1"; do
+    ip -n "$sw" link add "p$k" type veth peer name eth0 netns "$ns"
+    ip -n "$sw" link set "p$k" master br0 up
+    ip -n "$ns" addr add "$net.$((k + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    k=$((k + 1))
+done
+set +e
+master=$net.1
+
+# node K NS ENV... -- ARGS: traind-run as node K of two in namespace NS, in the background,
+# with its own /dev/shm and a hostname (nodeK) that /etc/hosts maps to 127.0.1.1; output in
+# $tmp/nodeK.out and .err. ENV (NAME=VALUE words) go to the workers.
+node() {
+    k=$1 ns=$2
+    shift 2
+    printf '127.0.0.1 localhost\n127.0.1.1 node%s\n' "$k" >"$tmp/hosts$k"
+    ip netns exec "$ns" unshare --mount --uts --propagation private sh -c '
+        k=$1 hosts=$2
+        shift 2
+        hostname "node$k" && mount -t tmpfs -o size=256m tmpfs /dev/shm &&
+            mount --bind "$hosts" /etc/hosts || exit 90
+        exec "$@"' sh "$k" "$tmp/hosts$k" timeout 60 env OPENBLAS_NUM_THREADS=1 TRAIND_TIMEOUT_S=45 \
+        "$@" >"$tmp/node$k.out" 2>"$tmp/node$k.err" &
+}
+# both nodes' exit codes in c0 and c1, and the seconds until both ended in elapsed
+wait_nodes() {
+    wait "$1"
+    c0=$?
+    wait "$2"
+    c1=$?
+    elapsed=$(($(date +%s) - start))
+}
+port=29500
+
+# the premise: inside a node the hostname names loopback
+printf '127.0.0.1 localhost\n127.0.1.1 node0\n' >"$tmp/hosts0"
+ip netns exec "$n0" unshare --mount --uts --propagation private sh -c '
+    hostname node0 && mount --bind "$1" /etc/hosts && getent hosts node0' sh "$tmp/hosts0" \
+    >"$tmp/premise" 2>&1
+if grep -q "^127\.0\.1\.1 *node0" "$tmp/premise"; then ok; else bad "hostname does not resolve to loopback: $(cat "$tmp/premise")"; fi
+
+# job NAME BATCH: a spec whose checkpoints go to $tmp/NAME (an MLP: no batch statistics, so
+# ranks of batch B equal one process of batch B x ranks)
+job() {
+    cat >"$tmp/$1.json" <<JSON
+{"model": {"preset": "mlp", "hidden": [32], "num_classes": 10},
+ "data": {"format": "synthetic", "shape": [1, 8, 8], "num_classes": 10, "size": 512, "val_size": 64},
+ "train": {"epochs": 2, "batch_size": $2, "seed": 9, "optimizer": {"type": "sgd", "lr": 0.1, "momentum": 0.9}},
+ "checkpoint": {"dir": "$tmp/$1", "every_steps": 1000},
+ "log": {"every_steps": 8}}
+JSON
+}
+# last_model DIR: the model of the last checkpoint in DIR
+last_model() { echo "$(ls -d "$1"/step-* | sort | tail -1)/model.safetensors"; }
+
+# the reference: one process, the global batch of 32
+job one 32
+OPENBLAS_NUM_THREADS=1 "$worker" "$tmp/one.json" >"$tmp/one.out" 2>"$tmp/one.err" ||
+    bad "one process: $(cat "$tmp/one.err")"
+
+# 1 and 2: G ranks per node, batch 32 / (2 G) each
+for g in 1 2; do
+    job "ddp$g" $((16 / g))
+    port=$((port + 1))
+    start=$(date +%s)
+    for k in 0 1; do
+        eval "ns=\$n$k"
+        node "$k" "$ns" "$run" --nnodes 2 --node-rank "$k" --nproc-per-node "$g" \
+            --master-addr "$master" --master-port "$port" -- "$worker" "$tmp/ddp$g.json"
+        eval "p$k=\$!"
+    done
+    wait_nodes "$p0" "$p1"
+    what="2 nodes x $g"
+    if [ "$c0" = 0 ] && [ "$c1" = 0 ]; then ok; else bad "$what: codes $c0 $c1: $(tail -3 "$tmp/node0.err") | $(tail -3 "$tmp/node1.err")"; fi
+    if python3 "$src/tests/integration/same_weights.py" "$(last_model "$tmp/one")" \
+        "$(last_model "$tmp/ddp$g")" 1e-5 >"$tmp/same" 2>&1; then ok; else bad "$what: $(cat "$tmp/same")"; fi
+    # each rank advertises its node's own address, found by the route to the master
+    for r in $(seq 0 $((2 * g - 1))); do
+        k=$((r / g))
+        if grep -q "rank $r advertises $net.$((k + 1)) for its ring connections (the local address of the route to the master $master)" "$tmp/node$k.err"; then ok; else bad "$what: rank $r's address: $(grep advertises "$tmp/node$k.err")"; fi
+    done
+    if [ "$g" = 1 ]; then
+        transport="the TCP ring (one rank on each of 2 nodes)"
+    else
+        transport="shared memory within each node, and a TCP ring between the 2 nodes' leaders"
+    fi
+    if grep -q "all-reduced through $transport" "$tmp/node0.err"; then ok; else bad "$what: transport: $(grep all-reduced "$tmp/node0.err")"; fi
+    echo "$what: $(cat "$tmp/same")"
+done
+
+# 3. node 1 advertises an address it has (on its loopback) but node 0 has no route to
+ip -n "$n1" addr add 10.232.7.2/32 dev lo
+port=$((port + 1))
+start=$(date +%s)
+node 0 "$n0" "$run" --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr "$master" \
+    --master-port "$port" -- "$worker" "$tmp/ddp1.json"
+p0=$!
+node 1 "$n1" "$run" --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr "$master" \
+    --master-port "$port" -- env TRAIND_HOST=10.232.7.2 "$worker" "$tmp/ddp1.json"
+p1=$!
+wait_nodes "$p0" "$p1"
+if [ "$c0" != 0 ] && [ "$c0" != 124 ] && [ "$c1" != 0 ] && [ "$c1" != 124 ]; then ok; else bad "unreachable: codes $c0 $c1 (124: still running after 60 s)"; fi
+if [ "$elapsed" -lt 15 ]; then ok; else bad "unreachable: took $elapsed s"; fi
+if grep -q "rank 0: cannot reach rank 1 at 10\.232\.7\.2:[0-9]*, the address it advertises .*TRAIND_HOST" "$tmp/node0.err"; then ok; else bad "unreachable, node 0: $(cat "$tmp/node0.err")"; fi
+if grep -q "rank 1: rank 0 never connected to 10\.232\.7\.2:[0-9]*, the address this rank advertises .*TRAIND_HOST" "$tmp/node1.err"; then ok; else bad "unreachable, node 1: $(cat "$tmp/node1.err")"; fi
+echo "unreachable address: both nodes failed in $elapsed s"
+
+# 4. node 1 told to advertise an address that no host has: it cannot listen there, says so,
+# and the rendezvous fails on both nodes at once
+port=$((port + 1))
+start=$(date +%s)
+node 0 "$n0" "$run" --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr "$master" \
+    --master-port "$port" -- "$worker" "$tmp/ddp1.json"
+p0=$!
+node 1 "$n1" "$run" --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr "$master" \
+    --master-port "$port" -- env TRAIND_HOST="$net.99" "$worker" "$tmp/ddp1.json"
+p1=$!
+wait_nodes "$p0" "$p1"
+if [ "$c0" != 0 ] && [ "$c0" != 124 ] && [ "$c1" != 0 ] && [ "$c1" != 124 ]; then ok; else bad "address nobody has: codes $c0 $c1"; fi
+if [ "$elapsed" -lt 15 ]; then ok; else bad "address nobody has: took $elapsed s"; fi
+for k in 0 1; do
+    if grep -q "$net\.99.*not an address of this machine: check TRAIND_HOST" "$tmp/node$k.err"; then ok; else bad "address nobody has, node $k: $(cat "$tmp/node$k.err")"; fi
+done
+echo "address nobody has: both nodes failed in $elapsed s"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
