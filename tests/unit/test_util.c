@@ -1,6 +1,8 @@
+#define _XOPEN_SOURCE 700 /* nftw */
 #include "test_util.h"
 
 #include <criterion/criterion.h>
+#include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,14 +26,28 @@ void test_build_model(td_model *model, const char *nodes_json, td_shape input, i
     if (rc != 0) cr_assert_fail("build: %s", err.msg);
 }
 
+static char tmpdir_path[256];
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st, (void)type, (void)ftw;
+    (void)remove(path); /* best effort: a leftover file must not fail a test */
+    return 0;
+}
+
+/* Criterion runs each test in its own process: each removes its directory as it exits, or every
+ * run would leave hundreds behind in /tmp. */
+static void remove_tmpdir(void) {
+    if (tmpdir_path[0]) nftw(tmpdir_path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 const char *test_tmpdir(void) {
-    static char dir[256];
-    if (!dir[0]) {
+    if (!tmpdir_path[0]) {
         const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-        snprintf(dir, sizeof dir, "%s/traind-test-XXXXXX", base);
-        if (!mkdtemp(dir)) cr_assert_fail("mkdtemp failed");
+        snprintf(tmpdir_path, sizeof tmpdir_path, "%s/traind-test-XXXXXX", base);
+        if (!mkdtemp(tmpdir_path)) cr_assert_fail("mkdtemp failed");
+        atexit(remove_tmpdir);
     }
-    return dir;
+    return tmpdir_path;
 }
 
 const char *test_write_file(const char *name, const void *data, size_t len) {
