@@ -26,9 +26,10 @@ int td_comm_peer_fail(const td_comm *c, const td_comm_ring *ring, bool next, td_
                           ring->name);
 }
 
-/* How long a ring connection may take to come, once both neighbours have published their
- * addresses. */
-#define CONNECT_S 10.0
+/* How long a ring connection may take to come. The clock starts once every rank has published
+ * its node identity (td_comm_find_nodes waits for all of them), so every rank is joining the
+ * ring by then and a healthy connection takes milliseconds. */
+#define CONNECT_S 8.0
 
 static void ring_clear(td_comm_ring *ring, const char *name) {
     memset(ring, 0, sizeof *ring);
@@ -97,9 +98,7 @@ static int ring_connect(td_comm *c, td_comm_ring *ring, const char *tag, int lis
         close(listen_fd);
         return td_comm_peer_fail(c, ring, true, err);
     }
-    /* the next rank never sends on this link: if it closes, it gave up joining, and waiting
-     * for the previous rank any longer helps nobody */
-    if (td_net_accept(listen_fd, ring->next_fd, accept_by, &ring->prev_fd, err) != 0) {
+    if (td_net_accept(listen_fd, accept_by, &ring->prev_fd, err) != 0) {
         close(listen_fd);
         return td_fail_prefix(err,
                               "rank %d: rank %d never connected to %s, the address this rank "

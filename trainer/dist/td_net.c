@@ -62,7 +62,7 @@ int td_net_listen(const char *host, int *port, int *fd_out, td_err *err) {
     return 0;
 }
 
-int td_net_accept(int listen_fd, int watch_fd, double deadline, int *fd_out, td_err *err) {
+int td_net_accept(int listen_fd, double deadline, int *fd_out, td_err *err) {
     for (;;) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd >= 0) {
@@ -72,14 +72,10 @@ int td_net_accept(int listen_fd, int watch_fd, double deadline, int *fd_out, td_
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             return td_fail(err, "accept: %s", strerror(errno));
-        struct pollfd p[2] = {{listen_fd, POLLIN, 0}, {watch_fd, POLLIN, 0}};
+        struct pollfd p = {listen_fd, POLLIN, 0};
         int ms = remaining_ms(deadline);
         if (ms == 0) return td_fail(err, "timed out waiting for a peer to connect");
-        if (poll(p, watch_fd >= 0 ? 2 : 1, ms) < 0 && errno != EINTR)
-            return td_fail(err, "poll: %s", strerror(errno));
-        if (watch_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR)))
-            return td_fail(err, "the connection to the next rank closed while waiting for the "
-                                "previous one (that rank failed; see its error)");
+        if (poll(&p, 1, ms) < 0 && errno != EINTR) return td_fail(err, "poll: %s", strerror(errno));
     }
 }
 

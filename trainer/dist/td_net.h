@@ -12,10 +12,8 @@
 
 /* Listens on host:port (port 0: any free port, written back). */
 int td_net_listen(const char *host, int *port, int *fd_out, td_err *err);
-/* Accepts one connection before the deadline. watch_fd (or -1): a connection whose peer must
- * not close it meanwhile (a ring's link to the next rank, which never sends on it): its close is
- * an error at once. */
-int td_net_accept(int listen_fd, int watch_fd, double deadline, int *fd_out, td_err *err);
+/* Accepts one connection before the deadline. */
+int td_net_accept(int listen_fd, double deadline, int *fd_out, td_err *err);
 /* Connects to host:port, retrying refused connections until the deadline (the peer may not be
  * listening yet). */
 int td_net_connect(const char *host, int port, double deadline, int *fd_out, td_err *err);

@@ -382,7 +382,7 @@ static void *accept_loop(void *p) {
     for (;;) {
         int fd;
         td_err err;
-        if (td_net_accept(s->listen_fd, -1, td_clock_now() + 0.2, &fd, &err) != 0) {
+        if (td_net_accept(s->listen_fd, td_clock_now() + 0.2, &fd, &err) != 0) {
             pthread_mutex_lock(&s->lock);
             bool stop = s->stopping;
             pthread_mutex_unlock(&s->lock);
