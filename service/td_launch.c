@@ -268,9 +268,11 @@ typedef struct master_note {
     atomic_int owners;
 } master_note;
 
+/* 1.5 s: a refused connection is retried until then (the master may still be starting), but
+ * mostly it means the store is gone with rank 0, and the node's own exit waits on this. */
 static void *send_note(void *p) {
     master_note *n = p;
-    n->rc = td_store_abort_at(n->host, n->port, n->namespace_, n->why, 3.0, &n->failed, &n->err);
+    n->rc = td_store_abort_at(n->host, n->port, n->namespace_, n->why, 1.5, &n->failed, &n->err);
     if (atomic_fetch_sub(&n->owners, 1) == 1) free(n);
     return NULL;
 }
