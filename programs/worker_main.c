@@ -2,6 +2,7 @@
  * lines), progress and errors on stderr; exit status 0 on success, 1 on a training or data
  * error, 2 on usage. */
 #include "core/td_blas.h"
+#include "core/td_isa.h"
 #include "core/td_parse.h"
 #include "io/td_checkpoint.h"
 #include "spec/td_spec.h"
@@ -33,10 +34,13 @@ static void usage(FILE *out) {
         "                    (checkpoint.dir) and exit 0; resume_from continues exactly\n"
         "  --check           validate the spec and exit (0: valid)\n"
         "  --blas-core       print the OpenBLAS kernel set in use and exit\n"
+        "  --isa             print the instruction set of traind's own kernels and exit\n"
         "  --help            this text\n"
         "  --version         print the version\n"
         "\n"
         "Environment: TRAIND_PROFILE=1 prints per-node times per step at the end.\n"
+        "TRAIND_ISA=baseline|avx2|avx512 forces the kernels' instruction set (default: the\n"
+        "best this CPU supports).\n"
         "OPENBLAS_NUM_THREADS is overridden by train.threads.\n"
         "See README.md for the spec's fields.\n");
 }
@@ -55,6 +59,14 @@ int main(int argc, char **argv) {
             return 0;
         } else if (strcmp(argv[i], "--blas-core") == 0) {
             printf("%s\n", td_blas_describe());
+            return 0;
+        } else if (strcmp(argv[i], "--isa") == 0) {
+            td_err err = {{0}};
+            if (td_isa_select(NULL, &err) != 0) {
+                fprintf(stderr, "traind-worker: error: %s\n", err.msg);
+                return 1;
+            }
+            printf("%s (%s)\n", td_isa_name(td_isa_active()), td_isa_why());
             return 0;
         } else if (strcmp(argv[i], "--check") == 0) {
             check_only = true;
@@ -83,6 +95,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     td_err err = {{0}};
+    /* an unusable TRAIND_ISA is an error here, before any work, not a silent fallback */
+    if (td_isa_select(NULL, &err) != 0) {
+        fprintf(stderr, "traind-worker: error: %s\n", err.msg);
+        return 1;
+    }
     td_dist dist;
     if (td_dist_from_env(&dist, &err) != 0) {
         fprintf(stderr, "traind-worker: error: %s\n", err.msg);

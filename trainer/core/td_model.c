@@ -1,5 +1,7 @@
 #include "core/td_model.h"
 
+#include "core/td_isa.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +112,7 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
                 return td_fail(err, "model.nodes[%d].name: \"%s\" is already used by nodes[%d]", i,
                                s->name, j);
         node->op = s->op;
+        node->impl = s->op->variants ? s->op->variants[td_isa_active()] : s->op;
         node->max_n = model->max_n;
         node->segment = -1;
         memcpy(node->args, s->args, sizeof node->args);
@@ -136,7 +139,7 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
             node->in_shape[j] = node->inputs[j] == TD_INPUT_NODE
                                     ? model->input_shape
                                     : model->nodes[node->inputs[j]].out_shape;
-        if (s->op->build(model, node, err) != 0)
+        if (node->impl->build(model, node, err) != 0)
             return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s)", i, node->name, s->op->name);
         if (node->scratch_floats > model->scratch_floats)
             model->scratch_floats = node->scratch_floats;
@@ -469,7 +472,7 @@ const float *td_model_forward(td_model *model, const float *x, const td_run *run
         if (node->segment >= 0 && model->segments[node->segment].first == i && r.rng)
             model->segments[node->segment].rng = *r.rng;
         double t0 = model->profile ? seconds() : 0;
-        node->op->forward(node, &r);
+        node->impl->forward(node, &r);
         if (model->profile) model->profile[2 * i] += seconds() - t0;
     }
     return model->nodes[model->n_nodes - 1].out;
@@ -486,7 +489,7 @@ static void recompute_segment(td_model *model, const td_segment *seg, const td_r
     r.recompute = true;
     for (int i = seg->first; i <= seg->last; i++) {
         double t0 = model->profile ? seconds() : 0;
-        model->nodes[i].op->forward(&model->nodes[i], &r);
+        model->nodes[i].impl->forward(&model->nodes[i], &r);
         if (model->profile) model->profile[2 * i] += seconds() - t0;
     }
 }
@@ -502,7 +505,7 @@ void td_model_backward(td_model *model, const float *dlogits, const td_run *run)
             recompute_segment(model, &model->segments[node->segment], &r);
         if (!td_node_runs_backward(node)) continue;
         double t0 = model->profile ? seconds() : 0;
-        node->op->backward(node, &r);
+        node->impl->backward(node, &r);
         if (model->profile) model->profile[2 * i + 1] += seconds() - t0;
         if (r.node_done && node->n_params > 0) r.node_done(r.node_done_ctx, node);
     }

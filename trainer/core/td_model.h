@@ -75,11 +75,15 @@ typedef struct td_op {
     /* Gradients of the inputs (where in_grad[i] is set, overwriting or adding per in_grad_add[i])
      * and of the parameters, from node->grad. */
     void (*backward)(td_node *node, const td_run *run);
+    /* The same op compiled for each instruction set, indexed by td_isa (core/td_isa.h), or NULL
+     * when it has one implementation. */
+    const struct td_op *const *variants;
 } td_op;
 
 struct td_node {
     char name[TD_NAME_MAX];
-    const td_op *op;
+    const td_op *op;   /* what the node is (&td_op_conv2d): compare ops with this */
+    const td_op *impl; /* the code that runs it: op's variant for the active instruction set */
     double args[TD_MAX_OP_ARGS]; /* in the order of op->args */
 
     int n_inputs;

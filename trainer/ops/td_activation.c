@@ -1,6 +1,6 @@
 /* Elementwise activations: ReLU and GELU (torch.nn.GELU, exact erf form or approximate="tanh"). */
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 
 #include <math.h>
 
@@ -75,5 +75,7 @@ static void gelu_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op td_op_relu = {"relu", 1, 1, relu_args, same_shape_build, relu_forward, relu_backward};
-const td_op td_op_gelu = {"gelu", 1, 1, gelu_args, same_shape_build, gelu_forward, gelu_backward};
+const td_op TD_ISA_SYM(td_op_relu) = {
+    "relu", 1, 1, relu_args, same_shape_build, relu_forward, relu_backward, TD_OP_VARIANTS(relu)};
+const td_op TD_ISA_SYM(td_op_gelu) = {
+    "gelu", 1, 1, gelu_args, same_shape_build, gelu_forward, gelu_backward, TD_OP_VARIANTS(gelu)};

@@ -1,6 +1,6 @@
 /* Add: the elementwise sum of two or more inputs of one shape (the join of a residual block). */
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 
 #include <string.h>
 
@@ -46,4 +46,5 @@ static void add_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op td_op_add = {"add", 2, TD_MAX_INPUTS, add_args, add_build, add_forward, add_backward};
+const td_op TD_ISA_SYM(td_op_add) = {"add",     2,           TD_MAX_INPUTS, add_args,
+                                     add_build, add_forward, add_backward,  TD_OP_VARIANTS(add)};

@@ -10,7 +10,7 @@
  * in both modes. Sums are accumulated in double: a ResNet batch is millions of rows.
  */
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 
 #include <math.h>
 #include <string.h>
@@ -195,5 +195,7 @@ static void bn_backward(td_node *node, const td_run *run) {
         }
 }
 
-const td_op td_op_batchnorm2d = {"batchnorm2d", 1, 1, bn_args, bn2d_build, bn_forward, bn_backward};
-const td_op td_op_batchnorm1d = {"batchnorm1d", 1, 1, bn_args, bn1d_build, bn_forward, bn_backward};
+const td_op TD_ISA_SYM(td_op_batchnorm2d) = {
+    "batchnorm2d", 1, 1, bn_args, bn2d_build, bn_forward, bn_backward, TD_OP_VARIANTS(batchnorm2d)};
+const td_op TD_ISA_SYM(td_op_batchnorm1d) = {
+    "batchnorm1d", 1, 1, bn_args, bn1d_build, bn_forward, bn_backward, TD_OP_VARIANTS(batchnorm1d)};

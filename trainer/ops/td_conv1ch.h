@@ -9,7 +9,14 @@
 #ifndef TD_CONV1CH_H
 #define TD_CONV1CH_H
 
+#include "ops/td_ops_isa.h"
+
 #include <stdbool.h>
+
+/* one per instruction set (ops/td_ops_isa.h) */
+#define td_conv1ch_fits    TD_ISA_SYM(td_conv1ch_fits)
+#define td_conv1ch_forward TD_ISA_SYM(td_conv1ch_forward)
+#define td_conv1ch_wgrad   TD_ISA_SYM(td_conv1ch_wgrad)
 
 /* Whether the kernels below handle this geometry on this build. */
 bool td_conv1ch_fits(int c, int k, int stride, int padding, int o);

@@ -12,7 +12,7 @@
  */
 #include "ops/td_conv1ch.h"
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 #include "core/td_simd.h"
 #include "ops/td_skinny.h"
 #include "ops/td_winograd.h"
@@ -388,4 +388,5 @@ static void conv_backward(td_node *node, const td_run *run) {
                 run->accumulate_grads);
 }
 
-const td_op td_op_conv2d = {"conv2d", 1, 1, conv_args, conv_build, conv_forward, conv_backward};
+const td_op TD_ISA_SYM(td_op_conv2d) = {
+    "conv2d", 1, 1, conv_args, conv_build, conv_forward, conv_backward, TD_OP_VARIANTS(conv2d)};

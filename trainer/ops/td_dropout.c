@@ -2,7 +2,7 @@
  * and the survivors scaled by 1/(1-p); in evaluation it is the identity. The mask comes from the
  * run's seeded generator, so a run is reproducible bit for bit. */
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -51,5 +51,11 @@ static void dropout_backward(td_node *node, const td_run *run) {
     for (size_t i = 0; i < n; i++) dx[i] = (add ? dx[i] : 0.0f) + (mask[i] ? dy[i] * scale : 0.0f);
 }
 
-const td_op td_op_dropout = {"dropout",       1, 1, dropout_args, dropout_build, dropout_forward,
-                             dropout_backward};
+const td_op TD_ISA_SYM(td_op_dropout) = {"dropout",
+                                         1,
+                                         1,
+                                         dropout_args,
+                                         dropout_build,
+                                         dropout_forward,
+                                         dropout_backward,
+                                         TD_OP_VARIANTS(dropout)};

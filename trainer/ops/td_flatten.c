@@ -1,7 +1,7 @@
 /* Flatten: [H, W, C] channels-last -> [C*H*W] in PyTorch's (c, h, w) order, so that the Linear
  * after it has exactly the weight layout a torch.nn.Flatten + Linear would have. */
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 
 #include <string.h>
 
@@ -47,5 +47,11 @@ static void flatten_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op td_op_flatten = {"flatten",       1, 1, flatten_args, flatten_build, flatten_forward,
-                             flatten_backward};
+const td_op TD_ISA_SYM(td_op_flatten) = {"flatten",
+                                         1,
+                                         1,
+                                         flatten_args,
+                                         flatten_build,
+                                         flatten_forward,
+                                         flatten_backward,
+                                         TD_OP_VARIANTS(flatten)};

@@ -1,7 +1,7 @@
 /* Identity (nn.Identity) and AdaptiveAvgPool2d(1): shape-preserving or shape-collapsing
  * pass-throughs that exist so a spec can mirror a PyTorch module tree name for name. */
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 
 #include <string.h>
 
@@ -27,5 +27,11 @@ static void identity_backward(td_node *node, const td_run *run) {
         memcpy(dx, node->grad, n * sizeof(float));
 }
 
-const td_op td_op_identity = {"identity",       1, 1, no_args, identity_build, identity_forward,
-                              identity_backward};
+const td_op TD_ISA_SYM(td_op_identity) = {"identity",
+                                          1,
+                                          1,
+                                          no_args,
+                                          identity_build,
+                                          identity_forward,
+                                          identity_backward,
+                                          TD_OP_VARIANTS(identity)};

@@ -1,6 +1,6 @@
 /* Linear: y = x W^T + b, W [out, in] as in torch.nn.Linear. */
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -67,5 +67,11 @@ static void linear_backward(td_node *node, const td_run *run) {
                     in);
 }
 
-const td_op td_op_linear = {"linear",       1, 1, linear_args, linear_build, linear_forward,
-                            linear_backward};
+const td_op TD_ISA_SYM(td_op_linear) = {"linear",
+                                        1,
+                                        1,
+                                        linear_args,
+                                        linear_build,
+                                        linear_forward,
+                                        linear_backward,
+                                        TD_OP_VARIANTS(linear)};

@@ -1,5 +1,8 @@
-/* The op table, generated from td_ops.def. */
+/* The op table, generated from td_ops.def, and each op's table of variants by instruction set
+ * (ops/td_ops_isa.h). */
 #include "ops/td_ops.h"
+
+#include "ops/td_ops_isa.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -9,6 +12,19 @@ static const td_op *const all_ops[] = {
 #include "ops/td_ops.def"
 };
 #define N_OPS (sizeof all_ops / sizeof all_ops[0])
+
+/* Indexed by td_isa. Where the build has no variants (not x86-64) every entry is the op. */
+#if defined(TD_ISA_X86)
+#define TD_OP(name)                                                                                \
+    extern const td_op td_op_##name##_avx2, td_op_##name##_avx512;                                 \
+    const td_op *const td_op_variants_##name[TD_ISA_COUNT] = {&td_op_##name, &td_op_##name##_avx2, \
+                                                              &td_op_##name##_avx512};
+#else
+#define TD_OP(name)                                                                                \
+    const td_op *const td_op_variants_##name[TD_ISA_COUNT] = {&td_op_##name, &td_op_##name,        \
+                                                              &td_op_##name};
+#endif
+#include "ops/td_ops.def"
 
 const td_op *td_op_find(const char *name) {
     for (size_t i = 0; i < N_OPS; i++)

@@ -2,7 +2,7 @@
  * and global average pooling ([H, W, C] -> [C], i.e. AdaptiveAvgPool2d(1) followed by flatten).
  * The inner loops run over channels, which are contiguous. */
 #include "core/td_model.h"
-#include "ops/td_ops.h"
+#include "ops/td_ops_isa.h"
 #include "core/td_simd.h"
 
 #include <math.h>
@@ -306,11 +306,35 @@ static int adaptive_build(td_model *model, td_node *node, td_err *err) {
     return 0;
 }
 
-const td_op td_op_maxpool2d = {"maxpool2d",     1, 1, maxpool_args, maxpool_build, maxpool_forward,
-                               maxpool_backward};
-const td_op td_op_avgpool2d = {"avgpool2d",     1, 1, avgpool_args, avgpool_build, avgpool_forward,
-                               avgpool_backward};
-const td_op td_op_adaptive_avgpool2d = {
-    "adaptive_avgpool2d", 1, 1, adaptive_args, adaptive_build, gap_forward, gap_backward};
-const td_op td_op_global_avgpool = {"global_avgpool", 1,           1,           no_args,
-                                    gap_build,        gap_forward, gap_backward};
+const td_op TD_ISA_SYM(td_op_maxpool2d) = {"maxpool2d",
+                                           1,
+                                           1,
+                                           maxpool_args,
+                                           maxpool_build,
+                                           maxpool_forward,
+                                           maxpool_backward,
+                                           TD_OP_VARIANTS(maxpool2d)};
+const td_op TD_ISA_SYM(td_op_avgpool2d) = {"avgpool2d",
+                                           1,
+                                           1,
+                                           avgpool_args,
+                                           avgpool_build,
+                                           avgpool_forward,
+                                           avgpool_backward,
+                                           TD_OP_VARIANTS(avgpool2d)};
+const td_op TD_ISA_SYM(td_op_adaptive_avgpool2d) = {"adaptive_avgpool2d",
+                                                    1,
+                                                    1,
+                                                    adaptive_args,
+                                                    adaptive_build,
+                                                    gap_forward,
+                                                    gap_backward,
+                                                    TD_OP_VARIANTS(adaptive_avgpool2d)};
+const td_op TD_ISA_SYM(td_op_global_avgpool) = {"global_avgpool",
+                                                1,
+                                                1,
+                                                no_args,
+                                                gap_build,
+                                                gap_forward,
+                                                gap_backward,
+                                                TD_OP_VARIANTS(global_avgpool)};

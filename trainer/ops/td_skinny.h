@@ -9,7 +9,13 @@
 #ifndef TD_SKINNY_H
 #define TD_SKINNY_H
 
+#include "ops/td_ops_isa.h"
+
 #include <stdbool.h>
+
+/* one per instruction set (ops/td_ops_isa.h) */
+#define td_skinny_nt TD_ISA_SYM(td_skinny_nt)
+#define td_skinny_tn TD_ISA_SYM(td_skinny_tn)
 
 /* y [rows, o] = a [rows, k] · w[o, k]^T, with o <= 16 (forward of a small convolution).
  * scratch: at least 16·k floats. */

@@ -21,8 +21,17 @@
 #ifndef TD_WINOGRAD_H
 #define TD_WINOGRAD_H
 
+#include "ops/td_ops_isa.h"
+
 #include <stdbool.h>
 #include <stddef.h>
+
+/* one per instruction set (ops/td_ops_isa.h) */
+#define td_wino_fits           TD_ISA_SYM(td_wino_fits)
+#define td_wino_geom           TD_ISA_SYM(td_wino_geom)
+#define td_wino_scratch_floats TD_ISA_SYM(td_wino_scratch_floats)
+#define td_wino_forward        TD_ISA_SYM(td_wino_forward)
+#define td_wino_backward       TD_ISA_SYM(td_wino_backward)
 
 /* One stride-1 3x3 convolution of a batch: input [n, h, w, c], output [n, oh, ow, o]. */
 typedef struct td_wino {

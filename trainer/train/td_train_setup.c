@@ -6,6 +6,7 @@
 #include "train/td_train_private.h"
 
 #include "core/td_blas.h"
+#include "core/td_isa.h"
 #include "core/td_clock.h"
 
 #include <cblas.h>
@@ -191,8 +192,11 @@ static void log_banner(const trainer *t) {
     }
     char why[256];
     td_gpu_device_count(why, sizeof why);
-    fprintf(t->log, "[traind] device: CPU, OpenBLAS %s kernels, %d thread%s (%s)\n",
-            td_blas_describe(), job->train.threads, job->train.threads > 1 ? "s" : "", why);
+    fprintf(t->log,
+            "[traind] device: CPU, OpenBLAS %s kernels, traind %s kernels (%s), %d thread%s "
+            "(%s)\n",
+            td_blas_describe(), td_isa_name(td_isa_active()), td_isa_why(), job->train.threads,
+            job->train.threads > 1 ? "s" : "", why);
 }
 
 int td_train_setup(trainer *t, td_err *err) {
