@@ -1,6 +1,8 @@
 #define _XOPEN_SOURCE 700 /* nftw */
 #include "test_util.h"
 
+#include "core/td_isa.h"
+
 #include <criterion/criterion.h>
 #include <ftw.h>
 #include <stdlib.h>
@@ -38,6 +40,19 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
  * run would leave hundreds behind in /tmp. */
 static void remove_tmpdir(void) {
     if (tmpdir_path[0]) nftw(tmpdir_path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* TRAIND_ISA forces the kernels a test program runs (tests/CMakeLists.txt runs some once per
+ * instruction set); one this CPU cannot run skips the whole program (77, ctest's skip code)
+ * rather than testing another set under its name. */
+__attribute__((constructor)) static void select_isa(void) {
+    const char *isa = getenv("TRAIND_ISA");
+    if (!isa || !*isa) return;
+    td_err err = {{0}};
+    if (td_isa_select(NULL, &err) != 0) {
+        fprintf(stderr, "SKIP: %s\n", err.msg);
+        exit(77);
+    }
 }
 
 const char *test_tmpdir(void) {

@@ -1,0 +1,161 @@
+/* The op kernels of every instruction set this machine runs (core/td_isa.h) against the
+ * baseline ones: the same model, weights and batch give the same outputs, input gradients and
+ * parameter gradients to float rounding (the kernels sum in different orders: FMA, wider
+ * registers, blocked loops), and a model really runs the variant it was built for. Models cover
+ * what has ISA-specific code: the single-channel direct convolution and skinny GEMMs (LeNet's
+ * conv1, a 6-output conv2 on 1x1), im2col/col2im (conv2), Winograd (3x3 with 16+ channels),
+ * BatchNorm, ReLU, Add, max and average pooling, linear. TRAIND_ISA and the selection's errors
+ * are tested too. */
+#include "core/td_isa.h"
+#include "ops/td_ops.h"
+#include "test_util.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct run_result {
+    float *out, *dx, *dparams;
+    size_t out_n, dx_n, dparams_n;
+} run_result;
+
+static void fill(float *v, size_t n, uint64_t seed) {
+    td_rng rng;
+    td_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; i++) v[i] = 2.0f * td_rng_uniform(&rng) - 1.0f;
+}
+
+static float *copy_of(const float *src, size_t n) {
+    float *dst = malloc(n * sizeof(float));
+    memcpy(dst, src, n * sizeof(float));
+    return dst;
+}
+
+/* Builds nodes under isa (made the process's choice first), checks every node runs isa's
+ * variant, and returns forward and backward of a fixed batch. */
+static run_result run_model(td_isa isa, const char *nodes, td_shape in, int n) {
+    td_err err = {{0}};
+    cr_assert_eq(td_isa_select(td_isa_name(isa), &err), 0, "%s", err.msg);
+    td_model m;
+    test_build_model(&m, nodes, in, n, 7);
+    for (int i = 0; i < m.n_nodes; i++) {
+        const td_node *node = &m.nodes[i];
+        cr_assert(node->op->variants, "%s has no variants", node->op->name);
+        cr_assert_eq(node->impl, node->op->variants[isa], "node %s does not run the %s kernels",
+                     node->name, td_isa_name(isa));
+    }
+    size_t in_n = (size_t)n * td_shape_size(in);
+    size_t out_n = (size_t)n * td_shape_size(td_model_output_shape(&m));
+    float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
+    fill(x, in_n, 17);
+    fill(dy, out_n, 23);
+    run_result r = {.out_n = out_n, .dx_n = in_n, .dparams_n = m.param_floats};
+    td_run run = {.n = n, .training = true};
+    r.out = copy_of(td_model_forward(&m, x, &run), out_n);
+    td_model_backward(&m, dy, &run);
+    r.dx = copy_of(m.input_grad, in_n);
+    r.dparams = copy_of(m.grad_block, m.param_floats);
+    free(x);
+    free(dy);
+    td_model_free(&m);
+    return r;
+}
+
+static void free_result(run_result *r) {
+    free(r->out);
+    free(r->dx);
+    free(r->dparams);
+}
+
+/* |a - b| <= tol · max(1, max |b|) elementwise */
+static void expect_close(const char *model, const char *isa, const char *what, const float *a,
+                         const float *b, size_t n, double tol) {
+    double scale = 1.0, worst = 0.0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= worst)) worst = d, at = i; /* NaN counts as worst */
+    }
+    cr_expect(worst <= tol * scale, "%s, %s: %s differs from baseline by %.3g at [%zu] (%g vs %g)",
+              model, isa, what, worst, at, (double)a[at], (double)b[at]);
+}
+
+static void compare_paths(const char *name, const char *nodes, td_shape in, int n) {
+    run_result base = run_model(TD_ISA_BASELINE, nodes, in, n);
+    int tested = 0;
+    for (int i = TD_ISA_BASELINE + 1; i < TD_ISA_COUNT; i++) {
+        if (!td_isa_supported((td_isa)i)) continue;
+        run_result got = run_model((td_isa)i, nodes, in, n);
+        const char *isa = td_isa_name((td_isa)i);
+        expect_close(name, isa, "output", got.out, base.out, base.out_n, 1e-5);
+        expect_close(name, isa, "input gradient", got.dx, base.dx, base.dx_n, 1e-5);
+        expect_close(name, isa, "parameter gradients", got.dparams, base.dparams, base.dparams_n,
+                     1e-4);
+        free_result(&got);
+        tested++;
+    }
+    free_result(&base);
+    cr_log_info("%s: %d instruction sets against baseline", name, tested);
+}
+
+static const char *LENET =
+    "[{\"name\":\"conv1\",\"op\":\"conv2d\",\"out_channels\":6,\"kernel_size\":5},"
+    " {\"name\":\"relu1\",\"op\":\"relu\"},"
+    " {\"name\":\"pool1\",\"op\":\"maxpool2d\",\"kernel_size\":2},"
+    " {\"name\":\"conv2\",\"op\":\"conv2d\",\"out_channels\":16,\"kernel_size\":5},"
+    " {\"name\":\"relu2\",\"op\":\"relu\"},"
+    " {\"name\":\"pool2\",\"op\":\"avgpool2d\",\"kernel_size\":2},"
+    " {\"name\":\"flatten\",\"op\":\"flatten\"},"
+    " {\"name\":\"fc1\",\"op\":\"linear\",\"out_features\":30},"
+    " {\"name\":\"gelu\",\"op\":\"gelu\"},"
+    " {\"name\":\"fc2\",\"op\":\"linear\",\"out_features\":10}]";
+
+Test(isa, lenet_on_every_instruction_set_equals_baseline) {
+    compare_paths("lenet", LENET, td_shape_image(1, 28, 28), 9);
+}
+
+/* A residual block: Winograd convolutions (16 channels), BatchNorm, ReLU, Add, a global pool. */
+static const char *RESIDUAL =
+    "[{\"name\":\"stem\",\"op\":\"conv2d\",\"out_channels\":16,\"kernel_size\":3,\"padding\":1},"
+    " {\"name\":\"bn0\",\"op\":\"batchnorm2d\"},"
+    " {\"name\":\"r0\",\"op\":\"relu\"},"
+    " {\"name\":\"c1\",\"op\":\"conv2d\",\"out_channels\":16,\"kernel_size\":3,\"padding\":1,"
+    "  \"bias\":false},"
+    " {\"name\":\"bn1\",\"op\":\"batchnorm2d\"},"
+    " {\"name\":\"r1\",\"op\":\"relu\"},"
+    " {\"name\":\"c2\",\"op\":\"conv2d\",\"out_channels\":16,\"kernel_size\":3,\"padding\":1,"
+    "  \"bias\":false},"
+    " {\"name\":\"bn2\",\"op\":\"batchnorm2d\"},"
+    " {\"name\":\"sum\",\"op\":\"add\",\"inputs\":[\"bn2\",\"r0\"]},"
+    " {\"name\":\"r2\",\"op\":\"relu\"},"
+    " {\"name\":\"pool\",\"op\":\"global_avgpool\"},"
+    " {\"name\":\"fc\",\"op\":\"linear\",\"out_features\":5}]";
+
+Test(isa, residual_block_on_every_instruction_set_equals_baseline) {
+    compare_paths("residual", RESIDUAL, td_shape_image(3, 12, 12), 4);
+}
+
+Test(isa, selection_errors_say_what_is_wrong) {
+    td_err err = {{0}};
+    cr_assert_neq(td_isa_select("sse9", &err), 0);
+    cr_assert(strstr(err.msg, "unknown instruction set \"sse9\"") &&
+                  strstr(err.msg, "baseline, avx2 or avx512"),
+              "%s", err.msg);
+    for (int i = 0; i < TD_ISA_COUNT; i++)
+        if (!td_isa_supported((td_isa)i)) {
+            cr_assert_neq(td_isa_select(td_isa_name((td_isa)i), &err), 0);
+            cr_assert(strstr(err.msg, td_isa_name((td_isa)i)), "%s", err.msg);
+        }
+    setenv("TRAIND_ISA", "baseline", 1);
+    cr_assert_eq(td_isa_select(NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(td_isa_active(), TD_ISA_BASELINE);
+    cr_assert_str_eq(td_isa_why(), "TRAIND_ISA");
+    setenv("TRAIND_ISA", "avx-9000", 1);
+    cr_assert_neq(td_isa_select(NULL, &err), 0);
+    cr_assert(strstr(err.msg, "TRAIND_ISA=avx-9000"), "%s", err.msg);
+    unsetenv("TRAIND_ISA");
+    cr_assert_eq(td_isa_select(NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(td_isa_active(), td_isa_best());
+}
