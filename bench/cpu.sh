@@ -2,9 +2,11 @@
 # CPU benchmark: traind-worker against PyTorch (Debian's python3-torch) on the same models,
 # batch sizes and optimizer, on synthetic data of the same shape (Fashion-MNIST's, CIFAR's), at
 # the same thread count, in one run: LeNet-5, the MLP, and ResNet-18 with the CIFAR stem at 1 and
-# 2 threads.
+# 2 threads; traind on every instruction set of its kernels this CPU runs (TRAIND_ISA), so an
+# AVX-512 machine also shows the AVX2 path an AMD EPYC would take.
 #
-#   bench/cpu.sh [BUILD_DIR]        (default: build)
+#   bench/cpu.sh [BUILD_DIR]        (default: build, a portable build: no -march=native)
+#   ISAS="avx2 avx512" bench/cpu.sh (only those paths)
 #
 # Prints img/s for both and the ratio. Each figure is the best of ROUNDS (default 3) runs, the
 # three contenders interleaved round by round: on a shared 2-core VM other tenants only ever slow
@@ -35,9 +37,11 @@ spec() { # model_json batch steps threads shape log_every
 JSON
 }
 
-ours() { # model_json batch steps threads shape log_every -> img/s after the first interval
+ours() { # isa model_json batch steps threads shape log_every -> img/s after the first interval
+    isa=$1
+    shift
     spec "$1" "$2" "$3" "$4" "$5" "$6" >"$tmp/job.json"
-    OPENBLAS_NUM_THREADS=$4 "$worker" "$tmp/job.json" 2>/dev/null | $py -c '
+    TRAIND_ISA=$isa OPENBLAS_NUM_THREADS=$4 "$worker" "$tmp/job.json" 2>/dev/null | $py -c '
 import json, sys
 rates = [json.loads(l)["samples_per_s"] for l in sys.stdin if "\"event\":\"train\"" in l]
 print(sum(rates[1:]) / len(rates[1:]))'
@@ -52,29 +56,41 @@ theirs() { # model batch steps threads [coretype]
 rounds=${ROUNDS:-3}
 best() { $py -c "import sys; print(max(float(x) for x in sys.argv[1:]))" "$@"; }
 
+# the instruction sets to run: every one this CPU runs, or $ISAS
+isas=""
+for isa in ${ISAS:-baseline avx2 avx512}; do
+    if TRAIND_ISA=$isa "$worker" --isa >/dev/null 2>&1; then isas="$isas $isa"; fi
+done
+
 row() { # label model_json torch_model batch steps threads shape log_every torch_steps
-    as="" bs="" cs=""
+    bs="" cs=""
+    for isa in $isas; do eval "as_$isa=''"; done
     i=0
     while [ "$i" -lt "$rounds" ]; do
-        as="$as $(ours "$2" "$4" "$5" "$6" "$7" "$8")"
+        for isa in $isas; do
+            eval "as_$isa=\"\$as_$isa $(ours "$isa" "$2" "$4" "$5" "$6" "$7" "$8")\""
+        done
         bs="$bs $(theirs "$3" "$4" "$9" "$6")"
         if [ -n "$core" ]; then cs="$cs $(theirs "$3" "$4" "$9" "$6" "$core")"; fi
         i=$((i + 1))
     done
-    a=$(best $as)
     b=$(best $bs)
     c=$b
     if [ -n "$core" ]; then c=$(best $cs); fi
-    $py -c "
+    for isa in $isas; do
+        eval "a=\$(best \$as_$isa)"
+        $py -c "
 a, b, c = $a, $b, $c
-print(f'| {\"$1\":<32} | {a:>10.1f} | {b:>10.1f} | {a / b:>6.2f}x | {c:>12.1f} | {a / c:>6.2f}x |')"
+print(f'| {\"$1\":<32} | {\"$isa\":<8} | {a:>10.1f} | {b:>10.1f} | {a / b:>6.2f}x | {c:>12.1f} | {a / c:>6.2f}x |')"
+    done
 }
 
 echo "traind-worker vs PyTorch $($py -c 'import torch; print(torch.__version__)'), img/s (training), best of $rounds"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); traind's kernels by instruction set:$isas (best: $(cd "$tmp" && "$worker" --isa))"
 echo "OpenBLAS kernels: traind-worker ${core:-as detected}; PyTorch as installed, then with OPENBLAS_CORETYPE=${core:-unset}"
 echo
-echo "| model                            |     traind |    PyTorch |  ratio | PyTorch+core |  ratio |"
-echo "|----------------------------------|------------|------------|--------|--------------|--------|"
+echo "| model                            | isa      |     traind |    PyTorch |  ratio | PyTorch+core |  ratio |"
+echo "|----------------------------------|----------|------------|------------|--------|--------------|--------|"
 mnist='[1, 28, 28]'
 cifar='[3, 32, 32]'
 r18='{"preset": "resnet18", "num_classes": 10, "stem": "cifar"}'
