@@ -234,7 +234,7 @@ int td_comm_ring_allreduce(td_comm *c, td_comm_ring *ring, float *buf, size_t n,
     return 0;
 }
 
-int td_comm_allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *err) {
+static int allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *err) {
     int w = c->world;
     td_comm_region *shared = w > 1 ? td_comm_region_of(c, buf, n) : NULL;
     if (shared) return td_comm_allreduce_shared(c, shared, buf, n, average, err);
@@ -244,6 +244,18 @@ int td_comm_allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *er
         for (size_t i = 0; i < n; i++) buf[i] *= inv;
     }
     return 0;
+}
+
+int td_comm_allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *err) {
+    double t0 = td_clock_now();
+    int rc = allreduce(c, buf, n, average, err);
+    c->allreduce_s += td_clock_now() - t0;
+    return rc;
+}
+
+void td_comm_times(const td_comm *c, double *allreduce_s, double *wait_s) {
+    *allreduce_s = c->allreduce_s;
+    *wait_s = c->wait_s;
 }
 
 int td_comm_broadcast(td_comm *c, float *buf, size_t n, int root, td_err *err) {

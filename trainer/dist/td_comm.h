@@ -48,6 +48,9 @@ int td_comm_barrier(td_comm *c, td_err *err);
  * NULL on failure. */
 float *td_comm_alloc(td_comm *c, size_t n, td_err *err);
 void td_comm_free(td_comm *c, float *p);
+/* Seconds spent in all-reduces so far, and of those waiting at shared-memory barriers for the
+ * node's slower ranks (TRAIND_PROFILE's breakdown). */
+void td_comm_times(const td_comm *c, double *allreduce_s, double *wait_s);
 /* How all-reduces on p travel: "shared memory" (one node), "shared memory within each node, a
  * TCP ring between the N nodes", or "the TCP ring (why not shared memory)". */
 const char *td_comm_transport(const td_comm *c, const float *p);

@@ -49,6 +49,9 @@ struct td_comm {
     td_store *store;
     float *tmp;     /* PIECE_FLOATS */
     int region_seq; /* td_comm_alloc calls so far (the same on every rank) */
+    /* for TRAIND_PROFILE: seconds in all-reduces, and of those waiting for the node's peers at
+     * shared-memory barriers (written by whichever thread runs the collective: one at a time) */
+    double allreduce_s, wait_s;
     td_comm_region regions[TD_COMM_MAX_REGIONS];
 };
 

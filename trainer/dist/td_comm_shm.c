@@ -279,10 +279,10 @@ static int check_neighbours(td_comm *c, td_comm_region *g, int q, uint32_t barri
     return 0;
 }
 
-/* Waits for the node's q-th rank to reach the barrier. */
-static int wait_for_peer(td_comm *c, td_comm_region *g, int q, uint32_t barrier, td_err *err) {
+static int wait_for(td_comm *c, td_comm_region *g, int q, uint32_t barrier, double start,
+                    td_err *err) {
     td_comm_ctl *ctl = control_of(g, q);
-    double start = td_clock_now(), deadline = start + c->timeout_s;
+    double deadline = start + c->timeout_s;
     for (int i = 0; !reached(atomic_load(&ctl->arrived), barrier); i++) {
         if (i % 64 == 0 && td_clock_now() - start > SPIN_S) break;
         cpu_relax();
@@ -304,6 +304,15 @@ static int wait_for_peer(td_comm *c, td_comm_region *g, int q, uint32_t barrier,
                            c->rank, c->timeout_s, c->local[q]);
     }
     return 0;
+}
+
+/* Waits for the node's q-th rank to reach the barrier (timed for TRAIND_PROFILE). */
+static int wait_for_peer(td_comm *c, td_comm_region *g, int q, uint32_t barrier, td_err *err) {
+    if (reached(atomic_load(&control_of(g, q)->arrived), barrier)) return 0;
+    double start = td_clock_now();
+    int rc = wait_for(c, g, q, barrier, start, err);
+    c->wait_s += td_clock_now() - start;
+    return rc;
 }
 
 /* A barrier of the node's ranks through the control pages that also checks they all name the

@@ -119,6 +119,7 @@ static int evaluate_epoch(trainer *t, loop *L, td_train_result *res, td_err *err
 static int finish(trainer *t, loop *L, td_train_result *res, td_err *err) {
     td_train_state *st = &t->state;
     td_model_print_profile(&t->model, L->steps, t->log);
+    td_train_print_phases(t, L->steps);
     res->steps = st->step;
     if (st->step < L->total) {
         res->stopped = true;
@@ -158,7 +159,10 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
         td_loader_start_epoch(t->train_loader, epoch, st->epoch == epoch ? st->batch : 0);
         st->epoch = epoch;
         td_batch b;
+        t->phase.t_step = td_clock_now();
+        double t_wait = t->phase.t_step;
         while (st->step < L.stop && td_loader_next(t->train_loader, &b)) {
+            td_train_phase(t, &t->phase.loader, &t_wait);
             float lr = td_schedule_lr(&L.sched, job->train.optim.lr, st->step);
             /* this batch's place in its group of grad_accum (the epoch's last may be short) */
             int micro = st->batch % accum, left = L.batches - (st->batch - micro);
@@ -167,10 +171,12 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             int rc = t->gpu ? td_train_gpu_batch(t, &b, &run, lr, group, micro, err)
                             : td_train_cpu_batch(t, &b, &run, lr, group, micro, &loss, err);
             if (rc != 0) return -1;
+            t_wait = td_clock_now();
             st->batch++;
             L.interval_samples += (long)b.n * world;
             L.total_samples += (long)b.n * world;
             if (micro + 1 < group) continue; /* no optimizer step before the group's last batch */
+            td_train_phase(t, &t->phase.step, &t->phase.t_step);
             if (!t->gpu) res->last_loss = loss;
             st->step++;
             L.steps++;
@@ -182,6 +188,8 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             if (job->checkpoint.every_steps > 0 && st->step % job->checkpoint.every_steps == 0 &&
                 td_train_save(t, err) != 0)
                 return -1;
+            /* logging and checkpoints are not the step's time */
+            t->phase.t_step = t_wait = td_clock_now();
         }
         if (st->batch < L.batches) break; /* stopped inside the epoch */
         st->epoch = epoch + 1;

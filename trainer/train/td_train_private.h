@@ -17,6 +17,7 @@
 #include "core/td_device.h"
 #include "data/td_data.h"
 #include "dist/td_comm.h"
+#include "core/td_clock.h"
 #include "dist/td_reducer.h"
 #include "gpu/td_gpu.h"
 #include "io/td_checkpoint.h"
@@ -36,6 +37,13 @@ typedef struct trainer {
     long last_saved_step;
     double group_loss; /* the CPU's loss over the open gradient-accumulation group */
     bool profiling;    /* TRAIND_PROFILE on the CPU: per-node times of the training steps */
+    /* ...and where each step's time goes, seconds summed over the steps (td_train_profile.c) */
+    struct {
+        /* in a step's order */
+        double loader, broadcast, forward, loss, backward, reduce_tail, optimizer;
+        double step;   /* whole steps, from the loader wait to the optimizer */
+        double t_step; /* when the running step began */
+    } phase;
 
     /* data parallel: every rank a replica; rank 0 alone prints and checkpoints */
     const td_dist *dist;
@@ -55,6 +63,15 @@ typedef struct trainer {
     bool graph_off;  /* CUDA graphs off by the spec, or after a failed capture */
     bool graph_warm; /* one full step ran op by op: lazy library setup is done before capture */
 } trainer;
+
+/* td_train_profile.c: TRAIND_PROFILE's step phases (seconds since t0 added to *phase) */
+static inline void td_train_phase(const trainer *t, double *phase, double *t0) {
+    if (!t->profiling) return;
+    double now = td_clock_now();
+    *phase += now - *t0;
+    *t0 = now;
+}
+void td_train_print_phases(const trainer *t, long steps);
 
 /* td_train_setup.c */
 int td_train_setup(trainer *t, td_err *err); /* everything training and evaluation share */

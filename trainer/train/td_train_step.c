@@ -21,22 +21,27 @@ int td_train_cpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
     run->n = b->n;
     run->accumulate_grads = micro > 0;
     if (t->profiling) td_model_enable_profile(&t->model);
+    double t0 = t->profiling ? td_clock_now() : 0;
     /* DDP's broadcast_buffers: BatchNorm statistics follow rank 0's */
     if (t->comm && !run->sync && t->model.buffer_floats &&
         td_comm_broadcast(t->comm, t->model.buffer_block, t->model.buffer_floats, 0, err) != 0)
         return td_train_collective_failed(t, err);
+    td_train_phase(t, &t->phase.broadcast, &t0);
     const float *logits = td_model_forward(&t->model, b->x, run);
+    td_train_phase(t, &t->phase.forward, &t0);
     if (micro == 0) t->group_loss = 0; /* a group's first batch opens its sum */
     /* each batch of a group carries 1/group of the step's gradient */
     t->group_loss += td_loss_compute(&job->train.loss, logits, b->labels, b->n, t->classes,
                                      t->dlogits, 1.0f / (float)group, NULL) /
                      b->n;
+    td_train_phase(t, &t->phase.loss, &t0);
     /* no_sync for all but the group's last batch; on the last, buckets of gradients are
      * all-reduced while backward goes on, the loss riding with them */
     bool sync_now = t->reducer && micro + 1 == group;
     run->node_done = NULL;
     if (sync_now) td_reducer_begin(t->reducer, (float)(t->group_loss / group), run);
     td_model_backward(&t->model, t->dlogits, run);
+    td_train_phase(t, &t->phase.backward, &t0);
     if (t->sync.failed) {
         td_fail(err, "rank %d: a SyncBatchNorm reduction failed (a peer is gone?)", t->dist->rank);
         return td_train_collective_failed(t, err);
@@ -47,12 +52,14 @@ int td_train_cpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
         float l;
         if (td_reducer_finish(t->reducer, &l, err) != 0) return td_train_collective_failed(t, err);
         *loss = l; /* the mean over ranks, the same on every rank */
+        td_train_phase(t, &t->phase.reduce_tail, &t0);
     }
     if (!isfinite(*loss))
         return td_train_diverged(err, *loss, t->state.step + 1, t->state.epoch + 1);
     if (job->train.clip_grad_norm > 0)
         td_grad_clip(t->model.grad_block, t->model.param_floats, job->train.clip_grad_norm);
     td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
+    td_train_phase(t, &t->phase.optimizer, &t0);
     t->state.interval_loss += *loss;
     return 0;
 }
