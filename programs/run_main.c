@@ -22,7 +22,8 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: traind-run --nproc-per-node N [--nnodes M --node-rank K]\n"
             "                  [--master-addr A] [--master-port P] [--max-restarts R]\n"
-            "                  [--run-id ID] [--grace-period S] -- COMMAND [ARGS...]\n"
+            "                  [--run-id ID] [--grace-period S] [--no-cpu-bind]\n"
+            "                  -- COMMAND [ARGS...]\n"
             "\n"
             "Runs N copies of COMMAND with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
             "GROUP_RANK, MASTER_ADDR, MASTER_PORT and TORCHELASTIC_RUN_ID /\n"
@@ -34,6 +35,9 @@ static void usage(FILE *out) {
             "it is \"traind-run-ADDR-PORT\" with --nnodes above 1, from --master-addr and\n"
             "--master-port, so every node started with the same ones agrees (nodes that disagree\n"
             "all stop at once, saying so), and unique to this launcher with one node.\n"
+            "Each worker is bound to an equal share of the CPUs traind-run may use (worker i to\n"
+            "the i-th slice) when there are at least as many CPUs as workers: ranks that wait\n"
+            "for each other every step run best undisturbed. --no-cpu-bind leaves them free.\n"
             "Underscores are accepted in option names (--nproc_per_node), as torchrun does.\n"
             "Exit status: 0, or the first failing worker's (128 + signal for a signal).\n");
 }
@@ -106,6 +110,8 @@ int main(int argc, char **argv) {
             run_id_given = true;
         } else if ((v = option(argc, argv, &i, "--grace-period"))) {
             cfg.grace_s = int_value("--grace-period", v, 0, 3600);
+        } else if (strcmp(argv[i], "--no-cpu-bind") == 0 || strcmp(argv[i], "--no_cpu_bind") == 0) {
+            cfg.no_cpu_bind = true;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "traind-run: unknown option %s\n", argv[i]);
             usage(stderr);

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,8 +134,9 @@ static int resolve_program(const char *name, char *out, size_t len, td_err *err)
 
 /* In the child, between fork and exec: async-signal-safe calls only (the daemon has threads). */
 static void exec_worker(const td_launch_config *cfg, int r, const char *program, char **env,
-                        pid_t pgid) {
+                        pid_t pgid, const cpu_set_t *cpus) {
     setpgid(0, pgid);
+    if (cpus) (void)sched_setaffinity(0, sizeof *cpus, cpus); /* a failure only costs speed */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) _exit(127); /* the launcher died before prctl took effect */
     if (cfg->stdout_fds && cfg->stdout_fds[r] >= 0) dup2(cfg->stdout_fds[r], STDOUT_FILENO);
@@ -153,6 +155,23 @@ static void exec_worker(const td_launch_config *cfg, int r, const char *program,
     _exit(127);
 }
 
+/* The CPUs of worker i: the i-th of n equal slices of the launcher's own, in CPU order; false
+ * when not binding (asked not to, or fewer CPUs than workers: nothing to share out). */
+static bool worker_cpus(const td_launch_config *cfg, int i, int n, cpu_set_t *out) {
+    cpu_set_t all;
+    if (cfg->no_cpu_bind || sched_getaffinity(0, sizeof all, &all) != 0) return false;
+    int total = CPU_COUNT(&all);
+    if (total < n || n < 2) return false;
+    int share = total / n, seen = 0;
+    CPU_ZERO(out);
+    for (int c = 0; c < CPU_SETSIZE && seen < (i + 1) * share; c++)
+        if (CPU_ISSET(c, &all)) {
+            if (seen >= i * share) CPU_SET(c, out);
+            seen++;
+        }
+    return true;
+}
+
 int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err *err) {
     int n = cfg->nproc_per_node;
     memset(g, 0, sizeof *g);
@@ -162,7 +181,12 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
     char program[4096];
     if (resolve_program(cfg->argv[0], program, sizeof program, err) != 0) return -1;
     char **envs[n];
-    for (int i = 0; i < n; i++) envs[i] = worker_env(cfg, i, attempt);
+    cpu_set_t *cpus = td_calloc((size_t)n, sizeof *cpus);
+    bool bind = true;
+    for (int i = 0; i < n; i++) {
+        envs[i] = worker_env(cfg, i, attempt);
+        bind = bind && worker_cpus(cfg, i, n, &cpus[i]);
+    }
     g->pids = td_calloc((size_t)n, sizeof(pid_t));
     int rc = 0;
     for (int i = 0; i < n; i++) {
@@ -175,13 +199,14 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
             }
             break;
         }
-        if (pid == 0) exec_worker(cfg, i, program, envs[i], g->pgid);
+        if (pid == 0) exec_worker(cfg, i, program, envs[i], g->pgid, bind ? &cpus[i] : NULL);
         if (!g->pgid) g->pgid = pid;
         setpgid(pid, g->pgid); /* both sides set it: whichever runs first wins the race */
         g->pids[i] = pid;
         g->alive++;
     }
     for (int i = 0; i < n; i++) td_strv_free(envs[i]);
+    free(cpus);
     return rc;
 }
 

@@ -35,6 +35,11 @@ typedef struct td_launch_config {
     const int *stderr_fds;  /* likewise for stderr */
     char *const *extra_env; /* "NAME=value" entries added for every worker; NULL-terminated */
     const char *const *devices; /* [nproc_per_node] CUDA_VISIBLE_DEVICES per worker, or NULL */
+    /* true: leave the workers on every CPU the launcher may use. Otherwise each worker gets an
+     * equal share of them (worker i the i-th slice, in CPU order) when there are at least as
+     * many CPUs as workers: ranks that wait for each other at every step run best when none
+     * is preempted by another rank's threads or moved away from its cache. */
+    bool no_cpu_bind;
 } td_launch_config;
 
 /* One attempt's processes. */

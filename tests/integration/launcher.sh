@@ -168,5 +168,18 @@ if grep -q "rendezvous failed: node 1: rank 1 failed with exit code 3 before the
 unset TRAIND_HOST
 if pgrep -f "$tmp/job2.json" >/dev/null; then bad "workers left behind: $(pgrep -af "$tmp/job2.json")"; pkill -f "$tmp/job2.json"; else ok; fi
 
+# 12. each worker bound to its share of the CPUs (two workers, two or more CPUs: disjoint lists,
+# neither the whole), and left on all of them with --no-cpu-bind
+allowed() { sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status; }
+all=$(allowed)
+show='echo "$LOCAL_RANK $(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status)"'
+if [ "$(nproc)" -ge 2 ]; then
+    "$run" --nproc-per-node 2 -- sh -c "$show" | sort >"$tmp/cpus"
+    c0=$(sed -n 's/^0 //p' "$tmp/cpus") c1=$(sed -n 's/^1 //p' "$tmp/cpus")
+    if [ -n "$c0" ] && [ -n "$c1" ] && [ "$c0" != "$c1" ] && [ "$c0" != "$all" ] && [ "$c1" != "$all" ]; then ok; else bad "cpu binding: $(cat "$tmp/cpus") (all: $all)"; fi
+    "$run" --no-cpu-bind --nproc-per-node 2 -- sh -c "$show" | sort >"$tmp/cpus"
+    if [ "$(cut -d' ' -f2 "$tmp/cpus" | sort -u)" = "$all" ]; then ok; else bad "--no-cpu-bind: $(cat "$tmp/cpus") (all: $all)"; fi
+fi
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

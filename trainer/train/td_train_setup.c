@@ -156,6 +156,26 @@ static void configure_loaders(trainer *t) {
         job->train.eval_batch_size, false, false, job->train.seed, rank, world, false, workers};
 }
 
+/* The CPUs this process may run on, as "0-3,8": a launcher may have bound each rank to its
+ * share (traind-run), and a rank given fewer CPUs than train.threads would show it here. */
+static void cpu_list(char *out, size_t len) {
+    cpu_set_t set;
+    size_t used = 0;
+    out[0] = 0;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        snprintf(out, len, "unknown");
+        return;
+    }
+    for (int c = 0; c < CPU_SETSIZE && used < len; c++) {
+        if (!CPU_ISSET(c, &set)) continue;
+        int last = c;
+        while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) last++;
+        used += (size_t)snprintf(out + used, len - used, last > c ? "%s%d-%d" : "%s%d",
+                                 used ? "," : "", c, last);
+        c = last;
+    }
+}
+
 static void log_banner(const trainer *t) {
     const td_job *job = t->job;
     fprintf(t->log, "[traind] job \"%s\": %d parameters in %d tensors, %d nodes\n", job->name,
@@ -190,13 +210,14 @@ static void log_banner(const trainer *t) {
                 job->train.deterministic ? "" : "; cuDNN may choose nondeterministic algorithms");
         return;
     }
-    char why[256];
+    char why[256], cpus[128];
     td_gpu_device_count(why, sizeof why);
+    cpu_list(cpus, sizeof cpus);
     fprintf(t->log,
-            "[traind] device: CPU, OpenBLAS %s kernels, traind %s kernels (%s), %d thread%s "
-            "(%s)\n",
+            "[traind] device: CPU, OpenBLAS %s kernels, traind %s kernels (%s), %d thread%s on "
+            "CPUs %s (%s)\n",
             td_blas_describe(), td_isa_name(td_isa_active()), td_isa_why(), job->train.threads,
-            job->train.threads > 1 ? "s" : "", why);
+            job->train.threads > 1 ? "s" : "", cpus, why);
 }
 
 int td_train_setup(trainer *t, td_err *err) {
