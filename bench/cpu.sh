@@ -16,7 +16,7 @@
 # recent Xeons and falls back to generic kernels in every process that does not correct it.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-build=${1:-$here/../build}
+build=$(cd "${1:-$here/../build}" && pwd)
 worker=$build/traind-worker
 [ -x "$worker" ] || { echo "bench: $worker not found; build first" >&2; exit 1; }
 py=/usr/bin/python3
@@ -41,7 +41,10 @@ ours() { # isa model_json batch steps threads shape log_every -> img/s after the
     isa=$1
     shift
     spec "$1" "$2" "$3" "$4" "$5" "$6" >"$tmp/job.json"
-    TRAIND_ISA=$isa OPENBLAS_NUM_THREADS=$4 "$worker" "$tmp/job.json" 2>/dev/null | $py -c '
+    # the AVX2 rows also take OpenBLAS's AVX2 kernels, as an AVX2-only CPU (AMD EPYC) would
+    blas=""
+    if [ "$isa" = avx2 ] && [ "$core" = SkylakeX ]; then blas=Haswell; fi
+    env ${blas:+OPENBLAS_CORETYPE=$blas} TRAIND_ISA="$isa" OPENBLAS_NUM_THREADS="$4" "$worker" "$tmp/job.json" 2>/dev/null | $py -c '
 import json, sys
 rates = [json.loads(l)["samples_per_s"] for l in sys.stdin if "\"event\":\"train\"" in l]
 print(sum(rates[1:]) / len(rates[1:]))'
@@ -87,7 +90,7 @@ print(f'| {\"$1\":<32} | {\"$isa\":<8} | {a:>10.1f} | {b:>10.1f} | {a / b:>6.2f}
 
 echo "traind-worker vs PyTorch $($py -c 'import torch; print(torch.__version__)'), img/s (training), best of $rounds"
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); traind's kernels by instruction set:$isas (best: $(cd "$tmp" && "$worker" --isa))"
-echo "OpenBLAS kernels: traind-worker ${core:-as detected}; PyTorch as installed, then with OPENBLAS_CORETYPE=${core:-unset}"
+echo "OpenBLAS kernels: traind-worker ${core:-as detected} (avx2 rows: Haswell where that is SkylakeX, as on an AVX2-only CPU); PyTorch as installed, then with OPENBLAS_CORETYPE=${core:-unset}"
 echo
 echo "| model                            | isa      |     traind |    PyTorch |  ratio | PyTorch+core |  ratio |"
 echo "|----------------------------------|----------|------------|------------|--------|--------------|--------|"

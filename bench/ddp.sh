@@ -1,5 +1,6 @@
 #!/bin/sh
-# Data-parallel benchmark on this machine's 2 cores, one BLAS thread per rank:
+# Data-parallel benchmark on this machine's 2 cores, one BLAS thread per rank, on every
+# instruction set of traind's kernels the CPU runs (TRAIND_ISA; ISAS="avx2" picks):
 #   - LeNet-5, batch 64 per rank: traind with 2 ranks, traind with 1, PyTorch DDP (gloo) with 2,
 #     and two independent 1-rank runs at once: what this machine gives two busy cores, the
 #     ceiling for 2 ranks (on the CI VM both cores busy run ~10% slower each than one alone);
@@ -10,7 +11,7 @@
 # for its slowest rank, so single runs scatter by +-20%. The medians are printed too.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-build=${1:-$here/../build}
+build=$(cd "${1:-$here/../build}" && pwd)
 py=/usr/bin/python3
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d)
@@ -26,28 +27,52 @@ rate() { $py -c '
 import json, sys
 r = [json.loads(l)["samples_per_s"] for l in sys.stdin if "\"event\":\"train\"" in l]
 print(sum(r[1:]) / len(r[1:]))'; }
-best() { $py -c "import sys; print(max(float(x) for x in sys.argv[1:]))" "$@"; }
-median() { $py -c "import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
-ones="" twos="" torches="" pairs=""
+worker=$build/traind-worker
+isas=""
+for isa in ${ISAS:-baseline avx2 avx512}; do
+    if TRAIND_ISA=$isa "$worker" --isa >/dev/null 2>&1; then isas="$isas $isa"; fi
+done
+core=$(cd "$tmp" && "$worker" --blas-core)
+# as bench/cpu.sh: the avx2 rows take OpenBLAS's AVX2 kernels, as an AVX2-only CPU would
+blas_for() { if [ "$1" = avx2 ] && [ "$core" = SkylakeX ]; then echo Haswell; fi; }
+run1() { # isa -> img/s of one rank
+    b=$(blas_for "$1")
+    env ${b:+OPENBLAS_CORETYPE=$b} TRAIND_ISA="$1" "$worker" "$tmp/lenet.json" 2>/dev/null | rate
+}
+run2() { # isa -> img/s of two ranks
+    b=$(blas_for "$1")
+    env ${b:+OPENBLAS_CORETYPE=$b} TRAIND_ISA="$1" "$build/traind-run" --nproc-per-node 2 -- \
+        "$worker" "$tmp/lenet.json" 2>/dev/null | rate
+}
+torches=""
+for isa in $isas; do eval "ones_$isa='' twos_$isa='' pairs_$isa=''"; done
 i=0
 while [ "$i" -lt "${ROUNDS:-5}" ]; do
-    ones="$ones $("$build/traind-worker" "$tmp/lenet.json" 2>/dev/null | rate)"
-    "$build/traind-worker" "$tmp/lenet.json" 2>/dev/null | rate >"$tmp/pair" &
-    other=$("$build/traind-worker" "$tmp/lenet.json" 2>/dev/null | rate)
-    wait
-    pairs="$pairs $($py -c "print($other + $(cat "$tmp/pair"))")"
-    twos="$twos $("$build/traind-run" --nproc-per-node 2 -- "$build/traind-worker" "$tmp/lenet.json" 2>/dev/null | rate)"
+    for isa in $isas; do
+        one=$(run1 "$isa")
+        run1 "$isa" >"$tmp/pair" &
+        other=$(run1 "$isa")
+        wait
+        pair=$($py -c "print($other + $(cat "$tmp/pair"))")
+        two=$(run2 "$isa")
+        eval "ones_$isa=\"\$ones_$isa $one\" pairs_$isa=\"\$pairs_$isa $pair\" twos_$isa=\"\$twos_$isa $two\""
+    done
     torches="$torches $(cd "$here" && "$build/traind-run" --nproc-per-node 2 -- $py torch_ddp_peer.py 2>/dev/null |
         $py -c 'import json, sys; print(json.loads(sys.stdin.readline())["img_per_s"])')"
     i=$((i + 1))
 done
-one=$(best $ones) two=$(best $twos) torch=$(best $torches) pair=$(best $pairs)
-mone=$(median $ones) mtwo=$(median $twos) mtorch=$(median $torches) mpair=$(median $pairs)
 ar=$("$build/traind-run" --nproc-per-node 2 -- "$build/traind-bench-allreduce" 100 5)
-$py -c "
-print('LeNet-5, batch 64 per rank, 1 BLAS thread per rank (img/s, all ranks together)')
-print(f'|        | traind 1 rank | 2 x 1 rank at once | traind 2 ranks | scaling (2 ranks / 2x1) | 2 ranks / 2 at once | PyTorch DDP gloo 2 ranks | traind / PyTorch |')
-for what, one, pair, two, torch in (('best', $one, $pair, $two, $torch), ('median', $mone, $mpair, $mtwo, $mtorch)):
-    print(f'| {what:6} | {one:13.0f} | {pair:18.0f} | {two:14.0f} | {two / (2 * one):23.2f} | {two / pair:19.2f} | {torch:24.0f} | {two / torch:15.2f}x |')
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); OpenBLAS kernels: ${core:-as detected} (avx2 rows: Haswell where that is SkylakeX)"
+echo "LeNet-5, batch 64 per rank, 1 BLAS thread per rank (img/s, all ranks together), ${ROUNDS:-5} interleaved rounds"
+echo "| isa      |        | traind 1 rank | 2 x 1 rank at once | traind 2 ranks | scaling (2 ranks / 2x1) | 2 ranks / 2 at once | PyTorch DDP gloo 2 ranks | traind / PyTorch |"
+for isa in $isas; do
+    eval "ones=\$ones_$isa pairs=\$pairs_$isa twos=\$twos_$isa"
+    $py -c "
+import statistics
+ones, pairs, twos, torches = ([float(x) for x in s.split()] for s in ('$ones', '$pairs', '$twos', '$torches'))
+for what, f in (('best', max), ('median', statistics.median)):
+    one, pair, two, torch = f(ones), f(pairs), f(twos), f(torches)
+    print(f'| {\"$isa\":8} | {what:6} | {one:13.0f} | {pair:18.0f} | {two:14.0f} | {two / (2 * one):23.2f} | {two / pair:19.2f} | {torch:24.0f} | {two / torch:15.2f}x |')
 "
+done
 echo "100 MB all-reduce, 2 ranks: $ar"
