@@ -114,7 +114,8 @@ Test(gradcheck, conv2d_strided_single_channel) {
               td_shape_image(1, 7, 6), true);
 }
 
-/* single-channel, stride 1, unpadded: the direct kernels of td_conv1ch.c (on AVX-512 builds) */
+/* single-channel, stride 1, unpadded: the direct kernels of td_conv1ch.c (on the AVX2 and AVX-512
+ * kernels; ctest runs this program once per instruction set) */
 Test(gradcheck, conv2d_single_channel_direct) {
     run_check("[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":6,\"kernel_size\":5}]",
               td_shape_image(1, 14, 13), true);

@@ -104,6 +104,179 @@ bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float
     return false;
 }
 
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* lanes [0, n) */
+static inline __m256i sk_mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Row y[r] from NW registers (o <= 8·NW). Rows are stored in order, each with whole vectors
+ * whose excess lanes spill onto the rows after it, which are stored later and overwrite them;
+ * rows whose spill would pass the end of y (safe false) use masked stores instead. Plain stores
+ * are cheaper than vmaskmovps, much so on AMD before Zen 3. */
+static inline __attribute__((always_inline)) void sk_store_row(float *yr, const __m256 *c,
+                                                               const int NW, int o, bool safe) {
+    if (NW == 1) {
+        if (safe)
+            _mm256_storeu_ps(yr, c[0]);
+        else
+            _mm256_maskstore_ps(yr, sk_mask(o), c[0]);
+    } else {
+        _mm256_storeu_ps(yr, c[0]);
+        if (safe)
+            _mm256_storeu_ps(yr + 8, c[1]);
+        else
+            _mm256_maskstore_ps(yr + 8, sk_mask(o - 8), c[1]);
+    }
+}
+
+/* R rows of y at once: each weight column (NW registers of outputs) is loaded once for R
+ * broadcasts. R·NW = 12 accumulators, with NW weight registers and a broadcast: 14-15 of 16. */
+static inline __attribute__((always_inline)) void sk_nt(int rows, int o, int k, const float *a,
+                                                        const float *wt, float *y, const int NW) {
+    const int R = 12 / NW;
+    const size_t end = (size_t)rows * o; /* a store must end here */
+    int r = 0;
+    for (; r + R <= rows; r += R) {
+        const float *a0 = a + (size_t)r * k;
+        __m256 c[12];
+        for (int i = 0; i < R * NW; i++) c[i] = _mm256_setzero_ps();
+        for (int j = 0; j < k; j++) {
+            __m256 w0 = _mm256_loadu_ps(wt + j * 16), w1 = _mm256_loadu_ps(wt + j * 16 + 8);
+            for (int i = 0; i < R; i++) {
+                __m256 ai = _mm256_broadcast_ss(a0 + (size_t)i * k + j);
+                c[i * NW] = _mm256_fmadd_ps(ai, w0, c[i * NW]);
+                if (NW > 1) c[i * NW + 1] = _mm256_fmadd_ps(ai, w1, c[i * NW + 1]);
+            }
+        }
+        bool safe = (size_t)(r + R - 1) * o + 8 * NW <= end;
+        for (int i = 0; i < R; i++) sk_store_row(y + (size_t)(r + i) * o, c + i * NW, NW, o, safe);
+    }
+    for (; r < rows; r++) {
+        const float *a0 = a + (size_t)r * k;
+        __m256 c[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int j = 0; j < k; j++) {
+            __m256 aj = _mm256_broadcast_ss(a0 + j);
+            c[0] = _mm256_fmadd_ps(aj, _mm256_loadu_ps(wt + j * 16), c[0]);
+            if (NW > 1) c[1] = _mm256_fmadd_ps(aj, _mm256_loadu_ps(wt + j * 16 + 8), c[1]);
+        }
+        sk_store_row(y + (size_t)r * o, c, NW, o, (size_t)r * o + 8 * NW <= end);
+    }
+}
+
+bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float *y,
+                  float *scratch) {
+    if (o > 16) return false;
+    /* wt [k, 16]: column j of w^T in two registers, lanes past o zero */
+    float *wt = scratch;
+    memset(wt, 0, (size_t)k * 16 * sizeof(float));
+    for (int i = 0; i < o; i++)
+        for (int j = 0; j < k; j++) wt[j * 16 + i] = w[(size_t)i * k + j];
+    if (o <= 8)
+        sk_nt(rows, o, k, a, wt, y, 1);
+    else
+        sk_nt(rows, o, k, a, wt, y, 2);
+    return true;
+}
+
+/* dw[i0 .. i0+OB, 8·v0 .. 8·(v0+NV)) += dy[r0..r1, i0..)^T · a[r0..r1, 8·v0..): OB·NV
+ * accumulators (at most 12), with NV vectors of a row and a broadcast of dy, within 16
+ * registers. The last vector of a row may run past k into the rows after it: those lanes only
+ * reach accumulator lanes that are never stored (the caller keeps out the rows whose reads
+ * would pass the end of a). dw is loaded and stored with masks: its rows are other tiles'. */
+static inline __attribute__((always_inline)) void sk_tn_tile(const float *dy, int o, const float *a,
+                                                             int k, int r0, int r1, const int OB,
+                                                             const int NV, int i0, int v0,
+                                                             float *dw) {
+    __m256 acc[12];
+    __m256i m[4];
+    for (int j = 0; j < NV; j++) m[j] = sk_mask(k - 8 * (v0 + j));
+    for (int i = 0; i < OB; i++)
+        for (int j = 0; j < NV; j++)
+            acc[i * NV + j] = _mm256_maskload_ps(dw + (size_t)(i0 + i) * k + 8 * (v0 + j), m[j]);
+    const float *ar = a + (size_t)r0 * k + 8 * v0, *d = dy + (size_t)r0 * o + i0;
+    for (int r = r0; r < r1; r++, ar += k, d += o) {
+        __m256 av[4];
+        for (int j = 0; j < NV; j++) av[j] = _mm256_loadu_ps(ar + 8 * j);
+        for (int i = 0; i < OB; i++) {
+            __m256 di = _mm256_broadcast_ss(d + i);
+            for (int j = 0; j < NV; j++)
+                acc[i * NV + j] = _mm256_fmadd_ps(di, av[j], acc[i * NV + j]);
+        }
+    }
+    for (int i = 0; i < OB; i++)
+        for (int j = 0; j < NV; j++)
+            _mm256_maskstore_ps(dw + (size_t)(i0 + i) * k + 8 * (v0 + j), m[j], acc[i * NV + j]);
+}
+
+/* vectors of a per tile for OB outputs: OB·NV <= 12, and NV + OB·NV + 1 <= 16 */
+static inline int sk_tn_nv(int ob) {
+    return ob <= 2 ? 4 : ob == 3 ? 3 : 2;
+}
+
+#define TN_CASE(O_, NV_)                                                                           \
+    case (O_)*8 + (NV_):                                                                           \
+        sk_tn_tile(dy, o, a, k, r0, r1, O_, NV_, i0, v0, dw);                                      \
+        break;
+
+/* AVX2's limit on k: the tiles read a in row blocks of about 16 KB, which stay in L1 while every
+ * tile passes over them; past a few hundred columns a block is too few rows to pay for loading
+ * and storing the tiles, and OpenBLAS's packed GEMM does better. */
+#define SK_TN_MAX_K 512
+
+bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float *dw, bool add) {
+    if (o > 16 || k > SK_TN_MAX_K) return false;
+    if (!add) memset(dw, 0, (size_t)o * k * sizeof(float));
+    if (rows <= 0) return true;
+    /* outputs in nob blocks of at most 6, and column panels of nvb vectors that suit the
+     * largest block; for each panel every output block runs while the panel is still in L1 */
+    const int nvec = (k + 7) / 8, nob = (o + 5) / 6, nvb = sk_tn_nv((o + nob - 1) / nob);
+    /* The last vector of a row reads ext = 8·nvec - k floats past its end (into the rows after
+     * it), so the last ceil(ext / k) rows, whose reads would pass the end of a, are added alone
+     * below with masked loads. */
+    const int ext = 8 * nvec - k, tail = (ext + k - 1) / k;
+    const int body = rows > tail ? rows - tail : 0;
+    /* rows in blocks of about 128 KB of a and dy, which stay in L2 while the tiles pass over
+     * them; the tiles load and store their accumulators once per block */
+    int rb = (128 << 10) / (int)(sizeof(float) * (size_t)(k + o));
+    if (rb < 64) rb = 64;
+    for (int r0 = 0; r0 < body; r0 += rb) {
+        int r1 = body - r0 < rb ? body : r0 + rb;
+        for (int v0 = 0; v0 < nvec; v0 += nvb) {
+            int nv = nvec - v0 < nvb ? nvec - v0 : nvb;
+            for (int b = 0; b < nob; b++) {
+                int i0 = b * o / nob, ob = (b + 1) * o / nob - i0;
+                /* one instantiation per (outputs, vectors) pair: accumulators in registers */
+                // clang-format off
+                switch (ob * 8 + nv) {
+                    TN_CASE(1, 1) TN_CASE(1, 2) TN_CASE(1, 3) TN_CASE(1, 4)
+                    TN_CASE(2, 1) TN_CASE(2, 2) TN_CASE(2, 3) TN_CASE(2, 4)
+                    TN_CASE(3, 1) TN_CASE(3, 2) TN_CASE(3, 3)
+                    TN_CASE(4, 1) TN_CASE(4, 2) TN_CASE(5, 1) TN_CASE(5, 2)
+                    TN_CASE(6, 1) TN_CASE(6, 2)
+                }
+                // clang-format on
+            }
+        }
+    }
+    for (int r = body; r < rows; r++) {
+        const float *al = a + (size_t)r * k, *dl = dy + (size_t)r * o;
+        for (int i = 0; i < o; i++) {
+            __m256 di = _mm256_broadcast_ss(dl + i);
+            float *dst = dw + (size_t)i * k;
+            for (int j = 0; j < k; j += 8) {
+                __m256i m = sk_mask(k - j);
+                __m256 s = _mm256_fmadd_ps(di, _mm256_maskload_ps(al + j, m),
+                                           _mm256_maskload_ps(dst + j, m));
+                _mm256_maskstore_ps(dst + j, m, s);
+            }
+        }
+    }
+    return true;
+}
+
 #else
 
 bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float *y,

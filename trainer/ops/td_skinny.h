@@ -4,8 +4,9 @@
  * input channel) is a GEMM of tens of thousands of rows by 6 columns; OpenBLAS 0.3.21 runs its
  * forward at about 22 GFLOP/s and its weight gradient at about 18 here, against 60-95 for
  * well-shaped GEMMs. One AVX-512 register holds all 16 outputs of a row, which these kernels
- * exploit. Both return false when the shape or the CPU does not suit them (no AVX-512 at build
- * time, too many outputs); the caller then uses OpenBLAS. */
+ * exploit; with AVX2 and FMA (no AVX-512) two registers do. Both return false when the shape or
+ * the CPU does not suit them (neither at build time, too many outputs); the caller then uses
+ * OpenBLAS. */
 #ifndef TD_SKINNY_H
 #define TD_SKINNY_H
 
@@ -21,8 +22,8 @@
  * scratch: at least 16·k floats. */
 bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float *y, float *scratch);
 
-/* dw [o, k] (+)= dy[rows, o]^T · a [rows, k], with o·ceil(k/16) <= 24 (weight gradient of a small
- * convolution); add selects accumulation. */
+/* dw [o, k] (+)= dy[rows, o]^T · a [rows, k], with o·ceil(k/16) <= 24 on AVX-512, o <= 16 and
+ * k <= 512 on AVX2 (weight gradient of a small convolution); add selects accumulation. */
 bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float *dw, bool add);
 
 #endif
