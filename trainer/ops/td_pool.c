@@ -125,6 +125,55 @@ static void maxpool_forward_c16(const pool_geom *g, const float *x, float *y, in
             _mm512_mask_storeu_epi32(a + o, m, arg);
         }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* The AVX-512 kernel's scheme on AVX2: up to 16 channels in two 8-lane halves, the running
+ * maximum and argmax in registers and stored once per output (the general loop's read-back of
+ * memory it just wrote cost more than the comparisons). */
+static inline void max_take8(__m256 v, __m256i idx, __m256 *best, __m256i *arg, bool first) {
+    /* the first element seeds; later ones win when greater or NaN (PyTorch's rule) */
+    __m256 take = first ? _mm256_castsi256_ps(_mm256_set1_epi32(-1))
+                        : _mm256_or_ps(_mm256_cmp_ps(v, *best, _CMP_GT_OQ),
+                                       _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    *best = _mm256_blendv_ps(*best, v, take);
+    *arg = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(*arg), _mm256_castsi256_ps(idx), take));
+}
+
+static void maxpool_forward_c16(const pool_geom *g, const float *x, float *y, int32_t *a) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const int halves = g->c > 8 ? 2 : 1;
+    const int lanes[2] = {g->c < 8 ? g->c : 8, g->c - 8};
+    const __m256i mask[2] = {td_mask8(lanes[0]), td_mask8(lanes[1])};
+    for (int oh = 0; oh < g->oh; oh++)
+        for (int ow = 0; ow < g->ow; ow++) {
+            __m256 best[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            __m256i arg[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            bool first = true;
+            for (int kh = 0; kh < g->k; kh++) {
+                int ih = oh * g->s - g->p + kh;
+                if (ih < 0 || ih >= g->h) continue;
+                for (int kw = 0; kw < g->k; kw++) {
+                    int iw = ow * g->s - g->p + kw;
+                    if (iw < 0 || iw >= g->w) continue;
+                    int32_t base = (int32_t)(((size_t)ih * g->w + iw) * g->c);
+                    for (int h = 0; h < halves; h++) {
+                        const float *src = x + base + 8 * h;
+                        /* whole vectors load plainly: vmaskmovps is slow on some CPUs */
+                        __m256 v =
+                            lanes[h] == 8 ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, mask[h]);
+                        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(base + 8 * h), iota);
+                        max_take8(v, idx, &best[h], &arg[h], first);
+                    }
+                    first = false;
+                }
+            }
+            size_t o = ((size_t)oh * g->ow + ow) * g->c;
+            for (int h = 0; h < halves; h++) {
+                _mm256_maskstore_ps(y + o + 8 * h, mask[h], best[h]);
+                _mm256_maskstore_epi32(a + o + 8 * h, mask[h], arg[h]);
+            }
+        }
+}
 #endif
 
 static void maxpool_forward(td_node *node, const td_run *run) {
@@ -135,7 +184,7 @@ static void maxpool_forward(td_node *node, const td_run *run) {
         const float *x = node->in[0] + b * in_size;
         float *y = node->out + b * out_size;
         int32_t *a = arg + b * out_size;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
         if (g.c <= 16) {
             maxpool_forward_c16(&g, x, y, a);
             continue;
