@@ -137,6 +137,57 @@ Test(isa, residual_block_on_every_instruction_set_equals_baseline) {
     compare_paths("residual", RESIDUAL, td_shape_image(3, 12, 12), 4);
 }
 
+/* Max pooling's NaN rule (a NaN in the window wins, as in PyTorch) and its argmax, on 6 and 13
+ * channels (one and two vectors of 8, partial), with padding and overlapping windows: the same
+ * NaNs, values and gradient routing on every instruction set. */
+Test(isa, max_pool_nan_rule_and_argmax_match_baseline) {
+    const char *nodes[2] = {"[{\"name\":\"p\",\"op\":\"maxpool2d\",\"kernel_size\":2}]",
+                            "[{\"name\":\"p\",\"op\":\"maxpool2d\",\"kernel_size\":3,\"stride\":2,"
+                            "\"padding\":1}]"};
+    const int channels[2] = {6, 13};
+    for (int k = 0; k < 2; k++)
+        for (int c = 0; c < 2; c++) {
+            td_shape in = td_shape_image(channels[c], 7, 7);
+            float *out[TD_ISA_COUNT] = {0}, *dx[TD_ISA_COUNT] = {0};
+            size_t out_n = 0, in_n = (size_t)2 * td_shape_size(in);
+            for (int isa = 0; isa < TD_ISA_COUNT; isa++) {
+                if (!td_isa_supported((td_isa)isa)) continue;
+                td_err err = {{0}};
+                cr_assert_eq(td_isa_select(td_isa_name((td_isa)isa), &err), 0, "%s", err.msg);
+                td_model m;
+                test_build_model(&m, nodes[k], in, 2, 7);
+                out_n = (size_t)2 * td_shape_size(td_model_output_shape(&m));
+                float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
+                fill(x, in_n, 5);
+                for (size_t i = 0; i < in_n; i += 7) x[i] = NAN; /* some windows hold a NaN */
+                for (size_t i = 0; i < out_n; i++) dy[i] = (float)(i % 5) + 1.0f;
+                td_run run = {.n = 2, .training = true};
+                out[isa] = copy_of(td_model_forward(&m, x, &run), out_n);
+                td_model_backward(&m, dy, &run);
+                dx[isa] = copy_of(m.input_grad, in_n);
+                free(x);
+                free(dy);
+                td_model_free(&m);
+            }
+            for (int isa = 1; isa < TD_ISA_COUNT; isa++) {
+                if (!out[isa]) continue;
+                for (size_t i = 0; i < out_n; i++)
+                    cr_expect(isnan(out[isa][i]) == isnan(out[0][i]) &&
+                                  (isnan(out[0][i]) || out[isa][i] == out[0][i]),
+                              "%s, pool %d, %d channels: output %zu is %g, baseline %g",
+                              td_isa_name((td_isa)isa), k, channels[c], i, (double)out[isa][i],
+                              (double)out[0][i]);
+                cr_expect(memcmp(dx[isa], dx[0], in_n * sizeof(float)) == 0,
+                          "%s, pool %d, %d channels: gradients routed to other inputs",
+                          td_isa_name((td_isa)isa), k, channels[c]);
+            }
+            for (int isa = 0; isa < TD_ISA_COUNT; isa++) {
+                free(out[isa]);
+                free(dx[isa]);
+            }
+        }
+}
+
 Test(isa, selection_errors_say_what_is_wrong) {
     td_err err = {{0}};
     cr_assert_neq(td_isa_select("sse9", &err), 0);
