@@ -65,8 +65,12 @@ for isa in ${ISAS:-baseline avx2 avx512}; do
     if TRAIND_ISA=$isa "$worker" --isa >/dev/null 2>&1; then isas="$isas $isa"; fi
 done
 
+# the AVX2 rows' OpenBLAS kernels, when they differ from traind's own choice
+avx2_core=""
+case " $isas " in *" avx2 "*) if [ "$core" = SkylakeX ]; then avx2_core=Haswell; fi ;; esac
+
 row() { # label model_json torch_model batch steps threads shape log_every torch_steps
-    bs="" cs=""
+    bs="" cs="" hs=""
     for isa in $isas; do eval "as_$isa=''"; done
     i=0
     while [ "$i" -lt "$rounds" ]; do
@@ -75,12 +79,15 @@ row() { # label model_json torch_model batch steps threads shape log_every torch
         done
         bs="$bs $(theirs "$3" "$4" "$9" "$6")"
         if [ -n "$core" ]; then cs="$cs $(theirs "$3" "$4" "$9" "$6" "$core")"; fi
+        if [ -n "$avx2_core" ]; then hs="$hs $(theirs "$3" "$4" "$9" "$6" "$avx2_core")"; fi
         i=$((i + 1))
     done
     b=$(best $bs)
-    c=$b
-    if [ -n "$core" ]; then c=$(best $cs); fi
     for isa in $isas; do
+        # PyTorch+core: PyTorch on the same OpenBLAS kernels as this row's traind
+        c=$b
+        if [ -n "$core" ]; then c=$(best $cs); fi
+        if [ "$isa" = avx2 ] && [ -n "$avx2_core" ]; then c=$(best $hs); fi
         eval "a=\$(best \$as_$isa)"
         $py -c "
 a, b, c = $a, $b, $c
@@ -90,7 +97,7 @@ print(f'| {\"$1\":<32} | {\"$isa\":<8} | {a:>10.1f} | {b:>10.1f} | {a / b:>6.2f}
 
 echo "traind-worker vs PyTorch $($py -c 'import torch; print(torch.__version__)'), img/s (training), best of $rounds"
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); traind's kernels by instruction set:$isas (best: $(cd "$tmp" && "$worker" --isa))"
-echo "OpenBLAS kernels: traind-worker ${core:-as detected} (avx2 rows: Haswell where that is SkylakeX, as on an AVX2-only CPU); PyTorch as installed, then with OPENBLAS_CORETYPE=${core:-unset}"
+echo "OpenBLAS kernels: traind-worker ${core:-as detected} (avx2 rows: ${avx2_core:-the same}, as on an AVX2-only CPU); PyTorch as installed, then (PyTorch+core) with the row's kernels"
 echo
 echo "| model                            | isa      |     traind |    PyTorch |  ratio | PyTorch+core |  ratio |"
 echo "|----------------------------------|----------|------------|------------|--------|--------------|--------|"
