@@ -21,38 +21,63 @@ void td_optim_free(td_optim *opt) {
     memset(opt, 0, sizeof *opt);
 }
 
-static void sgd_step(td_optim *opt, float *p, const float *g, float lr) {
+/* One loop per case, with restrict: the general loop's branches and its loads of opt->m through
+ * the struct (which could alias p) kept GCC from vectorising it, and the update streams 5 floats
+ * per parameter through memory (1.2 ms of a 5.3 ms MLP step). The arithmetic, and so every
+ * bit of the result, is the general loop's. */
+static void sgd_step(td_optim *opt, float *restrict p, const float *restrict g, float lr) {
     const td_optim_config *c = &opt->cfg;
-    float wd = c->weight_decay, mom = c->momentum, damp = 1.0f - c->dampening;
-    bool first = opt->steps == 0;
-    for (size_t i = 0; i < opt->n; i++) {
-        float d = g[i] + wd * p[i];
-        if (mom != 0.0f) {
-            float buf = first ? d : mom * opt->m[i] + damp * d;
-            opt->m[i] = buf;
-            d = c->nesterov ? d + mom * buf : buf;
+    const float wd = c->weight_decay, mom = c->momentum, damp = 1.0f - c->dampening;
+    const size_t n = opt->n;
+    float *restrict m = opt->m;
+    if (mom == 0.0f) {
+        for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
+    } else if (opt->steps == 0) { /* the buffer starts as the first gradient */
+        for (size_t i = 0; i < n; i++) {
+            float d = g[i] + wd * p[i];
+            m[i] = d;
+            p[i] -= lr * (c->nesterov ? d + mom * d : d);
         }
-        p[i] -= lr * d;
+    } else if (!c->nesterov) {
+        for (size_t i = 0; i < n; i++) {
+            float buf = mom * m[i] + damp * (g[i] + wd * p[i]);
+            m[i] = buf;
+            p[i] -= lr * buf;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float d = g[i] + wd * p[i];
+            float buf = mom * m[i] + damp * d;
+            m[i] = buf;
+            p[i] -= lr * (d + mom * buf);
+        }
     }
 }
 
-static void adam_step(td_optim *opt, float *p, const float *g, float lr) {
+/* Adam and AdamW, restrict-qualified and without a branch in the loop, as sgd_step. */
+static void adam_step(td_optim *opt, float *restrict p, const float *restrict g, float lr) {
     const td_optim_config *c = &opt->cfg;
     long t = opt->steps + 1;
-    float b1 = c->beta1, b2 = c->beta2, wd = c->weight_decay;
-    float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
-    float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2);
-    bool decoupled = c->kind == TD_OPTIM_ADAMW;
-    for (size_t i = 0; i < opt->n; i++) {
-        float d = g[i];
-        if (decoupled)
-            p[i] *= 1.0f - lr * wd;
-        else
-            d += wd * p[i];
-        opt->m[i] = b1 * opt->m[i] + (1.0f - b1) * d;
-        opt->v[i] = b2 * opt->v[i] + (1.0f - b2) * d * d;
-        float denom = sqrtf(opt->v[i]) / bc2_sqrt + c->eps;
-        p[i] -= step_size * opt->m[i] / denom;
+    const float b1 = c->beta1, b2 = c->beta2, wd = c->weight_decay, eps = c->eps;
+    const float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
+    const float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), keep = 1.0f - lr * wd;
+    const size_t n = opt->n;
+    float *restrict m = opt->m, *restrict v = opt->v;
+    if (c->kind == TD_OPTIM_ADAMW) { /* decoupled weight decay */
+        for (size_t i = 0; i < n; i++) {
+            float d = g[i];
+            p[i] *= keep;
+            m[i] = b1 * m[i] + (1.0f - b1) * d;
+            v[i] = b2 * v[i] + (1.0f - b2) * d * d;
+            p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float d = g[i] + wd * p[i];
+            m[i] = b1 * m[i] + (1.0f - b1) * d;
+            v[i] = b2 * v[i] + (1.0f - b2) * d * d;
+            p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+        }
     }
 }
 
