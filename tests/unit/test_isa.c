@@ -20,18 +20,6 @@ typedef struct run_result {
     size_t out_n, dx_n, dparams_n;
 } run_result;
 
-static void fill(float *v, size_t n, uint64_t seed) {
-    td_rng rng;
-    td_rng_seed(&rng, seed);
-    for (size_t i = 0; i < n; i++) v[i] = 2.0f * td_rng_uniform(&rng) - 1.0f;
-}
-
-static float *copy_of(const float *src, size_t n) {
-    float *dst = malloc(n * sizeof(float));
-    memcpy(dst, src, n * sizeof(float));
-    return dst;
-}
-
 /* Builds nodes under isa (made the process's choice first), checks every node runs isa's
  * variant, and returns forward and backward of a fixed batch. */
 static run_result run_model(td_isa isa, const char *nodes, td_shape in, int n) {
@@ -48,14 +36,14 @@ static run_result run_model(td_isa isa, const char *nodes, td_shape in, int n) {
     size_t in_n = (size_t)n * td_shape_size(in);
     size_t out_n = (size_t)n * td_shape_size(td_model_output_shape(&m));
     float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
-    fill(x, in_n, 17);
-    fill(dy, out_n, 23);
+    test_fill_uniform(x, in_n, 17);
+    test_fill_uniform(dy, out_n, 23);
     run_result r = {.out_n = out_n, .dx_n = in_n, .dparams_n = m.param_floats};
     td_run run = {.n = n, .training = true};
-    r.out = copy_of(td_model_forward(&m, x, &run), out_n);
+    r.out = test_copy(td_model_forward(&m, x, &run), out_n);
     td_model_backward(&m, dy, &run);
-    r.dx = copy_of(m.input_grad, in_n);
-    r.dparams = copy_of(m.grad_block, m.param_floats);
+    r.dx = test_copy(m.input_grad, in_n);
+    r.dparams = test_copy(m.grad_block, m.param_floats);
     free(x);
     free(dy);
     td_model_free(&m);
@@ -71,13 +59,8 @@ static void free_result(run_result *r) {
 /* |a - b| <= tol · max(1, max |b|) elementwise */
 static void expect_close(const char *model, const char *isa, const char *what, const float *a,
                          const float *b, size_t n, double tol) {
-    double scale = 1.0, worst = 0.0;
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= worst)) worst = d, at = i; /* NaN counts as worst */
-    }
+    size_t at;
+    double scale, worst = test_worst_diff(a, b, n, &at, &scale);
     cr_expect(worst <= tol * scale, "%s, %s: %s differs from baseline by %.3g at [%zu] (%g vs %g)",
               model, isa, what, worst, at, (double)a[at], (double)b[at]);
 }
@@ -158,13 +141,13 @@ Test(isa, max_pool_nan_rule_and_argmax_match_baseline) {
                 test_build_model(&m, nodes[k], in, 2, 7);
                 out_n = (size_t)2 * td_shape_size(td_model_output_shape(&m));
                 float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
-                fill(x, in_n, 5);
+                test_fill_uniform(x, in_n, 5);
                 for (size_t i = 0; i < in_n; i += 7) x[i] = NAN; /* some windows hold a NaN */
                 for (size_t i = 0; i < out_n; i++) dy[i] = (float)(i % 5) + 1.0f;
                 td_run run = {.n = 2, .training = true};
-                out[isa] = copy_of(td_model_forward(&m, x, &run), out_n);
+                out[isa] = test_copy(td_model_forward(&m, x, &run), out_n);
                 td_model_backward(&m, dy, &run);
-                dx[isa] = copy_of(m.input_grad, in_n);
+                dx[isa] = test_copy(m.input_grad, in_n);
                 free(x);
                 free(dy);
                 td_model_free(&m);

@@ -5,6 +5,7 @@
 
 #include <criterion/criterion.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -81,6 +82,30 @@ const char *test_write_gz(const char *name, const void *data, size_t len) {
     if (!f || gzwrite(f, data, (unsigned)len) != (int)len || gzclose(f) != Z_OK)
         cr_assert_fail("cannot write %s", path);
     return path;
+}
+
+void test_fill_uniform(float *v, size_t n, uint64_t seed) {
+    td_rng rng;
+    td_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; i++) v[i] = 2.0f * td_rng_uniform(&rng) - 1.0f;
+}
+
+float *test_copy(const float *src, size_t n) {
+    float *dst = malloc(n * sizeof(float));
+    memcpy(dst, src, n * sizeof(float));
+    return dst;
+}
+
+double test_worst_diff(const float *a, const float *b, size_t n, size_t *at, double *scale) {
+    double worst = 0.0;
+    *scale = 1.0;
+    *at = 0;
+    for (size_t i = 0; i < n; i++) *scale = fmax(*scale, fabs((double)b[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= worst)) worst = d, *at = i; /* NaN counts as worst */
+    }
+    return worst;
 }
 
 char *test_read_file(const char *path) {

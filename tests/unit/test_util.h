@@ -29,6 +29,14 @@ char *test_run_job(const char *spec, const td_train_options *opt, td_train_resul
  * metrics text in place. */
 void test_strip_timings(char *text);
 
+/* v[0..n) uniform in [-1, 1) from seed. */
+void test_fill_uniform(float *v, size_t n, uint64_t seed);
+/* A malloc'd copy of src[0..n). */
+float *test_copy(const float *src, size_t n);
+/* The largest |a[i] - b[i]| (NaN counts as largest), its index in *at, and in *scale
+ * max(1, max |b|): tests accept rounding relative to the tensor's scale. */
+double test_worst_diff(const float *a, const float *b, size_t n, size_t *at, double *scale);
+
 /* Reads a whole file into a malloc'd NUL-terminated string. */
 char *test_read_file(const char *path);
 

@@ -23,18 +23,6 @@ typedef struct conv_result {
     size_t out_n, dx_n, dparams_n;
 } conv_result;
 
-static void fill(float *v, size_t n, uint64_t seed) {
-    td_rng rng;
-    td_rng_seed(&rng, seed);
-    for (size_t i = 0; i < n; i++) v[i] = 2.0f * td_rng_uniform(&rng) - 1.0f;
-}
-
-static float *copy_of(const float *src, size_t n) {
-    float *dst = malloc(n * sizeof(float));
-    memcpy(dst, src, n * sizeof(float));
-    return dst;
-}
-
 /* One conv layer with the given algorithm: forward on random x, backward of a random dy run
  * `passes` times with gradient accumulation after the first; batch n on a model built for
  * n + 2. */
@@ -50,17 +38,17 @@ static conv_result run_conv(const conv_case *k, const char *algorithm, int passe
     size_t in_n = (size_t)k->n * td_shape_size(in);
     size_t out_n = (size_t)k->n * td_shape_size(td_model_output_shape(&m));
     float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
-    fill(x, in_n, 17);
-    fill(dy, out_n, 23);
+    test_fill_uniform(x, in_n, 17);
+    test_fill_uniform(dy, out_n, 23);
     conv_result r = {.out_n = out_n, .dx_n = in_n, .dparams_n = m.param_floats};
     for (int pass = 0; pass < passes; pass++) {
         td_run run = {.n = k->n, .training = true, .accumulate_grads = pass > 0};
         const float *out = td_model_forward(&m, x, &run);
-        if (pass == 0) r.out = copy_of(out, out_n);
+        if (pass == 0) r.out = test_copy(out, out_n);
         td_model_backward(&m, dy, &run);
     }
-    r.dx = copy_of(m.input_grad, in_n);
-    r.dparams = copy_of(m.grad_block, m.param_floats);
+    r.dx = test_copy(m.input_grad, in_n);
+    r.dparams = test_copy(m.grad_block, m.param_floats);
     free(x);
     free(dy);
     td_model_free(&m);
@@ -75,13 +63,8 @@ static void free_result(conv_result *r) {
 
 /* |a - b| <= tol · max(1, max |b|) elementwise: rounding relative to the tensor's scale */
 static void expect_close(const char *what, const float *a, const float *b, size_t n, double tol) {
-    double scale = 1.0, worst = 0.0;
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= worst)) worst = d, at = i; /* NaN counts as worst */
-    }
+    size_t at;
+    double scale, worst = test_worst_diff(a, b, n, &at, &scale);
     cr_expect(worst <= tol * scale,
               "%s: winograd and im2col differ by %.3g at [%zu] (%g vs %g), "
               "scale %.3g",
