@@ -72,11 +72,22 @@ node() {
         exec "$@"' sh "$k" "$tmp/hosts$k" timeout 60 env OPENBLAS_NUM_THREADS=1 TRAIND_TIMEOUT_S=45 \
         "$@" >"$tmp/node$k.out" 2>"$tmp/node$k.err" &
 }
-# both nodes' exit codes in c0 and c1, and the seconds until both ended in elapsed
-wait_nodes() {
-    wait "$1"
+# two_nodes G JOB [HOST1]: traind-run on both nodes, G ranks each, on a fresh master port,
+# node 1's workers advertising HOST1 when given (TRAIND_HOST); waits for both: their exit codes
+# in c0 and c1, the seconds until both ended in elapsed
+two_nodes() {
+    g=$1 job=$2 host1=${3:-}
+    port=$((port + 1))
+    start=$(date +%s)
+    node 0 "$n0" "$run" --nnodes 2 --node-rank 0 --nproc-per-node "$g" --master-addr "$master" \
+        --master-port "$port" -- "$worker" "$job"
+    p0=$!
+    node 1 "$n1" "$run" --nnodes 2 --node-rank 1 --nproc-per-node "$g" --master-addr "$master" \
+        --master-port "$port" -- env ${host1:+TRAIND_HOST=$host1} "$worker" "$job"
+    p1=$!
+    wait "$p0"
     c0=$?
-    wait "$2"
+    wait "$p1"
     c1=$?
     elapsed=$(($(date +%s) - start))
 }
@@ -111,15 +122,7 @@ OPENBLAS_NUM_THREADS=1 "$worker" "$tmp/one.json" >"$tmp/one.out" 2>"$tmp/one.err
 # 1 and 2: G ranks per node, batch 32 / (2 G) each
 for g in 1 2; do
     job "ddp$g" $((16 / g))
-    port=$((port + 1))
-    start=$(date +%s)
-    for k in 0 1; do
-        eval "ns=\$n$k"
-        node "$k" "$ns" "$run" --nnodes 2 --node-rank "$k" --nproc-per-node "$g" \
-            --master-addr "$master" --master-port "$port" -- "$worker" "$tmp/ddp$g.json"
-        eval "p$k=\$!"
-    done
-    wait_nodes "$p0" "$p1"
+    two_nodes "$g" "$tmp/ddp$g.json"
     what="2 nodes x $g"
     if [ "$c0" = 0 ] && [ "$c1" = 0 ]; then ok; else bad "$what: codes $c0 $c1: $(tail -3 "$tmp/node0.err") | $(tail -3 "$tmp/node1.err")"; fi
     if python3 "$src/tests/integration/same_weights.py" "$(last_model "$tmp/one")" \
@@ -140,15 +143,7 @@ done
 
 # 3. node 1 advertises an address it has (on its loopback) but node 0 has no route to
 ip -n "$n1" addr add 10.232.7.2/32 dev lo
-port=$((port + 1))
-start=$(date +%s)
-node 0 "$n0" "$run" --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr "$master" \
-    --master-port "$port" -- "$worker" "$tmp/ddp1.json"
-p0=$!
-node 1 "$n1" "$run" --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr "$master" \
-    --master-port "$port" -- env TRAIND_HOST=10.232.7.2 "$worker" "$tmp/ddp1.json"
-p1=$!
-wait_nodes "$p0" "$p1"
+two_nodes 1 "$tmp/ddp1.json" 10.232.7.2
 if [ "$c0" != 0 ] && [ "$c0" != 124 ] && [ "$c1" != 0 ] && [ "$c1" != 124 ]; then ok; else bad "unreachable: codes $c0 $c1 (124: still running after 60 s)"; fi
 if [ "$elapsed" -lt 15 ]; then ok; else bad "unreachable: took $elapsed s"; fi
 if grep -q "rank 0: cannot reach rank 1 at 10\.232\.7\.2:[0-9]*, the address it advertises .*TRAIND_HOST" "$tmp/node0.err"; then ok; else bad "unreachable, node 0: $(cat "$tmp/node0.err")"; fi
@@ -157,15 +152,7 @@ echo "unreachable address: both nodes failed in $elapsed s"
 
 # 4. node 1 told to advertise an address that no host has: it cannot listen there, says so,
 # and the rendezvous fails on both nodes at once
-port=$((port + 1))
-start=$(date +%s)
-node 0 "$n0" "$run" --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr "$master" \
-    --master-port "$port" -- "$worker" "$tmp/ddp1.json"
-p0=$!
-node 1 "$n1" "$run" --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr "$master" \
-    --master-port "$port" -- env TRAIND_HOST="$net.99" "$worker" "$tmp/ddp1.json"
-p1=$!
-wait_nodes "$p0" "$p1"
+two_nodes 1 "$tmp/ddp1.json" "$net.99"
 if [ "$c0" != 0 ] && [ "$c0" != 124 ] && [ "$c1" != 0 ] && [ "$c1" != 124 ]; then ok; else bad "address nobody has: codes $c0 $c1"; fi
 if [ "$elapsed" -lt 15 ]; then ok; else bad "address nobody has: took $elapsed s"; fi
 for k in 0 1; do
