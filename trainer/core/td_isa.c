@@ -60,7 +60,7 @@ static int parse(const char *name, td_isa *out, td_err *err) {
     return td_fail(err, "unknown instruction set \"%s\" (expected baseline, avx2 or avx512)", name);
 }
 
-static int choose(const char *name, td_err *err) {
+int td_isa_select(const char *name, td_err *err) {
     const char *env = getenv("TRAIND_ISA");
     td_isa isa = td_isa_best();
     int rc = 0;
@@ -85,14 +85,10 @@ static int choose(const char *name, td_err *err) {
     return rc;
 }
 
-int td_isa_select(const char *name, td_err *err) {
-    return choose(name, err);
-}
-
 td_isa td_isa_active(void) {
     int isa = atomic_load(&active);
     if (isa < 0) {
-        (void)choose(NULL, NULL);
+        (void)td_isa_select(NULL, NULL);
         isa = atomic_load(&active);
     }
     return (td_isa)isa;

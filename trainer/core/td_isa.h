@@ -25,7 +25,8 @@ td_isa td_isa_best(void);
 
 /* Chooses the process's instruction set: name ("avx2"), or NULL / "" for TRAIND_ISA when set,
  * else the best supported. Fails, saying what the CPU lacks, for a name this CPU or build
- * cannot run or does not know. Models built afterwards use it. */
+ * cannot run or does not know (with err NULL, an unusable TRAIND_ISA falls back to the best
+ * instead). Models built afterwards use it. */
 int td_isa_select(const char *name, td_err *err);
 /* The process's instruction set; selected with NULL on first use when nothing chose one (then
  * an unusable TRAIND_ISA falls back to the best, and td_isa_why says so). */

@@ -129,12 +129,12 @@ int td_comm_init(td_comm **out, td_store *store, int rank, int world, const char
     ring_clear(&c->ring, "ring");
     ring_clear(&c->leaders, "ring of node leaders");
     *out = c;
-    c->nodes = c->local_size = 1;
-    c->local = td_calloc(1, sizeof(int));
-    c->local[0] = rank;
-    if (world == 1) return 0;
-    free(c->local);
-    c->local = NULL;
+    if (world == 1) { /* a node of one */
+        c->nodes = c->local_size = 1;
+        c->local = td_calloc(1, sizeof(int));
+        c->local[0] = rank;
+        return 0;
+    }
     if (td_comm_find_nodes(c, node, err) != 0) goto fail;
     int *everyone = td_calloc((size_t)world, sizeof(int)), *leaders = NULL;
     for (int p = 0; p < world; p++) everyone[p] = p;
