@@ -3,7 +3,11 @@
 # batch sizes and optimizer, on synthetic data of the same shape (Fashion-MNIST's, CIFAR's), at
 # the same thread count, in one run: LeNet-5, the MLP, and ResNet-18 with the CIFAR stem at 1 and
 # 2 threads; traind on every instruction set of its kernels this CPU runs (TRAIND_ISA), so an
-# AVX-512 machine also shows the AVX2 path an AMD EPYC would take.
+# AVX-512 machine also shows the AVX2 path an AMD EPYC would take. On the AVX2 rows PyTorch is
+# held to AVX2 as well (OpenBLAS's Haswell kernels, oneDNN's ONEDNN_MAX_CPU_ISA=AVX2, ATen's
+# ATEN_CPU_CAPABILITY=avx2), which is what it runs on an AVX2-only CPU: left alone, its oneDNN
+# convolutions take AVX-512 on this machine, and the row would compare an AMD EPYC's traind with
+# an Intel Xeon's PyTorch.
 #
 #   bench/cpu.sh [BUILD_DIR]        (default: build, a portable build: no -march=native)
 #   ISAS="avx2 avx512" bench/cpu.sh (only those paths)
@@ -50,7 +54,12 @@ rates = [json.loads(l)["samples_per_s"] for l in sys.stdin if "\"event\":\"train
 print(sum(rates[1:]) / len(rates[1:]))'
 }
 
-theirs() { # model batch steps threads [coretype]
+theirs() { # model batch steps threads [coretype [avx2]]
+    if [ "${6:-}" = avx2 ]; then
+        export ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+    else
+        unset ONEDNN_MAX_CPU_ISA DNNL_MAX_CPU_ISA ATEN_CPU_CAPABILITY
+    fi
     OPENBLAS_CORETYPE=${5:-} OPENBLAS_NUM_THREADS=$4 OMP_NUM_THREADS=$4 \
         $py "$here/torch_peer.py" --model "$1" --batch "$2" --steps "$3" --warmup "$(($3 / 10 + 1))" \
         --threads "$4" | $py -c 'import json, sys; print(json.load(sys.stdin)["img_per_s"])'
@@ -68,6 +77,9 @@ done
 # the AVX2 rows' OpenBLAS kernels, when they differ from traind's own choice
 avx2_core=""
 case " $isas " in *" avx2 "*) if [ "$core" = SkylakeX ]; then avx2_core=Haswell; fi ;; esac
+# whether the AVX2 rows hold PyTorch to AVX2: only where this CPU has more (AVX-512)
+cap_avx2=""
+case " $isas " in *" avx2 "*" avx512 "*) cap_avx2=yes ;; esac
 
 row() { # label model_json torch_model batch steps threads shape log_every torch_steps
     bs="" cs="" hs=""
@@ -79,15 +91,16 @@ row() { # label model_json torch_model batch steps threads shape log_every torch
         done
         bs="$bs $(theirs "$3" "$4" "$9" "$6")"
         if [ -n "$core" ]; then cs="$cs $(theirs "$3" "$4" "$9" "$6" "$core")"; fi
-        if [ -n "$avx2_core" ]; then hs="$hs $(theirs "$3" "$4" "$9" "$6" "$avx2_core")"; fi
+        if [ -n "$cap_avx2" ]; then hs="$hs $(theirs "$3" "$4" "$9" "$6" "${avx2_core:-$core}" avx2)"; fi
         i=$((i + 1))
     done
     b=$(best $bs)
     for isa in $isas; do
-        # PyTorch+core: PyTorch on the same OpenBLAS kernels as this row's traind
+        # PyTorch+core: PyTorch on the same OpenBLAS kernels as this row's traind (and on the AVX2
+        # row, with oneDNN and ATen held to AVX2 too)
         c=$b
         if [ -n "$core" ]; then c=$(best $cs); fi
-        if [ "$isa" = avx2 ] && [ -n "$avx2_core" ]; then c=$(best $hs); fi
+        if [ "$isa" = avx2 ] && [ -n "$cap_avx2" ]; then c=$(best $hs); fi
         eval "a=\$(best \$as_$isa)"
         $py -c "
 a, b, c = $a, $b, $c
@@ -97,7 +110,7 @@ print(f'| {\"$1\":<32} | {\"$isa\":<8} | {a:>10.1f} | {b:>10.1f} | {a / b:>6.2f}
 
 echo "traind-worker vs PyTorch $($py -c 'import torch; print(torch.__version__)'), img/s (training), best of $rounds"
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); traind's kernels by instruction set:$isas (best: $(cd "$tmp" && "$worker" --isa))"
-echo "OpenBLAS kernels: traind-worker ${core:-as detected} (avx2 rows: ${avx2_core:-the same}, as on an AVX2-only CPU); PyTorch as installed, then (PyTorch+core) with the row's kernels"
+echo "OpenBLAS kernels: traind-worker ${core:-as detected} (avx2 rows: ${avx2_core:-the same}, as on an AVX2-only CPU); PyTorch as installed, then (PyTorch+core) with the row's kernels (avx2 rows: and ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU)"
 echo
 echo "| model                            | isa      |     traind |    PyTorch |  ratio | PyTorch+core |  ratio |"
 echo "|----------------------------------|----------|------------|------------|--------|--------------|--------|"

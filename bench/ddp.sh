@@ -44,7 +44,14 @@ run2() { # isa -> img/s of two ranks
     env ${b:+OPENBLAS_CORETYPE=$b} TRAIND_ISA="$1" "$build/traind-run" --nproc-per-node 2 -- \
         "$worker" "$tmp/lenet.json" 2>/dev/null | rate
 }
-torches=""
+torches="" torches_avx2=""
+# on an AVX-512 CPU the avx2 row's PyTorch is held to AVX2 too (bench/cpu.sh says why)
+cap_avx2="" avx2_blas=$(blas_for avx2)
+case " $isas " in *" avx2 "*" avx512 "*) cap_avx2=yes ;; esac
+torch_ddp() { # [env assignments...] -> img/s of PyTorch DDP, 2 ranks
+    (cd "$here" && env "$@" "$build/traind-run" --nproc-per-node 2 -- $py torch_ddp_peer.py 2>/dev/null |
+        $py -c 'import json, sys; print(json.loads(sys.stdin.readline())["img_per_s"])')
+}
 for isa in $isas; do eval "ones_$isa='' twos_$isa='' pairs_$isa=''"; done
 i=0
 while [ "$i" -lt "${ROUNDS:-5}" ]; do
@@ -57,19 +64,24 @@ while [ "$i" -lt "${ROUNDS:-5}" ]; do
         two=$(run2 "$isa")
         eval "ones_$isa=\"\$ones_$isa $one\" pairs_$isa=\"\$pairs_$isa $pair\" twos_$isa=\"\$twos_$isa $two\""
     done
-    torches="$torches $(cd "$here" && "$build/traind-run" --nproc-per-node 2 -- $py torch_ddp_peer.py 2>/dev/null |
-        $py -c 'import json, sys; print(json.loads(sys.stdin.readline())["img_per_s"])')"
+    torches="$torches $(torch_ddp ${core:+OPENBLAS_CORETYPE=$core})"
+    if [ -n "$cap_avx2" ]; then
+        torches_avx2="$torches_avx2 $(torch_ddp OPENBLAS_CORETYPE="${avx2_blas:-$core}" \
+            ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)"
+    fi
     i=$((i + 1))
 done
 ar=$("$build/traind-run" --nproc-per-node 2 -- "$build/traind-bench-allreduce" 100 5)
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); OpenBLAS kernels: ${core:-as detected} (avx2 rows: Haswell where that is SkylakeX)"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); OpenBLAS kernels: ${core:-as detected} (avx2 rows: Haswell where that is SkylakeX); PyTorch with the same kernels${cap_avx2:+, and on the avx2 row with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU}"
 echo "LeNet-5, batch 64 per rank, 1 BLAS thread per rank (img/s, all ranks together), ${ROUNDS:-5} interleaved rounds"
 echo "| isa      |        | traind 1 rank | 2 x 1 rank at once | traind 2 ranks | scaling (2 ranks / 2x1) | 2 ranks / 2 at once | PyTorch DDP gloo 2 ranks | traind / PyTorch |"
 for isa in $isas; do
     eval "ones=\$ones_$isa pairs=\$pairs_$isa twos=\$twos_$isa"
+    peer=$torches
+    if [ "$isa" = avx2 ] && [ -n "$cap_avx2" ]; then peer=$torches_avx2; fi
     $py -c "
 import statistics
-ones, pairs, twos, torches = ([float(x) for x in s.split()] for s in ('$ones', '$pairs', '$twos', '$torches'))
+ones, pairs, twos, torches = ([float(x) for x in s.split()] for s in ('$ones', '$pairs', '$twos', '$peer'))
 for what, f in (('best', max), ('median', statistics.median)):
     one, pair, two, torch = f(ones), f(pairs), f(twos), f(torches)
     print(f'| {\"$isa\":8} | {what:6} | {one:13.0f} | {pair:18.0f} | {two:14.0f} | {two / (2 * one):23.2f} | {two / pair:19.2f} | {torch:24.0f} | {two / torch:15.2f}x |')
