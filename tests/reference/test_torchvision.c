@@ -18,7 +18,7 @@ Test(torchvision, resnet18_checkpoint_gives_torchvisions_logits) {
     cr_assert_eq(td_job_load_file(&job, path, &err), 0, "%s", err.msg);
     td_model m;
     cr_assert_eq(td_model_build(&m, job.model.nodes, job.model.n_nodes, td_shape_image(3, 32, 32),
-                                2, 1, 0, &err),
+                                2, 1, 1, 0, &err),
                  0, "%s", err.msg);
     snprintf(path, sizeof path, "%s/tests/resnet18-ck/step-00000003/model.safetensors", bin);
     cr_assert_eq(td_checkpoint_load_weights(path, &m, true, NULL, &err), 0, "%s", err.msg);

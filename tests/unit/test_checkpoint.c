@@ -228,7 +228,7 @@ Test(checkpoint, killed_writer_leaves_previous_checkpoint) {
     cr_assert_eq(td_job_load_string(&job, resume_spec(dir, true), &err), 0, "%s", err.msg);
     td_model m;
     cr_assert_eq(td_model_build(&m, job.model.nodes, job.model.n_nodes, td_shape_image(1, 8, 8), 32,
-                                5, 0, &err),
+                                1, 5, 0, &err),
                  0, "%s", err.msg);
     td_optim opt;
     td_optim_init(&opt, &job.train.optim, m.param_floats);
@@ -252,7 +252,7 @@ Test(checkpoint, grad_scaler_round_trip) {
     cr_assert_eq(td_job_load_string(&job, resume_spec(dir, false), &err), 0, "%s", err.msg);
     td_model m;
     cr_assert_eq(td_model_build(&m, job.model.nodes, job.model.n_nodes, td_shape_image(1, 8, 8), 4,
-                                5, 0, &err),
+                                1, 5, 0, &err),
                  0, "%s", err.msg);
     td_optim opt, back;
     td_optim_init(&opt, &job.train.optim, m.param_floats);

@@ -314,7 +314,7 @@ Test(gradcheck, lenet5_whole) {
     int n;
     td_preset_lenet5(10, &nodes, &n);
     td_err err;
-    cr_assert_eq(td_model_build(&m, nodes, n, td_shape_image(1, 28, 28), 4, 1, 0, &err), 0, "%s",
+    cr_assert_eq(td_model_build(&m, nodes, n, td_shape_image(1, 28, 28), 4, 1, 1, 0, &err), 0, "%s",
                  err.msg);
     cr_expect_eq(m.param_count, 44426u, "LeNet-5 has 44,426 parameters, got %zu", m.param_count);
     const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",

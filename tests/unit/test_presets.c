@@ -18,7 +18,7 @@ static void build_preset(td_model *m, const char *model_json, td_shape input) {
     td_job job;
     td_err err = {{0}};
     cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
-    cr_assert_eq(td_model_build(m, job.model.nodes, job.model.n_nodes, input, 1, 7, 0, &err), 0,
+    cr_assert_eq(td_model_build(m, job.model.nodes, job.model.n_nodes, input, 1, 1, 7, 0, &err), 0,
                  "%s", err.msg);
     td_job_free(&job);
 }

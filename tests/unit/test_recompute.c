@@ -42,7 +42,7 @@ static int build(td_model *m, const char *segments, td_err *err) {
     td_job job;
     if (td_job_load_string(&job, spec, err) != 0) return -1;
     int rc = td_model_build(m, job.model.nodes, job.model.n_nodes, td_shape_image(3, 8, 8), BATCH,
-                            11, 0, err);
+                            1, 11, 0, err);
     td_job_free(&job);
     return rc;
 }
@@ -253,6 +253,6 @@ Test(recompute, build_refuses_a_scattered_segment) {
     specs[0].segment = specs[2].segment = 1;
     td_model m;
     td_err err = {{0}};
-    cr_assert_neq(td_model_build(&m, specs, 3, td_shape_flat(4), 2, 1, 0, &err), 0);
+    cr_assert_neq(td_model_build(&m, specs, 3, td_shape_flat(4), 2, 1, 1, 0, &err), 0);
     cr_assert(strstr(err.msg, "a segment must be consecutive nodes") != NULL, "%s", err.msg);
 }

@@ -13,6 +13,11 @@
 
 void test_build_model(td_model *model, const char *nodes_json, td_shape input, int max_n,
                       uint64_t seed) {
+    test_build_model_threads(model, nodes_json, input, max_n, seed, 1);
+}
+
+void test_build_model_threads(td_model *model, const char *nodes_json, td_shape input, int max_n,
+                              uint64_t seed, int threads) {
     char spec[8192];
     snprintf(spec, sizeof spec,
              "{\"model\": {\"nodes\": %s},"
@@ -23,7 +28,7 @@ void test_build_model(td_model *model, const char *nodes_json, td_shape input, i
     td_job job;
     td_err err = {{0}};
     if (td_job_load_string(&job, spec, &err) != 0) cr_assert_fail("spec: %s", err.msg);
-    int rc = td_model_build(model, job.model.nodes, job.model.n_nodes, input, max_n, seed,
+    int rc = td_model_build(model, job.model.nodes, job.model.n_nodes, input, max_n, threads, seed,
                             TD_MODEL_INPUT_GRAD, &err);
     td_job_free(&job);
     if (rc != 0) cr_assert_fail("build: %s", err.msg);

@@ -12,6 +12,9 @@
  * gradients enabled. Fails the test with the engine's message on error. */
 void test_build_model(td_model *model, const char *nodes_json, td_shape input, int max_n,
                       uint64_t seed);
+/* Same, for a model that runs on `threads` threads. */
+void test_build_model_threads(td_model *model, const char *nodes_json, td_shape input, int max_n,
+                              uint64_t seed, int threads);
 
 /* Writes bytes to a fresh file under the test's temporary directory and returns its path
  * (static storage: copy it before the next call). */

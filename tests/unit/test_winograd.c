@@ -132,7 +132,7 @@ Test(winograd, refused_where_it_does_not_fit) {
     cr_assert(td_job_load_string(&job, spec, &err) == 0, "spec: %s", err.msg);
     td_model m;
     int rc = td_model_build(&m, job.model.nodes, job.model.n_nodes, td_shape_image(16, 8, 8), 2, 1,
-                            0, &err);
+                            1, 0, &err);
     td_job_free(&job);
     if (rc == 0) td_model_free(&m);
     cr_expect(rc != 0, "a stride-2 convolution was accepted for Winograd");

@@ -1,6 +1,7 @@
 #include "core/td_model.h"
 
 #include "core/td_isa.h"
+#include "core/td_parallel.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +115,7 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
         node->op = s->op;
         node->impl = s->op->variants ? s->op->variants[td_isa_active()] : s->op;
         node->max_n = model->max_n;
+        node->threads = model->threads;
         node->segment = -1;
         memcpy(node->args, s->args, sizeof node->args);
         if (s->n_inputs == 0) {
@@ -346,8 +348,11 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
 }
 
 int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_shape input_shape,
-                   int max_n, uint64_t seed, unsigned flags, td_err *err) {
+                   int max_n, int threads, uint64_t seed, unsigned flags, td_err *err) {
     memset(model, 0, sizeof *model);
+    TD_ASSERT(threads >= 1, "a model runs on at least one thread");
+    model->threads = threads;
+    if (threads > 1) td_par_blas_single(); /* the team calls OpenBLAS from each of its threads */
     if (n_specs <= 0) return td_fail(err, "model.nodes: expected at least one node");
     model->n_nodes = n_specs;
     model->nodes = td_calloc((size_t)n_specs, sizeof(td_node));

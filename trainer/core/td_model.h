@@ -98,7 +98,10 @@ struct td_node {
     int buffer_ids[TD_MAX_NODE_PARAMS];
     td_param *buffers[TD_MAX_NODE_PARAMS];
 
-    int max_n;          /* the largest batch the buffers hold */
+    int max_n; /* the largest batch the buffers hold */
+    /* The threads forward and backward split the work over (core/td_parallel.h), which scratch
+     * is sized for: ops that give each thread its own part of it size it as threads parts. */
+    int threads;
     size_t saved_bytes; /* what forward keeps for backward (pool argmax, dropout mask) */
     /* Set by build when forward computes saved state that a recomputing forward reads instead of
      * rewriting (BatchNorm's batch statistics): it then outlives activation checkpointing. */
@@ -152,6 +155,7 @@ struct td_model {
     td_node *nodes;
     td_shape input_shape;
     int max_n;
+    int threads; /* every node's (td_node.threads) */
 
     int n_params;
     td_param *params;    /* in registration order: forward order, PyTorch's state_dict order */
@@ -185,10 +189,11 @@ struct td_model {
  * out its own (td_model_layout). */
 #define TD_MODEL_NO_ARENA 2u
 
-/* Builds and allocates the model for batches of up to max_n samples of input_shape. Parameters
- * are initialised as PyTorch initialises them by default, from the given seed. */
+/* Builds and allocates the model for batches of up to max_n samples of input_shape, run on
+ * `threads` threads (train.threads; 1 runs everything on the caller's). Parameters are
+ * initialised as PyTorch initialises them by default, from the given seed. */
 int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_shape input_shape,
-                   int max_n, uint64_t seed, unsigned flags, td_err *err);
+                   int max_n, int threads, uint64_t seed, unsigned flags, td_err *err);
 void td_model_free(td_model *model);
 
 /* Called by an op's build: registers parameter `suffix` of the node ("weight") with PyTorch's

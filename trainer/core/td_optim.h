@@ -40,6 +40,7 @@ typedef struct td_optim {
     float *m, *v; /* SGD momentum buffer in m; Adam exp_avg in m, exp_avg_sq in v */
     long steps;   /* optimizer steps taken */
     td_grad_scaler scaler;
+    int threads; /* the update is split over (core/td_parallel.h); td_optim_init sets 1 */
 } td_optim;
 
 void td_optim_init(td_optim *opt, const td_optim_config *cfg, size_t n_params);

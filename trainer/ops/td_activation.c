@@ -1,5 +1,7 @@
-/* Elementwise activations: ReLU and GELU (torch.nn.GELU, exact erf form or approximate="tanh"). */
+/* Elementwise activations: ReLU and GELU (torch.nn.GELU, exact erf form or approximate="tanh"),
+ * split over the node's threads in equal runs. */
 #include "core/td_model.h"
+#include "core/td_parallel.h"
 #include "ops/td_ops_isa.h"
 
 #include <math.h>
@@ -9,6 +11,11 @@ static const td_op_arg gelu_args[] = {
     {"approximate", TD_ARG_CHOICE, false, 0, 0, 0, "none|tanh"},
     {0},
 };
+
+/* The threads for an elementwise pass over n floats: one when it is too small to share. */
+static int threads_for(const td_node *node, size_t n) {
+    return n < TD_PAR_MIN_WORK ? 1 : node->threads;
+}
 
 static int same_shape_build(td_model *model, td_node *node, td_err *err) {
     (void)model;
@@ -21,7 +28,9 @@ static void relu_forward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
     const float *x = node->in[0];
     float *y = node->out;
+    int threads = threads_for(node, n);
     /* as torch.relu, a NaN passes through rather than becoming 0, so it still reaches the loss */
+#pragma omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)
     for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
 }
 
@@ -30,11 +39,15 @@ static void relu_backward(td_node *node, const td_run *run) {
     if (!dx) return;
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
     const float *y = node->out, *dy = node->grad;
+    int threads = threads_for(node, n);
     /* the mask comes from the output, as PyTorch's threshold_backward does */
-    if (node->in_grad_add[0])
+    if (node->in_grad_add[0]) {
+#pragma omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)
         for (size_t i = 0; i < n; i++) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
-    else
+    } else {
+#pragma omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)
         for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    }
 }
 
 #define SQRT_2_OVER_PI 0.7978845608028654f
@@ -46,12 +59,15 @@ static void gelu_forward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
     const float *x = node->in[0];
     float *y = node->out;
+    int threads = threads_for(node, n);
     if (node->args[0] == 1) {
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
         for (size_t i = 0; i < n; i++) {
             float v = x[i];
             y[i] = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v)));
         }
     } else {
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
         for (size_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT_2));
     }
 }
@@ -62,6 +78,8 @@ static void gelu_backward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
     const float *x = node->in[0], *dy = node->grad;
     bool add = node->in_grad_add[0], approx = node->args[0] == 1;
+    int threads = threads_for(node, n);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float v = x[i], d;
         if (approx) {

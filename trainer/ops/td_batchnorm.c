@@ -10,9 +10,11 @@
  * in both modes. Sums are accumulated in double: a ResNet batch is millions of rows.
  */
 #include "core/td_model.h"
+#include "core/td_parallel.h"
 #include "ops/td_ops_isa.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 enum { ARG_EPS, ARG_MOMENTUM, ARG_AFFINE, ARG_TRACK, ARG_ZERO_INIT };
@@ -26,6 +28,46 @@ static const td_op_arg bn_args[] = {
     {"zero_init", TD_ARG_BOOL, false, 0, 0, 1, NULL},
     {0},
 };
+
+/* The scratch every thread shares (see bn_build_common), rounded to a whole double. */
+static size_t shared_floats(int c) {
+    return (9 * (size_t)c + 2) & ~(size_t)1;
+}
+
+/* Threads for a pass over rows x c floats: one below TD_PAR_MIN_WORK. */
+static int threads_for(const td_node *node, size_t rows, int c) {
+    return rows * (size_t)c < TD_PAR_MIN_WORK ? 1 : node->threads;
+}
+
+/* sum[k] = the sum over rows of x[r, k], or of (x[r, k] - center[k])^2 when center is not NULL,
+ * in double. Each thread sums its run of rows into its own partial (scratch after the shared
+ * part), and the partials are added in thread order. */
+static void column_sums(const td_node *node, const td_run *run, const float *x, size_t rows, int c,
+                        const float *center, double *sum) {
+    double *partial = (double *)(run->scratch + shared_floats(c));
+    int threads = threads_for(node, rows, c), team = 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int me = omp_get_thread_num();
+        if (me == 0) team = omp_get_num_threads();
+        double *p = partial + (size_t)me * c;
+        memset(p, 0, (size_t)c * sizeof *p);
+        size_t lo, hi;
+        td_par_range(rows, omp_get_num_threads(), me, 1, &lo, &hi);
+        if (center)
+            for (size_t r = lo; r < hi; r++)
+                for (int k = 0; k < c; k++) {
+                    double d = (double)x[r * c + k] - center[k];
+                    p[k] += d * d;
+                }
+        else
+            for (size_t r = lo; r < hi; r++)
+                for (int k = 0; k < c; k++) p[k] += x[r * c + k];
+    }
+    memcpy(sum, partial, (size_t)c * sizeof *sum);
+    for (int t = 1; t < team; t++)
+        for (int k = 0; k < c; k++) sum[k] += partial[(size_t)t * c + k];
+}
 
 static int bn_build_common(td_model *model, td_node *node, td_err *err, bool spatial) {
     td_shape in = node->in_shape[0];
@@ -50,8 +92,9 @@ static int bn_build_common(td_model *model, td_node *node, td_err *err, bool spa
     node->out_shape = in;
     node->saved_bytes = 2 * (size_t)c * sizeof(float); /* mean and 1/std used by forward */
     node->keep_saved = true; /* a recomputing forward reuses them (see bn_forward) */
-    /* two double sums, three floats per channel, and 2c + 1 floats for SyncBatchNorm */
-    node->scratch_floats = 9 * (size_t)c + 1;
+    /* two double sums, three floats per channel, 2c + 1 floats for SyncBatchNorm, then each
+     * thread's two partial double sums */
+    node->scratch_floats = shared_floats(c) + 4 * (size_t)c * model->threads;
     return 0;
 }
 
@@ -79,9 +122,7 @@ static void bn_forward(td_node *node, const td_run *run) {
     bool batch = uses_batch_stats(node, run);
     if (batch && !run->recompute) {
         double *s = (double *)run->scratch, *s2 = s + c;
-        memset(s, 0, 2 * (size_t)c * sizeof(double));
-        for (size_t r = 0; r < rows; r++)
-            for (int k = 0; k < c; k++) s[k] += x[r * c + k];
+        column_sums(node, run, x, rows, c, NULL, s);
         double count = (double)rows;
         td_sync *sync = run->training ? run->sync : NULL;
         float *wire = (float *)(s2 + c); /* c + 1 floats for the reductions */
@@ -93,11 +134,7 @@ static void bn_forward(td_node *node, const td_run *run) {
             count = wire[c];
         }
         for (int k = 0; k < c; k++) mean[k] = (float)(s[k] / count);
-        for (size_t r = 0; r < rows; r++)
-            for (int k = 0; k < c; k++) {
-                double d = (double)x[r * c + k] - mean[k];
-                s2[k] += d * d;
-            }
+        column_sums(node, run, x, rows, c, mean, s2);
         if (sync) {
             for (int k = 0; k < c; k++) wire[k] = (float)s2[k];
             if (sync->sum(sync->ctx, wire, (size_t)c) != 0) sync->failed = true;
@@ -131,6 +168,8 @@ static void bn_forward(td_node *node, const td_run *run) {
         shift[k] = b - mean[k] * scale[k];
     }
     float *y = node->out;
+    int threads = threads_for(node, rows, c);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (size_t r = 0; r < rows; r++)
         for (int k = 0; k < c; k++) y[r * c + k] = x[r * c + k] * scale[k] + shift[k];
 }
@@ -141,13 +180,27 @@ static void bn_backward(td_node *node, const td_run *run) {
     const float *x = node->in[0], *dy = node->grad;
     const float *mean = node->saved, *invstd = mean + c;
     double *sdy = (double *)run->scratch, *sdyx = sdy + c;
-    memset(sdy, 0, 2 * (size_t)c * sizeof(double));
-    for (size_t r = 0; r < rows; r++)
-        for (int k = 0; k < c; k++) {
-            double g = dy[r * c + k];
-            sdy[k] += g;
-            sdyx[k] += g * (double)((x[r * c + k] - mean[k]) * invstd[k]);
-        }
+    /* as column_sums, two sums at once */
+    double *partial = (double *)(run->scratch + shared_floats(c));
+    int threads = threads_for(node, rows, c), team = 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int me = omp_get_thread_num();
+        if (me == 0) team = omp_get_num_threads();
+        double *p = partial + (size_t)me * 2 * c, *px = p + c;
+        memset(p, 0, 2 * (size_t)c * sizeof *p);
+        size_t lo, hi;
+        td_par_range(rows, omp_get_num_threads(), me, 1, &lo, &hi);
+        for (size_t r = lo; r < hi; r++)
+            for (int k = 0; k < c; k++) {
+                double g = dy[r * c + k];
+                p[k] += g;
+                px[k] += g * (double)((x[r * c + k] - mean[k]) * invstd[k]);
+            }
+    }
+    memcpy(sdy, partial, 2 * (size_t)c * sizeof *sdy);
+    for (int t = 1; t < team; t++)
+        for (int k = 0; k < 2 * c; k++) sdy[k] += partial[(size_t)t * 2 * c + k];
     if (node->n_params) {
         float *dw = node->params[0]->grad, *db = node->params[1]->grad;
         bool acc = run->accumulate_grads;
@@ -187,6 +240,7 @@ static void bn_backward(td_node *node, const td_run *run) {
             k3[k] = -s * mdy + s * invstd[k] * mean[k] * mdyx;
         }
     }
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (size_t r = 0; r < rows; r++)
         for (int k = 0; k < c; k++) {
             size_t i = r * c + k;

@@ -16,9 +16,11 @@
 #include "core/td_simd.h"
 #include "ops/td_skinny.h"
 #include "ops/td_winograd.h"
+#include "core/td_parallel.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -90,9 +92,21 @@ static conv_geom geom_of(const td_node *node, int max_n) {
     return g;
 }
 
-/* Scratch layout: Col, dCol (chunk-sized) and dWp [O, cols]. */
+/* Scratch layout, one part per thread: Col, dCol (chunk-sized), dWp [O, cols] (each thread's
+ * share of the weight gradient) and the skinny kernel's transposed weight. */
 static size_t col_floats(const conv_geom *g) {
     return (size_t)g->chunk * g->oh * g->ow * g->cols;
+}
+
+static size_t thread_floats(const conv_geom *g) {
+    return 2 * col_floats(g) + (size_t)g->o * g->cols + 16 * (size_t)g->cols;
+}
+
+/* Images per chunk for a batch of n on `threads` threads: never so many that a thread is left
+ * without a chunk (ResNet's layer4 fits its whole batch in one). */
+static int chunk_for(const conv_geom *g, int n, int threads) {
+    int per_thread = (n + threads - 1) / threads;
+    return g->chunk < per_thread ? g->chunk : per_thread;
 }
 
 static int conv_build(td_model *model, td_node *node, td_err *err) {
@@ -123,14 +137,13 @@ static int conv_build(td_model *model, td_node *node, td_err *err) {
     node->out_shape = td_shape_image(g.o, g.oh, g.ow);
     if (g.wino) {
         td_wino wg = td_wino_geom(model->max_n, g.h, g.w, g.c, g.o, g.p);
-        node->scratch_floats = td_wino_scratch_floats(&wg);
+        node->scratch_floats = td_wino_scratch_floats(&wg, model->threads);
     } else if (!g.direct) {
         /* Wp, then the kept Col */
         node->saved_bytes = (size_t)g.o * g.cols * sizeof(float);
         if (g.keep_col)
             node->saved_bytes += (size_t)model->max_n * g.oh * g.ow * g.cols * sizeof(float);
-        /* Col, dCol, dWp, and the skinny kernel's transposed weight */
-        node->scratch_floats = 2 * col_floats(&g) + (size_t)g.o * g.cols + 16 * (size_t)g.cols;
+        node->scratch_floats = (size_t)model->threads * thread_floats(&g);
     }
     return 0;
 }
@@ -289,30 +302,34 @@ static void conv_forward(td_node *node, const td_run *run) {
     size_t out_pix = (size_t)g.oh * g.ow, in_size = (size_t)g.h * g.w * g.c;
     if (g.wino) {
         td_wino wg = td_wino_geom(run->n, g.h, g.w, g.c, g.o, g.p);
-        td_wino_forward(&wg, node->in[0], w, b, node->out, false, run->scratch);
+        td_wino_forward(&wg, node->in[0], w, b, node->out, false, run->scratch, node->threads);
         return;
     }
     if (g.direct) {
         size_t rows = (size_t)run->n * out_pix;
         if (b) td_fill_rows(node->out, b, rows, (size_t)g.o);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, g.o, g.c, 1.0f, node->in[0],
-                    g.c, w, g.c, b ? 1.0f : 0.0f, node->out, g.o);
+        td_par_sgemm(node->threads, CblasNoTrans, CblasTrans, (int)rows, g.o, g.c, 1.0f,
+                     node->in[0], g.c, w, g.c, b ? 1.0f : 0.0f, node->out, g.o);
         return;
     }
     float *wp = node->saved;
     pack_weight(&g, w, b, wp);
-    if (g.conv1ch) {
-        td_conv1ch_forward(run->n, g.h, g.w, g.k, g.o, node->in[0], wp, node->out, run->scratch);
-        return;
-    }
     bool keep = g.keep_col && run->training;
     float *kept = wp + (size_t)g.o * g.cols;
-    for (int b0 = 0; b0 < run->n; b0 += g.chunk) {
-        int nb = run->n - b0 < g.chunk ? run->n - b0 : g.chunk;
-        float *col = keep ? kept + b0 * out_pix * g.cols : run->scratch;
-        im2col(&g, node->in[0] + b0 * in_size, nb, col);
+    int chunk = chunk_for(&g, run->n, node->threads);
+    int chunks = (run->n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(node->threads) if (node->threads > 1) schedule(static)
+    for (int k = 0; k < chunks; k++) {
+        int b0 = k * chunk, nb = run->n - b0 < chunk ? run->n - b0 : chunk;
+        float *mine = run->scratch + (size_t)omp_get_thread_num() * thread_floats(&g);
         float *y = node->out + b0 * out_pix * g.o;
-        float *wt = run->scratch + 2 * col_floats(&g) + (size_t)g.o * g.cols;
+        if (g.conv1ch) {
+            td_conv1ch_forward(nb, g.h, g.w, g.k, g.o, node->in[0] + b0 * in_size, wp, y, mine);
+            continue;
+        }
+        float *col = keep ? kept + b0 * out_pix * g.cols : mine;
+        im2col(&g, node->in[0] + b0 * in_size, nb, col);
+        float *wt = mine + 2 * col_floats(&g) + (size_t)g.o * g.cols;
         if (!td_skinny_nt((int)(nb * out_pix), g.o, g.cols, col, wp, y, wt))
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(nb * out_pix), g.o, g.cols,
                         1.0f, col, g.cols, wp, g.cols, 0.0f, y, g.o);
@@ -330,20 +347,20 @@ static void conv_backward_direct(const conv_geom *g, td_node *node, const td_run
     int rows = run->n * g->oh * g->ow;
     const float *dy = node->grad;
     bool acc = run->accumulate_grads;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->o, g->c, rows, 1.0f, dy, g->o,
-                node->in[0], g->c, acc ? 1.0f : 0.0f, node->params[0]->grad, g->c);
+    td_par_sgemm(node->threads, CblasTrans, CblasNoTrans, g->o, g->c, rows, 1.0f, dy, g->o,
+                 node->in[0], g->c, acc ? 1.0f : 0.0f, node->params[0]->grad, g->c);
     if (g->bias) bias_grad(dy, (size_t)rows, g->o, node->params[1]->grad, acc);
     if (node->in_grad[0])
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g->c, g->o, 1.0f, dy, g->o,
-                    node->params[0]->data, g->c, node->in_grad_add[0] ? 1.0f : 0.0f,
-                    node->in_grad[0], g->c);
+        td_par_sgemm(node->threads, CblasNoTrans, CblasNoTrans, rows, g->c, g->o, 1.0f, dy, g->o,
+                     node->params[0]->data, g->c, node->in_grad_add[0] ? 1.0f : 0.0f,
+                     node->in_grad[0], g->c);
 }
 
 static void conv_backward_wino(const conv_geom *g, td_node *node, const td_run *run) {
     td_wino wg = td_wino_geom(run->n, g->h, g->w, g->c, g->o, g->p);
     bool acc = run->accumulate_grads;
     td_wino_backward(&wg, node->in[0], node->params[0]->data, node->grad, node->params[0]->grad,
-                     acc, node->in_grad[0], node->in_grad_add[0], run->scratch);
+                     acc, node->in_grad[0], node->in_grad_add[0], run->scratch, node->threads);
     if (g->bias)
         bias_grad(node->grad, (size_t)run->n * g->oh * g->ow, g->o, node->params[1]->grad, acc);
 }
@@ -361,28 +378,51 @@ static void conv_backward(td_node *node, const td_run *run) {
     size_t out_pix = (size_t)g.oh * g.ow, in_size = (size_t)g.h * g.w * g.c;
     const float *dy = node->grad, *wp = node->saved;
     float *dx = node->in_grad[0];
-    float *col = run->scratch, *dcol = col + col_floats(&g), *dwp = dcol + col_floats(&g);
-    if (g.conv1ch) td_conv1ch_wgrad(run->n, g.h, g.w, g.k, g.o, node->in[0], dy, dwp, false);
-    for (int b0 = 0; b0 < run->n; b0 += g.chunk) {
-        int nb = run->n - b0 < g.chunk ? run->n - b0 : g.chunk;
-        int rows = (int)(nb * out_pix);
-        const float *dyc = dy + b0 * out_pix * g.o;
-        if (!g.conv1ch) { /* (conv1ch computed the weight gradient above) */
-            if (g.keep_col)
-                col = (float *)wp + (size_t)g.o * g.cols + b0 * out_pix * g.cols;
-            else
-                im2col(&g, node->in[0] + b0 * in_size, nb, col);
-            /* dWp [O, cols] (+)= dY^T [O, rows] x Col [rows, cols]; the last column is db */
-            if (!td_skinny_tn(rows, g.o, g.cols, dyc, col, dwp, b0 != 0))
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.cols, rows, 1.0f, dyc,
-                            g.o, col, g.cols, b0 == 0 ? 0.0f : 1.0f, dwp, g.cols);
+    int chunk = chunk_for(&g, run->n, node->threads);
+    int chunks = (run->n + chunk - 1) / chunk;
+    int threads = node->threads < chunks ? node->threads : chunks;
+    /* each thread sums its run of chunks' weight gradient into its own dWp, added up below in
+     * thread order (at most one thread per chunk, so none is left without) */
+    int team = 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int me = omp_get_thread_num();
+        if (me == 0) team = omp_get_num_threads();
+        float *col = run->scratch + (size_t)me * thread_floats(&g), *dcol = col + col_floats(&g);
+        float *dwp = dcol + col_floats(&g);
+        size_t lo, hi;
+        td_par_range((size_t)chunks, omp_get_num_threads(), me, 1, &lo, &hi);
+        for (int k = (int)lo; k < (int)hi; k++) {
+            int b0 = k * chunk, nb = run->n - b0 < chunk ? run->n - b0 : chunk;
+            int rows = (int)(nb * out_pix);
+            bool add = k > (int)lo;
+            const float *dyc = dy + b0 * out_pix * g.o, *xc = node->in[0] + b0 * in_size;
+            if (g.conv1ch) {
+                td_conv1ch_wgrad(nb, g.h, g.w, g.k, g.o, xc, dyc, dwp, add);
+            } else {
+                const float *c = col;
+                if (g.keep_col)
+                    c = (const float *)wp + (size_t)g.o * g.cols + b0 * out_pix * g.cols;
+                else
+                    im2col(&g, xc, nb, col);
+                /* dWp [O, cols] (+)= dY^T [O, rows] x Col [rows, cols]; the last column is db */
+                if (!td_skinny_tn(rows, g.o, g.cols, dyc, c, dwp, add))
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.cols, rows, 1.0f,
+                                dyc, g.o, c, g.cols, add ? 1.0f : 0.0f, dwp, g.cols);
+            }
+            if (dx) {
+                /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc,
+                            g.o, wp, g.cols, 0.0f, dcol, g.kkc);
+                col2im(&g, dcol, nb, dx + b0 * in_size, node->in_grad_add[0]);
+            }
         }
-        if (dx) {
-            /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc, g.o,
-                        wp, g.cols, 0.0f, dcol, g.kkc);
-            col2im(&g, dcol, nb, dx + b0 * in_size, node->in_grad_add[0]);
-        }
+    }
+    float *dwp = run->scratch + 2 * col_floats(&g);
+    size_t dwp_floats = (size_t)g.o * g.cols;
+    for (int t = 1; t < team; t++) {
+        const float *other = dwp + (size_t)t * thread_floats(&g);
+        for (size_t i = 0; i < dwp_floats; i++) dwp[i] += other[i];
     }
     unpack_grad(&g, dwp, node->params[0]->grad, g.bias ? node->params[1]->grad : NULL,
                 run->accumulate_grads);

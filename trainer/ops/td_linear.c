@@ -1,5 +1,6 @@
 /* Linear: y = x W^T + b, W [out, in] as in torch.nn.Linear. */
 #include "core/td_model.h"
+#include "core/td_parallel.h"
 #include "ops/td_ops_isa.h"
 
 #include <cblas.h>
@@ -44,8 +45,8 @@ static void linear_forward(td_node *node, const td_run *run) {
         td_fill_rows(node->out, b, (size_t)n, (size_t)out);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, node->in[0], in, w, in,
-                beta, node->out, out);
+    td_par_sgemm(node->threads, CblasNoTrans, CblasTrans, n, out, in, 1.0f, node->in[0], in, w, in,
+                 beta, node->out, out);
 }
 
 static void linear_backward(td_node *node, const td_run *run) {
@@ -53,8 +54,8 @@ static void linear_backward(td_node *node, const td_run *run) {
     const float *dy = node->grad;
     float pbeta = run->accumulate_grads ? 1.0f : 0.0f;
     /* dW [out, in] = dy^T [out, n] x [n, in] */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, node->in[0], in,
-                pbeta, node->params[0]->grad, in);
+    td_par_sgemm(node->threads, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, node->in[0],
+                 in, pbeta, node->params[0]->grad, in);
     if (node->n_params > 1) {
         float *db = node->params[1]->grad;
         if (!run->accumulate_grads) memset(db, 0, (size_t)out * 4);
@@ -62,9 +63,9 @@ static void linear_backward(td_node *node, const td_run *run) {
             for (int o = 0; o < out; o++) db[o] += dy[(size_t)i * out + o];
     }
     if (node->in_grad[0])
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out,
-                    node->params[0]->data, in, node->in_grad_add[0] ? 1.0f : 0.0f, node->in_grad[0],
-                    in);
+        td_par_sgemm(node->threads, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out,
+                     node->params[0]->data, in, node->in_grad_add[0] ? 1.0f : 0.0f,
+                     node->in_grad[0], in);
 }
 
 const td_op TD_ISA_SYM(td_op_linear) = {"linear",

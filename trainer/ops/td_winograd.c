@@ -6,8 +6,10 @@
  * inputs V and products M stay in L2 between the transform, the GEMMs and the inverse transform.
  */
 #include "ops/td_winograd.h"
+#include "core/td_parallel.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <string.h>
 
 typedef float vec16 __attribute__((vector_size(64)));
@@ -54,8 +56,8 @@ td_wino td_wino_geom(int n, int h, int w, int c, int o, int p) {
     return g;
 }
 
-static size_t scratch_of(const td_wino *g) {
-    return (size_t)POSITIONS * g->c * g->o + (size_t)POSITIONS * g->chunk * (g->c + g->o);
+static size_t scratch_of(const td_wino *g, int threads) {
+    return (size_t)POSITIONS * g->c * g->o + (size_t)threads * POSITIONS * g->chunk * (g->c + g->o);
 }
 
 /* The input gradient's convolution: dY [n, oh, ow, o] to dX [n, h, w, c]. */
@@ -63,9 +65,9 @@ static td_wino dgrad_geom(const td_wino *g) {
     return td_wino_geom(g->n, g->oh, g->ow, g->o, g->c, 2 - g->p);
 }
 
-size_t td_wino_scratch_floats(const td_wino *g) {
+size_t td_wino_scratch_floats(const td_wino *g, int threads) {
     td_wino d = dgrad_geom(g);
-    size_t a = scratch_of(g), b = scratch_of(&d);
+    size_t a = scratch_of(g, threads), b = scratch_of(&d, threads);
     return a > b ? a : b;
 }
 
@@ -136,11 +138,13 @@ static tile_pos tile_at(const td_wino *g, long t) {
     return (tile_pos){(int)(t / per_image), r / g->tw * TILE, r % g->tw * TILE};
 }
 
-/* V[ξ][t][c] = (B^T d B)[ξ] for the chunk's tiles t, d the 6x6 input window (zero outside). */
-static void transform_input(const td_wino *g, const float *x, long t0, int nt, float *v) {
+/* V[ξ][t][c] = (B^T d B)[ξ] for tiles t in [lo, hi) of the chunk of nt tiles from t0, d the 6x6
+ * input window (zero outside). */
+static void transform_input(const td_wino *g, const float *x, long t0, int nt, int lo, int hi,
+                            float *v) {
     const int C = g->c, H = g->h, W = g->w;
     const size_t plane = (size_t)nt * C;
-    for (int t = 0; t < nt; t++) {
+    for (int t = lo; t < hi; t++) {
         tile_pos tp = tile_at(g, t0 + t);
         int y0 = tp.y0 - g->p, x0 = tp.x0 - g->p;
         const float *img = x + (size_t)tp.img * H * W * C;
@@ -209,11 +213,13 @@ static void transform_output(const td_wino *g, const float *m, long t0, int nt, 
     }
 }
 
-/* dM[ξ][t][k] = (A dY A^T)[ξ] for the chunk's tiles, dY zero beyond the output's edge. */
-static void transform_grad(const td_wino *g, const float *dy, long t0, int nt, float *dm) {
+/* dM[ξ][t][k] = (A dY A^T)[ξ] for tiles t in [lo, hi) of the chunk, dY zero beyond the output's
+ * edge. */
+static void transform_grad(const td_wino *g, const float *dy, long t0, int nt, int lo, int hi,
+                           float *dm) {
     const int O = g->o, OH = g->oh, OW = g->ow;
     const size_t plane = (size_t)nt * O;
-    for (int t = 0; t < nt; t++) {
+    for (int t = lo; t < hi; t++) {
         tile_pos tp = tile_at(g, t0 + t);
         int rows = OH - tp.y0 < TILE ? OH - tp.y0 : TILE;
         int cols = OW - tp.x0 < TILE ? OW - tp.x0 : TILE;
@@ -250,8 +256,9 @@ static void kernel_to_tile(const vec16 *k, vec16 *u) {
  *   forward:        U [36][C][O]:  rows c, cols o (row_step 1, col_step C)
  *   input gradient: U'[36][O][C]:  rows o, cols c (row_step C, col_step 1), rotated */
 static void transform_kernels(int rows, int cols, size_t row_step, size_t col_step, bool flip,
-                              const float *w, float *u) {
+                              const float *w, float *u, int threads) {
     const size_t plane = (size_t)rows * cols;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int row = 0; row < rows; row++)
         for (int c0 = 0; c0 < cols; c0 += LANES) {
             int nc = cols - c0 < LANES ? cols - c0 : LANES;
@@ -267,8 +274,9 @@ static void transform_kernels(int rows, int cols, size_t row_step, size_t col_st
 }
 
 /* dw [O, C, 3, 3] (+)= G^T dU G, dU [36][C][O], 16 output channels at a time. */
-static void weight_grad(int O, int C, const float *du, float *dw, bool add) {
+static void weight_grad(int O, int C, const float *du, float *dw, bool add, int threads) {
     const size_t plane = (size_t)C * O;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int c = 0; c < C; c++)
         for (int o0 = 0; o0 < O; o0 += LANES) {
             int no = O - o0 < LANES ? O - o0 : LANES;
@@ -286,48 +294,71 @@ static void weight_grad(int O, int C, const float *du, float *dw, bool add) {
 
 /* ---- the convolutions --------------------------------------------------------------------- */
 
-/* y (+)= conv(x) with the transformed kernel u [36][c][o] already in place. */
+/* One chunk's V and M (or V and dM): each thread of a forward has its own. */
+static size_t chunk_floats(const td_wino *g) {
+    return (size_t)POSITIONS * g->chunk * (g->c + g->o);
+}
+
+/* y (+)= conv(x) with the transformed kernel u [36][c][o] already in place. Every thread takes
+ * whole chunks with a V and M of its own (v + k·chunk_floats for thread k): each tile's output
+ * depends on that tile alone, so the chunks need no order. */
 static void forward_with(const td_wino *g, const float *x, const float *u, const float *bias,
-                         float *y, bool add, float *v) {
+                         float *y, bool add, float *v, int threads) {
     long tiles = (long)g->n * g->th * g->tw;
-    for (long t0 = 0; t0 < tiles; t0 += g->chunk) {
-        int nt = (int)(tiles - t0 < g->chunk ? tiles - t0 : g->chunk);
-        float *m = v + (size_t)POSITIONS * nt * g->c;
-        transform_input(g, x, t0, nt, v);
+    /* chunks small enough that every thread gets one (ResNet's layer4 has 64 tiles in all) */
+    long chunk = g->chunk;
+    if (threads > 1 && chunk * threads > tiles) chunk = (tiles + threads - 1) / threads;
+    long chunks = (tiles + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (long k = 0; k < chunks; k++) {
+        long t0 = k * chunk;
+        int nt = (int)(tiles - t0 < chunk ? tiles - t0 : chunk);
+        float *vt = v + (size_t)omp_get_thread_num() * chunk_floats(g);
+        float *m = vt + (size_t)POSITIONS * nt * g->c;
+        transform_input(g, x, t0, nt, 0, nt, vt);
         for (int q = 0; q < POSITIONS; q++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, g->o, g->c, 1.0f,
-                        v + (size_t)q * nt * g->c, g->c, u + (size_t)q * g->c * g->o, g->o, 0.0f,
+                        vt + (size_t)q * nt * g->c, g->c, u + (size_t)q * g->c * g->o, g->o, 0.0f,
                         m + (size_t)q * nt * g->o, g->o);
         transform_output(g, m, t0, nt, bias, y, add);
     }
 }
 
 void td_wino_forward(const td_wino *g, const float *x, const float *w, const float *bias, float *y,
-                     bool add, float *scratch) {
+                     bool add, float *scratch, int threads) {
     float *u = scratch, *v = u + (size_t)POSITIONS * g->c * g->o;
-    transform_kernels(g->c, g->o, 1, (size_t)g->c, false, w, u);
-    forward_with(g, x, u, bias, y, add, v);
+    transform_kernels(g->c, g->o, 1, (size_t)g->c, false, w, u, threads);
+    forward_with(g, x, u, bias, y, add, v, threads);
 }
 
 void td_wino_backward(const td_wino *g, const float *x, const float *w, const float *dy, float *dw,
-                      bool add_w, float *dx, bool add_x, float *scratch) {
+                      bool add_w, float *dx, bool add_x, float *scratch, int threads) {
     float *du = scratch, *v = du + (size_t)POSITIONS * g->c * g->o;
     long tiles = (long)g->n * g->th * g->tw;
+    /* dU sums over every chunk: the team shares one chunk at a time, its tiles transformed by
+     * all threads, then its 36 GEMMs dealt out by position. Chunks and the order they add up in
+     * are a single thread's, so the weight gradient is too. */
+#pragma omp parallel num_threads(threads) if (threads > 1)
     for (long t0 = 0; t0 < tiles; t0 += g->chunk) {
         int nt = (int)(tiles - t0 < g->chunk ? tiles - t0 : g->chunk);
         float *dm = v + (size_t)POSITIONS * nt * g->c;
-        transform_input(g, x, t0, nt, v);
-        transform_grad(g, dy, t0, nt, dm);
+        size_t lo, hi;
+        td_par_range((size_t)nt, omp_get_num_threads(), omp_get_thread_num(), 1, &lo, &hi);
+        transform_input(g, x, t0, nt, (int)lo, (int)hi, v);
+        transform_grad(g, dy, t0, nt, (int)lo, (int)hi, dm);
+#pragma omp barrier
         /* dU[ξ] [C, O] (+)= V[ξ]^T [C, tiles] · dM[ξ] [tiles, O] */
+#pragma omp for schedule(static)
         for (int q = 0; q < POSITIONS; q++)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->c, g->o, nt, 1.0f,
                         v + (size_t)q * nt * g->c, g->c, dm + (size_t)q * nt * g->o, g->o,
                         t0 == 0 ? 0.0f : 1.0f, du + (size_t)q * g->c * g->o, g->o);
+        /* (the loop's implicit barrier: the next chunk overwrites V and dM) */
     }
-    weight_grad(g->o, g->c, du, dw, add_w);
+    weight_grad(g->o, g->c, du, dw, add_w, threads);
     if (!dx) return;
     td_wino d = dgrad_geom(g);
     float *u = scratch; /* dU is spent: the rotated kernel takes its place */
-    transform_kernels(g->o, g->c, (size_t)g->c, 1, true, w, u);
-    forward_with(&d, dy, u, NULL, dx, add_x, u + (size_t)POSITIONS * g->c * g->o);
+    transform_kernels(g->o, g->c, (size_t)g->c, 1, true, w, u, threads);
+    forward_with(&d, dy, u, NULL, dx, add_x, u + (size_t)POSITIONS * g->c * g->o, threads);
 }

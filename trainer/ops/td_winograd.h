@@ -48,16 +48,18 @@ bool td_wino_fits(int c, int o, int kernel, int stride, int padding);
 
 td_wino td_wino_geom(int n, int h, int w, int c, int o, int p);
 
-/* Scratch floats td_wino_forward and td_wino_backward need for batches up to g->n. */
-size_t td_wino_scratch_floats(const td_wino *g);
+/* Scratch floats td_wino_forward and td_wino_backward need for batches up to g->n on up to
+ * `threads` threads. */
+size_t td_wino_scratch_floats(const td_wino *g, int threads);
 
-/* y [n, oh, ow, o] (+)= conv(x, w) + bias, w OIHW [o, c, 3, 3]; bias may be NULL. */
+/* y [n, oh, ow, o] (+)= conv(x, w) + bias, w OIHW [o, c, 3, 3]; bias may be NULL. The work is
+ * split over `threads` threads (core/td_parallel.h). */
 void td_wino_forward(const td_wino *g, const float *x, const float *w, const float *bias, float *y,
-                     bool add, float *scratch);
+                     bool add, float *scratch, int threads);
 
 /* From dy [n, oh, ow, o]: dw (+)= the weight gradient (OIHW, add_w selects accumulation) and,
  * when dx is not NULL, dx [n, h, w, c] (+)= the input gradient (add_x). */
 void td_wino_backward(const td_wino *g, const float *x, const float *w, const float *dy, float *dw,
-                      bool add_w, float *dx, bool add_x, float *scratch);
+                      bool add_w, float *dx, bool add_x, float *scratch, int threads);
 
 #endif

@@ -8,6 +8,7 @@
 #include "core/td_blas.h"
 #include "core/td_isa.h"
 #include "core/td_clock.h"
+#include "core/td_parallel.h"
 
 #include <cblas.h>
 #include <sched.h>
@@ -54,8 +55,10 @@ static int setup_model(trainer *t, td_err *err) {
     int max_n = job->train.batch_size > job->train.eval_batch_size ? job->train.batch_size
                                                                    : job->train.eval_batch_size;
     unsigned flags = t->device.device == TD_DEVICE_CUDA ? TD_MODEL_NO_ARENA : 0;
+    /* on a GPU the host threads only feed it: the model's own work is the device's */
+    int threads = t->device.device == TD_DEVICE_CUDA ? 1 : job->train.threads;
     if (td_model_build(&t->model, job->model.nodes, job->model.n_nodes, t->train.shape, max_n,
-                       job->train.seed, flags, err) != 0)
+                       threads, job->train.seed, flags, err) != 0)
         return -1;
     td_shape out = td_model_output_shape(&t->model);
     if (out.spatial)
@@ -78,6 +81,7 @@ static int setup_model(trainer *t, td_err *err) {
                            i ? "val" : "train", max_label, t->classes, t->classes - 1);
     }
     td_optim_init(&t->optim, &job->train.optim, t->model.param_floats);
+    t->optim.threads = t->model.threads;
     t->dlogits = td_aligned_alloc((size_t)max_n * t->classes * sizeof(float));
     t->state.seed = job->train.seed;
     td_rng_seed_for(&t->state.dropout_rng, job->train.seed, "dropout", 0);
@@ -221,7 +225,8 @@ static void log_banner(const trainer *t) {
 }
 
 int td_train_setup(trainer *t, td_err *err) {
-    openblas_set_num_threads(t->job->train.threads);
+    /* train.threads is the model's own team (core/td_parallel.h); OpenBLAS runs inside it */
+    td_par_blas_single();
     if (setup_data(t, err) != 0 || resolve_device(t, err) != 0 || setup_model(t, err) != 0)
         return -1;
     if (td_train_restore(t, err) != 0 || setup_gpu(t, err) != 0) return -1;
