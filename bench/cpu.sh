@@ -79,7 +79,7 @@ avx2_core=""
 case " $isas " in *" avx2 "*) if [ "$core" = SkylakeX ]; then avx2_core=Haswell; fi ;; esac
 # whether the AVX2 rows hold PyTorch to AVX2: only where this CPU has more (AVX-512)
 cap_avx2=""
-case " $isas " in *" avx2 "*" avx512 "*) cap_avx2=yes ;; esac
+case " $isas " in *" avx512 "*) case " $isas " in *" avx2 "*) cap_avx2=yes ;; esac ;; esac
 
 row() { # label model_json torch_model batch steps threads shape log_every torch_steps
     bs="" cs="" hs=""

@@ -47,7 +47,7 @@ run2() { # isa -> img/s of two ranks
 torches="" torches_avx2=""
 # on an AVX-512 CPU the avx2 row's PyTorch is held to AVX2 too (bench/cpu.sh says why)
 cap_avx2="" avx2_blas=$(blas_for avx2)
-case " $isas " in *" avx2 "*" avx512 "*) cap_avx2=yes ;; esac
+case " $isas " in *" avx512 "*) case " $isas " in *" avx2 "*) cap_avx2=yes ;; esac ;; esac
 torch_ddp() { # [env assignments...] -> img/s of PyTorch DDP, 2 ranks
     (cd "$here" && env "$@" "$build/traind-run" --nproc-per-node 2 -- $py torch_ddp_peer.py 2>/dev/null |
         $py -c 'import json, sys; print(json.loads(sys.stdin.readline())["img_per_s"])')
