@@ -4,6 +4,7 @@
 #include "core/td_parallel.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,35 +28,28 @@ void td_optim_free(td_optim *opt) {
  * the struct (which could alias p) kept GCC from vectorising it, and the update streams 5 floats
  * per parameter through memory (1.2 ms of a 5.3 ms MLP step). The arithmetic, and so every
  * bit of the result, is the general loop's. Every element's update is its own, so splitting the
- * loops over threads changes no bit either. */
-#define PAR_FOR                                                                                    \
-    _Pragma("omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)")
-static void sgd_step(td_optim *opt, float *restrict p, const float *restrict g, float lr) {
+ * loops over threads changes no bit either: each thread runs its part [lo, hi) through these
+ * same functions (OpenMP's outlined loop bodies lose restrict, and with it the vectorising). */
+static void sgd_run(const td_optim *opt, float *restrict p, const float *restrict g,
+                    float *restrict m, float lr, size_t lo, size_t hi) {
     const td_optim_config *c = &opt->cfg;
     const float wd = c->weight_decay, mom = c->momentum, damp = 1.0f - c->dampening;
-    const size_t n = opt->n;
-    float *restrict m = opt->m;
-    const int threads = n < TD_PAR_MIN_WORK ? 1 : opt->threads;
     if (mom == 0.0f) {
-        PAR_FOR
-        for (size_t i = 0; i < n; i++) p[i] -= lr * (g[i] + wd * p[i]);
+        for (size_t i = lo; i < hi; i++) p[i] -= lr * (g[i] + wd * p[i]);
     } else if (opt->steps == 0) { /* the buffer starts as the first gradient */
-        PAR_FOR
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = lo; i < hi; i++) {
             float d = g[i] + wd * p[i];
             m[i] = d;
             p[i] -= lr * (c->nesterov ? d + mom * d : d);
         }
     } else if (!c->nesterov) {
-        PAR_FOR
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = lo; i < hi; i++) {
             float buf = mom * m[i] + damp * (g[i] + wd * p[i]);
             m[i] = buf;
             p[i] -= lr * buf;
         }
     } else {
-        PAR_FOR
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = lo; i < hi; i++) {
             float d = g[i] + wd * p[i];
             float buf = mom * m[i] + damp * d;
             m[i] = buf;
@@ -64,19 +58,16 @@ static void sgd_step(td_optim *opt, float *restrict p, const float *restrict g, 
     }
 }
 
-/* Adam and AdamW, restrict-qualified and without a branch in the loop, as sgd_step. */
-static void adam_step(td_optim *opt, float *restrict p, const float *restrict g, float lr) {
+/* Adam and AdamW, restrict-qualified and without a branch in the loop, as sgd_run. */
+static void adam_run(const td_optim *opt, float *restrict p, const float *restrict g,
+                     float *restrict m, float *restrict v, float lr, size_t lo, size_t hi) {
     const td_optim_config *c = &opt->cfg;
     long t = opt->steps + 1;
     const float b1 = c->beta1, b2 = c->beta2, wd = c->weight_decay, eps = c->eps;
     const float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
     const float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), keep = 1.0f - lr * wd;
-    const size_t n = opt->n;
-    float *restrict m = opt->m, *restrict v = opt->v;
-    const int threads = n < TD_PAR_MIN_WORK ? 1 : opt->threads;
     if (c->kind == TD_OPTIM_ADAMW) { /* decoupled weight decay */
-        PAR_FOR
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = lo; i < hi; i++) {
             float d = g[i];
             p[i] *= keep;
             m[i] = b1 * m[i] + (1.0f - b1) * d;
@@ -84,8 +75,7 @@ static void adam_step(td_optim *opt, float *restrict p, const float *restrict g,
             p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
         }
     } else {
-        PAR_FOR
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = lo; i < hi; i++) {
             float d = g[i] + wd * p[i];
             m[i] = b1 * m[i] + (1.0f - b1) * d;
             v[i] = b2 * v[i] + (1.0f - b2) * d * d;
@@ -95,10 +85,16 @@ static void adam_step(td_optim *opt, float *restrict p, const float *restrict g,
 }
 
 void td_optim_step(td_optim *opt, float *params, const float *grads, float lr) {
-    if (opt->cfg.kind == TD_OPTIM_SGD)
-        sgd_step(opt, params, grads, lr);
-    else
-        adam_step(opt, params, grads, lr);
+    const int threads = opt->n < TD_PAR_MIN_WORK ? 1 : opt->threads;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        size_t lo, hi;
+        td_par_range(opt->n, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+        if (opt->cfg.kind == TD_OPTIM_SGD)
+            sgd_run(opt, params, grads, opt->m, lr, lo, hi);
+        else
+            adam_run(opt, params, grads, opt->m, opt->v, lr, lo, hi);
+    }
     opt->steps++;
 }
 

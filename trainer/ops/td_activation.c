@@ -5,6 +5,7 @@
 #include "ops/td_ops_isa.h"
 
 #include <math.h>
+#include <omp.h>
 
 static const td_op_arg relu_args[] = {{0}};
 static const td_op_arg gelu_args[] = {
@@ -24,29 +25,43 @@ static int same_shape_build(td_model *model, td_node *node, td_err *err) {
     return 0;
 }
 
+/* One thread's run [lo, hi) of each pass, as plain functions with restrict pointers: inside
+ * OpenMP's outlined loop bodies GCC could not tell the arrays apart and left ReLU's backward
+ * scalar and branching (23 ms instead of 3.7 for a ResNet layer1 ReLU). */
+static void relu_run(float *restrict y, const float *restrict x, size_t lo, size_t hi) {
+    /* as torch.relu, a NaN passes through rather than becoming 0, so it still reaches the loss */
+    for (size_t i = lo; i < hi; i++) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
+}
+
+/* the mask comes from the output, as PyTorch's threshold_backward does */
+static void relu_grad_run(float *restrict dx, const float *restrict y, const float *restrict dy,
+                          bool add, size_t lo, size_t hi) {
+    if (add)
+        for (size_t i = lo; i < hi; i++) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+    else
+        for (size_t i = lo; i < hi; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
 static void relu_forward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
-    const float *x = node->in[0];
-    float *y = node->out;
     int threads = threads_for(node, n);
-    /* as torch.relu, a NaN passes through rather than becoming 0, so it still reaches the loss */
-#pragma omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)
-    for (size_t i = 0; i < n; i++) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        size_t lo, hi;
+        td_par_range(n, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+        relu_run(node->out, node->in[0], lo, hi);
+    }
 }
 
 static void relu_backward(td_node *node, const td_run *run) {
-    float *dx = node->in_grad[0];
-    if (!dx) return;
+    if (!node->in_grad[0]) return;
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
-    const float *y = node->out, *dy = node->grad;
     int threads = threads_for(node, n);
-    /* the mask comes from the output, as PyTorch's threshold_backward does */
-    if (node->in_grad_add[0]) {
-#pragma omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)
-        for (size_t i = 0; i < n; i++) dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
-    } else {
-#pragma omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)
-        for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        size_t lo, hi;
+        td_par_range(n, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+        relu_grad_run(node->in_grad[0], node->out, node->grad, node->in_grad_add[0], lo, hi);
     }
 }
 
