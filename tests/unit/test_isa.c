@@ -15,14 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct run_result {
-    float *out, *dx, *dparams;
-    size_t out_n, dx_n, dparams_n;
-} run_result;
-
 /* Builds nodes under isa (made the process's choice first), checks every node runs isa's
  * variant, and returns forward and backward of a fixed batch. */
-static run_result run_model(td_isa isa, const char *nodes, td_shape in, int n) {
+static test_pass run_model(td_isa isa, const char *nodes, td_shape in, int n) {
     td_err err = {{0}};
     cr_assert_eq(td_isa_select(td_isa_name(isa), &err), 0, "%s", err.msg);
     td_model m;
@@ -33,27 +28,9 @@ static run_result run_model(td_isa isa, const char *nodes, td_shape in, int n) {
         cr_assert_eq(node->impl, node->op->variants[isa], "node %s does not run the %s kernels",
                      node->name, td_isa_name(isa));
     }
-    size_t in_n = (size_t)n * td_shape_size(in);
-    size_t out_n = (size_t)n * td_shape_size(td_model_output_shape(&m));
-    float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
-    test_fill_uniform(x, in_n, 17);
-    test_fill_uniform(dy, out_n, 23);
-    run_result r = {.out_n = out_n, .dx_n = in_n, .dparams_n = m.param_floats};
-    td_run run = {.n = n, .training = true};
-    r.out = test_copy(td_model_forward(&m, x, &run), out_n);
-    td_model_backward(&m, dy, &run);
-    r.dx = test_copy(m.input_grad, in_n);
-    r.dparams = test_copy(m.grad_block, m.param_floats);
-    free(x);
-    free(dy);
+    test_pass r = test_pass_run(&m, in, n, 1);
     td_model_free(&m);
     return r;
-}
-
-static void free_result(run_result *r) {
-    free(r->out);
-    free(r->dx);
-    free(r->dparams);
 }
 
 /* |a - b| <= tol · max(1, max |b|) elementwise */
@@ -66,20 +43,20 @@ static void expect_close(const char *model, const char *isa, const char *what, c
 }
 
 static void compare_paths(const char *name, const char *nodes, td_shape in, int n) {
-    run_result base = run_model(TD_ISA_BASELINE, nodes, in, n);
+    test_pass base = run_model(TD_ISA_BASELINE, nodes, in, n);
     int tested = 0;
     for (int i = TD_ISA_BASELINE + 1; i < TD_ISA_COUNT; i++) {
         if (!td_isa_supported((td_isa)i)) continue;
-        run_result got = run_model((td_isa)i, nodes, in, n);
+        test_pass got = run_model((td_isa)i, nodes, in, n);
         const char *isa = td_isa_name((td_isa)i);
         expect_close(name, isa, "output", got.out, base.out, base.out_n, 1e-5);
         expect_close(name, isa, "input gradient", got.dx, base.dx, base.dx_n, 1e-5);
         expect_close(name, isa, "parameter gradients", got.dparams, base.dparams, base.dparams_n,
                      1e-4);
-        free_result(&got);
+        test_pass_free(&got);
         tested++;
     }
-    free_result(&base);
+    test_pass_free(&base);
     cr_log_info("%s: %d instruction sets against baseline", name, tested);
 }
 

@@ -15,36 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct run_result {
-    float *out, *dx, *dparams;
-    size_t out_n, dx_n, dparams_n;
-} run_result;
-
-static run_result run_model(const char *nodes, td_shape in, int n, int threads) {
+static test_pass run_model(const char *nodes, td_shape in, int n, int threads) {
     td_model m;
     test_build_model_threads(&m, nodes, in, n, 7, threads);
     cr_assert_eq(m.threads, threads);
-    size_t in_n = (size_t)n * td_shape_size(in);
-    size_t out_n = (size_t)n * td_shape_size(td_model_output_shape(&m));
-    float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
-    test_fill_uniform(x, in_n, 17);
-    test_fill_uniform(dy, out_n, 23);
-    run_result r = {.out_n = out_n, .dx_n = in_n, .dparams_n = m.param_floats};
-    td_run run = {.n = n, .training = true};
-    r.out = test_copy(td_model_forward(&m, x, &run), out_n);
-    td_model_backward(&m, dy, &run);
-    r.dx = test_copy(m.input_grad, in_n);
-    r.dparams = test_copy(m.grad_block, m.param_floats);
-    free(x);
-    free(dy);
+    test_pass r = test_pass_run(&m, in, n, 1);
     td_model_free(&m);
     return r;
-}
-
-static void free_result(run_result *r) {
-    free(r->out);
-    free(r->dx);
-    free(r->dparams);
 }
 
 static void expect_close(const char *model, int threads, const char *what, const float *a,
@@ -57,16 +34,16 @@ static void expect_close(const char *model, int threads, const char *what, const
 }
 
 static void compare_threads(const char *name, const char *nodes, td_shape in, int n) {
-    run_result one = run_model(nodes, in, n, 1);
+    test_pass one = run_model(nodes, in, n, 1);
     for (int threads = 2; threads <= 3; threads++) {
-        run_result got = run_model(nodes, in, n, threads);
+        test_pass got = run_model(nodes, in, n, threads);
         expect_close(name, threads, "output", got.out, one.out, one.out_n, 1e-5);
         expect_close(name, threads, "input gradient", got.dx, one.dx, one.dx_n, 1e-5);
         expect_close(name, threads, "parameter gradients", got.dparams, one.dparams, one.dparams_n,
                      1e-4);
-        free_result(&got);
+        test_pass_free(&got);
     }
-    free_result(&one);
+    test_pass_free(&one);
 }
 
 Test(parallel, lenet_on_several_threads_equals_one) {

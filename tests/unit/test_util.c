@@ -34,6 +34,32 @@ void test_build_model_threads(td_model *model, const char *nodes_json, td_shape 
     if (rc != 0) cr_assert_fail("build: %s", err.msg);
 }
 
+test_pass test_pass_run(td_model *model, td_shape in, int n, int passes) {
+    size_t in_n = (size_t)n * td_shape_size(in);
+    size_t out_n = (size_t)n * td_shape_size(td_model_output_shape(model));
+    float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
+    test_fill_uniform(x, in_n, 17);
+    test_fill_uniform(dy, out_n, 23);
+    test_pass r = {.out_n = out_n, .dx_n = in_n, .dparams_n = model->param_floats};
+    for (int pass = 0; pass < passes; pass++) {
+        td_run run = {.n = n, .training = true, .accumulate_grads = pass > 0};
+        const float *out = td_model_forward(model, x, &run);
+        if (pass == 0) r.out = test_copy(out, out_n);
+        td_model_backward(model, dy, &run);
+    }
+    r.dx = test_copy(model->input_grad, in_n);
+    r.dparams = test_copy(model->grad_block, model->param_floats);
+    free(x);
+    free(dy);
+    return r;
+}
+
+void test_pass_free(test_pass *pass) {
+    free(pass->out);
+    free(pass->dx);
+    free(pass->dparams);
+}
+
 static char tmpdir_path[256];
 
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {

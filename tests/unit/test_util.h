@@ -40,6 +40,18 @@ float *test_copy(const float *src, size_t n);
  * max(1, max |b|): tests accept rounding relative to the tensor's scale. */
 double test_worst_diff(const float *a, const float *b, size_t n, size_t *at, double *scale);
 
+/* What one model gives for one fixed batch: its output, the input gradient and the parameter
+ * gradients (malloc'd copies). */
+typedef struct test_pass {
+    float *out, *dx, *dparams;
+    size_t out_n, dx_n, dparams_n;
+} test_pass;
+/* Runs a model built with input gradients (test_build_model) forward and backward, in training
+ * mode, `passes` times on the batch of n inputs of shape `in` from seed 17 with the output
+ * gradient from seed 23, gradients accumulating after the first pass; out is the first pass's. */
+test_pass test_pass_run(td_model *model, td_shape in, int n, int passes);
+void test_pass_free(test_pass *pass);
+
 /* Reads a whole file into a malloc'd NUL-terminated string. */
 char *test_read_file(const char *path);
 

@@ -18,15 +18,10 @@ typedef struct conv_case {
     bool bias;
 } conv_case;
 
-typedef struct conv_result {
-    float *out, *dx, *dparams;
-    size_t out_n, dx_n, dparams_n;
-} conv_result;
-
 /* One conv layer with the given algorithm: forward on random x, backward of a random dy run
  * `passes` times with gradient accumulation after the first; batch n on a model built for
  * n + 2. */
-static conv_result run_conv(const conv_case *k, const char *algorithm, int passes) {
+static test_pass run_conv(const conv_case *k, const char *algorithm, int passes) {
     char nodes[512];
     snprintf(nodes, sizeof nodes,
              "[{\"name\":\"c\",\"op\":\"conv2d\",\"out_channels\":%d,\"kernel_size\":3,"
@@ -35,30 +30,9 @@ static conv_result run_conv(const conv_case *k, const char *algorithm, int passe
     td_model m;
     td_shape in = td_shape_image(k->c, k->h, k->w);
     test_build_model(&m, nodes, in, k->n + 2, 5);
-    size_t in_n = (size_t)k->n * td_shape_size(in);
-    size_t out_n = (size_t)k->n * td_shape_size(td_model_output_shape(&m));
-    float *x = malloc(in_n * sizeof(float)), *dy = malloc(out_n * sizeof(float));
-    test_fill_uniform(x, in_n, 17);
-    test_fill_uniform(dy, out_n, 23);
-    conv_result r = {.out_n = out_n, .dx_n = in_n, .dparams_n = m.param_floats};
-    for (int pass = 0; pass < passes; pass++) {
-        td_run run = {.n = k->n, .training = true, .accumulate_grads = pass > 0};
-        const float *out = td_model_forward(&m, x, &run);
-        if (pass == 0) r.out = test_copy(out, out_n);
-        td_model_backward(&m, dy, &run);
-    }
-    r.dx = test_copy(m.input_grad, in_n);
-    r.dparams = test_copy(m.grad_block, m.param_floats);
-    free(x);
-    free(dy);
+    test_pass r = test_pass_run(&m, in, k->n, passes);
     td_model_free(&m);
     return r;
-}
-
-static void free_result(conv_result *r) {
-    free(r->out);
-    free(r->dx);
-    free(r->dparams);
 }
 
 /* |a - b| <= tol · max(1, max |b|) elementwise: rounding relative to the tensor's scale */
@@ -72,13 +46,13 @@ static void expect_close(const char *what, const float *a, const float *b, size_
 }
 
 static void check_case(conv_case k, int passes) {
-    conv_result wino = run_conv(&k, "winograd", passes);
-    conv_result ref = run_conv(&k, "im2col", passes);
+    test_pass wino = run_conv(&k, "winograd", passes);
+    test_pass ref = run_conv(&k, "im2col", passes);
     expect_close("output", wino.out, ref.out, ref.out_n, 2e-5);
     expect_close("input gradient", wino.dx, ref.dx, ref.dx_n, 2e-5);
     expect_close("parameter gradients", wino.dparams, ref.dparams, ref.dparams_n, 2e-5);
-    free_result(&wino);
-    free_result(&ref);
+    test_pass_free(&wino);
+    test_pass_free(&ref);
 }
 
 Test(winograd, whole_tiles) {
@@ -113,11 +87,11 @@ Test(winograd, gradient_accumulation) {
 /* The accumulated gradient is the sum of the single ones: passes=2 gives twice passes=1. */
 Test(winograd, accumulation_adds) {
     conv_case k = {.n = 2, .c = 16, .h = 6, .w = 6, .o = 16, .p = 1, .bias = true};
-    conv_result one = run_conv(&k, "winograd", 1), two = run_conv(&k, "winograd", 2);
+    test_pass one = run_conv(&k, "winograd", 1), two = run_conv(&k, "winograd", 2);
     for (size_t i = 0; i < one.dparams_n; i++) one.dparams[i] *= 2.0f;
     expect_close("doubled parameter gradients", two.dparams, one.dparams, one.dparams_n, 1e-6);
-    free_result(&one);
-    free_result(&two);
+    test_pass_free(&one);
+    test_pass_free(&two);
 }
 
 Test(winograd, refused_where_it_does_not_fit) {
