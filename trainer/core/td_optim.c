@@ -85,7 +85,7 @@ static void adam_run(const td_optim *opt, float *restrict p, const float *restri
 }
 
 void td_optim_step(td_optim *opt, float *params, const float *grads, float lr) {
-    const int threads = opt->n < TD_PAR_MIN_WORK ? 1 : opt->threads;
+    const int threads = td_par_threads_for(opt->threads, opt->n);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         size_t lo, hi;

@@ -17,6 +17,11 @@
  * waking the team for. */
 #define TD_PAR_MIN_WORK ((size_t)1 << 15)
 
+/* The threads for a pass over `work` floats: all of them, or one when the pass is too small. */
+static inline int td_par_threads_for(int threads, size_t work) {
+    return work < TD_PAR_MIN_WORK ? 1 : threads;
+}
+
 /* Part k of `parts` consecutive, near-equal parts of [0, n): [*lo, *hi), every boundary but n a
  * multiple of align (1 for none). */
 void td_par_range(size_t n, int parts, int k, size_t align, size_t *lo, size_t *hi);

@@ -13,11 +13,6 @@ static const td_op_arg gelu_args[] = {
     {0},
 };
 
-/* The threads for an elementwise pass over n floats: one when it is too small to share. */
-static int threads_for(const td_node *node, size_t n) {
-    return n < TD_PAR_MIN_WORK ? 1 : node->threads;
-}
-
 static int same_shape_build(td_model *model, td_node *node, td_err *err) {
     (void)model;
     (void)err;
@@ -44,7 +39,7 @@ static void relu_grad_run(float *restrict dx, const float *restrict y, const flo
 
 static void relu_forward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
-    int threads = threads_for(node, n);
+    int threads = td_par_threads_for(node->threads, n);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         size_t lo, hi;
@@ -56,7 +51,7 @@ static void relu_forward(td_node *node, const td_run *run) {
 static void relu_backward(td_node *node, const td_run *run) {
     if (!node->in_grad[0]) return;
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
-    int threads = threads_for(node, n);
+    int threads = td_par_threads_for(node->threads, n);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         size_t lo, hi;
@@ -74,7 +69,7 @@ static void gelu_forward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
     const float *x = node->in[0];
     float *y = node->out;
-    int threads = threads_for(node, n);
+    int threads = td_par_threads_for(node->threads, n);
     if (node->args[0] == 1) {
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
         for (size_t i = 0; i < n; i++) {
@@ -93,7 +88,7 @@ static void gelu_backward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
     const float *x = node->in[0], *dy = node->grad;
     bool add = node->in_grad_add[0], approx = node->args[0] == 1;
-    int threads = threads_for(node, n);
+    int threads = td_par_threads_for(node->threads, n);
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float v = x[i], d;

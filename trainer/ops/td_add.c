@@ -30,7 +30,7 @@ static int add_build(td_model *model, td_node *node, td_err *err) {
 
 static void add_forward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
-    int threads = n < TD_PAR_MIN_WORK ? 1 : node->threads;
+    int threads = td_par_threads_for(node->threads, n);
     float *y = node->out;
     /* each thread's run of every input at once: one pass over the output */
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -52,7 +52,7 @@ static void add_forward(td_node *node, const td_run *run) {
 
 static void add_backward(td_node *node, const td_run *run) {
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
-    int threads = n < TD_PAR_MIN_WORK ? 1 : node->threads;
+    int threads = td_par_threads_for(node->threads, n);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         size_t lo, hi;

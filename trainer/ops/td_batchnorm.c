@@ -34,18 +34,13 @@ static size_t shared_floats(int c) {
     return (9 * (size_t)c + 2) & ~(size_t)1;
 }
 
-/* Threads for a pass over rows x c floats: one below TD_PAR_MIN_WORK. */
-static int threads_for(const td_node *node, size_t rows, int c) {
-    return rows * (size_t)c < TD_PAR_MIN_WORK ? 1 : node->threads;
-}
-
 /* sum[k] = the sum over rows of x[r, k], or of (x[r, k] - center[k])^2 when center is not NULL,
  * in double. Each thread sums its run of rows into its own partial (scratch after the shared
  * part), and the partials are added in thread order. */
 static void column_sums(const td_node *node, const td_run *run, const float *x, size_t rows, int c,
                         const float *center, double *sum) {
     double *partial = (double *)(run->scratch + shared_floats(c));
-    int threads = threads_for(node, rows, c), team = 1;
+    int threads = td_par_threads_for(node->threads, rows * (size_t)c), team = 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         int me = omp_get_thread_num();
@@ -168,7 +163,7 @@ static void bn_forward(td_node *node, const td_run *run) {
         shift[k] = b - mean[k] * scale[k];
     }
     float *y = node->out;
-    int threads = threads_for(node, rows, c);
+    int threads = td_par_threads_for(node->threads, rows * (size_t)c);
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (size_t r = 0; r < rows; r++)
         for (int k = 0; k < c; k++) y[r * c + k] = x[r * c + k] * scale[k] + shift[k];
@@ -182,7 +177,7 @@ static void bn_backward(td_node *node, const td_run *run) {
     double *sdy = (double *)run->scratch, *sdyx = sdy + c;
     /* as column_sums, two sums at once */
     double *partial = (double *)(run->scratch + shared_floats(c));
-    int threads = threads_for(node, rows, c), team = 1;
+    int threads = td_par_threads_for(node->threads, rows * (size_t)c), team = 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         int me = omp_get_thread_num();
