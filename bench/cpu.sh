@@ -47,7 +47,7 @@ ours() { # isa model_json batch steps threads shape log_every -> img/s after the
     spec "$1" "$2" "$3" "$4" "$5" "$6" >"$tmp/job.json"
     # the AVX2 rows also take OpenBLAS's AVX2 kernels, as an AVX2-only CPU (AMD EPYC) would
     blas=""
-    if [ "$isa" = avx2 ] && [ "$core" = SkylakeX ]; then blas=Haswell; fi
+    if [ "$isa" = avx2 ]; then blas=$avx2_core; fi
     env ${blas:+OPENBLAS_CORETYPE=$blas} TRAIND_ISA="$isa" OPENBLAS_NUM_THREADS="$4" "$worker" "$tmp/job.json" 2>/dev/null | $py -c '
 import json, sys
 rates = [json.loads(l)["samples_per_s"] for l in sys.stdin if "\"event\":\"train\"" in l]
@@ -74,9 +74,11 @@ for isa in ${ISAS:-baseline avx2 avx512}; do
     if TRAIND_ISA=$isa "$worker" --isa >/dev/null 2>&1; then isas="$isas $isa"; fi
 done
 
-# the AVX2 rows' OpenBLAS kernels, when they differ from traind's own choice
+# the AVX2 rows' OpenBLAS kernels, when they differ from traind's own choice: any of OpenBLAS's
+# AVX-512 kernel sets (SkylakeX on a Xeon, Cooperlake on an AMD Zen 4, SapphireRapids) becomes
+# Haswell, the AVX2 set an AVX2-only Xeon or EPYC runs (OpenBLAS's Zen kernels are Haswell's)
 avx2_core=""
-case " $isas " in *" avx2 "*) if [ "$core" = SkylakeX ]; then avx2_core=Haswell; fi ;; esac
+case " $isas " in *" avx2 "*) case $core in SkylakeX | Cooperlake | SapphireRapids) avx2_core=Haswell ;; esac ;; esac
 # whether the AVX2 rows hold PyTorch to AVX2: only where this CPU has more (AVX-512)
 cap_avx2=""
 case " $isas " in *" avx512 "*) case " $isas " in *" avx2 "*) cap_avx2=yes ;; esac ;; esac

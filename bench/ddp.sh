@@ -34,7 +34,10 @@ for isa in ${ISAS:-baseline avx2 avx512}; do
 done
 core=$(cd "$tmp" && "$worker" --blas-core)
 # as bench/cpu.sh: the avx2 rows take OpenBLAS's AVX2 kernels, as an AVX2-only CPU would
-blas_for() { if [ "$1" = avx2 ] && [ "$core" = SkylakeX ]; then echo Haswell; fi; }
+# (any of OpenBLAS's AVX-512 kernel sets: SkylakeX on a Xeon, Cooperlake on an AMD Zen 4)
+blas_for() {
+    if [ "$1" = avx2 ]; then case $core in SkylakeX | Cooperlake | SapphireRapids) echo Haswell ;; esac; fi
+}
 run1() { # isa -> img/s of one rank
     b=$(blas_for "$1")
     env ${b:+OPENBLAS_CORETYPE=$b} TRAIND_ISA="$1" "$worker" "$tmp/lenet.json" 2>/dev/null | rate
@@ -72,7 +75,7 @@ while [ "$i" -lt "${ROUNDS:-5}" ]; do
     i=$((i + 1))
 done
 ar=$("$build/traind-run" --nproc-per-node 2 -- "$build/traind-bench-allreduce" 100 5)
-echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); OpenBLAS kernels: ${core:-as detected} (avx2 rows: Haswell where that is SkylakeX); PyTorch with the same kernels${cap_avx2:+, and on the avx2 row with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU}"
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); OpenBLAS kernels: ${core:-as detected} (avx2 rows: ${avx2_blas:-the same}); PyTorch with the same kernels${cap_avx2:+, and on the avx2 row with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU}"
 echo "LeNet-5, batch 64 per rank, 1 BLAS thread per rank (img/s, all ranks together), ${ROUNDS:-5} interleaved rounds"
 echo "| isa      |        | traind 1 rank | 2 x 1 rank at once | traind 2 ranks | scaling (2 ranks / 2x1) | 2 ranks / 2 at once | PyTorch DDP gloo 2 ranks | traind / PyTorch |"
 for isa in $isas; do
