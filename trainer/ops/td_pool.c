@@ -139,40 +139,76 @@ static inline void max_take8(__m256 v, __m256i idx, __m256 *best, __m256i *arg, 
         _mm256_blendv_ps(_mm256_castsi256_ps(*arg), _mm256_castsi256_ps(idx), take));
 }
 
-static void maxpool_forward_c16(const pool_geom *g, const float *x, float *y, int32_t *a) {
+/* Whole 8-lane loads and stores wherever they stay inside the sample, masked ones only at its
+ * end: vmaskmovps is microcoded on AMD (Zen), and two masked stores per output (maximum and
+ * argmax) made LeNet's 6-channel pool 4x slower there than AVX-512's. A plain store at output
+ * pixel o spills its lanes past c onto pixel o + 1, which is written after it (outputs go in
+ * increasing order), so only pixels within 8 floats of the end need the mask; a plain load reads
+ * lanes of the next pixel, which nothing uses. */
+/* HALVES (1 or 2) is a constant after inlining, so best[] and arg[] stay in registers: indexed by
+ * a run-time count they lived on the stack and every window element waited on a store. */
+static inline __attribute__((always_inline)) void
+maxpool_c16_kernel(const pool_geom *g, const float *x, float *y, int32_t *a, const int HALVES) {
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const int halves = g->c > 8 ? 2 : 1;
     const int lanes[2] = {g->c < 8 ? g->c : 8, g->c - 8};
     const __m256i mask[2] = {td_mask8(lanes[0]), td_mask8(lanes[1])};
+    const int32_t in_end = g->h * g->w * g->c;
+    const size_t out_end = (size_t)g->oh * g->ow * g->c;
+    /* the common 2x2 pool: every window lies inside, four loads at fixed offsets */
+    const bool inside2 = g->p == 0 && g->k == 2;
+    const int32_t offs[4] = {0, g->c, g->w * g->c, (g->w + 1) * g->c};
     for (int oh = 0; oh < g->oh; oh++)
         for (int ow = 0; ow < g->ow; ow++) {
             __m256 best[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
             __m256i arg[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-            bool first = true;
-            for (int kh = 0; kh < g->k; kh++) {
-                int ih = oh * g->s - g->p + kh;
-                if (ih < 0 || ih >= g->h) continue;
-                for (int kw = 0; kw < g->k; kw++) {
-                    int iw = ow * g->s - g->p + kw;
-                    if (iw < 0 || iw >= g->w) continue;
-                    int32_t base = (int32_t)(((size_t)ih * g->w + iw) * g->c);
-                    for (int h = 0; h < halves; h++) {
-                        const float *src = x + base + 8 * h;
-                        /* whole vectors load plainly: vmaskmovps is slow on some CPUs */
-                        __m256 v =
-                            lanes[h] == 8 ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, mask[h]);
-                        __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(base + 8 * h), iota);
-                        max_take8(v, idx, &best[h], &arg[h], first);
+            if (inside2) {
+                int32_t base = ((oh * g->s) * g->w + ow * g->s) * g->c;
+                for (int q = 0; q < 4; q++)
+                    for (int h = 0; h < HALVES; h++) {
+                        int32_t at = base + offs[q] + 8 * h;
+                        __m256 v = at + 8 <= in_end ? _mm256_loadu_ps(x + at)
+                                                    : _mm256_maskload_ps(x + at, mask[h]);
+                        max_take8(v, _mm256_add_epi32(_mm256_set1_epi32(at), iota), &best[h],
+                                  &arg[h], q == 0);
                     }
-                    first = false;
+            } else {
+                bool first = true;
+                for (int kh = 0; kh < g->k; kh++) {
+                    int ih = oh * g->s - g->p + kh;
+                    if (ih < 0 || ih >= g->h) continue;
+                    for (int kw = 0; kw < g->k; kw++) {
+                        int iw = ow * g->s - g->p + kw;
+                        if (iw < 0 || iw >= g->w) continue;
+                        int32_t base = (int32_t)(((size_t)ih * g->w + iw) * g->c);
+                        for (int h = 0; h < HALVES; h++) {
+                            int32_t at = base + 8 * h;
+                            __m256 v = at + 8 <= in_end ? _mm256_loadu_ps(x + at)
+                                                        : _mm256_maskload_ps(x + at, mask[h]);
+                            max_take8(v, _mm256_add_epi32(_mm256_set1_epi32(at), iota), &best[h],
+                                      &arg[h], first);
+                        }
+                        first = false;
+                    }
                 }
             }
             size_t o = ((size_t)oh * g->ow + ow) * g->c;
-            for (int h = 0; h < halves; h++) {
-                _mm256_maskstore_ps(y + o + 8 * h, mask[h], best[h]);
-                _mm256_maskstore_epi32(a + o + 8 * h, mask[h], arg[h]);
+            for (int h = 0; h < HALVES; h++) {
+                if (o + 8 * h + 8 <= out_end) {
+                    _mm256_storeu_ps(y + o + 8 * h, best[h]);
+                    _mm256_storeu_si256((__m256i *)(a + o + 8 * h), arg[h]);
+                } else {
+                    _mm256_maskstore_ps(y + o + 8 * h, mask[h], best[h]);
+                    _mm256_maskstore_epi32(a + o + 8 * h, mask[h], arg[h]);
+                }
             }
         }
+}
+
+static void maxpool_forward_c16(const pool_geom *g, const float *x, float *y, int32_t *a) {
+    if (g->c > 8)
+        maxpool_c16_kernel(g, x, y, a, 2);
+    else
+        maxpool_c16_kernel(g, x, y, a, 1);
 }
 #endif
 
