@@ -3,11 +3,11 @@
  *
  * im2col is the wrong tool there: it writes every input pixel K*K times as short 5-float runs
  * and then reads them back, and that traffic cost more than the arithmetic. These kernels read
- * the window straight from the image instead: with AVX-512 the forward broadcasts each pixel
- * against a register of all output channels, and the weight gradient assembles each window in
- * two registers with masked loads; with AVX2 the forward puts 8 pixels in a register instead, and
- * the window takes 3 or 4 registers, over several passes (td_conv1ch.c). td_conv1ch_fits says false
- * when the shape or CPU (neither AVX-512 nor AVX2 with FMA at build time) does not suit them. */
+ * the window straight from the image instead: the forward puts 8 output pixels in a register and
+ * broadcasts each weight against them, and the weight gradient assembles each window in 3 or 4
+ * registers, over several passes (td_conv1ch.c, which says why the AVX-512 build runs the same
+ * 8-lane code). td_conv1ch_fits says false when the shape or the build (no AVX2 with FMA) does not
+ * suit them. */
 #ifndef TD_CONV1CH_H
 #define TD_CONV1CH_H
 
