@@ -2,6 +2,7 @@
 #include "dist/td_dist.h"
 
 #include "core/td_parse.h"
+#include "dist/td_net.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -79,25 +80,6 @@ static int interface_address(const char *name, char *out, size_t len, td_err *er
     return rc;
 }
 
-/* The local address the kernel would send from to reach master: a UDP socket "connected" there
- * (which sends nothing) and asked its own name. */
-static int route_address(const char *master, char *out, size_t len, td_err *err) {
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    int rc = getaddrinfo(master, "9", &hints, &res);
-    if (rc != 0) return td_fail(err, "MASTER_ADDR %s: %s", master, gai_strerror(rc));
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in self;
-    socklen_t n = sizeof self;
-    if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0 ||
-        getsockname(fd, (struct sockaddr *)&self, &n) != 0)
-        rc = td_fail(err, "no route to the master %s: %s", master, strerror(errno));
-    else
-        inet_ntop(AF_INET, &self.sin_addr, out, (socklen_t)len);
-    if (fd >= 0) close(fd);
-    freeaddrinfo(res);
-    return rc;
-}
-
 int td_dist_pick_host(td_dist *d, td_err *err) {
     const char *host = getenv("TRAIND_HOST");
     const char *ifname = getenv("TRAIND_SOCKET_IFNAME");
@@ -114,7 +96,7 @@ int td_dist_pick_host(td_dist *d, td_err *err) {
         snprintf(d->host, sizeof d->host, "%s", d->master_addr);
         snprintf(d->host_why, sizeof d->host_why, "one node: where the master is");
     } else {
-        if (route_address(d->master_addr, d->host, sizeof d->host, err) != 0)
+        if (td_net_route_address(d->master_addr, "the master", d->host, sizeof d->host, err) != 0)
             return td_fail_prefix(err, "choosing the address to advertise (set TRAIND_HOST or "
                                        "TRAIND_SOCKET_IFNAME)");
         snprintf(d->host_why, sizeof d->host_why,

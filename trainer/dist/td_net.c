@@ -203,3 +203,20 @@ int td_net_exchange(int send_fd, const void *sbuf, size_t slen, int recv_fd, voi
     }
     return 0;
 }
+
+int td_net_route_address(const char *host, const char *what, char *out, size_t len, td_err *err) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    int rc = getaddrinfo(host, "9", &hints, &res);
+    if (rc != 0) return td_fail(err, "%s %s: %s", what, host, gai_strerror(rc));
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in self;
+    socklen_t n = sizeof self;
+    if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0 ||
+        getsockname(fd, (struct sockaddr *)&self, &n) != 0)
+        rc = td_fail(err, "no route to %s %s: %s", what, host, strerror(errno));
+    else
+        inet_ntop(AF_INET, &self.sin_addr, out, (socklen_t)len);
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+    return rc;
+}

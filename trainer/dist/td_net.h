@@ -18,6 +18,10 @@ int td_net_accept(int listen_fd, double deadline, int *fd_out, td_err *err);
  * listening yet). */
 int td_net_connect(const char *host, int port, double deadline, int *fd_out, td_err *err);
 
+/* The local IPv4 address the kernel would send from to reach host: a UDP socket "connected"
+ * there (which sends nothing) and asked its own name. what names host in errors ("the master"). */
+int td_net_route_address(const char *host, const char *what, char *out, size_t len, td_err *err);
+
 int td_net_send_all(int fd, const void *buf, size_t len, double deadline, td_err *err);
 int td_net_recv_all(int fd, void *buf, size_t len, double deadline, td_err *err);
 
