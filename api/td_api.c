@@ -3,6 +3,7 @@
  * files. */
 #include "api/td_api_private.h"
 
+#include "core/td_clock.h"
 #include "core/td_parse.h"
 
 #include <arpa/inet.h>
@@ -232,6 +233,66 @@ static enum MHD_Result checkpoint(const call *k) {
     return td_api_checkpoint(k->api, k->c, k->id, k->tail);
 }
 
+/* ---- the cluster ---------------------------------------------------------------------------- */
+
+/* The peer's address for the master's log of refusals. */
+static void peer_of(struct MHD_Connection *c, char *out, size_t len) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    snprintf(out, len, "?");
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, out,
+                  (socklen_t)len);
+}
+
+/* POST /v1/cluster/register and /heartbeat: agents, with the cluster secret (not a user token). */
+/* An agent keeps no cluster state: the cluster's routes are the master's. */
+static enum MHD_Result not_master(const call *k) {
+    td_reply_error e;
+    td_reply_fail(&e, 409, "not_master", NULL,
+                  "this traind is an agent of the master at %s: ask the master", k->api->master);
+    return td_api_error(k->c, &e, NULL);
+}
+
+static enum MHD_Result cluster_call(const call *k, bool reg) {
+    if (!k->api->cfg.cluster) return not_master(k);
+    td_reply_error e;
+    char peer[64];
+    peer_of(k->c, peer, sizeof peer);
+    const char *auth =
+        MHD_lookup_connection_value(k->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!td_cluster_authorized(k->api->cfg.cluster, auth, peer, &e))
+        return td_api_error(k->c, &e, NULL);
+    if (k->rq->too_large)
+        return td_api_fail(k->c, 413, "body_too_large", NULL, "the request body is over the limit");
+    td_buf out = {0};
+    const char *body = k->rq->body.data ? k->rq->body.data : "";
+    int rc = reg ? td_cluster_register(k->api->cfg.cluster, body, k->rq->body.len, td_clock_now(),
+                                       &out, &e)
+                 : td_cluster_heartbeat(k->api->cfg.cluster, body, k->rq->body.len, td_clock_now(),
+                                        &out, &e);
+    if (rc != 0) {
+        td_buf_free(&out);
+        return td_api_error(k->c, &e, NULL);
+    }
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
+}
+
+static enum MHD_Result cluster_register(const call *k) {
+    return cluster_call(k, true);
+}
+
+static enum MHD_Result cluster_heartbeat(const call *k) {
+    return cluster_call(k, false);
+}
+
+static enum MHD_Result nodes(const call *k) {
+    if (!k->api->cfg.cluster) return not_master(k);
+    td_buf out = {0};
+    td_cluster_list(k->api->cfg.cluster, td_clock_now(), td_jobs_slots_used(k->api->jobs), &out);
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
+}
+
 /* ---- the route table ----------------------------------------------------------------------- */
 
 typedef struct route {
@@ -239,7 +300,7 @@ typedef struct route {
     const char *methods; /* for the Allow header of a 405; HEAD goes wherever GET does */
     enum MHD_Result (*handler)(const call *k);
     bool prefix; /* path is a prefix; the rest is call.tail */
-    bool open;   /* no token needed */
+    bool open;   /* no user token needed (health; the cluster's routes check their own secret) */
 } route;
 
 static const route ROUTES[] = {
@@ -247,6 +308,9 @@ static const route ROUTES[] = {
     {"/v1/version", "GET", version, false, false},
     {"/v1/jobs", "GET, POST", jobs, false, false},
     {"/v1/jobs/", "GET, POST", jobs, false, false},
+    {"/v1/nodes", "GET", nodes, false, false},
+    {"/v1/cluster/register", "POST", cluster_register, false, true},
+    {"/v1/cluster/heartbeat", "POST", cluster_heartbeat, false, true},
 };
 
 static const route JOB_ROUTES[] = {
@@ -387,6 +451,7 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
     api->cfg = *cfg;
     api->jobs = jobs;
     snprintf(api->token, sizeof api->token, "%s", cfg->token);
+    snprintf(api->master, sizeof api->master, "%s", cfg->master ? cfg->master : "");
     struct sockaddr_in addr;
     socklen_t len = sizeof addr;
     api->port =

@@ -8,6 +8,7 @@
 #define TD_API_H
 
 #include "core/td_error.h"
+#include "service/td_cluster.h"
 #include "service/td_jobs.h"
 
 #include <stddef.h>
@@ -19,6 +20,8 @@ typedef struct td_api_config {
     const char *token;
     size_t max_body;
     const char *version;
+    td_cluster *cluster; /* the node registry of a master (GET /v1/nodes, agents' calls) */
+    const char *master;  /* an agent's master (ADDR:PORT); then cluster is NULL */
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a

@@ -16,6 +16,7 @@
 struct td_api {
     td_api_config cfg;
     char token[128];
+    char master[256]; /* cfg.master's copy */
     td_jobs *jobs;
     struct MHD_Daemon *daemon;
     int port;

@@ -5,10 +5,13 @@
 #include "core/td_json.h"
 #include "core/td_parse.h"
 #include "gpu/td_gpu.h"
+#include "service/td_agent.h"
+#include "service/td_cluster.h"
 #include "service/td_db.h"
 #include "service/td_jobs.h"
 
 #include <errno.h>
+#include <curl/curl.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
@@ -34,13 +37,39 @@ typedef struct options {
     long max_body;
     char roots[MAX_ROOTS][PATH_MAX];
     int n_roots; /* 0: the defaults */
+    /* the cluster */
+    char join[256];                /* "": this traind is a master */
+    char secret_file[PATH_MAX];    /* "": a master that accepts no agents */
+    char node_name[64];            /* "": the hostname */
+    char advertise[64];            /* "": the listen address (master) or the route (agent) */
+    double heartbeat_s, timeout_s; /* a master's: what agents keep, when they are lost */
 } options;
+
+/* Indexes of have[]: what the command line gave, which the config file must not override. */
+enum {
+    HAVE_LISTEN,
+    HAVE_STATE,
+    HAVE_SLOTS,
+    HAVE_GRACE,
+    HAVE_BODY,
+    HAVE_WORKER,
+    HAVE_ROOTS,
+    HAVE_JOIN,
+    HAVE_SECRET,
+    HAVE_NAME,
+    HAVE_ADVERTISE,
+    HAVE_HEARTBEAT,
+    HAVE_TIMEOUT,
+    HAVE_COUNT
+};
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: traind [--listen ADDR:PORT] [--state-dir DIR] [--config FILE]\n"
             "              [--slots N] [--data-root DIR]... [--grace S] [--max-body BYTES]\n"
-            "              [--worker PATH]\n"
+            "              [--worker PATH] [--cluster-secret-file FILE] [--join ADDR:PORT]\n"
+            "              [--node-name NAME] [--advertise ADDR] [--heartbeat S]\n"
+            "              [--node-timeout S]\n"
             "\n"
             "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
             "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
@@ -52,7 +81,9 @@ static void usage(FILE *out) {
             "                      token (default: $STATE_DIRECTORY, /var/lib/traind for root,\n"
             "                      else $XDG_STATE_HOME/traind or ~/.local/state/traind)\n"
             "  --config FILE       a JSON object with any of: listen, state_dir, slots,\n"
-            "                      data_roots (array), grace_s, max_body_bytes, worker;\n"
+            "                      data_roots (array), grace_s, max_body_bytes, worker,\n"
+            "                      join, cluster_secret_file, node_name, advertise,\n"
+            "                      heartbeat_s, node_timeout_s;\n"
             "                      command-line options override it\n"
             "  --slots N           job processes at once when there is no GPU (default: the\n"
             "                      core count); with GPUs, one slot per GPU\n"
@@ -62,6 +93,19 @@ static void usage(FILE *out) {
             "                      (default 10)\n"
             "  --max-body BYTES    the largest request body (default 1048576)\n"
             "  --worker PATH       traind-worker (default: next to traind)\n"
+            "\n"
+            "A cluster: one traind is the master (the default), the others join it.\n"
+            "  --cluster-secret-file FILE  the cluster's shared secret (the same file on\n"
+            "                      every node, mode 0600); a master without one accepts no\n"
+            "                      agents\n"
+            "  --join ADDR:PORT    become an agent of the master serving there\n"
+            "  --node-name NAME    this node's name in the cluster (default: the hostname)\n"
+            "  --advertise ADDR    the address other nodes reach this one at (default: the\n"
+            "                      --listen address on a master, on an agent the address it\n"
+            "                      reaches the master from)\n"
+            "  --heartbeat S       (master) seconds between agents' heartbeats (default 2)\n"
+            "  --node-timeout S    (master) seconds of silence before a node is lost\n"
+            "                      (default 10)\n"
             "\n"
             "On its first start traind writes a random API token to STATE_DIR/token (mode\n"
             "0600; it is never printed); every endpoint but GET /v1/health needs\n"
@@ -90,12 +134,24 @@ static long number(const char *what, const char *v, long min, long max) {
     return x;
 }
 
+static double seconds(const char *what, const char *v, double min, double max) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= min && x <= max))
+        die("%s \"%s\": expected seconds in [%g, %g]", what, v, min, max);
+    return x;
+}
+
 /* The config file: a JSON object whose members default what the command line did not give
  * (have[]); read with the JSON kit, so an error names the member ("traind: /etc/traind.json:
  * slots: expected an integer in [1, 4096], found 0"). */
 static void read_config(options *o, const char *path, bool *have) {
-    static const char *const KEYS[] = {"listen",  "state_dir",      "slots",  "data_roots",
-                                       "grace_s", "max_body_bytes", "worker", NULL};
+    static const char *const KEYS[] = {"listen",         "state_dir", "slots",
+                                       "data_roots",     "grace_s",   "max_body_bytes",
+                                       "worker",         "join",      "cluster_secret_file",
+                                       "node_name",      "advertise", "heartbeat_s",
+                                       "node_timeout_s", NULL};
     json_error_t je;
     json_t *c = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!c) die("%s:%d:%d: %s", path, je.line, je.column, je.text);
@@ -112,19 +168,36 @@ static void read_config(options *o, const char *path, bool *have) {
         td_json_string(c, "", "worker", false, o->worker, f.worker, sizeof f.worker, &err) != 0 ||
         td_json_int(c, "", "slots", false, o->slots, 1, 4096, &slots, &err) != 0 ||
         td_json_number(c, "", "grace_s", false, o->grace_s, 0, 3600, &grace, &err) != 0 ||
-        td_json_int(c, "", "max_body_bytes", false, o->max_body, 1, 1L << 30, &body, &err) != 0)
+        td_json_int(c, "", "max_body_bytes", false, o->max_body, 1, 1L << 30, &body, &err) != 0 ||
+        td_json_string(c, "", "join", false, o->join, f.join, sizeof f.join, &err) != 0 ||
+        td_json_string(c, "", "cluster_secret_file", false, o->secret_file, f.secret_file,
+                       sizeof f.secret_file, &err) != 0 ||
+        td_json_string(c, "", "node_name", false, o->node_name, f.node_name, sizeof f.node_name,
+                       &err) != 0 ||
+        td_json_string(c, "", "advertise", false, o->advertise, f.advertise, sizeof f.advertise,
+                       &err) != 0 ||
+        td_json_number(c, "", "heartbeat_s", false, o->heartbeat_s, 0.1, 3600, &f.heartbeat_s,
+                       &err) != 0 ||
+        td_json_number(c, "", "node_timeout_s", false, o->timeout_s, 0.5, 86400, &f.timeout_s,
+                       &err) != 0)
         die("%s: %s", path, err.msg);
     roots = json_object_get(c, "data_roots");
     if (roots && (!json_is_array(roots) || json_array_size(roots) > MAX_ROOTS))
         die("%s: data_roots: expected an array of at most %d paths", path, MAX_ROOTS);
     /* what the command line gave stays */
-    if (!have[0]) snprintf(o->listen, sizeof o->listen, "%s", f.listen);
-    if (!have[1]) snprintf(o->state_dir, sizeof o->state_dir, "%s", f.state_dir);
-    if (!have[2]) o->slots = (int)slots;
-    if (!have[3]) o->grace_s = grace;
-    if (!have[4]) o->max_body = body;
-    if (!have[5]) snprintf(o->worker, sizeof o->worker, "%s", f.worker);
-    for (size_t i = 0; roots && !have[6] && i < json_array_size(roots); i++) {
+    if (!have[HAVE_LISTEN]) snprintf(o->listen, sizeof o->listen, "%s", f.listen);
+    if (!have[HAVE_STATE]) snprintf(o->state_dir, sizeof o->state_dir, "%s", f.state_dir);
+    if (!have[HAVE_SLOTS]) o->slots = (int)slots;
+    if (!have[HAVE_GRACE]) o->grace_s = grace;
+    if (!have[HAVE_BODY]) o->max_body = body;
+    if (!have[HAVE_WORKER]) snprintf(o->worker, sizeof o->worker, "%s", f.worker);
+    if (!have[HAVE_JOIN]) snprintf(o->join, sizeof o->join, "%s", f.join);
+    if (!have[HAVE_SECRET]) snprintf(o->secret_file, sizeof o->secret_file, "%s", f.secret_file);
+    if (!have[HAVE_NAME]) snprintf(o->node_name, sizeof o->node_name, "%s", f.node_name);
+    if (!have[HAVE_ADVERTISE]) snprintf(o->advertise, sizeof o->advertise, "%s", f.advertise);
+    if (!have[HAVE_HEARTBEAT]) o->heartbeat_s = f.heartbeat_s;
+    if (!have[HAVE_TIMEOUT]) o->timeout_s = f.timeout_s;
+    for (size_t i = 0; roots && !have[HAVE_ROOTS] && i < json_array_size(roots); i++) {
         json_t *r = json_array_get(roots, i);
         if (!json_is_string(r)) {
             char where[48];
@@ -164,16 +237,18 @@ static void make_dirs(const char *path) {
     if (mkdir(p, 0700) != 0 && errno != EEXIST) die("cannot create %s: %s", p, strerror(errno));
 }
 
-/* The API token: read, or created on the first start (32 random bytes as hex, mode 0600). */
-static void load_token(const char *dir, char *token, size_t len) {
+/* STATE_DIR/NAME: read, or created on the first start as 32 random bytes in hex (mode 0600):
+ * the API token, the node id. */
+static void load_random(const char *dir, const char *name, const char *what, char *token,
+                        size_t len) {
     char path[PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/token", dir);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "r");
     if (f) {
         if (!fgets(token, (int)len, f)) token[0] = 0;
         fclose(f);
         token[strcspn(token, "\r\n")] = 0;
-        if (strlen(token) < 16) die("%s: the token is shorter than 16 characters", path);
+        if (strlen(token) < 16) die("%s: the %s is shorter than 16 characters", path, what);
         struct stat st;
         if (stat(path, &st) == 0 && (st.st_mode & 077))
             fprintf(stderr, "traind: warning: %s is readable by others (chmod 600 it)\n", path);
@@ -181,7 +256,7 @@ static void load_token(const char *dir, char *token, size_t len) {
     }
     unsigned char raw[32];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
-        die("cannot read random bytes for the token: %s", strerror(errno));
+        die("cannot read random bytes for the %s: %s", what, strerror(errno));
     for (size_t i = 0; i < sizeof raw && 2 * i + 2 < len; i++)
         snprintf(token + 2 * i, 3, "%02x", raw[i]);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -191,8 +266,26 @@ static void load_token(const char *dir, char *token, size_t len) {
         die("cannot write %s: %s", path, strerror(errno));
     close(fd);
     /* never the token itself: under systemd stderr is the journal, which others may read */
-    fprintf(stderr, "traind: created a new API token in %s (mode 0600); clients read it there\n",
+    fprintf(stderr, "traind: created a new %s in %s (mode 0600)%s\n", what, path,
+            strcmp(name, "token") == 0 ? "; clients read it there" : "");
+}
+
+/* The cluster secret: the first line of the file, at least 16 characters. */
+static void load_cluster_secret(const char *path, char *out, size_t len) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        die("--cluster-secret-file %s: %s (every node needs the same file; make one with: head -c "
+            "32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > FILE)",
+            path, strerror(errno));
+    if (!fgets(out, (int)len, f)) out[0] = 0;
+    fclose(f);
+    out[strcspn(out, "\r\n")] = 0;
+    if (strlen(out) < 16)
+        die("--cluster-secret-file %s: the secret on its first line is shorter than 16 characters",
             path);
+    struct stat st;
+    if (stat(path, &st) == 0 && (st.st_mode & 077))
+        fprintf(stderr, "traind: warning: %s is readable by others (chmod 600 it)\n", path);
 }
 
 /* One daemon per state directory: an exclusive flock on STATE_DIR/traind.pid, held for the
@@ -262,22 +355,34 @@ static const char *parse_args(int argc, char **argv, options *o, bool *have) {
         }
         const char *v = argv[++i];
         if (!strcmp(a, "--listen"))
-            snprintf(o->listen, sizeof o->listen, "%s", v), have[0] = true;
+            snprintf(o->listen, sizeof o->listen, "%s", v), have[HAVE_LISTEN] = true;
         else if (!strcmp(a, "--state-dir"))
-            snprintf(o->state_dir, sizeof o->state_dir, "%s", v), have[1] = true;
+            snprintf(o->state_dir, sizeof o->state_dir, "%s", v), have[HAVE_STATE] = true;
         else if (!strcmp(a, "--slots"))
-            o->slots = (int)number("--slots", v, 1, 4096), have[2] = true;
+            o->slots = (int)number("--slots", v, 1, 4096), have[HAVE_SLOTS] = true;
         else if (!strcmp(a, "--grace"))
-            o->grace_s = (double)number("--grace", v, 0, 3600), have[3] = true;
+            o->grace_s = (double)number("--grace", v, 0, 3600), have[HAVE_GRACE] = true;
         else if (!strcmp(a, "--max-body"))
-            o->max_body = number("--max-body", v, 1, 1L << 30), have[4] = true;
+            o->max_body = number("--max-body", v, 1, 1L << 30), have[HAVE_BODY] = true;
         else if (!strcmp(a, "--worker"))
-            snprintf(o->worker, sizeof o->worker, "%s", v), have[5] = true;
+            snprintf(o->worker, sizeof o->worker, "%s", v), have[HAVE_WORKER] = true;
         else if (!strcmp(a, "--data-root")) {
             if (o->n_roots == MAX_ROOTS) die("at most %d --data-root", MAX_ROOTS);
             snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", v);
-            have[6] = true;
-        } else if (!strcmp(a, "--config"))
+            have[HAVE_ROOTS] = true;
+        } else if (!strcmp(a, "--join"))
+            snprintf(o->join, sizeof o->join, "%s", v), have[HAVE_JOIN] = true;
+        else if (!strcmp(a, "--cluster-secret-file"))
+            snprintf(o->secret_file, sizeof o->secret_file, "%s", v), have[HAVE_SECRET] = true;
+        else if (!strcmp(a, "--node-name"))
+            snprintf(o->node_name, sizeof o->node_name, "%s", v), have[HAVE_NAME] = true;
+        else if (!strcmp(a, "--advertise"))
+            snprintf(o->advertise, sizeof o->advertise, "%s", v), have[HAVE_ADVERTISE] = true;
+        else if (!strcmp(a, "--heartbeat"))
+            o->heartbeat_s = seconds("--heartbeat", v, 0.1, 3600), have[HAVE_HEARTBEAT] = true;
+        else if (!strcmp(a, "--node-timeout"))
+            o->timeout_s = seconds("--node-timeout", v, 0.5, 86400), have[HAVE_TIMEOUT] = true;
+        else if (!strcmp(a, "--config"))
             config = v;
         else {
             fprintf(stderr, "traind: unknown option %s\n", a);
@@ -319,6 +424,10 @@ static void block_signals(void) {
     signal(SIGPIPE, SIG_IGN);
 }
 
+static int slots_used(void *jobs) {
+    return td_jobs_slots_used(jobs);
+}
+
 /* Serves from the state directory `state` (locked) on listen_fd until SIGTERM or SIGINT. */
 static int serve(const options *o, const char *state, const char *host, int listen_fd) {
     static char resolved[MAX_ROOTS + 1][PATH_MAX];
@@ -331,14 +440,44 @@ static int serve(const options *o, const char *state, const char *host, int list
     if (slots < 1) slots = 1;
     block_signals();
 
-    char token[128];
-    load_token(state, token, sizeof token);
+    char token[128], node_id[128], secret[256] = "", name[64];
+    load_random(state, "token", "API token", token, sizeof token);
+    load_random(state, "node-id", "node id", node_id, sizeof node_id);
+    if (o->secret_file[0]) load_cluster_secret(o->secret_file, secret, sizeof secret);
+    if (o->join[0] && !secret[0])
+        die("--join needs --cluster-secret-file: the master only takes agents that hold its "
+            "cluster secret");
+    if (o->node_name[0])
+        snprintf(name, sizeof name, "%s", o->node_name);
+    else if (gethostname(name, sizeof name) != 0)
+        snprintf(name, sizeof name, "node");
+    name[sizeof name - 1] = 0;
+    if (!td_cluster_name_ok(name))
+        die("node name \"%s\": expected 1 to 63 letters, digits, '.', '_' or '-' (give "
+            "--node-name)",
+            name);
     char db_path[PATH_MAX + 16];
     snprintf(db_path, sizeof db_path, "%s/state.db", state);
     td_err err = {{0}};
     td_db *db = NULL;
     td_jobs *jobs = NULL;
     td_api *api = NULL;
+    td_cluster *cluster = NULL;
+    td_agent *agent = NULL;
+    int rc = 1;
+    if (!o->join[0]) { /* a master; alone, of a one-node cluster */
+        td_cluster_config cc = {.name = name,
+                                .address = o->advertise[0] ? o->advertise : host,
+                                .slots = slots,
+                                .gpus = gpus,
+                                .version = TRAIND_VERSION,
+                                .secret = secret[0] ? secret : NULL,
+                                .heartbeat_s = o->heartbeat_s,
+                                .timeout_s = o->timeout_s,
+                                .log = stderr};
+        if (td_cluster_open(&cluster, &cc, &err) != 0 || td_cluster_start(cluster, &err) != 0)
+            goto fail;
+    }
     if (td_db_open(&db, db_path, &err) != 0) goto fail;
     td_jobs_config jc = {
         .state_dir = state,
@@ -352,12 +491,32 @@ static int serve(const options *o, const char *state, const char *host, int list
     td_api_config ac = {.listen_fd = listen_fd,
                         .token = token,
                         .max_body = (size_t)o->max_body,
-                        .version = TRAIND_VERSION};
+                        .version = TRAIND_VERSION,
+                        .cluster = cluster,
+                        .master = o->join[0] ? o->join : NULL};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
     fprintf(stderr, "traind: %d %s slot%s; state in %s; worker %s\n", slots,
             gpus > 0 ? "GPU" : "CPU", slots == 1 ? "" : "s", state, o->worker);
     fprintf(stderr, "traind: listening on http://%s:%d\n", host, td_api_port(api));
+    if (cluster)
+        fprintf(stderr, "traind: node %s is the cluster's master; %s\n", name,
+                secret[0] ? "agents join with --join and the cluster secret"
+                          : "it accepts no agents (no --cluster-secret-file)");
     fflush(stderr);
+    if (o->join[0]) {
+        td_agent_config gc = {.master = o->join,
+                              .secret = secret,
+                              .name = name,
+                              .node_id = node_id,
+                              .advertise = o->advertise[0] ? o->advertise : NULL,
+                              .slots = slots,
+                              .gpus = gpus,
+                              .version = TRAIND_VERSION,
+                              .log = stderr,
+                              .slots_used = slots_used,
+                              .ctx = jobs};
+        if (td_agent_start(&agent, &gc, &err) != 0) goto fail;
+    }
 
     sigset_t stop;
     sigemptyset(&stop);
@@ -365,25 +524,29 @@ static int serve(const options *o, const char *state, const char *host, int list
     sigaddset(&stop, SIGINT);
     int sig = 0;
     sigwait(&stop, &sig);
-    fprintf(stderr, "traind: %s: stopping (running jobs resume at the next start)\n",
-            strsignal(sig));
+    bool refused = td_agent_refused(agent);
+    if (refused)
+        fprintf(stderr, "traind: stopping: the master refused this node (see above)\n");
+    else
+        fprintf(stderr, "traind: %s: stopping (running jobs resume at the next start)\n",
+                strsignal(sig));
+    rc = refused ? 1 : 0;
+    goto stop;
+fail:
+    fprintf(stderr, "traind: %s\n", err.msg);
+stop:
+    td_agent_stop(agent);
     td_jobs_stop(jobs);
     td_api_stop(api);
     td_jobs_close(jobs);
+    td_cluster_close(cluster);
     td_db_close(db);
-    return 0;
-fail:
-    fprintf(stderr, "traind: %s\n", err.msg);
-    td_api_stop(api);
-    td_jobs_close(jobs);
-    td_db_close(db);
-    return 1;
+    return rc;
 }
 
 int main(int argc, char **argv) {
-    options o = {.grace_s = 10, .max_body = 1 << 20};
-    bool have[7] = {false}; /* given on the command line: listen, state, slots, grace, body,
-                               worker, roots */
+    options o = {.grace_s = 10, .max_body = 1 << 20, .heartbeat_s = 2, .timeout_s = 10};
+    bool have[HAVE_COUNT] = {false}; /* given on the command line */
     const char *config = parse_args(argc, argv, &o, have);
     if (config) read_config(&o, config, have);
     if (!o.listen[0]) snprintf(o.listen, sizeof o.listen, "127.0.0.1:8470");
@@ -410,7 +573,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "traind: %s\n", err.msg);
         return 1;
     }
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) die("cannot initialise libcurl");
     int rc = serve(&o, state, host, listen_fd);
+    curl_global_cleanup();
     close(lock_fd);
     return rc;
 }

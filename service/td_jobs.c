@@ -333,3 +333,10 @@ int td_jobs_delete(td_jobs *j, long id, td_reply_error *e) {
     fprintf(j->log, "traind: job %ld deleted\n", id);
     return 0;
 }
+
+int td_jobs_slots_used(td_jobs *j) {
+    pthread_mutex_lock(&j->mu);
+    int used = j->used_slots;
+    pthread_mutex_unlock(&j->mu);
+    return used;
+}

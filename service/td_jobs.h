@@ -69,6 +69,9 @@ int td_jobs_checkpoints(td_jobs *j, long id, long step, td_db_checkpoint_fn fn, 
                         td_reply_error *e);
 int td_jobs_checkpoint_path(td_jobs *j, long id, long step, char *path, size_t len,
                             td_reply_error *e);
+/* The slots this node's running jobs hold now (for the cluster's node listing and heartbeats). */
+int td_jobs_slots_used(td_jobs *j);
+
 /* Whether job id exists (404 otherwise). */
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e);
 

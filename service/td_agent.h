@@ -1,0 +1,42 @@
+/* A traind started with --join: the agent thread that keeps this node in its master's cluster
+ * (td_cluster.h says what the master does). It registers, then heartbeats at the interval the
+ * master gives; when the master cannot be reached it keeps retrying with back-off (1, 2, 4 ...
+ * up to 10 s) and registers again once the master answers, as it does when the master no longer
+ * knows it (a master restart, or it was marked lost).
+ *
+ * A refusal that retrying cannot cure (a wrong cluster secret, another protocol version, a node
+ * name already taken, a master that accepts no agents) is printed with the master's own message
+ * and ends the daemon: td_agent_refused() is then true and the process got SIGTERM. */
+#ifndef TD_AGENT_H
+#define TD_AGENT_H
+
+#include "core/td_error.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef struct td_agent td_agent;
+
+typedef struct td_agent_config {
+    const char *master;    /* ADDR:PORT of the master's API */
+    const char *secret;    /* the cluster secret */
+    const char *name;      /* this node's name */
+    const char *node_id;   /* this node's id (random, kept in the state directory) */
+    const char *advertise; /* NULL: the address this node reaches the master from */
+    int slots, gpus;
+    const char *version;
+    FILE *log;
+    /* the slots this node's jobs use now, for heartbeats (called from the agent's thread) */
+    int (*slots_used)(void *ctx);
+    void *ctx;
+} td_agent_config;
+
+/* Checks the master's address and works out the advertised one, then starts the thread. An
+ * address that does not parse or has no route is an error here, before the daemon serves. */
+int td_agent_start(td_agent **out, const td_agent_config *cfg, td_err *err);
+/* Whether the master refused this node for good (the daemon should exit 1). */
+bool td_agent_refused(td_agent *a);
+/* Stops the thread (within one request's timeout) and frees. */
+void td_agent_stop(td_agent *a);
+
+#endif

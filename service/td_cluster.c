@@ -1,0 +1,359 @@
+/* The master's node registry (td_cluster.h): joins, heartbeats, losses, the node listing. */
+#include "service/td_cluster.h"
+
+#include "core/td_clock.h"
+#include "core/td_json.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum { MAX_NODES = 4096 };
+
+typedef struct node {
+    char name[64], node_id[65], address[64], version[32];
+    int slots, slots_used, gpus;
+    bool lost;
+    double last_seen;  /* monotonic: what the timeout counts from */
+    double last_wall;  /* the same moment on the wall clock, for the listing */
+    double lost_since; /* monotonic */
+} node;
+
+struct td_cluster {
+    td_cluster_config cfg;
+    char name[64], address[64], version[32], secret[256];
+    bool has_secret;
+    pthread_mutex_t mu;
+    pthread_cond_t wake; /* on a monotonic clock */
+    node *nodes;
+    int n, cap;
+    pthread_t sweeper;
+    bool started, stopping;
+};
+
+static void say(td_cluster *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(td_cluster *c, const char *fmt, ...) {
+    if (!c->cfg.log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(c->cfg.log, "traind: ");
+    vfprintf(c->cfg.log, fmt, ap);
+    fprintf(c->cfg.log, "\n");
+    fflush(c->cfg.log);
+    va_end(ap);
+}
+
+int td_cluster_open(td_cluster **out, const td_cluster_config *cfg, td_err *err) {
+    if (cfg->secret && strlen(cfg->secret) >= sizeof((td_cluster *)0)->secret)
+        return td_fail(err, "the cluster secret is longer than 255 characters");
+    td_cluster *c = td_calloc(1, sizeof *c);
+    c->cfg = *cfg;
+    snprintf(c->name, sizeof c->name, "%s", cfg->name);
+    snprintf(c->address, sizeof c->address, "%s", cfg->address ? cfg->address : "");
+    snprintf(c->version, sizeof c->version, "%s", cfg->version);
+    c->has_secret = cfg->secret != NULL;
+    if (cfg->secret) snprintf(c->secret, sizeof c->secret, "%s", cfg->secret);
+    c->cfg.name = c->name, c->cfg.address = c->address, c->cfg.version = c->version;
+    c->cfg.secret = NULL; /* kept in c->secret only */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&c->mu, NULL);
+    *out = c;
+    return 0;
+}
+
+static void *sweep_loop(void *arg) {
+    td_cluster *c = arg;
+    /* a quarter of the timeout between sweeps: a loss is seen within 1.25 timeouts at worst */
+    double every = c->cfg.timeout_s / 4 < 1.0 ? c->cfg.timeout_s / 4 : 1.0;
+    pthread_mutex_lock(&c->mu);
+    while (!c->stopping) {
+        struct timespec ts;
+        td_clock_deadline(&ts, every);
+        pthread_cond_timedwait(&c->wake, &c->mu, &ts);
+        if (c->stopping) break;
+        pthread_mutex_unlock(&c->mu);
+        td_cluster_sweep(c, td_clock_now());
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+int td_cluster_start(td_cluster *c, td_err *err) {
+    int rc = pthread_create(&c->sweeper, NULL, sweep_loop, c);
+    if (rc != 0) return td_fail(err, "cannot start the cluster's sweeper thread: %s", strerror(rc));
+    c->started = true;
+    return 0;
+}
+
+void td_cluster_close(td_cluster *c) {
+    if (!c) return;
+    if (c->started) {
+        pthread_mutex_lock(&c->mu);
+        c->stopping = true;
+        pthread_cond_broadcast(&c->wake);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->sweeper, NULL);
+    }
+    pthread_cond_destroy(&c->wake);
+    pthread_mutex_destroy(&c->mu);
+    free(c->nodes);
+    free(c);
+}
+
+/* ---- authentication ------------------------------------------------------------------------- */
+
+bool td_cluster_authorized(td_cluster *c, const char *authorization, const char *peer,
+                           td_reply_error *e) {
+    if (!c->has_secret) {
+        td_reply_fail(e, 403, "cluster_closed", NULL,
+                      "this traind accepts no agents: start the master with "
+                      "--cluster-secret-file FILE (the same file on every node)");
+        say(c, "refused an agent from %s: this master has no cluster secret", peer);
+        return false;
+    }
+    const char *given = "";
+    if (authorization && strncasecmp(authorization, "Cluster ", 8) == 0) given = authorization + 8;
+    /* constant time in the secret's length: a wrong guess takes as long whatever it shares */
+    size_t n = strlen(c->secret), m = strlen(given);
+    unsigned char diff = (unsigned char)(n != m);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(c->secret[i] ^ (i < m ? given[i] : 0));
+    if (diff == 0) return true;
+    td_reply_fail(e, 401, "cluster_secret", NULL,
+                  "%s cluster secret: every node's --cluster-secret-file must hold the master's "
+                  "secret",
+                  m == 0 ? "missing" : "wrong");
+    say(c, "refused an agent from %s: %s cluster secret", peer, m == 0 ? "missing" : "wrong");
+    return false;
+}
+
+/* ---- messages ------------------------------------------------------------------------------- */
+
+bool td_cluster_name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 63) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(s[i] >= 'a' && s[i] <= 'z') && !(s[i] >= 'A' && s[i] <= 'Z') &&
+            !(s[i] >= '0' && s[i] <= '9') && s[i] != '.' && s[i] != '_' && s[i] != '-')
+            return false;
+    return true;
+}
+
+/* Reads a message's body as a JSON object; 400 in e otherwise. */
+static json_t *parse_body(const char *body, size_t len, td_reply_error *e) {
+    json_error_t je;
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) {
+        td_reply_fail(e, 400, "bad_request", NULL, "line %d, column %d: %s", je.line, je.column,
+                      je.text);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        td_reply_fail(e, 400, "bad_request", NULL, "expected a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+/* The node's identity from a message: name and node_id, checked. */
+static int read_identity(json_t *o, char *name, char *id, td_reply_error *e) {
+    td_err err = {{0}};
+    if (td_json_string(o, "", "name", true, "", name, 64, &err) != 0 ||
+        td_json_string(o, "", "node_id", true, "", id, 65, &err) != 0)
+        return td_reply_fail(e, 400, "bad_request", NULL, "%s", err.msg);
+    if (!td_cluster_name_ok(name))
+        return td_reply_fail(e, 400, "bad_request", "name",
+                             "name \"%s\": expected 1 to 63 letters, digits, '.', '_' or '-'",
+                             name);
+    if (strlen(id) < 8)
+        return td_reply_fail(e, 400, "bad_request", "node_id",
+                             "node_id: expected 8 to 64 characters");
+    return 0;
+}
+
+static node *find(td_cluster *c, const char *name) {
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->nodes[i].name, name) == 0) return &c->nodes[i];
+    return NULL;
+}
+
+static void reply_registered(td_cluster *c, td_buf *out) {
+    td_buf_printf(out,
+                  "{\"heartbeat_s\":%g,\"timeout_s\":%g,\"master\":\"%s\",\"version\":\"%s\"}\n",
+                  c->cfg.heartbeat_s, c->cfg.timeout_s, c->name, c->version);
+}
+
+int td_cluster_register(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
+                        td_reply_error *e) {
+    json_t *o = parse_body(body, len, e);
+    if (!o) return -1;
+    static const char *const KEYS[] = {"protocol", "name", "node_id", "address",
+                                       "slots",    "gpus", "version", NULL};
+    node n = {0};
+    long protocol = 0, slots = 0, gpus = 0;
+    td_err err = {{0}};
+    int rc = -1;
+    if (td_json_int(o, "", "protocol", true, 0, 0, 1 << 20, &protocol, &err) != 0) {
+        td_reply_fail(e, 400, "bad_request", "protocol", "%s", err.msg);
+        goto done;
+    }
+    if (protocol != TD_CLUSTER_PROTOCOL) {
+        td_reply_fail(e, 400, "protocol_version", "protocol",
+                      "the agent speaks cluster protocol %ld, this master (traind %s) speaks %d: "
+                      "run the same traind version on every node",
+                      protocol, c->version, TD_CLUSTER_PROTOCOL);
+        say(c, "refused an agent: it speaks cluster protocol %ld, this master %d", protocol,
+            TD_CLUSTER_PROTOCOL);
+        goto done;
+    }
+    if (td_json_check_keys(o, "", KEYS, &err) != 0 ||
+        td_json_string(o, "", "address", true, "", n.address, sizeof n.address, &err) != 0 ||
+        td_json_string(o, "", "version", true, "", n.version, sizeof n.version, &err) != 0 ||
+        td_json_int(o, "", "slots", true, 0, 1, 4096, &slots, &err) != 0 ||
+        td_json_int(o, "", "gpus", false, 0, 0, 4096, &gpus, &err) != 0) {
+        td_reply_fail(e, 400, "bad_request", NULL, "%s", err.msg);
+        goto done;
+    }
+    if (read_identity(o, n.name, n.node_id, e) != 0) goto done;
+    struct in_addr a;
+    if (inet_pton(AF_INET, n.address, &a) != 1) {
+        td_reply_fail(e, 400, "bad_request", "address",
+                      "address \"%s\": expected the IPv4 address other nodes reach this one at",
+                      n.address);
+        goto done;
+    }
+    n.slots = (int)slots, n.gpus = (int)gpus;
+    n.last_seen = now, n.last_wall = td_clock_wall();
+    pthread_mutex_lock(&c->mu);
+    node *old = find(c, n.name);
+    if (strcmp(n.name, c->name) == 0 || (old && !old->lost && strcmp(old->node_id, n.node_id))) {
+        const char *where = old ? old->address : c->address;
+        td_reply_fail(e, 409, "duplicate_node", "name",
+                      "a node named \"%s\" is already in the cluster (at %s): give this node "
+                      "another --node-name, or stop the other one",
+                      n.name, where);
+        say(c, "refused node %s from %s: the name is taken by the node at %s", n.name, n.address,
+            where);
+    } else {
+        if (!old && c->n == MAX_NODES) {
+            td_reply_fail(e, 503, "cluster_full", NULL,
+                          "the cluster has %d nodes, the most it takes", MAX_NODES);
+        } else {
+            if (!old) {
+                if (c->n == c->cap) {
+                    c->cap = c->cap ? 2 * c->cap : 16;
+                    c->nodes = td_realloc(c->nodes, (size_t)c->cap * sizeof *c->nodes);
+                }
+                old = &c->nodes[c->n++];
+                say(c, "node %s joined from %s: %d %s slot%s, traind %s", n.name, n.address,
+                    n.slots, n.gpus > 0 ? "GPU" : "CPU", n.slots == 1 ? "" : "s", n.version);
+            } else if (old->lost) {
+                say(c, "node %s is back from %s after %.1f s lost%s", n.name, n.address,
+                    now - old->lost_since,
+                    strcmp(old->node_id, n.node_id) ? " (a new node id)" : "");
+            } else {
+                say(c, "node %s registered again from %s", n.name, n.address);
+            }
+            *old = n;
+            reply_registered(c, out);
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+done:
+    json_decref(o);
+    return rc;
+}
+
+int td_cluster_heartbeat(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
+                         td_reply_error *e) {
+    json_t *o = parse_body(body, len, e);
+    if (!o) return -1;
+    char name[64], id[65];
+    long used = 0;
+    td_err err = {{0}};
+    int rc = -1;
+    if (read_identity(o, name, id, e) != 0) goto done;
+    if (td_json_int(o, "", "slots_used", false, 0, 0, 4096, &used, &err) != 0) {
+        td_reply_fail(e, 400, "bad_request", "slots_used", "%s", err.msg);
+        goto done;
+    }
+    pthread_mutex_lock(&c->mu);
+    node *n = find(c, name);
+    if (!n || strcmp(n->node_id, id) != 0 || n->lost) {
+        td_reply_fail(e, 404, "unknown_node", NULL, "node %s is not registered%s: register again",
+                      name, n && n->lost ? " (the master marked it lost)" : "");
+    } else {
+        n->last_seen = now, n->last_wall = td_clock_wall();
+        n->slots_used = (int)used;
+        reply_registered(c, out);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+done:
+    json_decref(o);
+    return rc;
+}
+
+int td_cluster_sweep(td_cluster *c, double now) {
+    int lost = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++) {
+        node *n = &c->nodes[i];
+        if (n->lost || now - n->last_seen < c->cfg.timeout_s) continue;
+        n->lost = true;
+        n->lost_since = now;
+        lost++;
+        say(c, "node %s (%s) lost: no heartbeat for %.1f s (timeout %g s)", n->name, n->address,
+            now - n->last_seen, c->cfg.timeout_s);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return lost;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const node *)a)->name, ((const node *)b)->name);
+}
+
+static json_t *node_json(const node *n, const char *role, double now) {
+    json_t *gpus = json_array();
+    for (int g = 0; g < n->gpus; g++) json_array_append_new(gpus, json_pack("{s:i}", "index", g));
+    return json_pack("{s:s, s:s, s:s, s:s, s:{s:i, s:i}, s:o, s:s, s:f, s:f}", "name", n->name,
+                     "role", role, "address", n->address, "state", n->lost ? "lost" : "ready",
+                     "slots", "total", n->slots, "used", n->slots_used, "gpus", gpus, "version",
+                     n->version, "last_heartbeat", n->last_wall, "seconds_since_heartbeat",
+                     now - n->last_seen);
+}
+
+void td_cluster_list(td_cluster *c, double now, int master_used, td_buf *out) {
+    node self = {.slots = c->cfg.slots,
+                 .slots_used = master_used,
+                 .gpus = c->cfg.gpus,
+                 .last_seen = now,
+                 .last_wall = td_clock_wall()};
+    snprintf(self.name, sizeof self.name, "%s", c->name);
+    snprintf(self.address, sizeof self.address, "%s", c->address);
+    snprintf(self.version, sizeof self.version, "%s", c->version);
+    json_t *list = json_array();
+    json_array_append_new(list, node_json(&self, "master", now));
+    pthread_mutex_lock(&c->mu);
+    qsort(c->nodes, (size_t)c->n, sizeof *c->nodes, by_name);
+    for (int i = 0; i < c->n; i++)
+        json_array_append_new(list, node_json(&c->nodes[i], "agent", now));
+    pthread_mutex_unlock(&c->mu);
+    json_t *o = json_pack("{s:o}", "nodes", list);
+    char *text = json_dumps(o, JSON_COMPACT);
+    td_buf_puts(out, text ? text : "{\"nodes\":[]}");
+    td_buf_puts(out, "\n");
+    free(text);
+    json_decref(o);
+}

@@ -1,0 +1,71 @@
+/* The cluster as the master sees it: every node that joined (its name, address, slots, GPUs,
+ * version), its state (ready, lost) and its last heartbeat. The master is the only source of
+ * truth: agents keep no cluster state, and after a master restart they register again.
+ *
+ * The protocol rides on the master's HTTP API (api/README.md, "Cluster"): an agent POSTs
+ * /v1/cluster/register, then /v1/cluster/heartbeat every heartbeat_s, both authenticated by the
+ * cluster secret (a file given to every node, distinct from users' API tokens, compared in
+ * constant time). A node silent for timeout_s is marked lost by the sweeper thread; its next
+ * heartbeat is answered 404 and it registers again.
+ *
+ * Times are passed in (td_clock_now() seconds) so the rules can be tested without waiting. All
+ * functions are thread-safe. */
+#ifndef TD_CLUSTER_H
+#define TD_CLUSTER_H
+
+#include "core/td_error.h"
+#include "service/td_buf.h"
+#include "service/td_submit.h" /* td_reply_error */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+/* The version of the register and heartbeat messages; a node speaking another is refused. */
+#define TD_CLUSTER_PROTOCOL 1
+
+typedef struct td_cluster td_cluster;
+
+typedef struct td_cluster_config {
+    const char *name;    /* the master's own node name */
+    const char *address; /* the master's advertised address */
+    int slots;           /* the master's own slots */
+    int gpus;            /* of which GPUs */
+    const char *version; /* traind's */
+    const char *secret;  /* NULL: this master accepts no agents */
+    double heartbeat_s;  /* what agents are told to keep */
+    double timeout_s;    /* silence after which a node is lost */
+    FILE *log;           /* one line per join, refusal, loss */
+} td_cluster_config;
+
+/* A node name: 1 to 63 of [A-Za-z0-9._-], as hostnames are. */
+bool td_cluster_name_ok(const char *name);
+
+int td_cluster_open(td_cluster **out, const td_cluster_config *cfg, td_err *err);
+/* Starts the sweeper thread (marks silent nodes lost). */
+int td_cluster_start(td_cluster *c, td_err *err);
+void td_cluster_close(td_cluster *c); /* stops the sweeper too */
+
+/* Whether an Authorization header ("Cluster SECRET") carries this master's secret. 403 in e when
+ * the master accepts no agents, 401 when the secret is missing or wrong; the refusal is logged
+ * with the peer's address. */
+bool td_cluster_authorized(td_cluster *c, const char *authorization, const char *peer,
+                           td_reply_error *e);
+
+/* POST /v1/cluster/register: body {"protocol", "name", "node_id", "address", "slots", "gpus",
+ * "version"}. 200 with {"heartbeat_s", "timeout_s", "master"} in out; 400 for a malformed body
+ * or another protocol, 409 for a name another node holds (a node that is not lost, or the
+ * master's own). The same name from the same node_id is that node registering again. */
+int td_cluster_register(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
+                        td_reply_error *e);
+/* POST /v1/cluster/heartbeat: body {"name", "node_id", "slots_used"}. 404 when the node is not
+ * registered under that id or was marked lost (it must register again). */
+int td_cluster_heartbeat(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
+                         td_reply_error *e);
+/* Marks nodes silent for timeout_s lost; returns how many it marked. */
+int td_cluster_sweep(td_cluster *c, double now);
+/* GET /v1/nodes: {"nodes": [...]}, the master first, then by name; master_used: the master's own
+ * slots in use. */
+void td_cluster_list(td_cluster *c, double now, int master_used, td_buf *out);
+
+#endif
