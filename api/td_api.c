@@ -293,6 +293,32 @@ static enum MHD_Result nodes(const call *k) {
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 
+/* POST /v1/nodes/{name}/drain and /undrain */
+static enum MHD_Result node_action(const call *k) {
+    if (!k->api->cfg.cluster) return not_master(k);
+    const char *slash = strchr(k->tail, '/');
+    char name[64];
+    bool drain = slash && strcmp(slash, "/drain") == 0;
+    if (!slash || (!drain && strcmp(slash, "/undrain") != 0) || slash == k->tail ||
+        (size_t)(slash - k->tail) >= sizeof name) {
+        td_reply_error e;
+        td_reply_fail(&e, 404, "not_found", NULL,
+                      "no route %s (POST /v1/nodes/NAME/drain or /undrain)", k->url);
+        return td_api_error(k->c, &e, NULL);
+    }
+    snprintf(name, sizeof name, "%.*s", (int)(slash - k->tail), k->tail);
+    td_reply_error e;
+    td_buf out = {0};
+    if (td_cluster_drain(k->api->cfg.cluster, name, drain, td_clock_now(),
+                         td_jobs_slots_used(k->api->jobs), &out, &e) != 0) {
+        td_buf_free(&out);
+        return td_api_error(k->c, &e, NULL);
+    }
+    /* jobs run on the master's own node: its queue holds while it is drained */
+    if (td_cluster_is_master(k->api->cfg.cluster, name)) td_jobs_set_draining(k->api->jobs, drain);
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
+}
+
 /* ---- the route table ----------------------------------------------------------------------- */
 
 typedef struct route {
@@ -309,6 +335,7 @@ static const route ROUTES[] = {
     {"/v1/jobs", "GET, POST", jobs, false, false},
     {"/v1/jobs/", "GET, POST", jobs, false, false},
     {"/v1/nodes", "GET", nodes, false, false},
+    {"/v1/nodes/", "POST", node_action, true, false},
     {"/v1/cluster/register", "POST", cluster_register, false, true},
     {"/v1/cluster/heartbeat", "POST", cluster_heartbeat, false, true},
 };

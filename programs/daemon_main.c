@@ -465,6 +465,7 @@ static int serve(const options *o, const char *state, const char *host, int list
     td_cluster *cluster = NULL;
     td_agent *agent = NULL;
     int rc = 1;
+    if (td_db_open(&db, db_path, &err) != 0) goto fail;
     if (!o->join[0]) { /* a master; alone, of a one-node cluster */
         td_cluster_config cc = {.name = name,
                                 .address = o->advertise[0] ? o->advertise : host,
@@ -474,11 +475,11 @@ static int serve(const options *o, const char *state, const char *host, int list
                                 .secret = secret[0] ? secret : NULL,
                                 .heartbeat_s = o->heartbeat_s,
                                 .timeout_s = o->timeout_s,
-                                .log = stderr};
+                                .log = stderr,
+                                .db = db};
         if (td_cluster_open(&cluster, &cc, &err) != 0 || td_cluster_start(cluster, &err) != 0)
             goto fail;
     }
-    if (td_db_open(&db, db_path, &err) != 0) goto fail;
     td_jobs_config jc = {
         .state_dir = state,
         .worker = o->worker,
@@ -486,8 +487,16 @@ static int serve(const options *o, const char *state, const char *host, int list
         .gpus = gpus,
         .grace_s = o->grace_s,
         .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state}};
-    if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0 || td_jobs_start(jobs, &err) != 0)
-        goto fail;
+    if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0) goto fail;
+    /* drained before this start: it stays so, and starts nothing until undrained */
+    if (cluster && td_cluster_drained(cluster, name)) {
+        td_jobs_set_draining(jobs, true);
+        fprintf(stderr,
+                "traind: node %s is drained: no job starts here until "
+                "POST /v1/nodes/%s/undrain\n",
+                name, name);
+    }
+    if (td_jobs_start(jobs, &err) != 0) goto fail;
     td_api_config ac = {.listen_fd = listen_fd,
                         .token = token,
                         .max_body = (size_t)o->max_body,

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum { MAX_NODES = 4096 };
+enum { MAX_NODES = 4096, NAME_LEN = 64 };
 
 typedef struct node {
     char name[64], node_id[65], address[64], version[32];
@@ -31,6 +31,8 @@ struct td_cluster {
     pthread_cond_t wake; /* on a monotonic clock */
     node *nodes;
     int n, cap;
+    char (*drained)[NAME_LEN]; /* names, whether the node is registered now or not */
+    int n_drained;
     pthread_t sweeper;
     bool started, stopping;
 };
@@ -45,6 +47,22 @@ static void say(td_cluster *c, const char *fmt, ...) {
     fprintf(c->cfg.log, "\n");
     fflush(c->cfg.log);
     va_end(ap);
+}
+
+static int drained_index(const td_cluster *c, const char *name) {
+    for (int i = 0; i < c->n_drained; i++)
+        if (strcmp(c->drained[i], name) == 0) return i;
+    return -1;
+}
+
+static void add_drained(td_cluster *c, const char *name) {
+    if (drained_index(c, name) >= 0) return;
+    c->drained = td_realloc(c->drained, (size_t)(c->n_drained + 1) * sizeof *c->drained);
+    snprintf(c->drained[c->n_drained++], NAME_LEN, "%s", name);
+}
+
+static void load_drained(void *ctx, const char *name) {
+    add_drained(ctx, name);
 }
 
 int td_cluster_open(td_cluster **out, const td_cluster_config *cfg, td_err *err) {
@@ -65,6 +83,10 @@ int td_cluster_open(td_cluster **out, const td_cluster_config *cfg, td_err *err)
     pthread_cond_init(&c->wake, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&c->mu, NULL);
+    if (cfg->db && td_db_drained_nodes(cfg->db, load_drained, c, err) != 0) {
+        td_cluster_close(c);
+        return -1;
+    }
     *out = c;
     return 0;
 }
@@ -106,6 +128,7 @@ void td_cluster_close(td_cluster *c) {
     pthread_cond_destroy(&c->wake);
     pthread_mutex_destroy(&c->mu);
     free(c->nodes);
+    free(c->drained);
     free(c);
 }
 
@@ -324,36 +347,92 @@ static int by_name(const void *a, const void *b) {
     return strcmp(((const node *)a)->name, ((const node *)b)->name);
 }
 
-static json_t *node_json(const node *n, const char *role, double now) {
+static json_t *node_json(const node *n, const char *role, bool drained, double now) {
     json_t *gpus = json_array();
     for (int g = 0; g < n->gpus; g++) json_array_append_new(gpus, json_pack("{s:i}", "index", g));
+    const char *state = n->lost ? "lost" : drained ? "draining" : "ready";
     return json_pack("{s:s, s:s, s:s, s:s, s:{s:i, s:i}, s:o, s:s, s:f, s:f}", "name", n->name,
-                     "role", role, "address", n->address, "state", n->lost ? "lost" : "ready",
-                     "slots", "total", n->slots, "used", n->slots_used, "gpus", gpus, "version",
-                     n->version, "last_heartbeat", n->last_wall, "seconds_since_heartbeat",
-                     now - n->last_seen);
+                     "role", role, "address", n->address, "state", state, "slots", "total",
+                     n->slots, "used", n->slots_used, "gpus", gpus, "version", n->version,
+                     "last_heartbeat", n->last_wall, "seconds_since_heartbeat", now - n->last_seen);
 }
 
-void td_cluster_list(td_cluster *c, double now, int master_used, td_buf *out) {
+/* The master's own entry: always heard from, by definition. */
+static node master_node(const td_cluster *c, double now, int used) {
     node self = {.slots = c->cfg.slots,
-                 .slots_used = master_used,
+                 .slots_used = used,
                  .gpus = c->cfg.gpus,
                  .last_seen = now,
                  .last_wall = td_clock_wall()};
     snprintf(self.name, sizeof self.name, "%s", c->name);
     snprintf(self.address, sizeof self.address, "%s", c->address);
     snprintf(self.version, sizeof self.version, "%s", c->version);
-    json_t *list = json_array();
-    json_array_append_new(list, node_json(&self, "master", now));
-    pthread_mutex_lock(&c->mu);
-    qsort(c->nodes, (size_t)c->n, sizeof *c->nodes, by_name);
-    for (int i = 0; i < c->n; i++)
-        json_array_append_new(list, node_json(&c->nodes[i], "agent", now));
-    pthread_mutex_unlock(&c->mu);
-    json_t *o = json_pack("{s:o}", "nodes", list);
-    char *text = json_dumps(o, JSON_COMPACT);
-    td_buf_puts(out, text ? text : "{\"nodes\":[]}");
+    return self;
+}
+
+static void put_json(td_buf *out, json_t *o) {
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    td_buf_puts(out, text ? text : "{}");
     td_buf_puts(out, "\n");
     free(text);
     json_decref(o);
+}
+
+void td_cluster_list(td_cluster *c, double now, int master_used, td_buf *out) {
+    node self = master_node(c, now, master_used);
+    json_t *list = json_array();
+    pthread_mutex_lock(&c->mu);
+    json_array_append_new(list, node_json(&self, "master", drained_index(c, c->name) >= 0, now));
+    qsort(c->nodes, (size_t)c->n, sizeof *c->nodes, by_name);
+    for (int i = 0; i < c->n; i++)
+        json_array_append_new(
+            list, node_json(&c->nodes[i], "agent", drained_index(c, c->nodes[i].name) >= 0, now));
+    pthread_mutex_unlock(&c->mu);
+    put_json(out, json_pack("{s:o}", "nodes", list));
+}
+
+bool td_cluster_is_master(const td_cluster *c, const char *name) {
+    return strcmp(c->name, name) == 0;
+}
+
+bool td_cluster_drained(td_cluster *c, const char *name) {
+    pthread_mutex_lock(&c->mu);
+    bool d = drained_index(c, name) >= 0;
+    pthread_mutex_unlock(&c->mu);
+    return d;
+}
+
+int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, int master_used,
+                     td_buf *out, td_reply_error *e) {
+    pthread_mutex_lock(&c->mu);
+    bool self = td_cluster_is_master(c, name);
+    node *n = self ? NULL : find(c, name);
+    if (!self && !n) {
+        pthread_mutex_unlock(&c->mu);
+        return td_reply_fail(e, 404, "not_found", NULL,
+                             "no node named \"%s\" in the cluster (GET /v1/nodes lists them)",
+                             name);
+    }
+    int at = drained_index(c, name);
+    if (drain != (at >= 0)) {
+        td_err err = {{0}};
+        if (c->cfg.db && td_db_set_drained(c->cfg.db, name, drain, &err) != 0) {
+            pthread_mutex_unlock(&c->mu);
+            return td_reply_fail(e, 503, "unavailable", NULL, "%s", err.msg);
+        }
+        if (drain) {
+            add_drained(c, name);
+        } else {
+            memmove(c->drained + at, c->drained + at + 1,
+                    (size_t)(c->n_drained - at - 1) * sizeof *c->drained);
+            c->n_drained--;
+        }
+        say(c, "node %s %s", name,
+            drain ? "drained: no new jobs start there; running ones go on" : "undrained");
+    }
+    node self_node = master_node(c, now, master_used);
+    json_t *o = node_json(self ? &self_node : n, self ? "master" : "agent", drain, now);
+    pthread_mutex_unlock(&c->mu);
+    put_json(out, o);
+    return 0;
 }

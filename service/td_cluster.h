@@ -15,6 +15,7 @@
 
 #include "core/td_error.h"
 #include "service/td_buf.h"
+#include "service/td_db.h"
 #include "service/td_submit.h" /* td_reply_error */
 
 #include <stdbool.h>
@@ -36,6 +37,7 @@ typedef struct td_cluster_config {
     double heartbeat_s;  /* what agents are told to keep */
     double timeout_s;    /* silence after which a node is lost */
     FILE *log;           /* one line per join, refusal, loss */
+    td_db *db;           /* where drained nodes are kept; NULL: in memory only (tests) */
 } td_cluster_config;
 
 /* A node name: 1 to 63 of [A-Za-z0-9._-], as hostnames are. */
@@ -62,6 +64,17 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
  * registered under that id or was marked lost (it must register again). */
 int td_cluster_heartbeat(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
                          td_reply_error *e);
+/* POST /v1/nodes/{name}/drain and /undrain: no new placements on the node (running jobs go on)
+ * or again. The node's JSON in out; 404 for a name that is neither the master nor a node that
+ * joined. Kept in the database: a restarted master still holds them. master_used: the master's
+ * own slots in use, for its entry. */
+int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, int master_used,
+                     td_buf *out, td_reply_error *e);
+/* Whether the named node is drained (the master's own: its queue holds). */
+bool td_cluster_drained(td_cluster *c, const char *name);
+/* Whether name is the master's own node. */
+bool td_cluster_is_master(const td_cluster *c, const char *name);
+
 /* Marks nodes silent for timeout_s lost; returns how many it marked. */
 int td_cluster_sweep(td_cluster *c, double now);
 /* GET /v1/nodes: {"nodes": [...]}, the master first, then by name; master_used: the master's own

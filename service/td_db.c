@@ -35,7 +35,8 @@ static const char SCHEMA[] =
     "  data TEXT NOT NULL, seq INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, event, step));"
     "CREATE TABLE IF NOT EXISTS checkpoints ("
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), step INTEGER NOT NULL, path TEXT NOT NULL,"
-    "  size INTEGER NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (job_id, step));";
+    "  size INTEGER NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (job_id, step));"
+    "CREATE TABLE IF NOT EXISTS drained_nodes (name TEXT PRIMARY KEY, since REAL NOT NULL);";
 
 static int db_fail(td_db *db, td_err *err, const char *what) {
     return td_fail(err, "state database: %s: %s", what, sqlite3_errmsg(db->db));
@@ -477,6 +478,40 @@ int td_db_delete_job(td_db *db, long job_id, td_err *err) {
 rollback:
     sqlite3_exec(db->db, "ROLLBACK", NULL, NULL, NULL);
 out:
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_set_drained(td_db *db, const char *name, bool drained, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *s = prepare(db, drained ? "INSERT OR IGNORE INTO drained_nodes (name, since) "
+                                            "VALUES (?, ?)"
+                                          : "DELETE FROM drained_nodes WHERE name=?");
+    int rc = -1;
+    if (!s) {
+        db_fail(db, err, "preparing a node's drain");
+    } else {
+        sqlite3_bind_text(s, 1, name, -1, SQLITE_TRANSIENT);
+        if (drained) sqlite3_bind_double(s, 2, (double)time(NULL));
+        rc = step_done(db, s, err, drained ? "draining a node" : "undraining a node");
+    }
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_drained_nodes(td_db *db, td_db_name_fn fn, void *ctx, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *s = prepare(db, "SELECT name FROM drained_nodes ORDER BY name");
+    int rc = -1;
+    if (!s) {
+        db_fail(db, err, "reading the drained nodes");
+    } else {
+        int step;
+        while ((step = sqlite3_step(s)) == SQLITE_ROW)
+            fn(ctx, (const char *)sqlite3_column_text(s, 0));
+        rc = step == SQLITE_DONE ? 0 : db_fail(db, err, "reading the drained nodes");
+        sqlite3_finalize(s);
+    }
     pthread_mutex_unlock(&db->mu);
     return rc;
 }

@@ -1,6 +1,6 @@
 /* The daemon's durable state: one SQLite database (WAL) in the state directory holding jobs,
- * their attempts, their event log (what SSE replays), metrics and checkpoints. Every change is
- * committed before the caller announces it, so what a client has seen survives a crash.
+ * their attempts, their event log (what SSE replays), metrics, checkpoints and drained nodes. Every
+ * change is committed before the caller announces it, so what a client has seen survives a crash.
  *
  * One connection, serialised by a mutex: the daemon's writes are small and few (a metric line
  * every log interval), and reads of hot data come from memory (td_jobs), not from here. */
@@ -86,6 +86,11 @@ typedef struct td_db_checkpoint {
 typedef void (*td_db_checkpoint_fn)(void *ctx, const td_db_checkpoint *c);
 int td_db_checkpoints(td_db *db, long job_id, long step, td_db_checkpoint_fn fn, void *ctx,
                       td_err *err);
+/* Nodes drained by the API (the cluster's master keeps them across restarts). */
+int td_db_set_drained(td_db *db, const char *name, bool drained, td_err *err);
+typedef void (*td_db_name_fn)(void *ctx, const char *name);
+int td_db_drained_nodes(td_db *db, td_db_name_fn fn, void *ctx, td_err *err);
+
 /* One checkpoint's path. */
 /* 1 when found (path filled), 0 when not. */
 int td_db_checkpoint_path(td_db *db, long job_id, long step, char *path, size_t len, td_err *err);

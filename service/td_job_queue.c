@@ -69,6 +69,7 @@ static void head_shadow(td_jobs *j, const job *head, double now, double *shadow,
 /* Recovered jobs first (they were running), then the queue by priority and age. The first job
  * that does not fit holds its place: a later one starts only where it cannot delay it. */
 void td_jobs_schedule(td_jobs *j) {
+    if (j->draining) return; /* a drained node starts nothing, restarts included */
     for (int i = 0; i < j->n_jobs; i++) {
         job *jb = j->jobs[i];
         if (jb->state != RESTARTING || jb->active) continue;

@@ -340,3 +340,10 @@ int td_jobs_slots_used(td_jobs *j) {
     pthread_mutex_unlock(&j->mu);
     return used;
 }
+
+void td_jobs_set_draining(td_jobs *j, bool draining) {
+    pthread_mutex_lock(&j->mu);
+    j->draining = draining;
+    pthread_mutex_unlock(&j->mu);
+    td_jobs_wake(j); /* undrained: what waits may start now */
+}

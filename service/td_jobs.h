@@ -69,6 +69,10 @@ int td_jobs_checkpoints(td_jobs *j, long id, long step, td_db_checkpoint_fn fn, 
                         td_reply_error *e);
 int td_jobs_checkpoint_path(td_jobs *j, long id, long step, char *path, size_t len,
                             td_reply_error *e);
+/* Drained: no job starts on this node (queued ones wait, running ones go on); undrained, the
+ * queue moves again. */
+void td_jobs_set_draining(td_jobs *j, bool draining);
+
 /* The slots this node's running jobs hold now (for the cluster's node listing and heartbeats). */
 int td_jobs_slots_used(td_jobs *j);
 

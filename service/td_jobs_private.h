@@ -63,6 +63,7 @@ struct td_jobs {
     int wake_fd, sig_fd;
     pthread_t thread;
     bool started, stopping;
+    bool draining; /* this node is drained: nothing new starts (td_jobs_set_draining) */
 };
 
 /* ---- td_job_record.c ---- */

@@ -1592,6 +1592,48 @@ class DaemonTest(unittest.TestCase):
         self.assertIn("from scratch", restart["reason"])
         self.assertNotIn("resuming from", restart["reason"])
 
+    # -- 13d: draining the node
+
+    def test_13d_drain_holds_the_queue_and_survives_a_restart(self):
+        state = self.new_state_dir()
+        d = self.start_daemon("--slots", "2", "--grace", "2", "--node-name", "solo",
+                              state_dir=state)
+        nodes = d.get_ok("/v1/nodes")["nodes"]
+        self.assertEqual([(n["name"], n["role"], n["state"]) for n in nodes],
+                         [("solo", "master", "ready")], "a lone traind: a one-node cluster")
+        a, _ = d.submit(train_spec("a", epochs=1000, nproc=1, checkpoint=False))
+        self.wait_state(d, a["id"], "running")
+        status, _, node = d.json("POST", "/v1/nodes/solo/drain")
+        self.assertEqual((status, node["state"]), (200, "draining"))
+        b, _ = d.submit(train_spec("b", epochs=1000, nproc=1, checkpoint=False))
+        # a runs on; b fits the free slot but waits: the cancel below frees a's slot too and
+        # the queue is looked at again, and still nothing starts
+        self.assertEqual(d.job(a["id"])["state"], "running")
+        status, _, _ = d.json("POST", f"/v1/jobs/{a['id']}/cancel")
+        self.assertEqual(status, 200)
+        self.assertEqual(d.job(b["id"])["state"], "queued", "a drained node starts nothing")
+        self.assertEqual(d.get_ok("/v1/nodes")["nodes"][0]["state"], "draining")
+
+        # drained is kept: a restarted daemon still is, and says so
+        self.assertEqual(d.kill(), [])
+        d = self.start_daemon("--slots", "2", "--grace", "2", "--node-name", "solo",
+                              state_dir=state)
+        self.assertEqual(d.get_ok("/v1/nodes")["nodes"][0]["state"], "draining")
+        self.assertEqual(d.job(b["id"])["state"], "queued")
+        status, _, node = d.json("POST", "/v1/nodes/solo/undrain")
+        self.assertEqual((status, node["state"]), (200, "ready"))
+        self.wait_state(d, b["id"], "running")
+        self.assertTrue(any("node solo is drained: no job starts here" in l
+                            for l in d.stderr_lines), d.stderr_tail())
+
+        status, _, err = d.json("POST", "/v1/nodes/nobody/drain")
+        self.assertEqual((status, err["error"]["code"]), (404, "not_found"))
+        self.assertIn("nobody", err["error"]["message"])
+        status, _, err = d.json("POST", "/v1/nodes/solo/explode")
+        self.assertEqual(status, 404)
+        status, _, _ = d.json("POST", f"/v1/jobs/{b['id']}/cancel")
+        self.assertEqual(status, 200)
+
     # -- 14: DELETE
 
     def test_14_delete(self):

@@ -2,14 +2,17 @@
  * losses and the listing, with times passed in instead of waited for. */
 #include "service/td_cluster.h"
 
+#include "test_util.h"
+
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <string.h>
 
 static const char SECRET[] = "0123456789abcdef0123";
 
-static td_cluster *open_master(const char *secret) {
-    td_cluster_config cfg = {.name = "m0",
+static td_cluster *open_master_db(const char *secret, td_db *db) {
+    td_cluster_config cfg = {.db = db,
+                             .name = "m0",
                              .address = "10.0.0.1",
                              .slots = 4,
                              .version = "9.9",
@@ -20,6 +23,10 @@ static td_cluster *open_master(const char *secret) {
     td_err err = {{0}};
     cr_assert_eq(td_cluster_open(&c, &cfg, &err), 0, "%s", err.msg);
     return c;
+}
+
+static td_cluster *open_master(const char *secret) {
+    return open_master_db(secret, NULL);
 }
 
 static char *reg_body(const char *name, const char *id, int protocol) {
@@ -166,4 +173,48 @@ Test(cluster, a_silent_node_is_lost_after_the_timeout_and_registers_again) {
     cr_expect_neq(do_heartbeat(c, "n9", "aaaaaaaa01", 203, &e), 0);
     cr_expect_eq(e.status, 404);
     td_cluster_close(c);
+}
+
+static int drain(td_cluster *c, const char *name, bool on, td_reply_error *e) {
+    td_buf out = {0};
+    int rc = td_cluster_drain(c, name, on, 0, 0, &out, e);
+    td_buf_free(&out);
+    return rc;
+}
+
+Test(cluster, draining_is_shown_kept_in_the_database_and_undone) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/state.db", test_tmpdir());
+    td_db *db = NULL;
+    td_err err = {{0}};
+    cr_assert_eq(td_db_open(&db, path, &err), 0, "%s", err.msg);
+    td_cluster *c = open_master_db(SECRET, db);
+    td_reply_error e;
+    cr_assert_eq(do_register(c, "n1", "aaaaaaaa01", 0, &e), 0);
+    cr_expect_neq(drain(c, "n9", true, &e), 0);
+    cr_expect_eq(e.status, 404);
+    cr_expect_eq(drain(c, "n1", true, &e), 0, "%s", e.message);
+    cr_expect_eq(drain(c, "m0", true, &e), 0, "%s", e.message);
+    cr_expect_eq(drain(c, "m0", true, &e), 0, "draining twice is draining");
+    cr_expect_str_eq(state_of(c, "n1", 1), "draining");
+    cr_expect_str_eq(state_of(c, "m0", 1), "draining");
+    cr_expect(td_cluster_drained(c, "m0"));
+    cr_expect_eq(td_cluster_sweep(c, 100), 1);
+    cr_expect_str_eq(state_of(c, "n1", 100), "lost", "lost shows over draining");
+    td_cluster_close(c);
+
+    /* a restarted master: both still drained, n1 drained as soon as it is back */
+    c = open_master_db(SECRET, db);
+    cr_expect(td_cluster_drained(c, "m0"));
+    cr_expect(td_cluster_drained(c, "n1"));
+    cr_assert_eq(do_register(c, "n1", "aaaaaaaa01", 200, &e), 0);
+    cr_expect_str_eq(state_of(c, "n1", 200), "draining");
+    cr_expect_eq(drain(c, "n1", false, &e), 0);
+    cr_expect_str_eq(state_of(c, "n1", 200), "ready");
+    td_cluster_close(c);
+    c = open_master_db(SECRET, db);
+    cr_expect(!td_cluster_drained(c, "n1"), "undrained is kept too");
+    cr_expect(td_cluster_drained(c, "m0"));
+    td_cluster_close(c);
+    td_db_close(db);
 }
