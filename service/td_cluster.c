@@ -383,7 +383,7 @@ void td_cluster_list(td_cluster *c, double now, int master_used, td_buf *out) {
     json_t *list = json_array();
     pthread_mutex_lock(&c->mu);
     json_array_append_new(list, node_json(&self, "master", drained_index(c, c->name) >= 0, now));
-    qsort(c->nodes, (size_t)c->n, sizeof *c->nodes, by_name);
+    if (c->n > 1) qsort(c->nodes, (size_t)c->n, sizeof *c->nodes, by_name); /* nodes is NULL at 0 */
     for (int i = 0; i < c->n; i++)
         json_array_append_new(
             list, node_json(&c->nodes[i], "agent", drained_index(c, c->nodes[i].name) >= 0, now));

@@ -101,6 +101,7 @@ Test(cluster, the_secret_is_checked_and_a_master_without_one_takes_no_agent) {
 Test(cluster, nodes_join_and_are_listed_after_the_master) {
     td_cluster *c = open_master(SECRET);
     td_reply_error e;
+    cr_expect_str_eq(state_of(c, "m0", 100), "ready", "a master alone lists itself");
     cr_assert_eq(do_register(c, "n2", "aaaaaaaa01", 100, &e), 0, "%s", e.message);
     cr_assert_eq(do_register(c, "n1", "bbbbbbbb01", 100, &e), 0, "%s", e.message);
     td_buf out = {0};
