@@ -1,0 +1,36 @@
+#!/bin/sh
+# The cluster at scale: one real traind master on loopback against simulated agents speaking the
+# real protocol (bench/cluster_sim.py, many per process): 256 nodes x 8 slots by default.
+# Measures registering every node, the master's CPU while it serves the heartbeats (every 2 s
+# from each node), the heartbeats' latency, and how long the master takes to list 10 nodes that
+# went silent at once as lost (its timeout is 10 s).
+#   bench/cluster.sh [BUILD_DIR]      NODES=256 SLOTS=8 STEADY_S=20 LOSE=10 change the sizes
+# Only loopback traffic. Placing queued jobs across nodes is not measured: placement across
+# nodes does not exist yet (README, "Cluster").
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-$here/../build}" && pwd)
+tmp=$(mktemp -d)
+pid=""
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
+chmod 600 "$tmp/secret"
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$build/traind" --listen "127.0.0.1:$port" --state-dir "$tmp/state" --node-name master \
+    --cluster-secret-file "$tmp/secret" --heartbeat 2 --node-timeout 10 2>"$tmp/master.err" &
+pid=$!
+i=0
+until grep -q "listening on" "$tmp/master.err"; do
+    i=$((i + 1))
+    [ "$i" -gt 100 ] && { echo "bench: the master did not start: $(cat "$tmp/master.err")" >&2; exit 1; }
+    sleep 0.1
+done
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
+/usr/bin/python3 "$here/cluster_sim.py" --master "127.0.0.1:$port" --secret-file "$tmp/secret" \
+    --token-file "$tmp/state/token" --pid "$pid" --nodes "${NODES:-256}" --slots "${SLOTS:-8}" \
+    --steady-s "${STEADY_S:-20}" --lose "${LOSE:-10}"
+echo "master RSS at the end: $(awk '/^VmRSS/ {print $2, $3}' "/proc/$pid/status"), threads: $(awk '/^Threads/ {print $2}' "/proc/$pid/status")"

@@ -1,0 +1,167 @@
+"""Simulated agents against a real traind master, speaking the real cluster protocol
+(api/README.md, "Nodes"): many nodes in one process, each registering and then sending its
+heartbeats on its own schedule over a new connection, as traind's agent does.
+
+    cluster_sim.py --master 127.0.0.1:PORT --secret-file F --token-file T --pid PID
+                   [--nodes 256] [--slots 8] [--steady-s 20] [--lose 10]
+
+Prints one JSON object: how long registering every node took, the master's CPU while it
+serves the heartbeats (from /proc/PID/stat), the heartbeats' latency, and how long after their
+last heartbeat the master listed `--lose` nodes that went silent at once as lost.
+"""
+import argparse
+import http.client
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+
+def post(host, port, path, body, auth, timeout=10):
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("POST", path, json.dumps(body),
+                     {"Content-Type": "application/json", "Authorization": auth})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def get_nodes(host, port, token):
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", "/v1/nodes", headers={"Authorization": "Bearer " + token})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"GET /v1/nodes: {resp.status} {resp.read()[:200]!r}")
+        return json.loads(resp.read())["nodes"]
+    finally:
+        conn.close()
+
+
+def cpu_seconds(pid):
+    """The process's user + system CPU time, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--master", required=True)
+    ap.add_argument("--secret-file", required=True)
+    ap.add_argument("--token-file", required=True)
+    ap.add_argument("--pid", type=int, required=True)
+    ap.add_argument("--nodes", type=int, default=256)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--steady-s", type=float, default=20)
+    ap.add_argument("--lose", type=int, default=10)
+    a = ap.parse_args()
+    host, port = a.master.rsplit(":", 1)
+    port = int(port)
+    auth = "Cluster " + open(a.secret_file).read().strip()
+    token = open(a.token_file).read().strip()
+    names = [f"sim{i:04d}" for i in range(a.nodes)]
+    ids = {n: os.urandom(8).hex() for n in names}
+
+    # 1. every node registers at once (32 at a time)
+    def register(name):
+        body = {"protocol": 1, "name": name, "node_id": ids[name], "address": "127.0.0.1",
+                "slots": a.slots, "gpus": a.slots, "version": "sim"}
+        status, reply = post(host, port, "/v1/cluster/register", body, auth)
+        if status != 200:
+            raise RuntimeError(f"{name}: register: {status} {reply[:200]!r}")
+        return json.loads(reply)
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(32) as pool:
+        replies = list(pool.map(register, names))
+    registered_s = time.monotonic() - t0
+    heartbeat_s = replies[0]["heartbeat_s"]
+    listed = get_nodes(host, port, token)
+    ready = sum(1 for n in listed if n["state"] == "ready")
+    if ready != a.nodes + 1:
+        raise RuntimeError(f"after registering, {ready} nodes ready, expected {a.nodes + 1}")
+
+    # 2. heartbeats: each node on its own schedule, spread over the interval
+    stop = threading.Event()
+    silent = set()
+    last_beat = {}
+    latencies = []
+    errors = []
+    lock = threading.Lock()
+
+    def beat(name):
+        t = time.monotonic()
+        status, reply = post(host, port, "/v1/cluster/heartbeat",
+                             {"name": name, "node_id": ids[name], "slots_used": 0}, auth)
+        dt = time.monotonic() - t
+        with lock:
+            latencies.append(dt)
+            if status != 200:
+                errors.append(f"{name}: {status} {reply[:120]!r}")
+            else:
+                last_beat[name] = t + dt
+
+    def scheduler(pool):
+        start = time.monotonic()
+        nxt = {n: start + heartbeat_s * i / a.nodes for i, n in enumerate(names)}
+        while not stop.is_set():
+            now = time.monotonic()
+            for n in names:
+                if n not in silent and nxt[n] <= now:
+                    nxt[n] += heartbeat_s
+                    pool.submit(beat, n)
+            stop.wait(0.01)
+
+    pool = ThreadPoolExecutor(16)
+    sched = threading.Thread(target=scheduler, args=(pool,), daemon=True)
+    sched.start()
+    time.sleep(heartbeat_s)  # let every node's schedule start before measuring
+    c0, w0, n0 = cpu_seconds(a.pid), time.monotonic(), len(latencies)
+    time.sleep(a.steady_s)
+    c1, w1, n1 = cpu_seconds(a.pid), time.monotonic(), len(latencies)
+    steady_lat = latencies[n0:n1]
+
+    # 3. a.lose nodes go silent at once; how long after its last heartbeat is each listed lost
+    lost_names = names[:a.lose]
+    with lock:
+        silent.update(lost_names)
+    time.sleep(0.5)  # a heartbeat already submitted may still land
+    seen = {}
+    deadline = time.monotonic() + 60
+    while len(seen) < len(lost_names) and time.monotonic() < deadline:
+        now = time.monotonic()
+        for n in get_nodes(host, port, token):
+            if n["name"] in lost_names and n["state"] == "lost" and n["name"] not in seen:
+                seen[n["name"]] = now
+        time.sleep(0.05)
+    stop.set()
+    pool.shutdown(wait=True)
+    detect = [seen[n] - last_beat[n] for n in lost_names if n in seen and n in last_beat]
+    listed = get_nodes(host, port, token)
+    print(json.dumps({
+        "nodes": a.nodes, "slots_per_node": a.slots, "heartbeat_s": heartbeat_s,
+        "timeout_s": replies[0]["timeout_s"],
+        "register_all_s": round(registered_s, 3),
+        "steady_heartbeats_per_s": round((n1 - n0) / (w1 - w0), 1),
+        "master_cpu_percent": round(100 * (c1 - c0) / (w1 - w0), 2),
+        "heartbeat_ms_p50": round(1000 * percentile(steady_lat, 50), 2),
+        "heartbeat_ms_p99": round(1000 * percentile(steady_lat, 99), 2),
+        "heartbeat_errors": len(errors), "first_errors": errors[:3],
+        "lost_detected": len(seen), "lost_expected": len(lost_names),
+        "detect_s_min": round(min(detect), 2) if detect else None,
+        "detect_s_max": round(max(detect), 2) if detect else None,
+        "ready_after": sum(1 for n in listed if n["state"] == "ready"),
+    }))
+
+
+if __name__ == "__main__":
+    main()
