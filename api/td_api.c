@@ -67,7 +67,7 @@ enum MHD_Result td_api_error(struct MHD_Connection *c, const td_reply_error *e, 
     free(text);
     struct MHD_Response *r = from_buf(&b);
     if (r && allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
-    if (r && e->status == 401)
+    if (r && e->status == 401 && strcmp(e->code, "unauthorized") == 0) /* not the cluster's */
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"traind\"");
     return td_api_respond(c, (unsigned)e->status, r, TD_API_JSON, NULL);
 }
@@ -314,8 +314,6 @@ static enum MHD_Result node_action(const call *k) {
         td_buf_free(&out);
         return td_api_error(k->c, &e, NULL);
     }
-    /* jobs run on the master's own node: its queue holds while it is drained */
-    if (td_cluster_is_master(k->api->cfg.cluster, name)) td_jobs_set_draining(k->api->jobs, drain);
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 

@@ -424,12 +424,19 @@ static void block_signals(void) {
     signal(SIGPIPE, SIG_IGN);
 }
 
+static void set_draining(void *jobs, bool drained) {
+    td_jobs_set_draining(jobs, drained);
+}
+
 static int slots_used(void *jobs) {
     return td_jobs_slots_used(jobs);
 }
 
 /* Serves from the state directory `state` (locked) on listen_fd until SIGTERM or SIGINT. */
 static int serve(const options *o, const char *state, const char *host, int listen_fd) {
+    /* first: CUDA's driver (td_gpu_device_count) starts threads, which must inherit the mask,
+     * or a SIGTERM (the agent's own, on a refusal) or SIGCHLD could land on one of them */
+    block_signals();
     static char resolved[MAX_ROOTS + 1][PATH_MAX];
     const char *roots[MAX_ROOTS + 1];
     int n_roots = resolve_roots(o, state, resolved, roots);
@@ -438,7 +445,6 @@ static int serve(const options *o, const char *state, const char *host, int list
     if (gpus < 0) gpus = 0;
     int slots = gpus > 0 ? gpus : o->slots > 0 ? o->slots : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (slots < 1) slots = 1;
-    block_signals();
 
     char token[128], node_id[128], secret[256] = "", name[64];
     load_random(state, "token", "API token", token, sizeof token);
@@ -487,14 +493,28 @@ static int serve(const options *o, const char *state, const char *host, int list
         .gpus = gpus,
         .grace_s = o->grace_s,
         .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state}};
+    if (o->join[0]) { /* an agent: its master's address checked before anything serves */
+        td_agent_config gc = {.master = o->join,
+                              .secret = secret,
+                              .name = name,
+                              .node_id = node_id,
+                              .advertise = o->advertise[0] ? o->advertise : NULL,
+                              .slots = slots,
+                              .gpus = gpus,
+                              .version = TRAIND_VERSION,
+                              .log = stderr};
+        if (td_agent_open(&agent, &gc, &err) != 0) goto fail;
+    }
     if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0) goto fail;
-    /* drained before this start: it stays so, and starts nothing until undrained */
-    if (cluster && td_cluster_drained(cluster, name)) {
-        td_jobs_set_draining(jobs, true);
-        fprintf(stderr,
-                "traind: node %s is drained: no job starts here until "
-                "POST /v1/nodes/%s/undrain\n",
-                name, name);
+    if (cluster) {
+        /* jobs run on the master's own node: its queue holds while it is drained (also when it
+         * was drained before this start) */
+        if (td_cluster_drained(cluster, name))
+            fprintf(stderr,
+                    "traind: node %s is drained: no job starts here until "
+                    "POST /v1/nodes/%s/undrain\n",
+                    name, name);
+        td_cluster_on_master_drain(cluster, set_draining, jobs);
     }
     if (td_jobs_start(jobs, &err) != 0) goto fail;
     td_api_config ac = {.listen_fd = listen_fd,
@@ -512,20 +532,7 @@ static int serve(const options *o, const char *state, const char *host, int list
                 secret[0] ? "agents join with --join and the cluster secret"
                           : "it accepts no agents (no --cluster-secret-file)");
     fflush(stderr);
-    if (o->join[0]) {
-        td_agent_config gc = {.master = o->join,
-                              .secret = secret,
-                              .name = name,
-                              .node_id = node_id,
-                              .advertise = o->advertise[0] ? o->advertise : NULL,
-                              .slots = slots,
-                              .gpus = gpus,
-                              .version = TRAIND_VERSION,
-                              .log = stderr,
-                              .slots_used = slots_used,
-                              .ctx = jobs};
-        if (td_agent_start(&agent, &gc, &err) != 0) goto fail;
-    }
+    if (agent && td_agent_start(agent, slots_used, jobs, &err) != 0) goto fail;
 
     sigset_t stop;
     sigemptyset(&stop);
@@ -562,6 +569,10 @@ int main(int argc, char **argv) {
     if (!o.state_dir[0]) default_state_dir(o.state_dir, sizeof o.state_dir);
     if (!o.worker[0]) default_worker(o.worker, sizeof o.worker);
     if (o.n_roots == 0) snprintf(o.roots[o.n_roots++], PATH_MAX, "/usr/share/datasets");
+    if (o.heartbeat_s * 2 > o.timeout_s)
+        die("--heartbeat %g must be at most half of --node-timeout %g: agents would be marked lost "
+            "between two heartbeats",
+            o.heartbeat_s, o.timeout_s);
     if (access(o.worker, X_OK) != 0)
         die("cannot run the worker %s: %s (give --worker)", o.worker, strerror(errno));
     char host[128];

@@ -23,17 +23,21 @@ struct td_agent {
     pthread_mutex_t mu;
     pthread_cond_t wake; /* monotonic clock */
     pthread_t thread;
-    bool stopping, refused;
+    bool started, stopping, refused;
+    int (*slots_used)(void *ctx);
+    void *ctx;
 };
 
 static void say(td_agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(td_agent *a, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+    flockfile(a->cfg.log); /* one line whole: other threads log to the same stream */
     fprintf(a->cfg.log, "traind: ");
     vfprintf(a->cfg.log, fmt, ap);
     fprintf(a->cfg.log, "\n");
     fflush(a->cfg.log);
+    funlockfile(a->cfg.log);
     va_end(ap);
 }
 
@@ -73,12 +77,15 @@ static long post(td_agent *a, const char *url, const char *body, td_buf *reply, 
     return status;
 }
 
-/* The "message" of the master's JSON error, or the reply itself. */
-static void error_message(const td_buf *reply, char *out, size_t len) {
+/* The "message" of the master's JSON error, or the reply itself; its "code" in code. */
+static void error_message(const td_buf *reply, char *out, size_t len, char *code, size_t code_len) {
     json_t *o = reply->data ? json_loads(reply->data, 0, NULL) : NULL;
-    const char *m = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+    json_t *e = json_object_get(o, "error");
+    const char *m = json_string_value(json_object_get(e, "message"));
+    const char *c = json_string_value(json_object_get(e, "code"));
     snprintf(out, len, "%s", m ? m : reply->data ? reply->data : "(no reply)");
     out[strcspn(out, "\n")] = 0;
+    if (code) snprintf(code, code_len, "%s", c ? c : "");
     json_decref(o);
 }
 
@@ -96,9 +103,19 @@ static bool pause_for(td_agent *a, double s) {
 
 /* A refusal no retry cures: say so and end the daemon. */
 static void refuse(td_agent *a, long status, const td_buf *reply) {
-    char msg[1024];
-    error_message(reply, msg, sizeof msg);
-    say(a, "the master at %s refused this node (HTTP %ld): %s", a->master, status, msg);
+    char msg[1024], code[64];
+    error_message(reply, msg, sizeof msg, code, sizeof code);
+    static const char *const OURS[] = {"cluster_secret",   "cluster_closed", "duplicate_node",
+                                       "protocol_version", "bad_request",    "not_master"};
+    bool ours = false;
+    for (size_t i = 0; i < sizeof OURS / sizeof *OURS; i++) ours |= strcmp(code, OURS[i]) == 0;
+    if (ours)
+        say(a, "the master at %s refused this node (HTTP %ld): %s", a->master, status, msg);
+    else /* a traind from before the cluster answers its routes as a user's */
+        say(a,
+            "the master at %s does not speak the cluster protocol (HTTP %ld: %s): is it an "
+            "older traind? Run the same traind version on every node",
+            a->master, status, msg);
     pthread_mutex_lock(&a->mu);
     a->refused = true;
     pthread_mutex_unlock(&a->mu);
@@ -125,7 +142,7 @@ static void *agent_loop(void *arg) {
         if (!joined) {
             status = post(a, a->url_register, reg, &reply, why, sizeof why);
         } else {
-            int used = a->cfg.slots_used ? a->cfg.slots_used(a->cfg.ctx) : 0;
+            int used = a->slots_used ? a->slots_used(a->ctx) : 0;
             json_t *ho = json_pack("{s:s, s:s, s:i}", "name", a->name, "node_id", a->node_id,
                                    "slots_used", used);
             char *hb = ho ? json_dumps(ho, JSON_COMPACT) : NULL;
@@ -151,7 +168,7 @@ static void *agent_loop(void *arg) {
         }
         if (status == 404 && joined) { /* the master forgot this node: register again */
             char msg[512];
-            error_message(&reply, msg, sizeof msg);
+            error_message(&reply, msg, sizeof msg, NULL, 0);
             say(a, "the master at %s says: %s", a->master, msg);
             joined = false;
             td_buf_free(&reply);
@@ -165,7 +182,7 @@ static void *agent_loop(void *arg) {
         /* no answer, or one a retry may cure (5xx): back off */
         if (!unreachable) {
             char msg[512];
-            if (status) error_message(&reply, msg, sizeof msg);
+            if (status) error_message(&reply, msg, sizeof msg, NULL, 0);
             say(a, "cannot reach the master at %s: %s; retrying with back-off up to %d s",
                 a->master, status ? msg : why, BACKOFF_MAX_S);
         }
@@ -179,7 +196,7 @@ static void *agent_loop(void *arg) {
     return NULL;
 }
 
-int td_agent_start(td_agent **out, const td_agent_config *cfg, td_err *err) {
+int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err) {
     char host[256];
     const char *colon = strrchr(cfg->master, ':');
     long port = colon ? strtol(colon + 1, NULL, 10) : 0;
@@ -212,14 +229,15 @@ int td_agent_start(td_agent **out, const td_agent_config *cfg, td_err *err) {
     pthread_cond_init(&a->wake, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&a->mu, NULL);
-    int rc = pthread_create(&a->thread, NULL, agent_loop, a);
-    if (rc != 0) {
-        pthread_cond_destroy(&a->wake);
-        pthread_mutex_destroy(&a->mu);
-        free(a);
-        return td_fail(err, "cannot start the agent thread: %s", strerror(rc));
-    }
     *out = a;
+    return 0;
+}
+
+int td_agent_start(td_agent *a, int (*slots_used)(void *ctx), void *ctx, td_err *err) {
+    a->slots_used = slots_used, a->ctx = ctx;
+    int rc = pthread_create(&a->thread, NULL, agent_loop, a);
+    if (rc != 0) return td_fail(err, "cannot start the agent thread: %s", strerror(rc));
+    a->started = true;
     return 0;
 }
 
@@ -237,7 +255,7 @@ void td_agent_stop(td_agent *a) {
     a->stopping = true;
     pthread_cond_broadcast(&a->wake);
     pthread_mutex_unlock(&a->mu);
-    pthread_join(a->thread, NULL);
+    if (a->started) pthread_join(a->thread, NULL);
     pthread_cond_destroy(&a->wake);
     pthread_mutex_destroy(&a->mu);
     free(a);

@@ -26,17 +26,17 @@ typedef struct td_agent_config {
     int slots, gpus;
     const char *version;
     FILE *log;
-    /* the slots this node's jobs use now, for heartbeats (called from the agent's thread) */
-    int (*slots_used)(void *ctx);
-    void *ctx;
 } td_agent_config;
 
-/* Checks the master's address and works out the advertised one, then starts the thread. An
- * address that does not parse or has no route is an error here, before the daemon serves. */
-int td_agent_start(td_agent **out, const td_agent_config *cfg, td_err *err);
+/* Checks the master's address and works out the advertised one: an address that does not parse
+ * or has no route is an error here, before the daemon serves. Starts nothing. */
+int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err);
+/* Starts the thread. slots_used(ctx): the slots this node's jobs use now, for heartbeats (called
+ * from the agent's thread). */
+int td_agent_start(td_agent *a, int (*slots_used)(void *ctx), void *ctx, td_err *err);
 /* Whether the master refused this node for good (the daemon should exit 1). */
 bool td_agent_refused(td_agent *a);
-/* Stops the thread (within one request's timeout) and frees. */
+/* Stops the thread, if started (within one request's timeout), and frees. */
 void td_agent_stop(td_agent *a);
 
 #endif

@@ -33,6 +33,13 @@ struct td_cluster {
     int n, cap;
     char (*drained)[NAME_LEN]; /* names, whether the node is registered now or not */
     int n_drained;
+    pthread_mutex_t drain_mu; /* one drain at a time (taken before mu) */
+    void (*on_master_drain)(void *ctx, bool drained);
+    void *drain_ctx;
+    struct {
+        char peer[64];
+        double at;
+    } refused[16]; /* the last refusal logged per peer: at most one line each 10 s */
     pthread_t sweeper;
     bool started, stopping;
 };
@@ -42,10 +49,12 @@ static void say(td_cluster *c, const char *fmt, ...) {
     if (!c->cfg.log) return;
     va_list ap;
     va_start(ap, fmt);
+    flockfile(c->cfg.log); /* one line whole: other threads log to the same stream */
     fprintf(c->cfg.log, "traind: ");
     vfprintf(c->cfg.log, fmt, ap);
     fprintf(c->cfg.log, "\n");
     fflush(c->cfg.log);
+    funlockfile(c->cfg.log);
     va_end(ap);
 }
 
@@ -83,6 +92,7 @@ int td_cluster_open(td_cluster **out, const td_cluster_config *cfg, td_err *err)
     pthread_cond_init(&c->wake, &ca);
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->drain_mu, NULL);
     if (cfg->db && td_db_drained_nodes(cfg->db, load_drained, c, err) != 0) {
         td_cluster_close(c);
         return -1;
@@ -127,6 +137,7 @@ void td_cluster_close(td_cluster *c) {
     }
     pthread_cond_destroy(&c->wake);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->drain_mu);
     free(c->nodes);
     free(c->drained);
     free(c);
@@ -134,13 +145,35 @@ void td_cluster_close(td_cluster *c) {
 
 /* ---- authentication ------------------------------------------------------------------------- */
 
+/* Whether to log a refusal of peer now: at most once per peer each 10 s, so that anyone who can
+ * reach the port cannot flood the log without the secret. */
+static bool log_refusal(td_cluster *c, const char *peer) {
+    double now = td_clock_now();
+    pthread_mutex_lock(&c->mu);
+    int slot = 0;
+    for (int i = 0; i < 16; i++) {
+        if (strcmp(c->refused[i].peer, peer) == 0) {
+            slot = i;
+            break;
+        }
+        if (c->refused[i].at < c->refused[slot].at) slot = i; /* else the oldest */
+    }
+    bool log = strcmp(c->refused[slot].peer, peer) != 0 || now - c->refused[slot].at >= 10;
+    if (log)
+        snprintf(c->refused[slot].peer, sizeof c->refused[slot].peer, "%s", peer),
+            c->refused[slot].at = now;
+    pthread_mutex_unlock(&c->mu);
+    return log;
+}
+
 bool td_cluster_authorized(td_cluster *c, const char *authorization, const char *peer,
                            td_reply_error *e) {
     if (!c->has_secret) {
         td_reply_fail(e, 403, "cluster_closed", NULL,
                       "this traind accepts no agents: start the master with "
                       "--cluster-secret-file FILE (the same file on every node)");
-        say(c, "refused an agent from %s: this master has no cluster secret", peer);
+        if (log_refusal(c, peer))
+            say(c, "refused an agent from %s: this master has no cluster secret", peer);
         return false;
     }
     const char *given = "";
@@ -150,11 +183,12 @@ bool td_cluster_authorized(td_cluster *c, const char *authorization, const char 
     unsigned char diff = (unsigned char)(n != m);
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)(c->secret[i] ^ (i < m ? given[i] : 0));
     if (diff == 0) return true;
+    if (log_refusal(c, peer))
+        say(c, "refused an agent from %s: %s cluster secret", peer, m == 0 ? "missing" : "wrong");
     td_reply_fail(e, 401, "cluster_secret", NULL,
                   "%s cluster secret: every node's --cluster-secret-file must hold the master's "
                   "secret",
                   m == 0 ? "missing" : "wrong");
-    say(c, "refused an agent from %s: %s cluster secret", peer, m == 0 ? "missing" : "wrong");
     return false;
 }
 
@@ -209,10 +243,11 @@ static node *find(td_cluster *c, const char *name) {
     return NULL;
 }
 
+static void put_json(td_buf *out, json_t *o);
+
 static void reply_registered(td_cluster *c, td_buf *out) {
-    td_buf_printf(out,
-                  "{\"heartbeat_s\":%g,\"timeout_s\":%g,\"master\":\"%s\",\"version\":\"%s\"}\n",
-                  c->cfg.heartbeat_s, c->cfg.timeout_s, c->name, c->version);
+    put_json(out, json_pack("{s:f, s:f, s:s, s:s}", "heartbeat_s", c->cfg.heartbeat_s, "timeout_s",
+                            c->cfg.timeout_s, "master", c->name, "version", c->version));
 }
 
 int td_cluster_register(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
@@ -402,37 +437,55 @@ bool td_cluster_drained(td_cluster *c, const char *name) {
     return d;
 }
 
+/* Whether name is a node (the master or one that joined). Under c->mu. */
+static bool known(td_cluster *c, const char *name) {
+    return td_cluster_is_master(c, name) || find(c, name) != NULL;
+}
+
 int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, int master_used,
                      td_buf *out, td_reply_error *e) {
+    /* drains one at a time, the database written outside c->mu: heartbeats and the sweeper
+     * never wait for SQLite */
+    pthread_mutex_lock(&c->drain_mu);
     pthread_mutex_lock(&c->mu);
-    bool self = td_cluster_is_master(c, name);
-    node *n = self ? NULL : find(c, name);
-    if (!self && !n) {
-        pthread_mutex_unlock(&c->mu);
-        return td_reply_fail(e, 404, "not_found", NULL,
-                             "no node named \"%s\" in the cluster (GET /v1/nodes lists them)",
-                             name);
-    }
-    int at = drained_index(c, name);
-    if (drain != (at >= 0)) {
-        td_err err = {{0}};
-        if (c->cfg.db && td_db_set_drained(c->cfg.db, name, drain, &err) != 0) {
-            pthread_mutex_unlock(&c->mu);
-            return td_reply_fail(e, 503, "unavailable", NULL, "%s", err.msg);
-        }
-        if (drain) {
-            add_drained(c, name);
-        } else {
-            memmove(c->drained + at, c->drained + at + 1,
-                    (size_t)(c->n_drained - at - 1) * sizeof *c->drained);
-            c->n_drained--;
-        }
-        say(c, "node %s %s", name,
-            drain ? "drained: no new jobs start there; running ones go on" : "undrained");
-    }
-    node self_node = master_node(c, now, master_used);
-    json_t *o = node_json(self ? &self_node : n, self ? "master" : "agent", drain, now);
+    bool ok = known(c, name), change = ok && drain != (drained_index(c, name) >= 0);
     pthread_mutex_unlock(&c->mu);
-    put_json(out, o);
-    return 0;
+    int rc = 0;
+    td_err err = {{0}};
+    if (!ok) {
+        rc = td_reply_fail(e, 404, "not_found", NULL,
+                           "no node named \"%s\" in the cluster (GET /v1/nodes lists them)", name);
+    } else if (change && c->cfg.db && td_db_set_drained(c->cfg.db, name, drain, &err) != 0) {
+        rc = td_reply_fail(e, 503, "unavailable", NULL, "%s", err.msg);
+    } else {
+        pthread_mutex_lock(&c->mu);
+        bool self = td_cluster_is_master(c, name);
+        if (change) {
+            int at = drained_index(c, name);
+            if (drain) {
+                add_drained(c, name);
+            } else if (at >= 0) {
+                memmove(c->drained + at, c->drained + at + 1,
+                        (size_t)(c->n_drained - at - 1) * sizeof *c->drained);
+                c->n_drained--;
+            }
+            /* the master's queue follows under the same lock, so the two never disagree */
+            if (self && c->on_master_drain) c->on_master_drain(c->drain_ctx, drain);
+            say(c, "node %s %s", name,
+                drain ? "drained: no new jobs start there; running ones go on" : "undrained");
+        }
+        node self_node = master_node(c, now, master_used), *n = self ? &self_node : find(c, name);
+        json_t *o = n ? node_json(n, self ? "master" : "agent", drain, now) : NULL;
+        pthread_mutex_unlock(&c->mu);
+        put_json(out, o);
+    }
+    pthread_mutex_unlock(&c->drain_mu);
+    return rc;
+}
+
+void td_cluster_on_master_drain(td_cluster *c, void (*fn)(void *ctx, bool drained), void *ctx) {
+    pthread_mutex_lock(&c->mu);
+    c->on_master_drain = fn, c->drain_ctx = ctx;
+    if (fn) fn(ctx, drained_index(c, c->name) >= 0);
+    pthread_mutex_unlock(&c->mu);
 }

@@ -70,6 +70,9 @@ int td_cluster_heartbeat(td_cluster *c, const char *body, size_t len, double now
  * own slots in use, for its entry. */
 int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, int master_used,
                      td_buf *out, td_reply_error *e);
+/* fn(ctx, drained) whenever the master's own node is drained or undrained, under the registry's
+ * lock so the two never disagree; called at once with the current state. */
+void td_cluster_on_master_drain(td_cluster *c, void (*fn)(void *ctx, bool drained), void *ctx);
 /* Whether the named node is drained (the master's own: its queue holds). */
 bool td_cluster_drained(td_cluster *c, const char *name);
 /* Whether name is the master's own node. */

@@ -56,6 +56,7 @@ int td_jobs_start(td_jobs *j, td_err *err) {
 }
 
 void td_jobs_stop(td_jobs *j) {
+    if (!j) return; /* a start-up that failed before the jobs opened */
     pthread_mutex_lock(&j->mu);
     j->stopping = true;
     pthread_cond_broadcast(&j->changed);
