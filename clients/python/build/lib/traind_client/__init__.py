@@ -1,0 +1,298 @@
+"""A Python client for traind's HTTP API v1 (api/README.md), standard library only.
+
+    from traind_client import Client
+    c = Client("http://127.0.0.1:8470", token)            # or Client.local()
+    job = c.submit(spec, nproc=2)
+    for ev in job.events():                                # SSE; resumes after a dropped stream
+        print(ev.event, ev.data)
+    print(job.wait(), job.metrics()[-1])
+    job.download(job.checkpoints()[-1]["step"], "model.safetensors")
+
+API errors raise APIError, which carries the HTTP status and the daemon's code, message and
+field (the JSON path at fault).
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+__all__ = ["APIError", "Client", "Event", "Job"]
+
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+class APIError(Exception):
+    """An error answer of the API: status (400, 404, ...), code ("invalid_spec", ...), message,
+    field (the JSON path at fault, or None)."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None):
+        super().__init__(f"HTTP {status} {code}: {message}" + (f" (at {field})" if field else ""))
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+@dataclass
+class Event:
+    """One Server-Sent Event of a job: its id (per job, +1 each), its name and its JSON data."""
+    id: int
+    event: str
+    data: Any
+
+
+class Client:
+    """A traind daemon at url (http://HOST:PORT), with its API token."""
+
+    def __init__(self, url: str, token: str, timeout: float = 60.0):
+        u = urllib.parse.urlsplit(url)
+        if u.scheme != "http" or not u.hostname:
+            raise ValueError(f"url {url!r}: expected http://HOST:PORT")
+        self.host, self.port = u.hostname, u.port or 80
+        self.token, self.timeout = token, timeout
+
+    @classmethod
+    def local(cls, url: str = "http://127.0.0.1:8470", state_dir: str | None = None) -> "Client":
+        """The daemon on this machine, with the token from its state directory (traind's
+        default: ~/.local/state/traind, /var/lib/traind for root)."""
+        if state_dir is None:
+            state_dir = ("/var/lib/traind" if os.getuid() == 0 else
+                         os.path.join(os.environ.get("XDG_STATE_HOME") or
+                                      os.path.expanduser("~/.local/state"), "traind"))
+        with open(os.path.join(state_dir, "token")) as f:
+            return cls(url, f.read().strip())
+
+    # -- plumbing
+
+    def _open(self, method: str, path: str, body: Any = None,
+              headers: dict[str, str] | None = None, timeout: float | None = None):
+        """(connection, response); the caller reads the response and closes the connection."""
+        conn = http.client.HTTPConnection(self.host, self.port,
+                                          timeout=timeout if timeout is not None else self.timeout)
+        h = {"Authorization": f"Bearer {self.token}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            h["Content-Type"] = "application/json"
+        h.update(headers or {})
+        try:
+            conn.request(method, path, data, h)
+            resp = conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+        if resp.status >= 400:
+            raw = resp.read()
+            conn.close()
+            raise _api_error(resp.status, raw)
+        return conn, resp
+
+    def _json(self, method: str, path: str, body: Any = None) -> Any:
+        conn, resp = self._open(method, path, body)
+        try:
+            raw = resp.read()
+        finally:
+            conn.close()
+        return json.loads(raw) if raw else None
+
+    # -- the API
+
+    def submit(self, spec: dict, **resources: Any) -> "Job":
+        """Submits a job (a train spec, or a command job's object); keyword arguments go to its
+        `resources` (nproc=2, time_limit_s=600, ...)."""
+        spec = dict(spec)
+        if resources:
+            spec["resources"] = {**spec.get("resources", {}), **resources}
+        return Job(self, self._json("POST", "/v1/jobs", spec))
+
+    def job(self, job_id: int) -> "Job":
+        return Job(self, self._json("GET", f"/v1/jobs/{int(job_id)}"))
+
+    def jobs(self, state: str | list[str] | None = None, limit: int = 50,
+             offset: int = 0) -> list["Job"]:
+        """Jobs newest first; state: one state or several."""
+        q = {"limit": limit, "offset": offset}
+        if state:
+            q["state"] = state if isinstance(state, str) else ",".join(state)
+        listing = self._json("GET", "/v1/jobs?" + urllib.parse.urlencode(q))
+        return [Job(self, j) for j in listing["jobs"]]
+
+    def nodes(self) -> list[dict]:
+        """The cluster's nodes as the master sees them (GET /v1/nodes)."""
+        return self._json("GET", "/v1/nodes")["nodes"]
+
+    def version(self) -> dict:
+        return self._json("GET", "/v1/version")
+
+
+class Job:
+    """A job: its id and its last known JSON (data); refresh() reads it again."""
+
+    def __init__(self, client: Client, data: dict):
+        self.client, self.data = client, data
+        self.id: int = data["id"]
+
+    @property
+    def state(self) -> str:
+        return self.data["state"]
+
+    def __repr__(self) -> str:
+        return f"Job({self.id}, {self.data.get('name')!r}, {self.state})"
+
+    def refresh(self) -> "Job":
+        self.data = self.client._json("GET", f"/v1/jobs/{self.id}")
+        return self
+
+    def events(self, after: int | None = None, retries: int = 5) -> Iterator[Event]:
+        """The job's events from its start (or after id `after`) until its final state. When
+        the stream drops (a daemon restart, a network blip), it reconnects with Last-Event-ID:
+        nothing is missed or repeated; it gives up after `retries` failed reconnections in a
+        row."""
+        last, failures = after, 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                pass  # broken on purpose
+            try:
+                conn, resp = self.client._open("GET", f"/v1/jobs/{self.id}/events",
+                                               headers=headers)
+            except (OSError, http.client.HTTPException):
+                failures += 1
+                if failures > retries:
+                    raise
+                time.sleep(min(0.2 * 2 ** failures, 5))
+                continue
+            try:
+                for ev in _read_sse(resp):
+                    failures = 0
+                    last = ev.id
+                    yield ev
+                    if ev.event == "state" and ev.data.get("state") in FINAL_STATES:
+                        return
+            except (OSError, http.client.HTTPException):
+                pass  # dropped mid-stream: reconnect from the last id
+            finally:
+                conn.close()
+            # the stream ended without a final state: the daemon went away; reconnect
+            failures += 1
+            if failures > retries:
+                raise ConnectionError(f"job {self.id}: the event stream ended {failures} times "
+                                      f"without a final state")
+            time.sleep(min(0.2 * 2 ** failures, 5))
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Follows the job to its final state and returns it (TimeoutError after timeout s)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for ev in self.events():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} still {ev.event} after {timeout} s")
+            if ev.event == "state" and ev.data.get("state") in FINAL_STATES:
+                break
+        self.refresh()
+        return self.state
+
+    def metrics(self, since: int | None = None) -> list[dict]:
+        """Rank 0's metric events (train, eval, done, a command's own) with step > since."""
+        q = "" if since is None else f"?since={int(since)}"
+        return self.client._json("GET", f"/v1/jobs/{self.id}/metrics{q}")
+
+    def logs(self, rank: int = 0, follow: bool = False) -> str | Iterator[str]:
+        """Rank R's log as text; with follow=True an iterator over its lines until the job
+        ends."""
+        path = f"/v1/jobs/{self.id}/logs?rank={int(rank)}" + ("&follow=1" if follow else "")
+        conn, resp = self.client._open("GET", path)
+        if not follow:
+            try:
+                return resp.read().decode(errors="replace")
+            finally:
+                conn.close()
+
+        def lines() -> Iterator[str]:
+            try:
+                while True:
+                    line = resp.readline()
+                    if not line:
+                        return
+                    yield line.decode(errors="replace").rstrip("\n")
+            finally:
+                conn.close()
+        return lines()
+
+    def checkpoints(self) -> list[dict]:
+        return self.client._json("GET", f"/v1/jobs/{self.id}/checkpoints")
+
+    def download(self, step: int, path: str, file: str = "model.safetensors") -> str:
+        """Downloads one file of checkpoint `step` to path (a partial file there is resumed
+        with Range) and checks its size; returns path."""
+        have = os.path.getsize(path) if os.path.exists(path) else 0
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        url = f"/v1/jobs/{self.id}/checkpoints/{int(step)}/{urllib.parse.quote(file)}"
+        try:
+            conn, resp = self.client._open("GET", url, headers=headers)
+        except APIError as e:
+            if e.status != 416:
+                raise
+            have, conn, resp = 0, *self.client._open("GET", url)  # larger than the file: anew
+        try:
+            if resp.status == 206:
+                total = int(resp.getheader("Content-Range").rsplit("/", 1)[1])
+                mode = "ab"
+            else:
+                total, mode, have = int(resp.getheader("Content-Length")), "wb", 0
+            with open(path, mode) as f:
+                while chunk := resp.read(1 << 16):
+                    f.write(chunk)
+        finally:
+            conn.close()
+        size = os.path.getsize(path)
+        if size != total:
+            raise IOError(f"{path}: {size} bytes after the download, expected {total}")
+        return path
+
+    def cancel(self) -> "Job":
+        """Stops the job; returns when none of its processes is left."""
+        self.data = self.client._json("POST", f"/v1/jobs/{self.id}/cancel")
+        return self
+
+    def delete(self) -> None:
+        """Removes a finished job with its files."""
+        conn, resp = self.client._open("DELETE", f"/v1/jobs/{self.id}")
+        resp.read()
+        conn.close()
+
+
+def _api_error(status: int, raw: bytes) -> APIError:
+    try:
+        e = json.loads(raw)["error"]
+        return APIError(status, e.get("code", "?"), e.get("message", ""), e.get("field"))
+    except (ValueError, KeyError, TypeError):
+        return APIError(status, "http_error", raw[:500].decode(errors="replace"))
+
+
+def _read_sse(resp) -> Iterator[Event]:
+    """Server-Sent Event records from a response: id, event and (JSON) data lines, a blank line
+    ending each; comment lines (":") are keep-alives."""
+    ev_id, name, data = None, "message", []
+    while True:
+        raw = resp.readline()
+        if not raw:
+            return
+        line = raw.decode(errors="replace").rstrip("\r\n")
+        if not line:
+            if data:
+                yield Event(int(ev_id) if ev_id is not None else -1, name,
+                            json.loads("\n".join(data)))
+            ev_id, name, data = None, "message", []
+        elif line.startswith(":"):
+            continue
+        else:
+            key, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if key == "id":
+                ev_id = value
+            elif key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)

@@ -1,0 +1,152 @@
+#!/usr/bin/python3
+"""The Python client (clients/python) against a real traind: every method, an API error raised
+as an exception, and an event stream that resumes across a kill -9 and restart of the daemon
+with nothing missed or repeated. The client is first installed with pip (offline:
+--no-build-isolation, into a temporary directory) and imported from there.
+
+    /usr/bin/python3 tests/integration/python_client_test.py TRAIND_BINARY SOURCE_DIR
+
+Daemons are started by daemon_test.py's harness (a fresh state directory each, killed at the
+end, no surviving processes)."""
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import daemon_test  # noqa: E402  (the harness: Daemon, train_spec)
+
+traind_client = None  # imported from the pip-installed copy in main()
+
+
+class PythonClientTest(daemon_test.DaemonTest):
+    # only this class's tests, not the inherited daemon tests
+    def client(self, d, token=None):
+        return traind_client.Client(f"http://127.0.0.1:{d.port}", token or d.token)
+
+    def test_a_every_method(self):
+        d = self.start_daemon("--slots", "2", "--grace", "2", "--node-name", "solo")
+        c = self.client(d)
+        self.assertEqual(c.version()["api"], "v1")
+        self.assertEqual([(n["name"], n["state"]) for n in c.nodes()], [("solo", "ready")])
+
+        job = c.submit(daemon_test.train_spec("lenet", epochs=1), nproc=2)
+        self.assertEqual(job.data["nproc"], 2, "keyword arguments go to resources")
+        events = list(job.events())
+        ids = [e.id for e in events]
+        self.assertEqual(ids, list(range(ids[0], ids[0] + len(ids))), "ids +1 each, no gap")
+        self.assertEqual((events[-1].event, events[-1].data["state"]), ("state", "succeeded"))
+        self.assertEqual(job.wait(timeout=60), "succeeded", "an ended job: wait returns at once")
+        self.assertEqual(job.state, "succeeded")
+
+        metrics = job.metrics()
+        self.assertIn("done", [m["event"] for m in metrics])
+        steps = [m["step"] for m in metrics if m["event"] == "train"]
+        self.assertEqual(job.metrics(since=steps[0]),
+                         [m for m in metrics if m["step"] > steps[0]])
+        self.assertIn("[traind]", job.logs(rank=0))
+        self.assertIsInstance(job.logs(rank=1), str)
+        followed = list(job.logs(rank=0, follow=True))
+        self.assertEqual("\n".join(followed), job.logs(rank=0).rstrip("\n"),
+                         "follow of an ended job: the whole log, then the end")
+
+        ckpts = job.checkpoints()
+        last = ckpts[-1]
+        out = os.path.join(self.new_state_dir(), "model.safetensors")
+        job.download(last["step"], out)
+        want = next(f["size"] for f in last["files"] if f["name"] == "model.safetensors")
+        self.assertEqual(os.path.getsize(out), want)
+        with open(out, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            self.assertEqual(f.read(1), b"{", "a safetensors header")
+        self.assertLess(header_len, want)
+        # a truncated download resumes with Range and ends whole and equal
+        with open(out, "rb") as f:
+            whole = f.read()
+        with open(out, "r+b") as f:
+            f.truncate(want // 3)
+        job.download(last["step"], out)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), whole)
+
+        self.assertIn(job.id, [j.id for j in c.jobs(state="succeeded")])
+        self.assertEqual(c.jobs(state=["queued", "running"]), [])
+        self.assertEqual(c.job(job.id).data["name"], "lenet")
+        job.delete()
+        with self.assertRaises(traind_client.APIError) as e:
+            c.job(job.id)
+        self.assertEqual((e.exception.status, e.exception.code), (404, "not_found"))
+
+    def test_b_cancel_and_errors(self):
+        d = self.start_daemon("--slots", "1", "--grace", "2")
+        c = self.client(d)
+        job = c.submit(daemon_test.train_spec("long", epochs=1000, checkpoint=False))
+        for ev in job.events():
+            if ev.event == "state" and ev.data["state"] == "running":
+                break
+        self.assertEqual(job.cancel().state, "cancelled")
+        self.assertEqual(job.wait(), "cancelled")
+
+        bad = daemon_test.train_spec("bad")
+        bad["train"]["batch_size"] = 0
+        with self.assertRaises(traind_client.APIError) as e:
+            c.submit(bad)
+        err = e.exception
+        self.assertEqual((err.status, err.code, err.field), (400, "invalid_spec", "train.batch_size"))
+        self.assertIn("batch_size", err.message)
+        with self.assertRaises(traind_client.APIError) as e:
+            self.client(d, token="0" * 64).jobs()
+        self.assertEqual((e.exception.status, e.exception.code), (401, "unauthorized"))
+
+    def test_c_events_resume_across_a_daemon_restart(self):
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "1", state_dir=state)
+        port = d1.port
+        c = self.client(d1)
+        job = c.submit(daemon_test.train_spec("resume", epochs=3))
+        stream = job.events()
+        seen = []
+        for ev in stream:
+            seen.append(ev)
+            if ev.event == "checkpoint":
+                break
+        self.assertEqual(d1.kill(), [], "the workers die with the daemon")
+        # the same port, so the client's address still holds
+        self.start_daemon("--slots", "1", "--listen", f"127.0.0.1:{port}", state_dir=state)
+        seen.extend(stream)  # reconnects with Last-Event-ID
+        ids = [e.id for e in seen]
+        self.assertEqual(ids, list(range(ids[0], ids[0] + len(ids))),
+                         "nothing missed or repeated across the restart")
+        self.assertIn("restart", [e.event for e in seen])
+        self.assertEqual((seen[-1].event, seen[-1].data["state"]), ("state", "succeeded"))
+
+
+def main():
+    global traind_client
+    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
+    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    target = tempfile.mkdtemp(prefix="traind-client-")
+    import atexit
+    import shutil
+    atexit.register(shutil.rmtree, target, True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation",
+                    "--no-deps", "--no-index", "--target", target,
+                    os.path.join(daemon_test.SOURCE_DIR, "clients", "python")],
+                   check=True, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore"))
+    sys.path.insert(0, target)
+    import traind_client as tc
+    traind_client = tc
+    if not tc.__file__.startswith(target):
+        raise SystemExit(f"imported {tc.__file__}, not the installed copy in {target}")
+    suite = unittest.TestSuite(PythonClientTest(name) for name in
+                               ("test_a_every_method", "test_b_cancel_and_errors",
+                                "test_c_events_resume_across_a_daemon_restart"))
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
