@@ -8,7 +8,7 @@ packages="
   libopenblas-dev zlib1g-dev libjansson-dev libcriterion-dev
   libmicrohttpd-dev libsqlite3-dev libarchive-dev libcurl4-openssl-dev curl wrk
   dataset-fashion-mnist
-  python3 python3-numpy python3-torch python3-torchvision
+  python3 python3-numpy python3-torch python3-torchvision python3-pip python3-setuptools
 "
 
 missing=""
