@@ -8,7 +8,9 @@ with nothing missed or repeated. The client is first installed with pip (offline
 
 Daemons are started by daemon_test.py's harness (a fresh state directory each, killed at the
 end, no surviving processes)."""
+import atexit
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -129,17 +131,19 @@ def main():
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
     daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
     target = tempfile.mkdtemp(prefix="traind-client-")
-    import atexit
-    import shutil
     atexit.register(shutil.rmtree, target, True)
+    # built from a copy: setuptools builds in the directory it is given (build/, egg-info) and
+    # would reuse what an earlier build left there
+    src = os.path.join(target, "src")
+    shutil.copytree(os.path.join(daemon_test.SOURCE_DIR, "clients", "python"), src,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation",
-                    "--no-deps", "--no-index", "--target", target,
-                    os.path.join(daemon_test.SOURCE_DIR, "clients", "python")],
+                    "--no-deps", "--no-index", "--target", os.path.join(target, "lib"), src],
                    check=True, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore"))
-    sys.path.insert(0, target)
+    sys.path.insert(0, os.path.join(target, "lib"))
     import traind_client as tc
     traind_client = tc
-    if not tc.__file__.startswith(target):
+    if not tc.__file__.startswith(os.path.join(target, "lib")):
         raise SystemExit(f"imported {tc.__file__}, not the installed copy in {target}")
     suite = unittest.TestSuite(PythonClientTest(name) for name in
                                ("test_a_every_method", "test_b_cancel_and_errors",
