@@ -183,8 +183,12 @@ static void *agent_loop(void *arg) {
         if (!unreachable) {
             char msg[512];
             if (status) error_message(&reply, msg, sizeof msg, NULL, 0);
-            say(a, "cannot reach the master at %s: %s; retrying with back-off up to %d s",
-                a->master, status ? msg : why, BACKOFF_MAX_S);
+            /* no answer at all: most often a master still on its default loopback address */
+            say(a, "cannot reach the master at %s: %s; retrying with back-off up to %d s%s",
+                a->master, status ? msg : why, BACKOFF_MAX_S,
+                status ? ""
+                       : " (HINT: is the master running, and listening on an address this node "
+                         "reaches? Its --listen defaults to 127.0.0.1)");
         }
         unreachable = true;
         joined = false; /* a master back from a restart knows no node: register */
