@@ -237,6 +237,19 @@ static void make_dirs(const char *path) {
     if (mkdir(p, 0700) != 0 && errno != EEXIST) die("cannot create %s: %s", p, strerror(errno));
 }
 
+/* A secret's first line from the open file f (closed here): at least 16 characters, and a
+ * warning when others may read the file. what names it in messages. */
+static void read_secret(FILE *f, const char *path, const char *what, char *out, size_t len) {
+    if (!fgets(out, (int)len, f)) out[0] = 0;
+    fclose(f);
+    out[strcspn(out, "\r\n")] = 0;
+    if (strlen(out) < 16)
+        die("%s: the %s on its first line is shorter than 16 characters", path, what);
+    struct stat st;
+    if (stat(path, &st) == 0 && (st.st_mode & 077))
+        fprintf(stderr, "traind: warning: %s is readable by others (chmod 600 it)\n", path);
+}
+
 /* STATE_DIR/NAME: read, or created on the first start as 32 random bytes in hex (mode 0600):
  * the API token, the node id. */
 static void load_random(const char *dir, const char *name, const char *what, char *token,
@@ -245,13 +258,7 @@ static void load_random(const char *dir, const char *name, const char *what, cha
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "r");
     if (f) {
-        if (!fgets(token, (int)len, f)) token[0] = 0;
-        fclose(f);
-        token[strcspn(token, "\r\n")] = 0;
-        if (strlen(token) < 16) die("%s: the %s is shorter than 16 characters", path, what);
-        struct stat st;
-        if (stat(path, &st) == 0 && (st.st_mode & 077))
-            fprintf(stderr, "traind: warning: %s is readable by others (chmod 600 it)\n", path);
+        read_secret(f, path, what, token, len);
         return;
     }
     unsigned char raw[32];
@@ -270,22 +277,14 @@ static void load_random(const char *dir, const char *name, const char *what, cha
             strcmp(name, "token") == 0 ? "; clients read it there" : "");
 }
 
-/* The cluster secret: the first line of the file, at least 16 characters. */
+/* The cluster secret, from --cluster-secret-file. */
 static void load_cluster_secret(const char *path, char *out, size_t len) {
     FILE *f = fopen(path, "r");
     if (!f)
         die("--cluster-secret-file %s: %s (every node needs the same file; make one with: head -c "
             "32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > FILE)",
             path, strerror(errno));
-    if (!fgets(out, (int)len, f)) out[0] = 0;
-    fclose(f);
-    out[strcspn(out, "\r\n")] = 0;
-    if (strlen(out) < 16)
-        die("--cluster-secret-file %s: the secret on its first line is shorter than 16 characters",
-            path);
-    struct stat st;
-    if (stat(path, &st) == 0 && (st.st_mode & 077))
-        fprintf(stderr, "traind: warning: %s is readable by others (chmod 600 it)\n", path);
+    read_secret(f, path, "cluster secret", out, len);
 }
 
 /* One daemon per state directory: an exclusive flock on STATE_DIR/traind.pid, held for the
