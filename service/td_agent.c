@@ -4,6 +4,7 @@
 #include "core/td_clock.h"
 #include "dist/td_net.h"
 #include "service/td_buf.h"
+#include "service/td_log.h"
 #include "service/td_cluster.h" /* TD_CLUSTER_PROTOCOL */
 
 #include <curl/curl.h>
@@ -27,19 +28,6 @@ struct td_agent {
     int (*slots_used)(void *ctx);
     void *ctx;
 };
-
-static void say(td_agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void say(td_agent *a, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    flockfile(a->cfg.log); /* one line whole: other threads log to the same stream */
-    fprintf(a->cfg.log, "traind: ");
-    vfprintf(a->cfg.log, fmt, ap);
-    fprintf(a->cfg.log, "\n");
-    fflush(a->cfg.log);
-    funlockfile(a->cfg.log);
-    va_end(ap);
-}
 
 static size_t collect(char *p, size_t size, size_t n, void *ctx) {
     td_buf_append(ctx, p, size * n);
@@ -110,12 +98,13 @@ static void refuse(td_agent *a, long status, const td_buf *reply) {
     bool ours = false;
     for (size_t i = 0; i < sizeof OURS / sizeof *OURS; i++) ours |= strcmp(code, OURS[i]) == 0;
     if (ours)
-        say(a, "the master at %s refused this node (HTTP %ld): %s", a->master, status, msg);
+        td_log_line(a->cfg.log, "the master at %s refused this node (HTTP %ld): %s", a->master,
+                    status, msg);
     else /* a traind from before the cluster answers its routes as a user's */
-        say(a,
-            "the master at %s does not speak the cluster protocol (HTTP %ld: %s): is it an "
-            "older traind? Run the same traind version on every node",
-            a->master, status, msg);
+        td_log_line(a->cfg.log,
+                    "the master at %s does not speak the cluster protocol (HTTP %ld: %s): is it an "
+                    "older traind? Run the same traind version on every node",
+                    a->master, status, msg);
     pthread_mutex_lock(&a->mu);
     a->refused = true;
     pthread_mutex_unlock(&a->mu);
@@ -130,7 +119,8 @@ static void *agent_loop(void *arg) {
     char *reg = ro ? json_dumps(ro, JSON_COMPACT) : NULL;
     json_decref(ro);
     if (!reg) {
-        say(a, "cannot build the registration message (out of memory); not joining");
+        td_log_line(a->cfg.log,
+                    "cannot build the registration message (out of memory); not joining");
         return NULL;
     }
     bool joined = false, ever = false, unreachable = false;
@@ -157,10 +147,12 @@ static void *agent_loop(void *arg) {
             json_decref(o);
             if (h > 0) heartbeat_s = h;
             if (!joined)
-                say(a, "%s the cluster at %s as node %s (advertising %s; a heartbeat every %g s)",
+                td_log_line(
+                    a->cfg.log,
+                    "%s the cluster at %s as node %s (advertising %s; a heartbeat every %g s)",
                     ever ? "joined again" : "joined", a->master, a->name, a->address, heartbeat_s);
             else if (unreachable)
-                say(a, "the master at %s answers again", a->master);
+                td_log_line(a->cfg.log, "the master at %s answers again", a->master);
             joined = ever = true, unreachable = false, backoff = 1;
             td_buf_free(&reply);
             if (pause_for(a, heartbeat_s)) break;
@@ -169,7 +161,7 @@ static void *agent_loop(void *arg) {
         if (status == 404 && joined) { /* the master forgot this node: register again */
             char msg[512];
             error_message(&reply, msg, sizeof msg, NULL, 0);
-            say(a, "the master at %s says: %s", a->master, msg);
+            td_log_line(a->cfg.log, "the master at %s says: %s", a->master, msg);
             joined = false;
             td_buf_free(&reply);
             continue;
@@ -184,8 +176,10 @@ static void *agent_loop(void *arg) {
             char msg[512];
             if (status) error_message(&reply, msg, sizeof msg, NULL, 0);
             /* no answer at all: most often a master still on its default loopback address */
-            say(a, "cannot reach the master at %s: %s; retrying with back-off up to %d s%s",
-                a->master, status ? msg : why, BACKOFF_MAX_S,
+            td_log_line(
+                a->cfg.log,
+                "cannot reach the master at %s: %s; retrying with back-off up to %d s%s", a->master,
+                status ? msg : why, BACKOFF_MAX_S,
                 status ? ""
                        : " (HINT: is the master running, and listening on an address this node "
                          "reaches? Its --listen defaults to 127.0.0.1)");

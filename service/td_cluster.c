@@ -3,6 +3,7 @@
 
 #include "core/td_clock.h"
 #include "core/td_json.h"
+#include "service/td_log.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -43,20 +44,6 @@ struct td_cluster {
     pthread_t sweeper;
     bool started, stopping;
 };
-
-static void say(td_cluster *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void say(td_cluster *c, const char *fmt, ...) {
-    if (!c->cfg.log) return;
-    va_list ap;
-    va_start(ap, fmt);
-    flockfile(c->cfg.log); /* one line whole: other threads log to the same stream */
-    fprintf(c->cfg.log, "traind: ");
-    vfprintf(c->cfg.log, fmt, ap);
-    fprintf(c->cfg.log, "\n");
-    fflush(c->cfg.log);
-    funlockfile(c->cfg.log);
-    va_end(ap);
-}
 
 static int drained_index(const td_cluster *c, const char *name) {
     for (int i = 0; i < c->n_drained; i++)
@@ -173,7 +160,8 @@ bool td_cluster_authorized(td_cluster *c, const char *authorization, const char 
                       "this traind accepts no agents: start the master with "
                       "--cluster-secret-file FILE (the same file on every node)");
         if (log_refusal(c, peer))
-            say(c, "refused an agent from %s: this master has no cluster secret", peer);
+            td_log_line(c->cfg.log, "refused an agent from %s: this master has no cluster secret",
+                        peer);
         return false;
     }
     const char *given = "";
@@ -184,7 +172,8 @@ bool td_cluster_authorized(td_cluster *c, const char *authorization, const char 
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)(c->secret[i] ^ (i < m ? given[i] : 0));
     if (diff == 0) return true;
     if (log_refusal(c, peer))
-        say(c, "refused an agent from %s: %s cluster secret", peer, m == 0 ? "missing" : "wrong");
+        td_log_line(c->cfg.log, "refused an agent from %s: %s cluster secret", peer,
+                    m == 0 ? "missing" : "wrong");
     td_reply_fail(e, 401, "cluster_secret", NULL,
                   "%s cluster secret: every node's --cluster-secret-file must hold the master's "
                   "secret",
@@ -269,8 +258,8 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                       "the agent speaks cluster protocol %ld, this master (traind %s) speaks %d: "
                       "run the same traind version on every node",
                       protocol, c->version, TD_CLUSTER_PROTOCOL);
-        say(c, "refused an agent: it speaks cluster protocol %ld, this master %d", protocol,
-            TD_CLUSTER_PROTOCOL);
+        td_log_line(c->cfg.log, "refused an agent: it speaks cluster protocol %ld, this master %d",
+                    protocol, TD_CLUSTER_PROTOCOL);
         goto done;
     }
     if (td_json_check_keys(o, "", KEYS, &err) != 0 ||
@@ -299,8 +288,8 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                       "a node named \"%s\" is already in the cluster (at %s): give this node "
                       "another --node-name, or stop the other one",
                       n.name, where);
-        say(c, "refused node %s from %s: the name is taken by the node at %s", n.name, n.address,
-            where);
+        td_log_line(c->cfg.log, "refused node %s from %s: the name is taken by the node at %s",
+                    n.name, n.address, where);
     } else {
         if (!old && c->n == MAX_NODES) {
             td_reply_fail(e, 503, "cluster_full", NULL,
@@ -312,14 +301,15 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                     c->nodes = td_realloc(c->nodes, (size_t)c->cap * sizeof *c->nodes);
                 }
                 old = &c->nodes[c->n++];
-                say(c, "node %s joined from %s: %d %s slot%s, traind %s", n.name, n.address,
-                    n.slots, n.gpus > 0 ? "GPU" : "CPU", n.slots == 1 ? "" : "s", n.version);
+                td_log_line(c->cfg.log, "node %s joined from %s: %d %s slot%s, traind %s", n.name,
+                            n.address, n.slots, n.gpus > 0 ? "GPU" : "CPU", n.slots == 1 ? "" : "s",
+                            n.version);
             } else if (old->lost) {
-                say(c, "node %s is back from %s after %.1f s lost%s", n.name, n.address,
-                    now - old->lost_since,
-                    strcmp(old->node_id, n.node_id) ? " (a new node id)" : "");
+                td_log_line(c->cfg.log, "node %s is back from %s after %.1f s lost%s", n.name,
+                            n.address, now - old->lost_since,
+                            strcmp(old->node_id, n.node_id) ? " (a new node id)" : "");
             } else {
-                say(c, "node %s registered again from %s", n.name, n.address);
+                td_log_line(c->cfg.log, "node %s registered again from %s", n.name, n.address);
             }
             *old = n;
             reply_registered(c, out);
@@ -371,8 +361,8 @@ int td_cluster_sweep(td_cluster *c, double now) {
         n->lost = true;
         n->lost_since = now;
         lost++;
-        say(c, "node %s (%s) lost: no heartbeat for %.1f s (timeout %g s)", n->name, n->address,
-            now - n->last_seen, c->cfg.timeout_s);
+        td_log_line(c->cfg.log, "node %s (%s) lost: no heartbeat for %.1f s (timeout %g s)",
+                    n->name, n->address, now - n->last_seen, c->cfg.timeout_s);
     }
     pthread_mutex_unlock(&c->mu);
     return lost;
@@ -471,8 +461,9 @@ int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, in
             }
             /* the master's queue follows under the same lock, so the two never disagree */
             if (self && c->on_master_drain) c->on_master_drain(c->drain_ctx, drain);
-            say(c, "node %s %s", name,
-                drain ? "drained: no new jobs start there; running ones go on" : "undrained");
+            td_log_line(c->cfg.log, "node %s %s", name,
+                        drain ? "drained: no new jobs start there; running ones go on"
+                              : "undrained");
         }
         node self_node = master_node(c, now, master_used), *n = self ? &self_node : find(c, name);
         json_t *o = n ? node_json(n, self ? "master" : "agent", drain, now) : NULL;
