@@ -22,19 +22,14 @@ if [ "$(id -u)" != 0 ]; then
     echo "SKIP: network namespaces need root"
     exit 77
 fi
+. "$(dirname "$0")/netns.sh"
 tag="tc$$"
-sw="$tag-sw"
 net=10.231.9 # exists only inside the namespaces below
 port=8470
 timeout_s=3 heartbeat_s=0.5
 tmp=$(mktemp -d)
 cleanup() {
-    for k in 0 1 2; do
-        pids=$(ip netns pids "$tag-n$k" 2>/dev/null)
-        [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-        ip netns del "$tag-n$k" 2>/dev/null
-    done
-    ip netns del "$sw" 2>/dev/null
+    netns_down "$tag" 3
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -43,23 +38,18 @@ passes=0 fails=0
 ok() { passes=$((passes + 1)); }
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-if ! ip netns add "$sw" 2>"$tmp/netns.err"; then
+netns_up "$tag" "$net" 3 "$tmp/netns.err"
+case $? in
+0) ;;
+77)
     echo "SKIP: cannot create a network namespace: $(cat "$tmp/netns.err")"
     exit 77
-fi
-set -e
-ip -n "$sw" link add br0 type bridge
-ip -n "$sw" link set br0 up
-for k in 0 1 2; do
-    ns="$tag-n$k"
-    ip netns add "$ns"
-    ip -n "$sw" link add "p$k" type veth peer name eth0 netns "$ns"
-    ip -n "$sw" link set "p$k" master br0 up
-    ip -n "$ns" addr add "$net.$((k + 1))/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-done
-set +e
+    ;;
+*)
+    echo "FAIL: cannot build the three nodes' namespaces"
+    exit 1
+    ;;
+esac
 master="$net.1:$port"
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
 echo "not-the-cluster-secret" >"$tmp/wrong"

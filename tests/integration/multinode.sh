@@ -17,17 +17,13 @@ if [ "$(id -u)" != 0 ]; then
     echo "SKIP: network namespaces need root"
     exit 77
 fi
+. "$(dirname "$0")/netns.sh"
 tag="td$$"
-sw="$tag-sw" n0="$tag-n0" n1="$tag-n1"
+n0="$tag-n0" n1="$tag-n1"
 net=10.231.7 # exists only inside the namespaces below
 tmp=$(mktemp -d)
 cleanup() {
-    for ns in "$n0" "$n1" "$sw"; do
-        # processes still inside (a failed case) die with their namespace's last user
-        pids=$(ip netns pids "$ns" 2>/dev/null)
-        [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-        ip netns del "$ns" 2>/dev/null
-    done
+    netns_down "$tag" 2
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -36,25 +32,18 @@ passes=0 fails=0
 ok() { passes=$((passes + 1)); }
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-if ! ip netns add "$sw" 2>"$tmp/netns.err"; then
+netns_up "$tag" "$net" 2 "$tmp/netns.err"
+case $? in
+0) ;;
+77)
     echo "SKIP: cannot create a network namespace: $(cat "$tmp/netns.err")"
     exit 77
-fi
-set -e
-ip netns add "$n0"
-ip netns add "$n1"
-ip -n "$sw" link add br0 type bridge
-ip -n "$sw" link set br0 up
-k=0
-for ns in "$n0" "$n1"; do
-    ip -n "$sw" link add "p$k" type veth peer name eth0 netns "$ns"
-    ip -n "$sw" link set "p$k" master br0 up
-    ip -n "$ns" addr add "$net.$((k + 1))/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    k=$((k + 1))
-done
-set +e
+    ;;
+*)
+    echo "FAIL: cannot build the two hosts' namespaces"
+    exit 1
+    ;;
+esac
 master=$net.1
 
 # node K NS ENV... -- ARGS: traind-run as node K of two in namespace NS, in the background,

@@ -1,0 +1,40 @@
+# Hosts made of network namespaces, for the multi-node tests (sourced, POSIX sh). Nothing here
+# touches this machine's own network: the bridge lives in a namespace of its own.
+#   netns_up TAG NET N ERRFILE   TAG-sw holding bridge br0, and TAG-n0 .. TAG-n(N-1), each with
+#                                eth0 on the bridge at NET.(k+1)/24 and lo up. Returns 77 when
+#                                no namespace can be made here (not root, no netns; the reason
+#                                in ERRFILE), 1 on any other failure.
+#   netns_down TAG N             kills whatever runs inside them and deletes them; safe to call
+#                                for namespaces that were never made (cleanup on failure).
+
+netns_del() { # NS
+    _pids=$(ip netns pids "$1" 2>/dev/null)
+    # processes still inside (a failed case) die before their namespace goes
+    [ -n "$_pids" ] && kill -9 $_pids 2>/dev/null
+    ip netns del "$1" 2>/dev/null
+    return 0
+}
+
+netns_down() { # TAG N
+    _k=0
+    while [ "$_k" -lt "$2" ]; do
+        netns_del "$1-n$_k"
+        _k=$((_k + 1))
+    done
+    netns_del "$1-sw"
+}
+
+netns_up() { # TAG NET N ERRFILE
+    ip netns add "$1-sw" 2>"$4" || return 77
+    { ip -n "$1-sw" link add br0 type bridge && ip -n "$1-sw" link set br0 up; } || return 1
+    _k=0
+    while [ "$_k" -lt "$3" ]; do
+        _ns="$1-n$_k"
+        { ip netns add "$_ns" &&
+            ip -n "$1-sw" link add "p$_k" type veth peer name eth0 netns "$_ns" &&
+            ip -n "$1-sw" link set "p$_k" master br0 up &&
+            ip -n "$_ns" addr add "$2.$((_k + 1))/24" dev eth0 &&
+            ip -n "$_ns" link set eth0 up && ip -n "$_ns" link set lo up; } || return 1
+        _k=$((_k + 1))
+    done
+}
