@@ -23,6 +23,7 @@ const char TD_API_JSON[] = "application/json";
 typedef struct request {
     td_buf body;
     bool too_large;
+    td_api_upload *upload; /* PUT /v1/cluster/files/...: streamed to a file, not kept */
 } request;
 
 /* ---- replies ------------------------------------------------------------------------------- */
@@ -286,6 +287,11 @@ static enum MHD_Result cluster_heartbeat(const call *k) {
     return cluster_call(k, false);
 }
 
+/* GET /v1/cluster/files/{job}/{path} (PUT streams through handle) */
+static enum MHD_Result cluster_file(const call *k) {
+    return td_api_file_get(k->api, k->c, k->url);
+}
+
 static enum MHD_Result nodes(const call *k) {
     if (!k->api->cfg.cluster) return not_master(k);
     td_buf out = {0};
@@ -336,6 +342,7 @@ static const route ROUTES[] = {
     {"/v1/nodes/", "POST", node_action, true, false},
     {"/v1/cluster/register", "POST", cluster_register, false, true},
     {"/v1/cluster/heartbeat", "POST", cluster_heartbeat, false, true},
+    {"/v1/cluster/files/", "GET", cluster_file, true, true},
 };
 
 static const route JOB_ROUTES[] = {
@@ -415,8 +422,21 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *con_cls = rq;
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > api->cfg.max_body) rq->too_large = true;
+        if (td_api_is_file_upload(url, method)) {
+            rq->upload = td_calloc(1, sizeof *rq->upload);
+            td_api_upload_begin(api, c, url, rq->upload);
+        } else if (cl && strtoull(cl, NULL, 10) > api->cfg.max_body) {
+            rq->too_large = true;
+        }
         return MHD_YES;
+    }
+    if (rq->upload) {
+        if (*upload_size) {
+            td_api_upload_chunk(rq->upload, upload, *upload_size);
+            *upload_size = 0;
+            return MHD_YES;
+        }
+        return td_api_upload_end(c, rq->upload);
     }
     if (*upload_size) {
         if (!rq->too_large && rq->body.len + *upload_size <= api->cfg.max_body)
@@ -436,6 +456,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     request *rq = *con_cls;
     if (!rq) return;
     td_buf_free(&rq->body);
+    if (rq->upload) td_api_upload_abandon(rq->upload); /* nothing once it was kept */
+    free(rq->upload);
     free(rq);
     *con_cls = NULL;
 }

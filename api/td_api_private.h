@@ -2,6 +2,7 @@
  *   td_api.c             the server, authentication, the route table, the job routes
  *   td_api_stream.c      the responses that stay open: Server-Sent Events and followed logs
  *   td_api_checkpoint.c  checkpoint listings, files with Range, and whole checkpoints as tar
+ *   td_api_files.c       a job's files between its master and its nodes (cluster secret)
  * Every reply goes out through td_api_respond, so each carries its content type and headers the
  * same way, and every error is td_api_error's JSON object. */
 #ifndef TD_API_PRIVATE_H
@@ -56,5 +57,23 @@ enum MHD_Result td_api_logs(td_api *api, struct MHD_Connection *c, long id);
 /* GET /v1/jobs/{id}/checkpoints and .../checkpoints/{tail} (td_api_checkpoint.c) */
 enum MHD_Result td_api_checkpoints(td_api *api, struct MHD_Connection *c, long id);
 enum MHD_Result td_api_checkpoint(td_api *api, struct MHD_Connection *c, long id, const char *tail);
+
+/* Node-to-node files of a job (td_api_files.c): an upload streams through begin, chunk and end
+ * (abandon drops it when the connection ends first). */
+struct td_sha256;
+typedef struct td_api_upload {
+    char path[8192], tmp[8300];
+    int fd;
+    struct td_sha256 *hash;
+    long long size;
+    td_reply_error error; /* status 0: none so far */
+} td_api_upload;
+bool td_api_is_file_upload(const char *url, const char *method);
+void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url,
+                         td_api_upload *u);
+void td_api_upload_chunk(td_api_upload *u, const char *data, size_t n);
+enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u);
+void td_api_upload_abandon(td_api_upload *u);
+enum MHD_Result td_api_file_get(td_api *api, struct MHD_Connection *c, const char *url);
 
 #endif

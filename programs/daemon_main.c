@@ -427,10 +427,6 @@ static void set_draining(void *jobs, bool drained) {
     td_jobs_set_draining(jobs, drained);
 }
 
-static int slots_used(void *jobs) {
-    return td_jobs_slots_used(jobs);
-}
-
 /* Serves from the state directory `state` (locked) on listen_fd until SIGTERM or SIGINT. */
 static int serve(const options *o, const char *state, const char *host, int listen_fd) {
     /* first: CUDA's driver (td_gpu_device_count) starts threads, which must inherit the mask,
@@ -501,10 +497,12 @@ static int serve(const options *o, const char *state, const char *host, int list
                               .slots = slots,
                               .gpus = gpus,
                               .version = TRAIND_VERSION,
+                              .state_dir = state,
                               .log = stderr};
         if (td_agent_open(&agent, &gc, &err) != 0) goto fail;
     }
     if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0) goto fail;
+    td_jobs_set_cluster(jobs, cluster, name);
     if (cluster) {
         /* jobs run on the master's own node: its queue holds while it is drained (also when it
          * was drained before this start) */
@@ -531,7 +529,7 @@ static int serve(const options *o, const char *state, const char *host, int list
                 secret[0] ? "agents join with --join and the cluster secret"
                           : "it accepts no agents (no --cluster-secret-file)");
     fflush(stderr);
-    if (agent && td_agent_start(agent, slots_used, jobs, &err) != 0) goto fail;
+    if (agent && td_agent_start(agent, jobs, &err) != 0) goto fail;
 
     sigset_t stop;
     sigemptyset(&stop);

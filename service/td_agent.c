@@ -5,28 +5,35 @@
 #include "dist/td_net.h"
 #include "service/td_buf.h"
 #include "service/td_log.h"
+#include "service/td_ckpt.h"
 #include "service/td_cluster.h" /* TD_CLUSTER_PROTOCOL */
+#include "service/td_jobs.h"
+#include "service/td_sha256.h"
 
 #include <curl/curl.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 
 enum { BACKOFF_MAX_S = 10 };
+/* how often a node running parts talks to its master: their lines and exits go up, stop orders
+ * come down, within this */
+static const double BUSY_INTERVAL_S = 0.25;
 
 struct td_agent {
     td_agent_config cfg;
     char master[256], secret[256], name[64], node_id[65], address[64], version[32];
-    char url_register[320], url_heartbeat[320], auth[300];
+    char url_register[320], url_heartbeat[320], url_files[320], auth[300], state_dir[4096];
     pthread_mutex_t mu;
     pthread_cond_t wake; /* monotonic clock */
     pthread_t thread;
     bool started, stopping, refused;
-    int (*slots_used)(void *ctx);
-    void *ctx;
+    td_jobs *jobs;
 };
 
 static size_t collect(char *p, size_t size, size_t n, void *ctx) {
@@ -63,6 +70,185 @@ static long post(td_agent *a, const char *url, const char *body, td_buf *reply, 
     curl_slist_free_all(hdr);
     curl_easy_cleanup(h);
     return status;
+}
+
+/* Moves one file to or from the master (PUT when up); the HTTP status, 0 with why when none came. */
+static long transfer(td_agent *a, const char *url, FILE *f, long long size, bool up, char *why,
+                     size_t why_len) {
+    CURL *h = curl_easy_init();
+    if (!h) {
+        snprintf(why, why_len, "curl_easy_init failed");
+        return 0;
+    }
+    struct curl_slist *hdr = curl_slist_append(NULL, a->auth);
+    char err[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, err);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
+    /* a slow link moves big checkpoints: give up only when it stalls */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 10L);
+    td_buf reply = {0};
+    if (up) {
+        curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(h, CURLOPT_READDATA, f);
+        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)size);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &reply);
+    } else {
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, f); /* libcurl's default writer: fwrite */
+    }
+    long status = 0;
+    CURLcode rc = curl_easy_perform(h);
+    if (rc == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    else
+        snprintf(why, why_len, "%s", err[0] ? err : curl_easy_strerror(rc));
+    if (rc == CURLE_OK && status != 200)
+        snprintf(why, why_len, "HTTP %ld: %.300s", status, reply.data ? reply.data : "");
+    td_buf_free(&reply);
+    curl_slist_free_all(hdr);
+    curl_easy_cleanup(h);
+    return status;
+}
+
+/* Uploads one file of a checkpoint as rel; its manifest entry in files. */
+static int upload_file(td_agent *a, long job, const char *path, const char *rel, json_t *files) {
+    char hex[TD_SHA256_HEX], why[512] = "";
+    long long size = 0;
+    td_err err = {{0}};
+    if (td_sha256_file(path, hex, &size, &err) != 0) {
+        td_log_line(a->cfg.log, "job %ld: cannot upload its checkpoint: %s", job, err.msg);
+        return -1;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        td_log_line(a->cfg.log, "job %ld: cannot open %s: %s", job, path, strerror(errno));
+        return -1;
+    }
+    char url[4600];
+    snprintf(url, sizeof url, "%s/%ld/%s?sha256=%s", a->url_files, job, rel, hex);
+    long status = transfer(a, url, f, size, true, why, sizeof why);
+    fclose(f);
+    if (status != 200) {
+        td_log_line(a->cfg.log, "job %ld: uploading %s to the master failed (%s); retrying", job,
+                    rel, why);
+        return -1;
+    }
+    json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", rel, "size",
+                                           (json_int_t)size, "sha256", hex));
+    return 0;
+}
+
+/* Every checkpoint rank 0 wrote here that the master does not have yet: its files go up before
+ * the line that announces it. False when an upload failed (tried again next time). */
+static bool upload_checkpoints(td_agent *a) {
+    long job, seq;
+    int attempt;
+    char path[4096];
+    while (td_jobs_guests_next_upload(a->jobs, &job, &attempt, &seq, path, sizeof path)) {
+        const char *slash = strrchr(path, '/');
+        const char *base = slash ? slash + 1 : path;
+        json_t *files = json_array();
+        struct stat st;
+        int rc = stat(path, &st) == 0 ? 0 : -1;
+        if (rc == 0 && S_ISDIR(st.st_mode)) {
+            td_ckpt_file *list = NULL;
+            int n = 0;
+            td_err err = {{0}};
+            rc = td_ckpt_list(path, &list, &n, &err);
+            for (int i = 0; rc == 0 && i < n; i++) {
+                char file[8300], rel[4400];
+                snprintf(file, sizeof file, "%s/%s", path, list[i].name);
+                snprintf(rel, sizeof rel, "checkpoints/%s/%s", base, list[i].name);
+                rc = upload_file(a, job, file, rel, files);
+            }
+            td_ckpt_files_free(list, n);
+        } else if (rc == 0) {
+            char rel[4400];
+            snprintf(rel, sizeof rel, "checkpoints/%s", base);
+            rc = upload_file(a, job, path, rel, files);
+        }
+        if (rc != 0 && stat(path, &st) != 0) {
+            /* gone (a command wrote a path that is not there): announce it without files; the
+             * master registers nothing for it */
+            rc = 0;
+        }
+        if (rc != 0) {
+            json_decref(files);
+            return false;
+        }
+        td_jobs_guests_uploaded(a->jobs, job, attempt, seq, files);
+        json_decref(files);
+    }
+    return true;
+}
+
+/* Fetches the checkpoint a part resumes from into this node's job directory, each file checked
+ * by size and SHA-256 (a file already here and whole is kept). */
+static bool fetch_checkpoint(td_agent *a, long job, json_t *resume) {
+    size_t i;
+    json_t *f;
+    json_array_foreach(json_object_get(resume, "files"), i, f) {
+        const char *rel = json_string_value(json_object_get(f, "path"));
+        const char *want = json_string_value(json_object_get(f, "sha256"));
+        if (!rel || !want || strstr(rel, "..")) return false;
+        char path[8300], tmp[8400], hex[TD_SHA256_HEX], why[512] = "";
+        snprintf(path, sizeof path, "%s/jobs/%ld/%s", a->state_dir, job, rel);
+        long long size;
+        td_err err = {{0}};
+        if (td_sha256_file(path, hex, &size, &err) == 0 && strcmp(hex, want) == 0) continue;
+        for (char *p = path + strlen(a->state_dir) + 1; (p = strchr(p, '/')); p++) {
+            *p = 0;
+            if (mkdir(path, 0750) != 0 && errno != EEXIST) {
+                td_log_line(a->cfg.log, "job %ld: cannot create %s: %s", job, path,
+                            strerror(errno));
+                return false;
+            }
+            *p = '/';
+        }
+        snprintf(tmp, sizeof tmp, "%s.part", path);
+        FILE *out = fopen(tmp, "wb");
+        if (!out) {
+            td_log_line(a->cfg.log, "job %ld: cannot write %s: %s", job, tmp, strerror(errno));
+            return false;
+        }
+        char url[8500];
+        snprintf(url, sizeof url, "%s/%ld/%s", a->url_files, job, rel);
+        long status = transfer(a, url, out, 0, false, why, sizeof why);
+        bool ok = fclose(out) == 0 && status == 200;
+        ok = ok && td_sha256_file(tmp, hex, &size, &err) == 0 && strcmp(hex, want) == 0;
+        if (!ok || rename(tmp, path) != 0) {
+            td_log_line(a->cfg.log,
+                        "job %ld: fetching %s from the master failed (%s); the part waits",
+                        job, rel, status != 200 ? why : "its SHA-256 differs");
+            unlink(tmp);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The master's orders, less the parts whose checkpoint could not be fetched yet (they start
+ * after a later exchange), applied. */
+static void take_orders(td_agent *a, json_t *orders) {
+    if (!json_is_array(orders)) orders = NULL;
+    json_t *ready = json_array();
+    size_t i;
+    json_t *o;
+    json_array_foreach(orders, i, o) {
+        long job = (long)json_integer_value(json_object_get(o, "job"));
+        int attempt = (int)json_integer_value(json_object_get(o, "attempt"));
+        json_t *resume = json_object_get(o, "resume");
+        if (!json_is_true(json_object_get(o, "stop")) && json_is_object(resume) &&
+            !td_jobs_guest_known(a->jobs, job, attempt) && !fetch_checkpoint(a, job, resume))
+            continue;
+        json_array_append(ready, o);
+    }
+    td_jobs_guests_apply_locked(a->jobs, ready);
+    json_decref(ready);
 }
 
 /* The "message" of the master's JSON error, or the reply itself; its "code" in code. */
@@ -113,39 +299,38 @@ static void refuse(td_agent *a, long status, const td_buf *reply) {
 
 static void *agent_loop(void *arg) {
     td_agent *a = arg;
-    json_t *ro = json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:s}", "protocol", TD_CLUSTER_PROTOCOL,
-                           "name", a->name, "node_id", a->node_id, "address", a->address, "slots",
-                           a->cfg.slots, "gpus", a->cfg.gpus, "version", a->version);
-    char *reg = ro ? json_dumps(ro, JSON_COMPACT) : NULL;
-    json_decref(ro);
-    if (!reg) {
-        td_log_line(a->cfg.log,
-                    "cannot build the registration message (out of memory); not joining");
-        return NULL;
-    }
     bool joined = false, ever = false, unreachable = false;
-    double heartbeat_s = 2, backoff = 1;
+    double heartbeat_s = 2, timeout_s = 10, backoff = 1, last_ok = td_clock_now();
     for (;;) {
         td_buf reply = {0};
         char why[CURL_ERROR_SIZE + 64] = "";
         long status;
-        if (!joined) {
-            status = post(a, a->url_register, reg, &reply, why, sizeof why);
-        } else {
-            int used = a->slots_used ? a->slots_used(a->ctx) : 0;
-            json_t *ho = json_pack("{s:s, s:s, s:i}", "name", a->name, "node_id", a->node_id,
-                                   "slots_used", used);
-            char *hb = ho ? json_dumps(ho, JSON_COMPACT) : NULL;
-            json_decref(ho);
-            status = hb ? post(a, a->url_heartbeat, hb, &reply, why, sizeof why) : 0;
-            if (!hb) snprintf(why, sizeof why, "out of memory");
-            free(hb);
-        }
+        /* checkpoints first: their lines go up only once the files are there */
+        if (joined) upload_checkpoints(a);
+        json_t *msg = joined ? json_pack("{s:s, s:s}", "name", a->name, "node_id", a->node_id)
+                             : json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:s}", "protocol",
+                                         TD_CLUSTER_PROTOCOL, "name", a->name, "node_id",
+                                         a->node_id, "address", a->address, "slots",
+                                         a->cfg.slots, "gpus", a->cfg.gpus, "version", a->version);
+        if (msg && joined) json_object_set_new(msg, "slots_used", json_integer(td_jobs_slots_used(a->jobs)));
+        if (msg) json_object_set_new(msg, "parts", td_jobs_guests_report_locked(a->jobs));
+        char *text = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
+        json_decref(msg);
+        if (text)
+            status = post(a, joined ? a->url_heartbeat : a->url_register, text, &reply, why,
+                          sizeof why);
+        else
+            status = 0, snprintf(why, sizeof why, "out of memory");
+        free(text);
         if (status == 200) {
             json_t *o = json_loads(reply.data ? reply.data : "", 0, NULL);
             double h = json_number_value(json_object_get(o, "heartbeat_s"));
+            double t = json_number_value(json_object_get(o, "timeout_s"));
+            take_orders(a, json_object_get(o, "parts"));
             json_decref(o);
+            last_ok = td_clock_now();
             if (h > 0) heartbeat_s = h;
+            if (t > 0) timeout_s = t;
             if (!joined)
                 td_log_line(
                     a->cfg.log,
@@ -155,7 +340,9 @@ static void *agent_loop(void *arg) {
                 td_log_line(a->cfg.log, "the master at %s answers again", a->master);
             joined = ever = true, unreachable = false, backoff = 1;
             td_buf_free(&reply);
-            if (pause_for(a, heartbeat_s)) break;
+            bool busy = td_jobs_guests_running(a->jobs);
+            if (pause_for(a, busy && BUSY_INTERVAL_S < heartbeat_s ? BUSY_INTERVAL_S : heartbeat_s))
+                break;
             continue;
         }
         if (status == 404 && joined) { /* the master forgot this node: register again */
@@ -187,10 +374,20 @@ static void *agent_loop(void *arg) {
         unreachable = true;
         joined = false; /* a master back from a restart knows no node: register */
         td_buf_free(&reply);
-        if (pause_for(a, backoff)) break;
+        if (td_clock_now() - last_ok >= timeout_s && td_jobs_guests_running(a->jobs)) {
+            char stop_why[160];
+            snprintf(stop_why, sizeof stop_why,
+                     "this node has not reached its master for %.0f s (the node timeout): the "
+                     "master has ended the attempt",
+                     td_clock_now() - last_ok);
+            td_jobs_guests_stop_all(a->jobs, stop_why);
+        }
+        /* cut off while running parts: try again soon, to stop them within the timeout */
+        double wait = backoff;
+        if (td_jobs_guests_running(a->jobs) && wait > timeout_s / 4) wait = timeout_s / 4;
+        if (pause_for(a, wait)) break;
         backoff = backoff * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : backoff * 2;
     }
-    free(reg);
     return NULL;
 }
 
@@ -220,6 +417,8 @@ int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err) {
     snprintf(a->url_register, sizeof a->url_register, "http://%s/v1/cluster/register", a->master);
     snprintf(a->url_heartbeat, sizeof a->url_heartbeat, "http://%s/v1/cluster/heartbeat",
              a->master);
+    snprintf(a->url_files, sizeof a->url_files, "http://%s/v1/cluster/files", a->master);
+    snprintf(a->state_dir, sizeof a->state_dir, "%s", cfg->state_dir ? cfg->state_dir : ".");
     snprintf(a->auth, sizeof a->auth, "Authorization: Cluster %s", a->secret);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -231,8 +430,8 @@ int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err) {
     return 0;
 }
 
-int td_agent_start(td_agent *a, int (*slots_used)(void *ctx), void *ctx, td_err *err) {
-    a->slots_used = slots_used, a->ctx = ctx;
+int td_agent_start(td_agent *a, td_jobs *jobs, td_err *err) {
+    a->jobs = jobs;
     int rc = pthread_create(&a->thread, NULL, agent_loop, a);
     if (rc != 0) return td_fail(err, "cannot start the agent thread: %s", strerror(rc));
     a->started = true;

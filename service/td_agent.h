@@ -25,15 +25,21 @@ typedef struct td_agent_config {
     const char *advertise; /* NULL: the address this node reaches the master from */
     int slots, gpus;
     const char *version;
+    const char *state_dir; /* jobs/<id>/ of the parts this node runs */
     FILE *log;
 } td_agent_config;
 
 /* Checks the master's address and works out the advertised one: an address that does not parse
  * or has no route is an error here, before the daemon serves. Starts nothing. */
 int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err);
-/* Starts the thread. slots_used(ctx): the slots this node's jobs use now, for heartbeats (called
- * from the agent's thread). */
-int td_agent_start(td_agent *a, int (*slots_used)(void *ctx), void *ctx, td_err *err);
+/* Starts the thread. jobs: this node's, which run the parts the master orders: every heartbeat
+ * reports on them (exits, rank 0's lines, the ranks' logs) and its reply says which should run.
+ * Before a part starts, the checkpoint it resumes from is fetched from the master (checked by
+ * size and SHA-256); after rank 0 writes one here, it is uploaded before the line that announces
+ * it. A node that cannot reach its master for the timeout stops its parts: the master has ended
+ * those attempts by then, and no two attempts of a job may train at once. */
+struct td_jobs;
+int td_agent_start(td_agent *a, struct td_jobs *jobs, td_err *err);
 /* Whether the master refused this node for good (the daemon should exit 1). */
 bool td_agent_refused(td_agent *a);
 /* Stops the thread, if started (within one request's timeout), and frees. */

@@ -43,6 +43,10 @@ struct td_cluster {
     } refused[16]; /* the last refusal logged per peer: at most one line each 10 s */
     pthread_t sweeper;
     bool started, stopping;
+    /* the jobs' side (td_cluster_on_jobs); called without mu */
+    td_cluster_sync_fn on_sync;
+    td_cluster_lost_fn on_lost;
+    void *jobs_ctx;
 };
 
 static int drained_index(const td_cluster *c, const char *name) {
@@ -234,17 +238,25 @@ static node *find(td_cluster *c, const char *name) {
 
 static void put_json(td_buf *out, json_t *o);
 
-static void reply_registered(td_cluster *c, td_buf *out) {
-    put_json(out, json_pack("{s:f, s:f, s:s, s:s}", "heartbeat_s", c->cfg.heartbeat_s, "timeout_s",
-                            c->cfg.timeout_s, "master", c->name, "version", c->version));
+static json_t *reply_registered(td_cluster *c) {
+    return json_pack("{s:f, s:f, s:s, s:s}", "heartbeat_s", c->cfg.heartbeat_s, "timeout_s",
+                     c->cfg.timeout_s, "master", c->name, "version", c->version);
+}
+
+/* After a register or heartbeat is accepted: the jobs read the node's report (the parts it runs,
+ * their output) and add their orders to the reply. */
+static void sync_jobs(td_cluster *c, const char *name, bool registered, json_t *msg,
+                      json_t *reply, td_buf *out) {
+    if (c->on_sync) c->on_sync(c->jobs_ctx, name, registered, msg, reply);
+    put_json(out, reply);
 }
 
 int td_cluster_register(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
                         td_reply_error *e) {
     json_t *o = parse_body(body, len, e);
     if (!o) return -1;
-    static const char *const KEYS[] = {"protocol", "name", "node_id", "address",
-                                       "slots",    "gpus", "version", NULL};
+    static const char *const KEYS[] = {"protocol", "name",    "node_id", "address", "slots",
+                                       "gpus",     "version", "parts",   NULL};
     node n = {0};
     long protocol = 0, slots = 0, gpus = 0;
     td_err err = {{0}};
@@ -312,11 +324,11 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                 td_log_line(c->cfg.log, "node %s registered again from %s", n.name, n.address);
             }
             *old = n;
-            reply_registered(c, out);
             rc = 0;
         }
     }
     pthread_mutex_unlock(&c->mu);
+    if (rc == 0) sync_jobs(c, n.name, true, o, reply_registered(c), out);
 done:
     json_decref(o);
     return rc;
@@ -343,10 +355,10 @@ int td_cluster_heartbeat(td_cluster *c, const char *body, size_t len, double now
     } else {
         n->last_seen = now, n->last_wall = td_clock_wall();
         n->slots_used = (int)used;
-        reply_registered(c, out);
         rc = 0;
     }
     pthread_mutex_unlock(&c->mu);
+    if (rc == 0) sync_jobs(c, name, false, o, reply_registered(c), out);
 done:
     json_decref(o);
     return rc;
@@ -354,18 +366,61 @@ done:
 
 int td_cluster_sweep(td_cluster *c, double now) {
     int lost = 0;
+    char(*names)[NAME_LEN] = NULL;
+    double *silent = NULL;
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < c->n; i++) {
         node *n = &c->nodes[i];
         if (n->lost || now - n->last_seen < c->cfg.timeout_s) continue;
         n->lost = true;
         n->lost_since = now;
-        lost++;
+        names = td_realloc(names, (size_t)(lost + 1) * sizeof *names);
+        silent = td_realloc(silent, (size_t)(lost + 1) * sizeof *silent);
+        snprintf(names[lost], NAME_LEN, "%s", n->name);
+        silent[lost++] = now - n->last_seen;
         td_log_line(c->cfg.log, "node %s (%s) lost: no heartbeat for %.1f s (timeout %g s)",
                     n->name, n->address, now - n->last_seen, c->cfg.timeout_s);
     }
     pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < lost && c->on_lost; i++) {
+        char why[192];
+        snprintf(why, sizeof why, "node %s was lost: no heartbeat for %.1f s (timeout %g s)",
+                 names[i], silent[i], c->cfg.timeout_s);
+        c->on_lost(c->jobs_ctx, names[i], why);
+    }
+    free(names);
+    free(silent);
     return lost;
+}
+
+void td_cluster_on_jobs(td_cluster *c, td_cluster_sync_fn sync, td_cluster_lost_fn lost,
+                        void *ctx) {
+    pthread_mutex_lock(&c->mu);
+    c->on_sync = sync, c->on_lost = lost, c->jobs_ctx = ctx;
+    pthread_mutex_unlock(&c->mu);
+}
+
+int td_cluster_snapshot(td_cluster *c, td_cluster_node **out) {
+    pthread_mutex_lock(&c->mu);
+    td_cluster_node *v = td_calloc((size_t)c->n + 1, sizeof *v);
+    snprintf(v[0].name, sizeof v[0].name, "%s", c->name);
+    snprintf(v[0].address, sizeof v[0].address, "%s", c->address);
+    v[0].slots = c->cfg.slots;
+    v[0].master = true;
+    v[0].drained = drained_index(c, c->name) >= 0;
+    for (int i = 0; i < c->n; i++) {
+        const node *n = &c->nodes[i];
+        td_cluster_node *d = &v[i + 1];
+        snprintf(d->name, sizeof d->name, "%s", n->name);
+        snprintf(d->address, sizeof d->address, "%s", n->address);
+        d->slots = n->slots, d->reported_used = n->slots_used;
+        d->lost = n->lost;
+        d->drained = drained_index(c, n->name) >= 0;
+    }
+    int n = c->n + 1;
+    pthread_mutex_unlock(&c->mu);
+    *out = v;
+    return n;
 }
 
 static int by_name(const void *a, const void *b) {
@@ -459,8 +514,6 @@ int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, in
                         (size_t)(c->n_drained - at - 1) * sizeof *c->drained);
                 c->n_drained--;
             }
-            /* the master's queue follows under the same lock, so the two never disagree */
-            if (self && c->on_master_drain) c->on_master_drain(c->drain_ctx, drain);
             td_log_line(c->cfg.log, "node %s %s", name,
                         drain ? "drained: no new jobs start there; running ones go on"
                               : "undrained");
@@ -468,6 +521,9 @@ int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, in
         node self_node = master_node(c, now, master_used), *n = self ? &self_node : find(c, name);
         json_t *o = n ? node_json(n, self ? "master" : "agent", drain, now) : NULL;
         pthread_mutex_unlock(&c->mu);
+        /* the master's queue follows under drain_mu, so the two never disagree; not under mu:
+         * the queue reads the registry with its own lock held */
+        if (change && self && c->on_master_drain) c->on_master_drain(c->drain_ctx, drain);
         put_json(out, o);
     }
     pthread_mutex_unlock(&c->drain_mu);
@@ -475,8 +531,11 @@ int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, in
 }
 
 void td_cluster_on_master_drain(td_cluster *c, void (*fn)(void *ctx, bool drained), void *ctx) {
+    pthread_mutex_lock(&c->drain_mu);
     pthread_mutex_lock(&c->mu);
     c->on_master_drain = fn, c->drain_ctx = ctx;
-    if (fn) fn(ctx, drained_index(c, c->name) >= 0);
+    bool drained = drained_index(c, c->name) >= 0;
     pthread_mutex_unlock(&c->mu);
+    if (fn) fn(ctx, drained);
+    pthread_mutex_unlock(&c->drain_mu);
 }

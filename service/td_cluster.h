@@ -78,7 +78,27 @@ bool td_cluster_drained(td_cluster *c, const char *name);
 /* Whether name is the master's own node. */
 bool td_cluster_is_master(const td_cluster *c, const char *name);
 
-/* Marks nodes silent for timeout_s lost; returns how many it marked. */
+/* The jobs' side of the protocol (td_jobs, td_job_place.c). sync: after a register or heartbeat
+ * is accepted: msg is the node's message (its "parts": what it runs for the master, their exits
+ * and output), reply the object about to be sent, to which the jobs add the node's orders.
+ * lost: a node was marked lost (why in words). Both are called without the registry's lock. */
+#include <jansson.h>
+typedef void (*td_cluster_sync_fn)(void *ctx, const char *node, bool registered, json_t *msg,
+                                   json_t *reply);
+typedef void (*td_cluster_lost_fn)(void *ctx, const char *node, const char *why);
+void td_cluster_on_jobs(td_cluster *c, td_cluster_sync_fn sync, td_cluster_lost_fn lost,
+                        void *ctx);
+
+/* Every node as placement sees it: [0] is the master's own. */
+typedef struct td_cluster_node {
+    char name[64], address[64];
+    int slots, reported_used; /* reported_used: what the node's last heartbeat said it uses */
+    bool master, lost, drained;
+} td_cluster_node;
+/* A copy of the registry (free it); returns how many nodes. */
+int td_cluster_snapshot(td_cluster *c, td_cluster_node **out);
+
+/* Marks nodes silent for timeout_s lost and tells the jobs; returns how many it marked. */
 int td_cluster_sweep(td_cluster *c, double now);
 /* GET /v1/nodes: {"nodes": [...]}, the master first, then by name; master_used: the master's own
  * slots in use. */

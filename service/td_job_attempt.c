@@ -171,15 +171,16 @@ json_t *td_jobs_resume_json(const job *jb) {
                : json_null();
 }
 
-/* The failing rank's own words for the job record, from its log lines of this attempt:
+/* The failing rank's own words, from its log lines of this attempt (from `from` on):
  * traind-worker's first "error:" line, or else (any program, e.g. Python's exception line) the
  * last line that is not a metric. Empty when there is none (a process killed by a signal). */
-static void worker_message(const job *jb, int rank, char *out, size_t len) {
+void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
+                          size_t len) {
     static const char PREFIX[] = "traind-worker: error: ";
     out[0] = 0;
-    if (!jb->log_start || rank < 0 || rank >= jb->row.nproc) return;
+    if (rank < 0) return;
     char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, rank);
+    snprintf(path, sizeof path, "%s/rank-%d.log", dir, rank);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -187,7 +188,7 @@ static void worker_message(const job *jb, int rank, char *out, size_t len) {
         return;
     }
     const long long cap = 1 << 20; /* the attempt's last MiB holds its end */
-    long long from = jb->log_start[rank], size = (long long)st.st_size;
+    long long size = (long long)st.st_size;
     if (size - from > cap) from = size - cap;
     if (size <= from) {
         close(fd);
@@ -211,21 +212,35 @@ static void worker_message(const job *jb, int rank, char *out, size_t len) {
         }
         if (n && line[0] != '{') last = line, last_len = n;
     }
-    if (last && strcmp(jb->row.kind, "command") == 0)
-        snprintf(out, len, "%.*s", (int)last_len, last);
+    if (last && command) snprintf(out, len, "%.*s", (int)last_len, last);
     free(text);
+}
+
+static void worker_message(const job *jb, int rank, char *out, size_t len) {
+    out[0] = 0;
+    if (!jb->log_start || rank < 0 || rank >= jb->row.nproc) return;
+    td_jobs_rank_message(jb->dir, rank, jb->log_start[rank], strcmp(jb->row.kind, "command") == 0,
+                         out, len);
 }
 
 /* The attempt's processes are all gone: decide what comes next. */
 void td_jobs_attempt_over(td_jobs *j, job *jb) {
     td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
     td_group *g = &jb->group;
+    bool placed = jb->parts != NULL;
+    if (placed) { /* the parts' first failure, already in words naming node and rank */
+        g->first_failure = jb->parts_code;
+        g->failed_rank = -1;
+        snprintf(g->reason, sizeof g->reason, "%.250s", jb->parts_reason);
+    }
     a->finished_at = td_clock_wall();
     /* a failure's own status, else (stopped on request or at the time limit) the status the
      * processes ended with: 137 for one that needed SIGKILL after the grace period */
     int code = g->first_failure ? g->first_failure : g->stop_status;
     char reason[1024], own[320];
-    if (g->first_failure) {
+    if (placed && g->first_failure) {
+        snprintf(reason, sizeof reason, "%s", jb->parts_reason);
+    } else if (g->first_failure) {
         worker_message(jb, g->failed_rank, own, sizeof own);
         snprintf(reason, sizeof reason, "%s%s%s", g->reason, own[0] ? ": " : "", own);
     } else if (jb->cancel_requested) {
@@ -267,7 +282,10 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         json_decref(d);
         td_jobs_emit_state(j, jb);
         fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, jb->row.reason);
-        td_jobs_start_attempt(j, jb); /* keeps its slots */
+        if (placed) /* placed again, on whichever nodes have room then */
+            td_jobs_release_slots(j, jb);
+        else
+            td_jobs_start_attempt(j, jb); /* keeps its slots */
     } else {
         char why[1200];
         snprintf(why, sizeof why, "%s (attempt %d; %d restart%s allowed)", reason, jb->n_attempts,

@@ -29,6 +29,27 @@ void td_jobs_set_checkpoint(job *jb, long step, const char *path) {
     free(jb->ckpt_path);
     jb->ckpt_path = td_str_dup(path);
     jb->ckpt_step = step;
+    json_decref(jb->ckpt_files); /* listed when a node needs them (td_job_place.c) */
+    jb->ckpt_files = NULL;
+}
+
+/* Whether every file a node uploaded for a checkpoint is in the job's directory with its size
+ * (its SHA-256 was checked as it arrived). */
+static bool uploaded(const job *jb, json_t *files) {
+    if (!json_is_array(files) || json_array_size(files) == 0) return false;
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f) {
+        const char *rel = json_string_value(json_object_get(f, "path"));
+        char path[2 * PATH_MAX];
+        struct stat st;
+        if (!rel) return false;
+        snprintf(path, sizeof path, "%s/%s", jb->dir, rel);
+        if (stat(path, &st) != 0 || (long long)st.st_size !=
+                                        (long long)json_integer_value(json_object_get(f, "size")))
+            return false;
+    }
+    return true;
 }
 
 /* A checkpoint event's path: a directory (traind-worker's step-N/, or any a command writes) or
@@ -54,8 +75,9 @@ static bool checkpoint_size(const char *path, long long *size) {
 /* A line of rank 0's stdout: a JSON object with a string "event" is an event, and a metric
  * unless it is a checkpoint. An event without an integer "step" gets the step of the latest one
  * that had one (0 before any), so every metric has a place on the step axis. */
-static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
-    append_rank0_log(jb, line, n);
+void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
+                        json_t *files) {
+    if (append_log) append_rank0_log(jb, line, n);
     json_error_t jerr;
     json_t *o = json_loadb(line, n, 0, &jerr);
     const char *type = o ? json_string_value(json_object_get(o, "event")) : NULL;
@@ -82,7 +104,15 @@ static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
         const char *path = json_string_value(json_object_get(o, "path"));
         /* relative to the job's directory, where its processes run; copied, as "path" is
          * replaced in o below */
-        if (path) {
+        if (path && remote) { /* uploaded into the job's checkpoints/ under its own name */
+            const char *base = strrchr(path, '/');
+            snprintf(full, sizeof full, "%s/checkpoints/%s", jb->dir, base ? base + 1 : path);
+            path = uploaded(jb, files) ? full : NULL;
+            if (!path)
+                fprintf(j->log, "traind: job %ld: checkpoint of step %ld did not arrive whole "
+                                "from its node; not registered\n",
+                        jb->row.id, step);
+        } else if (path) {
             snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : jb->dir,
                      path[0] == '/' ? "" : "/", path);
             path = full;
@@ -94,6 +124,7 @@ static void on_line(td_jobs *j, job *jb, char *line, size_t n) {
             changed = true;
             jb->n_checkpoints++;
             td_jobs_set_checkpoint(jb, step, path);
+            if (remote) jb->ckpt_files = json_incref(files);
         }
     }
     if (strcmp(type, TD_EVENT_TRAIN) == 0) {
@@ -118,7 +149,7 @@ void td_jobs_read_output(td_jobs *j, job *jb) {
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) {
             if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-                if (jb->line.len) on_line(j, jb, jb->line.data, jb->line.len);
+                if (jb->line.len) td_jobs_line_apply(j, jb, jb->line.data, jb->line.len, true, false, NULL);
                 jb->line.len = 0;
                 close(jb->out_fd);
                 jb->out_fd = -1;
@@ -129,7 +160,7 @@ void td_jobs_read_output(td_jobs *j, job *jb) {
         char *start = jb->line.data, *nl;
         while ((nl = memchr(start, '\n', jb->line.len - (size_t)(start - jb->line.data)))) {
             *nl = 0;
-            on_line(j, jb, start, (size_t)(nl - start));
+            td_jobs_line_apply(j, jb, start, (size_t)(nl - start), true, false, NULL);
             start = nl + 1;
         }
         size_t rest = jb->line.len - (size_t)(start - jb->line.data);

@@ -6,6 +6,10 @@
 #include <string.h>
 
 void td_jobs_release_slots(td_jobs *j, job *jb) {
+    if (jb->parts) {
+        td_jobs_parts_release(j, jb);
+        return;
+    }
     j->used_slots -= jb->row.nproc;
     if (jb->devices)
         for (int i = 0; i < jb->row.nproc; i++) j->gpu_used[jb->devices[i]] = false;
@@ -69,6 +73,10 @@ static void head_shadow(td_jobs *j, const job *head, double now, double *shadow,
 /* Recovered jobs first (they were running), then the queue by priority and age. The first job
  * that does not fit holds its place: a later one starts only where it cannot delay it. */
 void td_jobs_schedule(td_jobs *j) {
+    if (td_jobs_clustered(j)) {
+        td_jobs_schedule_cluster(j);
+        return;
+    }
     if (j->draining) return; /* a drained node starts nothing, restarts included */
     for (int i = 0; i < j->n_jobs; i++) {
         job *jb = j->jobs[i];

@@ -55,6 +55,10 @@ const char *td_jobs_render(job *jb) {
         td_jobs_reason_json(jb->row.reason), "attempts", attempts, "latest", "train",
         jb->latest_train ? jb->latest_train : json_null(), "eval",
         jb->latest_eval ? jb->latest_eval : json_null(), "checkpoints", jb->n_checkpoints);
+    if (o) {
+        json_object_set_new(o, "nnodes", json_integer(jb->nnodes > 0 ? jb->nnodes : 1));
+        json_object_set_new(o, "placement", td_jobs_placement_json(jb));
+    }
     TD_ASSERT(o, "json_pack of a job failed (a bad UTF-8 name?)");
     /* the metrics as the worker printed them (%.9g), not as 17 digits */
     jb->json = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
@@ -170,6 +174,9 @@ void td_jobs_free_job(job *jb) {
     json_decref(jb->latest_train);
     json_decref(jb->latest_eval);
     free(jb->ckpt_path);
+    json_decref(jb->ckpt_files);
+    td_strv_free(jb->pin);
+    free(jb->parts);
     free(jb->log_start);
     td_strv_free(jb->argv);
     td_strv_free(jb->env);

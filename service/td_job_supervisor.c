@@ -18,12 +18,13 @@ static void reap(td_jobs *j) {
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid <= 0) return;
-        for (int i = 0; i < j->n_jobs; i++) {
+        bool found = false;
+        for (int i = 0; i < j->n_jobs && !found; i++) {
             job *jb = j->jobs[i];
-            if (jb->active && jb->group.pids &&
-                td_group_reaped(&jb->group, pid, status, j->cfg.grace_s))
-                break;
+            found = jb->active && jb->group.pids &&
+                    td_group_reaped(&jb->group, pid, status, j->cfg.grace_s);
         }
+        if (!found) td_jobs_guests_reap(j, pid, status, &found);
     }
 }
 
@@ -32,9 +33,10 @@ void *td_jobs_supervise(void *arg) {
     pthread_mutex_lock(&j->mu);
     while (!j->stopping) {
         td_jobs_schedule(j);
-        int n = 0;
-        struct pollfd fds[2 + j->n_jobs];
-        job *owner[2 + j->n_jobs];
+        int n = 0, max = 2 + j->n_jobs + j->n_guests;
+        struct pollfd fds[max];
+        job *owner[max];
+        guest *guest_owner[max];
         fds[n++] = (struct pollfd){j->wake_fd, POLLIN, 0};
         fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
         bool ticking = false;
@@ -47,7 +49,13 @@ void *td_jobs_supervise(void *arg) {
             if (limit > 0 && !jb->timed_out && (next_limit == 0 || limit < next_limit))
                 next_limit = limit;
             if (jb->out_fd >= 0) owner[n] = jb, fds[n++] = (struct pollfd){jb->out_fd, POLLIN, 0};
+            ticking |= jb->parts != NULL; /* the master's own parts sync every turn */
         }
+        int first_guest = n;
+        for (int i = 0; i < n; i++) guest_owner[i] = NULL;
+        td_jobs_guests_poll(j, fds, &n, max, guest_owner);
+        for (int i = first_guest; i < n; i++) owner[i] = NULL;
+        for (int i = 0; i < j->n_guests; i++) ticking |= j->guests[i]->running;
         /* kill deadlines and time limits are the only things without a file descriptor to
          * wake us */
         int timeout_ms = ticking ? 100 : -1;
@@ -73,8 +81,16 @@ void *td_jobs_supervise(void *arg) {
             }
         }
         reap(j);
-        for (int i = 2; i < n; i++)
+        for (int i = 2; i < first_guest; i++)
             if (fds[i].revents && owner[i]->out_fd >= 0) td_jobs_read_output(j, owner[i]);
+        for (int i = first_guest; i < n; i++) {
+            guest *g = guest_owner[i];
+            bool still = false; /* a part may have been forgotten by now */
+            for (int k = 0; k < j->n_guests; k++) still |= j->guests[k] == g;
+            if (fds[i].revents && still && g->out_fd >= 0) td_jobs_guests_read(j, g);
+        }
+        td_jobs_guests_tick(j);
+        td_jobs_parts_tick(j);
         for (int i = 0; i < j->n_jobs; i++) {
             job *jb = j->jobs[i];
             if (!jb->active || !jb->group.pids) continue;

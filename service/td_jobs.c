@@ -77,6 +77,7 @@ void td_jobs_close(td_jobs *j) {
         if (jb->active && jb->group.pids && jb->group.alive > 0) killpg(jb->group.pgid, SIGKILL);
         td_jobs_free_job(jb);
     }
+    td_jobs_guests_free(j);
     free(j->jobs);
     free(j->gpu_used);
     if (j->wake_fd >= 0) close(j->wake_fd);
@@ -93,7 +94,17 @@ static int not_found(td_reply_error *e, long id) {
 int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *id,
                    td_reply_error *e) {
     td_submission s;
-    if (td_submission_parse(&s, body, len, &j->cfg.rules, e) != 0) return -1;
+    pthread_mutex_lock(&j->mu);
+    td_submit_rules rules = j->cfg.rules;
+    pthread_mutex_unlock(&j->mu);
+    if (td_submission_parse(&s, body, len, &rules, e) != 0) return -1;
+    pthread_mutex_lock(&j->mu);
+    int fits = td_jobs_check_fit(j, &s, e);
+    pthread_mutex_unlock(&j->mu);
+    if (fits != 0) {
+        td_submission_free(&s);
+        return -1;
+    }
     td_db_job row = {.nproc = s.nproc,
                      .max_restarts = s.max_restarts,
                      .priority = s.priority,
@@ -115,6 +126,9 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
         return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
     }
     job *jb = td_jobs_new_job(j, &row);
+    jb->nnodes = s.nnodes;
+    jb->pin = s.nodes;
+    s.nodes = NULL;
     int rc = td_jobs_prepare_run(j, jb, &s, &err);
     td_jobs_add(j, jb);
     if (rc != 0) {
@@ -347,4 +361,37 @@ void td_jobs_set_draining(td_jobs *j, bool draining) {
     j->draining = draining;
     pthread_mutex_unlock(&j->mu);
     td_jobs_wake(j); /* undrained: what waits may start now */
+}
+
+/* A node-to-node file name: segments of [A-Za-z0-9._-], none empty or starting with '.', so it
+ * can only name something inside the job's directory. */
+static bool relative_ok(const char *rel) {
+    if (!*rel || strlen(rel) > 1024) return false;
+    for (const char *seg = rel; *seg;) {
+        size_t n = strcspn(seg, "/");
+        if (n == 0 || seg[0] == '.') return false;
+        for (size_t i = 0; i < n; i++) {
+            char c = seg[i];
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-'))
+                return false;
+        }
+        seg += n;
+        if (*seg == '/') seg++;
+    }
+    return true;
+}
+
+int td_jobs_file_path(td_jobs *j, long id, const char *rel, char *path, size_t len,
+                      td_reply_error *e) {
+    if (!relative_ok(rel))
+        return td_reply_fail(e, 400, "bad_request", NULL,
+                             "\"%s\": expected a path inside the job's directory (segments of "
+                             "letters, digits, '.', '_' and '-', none starting with '.')",
+                             rel);
+    pthread_mutex_lock(&j->mu);
+    job *jb = td_jobs_find(j, id);
+    if (jb) snprintf(path, len, "%s/%s", jb->dir, rel);
+    pthread_mutex_unlock(&j->mu);
+    return jb ? 0 : not_found(e, id);
 }

@@ -12,6 +12,7 @@
 #include "service/td_db.h"
 #include "service/td_submit.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -75,6 +76,30 @@ void td_jobs_set_draining(td_jobs *j, bool draining);
 
 /* The slots this node's running jobs hold now (for the cluster's node listing and heartbeats). */
 int td_jobs_slots_used(td_jobs *j);
+
+/* ---- the cluster ----
+ * On a master: placement reads cluster's registry, nodes' heartbeats carry their parts' reports
+ * and orders (td_cluster_on_jobs is set here). On an agent (cluster NULL) and on the master, the
+ * node's own name, for its parts' reasons. */
+struct td_cluster;
+void td_jobs_set_cluster(td_jobs *j, struct td_cluster *cluster, const char *node_name);
+/* An agent's side of the exchange with its master (td_agent.c): the report of the parts this
+ * node runs (a JSON array), applying the master's orders (the reply's "parts"), the checkpoint
+ * files rank 0 wrote here that still have to be uploaded (then td_jobs_guests_uploaded with
+ * their manifest), whether a part is known, whether any runs, and stopping them all (cut off
+ * from the master). */
+json_t *td_jobs_guests_report_locked(td_jobs *j);
+void td_jobs_guests_apply_locked(td_jobs *j, json_t *orders);
+bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
+                                size_t len);
+void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files);
+bool td_jobs_guest_known(td_jobs *j, long job_id, int attempt);
+bool td_jobs_guests_running(td_jobs *j);
+void td_jobs_guests_stop_all(td_jobs *j, const char *why);
+/* A file of job id's directory for a node (checkpoints going up or coming down): rel is checked
+ * (segments of [A-Za-z0-9._-], none starting with '.'); 400 or 404 in e otherwise. */
+int td_jobs_file_path(td_jobs *j, long id, const char *rel, char *path, size_t len,
+                      td_reply_error *e);
 
 /* Whether job id exists (404 otherwise). */
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e);

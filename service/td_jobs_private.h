@@ -6,6 +6,10 @@
  *   td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
  *   td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
  *   td_job_recover.c     loading the table at start, recovering jobs a daemon left running
+ *   td_job_place.c       the cluster's master: placing jobs on nodes, each node's orders,
+ *                        what its parts report (exits, rank 0's lines, logs), lost nodes
+ *   td_job_part.c        any node: running the parts its master orders (a "guest" group each)
+ *                        and reporting on them
  * Every function here runs with j->mu held unless it says otherwise. */
 #ifndef TD_JOBS_PRIVATE_H
 #define TD_JOBS_PRIVATE_H
@@ -17,6 +21,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
+#include <poll.h>
 #include <stdbool.h>
 
 enum { QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED, N_STATES };
@@ -47,8 +52,56 @@ typedef struct job {
     td_group group;
     int out_fd; /* rank 0's stdout, read end; -1 when closed */
     td_buf line;
-    long long *log_start; /* [nproc] each rank's log size when the attempt began */
+    long long *log_start; /* [world] each rank's log size when the attempt began */
+
+    /* placement on the cluster (td_job_place.c) */
+    int nnodes;       /* resources.nnodes */
+    char **pin;       /* resources.nodes, or NULL */
+    struct part *parts; /* the running attempt's nodes, or NULL (not placed, or run locally) */
+    int n_parts;
+    int master_port;         /* reserved on parts[0]'s node */
+    bool parts_stopping;     /* every part told to stop */
+    int parts_code;          /* the first failure's status; 0: none */
+    char parts_reason[640];  /* its words, naming node and rank */
+    long lines_in;           /* rank 0's lines of this attempt applied so far */
+    json_t *ckpt_files;      /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
+                                yet listed */
 } job;
+
+/* One node's share of a distributed attempt, as the master tracks it. */
+enum { PART_STARTING, PART_RUNNING, PART_ENDED };
+typedef struct part {
+    char node[64], address[64];
+    int node_rank, state;
+    bool local;         /* on the master's own node */
+    int exit_code;      /* once ended */
+    char reason[512];   /* a failure's words, once ended */
+    char devices[128];  /* CUDA_VISIBLE_DEVICES of its ranks, as the node reported them */
+} part;
+
+/* One group this node runs for its master (td_job_part.c): the node-side twin of a part. */
+typedef struct guest {
+    long job;
+    int attempt, node_rank, nnodes, nproc;
+    char dir[PATH_MAX];
+    char kind[16];
+    td_group group;
+    bool running, ended, stop;
+    int exit_code;
+    char reason[512];
+    int *devices;
+    int out_fd; /* rank 0's stdout (node rank 0 only) */
+    td_buf line;
+    /* rank 0's lines not yet acknowledged by the master: seq first_seq + i */
+    struct guest_line {
+        char *text;
+        char *ckpt;      /* a checkpoint line's path until its files are uploaded; else NULL */
+        json_t *files;   /* the uploaded files' manifest */
+    } *lines;
+    int n_lines, cap_lines;
+    long first_seq;
+    long long *log_start, *log_sent; /* [nproc] per local rank */
+} guest;
 
 struct td_jobs {
     td_jobs_config cfg;
@@ -64,6 +117,11 @@ struct td_jobs {
     pthread_t thread;
     bool started, stopping;
     bool draining; /* this node is drained: nothing new starts (td_jobs_set_draining) */
+    /* the cluster */
+    struct td_cluster *cluster; /* on the master: the registry placement reads; else NULL */
+    char node_name[64];         /* this node's */
+    guest **guests;             /* the parts this node runs for its master */
+    int n_guests;
 };
 
 /* ---- td_job_record.c ---- */
@@ -107,6 +165,32 @@ void td_jobs_set_checkpoint(job *jb, long step, const char *path);
 /* ---- td_job_supervisor.c ---- */
 void *td_jobs_supervise(void *arg); /* the thread */
 void td_jobs_wake(td_jobs *j);      /* any thread, without the lock */
+
+/* ---- td_job_place.c ---- */
+bool td_jobs_clustered(td_jobs *j);             /* a master with agents, or a job placed on them */
+void td_jobs_schedule_cluster(td_jobs *j);      /* td_jobs_schedule's policy over every node */
+void td_jobs_parts_release(td_jobs *j, job *jb); /* frees the placement and its slots */
+void td_jobs_parts_tick(td_jobs *j);            /* the master's own node's sync, time limits */
+int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
+json_t *td_jobs_placement_json(const job *jb);
+void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,
+                              json_t *reply);
+
+/* ---- td_job_part.c ---- */
+json_t *td_jobs_guests_report(td_jobs *j, bool remote); /* the "parts" member of a message */
+void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote);
+void td_jobs_guests_reap(td_jobs *j, pid_t pid, int status, bool *found);
+void td_jobs_guests_poll(td_jobs *j, struct pollfd *fds, int *n, int max, guest **owner);
+void td_jobs_guests_read(td_jobs *j, guest *g);
+void td_jobs_guests_tick(td_jobs *j);
+void td_jobs_guests_free(td_jobs *j);
+/* The failing rank's own words from its log (traind-worker's "error:" line, or a command's last
+ * line that is not a metric), from offset `from` of dir/rank-R.log. */
+void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
+                          size_t len);
+/* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */
+void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
+                        json_t *files);
 
 /* ---- td_job_recover.c ---- */
 int td_jobs_load(td_jobs *j, td_err *err);

@@ -45,6 +45,10 @@ static const char *const OURS[] = {"RANK",
                                    "WORLD_SIZE",
                                    "LOCAL_WORLD_SIZE",
                                    "GROUP_RANK",
+                                   "ROLE_RANK",
+                                   "ROLE_NAME",
+                                   "GROUP_WORLD_SIZE",
+                                   "ROLE_WORLD_SIZE",
                                    "MASTER_ADDR",
                                    "MASTER_PORT",
                                    "TORCHELASTIC_RUN_ID",
@@ -88,7 +92,7 @@ static char **worker_env(const td_launch_config *cfg, int r, int attempt) {
     size_t n_env = 0, n_extra = 0;
     while (environ[n_env]) n_env++;
     while (cfg->extra_env && cfg->extra_env[n_extra]) n_extra++;
-    char **env = td_strv_new((int)(n_env + n_extra + 15));
+    char **env = td_strv_new((int)(n_env + n_extra + 19));
     size_t k = 0;
     for (size_t i = 0; i < n_env; i++)
         if (!overridden(environ[i], cfg)) env[k++] = td_str_dup(environ[i]);
@@ -98,6 +102,11 @@ static char **worker_env(const td_launch_config *cfg, int r, int attempt) {
     env[k++] = int_entry("WORLD_SIZE", world);
     env[k++] = int_entry("LOCAL_WORLD_SIZE", cfg->nproc_per_node);
     env[k++] = int_entry("GROUP_RANK", cfg->node_rank);
+    /* torchrun's role variables: one role ("default") holding every rank */
+    env[k++] = int_entry("ROLE_RANK", cfg->node_rank * cfg->nproc_per_node + r);
+    env[k++] = entry("ROLE_NAME", "default");
+    env[k++] = int_entry("GROUP_WORLD_SIZE", cfg->nnodes);
+    env[k++] = int_entry("ROLE_WORLD_SIZE", world);
     env[k++] = entry("MASTER_ADDR", cfg->master_addr);
     env[k++] = int_entry("MASTER_PORT", cfg->master_port);
     env[k++] = entry("TORCHELASTIC_RUN_ID", cfg->run_id);

@@ -99,12 +99,15 @@ static int keys_in(json_t *obj, const char *path, const char *const *const *list
 }
 
 /* What the daemon adds to a job spec, and what a command job has instead of the worker's. */
+#define NODE_NAME_CHARS "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
+
 static const char *const SERVICE_KEYS[] = {"resources", "restart", "priority", NULL};
 static const char *const COMMAND_KEYS[] = {"name", "command", "env", NULL};
 
 static int parse_resources(td_submission *s, json_t *root, const td_submit_rules *rules,
                            td_reply_error *e) {
-    static const char *const RESOURCE_KEYS[] = {"nproc", "time_limit_s", NULL};
+    static const char *const RESOURCE_KEYS[] = {"nproc",        "nproc_per_node", "nnodes",
+                                                "nodes",        "time_limit_s",   NULL};
     static const char *const RESTART_KEYS[] = {"max_restarts", NULL};
     const char *const *resource_keys[] = {RESOURCE_KEYS, NULL};
     const char *const *restart_keys[] = {RESTART_KEYS, NULL};
@@ -115,17 +118,64 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
         td_json_string(root, "", "name", false, "", s->name, sizeof s->name, &err) != 0)
         return spec_error(e, &err);
     s->nproc = 1;
+    s->nnodes = 1;
     if (r) {
-        if (keys_in(r, "resources", resource_keys, NULL, e) != 0 ||
-            int_member(r, "resources", "nproc", 1, 1, 4096, &s->nproc, e) != 0)
+        if (keys_in(r, "resources", resource_keys, NULL, e) != 0) return -1;
+        json_t *per_node = json_object_get(r, "nproc_per_node");
+        if (per_node && json_object_get(r, "nproc"))
+            return td_reply_fail(e, 400, "invalid_spec", "resources.nproc_per_node",
+                                 "resources: give nproc (one node) or nproc_per_node (torchrun's "
+                                 "name, with nnodes), not both");
+        if (int_member(r, "resources", per_node ? "nproc_per_node" : "nproc", 1, 1, 4096,
+                       &s->nproc, e) != 0)
             return -1;
+        json_t *nodes = json_object_get(r, "nodes");
+        if (nodes && (!json_is_array(nodes) || json_array_size(nodes) == 0))
+            return td_reply_fail(e, 400, "invalid_spec", "resources.nodes",
+                                 "resources.nodes: expected a non-empty array of node names");
+        size_t n_nodes = nodes ? json_array_size(nodes) : 0;
+        if (n_nodes > 4096)
+            return td_reply_fail(e, 400, "invalid_spec", "resources.nodes",
+                                 "resources.nodes: %zu names, at most 4096", n_nodes);
+        if (int_member(r, "resources", "nnodes", n_nodes ? (long)n_nodes : 1, 1, 4096, &s->nnodes,
+                       e) != 0)
+            return -1;
+        if (n_nodes) {
+            s->nodes = td_strv_new((int)n_nodes);
+            for (size_t i = 0; i < n_nodes; i++) {
+                const char *name = json_string_value(json_array_get(nodes, i));
+                char field[64];
+                snprintf(field, sizeof field, "resources.nodes[%zu]", i);
+                if (!name || !*name || strlen(name) > 63 || strspn(name, NODE_NAME_CHARS) !=
+                                                               strlen(name))
+                    return td_reply_fail(e, 400, "invalid_spec", field,
+                                         "%s: expected a node name (1 to 63 of A-Z a-z 0-9 . _ -)",
+                                         field);
+                for (size_t k = 0; k < i; k++)
+                    if (strcmp(s->nodes[k], name) == 0)
+                        return td_reply_fail(e, 400, "invalid_spec", field,
+                                             "%s: \"%s\" is listed twice", field, name);
+                s->nodes[i] = td_str_dup(name);
+            }
+            if ((size_t)s->nnodes > n_nodes)
+                return td_reply_fail(e, 400, "invalid_spec", "resources.nnodes",
+                                     "resources.nnodes is %d but resources.nodes names only %zu "
+                                     "node%s to run on",
+                                     s->nnodes, n_nodes, n_nodes == 1 ? "" : "s");
+        }
         if (td_json_number(r, "resources", "time_limit_s", false, 0, 1e-3, 1e8, &s->time_limit_s,
                            &err) != 0)
             return spec_error(e, &err);
-        if (s->nproc > rules->slots)
-            return td_reply_fail(e, 400, "invalid_spec", "resources.nproc",
-                                 "resources.nproc: %d processes, but this node has %d slots",
-                                 s->nproc, rules->slots);
+        if (!rules->cluster && s->nnodes > 1)
+            return td_reply_fail(e, 400, "invalid_spec", "resources.nnodes",
+                                 "resources.nnodes: %d nodes, but this traind is not a cluster's "
+                                 "master",
+                                 s->nnodes);
+        if (!rules->cluster && s->nproc > rules->slots)
+            return td_reply_fail(e, 400, "invalid_spec",
+                                 per_node ? "resources.nproc_per_node" : "resources.nproc",
+                                 "resources.%s: %d processes, but this node has %d slots",
+                                 per_node ? "nproc_per_node" : "nproc", s->nproc, rules->slots);
     }
     if (t && (keys_in(t, "restart", restart_keys, NULL, e) != 0 ||
               int_member(t, "restart", "max_restarts", 0, 0, 1000, &s->max_restarts, e) != 0))
@@ -347,8 +397,28 @@ out:
     return rc;
 }
 
+void td_submission_placement(const char *body, int *nnodes, char ***nodes) {
+    json_t *root = json_loads(body, 0, NULL);
+    json_t *r = json_object_get(root, "resources");
+    json_t *list = json_object_get(r, "nodes");
+    size_t n = json_is_array(list) ? json_array_size(list) : 0;
+    json_t *nn = json_object_get(r, "nnodes");
+    *nnodes = json_is_integer(nn) ? (int)json_integer_value(nn) : n ? (int)n : 1;
+    *nodes = NULL;
+    if (n) {
+        *nodes = td_strv_new((int)n);
+        for (size_t i = 0; i < n; i++) {
+            const char *name = json_string_value(json_array_get(list, i));
+            (*nodes)[i] = td_str_dup(name ? name : "");
+        }
+    }
+    json_decref(root);
+}
+
 void td_submission_free(td_submission *s) {
     json_decref(s->spec);
+    td_strv_free(s->nodes);
+    s->nodes = NULL;
     td_strv_free(s->argv);
     td_strv_free(s->env);
     s->spec = NULL;

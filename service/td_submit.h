@@ -25,6 +25,9 @@ typedef struct td_submit_rules {
     int n_roots;
     int slots; /* the node's; nproc above it can never run */
     const char *state_dir;
+    /* true on a cluster's master: whether the job fits is the cluster's to say (td_jobs checks
+     * it against the registered nodes), not this node's slots */
+    bool cluster;
 } td_submit_rules;
 
 typedef struct td_submission {
@@ -33,7 +36,9 @@ typedef struct td_submission {
     json_t *spec; /* train jobs: the worker spec (without resources/restart) */
     char **argv;  /* command jobs: NULL-terminated */
     char **env;   /* command jobs: "NAME=value", NULL-terminated (may be empty) */
-    int nproc, max_restarts;
+    int nproc, max_restarts; /* nproc: per node (resources.nproc or nproc_per_node) */
+    int nnodes;              /* resources.nnodes, 1 unless given (or the length of nodes) */
+    char **nodes;            /* resources.nodes: the only nodes it may run on; NULL: any */
     int priority;        /* higher first; then submission order */
     double time_limit_s; /* resources.time_limit_s; 0: none */
 } td_submission;
@@ -41,6 +46,10 @@ typedef struct td_submission {
 int td_submission_parse(td_submission *s, const char *body, size_t len,
                         const td_submit_rules *rules, td_reply_error *e);
 void td_submission_free(td_submission *s);
+
+/* The placement members of a stored job body (already checked when it was submitted): nnodes and
+ * the pinned nodes (NULL: any; free with td_strv_free). */
+void td_submission_placement(const char *body, int *nnodes, char ***nodes);
 
 /* Whether path resolves (after symlinks; a path that does not exist yet by its nearest existing
  * parent) inside one of the roots. */

@@ -1,0 +1,601 @@
+/* The parts this node runs for its master (a "guest" each: one node's group of a job's attempt),
+ * on an agent and on the master's own node alike. The master's orders say which parts should run
+ * (td_job_place.c builds them); this file starts what is missing, stops what is no longer wanted
+ * or told to stop, and reports each part: running or ended (with its first failure in words),
+ * rank 0's lines not yet acknowledged, and, from an agent, the tail of every rank's log.
+ *
+ * Orders are the whole wanted state, not commands: a lost reply, a master restart or a node back
+ * from a partition converges on the next exchange, and a part the master no longer knows is
+ * stopped at once. A part's lines carry sequence numbers within the attempt and logs their byte
+ * offsets, so resending after a drop can neither lose nor repeat anything. */
+#define _GNU_SOURCE /* pipe2 */
+#include "service/td_jobs_private.h"
+
+#include "service/td_strv.h"
+#include "train/td_metrics.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum {
+    REPORT_LINES = 256,       /* rank 0's lines per message at most */
+    REPORT_LOG = 64 * 1024,   /* bytes of one rank's log per message at most */
+    LINE_KEEP_MAX = 1 << 20 /* a runaway line goes to the log only */
+};
+
+static guest *find_guest(td_jobs *j, long job_id, int attempt) {
+    for (int i = 0; i < j->n_guests; i++)
+        if (j->guests[i]->job == job_id && j->guests[i]->attempt == attempt) return j->guests[i];
+    return NULL;
+}
+
+static void free_guest(guest *g) {
+    for (int i = 0; i < g->n_lines; i++) {
+        free(g->lines[i].text);
+        free(g->lines[i].ckpt);
+        json_decref(g->lines[i].files);
+    }
+    free(g->lines);
+    free(g->devices);
+    free(g->log_start);
+    free(g->log_sent);
+    td_group_free(&g->group);
+    td_buf_free(&g->line);
+    if (g->out_fd >= 0) close(g->out_fd);
+    free(g);
+}
+
+void td_jobs_guests_free(td_jobs *j) {
+    for (int i = 0; i < j->n_guests; i++) {
+        guest *g = j->guests[i];
+        if (g->running && g->group.alive > 0) killpg(g->group.pgid, SIGKILL);
+        free_guest(g);
+    }
+    free(j->guests);
+    j->guests = NULL;
+    j->n_guests = 0;
+}
+
+/* ---- output ---------------------------------------------------------------------------------- */
+
+static void append_log(const guest *g, const char *line, size_t n) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/rank-0.log", g->dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0) return;
+    (void)!write(fd, line, n);
+    (void)!write(fd, "\n", 1);
+    close(fd);
+}
+
+/* A line of rank 0: kept until the master acknowledges it. On an agent a checkpoint line waits
+ * for its files to be uploaded first (td_agent.c), so the master registers only what it has. */
+static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
+    append_log(g, line, n);
+    if (g->n_lines == g->cap_lines) {
+        g->cap_lines = g->cap_lines ? 2 * g->cap_lines : 64;
+        g->lines = td_realloc(g->lines, (size_t)g->cap_lines * sizeof *g->lines);
+    }
+    struct guest_line *l = &g->lines[g->n_lines++];
+    *l = (struct guest_line){0};
+    l->text = td_malloc(n + 1);
+    memcpy(l->text, line, n);
+    l->text[n] = 0;
+    if (!j->cluster) { /* an agent: are there files to send? */
+        json_t *o = json_loadb(line, n, 0, NULL);
+        const char *ev = json_string_value(json_object_get(o, "event"));
+        const char *path = json_string_value(json_object_get(o, "path"));
+        if (ev && path && strcmp(ev, TD_EVENT_CHECKPOINT) == 0) {
+            char full[2 * PATH_MAX];
+            snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : g->dir,
+                     path[0] == '/' ? "" : "/", path);
+            l->ckpt = td_str_dup(full);
+        }
+        json_decref(o);
+    }
+}
+
+void td_jobs_guests_read(td_jobs *j, guest *g) {
+    char buf[65536];
+    for (;;) {
+        ssize_t k = read(g->out_fd, buf, sizeof buf);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                if (g->line.len) keep_line(j, g, g->line.data, g->line.len);
+                g->line.len = 0;
+                close(g->out_fd);
+                g->out_fd = -1;
+            }
+            return;
+        }
+        td_buf_append(&g->line, buf, (size_t)k);
+        char *start = g->line.data, *nl;
+        while ((nl = memchr(start, '\n', g->line.len - (size_t)(start - g->line.data)))) {
+            keep_line(j, g, start, (size_t)(nl - start));
+            start = nl + 1;
+        }
+        size_t rest = g->line.len - (size_t)(start - g->line.data);
+        memmove(g->line.data, start, rest);
+        g->line.len = rest;
+        if (rest > LINE_KEEP_MAX) {
+            append_log(g, g->line.data, rest);
+            g->line.len = 0;
+        }
+    }
+}
+
+/* ---- starting and stopping ------------------------------------------------------------------- */
+
+/* Checkpoints in dir/checkpoints newer than the one this attempt resumes from were never
+ * registered by the master (written as the last attempt ended): resuming from one would put this
+ * node's ranks ahead of the others'. */
+static void remove_newer_checkpoints(const char *dir, long resume_step) {
+    char root[PATH_MAX + 16];
+    snprintf(root, sizeof root, "%s/checkpoints", dir);
+    DIR *d = opendir(root);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long step;
+        char extra;
+        if (sscanf(e->d_name, "step-%ld%c", &step, &extra) != 1 || step <= resume_step) continue;
+        char path[2 * PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        DIR *sub = opendir(path);
+        struct dirent *f;
+        while (sub && (f = readdir(sub))) {
+            if (f->d_name[0] == '.') continue;
+            char file[3 * PATH_MAX];
+            snprintf(file, sizeof file, "%s/%s", path, f->d_name);
+            unlink(file);
+        }
+        if (sub) closedir(sub);
+        if (rmdir(path) != 0) unlink(path); /* a command's single-file checkpoint */
+    }
+    closedir(d);
+}
+
+static void end_guest(td_jobs *j, guest *g, int code, const char *reason) {
+    g->running = false;
+    g->ended = true;
+    g->exit_code = code;
+    snprintf(g->reason, sizeof g->reason, "%s", reason);
+    if (g->devices)
+        for (int i = 0; i < g->nproc; i++) j->gpu_used[g->devices[i]] = false;
+    if (!j->cluster) j->used_slots -= g->nproc; /* on the master, placement holds the slots */
+    free(g->devices);
+    g->devices = NULL;
+}
+
+static const char *order_string(json_t *o, const char *key) {
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+static int order_int(json_t *o, const char *key) {
+    return (int)json_integer_value(json_object_get(o, key));
+}
+
+static char **order_strv(json_t *a) {
+    size_t n = json_is_array(a) ? json_array_size(a) : 0;
+    char **v = td_strv_new((int)n);
+    for (size_t i = 0; i < n; i++) {
+        const char *s = json_string_value(json_array_get(a, i));
+        v[i] = td_str_dup(s ? s : "");
+    }
+    return v;
+}
+
+static void start_guest(td_jobs *j, json_t *o, bool remote) {
+    guest *g = td_calloc(1, sizeof *g);
+    g->job = (long)json_integer_value(json_object_get(o, "job"));
+    g->attempt = order_int(o, "attempt");
+    g->node_rank = order_int(o, "node_rank");
+    g->nnodes = order_int(o, "nnodes");
+    g->nproc = order_int(o, "nproc");
+    g->out_fd = -1;
+    snprintf(g->kind, sizeof g->kind, "%s", order_string(o, "kind"));
+    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
+    j->guests = td_realloc(j->guests, (size_t)(j->n_guests + 1) * sizeof *j->guests);
+    j->guests[j->n_guests++] = g;
+    int n = g->nproc;
+    if (n < 1 || n > 4096 || g->nnodes < 1 || g->node_rank < 0 || g->node_rank >= g->nnodes) {
+        g->ended = true, g->exit_code = 1;
+        snprintf(g->reason, sizeof g->reason, "node %s: the master's order is malformed",
+                 j->node_name);
+        return;
+    }
+    if (!j->cluster) j->used_slots += n;
+    g->running = true;
+    td_err err = {{0}};
+    char **argv = NULL, **env = NULL;
+    int out_pipe[2] = {-1, -1}, stdout_fds[n], stderr_fds[n];
+    char devices_text[n][16];
+    const char *devices[n];
+    for (int r = 0; r < n; r++) stdout_fds[r] = stderr_fds[r] = -1;
+    g->log_start = td_calloc((size_t)n, sizeof *g->log_start);
+    g->log_sent = td_calloc((size_t)n, sizeof *g->log_sent);
+    bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
+              (td_fail(&err, "cannot create %s: %s", g->dir, strerror(errno)), false);
+    json_t *resume = json_object_get(o, "resume");
+    long resume_step = json_is_object(resume)
+                           ? (long)json_integer_value(json_object_get(resume, "step"))
+                           : -1;
+    if (ok) remove_newer_checkpoints(g->dir, resume_step);
+    if (ok && strcmp(g->kind, "command") == 0) {
+        argv = order_strv(json_object_get(o, "argv"));
+    } else if (ok) {
+        char spec[PATH_MAX + 16];
+        snprintf(spec, sizeof spec, "%s/spec.json", g->dir);
+        if (remote && json_dump_file(json_object_get(o, "spec"), spec, JSON_INDENT(2)) != 0) {
+            td_fail(&err, "cannot write %s: %s", spec, strerror(errno));
+            ok = false;
+        }
+        argv = td_strv_new(2);
+        argv[0] = td_str_dup(j->cfg.worker);
+        argv[1] = td_str_dup(spec);
+    }
+    if (ok && !argv[0]) {
+        td_fail(&err, "the order has no command to run");
+        ok = false;
+    }
+    json_t *order_env = json_object_get(o, "env");
+    size_t n_env = json_is_array(order_env) ? json_array_size(order_env) : 0;
+    env = td_strv_new((int)n_env + 2);
+    for (size_t i = 0; i < n_env; i++) {
+        const char *s = json_string_value(json_array_get(order_env, i));
+        env[i] = td_str_dup(s ? s : "");
+    }
+    char var[PATH_MAX + 64];
+    snprintf(var, sizeof var, "TRAIND_JOB_ID=%ld", g->job);
+    env[n_env] = td_str_dup(var);
+    const char *latest = json_string_value(json_object_get(resume, "local_path"));
+    if (latest && strcmp(g->kind, "command") == 0) {
+        snprintf(var, sizeof var, "TRAIND_LATEST_CHECKPOINT=%s/%s", g->dir, latest);
+        env[n_env + 1] = td_str_dup(var);
+    }
+    if (ok && j->cfg.gpus > 0) {
+        g->devices = td_calloc((size_t)n, sizeof *g->devices);
+        int k = 0;
+        for (int i = 0; i < j->cfg.gpus && k < n; i++)
+            if (!j->gpu_used[i]) j->gpu_used[i] = true, g->devices[k++] = i;
+        for (int r = 0; r < k; r++) {
+            snprintf(devices_text[r], sizeof devices_text[r], "%d", g->devices[r]);
+            devices[r] = devices_text[r];
+        }
+        if (k < n) {
+            for (int r = 0; r < k; r++) j->gpu_used[g->devices[r]] = false;
+            free(g->devices);
+            g->devices = NULL;
+            td_fail(&err, "%d GPUs asked for, %d free on this node", n, k);
+            ok = false;
+        }
+    }
+    if (ok && g->node_rank == 0 && pipe2(out_pipe, O_CLOEXEC) != 0) {
+        td_fail(&err, "pipe: %s", strerror(errno));
+        ok = false;
+    }
+    for (int r = 0; ok && r < n; r++) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, g->node_rank * n + r);
+        stderr_fds[r] = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        struct stat st;
+        if (stderr_fds[r] < 0) {
+            td_fail(&err, "cannot open %s: %s", path, strerror(errno));
+            ok = false;
+        } else if (fstat(stderr_fds[r], &st) == 0) {
+            g->log_start[r] = (long long)st.st_size;
+        }
+        stdout_fds[r] = r == 0 && g->node_rank == 0 ? out_pipe[1] : stderr_fds[r];
+    }
+    td_launch_config cfg = {.nproc_per_node = n,
+                            .nnodes = g->nnodes,
+                            .node_rank = g->node_rank,
+                            .master_port = order_int(o, "master_port"),
+                            .max_restarts = order_int(o, "max_restarts"),
+                            .grace_s = j->cfg.grace_s,
+                            .argv = argv,
+                            .cwd = g->dir,
+                            .stdout_fds = stdout_fds,
+                            .stderr_fds = stderr_fds,
+                            .extra_env = env,
+                            .devices = g->devices ? devices : NULL};
+    snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", order_string(o, "master_addr"));
+    snprintf(cfg.run_id, sizeof cfg.run_id, "traind-job-%ld", g->job);
+    if (ok && td_group_start(&g->group, &cfg, order_int(o, "restart_count"), &err) != 0) {
+        ok = false;
+        if (g->group.alive > 0) killpg(g->group.pgid, SIGKILL); /* reaped by the loop */
+    }
+    for (int r = 0; r < n; r++)
+        if (stderr_fds[r] >= 0) close(stderr_fds[r]);
+    if (out_pipe[1] >= 0) close(out_pipe[1]);
+    td_strv_free(argv);
+    td_strv_free(env);
+    if (!ok) {
+        if (out_pipe[0] >= 0) close(out_pipe[0]);
+        char why[sizeof g->reason];
+        snprintf(why, sizeof why, "could not start on node %s: %.400s", j->node_name, err.msg);
+        end_guest(j, g, 1, why);
+        if (g->group.alive == 0) td_group_free(&g->group);
+        fprintf(j->log, "traind: job %ld attempt %d: %s\n", g->job, g->attempt, why);
+        return;
+    }
+    if (out_pipe[0] >= 0) fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+    g->out_fd = out_pipe[0];
+    fprintf(j->log,
+            "traind: job %ld attempt %d: node rank %d of %d started here: %d process%s, "
+            "process group %d, rendezvous at %s:%d\n",
+            g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es",
+            (int)g->group.pgid, cfg.master_addr, cfg.master_port);
+}
+
+static void stop_guest(td_jobs *j, guest *g) {
+    if (g->running && g->group.pids && !g->group.terminating)
+        td_group_terminate(&g->group, SIGTERM, j->cfg.grace_s);
+    g->stop = true;
+}
+
+void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
+    size_t n = json_is_array(orders) ? json_array_size(orders) : 0;
+    bool wanted[j->n_guests + 1];
+    for (int i = 0; i < j->n_guests; i++) wanted[i] = false;
+    int before = j->n_guests;
+    for (size_t k = 0; k < n; k++) {
+        json_t *o = json_array_get(orders, k);
+        long id = (long)json_integer_value(json_object_get(o, "job"));
+        int attempt = order_int(o, "attempt");
+        guest *g = find_guest(j, id, attempt);
+        if (!g) {
+            if (json_is_true(json_object_get(o, "stop"))) continue;
+            /* an earlier attempt of the job still stopping here holds its slots and port */
+            bool busy = false;
+            for (int i = 0; i < j->n_guests; i++)
+                busy |= j->guests[i]->job == id && j->guests[i]->running;
+            if (!busy) start_guest(j, o, remote);
+            continue;
+        }
+        for (int i = 0; i < before; i++)
+            if (j->guests[i] == g) wanted[i] = true;
+        if (json_is_true(json_object_get(o, "stop"))) stop_guest(j, g);
+        /* the master has what it acknowledges: forget it */
+        long acked = (long)json_integer_value(json_object_get(o, "acked_lines"));
+        int drop = 0;
+        while (drop < g->n_lines && g->first_seq + drop < acked && !g->lines[drop].ckpt) drop++;
+        for (int i = 0; i < drop; i++) {
+            free(g->lines[i].text);
+            json_decref(g->lines[i].files);
+        }
+        memmove(g->lines, g->lines + drop, (size_t)(g->n_lines - drop) * sizeof *g->lines);
+        g->n_lines -= drop;
+        g->first_seq += drop;
+        json_t *logs = json_object_get(o, "acked_logs");
+        for (int r = 0; r < g->nproc && json_is_array(logs); r++) {
+            json_t *v = json_array_get(logs, (size_t)r);
+            if (json_is_integer(v)) g->log_sent[r] = (long long)json_integer_value(v);
+        }
+    }
+    /* what the master no longer wants: stopped, and forgotten once it has ended */
+    for (int i = 0, w = 0; i < before; i++) {
+        guest *g = j->guests[i];
+        if (!wanted[i]) {
+            if (g->running) {
+                if (!g->stop)
+                    fprintf(j->log,
+                            "traind: job %ld attempt %d is no longer this node's to run (the "
+                            "master ended it or does not know it): stopping its processes\n",
+                            g->job, g->attempt);
+                stop_guest(j, g);
+            }
+            if (!g->running) {
+                free_guest(g);
+                j->guests[i] = NULL;
+            }
+        }
+        (void)w;
+    }
+    int k = 0;
+    for (int i = 0; i < j->n_guests; i++)
+        if (j->guests[i]) j->guests[k++] = j->guests[i];
+    j->n_guests = k;
+}
+
+/* An agent cut off from its master: nothing of its must train on (the master has ended those
+ * attempts, or will); the parts are stopped and forgotten. */
+void td_jobs_guests_stop_all(td_jobs *j, const char *why) {
+    pthread_mutex_lock(&j->mu);
+    for (int i = 0; i < j->n_guests; i++) {
+        guest *g = j->guests[i];
+        if (g->running && !g->stop) {
+            fprintf(j->log, "traind: job %ld attempt %d: stopping its processes here: %s\n",
+                    g->job, g->attempt, why);
+            stop_guest(j, g);
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    td_jobs_wake(j);
+}
+
+/* ---- the supervisor's side ------------------------------------------------------------------- */
+
+void td_jobs_guests_reap(td_jobs *j, pid_t pid, int status, bool *found) {
+    for (int i = 0; i < j->n_guests && !*found; i++) {
+        guest *g = j->guests[i];
+        if (g->running && g->group.pids && td_group_reaped(&g->group, pid, status, j->cfg.grace_s))
+            *found = true;
+    }
+}
+
+void td_jobs_guests_poll(td_jobs *j, struct pollfd *fds, int *n, int max, guest **owner) {
+    for (int i = 0; i < j->n_guests && *n < max; i++)
+        if (j->guests[i]->out_fd >= 0) {
+            owner[*n] = j->guests[i];
+            fds[(*n)++] = (struct pollfd){j->guests[i]->out_fd, POLLIN, 0};
+        }
+}
+
+void td_jobs_guests_tick(td_jobs *j) {
+    for (int i = 0; i < j->n_guests; i++) {
+        guest *g = j->guests[i];
+        if (!g->running || !g->group.pids) continue;
+        td_group_tick(&g->group);
+        if (g->group.alive > 0) continue;
+        if (g->out_fd >= 0) td_jobs_guests_read(j, g);
+        if (g->out_fd >= 0) {
+            close(g->out_fd);
+            g->out_fd = -1;
+        }
+        td_group *gr = &g->group;
+        char reason[sizeof g->reason] = "";
+        int code = gr->first_failure ? gr->first_failure : g->stop ? 0 : gr->stop_status;
+        if (gr->first_failure) {
+            char own[320];
+            int local = gr->failed_rank - gr->rank_base;
+            td_jobs_rank_message(g->dir, gr->failed_rank,
+                                 local >= 0 && local < g->nproc ? g->log_start[local] : 0,
+                                 strcmp(g->kind, "command") == 0, own, sizeof own);
+            snprintf(reason, sizeof reason, "node %s: %.180s%s%.250s", j->node_name, gr->reason,
+                     own[0] ? ": " : "", own);
+        }
+        td_group_free(gr);
+        end_guest(j, g, code, reason);
+        fprintf(j->log, "traind: job %ld attempt %d: node rank %d ended here%s%s\n", g->job,
+                g->attempt, g->node_rank, reason[0] ? ": " : "", reason);
+    }
+}
+
+/* ---- the report ------------------------------------------------------------------------------ */
+
+static json_t *log_chunk(const guest *g, int r, bool *whole) {
+    char path[PATH_MAX + 32];
+    int rank = g->node_rank * g->nproc + r;
+    snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, rank);
+    struct stat st;
+    if (stat(path, &st) != 0) return NULL;
+    long long have = (long long)st.st_size - g->log_start[r] - g->log_sent[r];
+    if (have <= 0) return NULL;
+    size_t n = have > REPORT_LOG ? REPORT_LOG : (size_t)have;
+    if ((long long)n < have) *whole = false;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    unsigned char *raw = td_malloc(n);
+    ssize_t got = pread(fd, raw, n, (off_t)(g->log_start[r] + g->log_sent[r]));
+    close(fd);
+    if (got <= 0) {
+        free(raw);
+        return NULL;
+    }
+    /* base64: a log is bytes, and JSON strings must be UTF-8 */
+    char *b64 = td_malloc(4 * (((size_t)got + 2) / 3) + 1);
+    EVP_EncodeBlock((unsigned char *)b64, raw, (int)got);
+    free(raw);
+    json_t *o = json_pack("{s:i, s:I, s:s}", "rank", rank, "offset", (json_int_t)g->log_sent[r],
+                          "data", b64);
+    free(b64);
+    return o;
+}
+
+json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
+    json_t *list = json_array();
+    for (int i = 0; i < j->n_guests; i++) {
+        guest *g = j->guests[i];
+        bool whole = !g->running && g->out_fd < 0;
+        json_t *lines = json_array();
+        int k = 0;
+        for (; k < g->n_lines && k < REPORT_LINES; k++) {
+            struct guest_line *l = &g->lines[k];
+            if (l->ckpt && remote) break; /* its files first */
+            json_t *e = json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text",
+                                  l->text);
+            if (!e) e = json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text",
+                                  "(a line that is not UTF-8)");
+            if (l->files) json_object_set(e, "files", l->files);
+            json_array_append_new(lines, e);
+        }
+        if (k < g->n_lines) whole = false;
+        json_t *logs = json_array();
+        for (int r = 0; remote && r < g->nproc; r++) {
+            json_t *c = log_chunk(g, r, &whole);
+            if (c) json_array_append_new(logs, c);
+        }
+        char devices[128] = "";
+        for (int r = 0; g->devices && r < g->nproc; r++)
+            snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%d",
+                     r ? "," : "", g->devices[r]);
+        json_array_append_new(
+            list, json_pack("{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s}", "job",
+                            (json_int_t)g->job, "attempt", g->attempt, "state",
+                            g->running ? "running" : "ended", "exit_code", g->exit_code, "reason",
+                            g->reason, "lines", lines, "logs", logs, "next_seq",
+                            (json_int_t)(g->first_seq + g->n_lines), "complete", whole, "devices",
+                            devices));
+    }
+    return list;
+}
+
+/* ---- checkpoint uploads (an agent's) --------------------------------------------------------- */
+
+bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
+                                size_t len) {
+    pthread_mutex_lock(&j->mu);
+    bool found = false;
+    for (int i = 0; i < j->n_guests && !found; i++) {
+        guest *g = j->guests[i];
+        for (int k = 0; k < g->n_lines && !found; k++)
+            if (g->lines[k].ckpt) {
+                *job_id = g->job, *attempt = g->attempt, *seq = g->first_seq + k;
+                snprintf(path, len, "%s", g->lines[k].ckpt);
+                found = true;
+            }
+    }
+    pthread_mutex_unlock(&j->mu);
+    return found;
+}
+
+void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files) {
+    pthread_mutex_lock(&j->mu);
+    guest *g = find_guest(j, job_id, attempt);
+    long k = g ? seq - g->first_seq : -1;
+    if (g && k >= 0 && k < g->n_lines) {
+        free(g->lines[k].ckpt);
+        g->lines[k].ckpt = NULL;
+        json_decref(g->lines[k].files);
+        g->lines[k].files = json_incref(files);
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
+bool td_jobs_guest_known(td_jobs *j, long job_id, int attempt) {
+    pthread_mutex_lock(&j->mu);
+    bool known = find_guest(j, job_id, attempt) != NULL;
+    pthread_mutex_unlock(&j->mu);
+    return known;
+}
+
+json_t *td_jobs_guests_report_locked(td_jobs *j) {
+    pthread_mutex_lock(&j->mu);
+    json_t *r = td_jobs_guests_report(j, true);
+    pthread_mutex_unlock(&j->mu);
+    return r;
+}
+
+void td_jobs_guests_apply_locked(td_jobs *j, json_t *orders) {
+    pthread_mutex_lock(&j->mu);
+    td_jobs_guests_apply(j, orders, true);
+    pthread_mutex_unlock(&j->mu);
+    td_jobs_wake(j);
+}
+
+bool td_jobs_guests_running(td_jobs *j) {
+    pthread_mutex_lock(&j->mu);
+    bool any = j->n_guests > 0;
+    pthread_mutex_unlock(&j->mu);
+    return any;
+}

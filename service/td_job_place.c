@@ -1,0 +1,599 @@
+/* The cluster's master: placing jobs on nodes and following their parts.
+ *
+ * Placement is gang placement: a job starts only when nnodes nodes each have nproc_per_node free
+ * slots, all at once, and nothing is held before that. The queue keeps one node's policy
+ * (priority, then submission order); a job behind a blocked head starts only where the head
+ * would still fit once every running job has ended, so backfilling never delays the head. A
+ * one-node job that fits on the master's own node runs there exactly as without a cluster.
+ *
+ * Each node learns what to run from the reply to its heartbeat (td_cluster.c), and reports on
+ * its parts in the next one (td_job_part.c): the master applies rank 0's lines in sequence,
+ * appends the log bytes at their offsets, and ends the attempt once every part has ended (or its
+ * node is lost). The first failure stops every other part and names its node and rank. */
+#include "service/td_jobs_private.h"
+
+#include "service/td_ckpt.h"
+#include "service/td_cluster.h"
+#include "service/td_sha256.h"
+#include "service/td_strv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* torchrun's default MASTER_PORT and the ports after it: one per job whose node rank 0 is on
+ * the same node, reserved by the master so two jobs never collide. */
+enum { PORT_FIRST = 29500, PORT_COUNT = 1000 };
+
+bool td_jobs_clustered(td_jobs *j) {
+    if (!j->cluster) return false;
+    for (int i = 0; i < j->n_jobs; i++)
+        if (j->jobs[i]->parts || (!td_jobs_final_state(j->jobs[i]->state) &&
+                                  (j->jobs[i]->nnodes > 1 || j->jobs[i]->pin)))
+            return true;
+    td_cluster_node *nodes;
+    int n = td_cluster_snapshot(j->cluster, &nodes);
+    bool agents = false;
+    for (int i = 1; i < n; i++) agents |= !nodes[i].lost;
+    free(nodes);
+    return agents;
+}
+
+static bool pinned_to(const job *jb, const char *node) {
+    if (!jb->pin) return true;
+    for (int i = 0; jb->pin[i]; i++)
+        if (strcmp(jb->pin[i], node) == 0) return true;
+    return false;
+}
+
+/* Slots each node has free now: its total less what placement holds there (and, for an agent,
+ * less what it says it still uses: a part of an attempt the master ended may still be stopping). */
+static void free_slots(td_jobs *j, const td_cluster_node *nodes, int n, int *free_now) {
+    for (int i = 0; i < n; i++) {
+        if (nodes[i].master) {
+            free_now[i] = j->cfg.slots - j->used_slots;
+            continue;
+        }
+        int held = 0;
+        for (int k = 0; k < j->n_jobs; k++) {
+            const job *jb = j->jobs[k];
+            for (int p = 0; p < jb->n_parts; p++)
+                if (strcmp(jb->parts[p].node, nodes[i].name) == 0) held += jb->row.nproc;
+        }
+        free_now[i] = nodes[i].slots - (held > nodes[i].reported_used ? held : nodes[i].reported_used);
+    }
+}
+
+/* Picks nnodes nodes with room for the job (indexes into nodes, node rank order) from cap;
+ * false when they are not there. The fullest nodes that fit go first, to keep whole nodes free
+ * for wide jobs; the master's own node, when chosen, is node rank 0 (its address is known to
+ * every agent). */
+static bool pick_nodes(const job *jb, const td_cluster_node *nodes, int n, const int *cap,
+                       int *picked) {
+    int m = 0;
+    int order[n];
+    for (int i = 0; i < n; i++) {
+        if (nodes[i].lost || nodes[i].drained || cap[i] < jb->row.nproc ||
+            !pinned_to(jb, nodes[i].name))
+            continue;
+        int k = m++;
+        for (; k > 0 && (cap[order[k - 1]] > cap[i] ||
+                         (cap[order[k - 1]] == cap[i] && !nodes[i].master &&
+                          strcmp(nodes[order[k - 1]].name, nodes[i].name) > 0));
+             k--)
+            order[k] = order[k - 1];
+        order[k] = i;
+    }
+    if (m < jb->nnodes) return false;
+    for (int i = 0; i < jb->nnodes; i++) picked[i] = order[i];
+    for (int i = 1; i < jb->nnodes; i++)
+        if (nodes[picked[i]].master) {
+            int t = picked[0];
+            picked[0] = picked[i], picked[i] = t;
+        }
+    return true;
+}
+
+static int reserve_port(td_jobs *j, const char *node) {
+    for (int port = PORT_FIRST; port < PORT_FIRST + PORT_COUNT; port++) {
+        bool taken = false;
+        for (int i = 0; i < j->n_jobs && !taken; i++) {
+            const job *jb = j->jobs[i];
+            taken = jb->n_parts > 0 && jb->master_port == port && strcmp(jb->parts[0].node, node) == 0;
+        }
+        if (!taken) return port;
+    }
+    return 0;
+}
+
+/* Starts the job's next attempt on the nodes picked. */
+static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const int *picked) {
+    int port = reserve_port(j, nodes[picked[0]].name);
+    if (port == 0) return; /* every port of the range is reserved on that node: wait */
+    jb->parts = td_calloc((size_t)jb->nnodes, sizeof *jb->parts);
+    jb->n_parts = jb->nnodes;
+    for (int i = 0; i < jb->nnodes; i++) {
+        part *p = &jb->parts[i];
+        const td_cluster_node *nd = &nodes[picked[i]];
+        snprintf(p->node, sizeof p->node, "%s", nd->name);
+        snprintf(p->address, sizeof p->address, "%s", nd->address);
+        p->node_rank = i;
+        p->local = nd->master;
+        if (p->local) j->used_slots += jb->row.nproc;
+    }
+    jb->master_port = port;
+    jb->active = true;
+    jb->parts_stopping = false;
+    jb->parts_code = 0;
+    jb->parts_reason[0] = 0;
+    jb->lines_in = 0;
+    jb->last_step = jb->ckpt_step > 0 ? jb->ckpt_step : jb->last_step;
+    int world = jb->nnodes * jb->row.nproc;
+    free(jb->log_start);
+    jb->log_start = td_calloc((size_t)world, sizeof *jb->log_start);
+    if (mkdir(jb->dir, 0750) != 0 && errno != EEXIST)
+        fprintf(j->log, "traind: cannot create %s: %s\n", jb->dir, strerror(errno));
+    for (int r = 0; r < world; r++) {
+        char path[PATH_MAX + 32];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, r);
+        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        if (fd >= 0 && fstat(fd, &st) == 0) jb->log_start[r] = (long long)st.st_size;
+        if (fd >= 0) close(fd);
+    }
+    td_db_attempt *a = td_jobs_new_attempt(jb);
+    a->started_at = td_clock_wall();
+    if (jb->row.started_at <= 0) jb->row.started_at = a->started_at;
+    td_jobs_set_state(jb, RUNNING);
+    td_jobs_save_attempt(j, jb, a);
+    td_jobs_emit_state(j, jb);
+    char where[512] = "";
+    for (int i = 0; i < jb->n_parts; i++)
+        snprintf(where + strlen(where), sizeof where - strlen(where), "%s%s", i ? ", " : "",
+                 jb->parts[i].node);
+    fprintf(j->log,
+            "traind: job %ld attempt %d placed on %d node%s (%s) × %d, rendezvous at %s:%d\n",
+            jb->row.id, a->attempt, jb->n_parts, jb->n_parts == 1 ? "" : "s", where, jb->row.nproc,
+            jb->parts[0].address, port);
+}
+
+void td_jobs_parts_release(td_jobs *j, job *jb) {
+    for (int i = 0; i < jb->n_parts; i++)
+        if (jb->parts[i].local) j->used_slots -= jb->row.nproc;
+    free(jb->parts);
+    jb->parts = NULL;
+    jb->n_parts = 0;
+    jb->active = false;
+    td_group_free(&jb->group);
+    memset(&jb->group, 0, sizeof jb->group);
+}
+
+/* Places (or starts locally) one job on cap; true when it started. */
+static bool try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *cap) {
+    if (jb->nnodes == 1 && !jb->pin && !nodes[0].drained && cap[0] >= jb->row.nproc) {
+        if (!td_jobs_reserve_slots(j, jb)) return false;
+        cap[0] -= jb->row.nproc;
+        td_jobs_start_attempt(j, jb);
+        return true;
+    }
+    int picked[jb->nnodes];
+    if (!pick_nodes(jb, nodes, n, cap, picked)) return false;
+    start_parts(j, jb, nodes, picked);
+    if (!jb->parts) return false;
+    for (int i = 0; i < jb->nnodes; i++) cap[picked[i]] -= jb->row.nproc;
+    return true;
+}
+
+static bool runs_before(const job *a, const job *b) {
+    return a->row.priority != b->row.priority ? a->row.priority > b->row.priority
+                                              : a->row.id < b->row.id;
+}
+
+void td_jobs_schedule_cluster(td_jobs *j) {
+    td_cluster_node *nodes;
+    int n = td_cluster_snapshot(j->cluster, &nodes);
+    int cap[n];
+    free_slots(j, nodes, n, cap);
+    int n_queue = 0;
+    job *queue[j->n_jobs + 1];
+    for (int i = 0; i < j->n_jobs; i++) { /* restarts first: they were running */
+        job *jb = j->jobs[i];
+        if (jb->state == RESTARTING && !jb->active) queue[n_queue++] = jb;
+    }
+    int restarts = n_queue;
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (jb->state != QUEUED) continue;
+        int k = n_queue++;
+        for (; k > restarts && runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
+        queue[k] = jb;
+    }
+    const job *head = NULL;
+    int after[n]; /* the head's room once every running job has ended, less backfilled jobs */
+    for (int i = 0; i < n_queue; i++) {
+        job *jb = queue[i];
+        if (!head) {
+            if (try_start(j, jb, nodes, n, cap)) continue;
+            head = jb;
+            for (int k = 0; k < n; k++) after[k] = nodes[k].slots;
+            continue;
+        }
+        /* backfill only where the head still fits when everything running now has ended */
+        int trial[n], picked_head[head->nnodes > 0 ? head->nnodes : 1];
+        int picked[jb->nnodes];
+        if (!pick_nodes(jb, nodes, n, cap, picked)) continue;
+        memcpy(trial, after, sizeof trial);
+        for (int k = 0; k < jb->nnodes; k++) trial[picked[k]] -= jb->row.nproc;
+        if (!pick_nodes(head, nodes, n, trial, picked_head)) continue;
+        if (try_start(j, jb, nodes, n, cap)) {
+            memcpy(after, trial, sizeof after);
+            fprintf(j->log,
+                    "traind: job %ld starts ahead of job %ld (backfill: it uses slots that job "
+                    "would leave free)\n",
+                    jb->row.id, head->row.id);
+        }
+    }
+    free(nodes);
+}
+
+/* ---- orders ---------------------------------------------------------------------------------- */
+
+/* The latest checkpoint's files, relative to the job's directory, with size and SHA-256: what a
+ * node fetches before its ranks start. */
+static json_t *checkpoint_files(td_jobs *j, job *jb) {
+    if (!jb->ckpt_path) return NULL;
+    if (jb->ckpt_files) return jb->ckpt_files;
+    const char *base = strrchr(jb->ckpt_path, '/');
+    base = base ? base + 1 : jb->ckpt_path;
+    struct stat st;
+    if (stat(jb->ckpt_path, &st) != 0) return NULL;
+    json_t *files = json_array();
+    td_err err = {{0}};
+    td_ckpt_file *list = NULL;
+    int n = 0;
+    if (S_ISDIR(st.st_mode) && td_ckpt_list(jb->ckpt_path, &list, &n, &err) != 0) {
+        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
+        json_decref(files);
+        return NULL;
+    }
+    for (int i = 0; i < (S_ISDIR(st.st_mode) ? n : 1); i++) {
+        char path[2 * PATH_MAX], rel[PATH_MAX], hex[TD_SHA256_HEX];
+        long long size = 0;
+        if (S_ISDIR(st.st_mode)) {
+            snprintf(path, sizeof path, "%s/%s", jb->ckpt_path, list[i].name);
+            snprintf(rel, sizeof rel, "checkpoints/%s/%s", base, list[i].name);
+        } else {
+            snprintf(path, sizeof path, "%s", jb->ckpt_path);
+            snprintf(rel, sizeof rel, "checkpoints/%s", base);
+        }
+        if (td_sha256_file(path, hex, &size, &err) != 0) {
+            fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
+            json_decref(files);
+            files = NULL;
+            break;
+        }
+        json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", rel, "size",
+                                                (json_int_t)size, "sha256", hex));
+    }
+    td_ckpt_files_free(list, n);
+    jb->ckpt_files = files;
+    return files;
+}
+
+/* What the job runs, as a node needs it: a train job's spec with the daemon's own checkpoint
+ * directory made relative to the job's directory (every node has one of its own). */
+static json_t *order_spec(job *jb) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/spec.json", jb->dir);
+    json_t *spec = json_load_file(path, 0, NULL);
+    json_t *ck = json_object_get(spec, "checkpoint");
+    char ours[PATH_MAX + 16];
+    snprintf(ours, sizeof ours, "%s/checkpoints", jb->dir);
+    const char *dir = json_string_value(json_object_get(ck, "dir"));
+    if (dir && strcmp(dir, ours) == 0) json_object_set_new(ck, "dir", json_string("checkpoints"));
+    return spec ? spec : json_null();
+}
+
+static json_t *order(td_jobs *j, job *jb, const part *p) {
+    json_t *argv = json_array(), *env = json_array();
+    bool command = strcmp(jb->row.kind, "command") == 0;
+    for (int i = 0; command && jb->argv[i]; i++) json_array_append_new(argv, json_string(jb->argv[i]));
+    for (int i = 0; jb->env && jb->env[i]; i++) json_array_append_new(env, json_string(jb->env[i]));
+    json_t *resume = json_null();
+    json_t *files = checkpoint_files(j, jb);
+    if (files) {
+        const char *base = strrchr(jb->ckpt_path, '/');
+        char local[PATH_MAX];
+        snprintf(local, sizeof local, "checkpoints/%s", base ? base + 1 : jb->ckpt_path);
+        resume = json_pack("{s:I, s:O, s:s}", "step", (json_int_t)jb->ckpt_step, "files", files,
+                           "local_path", local);
+    }
+    json_t *logs = json_array();
+    for (int r = 0; r < jb->row.nproc; r++) {
+        int rank = p->node_rank * jb->row.nproc + r;
+        char path[PATH_MAX + 32];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, rank);
+        long long have = stat(path, &st) == 0 ? (long long)st.st_size - jb->log_start[rank] : 0;
+        json_array_append_new(logs, json_integer(have > 0 ? have : 0));
+    }
+    bool stop = jb->parts_stopping || jb->cancel_requested || jb->timed_out;
+    return json_pack("{s:I, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:o, s:o, s:o, "
+                     "s:b, s:I, s:o}",
+                     "job", (json_int_t)jb->row.id, "attempt", jb->n_attempts - 1, "node_rank",
+                     p->node_rank, "nnodes", jb->n_parts, "nproc", jb->row.nproc, "master_addr",
+                     jb->parts[0].address, "master_port", jb->master_port, "restart_count",
+                     jb->n_attempts - 1, "max_restarts", jb->row.max_restarts, "kind",
+                     jb->row.kind, "argv", argv, "env", env, "spec",
+                     command ? json_null() : order_spec(jb), "resume", resume, "stop", stop,
+                     "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
+}
+
+/* ---- reports --------------------------------------------------------------------------------- */
+
+static part *part_on(job *jb, const char *node) {
+    for (int i = 0; i < jb->n_parts; i++)
+        if (strcmp(jb->parts[i].node, node) == 0) return &jb->parts[i];
+    return NULL;
+}
+
+/* A node's log bytes for one rank: appended where the master's copy ends, or dropped (already
+ * here, or a gap to be resent). */
+static void apply_log(job *jb, json_t *c) {
+    int rank = (int)json_integer_value(json_object_get(c, "rank"));
+    long long offset = (long long)json_integer_value(json_object_get(c, "offset"));
+    const char *b64 = json_string_value(json_object_get(c, "data"));
+    if (!b64 || rank < 0 || rank >= jb->n_parts * jb->row.nproc) return;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, rank);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || (long long)st.st_size - jb->log_start[rank] != offset) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    size_t n = strlen(b64);
+    unsigned char *raw = td_malloc(n / 4 * 3 + 3);
+    int got = EVP_DecodeBlock(raw, (const unsigned char *)b64, (int)n);
+    /* EVP_DecodeBlock counts the padding's zero bytes too */
+    if (got > 0 && n >= 1 && b64[n - 1] == '=') got--;
+    if (got > 0 && n >= 2 && b64[n - 2] == '=') got--;
+    if (got > 0) (void)!write(fd, raw, (size_t)got);
+    free(raw);
+    close(fd);
+}
+
+/* The attempt is over when every part has ended; the first failure (by when it happened, as the
+ * nodes' reports arrive in any order) is the attempt's. */
+static void check_over(td_jobs *j, job *jb) {
+    for (int i = 0; i < jb->n_parts; i++)
+        if (jb->parts[i].state != PART_ENDED) return;
+    td_jobs_attempt_over(j, jb);
+}
+
+static void part_failed(td_jobs *j, job *jb, part *p, int code, const char *reason) {
+    if (jb->parts_code == 0 && !jb->cancel_requested && !jb->timed_out) {
+        jb->parts_code = code ? code : 1;
+        snprintf(jb->parts_reason, sizeof jb->parts_reason, "%s", reason);
+        fprintf(j->log, "traind: job %ld: %s; stopping its ranks on every node\n", jb->row.id,
+                reason);
+    }
+    (void)p;
+    jb->parts_stopping = true;
+}
+
+static void apply_report(td_jobs *j, const char *node, json_t *e) {
+    long id = (long)json_integer_value(json_object_get(e, "job"));
+    int attempt = (int)json_integer_value(json_object_get(e, "attempt"));
+    job *jb = td_jobs_find(j, id);
+    if (!jb || !jb->parts || attempt != jb->n_attempts - 1) return;
+    part *p = part_on(jb, node);
+    if (!p || p->state == PART_ENDED) return;
+    if (p->state == PART_STARTING) p->state = PART_RUNNING;
+    snprintf(p->devices, sizeof p->devices, "%s", json_string_value(json_object_get(e, "devices"))
+                                                       ? json_string_value(json_object_get(e, "devices"))
+                                                       : "");
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(e, "logs"), i, c) apply_log(jb, c);
+    json_array_foreach(json_object_get(e, "lines"), i, c) {
+        long seq = (long)json_integer_value(json_object_get(c, "seq"));
+        const char *text = json_string_value(json_object_get(c, "text"));
+        if (seq != jb->lines_in || !text) continue; /* seen already, or after a gap */
+        size_t n = strlen(text);
+        char *line = td_malloc(n + 1);
+        memcpy(line, text, n + 1);
+        td_jobs_line_apply(j, jb, line, n, false, !p->local, json_object_get(c, "files"));
+        free(line);
+        jb->lines_in++;
+    }
+    long next = (long)json_integer_value(json_object_get(e, "next_seq"));
+    bool ended = strcmp(json_string_value(json_object_get(e, "state")) ? json_string_value(json_object_get(e, "state")) : "", "ended") == 0;
+    if (!ended || !json_is_true(json_object_get(e, "complete")) ||
+        (p->node_rank == 0 && next != jb->lines_in))
+        return;
+    p->state = PART_ENDED;
+    p->exit_code = (int)json_integer_value(json_object_get(e, "exit_code"));
+    const char *reason = json_string_value(json_object_get(e, "reason"));
+    snprintf(p->reason, sizeof p->reason, "%s", reason ? reason : "");
+    if (p->exit_code != 0 && !jb->parts_stopping)
+        part_failed(j, jb, p, p->exit_code,
+                    p->reason[0] ? p->reason : "a rank failed without a message");
+    else if (p->exit_code == 0 && p->node_rank == 0 && !jb->parts_stopping) {
+        /* node rank 0 succeeded: the job is done; the other nodes' ranks end with it */
+    }
+}
+
+void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *msg,
+                              json_t *reply) {
+    json_t *report = json_object_get(msg, "parts");
+    size_t i;
+    json_t *e;
+    json_array_foreach(report, i, e) apply_report(j, node, e);
+    json_t *orders = json_array();
+    for (int k = 0; k < j->n_jobs; k++) {
+        job *jb = j->jobs[k];
+        part *p = jb->parts ? part_on(jb, node) : NULL;
+        if (!p || p->state == PART_ENDED) continue;
+        if (registered && p->state == PART_RUNNING) {
+            /* the node came back without this part: it died with the node's traind */
+            bool still = false;
+            json_array_foreach(report, i, e) still |= (long)json_integer_value(json_object_get(e, "job")) == jb->row.id;
+            if (!still) {
+                p->state = PART_ENDED;
+                p->exit_code = -1;
+                snprintf(p->reason, sizeof p->reason,
+                         "node %s: its traind restarted while node rank %d ran there", node,
+                         p->node_rank);
+                part_failed(j, jb, p, -1, p->reason);
+                continue;
+            }
+        }
+        json_array_append_new(orders, order(j, jb, p));
+    }
+    json_object_set_new(reply, "parts", orders);
+    for (int k = 0; k < j->n_jobs; k++)
+        if (j->jobs[k]->parts) check_over(j, j->jobs[k]);
+}
+
+void td_jobs_node_sync(td_jobs *j, const char *node, bool registered, json_t *msg,
+                       json_t *reply) {
+    pthread_mutex_lock(&j->mu);
+    td_jobs_node_sync_locked(j, node, registered, msg, reply);
+    pthread_mutex_unlock(&j->mu);
+    td_jobs_wake(j); /* the master's own parts may have orders too */
+}
+
+void td_jobs_node_lost(td_jobs *j, const char *node, const char *why) {
+    pthread_mutex_lock(&j->mu);
+    for (int k = 0; k < j->n_jobs; k++) {
+        job *jb = j->jobs[k];
+        part *p = jb->parts ? part_on(jb, node) : NULL;
+        if (!p || p->state == PART_ENDED) continue;
+        p->state = PART_ENDED;
+        p->exit_code = -1;
+        snprintf(p->reason, sizeof p->reason, "%s (node rank %d, ranks %d to %d)", why,
+                 p->node_rank, p->node_rank * jb->row.nproc,
+                 (p->node_rank + 1) * jb->row.nproc - 1);
+        part_failed(j, jb, p, -1, p->reason);
+        check_over(j, jb);
+    }
+    pthread_mutex_unlock(&j->mu);
+    td_jobs_wake(j);
+}
+
+/* The master's own node: its parts report and take orders in-process, every supervisor turn;
+ * time limits of placed jobs are enforced here too. */
+void td_jobs_parts_tick(td_jobs *j) {
+    if (!j->cluster) return;
+    double now = td_clock_wall();
+    bool any = j->n_guests > 0;
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (!jb->parts) continue;
+        any = true;
+        double limit = td_jobs_deadline(jb);
+        if (limit > 0 && !jb->timed_out && !jb->cancel_requested && now >= limit) {
+            jb->timed_out = true;
+            jb->parts_stopping = true;
+            fprintf(j->log, "traind: job %ld reached its time limit of %g s: stopping it\n",
+                    jb->row.id, jb->row.time_limit_s);
+        }
+        if (jb->cancel_requested) jb->parts_stopping = true;
+    }
+    if (!any) return;
+    json_t *msg = json_pack("{s:o}", "parts", td_jobs_guests_report(j, false));
+    json_t *reply = json_object();
+    td_jobs_node_sync_locked(j, j->node_name, false, msg, reply);
+    td_jobs_guests_apply(j, json_object_get(reply, "parts"), false);
+    json_decref(msg);
+    json_decref(reply);
+}
+
+/* ---- the cluster's hooks --------------------------------------------------------------------- */
+
+static void sync_hook(void *ctx, const char *node, bool registered, json_t *msg, json_t *reply) {
+    td_jobs_node_sync(ctx, node, registered, msg, reply);
+}
+
+static void lost_hook(void *ctx, const char *node, const char *why) {
+    td_jobs_node_lost(ctx, node, why);
+}
+
+void td_jobs_set_cluster(td_jobs *j, struct td_cluster *cluster, const char *node_name) {
+    pthread_mutex_lock(&j->mu);
+    j->cluster = cluster;
+    snprintf(j->node_name, sizeof j->node_name, "%s", node_name);
+    j->cfg.rules.cluster = cluster != NULL;
+    pthread_mutex_unlock(&j->mu);
+    if (cluster) td_cluster_on_jobs(cluster, sync_hook, lost_hook, j);
+}
+
+/* Whether the job can ever run on the nodes registered now (lost ones excepted); 400 with what
+ * the cluster has when it cannot. */
+int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e) {
+    if (!j->cluster) return 0;
+    td_cluster_node *nodes;
+    int n = td_cluster_snapshot(j->cluster, &nodes);
+    int fit = 0, widest = 0, live = 0;
+    for (int i = 0; i < n; i++) {
+        if (nodes[i].lost) continue;
+        live++;
+        if (nodes[i].slots > widest) widest = nodes[i].slots;
+        bool pinned = !s->nodes;
+        for (int k = 0; s->nodes && s->nodes[k]; k++) pinned |= strcmp(s->nodes[k], nodes[i].name) == 0;
+        if (pinned && nodes[i].slots >= s->nproc) fit++;
+    }
+    int rc = 0;
+    for (int k = 0; s->nodes && s->nodes[k] && rc == 0; k++) {
+        bool known = false;
+        for (int i = 0; i < n; i++) known |= !nodes[i].lost && strcmp(s->nodes[k], nodes[i].name) == 0;
+        if (!known) {
+            char field[64];
+            snprintf(field, sizeof field, "resources.nodes[%d]", k);
+            rc = td_reply_fail(e, 400, "invalid_spec", field,
+                               "%s: there is no node \"%s\" in the cluster (GET /v1/nodes lists "
+                               "them)",
+                               field, s->nodes[k]);
+        }
+    }
+    if (rc == 0 && fit < s->nnodes && live == 1 && s->nnodes == 1 && !s->nodes)
+        rc = td_reply_fail(e, 400, "invalid_spec", "resources.nproc",
+                           "resources.nproc: %d processes, but this node has %d slots", s->nproc,
+                           widest);
+    else if (rc == 0 && fit < s->nnodes)
+        rc = td_reply_fail(
+            e, 400, "invalid_spec", s->nnodes > 1 ? "resources.nnodes" : "resources.nproc",
+            "resources: %d node%s × %d process%s can never run here: the cluster has %d node%s, "
+            "%d of them with %d or more slots%s (the most on one node: %d)",
+            s->nnodes, s->nnodes == 1 ? "" : "s", s->nproc, s->nproc == 1 ? "" : "es", live,
+            live == 1 ? "" : "s", fit, s->nproc, s->nodes ? " among resources.nodes" : "", widest);
+    free(nodes);
+    return rc;
+}
+
+/* The placement in a job's JSON: each node, its node rank, global ranks and devices. */
+json_t *td_jobs_placement_json(const job *jb) {
+    if (!jb->parts) return json_null();
+    json_t *list = json_array();
+    for (int i = 0; i < jb->n_parts; i++) {
+        const part *p = &jb->parts[i];
+        json_t *ranks = json_array();
+        for (int r = 0; r < jb->row.nproc; r++)
+            json_array_append_new(ranks, json_integer(p->node_rank * jb->row.nproc + r));
+        json_array_append_new(
+            list, json_pack("{s:s, s:s, s:i, s:o, s:s, s:s}", "node", p->node, "address",
+                            p->address, "node_rank", p->node_rank, "ranks", ranks, "devices",
+                            p->devices, "state",
+                            p->state == PART_STARTING  ? "starting"
+                            : p->state == PART_RUNNING ? "running"
+                                                       : "ended"));
+    }
+    return json_pack("{s:o, s:s, s:i}", "nodes", list, "master_addr", jb->parts[0].address,
+                     "master_port", jb->master_port);
+}
