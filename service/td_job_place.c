@@ -163,6 +163,8 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
 }
 
 void td_jobs_parts_release(td_jobs *j, job *jb) {
+    json_decref(jb->last_placement);
+    jb->last_placement = td_jobs_placement_json(jb); /* shown after the attempt too */
     for (int i = 0; i < jb->n_parts; i++)
         if (jb->parts[i].local) j->used_slots -= jb->row.nproc;
     free(jb->parts);
@@ -394,7 +396,10 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
     if (!jb || !jb->parts || attempt != jb->n_attempts - 1) return;
     part *p = part_on(jb, node);
     if (!p || p->state == PART_ENDED) return;
-    if (p->state == PART_STARTING) p->state = PART_RUNNING;
+    if (p->state == PART_STARTING) {
+        p->state = PART_RUNNING;
+        td_jobs_stale(jb);
+    }
     snprintf(p->devices, sizeof p->devices, "%s", json_string_value(json_object_get(e, "devices"))
                                                        ? json_string_value(json_object_get(e, "devices"))
                                                        : "");
@@ -418,6 +423,7 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
         (p->node_rank == 0 && next != jb->lines_in))
         return;
     p->state = PART_ENDED;
+    td_jobs_stale(jb);
     p->exit_code = (int)json_integer_value(json_object_get(e, "exit_code"));
     const char *reason = json_string_value(json_object_get(e, "reason"));
     snprintf(p->reason, sizeof p->reason, "%s", reason ? reason : "");
@@ -579,7 +585,7 @@ int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e) {
 
 /* The placement in a job's JSON: each node, its node rank, global ranks and devices. */
 json_t *td_jobs_placement_json(const job *jb) {
-    if (!jb->parts) return json_null();
+    if (!jb->parts) return jb->last_placement ? json_incref(jb->last_placement) : json_null();
     json_t *list = json_array();
     for (int i = 0; i < jb->n_parts; i++) {
         const part *p = &jb->parts[i];

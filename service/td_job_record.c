@@ -175,6 +175,7 @@ void td_jobs_free_job(job *jb) {
     json_decref(jb->latest_eval);
     free(jb->ckpt_path);
     json_decref(jb->ckpt_files);
+    json_decref(jb->last_placement);
     td_strv_free(jb->pin);
     free(jb->parts);
     free(jb->log_start);

@@ -245,7 +245,7 @@ int td_jobs_wait(td_jobs *j, long id, long after, double timeout_s, long *last_s
 int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_reply_error *e) {
     pthread_mutex_lock(&j->mu);
     job *jb = td_jobs_find(j, id);
-    int nproc = jb ? jb->row.nproc : 0;
+    int nproc = jb ? jb->row.nproc * (jb->nnodes > 1 ? jb->nnodes : 1) : 0; /* the world */
     if (jb) snprintf(path, len, "%s/rank-%d.log", jb->dir, rank);
     pthread_mutex_unlock(&j->mu);
     if (!jb) return not_found(e, id);

@@ -64,6 +64,7 @@ typedef struct job {
     int parts_code;          /* the first failure's status; 0: none */
     char parts_reason[640];  /* its words, naming node and rank */
     long lines_in;           /* rank 0's lines of this attempt applied so far */
+    json_t *last_placement;  /* the placement of its latest attempt, for the job's JSON */
     json_t *ckpt_files;      /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
                                 yet listed */
 } job;

@@ -1,0 +1,252 @@
+#!/bin/sh
+# Jobs across the cluster, on three "nodes": network namespaces joined by a bridge (in a fourth
+# namespace, so nothing touches this machine's own network), each running its own traind with its
+# own state directory, /dev/shm and hostname, as real hosts have. m0 is the master; n1 and n2 join
+# it; each node has 2 CPU slots.
+#   1. a 2 x 2 LeNet job on Fashion-MNIST pinned to the agents (rank 0 on an agent): succeeds; its
+#      weights equal one process with the global batch; metrics, the logs of all 4 ranks and the
+#      checkpoint (by SHA-256) come back through the master; GET /v1/jobs/{id} shows the placement
+#   2. two jobs on the same node rank 0 get different MASTER_PORTs; every rank has torchrun's
+#      environment
+#   3. gang placement: a 3 x 2 job waits while a 1 x 2 job runs, starts after it, and no partial
+#      allocation is ever visible
+#   4. kill -9 of an agent mid-job: detected within the timeout + 2 s, the job restarts from its
+#      checkpoint on the remaining nodes and succeeds; no process of it is left anywhere
+#   5. a partition (the node's link down) mid-job: the same, and the partitioned node's ranks stop
+#      by themselves
+#   6. kill -9 of the master mid-job: restarted, nothing recorded is lost, no rank outside the
+#      attempt it knows keeps running, and the job succeeds
+#   7. a PyTorch gloo DDP script across 2 nodes, as PyTorch's tutorials write one, succeeds and
+#      its metric lines come through
+# Waits are for observable events (an API answer, a log line) with deadlines, never fixed sleeps.
+# Everything it creates goes on exit, also on failure. Exit 77 (ctest: skipped) when not root or
+# namespaces cannot be made here.
+#   cluster_jobs.sh TRAIND TRAIND_WORKER SOURCE_DIR
+set -u
+traind=$1 worker=$2 src=$3
+if [ "$(id -u)" != 0 ]; then
+    echo "SKIP: network namespaces need root"
+    exit 77
+fi
+. "$(dirname "$0")/netns.sh"
+tag="tj$$"
+net=10.231.11 # exists only inside the namespaces below
+port=8470
+timeout_s=4 heartbeat_s=0.5
+fmnist=/usr/share/datasets/fashion-mnist
+tmp=$(mktemp -d)
+cleanup() {
+    [ -n "${KEEP:-}" ] && { cp -r "$tmp" /tmp/cj-keep; }
+    netns_down "$tag" 3
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+passes=0 fails=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+netns_up "$tag" "$net" 3 "$tmp/netns.err"
+case $? in
+0) ;;
+77)
+    echo "SKIP: cannot create a network namespace: $(cat "$tmp/netns.err")"
+    exit 77
+    ;;
+*)
+    echo "FAIL: cannot build the three nodes' namespaces"
+    exit 1
+    ;;
+esac
+master="$net.1:$port"
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
+chmod 600 "$tmp/secret"
+
+# daemon K NAME LOG ARGS...: a traind in node K's namespace with its own /dev/shm and hostname,
+# in the background, serving on that node's address; its pid in $daemon_pid (each step execs
+# the next: the pid is traind's own, for kill -9)
+daemon() {
+    k=$1 name=$2 log=$3
+    shift 3
+    ip netns exec "$tag-n$k" unshare --mount --uts --propagation private sh -c '
+        hostname "$1" && mount -t tmpfs -o size=256m tmpfs /dev/shm || exit 90
+        shift
+        exec env OPENBLAS_NUM_THREADS=1 "$@"' sh "$name" "$traind" \
+        --listen "$net.$((k + 1)):$port" --state-dir "$tmp/state-$name" --node-name "$name" \
+        --worker "$worker" --slots 2 --data-root "$fmnist" --data-root "$tmp" \
+        --grace 3 "$@" >"$tmp/$log.out" 2>"$tmp/$log.err" &
+    daemon_pid=$!
+}
+start_master() {
+    daemon 0 m0 "m0-$1" --cluster-secret-file "$tmp/secret" --heartbeat "$heartbeat_s" \
+        --node-timeout "$timeout_s"
+    master_pid=$daemon_pid
+}
+agent() { # K NAME LOG
+    daemon "$1" "$2" "$3" --cluster-secret-file "$tmp/secret" --join "$master"
+}
+until_true() { # SECONDS CMD...
+    limit=$1
+    shift
+    end=$(($(date +%s) + limit))
+    until "$@"; do
+        [ "$(date +%s)" -ge "$end" ] && return 1
+        sleep 0.1
+    done
+}
+logged() { grep -q "$2" "$tmp/$1.err"; }
+# api METHOD PATH [BODY-FILE]: the master's API, from the master's namespace
+api() {
+    ip netns exec "$tag-n0" curl -s --max-time 10 -X "$1" \
+        -H "Authorization: Bearer $(cat "$tmp/state-m0/token")" ${3:+--data-binary @"$3"} \
+        "http://$master$2"
+}
+# field ID EXPR: a Python expression over the job's JSON (j)
+field() {
+    api GET "/v1/jobs/$1" | python3 -c "
+import json, sys
+try:
+    j = json.load(sys.stdin)
+except ValueError:
+    print('(no answer)'); sys.exit()
+print($2)"
+}
+state_of() { field "$1" "j['state']"; }
+ended() { case $(state_of "$1") in succeeded | failed | cancelled) return 0 ;; esac; return 1; }
+submit() { # SPEC-FILE: the new job's id
+    api POST /v1/jobs "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("id", ""))'
+}
+nodes_ready() { # N: GET /v1/nodes lists N ready nodes
+    [ "$(api GET /v1/nodes | grep -o '"state":"ready"' | wc -l)" = "$1" ]
+}
+# leftovers ID: processes of job ID still running in any namespace (TRAIND_JOB_ID in their env)
+leftovers() {
+    for p in $(ip netns pids "$tag-n0") $(ip netns pids "$tag-n1") $(ip netns pids "$tag-n2"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TRAIND_JOB_ID=$1" && echo "$p"
+    done
+}
+no_leftovers() { [ -z "$(leftovers "$1")" ]; }
+
+start_master 1
+until_true 10 logged m0-1 "listening on" || bad "the master did not start: $(cat "$tmp/m0-1.err")"
+agent 1 n1 n1
+n1_pid=$daemon_pid
+agent 2 n2 n2
+n2_pid=$daemon_pid
+if until_true 15 nodes_ready 3; then ok; else bad "3 nodes did not join: $(api GET /v1/nodes)"; fi
+
+# 1. a 2 x 2 LeNet job on the agents; the reference: one process with the global batch
+lenet() { # NAME BATCH STEPS CHECKPOINT-DIR(or "")
+    cat <<JSON
+{"name": "$1", "model": {"preset": "lenet5", "num_classes": 10},
+ "data": {"format": "idx", "train": {"images": "$fmnist/train-images-idx3-ubyte.gz",
+          "labels": "$fmnist/train-labels-idx1-ubyte.gz"}},
+ "train": {"epochs": 1, "max_steps": $3, "batch_size": $2, "seed": 5,
+           "optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9}},
+ "checkpoint": {${4:+\"dir\": \"$4\", }"every_steps": 20},
+ "log": {"every_steps": 10}}
+JSON
+}
+lenet one 64 60 "$tmp/one" >"$tmp/one.json"
+OPENBLAS_NUM_THREADS=1 "$worker" "$tmp/one.json" >"$tmp/one.out" 2>"$tmp/one.err" ||
+    bad "one process: $(cat "$tmp/one.err")"
+lenet ddp 16 60 | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+j["resources"] = {"nnodes": 2, "nproc_per_node": 2, "nodes": ["n1", "n2"]}
+print(json.dumps(j))' >"$tmp/ddp.json"
+id=$(submit "$tmp/ddp.json")
+if until_true 120 ended "$id"; then ok; else bad "2 x 2 job: not ended: $(api GET "/v1/jobs/$id")"; fi
+if [ "$(state_of "$id")" = succeeded ]; then ok; else bad "2 x 2 job: $(api GET "/v1/jobs/$id")"; fi
+got=$(field "$id" "' '.join('%s:%d:%s' % (p['node'], p['node_rank'], ','.join(map(str, p['ranks']))) for p in j['placement']['nodes']) if j['placement'] else 'none'")
+echo "2 x 2 placement: $got"
+api GET "/v1/jobs/$id/checkpoints/60/model.safetensors" >"$tmp/ddp-model.safetensors"
+if python3 "$src/tests/integration/same_weights.py" "$tmp/one/step-00000060/model.safetensors" \
+    "$tmp/ddp-model.safetensors" 1e-5 >"$tmp/same" 2>&1; then ok; else bad "2 x 2 job: $(cat "$tmp/same")"; fi
+echo "2 x 2 LeNet vs one process: $(cat "$tmp/same")"
+n_train=$(api GET "/v1/jobs/$id/metrics" | grep -o '"event":"train"' | wc -l)
+if [ "$n_train" = 6 ]; then ok; else bad "2 x 2 job: $n_train train metrics, expected 6: $(api GET "/v1/jobs/$id/metrics")"; fi
+for r in 0 1 2 3; do
+    log=$(api GET "/v1/jobs/$id/logs?rank=$r")
+    case $log in *"rank $r"* | *"[traind]"*) ok ;; *) bad "2 x 2 job: rank $r's log through the master: $log" ;; esac
+done
+sha_master=$(sha256sum <"$tmp/ddp-model.safetensors" | cut -d' ' -f1)
+sha_node=$(sha256sum <"$tmp/state-n1/jobs/$id/checkpoints/step-00000060/model.safetensors" | cut -d' ' -f1)
+if [ "$sha_master" = "$sha_node" ]; then ok; else bad "2 x 2 job: the master's checkpoint differs from rank 0's"; fi
+if no_leftovers "$id"; then ok; else bad "2 x 2 job: processes left: $(leftovers "$id")"; fi
+
+# 2 and 7. two PyTorch gloo DDP command jobs at once on the same nodes (2 x 1 each): different
+# MASTER_PORTs, torchrun's environment on every rank, both succeed with their metric lines
+gloo() { # NAME WAIT-FILE
+    cat <<JSON
+{"name": "$1", "command": ["/usr/bin/python3", "$src/tests/integration/gloo_nodes.py"],
+ "env": {"TRAIND_TEST_WAIT": "$2", "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"},
+ "resources": {"nnodes": 2, "nproc_per_node": 1, "nodes": ["n1", "n2"]}}
+JSON
+}
+gloo g1 "$tmp/release1" >"$tmp/g1.json"
+gloo g2 "$tmp/release2" >"$tmp/g2.json"
+g1=$(submit "$tmp/g1.json")
+g2=$(submit "$tmp/g2.json")
+env_of() { api GET "/v1/jobs/$1/metrics" | python3 -c '
+import json, sys
+for m in json.load(sys.stdin):
+    if m["event"] == "env":
+        print(" ".join("%s=%s" % kv for kv in sorted(m["vars"].items())))'; }
+has_env() { [ -n "$(env_of "$1")" ]; }
+if until_true 60 has_env "$g1" && until_true 60 has_env "$g2"; then ok; else bad "gloo jobs: no env lines: $(api GET "/v1/jobs/$g1") $(api GET "/v1/jobs/$g2")"; fi
+p1=$(env_of "$g1" | grep -o 'MASTER_PORT=[0-9]*')
+p2=$(env_of "$g2" | grep -o 'MASTER_PORT=[0-9]*')
+if [ -n "$p1" ] && [ "$p1" != "$p2" ]; then ok; else bad "two jobs on the same nodes: $p1 and $p2"; fi
+echo "two jobs at once: $p1, $p2"
+want="GROUP_RANK=0 GROUP_WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=$net.2 $p1 RANK=0 ROLE_NAME=default ROLE_RANK=0 ROLE_WORLD_SIZE=2 TORCHELASTIC_MAX_RESTARTS=0 TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=traind-job-$g1 WORLD_SIZE=2"
+if [ "$(env_of "$g1")" = "$want" ]; then ok; else bad "rank 0's environment: $(env_of "$g1"), expected $want"; fi
+touch "$tmp/release1" "$tmp/release2"
+until_true 60 ended "$g1"
+until_true 60 ended "$g2"
+for g in "$g1" "$g2"; do
+    if [ "$(state_of "$g")" = succeeded ]; then ok; else bad "gloo job $g: $(api GET "/v1/jobs/$g") $(api GET "/v1/jobs/$g/logs?rank=1")"; fi
+    got=$(api GET "/v1/jobs/$g/metrics" | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+print(len([x for x in m if x["event"] == "train" and x["world"] == 2]), [x["max_param_diff"] for x in m if x["event"] == "sync"])')
+    if [ "$got" = "5 [0.0]" ]; then ok; else bad "gloo job $g metrics: $got"; fi
+done
+log1=$(api GET "/v1/jobs/$g1/logs?rank=1")
+case $log1 in *'"RANK": "1"'*'"GROUP_RANK": "1"'*) ok ;; *) bad "rank 1's log (node rank 1): $log1" ;; esac
+
+# 3. gang placement: 3 x 2 waits while a 1 x 2 job runs, and holds nothing while it waits
+hold() { # NAME NNODES WAIT-FILE
+    cat <<JSON
+{"name": "$1", "command": ["/bin/sh", "-c", "while [ ! -e $3 ]; do sleep 0.05; done"],
+ "resources": {"nnodes": $2, "nproc_per_node": 2}}
+JSON
+}
+hold small 1 "$tmp/release-small" >"$tmp/small.json"
+hold wide 3 "$tmp/release-wide" >"$tmp/wide.json"
+small=$(submit "$tmp/small.json")
+running() { [ "$(state_of "$1")" = running ]; }
+if until_true 20 running "$small"; then ok; else bad "gang: the 1 x 2 job did not start: $(api GET "/v1/jobs/$small")"; fi
+wide=$(submit "$tmp/wide.json")
+used() { api GET /v1/nodes | python3 -c '
+import json, sys
+print(" ".join("%s=%d" % (n["name"], n["slots"]["used"]) for n in json.load(sys.stdin)["nodes"]))'; }
+queued_ok=1
+for i in 1 2 3 4 5 6 7 8 9 10; do # the wide job stays queued and nothing is held for it
+    [ "$(state_of "$wide")" = queued ] || queued_ok=0
+    [ "$(used)" = "m0=2 n1=0 n2=0" ] || queued_ok=0
+    [ "$(field "$wide" "j['placement']")" = None ] || queued_ok=0
+done
+if [ "$queued_ok" = 1 ]; then ok; else bad "gang: while the 1 x 2 job runs: wide job $(state_of "$wide"), slots $(used)"; fi
+touch "$tmp/release-small" "$tmp/release-wide"
+if until_true 30 ended "$wide" && [ "$(state_of "$wide")" = succeeded ]; then ok; else bad "gang: the 3 x 2 job: $(api GET "/v1/jobs/$wide")"; fi
+ended_small=$(field "$small" "j['finished_at']")
+started_wide=$(field "$wide" "j['started_at']")
+if python3 -c "import sys; sys.exit(0 if '$started_wide' >= '$ended_small' else 1)"; then ok; else bad "gang: the 3 x 2 job started at $started_wide, before the 1 x 2 job ended at $ended_small"; fi
+# a job that can never fit: 400 naming what the cluster has
+echo '{"command": ["true"], "resources": {"nnodes": 4, "nproc_per_node": 2}}' >"$tmp/huge.json"
+reply=$(api POST /v1/jobs "$tmp/huge.json")
+case $reply in *"can never run here: the cluster has 3 nodes"*) ok ;; *) bad "too wide a job: $reply" ;; esac
+
+echo "cluster_jobs: $passes passed, $fails failed"
+[ "$fails" = 0 ]
