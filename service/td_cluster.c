@@ -401,6 +401,7 @@ void td_cluster_on_jobs(td_cluster *c, td_cluster_sync_fn sync, td_cluster_lost_
 }
 
 int td_cluster_snapshot(td_cluster *c, td_cluster_node **out) {
+    double now = td_clock_now();
     pthread_mutex_lock(&c->mu);
     td_cluster_node *v = td_calloc((size_t)c->n + 1, sizeof *v);
     snprintf(v[0].name, sizeof v[0].name, "%s", c->name);
@@ -415,6 +416,7 @@ int td_cluster_snapshot(td_cluster *c, td_cluster_node **out) {
         snprintf(d->address, sizeof d->address, "%s", n->address);
         d->slots = n->slots, d->reported_used = n->slots_used;
         d->lost = n->lost;
+        d->stale = now - n->last_seen > 2.5 * c->cfg.heartbeat_s;
         d->drained = drained_index(c, n->name) >= 0;
     }
     int n = c->n + 1;

@@ -94,6 +94,7 @@ typedef struct td_cluster_node {
     char name[64], address[64];
     int slots, reported_used; /* reported_used: what the node's last heartbeat said it uses */
     bool master, lost, drained;
+    bool stale; /* missed its last two heartbeats: not a place to start anything now */
 } td_cluster_node;
 /* A copy of the registry (free it); returns how many nodes. */
 int td_cluster_snapshot(td_cluster *c, td_cluster_node **out);

@@ -78,7 +78,7 @@ static bool pick_nodes(const job *jb, const td_cluster_node *nodes, int n, const
     int m = 0;
     int order[n];
     for (int i = 0; i < n; i++) {
-        if (nodes[i].lost || nodes[i].drained || cap[i] < jb->row.nproc ||
+        if (nodes[i].lost || nodes[i].stale || nodes[i].drained || cap[i] < jb->row.nproc ||
             !pinned_to(jb, nodes[i].name))
             continue;
         int k = m++;

@@ -36,7 +36,7 @@ timeout_s=4 heartbeat_s=0.5
 fmnist=/usr/share/datasets/fashion-mnist
 tmp=$(mktemp -d)
 cleanup() {
-    [ -n "${KEEP:-}" ] && { cp -r "$tmp" /tmp/cj-keep; }
+    [ -n "${TRAIND_TEST_KEEP:-}" ] && cp -r "$tmp" "$TRAIND_TEST_KEEP" # for a post-mortem
     netns_down "$tag" 3
     rm -rf "$tmp"
 }
@@ -247,6 +247,101 @@ if python3 -c "import sys; sys.exit(0 if '$started_wide' >= '$ended_small' else 
 echo '{"command": ["true"], "resources": {"nnodes": 4, "nproc_per_node": 2}}' >"$tmp/huge.json"
 reply=$(api POST /v1/jobs "$tmp/huge.json")
 case $reply in *"can never run here: the cluster has 3 nodes"*) ok ;; *) bad "too wide a job: $reply" ;; esac
+
+# 4, 5, 6: failures mid-job. A longer LeNet job (2 x 2, a checkpoint every 100 steps) run once
+# without a failure is the reference: a job resumed from its checkpoints after a failure ends
+# with the same weights (case 1 showed a 2 x 2 job equals one process)
+STEPS=1200
+long_job() { # NAME [NODES-JSON]
+    lenet "$1" 16 "$STEPS" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+j["checkpoint"]["every_steps"] = 100
+j["train"]["epochs"] = 2
+j["resources"] = {"nnodes": 2, "nproc_per_node": 2}
+if len(sys.argv) > 1: j["resources"]["nodes"] = json.loads(sys.argv[1])
+j["restart"] = {"max_restarts": 3}
+print(json.dumps(j))' ${2:+"$2"} >"$tmp/$1.json"
+    submit "$tmp/$1.json"
+}
+has_checkpoint() { [ "$(field "$1" "j['checkpoints']")" -ge 1 ] 2>/dev/null; }
+agent_of() { field "$1" "[p['node'] for p in j['placement']['nodes'] if p['node'] != 'm0'][0]"; }
+final_model() { api GET "/v1/jobs/$1/checkpoints/$STEPS/model.safetensors" >"$tmp/$1.safetensors"; }
+# finish ID WHAT: the job ends succeeded with the reference's weights and leaves nothing behind
+finish() {
+    if until_true 240 ended "$1" && [ "$(state_of "$1")" = succeeded ]; then ok; else bad "$2: $(api GET "/v1/jobs/$1")"; fi
+    final_model "$1"
+    if python3 "$src/tests/integration/same_weights.py" "$tmp/$clean.safetensors" \
+        "$tmp/$1.safetensors" 1e-6 >"$tmp/same" 2>&1; then ok; else bad "$2: $(cat "$tmp/same")"; fi
+    if until_true 10 no_leftovers "$1"; then ok; else bad "$2: processes left: $(leftovers "$1")"; fi
+    echo "$2: $(field "$1" "'%d attempts; ' % len(j['attempts']) + ' | '.join(a['reason'] or '' for a in j['attempts'])")"
+}
+now_ms() { date +%s%3N; }
+# lost_after LOG NODE COUNT: the master's log has more than COUNT lines saying NODE was lost
+n_lost() { grep -c "node $2 ($net\.[0-9]*) lost" "$tmp/$1.err"; }
+lost_after() { [ "$(n_lost "$1" "$2")" -gt "$3" ]; }
+
+clean=$(long_job clean)
+if until_true 240 ended "$clean" && [ "$(state_of "$clean")" = succeeded ]; then ok; else bad "the reference job: $(api GET "/v1/jobs/$clean")"; fi
+final_model "$clean"
+
+# 4. kill -9 of an agent
+k4=$(long_job kill9)
+until_true 60 has_checkpoint "$k4" || bad "kill -9: no checkpoint: $(api GET "/v1/jobs/$k4")"
+victim=$(agent_of "$k4")
+eval "victim_pid=\$${victim}_pid"
+seen=$(n_lost m0-1 "$victim")
+t0=$(now_ms)
+kill -9 "$victim_pid"
+if until_true $((timeout_s + 4)) lost_after m0-1 "$victim" "$seen"; then ok; else bad "kill -9: $victim not lost"; fi
+took=$(($(now_ms) - t0))
+if [ "$took" -le $(((timeout_s + 2) * 1000)) ]; then ok; else bad "kill -9: lost after $took ms"; fi
+echo "kill -9 of $victim: lost after $took ms (timeout $timeout_s s)"
+finish "$k4" "kill -9 of agent $victim"
+if [ "$(field "$k4" "len(j['attempts'])")" -ge 2 ]; then ok; else bad "kill -9: not restarted"; fi
+case $victim in n1) agent 1 n1 n1b; n1_pid=$daemon_pid ;; n2) agent 2 n2 n2b; n2_pid=$daemon_pid ;; esac
+if until_true 15 nodes_ready 3; then ok; else bad "kill -9: $victim did not come back: $(api GET /v1/nodes)"; fi
+
+# 5. a partition: the node's link goes down mid-job
+k5=$(long_job partition)
+until_true 60 has_checkpoint "$k5" || bad "partition: no checkpoint: $(api GET "/v1/jobs/$k5")"
+victim=$(agent_of "$k5")
+k=${victim#n}
+seen=$(n_lost m0-1 "$victim")
+t0=$(now_ms)
+ip -n "$tag-n$k" link set eth0 down
+if until_true $((timeout_s + 4)) lost_after m0-1 "$victim" "$seen"; then ok; else bad "partition: $victim not lost"; fi
+took=$(($(now_ms) - t0))
+if [ "$took" -le $(((timeout_s + 2) * 1000)) ]; then ok; else bad "partition: lost after $took ms"; fi
+# its own ranks stop by themselves, while the link is still down
+in_victim() { for p in $(ip netns pids "$tag-n$k"); do tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TRAIND_JOB_ID=$k5" && echo "$p"; done; }
+victim_clear() { [ -z "$(in_victim)" ]; }
+if until_true $((timeout_s + 8)) victim_clear; then ok; else bad "partition: ranks still running on $victim: $(in_victim)"; fi
+if grep -q "has not reached its master" "$tmp/$victim"*.err; then ok; else bad "partition: $victim's log: $(cat "$tmp/$victim"*.err)"; fi
+echo "partition of $victim: lost after $took ms; its ranks stopped by themselves"
+finish "$k5" "partition of $victim"
+ip -n "$tag-n$k" link set eth0 up
+if until_true 15 nodes_ready 3; then ok; else bad "partition: $victim did not come back: $(api GET /v1/nodes)"; fi
+
+# 6. kill -9 of the master while a job runs on the agents
+k6=$(long_job master9 '["n1", "n2"]')
+until_true 60 has_checkpoint "$k6" || bad "master kill -9: no checkpoint: $(api GET "/v1/jobs/$k6")"
+train_steps() { api GET "/v1/jobs/$1/metrics" | python3 -c '
+import json, sys
+print(" ".join(str(m["step"]) for m in json.load(sys.stdin) if m["event"] == "train"))'; }
+steps_before=$(train_steps "$k6")
+ck_before=$(field "$k6" "j['checkpoints']")
+kill -9 "$master_pid"
+wait "$master_pid" 2>/dev/null
+start_master 2
+until_true 10 logged m0-2 "listening on" || bad "the master did not restart: $(cat "$tmp/m0-2.err")"
+if logged m0-2 "job $k6 was running when the daemon stopped: restarting it"; then ok; else bad "master kill -9: the job had ended before: $(cat "$tmp/m0-2.err")"; fi
+if until_true 240 ended "$k6" && [ "$(state_of "$k6")" = succeeded ]; then ok; else bad "master kill -9: $(api GET "/v1/jobs/$k6")"; fi
+ck_after=$(field "$k6" "j['checkpoints']")
+if [ "$ck_after" -ge "$ck_before" ]; then ok; else bad "master kill -9: checkpoints $ck_before before, $ck_after after"; fi
+steps_after=$(train_steps "$k6")
+case " $steps_after " in *" $steps_before "*) ok ;; *) bad "master kill -9: train metrics before: $steps_before; after: $steps_after" ;; esac
+finish "$k6" "kill -9 of the master"
 
 echo "cluster_jobs: $passes passed, $fails failed"
 [ "$fails" = 0 ]
