@@ -3,10 +3,10 @@
 # real protocol (bench/cluster_sim.py, many per process): 256 nodes x 8 slots by default.
 # Measures registering every node, the master's CPU while it serves the heartbeats (every 2 s
 # from each node), the heartbeats' latency, and how long the master takes to list 10 nodes that
-# went silent at once as lost (its timeout is 10 s).
-#   bench/cluster.sh [BUILD_DIR]      NODES=256 SLOTS=8 STEADY_S=20 LOSE=10 change the sizes
-# Only loopback traffic. Placing queued jobs across nodes is not measured: placement across
-# nodes does not exist yet (README, "Cluster").
+# went silent at once as lost (its timeout is 10 s), and the time to place 1,000 queued jobs of
+# mixed sizes (1 to 4 nodes, 1 or 2 slots each) once the job holding every slot ends.
+#   bench/cluster.sh [BUILD_DIR]      NODES=256 SLOTS=8 STEADY_S=20 LOSE=10 JOBS=1000
+# Only loopback traffic.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
@@ -32,5 +32,5 @@ done
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 /usr/bin/python3 "$here/cluster_sim.py" --master "127.0.0.1:$port" --secret-file "$tmp/secret" \
     --token-file "$tmp/state/token" --pid "$pid" --nodes "${NODES:-256}" --slots "${SLOTS:-8}" \
-    --steady-s "${STEADY_S:-20}" --lose "${LOSE:-10}"
+    --steady-s "${STEADY_S:-20}" --lose "${LOSE:-10}" --jobs "${JOBS:-1000}"
 echo "master RSS at the end: $(awk '/^VmRSS/ {print $2, $3}' "/proc/$pid/status"), threads: $(awk '/^Threads/ {print $2}' "/proc/$pid/status")"

@@ -6,8 +6,13 @@ heartbeats on its own schedule over a new connection, as traind's agent does.
                    [--nodes 256] [--slots 8] [--steady-s 20] [--lose 10]
 
 Prints one JSON object: how long registering every node took, the master's CPU while it
-serves the heartbeats (from /proc/PID/stat), the heartbeats' latency, and how long after their
-last heartbeat the master listed `--lose` nodes that went silent at once as lost.
+serves the heartbeats (from /proc/PID/stat), the heartbeats' latency, how long the master takes
+to place `--jobs` queued jobs of mixed sizes across the nodes once the job that held every slot
+ends, and how long after their last heartbeat the master listed `--lose` nodes that went silent
+at once as lost and ended the attempts that ran there.
+
+A simulated node answers the master's orders as a real one does: it reports every part it is
+told to run as running, and one told to stop as ended (exit 0), so cancelling works.
 """
 import argparse
 import http.client
@@ -27,6 +32,30 @@ def post(host, port, path, body, auth, timeout=10):
         return resp.status, resp.read()
     finally:
         conn.close()
+
+
+def api(host, port, token, method, path, body=None):
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        conn.request(method, path, json.dumps(body) if body is not None else None,
+                     {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status >= 300:
+            raise RuntimeError(f"{method} {path}: {resp.status} {data[:300]!r}")
+        return json.loads(data) if data else None
+    finally:
+        conn.close()
+
+
+def count_jobs(host, port, token, state):
+    n, offset = 0, 0
+    while True:
+        r = api(host, port, token, "GET", f"/v1/jobs?state={state}&limit=500&offset={offset}")
+        n += len(r["jobs"])
+        if r["next_offset"] is None:
+            return n
+        offset = r["next_offset"]
 
 
 def get_nodes(host, port, token):
@@ -63,6 +92,7 @@ def main():
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--steady-s", type=float, default=20)
     ap.add_argument("--lose", type=int, default=10)
+    ap.add_argument("--jobs", type=int, default=1000)
     a = ap.parse_args()
     host, port = a.master.rsplit(":", 1)
     port = int(port)
@@ -98,10 +128,20 @@ def main():
     errors = []
     lock = threading.Lock()
 
+    orders = {n: [] for n in names}  # the parts each node was last told to run
+
+    def report(name):
+        return [{"job": o["job"], "attempt": o["attempt"],
+                 "state": "ended" if o["stop"] else "running", "exit_code": 0, "reason": "",
+                 "lines": [], "logs": [], "next_seq": 0, "complete": True, "devices": ""}
+                for o in orders[name]]
+
     def beat(name):
         t = time.monotonic()
+        used = sum(o["nproc"] for o in orders[name] if not o["stop"])
         status, reply = post(host, port, "/v1/cluster/heartbeat",
-                             {"name": name, "node_id": ids[name], "slots_used": 0}, auth)
+                             {"name": name, "node_id": ids[name], "slots_used": used,
+                              "parts": report(name)}, auth)
         dt = time.monotonic() - t
         with lock:
             latencies.append(dt)
@@ -109,6 +149,7 @@ def main():
                 errors.append(f"{name}: {status} {reply[:120]!r}")
             else:
                 last_beat[name] = t + dt
+                orders[name] = json.loads(reply).get("parts", [])
 
     def scheduler(pool):
         start = time.monotonic()
@@ -130,8 +171,42 @@ def main():
     c1, w1, n1 = cpu_seconds(a.pid), time.monotonic(), len(latencies)
     steady_lat = latencies[n0:n1]
 
-    # 3. a.lose nodes go silent at once; how long after its last heartbeat is each listed lost
-    lost_names = names[:a.lose]
+    # 3. placement: a job holding every slot, --jobs queued behind it; once it is cancelled
+    # (its parts end at their nodes' next heartbeats), how long until every queued job is placed
+    api(host, port, token, "POST", f"/v1/nodes/{listed[0]['name']}/drain")  # the master: none
+    blocker = api(host, port, token, "POST", "/v1/jobs", {
+        "name": "blocker", "command": ["true"], "priority": 10,
+        "resources": {"nnodes": a.nodes, "nproc_per_node": a.slots}})["id"]
+    deadline = time.monotonic() + 60
+    while api(host, port, token, "GET", f"/v1/jobs/{blocker}")["state"] != "running":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the blocker job did not start")
+        time.sleep(0.05)
+    # mixed sizes: 60% 1 x 1, 20% 1 x 2, 15% 2 x 2, 5% 4 x 2 (2000 slots for 1000 jobs)
+    sizes = [(1, 1)] * 12 + [(1, 2)] * 4 + [(2, 2)] * 3 + [(4, 2)]
+    t = time.monotonic()
+    for i in range(a.jobs):
+        nn, g = sizes[i % len(sizes)]
+        api(host, port, token, "POST", "/v1/jobs", {
+            "name": f"j{i}", "command": ["true"],
+            "resources": {"nnodes": nn, "nproc_per_node": g}})
+    submit_s = time.monotonic() - t
+    api(host, port, token, "POST", f"/v1/jobs/{blocker}/cancel")
+    t_free = time.monotonic()
+    queued = a.jobs
+    deadline = t_free + 120
+    while queued and time.monotonic() < deadline:
+        queued = count_jobs(host, port, token, "queued")
+        if queued:
+            time.sleep(0.02)
+    place_s = time.monotonic() - t_free
+    running = count_jobs(host, port, token, "running")
+
+    # 4. a.lose nodes go silent at once; how long after its last heartbeat is each listed lost
+    # nodes that run parts: their jobs' attempts end when they are lost
+    busy = [n for n in names if orders[n]]
+    lost_names = (busy + [n for n in names if n not in busy])[:a.lose]
+    lost_jobs = {o["job"] for n in lost_names for o in orders[n]}
     with lock:
         silent.update(lost_names)
     time.sleep(0.5)  # a heartbeat already submitted may still land
@@ -143,9 +218,20 @@ def main():
             if n["name"] in lost_names and n["state"] == "lost" and n["name"] not in seen:
                 seen[n["name"]] = now
         time.sleep(0.05)
+    # handled: every job that had a part on them is no longer running its attempt there
+    handled_at = None
+    while time.monotonic() < deadline:
+        states = [api(host, port, token, "GET", f"/v1/jobs/{j}") for j in lost_jobs]
+        if all(not any(p["node"] in lost_names and p["state"] != "ended"
+                       for p in ((s.get("placement") or {}).get("nodes") or []))
+               or s["state"] != "running" for s in states):
+            handled_at = time.monotonic()
+            break
+        time.sleep(0.05)
     stop.set()
     pool.shutdown(wait=True)
     detect = [seen[n] - last_beat[n] for n in lost_names if n in seen and n in last_beat]
+    first_silent = min(last_beat[n] for n in lost_names if n in last_beat)
     listed = get_nodes(host, port, token)
     print(json.dumps({
         "nodes": a.nodes, "slots_per_node": a.slots, "heartbeat_s": heartbeat_s,
@@ -160,6 +246,10 @@ def main():
         "detect_s_min": round(min(detect), 2) if detect else None,
         "detect_s_max": round(max(detect), 2) if detect else None,
         "ready_after": sum(1 for n in listed if n["state"] == "ready"),
+        "jobs": a.jobs, "submit_all_s": round(submit_s, 2),
+        "place_all_s": round(place_s, 3), "placed": running, "left_queued": queued,
+        "jobs_on_lost_nodes": len(lost_jobs),
+        "lost_handled_s": round(handled_at - first_silent, 2) if handled_at else None,
     }))
 
 
