@@ -941,6 +941,19 @@ class DaemonTest(unittest.TestCase):
         for nproc in (3, 0):
             check(d.json("POST", "/v1/jobs", dict(good, resources={"nproc": nproc})), 400,
                   "invalid_spec", "resources.nproc", f"nproc {nproc} with 2 slots")
+        # across nodes: what a one-node cluster cannot hold, and malformed placement members
+        err = check(d.json("POST", "/v1/jobs",
+                           dict(good, resources={"nnodes": 2, "nproc_per_node": 1})), 400,
+                    "invalid_spec", "resources.nnodes", "2 nodes on a one-node cluster")
+        self.assertIn("the cluster has 1 node", err["message"])
+        check(d.json("POST", "/v1/jobs", dict(good, resources={"nproc": 1, "nproc_per_node": 1})),
+              400, "invalid_spec", "resources.nproc_per_node", "nproc and nproc_per_node")
+        check(d.json("POST", "/v1/jobs", dict(good, resources={"nodes": ["nowhere"]})), 400,
+              "invalid_spec", "resources.nodes[0]", "a node the cluster does not know")
+        check(d.json("POST", "/v1/jobs", dict(good, resources={"nodes": ["a b"]})), 400,
+              "invalid_spec", "resources.nodes[0]", "a malformed node name")
+        check(d.json("POST", "/v1/jobs", dict(good, resources={"nnodes": 2, "nodes": ["x"]})),
+              400, "invalid_spec", "resources.nnodes", "more nodes than resources.nodes names")
         cmd = ["/usr/bin/python3", "-c", "pass"]
         check(d.json("POST", "/v1/jobs", {"command": "python3"}), 400, "invalid_spec", "command",
               "command not an array")
