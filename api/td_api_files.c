@@ -126,14 +126,16 @@ enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u) {
                       u->size, hex, want ? want : "(no ?sha256=)");
         return td_api_error(c, &e, NULL);
     }
-    if (fsync(u->fd) != 0 || close(u->fd) != 0 || rename(u->tmp, u->path) != 0) {
-        int err = errno;
-        u->fd = -1;
+    int rc = fsync(u->fd);
+    int err = errno;
+    if (close(u->fd) != 0 && rc == 0) rc = -1, err = errno;
+    u->fd = -1;
+    if (rc == 0 && rename(u->tmp, u->path) != 0) rc = -1, err = errno;
+    if (rc != 0) {
         unlink(u->tmp);
         td_reply_fail(&e, 500, "internal", NULL, "cannot keep %s: %s", u->path, strerror(err));
         return td_api_error(c, &e, NULL);
     }
-    u->fd = -1;
     td_buf out = {0};
     td_buf_printf(&out, "{\"size\":%lld,\"sha256\":\"%s\"}\n", u->size, hex);
     return td_api_reply_buf(c, MHD_HTTP_OK, &out);

@@ -549,10 +549,12 @@ fail:
     fprintf(stderr, "traind: %s\n", err.msg);
 stop:
     td_agent_stop(agent);
+    /* the registry's sweeper calls into the jobs: cut it off before they go */
+    if (cluster) td_cluster_on_jobs(cluster, NULL, NULL, NULL);
     td_jobs_stop(jobs);
     td_api_stop(api);
+    td_cluster_close(cluster); /* its sweeper joined before the jobs it calls go */
     td_jobs_close(jobs);
-    td_cluster_close(cluster);
     td_db_close(db);
     return rc;
 }

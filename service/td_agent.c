@@ -132,6 +132,13 @@ static int upload_file(td_agent *a, long job, const char *path, const char *rel,
     snprintf(url, sizeof url, "%s/%ld/%s?sha256=%s", a->url_files, job, rel, hex);
     long status = transfer(a, url, f, size, true, why, sizeof why);
     fclose(f);
+    if (status >= 400 && status < 500 && status != 401 && status != 408 && status != 429) {
+        /* the master will never take it (a name it refuses): announce the checkpoint without
+         * it, so the master registers nothing rather than waiting for ever */
+        td_log_line(a->cfg.log, "job %ld: the master refused %s (%s); its checkpoint stays here only",
+                    job, rel, why);
+        return -2;
+    }
     if (status != 200) {
         td_log_line(a->cfg.log, "job %ld: uploading %s to the master failed (%s); retrying", job,
                     rel, why);
@@ -170,6 +177,11 @@ static bool upload_checkpoints(td_agent *a) {
             char rel[4400];
             snprintf(rel, sizeof rel, "checkpoints/%s", base);
             rc = upload_file(a, job, path, rel, files);
+        }
+        if (rc == -2) {
+            json_decref(files);
+            files = json_array(); /* announced without files: not registered */
+            rc = 0;
         }
         if (rc != 0 && stat(path, &st) != 0) {
             /* gone (a command wrote a path that is not there): announce it without files; the
@@ -312,7 +324,7 @@ static void *agent_loop(void *arg) {
                                          TD_CLUSTER_PROTOCOL, "name", a->name, "node_id",
                                          a->node_id, "address", a->address, "slots",
                                          a->cfg.slots, "gpus", a->cfg.gpus, "version", a->version);
-        if (msg && joined) json_object_set_new(msg, "slots_used", json_integer(td_jobs_slots_used(a->jobs)));
+        if (msg) json_object_set_new(msg, "slots_used", json_integer(td_jobs_slots_used(a->jobs)));
         if (msg) json_object_set_new(msg, "parts", td_jobs_guests_report_locked(a->jobs));
         char *text = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
         json_decref(msg);

@@ -247,7 +247,11 @@ static json_t *reply_registered(td_cluster *c) {
  * their output) and add their orders to the reply. */
 static void sync_jobs(td_cluster *c, const char *name, bool registered, json_t *msg,
                       json_t *reply, td_buf *out) {
-    if (c->on_sync) c->on_sync(c->jobs_ctx, name, registered, msg, reply);
+    pthread_mutex_lock(&c->mu);
+    td_cluster_sync_fn on_sync = c->on_sync;
+    void *ctx = c->jobs_ctx;
+    pthread_mutex_unlock(&c->mu);
+    if (on_sync) on_sync(ctx, name, registered, msg, reply);
     put_json(out, reply);
 }
 
@@ -255,10 +259,10 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                         td_reply_error *e) {
     json_t *o = parse_body(body, len, e);
     if (!o) return -1;
-    static const char *const KEYS[] = {"protocol", "name",    "node_id", "address", "slots",
-                                       "gpus",     "version", "parts",   NULL};
+    static const char *const KEYS[] = {"protocol", "name",  "node_id",    "address", "slots",
+                                       "gpus",     "version", "slots_used", "parts",   NULL};
     node n = {0};
-    long protocol = 0, slots = 0, gpus = 0;
+    long protocol = 0, slots = 0, gpus = 0, used = 0;
     td_err err = {{0}};
     int rc = -1;
     if (td_json_int(o, "", "protocol", true, 0, 0, 1 << 20, &protocol, &err) != 0) {
@@ -278,7 +282,8 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
         td_json_string(o, "", "address", true, "", n.address, sizeof n.address, &err) != 0 ||
         td_json_string(o, "", "version", true, "", n.version, sizeof n.version, &err) != 0 ||
         td_json_int(o, "", "slots", true, 0, 1, 4096, &slots, &err) != 0 ||
-        td_json_int(o, "", "gpus", false, 0, 0, 4096, &gpus, &err) != 0) {
+        td_json_int(o, "", "gpus", false, 0, 0, 4096, &gpus, &err) != 0 ||
+        td_json_int(o, "", "slots_used", false, 0, 0, 4096, &used, &err) != 0) {
         td_reply_fail(e, 400, "bad_request", NULL, "%s", err.msg);
         goto done;
     }
@@ -290,7 +295,8 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                       n.address);
         goto done;
     }
-    n.slots = (int)slots, n.gpus = (int)gpus;
+    /* slots_used: a node registering again may still be stopping what an ended attempt ran */
+    n.slots = (int)slots, n.gpus = (int)gpus, n.slots_used = (int)used;
     n.last_seen = now, n.last_wall = td_clock_wall();
     pthread_mutex_lock(&c->mu);
     node *old = find(c, n.name);
@@ -381,12 +387,14 @@ int td_cluster_sweep(td_cluster *c, double now) {
         td_log_line(c->cfg.log, "node %s (%s) lost: no heartbeat for %.1f s (timeout %g s)",
                     n->name, n->address, now - n->last_seen, c->cfg.timeout_s);
     }
+    td_cluster_lost_fn on_lost = c->on_lost;
+    void *ctx = c->jobs_ctx;
     pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < lost && c->on_lost; i++) {
+    for (int i = 0; i < lost && on_lost; i++) {
         char why[192];
         snprintf(why, sizeof why, "node %s was lost: no heartbeat for %.1f s (timeout %g s)",
                  names[i], silent[i], c->cfg.timeout_s);
-        c->on_lost(c->jobs_ctx, names[i], why);
+        on_lost(ctx, names[i], why);
     }
     free(names);
     free(silent);

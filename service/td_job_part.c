@@ -27,6 +27,9 @@
 enum {
     REPORT_LINES = 256,       /* rank 0's lines per message at most */
     REPORT_LOG = 64 * 1024,   /* bytes of one rank's log per message at most */
+    /* bytes of lines and logs in one message, all parts together: well under the API's smallest
+     * body limit; the rest goes in the next message, sent at once */
+    REPORT_BUDGET = 384 * 1024,
     LINE_KEEP_MAX = 1 << 20 /* a runaway line goes to the log only */
 };
 
@@ -168,6 +171,7 @@ static void end_guest(td_jobs *j, guest *g, int code, const char *reason) {
     g->ended = true;
     g->exit_code = code;
     snprintf(g->reason, sizeof g->reason, "%s", reason);
+    td_str_utf8_repair(g->reason); /* cut at a byte count; JSON carries only whole characters */
     if (g->devices)
         for (int i = 0; i < g->nproc; i++) j->gpu_used[g->devices[i]] = false;
     if (!j->cluster) j->used_slots -= g->nproc; /* on the master, placement holds the slots */
@@ -417,6 +421,8 @@ void td_jobs_guests_stop_all(td_jobs *j, const char *why) {
             fprintf(j->log, "traind: job %ld attempt %d: stopping its processes here: %s\n",
                     g->job, g->attempt, why);
             stop_guest(j, g);
+            /* not the master's order: if the master still waits for this part, it failed */
+            snprintf(g->cut_off, sizeof g->cut_off, "node %s: %s", j->node_name, why);
         }
     }
     pthread_mutex_unlock(&j->mu);
@@ -455,6 +461,10 @@ void td_jobs_guests_tick(td_jobs *j) {
         td_group *gr = &g->group;
         char reason[sizeof g->reason] = "";
         int code = gr->first_failure ? gr->first_failure : g->stop ? 0 : gr->stop_status;
+        if (!gr->first_failure && g->cut_off[0]) {
+            code = 1;
+            snprintf(reason, sizeof reason, "%s", g->cut_off);
+        }
         if (gr->first_failure) {
             char own[320];
             int local = gr->failed_rank - gr->rank_base;
@@ -473,7 +483,7 @@ void td_jobs_guests_tick(td_jobs *j) {
 
 /* ---- the report ------------------------------------------------------------------------------ */
 
-static json_t *log_chunk(const guest *g, int r, bool *whole) {
+static json_t *log_chunk(const guest *g, int r, bool *whole, size_t *budget) {
     char path[PATH_MAX + 32];
     int rank = g->node_rank * g->nproc + r;
     snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, rank);
@@ -481,8 +491,11 @@ static json_t *log_chunk(const guest *g, int r, bool *whole) {
     if (stat(path, &st) != 0) return NULL;
     long long have = (long long)st.st_size - g->log_start[r] - g->log_sent[r];
     if (have <= 0) return NULL;
-    size_t n = have > REPORT_LOG ? REPORT_LOG : (size_t)have;
+    size_t cap = *budget * 3 / 4 < REPORT_LOG ? *budget * 3 / 4 : REPORT_LOG; /* base64: 4/3 */
+    size_t n = (long long)cap < have ? cap : (size_t)have;
     if ((long long)n < have) *whole = false;
+    if (n == 0) return NULL;
+    *budget -= 4 * ((n + 2) / 3);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL;
     unsigned char *raw = td_malloc(n);
@@ -504,6 +517,7 @@ static json_t *log_chunk(const guest *g, int r, bool *whole) {
 
 json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
     json_t *list = json_array();
+    size_t budget = REPORT_BUDGET;
     for (int i = 0; i < j->n_guests; i++) {
         guest *g = j->guests[i];
         bool whole = !g->running && g->out_fd < 0;
@@ -512,6 +526,9 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
         for (; k < g->n_lines && k < REPORT_LINES; k++) {
             struct guest_line *l = &g->lines[k];
             if (l->ckpt && remote) break; /* its files first */
+            size_t size = strlen(l->text) + 64;
+            if (remote && size > budget && k > 0) break;
+            budget = size > budget ? 0 : budget - size;
             json_t *e = json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text",
                                   l->text);
             if (!e) e = json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text",
@@ -522,20 +539,21 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
         if (k < g->n_lines) whole = false;
         json_t *logs = json_array();
         for (int r = 0; remote && r < g->nproc; r++) {
-            json_t *c = log_chunk(g, r, &whole);
+            json_t *c = log_chunk(g, r, &whole, &budget);
             if (c) json_array_append_new(logs, c);
         }
         char devices[128] = "";
         for (int r = 0; g->devices && r < g->nproc; r++)
             snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%d",
                      r ? "," : "", g->devices[r]);
-        json_array_append_new(
-            list, json_pack("{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s}", "job",
+        json_t *e = json_pack("{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s}", "job",
                             (json_int_t)g->job, "attempt", g->attempt, "state",
                             g->running ? "running" : "ended", "exit_code", g->exit_code, "reason",
                             g->reason, "lines", lines, "logs", logs, "next_seq",
                             (json_int_t)(g->first_seq + g->n_lines), "complete", whole, "devices",
-                            devices));
+                            devices);
+        TD_ASSERT(e, "json_pack of a part's report failed");
+        json_array_append_new(list, e);
     }
     return list;
 }
@@ -549,7 +567,10 @@ bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *se
     for (int i = 0; i < j->n_guests && !found; i++) {
         guest *g = j->guests[i];
         for (int k = 0; k < g->n_lines && !found; k++)
-            if (g->lines[k].ckpt) {
+            if (g->lines[k].ckpt && g->stop) { /* an ended attempt's: never into the job's store */
+                free(g->lines[k].ckpt);
+                g->lines[k].ckpt = NULL;
+            } else if (g->lines[k].ckpt) {
                 *job_id = g->job, *attempt = g->attempt, *seq = g->first_seq + k;
                 snprintf(path, len, "%s", g->lines[k].ckpt);
                 found = true;

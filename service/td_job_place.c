@@ -175,16 +175,30 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
     memset(&jb->group, 0, sizeof jb->group);
 }
 
+/* Where the job would go on cap: the master's own node alone (a one-node job that fits there
+ * runs as without a cluster; *local), or the nodes picked. */
+static bool choose(const job *jb, const td_cluster_node *nodes, int n, const int *cap,
+                   int *picked, bool *local) {
+    *local = jb->nnodes == 1 && !jb->pin && !nodes[0].drained && !nodes[0].lost &&
+             cap[0] >= jb->row.nproc;
+    if (*local) {
+        picked[0] = 0;
+        return true;
+    }
+    return pick_nodes(jb, nodes, n, cap, picked);
+}
+
 /* Places (or starts locally) one job on cap; true when it started. */
 static bool try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *cap) {
-    if (jb->nnodes == 1 && !jb->pin && !nodes[0].drained && cap[0] >= jb->row.nproc) {
+    int picked[jb->nnodes];
+    bool local;
+    if (!choose(jb, nodes, n, cap, picked, &local)) return false;
+    if (local) {
         if (!td_jobs_reserve_slots(j, jb)) return false;
         cap[0] -= jb->row.nproc;
         td_jobs_start_attempt(j, jb);
         return true;
     }
-    int picked[jb->nnodes];
-    if (!pick_nodes(jb, nodes, n, cap, picked)) return false;
     start_parts(j, jb, nodes, picked);
     if (!jb->parts) return false;
     for (int i = 0; i < jb->nnodes; i++) cap[picked[i]] -= jb->row.nproc;
@@ -228,7 +242,8 @@ void td_jobs_schedule_cluster(td_jobs *j) {
         /* backfill only where the head still fits when everything running now has ended */
         int trial[n], picked_head[head->nnodes > 0 ? head->nnodes : 1];
         int picked[jb->nnodes];
-        if (!pick_nodes(jb, nodes, n, cap, picked)) continue;
+        bool local;
+        if (!choose(jb, nodes, n, cap, picked, &local)) continue;
         memcpy(trial, after, sizeof trial);
         for (int k = 0; k < jb->nnodes; k++) trial[picked[k]] -= jb->row.nproc;
         if (!pick_nodes(head, nodes, n, trial, picked_head)) continue;
@@ -307,7 +322,8 @@ static json_t *order(td_jobs *j, job *jb, const part *p) {
     for (int i = 0; command && jb->argv[i]; i++) json_array_append_new(argv, json_string(jb->argv[i]));
     for (int i = 0; jb->env && jb->env[i]; i++) json_array_append_new(env, json_string(jb->env[i]));
     json_t *resume = json_null();
-    json_t *files = checkpoint_files(j, jb);
+    /* only a part about to start needs it (its list is hashed once per checkpoint) */
+    json_t *files = p->state == PART_STARTING ? checkpoint_files(j, jb) : NULL;
     if (files) {
         const char *base = strrchr(jb->ckpt_path, '/');
         char local[PATH_MAX];
@@ -346,28 +362,34 @@ static part *part_on(job *jb, const char *node) {
 
 /* A node's log bytes for one rank: appended where the master's copy ends, or dropped (already
  * here, or a gap to be resent). */
-static void apply_log(job *jb, json_t *c) {
+static bool apply_log(job *jb, json_t *c) {
     int rank = (int)json_integer_value(json_object_get(c, "rank"));
     long long offset = (long long)json_integer_value(json_object_get(c, "offset"));
     const char *b64 = json_string_value(json_object_get(c, "data"));
-    if (!b64 || rank < 0 || rank >= jb->n_parts * jb->row.nproc) return;
+    if (!b64 || rank < 0 || rank >= jb->n_parts * jb->row.nproc) return false;
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, rank);
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || (long long)st.st_size - jb->log_start[rank] != offset) {
+    if (fd < 0 || fstat(fd, &st) != 0) {
         if (fd >= 0) close(fd);
-        return;
+        return false;
     }
+    long long have = (long long)st.st_size - jb->log_start[rank];
     size_t n = strlen(b64);
     unsigned char *raw = td_malloc(n / 4 * 3 + 3);
     int got = EVP_DecodeBlock(raw, (const unsigned char *)b64, (int)n);
     /* EVP_DecodeBlock counts the padding's zero bytes too */
     if (got > 0 && n >= 1 && b64[n - 1] == '=') got--;
     if (got > 0 && n >= 2 && b64[n - 2] == '=') got--;
-    if (got > 0) (void)!write(fd, raw, (size_t)got);
+    /* a chunk resent after a lost reply may overlap what is here: only its new bytes go on */
+    bool applied = got >= 0 && offset <= have && offset + got >= have;
+    if (applied && offset + got > have)
+        applied = write(fd, raw + (have - offset), (size_t)(offset + got - have)) ==
+                  (ssize_t)(offset + got - have);
     free(raw);
     close(fd);
+    return applied;
 }
 
 /* The attempt is over when every part has ended; the first failure (by when it happened, as the
@@ -405,7 +427,8 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
                                                        : "");
     size_t i;
     json_t *c;
-    json_array_foreach(json_object_get(e, "logs"), i, c) apply_log(jb, c);
+    bool logs_whole = true; /* every chunk is in: the report's "complete" can be believed */
+    json_array_foreach(json_object_get(e, "logs"), i, c) logs_whole &= apply_log(jb, c);
     json_array_foreach(json_object_get(e, "lines"), i, c) {
         long seq = (long)json_integer_value(json_object_get(c, "seq"));
         const char *text = json_string_value(json_object_get(c, "text"));
@@ -419,7 +442,7 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
     }
     long next = (long)json_integer_value(json_object_get(e, "next_seq"));
     bool ended = strcmp(json_string_value(json_object_get(e, "state")) ? json_string_value(json_object_get(e, "state")) : "", "ended") == 0;
-    if (!ended || !json_is_true(json_object_get(e, "complete")) ||
+    if (!ended || !json_is_true(json_object_get(e, "complete")) || !logs_whole ||
         (p->node_rank == 0 && next != jb->lines_in))
         return;
     p->state = PART_ENDED;

@@ -29,7 +29,14 @@ json_t *td_jobs_code_json(int code) {
 }
 
 json_t *td_jobs_reason_json(const char *r) {
-    return r[0] ? json_string(r) : json_null();
+    if (!r[0]) return json_null();
+    json_t *s = json_string(r);
+    if (s) return s;
+    char *fixed = td_str_dup(r); /* a rank's own words cut at a byte count, or not UTF-8 */
+    td_str_utf8_repair(fixed);
+    s = json_string(fixed);
+    free(fixed);
+    return s;
 }
 
 const char *td_jobs_render(job *jb) {

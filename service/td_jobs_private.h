@@ -90,6 +90,7 @@ typedef struct guest {
     bool running, ended, stop;
     int exit_code;
     char reason[512];
+    char cut_off[256]; /* stopped by this node itself (cut off from the master), why */
     int *devices;
     int out_fd; /* rank 0's stdout (node rank 0 only) */
     td_buf line;

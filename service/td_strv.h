@@ -7,5 +7,8 @@ char *td_str_dup(const char *s);
 /* n + 1 slots, all NULL. */
 char **td_strv_new(int n);
 void td_strv_free(char **v);
+/* Replaces, in place, every byte that is not part of a whole UTF-8 character with '?': a text cut
+ * at a byte count, or a log line of any bytes, becomes a string JSON can carry. */
+void td_str_utf8_repair(char *s);
 
 #endif

@@ -22,7 +22,7 @@ echo "== build-asan (ASan + UBSan, CUDA off, portable kernels) =="
 cmake -S . -B build-asan -DBUILD_TESTING=ON -DTRAIND_CUDA=OFF \
     -DTRAIND_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build-asan -j"$jobs"
-(cd build-asan && TRAIND_ISA=baseline ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+(cd build-asan && TRAIND_ISA=baseline TRAIND_TEST_SLOW=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure)
 
 echo "== all tests passed in both builds =="
