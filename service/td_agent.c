@@ -31,8 +31,13 @@ struct td_agent {
     char url_register[320], url_heartbeat[320], url_files[320], auth[300], state_dir[4096];
     pthread_mutex_t mu;
     pthread_cond_t wake; /* monotonic clock */
-    pthread_t thread;
+    pthread_t thread, mover;
     bool started, stopping, refused;
+    /* checkpoints to fetch before a part starts, by "job/attempt": {"job", "resume", "ready"};
+     * the mover thread moves files so that heartbeats never wait for a transfer (a node whose
+     * heartbeats stopped for a big checkpoint would be marked lost) */
+    json_t *fetches;
+    pthread_cond_t moved;
     td_jobs *jobs;
 };
 
@@ -243,8 +248,8 @@ static bool fetch_checkpoint(td_agent *a, long job, json_t *resume) {
     return true;
 }
 
-/* The master's orders, less the parts whose checkpoint could not be fetched yet (they start
- * after a later exchange), applied. */
+/* The master's orders, less the parts whose checkpoint the mover has not fetched yet (they
+ * start after a later exchange), applied. */
 static void take_orders(td_agent *a, json_t *orders) {
     if (!json_is_array(orders)) orders = NULL;
     json_t *ready = json_array();
@@ -255,12 +260,75 @@ static void take_orders(td_agent *a, json_t *orders) {
         int attempt = (int)json_integer_value(json_object_get(o, "attempt"));
         json_t *resume = json_object_get(o, "resume");
         if (!json_is_true(json_object_get(o, "stop")) && json_is_object(resume) &&
-            !td_jobs_guest_known(a->jobs, job, attempt) && !fetch_checkpoint(a, job, resume))
-            continue;
+            !td_jobs_guest_known(a->jobs, job, attempt)) {
+            char key[48];
+            snprintf(key, sizeof key, "%ld/%d", job, attempt);
+            pthread_mutex_lock(&a->mu);
+            json_t *f = json_object_get(a->fetches, key);
+            bool fetched = f && json_is_true(json_object_get(f, "ready"));
+            if (!f) {
+                json_object_set_new(a->fetches, key,
+                                    json_pack("{s:I, s:O, s:b}", "job", (json_int_t)job,
+                                              "resume", resume, "ready", false));
+                pthread_cond_broadcast(&a->moved);
+            }
+            pthread_mutex_unlock(&a->mu);
+            if (!fetched) continue;
+        }
         json_array_append(ready, o);
     }
     td_jobs_guests_apply_locked(a->jobs, ready);
     json_decref(ready);
+    /* fetches of parts that started, or that the master no longer orders, are done with */
+    pthread_mutex_lock(&a->mu);
+    const char *key;
+    json_t *f, *tmp;
+    json_object_foreach_safe(a->fetches, tmp, key, f) {
+        bool ordered = false;
+        json_array_foreach(orders, i, o) {
+            char k[48];
+            snprintf(k, sizeof k, "%ld/%d", (long)json_integer_value(json_object_get(o, "job")),
+                     (int)json_integer_value(json_object_get(o, "attempt")));
+            ordered |= strcmp(k, key) == 0 && !json_is_true(json_object_get(o, "stop"));
+        }
+        if (!ordered) json_object_del(a->fetches, key);
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* The mover: uploads the checkpoints rank 0 wrote here, fetches the ones parts resume from. */
+static void *mover_loop(void *arg) {
+    td_agent *a = arg;
+    pthread_mutex_lock(&a->mu);
+    while (!a->stopping) {
+        json_t *todo = json_array();
+        const char *key;
+        json_t *f;
+        json_object_foreach(a->fetches, key, f) if (!json_is_true(json_object_get(f, "ready")))
+            json_array_append_new(todo, json_pack("{s:s, s:O}", "key", key, "fetch", f));
+        pthread_mutex_unlock(&a->mu);
+        upload_checkpoints(a);
+        size_t i;
+        json_t *t;
+        json_array_foreach(todo, i, t) {
+            json_t *fe = json_object_get(t, "fetch");
+            if (!fetch_checkpoint(a, (long)json_integer_value(json_object_get(fe, "job")),
+                                  json_object_get(fe, "resume")))
+                continue;
+            pthread_mutex_lock(&a->mu);
+            json_t *now = json_object_get(a->fetches, json_string_value(json_object_get(t, "key")));
+            if (now) json_object_set_new(now, "ready", json_true());
+            pthread_mutex_unlock(&a->mu);
+        }
+        json_decref(todo);
+        pthread_mutex_lock(&a->mu);
+        if (a->stopping) break;
+        struct timespec ts;
+        td_clock_deadline(&ts, BUSY_INTERVAL_S);
+        pthread_cond_timedwait(&a->moved, &a->mu, &ts);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
 }
 
 /* The "message" of the master's JSON error, or the reply itself; its "code" in code. */
@@ -317,8 +385,7 @@ static void *agent_loop(void *arg) {
         td_buf reply = {0};
         char why[CURL_ERROR_SIZE + 64] = "";
         long status;
-        /* checkpoints first: their lines go up only once the files are there */
-        if (joined) upload_checkpoints(a);
+        /* (a checkpoint's line goes up only once the mover has uploaded its files) */
         json_t *msg = joined ? json_pack("{s:s, s:s}", "name", a->name, "node_id", a->node_id)
                              : json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:s}", "protocol",
                                          TD_CLUSTER_PROTOCOL, "name", a->name, "node_id",
@@ -436,7 +503,9 @@ int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err) {
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&a->wake, &ca);
+    pthread_cond_init(&a->moved, &ca);
     pthread_condattr_destroy(&ca);
+    a->fetches = json_object();
     pthread_mutex_init(&a->mu, NULL);
     *out = a;
     return 0;
@@ -444,8 +513,17 @@ int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err) {
 
 int td_agent_start(td_agent *a, td_jobs *jobs, td_err *err) {
     a->jobs = jobs;
-    int rc = pthread_create(&a->thread, NULL, agent_loop, a);
-    if (rc != 0) return td_fail(err, "cannot start the agent thread: %s", strerror(rc));
+    int rc = pthread_create(&a->mover, NULL, mover_loop, a);
+    if (rc != 0) return td_fail(err, "cannot start the agent's file mover: %s", strerror(rc));
+    rc = pthread_create(&a->thread, NULL, agent_loop, a);
+    if (rc != 0) {
+        pthread_mutex_lock(&a->mu);
+        a->stopping = true;
+        pthread_cond_broadcast(&a->moved);
+        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->mover, NULL);
+        return td_fail(err, "cannot start the agent thread: %s", strerror(rc));
+    }
     a->started = true;
     return 0;
 }
@@ -463,8 +541,14 @@ void td_agent_stop(td_agent *a) {
     pthread_mutex_lock(&a->mu);
     a->stopping = true;
     pthread_cond_broadcast(&a->wake);
+    pthread_cond_broadcast(&a->moved);
     pthread_mutex_unlock(&a->mu);
-    if (a->started) pthread_join(a->thread, NULL);
+    if (a->started) {
+        pthread_join(a->thread, NULL);
+        pthread_join(a->mover, NULL);
+    }
+    json_decref(a->fetches);
+    pthread_cond_destroy(&a->moved);
     pthread_cond_destroy(&a->wake);
     pthread_mutex_destroy(&a->mu);
     free(a);

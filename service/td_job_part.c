@@ -377,7 +377,8 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
             free(g->lines[i].text);
             json_decref(g->lines[i].files);
         }
-        memmove(g->lines, g->lines + drop, (size_t)(g->n_lines - drop) * sizeof *g->lines);
+        if (drop > 0) /* lines is NULL before the first line */
+            memmove(g->lines, g->lines + drop, (size_t)(g->n_lines - drop) * sizeof *g->lines);
         g->n_lines -= drop;
         g->first_seq += drop;
         json_t *logs = json_object_get(o, "acked_logs");
