@@ -152,6 +152,18 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
     td_jobs_set_state(jb, RUNNING);
     td_jobs_save_attempt(j, jb, a);
     td_jobs_emit_state(j, jb);
+    /* where it runs, in the job's stream: followers see it, and a restarted master reads it back */
+    json_t *where_json = td_jobs_placement_json(jb);
+    json_t *nodes_json = json_object_get(where_json, "nodes");
+    size_t i;
+    json_t *nd;
+    json_array_foreach(nodes_json, i, nd) {
+        json_object_del(nd, "state");
+        json_object_del(nd, "devices");
+    }
+    json_object_set_new(where_json, "attempt", json_integer(a->attempt));
+    td_jobs_emit(j, jb, TD_JOBS_EVENT_PLACEMENT, where_json, NULL, -1, false, NULL, 0);
+    json_decref(where_json);
     char where[512] = "";
     for (int i = 0; i < jb->n_parts; i++)
         snprintf(where + strlen(where), sizeof where - strlen(where), "%s%s", i ? ", " : "",

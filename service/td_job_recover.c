@@ -30,8 +30,12 @@ static void replay_event(void *ctx, long seq, const char *type, const char *data
     job *jb = ctx;
     json_t *o = json_loads(data, 0, NULL);
     json_t *step = json_object_get(o, "step");
-    bool ours = !strcmp(type, TD_JOBS_EVENT_STATE) ||
-                !strcmp(type, TD_JOBS_EVENT_RESTART); /* the daemon's */
+    bool ours = !strcmp(type, TD_JOBS_EVENT_STATE) || !strcmp(type, TD_JOBS_EVENT_RESTART) ||
+                !strcmp(type, TD_JOBS_EVENT_PLACEMENT); /* the daemon's */
+    if (!strcmp(type, TD_JOBS_EVENT_PLACEMENT) && json_is_object(o)) {
+        json_decref(jb->last_placement); /* the latest attempt's, for the job's JSON */
+        jb->last_placement = json_incref(o);
+    }
     if (!ours && json_is_integer(step)) jb->last_step = (long)json_integer_value(step);
     if (strcmp(type, TD_EVENT_TRAIN) == 0) {
         json_decref(jb->latest_train), jb->latest_train = o, o = NULL;

@@ -29,6 +29,7 @@ enum { QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED, N_STATES };
 /* The daemon's own events in a job's stream (a worker's are train/td_metrics.h's TD_EVENT_*). */
 #define TD_JOBS_EVENT_STATE   "state"
 #define TD_JOBS_EVENT_RESTART "restart"
+#define TD_JOBS_EVENT_PLACEMENT "placement" /* where an attempt across nodes runs */
 extern const char *const td_jobs_state_names[N_STATES];
 
 typedef struct job {

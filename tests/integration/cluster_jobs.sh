@@ -246,6 +246,15 @@ if until_true 30 ended "$wide" && [ "$(state_of "$wide")" = succeeded ]; then ok
 ended_small=$(field "$small" "j['finished_at']")
 started_wide=$(field "$wide" "j['started_at']")
 if python3 -c "import sys; sys.exit(0 if '$started_wide' >= '$ended_small' else 1)"; then ok; else bad "gang: the 3 x 2 job started at $started_wide, before the 1 x 2 job ended at $ended_small"; fi
+# cancelling a job that runs on two agents stops its ranks on both
+hold held 2 "$tmp/never" | sed 's/"nnodes": 2,/"nnodes": 2, "nodes": ["n1", "n2"],/' >"$tmp/held.json"
+held=$(submit "$tmp/held.json")
+if until_true 20 running "$held"; then ok; else bad "cancel: the job did not start: $(api GET "/v1/jobs/$held")"; fi
+placed_on() { [ "$(field "$1" "' '.join(p['node'] + '=' + p['state'] for p in j['placement']['nodes'])")" = "n1=running n2=running" ]; }
+if until_true 10 placed_on "$held"; then ok; else bad "cancel: placement: $(api GET "/v1/jobs/$held")"; fi
+got=$(api POST "/v1/jobs/$held/cancel" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
+if [ "$got" = cancelled ]; then ok; else bad "cancel: $got: $(api GET "/v1/jobs/$held")"; fi
+if until_true 10 no_leftovers "$held"; then ok; else bad "cancel: processes left: $(leftovers "$held")"; fi
 # a job that can never fit: 400 naming what the cluster has
 echo '{"command": ["true"], "resources": {"nnodes": 4, "nproc_per_node": 2}}' >"$tmp/huge.json"
 reply=$(api POST /v1/jobs "$tmp/huge.json")
@@ -341,6 +350,9 @@ if logged m0-2 "job $k6 was running when the daemon stopped: restarting it"; the
 if until_true 240 ended "$k6" && [ "$(state_of "$k6")" = succeeded ]; then ok; else bad "master kill -9: $(api GET "/v1/jobs/$k6")"; fi
 ck_after=$(field "$k6" "j['checkpoints']")
 if [ "$ck_after" -ge "$ck_before" ]; then ok; else bad "master kill -9: checkpoints $ck_before before, $ck_after after"; fi
+# the placement of a job that ended before the restart is read back from its events
+got=$(field "$id" "' '.join(p['node'] for p in j['placement']['nodes'])")
+if [ "$got" = "n1 n2" ]; then ok; else bad "master kill -9: job $id's placement afterwards: $got"; fi
 steps_after=$(train_steps "$k6")
 case " $steps_after " in *" $steps_before "*) ok ;; *) bad "master kill -9: train metrics before: $steps_before; after: $steps_after" ;; esac
 finish "$k6" "kill -9 of the master"
