@@ -255,6 +255,17 @@ if until_true 10 placed_on "$held"; then ok; else bad "cancel: placement: $(api 
 got=$(api POST "/v1/jobs/$held/cancel" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')
 if [ "$got" = cancelled ]; then ok; else bad "cancel: $got: $(api GET "/v1/jobs/$held")"; fi
 if until_true 10 no_leftovers "$held"; then ok; else bad "cancel: processes left: $(leftovers "$held")"; fi
+# a time limit stops a job on two agents: it ends failed, saying so, and nothing is left
+hold limited 2 "$tmp/never" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+j["resources"].update({"nodes": ["n1", "n2"], "time_limit_s": 2})
+print(json.dumps(j))' >"$tmp/limited.json"
+limited=$(submit "$tmp/limited.json")
+if until_true 30 ended "$limited"; then ok; else bad "time limit: not ended: $(api GET "/v1/jobs/$limited")"; fi
+got=$(field "$limited" "j['state'] + ': ' + (j['reason'] or '')")
+case $got in "failed: stopped at its time limit of 2 s"*) ok ;; *) bad "time limit: $got" ;; esac
+if until_true 10 no_leftovers "$limited"; then ok; else bad "time limit: processes left: $(leftovers "$limited")"; fi
 # a job that can never fit: 400 naming what the cluster has
 echo '{"command": ["true"], "resources": {"nnodes": 4, "nproc_per_node": 2}}' >"$tmp/huge.json"
 reply=$(api POST /v1/jobs "$tmp/huge.json")
