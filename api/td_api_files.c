@@ -53,8 +53,7 @@ static int make_parents(char *path, size_t below, td_reply_error *e) {
     return 0;
 }
 
-void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url,
-                         td_api_upload *u) {
+void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url, td_api_upload *u) {
     u->fd = -1;
     u->error.status = 0;
     td_cluster *cluster = api->cfg.cluster;

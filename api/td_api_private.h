@@ -69,8 +69,7 @@ typedef struct td_api_upload {
     td_reply_error error; /* status 0: none so far */
 } td_api_upload;
 bool td_api_is_file_upload(const char *url, const char *method);
-void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url,
-                         td_api_upload *u);
+void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url, td_api_upload *u);
 void td_api_upload_chunk(td_api_upload *u, const char *data, size_t n);
 enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u);
 void td_api_upload_abandon(td_api_upload *u);

@@ -77,7 +77,8 @@ static long post(td_agent *a, const char *url, const char *body, td_buf *reply, 
     return status;
 }
 
-/* Moves one file to or from the master (PUT when up); the HTTP status, 0 with why when none came. */
+/* Moves one file to or from the master (PUT when up); the HTTP status, 0 with why when none came.
+ */
 static long transfer(td_agent *a, const char *url, FILE *f, long long size, bool up, char *why,
                      size_t why_len) {
     CURL *h = curl_easy_init();
@@ -140,8 +141,9 @@ static int upload_file(td_agent *a, long job, const char *path, const char *rel,
     if (status >= 400 && status < 500 && status != 401 && status != 408 && status != 429) {
         /* the master will never take it (a name it refuses): announce the checkpoint without
          * it, so the master registers nothing rather than waiting for ever */
-        td_log_line(a->cfg.log, "job %ld: the master refused %s (%s); its checkpoint stays here only",
-                    job, rel, why);
+        td_log_line(a->cfg.log,
+                    "job %ld: the master refused %s (%s); its checkpoint stays here only", job, rel,
+                    why);
         return -2;
     }
     if (status != 200) {
@@ -149,8 +151,8 @@ static int upload_file(td_agent *a, long job, const char *path, const char *rel,
                     rel, why);
         return -1;
     }
-    json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", rel, "size",
-                                           (json_int_t)size, "sha256", hex));
+    json_array_append_new(
+        files, json_pack("{s:s, s:I, s:s}", "path", rel, "size", (json_int_t)size, "sha256", hex));
     return 0;
 }
 
@@ -239,8 +241,8 @@ static bool fetch_checkpoint(td_agent *a, long job, json_t *resume) {
         ok = ok && td_sha256_file(tmp, hex, &size, &err) == 0 && strcmp(hex, want) == 0;
         if (!ok || rename(tmp, path) != 0) {
             td_log_line(a->cfg.log,
-                        "job %ld: fetching %s from the master failed (%s); the part waits",
-                        job, rel, status != 200 ? why : "its SHA-256 differs");
+                        "job %ld: fetching %s from the master failed (%s); the part waits", job,
+                        rel, status != 200 ? why : "its SHA-256 differs");
             unlink(tmp);
             return false;
         }
@@ -268,8 +270,8 @@ static void take_orders(td_agent *a, json_t *orders) {
             bool fetched = f && json_is_true(json_object_get(f, "ready"));
             if (!f) {
                 json_object_set_new(a->fetches, key,
-                                    json_pack("{s:I, s:O, s:b}", "job", (json_int_t)job,
-                                              "resume", resume, "ready", false));
+                                    json_pack("{s:I, s:O, s:b}", "job", (json_int_t)job, "resume",
+                                              resume, "ready", false));
                 pthread_cond_broadcast(&a->moved);
             }
             pthread_mutex_unlock(&a->mu);
@@ -389,15 +391,15 @@ static void *agent_loop(void *arg) {
         json_t *msg = joined ? json_pack("{s:s, s:s}", "name", a->name, "node_id", a->node_id)
                              : json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:s}", "protocol",
                                          TD_CLUSTER_PROTOCOL, "name", a->name, "node_id",
-                                         a->node_id, "address", a->address, "slots",
-                                         a->cfg.slots, "gpus", a->cfg.gpus, "version", a->version);
+                                         a->node_id, "address", a->address, "slots", a->cfg.slots,
+                                         "gpus", a->cfg.gpus, "version", a->version);
         if (msg) json_object_set_new(msg, "slots_used", json_integer(td_jobs_slots_used(a->jobs)));
         if (msg) json_object_set_new(msg, "parts", td_jobs_guests_report_locked(a->jobs));
         char *text = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
         json_decref(msg);
         if (text)
-            status = post(a, joined ? a->url_heartbeat : a->url_register, text, &reply, why,
-                          sizeof why);
+            status =
+                post(a, joined ? a->url_heartbeat : a->url_register, text, &reply, why, sizeof why);
         else
             status = 0, snprintf(why, sizeof why, "out of memory");
         free(text);

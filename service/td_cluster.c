@@ -245,8 +245,8 @@ static json_t *reply_registered(td_cluster *c) {
 
 /* After a register or heartbeat is accepted: the jobs read the node's report (the parts it runs,
  * their output) and add their orders to the reply. */
-static void sync_jobs(td_cluster *c, const char *name, bool registered, json_t *msg,
-                      json_t *reply, td_buf *out) {
+static void sync_jobs(td_cluster *c, const char *name, bool registered, json_t *msg, json_t *reply,
+                      td_buf *out) {
     pthread_mutex_lock(&c->mu);
     td_cluster_sync_fn on_sync = c->on_sync;
     void *ctx = c->jobs_ctx;
@@ -259,7 +259,7 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                         td_reply_error *e) {
     json_t *o = parse_body(body, len, e);
     if (!o) return -1;
-    static const char *const KEYS[] = {"protocol", "name",  "node_id",    "address", "slots",
+    static const char *const KEYS[] = {"protocol", "name",    "node_id",    "address", "slots",
                                        "gpus",     "version", "slots_used", "parts",   NULL};
     node n = {0};
     long protocol = 0, slots = 0, gpus = 0, used = 0;

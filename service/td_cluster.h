@@ -86,8 +86,7 @@ bool td_cluster_is_master(const td_cluster *c, const char *name);
 typedef void (*td_cluster_sync_fn)(void *ctx, const char *node, bool registered, json_t *msg,
                                    json_t *reply);
 typedef void (*td_cluster_lost_fn)(void *ctx, const char *node, const char *why);
-void td_cluster_on_jobs(td_cluster *c, td_cluster_sync_fn sync, td_cluster_lost_fn lost,
-                        void *ctx);
+void td_cluster_on_jobs(td_cluster *c, td_cluster_sync_fn sync, td_cluster_lost_fn lost, void *ctx);
 
 /* Every node as placement sees it: [0] is the master's own. */
 typedef struct td_cluster_node {

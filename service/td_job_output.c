@@ -45,8 +45,8 @@ static bool uploaded(const job *jb, json_t *files) {
         struct stat st;
         if (!rel) return false;
         snprintf(path, sizeof path, "%s/%s", jb->dir, rel);
-        if (stat(path, &st) != 0 || (long long)st.st_size !=
-                                        (long long)json_integer_value(json_object_get(f, "size")))
+        if (stat(path, &st) != 0 ||
+            (long long)st.st_size != (long long)json_integer_value(json_object_get(f, "size")))
             return false;
     }
     return true;
@@ -109,8 +109,9 @@ void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_l
             snprintf(full, sizeof full, "%s/checkpoints/%s", jb->dir, base ? base + 1 : path);
             path = uploaded(jb, files) ? full : NULL;
             if (!path)
-                fprintf(j->log, "traind: job %ld: checkpoint of step %ld did not arrive whole "
-                                "from its node; not registered\n",
+                fprintf(j->log,
+                        "traind: job %ld: checkpoint of step %ld did not arrive whole "
+                        "from its node; not registered\n",
                         jb->row.id, step);
         } else if (path) {
             snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : jb->dir,
@@ -149,7 +150,8 @@ void td_jobs_read_output(td_jobs *j, job *jb) {
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) {
             if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-                if (jb->line.len) td_jobs_line_apply(j, jb, jb->line.data, jb->line.len, true, false, NULL);
+                if (jb->line.len)
+                    td_jobs_line_apply(j, jb, jb->line.data, jb->line.len, true, false, NULL);
                 jb->line.len = 0;
                 close(jb->out_fd);
                 jb->out_fd = -1;

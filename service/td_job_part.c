@@ -25,8 +25,8 @@
 #include <unistd.h>
 
 enum {
-    REPORT_LINES = 256,       /* rank 0's lines per message at most */
-    REPORT_LOG = 64 * 1024,   /* bytes of one rank's log per message at most */
+    REPORT_LINES = 256,     /* rank 0's lines per message at most */
+    REPORT_LOG = 64 * 1024, /* bytes of one rank's log per message at most */
     /* bytes of lines and logs in one message, all parts together: well under the API's smallest
      * body limit; the rest goes in the next message, sent at once */
     REPORT_BUDGET = 384 * 1024,
@@ -230,9 +230,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
               (td_fail(&err, "cannot create %s: %s", g->dir, strerror(errno)), false);
     json_t *resume = json_object_get(o, "resume");
-    long resume_step = json_is_object(resume)
-                           ? (long)json_integer_value(json_object_get(resume, "step"))
-                           : -1;
+    long resume_step =
+        json_is_object(resume) ? (long)json_integer_value(json_object_get(resume, "step")) : -1;
     if (ok) remove_newer_checkpoints(g->dir, resume_step);
     if (ok && strcmp(g->kind, "command") == 0) {
         argv = order_strv(json_object_get(o, "argv"));
@@ -337,8 +336,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     fprintf(j->log,
             "traind: job %ld attempt %d: node rank %d of %d started here: %d process%s, "
             "process group %d, rendezvous at %s:%d\n",
-            g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es",
-            (int)g->group.pgid, cfg.master_addr, cfg.master_port);
+            g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es", (int)g->group.pgid,
+            cfg.master_addr, cfg.master_port);
 }
 
 static void stop_guest(td_jobs *j, guest *g) {
@@ -419,8 +418,8 @@ void td_jobs_guests_stop_all(td_jobs *j, const char *why) {
     for (int i = 0; i < j->n_guests; i++) {
         guest *g = j->guests[i];
         if (g->running && !g->stop) {
-            fprintf(j->log, "traind: job %ld attempt %d: stopping its processes here: %s\n",
-                    g->job, g->attempt, why);
+            fprintf(j->log, "traind: job %ld attempt %d: stopping its processes here: %s\n", g->job,
+                    g->attempt, why);
             stop_guest(j, g);
             /* not the master's order: if the master still waits for this part, it failed */
             snprintf(g->cut_off, sizeof g->cut_off, "node %s: %s", j->node_name, why);
@@ -530,10 +529,11 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
             size_t size = strlen(l->text) + 64;
             if (remote && size > budget && k > 0) break;
             budget = size > budget ? 0 : budget - size;
-            json_t *e = json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text",
-                                  l->text);
-            if (!e) e = json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text",
-                                  "(a line that is not UTF-8)");
+            json_t *e =
+                json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text", l->text);
+            if (!e)
+                e = json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text",
+                              "(a line that is not UTF-8)");
             if (l->files) json_object_set(e, "files", l->files);
             json_array_append_new(lines, e);
         }
@@ -547,12 +547,11 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
         for (int r = 0; g->devices && r < g->nproc; r++)
             snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%d",
                      r ? "," : "", g->devices[r]);
-        json_t *e = json_pack("{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s}", "job",
-                            (json_int_t)g->job, "attempt", g->attempt, "state",
-                            g->running ? "running" : "ended", "exit_code", g->exit_code, "reason",
-                            g->reason, "lines", lines, "logs", logs, "next_seq",
-                            (json_int_t)(g->first_seq + g->n_lines), "complete", whole, "devices",
-                            devices);
+        json_t *e = json_pack(
+            "{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s}", "job", (json_int_t)g->job,
+            "attempt", g->attempt, "state", g->running ? "running" : "ended", "exit_code",
+            g->exit_code, "reason", g->reason, "lines", lines, "logs", logs, "next_seq",
+            (json_int_t)(g->first_seq + g->n_lines), "complete", whole, "devices", devices);
         TD_ASSERT(e, "json_pack of a part's report failed");
         json_array_append_new(list, e);
     }

@@ -65,7 +65,8 @@ static void free_slots(td_jobs *j, const td_cluster_node *nodes, int n, int *fre
             for (int p = 0; p < jb->n_parts; p++)
                 if (strcmp(jb->parts[p].node, nodes[i].name) == 0) held += jb->row.nproc;
         }
-        free_now[i] = nodes[i].slots - (held > nodes[i].reported_used ? held : nodes[i].reported_used);
+        free_now[i] =
+            nodes[i].slots - (held > nodes[i].reported_used ? held : nodes[i].reported_used);
     }
 }
 
@@ -104,7 +105,8 @@ static int reserve_port(td_jobs *j, const char *node) {
         bool taken = false;
         for (int i = 0; i < j->n_jobs && !taken; i++) {
             const job *jb = j->jobs[i];
-            taken = jb->n_parts > 0 && jb->master_port == port && strcmp(jb->parts[0].node, node) == 0;
+            taken =
+                jb->n_parts > 0 && jb->master_port == port && strcmp(jb->parts[0].node, node) == 0;
         }
         if (!taken) return port;
     }
@@ -189,8 +191,8 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
 
 /* Where the job would go on cap: the master's own node alone (a one-node job that fits there
  * runs as without a cluster; *local), or the nodes picked. */
-static bool choose(const job *jb, const td_cluster_node *nodes, int n, const int *cap,
-                   int *picked, bool *local) {
+static bool choose(const job *jb, const td_cluster_node *nodes, int n, const int *cap, int *picked,
+                   bool *local) {
     *local = jb->nnodes == 1 && !jb->pin && !nodes[0].drained && !nodes[0].lost &&
              cap[0] >= jb->row.nproc;
     if (*local) {
@@ -307,7 +309,7 @@ static json_t *checkpoint_files(td_jobs *j, job *jb) {
             break;
         }
         json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", rel, "size",
-                                                (json_int_t)size, "sha256", hex));
+                                               (json_int_t)size, "sha256", hex));
     }
     td_ckpt_files_free(list, n);
     jb->ckpt_files = files;
@@ -331,7 +333,8 @@ static json_t *order_spec(job *jb) {
 static json_t *order(td_jobs *j, job *jb, const part *p) {
     json_t *argv = json_array(), *env = json_array();
     bool command = strcmp(jb->row.kind, "command") == 0;
-    for (int i = 0; command && jb->argv[i]; i++) json_array_append_new(argv, json_string(jb->argv[i]));
+    for (int i = 0; command && jb->argv[i]; i++)
+        json_array_append_new(argv, json_string(jb->argv[i]));
     for (int i = 0; jb->env && jb->env[i]; i++) json_array_append_new(env, json_string(jb->env[i]));
     json_t *resume = json_null();
     /* only a part about to start needs it (its list is hashed once per checkpoint) */
@@ -358,10 +361,10 @@ static json_t *order(td_jobs *j, job *jb, const part *p) {
                      "job", (json_int_t)jb->row.id, "attempt", jb->n_attempts - 1, "node_rank",
                      p->node_rank, "nnodes", jb->n_parts, "nproc", jb->row.nproc, "master_addr",
                      jb->parts[0].address, "master_port", jb->master_port, "restart_count",
-                     jb->n_attempts - 1, "max_restarts", jb->row.max_restarts, "kind",
-                     jb->row.kind, "argv", argv, "env", env, "spec",
-                     command ? json_null() : order_spec(jb), "resume", resume, "stop", stop,
-                     "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
+                     jb->n_attempts - 1, "max_restarts", jb->row.max_restarts, "kind", jb->row.kind,
+                     "argv", argv, "env", env, "spec", command ? json_null() : order_spec(jb),
+                     "resume", resume, "stop", stop, "acked_lines", (json_int_t)jb->lines_in,
+                     "acked_logs", logs);
 }
 
 /* ---- reports --------------------------------------------------------------------------------- */
@@ -434,9 +437,10 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
         p->state = PART_RUNNING;
         td_jobs_stale(jb);
     }
-    snprintf(p->devices, sizeof p->devices, "%s", json_string_value(json_object_get(e, "devices"))
-                                                       ? json_string_value(json_object_get(e, "devices"))
-                                                       : "");
+    snprintf(p->devices, sizeof p->devices, "%s",
+             json_string_value(json_object_get(e, "devices"))
+                 ? json_string_value(json_object_get(e, "devices"))
+                 : "");
     size_t i;
     json_t *c;
     bool logs_whole = true; /* every chunk is in: the report's "complete" can be believed */
@@ -453,7 +457,10 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
         jb->lines_in++;
     }
     long next = (long)json_integer_value(json_object_get(e, "next_seq"));
-    bool ended = strcmp(json_string_value(json_object_get(e, "state")) ? json_string_value(json_object_get(e, "state")) : "", "ended") == 0;
+    bool ended = strcmp(json_string_value(json_object_get(e, "state"))
+                            ? json_string_value(json_object_get(e, "state"))
+                            : "",
+                        "ended") == 0;
     if (!ended || !json_is_true(json_object_get(e, "complete")) || !logs_whole ||
         (p->node_rank == 0 && next != jb->lines_in))
         return;
@@ -484,7 +491,8 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
         if (registered && p->state == PART_RUNNING) {
             /* the node came back without this part: it died with the node's traind */
             bool still = false;
-            json_array_foreach(report, i, e) still |= (long)json_integer_value(json_object_get(e, "job")) == jb->row.id;
+            json_array_foreach(report, i, e) still |=
+                (long)json_integer_value(json_object_get(e, "job")) == jb->row.id;
             if (!still) {
                 p->state = PART_ENDED;
                 p->exit_code = -1;
@@ -502,8 +510,7 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
         if (j->jobs[k]->parts) check_over(j, j->jobs[k]);
 }
 
-void td_jobs_node_sync(td_jobs *j, const char *node, bool registered, json_t *msg,
-                       json_t *reply) {
+void td_jobs_node_sync(td_jobs *j, const char *node, bool registered, json_t *msg, json_t *reply) {
     pthread_mutex_lock(&j->mu);
     td_jobs_node_sync_locked(j, node, registered, msg, reply);
     pthread_mutex_unlock(&j->mu);
@@ -587,13 +594,15 @@ int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e) {
         live++;
         if (nodes[i].slots > widest) widest = nodes[i].slots;
         bool pinned = !s->nodes;
-        for (int k = 0; s->nodes && s->nodes[k]; k++) pinned |= strcmp(s->nodes[k], nodes[i].name) == 0;
+        for (int k = 0; s->nodes && s->nodes[k]; k++)
+            pinned |= strcmp(s->nodes[k], nodes[i].name) == 0;
         if (pinned && nodes[i].slots >= s->nproc) fit++;
     }
     int rc = 0;
     for (int k = 0; s->nodes && s->nodes[k] && rc == 0; k++) {
         bool known = false;
-        for (int i = 0; i < n; i++) known |= !nodes[i].lost && strcmp(s->nodes[k], nodes[i].name) == 0;
+        for (int i = 0; i < n; i++)
+            known |= !nodes[i].lost && strcmp(s->nodes[k], nodes[i].name) == 0;
         if (!known) {
             char field[64];
             snprintf(field, sizeof field, "resources.nodes[%d]", k);
@@ -627,13 +636,12 @@ json_t *td_jobs_placement_json(const job *jb) {
         json_t *ranks = json_array();
         for (int r = 0; r < jb->row.nproc; r++)
             json_array_append_new(ranks, json_integer(p->node_rank * jb->row.nproc + r));
-        json_array_append_new(
-            list, json_pack("{s:s, s:s, s:i, s:o, s:s, s:s}", "node", p->node, "address",
-                            p->address, "node_rank", p->node_rank, "ranks", ranks, "devices",
-                            p->devices, "state",
-                            p->state == PART_STARTING  ? "starting"
-                            : p->state == PART_RUNNING ? "running"
-                                                       : "ended"));
+        json_array_append_new(list, json_pack("{s:s, s:s, s:i, s:o, s:s, s:s}", "node", p->node,
+                                              "address", p->address, "node_rank", p->node_rank,
+                                              "ranks", ranks, "devices", p->devices, "state",
+                                              p->state == PART_STARTING  ? "starting"
+                                              : p->state == PART_RUNNING ? "running"
+                                                                         : "ended"));
     }
     return json_pack("{s:o, s:s, s:i}", "nodes", list, "master_addr", jb->parts[0].address,
                      "master_port", jb->master_port);

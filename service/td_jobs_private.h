@@ -27,8 +27,8 @@
 enum { QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED, N_STATES };
 
 /* The daemon's own events in a job's stream (a worker's are train/td_metrics.h's TD_EVENT_*). */
-#define TD_JOBS_EVENT_STATE   "state"
-#define TD_JOBS_EVENT_RESTART "restart"
+#define TD_JOBS_EVENT_STATE     "state"
+#define TD_JOBS_EVENT_RESTART   "restart"
 #define TD_JOBS_EVENT_PLACEMENT "placement" /* where an attempt across nodes runs */
 extern const char *const td_jobs_state_names[N_STATES];
 
@@ -56,18 +56,18 @@ typedef struct job {
     long long *log_start; /* [world] each rank's log size when the attempt began */
 
     /* placement on the cluster (td_job_place.c) */
-    int nnodes;       /* resources.nnodes */
-    char **pin;       /* resources.nodes, or NULL */
+    int nnodes;         /* resources.nnodes */
+    char **pin;         /* resources.nodes, or NULL */
     struct part *parts; /* the running attempt's nodes, or NULL (not placed, or run locally) */
     int n_parts;
-    int master_port;         /* reserved on parts[0]'s node */
-    bool parts_stopping;     /* every part told to stop */
-    int parts_code;          /* the first failure's status; 0: none */
-    char parts_reason[640];  /* its words, naming node and rank */
-    long lines_in;           /* rank 0's lines of this attempt applied so far */
-    json_t *last_placement;  /* the placement of its latest attempt, for the job's JSON */
-    json_t *ckpt_files;      /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
-                                yet listed */
+    int master_port;        /* reserved on parts[0]'s node */
+    bool parts_stopping;    /* every part told to stop */
+    int parts_code;         /* the first failure's status; 0: none */
+    char parts_reason[640]; /* its words, naming node and rank */
+    long lines_in;          /* rank 0's lines of this attempt applied so far */
+    json_t *last_placement; /* the placement of its latest attempt, for the job's JSON */
+    json_t *ckpt_files;     /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
+                               yet listed */
 } job;
 
 /* One node's share of a distributed attempt, as the master tracks it. */
@@ -75,10 +75,10 @@ enum { PART_STARTING, PART_RUNNING, PART_ENDED };
 typedef struct part {
     char node[64], address[64];
     int node_rank, state;
-    bool local;         /* on the master's own node */
-    int exit_code;      /* once ended */
-    char reason[512];   /* a failure's words, once ended */
-    char devices[128];  /* CUDA_VISIBLE_DEVICES of its ranks, as the node reported them */
+    bool local;        /* on the master's own node */
+    int exit_code;     /* once ended */
+    char reason[512];  /* a failure's words, once ended */
+    char devices[128]; /* CUDA_VISIBLE_DEVICES of its ranks, as the node reported them */
 } part;
 
 /* One group this node runs for its master (td_job_part.c): the node-side twin of a part. */
@@ -98,9 +98,9 @@ typedef struct guest {
     /* rank 0's lines not yet acknowledged by the master: seq first_seq + i */
     struct guest_line {
         char *text;
-        char *ckpt;      /* a checkpoint line's path until its files are uploaded; else NULL */
-        json_t *files;   /* the uploaded files' manifest */
-    } *lines;
+        char *ckpt;    /* a checkpoint line's path until its files are uploaded; else NULL */
+        json_t *files; /* the uploaded files' manifest */
+    } * lines;
     int n_lines, cap_lines;
     long first_seq;
     long long *log_start, *log_sent; /* [nproc] per local rank */
@@ -170,10 +170,10 @@ void *td_jobs_supervise(void *arg); /* the thread */
 void td_jobs_wake(td_jobs *j);      /* any thread, without the lock */
 
 /* ---- td_job_place.c ---- */
-bool td_jobs_clustered(td_jobs *j);             /* a master with agents, or a job placed on them */
-void td_jobs_schedule_cluster(td_jobs *j);      /* td_jobs_schedule's policy over every node */
+bool td_jobs_clustered(td_jobs *j);              /* a master with agents, or a job placed on them */
+void td_jobs_schedule_cluster(td_jobs *j);       /* td_jobs_schedule's policy over every node */
 void td_jobs_parts_release(td_jobs *j, job *jb); /* frees the placement and its slots */
-void td_jobs_parts_tick(td_jobs *j);            /* the master's own node's sync, time limits */
+void td_jobs_parts_tick(td_jobs *j);             /* the master's own node's sync, time limits */
 int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
 json_t *td_jobs_placement_json(const job *jb);
 void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,

@@ -18,7 +18,11 @@ char **td_strv_new(int n) {
 void td_str_utf8_repair(char *s) {
     unsigned char *p = (unsigned char *)s;
     while (*p) {
-        int n = *p < 0x80 ? 1 : (*p >> 5) == 0x6 ? 2 : (*p >> 4) == 0xe ? 3 : (*p >> 3) == 0x1e ? 4 : 0;
+        int n = *p < 0x80           ? 1
+                : (*p >> 5) == 0x6  ? 2
+                : (*p >> 4) == 0xe  ? 3
+                : (*p >> 3) == 0x1e ? 4
+                                    : 0;
         bool whole = n > 0;
         for (int i = 1; whole && i < n; i++) whole = (p[i] >> 6) == 0x2;
         /* overlong 2-byte forms and surrogates are not UTF-8 either */

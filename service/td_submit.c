@@ -106,8 +106,8 @@ static const char *const COMMAND_KEYS[] = {"name", "command", "env", NULL};
 
 static int parse_resources(td_submission *s, json_t *root, const td_submit_rules *rules,
                            td_reply_error *e) {
-    static const char *const RESOURCE_KEYS[] = {"nproc",        "nproc_per_node", "nnodes",
-                                                "nodes",        "time_limit_s",   NULL};
+    static const char *const RESOURCE_KEYS[] = {"nproc", "nproc_per_node", "nnodes",
+                                                "nodes", "time_limit_s",   NULL};
     static const char *const RESTART_KEYS[] = {"max_restarts", NULL};
     const char *const *resource_keys[] = {RESOURCE_KEYS, NULL};
     const char *const *restart_keys[] = {RESTART_KEYS, NULL};
@@ -126,8 +126,8 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
             return td_reply_fail(e, 400, "invalid_spec", "resources.nproc_per_node",
                                  "resources: give nproc (one node) or nproc_per_node (torchrun's "
                                  "name, with nnodes), not both");
-        if (int_member(r, "resources", per_node ? "nproc_per_node" : "nproc", 1, 1, 4096,
-                       &s->nproc, e) != 0)
+        if (int_member(r, "resources", per_node ? "nproc_per_node" : "nproc", 1, 1, 4096, &s->nproc,
+                       e) != 0)
             return -1;
         json_t *nodes = json_object_get(r, "nodes");
         if (nodes && (!json_is_array(nodes) || json_array_size(nodes) == 0))
@@ -146,8 +146,8 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
                 const char *name = json_string_value(json_array_get(nodes, i));
                 char field[64];
                 snprintf(field, sizeof field, "resources.nodes[%zu]", i);
-                if (!name || !*name || strlen(name) > 63 || strspn(name, NODE_NAME_CHARS) !=
-                                                               strlen(name))
+                if (!name || !*name || strlen(name) > 63 ||
+                    strspn(name, NODE_NAME_CHARS) != strlen(name))
                     return td_reply_fail(e, 400, "invalid_spec", field,
                                          "%s: expected a node name (1 to 63 of A-Z a-z 0-9 . _ -)",
                                          field);

@@ -33,14 +33,14 @@ typedef struct td_submit_rules {
 typedef struct td_submission {
     char name[128];
     bool command;
-    json_t *spec; /* train jobs: the worker spec (without resources/restart) */
-    char **argv;  /* command jobs: NULL-terminated */
-    char **env;   /* command jobs: "NAME=value", NULL-terminated (may be empty) */
+    json_t *spec;            /* train jobs: the worker spec (without resources/restart) */
+    char **argv;             /* command jobs: NULL-terminated */
+    char **env;              /* command jobs: "NAME=value", NULL-terminated (may be empty) */
     int nproc, max_restarts; /* nproc: per node (resources.nproc or nproc_per_node) */
     int nnodes;              /* resources.nnodes, 1 unless given (or the length of nodes) */
     char **nodes;            /* resources.nodes: the only nodes it may run on; NULL: any */
-    int priority;        /* higher first; then submission order */
-    double time_limit_s; /* resources.time_limit_s; 0: none */
+    int priority;            /* higher first; then submission order */
+    double time_limit_s;     /* resources.time_limit_s; 0: none */
 } td_submission;
 
 int td_submission_parse(td_submission *s, const char *body, size_t len,
