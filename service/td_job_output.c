@@ -15,9 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void append_rank0_log(job *jb, const char *line, size_t n) {
+void td_jobs_append_rank0_log(const char *dir, const char *line, size_t n) {
     char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/rank-0.log", jb->dir);
+    snprintf(path, sizeof path, "%s/rank-0.log", dir);
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
     if (fd < 0) return;
     (void)!write(fd, line, n);
@@ -77,7 +77,7 @@ static bool checkpoint_size(const char *path, long long *size) {
  * that had one (0 before any), so every metric has a place on the step axis. */
 void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
                         json_t *files) {
-    if (append_log) append_rank0_log(jb, line, n);
+    if (append_log) td_jobs_append_rank0_log(jb->dir, line, n);
     json_error_t jerr;
     json_t *o = json_loadb(line, n, 0, &jerr);
     const char *type = o ? json_string_value(json_object_get(o, "event")) : NULL;
@@ -143,35 +143,49 @@ void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_l
 }
 
 /* Reads what rank 0 wrote; closes the pipe at its end. */
-void td_jobs_read_output(td_jobs *j, job *jb) {
+void td_jobs_read_lines(int *fd, td_buf *line, const char *dir, td_jobs_line_fn fn, void *ctx) {
     char buf[65536];
     for (;;) {
-        ssize_t k = read(jb->out_fd, buf, sizeof buf);
+        ssize_t k = read(*fd, buf, sizeof buf);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) {
             if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-                if (jb->line.len)
-                    td_jobs_line_apply(j, jb, jb->line.data, jb->line.len, true, false, NULL);
-                jb->line.len = 0;
-                close(jb->out_fd);
-                jb->out_fd = -1;
+                if (line->len) fn(ctx, line->data, line->len);
+                line->len = 0;
+                close(*fd);
+                *fd = -1;
             }
             return;
         }
-        td_buf_append(&jb->line, buf, (size_t)k);
-        char *start = jb->line.data, *nl;
-        while ((nl = memchr(start, '\n', jb->line.len - (size_t)(start - jb->line.data)))) {
+        td_buf_append(line, buf, (size_t)k);
+        char *start = line->data, *nl;
+        while ((nl = memchr(start, '\n', line->len - (size_t)(start - line->data)))) {
             *nl = 0;
-            td_jobs_line_apply(j, jb, start, (size_t)(nl - start), true, false, NULL);
+            fn(ctx, start, (size_t)(nl - start));
             start = nl + 1;
         }
-        size_t rest = jb->line.len - (size_t)(start - jb->line.data);
-        memmove(jb->line.data, start, rest);
-        jb->line.len = rest;
-        jb->line.data[rest] = 0;
+        size_t rest = line->len - (size_t)(start - line->data);
+        memmove(line->data, start, rest);
+        line->len = rest;
+        line->data[rest] = 0;
         if (rest > (1u << 20)) { /* a runaway line: keep the log, not the memory */
-            append_rank0_log(jb, jb->line.data, rest);
-            jb->line.len = 0;
+            td_jobs_append_rank0_log(dir, line->data, rest);
+            line->len = 0;
         }
     }
+}
+
+typedef struct output_ctx {
+    td_jobs *j;
+    job *jb;
+} output_ctx;
+
+static void output_line(void *ctx, char *line, size_t n) {
+    output_ctx *o = ctx;
+    td_jobs_line_apply(o->j, o->jb, line, n, true, false, NULL);
+}
+
+void td_jobs_read_output(td_jobs *j, job *jb) {
+    output_ctx ctx = {j, jb};
+    td_jobs_read_lines(&jb->out_fd, &jb->line, jb->dir, output_line, &ctx);
 }

@@ -29,8 +29,7 @@ enum {
     REPORT_LOG = 64 * 1024, /* bytes of one rank's log per message at most */
     /* bytes of lines and logs in one message, all parts together: well under the API's smallest
      * body limit; the rest goes in the next message, sent at once */
-    REPORT_BUDGET = 384 * 1024,
-    LINE_KEEP_MAX = 1 << 20 /* a runaway line goes to the log only */
+    REPORT_BUDGET = 384 * 1024
 };
 
 static guest *find_guest(td_jobs *j, long job_id, int attempt) {
@@ -68,20 +67,10 @@ void td_jobs_guests_free(td_jobs *j) {
 
 /* ---- output ---------------------------------------------------------------------------------- */
 
-static void append_log(const guest *g, const char *line, size_t n) {
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/rank-0.log", g->dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-    if (fd < 0) return;
-    (void)!write(fd, line, n);
-    (void)!write(fd, "\n", 1);
-    close(fd);
-}
-
 /* A line of rank 0: kept until the master acknowledges it. On an agent a checkpoint line waits
  * for its files to be uploaded first (td_agent.c), so the master registers only what it has. */
 static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
-    append_log(g, line, n);
+    td_jobs_append_rank0_log(g->dir, line, n);
     if (g->n_lines == g->cap_lines) {
         g->cap_lines = g->cap_lines ? 2 * g->cap_lines : 64;
         g->lines = td_realloc(g->lines, (size_t)g->cap_lines * sizeof *g->lines);
@@ -105,34 +94,19 @@ static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
     }
 }
 
+typedef struct guest_ctx {
+    td_jobs *j;
+    guest *g;
+} guest_ctx;
+
+static void guest_line(void *ctx, char *line, size_t n) {
+    guest_ctx *c = ctx;
+    keep_line(c->j, c->g, line, n);
+}
+
 void td_jobs_guests_read(td_jobs *j, guest *g) {
-    char buf[65536];
-    for (;;) {
-        ssize_t k = read(g->out_fd, buf, sizeof buf);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-                if (g->line.len) keep_line(j, g, g->line.data, g->line.len);
-                g->line.len = 0;
-                close(g->out_fd);
-                g->out_fd = -1;
-            }
-            return;
-        }
-        td_buf_append(&g->line, buf, (size_t)k);
-        char *start = g->line.data, *nl;
-        while ((nl = memchr(start, '\n', g->line.len - (size_t)(start - g->line.data)))) {
-            keep_line(j, g, start, (size_t)(nl - start));
-            start = nl + 1;
-        }
-        size_t rest = g->line.len - (size_t)(start - g->line.data);
-        memmove(g->line.data, start, rest);
-        g->line.len = rest;
-        if (rest > LINE_KEEP_MAX) {
-            append_log(g, g->line.data, rest);
-            g->line.len = 0;
-        }
-    }
+    guest_ctx ctx = {j, g};
+    td_jobs_read_lines(&g->out_fd, &g->line, g->dir, guest_line, &ctx);
 }
 
 /* ---- starting and stopping ------------------------------------------------------------------- */

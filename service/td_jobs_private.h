@@ -163,6 +163,12 @@ json_t *td_jobs_resume_json(const job *jb);
 
 /* ---- td_job_output.c ---- */
 void td_jobs_read_output(td_jobs *j, job *jb);
+/* Reads what is on *fd into line and hands each whole line to fn (NUL-terminated in place); at
+ * the pipe's end the last partial line too, then closes *fd (-1). A line over 1 MiB goes only to
+ * dir/rank-0.log. Rank 0's stdout is read so for a local job and for a node's part alike. */
+typedef void (*td_jobs_line_fn)(void *ctx, char *line, size_t n);
+void td_jobs_read_lines(int *fd, td_buf *line, const char *dir, td_jobs_line_fn fn, void *ctx);
+void td_jobs_append_rank0_log(const char *dir, const char *line, size_t n);
 void td_jobs_set_checkpoint(job *jb, long step, const char *path);
 
 /* ---- td_job_supervisor.c ---- */
