@@ -34,22 +34,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
-passes=0 fails=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-netns_up "$tag" "$net" 3 "$tmp/netns.err"
-case $? in
-0) ;;
-77)
-    echo "SKIP: cannot create a network namespace: $(cat "$tmp/netns.err")"
-    exit 77
-    ;;
-*)
-    echo "FAIL: cannot build the three nodes' namespaces"
-    exit 1
-    ;;
-esac
+netns_hosts "$tag" "$net" 3 "the three nodes' namespaces" "$tmp/netns.err"
 master="$net.1:$port"
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
 echo "not-the-cluster-secret" >"$tmp/wrong"
@@ -72,16 +57,6 @@ start_master() {
 }
 agent() { # K NAME LOG [SECRET]
     daemon "$1" "$2" "$3" --cluster-secret-file "${4:-$tmp/secret}" --join "$master"
-}
-# until_true SECONDS CMD...: runs CMD until it succeeds; false if it never did in time
-until_true() {
-    limit=$1
-    shift
-    end=$(($(date +%s) + limit))
-    until "$@"; do
-        [ "$(date +%s)" -ge "$end" ] && return 1
-        sleep 0.1
-    done
 }
 logged() { grep -q "$2" "$tmp/$1.err"; }
 # nodes: the master's GET /v1/nodes as "name=state@address" words

@@ -45,22 +45,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
-passes=0 fails=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-netns_up "$tag" "$net" 3 "$tmp/netns.err"
-case $? in
-0) ;;
-77)
-    echo "SKIP: cannot create a network namespace: $(cat "$tmp/netns.err")"
-    exit 77
-    ;;
-*)
-    echo "FAIL: cannot build the three nodes' namespaces"
-    exit 1
-    ;;
-esac
+netns_hosts "$tag" "$net" 3 "the three nodes' namespaces" "$tmp/netns.err"
 master="$net.1:$port"
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
 chmod 600 "$tmp/secret"
@@ -87,15 +72,6 @@ start_master() {
 }
 agent() { # K NAME LOG
     daemon "$1" "$2" "$3" --cluster-secret-file "$tmp/secret" --join "$master"
-}
-until_true() { # SECONDS CMD...
-    limit=$1
-    shift
-    end=$(($(date +%s) + limit))
-    until "$@"; do
-        [ "$(date +%s)" -ge "$end" ] && return 1
-        sleep 0.1
-    done
 }
 logged() { grep -q "$2" "$tmp/$1.err"; }
 # api METHOD PATH [BODY-FILE]: the master's API, from the master's namespace

@@ -28,22 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
-passes=0 fails=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-netns_up "$tag" "$net" 2 "$tmp/netns.err"
-case $? in
-0) ;;
-77)
-    echo "SKIP: cannot create a network namespace: $(cat "$tmp/netns.err")"
-    exit 77
-    ;;
-*)
-    echo "FAIL: cannot build the two hosts' namespaces"
-    exit 1
-    ;;
-esac
+netns_hosts "$tag" "$net" 2 "the two hosts' namespaces" "$tmp/netns.err"
 master=$net.1
 
 # node K NS ENV... -- ARGS: traind-run as node K of two in namespace NS, in the background,

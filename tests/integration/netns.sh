@@ -6,6 +6,25 @@
 #                                in ERRFILE), 1 on any other failure.
 #   netns_down TAG N             kills whatever runs inside them and deletes them; safe to call
 #                                for namespaces that were never made (cleanup on failure).
+#   netns_hosts TAG NET N WHAT ERRFILE
+#                                netns_up, or the test's end: exit 77 (SKIP, with the reason)
+#                                when no namespace can be made here, 1 (FAIL: cannot build WHAT)
+# and the checks' bookkeeping every multi-node test keeps the same way:
+#   ok, bad MESSAGE              count a pass, or print and count a failure ($passes, $fails)
+#   until_true SECONDS CMD...    runs CMD until it succeeds, false if it never did in time: a
+#                                wait for an observable event with a deadline, not a sleep
+passes=0 fails=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+until_true() {
+    _limit=$1
+    shift
+    _end=$(($(date +%s) + _limit))
+    until "$@"; do
+        [ "$(date +%s)" -ge "$_end" ] && return 1
+        sleep 0.1
+    done
+}
 
 netns_del() { # NS
     _pids=$(ip netns pids "$1" 2>/dev/null)
@@ -37,4 +56,19 @@ netns_up() { # TAG NET N ERRFILE
             ip -n "$_ns" link set eth0 up && ip -n "$_ns" link set lo up; } || return 1
         _k=$((_k + 1))
     done
+}
+
+netns_hosts() { # TAG NET N WHAT ERRFILE
+    netns_up "$1" "$2" "$3" "$5"
+    case $? in
+    0) ;;
+    77)
+        echo "SKIP: cannot create a network namespace: $(cat "$5")"
+        exit 77
+        ;;
+    *)
+        echo "FAIL: cannot build $4"
+        exit 1
+        ;;
+    esac
 }
