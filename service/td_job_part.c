@@ -361,7 +361,7 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
         }
     }
     /* what the master no longer wants: stopped, and forgotten once it has ended */
-    for (int i = 0, w = 0; i < before; i++) {
+    for (int i = 0; i < before; i++) {
         guest *g = j->guests[i];
         if (!wanted[i]) {
             if (g->running) {
@@ -377,7 +377,6 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
                 j->guests[i] = NULL;
             }
         }
-        (void)w;
     }
     int k = 0;
     for (int i = 0; i < j->n_guests; i++)

@@ -415,14 +415,13 @@ static void check_over(td_jobs *j, job *jb) {
     td_jobs_attempt_over(j, jb);
 }
 
-static void part_failed(td_jobs *j, job *jb, part *p, int code, const char *reason) {
+static void part_failed(td_jobs *j, job *jb, int code, const char *reason) {
     if (jb->parts_code == 0 && !jb->cancel_requested && !jb->timed_out) {
         jb->parts_code = code ? code : 1;
         snprintf(jb->parts_reason, sizeof jb->parts_reason, "%s", reason);
         fprintf(j->log, "traind: job %ld: %s; stopping its ranks on every node\n", jb->row.id,
                 reason);
     }
-    (void)p;
     jb->parts_stopping = true;
 }
 
@@ -470,11 +469,8 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
     const char *reason = json_string_value(json_object_get(e, "reason"));
     snprintf(p->reason, sizeof p->reason, "%s", reason ? reason : "");
     if (p->exit_code != 0 && !jb->parts_stopping)
-        part_failed(j, jb, p, p->exit_code,
+        part_failed(j, jb, p->exit_code,
                     p->reason[0] ? p->reason : "a rank failed without a message");
-    else if (p->exit_code == 0 && p->node_rank == 0 && !jb->parts_stopping) {
-        /* node rank 0 succeeded: the job is done; the other nodes' ranks end with it */
-    }
 }
 
 void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *msg,
@@ -499,7 +495,7 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
                 snprintf(p->reason, sizeof p->reason,
                          "node %s: its traind restarted while node rank %d ran there", node,
                          p->node_rank);
-                part_failed(j, jb, p, -1, p->reason);
+                part_failed(j, jb, -1, p->reason);
                 continue;
             }
         }
@@ -528,7 +524,7 @@ void td_jobs_node_lost(td_jobs *j, const char *node, const char *why) {
         snprintf(p->reason, sizeof p->reason, "%s (node rank %d, ranks %d to %d)", why,
                  p->node_rank, p->node_rank * jb->row.nproc,
                  (p->node_rank + 1) * jb->row.nproc - 1);
-        part_failed(j, jb, p, -1, p->reason);
+        part_failed(j, jb, -1, p->reason);
         check_over(j, jb);
     }
     pthread_mutex_unlock(&j->mu);
