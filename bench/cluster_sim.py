@@ -103,8 +103,10 @@ def main():
 
     # 1. every node registers at once (32 at a time)
     def register(name):
-        body = {"protocol": 1, "name": name, "node_id": ids[name], "address": "127.0.0.1",
-                "slots": a.slots, "gpus": a.slots, "version": "sim"}
+        gpus = [{"index": i, "name": "Simulated GPU", "memory_bytes": 80 << 30}
+                for i in range(a.slots)]
+        body = {"protocol": 2, "name": name, "node_id": ids[name], "address": "127.0.0.1",
+                "slots": a.slots, "gpus": gpus, "version": "sim"}
         status, reply = post(host, port, "/v1/cluster/register", body, auth)
         if status != 200:
             raise RuntimeError(f"{name}: register: {status} {reply[:200]!r}")

@@ -8,6 +8,7 @@
 #include "service/td_agent.h"
 #include "service/td_cluster.h"
 #include "service/td_db.h"
+#include "service/td_gpus.h"
 #include "service/td_jobs.h"
 
 #include <errno.h>
@@ -43,6 +44,8 @@ typedef struct options {
     char node_name[64];            /* "": the hostname */
     char advertise[64];            /* "": the listen address (master) or the route (agent) */
     double heartbeat_s, timeout_s; /* a master's: what agents keep, when they are lost */
+    td_node_gpu gpus[TD_GPUS_MAX]; /* declared (--gpus, "gpus"); n_gpus 0: discovered */
+    int n_gpus;
 } options;
 
 /* Indexes of have[]: what the command line gave, which the config file must not override. */
@@ -60,6 +63,7 @@ enum {
     HAVE_ADVERTISE,
     HAVE_HEARTBEAT,
     HAVE_TIMEOUT,
+    HAVE_GPUS,
     HAVE_COUNT
 };
 
@@ -69,7 +73,7 @@ static void usage(FILE *out) {
             "              [--slots N] [--data-root DIR]... [--grace S] [--max-body BYTES]\n"
             "              [--worker PATH] [--cluster-secret-file FILE] [--join ADDR:PORT]\n"
             "              [--node-name NAME] [--advertise ADDR] [--heartbeat S]\n"
-            "              [--node-timeout S]\n"
+            "              [--node-timeout S] [--gpus LIST]\n"
             "\n"
             "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
             "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
@@ -83,10 +87,15 @@ static void usage(FILE *out) {
             "  --config FILE       a JSON object with any of: listen, state_dir, slots,\n"
             "                      data_roots (array), grace_s, max_body_bytes, worker,\n"
             "                      join, cluster_secret_file, node_name, advertise,\n"
-            "                      heartbeat_s, node_timeout_s;\n"
+            "                      heartbeat_s, node_timeout_s, gpus (an array of\n"
+            "                      ordinals or of {\"index\", \"name\", \"memory_gib\"});\n"
             "                      command-line options override it\n"
             "  --slots N           job processes at once when there is no GPU (default: the\n"
             "                      core count); with GPUs, one slot per GPU\n"
+            "  --gpus LIST         the GPUs jobs may use, as CUDA ordinals (e.g. 0,1,2,3)\n"
+            "                      instead of every one the driver finds; on a machine\n"
+            "                      without GPUs, declared ones are placed as if they were\n"
+            "                      there (each process gets its CUDA_VISIBLE_DEVICES)\n"
             "  --data-root DIR     a directory job specs may read from (repeatable; default\n"
             "                      /usr/share/datasets); the state directory always is one\n"
             "  --grace S           seconds between SIGTERM and SIGKILL when stopping a job\n"
@@ -151,7 +160,7 @@ static void read_config(options *o, const char *path, bool *have) {
                                        "data_roots",     "grace_s",   "max_body_bytes",
                                        "worker",         "join",      "cluster_secret_file",
                                        "node_name",      "advertise", "heartbeat_s",
-                                       "node_timeout_s", NULL};
+                                       "node_timeout_s", "gpus",      NULL};
     json_error_t je;
     json_t *c = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!c) die("%s:%d:%d: %s", path, je.line, je.column, je.text);
@@ -197,6 +206,10 @@ static void read_config(options *o, const char *path, bool *have) {
     if (!have[HAVE_ADVERTISE]) snprintf(o->advertise, sizeof o->advertise, "%s", f.advertise);
     if (!have[HAVE_HEARTBEAT]) o->heartbeat_s = f.heartbeat_s;
     if (!have[HAVE_TIMEOUT]) o->timeout_s = f.timeout_s;
+    json_t *gpus = json_object_get(c, "gpus");
+    if (gpus && !have[HAVE_GPUS] &&
+        td_gpus_parse_json(gpus, "gpus", o->gpus, &o->n_gpus, &err) != 0)
+        die("%s: %s", path, err.msg);
     for (size_t i = 0; roots && !have[HAVE_ROOTS] && i < json_array_size(roots); i++) {
         json_t *r = json_array_get(roots, i);
         if (!json_is_string(r)) {
@@ -381,7 +394,11 @@ static const char *parse_args(int argc, char **argv, options *o, bool *have) {
             o->heartbeat_s = seconds("--heartbeat", v, 0.1, 3600), have[HAVE_HEARTBEAT] = true;
         else if (!strcmp(a, "--node-timeout"))
             o->timeout_s = seconds("--node-timeout", v, 0.5, 86400), have[HAVE_TIMEOUT] = true;
-        else if (!strcmp(a, "--config"))
+        else if (!strcmp(a, "--gpus")) {
+            td_err err = {{0}};
+            if (td_gpus_parse_list(v, o->gpus, &o->n_gpus, &err) != 0) die("%s", err.msg);
+            have[HAVE_GPUS] = true;
+        } else if (!strcmp(a, "--config"))
             config = v;
         else {
             fprintf(stderr, "traind: unknown option %s\n", a);
@@ -436,8 +453,29 @@ static int serve(const options *o, const char *state, const char *host, int list
     const char *roots[MAX_ROOTS + 1];
     int n_roots = resolve_roots(o, state, resolved, roots);
     char why[256] = "";
-    int gpus = td_gpu_device_count(why, sizeof why);
-    if (gpus < 0) gpus = 0;
+    td_gpu_device_info info[TD_GPUS_MAX];
+    td_node_gpu found[TD_GPUS_MAX], gpu[TD_GPUS_MAX];
+    int n_found = td_gpu_devices(info, TD_GPUS_MAX, why, sizeof why), gpus = 0;
+    if (n_found < 0) n_found = 0;
+    if (n_found > TD_GPUS_MAX) n_found = TD_GPUS_MAX;
+    for (int i = 0; i < n_found; i++) {
+        found[i] = (td_node_gpu){.index = info[i].index, .memory_bytes = info[i].memory_bytes};
+        snprintf(found[i].name, sizeof found[i].name, "%s", info[i].name);
+    }
+    td_err gerr = {{0}};
+    if (td_gpus_resolve(o->gpus, o->n_gpus, found, n_found, gpu, &gpus, &gerr) != 0)
+        die("%s", gerr.msg);
+    static int gpu_ids[TD_GPUS_MAX];
+    for (int i = 0; i < gpus; i++) gpu_ids[i] = gpu[i].index;
+    char described[512];
+    td_gpus_describe(gpu, gpus, described, sizeof described);
+    if (o->n_gpus > 0 && n_found == 0)
+        fprintf(stderr,
+                "traind: %s declared (the driver finds none: %s); jobs are placed on them as on "
+                "real ones\n",
+                described, why);
+    else if (gpus > 0)
+        fprintf(stderr, "traind: %s\n", described);
     int slots = gpus > 0 ? gpus : o->slots > 0 ? o->slots : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (slots < 1) slots = 1;
 
@@ -472,6 +510,7 @@ static int serve(const options *o, const char *state, const char *host, int list
                                 .address = o->advertise[0] ? o->advertise : host,
                                 .slots = slots,
                                 .gpus = gpus,
+                                .gpu = gpu,
                                 .version = TRAIND_VERSION,
                                 .secret = secret[0] ? secret : NULL,
                                 .heartbeat_s = o->heartbeat_s,
@@ -486,6 +525,7 @@ static int serve(const options *o, const char *state, const char *host, int list
         .worker = o->worker,
         .slots = slots,
         .gpus = gpus,
+        .gpu_ids = gpu_ids,
         .grace_s = o->grace_s,
         .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state}};
     if (o->join[0]) { /* an agent: its master's address checked before anything serves */
@@ -496,6 +536,7 @@ static int serve(const options *o, const char *state, const char *host, int list
                               .advertise = o->advertise[0] ? o->advertise : NULL,
                               .slots = slots,
                               .gpus = gpus,
+                              .gpu = gpu,
                               .version = TRAIND_VERSION,
                               .state_dir = state,
                               .log = stderr};

@@ -29,6 +29,7 @@ struct td_agent {
     td_agent_config cfg;
     char master[256], secret[256], name[64], node_id[65], address[64], version[32];
     char url_register[320], url_heartbeat[320], url_files[320], auth[300], state_dir[4096];
+    td_node_gpu gpu[TD_GPUS_MAX]; /* cfg.gpus of them (cfg.gpu is the caller's) */
     pthread_mutex_t mu;
     pthread_cond_t wake; /* monotonic clock */
     pthread_t thread, mover;
@@ -382,11 +383,12 @@ static void *agent_loop(void *arg) {
         char why[CURL_ERROR_SIZE + 64] = "";
         long status;
         /* (a checkpoint's line goes up only once the mover has uploaded its files) */
-        json_t *msg = joined ? json_pack("{s:s, s:s}", "name", a->name, "node_id", a->node_id)
-                             : json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:s}", "protocol",
-                                         TD_CLUSTER_PROTOCOL, "name", a->name, "node_id",
-                                         a->node_id, "address", a->address, "slots", a->cfg.slots,
-                                         "gpus", a->cfg.gpus, "version", a->version);
+        json_t *msg = joined
+                          ? json_pack("{s:s, s:s}", "name", a->name, "node_id", a->node_id)
+                          : json_pack("{s:i, s:s, s:s, s:s, s:i, s:o, s:s}", "protocol",
+                                      TD_CLUSTER_PROTOCOL, "name", a->name, "node_id", a->node_id,
+                                      "address", a->address, "slots", a->cfg.slots, "gpus",
+                                      td_gpus_json(a->gpu, a->cfg.gpus), "version", a->version);
         if (msg) json_object_set_new(msg, "slots_used", json_integer(td_jobs_slots_used(a->jobs)));
         if (msg) json_object_set_new(msg, "parts", td_jobs_guests_report_locked(a->jobs));
         char *text = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
@@ -477,6 +479,10 @@ int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err) {
     snprintf(host, sizeof host, "%.*s", (int)(colon - cfg->master), cfg->master);
     td_agent *a = td_calloc(1, sizeof *a);
     a->cfg = *cfg;
+    if (a->cfg.gpus > TD_GPUS_MAX) a->cfg.gpus = TD_GPUS_MAX;
+    for (int i = 0; i < a->cfg.gpus; i++)
+        a->gpu[i] = cfg->gpu ? cfg->gpu[i] : (td_node_gpu){.index = i};
+    a->cfg.gpu = a->gpu;
     if (cfg->advertise && *cfg->advertise)
         snprintf(a->address, sizeof a->address, "%s", cfg->advertise);
     else if (td_net_route_address(host, "the master (--join)", a->address, sizeof a->address,

@@ -12,6 +12,8 @@
 
 #include "core/td_error.h"
 
+#include "service/td_gpus.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -24,6 +26,7 @@ typedef struct td_agent_config {
     const char *node_id;   /* this node's id (random, kept in the state directory) */
     const char *advertise; /* NULL: the address this node reaches the master from */
     int slots, gpus;
+    const td_node_gpu *gpu; /* the gpus GPUs (NULL: ordinals 0 to gpus - 1, nothing known) */
     const char *version;
     const char *state_dir; /* jobs/<id>/ of the parts this node runs */
     FILE *log;

@@ -18,6 +18,7 @@ enum { MAX_NODES = 4096, NAME_LEN = 64 };
 typedef struct node {
     char name[64], node_id[65], address[64], version[32];
     int slots, slots_used, gpus;
+    td_node_gpu gpu[TD_GPUS_MAX]; /* the first gpus */
     bool lost;
     double last_seen;  /* monotonic: what the timeout counts from */
     double last_wall;  /* the same moment on the wall clock, for the listing */
@@ -27,6 +28,7 @@ typedef struct node {
 struct td_cluster {
     td_cluster_config cfg;
     char name[64], address[64], version[32], secret[256];
+    td_node_gpu gpu[TD_GPUS_MAX]; /* the master's own (cfg.gpu is the caller's) */
     bool has_secret;
     pthread_mutex_t mu;
     pthread_cond_t wake; /* on a monotonic clock */
@@ -77,6 +79,10 @@ int td_cluster_open(td_cluster **out, const td_cluster_config *cfg, td_err *err)
     if (cfg->secret) snprintf(c->secret, sizeof c->secret, "%s", cfg->secret);
     c->cfg.name = c->name, c->cfg.address = c->address, c->cfg.version = c->version;
     c->cfg.secret = NULL; /* kept in c->secret only */
+    if (c->cfg.gpus > TD_GPUS_MAX) c->cfg.gpus = TD_GPUS_MAX;
+    if (c->cfg.gpus > 0 && cfg->gpu) memcpy(c->gpu, cfg->gpu, (size_t)c->cfg.gpus * sizeof *c->gpu);
+    for (int i = 0; i < c->cfg.gpus && !cfg->gpu; i++) c->gpu[i].index = i;
+    c->cfg.gpu = c->gpu;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -262,7 +268,7 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
     static const char *const KEYS[] = {"protocol", "name",    "node_id",    "address", "slots",
                                        "gpus",     "version", "slots_used", "parts",   NULL};
     node n = {0};
-    long protocol = 0, slots = 0, gpus = 0, used = 0;
+    long protocol = 0, slots = 0, used = 0;
     td_err err = {{0}};
     int rc = -1;
     if (td_json_int(o, "", "protocol", true, 0, 0, 1 << 20, &protocol, &err) != 0) {
@@ -282,7 +288,7 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
         td_json_string(o, "", "address", true, "", n.address, sizeof n.address, &err) != 0 ||
         td_json_string(o, "", "version", true, "", n.version, sizeof n.version, &err) != 0 ||
         td_json_int(o, "", "slots", true, 0, 1, 4096, &slots, &err) != 0 ||
-        td_json_int(o, "", "gpus", false, 0, 0, 4096, &gpus, &err) != 0 ||
+        td_gpus_from_json(json_object_get(o, "gpus"), "gpus", n.gpu, &n.gpus, &err) != 0 ||
         td_json_int(o, "", "slots_used", false, 0, 0, 4096, &used, &err) != 0) {
         td_reply_fail(e, 400, "bad_request", NULL, "%s", err.msg);
         goto done;
@@ -296,7 +302,13 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
         goto done;
     }
     /* slots_used: a node registering again may still be stopping what an ended attempt ran */
-    n.slots = (int)slots, n.gpus = (int)gpus, n.slots_used = (int)used;
+    n.slots = (int)slots, n.slots_used = (int)used;
+    if (n.gpus > 0 && n.gpus != n.slots) {
+        td_reply_fail(e, 400, "bad_request", "gpus",
+                      "slots %d but %d GPUs: a node with GPUs has one slot per GPU", n.slots,
+                      n.gpus);
+        goto done;
+    }
     n.last_seen = now, n.last_wall = td_clock_wall();
     pthread_mutex_lock(&c->mu);
     node *old = find(c, n.name);
@@ -319,9 +331,11 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                     c->nodes = td_realloc(c->nodes, (size_t)c->cap * sizeof *c->nodes);
                 }
                 old = &c->nodes[c->n++];
-                td_log_line(c->cfg.log, "node %s joined from %s: %d %s slot%s, traind %s", n.name,
-                            n.address, n.slots, n.gpus > 0 ? "GPU" : "CPU", n.slots == 1 ? "" : "s",
-                            n.version);
+                char gpus[512] = "";
+                td_gpus_describe(n.gpu, n.gpus, gpus, sizeof gpus);
+                td_log_line(c->cfg.log, "node %s joined from %s: %d %s slot%s%s%s, traind %s",
+                            n.name, n.address, n.slots, n.gpus > 0 ? "GPU" : "CPU",
+                            n.slots == 1 ? "" : "s", n.gpus > 0 ? ": " : "", gpus, n.version);
             } else if (old->lost) {
                 td_log_line(c->cfg.log, "node %s is back from %s after %.1f s lost%s", n.name,
                             n.address, now - old->lost_since,
@@ -438,8 +452,7 @@ static int by_name(const void *a, const void *b) {
 }
 
 static json_t *node_json(const node *n, const char *role, bool drained, double now) {
-    json_t *gpus = json_array();
-    for (int g = 0; g < n->gpus; g++) json_array_append_new(gpus, json_pack("{s:i}", "index", g));
+    json_t *gpus = td_gpus_json(n->gpu, n->gpus);
     const char *state = n->lost ? "lost" : drained ? "draining" : "ready";
     return json_pack("{s:s, s:s, s:s, s:s, s:{s:i, s:i}, s:o, s:s, s:f, s:f}", "name", n->name,
                      "role", role, "address", n->address, "state", state, "slots", "total",
@@ -454,6 +467,7 @@ static node master_node(const td_cluster *c, double now, int used) {
                  .gpus = c->cfg.gpus,
                  .last_seen = now,
                  .last_wall = td_clock_wall()};
+    memcpy(self.gpu, c->gpu, (size_t)c->cfg.gpus * sizeof *self.gpu);
     snprintf(self.name, sizeof self.name, "%s", c->name);
     snprintf(self.address, sizeof self.address, "%s", c->address);
     snprintf(self.version, sizeof self.version, "%s", c->version);

@@ -16,28 +16,31 @@
 #include "core/td_error.h"
 #include "service/td_buf.h"
 #include "service/td_db.h"
+#include "service/td_gpus.h"
 #include "service/td_submit.h" /* td_reply_error */
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
-/* The version of the register and heartbeat messages; a node speaking another is refused. */
-#define TD_CLUSTER_PROTOCOL 1
+/* The version of the register and heartbeat messages; a node speaking another is refused.
+ * 2: "gpus" is the list of the node's GPUs (td_gpus_json), no longer their number. */
+#define TD_CLUSTER_PROTOCOL 2
 
 typedef struct td_cluster td_cluster;
 
 typedef struct td_cluster_config {
-    const char *name;    /* the master's own node name */
-    const char *address; /* the master's advertised address */
-    int slots;           /* the master's own slots */
-    int gpus;            /* of which GPUs */
-    const char *version; /* traind's */
-    const char *secret;  /* NULL: this master accepts no agents */
-    double heartbeat_s;  /* what agents are told to keep */
-    double timeout_s;    /* silence after which a node is lost */
-    FILE *log;           /* one line per join, refusal, loss */
-    td_db *db;           /* where drained nodes are kept; NULL: in memory only (tests) */
+    const char *name;       /* the master's own node name */
+    const char *address;    /* the master's advertised address */
+    int slots;              /* the master's own slots */
+    int gpus;               /* of which GPUs (at most TD_GPUS_MAX) */
+    const td_node_gpu *gpu; /* which: gpus of them */
+    const char *version;    /* traind's */
+    const char *secret;     /* NULL: this master accepts no agents */
+    double heartbeat_s;     /* what agents are told to keep */
+    double timeout_s;       /* silence after which a node is lost */
+    FILE *log;              /* one line per join, refusal, loss */
+    td_db *db;              /* where drained nodes are kept; NULL: in memory only (tests) */
 } td_cluster_config;
 
 /* A node name: 1 to 63 of [A-Za-z0-9._-], as hostnames are. */

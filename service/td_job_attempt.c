@@ -82,7 +82,8 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
         }
         stdout_fds[r] = r == 0 ? out_pipe[1] : stderr_fds[r];
         if (jb->devices) {
-            snprintf(devices_text[r], sizeof devices_text[r], "%d", jb->devices[r]);
+            snprintf(devices_text[r], sizeof devices_text[r], "%d",
+                     td_jobs_gpu_id(j, jb->devices[r]));
             devices[r] = devices_text[r];
         }
     }

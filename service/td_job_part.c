@@ -245,7 +245,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         for (int i = 0; i < j->cfg.gpus && k < n; i++)
             if (!j->gpu_used[i]) j->gpu_used[i] = true, g->devices[k++] = i;
         for (int r = 0; r < k; r++) {
-            snprintf(devices_text[r], sizeof devices_text[r], "%d", g->devices[r]);
+            snprintf(devices_text[r], sizeof devices_text[r], "%d",
+                     td_jobs_gpu_id(j, g->devices[r]));
             devices[r] = devices_text[r];
         }
         if (k < n) {
@@ -519,7 +520,7 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
         char devices[128] = "";
         for (int r = 0; g->devices && r < g->nproc; r++)
             snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%d",
-                     r ? "," : "", g->devices[r]);
+                     r ? "," : "", td_jobs_gpu_id(j, g->devices[r]));
         json_t *e = json_pack(
             "{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s}", "job", (json_int_t)g->job,
             "attempt", g->attempt, "state", g->running ? "running" : "ended", "exit_code",

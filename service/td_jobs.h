@@ -22,7 +22,8 @@ typedef struct td_jobs_config {
     const char *state_dir; /* jobs/<id>/ lives here */
     const char *worker;    /* traind-worker's path */
     int slots;             /* GPUs, or CPU slots when there are none */
-    int gpus;              /* > 0: slot i is GPU i (CUDA_VISIBLE_DEVICES) */
+    int gpus;              /* > 0: slot i is GPU gpu_ids[i] (CUDA_VISIBLE_DEVICES) */
+    const int *gpu_ids;    /* the gpus CUDA ordinals (NULL: 0 to gpus - 1); kept, not copied */
     double grace_s;        /* SIGTERM to SIGKILL */
     td_submit_rules rules;
 } td_jobs_config;

@@ -149,6 +149,10 @@ void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason
 
 /* ---- td_job_queue.c ---- */
 double td_jobs_deadline(const job *jb); /* the time limit's end, or 0 */
+/* The CUDA ordinal of GPU slot `slot` (td_jobs_config.gpu_ids). */
+static inline int td_jobs_gpu_id(const td_jobs *j, int slot) {
+    return j->cfg.gpu_ids ? j->cfg.gpu_ids[slot] : slot;
+}
 bool td_jobs_reserve_slots(td_jobs *j, job *jb);
 void td_jobs_release_slots(td_jobs *j, job *jb);
 void td_jobs_schedule(td_jobs *j);

@@ -70,8 +70,10 @@ start_master() {
         --node-timeout "$timeout_s"
     master_pid=$daemon_pid
 }
-agent() { # K NAME LOG
-    daemon "$1" "$2" "$3" --cluster-secret-file "$tmp/secret" --join "$master"
+agent() { # K NAME LOG [ARGS...]
+    k=$1 name=$2 log=$3
+    shift 3
+    daemon "$k" "$name" "$log" --cluster-secret-file "$tmp/secret" --join "$master" "$@"
 }
 logged() { grep -q "$2" "$tmp/$1.err"; }
 # api METHOD PATH [BODY-FILE]: the master's API, from the master's namespace
@@ -108,11 +110,22 @@ no_leftovers() { [ -z "$(leftovers "$1")" ]; }
 
 start_master 1
 until_true 10 logged m0-1 "listening on" || bad "the master did not start: $(cat "$tmp/m0-1.err")"
-agent 1 n1 n1
+# the agents' GPUs are declared (no machine here has any): n1's in its config file, with names
+# and memory, n2's on its command line, as ordinals 2 and 3 (a node kept to some of its GPUs)
+echo '{"gpus": [{"index": 0, "name": "Declared GPU", "memory_gib": 16}, {"index": 1, "name": "Declared GPU", "memory_gib": 16}]}' >"$tmp/n1.json"
+agent 1 n1 n1 --config "$tmp/n1.json"
 n1_pid=$daemon_pid
-agent 2 n2 n2
+agent 2 n2 n2 --gpus 2,3
 n2_pid=$daemon_pid
 if until_true 15 nodes_ready 3; then ok; else bad "3 nodes did not join: $(api GET /v1/nodes)"; fi
+got=$(api GET /v1/nodes | python3 -c '
+import json, sys
+for n in json.load(sys.stdin)["nodes"]:
+    print(n["name"], n["slots"]["total"], ",".join("%d:%s:%s" % (g["index"], g["name"], g["memory_bytes"]) for g in n["gpus"]) or "-")')
+want="m0 2 -
+n1 2 0:Declared GPU:17179869184,1:Declared GPU:17179869184
+n2 2 2:None:None,3:None:None"
+if [ "$got" = "$want" ]; then ok; else bad "the nodes' GPUs: $got"; fi
 
 # 1. a 2 x 2 LeNet job on the agents; the reference: one process with the global batch
 lenet() { # NAME BATCH STEPS CHECKPOINT-DIR(or "")
@@ -179,7 +192,15 @@ p2=$(env_of "$g2" | grep -o 'MASTER_PORT=[0-9]*')
 if [ -n "$p1" ] && [ "$p1" != "$p2" ]; then ok; else bad "two jobs on the same nodes: $p1 and $p2"; fi
 echo "two jobs at once: $p1, $p2"
 want="GROUP_RANK=0 GROUP_WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=$net.2 $p1 RANK=0 ROLE_NAME=default ROLE_RANK=0 ROLE_WORLD_SIZE=2 TORCHELASTIC_MAX_RESTARTS=0 TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=traind-job-$g1 WORLD_SIZE=2"
-if [ "$(env_of "$g1")" = "$want" ]; then ok; else bad "rank 0's environment: $(env_of "$g1"), expected $want"; fi
+without_gpu() { env_of "$1" | sed 's/^CUDA_VISIBLE_DEVICES=[0-9]* //'; }
+if [ "$(without_gpu "$g1")" = "$want" ]; then ok; else bad "rank 0's environment: $(env_of "$g1"), expected $want"; fi
+# each job's rank got one of its node's GPUs, the two jobs different ones: rank 0 on n1 (0, 1),
+# rank 1 on n2 (2, 3: the ordinals it declared), read from the environment each process saw
+gpu_of() { env_of "$1" | grep -o '^CUDA_VISIBLE_DEVICES=[0-9]*' | cut -d= -f2; }
+gpu_of_rank1() { api GET "/v1/jobs/$1/logs?rank=1" | grep -o '"CUDA_VISIBLE_DEVICES": "[0-9]*"' | grep -o '[0-9]*'; }
+until_true 20 gpu_of_rank1 "$g1" >/dev/null && until_true 20 gpu_of_rank1 "$g2" >/dev/null
+got="$(gpu_of "$g1") $(gpu_of "$g2") $(gpu_of_rank1 "$g1") $(gpu_of_rank1 "$g2")"
+case $got in "0 1 2 3" | "0 1 3 2" | "1 0 2 3" | "1 0 3 2") ok ;; *) bad "the GPUs of two jobs on n1, n2: $got" ;; esac
 touch "$tmp/release1" "$tmp/release2"
 until_true 60 ended "$g1"
 until_true 60 ended "$g2"

@@ -33,7 +33,8 @@ static char *reg_body(const char *name, const char *id, int protocol) {
     static char b[512];
     snprintf(b, sizeof b,
              "{\"protocol\":%d,\"name\":\"%s\",\"node_id\":\"%s\",\"address\":\"10.0.0.2\","
-             "\"slots\":2,\"gpus\":1,\"version\":\"9.9\"}",
+             "\"slots\":2,\"gpus\":[{\"index\":0,\"name\":\"Test GPU\",\"memory_bytes\":1024},"
+             "{\"index\":3,\"name\":null,\"memory_bytes\":null}],\"version\":\"9.9\"}",
              protocol, name, id);
     return b;
 }
@@ -121,7 +122,14 @@ Test(cluster, nodes_join_and_are_listed_after_the_master) {
     cr_expect_str_eq(json_string_value(json_object_get(n1, "address")), "10.0.0.2");
     cr_expect_str_eq(json_string_value(json_object_get(n1, "state")), "ready");
     cr_expect_eq(json_integer_value(json_object_get(json_object_get(n1, "slots"), "total")), 2);
-    cr_expect_eq(json_array_size(json_object_get(n1, "gpus")), 1);
+    json_t *gpus = json_object_get(n1, "gpus");
+    cr_assert_eq(json_array_size(gpus), 2);
+    json_t *g0 = json_array_get(gpus, 0), *g1 = json_array_get(gpus, 1);
+    cr_expect_eq(json_integer_value(json_object_get(g0, "index")), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(g0, "name")), "Test GPU");
+    cr_expect_eq(json_integer_value(json_object_get(g0, "memory_bytes")), 1024);
+    cr_expect_eq(json_integer_value(json_object_get(g1, "index")), 3, "declared ordinals stay");
+    cr_expect(json_is_null(json_object_get(g1, "name")), "an unknown name is null");
     json_decref(o);
     td_cluster_close(c);
 }
@@ -143,13 +151,22 @@ Test(cluster, refusals_name_the_problem) {
     cr_expect_eq(do_register(c, "n1", "aaaaaaaa01", 2, &e), 0, "the same node again is fine");
     cr_expect_neq(do_register(c, "bad name", "aaaaaaaa02", 2, &e), 0);
     cr_expect_str_eq(e.field, "name");
-    const char *junk = "{\"protocol\":1,\"name\":\"n3\"";
+    const char *junk = "{\"protocol\":2,\"name\":\"n3\"";
     cr_expect_neq(td_cluster_register(c, junk, strlen(junk), 0, &out, &e), 0);
     cr_expect_eq(e.status, 400);
-    const char *addr = "{\"protocol\":1,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+    const char *addr = "{\"protocol\":2,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
                        "\"nowhere\",\"slots\":1,\"version\":\"9.9\"}";
     cr_expect_neq(td_cluster_register(c, addr, strlen(addr), 0, &out, &e), 0);
     cr_expect_str_eq(e.field, "address");
+    const char *gpus = "{\"protocol\":2,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+                       "\"10.0.0.3\",\"slots\":2,\"gpus\":[{\"index\":0}],\"version\":\"9.9\"}";
+    cr_expect_neq(td_cluster_register(c, gpus, strlen(gpus), 0, &out, &e), 0);
+    cr_expect(strstr(e.message, "one slot per GPU"), "%s", e.message);
+    const char *twice = "{\"protocol\":2,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+                        "\"10.0.0.3\",\"slots\":2,\"gpus\":[{\"index\":1},{\"index\":1}],"
+                        "\"version\":\"9.9\"}";
+    cr_expect_neq(td_cluster_register(c, twice, strlen(twice), 0, &out, &e), 0);
+    cr_expect(strstr(e.message, "gpus[1]: GPU 1 is listed twice"), "%s", e.message);
     td_buf_free(&out);
     td_cluster_close(c);
 }
@@ -218,4 +235,53 @@ Test(cluster, draining_is_shown_kept_in_the_database_and_undone) {
     cr_expect(td_cluster_drained(c, "m0"));
     td_cluster_close(c);
     td_db_close(db);
+}
+
+/* The inventory a node declares (--gpus, the config file's "gpus") and how it meets what the
+ * driver finds. */
+Test(gpus, declared_lists_parse_and_meet_the_found_devices) {
+    td_node_gpu d[TD_GPUS_MAX],
+        found[2] = {{0, "Real GPU", 80ull << 30}, {1, "Real GPU", 80ull << 30}}, out[TD_GPUS_MAX];
+    int n = 0, m = 0;
+    td_err err = {{0}};
+    cr_assert_eq(td_gpus_parse_list("0,2,3", d, &n, &err), 0, "%s", err.msg);
+    cr_expect_eq(n, 3);
+    cr_expect_eq(d[1].index, 2);
+    cr_expect_neq(td_gpus_parse_list("0,,1", d, &n, &err), 0);
+    cr_expect(strstr(err.msg, "separated by commas"), "%s", err.msg);
+    cr_expect_neq(td_gpus_parse_list("0,x", d, &n, &err), 0);
+    cr_expect(strstr(err.msg, "\"x\" is not a device ordinal"), "%s", err.msg);
+    cr_expect_neq(td_gpus_parse_list("1,1", d, &n, &err), 0);
+    cr_expect(strstr(err.msg, "listed twice"), "%s", err.msg);
+
+    json_t *a =
+        json_loads("[{\"index\": 1, \"name\": \"Declared\", \"memory_gib\": 2}, 0]", 0, NULL);
+    cr_assert_eq(td_gpus_parse_json(a, "gpus", d, &n, &err), 0, "%s", err.msg);
+    json_decref(a);
+    cr_expect_eq(n, 2);
+    cr_expect_str_eq(d[0].name, "Declared");
+    cr_expect_eq(d[0].memory_bytes, 2ull << 30);
+    a = json_loads("[{\"index\": 1, \"memory\": 2}]", 0, NULL);
+    cr_expect_neq(td_gpus_parse_json(a, "gpus", d, &n, &err), 0);
+    cr_expect(strstr(err.msg, "gpus[0].memory: unknown key"), "%s", err.msg);
+    json_decref(a);
+
+    /* declared beside found ones: checked, completed; without any found: taken as they are */
+    cr_assert_eq(td_gpus_parse_list("1", d, &n, &err), 0);
+    cr_assert_eq(td_gpus_resolve(d, n, found, 2, out, &m, &err), 0, "%s", err.msg);
+    cr_expect_eq(m, 1);
+    cr_expect_eq(out[0].index, 1);
+    cr_expect_str_eq(out[0].name, "Real GPU");
+    cr_assert_eq(td_gpus_parse_list("0,2", d, &n, &err), 0);
+    cr_expect_neq(td_gpus_resolve(d, n, found, 2, out, &m, &err), 0);
+    cr_expect(strstr(err.msg, "GPU 2 is declared, but the driver finds 2 GPUs"), "%s", err.msg);
+    cr_assert_eq(td_gpus_resolve(d, n, NULL, 0, out, &m, &err), 0);
+    cr_expect_eq(m, 2);
+    cr_expect_eq(out[1].index, 2);
+    cr_assert_eq(td_gpus_resolve(NULL, 0, found, 2, out, &m, &err), 0);
+    cr_expect_eq(m, 2, "nothing declared: every found one");
+
+    char text[128];
+    td_gpus_describe(found, 2, text, sizeof text);
+    cr_expect_str_eq(text, "GPUs 0,1 (Real GPU, 80.0 GiB each)");
 }

@@ -32,6 +32,17 @@ typedef struct td_gpu td_gpu;
  * the backend, so CPU jobs and the daemon never map CUDA's libraries. */
 int td_gpu_device_count(char *why, size_t len);
 
+/* One device as the driver describes it: its CUDA ordinal, name and memory (an empty name or 0
+ * bytes where the driver would not say). */
+typedef struct td_gpu_device_info {
+    int index;
+    char name[96];
+    uint64_t memory_bytes;
+} td_gpu_device_info;
+
+/* As td_gpu_device_count, and the first max devices described in out. */
+int td_gpu_devices(td_gpu_device_info *out, int max, char *why, size_t len);
+
 /* CUDA graphs (graph_step): the arguments of one step, and its failure that ends the job. */
 #define TD_GPU_GRAPH_FATAL (-2)
 typedef struct td_gpu_step_args {

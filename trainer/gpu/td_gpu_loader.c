@@ -80,12 +80,15 @@ const td_gpu_api *td_gpu_load(td_err *err) {
     return library.api;
 }
 
-/* Driver API entry points, declared here: the driver's header is not needed for three calls. */
+/* Driver API entry points, declared here: the driver's header is not needed for five calls. */
 typedef int (*cu_init_fn)(unsigned flags);
 typedef int (*cu_count_fn)(int *count);
 typedef int (*cu_error_fn)(int status, const char **text);
+typedef int (*cu_get_fn)(int *device, int ordinal);
+typedef int (*cu_name_fn)(char *name, int len, int device);
+typedef int (*cu_memory_fn)(size_t *bytes, int device);
 
-int td_gpu_device_count(char *why, size_t len) {
+int td_gpu_devices(td_gpu_device_info *out, int max, char *why, size_t len) {
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!cuda) {
         snprintf(why, len, "no NVIDIA driver (libcuda.so.1 not found)");
@@ -94,6 +97,9 @@ int td_gpu_device_count(char *why, size_t len) {
     cu_init_fn init = (cu_init_fn)dlsym(cuda, "cuInit");
     cu_count_fn count_fn = (cu_count_fn)dlsym(cuda, "cuDeviceGetCount");
     cu_error_fn error_fn = (cu_error_fn)dlsym(cuda, "cuGetErrorString");
+    cu_get_fn get_fn = (cu_get_fn)dlsym(cuda, "cuDeviceGet");
+    cu_name_fn name_fn = (cu_name_fn)dlsym(cuda, "cuDeviceGetName");
+    cu_memory_fn memory_fn = (cu_memory_fn)dlsym(cuda, "cuDeviceTotalMem_v2");
     int count = 0, rc = init && count_fn ? init(0) : -1;
     if (rc == 0) rc = count_fn(&count);
     if (rc != 0) {
@@ -107,6 +113,22 @@ int td_gpu_device_count(char *why, size_t len) {
     } else {
         snprintf(why, len, "%d CUDA device%s", count, count > 1 ? "s" : "");
     }
+    /* what each one is, for the node's listing: a name or size the driver will not tell stays
+     * empty (0), which the listing shows as unknown rather than failing the daemon */
+    for (int i = 0; i < count && i < max; i++) {
+        int device = 0;
+        size_t bytes = 0;
+        out[i] = (td_gpu_device_info){.index = i};
+        if (!get_fn || get_fn(&device, i) != 0) continue;
+        if (name_fn && name_fn(out[i].name, (int)sizeof out[i].name, device) != 0)
+            out[i].name[0] = 0;
+        out[i].name[sizeof out[i].name - 1] = 0;
+        if (memory_fn && memory_fn(&bytes, device) == 0) out[i].memory_bytes = bytes;
+    }
     /* the driver stays loaded: the backend will use it */
     return count;
+}
+
+int td_gpu_device_count(char *why, size_t len) {
+    return td_gpu_devices(NULL, 0, why, len);
 }

@@ -5,6 +5,12 @@
 
 #include <stdio.h>
 
+int td_gpu_devices(td_gpu_device_info *out, int max, char *why, size_t len) {
+    (void)out, (void)max;
+    snprintf(why, len, "built without CUDA (-DTRAIND_CUDA=OFF)");
+    return 0;
+}
+
 int td_gpu_device_count(char *why, size_t len) {
     snprintf(why, len, "built without CUDA (-DTRAIND_CUDA=OFF)");
     return 0;
