@@ -39,6 +39,7 @@ struct td_agent {
      * heartbeats stopped for a big checkpoint would be marked lost) */
     json_t *fetches;
     pthread_cond_t moved;
+    double fetch_limit_s; /* how long a failing fetch may go on: the master's node timeout */
     td_jobs *jobs;
 };
 
@@ -200,25 +201,45 @@ static bool upload_checkpoints(td_agent *a) {
     return true;
 }
 
-/* Fetches the checkpoint a part resumes from into this node's job directory, each file checked
- * by size and SHA-256 (a file already here and whole is kept). */
-static bool fetch_checkpoint(td_agent *a, long job, json_t *resume) {
+/* Fetches the checkpoint a part resumes from to where the part's ranks look for it (the job's
+ * checkpoints/ here, or a train job's own checkpoint.dir), each file checked by size and SHA-256
+ * (a file already there and whole is kept: an earlier fetch, or shared storage). False with why. */
+static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, char *why, size_t why_len) {
+    const char *dir = json_string_value(json_object_get(resume, "dir"));
+    if (!dir || !*dir || strstr(dir, "..")) {
+        snprintf(why, why_len, "the master's order names no place for the checkpoint");
+        return false;
+    }
+    char root[2 * PATH_MAX];
+    int n = dir[0] == '/' ? snprintf(root, sizeof root, "%s", dir)
+                          : snprintf(root, sizeof root, "%s/jobs/%ld/%s", a->state_dir, job, dir);
+    if (n < 0 || n >= (int)sizeof root) {
+        snprintf(why, why_len, "the checkpoint's place here is too long a path");
+        return false;
+    }
     size_t i;
     json_t *f;
     json_array_foreach(json_object_get(resume, "files"), i, f) {
         const char *rel = json_string_value(json_object_get(f, "path"));
         const char *want = json_string_value(json_object_get(f, "sha256"));
-        if (!rel || !want || strstr(rel, "..")) return false;
-        char path[8300], tmp[8400], hex[TD_SHA256_HEX], why[512] = "";
-        snprintf(path, sizeof path, "%s/jobs/%ld/%s", a->state_dir, job, rel);
+        static const char PREFIX[] = "checkpoints/";
+        if (!rel || !want || strncmp(rel, PREFIX, strlen(PREFIX)) != 0 || strstr(rel, "..")) {
+            snprintf(why, why_len, "a malformed file in the master's order: %.200s",
+                     rel ? rel : "(no path)");
+            return false;
+        }
+        char path[3 * PATH_MAX], tmp[3 * PATH_MAX + 8], hex[TD_SHA256_HEX];
+        if (snprintf(path, sizeof path, "%s/%s", root, rel + strlen(PREFIX)) >= (int)sizeof path) {
+            snprintf(why, why_len, "the checkpoint's place here is too long a path");
+            return false;
+        }
         long long size;
         td_err err = {{0}};
         if (td_sha256_file(path, hex, &size, &err) == 0 && strcmp(hex, want) == 0) continue;
-        for (char *p = path + strlen(a->state_dir) + 1; (p = strchr(p, '/')); p++) {
+        for (char *p = path + 1; (p = strchr(p, '/')); p++) {
             *p = 0;
             if (mkdir(path, 0750) != 0 && errno != EEXIST) {
-                td_log_line(a->cfg.log, "job %ld: cannot create %s: %s", job, path,
-                            strerror(errno));
+                snprintf(why, why_len, "cannot create %.300s: %s", path, strerror(errno));
                 return false;
             }
             *p = '/';
@@ -226,18 +247,17 @@ static bool fetch_checkpoint(td_agent *a, long job, json_t *resume) {
         snprintf(tmp, sizeof tmp, "%s.part", path);
         FILE *out = fopen(tmp, "wb");
         if (!out) {
-            td_log_line(a->cfg.log, "job %ld: cannot write %s: %s", job, tmp, strerror(errno));
+            snprintf(why, why_len, "cannot write %.300s: %s", tmp, strerror(errno));
             return false;
         }
-        char url[8500];
+        char url[8500], failure[512] = "";
         snprintf(url, sizeof url, "%s/%ld/%s", a->url_files, job, rel);
-        long status = transfer(a, url, out, 0, false, why, sizeof why);
+        long status = transfer(a, url, out, 0, false, failure, sizeof failure);
         bool ok = fclose(out) == 0 && status == 200;
         ok = ok && td_sha256_file(tmp, hex, &size, &err) == 0 && strcmp(hex, want) == 0;
         if (!ok || rename(tmp, path) != 0) {
-            td_log_line(a->cfg.log,
-                        "job %ld: fetching %s from the master failed (%s); the part waits", job,
-                        rel, status != 200 ? why : "its SHA-256 differs");
+            snprintf(why, why_len, "fetching %.300s from the master: %.300s", rel,
+                     status != 200 ? failure : "its SHA-256 differs");
             unlink(tmp);
             return false;
         }
@@ -263,6 +283,23 @@ static void take_orders(td_agent *a, json_t *orders) {
             pthread_mutex_lock(&a->mu);
             json_t *f = json_object_get(a->fetches, key);
             bool fetched = f && json_is_true(json_object_get(f, "ready"));
+            double since = json_number_value(json_object_get(f, "failing_since"));
+            const char *error = json_string_value(json_object_get(f, "error"));
+            if (!fetched && error && since > 0 && td_clock_now() - since >= a->fetch_limit_s) {
+                /* the part starts only to fail at once, saying why: the master ends the
+                 * attempt and restarts the job under its policy instead of waiting for ever */
+                char why[800];
+                snprintf(why, sizeof why,
+                         "its checkpoint (step %ld) could not be fetched from the master for "
+                         "%.0f s: %.600s",
+                         (long)json_integer_value(json_object_get(resume, "step")),
+                         td_clock_now() - since, error);
+                json_t *failed = json_deep_copy(o);
+                json_object_set_new(failed, "fetch_error", json_string(why));
+                json_array_append_new(ready, failed);
+                pthread_mutex_unlock(&a->mu);
+                continue;
+            }
             if (!f) {
                 json_object_set_new(a->fetches, key,
                                     json_pack("{s:I, s:O, s:b}", "job", (json_int_t)job, "resume",
@@ -309,12 +346,21 @@ static void *mover_loop(void *arg) {
         json_t *t;
         json_array_foreach(todo, i, t) {
             json_t *fe = json_object_get(t, "fetch");
-            if (!fetch_checkpoint(a, (long)json_integer_value(json_object_get(fe, "job")),
-                                  json_object_get(fe, "resume")))
-                continue;
+            long job = (long)json_integer_value(json_object_get(fe, "job"));
+            char why[800] = "";
+            bool ok = fetch_checkpoint(a, job, json_object_get(fe, "resume"), why, sizeof why);
             pthread_mutex_lock(&a->mu);
             json_t *now = json_object_get(a->fetches, json_string_value(json_object_get(t, "key")));
-            if (now) json_object_set_new(now, "ready", json_true());
+            if (now && ok) {
+                json_object_set_new(now, "ready", json_true());
+            } else if (now) { /* tried again next turn; failing for too long fails the part */
+                if (!json_object_get(now, "failing_since"))
+                    json_object_set_new(now, "failing_since", json_real(td_clock_now()));
+                const char *before = json_string_value(json_object_get(now, "error"));
+                if (!before || strcmp(before, why) != 0)
+                    td_log_line(a->cfg.log, "job %ld: %s; the part waits", job, why);
+                json_object_set_new(now, "error", json_string(why));
+            }
             pthread_mutex_unlock(&a->mu);
         }
         json_decref(todo);
@@ -408,6 +454,9 @@ static void *agent_loop(void *arg) {
             last_ok = td_clock_now();
             if (h > 0) heartbeat_s = h;
             if (t > 0) timeout_s = t;
+            pthread_mutex_lock(&a->mu);
+            a->fetch_limit_s = timeout_s;
+            pthread_mutex_unlock(&a->mu);
             if (!joined)
                 td_log_line(
                     a->cfg.log,
@@ -479,6 +528,7 @@ int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err) {
     snprintf(host, sizeof host, "%.*s", (int)(colon - cfg->master), cfg->master);
     td_agent *a = td_calloc(1, sizeof *a);
     a->cfg = *cfg;
+    a->fetch_limit_s = 10;
     if (a->cfg.gpus > TD_GPUS_MAX) a->cfg.gpus = TD_GPUS_MAX;
     for (int i = 0; i < a->cfg.gpus; i++)
         a->gpu[i] = cfg->gpu ? cfg->gpu[i] : (td_node_gpu){.index = i};

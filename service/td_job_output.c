@@ -29,8 +29,7 @@ void td_jobs_set_checkpoint(job *jb, long step, const char *path) {
     free(jb->ckpt_path);
     jb->ckpt_path = td_str_dup(path);
     jb->ckpt_step = step;
-    json_decref(jb->ckpt_files); /* listed when a node needs them (td_job_place.c) */
-    jb->ckpt_files = NULL;
+    td_jobs_resume_forget(jb); /* listed when a node needs it (td_job_resume.c) */
 }
 
 /* Whether every file a node uploaded for a checkpoint is in the job's directory with its size

@@ -111,12 +111,10 @@ void td_jobs_guests_read(td_jobs *j, guest *g) {
 
 /* ---- starting and stopping ------------------------------------------------------------------- */
 
-/* Checkpoints in dir/checkpoints newer than the one this attempt resumes from were never
- * registered by the master (written as the last attempt ended): resuming from one would put this
- * node's ranks ahead of the others'. */
-static void remove_newer_checkpoints(const char *dir, long resume_step) {
-    char root[PATH_MAX + 16];
-    snprintf(root, sizeof root, "%s/checkpoints", dir);
+/* Checkpoints in root newer than the one this attempt resumes from were never registered by the
+ * master (written as the last attempt ended): resuming from one would put this node's ranks
+ * ahead of the others'. */
+static void remove_newer_checkpoints(const char *root, long resume_step) {
     DIR *d = opendir(root);
     if (!d) return;
     struct dirent *e;
@@ -203,10 +201,19 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     g->log_sent = td_calloc((size_t)n, sizeof *g->log_sent);
     bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
               (td_fail(&err, "cannot create %s: %s", g->dir, strerror(errno)), false);
-    json_t *resume = json_object_get(o, "resume");
-    long resume_step =
-        json_is_object(resume) ? (long)json_integer_value(json_object_get(resume, "step")) : -1;
-    if (ok) remove_newer_checkpoints(g->dir, resume_step);
+    const char *fetch_error = json_string_value(json_object_get(o, "fetch_error"));
+    if (ok && fetch_error) ok = (td_fail(&err, "%s", fetch_error), false);
+    /* where the ranks look for the checkpoint they resume from (the agent fetched it there):
+     * the job's checkpoints/, or a train job's own checkpoint.dir */
+    json_t *resume =
+        json_is_object(json_object_get(o, "resume")) ? json_object_get(o, "resume") : NULL;
+    long resume_step = resume ? (long)json_integer_value(json_object_get(resume, "step")) : -1;
+    const char *rdir = resume ? json_string_value(json_object_get(resume, "dir")) : NULL;
+    const char *rbase = resume ? json_string_value(json_object_get(resume, "base")) : NULL;
+    char ckpt_root[PATH_MAX + 16];
+    snprintf(ckpt_root, sizeof ckpt_root, "%s%s%s", rdir && rdir[0] == '/' ? "" : g->dir,
+             rdir && rdir[0] == '/' ? "" : "/", rdir ? rdir : "checkpoints");
+    if (ok) remove_newer_checkpoints(ckpt_root, resume_step);
     if (ok && strcmp(g->kind, "command") == 0) {
         argv = order_strv(json_object_get(o, "argv"));
     } else if (ok) {
@@ -234,9 +241,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     char var[PATH_MAX + 64];
     snprintf(var, sizeof var, "TRAIND_JOB_ID=%ld", g->job);
     env[n_env] = td_str_dup(var);
-    const char *latest = json_string_value(json_object_get(resume, "local_path"));
-    if (latest && strcmp(g->kind, "command") == 0) {
-        snprintf(var, sizeof var, "TRAIND_LATEST_CHECKPOINT=%s/%s", g->dir, latest);
+    if (rbase && strcmp(g->kind, "command") == 0) {
+        snprintf(var, sizeof var, "TRAIND_LATEST_CHECKPOINT=%s/%s", ckpt_root, rbase);
         env[n_env + 1] = td_str_dup(var);
     }
     if (ok && j->cfg.gpus > 0) {

@@ -12,9 +12,7 @@
  * node is lost). The first failure stops every other part and names its node and rank. */
 #include "service/td_jobs_private.h"
 
-#include "service/td_ckpt.h"
 #include "service/td_cluster.h"
-#include "service/td_sha256.h"
 #include "service/td_strv.h"
 
 #include <errno.h>
@@ -129,6 +127,8 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
         if (p->local) j->used_slots += jb->row.nproc;
     }
     jb->master_port = port;
+    json_decref(jb->resume_order);
+    jb->resume_order = td_jobs_resume_order(jb); /* fixed for the attempt */
     jb->active = true;
     jb->parts_stopping = false;
     jb->parts_code = 0;
@@ -184,6 +184,8 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
     free(jb->parts);
     jb->parts = NULL;
     jb->n_parts = 0;
+    json_decref(jb->resume_order);
+    jb->resume_order = NULL;
     jb->active = false;
     td_group_free(&jb->group);
     memset(&jb->group, 0, sizeof jb->group);
@@ -213,6 +215,11 @@ static bool try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *c
         td_jobs_start_attempt(j, jb);
         return true;
     }
+    bool on_master = false;
+    for (int i = 0; i < jb->nnodes; i++) on_master |= nodes[picked[i]].master;
+    int resume = td_jobs_resume_ready(j, jb, on_master);
+    if (resume != TD_RESUME_READY)
+        return resume == TD_RESUME_FAILED; /* (failed: out of the queue) */
     start_parts(j, jb, nodes, picked);
     if (!jb->parts) return false;
     for (int i = 0; i < jb->nnodes; i++) cap[picked[i]] -= jb->row.nproc;
@@ -274,48 +281,6 @@ void td_jobs_schedule_cluster(td_jobs *j) {
 
 /* ---- orders ---------------------------------------------------------------------------------- */
 
-/* The latest checkpoint's files, relative to the job's directory, with size and SHA-256: what a
- * node fetches before its ranks start. */
-static json_t *checkpoint_files(td_jobs *j, job *jb) {
-    if (!jb->ckpt_path) return NULL;
-    if (jb->ckpt_files) return jb->ckpt_files;
-    const char *base = strrchr(jb->ckpt_path, '/');
-    base = base ? base + 1 : jb->ckpt_path;
-    struct stat st;
-    if (stat(jb->ckpt_path, &st) != 0) return NULL;
-    json_t *files = json_array();
-    td_err err = {{0}};
-    td_ckpt_file *list = NULL;
-    int n = 0;
-    if (S_ISDIR(st.st_mode) && td_ckpt_list(jb->ckpt_path, &list, &n, &err) != 0) {
-        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
-        json_decref(files);
-        return NULL;
-    }
-    for (int i = 0; i < (S_ISDIR(st.st_mode) ? n : 1); i++) {
-        char path[2 * PATH_MAX], rel[PATH_MAX], hex[TD_SHA256_HEX];
-        long long size = 0;
-        if (S_ISDIR(st.st_mode)) {
-            snprintf(path, sizeof path, "%s/%s", jb->ckpt_path, list[i].name);
-            snprintf(rel, sizeof rel, "checkpoints/%s/%s", base, list[i].name);
-        } else {
-            snprintf(path, sizeof path, "%s", jb->ckpt_path);
-            snprintf(rel, sizeof rel, "checkpoints/%s", base);
-        }
-        if (td_sha256_file(path, hex, &size, &err) != 0) {
-            fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
-            json_decref(files);
-            files = NULL;
-            break;
-        }
-        json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", rel, "size",
-                                               (json_int_t)size, "sha256", hex));
-    }
-    td_ckpt_files_free(list, n);
-    jb->ckpt_files = files;
-    return files;
-}
-
 /* What the job runs, as a node needs it: a train job's spec with the daemon's own checkpoint
  * directory made relative to the job's directory (every node has one of its own). */
 static json_t *order_spec(job *jb) {
@@ -330,22 +295,15 @@ static json_t *order_spec(job *jb) {
     return spec ? spec : json_null();
 }
 
-static json_t *order(td_jobs *j, job *jb, const part *p) {
+static json_t *order(job *jb, const part *p) {
     json_t *argv = json_array(), *env = json_array();
     bool command = strcmp(jb->row.kind, "command") == 0;
     for (int i = 0; command && jb->argv[i]; i++)
         json_array_append_new(argv, json_string(jb->argv[i]));
     for (int i = 0; jb->env && jb->env[i]; i++) json_array_append_new(env, json_string(jb->env[i]));
-    json_t *resume = json_null();
-    /* only a part about to start needs it (its list is hashed once per checkpoint) */
-    json_t *files = p->state == PART_STARTING ? checkpoint_files(j, jb) : NULL;
-    if (files) {
-        const char *base = strrchr(jb->ckpt_path, '/');
-        char local[PATH_MAX];
-        snprintf(local, sizeof local, "checkpoints/%s", base ? base + 1 : jb->ckpt_path);
-        resume = json_pack("{s:I, s:O, s:s}", "step", (json_int_t)jb->ckpt_step, "files", files,
-                           "local_path", local);
-    }
+    /* only a part about to start needs what it resumes from and what it runs */
+    bool starting = p->state == PART_STARTING;
+    json_t *resume = starting && jb->resume_order ? json_incref(jb->resume_order) : json_null();
     json_t *logs = json_array();
     for (int r = 0; r < jb->row.nproc; r++) {
         int rank = p->node_rank * jb->row.nproc + r;
@@ -362,9 +320,9 @@ static json_t *order(td_jobs *j, job *jb, const part *p) {
                      p->node_rank, "nnodes", jb->n_parts, "nproc", jb->row.nproc, "master_addr",
                      jb->parts[0].address, "master_port", jb->master_port, "restart_count",
                      jb->n_attempts - 1, "max_restarts", jb->row.max_restarts, "kind", jb->row.kind,
-                     "argv", argv, "env", env, "spec", command ? json_null() : order_spec(jb),
-                     "resume", resume, "stop", stop, "acked_lines", (json_int_t)jb->lines_in,
-                     "acked_logs", logs);
+                     "argv", argv, "env", env, "spec",
+                     command || !starting ? json_null() : order_spec(jb), "resume", resume, "stop",
+                     stop, "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
 }
 
 /* ---- reports --------------------------------------------------------------------------------- */
@@ -499,7 +457,7 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
                 continue;
             }
         }
-        json_array_append_new(orders, order(j, jb, p));
+        json_array_append_new(orders, order(jb, p));
     }
     json_object_set_new(reply, "parts", orders);
     for (int k = 0; k < j->n_jobs; k++)

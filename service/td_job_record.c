@@ -181,7 +181,8 @@ void td_jobs_free_job(job *jb) {
     json_decref(jb->latest_train);
     json_decref(jb->latest_eval);
     free(jb->ckpt_path);
-    json_decref(jb->ckpt_files);
+    td_jobs_resume_forget(jb);
+    json_decref(jb->resume_order);
     json_decref(jb->last_placement);
     td_strv_free(jb->pin);
     free(jb->parts);

@@ -382,7 +382,7 @@ static bool relative_ok(const char *rel) {
     return true;
 }
 
-int td_jobs_file_path(td_jobs *j, long id, const char *rel, char *path, size_t len,
+int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool reading, char *path, size_t len,
                       td_reply_error *e) {
     if (!relative_ok(rel))
         return td_reply_fail(e, 400, "bad_request", NULL,
@@ -392,6 +392,15 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, char *path, size_t l
     pthread_mutex_lock(&j->mu);
     job *jb = td_jobs_find(j, id);
     if (jb) snprintf(path, len, "%s/%s", jb->dir, rel);
+    /* the latest checkpoint, listed as checkpoints/BASE/... (td_job_resume.c), may lie where the
+     * master's own rank 0 wrote it: a train job's checkpoint.dir outside the job's directory */
+    const char *base = jb && jb->ckpt_path ? strrchr(jb->ckpt_path, '/') : NULL;
+    size_t n = base ? strlen(base + 1) : 0;
+    struct stat st;
+    if (reading && base && strncmp(rel, "checkpoints/", 12) == 0 &&
+        strncmp(rel + 12, base + 1, n) == 0 && (rel[12 + n] == '/' || rel[12 + n] == 0) &&
+        stat(path, &st) != 0)
+        snprintf(path, len, "%s%s", jb->ckpt_path, rel + 12 + n);
     pthread_mutex_unlock(&j->mu);
     return jb ? 0 : not_found(e, id);
 }

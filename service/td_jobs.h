@@ -98,8 +98,9 @@ bool td_jobs_guest_known(td_jobs *j, long job_id, int attempt);
 bool td_jobs_guests_running(td_jobs *j);
 void td_jobs_guests_stop_all(td_jobs *j, const char *why);
 /* A file of job id's directory for a node (checkpoints going up or coming down): rel is checked
- * (segments of [A-Za-z0-9._-], none starting with '.'); 400 or 404 in e otherwise. */
-int td_jobs_file_path(td_jobs *j, long id, const char *rel, char *path, size_t len,
+ * (segments of [A-Za-z0-9._-], none starting with '.'); 400 or 404 in e otherwise. reading: the
+ * latest checkpoint's files are found where they are when that is outside the directory. */
+int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool reading, char *path, size_t len,
                       td_reply_error *e);
 
 /* Whether job id exists (404 otherwise). */

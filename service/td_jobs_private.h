@@ -68,6 +68,11 @@ typedef struct job {
     json_t *last_placement; /* the placement of its latest attempt, for the job's JSON */
     json_t *ckpt_files;     /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
                                yet listed */
+    bool ckpt_placed;       /* and it is where the ranks look on the master's node */
+    bool resume_wanted;     /* an attempt waits for that (td_jobs_resume_prepare) */
+    char *resume_error;     /* why it cannot be read; NULL: none */
+    char *place_error;      /* why the master's node cannot have it where its ranks look */
+    json_t *resume_order;   /* what the running attempt's parts resume from; NULL: nothing */
 } job;
 
 /* One node's share of a distributed attempt, as the master tracks it. */
@@ -188,6 +193,19 @@ int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
 json_t *td_jobs_placement_json(const job *jb);
 void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,
                               json_t *reply);
+
+/* ---- td_job_resume.c ---- */
+enum { TD_RESUME_READY, TD_RESUME_WAIT, TD_RESUME_FAILED };
+/* Whether an attempt across nodes can start: its checkpoint listed and placed (else asked for,
+ * WAIT), or FAILED with the job failed when it cannot be read, or cannot be placed where the
+ * master's own ranks look for it and on_master (some of them run on the master's node). */
+int td_jobs_resume_ready(td_jobs *j, job *jb, bool on_master);
+/* The supervisor's turn: lists and places the checkpoints asked for, the lock released while
+ * it reads and copies files (held on entry and on return). Whether it had any to do. */
+bool td_jobs_resume_prepare(td_jobs *j);
+/* {"step", "files", "dir", "base"} for the orders of an attempt's parts, or NULL. */
+json_t *td_jobs_resume_order(const job *jb);
+void td_jobs_resume_forget(job *jb); /* a new checkpoint: what was known of the last goes */
 
 /* ---- td_job_part.c ---- */
 json_t *td_jobs_guests_report(td_jobs *j, bool remote); /* the "parts" member of a message */

@@ -50,16 +50,19 @@ master="$net.1:$port"
 head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
 chmod 600 "$tmp/secret"
 
-# daemon K NAME LOG ARGS...: a traind in node K's namespace with its own /dev/shm and hostname,
-# in the background, serving on that node's address; its pid in $daemon_pid (each step execs
-# the next: the pid is traind's own, for kill -9)
+# daemon K NAME LOG ARGS...: a traind in node K's namespace with its own /dev/shm, hostname
+# and local disk ($tmp/nodedisk: what one node writes there, no other sees), in the background,
+# serving on that node's address; its pid in $daemon_pid (each step execs the next: the pid is
+# traind's own, for kill -9)
+mkdir "$tmp/nodedisk"
 daemon() {
     k=$1 name=$2 log=$3
     shift 3
     ip netns exec "$tag-n$k" unshare --mount --uts --propagation private sh -c '
-        hostname "$1" && mount -t tmpfs -o size=256m tmpfs /dev/shm || exit 90
-        shift
-        exec env OPENBLAS_NUM_THREADS=1 "$@"' sh "$name" "$traind" \
+        hostname "$1" && mount -t tmpfs -o size=256m tmpfs /dev/shm &&
+            mount -t tmpfs -o size=64m tmpfs "$2" || exit 90
+        shift 2
+        exec env OPENBLAS_NUM_THREADS=1 "$@"' sh "$name" "$tmp/nodedisk" "$traind" \
         --listen "$net.$((k + 1)):$port" --state-dir "$tmp/state-$name" --node-name "$name" \
         --worker "$worker" --slots 2 --data-root "$fmnist" --data-root "$tmp" \
         --grace 3 "$@" >"$tmp/$log.out" 2>"$tmp/$log.err" &
@@ -271,16 +274,17 @@ case $reply in *"can never run here: the cluster has 3 nodes"*) ok ;; *) bad "to
 # 4, 5, 6: failures mid-job. A longer LeNet job (2 x 2, a checkpoint every 100 steps) run once
 # without a failure is the reference: a job resumed from its checkpoints after a failure ends
 # with the same weights (case 1 showed a 2 x 2 job equals one process)
-long_job() { # NAME [NODES-JSON]
+long_job() { # NAME [NODES-JSON [CHECKPOINT-DIR]]
     lenet "$1" 16 "$STEPS" | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 j["checkpoint"]["every_steps"] = int(sys.argv[1])
 j["train"]["epochs"] = 2
 j["resources"] = {"nnodes": 2, "nproc_per_node": 2}
-if len(sys.argv) > 2: j["resources"]["nodes"] = json.loads(sys.argv[2])
+if sys.argv[2]: j["resources"]["nodes"] = json.loads(sys.argv[2])
+if sys.argv[3]: j["checkpoint"]["dir"] = sys.argv[3]
 j["restart"] = {"max_restarts": 3}
-print(json.dumps(j))' "$EVERY" ${2:+"$2"} >"$tmp/$1.json"
+print(json.dumps(j))' "$EVERY" "${2:-}" "${3:-}" >"$tmp/$1.json"
     submit "$tmp/$1.json"
 }
 has_checkpoint() { [ "$(field "$1" "j['checkpoints']")" -ge 1 ] 2>/dev/null; }
@@ -295,6 +299,12 @@ finish() {
     if until_true 10 no_leftovers "$1"; then ok; else bad "$2: processes left: $(leftovers "$1")"; fi
     echo "$2: $(field "$1" "'%d attempts; ' % len(j['attempts']) + ' | '.join(a['reason'] or '' for a in j['attempts'])")"
 }
+# resumed_in ID DIR: every rank of the job resumed from a checkpoint in DIR on its own node
+resumed_in() {
+    for r in 0 1 2 3; do
+        api GET "/v1/jobs/$1/logs?rank=$r" | grep -q "resumed from $2/step-" || return 1
+    done
+}
 now_ms() { date +%s%3N; }
 # lost_after LOG NODE COUNT: the master's log has more than COUNT lines saying NODE was lost
 n_lost() { grep -c "node $2 ($net\.[0-9]*) lost" "$tmp/$1.err"; }
@@ -304,8 +314,10 @@ clean=$(long_job clean)
 if until_true 240 ended "$clean" && [ "$(state_of "$clean")" = succeeded ]; then ok; else bad "the reference job: $(api GET "/v1/jobs/$clean")"; fi
 final_model "$clean"
 
-# 4. kill -9 of an agent
-k4=$(long_job kill9)
+# 4. kill -9 of an agent. The job keeps its checkpoints in a checkpoint.dir of its own on each
+# node's local disk: the master's own rank 0 writes them there, and the node that replaces the
+# dead one gets the one it resumes from there too (served by the master from where it lies)
+k4=$(long_job kill9 "" "$tmp/nodedisk/kill9")
 until_true 60 has_checkpoint "$k4" || bad "kill -9: no checkpoint: $(api GET "/v1/jobs/$k4")"
 victim=$(agent_of "$k4")
 eval "victim_pid=\$${victim}_pid"
@@ -318,6 +330,7 @@ if [ "$took" -le $(((timeout_s + 2) * 1000)) ]; then ok; else bad "kill -9: lost
 echo "kill -9 of $victim: lost after $took ms (timeout $timeout_s s)"
 finish "$k4" "kill -9 of agent $victim"
 if [ "$(field "$k4" "len(j['attempts'])")" -ge 2 ]; then ok; else bad "kill -9: not restarted"; fi
+if resumed_in "$k4" "$tmp/nodedisk/kill9"; then ok; else bad "kill -9: not every rank resumed from its node's checkpoint.dir: $(api GET "/v1/jobs/$k4/logs?rank=2")"; fi
 case $victim in n1) agent 1 n1 n1b; n1_pid=$daemon_pid ;; n2) agent 2 n2 n2b; n2_pid=$daemon_pid ;; esac
 if until_true 15 nodes_ready 3; then ok; else bad "kill -9: $victim did not come back: $(api GET /v1/nodes)"; fi
 
@@ -342,8 +355,10 @@ finish "$k5" "partition of $victim"
 ip -n "$tag-n$k" link set eth0 up
 if until_true 15 nodes_ready 3; then ok; else bad "partition: $victim did not come back: $(api GET /v1/nodes)"; fi
 
-# 6. kill -9 of the master while a job runs on the agents
-k6=$(long_job master9 '["n1", "n2"]')
+# 6. kill -9 of the master while a job runs on the agents, its checkpoints in a checkpoint.dir
+# on each node's local disk: n1 (node rank 0) writes them, the master holds the uploaded copies
+# and hands them to both nodes again after its restart
+k6=$(long_job master9 '["n1", "n2"]' "$tmp/nodedisk/master9")
 until_true 60 has_checkpoint "$k6" || bad "master kill -9: no checkpoint: $(api GET "/v1/jobs/$k6")"
 train_steps() { api GET "/v1/jobs/$1/metrics" | python3 -c '
 import json, sys
@@ -364,6 +379,35 @@ if [ "$got" = "n1 n2" ]; then ok; else bad "master kill -9: job $id's placement 
 steps_after=$(train_steps "$k6")
 case " $steps_after " in *" $steps_before "*) ok ;; *) bad "master kill -9: train metrics before: $steps_before; after: $steps_after" ;; esac
 finish "$k6" "kill -9 of the master"
+if resumed_in "$k6" "$tmp/nodedisk/master9"; then ok; else bad "master kill -9: not every rank resumed from its node's checkpoint.dir: $(api GET "/v1/jobs/$k6/logs?rank=2")"; fi
+
+# 7. a node that cannot fetch the checkpoint it resumes from (the master's copy was damaged on
+# its disk: its SHA-256 no longer matches what was uploaded) fails its part after the node
+# timeout, saying why, instead of waiting for ever; the job ends under its restart policy
+lenet damaged 16 938 | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+j["checkpoint"]["every_steps"] = 400
+j["resources"] = {"nnodes": 2, "nproc_per_node": 2, "nodes": ["n1", "n2"]}
+j["restart"] = {"max_restarts": 1}
+print(json.dumps(j))' >"$tmp/damaged.json"
+k7=$(submit "$tmp/damaged.json")
+until_true 60 has_checkpoint "$k7" || bad "damaged: no checkpoint: $(api GET "/v1/jobs/$k7")"
+for f in "$tmp/state-m0/jobs/$k7"/checkpoints/step-*/model.safetensors; do printf x >>"$f"; done
+rank_pid() { # NODE-K JOB RANK
+    for p in $(ip netns pids "$tag-n$1"); do
+        env=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null)
+        case $env in *"TRAIND_JOB_ID=$2"*) ;; *) continue ;; esac
+        echo "$env" | grep -qx "RANK=$3" && echo "$p" && return
+    done
+}
+kill -9 "$(rank_pid 2 "$k7" 2)"
+if until_true 60 ended "$k7"; then ok; else bad "damaged: not ended: $(api GET "/v1/jobs/$k7")"; fi
+got=$(field "$k7" "j['state'] + ': ' + (j['reason'] or '')")
+case $got in "failed: could not start on node n2: its checkpoint (step "*") could not be fetched from the master for "*"its SHA-256 differs"*) ok ;;
+*) bad "damaged: $got" ;; esac
+echo "damaged checkpoint: $got"
+if until_true 10 no_leftovers "$k7"; then ok; else bad "damaged: processes left: $(leftovers "$k7")"; fi
 
 echo "cluster_jobs: $passes passed, $fails failed"
 [ "$fails" = 0 ]

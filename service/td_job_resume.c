@@ -1,0 +1,230 @@
+/* What an attempt across nodes resumes from: the latest checkpoint, listed with each file's size
+ * and SHA-256 (what a node checks a fetched copy against), and put where the job's ranks look for
+ * it. That place is the same on every node: a train job's checkpoint.dir (traind-worker resumes
+ * from the newest checkpoint there), or for a command the job's checkpoints/ directory, which
+ * TRAIND_LATEST_CHECKPOINT names. Agents fetch it there before their ranks start (td_agent.c);
+ * the master's own node gets a copy here when the checkpoint lies elsewhere on it (an agent's
+ * upload lands in the job's checkpoints/, a custom checkpoint.dir is elsewhere).
+ *
+ * Hashing and copying a checkpoint of gigabytes takes seconds, so the supervisor does it with
+ * the jobs' lock released (td_jobs_resume_prepare): the API and the heartbeats never wait for
+ * it, and the attempt starts on its next turn. */
+#include "service/td_jobs_private.h"
+
+#include "service/td_ckpt.h"
+#include "service/td_sha256.h"
+#include "service/td_strv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Where the job's ranks look for the checkpoint, relative to the job's directory or absolute. */
+static void resume_dir(const job *jb, char *out, size_t len) {
+    snprintf(out, len, "checkpoints");
+    if (strcmp(jb->row.kind, "command") == 0) return;
+    char path[PATH_MAX + 16], ours[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/spec.json", jb->dir);
+    snprintf(ours, sizeof ours, "%s/checkpoints", jb->dir);
+    json_t *spec = json_load_file(path, 0, NULL);
+    const char *dir =
+        json_string_value(json_object_get(json_object_get(spec, "checkpoint"), "dir"));
+    if (dir && dir[0] == '/' && strcmp(dir, ours) != 0) snprintf(out, len, "%s", dir);
+    json_decref(spec);
+}
+
+static const char *base_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* The checkpoint at path as [{path: checkpoints/BASE[/NAME], size, sha256}]; NULL with err. */
+static json_t *manifest(const char *path, td_err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        td_fail(err, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    td_ckpt_file *list = NULL;
+    int n = 1;
+    bool dir = S_ISDIR(st.st_mode);
+    if (dir && td_ckpt_list(path, &list, &n, err) != 0) return NULL;
+    json_t *files = json_array();
+    for (int i = 0; i < n; i++) {
+        char file[2 * PATH_MAX], rel[2 * PATH_MAX], hex[TD_SHA256_HEX];
+        long long size = 0;
+        snprintf(file, sizeof file, "%s%s%s", path, dir ? "/" : "", dir ? list[i].name : "");
+        snprintf(rel, sizeof rel, "checkpoints/%s%s%s", base_of(path), dir ? "/" : "",
+                 dir ? list[i].name : "");
+        if (td_sha256_file(file, hex, &size, err) != 0) {
+            json_decref(files);
+            files = NULL;
+            break;
+        }
+        json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", rel, "size",
+                                               (json_int_t)size, "sha256", hex));
+    }
+    td_ckpt_files_free(list, dir ? n : 0);
+    return files;
+}
+
+/* mkdir -p of path's parent directories. */
+static int make_parents(char *path, td_err *err) {
+    for (char *p = path + 1; (p = strchr(p, '/')); p++) {
+        *p = 0;
+        int rc = mkdir(path, 0750) == 0 || errno == EEXIST ? 0 : -1;
+        if (rc != 0) td_fail(err, "cannot create %s: %s", path, strerror(errno));
+        *p = '/';
+        if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+/* src to dst through dst.part: a hard link where both lie on one filesystem (no bytes move),
+ * else a copy that is synced before it takes the name. */
+static int copy_file(const char *src, const char *dst, td_err *err) {
+    char tmp[3 * PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.part", dst);
+    unlink(tmp);
+    if (link(src, tmp) != 0) {
+        int in = open(src, O_RDONLY | O_CLOEXEC);
+        int out = in < 0 ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+        if (in < 0 || out < 0) {
+            int e = errno;
+            if (in >= 0) close(in);
+            return td_fail(err, "cannot copy %s to %s: %s", src, tmp, strerror(e));
+        }
+        enum { BUF = 1 << 20 };
+        char *buf = td_malloc(BUF);
+        ssize_t got;
+        int rc = 0;
+        while (rc == 0 && (got = read(in, buf, BUF)) != 0) {
+            if (got < 0 && errno == EINTR) continue;
+            if (got < 0 || write(out, buf, (size_t)got) != got) rc = -1;
+        }
+        if (rc == 0 && fsync(out) != 0) rc = -1;
+        int e = errno;
+        free(buf);
+        close(in);
+        if (close(out) != 0 && rc == 0) rc = -1, e = errno;
+        if (rc != 0) {
+            unlink(tmp);
+            return td_fail(err, "cannot copy %s to %s: %s", src, tmp, strerror(e));
+        }
+    }
+    if (rename(tmp, dst) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return td_fail(err, "cannot rename %s: %s", tmp, strerror(e));
+    }
+    return 0;
+}
+
+/* The checkpoint at src (files: its manifest) also at dst, file by file; a file already there
+ * whole (the same SHA-256: shared storage, or an earlier copy) stays. */
+static int place(const char *src, const char *dst, json_t *files, td_err *err) {
+    char a[PATH_MAX], b[PATH_MAX];
+    if (realpath(src, a) && realpath(dst, b) && strcmp(a, b) == 0) return 0;
+    size_t skip = strlen("checkpoints/") + strlen(base_of(src));
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f) {
+        const char *rel = json_string_value(json_object_get(f, "path"));
+        const char *want = json_string_value(json_object_get(f, "sha256"));
+        if (!rel || !want || strlen(rel) < skip) return td_fail(err, "a malformed manifest");
+        char from[3 * PATH_MAX], to[3 * PATH_MAX], hex[TD_SHA256_HEX];
+        long long size;
+        td_err ignored = {{0}};
+        if (snprintf(from, sizeof from, "%s%s", src, rel + skip) >= (int)sizeof from ||
+            snprintf(to, sizeof to, "%s%s", dst, rel + skip) >= (int)sizeof to)
+            return td_fail(err, "a path longer than %d bytes under %s", (int)sizeof to, dst);
+        if (td_sha256_file(to, hex, &size, &ignored) == 0 && strcmp(hex, want) == 0) continue;
+        if (make_parents(to, err) != 0 || copy_file(from, to, err) != 0) return -1;
+    }
+    return 0;
+}
+
+static int fail(td_jobs *j, job *jb, const char *what, const char *why) {
+    char reason[800];
+    snprintf(reason, sizeof reason, "could not start: its latest checkpoint (step %ld) %s: %.560s",
+             jb->ckpt_step, what, why);
+    td_jobs_finish(j, jb, FAILED, -1, reason);
+    return TD_RESUME_FAILED;
+}
+
+int td_jobs_resume_ready(td_jobs *j, job *jb, bool on_master) {
+    if (!jb->ckpt_path) return TD_RESUME_READY;
+    if (jb->resume_error) return fail(j, jb, "cannot be read", jb->resume_error);
+    if (jb->ckpt_files && jb->ckpt_placed) return TD_RESUME_READY;
+    if (jb->ckpt_files && jb->place_error) /* only the master's own ranks need that copy */
+        return on_master ? fail(j, jb, "cannot be put where this node's ranks look for it",
+                                jb->place_error)
+                         : TD_RESUME_READY;
+    jb->resume_wanted = true;
+    return TD_RESUME_WAIT;
+}
+
+bool td_jobs_resume_prepare(td_jobs *j) {
+    bool any = false;
+    for (;;) {
+        job *jb = NULL;
+        for (int i = 0; i < j->n_jobs && !jb; i++)
+            if (j->jobs[i]->resume_wanted) jb = j->jobs[i];
+        if (!jb) return any;
+        jb->resume_wanted = false;
+        if (!jb->ckpt_path || jb->resume_error ||
+            (jb->ckpt_files && (jb->ckpt_placed || jb->place_error)))
+            continue;
+        any = true;
+        long id = jb->row.id;
+        char *path = td_str_dup(jb->ckpt_path), dir[PATH_MAX], dst[2 * PATH_MAX + 8];
+        json_t *files = jb->ckpt_files ? json_incref(jb->ckpt_files) : NULL;
+        resume_dir(jb, dir, sizeof dir);
+        snprintf(dst, sizeof dst, "%s%s%s/%s", dir[0] == '/' ? "" : jb->dir,
+                 dir[0] == '/' ? "" : "/", dir, base_of(path));
+        pthread_mutex_unlock(&j->mu);
+        td_err read_err = {{0}}, place_err = {{0}};
+        json_t *made = files ? NULL : manifest(path, &read_err);
+        int placed = files || made ? place(path, dst, files ? files : made, &place_err) : -1;
+        pthread_mutex_lock(&j->mu);
+        jb = td_jobs_find(j, id); /* (it may have moved on meanwhile: a newer checkpoint) */
+        if (jb && jb->ckpt_path && strcmp(jb->ckpt_path, path) == 0) {
+            if (made && !jb->ckpt_files) jb->ckpt_files = json_incref(made);
+            if (!files && !made) {
+                jb->resume_error = td_str_dup(read_err.msg);
+                fprintf(j->log, "traind: job %ld: its checkpoint %s: %s\n", id, path, read_err.msg);
+            } else if (placed != 0) {
+                jb->place_error = td_str_dup(place_err.msg);
+                fprintf(j->log, "traind: job %ld: its checkpoint %s: %s\n", id, path,
+                        place_err.msg);
+            } else {
+                jb->ckpt_placed = true;
+            }
+        }
+        json_decref(made);
+        json_decref(files);
+        free(path);
+    }
+}
+
+json_t *td_jobs_resume_order(const job *jb) {
+    if (!jb->ckpt_path || !jb->ckpt_files) return NULL;
+    char dir[PATH_MAX];
+    resume_dir(jb, dir, sizeof dir);
+    return json_pack("{s:I, s:O, s:s, s:s}", "step", (json_int_t)jb->ckpt_step, "files",
+                     jb->ckpt_files, "dir", dir, "base", base_of(jb->ckpt_path));
+}
+
+void td_jobs_resume_forget(job *jb) {
+    json_decref(jb->ckpt_files);
+    jb->ckpt_files = NULL;
+    jb->ckpt_placed = false;
+    free(jb->resume_error);
+    jb->resume_error = NULL;
+    free(jb->place_error);
+    jb->place_error = NULL;
+}
