@@ -90,6 +90,8 @@ void td_metrics_train(FILE *out, const td_metric_train *m) {
     put_real(o, "lr", m->lr);
     put_real(o, "samples_per_s", m->samples_per_s);
     put_real(o, "step_ms", m->step_ms);
+    put_int(o, "total_steps", m->total_steps);
+    put_int(o, "epochs", m->epochs);
     if (m->gpu) {
         put_real(o, "gpu_mem_mb", m->gpu_mem_mb);
         put_real(o, "gpu_mem_peak_mb", m->gpu_mem_peak_mb);

@@ -22,6 +22,8 @@ typedef struct td_metric_train {
     double lr;            /* the step's learning rate (a float, widened) */
     double samples_per_s; /* over this process's part of the interval, all ranks' samples */
     double step_ms;
+    long total_steps; /* the run's: what a progress bar runs to */
+    int epochs;       /* the run's (train.epochs; max_steps may end it sooner) */
     bool gpu; /* then the GPU memory this process holds, now and at most */
     double gpu_mem_mb, gpu_mem_peak_mb;
     bool fp16; /* then fp16's dynamic loss scale and the steps it skipped */

@@ -90,7 +90,9 @@ static int log_train(trainer *t, loop *L, float lr, td_train_result *res, td_err
                              .loss = st->interval_loss / st->interval_steps,
                              .lr = lr,
                              .samples_per_s = L->interval_samples / dt,
-                             .step_ms = dt * 1000.0 / L->interval_steps};
+                             .step_ms = dt * 1000.0 / L->interval_steps,
+                             .total_steps = L->total,
+                             .epochs = t->job->train.epochs};
         if (t->gpu) gpu_memory(t, &m);
         td_metrics_train(t->metrics, &m);
     }

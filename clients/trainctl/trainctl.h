@@ -1,0 +1,108 @@
+/* trainctl: the command-line client of traind's API v1 (api/README.md). One module: where the
+ * server and token come from (tc_config.c), requests and downloads (tc_http.c), the job's event
+ * stream with its reconnection (tc_events.c), how a followed job is shown (tc_follow.c), and the
+ * subcommands (tc_commands.c, tc_main.c). Everything but the subcommands' output goes through
+ * these; nothing is global but the interrupt flag a signal handler sets. */
+#ifndef TRAINCTL_H
+#define TRAINCTL_H
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#define TC_VERSION "0.1.0"
+
+/* Exit statuses: what a followed job ended as, or that trainctl could not do its work. */
+enum { TC_EXIT_OK = 0, TC_EXIT_FAILED = 1, TC_EXIT_CANCELLED = 2, TC_EXIT_ERROR = 3 };
+
+/* ---- tc_config.c: which server, with which token ---- */
+typedef struct tc_conn {
+    char url[512];          /* http://HOST:PORT, no trailing slash */
+    char token[256];        /* "": none found */
+    char token_from[2048];  /* where the token came from, or every place looked at */
+    char config_path[1024]; /* the client config file looked at */
+} tc_conn;
+
+typedef struct tc_options {
+    const char *url, *token, *token_file; /* from the command line, or NULL */
+} tc_options;
+
+/* The server and token: --url / TRAIND_URL, --token / TRAIND_TOKEN / --token-file, then the
+ * client config file ($XDG_CONFIG_HOME/traind/client.json or ~/.config/traind/client.json:
+ * {"url", "token" | "token_file"}), then the local daemon's default address and its token file
+ * when readable. 0, or -1 with the reason in err (a malformed config file). */
+int tc_config_resolve(tc_conn *c, const tc_options *o, char *err, size_t len);
+
+/* ---- tc_http.c ---- */
+typedef struct tc_reply {
+    long status; /* 0: no answer (err says why) */
+    char *body;  /* NUL-terminated; NULL when none */
+    size_t len;
+} tc_reply;
+
+/* METHOD url+path with the token (body: JSON or NULL). Returns the status, 0 when no answer
+ * came (why in err). */
+long tc_request(const tc_conn *c, const char *method, const char *path, const char *body,
+                tc_reply *r, char *err, size_t len);
+void tc_reply_free(tc_reply *r);
+/* The reply as JSON, or NULL. */
+json_t *tc_reply_json(const tc_reply *r);
+/* "trainctl: " and what went wrong: the API's error message (with its field), or the status,
+ * or why no answer came; with a hint for a missing or refused token. Returns TC_EXIT_ERROR. */
+int tc_fail_reply(const tc_conn *c, const tc_reply *r, const char *err);
+/* GET path and parse it: the JSON, or NULL after tc_fail_reply. */
+json_t *tc_get_json(const tc_conn *c, const char *path);
+/* Streams GET url+path to out as it arrives (logs); stops when *stop is set. */
+int tc_stream(const tc_conn *c, const char *path, FILE *out, volatile sig_atomic_t *stop);
+/* Downloads url+path to file, resuming a partial file with Range; size: what the whole is (-1:
+ * unknown). A progress bar on stderr when progress. Returns an exit status. */
+int tc_download(const tc_conn *c, const char *path, const char *file, long long size, bool progress,
+                volatile sig_atomic_t *stop);
+
+/* ---- tc_events.c: a job's Server-Sent Events ---- */
+/* Called for each event; returns true to stop (the job reached a final state). */
+typedef bool (*tc_event_fn)(void *ctx, long id, const char *event, const char *data);
+/* Follows job's events from after *last_id (-1: from the start), reconnecting with
+ * Last-Event-ID when the stream drops until fn says stop: nothing is missed or seen twice.
+ * notice(ctx, text) is told of lost and regained connections. Returns 0 when fn stopped it, 1
+ * when *stop was set, TC_EXIT_ERROR when the server stayed unreachable for give_up_s or refused
+ * (printed). */
+typedef void (*tc_notice_fn)(void *ctx, const char *text);
+int tc_events_follow(const tc_conn *c, long job, long *last_id, tc_event_fn fn, tc_notice_fn notice,
+                     void *ctx, volatile sig_atomic_t *stop, double give_up_s);
+
+/* ---- tc_follow.c: a followed job on screen ---- */
+typedef struct tc_follow_options {
+    bool json;                /* one JSON event per line, not the progress line */
+    bool cancel_on_interrupt; /* Ctrl-C cancels the job */
+} tc_follow_options;
+/* Follows job to its end: on a terminal one progress line updated in place with events above
+ * it; else (or with json) one JSON object per event. The job's final state as an exit status;
+ * 130 after Ctrl-C (or the cancelled status with cancel_on_interrupt). */
+int tc_follow(const tc_conn *c, long job, const tc_follow_options *o);
+
+/* ---- tc_commands.c: the subcommands; argv[0] is the subcommand ---- */
+int tc_cmd_submit(const tc_conn *c, int argc, char **argv);
+int tc_cmd_ls(const tc_conn *c, int argc, char **argv);
+int tc_cmd_show(const tc_conn *c, int argc, char **argv);
+int tc_cmd_follow(const tc_conn *c, int argc, char **argv);
+int tc_cmd_logs(const tc_conn *c, int argc, char **argv);
+int tc_cmd_cancel(const tc_conn *c, int argc, char **argv);
+int tc_cmd_metrics(const tc_conn *c, int argc, char **argv);
+int tc_cmd_download(const tc_conn *c, int argc, char **argv);
+int tc_cmd_nodes(const tc_conn *c, int argc, char **argv);
+int tc_cmd_drain(const tc_conn *c, int argc, char **argv); /* drain and undrain */
+int tc_cmd_version(const tc_conn *c, int argc, char **argv);
+
+/* ---- tc_main.c ---- */
+extern volatile sig_atomic_t tc_interrupted; /* set by SIGINT/SIGTERM */
+/* Prints the subcommand's help (stdout) and returns 0, or to stderr with a usage error and
+ * returns TC_EXIT_ERROR. */
+int tc_usage(const char *command, bool error);
+/* "trainctl: " + message on stderr; returns TC_EXIT_ERROR. */
+int tc_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A job id argument, or -1 after an error message. */
+long tc_job_id(const char *text);
+
+#endif
