@@ -204,7 +204,9 @@ static bool upload_checkpoints(td_agent *a) {
 /* Fetches the checkpoint a part resumes from to where the part's ranks look for it (the job's
  * checkpoints/ here, or a train job's own checkpoint.dir), each file checked by size and SHA-256
  * (a file already there and whole is kept: an earlier fetch, or shared storage). False with why. */
-static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, char *why, size_t why_len) {
+static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, int *fetched, char *why,
+                             size_t why_len) {
+    *fetched = 0;
     const char *dir = json_string_value(json_object_get(resume, "dir"));
     if (!dir || !*dir || strstr(dir, "..")) {
         snprintf(why, why_len, "the master's order names no place for the checkpoint");
@@ -228,7 +230,7 @@ static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, char *why, s
                      rel ? rel : "(no path)");
             return false;
         }
-        char path[3 * PATH_MAX], tmp[3 * PATH_MAX + 8], hex[TD_SHA256_HEX];
+        char path[3 * PATH_MAX], tmp[3 * PATH_MAX + 80], hex[TD_SHA256_HEX];
         if (snprintf(path, sizeof path, "%s/%s", root, rel + strlen(PREFIX)) >= (int)sizeof path) {
             snprintf(why, why_len, "the checkpoint's place here is too long a path");
             return false;
@@ -244,7 +246,8 @@ static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, char *why, s
             }
             *p = '/';
         }
-        snprintf(tmp, sizeof tmp, "%s.part", path);
+        /* named for this node: on shared storage another node may fetch the same file */
+        snprintf(tmp, sizeof tmp, "%s.part-%s", path, a->name);
         FILE *out = fopen(tmp, "wb");
         if (!out) {
             snprintf(why, why_len, "cannot write %.300s: %s", tmp, strerror(errno));
@@ -253,14 +256,23 @@ static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, char *why, s
         char url[8500], failure[512] = "";
         snprintf(url, sizeof url, "%s/%ld/%s", a->url_files, job, rel);
         long status = transfer(a, url, out, 0, false, failure, sizeof failure);
-        bool ok = fclose(out) == 0 && status == 200;
-        ok = ok && td_sha256_file(tmp, hex, &size, &err) == 0 && strcmp(hex, want) == 0;
-        if (!ok || rename(tmp, path) != 0) {
-            snprintf(why, why_len, "fetching %.300s from the master: %.300s", rel,
-                     status != 200 ? failure : "its SHA-256 differs");
+        const char *wrong = NULL;
+        if (fclose(out) != 0)
+            wrong = strerror(errno);
+        else if (status != 200)
+            wrong = failure;
+        else if (td_sha256_file(tmp, hex, &size, &err) != 0)
+            wrong = err.msg;
+        else if (strcmp(hex, want) != 0)
+            wrong = "its SHA-256 differs";
+        else if (rename(tmp, path) != 0)
+            wrong = strerror(errno);
+        if (wrong) {
+            snprintf(why, why_len, "fetching %.300s from the master: %.300s", rel, wrong);
             unlink(tmp);
             return false;
         }
+        ++*fetched;
     }
     return true;
 }
@@ -347,18 +359,28 @@ static void *mover_loop(void *arg) {
         json_array_foreach(todo, i, t) {
             json_t *fe = json_object_get(t, "fetch");
             long job = (long)json_integer_value(json_object_get(fe, "job"));
+            const char *key = json_string_value(json_object_get(t, "key"));
             char why[800] = "";
-            bool ok = fetch_checkpoint(a, job, json_object_get(fe, "resume"), why, sizeof why);
+            int fetched = 0;
+            /* a fetch under way is not failing, however long it takes */
             pthread_mutex_lock(&a->mu);
-            json_t *now = json_object_get(a->fetches, json_string_value(json_object_get(t, "key")));
+            json_t *now = json_object_get(a->fetches, key);
+            if (now) json_object_del(now, "error");
+            pthread_mutex_unlock(&a->mu);
+            bool ok =
+                fetch_checkpoint(a, job, json_object_get(fe, "resume"), &fetched, why, sizeof why);
+            pthread_mutex_lock(&a->mu);
+            now = json_object_get(a->fetches, key);
             if (now && ok) {
                 json_object_set_new(now, "ready", json_true());
-            } else if (now) { /* tried again next turn; failing for too long fails the part */
-                if (!json_object_get(now, "failing_since"))
+            } else if (now) { /* tried again next turn; failing for too long without a file
+                                 arriving fails the part */
+                if (!json_object_get(now, "failing_since") || fetched > 0)
                     json_object_set_new(now, "failing_since", json_real(td_clock_now()));
-                const char *before = json_string_value(json_object_get(now, "error"));
-                if (!before || strcmp(before, why) != 0)
+                const char *before = json_string_value(json_object_get(now, "logged"));
+                if (!before || strcmp(before, why) != 0) /* once per new reason */
                     td_log_line(a->cfg.log, "job %ld: %s; the part waits", job, why);
+                json_object_set_new(now, "logged", json_string(why));
                 json_object_set_new(now, "error", json_string(why));
             }
             pthread_mutex_unlock(&a->mu);

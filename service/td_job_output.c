@@ -30,6 +30,7 @@ void td_jobs_set_checkpoint(job *jb, long step, const char *path) {
     jb->ckpt_path = td_str_dup(path);
     jb->ckpt_step = step;
     td_jobs_resume_forget(jb); /* listed when a node needs it (td_job_resume.c) */
+    jb->ckpt_gen++;
 }
 
 /* Whether every file a node uploaded for a checkpoint is in the job's directory with its size

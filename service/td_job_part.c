@@ -208,12 +208,16 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     json_t *resume =
         json_is_object(json_object_get(o, "resume")) ? json_object_get(o, "resume") : NULL;
     long resume_step = resume ? (long)json_integer_value(json_object_get(resume, "step")) : -1;
-    const char *rdir = resume ? json_string_value(json_object_get(resume, "dir")) : NULL;
+    const char *rdir = json_string_value(json_object_get(o, "checkpoint_dir"));
     const char *rbase = resume ? json_string_value(json_object_get(resume, "base")) : NULL;
     char ckpt_root[PATH_MAX + 16];
     snprintf(ckpt_root, sizeof ckpt_root, "%s%s%s", rdir && rdir[0] == '/' ? "" : g->dir,
              rdir && rdir[0] == '/' ? "" : "/", rdir ? rdir : "checkpoints");
-    if (ok) remove_newer_checkpoints(ckpt_root, resume_step);
+    /* a job's own checkpoint.dir is left as it is at its first start (it may hold what the user
+     * means it to resume from); on a restart, what is newer than the master registered goes */
+    bool custom = rdir && rdir[0] == '/';
+    if (ok && (!custom || resume || order_int(o, "restart_count") > 0))
+        remove_newer_checkpoints(ckpt_root, resume_step);
     if (ok && strcmp(g->kind, "command") == 0) {
         argv = order_strv(json_object_get(o, "argv"));
     } else if (ok) {

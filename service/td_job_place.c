@@ -129,6 +129,7 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
     jb->master_port = port;
     json_decref(jb->resume_order);
     jb->resume_order = td_jobs_resume_order(jb); /* fixed for the attempt */
+    td_jobs_resume_dir(jb, jb->ckpt_dir, sizeof jb->ckpt_dir);
     jb->active = true;
     jb->parts_stopping = false;
     jb->parts_code = 0;
@@ -204,26 +205,29 @@ static bool choose(const job *jb, const td_cluster_node *nodes, int n, const int
     return pick_nodes(jb, nodes, n, cap, picked);
 }
 
-/* Places (or starts locally) one job on cap; true when it started. */
-static bool try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *cap) {
+/* What try_start did: nothing (it waits), started the job, or ended it (its checkpoint cannot
+ * be had: failed, out of the queue, holding nothing). */
+enum { TRY_WAITS, TRY_STARTED, TRY_ENDED };
+
+/* Places (or starts locally) one job on cap. */
+static int try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *cap) {
     int picked[jb->nnodes];
     bool local;
-    if (!choose(jb, nodes, n, cap, picked, &local)) return false;
+    if (!choose(jb, nodes, n, cap, picked, &local)) return TRY_WAITS;
     if (local) {
-        if (!td_jobs_reserve_slots(j, jb)) return false;
+        if (!td_jobs_reserve_slots(j, jb)) return TRY_WAITS;
         cap[0] -= jb->row.nproc;
         td_jobs_start_attempt(j, jb);
-        return true;
+        return TRY_STARTED;
     }
     bool on_master = false;
     for (int i = 0; i < jb->nnodes; i++) on_master |= nodes[picked[i]].master;
     int resume = td_jobs_resume_ready(j, jb, on_master);
-    if (resume != TD_RESUME_READY)
-        return resume == TD_RESUME_FAILED; /* (failed: out of the queue) */
+    if (resume != TD_RESUME_READY) return resume == TD_RESUME_FAILED ? TRY_ENDED : TRY_WAITS;
     start_parts(j, jb, nodes, picked);
-    if (!jb->parts) return false;
+    if (!jb->parts) return TRY_WAITS;
     for (int i = 0; i < jb->nnodes; i++) cap[picked[i]] -= jb->row.nproc;
-    return true;
+    return TRY_STARTED;
 }
 
 static bool runs_before(const job *a, const job *b) {
@@ -255,7 +259,7 @@ void td_jobs_schedule_cluster(td_jobs *j) {
     for (int i = 0; i < n_queue; i++) {
         job *jb = queue[i];
         if (!head) {
-            if (try_start(j, jb, nodes, n, cap)) continue;
+            if (try_start(j, jb, nodes, n, cap) != TRY_WAITS) continue;
             head = jb;
             for (int k = 0; k < n; k++) after[k] = nodes[k].slots;
             continue;
@@ -268,7 +272,7 @@ void td_jobs_schedule_cluster(td_jobs *j) {
         memcpy(trial, after, sizeof trial);
         for (int k = 0; k < jb->nnodes; k++) trial[picked[k]] -= jb->row.nproc;
         if (!pick_nodes(head, nodes, n, trial, picked_head)) continue;
-        if (try_start(j, jb, nodes, n, cap)) {
+        if (try_start(j, jb, nodes, n, cap) == TRY_STARTED) {
             memcpy(after, trial, sizeof after);
             fprintf(j->log,
                     "traind: job %ld starts ahead of job %ld (backfill: it uses slots that job "
@@ -315,13 +319,14 @@ static json_t *order(job *jb, const part *p) {
     }
     bool stop = jb->parts_stopping || jb->cancel_requested || jb->timed_out;
     return json_pack("{s:I, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:o, s:o, s:o, "
-                     "s:b, s:I, s:o}",
+                     "s:o, s:b, s:I, s:o}",
                      "job", (json_int_t)jb->row.id, "attempt", jb->n_attempts - 1, "node_rank",
                      p->node_rank, "nnodes", jb->n_parts, "nproc", jb->row.nproc, "master_addr",
                      jb->parts[0].address, "master_port", jb->master_port, "restart_count",
                      jb->n_attempts - 1, "max_restarts", jb->row.max_restarts, "kind", jb->row.kind,
                      "argv", argv, "env", env, "spec",
-                     command || !starting ? json_null() : order_spec(jb), "resume", resume, "stop",
+                     command || !starting ? json_null() : order_spec(jb), "resume", resume,
+                     "checkpoint_dir", starting ? json_string(jb->ckpt_dir) : json_null(), "stop",
                      stop, "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
 }
 

@@ -6,9 +6,9 @@
  * the master's own node gets a copy here when the checkpoint lies elsewhere on it (an agent's
  * upload lands in the job's checkpoints/, a custom checkpoint.dir is elsewhere).
  *
- * Hashing and copying a checkpoint of gigabytes takes seconds, so the supervisor does it with
- * the jobs' lock released (td_jobs_resume_prepare): the API and the heartbeats never wait for
- * it, and the attempt starts on its next turn. */
+ * Hashing and copying a checkpoint of gigabytes takes seconds, so a thread of its own does it
+ * with the jobs' lock released (td_jobs_resumer): the supervisor, the API and the heartbeats
+ * never wait for it, and the attempt starts once it is done. */
 #include "service/td_jobs_private.h"
 
 #include "service/td_ckpt.h"
@@ -23,8 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Where the job's ranks look for the checkpoint, relative to the job's directory or absolute. */
-static void resume_dir(const job *jb, char *out, size_t len) {
+void td_jobs_resume_dir(const job *jb, char *out, size_t len) {
     snprintf(out, len, "checkpoints");
     if (strcmp(jb->row.kind, "command") == 0) return;
     char path[PATH_MAX + 16], ours[PATH_MAX + 16];
@@ -164,57 +163,77 @@ int td_jobs_resume_ready(td_jobs *j, job *jb, bool on_master) {
         return on_master ? fail(j, jb, "cannot be put where this node's ranks look for it",
                                 jb->place_error)
                          : TD_RESUME_READY;
-    jb->resume_wanted = true;
+    if (!jb->resume_wanted) {
+        jb->resume_wanted = true;
+        pthread_cond_signal(&j->resume_wake);
+    }
     return TD_RESUME_WAIT;
 }
 
-bool td_jobs_resume_prepare(td_jobs *j) {
-    bool any = false;
-    for (;;) {
-        job *jb = NULL;
-        for (int i = 0; i < j->n_jobs && !jb; i++)
-            if (j->jobs[i]->resume_wanted) jb = j->jobs[i];
-        if (!jb) return any;
-        jb->resume_wanted = false;
-        if (!jb->ckpt_path || jb->resume_error ||
-            (jb->ckpt_files && (jb->ckpt_placed || jb->place_error)))
-            continue;
-        any = true;
-        long id = jb->row.id;
-        char *path = td_str_dup(jb->ckpt_path), dir[PATH_MAX], dst[2 * PATH_MAX + 8];
-        json_t *files = jb->ckpt_files ? json_incref(jb->ckpt_files) : NULL;
-        resume_dir(jb, dir, sizeof dir);
-        snprintf(dst, sizeof dst, "%s%s%s/%s", dir[0] == '/' ? "" : jb->dir,
-                 dir[0] == '/' ? "" : "/", dir, base_of(path));
-        pthread_mutex_unlock(&j->mu);
-        td_err read_err = {{0}}, place_err = {{0}};
-        json_t *made = files ? NULL : manifest(path, &read_err);
-        int placed = files || made ? place(path, dst, files ? files : made, &place_err) : -1;
-        pthread_mutex_lock(&j->mu);
-        jb = td_jobs_find(j, id); /* (it may have moved on meanwhile: a newer checkpoint) */
-        if (jb && jb->ckpt_path && strcmp(jb->ckpt_path, path) == 0) {
-            if (made && !jb->ckpt_files) jb->ckpt_files = json_incref(made);
-            if (!files && !made) {
-                jb->resume_error = td_str_dup(read_err.msg);
-                fprintf(j->log, "traind: job %ld: its checkpoint %s: %s\n", id, path, read_err.msg);
-            } else if (placed != 0) {
-                jb->place_error = td_str_dup(place_err.msg);
-                fprintf(j->log, "traind: job %ld: its checkpoint %s: %s\n", id, path,
-                        place_err.msg);
-            } else {
-                jb->ckpt_placed = true;
-            }
+/* One checkpoint asked for, listed and placed; false when none is asked for. The lock is held
+ * on entry and on return, released while files are read and copied. */
+static bool prepare_one(td_jobs *j) {
+    job *jb = NULL;
+    for (int i = 0; i < j->n_jobs && !jb; i++)
+        if (j->jobs[i]->resume_wanted) jb = j->jobs[i];
+    if (!jb) return false;
+    jb->resume_wanted = false;
+    if (!jb->ckpt_path || jb->resume_error ||
+        (jb->ckpt_files && (jb->ckpt_placed || jb->place_error)))
+        return true;
+    long id = jb->row.id, gen = jb->ckpt_gen;
+    char *path = td_str_dup(jb->ckpt_path), dir[PATH_MAX], dst[2 * PATH_MAX + 8];
+    json_t *files = jb->ckpt_files ? json_incref(jb->ckpt_files) : NULL;
+    td_jobs_resume_dir(jb, dir, sizeof dir);
+    snprintf(dst, sizeof dst, "%s%s%s/%s", dir[0] == '/' ? "" : jb->dir, dir[0] == '/' ? "" : "/",
+             dir, base_of(path));
+    jb->resume_busy = true; /* td_jobs_delete waits: the copy may go into the job's directory */
+    pthread_mutex_unlock(&j->mu);
+    td_err read_err = {{0}}, place_err = {{0}};
+    json_t *made = files ? NULL : manifest(path, &read_err);
+    int placed = files || made ? place(path, dst, files ? files : made, &place_err) : -1;
+    pthread_mutex_lock(&j->mu);
+    jb = td_jobs_find(j, id);
+    if (jb) jb->resume_busy = false;
+    pthread_cond_broadcast(&j->changed);
+    /* only what is still the job's latest checkpoint: a newer one may have been registered
+     * meanwhile, even under the same path */
+    if (jb && jb->ckpt_path && jb->ckpt_gen == gen) {
+        if (made && !jb->ckpt_files) jb->ckpt_files = json_incref(made);
+        if (!files && !made) {
+            jb->resume_error = td_str_dup(read_err.msg);
+            fprintf(j->log, "traind: job %ld: its checkpoint %s: %s\n", id, path, read_err.msg);
+        } else if (placed != 0) {
+            jb->place_error = td_str_dup(place_err.msg);
+            fprintf(j->log, "traind: job %ld: its checkpoint %s: %s\n", id, path, place_err.msg);
+        } else {
+            jb->ckpt_placed = true;
         }
-        json_decref(made);
-        json_decref(files);
-        free(path);
     }
+    json_decref(made);
+    json_decref(files);
+    free(path);
+    return true;
+}
+
+void *td_jobs_resumer(void *arg) {
+    td_jobs *j = arg;
+    pthread_mutex_lock(&j->mu);
+    while (!j->stopping) {
+        if (prepare_one(j)) {
+            td_jobs_wake(j); /* the supervisor starts the attempt on its next turn */
+            continue;
+        }
+        pthread_cond_wait(&j->resume_wake, &j->mu);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
 }
 
 json_t *td_jobs_resume_order(const job *jb) {
     if (!jb->ckpt_path || !jb->ckpt_files) return NULL;
     char dir[PATH_MAX];
-    resume_dir(jb, dir, sizeof dir);
+    td_jobs_resume_dir(jb, dir, sizeof dir);
     return json_pack("{s:I, s:O, s:s, s:s}", "step", (json_int_t)jb->ckpt_step, "files",
                      jb->ckpt_files, "dir", dir, "base", base_of(jb->ckpt_path));
 }

@@ -33,8 +33,6 @@ void *td_jobs_supervise(void *arg) {
     pthread_mutex_lock(&j->mu);
     while (!j->stopping) {
         td_jobs_schedule(j);
-        /* an attempt across nodes that waits for its checkpoint to be listed starts once it is */
-        while (td_jobs_resume_prepare(j)) td_jobs_schedule(j);
         int n = 0, max = 2 + j->n_jobs + j->n_guests;
         struct pollfd fds[max];
         job *owner[max];

@@ -25,6 +25,7 @@ int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, FILE *log,
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&j->changed, &ca);
+    pthread_cond_init(&j->resume_wake, NULL);
     pthread_condattr_destroy(&ca);
     if (cfg->gpus > 0) j->gpu_used = td_calloc((size_t)cfg->gpus, sizeof(bool));
     char jobs_dir[PATH_MAX];
@@ -52,6 +53,9 @@ int td_jobs_start(td_jobs *j, td_err *err) {
     int rc = pthread_create(&j->thread, NULL, td_jobs_supervise, j);
     if (rc != 0) return td_fail(err, "starting the supervisor thread: %s", strerror(rc));
     j->started = true;
+    rc = pthread_create(&j->resumer, NULL, td_jobs_resumer, j);
+    if (rc != 0) return td_fail(err, "starting the checkpoint thread: %s", strerror(rc));
+    j->resumer_started = true;
     return 0;
 }
 
@@ -60,7 +64,12 @@ void td_jobs_stop(td_jobs *j) {
     pthread_mutex_lock(&j->mu);
     j->stopping = true;
     pthread_cond_broadcast(&j->changed);
+    pthread_cond_broadcast(&j->resume_wake);
     pthread_mutex_unlock(&j->mu);
+    if (j->resumer_started) { /* (it may finish a file it is hashing or copying first) */
+        pthread_join(j->resumer, NULL);
+        j->resumer_started = false;
+    }
     if (j->started) {
         td_jobs_wake(j);
         pthread_join(j->thread, NULL);
@@ -83,6 +92,7 @@ void td_jobs_close(td_jobs *j) {
     if (j->wake_fd >= 0) close(j->wake_fd);
     if (j->sig_fd >= 0) close(j->sig_fd);
     pthread_cond_destroy(&j->changed);
+    pthread_cond_destroy(&j->resume_wake);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -309,8 +319,13 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
 int td_jobs_delete(td_jobs *j, long id, td_reply_error *e) {
     pthread_mutex_lock(&j->mu);
     int at = -1;
-    for (int i = 0; i < j->n_jobs; i++)
-        if (j->jobs[i]->row.id == id) at = i;
+    for (;;) { /* not while its checkpoint is being copied (into its directory, maybe) */
+        at = -1;
+        for (int i = 0; i < j->n_jobs; i++)
+            if (j->jobs[i]->row.id == id) at = i;
+        if (at < 0 || !j->jobs[at]->resume_busy || j->stopping) break;
+        pthread_cond_wait(&j->changed, &j->mu);
+    }
     if (at < 0) {
         pthread_mutex_unlock(&j->mu);
         return not_found(e, id);
@@ -396,10 +411,11 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool reading, char *
      * master's own rank 0 wrote it: a train job's checkpoint.dir outside the job's directory */
     const char *base = jb && jb->ckpt_path ? strrchr(jb->ckpt_path, '/') : NULL;
     size_t n = base ? strlen(base + 1) : 0;
-    struct stat st;
-    if (reading && base && strncmp(rel, "checkpoints/", 12) == 0 &&
-        strncmp(rel + 12, base + 1, n) == 0 && (rel[12 + n] == '/' || rel[12 + n] == 0) &&
-        stat(path, &st) != 0)
+    char ours[PATH_MAX + 16];
+    if (jb) snprintf(ours, sizeof ours, "%s/checkpoints/", jb->dir);
+    if (reading && base && strncmp(jb->ckpt_path, ours, strlen(ours)) != 0 &&
+        strncmp(rel, "checkpoints/", 12) == 0 && strncmp(rel + 12, base + 1, n) == 0 &&
+        (rel[12 + n] == '/' || rel[12 + n] == 0))
         snprintf(path, len, "%s%s", jb->ckpt_path, rel + 12 + n);
     pthread_mutex_unlock(&j->mu);
     return jb ? 0 : not_found(e, id);

@@ -60,19 +60,22 @@ typedef struct job {
     char **pin;         /* resources.nodes, or NULL */
     struct part *parts; /* the running attempt's nodes, or NULL (not placed, or run locally) */
     int n_parts;
-    int master_port;        /* reserved on parts[0]'s node */
-    bool parts_stopping;    /* every part told to stop */
-    int parts_code;         /* the first failure's status; 0: none */
-    char parts_reason[640]; /* its words, naming node and rank */
-    long lines_in;          /* rank 0's lines of this attempt applied so far */
-    json_t *last_placement; /* the placement of its latest attempt, for the job's JSON */
-    json_t *ckpt_files;     /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
-                               yet listed */
-    bool ckpt_placed;       /* and it is where the ranks look on the master's node */
-    bool resume_wanted;     /* an attempt waits for that (td_jobs_resume_prepare) */
-    char *resume_error;     /* why it cannot be read; NULL: none */
-    char *place_error;      /* why the master's node cannot have it where its ranks look */
-    json_t *resume_order;   /* what the running attempt's parts resume from; NULL: nothing */
+    int master_port;         /* reserved on parts[0]'s node */
+    bool parts_stopping;     /* every part told to stop */
+    int parts_code;          /* the first failure's status; 0: none */
+    char parts_reason[640];  /* its words, naming node and rank */
+    long lines_in;           /* rank 0's lines of this attempt applied so far */
+    json_t *last_placement;  /* the placement of its latest attempt, for the job's JSON */
+    json_t *ckpt_files;      /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
+                                yet listed */
+    bool ckpt_placed;        /* and it is where the ranks look on the master's node */
+    long ckpt_gen;           /* counts registered checkpoints: which one the above are about */
+    bool resume_busy;        /* the resumer works on its files now (a delete waits) */
+    bool resume_wanted;      /* an attempt waits for that (td_jobs_resume_prepare) */
+    char *resume_error;      /* why it cannot be read; NULL: none */
+    char *place_error;       /* why the master's node cannot have it where its ranks look */
+    json_t *resume_order;    /* what the running attempt's parts resume from; NULL: nothing */
+    char ckpt_dir[PATH_MAX]; /* td_jobs_resume_dir, for the running attempt's parts */
 } job;
 
 /* One node's share of a distributed attempt, as the master tracks it. */
@@ -124,6 +127,9 @@ struct td_jobs {
     int wake_fd, sig_fd;
     pthread_t thread;
     bool started, stopping;
+    pthread_t resumer; /* td_jobs_resumer */
+    bool resumer_started;
+    pthread_cond_t resume_wake; /* a job wants its checkpoint prepared, or stop */
     bool draining; /* this node is drained: nothing new starts (td_jobs_set_draining) */
     /* the cluster */
     struct td_cluster *cluster; /* on the master: the registry placement reads; else NULL */
@@ -200,9 +206,13 @@ enum { TD_RESUME_READY, TD_RESUME_WAIT, TD_RESUME_FAILED };
  * WAIT), or FAILED with the job failed when it cannot be read, or cannot be placed where the
  * master's own ranks look for it and on_master (some of them run on the master's node). */
 int td_jobs_resume_ready(td_jobs *j, job *jb, bool on_master);
-/* The supervisor's turn: lists and places the checkpoints asked for, the lock released while
- * it reads and copies files (held on entry and on return). Whether it had any to do. */
-bool td_jobs_resume_prepare(td_jobs *j);
+/* The thread that lists and places the checkpoints asked for, with the lock released while it
+ * reads and copies files, so that neither the supervisor nor the API waits for it; it wakes the
+ * supervisor when one is ready. */
+void *td_jobs_resumer(void *arg);
+/* Where the job's ranks look for checkpoints, relative to the job's directory ("checkpoints")
+ * or absolute (a train job's own checkpoint.dir). */
+void td_jobs_resume_dir(const job *jb, char *out, size_t len);
 /* {"step", "files", "dir", "base"} for the orders of an attempt's parts, or NULL. */
 json_t *td_jobs_resume_order(const job *jb);
 void td_jobs_resume_forget(job *jb); /* a new checkpoint: what was known of the last goes */
