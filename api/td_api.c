@@ -131,6 +131,16 @@ static enum MHD_Result version(const call *k) {
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &b);
 }
 
+/* api/openapi.json, compiled in (api/embed.cmake) */
+extern const char td_api_openapi[];
+extern const size_t td_api_openapi_len;
+
+static enum MHD_Result openapi(const call *k) {
+    td_buf b = {0};
+    td_buf_append(&b, td_api_openapi, td_api_openapi_len);
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &b);
+}
+
 static enum MHD_Result submit(const call *k) {
     td_reply_error e;
     if (k->rq->too_large) {
@@ -336,13 +346,14 @@ typedef struct route {
 static const route ROUTES[] = {
     {"/v1/health", "GET", health, false, true},
     {"/v1/version", "GET", version, false, false},
+    {"/v1/openapi.json", "GET", openapi, false, true},
     {"/v1/jobs", "GET, POST", jobs, false, false},
     {"/v1/jobs/", "GET, POST", jobs, false, false},
     {"/v1/nodes", "GET", nodes, false, false},
     {"/v1/nodes/", "POST", node_action, true, false},
     {"/v1/cluster/register", "POST", cluster_register, false, true},
     {"/v1/cluster/heartbeat", "POST", cluster_heartbeat, false, true},
-    {"/v1/cluster/files/", "GET", cluster_file, true, true},
+    {"/v1/cluster/files/", "GET, PUT", cluster_file, true, true},
 };
 
 static const route JOB_ROUTES[] = {
