@@ -141,6 +141,11 @@ static enum MHD_Result openapi(const call *k) {
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &b);
 }
 
+static enum MHD_Result session(const call *k) {
+    return td_api_session_route(k->api, k->c, k->method, k->rq->body.data, k->rq->body.len,
+                                token_ok(k->api, k->c));
+}
+
 static enum MHD_Result submit(const call *k) {
     td_reply_error e;
     if (k->rq->too_large) {
@@ -347,6 +352,7 @@ static const route ROUTES[] = {
     {"/v1/health", "GET", health, false, true},
     {"/v1/version", "GET", version, false, false},
     {"/v1/openapi.json", "GET", openapi, false, true},
+    {"/v1/session", "GET, POST, DELETE", session, false, true},
     {"/v1/jobs", "GET, POST", jobs, false, false},
     {"/v1/jobs/", "GET, POST", jobs, false, false},
     {"/v1/nodes", "GET", nodes, false, false},
@@ -399,11 +405,21 @@ static enum MHD_Result dispatch(const route *r, call *k) {
 static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, const char *url,
                                      const char *method, request *rq) {
     call k = {api, c, method, url, rq, 0, ""};
+    bool read = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    if (read && (strcmp(url, "/") == 0 || strncmp(url, "/ui", 3) == 0))
+        return td_api_web_file(api, c, url); /* the dashboard's page: nothing secret in it */
     const route *r = find_route(ROUTES, sizeof ROUTES / sizeof ROUTES[0], url, &k.tail);
-    if (!(r && r->open) && !token_ok(api, c))
-        return td_api_fail(c, 401, "unauthorized", NULL,
-                           "missing or wrong bearer token: send \"Authorization: Bearer TOKEN\" "
-                           "with the token from STATE_DIR/token");
+    if (!(r && r->open) && !token_ok(api, c)) {
+        int session = td_api_session_auth(api, c, method);
+        if (session < 0)
+            return td_api_fail(c, 403, "csrf", NULL,
+                               "a change from a signed-in browser needs the session's "
+                               "X-CSRF-Token header");
+        if (session == 0)
+            return td_api_fail(c, 401, "unauthorized", NULL,
+                               "missing or wrong bearer token: send \"Authorization: Bearer "
+                               "TOKEN\" with the token from STATE_DIR/token");
+    }
     if (r) return dispatch(r, &k);
     td_reply_error e;
     if (strncmp(url, "/v1/jobs/", 9) == 0) { /* /v1/jobs/{id}[/rest] */
@@ -508,6 +524,8 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
     td_api *api = td_calloc(1, sizeof *api);
     api->cfg = *cfg;
     api->jobs = jobs;
+    pthread_mutex_init(&api->session_mu, NULL);
+    api->sessions = td_calloc(TD_API_SESSIONS_MAX, sizeof *api->sessions);
     snprintf(api->token, sizeof api->token, "%s", cfg->token);
     snprintf(api->master, sizeof api->master, "%s", cfg->master ? cfg->master : "");
     struct sockaddr_in addr;
@@ -521,6 +539,7 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
                                    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
     if (!api->daemon) {
         int port = api->port;
+        free(api->sessions);
         free(api);
         return td_fail(err, "cannot start the HTTP server (libmicrohttpd) on port %d", port);
     }
@@ -535,5 +554,7 @@ int td_api_port(const td_api *api) {
 void td_api_stop(td_api *api) {
     if (!api) return;
     MHD_stop_daemon(api->daemon);
+    pthread_mutex_destroy(&api->session_mu);
+    free(api->sessions);
     free(api);
 }

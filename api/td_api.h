@@ -20,8 +20,10 @@ typedef struct td_api_config {
     const char *token;
     size_t max_body;
     const char *version;
-    td_cluster *cluster; /* the node registry of a master (GET /v1/nodes, agents' calls) */
-    const char *master;  /* an agent's master (ADDR:PORT); then cluster is NULL */
+    td_cluster *cluster;    /* the node registry of a master (GET /v1/nodes, agents' calls) */
+    const char *master;     /* an agent's master (ADDR:PORT); then cluster is NULL */
+    const char *web_root;   /* the dashboard's files (index.html, app.js, app.css) */
+    const char *chart_root; /* the chart library's (Debian's libjs-dygraphs) */
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a

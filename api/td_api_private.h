@@ -3,6 +3,7 @@
  *   td_api_stream.c      the responses that stay open: Server-Sent Events and followed logs
  *   td_api_checkpoint.c  checkpoint listings, files with Range, and whole checkpoints as tar
  *   td_api_files.c       a job's files between its master and its nodes (cluster secret)
+ *   td_api_web.c         the dashboard's files and browser sessions (cookie and CSRF token)
  * Every reply goes out through td_api_respond, so each carries its content type and headers the
  * same way, and every error is td_api_error's JSON object. */
 #ifndef TD_API_PRIVATE_H
@@ -11,11 +12,21 @@
 #include "api/td_api.h"
 
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
+#define TD_API_SESSIONS_MAX 256
+typedef struct td_api_session {
+    char id[65], csrf[65];
+    double last_used; /* monotonic */
+} td_api_session;
+
 struct td_api {
     td_api_config cfg;
+    pthread_mutex_t session_mu;
+    td_api_session *sessions; /* signed-in browsers (td_api_web.c), TD_API_SESSIONS_MAX */
+    int n_sessions;
     char token[128];
     char master[256]; /* cfg.master's copy */
     td_jobs *jobs;
@@ -74,5 +85,15 @@ void td_api_upload_chunk(td_api_upload *u, const char *data, size_t n);
 enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u);
 void td_api_upload_abandon(td_api_upload *u);
 enum MHD_Result td_api_file_get(td_api *api, struct MHD_Connection *c, const char *url);
+
+/* The dashboard (td_api_web.c). Whether a session cookie authorizes the request: 1 yes, 0 no
+ * session (the bearer token decides), -1 a session without the CSRF token a change needs. */
+int td_api_session_auth(td_api *api, struct MHD_Connection *c, const char *method);
+/* /v1/session: POST {"token"} signs in (the cookie and {"csrf"}), GET says whether the cookie
+ * still holds (and its csrf), DELETE signs out. */
+enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, const char *method,
+                                     const char *body, size_t len, bool token_ok);
+/* GET / and /ui/...: the page's files, and the chart library under /ui/lib/dygraphs/. */
+enum MHD_Result td_api_web_file(td_api *api, struct MHD_Connection *c, const char *url);
 
 #endif

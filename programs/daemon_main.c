@@ -44,6 +44,7 @@ typedef struct options {
     char node_name[64];            /* "": the hostname */
     char advertise[64];            /* "": the listen address (master) or the route (agent) */
     double heartbeat_s, timeout_s; /* a master's: what agents keep, when they are lost */
+    char web_root[PATH_MAX];       /* the dashboard's files; "": TRAIND_WEB_ROOT */
     td_node_gpu gpus[TD_GPUS_MAX]; /* declared (--gpus, "gpus"); n_gpus 0: discovered */
     int n_gpus;
 } options;
@@ -64,6 +65,7 @@ enum {
     HAVE_HEARTBEAT,
     HAVE_TIMEOUT,
     HAVE_GPUS,
+    HAVE_WEB,
     HAVE_COUNT
 };
 
@@ -73,7 +75,7 @@ static void usage(FILE *out) {
             "              [--slots N] [--data-root DIR]... [--grace S] [--max-body BYTES]\n"
             "              [--worker PATH] [--cluster-secret-file FILE] [--join ADDR:PORT]\n"
             "              [--node-name NAME] [--advertise ADDR] [--heartbeat S]\n"
-            "              [--node-timeout S] [--gpus LIST]\n"
+            "              [--node-timeout S] [--gpus LIST] [--web-root DIR]\n"
             "\n"
             "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
             "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
@@ -86,6 +88,7 @@ static void usage(FILE *out) {
             "                      else $XDG_STATE_HOME/traind or ~/.local/state/traind)\n"
             "  --config FILE       a JSON object with any of: listen, state_dir, slots,\n"
             "                      data_roots (array), grace_s, max_body_bytes, worker,\n"
+            "                      web_root,\n"
             "                      join, cluster_secret_file, node_name, advertise,\n"
             "                      heartbeat_s, node_timeout_s, gpus (an array of\n"
             "                      ordinals or of {\"index\", \"name\", \"memory_gib\"});\n"
@@ -102,6 +105,8 @@ static void usage(FILE *out) {
             "                      (default 10)\n"
             "  --max-body BYTES    the largest request body (default 1048576)\n"
             "  --worker PATH       traind-worker (default: next to traind)\n"
+            "  --web-root DIR      the dashboard's files, served at / (default: " TRAIND_WEB_ROOT
+            ")\n"
             "\n"
             "A cluster: one traind is the master (the default), the others join it.\n"
             "  --cluster-secret-file FILE  the cluster's shared secret (the same file on\n"
@@ -156,11 +161,22 @@ static double seconds(const char *what, const char *v, double min, double max) {
  * (have[]); read with the JSON kit, so an error names the member ("traind: /etc/traind.json:
  * slots: expected an integer in [1, 4096], found 0"). */
 static void read_config(options *o, const char *path, bool *have) {
-    static const char *const KEYS[] = {"listen",         "state_dir", "slots",
-                                       "data_roots",     "grace_s",   "max_body_bytes",
-                                       "worker",         "join",      "cluster_secret_file",
-                                       "node_name",      "advertise", "heartbeat_s",
-                                       "node_timeout_s", "gpus",      NULL};
+    static const char *const KEYS[] = {"listen",
+                                       "state_dir",
+                                       "slots",
+                                       "data_roots",
+                                       "grace_s",
+                                       "max_body_bytes",
+                                       "worker",
+                                       "join",
+                                       "cluster_secret_file",
+                                       "node_name",
+                                       "advertise",
+                                       "heartbeat_s",
+                                       "node_timeout_s",
+                                       "gpus",
+                                       "web_root",
+                                       NULL};
     json_error_t je;
     json_t *c = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!c) die("%s:%d:%d: %s", path, je.line, je.column, je.text);
@@ -175,6 +191,8 @@ static void read_config(options *o, const char *path, bool *have) {
         td_json_string(c, "", "state_dir", false, o->state_dir, f.state_dir, sizeof f.state_dir,
                        &err) != 0 ||
         td_json_string(c, "", "worker", false, o->worker, f.worker, sizeof f.worker, &err) != 0 ||
+        td_json_string(c, "", "web_root", false, o->web_root, f.web_root, sizeof f.web_root,
+                       &err) != 0 ||
         td_json_int(c, "", "slots", false, o->slots, 1, 4096, &slots, &err) != 0 ||
         td_json_number(c, "", "grace_s", false, o->grace_s, 0, 3600, &grace, &err) != 0 ||
         td_json_int(c, "", "max_body_bytes", false, o->max_body, 1, 1L << 30, &body, &err) != 0 ||
@@ -200,6 +218,7 @@ static void read_config(options *o, const char *path, bool *have) {
     if (!have[HAVE_GRACE]) o->grace_s = grace;
     if (!have[HAVE_BODY]) o->max_body = body;
     if (!have[HAVE_WORKER]) snprintf(o->worker, sizeof o->worker, "%s", f.worker);
+    if (!have[HAVE_WEB]) snprintf(o->web_root, sizeof o->web_root, "%s", f.web_root);
     if (!have[HAVE_JOIN]) snprintf(o->join, sizeof o->join, "%s", f.join);
     if (!have[HAVE_SECRET]) snprintf(o->secret_file, sizeof o->secret_file, "%s", f.secret_file);
     if (!have[HAVE_NAME]) snprintf(o->node_name, sizeof o->node_name, "%s", f.node_name);
@@ -378,6 +397,8 @@ static const char *parse_args(int argc, char **argv, options *o, bool *have) {
             o->max_body = number("--max-body", v, 1, 1L << 30), have[HAVE_BODY] = true;
         else if (!strcmp(a, "--worker"))
             snprintf(o->worker, sizeof o->worker, "%s", v), have[HAVE_WORKER] = true;
+        else if (!strcmp(a, "--web-root"))
+            snprintf(o->web_root, sizeof o->web_root, "%s", v), have[HAVE_WEB] = true;
         else if (!strcmp(a, "--data-root")) {
             if (o->n_roots == MAX_ROOTS) die("at most %d --data-root", MAX_ROOTS);
             snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", v);
@@ -560,11 +581,15 @@ static int serve(const options *o, const char *state, const char *host, int list
                         .max_body = (size_t)o->max_body,
                         .version = TRAIND_VERSION,
                         .cluster = cluster,
-                        .master = o->join[0] ? o->join : NULL};
+                        .master = o->join[0] ? o->join : NULL,
+                        .web_root = o->web_root[0] ? o->web_root : TRAIND_WEB_ROOT,
+                        .chart_root = TRAIND_CHART_ROOT};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
     fprintf(stderr, "traind: %d %s slot%s; state in %s; worker %s\n", slots,
             gpus > 0 ? "GPU" : "CPU", slots == 1 ? "" : "s", state, o->worker);
     fprintf(stderr, "traind: listening on http://%s:%d\n", host, td_api_port(api));
+    fprintf(stderr, "traind: the dashboard is at http://%s:%d/ (sign in with the API token)\n",
+            host, td_api_port(api));
     if (cluster)
         fprintf(stderr, "traind: node %s is the cluster's master; %s\n", name,
                 secret[0] ? "agents join with --join and the cluster secret"

@@ -1,0 +1,207 @@
+#!/usr/bin/python3
+"""The web dashboard in a real browser (Debian's chromium, headless, driven by chromedriver
+through python3-selenium) against a real traind: sign-in with the token (a wrong one refused),
+a job submitted from the Submit page whose charts grow while it runs and end with as many points
+as the metrics API has, rank 0's log in the log viewer, a job cancelled from its page, and the
+session's protections (no cookie: 401; a change without the CSRF token, or with a forged one:
+403; signing out ends the session; a Content-Security-Policy without inline script). Screenshots
+of the Jobs and Job pages go to $TRAIND_ARTIFACTS (default: a temporary directory, named in the
+output), and the page's first paint is printed.
+
+    /usr/bin/python3 tests/integration/dashboard_test.py TRAIND SOURCE_DIR"""
+import http.client
+import json
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import daemon_test  # noqa: E402
+
+from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402,E501
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+TIMEOUT = 60
+ARTIFACTS = None
+
+
+def browser():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1366,900",
+              "--disable-dev-shm-usage"):
+        opts.add_argument(a)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+
+
+class DashboardTest(daemon_test.DaemonTest):
+    def setUp(self):
+        self.d = self.start_daemon("--slots", "1", "--grace", "2")
+        self.url = f"http://127.0.0.1:{self.d.port}/"
+        self.b = browser()
+        self.addCleanup(self.b.quit)
+        self.wait = WebDriverWait(self.b, TIMEOUT)
+
+    def find(self, css):
+        return self.wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, css)))
+
+    def sign_in(self, token):
+        box = self.find("#token")
+        box.clear()
+        box.send_keys(token)
+        self.b.find_element(By.ID, "signin").click()
+
+    def until(self, f, what):
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            v = f()
+            if v:
+                return v
+            time.sleep(0.05)
+        self.fail(f"timed out waiting for {what}")
+
+    def text(self, element_id):
+        """An element's text, "" while the page is replacing it (it re-renders as events come)."""
+        try:
+            return self.b.find_element(By.ID, element_id).text
+        except (NoSuchElementException, StaleElementReferenceException):
+            return ""
+
+    def points(self, chart="chart-loss"):
+        return int(self.b.find_element(By.ID, chart).get_attribute("data-points") or 0)
+
+    def test_a_sign_in_submit_charts_logs_cancel(self):
+        b, d = self.b, self.d
+        b.get(self.url)
+        paint = b.execute_script(
+            "const p = performance.getEntriesByName('first-contentful-paint')[0];"
+            "return p ? p.startTime : null;")
+        print(f"\n[dashboard] first contentful paint: {paint:.0f} ms", file=sys.stderr)
+        self.sign_in("0" * 64)
+        alert = self.find("#signin-form .error")
+        self.until(lambda: alert.is_displayed() and "not this daemon's API token" in alert.text,
+                   "the wrong token refused")
+        self.sign_in(d.token)
+        self.find("#jobs")
+
+        # submit from the Submit page: a job long enough to watch its charts grow
+        b.find_element(By.CSS_SELECTOR, "#nav a[data-page=submit]").click()
+        spec = daemon_test.train_spec("from-the-page", epochs=60)
+        area = self.find("#spec")
+        b.execute_script("arguments[0].value = arguments[1];", area, json.dumps(spec))
+        # an error first: shown at its JSON path
+        bad = dict(spec, train=dict(spec["train"], batch_size=0))
+        b.execute_script("arguments[0].value = arguments[1];", area, json.dumps(bad))
+        b.find_element(By.ID, "submit").click()
+        self.assertEqual(self.find("#error-field").text, "train.batch_size")
+        b.execute_script("arguments[0].value = arguments[1];", area, json.dumps(spec))
+        b.find_element(By.ID, "submit").click()
+        self.until(lambda: b.current_url.split("#")[-1].startswith("/job/"), "the job's page")
+        jid = int(b.current_url.rsplit("/", 1)[1])
+        self.find("#job-state")
+        self.until(lambda: self.points() > 0 and "running" in self.text("job-state"),
+                   "points while running")
+        first = self.points()
+        self.until(lambda: self.points() > first and
+                   self.text("job-state") == "running", "the chart growing")
+        b.set_window_size(1366, 1700)  # the whole page: facts, placement, charts, log
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-job.png"))
+        b.set_window_size(1366, 900)
+        self.until(lambda: self.text("job-state") == "succeeded", "the job's end")
+        metrics = d.json("GET", f"/v1/jobs/{jid}/metrics")[2]
+        trains = [m for m in metrics if m["event"] == "train"]
+        self.until(lambda: self.points() == len(trains), "every train point plotted")
+        self.assertEqual(self.points("chart-lr"), len(trains))
+        log = self.find("#log")
+        self.until(lambda: "[traind]" in log.text, "rank 0's log in the viewer")
+        self.until(lambda: len(b.find_elements(By.CSS_SELECTOR, "#checkpoints a")) > 0,
+                   "checkpoint download links")
+
+        # the Jobs page lists it; its screenshot
+        b.find_element(By.CSS_SELECTOR, "#nav a[data-page=jobs]").click()
+        self.until(lambda: b.find_elements(By.CSS_SELECTOR, f"#jobs-body tr[data-job='{jid}']"),
+                   "the job in the list")
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-jobs.png"))
+
+        # cancel from the page, after confirming
+        long_id = d.json("POST", "/v1/jobs", daemon_test.train_spec("to-cancel", epochs=100000,
+                                                                    checkpoint=False))[2]["id"]
+        b.get(f"{self.url}#/job/{long_id}")
+        self.until(lambda: self.text("job-state") == "running", "running")
+        b.find_element(By.ID, "cancel").click()
+        self.wait.until(EC.alert_is_present()).accept()
+        self.until(lambda: self.text("job-state") == "cancelled", "cancelled")
+        self.assertEqual(d.json("GET", f"/v1/jobs/{long_id}")[2]["state"], "cancelled")
+
+        # the nodes page
+        b.find_element(By.CSS_SELECTOR, "#nav a[data-page=nodes]").click()
+        self.until(lambda: b.find_elements(By.CSS_SELECTOR, "#nodes-body tr"), "the nodes")
+
+    def test_b_session_cookie_and_csrf(self):
+        d = self.d
+        conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=TIMEOUT)
+
+        def call(method, path, body=None, headers=None):
+            conn.request(method, path, body=body, headers=headers or {})
+            r = conn.getresponse()
+            return r.status, dict((k.lower(), v) for k, v in r.getheaders()), r.read()
+
+        status, hdrs, body = call("GET", "/")
+        self.assertEqual(status, 200)
+        csp = hdrs["content-security-policy"]
+        self.assertIn("script-src 'self'", csp)
+        self.assertNotIn("unsafe-inline", csp)
+        self.assertIn(b'<script src="/ui/app.js"', body)
+        self.assertNotIn(b"<script>", body, "no inline script in the page")
+        status, _, _ = call("GET", "/ui/lib/dygraphs/dygraph.min.js")
+        self.assertEqual(status, 200, "Debian's dygraphs is served")
+        self.assertEqual(call("GET", "/ui/../token")[0], 404)
+
+        status, hdrs, body = call("POST", "/v1/session", json.dumps({"token": d.token}))
+        self.assertEqual(status, 200)
+        cookie = hdrs["set-cookie"]
+        for attr in ("HttpOnly", "SameSite=Strict", "Path=/"):
+            self.assertIn(attr, cookie)
+        session = cookie.split(";")[0]
+        csrf = json.loads(body)["csrf"]
+        spec = json.dumps(daemon_test.train_spec("csrf", epochs=1))
+        self.assertEqual(call("GET", "/v1/jobs")[0], 401, "no cookie, no token")
+        self.assertEqual(call("GET", "/v1/jobs", headers={"Cookie": session})[0], 200)
+        status, _, body = call("POST", "/v1/jobs", spec, {"Cookie": session})
+        self.assertEqual((status, json.loads(body)["error"]["code"]), (403, "csrf"))
+        status, _, _ = call("POST", "/v1/jobs", spec, {"Cookie": session, "X-CSRF-Token": "0" * 64})
+        self.assertEqual(status, 403, "a forged CSRF token")
+        status, _, _ = call("POST", "/v1/jobs", spec, {"Cookie": session, "X-CSRF-Token": csrf})
+        self.assertEqual(status, 201)
+        self.assertEqual(call("DELETE", "/v1/session", headers={"Cookie": session})[0], 403)
+        self.assertEqual(call("DELETE", "/v1/session",
+                              headers={"Cookie": session, "X-CSRF-Token": csrf})[0], 204)
+        self.assertEqual(call("GET", "/v1/jobs", headers={"Cookie": session})[0], 401,
+                         "signed out: the cookie is worth nothing")
+        self.assertEqual(call("POST", "/v1/session", json.dumps({"token": "x" * 64}))[0], 401)
+        conn.close()
+
+
+def main():
+    global ARTIFACTS
+    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
+    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    ARTIFACTS = os.environ.get("TRAIND_ARTIFACTS") or tempfile.mkdtemp(prefix="traind-dashboard-")
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    print(f"[dashboard] screenshots in {ARTIFACTS}", file=sys.stderr)
+    suite = unittest.TestSuite(DashboardTest(n) for n in
+                               ("test_a_sign_in_submit_charts_logs_cancel",
+                                "test_b_session_cookie_and_csrf"))
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+/* traind's dashboard: a page of its own served by the daemon, speaking API v1 with a session
+ * cookie (POST /v1/session) and the CSRF token it returns. Pages: Jobs, Job (live charts from the
+ * job's Server-Sent Events, drawn with Debian's dygraphs), Submit, Nodes. The DOM is built with
+ * el() from text nodes only, never from HTML strings, so no job name or log line can inject
+ * markup; the Content-Security-Policy forbids inline script besides. */
+"use strict";
+
+let csrf = "";
+let cleanups = []; // what the current page started: timers, streams, fetches
+
+const $main = () => document.getElementById("main");
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (k === "class") e.className = v;
+    else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function show(...nodes) {
+  const m = $main();
+  m.replaceChildren(...nodes);
+}
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const e = (body && body.error) || {};
+    super(e.message || `HTTP ${status}`);
+    this.status = status;
+    this.code = e.code;
+    this.field = e.field;
+  }
+}
+
+async function api(method, path, body) {
+  const headers = { "X-CSRF-Token": csrf };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, {
+    method, headers, credentials: "same-origin",
+    body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
+  });
+  const text = await r.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+  if (r.status === 401 && path !== "/v1/session") { signIn("Your session ended: sign in again."); }
+  if (!r.ok) throw new ApiError(r.status, data);
+  return data;
+}
+
+function stateBadge(state) { return el("span", { class: `state ${state}` }, state); }
+function fmt(x, digits = 4) { return typeof x === "number" ? x.toFixed(digits) : "–"; }
+function when(iso) { return iso ? iso.replace("T", " ").replace(/\.\d+Z$/, "") : "–"; }
+function bytes(n) {
+  if (typeof n !== "number") return "–";
+  const u = ["B", "kB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1000 && i < 4) { n /= 1000; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${u[i]}`;
+}
+
+function leave() {
+  for (const f of cleanups) { try { f(); } catch (_) { /* already gone */ } }
+  cleanups = [];
+}
+
+function every(ms, f) {
+  f();
+  const t = setInterval(f, ms);
+  cleanups.push(() => clearInterval(t));
+}
+
+/* ---- sign in / out ------------------------------------------------------------------------- */
+
+function signIn(message) {
+  leave();
+  csrf = "";
+  document.getElementById("nav").hidden = true;
+  const input = el("input", { id: "token", type: "password", autocomplete: "current-password",
+                              "aria-label": "API token", required: true });
+  const error = el("div", { class: "error", role: "alert", hidden: !message }, message || "");
+  const form = el("form", { class: "card signin", id: "signin-form", onsubmit: async (ev) => {
+    ev.preventDefault();
+    try {
+      const r = await api("POST", "/v1/session", { token: input.value.trim() });
+      csrf = r.csrf;
+      if (!location.hash || location.hash === "#/signin") location.hash = "#/jobs";
+      route();
+    } catch (e) {
+      error.hidden = false;
+      error.textContent = e.message;
+    }
+  } },
+  el("h1", {}, "Sign in to traind"),
+  el("p", { class: "muted" }, "Paste the API token: the daemon wrote it to STATE_DIR/token " +
+     "(~/.local/state/traind/token, or /var/lib/traind/token for a system daemon)."),
+  el("label", { for: "token" }, "API token"), input, error,
+  el("button", { class: "primary", type: "submit", id: "signin" }, "Sign in"));
+  show(form);
+  input.focus();
+}
+
+async function signOut() {
+  try { await api("DELETE", "/v1/session"); } catch (_) { /* signed out anyway */ }
+  signIn("Signed out.");
+}
+
+/* ---- Jobs ------------------------------------------------------------------------------------ */
+
+const STATES = ["queued", "running", "restarting", "succeeded", "failed", "cancelled"];
+
+function jobsPage() {
+  const filter = el("select", { id: "state-filter", "aria-label": "Filter by state" },
+    el("option", { value: "" }, "every state"), STATES.map((s) => el("option", { value: s }, s)));
+  const body = el("tbody", { id: "jobs-body" });
+  const error = el("div", { class: "error", hidden: true, role: "alert" });
+  const table = el("table", { id: "jobs" },
+    el("thead", {}, el("tr", {}, ["ID", "Name", "State", "Kind", "Processes", "Step", "Loss",
+                                  "val_acc", "Submitted"].map((h) => el("th", {}, h)))), body);
+  show(el("h1", {}, "Jobs"), el("div", { class: "toolbar" }, el("label", { for: "state-filter" },
+       "Show"), filter, el("a", { href: "#/submit" }, "Submit a job")), error, table);
+  async function refresh() {
+    try {
+      const q = filter.value ? `&state=${filter.value}` : "";
+      const r = await api("GET", `/v1/jobs?limit=100${q}`);
+      error.hidden = true;
+      body.replaceChildren(...r.jobs.map((j) => {
+        const t = (j.latest && j.latest.train) || {}, e = (j.latest && j.latest.eval) || {};
+        return el("tr", { "data-job": j.id },
+          el("td", {}, el("a", { href: `#/job/${j.id}` }, j.id)),
+          el("td", {}, el("a", { href: `#/job/${j.id}` }, j.name)), el("td", {}, stateBadge(j.state)),
+          el("td", {}, j.kind), el("td", {}, `${j.nnodes} × ${j.nproc}`),
+          el("td", { class: "num" }, t.step ?? "–"), el("td", { class: "num" }, fmt(t.loss)),
+          el("td", { class: "num" }, fmt(e.val_acc)), el("td", {}, when(j.created_at)));
+      }));
+      if (!r.jobs.length) body.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No jobs.")));
+    } catch (e) {
+      if (e.status !== 401) { error.hidden = false; error.textContent = e.message; }
+    }
+  }
+  filter.addEventListener("change", refresh);
+  every(2000, refresh); // states change while the page is open
+}
+
+/* ---- Job --------------------------------------------------------------------------------------- */
+
+function chart(id, title, labels, ylabel) {
+  const box = el("div", { class: "chart", id, "data-points": "0" },
+    el("p", { class: "muted" }, "No points yet.")); // (the chart replaces it)
+  const card = el("div", { class: "card" }, el("div", { class: "chart-title" }, title), box);
+  return { card, box, labels, ylabel, data: [], graph: null };
+}
+
+function jobPage(id) {
+  const head = el("div", { class: "toolbar" });
+  const facts = el("dl", { class: "facts", id: "facts" });
+  const placement = el("div", { id: "placement" });
+  const attempts = el("div", { id: "attempts" });
+  const charts = {
+    loss: chart("chart-loss", "Loss", ["step", "loss", "val_loss"]),
+    acc: chart("chart-acc", "Validation accuracy", ["step", "val_acc"]),
+    lr: chart("chart-lr", "Learning rate", ["step", "lr"]),
+    sps: chart("chart-sps", "Samples per second", ["step", "samples/s"]),
+  };
+  const restarts = []; // steps at which the job restarted: marked on every chart
+  const ckpts = el("tbody", { id: "checkpoints" });
+  const rank = el("select", { id: "log-rank", "aria-label": "Rank" });
+  const follow = el("input", { type: "checkbox", id: "log-follow", checked: true });
+  const log = el("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Log" });
+  const error = el("div", { class: "error", hidden: true, role: "alert", id: "job-error" });
+  show(el("div", { class: "toolbar" }, el("a", { href: "#/jobs" }, "← Jobs")), head, error,
+    el("div", { class: "grid2" }, el("div", { class: "card" }, facts, attempts), placement),
+    el("h2", {}, "Metrics"), el("div", { class: "charts" }, Object.values(charts).map((c) => c.card)),
+    el("h2", {}, "Log"), el("div", { class: "toolbar" }, el("label", { for: "log-rank" }, "Rank"),
+       rank, el("label", {}, follow, " follow")), log,
+    el("h2", {}, "Checkpoints"),
+    el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {},
+       ["Step", "Size", "Written", "Files"].map((h) => el("th", {}, h)))), ckpts)));
+
+  let job = null, lastStep = 0, pending = false;
+  function draw() {
+    pending = false;
+    for (const c of Object.values(charts)) {
+      if (!c.data.length || typeof Dygraph === "undefined") continue;
+      const opts = { file: c.data, labels: c.labels, connectSeparatedPoints: true, legend: "always",
+        underlayCallback: (ctx, area, g) => { // a dashed line where each restart happened
+          ctx.save(); ctx.strokeStyle = "#b42318"; ctx.setLineDash([4, 3]);
+          for (const s of restarts) {
+            const x = g.toDomXCoord(s);
+            ctx.beginPath(); ctx.moveTo(x, area.y); ctx.lineTo(x, area.y + area.h); ctx.stroke();
+          }
+          ctx.restore();
+        } };
+      if (!c.graph) c.graph = new Dygraph(c.box, c.data, opts);
+      else c.graph.updateOptions(opts);
+      c.box.setAttribute("data-points", String(c.data.length));
+    }
+  }
+  function later() { if (!pending) { pending = true; requestAnimationFrame(draw); } }
+
+  function onEvent(name, d) {
+    if (typeof d.step === "number") lastStep = d.step;
+    if (name === "train") {
+      const latest = document.getElementById("latest-step");
+      if (latest) latest.textContent = d.step;
+      charts.loss.data.push([d.step, d.loss, null]);
+      if (typeof d.lr === "number") charts.lr.data.push([d.step, d.lr]);
+      if (typeof d.samples_per_s === "number") charts.sps.data.push([d.step, d.samples_per_s]);
+    } else if (name === "eval") {
+      if (typeof d.val_loss === "number") charts.loss.data.push([d.step, null, d.val_loss]);
+      if (typeof d.val_acc === "number") charts.acc.data.push([d.step, d.val_acc]);
+    } else if (name === "restart") {
+      restarts.push(d.resume_from && typeof d.resume_from.step === "number" ? d.resume_from.step : lastStep);
+    } else if (name === "checkpoint") {
+      loadCheckpoints();
+    }
+    if (name === "state" || name === "restart" || name === "placement") loadJob();
+    later();
+  }
+
+  async function loadJob() {
+    try {
+      job = await api("GET", `/v1/jobs/${id}`);
+    } catch (e) {
+      if (e.status !== 401) { error.hidden = false; error.textContent = e.message; }
+      return;
+    }
+    const final = ["succeeded", "failed", "cancelled"].includes(job.state);
+    const cancel = el("button", { class: "danger", id: "cancel", type: "button", disabled: final,
+      onclick: async () => {
+        if (!confirm(`Cancel job ${id} (${job.name})? Its processes are stopped on every node.`)) return;
+        try { await api("POST", `/v1/jobs/${id}/cancel`); loadJob(); }
+        catch (e) { error.hidden = false; error.textContent = e.message; }
+      } }, "Cancel job");
+    head.replaceChildren(el("h1", {}, `Job ${job.id}: ${job.name}`), stateBadge(job.state), cancel);
+    head.querySelector(".state").id = "job-state";
+    const t = (job.latest && job.latest.train) || {};
+    facts.replaceChildren(
+      el("dt", {}, "Kind"), el("dd", {}, job.kind),
+      el("dt", {}, "Processes"), el("dd", {}, `${job.nnodes} node(s) × ${job.nproc}`),
+      el("dt", {}, "Submitted"), el("dd", {}, when(job.created_at)),
+      el("dt", {}, "Started"), el("dd", {}, when(job.started_at)),
+      el("dt", {}, "Finished"), el("dd", {}, when(job.finished_at)),
+      el("dt", {}, "Latest step"), el("dd", { id: "latest-step" }, t.step ?? "–"),
+      el("dt", {}, "Restarts"), el("dd", {}, `${job.restarts} of ${job.max_restarts}`),
+      el("dt", {}, "Reason"), el("dd", { id: "job-reason" }, job.reason || "–"));
+    attempts.replaceChildren(el("h2", {}, "Attempts"), el("ol", { start: 0 }, job.attempts.map((a) =>
+      el("li", {}, `${when(a.started_at)} → ${when(a.finished_at)}`, a.reason ? `: ${a.reason}` : ""))));
+    const p = job.placement;
+    placement.replaceChildren(el("div", { class: "card" }, el("h2", {}, "Placement"),
+      p ? el("table", {}, el("thead", {}, el("tr", {}, ["Node", "Node rank", "Ranks", "GPUs", "State"]
+            .map((h) => el("th", {}, h)))),
+          el("tbody", {}, p.nodes.map((n) => el("tr", {}, el("td", {}, n.node),
+            el("td", {}, n.node_rank), el("td", {}, n.ranks.join(", ")), el("td", {}, n.devices || "–"),
+            el("td", {}, n.state || "–")))))
+        : el("p", { class: "muted" }, "On this node (the master's own)."),
+      p ? el("p", { class: "muted" }, `Rendezvous at ${p.master_addr}:${p.master_port}`) : null));
+    const world = job.nnodes * job.nproc;
+    if (rank.options.length !== world) {
+      rank.replaceChildren(...Array.from({ length: world }, (_, r) => el("option", { value: r }, `rank ${r}`)));
+      if (!logStarted) startLog();
+    }
+    if (final) loadCheckpoints();
+  }
+
+  async function loadCheckpoints() {
+    try {
+      const list = await api("GET", `/v1/jobs/${id}/checkpoints`);
+      ckpts.replaceChildren(...list.slice().reverse().map((c) => el("tr", {},
+        el("td", { class: "num" }, c.step), el("td", { class: "num" }, bytes(c.size)),
+        el("td", {}, when(c.created_at)),
+        el("td", { class: "wrap" }, c.files.length ? c.files.map((f) => [el("a", { href: f.url, download: "" }, f.name), " "])
+                                    : el("span", { class: "muted" }, "removed (checkpoint.keep)")))));
+      if (!list.length) ckpts.append(el("tr", {}, el("td", { colspan: 4, class: "muted" }, "None yet.")));
+    } catch (_) { /* shown by the job's own error */ }
+  }
+
+  let logStarted = false, logAbort = null;
+  async function startLog() {
+    logStarted = true;
+    if (logAbort) logAbort.abort();
+    const abort = new AbortController();
+    logAbort = abort;
+    log.textContent = "";
+    const q = `rank=${rank.value || 0}${follow.checked ? "&follow=1" : ""}`;
+    try {
+      const r = await fetch(`/v1/jobs/${id}/logs?${q}`, { credentials: "same-origin", signal: abort.signal });
+      if (!r.ok) { log.textContent = `(${r.status}) ${await r.text()}`; return; }
+      const reader = r.body.getReader(), dec = new TextDecoder();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+        log.append(dec.decode(value, { stream: true }));
+        if (atEnd) log.scrollTop = log.scrollHeight;
+      }
+    } catch (_) { /* aborted: another rank was chosen, or the page left */ }
+  }
+  rank.addEventListener("change", startLog);
+  follow.addEventListener("change", startLog);
+  cleanups.push(() => { if (logAbort) logAbort.abort(); });
+
+  // the event stream replays the job from its start, then follows it; EventSource reconnects
+  // with Last-Event-ID by itself
+  const es = new EventSource(`/v1/jobs/${id}/events`, { withCredentials: true });
+  for (const name of ["train", "eval", "checkpoint", "restart", "state", "placement", "done"])
+    es.addEventListener(name, (ev) => {
+      let d = {};
+      try { d = JSON.parse(ev.data); } catch (_) { /* a command's odd line */ }
+      onEvent(name, d);
+      if (name === "state" && ["succeeded", "failed", "cancelled"].includes(d.state)) es.close();
+    });
+  cleanups.push(() => es.close());
+  loadJob();
+  loadCheckpoints();
+}
+
+/* ---- Submit ------------------------------------------------------------------------------------ */
+
+const EXAMPLES = ["fmnist-lenet"];
+
+function submitPage() {
+  const text = el("textarea", { class: "spec", id: "spec", spellcheck: "false", "aria-label": "Job spec (JSON)" });
+  const error = el("div", { class: "error", hidden: true, role: "alert", id: "submit-error" });
+  const file = el("input", { type: "file", accept: ".json,application/json", id: "spec-file" });
+  const example = el("select", { id: "example", "aria-label": "Start from an example" },
+    el("option", { value: "" }, "start from an example…"), EXAMPLES.map((n) => el("option", { value: n }, n)));
+  file.addEventListener("change", () => {
+    const f = file.files[0];
+    if (f) f.text().then((t) => { text.value = t; });
+  });
+  example.addEventListener("change", async () => {
+    if (!example.value) return;
+    const r = await fetch(`/ui/examples/${example.value}.json`, { credentials: "same-origin" });
+    text.value = await r.text();
+  });
+  const go = el("button", { class: "primary", type: "submit", id: "submit" }, "Submit");
+  const form = el("form", { onsubmit: async (ev) => {
+    ev.preventDefault();
+    error.hidden = true;
+    let body;
+    try { body = JSON.parse(text.value); } catch (e) {
+      error.hidden = false;
+      error.replaceChildren("The spec is not JSON: ", e.message);
+      return;
+    }
+    try {
+      const job = await api("POST", "/v1/jobs", body);
+      location.hash = `#/job/${job.id}`;
+    } catch (e) {
+      error.hidden = false;
+      // the field at fault, by its JSON path, then what is wrong with it
+      error.replaceChildren(...(e.field ? ["At ", el("code", { id: "error-field" }, e.field), ": "] : []), e.message);
+    }
+  } }, el("div", { class: "toolbar" }, example, el("label", { for: "spec-file" }, "or upload"), file),
+  text, error, el("div", { class: "toolbar" }, go));
+  show(el("h1", {}, "Submit a job"),
+    el("p", { class: "muted" }, "A job spec as traind-worker takes it, or a command job; see api/README.md."), form);
+}
+
+/* ---- Nodes ------------------------------------------------------------------------------------- */
+
+function nodesPage() {
+  const body = el("tbody", { id: "nodes-body" });
+  show(el("h1", {}, "Nodes"), el("table", { id: "nodes" }, el("thead", {}, el("tr", {},
+    ["Name", "Role", "State", "Address", "Slots used", "GPUs", "Version", "Heartbeat"].map((h) => el("th", {}, h)))), body));
+  every(2000, async () => {
+    try {
+      const r = await api("GET", "/v1/nodes");
+      body.replaceChildren(...r.nodes.map((n) => el("tr", {}, el("td", {}, n.name), el("td", {}, n.role),
+        el("td", {}, stateBadge(n.state)), el("td", {}, n.address), el("td", {}, `${n.slots.used} / ${n.slots.total}`),
+        el("td", {}, n.gpus.length ? n.gpus.map((g) => `${g.index}${g.name ? " " + g.name : ""}` +
+          (g.memory_bytes ? ` (${(g.memory_bytes / 2 ** 30).toFixed(0)} GiB)` : "")).join("; ") : "–"),
+        el("td", {}, n.version), el("td", {}, `${n.seconds_since_heartbeat.toFixed(1)} s ago`))));
+    } catch (_) { /* signed out, or the daemon is away: the next turn tries again */ }
+  });
+}
+
+/* ---- routing ----------------------------------------------------------------------------------- */
+
+function route() {
+  if (!csrf) return signIn();
+  leave();
+  document.getElementById("nav").hidden = false;
+  const hash = location.hash || "#/jobs";
+  const m = hash.match(/^#\/job\/(\d+)$/);
+  const page = m ? "jobs" : hash.slice(2);
+  for (const a of document.querySelectorAll("#nav a"))
+    a.toggleAttribute("aria-current", a.dataset.page === page) && a.setAttribute("aria-current", "page");
+  if (m) jobPage(Number(m[1]));
+  else if (hash === "#/submit") submitPage();
+  else if (hash === "#/nodes") nodesPage();
+  else jobsPage();
+  $main().focus({ preventScroll: true });
+}
+
+window.addEventListener("hashchange", route);
+document.getElementById("signout").addEventListener("click", signOut);
+(async () => {
+  try {
+    csrf = (await api("GET", "/v1/session")).csrf;
+    route();
+  } catch (_) {
+    signIn();
+  }
+})();
