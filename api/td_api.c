@@ -413,8 +413,8 @@ static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, cons
         int session = td_api_session_auth(api, c, method);
         if (session < 0)
             return td_api_fail(c, 403, "csrf", NULL,
-                               "a change from a signed-in browser needs the session's "
-                               "X-CSRF-Token header");
+                               "a request with the session cookie needs the session's CSRF "
+                               "token (X-CSRF-Token, or ?csrf=)");
         if (session == 0)
             return td_api_fail(c, 401, "unauthorized", NULL,
                                "missing or wrong bearer token: send \"Authorization: Bearer "

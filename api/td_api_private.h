@@ -87,10 +87,11 @@ void td_api_upload_abandon(td_api_upload *u);
 enum MHD_Result td_api_file_get(td_api *api, struct MHD_Connection *c, const char *url);
 
 /* The dashboard (td_api_web.c). Whether a session cookie authorizes the request: 1 yes, 0 no
- * session (the bearer token decides), -1 a session without the CSRF token a change needs. */
+ * session (the bearer token decides), -1 a session without its CSRF token (which every request
+ * made with the cookie carries). */
 int td_api_session_auth(td_api *api, struct MHD_Connection *c, const char *method);
 /* /v1/session: POST {"token"} signs in (the cookie and {"csrf"}), GET says whether the cookie
- * still holds (and its csrf), DELETE signs out. */
+ * and CSRF token still hold, DELETE signs out. */
 enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, const char *method,
                                      const char *body, size_t len, bool token_ok);
 /* GET / and /ui/...: the page's files, and the chart library under /ui/lib/dygraphs/. */

@@ -3,10 +3,12 @@
  *
  * A browser signs in once with the API token (POST /v1/session) and gets a session cookie
  * (HttpOnly: scripts cannot read it; SameSite=Strict: other sites' pages cannot send it) and a
- * CSRF token. Requests with the cookie act as the token would, but a request that changes
- * anything (POST, PUT, DELETE) must also carry the CSRF token in X-CSRF-Token, which only the
- * page itself knows: a forged form or fetch from elsewhere is refused even if a browser sent the
- * cookie. Sessions live in memory: a restarted daemon asks for the token again. Every file goes
+ * CSRF token, given out only then. Every request with the cookie must also carry that token
+ * (X-CSRF-Token, or ?csrf= where a browser cannot set headers: EventSource, download links):
+ * browsers send a host's cookies to every port of it, so a page served by any other service on
+ * this host could make a browser send the cookie, or read it outright; the token, kept in the
+ * page's own sessionStorage (which is per port), it cannot. Sessions live in memory: a restarted
+ * daemon asks for the token again. Every file goes
  * out with a Content-Security-Policy that allows scripts and styles from this server only (no
  * inline script, no eval), and forbids framing. */
 #include "api/td_api_private.h"
@@ -59,24 +61,31 @@ static int find_session(td_api *api, struct MHD_Connection *c) {
     return -1;
 }
 
-int td_api_session_auth(td_api *api, struct MHD_Connection *c, const char *method) {
-    pthread_mutex_lock(&api->session_mu);
-    int at = find_session(api, c);
-    bool csrf_ok = false;
-    if (at >= 0) {
-        const char *given = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-CSRF-Token");
-        csrf_ok = given && same(api->sessions[at].csrf, given);
-    }
-    pthread_mutex_unlock(&api->session_mu);
-    if (at < 0) return 0;
-    bool safe = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    return safe || csrf_ok ? 1 : -1;
+/* The CSRF token the request carries: the header, else the query parameter. */
+static const char *csrf_of(struct MHD_Connection *c) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-CSRF-Token");
+    return h ? h : MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "csrf");
 }
 
+int td_api_session_auth(td_api *api, struct MHD_Connection *c, const char *method) {
+    (void)method; /* every method: reads too (see above) */
+    pthread_mutex_lock(&api->session_mu);
+    int at = find_session(api, c);
+    const char *given = at >= 0 ? csrf_of(c) : NULL;
+    bool csrf_ok = given && same(api->sessions[at].csrf, given);
+    pthread_mutex_unlock(&api->session_mu);
+    if (at < 0) return 0;
+    return csrf_ok ? 1 : -1;
+}
+
+/* {"signed_in": true}, with the CSRF token when it is given out (at sign-in only). */
 static enum MHD_Result reply_session(struct MHD_Connection *c, unsigned status, const char *csrf,
                                      const char *cookie) {
     td_buf b = {0};
-    td_buf_printf(&b, "{\"csrf\":\"%s\"}\n", csrf);
+    if (csrf)
+        td_buf_printf(&b, "{\"signed_in\":true,\"csrf\":\"%s\"}\n", csrf);
+    else
+        td_buf_puts(&b, "{\"signed_in\":true}\n");
     char *data = td_buf_take(&b);
     struct MHD_Response *r =
         MHD_create_response_from_buffer(strlen(data), data, MHD_RESPMEM_MUST_FREE);
@@ -99,9 +108,12 @@ enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, cons
         if (!random_hex(s.id) || !random_hex(s.csrf))
             return td_api_fail(c, 500, "internal", NULL, "no random bytes for a session");
         pthread_mutex_lock(&api->session_mu);
-        int at = api->n_sessions < TD_API_SESSIONS_MAX ? api->n_sessions++ : 0;
-        for (int i = 0; i < api->n_sessions; i++) /* full: the one unused the longest goes */
-            if (api->sessions[i].last_used < api->sessions[at].last_used) at = i;
+        int at = api->n_sessions;
+        if (at < TD_API_SESSIONS_MAX)
+            api->n_sessions++;
+        else /* full: the one unused the longest goes */
+            for (int i = at = 0; i < api->n_sessions; i++)
+                if (api->sessions[i].last_used < api->sessions[at].last_used) at = i;
         api->sessions[at] = s;
         pthread_mutex_unlock(&api->session_mu);
         char cookie[160];
@@ -110,27 +122,23 @@ enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, cons
     }
     pthread_mutex_lock(&api->session_mu);
     int at = find_session(api, c);
-    char csrf[65] = "";
-    if (at >= 0) snprintf(csrf, sizeof csrf, "%s", api->sessions[at].csrf);
-    bool given = false;
-    if (at >= 0 && strcmp(method, "DELETE") == 0) {
-        const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-CSRF-Token");
-        given = h && same(csrf, h);
-        if (given) api->sessions[at] = api->sessions[--api->n_sessions];
+    const char *h = at >= 0 ? csrf_of(c) : NULL;
+    bool given = h && same(api->sessions[at].csrf, h);
+    if (given && strcmp(method, "DELETE") == 0) { /* the slot is refilled by the last one */
+        api->sessions[at] = api->sessions[--api->n_sessions];
+        memset(&api->sessions[api->n_sessions], 0, sizeof *api->sessions);
     }
     pthread_mutex_unlock(&api->session_mu);
-    if (strcmp(method, "GET") == 0) { /* the page, loaded again: is it still signed in? */
-        if (at < 0)
-            return td_api_fail(c, 401, "unauthorized", NULL,
-                               token_ok ? "a bearer token has no session: sign in with POST"
-                                        : "not signed in");
-        return reply_session(c, 200, csrf, NULL);
-    }
+    if (at < 0)
+        return td_api_fail(c, 401, "unauthorized", NULL,
+                           token_ok && strcmp(method, "GET") == 0
+                               ? "a bearer token has no session: sign in with POST"
+                               : "not signed in");
+    if (!given)
+        return td_api_fail(c, 403, "csrf", NULL, "the session's X-CSRF-Token header is missing");
+    if (strcmp(method, "GET") == 0) /* the page, loaded again: is it still signed in? */
+        return reply_session(c, 200, NULL, NULL);
     if (strcmp(method, "DELETE") == 0) { /* sign out */
-        if (at < 0) return td_api_fail(c, 401, "unauthorized", NULL, "not signed in");
-        if (!given)
-            return td_api_fail(c, 403, "csrf", NULL,
-                               "signing out needs the session's X-CSRF-Token header");
         return td_api_respond(c, 204,
                               MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT), NULL,
                               MHD_HTTP_HEADER_SET_COOKIE,

@@ -5,7 +5,10 @@
  * markup; the Content-Security-Policy forbids inline script besides. */
 "use strict";
 
-let csrf = "";
+// the session's CSRF token: every request made with the cookie carries it. Kept in
+// sessionStorage, which belongs to this page's origin and port alone (cookies do not)
+let csrf = sessionStorage.getItem("traind-csrf") || "";
+let left = false; // the page changed: an async step that finds this true stops
 let cleanups = []; // what the current page started: timers, streams, fetches
 
 const $main = () => document.getElementById("main");
@@ -67,6 +70,7 @@ function bytes(n) {
 }
 
 function leave() {
+  left = true;
   for (const f of cleanups) { try { f(); } catch (_) { /* already gone */ } }
   cleanups = [];
 }
@@ -82,6 +86,7 @@ function every(ms, f) {
 function signIn(message) {
   leave();
   csrf = "";
+  sessionStorage.removeItem("traind-csrf");
   document.getElementById("nav").hidden = true;
   const input = el("input", { id: "token", type: "password", autocomplete: "current-password",
                               "aria-label": "API token", required: true });
@@ -91,6 +96,7 @@ function signIn(message) {
     try {
       const r = await api("POST", "/v1/session", { token: input.value.trim() });
       csrf = r.csrf;
+      sessionStorage.setItem("traind-csrf", csrf);
       if (!location.hash || location.hash === "#/signin") location.hash = "#/jobs";
       route();
     } catch (e) {
@@ -184,7 +190,9 @@ function jobPage(id) {
     el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {},
        ["Step", "Size", "Written", "Files"].map((h) => el("th", {}, h)))), ckpts)));
 
-  let job = null, lastStep = 0, pending = false;
+  let job = null, lastStep = 0, pending = false, loading = false, again = false;
+  let ckptTimer = null;
+  cleanups.push(() => clearTimeout(ckptTimer));
   function draw() {
     pending = false;
     for (const c of Object.values(charts)) {
@@ -218,20 +226,27 @@ function jobPage(id) {
       if (typeof d.val_acc === "number") charts.acc.data.push([d.step, d.val_acc]);
     } else if (name === "restart") {
       restarts.push(d.resume_from && typeof d.resume_from.step === "number" ? d.resume_from.step : lastStep);
-    } else if (name === "checkpoint") {
-      loadCheckpoints();
+    } else if (name === "checkpoint") { // (a replay brings many at once: one reload for them)
+      clearTimeout(ckptTimer);
+      ckptTimer = setTimeout(loadCheckpoints, 300);
     }
     if (name === "state" || name === "restart" || name === "placement") loadJob();
     later();
   }
 
-  async function loadJob() {
+  async function loadJob() { // one at a time, the latest wins: replays bring many events
+    if (loading) { again = true; return; }
+    loading = true;
     try {
       job = await api("GET", `/v1/jobs/${id}`);
     } catch (e) {
       if (e.status !== 401) { error.hidden = false; error.textContent = e.message; }
       return;
+    } finally {
+      loading = false;
+      if (again && !left) { again = false; setTimeout(loadJob, 0); }
     }
+    if (left) return;
     const final = ["succeeded", "failed", "cancelled"].includes(job.state);
     const cancel = el("button", { class: "danger", id: "cancel", type: "button", disabled: final,
       onclick: async () => {
@@ -276,7 +291,7 @@ function jobPage(id) {
       ckpts.replaceChildren(...list.slice().reverse().map((c) => el("tr", {},
         el("td", { class: "num" }, c.step), el("td", { class: "num" }, bytes(c.size)),
         el("td", {}, when(c.created_at)),
-        el("td", { class: "wrap" }, c.files.length ? c.files.map((f) => [el("a", { href: f.url, download: "" }, f.name), " "])
+        el("td", { class: "wrap" }, c.files.length ? c.files.map((f) => [el("a", { href: `${f.url}?csrf=${csrf}`, download: "" }, f.name), " "])
                                     : el("span", { class: "muted" }, "removed (checkpoint.keep)")))));
       if (!list.length) ckpts.append(el("tr", {}, el("td", { colspan: 4, class: "muted" }, "None yet.")));
     } catch (_) { /* shown by the job's own error */ }
@@ -284,6 +299,7 @@ function jobPage(id) {
 
   let logStarted = false, logAbort = null;
   async function startLog() {
+    if (left) return; // (loadJob may resolve after the page changed)
     logStarted = true;
     if (logAbort) logAbort.abort();
     const abort = new AbortController();
@@ -291,7 +307,8 @@ function jobPage(id) {
     log.textContent = "";
     const q = `rank=${rank.value || 0}${follow.checked ? "&follow=1" : ""}`;
     try {
-      const r = await fetch(`/v1/jobs/${id}/logs?${q}`, { credentials: "same-origin", signal: abort.signal });
+      const r = await fetch(`/v1/jobs/${id}/logs?${q}`, { credentials: "same-origin", signal: abort.signal,
+                                                        headers: { "X-CSRF-Token": csrf } });
       if (!r.ok) { log.textContent = `(${r.status}) ${await r.text()}`; return; }
       const reader = r.body.getReader(), dec = new TextDecoder();
       for (;;) {
@@ -309,7 +326,14 @@ function jobPage(id) {
 
   // the event stream replays the job from its start, then follows it; EventSource reconnects
   // with Last-Event-ID by itself
-  const es = new EventSource(`/v1/jobs/${id}/events`, { withCredentials: true });
+  const es = new EventSource(`/v1/jobs/${id}/events?csrf=${csrf}`, { withCredentials: true });
+  // EventSource gives up for good on an error reply (the daemon restarted: the session is gone)
+  es.onerror = async () => {
+    if (es.readyState !== EventSource.CLOSED || left) return;
+    try { await api("GET", "/v1/session"); error.hidden = false;
+          error.textContent = "The job's event stream ended; reload the page to follow it again."; }
+    catch (_) { /* api() has shown the sign-in page */ }
+  };
   for (const name of ["train", "eval", "checkpoint", "restart", "state", "placement", "done"])
     es.addEventListener(name, (ev) => {
       let d = {};
@@ -338,7 +362,7 @@ function submitPage() {
   });
   example.addEventListener("change", async () => {
     if (!example.value) return;
-    const r = await fetch(`/ui/examples/${example.value}.json`, { credentials: "same-origin" });
+    const r = await fetch(`/ui/examples/${example.value}.json`);
     text.value = await r.text();
   });
   const go = el("button", { class: "primary", type: "submit", id: "submit" }, "Submit");
@@ -388,6 +412,7 @@ function nodesPage() {
 function route() {
   if (!csrf) return signIn();
   leave();
+  left = false;
   document.getElementById("nav").hidden = false;
   const hash = location.hash || "#/jobs";
   const m = hash.match(/^#\/job\/(\d+)$/);
@@ -404,8 +429,9 @@ function route() {
 window.addEventListener("hashchange", route);
 document.getElementById("signout").addEventListener("click", signOut);
 (async () => {
+  if (!csrf) return signIn(); // a new tab: sign in (the token is not kept anywhere)
   try {
-    csrf = (await api("GET", "/v1/session")).csrf;
+    await api("GET", "/v1/session");
     route();
   } catch (_) {
     signIn();
