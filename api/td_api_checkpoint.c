@@ -134,7 +134,9 @@ static enum MHD_Result range_not_satisfiable(struct MHD_Connection *c, const cha
     return td_api_respond(c, 416, r, TD_API_JSON, MHD_HTTP_HEADER_CONTENT_RANGE, cr, NULL);
 }
 
-/* GET .../checkpoints/{step}/{name}: one file of a checkpoint, with Range. */
+/* GET .../checkpoints/{step}/{name}: one file of a checkpoint, with Range, and If-Range against
+ * its Last-Modified: a client resuming a download of a file that has since been written again
+ * (a restarted job saving the same step) gets the whole new file instead of a splice. */
 static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, long id, long step,
                                        const char *name) {
     char path[PATH_MAX];
@@ -153,6 +155,14 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
     }
     uint64_t n = (uint64_t)size, from = 0, to = n ? n - 1 : 0;
     const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_RANGE);
+    char modified[64] = "";
+    struct stat st;
+    struct tm tm;
+    if (fstat(fd, &st) == 0 && gmtime_r(&st.st_mtime, &tm))
+        strftime(modified, sizeof modified, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    const char *if_range =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_RANGE);
+    if (range && if_range && strcmp(if_range, modified) != 0) range = NULL; /* changed: whole */
     int status = MHD_HTTP_OK;
     if (range) {
         if (!parse_range(range, n, &from, &to)) {
@@ -170,6 +180,7 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
     /* Content-Range only with a range: a NULL name ends the header list early */
     return td_api_respond(
         c, (unsigned)status, r, "application/octet-stream", MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes",
+        MHD_HTTP_HEADER_LAST_MODIFIED, modified,
         status == MHD_HTTP_PARTIAL_CONTENT ? MHD_HTTP_HEADER_CONTENT_RANGE : NULL, cr, NULL);
 }
 

@@ -168,11 +168,13 @@ int tc_events_follow(const tc_conn *c, long job, long *last_id, tc_event_fn fn, 
         curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
         curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
         CURLcode rc = curl_easy_perform(h);
+        if (rc != CURLE_OK && !why[0]) snprintf(why, sizeof why, "%s", curl_easy_strerror(rc));
         long status = 0;
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
         curl_slist_free_all(hdr);
         curl_easy_cleanup(h);
-        if (s.data && s.done == false && rc == CURLE_OK) dispatch(&s); /* an unterminated last */
+        /* an event not ended by its blank line at the stream's end is dropped, as SSE says:
+         * last_id has not moved past it, so the reconnection brings it whole */
         free(s.line);
         free(s.data);
         if (s.done) {

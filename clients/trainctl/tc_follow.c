@@ -208,8 +208,8 @@ static bool on_event(void *ctx, long id, const char *event, const char *data) {
     view *v = ctx;
     json_t *d = json_loads(data, 0, NULL);
     if (v->json) {
-        json_t *o = json_pack("{s:I, s:s, s:O}", "id", (json_int_t)id, "event", event, "data",
-                              d ? d : json_string(data));
+        json_t *o = json_pack("{s:I, s:s, s:o}", "id", (json_int_t)id, "event", event, "data",
+                              d ? json_incref(d) : json_string(data));
         char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
         if (text) printf("%s\n", text);
         fflush(stdout);
@@ -222,8 +222,12 @@ static bool on_event(void *ctx, long id, const char *event, const char *data) {
                        : strcmp(state, "cancelled") == 0 ? TC_EXIT_CANCELLED
                                                          : -1;
         }
+    } else if (d) {
+        show_event(v, event, d);
     } else {
-        show_event(v, event, d ? d : json_object());
+        json_t *none = json_object();
+        show_event(v, event, none);
+        json_decref(none);
     }
     json_decref(d);
     return v->final >= 0;
@@ -260,6 +264,7 @@ int tc_follow(const tc_conn *c, long job, const tc_follow_options *o) {
         }
         tc_reply r;
         char err[512] = "";
+        tc_interrupted = 0; /* (a second Ctrl-C stops the cancel request itself) */
         snprintf(path, sizeof path, "/v1/jobs/%ld/cancel", job);
         tc_request(c, "POST", path, NULL, &r, err, sizeof err);
         int status = r.status == 200 ? TC_EXIT_CANCELLED : tc_fail_reply(c, &r, err);

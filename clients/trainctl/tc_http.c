@@ -4,6 +4,7 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,14 +43,23 @@ static CURL *handle(const tc_conn *c, const char *path, struct curl_slist **hdr,
     return h;
 }
 
-static long finish(CURL *h, struct curl_slist *hdr, const char *why, char *err, size_t len) {
+/* Ctrl-C ends any transfer: libcurl calls this about once a second and on every chunk. */
+static int interruptible(void *ctx, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d) {
+    (void)ctx, (void)a, (void)b, (void)c, (void)d;
+    return tc_interrupted != 0;
+}
+
+/* Runs h: the status of the answer (0: none came), and in *code how the transfer ended (a
+ * write error after a good answer: the reader of our output went away). */
+static long finish(CURL *h, struct curl_slist *hdr, const char *why, char *err, size_t len,
+                   CURLcode *code) {
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
     CURLcode rc = curl_easy_perform(h);
     long status = 0;
-    if (rc == CURLE_OK)
-        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    else
-        snprintf(err, len, "%s", why[0] ? why : curl_easy_strerror(rc));
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    if (rc != CURLE_OK) snprintf(err, len, "%s", why[0] ? why : curl_easy_strerror(rc));
+    if (rc != CURLE_OK && rc != CURLE_WRITE_ERROR) status = 0;
+    if (code) *code = rc;
     curl_slist_free_all(hdr);
     curl_easy_cleanup(h);
     return status;
@@ -67,6 +77,8 @@ long tc_request(const tc_conn *c, const char *method, const char *path, const ch
     }
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(h, CURLOPT_TIMEOUT, 600L); /* a cancel waits out the grace period */
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, interruptible);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
     if (body) {
@@ -75,7 +87,9 @@ long tc_request(const tc_conn *c, const char *method, const char *path, const ch
     } else if (strcmp(method, "POST") == 0) {
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
     }
-    r->status = finish(h, hdr, why, err, len);
+    CURLcode code;
+    r->status = finish(h, hdr, why, err, len, &code);
+    if (code != CURLE_OK) r->status = 0; /* a reply cut short is no reply */
     return r->status;
 }
 
@@ -89,6 +103,10 @@ json_t *tc_reply_json(const tc_reply *r) {
 }
 
 int tc_fail_reply(const tc_conn *c, const tc_reply *r, const char *err) {
+    if (tc_interrupted) {
+        fprintf(stderr, "trainctl: interrupted\n");
+        return 130;
+    }
     if (!r || r->status == 0)
         return tc_error("cannot reach traind at %s: %s (is it running? give --url or TRAIND_URL)",
                         c->url, err && *err ? err : "no answer");
@@ -202,39 +220,59 @@ int tc_stream(const tc_conn *c, const char *path, FILE *out, volatile sig_atomic
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, &s);
-    long status = finish(h, hdr, why, err, sizeof err);
+    CURLcode code;
+    long status = finish(h, hdr, why, err, sizeof err, &code);
     int rc = 0;
     if (stop && *stop)
-        rc = 0;
+        rc = 130; /* Ctrl-C while following: as for follow */
     else if (status != 200) {
         s.error.status = status;
         rc = tc_fail_reply(c, &s.error, err);
+    } else if (code == CURLE_WRITE_ERROR) {
+        rc = 0; /* whoever read our output stopped (trainctl logs -f ID | head): done */
+    } else if (code != CURLE_OK) {
+        rc = tc_error("the log stream stopped: %s", err);
     }
     tc_reply_free(&s.error);
     return rc;
 }
 
+/* The file's modification time as an HTTP date (what the server's Last-Modified was, when a
+ * download set it). */
+static void http_date(time_t t, char *out, size_t len) {
+    struct tm tm;
+    if (!gmtime_r(&t, &tm) || !strftime(out, len, "%a, %d %b %Y %H:%M:%S GMT", &tm)) out[0] = 0;
+}
+
 int tc_download(const tc_conn *c, const char *path, const char *file, long long size, bool show,
                 volatile sig_atomic_t *stop) {
     struct stat st;
-    long long have = stat(file, &st) == 0 ? (long long)st.st_size : 0;
-    if (size >= 0 && have == size) {
-        fprintf(stderr, "%s: already complete (%lld bytes)\n", file, size);
-        return 0;
-    }
+    bool exists = stat(file, &st) == 0;
+    long long have = exists ? (long long)st.st_size : 0;
     if (size >= 0 && have > size)
         return tc_error("%s holds %lld bytes, more than the %lld of what it would be downloaded "
                         "from: remove it, or give another -o",
                         file, have, size);
+    /* A partial file resumes where it stopped, but only if the server's file is the one it was
+     * started from: its modification time is the server's Last-Modified (set after every
+     * transfer, whole or cut short) and goes back as If-Range; a file written again since comes
+     * whole. A file of full size is checked the same way by asking for its last byte. */
+    char since[64] = "";
+    if (exists && have > 0) http_date(st.st_mtime, since, sizeof since);
+    long long from = have == size && have > 0 ? have - 1 : have;
     FILE *out = fopen(file, "ab");
     if (!out) return tc_error("cannot write %s: %s", file, strerror(errno));
-    char why[CURL_ERROR_SIZE], err[CURL_ERROR_SIZE + 64] = "", range[64];
+    if (from < have && ftruncate(fileno(out), (off_t)from) != 0) {
+        fclose(out);
+        return tc_error("cannot write %s: %s", file, strerror(errno));
+    }
+    char why[CURL_ERROR_SIZE], err[CURL_ERROR_SIZE + 64] = "", range[64], if_range[96];
     struct curl_slist *hdr;
     sink s = {.out = out,
               .stop = stop,
-              .have = have,
+              .have = from,
               .size = size,
-              .base = have,
+              .base = from,
               .progress = show,
               .t0 = now_s()};
     CURL *h = handle(c, path, &hdr, why);
@@ -243,35 +281,61 @@ int tc_download(const tc_conn *c, const char *path, const char *file, long long 
         return tc_error("curl_easy_init failed");
     }
     s.h = h;
-    if (have > 0) {
-        snprintf(range, sizeof range, "Range: bytes=%lld-", have);
+    if (from > 0) {
+        snprintf(range, sizeof range, "Range: bytes=%lld-", from);
         hdr = curl_slist_append(hdr, range);
+        snprintf(if_range, sizeof if_range, "If-Range: %s", since);
+        hdr = curl_slist_append(hdr, if_range);
     }
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, to_file);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, &s);
-    long status = finish(h, hdr, why, err, sizeof err);
+    curl_easy_setopt(h, CURLOPT_FILETIME, 1L);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    CURLcode code = curl_easy_perform(h);
+    long status = 0;
+    curl_off_t remote_time = -1;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(h, CURLINFO_FILETIME_T, &remote_time);
+    if (code != CURLE_OK) snprintf(err, sizeof err, "%s", why[0] ? why : curl_easy_strerror(code));
+    curl_slist_free_all(hdr);
+    curl_easy_cleanup(h);
     int closed = fclose(out);
     if (show) fprintf(stderr, "\r\033[K");
+    bool got = status == 200 || status == 206;
+    if (got && remote_time >= 0) { /* what the next run's If-Range compares with */
+        struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = (time_t)remote_time}};
+        utimensat(AT_FDCWD, file, times, 0);
+    }
     int rc = 0;
     if (stop && *stop) {
-        rc = tc_error("interrupted: %s is partial; run the same command again to resume", file);
-    } else if (status != 200 && status != 206) {
+        fprintf(stderr,
+                "trainctl: interrupted: %s is partial; run the same command again to "
+                "resume\n",
+                file);
+        rc = 130;
+    } else if (!got) {
         s.error.status = status;
         rc = tc_fail_reply(c, &s.error, err);
-    } else if (closed != 0) {
-        rc = tc_error("cannot write %s: %s", file, strerror(errno));
+    } else if (code != CURLE_OK || closed != 0) {
+        rc = tc_error("%s: the transfer stopped (%s); run the same command again to resume", file,
+                      closed != 0 ? strerror(errno) : err);
     } else {
-        long long got = stat(file, &st) == 0 ? (long long)st.st_size : -1;
-        if (size >= 0 && got != size)
+        long long now = stat(file, &st) == 0 ? (long long)st.st_size : -1;
+        if (size >= 0 && now != size)
             rc = tc_error("%s has %lld bytes, not the %lld expected: the transfer stopped early; "
                           "run the same command again to resume",
-                          file, got, size);
+                          file, now, size);
+        else if (have == size && status == 206)
+            fprintf(stderr, "%s: already complete (%lld bytes)\n", file, now);
         else
-            fprintf(stderr, "%s: %lld bytes%s\n", file, got,
-                    have > 0 && s.base > 0 ? " (resumed)" : "");
+            fprintf(stderr, "%s: %lld bytes%s\n", file, now,
+                    status == 206 ? " (resumed)"
+                    : have > 0    ? " (the server's file changed: "
+                                    "downloaded again whole)"
+                                  : "");
     }
     tc_reply_free(&s.error);
     return rc;

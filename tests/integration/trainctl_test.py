@@ -115,11 +115,30 @@ class TrainctlTest(daemon_test.DaemonTest):
         with open(out_file, "rb") as f:
             whole = f.read()
         self.assertEqual(len(whole), size)
+        stamp = os.stat(out_file).st_mtime  # the server's Last-Modified, set by trainctl
+        rc, _, err = self.run_ctl(d, "download", str(jid), "-o", out_file)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("already complete", err)
+        # cut short, as an interrupted transfer leaves it (trainctl sets the server's time on
+        # whatever it wrote): resumed with Range, and whole and equal at the end
         with open(out_file, "r+b") as f:
             f.truncate(size // 3)
+        os.utime(out_file, (stamp, stamp))
         rc, _, err = self.run_ctl(d, "download", str(jid), "-o", out_file)
         self.assertEqual(rc, 0, err)
         self.assertIn("(resumed)", err)
+        with open(out_file, "rb") as f:
+            self.assertEqual(f.read(), whole)
+        # a partial file from another version of the server's file (its time differs): If-Range
+        # brings the whole file rather than a splice of two
+        with open(out_file, "r+b") as f:
+            f.truncate(size // 3)
+            f.seek(0)
+            f.write(b"X" * 100)
+        os.utime(out_file, (stamp - 3600, stamp - 3600))
+        rc, _, err = self.run_ctl(d, "download", str(jid), "-o", out_file)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("downloaded again whole", err)
         with open(out_file, "rb") as f:
             self.assertEqual(f.read(), whole)
         rc, _, err = self.run_ctl(d, "download", str(jid), "--step", "3")
