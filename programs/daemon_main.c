@@ -105,7 +105,8 @@ static void usage(FILE *out) {
             "                      (default 10)\n"
             "  --max-body BYTES    the largest request body (default 1048576)\n"
             "  --worker PATH       traind-worker (default: next to traind)\n"
-            "  --web-root DIR      the dashboard's files, served at / (default: " TRAIND_WEB_ROOT
+            "  --web-root DIR      the dashboard's files, served at / (default:\n"
+            "                      PREFIX/share/traind/web when installed, else " TRAIND_WEB_ROOT
             ")\n"
             "\n"
             "A cluster: one traind is the master (the default), the others join it.\n"
@@ -351,6 +352,22 @@ static int lock_state_dir(const char *dir) {
     return fd;
 }
 
+/* The dashboard's files: PREFIX/share/traind/web beside an installed traind (bin/), else the
+ * source tree's web/ this binary was built from. */
+static void default_web_root(char *out, size_t len) {
+    char self[PATH_MAX - 64];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    snprintf(out, len, "%s", TRAIND_WEB_ROOT);
+    if (n <= 0) return;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (!slash) return;
+    *slash = 0;
+    char installed[PATH_MAX];
+    snprintf(installed, sizeof installed, "%s/../share/traind/web/index.html", self);
+    if (access(installed, R_OK) == 0) snprintf(out, len, "%s/../share/traind/web", self);
+}
+
 static void default_worker(char *out, size_t len) {
     char self[PATH_MAX - 32];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -582,7 +599,7 @@ static int serve(const options *o, const char *state, const char *host, int list
                         .version = TRAIND_VERSION,
                         .cluster = cluster,
                         .master = o->join[0] ? o->join : NULL,
-                        .web_root = o->web_root[0] ? o->web_root : TRAIND_WEB_ROOT,
+                        .web_root = o->web_root,
                         .chart_root = TRAIND_CHART_ROOT};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
     fprintf(stderr, "traind: %d %s slot%s; state in %s; worker %s\n", slots,
@@ -633,6 +650,7 @@ int main(int argc, char **argv) {
     if (!o.listen[0]) snprintf(o.listen, sizeof o.listen, "127.0.0.1:8470");
     if (!o.state_dir[0]) default_state_dir(o.state_dir, sizeof o.state_dir);
     if (!o.worker[0]) default_worker(o.worker, sizeof o.worker);
+    if (!o.web_root[0]) default_web_root(o.web_root, sizeof o.web_root);
     if (o.n_roots == 0) snprintf(o.roots[o.n_roots++], PATH_MAX, "/usr/share/datasets");
     if (o.heartbeat_s * 2 > o.timeout_s)
         die("--heartbeat %g must be at most half of --node-timeout %g: agents would be marked lost "
