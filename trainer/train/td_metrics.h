@@ -24,7 +24,7 @@ typedef struct td_metric_train {
     double step_ms;
     long total_steps; /* the run's: what a progress bar runs to */
     int epochs;       /* the run's (train.epochs; max_steps may end it sooner) */
-    bool gpu; /* then the GPU memory this process holds, now and at most */
+    bool gpu;         /* then the GPU memory this process holds, now and at most */
     double gpu_mem_mb, gpu_mem_peak_mb;
     bool fp16; /* then fp16's dynamic loss scale and the steps it skipped */
     double loss_scale;
