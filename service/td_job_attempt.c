@@ -31,6 +31,7 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
     if (s->command) {
         jb->argv = s->argv;
         jb->env = s->env;
+        snprintf(jb->local_rank_arg, sizeof jb->local_rank_arg, "%s", s->local_rank_arg);
         s->argv = s->env = NULL;
         return 0;
     }
@@ -107,6 +108,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
                             .max_restarts = jb->row.max_restarts,
                             .grace_s = j->cfg.grace_s,
                             .argv = jb->argv,
+                            .local_rank_arg = jb->local_rank_arg,
                             .cwd = jb->dir,
                             .stdout_fds = stdout_fds,
                             .stderr_fds = stderr_fds,

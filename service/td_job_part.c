@@ -291,6 +291,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
                             .max_restarts = order_int(o, "max_restarts"),
                             .grace_s = j->cfg.grace_s,
                             .argv = argv,
+                            .local_rank_arg = order_string(o, "local_rank_arg"),
                             .cwd = g->dir,
                             .stdout_fds = stdout_fds,
                             .stderr_fds = stderr_fds,

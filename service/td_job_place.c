@@ -318,13 +318,13 @@ static json_t *order(job *jb, const part *p) {
         json_array_append_new(logs, json_integer(have > 0 ? have : 0));
     }
     bool stop = jb->parts_stopping || jb->cancel_requested || jb->timed_out;
-    return json_pack("{s:I, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:o, s:o, s:o, "
-                     "s:o, s:b, s:I, s:o}",
+    return json_pack("{s:I, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:s, s:o, s:o, "
+                     "s:o, s:o, s:b, s:I, s:o}",
                      "job", (json_int_t)jb->row.id, "attempt", jb->n_attempts - 1, "node_rank",
                      p->node_rank, "nnodes", jb->n_parts, "nproc", jb->row.nproc, "master_addr",
                      jb->parts[0].address, "master_port", jb->master_port, "restart_count",
                      jb->n_attempts - 1, "max_restarts", jb->row.max_restarts, "kind", jb->row.kind,
-                     "argv", argv, "env", env, "spec",
+                     "argv", argv, "local_rank_arg", jb->local_rank_arg, "env", env, "spec",
                      command || !starting ? json_null() : order_spec(jb), "resume", resume,
                      "checkpoint_dir", starting ? json_string(jb->ckpt_dir) : json_null(), "stop",
                      stop, "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);

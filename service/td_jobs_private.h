@@ -43,8 +43,9 @@ typedef struct job {
     long ckpt_step;  /* the latest registered checkpoint's step, -1: none */
     char *ckpt_path; /* and where it is (NULL: none) */
     char dir[PATH_MAX];
-    char **argv, **env; /* what an attempt runs */
-    char *json;         /* rendered job object; NULL when stale */
+    char **argv, **env;      /* what an attempt runs */
+    char local_rank_arg[16]; /* a command's --local_rank option (td_launch_config); "": none */
+    char *json;              /* rendered job object; NULL when stale */
 
     bool cancel_requested;
     bool timed_out; /* stopped at resources.time_limit_s */

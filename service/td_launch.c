@@ -142,8 +142,8 @@ static int resolve_program(const char *name, char *out, size_t len, td_err *err)
 }
 
 /* In the child, between fork and exec: async-signal-safe calls only (the daemon has threads). */
-static void exec_worker(const td_launch_config *cfg, int r, const char *program, char **env,
-                        pid_t pgid, const cpu_set_t *cpus) {
+static void exec_worker(const td_launch_config *cfg, int r, const char *program, char **argv,
+                        char **env, pid_t pgid, const cpu_set_t *cpus) {
     setpgid(0, pgid);
     if (cpus) (void)sched_setaffinity(0, sizeof *cpus, cpus); /* a failure only costs speed */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -158,7 +158,7 @@ static void exec_worker(const td_launch_config *cfg, int r, const char *program,
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    execve(program, cfg->argv, env);
+    execve(program, argv, env);
     static const char msg[] = "traind: exec failed\n";
     (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
     _exit(127);
@@ -189,11 +189,21 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
     g->failed_rank = -1;
     char program[4096];
     if (resolve_program(cfg->argv[0], program, sizeof program, err) != 0) return -1;
-    char **envs[n];
+    char **envs[n], **argvs[n];
+    int argc = 0;
+    while (cfg->argv[argc]) argc++;
+    bool rank_arg = cfg->local_rank_arg && cfg->local_rank_arg[0];
     cpu_set_t *cpus = td_calloc((size_t)n, sizeof *cpus);
     bool bind = true;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) { /* made before fork: the child may not allocate */
         envs[i] = worker_env(cfg, i, attempt);
+        argvs[i] = td_strv_new(argc + 1);
+        for (int a = 0; a < argc; a++) argvs[i][a] = td_str_dup(cfg->argv[a]);
+        if (rank_arg) {
+            char arg[64];
+            snprintf(arg, sizeof arg, "%.32s=%d", cfg->local_rank_arg, i);
+            argvs[i][argc] = td_str_dup(arg);
+        }
         bind = bind && worker_cpus(cfg, i, n, &cpus[i]);
     }
     g->pids = td_calloc((size_t)n, sizeof(pid_t));
@@ -208,13 +218,14 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
             }
             break;
         }
-        if (pid == 0) exec_worker(cfg, i, program, envs[i], g->pgid, bind ? &cpus[i] : NULL);
+        if (pid == 0)
+            exec_worker(cfg, i, program, argvs[i], envs[i], g->pgid, bind ? &cpus[i] : NULL);
         if (!g->pgid) g->pgid = pid;
         setpgid(pid, g->pgid); /* both sides set it: whichever runs first wins the race */
         g->pids[i] = pid;
         g->alive++;
     }
-    for (int i = 0; i < n; i++) td_strv_free(envs[i]);
+    for (int i = 0; i < n; i++) td_strv_free(envs[i]), td_strv_free(argvs[i]);
     free(cpus);
     return rc;
 }

@@ -35,6 +35,9 @@ typedef struct td_launch_config {
     const int *stderr_fds;  /* likewise for stderr */
     char *const *extra_env; /* "NAME=value" entries added for every worker; NULL-terminated */
     const char *const *devices; /* [nproc_per_node] CUDA_VISIBLE_DEVICES per worker, or NULL */
+    /* "--local_rank" or "--local-rank": each worker's arguments end with OPTION=LOCAL_RANK, as
+     * python -m torch.distributed.launch passed them; NULL or "": not */
+    const char *local_rank_arg;
     /* true: leave the workers on every CPU the launcher may use. Otherwise each worker gets an
      * equal share of them (worker i the i-th slice, in CPU order) when there are at least as
      * many CPUs as workers: ranks that wait for each other at every step run best when none

@@ -102,7 +102,7 @@ static int keys_in(json_t *obj, const char *path, const char *const *const *list
 #define NODE_NAME_CHARS "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
 
 static const char *const SERVICE_KEYS[] = {"resources", "restart", "priority", NULL};
-static const char *const COMMAND_KEYS[] = {"name", "command", "env", NULL};
+static const char *const COMMAND_KEYS[] = {"name", "command", "env", "local_rank_arg", NULL};
 
 static int parse_resources(td_submission *s, json_t *root, const td_submit_rules *rules,
                            td_reply_error *e) {
@@ -230,6 +230,18 @@ static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
      * daemon only when 8 KiB had piled up or at exit; as torchrun users expect print() to show
      * at once, the job gets unbuffered output unless its env says otherwise */
     if (!json_object_get(env, "PYTHONUNBUFFERED")) s->env[k++] = td_str_dup("PYTHONUNBUFFERED=1");
+    /* scripts written for python -m torch.distributed.launch read their local rank from an
+     * argument: true gives its old spelling, or the option's name is given */
+    json_t *lra = json_object_get(root, "local_rank_arg");
+    if (json_is_true(lra))
+        snprintf(s->local_rank_arg, sizeof s->local_rank_arg, "--local_rank");
+    else if (json_is_string(lra) && (strcmp(json_string_value(lra), "--local_rank") == 0 ||
+                                     strcmp(json_string_value(lra), "--local-rank") == 0))
+        snprintf(s->local_rank_arg, sizeof s->local_rank_arg, "%s", json_string_value(lra));
+    else if (lra && !json_is_false(lra))
+        return td_reply_fail(e, 400, "invalid_spec", "local_rank_arg",
+                             "local_rank_arg: expected true (--local_rank=N), \"--local_rank\" "
+                             "or \"--local-rank\", or false");
     if (!s->name[0]) {
         const char *base = strrchr(s->argv[n > 1 ? 1 : 0], '/');
         snprintf(s->name, sizeof s->name, "%s", base ? base + 1 : s->argv[n > 1 ? 1 : 0]);

@@ -41,6 +41,8 @@ typedef struct td_submission {
     char **nodes;            /* resources.nodes: the only nodes it may run on; NULL: any */
     int priority;            /* higher first; then submission order */
     double time_limit_s;     /* resources.time_limit_s; 0: none */
+    char local_rank_arg[16]; /* command jobs: "--local_rank" or "--local-rank" appended =N to
+                                each process's arguments; "": none */
 } td_submission;
 
 int td_submission_parse(td_submission *s, const char *body, size_t len,
