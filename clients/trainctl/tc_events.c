@@ -78,16 +78,7 @@ static size_t on_bytes(char *p, size_t size, size_t n, void *ctx) {
     size_t total = size * n;
     long status = 0;
     curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &status);
-    if (status != 200) {
-        tc_reply *r = &s->error;
-        char *grown = realloc(r->body, r->len + total + 1);
-        if (!grown) return 0;
-        memcpy(grown + r->len, p, total);
-        r->body = grown;
-        r->len += total;
-        r->body[r->len] = 0;
-        return total;
-    }
+    if (status != 200) return tc_collect(p, size, n, &s->error);
     if (!s->got_any && *s->told && s->notice) {
         s->notice(s->ctx, "reconnected");
         *s->told = false;
@@ -139,26 +130,18 @@ int tc_events_follow(const tc_conn *c, long job, long *last_id, tc_event_fn fn, 
                     .id = -1,
                     .notice = notice,
                     .told = &told};
-        char url[700], auth[300], resume[64], why[CURL_ERROR_SIZE] = "";
-        CURL *h = curl_easy_init();
+        char resume[64], why[CURL_ERROR_SIZE] = "";
+        struct curl_slist *hdr;
+        CURL *h = tc_handle(c, path, &hdr, why);
         if (!h) return tc_error("curl_easy_init failed");
         s.h = h;
-        snprintf(url, sizeof url, "%s%s", c->url, path);
-        struct curl_slist *hdr = NULL;
-        if (c->token[0]) {
-            snprintf(auth, sizeof auth, "Authorization: Bearer %s", c->token);
-            hdr = curl_slist_append(hdr, auth);
-        }
         if (*last_id >= 0) {
             snprintf(resume, sizeof resume, "Last-Event-ID: %ld", *last_id);
             hdr = curl_slist_append(hdr, resume);
         }
         hdr = curl_slist_append(hdr, "Accept: text/event-stream");
-        curl_easy_setopt(h, CURLOPT_URL, url);
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
-        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L);
-        curl_easy_setopt(h, CURLOPT_ERRORBUFFER, why);
+        curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 5L); /* retried soon: give up soon */
         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_bytes);
         curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
         curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);

@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static size_t collect(char *p, size_t size, size_t n, void *ctx) {
+size_t tc_collect(char *p, size_t size, size_t n, void *ctx) {
     tc_reply *r = ctx;
     size_t add = size * n;
     char *grown = realloc(r->body, r->len + add + 1);
@@ -24,8 +24,7 @@ static size_t collect(char *p, size_t size, size_t n, void *ctx) {
     return add;
 }
 
-/* A handle for url+path with the token; hdr gets the headers (freed by the caller). */
-static CURL *handle(const tc_conn *c, const char *path, struct curl_slist **hdr, char *why) {
+CURL *tc_handle(const tc_conn *c, const char *path, struct curl_slist **hdr, char *why) {
     CURL *h = curl_easy_init();
     if (!h) return NULL;
     char url[4096], auth[300];
@@ -70,7 +69,7 @@ long tc_request(const tc_conn *c, const char *method, const char *path, const ch
     memset(r, 0, sizeof *r);
     char why[CURL_ERROR_SIZE];
     struct curl_slist *hdr;
-    CURL *h = handle(c, path, &hdr, why);
+    CURL *h = tc_handle(c, path, &hdr, why);
     if (!h) {
         snprintf(err, len, "curl_easy_init failed");
         return 0;
@@ -79,7 +78,7 @@ long tc_request(const tc_conn *c, const char *method, const char *path, const ch
     curl_easy_setopt(h, CURLOPT_TIMEOUT, 600L); /* a cancel waits out the grace period */
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, interruptible);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, tc_collect);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
     if (body) {
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
@@ -165,7 +164,7 @@ static size_t to_file(char *p, size_t size, size_t n, void *ctx) {
     sink *s = ctx;
     long status = 0;
     curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &status);
-    if (status >= 300) return collect(p, size, n, &s->error);
+    if (status >= 300) return tc_collect(p, size, n, &s->error);
     if (!s->checked) {
         s->checked = true;
         if (status == 200 && s->base > 0) { /* the server sent it whole: start again */
@@ -212,7 +211,7 @@ int tc_stream(const tc_conn *c, const char *path, FILE *out, volatile sig_atomic
     char why[CURL_ERROR_SIZE], err[CURL_ERROR_SIZE + 64] = "";
     struct curl_slist *hdr;
     sink s = {.out = out, .stop = stop};
-    CURL *h = handle(c, path, &hdr, why);
+    CURL *h = tc_handle(c, path, &hdr, why);
     if (!h) return tc_error("curl_easy_init failed");
     s.h = h;
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, to_file);
@@ -275,7 +274,7 @@ int tc_download(const tc_conn *c, const char *path, const char *file, long long 
               .base = from,
               .progress = show,
               .t0 = now_s()};
-    CURL *h = handle(c, path, &hdr, why);
+    CURL *h = tc_handle(c, path, &hdr, why);
     if (!h) {
         fclose(out);
         return tc_error("curl_easy_init failed");

@@ -6,6 +6,7 @@
 #ifndef TRAINCTL_H
 #define TRAINCTL_H
 
+#include <curl/curl.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -46,6 +47,11 @@ typedef struct tc_reply {
 long tc_request(const tc_conn *c, const char *method, const char *path, const char *body,
                 tc_reply *r, char *err, size_t len);
 void tc_reply_free(tc_reply *r);
+/* A libcurl handle for url+path with the token (its header in *hdr, which the caller sets and
+ * frees), errors into why (CURL_ERROR_SIZE); NULL when libcurl cannot make one. */
+CURL *tc_handle(const tc_conn *c, const char *path, struct curl_slist **hdr, char *why);
+/* A libcurl write callback that appends to the tc_reply ctx's body. */
+size_t tc_collect(char *p, size_t size, size_t n, void *ctx);
 /* The reply as JSON, or NULL. */
 json_t *tc_reply_json(const tc_reply *r);
 /* "trainctl: " and what went wrong: the API's error message (with its field), or the status,

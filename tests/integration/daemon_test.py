@@ -90,6 +90,18 @@ def train_spec(name, epochs=1, nproc=None, max_restarts=None, max_steps=None, ch
     return spec
 
 
+def wait_for(f, what, timeout=TIMEOUT):
+    """f()'s first true value, polled every 50 ms (for what only polling can see: a file, a
+    browser's page); an AssertionError naming what after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = f()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def expected_log_steps(total, every=5):
     """traind-worker logs every `every` steps and at the last one."""
     steps = list(range(every, total + 1, every))

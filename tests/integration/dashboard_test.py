@@ -62,13 +62,7 @@ class DashboardTest(daemon_test.DaemonTest):
         self.b.find_element(By.ID, "signin").click()
 
     def until(self, f, what):
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            v = f()
-            if v:
-                return v
-            time.sleep(0.05)
-        self.fail(f"timed out waiting for {what}")
+        return daemon_test.wait_for(f, what, TIMEOUT)
 
     def text(self, element_id):
         """An element's text, "" while the page is replacing it (it re-renders as events come)."""
@@ -282,12 +276,7 @@ class FirefoxTest(daemon_test.DaemonTest):
         m.call("WebDriver:Navigate", {"url": f"http://127.0.0.1:{d.port}/#/job/{jid}"})
 
         def until(source, what):
-            deadline = time.monotonic() + TIMEOUT
-            while time.monotonic() < deadline:
-                if m.script(source):
-                    return
-                time.sleep(0.1)
-            self.fail(f"Firefox: timed out waiting for {what}")
+            daemon_test.wait_for(lambda: m.script(source), f"Firefox: {what}", TIMEOUT)
         until("return !!document.getElementById('token')", "the sign-in form")
         m.script("document.getElementById('token').value = arguments[0];"
                  "document.getElementById('signin').click();", d.token)

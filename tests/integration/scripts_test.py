@@ -9,7 +9,6 @@
     /usr/bin/python3 tests/integration/scripts_test.py TRAIND SOURCE_DIR"""
 import os
 import sys
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,16 +21,6 @@ def command(name, argv, nproc, **extra):
             "env": {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}}
     spec.update(extra)
     return spec
-
-
-def wait_for(f, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = f()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class ScriptsTest(daemon_test.DaemonTest):
@@ -80,7 +69,7 @@ class ScriptsTest(daemon_test.DaemonTest):
         got = {}
         for jid in (a, b):
             for r in (0, 1):
-                got[(jid, r)] = wait_for(lambda: seen(jid, r), f"job {jid} rank {r}")
+                got[(jid, r)] = daemon_test.wait_for(lambda: seen(jid, r), f"job {jid} rank {r}")
         ids = sorted(got.values())
         self.assertEqual(ids, ["0", "1", "2", "3"], "disjoint, one GPU a process")
         c = submitted("c", 1)  # no GPU left: it waits
