@@ -53,7 +53,8 @@ class ScriptsTest(daemon_test.DaemonTest):
         gate = os.path.join(d.state_dir, "gate")
         hold = ["/bin/sh", "-c",
                 'echo "{\\"event\\": \\"gpus\\", \\"rank\\": $RANK, \\"cvd\\": \\"$CUDA_VISIBLE_DEVICES\\"}" '
-                '>&2; echo "$RANK=$CUDA_VISIBLE_DEVICES" > "$0.$TRAIND_JOB_ID.$RANK"; '
+                '>&2; f="$0.$TRAIND_JOB_ID.$RANK"; echo "$RANK=$CUDA_VISIBLE_DEVICES" > "$f.tmp"; '
+                'mv "$f.tmp" "$f"; '
                 'while [ ! -e "$0" ]; do sleep 0.05; done', gate]
 
         def seen(jid, rank):
