@@ -310,7 +310,10 @@ static enum MHD_Result cluster_file(const call *k) {
 static enum MHD_Result nodes(const call *k) {
     if (!k->api->cfg.cluster) return not_master(k);
     td_buf out = {0};
-    td_cluster_list(k->api->cfg.cluster, td_clock_now(), td_jobs_slots_used(k->api->jobs), &out);
+    json_t *users = td_jobs_gpu_users(k->api->jobs);
+    td_cluster_list(k->api->cfg.cluster, td_clock_now(), td_jobs_slots_used(k->api->jobs), users,
+                    &out);
+    json_decref(users);
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 

@@ -451,8 +451,17 @@ static int by_name(const void *a, const void *b) {
     return strcmp(((const node *)a)->name, ((const node *)b)->name);
 }
 
-static json_t *node_json(const node *n, const char *role, bool drained, double now) {
+static json_t *node_json(const node *n, const char *role, bool drained, double now,
+                         const json_t *gpu_users) {
     json_t *gpus = td_gpus_json(n->gpu, n->gpus);
+    json_t *users = json_object_get(gpu_users, n->name);
+    for (int i = 0; gpu_users && i < n->gpus; i++) { /* not known: left out */
+        char key[16];
+        snprintf(key, sizeof key, "%d", n->gpu[i].index);
+        json_t *u = json_object_get(users, key);
+        json_object_set_new(json_array_get(gpus, (size_t)i), "used_by",
+                            u ? json_deep_copy(u) : json_null());
+    }
     const char *state = n->lost ? "lost" : drained ? "draining" : "ready";
     return json_pack("{s:s, s:s, s:s, s:s, s:{s:i, s:i}, s:o, s:s, s:f, s:f}", "name", n->name,
                      "role", role, "address", n->address, "state", state, "slots", "total",
@@ -482,15 +491,18 @@ static void put_json(td_buf *out, json_t *o) {
     json_decref(o);
 }
 
-void td_cluster_list(td_cluster *c, double now, int master_used, td_buf *out) {
+void td_cluster_list(td_cluster *c, double now, int master_used, const json_t *gpu_users,
+                     td_buf *out) {
     node self = master_node(c, now, master_used);
     json_t *list = json_array();
     pthread_mutex_lock(&c->mu);
-    json_array_append_new(list, node_json(&self, "master", drained_index(c, c->name) >= 0, now));
+    json_array_append_new(
+        list, node_json(&self, "master", drained_index(c, c->name) >= 0, now, gpu_users));
     if (c->n > 1) qsort(c->nodes, (size_t)c->n, sizeof *c->nodes, by_name); /* nodes is NULL at 0 */
     for (int i = 0; i < c->n; i++)
-        json_array_append_new(
-            list, node_json(&c->nodes[i], "agent", drained_index(c, c->nodes[i].name) >= 0, now));
+        json_array_append_new(list,
+                              node_json(&c->nodes[i], "agent",
+                                        drained_index(c, c->nodes[i].name) >= 0, now, gpu_users));
     pthread_mutex_unlock(&c->mu);
     put_json(out, json_pack("{s:o}", "nodes", list));
 }
@@ -543,7 +555,7 @@ int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, in
                               : "undrained");
         }
         node self_node = master_node(c, now, master_used), *n = self ? &self_node : find(c, name);
-        json_t *o = n ? node_json(n, self ? "master" : "agent", drain, now) : NULL;
+        json_t *o = n ? node_json(n, self ? "master" : "agent", drain, now, NULL) : NULL;
         pthread_mutex_unlock(&c->mu);
         /* the master's queue follows under drain_mu, so the two never disagree; not under mu:
          * the queue reads the registry with its own lock held */

@@ -104,7 +104,9 @@ int td_cluster_snapshot(td_cluster *c, td_cluster_node **out);
 /* Marks nodes silent for timeout_s lost and tells the jobs; returns how many it marked. */
 int td_cluster_sweep(td_cluster *c, double now);
 /* GET /v1/nodes: {"nodes": [...]}, the master first, then by name; master_used: the master's own
- * slots in use. */
-void td_cluster_list(td_cluster *c, double now, int master_used, td_buf *out);
+ * slots in use; gpu_users: {node: {"<CUDA ordinal>": {"job", "ranks"}}} (td_jobs_gpu_users), which
+ * each GPU's "used_by" shows (null: free), or NULL. */
+void td_cluster_list(td_cluster *c, double now, int master_used, const json_t *gpu_users,
+                     td_buf *out);
 
 #endif

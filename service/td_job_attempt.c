@@ -4,6 +4,7 @@
 #define _GNU_SOURCE /* pipe2, signalfd */
 #include "service/td_jobs_private.h"
 
+#include "service/td_buf.h"
 #include "service/td_launch.h"
 #include "service/td_strv.h"
 
@@ -32,6 +33,7 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
         jb->argv = s->argv;
         jb->env = s->env;
         snprintf(jb->local_rank_arg, sizeof jb->local_rank_arg, "%s", s->local_rank_arg);
+        jb->launch_self = s->launch_self;
         s->argv = s->env = NULL;
         return 0;
     }
@@ -57,13 +59,14 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
 
 /* Starts the job's next attempt on slots already reserved. */
 void td_jobs_start_attempt(td_jobs *j, job *jb) {
-    int n = jb->row.nproc;
+    int n = td_jobs_procs(jb);
     td_db_attempt *a = td_jobs_new_attempt(jb);
     a->started_at = td_clock_wall();
     int out_pipe[2] = {-1, -1};
     int stdout_fds[n], stderr_fds[n];
-    char devices_text[n][16];
-    const char *devices[n];
+    char **devices =
+        jb->devices ? td_jobs_devices_strv(j, jb->devices, td_jobs_slots(jb), n, jb->see_all_gpus)
+                    : NULL;
     td_err err = {{0}};
     for (int r = 0; r < n; r++) stdout_fds[r] = stderr_fds[r] = -1;
     int ok = pipe2(out_pipe, O_CLOEXEC) == 0;
@@ -82,11 +85,6 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
             jb->log_start[r] = (long long)st.st_size; /* this attempt's lines start here */
         }
         stdout_fds[r] = r == 0 ? out_pipe[1] : stderr_fds[r];
-        if (jb->devices) {
-            snprintf(devices_text[r], sizeof devices_text[r], "%d",
-                     td_jobs_gpu_id(j, jb->devices[r]));
-            devices[r] = devices_text[r];
-        }
     }
     char run_id[64], job_var[64], ckpt_var[PATH_MAX + 32];
     snprintf(run_id, sizeof run_id, "traind-job-%ld", jb->row.id);
@@ -103,17 +101,18 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
         env[n_env++] = ckpt_var;
     }
     env[n_env] = NULL;
-    td_launch_config cfg = {.nproc_per_node = n,
+    td_launch_config cfg = {.nproc_per_node = jb->row.nproc,
                             .nnodes = 1,
                             .max_restarts = jb->row.max_restarts,
                             .grace_s = j->cfg.grace_s,
                             .argv = jb->argv,
                             .local_rank_arg = jb->local_rank_arg,
+                            .launch_self = jb->launch_self,
                             .cwd = jb->dir,
                             .stdout_fds = stdout_fds,
                             .stderr_fds = stderr_fds,
                             .extra_env = env,
-                            .devices = jb->devices ? devices : NULL};
+                            .devices = (const char *const *)devices};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "127.0.0.1");
     snprintf(cfg.run_id, sizeof cfg.run_id, "%s", run_id);
     if (ok && td_launch_free_port(&cfg.master_port, &err) != 0) ok = 0;
@@ -124,6 +123,21 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     for (int r = 0; r < n; r++)
         if (stderr_fds[r] >= 0) close(stderr_fds[r]);
     if (out_pipe[1] >= 0) close(out_pipe[1]);
+    if (ok) { /* where it runs, as a placement across nodes shows it: which GPUs each process has */
+        td_buf all = {0}, each = {0};
+        for (int r = 0; devices && r < n; r++) {
+            td_buf_printf(&all, "%s%s", r ? "," : "", devices[r]);
+            td_buf_printf(&each, "%s%s", r ? ";" : "", devices[r]);
+        }
+        json_t *node = td_jobs_placement_node(jb, j->node_name, "127.0.0.1", 0,
+                                              all.data ? all.data : "", each.data ? each.data : "");
+        json_decref(jb->last_placement);
+        jb->last_placement = json_pack("{s:[o], s:s, s:i}", "nodes", node, "master_addr",
+                                       "127.0.0.1", "master_port", cfg.master_port);
+        td_buf_free(&all);
+        td_buf_free(&each);
+    }
+    td_strv_free(devices);
     if (!ok) {
         if (out_pipe[0] >= 0) close(out_pipe[0]);
         jb->out_fd = -1;
@@ -221,7 +235,7 @@ void td_jobs_rank_message(const char *dir, int rank, long long from, bool comman
 
 static void worker_message(const job *jb, int rank, char *out, size_t len) {
     out[0] = 0;
-    if (!jb->log_start || rank < 0 || rank >= jb->row.nproc) return;
+    if (!jb->log_start || rank < 0 || rank >= td_jobs_procs(jb)) return;
     td_jobs_rank_message(jb->dir, rank, jb->log_start[rank], strcmp(jb->row.kind, "command") == 0,
                          out, len);
 }

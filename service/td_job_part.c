@@ -145,8 +145,8 @@ static void end_guest(td_jobs *j, guest *g, int code, const char *reason) {
     snprintf(g->reason, sizeof g->reason, "%s", reason);
     td_str_utf8_repair(g->reason); /* cut at a byte count; JSON carries only whole characters */
     if (g->devices)
-        for (int i = 0; i < g->nproc; i++) j->gpu_used[g->devices[i]] = false;
-    if (!j->cluster) j->used_slots -= g->nproc; /* on the master, placement holds the slots */
+        for (int i = 0; i < g->slots; i++) j->gpu_used[g->devices[i]] = false;
+    if (!j->cluster) j->used_slots -= g->slots; /* on the master, placement holds the slots */
     free(g->devices);
     g->devices = NULL;
 }
@@ -177,25 +177,30 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     g->node_rank = order_int(o, "node_rank");
     g->nnodes = order_int(o, "nnodes");
     g->nproc = order_int(o, "nproc");
+    int per_proc = order_int(o, "gpus_per_proc") > 0 ? order_int(o, "gpus_per_proc") : 1;
+    bool self = json_is_true(json_object_get(o, "launch_self"));
     g->out_fd = -1;
     snprintf(g->kind, sizeof g->kind, "%s", order_string(o, "kind"));
     snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
     j->guests = td_realloc(j->guests, (size_t)(j->n_guests + 1) * sizeof *j->guests);
     j->guests[j->n_guests++] = g;
-    int n = g->nproc;
-    if (n < 1 || n > 4096 || g->nnodes < 1 || g->node_rank < 0 || g->node_rank >= g->nnodes) {
+    if (g->nproc < 1 || g->nproc > 4096 || per_proc > 64 || g->nnodes < 1 || g->node_rank < 0 ||
+        g->node_rank >= g->nnodes) {
         g->ended = true, g->exit_code = 1;
         snprintf(g->reason, sizeof g->reason, "node %s: the master's order is malformed",
                  j->node_name);
         return;
     }
-    if (!j->cluster) j->used_slots += n;
+    g->procs = self ? 1 : g->nproc;
+    g->see_all_gpus = json_is_true(json_object_get(o, "see_all_gpus"));
+    g->slots = g->nproc * per_proc;
+    int n = g->procs;
+    if (!j->cluster) j->used_slots += g->slots;
     g->running = true;
     td_err err = {{0}};
     char **argv = NULL, **env = NULL;
     int out_pipe[2] = {-1, -1}, stdout_fds[n], stderr_fds[n];
-    char devices_text[n][16];
-    const char *devices[n];
+    char **devices = NULL;
     for (int r = 0; r < n; r++) stdout_fds[r] = stderr_fds[r] = -1;
     g->log_start = td_calloc((size_t)n, sizeof *g->log_start);
     g->log_sent = td_calloc((size_t)n, sizeof *g->log_sent);
@@ -250,21 +255,18 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         env[n_env + 1] = td_str_dup(var);
     }
     if (ok && j->cfg.gpus > 0) {
-        g->devices = td_calloc((size_t)n, sizeof *g->devices);
+        g->devices = td_calloc((size_t)g->slots, sizeof *g->devices);
         int k = 0;
-        for (int i = 0; i < j->cfg.gpus && k < n; i++)
+        for (int i = 0; i < j->cfg.gpus && k < g->slots; i++)
             if (!j->gpu_used[i]) j->gpu_used[i] = true, g->devices[k++] = i;
-        for (int r = 0; r < k; r++) {
-            snprintf(devices_text[r], sizeof devices_text[r], "%d",
-                     td_jobs_gpu_id(j, g->devices[r]));
-            devices[r] = devices_text[r];
-        }
-        if (k < n) {
+        if (k < g->slots) {
             for (int r = 0; r < k; r++) j->gpu_used[g->devices[r]] = false;
             free(g->devices);
             g->devices = NULL;
-            td_fail(&err, "%d GPUs asked for, %d free on this node", n, k);
+            td_fail(&err, "%d GPUs asked for, %d free on this node", g->slots, k);
             ok = false;
+        } else {
+            devices = td_jobs_devices_strv(j, g->devices, g->slots, n, g->see_all_gpus);
         }
     }
     if (ok && g->node_rank == 0 && pipe2(out_pipe, O_CLOEXEC) != 0) {
@@ -273,7 +275,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     }
     for (int r = 0; ok && r < n; r++) {
         char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, g->node_rank * n + r);
+        snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, g->node_rank * g->nproc + r);
         stderr_fds[r] = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
         struct stat st;
         if (stderr_fds[r] < 0) {
@@ -284,7 +286,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         }
         stdout_fds[r] = r == 0 && g->node_rank == 0 ? out_pipe[1] : stderr_fds[r];
     }
-    td_launch_config cfg = {.nproc_per_node = n,
+    td_launch_config cfg = {.nproc_per_node = g->nproc,
                             .nnodes = g->nnodes,
                             .node_rank = g->node_rank,
                             .master_port = order_int(o, "master_port"),
@@ -292,11 +294,12 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
                             .grace_s = j->cfg.grace_s,
                             .argv = argv,
                             .local_rank_arg = order_string(o, "local_rank_arg"),
+                            .launch_self = self,
                             .cwd = g->dir,
                             .stdout_fds = stdout_fds,
                             .stderr_fds = stderr_fds,
                             .extra_env = env,
-                            .devices = g->devices ? devices : NULL};
+                            .devices = (const char *const *)devices};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", order_string(o, "master_addr"));
     snprintf(cfg.run_id, sizeof cfg.run_id, "traind-job-%ld", g->job);
     if (ok && td_group_start(&g->group, &cfg, order_int(o, "restart_count"), &err) != 0) {
@@ -308,6 +311,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     if (out_pipe[1] >= 0) close(out_pipe[1]);
     td_strv_free(argv);
     td_strv_free(env);
+    td_strv_free(devices);
     if (!ok) {
         if (out_pipe[0] >= 0) close(out_pipe[0]);
         char why[sizeof g->reason];
@@ -367,7 +371,7 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
         g->n_lines -= drop;
         g->first_seq += drop;
         json_t *logs = json_object_get(o, "acked_logs");
-        for (int r = 0; r < g->nproc && json_is_array(logs); r++) {
+        for (int r = 0; r < g->procs && json_is_array(logs); r++) {
             json_t *v = json_array_get(logs, (size_t)r);
             if (json_is_integer(v)) g->log_sent[r] = (long long)json_integer_value(v);
         }
@@ -454,7 +458,7 @@ void td_jobs_guests_tick(td_jobs *j) {
             char own[320];
             int local = gr->failed_rank - gr->rank_base;
             td_jobs_rank_message(g->dir, gr->failed_rank,
-                                 local >= 0 && local < g->nproc ? g->log_start[local] : 0,
+                                 local >= 0 && local < g->procs ? g->log_start[local] : 0,
                                  strcmp(g->kind, "command") == 0, own, sizeof own);
             snprintf(reason, sizeof reason, "node %s: %.180s%s%.250s", j->node_name, gr->reason,
                      own[0] ? ": " : "", own);
@@ -524,19 +528,26 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
         }
         if (k < g->n_lines) whole = false;
         json_t *logs = json_array();
-        for (int r = 0; remote && r < g->nproc; r++) {
+        for (int r = 0; remote && r < g->procs; r++) {
             json_t *c = log_chunk(g, r, &whole, &budget);
             if (c) json_array_append_new(logs, c);
         }
         char devices[128] = "";
-        for (int r = 0; g->devices && r < g->nproc; r++)
+        for (int r = 0; g->devices && r < g->slots; r++)
             snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%d",
                      r ? "," : "", td_jobs_gpu_id(j, g->devices[r]));
-        json_t *e = json_pack(
-            "{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s}", "job", (json_int_t)g->job,
-            "attempt", g->attempt, "state", g->running ? "running" : "ended", "exit_code",
-            g->exit_code, "reason", g->reason, "lines", lines, "logs", logs, "next_seq",
-            (json_int_t)(g->first_seq + g->n_lines), "complete", whole, "devices", devices);
+        json_t *each = json_array();
+        char **per = g->devices
+                         ? td_jobs_devices_strv(j, g->devices, g->slots, g->procs, g->see_all_gpus)
+                         : NULL;
+        for (int p = 0; per && per[p]; p++) json_array_append_new(each, json_string(per[p]));
+        td_strv_free(per);
+        json_t *e = json_pack("{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s, s:o}", "job",
+                              (json_int_t)g->job, "attempt", g->attempt, "state",
+                              g->running ? "running" : "ended", "exit_code", g->exit_code, "reason",
+                              g->reason, "lines", lines, "logs", logs, "next_seq",
+                              (json_int_t)(g->first_seq + g->n_lines), "complete", whole, "devices",
+                              devices, "process_devices", each);
         TD_ASSERT(e, "json_pack of a part's report failed");
         json_array_append_new(list, e);
     }

@@ -61,7 +61,7 @@ static void free_slots(td_jobs *j, const td_cluster_node *nodes, int n, int *fre
         for (int k = 0; k < j->n_jobs; k++) {
             const job *jb = j->jobs[k];
             for (int p = 0; p < jb->n_parts; p++)
-                if (strcmp(jb->parts[p].node, nodes[i].name) == 0) held += jb->row.nproc;
+                if (strcmp(jb->parts[p].node, nodes[i].name) == 0) held += td_jobs_slots(jb);
         }
         free_now[i] =
             nodes[i].slots - (held > nodes[i].reported_used ? held : nodes[i].reported_used);
@@ -77,7 +77,7 @@ static bool pick_nodes(const job *jb, const td_cluster_node *nodes, int n, const
     int m = 0;
     int order[n];
     for (int i = 0; i < n; i++) {
-        if (nodes[i].lost || nodes[i].stale || nodes[i].drained || cap[i] < jb->row.nproc ||
+        if (nodes[i].lost || nodes[i].stale || nodes[i].drained || cap[i] < td_jobs_slots(jb) ||
             !pinned_to(jb, nodes[i].name))
             continue;
         int k = m++;
@@ -124,7 +124,7 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
         snprintf(p->address, sizeof p->address, "%s", nd->address);
         p->node_rank = i;
         p->local = nd->master;
-        if (p->local) j->used_slots += jb->row.nproc;
+        if (p->local) j->used_slots += td_jobs_slots(jb);
     }
     jb->master_port = port;
     json_decref(jb->resume_order);
@@ -142,6 +142,7 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
     if (mkdir(jb->dir, 0750) != 0 && errno != EEXIST)
         fprintf(j->log, "traind: cannot create %s: %s\n", jb->dir, strerror(errno));
     for (int r = 0; r < world; r++) {
+        if (jb->launch_self && r % jb->row.nproc != 0) continue; /* one process (log) a node */
         char path[PATH_MAX + 32];
         struct stat st;
         snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, r);
@@ -163,6 +164,7 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
     json_array_foreach(nodes_json, i, nd) {
         json_object_del(nd, "state");
         json_object_del(nd, "devices");
+        json_object_del(nd, "processes");
     }
     json_object_set_new(where_json, "attempt", json_integer(a->attempt));
     td_jobs_emit(j, jb, TD_JOBS_EVENT_PLACEMENT, where_json, NULL, -1, false, NULL, 0);
@@ -181,7 +183,7 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
     json_decref(jb->last_placement);
     jb->last_placement = td_jobs_placement_json(jb); /* shown after the attempt too */
     for (int i = 0; i < jb->n_parts; i++)
-        if (jb->parts[i].local) j->used_slots -= jb->row.nproc;
+        if (jb->parts[i].local) j->used_slots -= td_jobs_slots(jb);
     free(jb->parts);
     jb->parts = NULL;
     jb->n_parts = 0;
@@ -197,7 +199,7 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
 static bool choose(const job *jb, const td_cluster_node *nodes, int n, const int *cap, int *picked,
                    bool *local) {
     *local = jb->nnodes == 1 && !jb->pin && !nodes[0].drained && !nodes[0].lost &&
-             cap[0] >= jb->row.nproc;
+             cap[0] >= td_jobs_slots(jb);
     if (*local) {
         picked[0] = 0;
         return true;
@@ -216,7 +218,7 @@ static int try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *ca
     if (!choose(jb, nodes, n, cap, picked, &local)) return TRY_WAITS;
     if (local) {
         if (!td_jobs_reserve_slots(j, jb)) return TRY_WAITS;
-        cap[0] -= jb->row.nproc;
+        cap[0] -= td_jobs_slots(jb);
         td_jobs_start_attempt(j, jb);
         return TRY_STARTED;
     }
@@ -226,7 +228,7 @@ static int try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *ca
     if (resume != TD_RESUME_READY) return resume == TD_RESUME_FAILED ? TRY_ENDED : TRY_WAITS;
     start_parts(j, jb, nodes, picked);
     if (!jb->parts) return TRY_WAITS;
-    for (int i = 0; i < jb->nnodes; i++) cap[picked[i]] -= jb->row.nproc;
+    for (int i = 0; i < jb->nnodes; i++) cap[picked[i]] -= td_jobs_slots(jb);
     return TRY_STARTED;
 }
 
@@ -270,7 +272,7 @@ void td_jobs_schedule_cluster(td_jobs *j) {
         bool local;
         if (!choose(jb, nodes, n, cap, picked, &local)) continue;
         memcpy(trial, after, sizeof trial);
-        for (int k = 0; k < jb->nnodes; k++) trial[picked[k]] -= jb->row.nproc;
+        for (int k = 0; k < jb->nnodes; k++) trial[picked[k]] -= td_jobs_slots(jb);
         if (!pick_nodes(head, nodes, n, trial, picked_head)) continue;
         if (try_start(j, jb, nodes, n, cap) == TRY_STARTED) {
             memcpy(after, trial, sizeof after);
@@ -309,7 +311,7 @@ static json_t *order(job *jb, const part *p) {
     bool starting = p->state == PART_STARTING;
     json_t *resume = starting && jb->resume_order ? json_incref(jb->resume_order) : json_null();
     json_t *logs = json_array();
-    for (int r = 0; r < jb->row.nproc; r++) {
+    for (int r = 0; r < td_jobs_procs(jb); r++) { /* each process's log */
         int rank = p->node_rank * jb->row.nproc + r;
         char path[PATH_MAX + 32];
         struct stat st;
@@ -318,16 +320,17 @@ static json_t *order(job *jb, const part *p) {
         json_array_append_new(logs, json_integer(have > 0 ? have : 0));
     }
     bool stop = jb->parts_stopping || jb->cancel_requested || jb->timed_out;
-    return json_pack("{s:I, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:o, s:s, s:o, s:o, "
-                     "s:o, s:o, s:b, s:I, s:o}",
-                     "job", (json_int_t)jb->row.id, "attempt", jb->n_attempts - 1, "node_rank",
-                     p->node_rank, "nnodes", jb->n_parts, "nproc", jb->row.nproc, "master_addr",
-                     jb->parts[0].address, "master_port", jb->master_port, "restart_count",
-                     jb->n_attempts - 1, "max_restarts", jb->row.max_restarts, "kind", jb->row.kind,
-                     "argv", argv, "local_rank_arg", jb->local_rank_arg, "env", env, "spec",
-                     command || !starting ? json_null() : order_spec(jb), "resume", resume,
-                     "checkpoint_dir", starting ? json_string(jb->ckpt_dir) : json_null(), "stop",
-                     stop, "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
+    return json_pack(
+        "{s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:i, s:i, s:i, s:s, s:o, "
+        "s:s, s:o, s:o, s:o, s:o, s:b, s:I, s:o}",
+        "job", (json_int_t)jb->row.id, "attempt", jb->n_attempts - 1, "node_rank", p->node_rank,
+        "nnodes", jb->n_parts, "nproc", jb->row.nproc, "gpus_per_proc", jb->gpus_per_proc,
+        "launch_self", jb->launch_self, "see_all_gpus", jb->see_all_gpus, "master_addr",
+        jb->parts[0].address, "master_port", jb->master_port, "restart_count", jb->n_attempts - 1,
+        "max_restarts", jb->row.max_restarts, "kind", jb->row.kind, "argv", argv, "local_rank_arg",
+        jb->local_rank_arg, "env", env, "spec", command || !starting ? json_null() : order_spec(jb),
+        "resume", resume, "checkpoint_dir", starting ? json_string(jb->ckpt_dir) : json_null(),
+        "stop", stop, "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
 }
 
 /* ---- reports --------------------------------------------------------------------------------- */
@@ -399,10 +402,20 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
         p->state = PART_RUNNING;
         td_jobs_stale(jb);
     }
-    snprintf(p->devices, sizeof p->devices, "%s",
-             json_string_value(json_object_get(e, "devices"))
-                 ? json_string_value(json_object_get(e, "devices"))
-                 : "");
+    /* a part's GPUs are fixed while it runs; a node reports none once it has ended them, and
+     * the placement goes on showing what they were */
+    const char *devices = json_string_value(json_object_get(e, "devices"));
+    if (devices && *devices) snprintf(p->devices, sizeof p->devices, "%s", devices);
+    json_t *each = json_object_get(e, "process_devices");
+    if (json_array_size(each) > 0) {
+        p->proc_devices[0] = 0;
+        size_t k;
+        json_t *d;
+        json_array_foreach(each, k, d)
+            snprintf(p->proc_devices + strlen(p->proc_devices),
+                     sizeof p->proc_devices - strlen(p->proc_devices), "%s%s", k ? ";" : "",
+                     json_string_value(d) ? json_string_value(d) : "");
+    }
     size_t i;
     json_t *c;
     bool logs_whole = true; /* every chunk is in: the report's "complete" can be believed */
@@ -555,7 +568,7 @@ int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e) {
         bool pinned = !s->nodes;
         for (int k = 0; s->nodes && s->nodes[k]; k++)
             pinned |= strcmp(s->nodes[k], nodes[i].name) == 0;
-        if (pinned && nodes[i].slots >= s->nproc) fit++;
+        if (pinned && nodes[i].slots >= s->nproc * s->gpus_per_proc) fit++;
     }
     int rc = 0;
     for (int k = 0; s->nodes && s->nodes[k] && rc == 0; k++) {
@@ -571,19 +584,45 @@ int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e) {
                                field, s->nodes[k]);
         }
     }
+    int need = s->nproc * s->gpus_per_proc;
+    char each[64] = "";
+    if (s->gpus_per_proc > 1) snprintf(each, sizeof each, " of %d GPUs (slots)", s->gpus_per_proc);
     if (rc == 0 && fit < s->nnodes && live == 1 && s->nnodes == 1 && !s->nodes)
-        rc = td_reply_fail(e, 400, "invalid_spec", "resources.nproc",
-                           "resources.nproc: %d processes, but this node has %d slots", s->nproc,
-                           widest);
+        rc = td_reply_fail(e, 400, "invalid_spec",
+                           s->gpus_per_proc > 1 ? "resources.gpus_per_proc" : "resources.nproc",
+                           "resources: %d process%s%s need %d slots, but this node has %d",
+                           s->nproc, s->nproc == 1 ? "" : "es", each, need, widest);
     else if (rc == 0 && fit < s->nnodes)
         rc = td_reply_fail(
             e, 400, "invalid_spec", s->nnodes > 1 ? "resources.nnodes" : "resources.nproc",
-            "resources: %d node%s × %d process%s can never run here: the cluster has %d node%s, "
+            "resources: %d node%s × %d process%s%s can never run here: the cluster has %d node%s, "
             "%d of them with %d or more slots%s (the most on one node: %d)",
-            s->nnodes, s->nnodes == 1 ? "" : "s", s->nproc, s->nproc == 1 ? "" : "es", live,
-            live == 1 ? "" : "s", fit, s->nproc, s->nodes ? " among resources.nodes" : "", widest);
+            s->nnodes, s->nnodes == 1 ? "" : "s", s->nproc, s->nproc == 1 ? "" : "es", each, live,
+            live == 1 ? "" : "s", fit, need, s->nodes ? " among resources.nodes" : "", widest);
     free(nodes);
     return rc;
+}
+
+/* One node of a placement: its ranks, all its GPUs ("devices"), and each process the node
+ * starts with the ranks it stands for and its CUDA_VISIBLE_DEVICES (proc_devices: theirs
+ * separated by ';'; "" where the node has no GPUs). */
+json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
+                               const char *devices, const char *proc_devices) {
+    json_t *ranks = json_array(), *procs = json_array();
+    for (int r = 0; r < jb->row.nproc; r++)
+        json_array_append_new(ranks, json_integer(node_rank * jb->row.nproc + r));
+    const char *d = proc_devices;
+    for (int p = 0; p < td_jobs_procs(jb); p++) {
+        json_t *mine = json_array();
+        for (int r = 0; r < (jb->launch_self ? jb->row.nproc : 1); r++)
+            json_array_append_new(mine, json_integer(node_rank * jb->row.nproc + p + r));
+        size_t len = strcspn(d, ";");
+        json_array_append_new(procs, json_pack("{s:o, s:s%}", "ranks", mine, "devices", d, len));
+        d += len + (d[len] == ';');
+    }
+    return json_pack("{s:s, s:s, s:i, s:o, s:s, s:o}", "node", node, "address", address,
+                     "node_rank", node_rank, "ranks", ranks, "devices", devices, "processes",
+                     procs);
 }
 
 /* The placement in a job's JSON: each node, its node rank, global ranks and devices. */
@@ -592,15 +631,13 @@ json_t *td_jobs_placement_json(const job *jb) {
     json_t *list = json_array();
     for (int i = 0; i < jb->n_parts; i++) {
         const part *p = &jb->parts[i];
-        json_t *ranks = json_array();
-        for (int r = 0; r < jb->row.nproc; r++)
-            json_array_append_new(ranks, json_integer(p->node_rank * jb->row.nproc + r));
-        json_array_append_new(list, json_pack("{s:s, s:s, s:i, s:o, s:s, s:s}", "node", p->node,
-                                              "address", p->address, "node_rank", p->node_rank,
-                                              "ranks", ranks, "devices", p->devices, "state",
-                                              p->state == PART_STARTING  ? "starting"
-                                              : p->state == PART_RUNNING ? "running"
-                                                                         : "ended"));
+        json_t *nd = td_jobs_placement_node(jb, p->node, p->address, p->node_rank, p->devices,
+                                            p->proc_devices);
+        json_object_set_new(nd, "state",
+                            json_string(p->state == PART_STARTING  ? "starting"
+                                        : p->state == PART_RUNNING ? "running"
+                                                                   : "ended"));
+        json_array_append_new(list, nd);
     }
     return json_pack("{s:o, s:s, s:i}", "nodes", list, "master_addr", jb->parts[0].address,
                      "master_port", jb->master_port);

@@ -2,29 +2,48 @@
  * where the head of the queue cannot be delayed) and which slots (GPUs) it holds while it runs. */
 #include "service/td_jobs_private.h"
 
+#include "service/td_buf.h"
+#include "service/td_strv.h"
+
 #include <stdlib.h>
 #include <string.h>
+
+char **td_jobs_devices_strv(const td_jobs *j, const int *devices, int n_slots, int procs,
+                            bool all) {
+    char **out = td_strv_new(procs);
+    int each = all ? n_slots : procs > 0 ? n_slots / procs : 0;
+    for (int p = 0; p < procs; p++) {
+        td_buf b = {0};
+        for (int i = 0; i < each; i++)
+            td_buf_printf(&b, "%s%d", i ? "," : "",
+                          td_jobs_gpu_id(j, devices[all ? i : p * each + i]));
+        out[p] = td_str_dup(b.data ? b.data : "");
+        td_buf_free(&b);
+    }
+    return out;
+}
 
 void td_jobs_release_slots(td_jobs *j, job *jb) {
     if (jb->parts) {
         td_jobs_parts_release(j, jb);
         return;
     }
-    j->used_slots -= jb->row.nproc;
+    j->used_slots -= td_jobs_slots(jb);
     if (jb->devices)
-        for (int i = 0; i < jb->row.nproc; i++) j->gpu_used[jb->devices[i]] = false;
+        for (int i = 0; i < td_jobs_slots(jb); i++) j->gpu_used[jb->devices[i]] = false;
     free(jb->devices);
     jb->devices = NULL;
     jb->active = false;
 }
 
 bool td_jobs_reserve_slots(td_jobs *j, job *jb) {
-    if (j->cfg.slots - j->used_slots < jb->row.nproc) return false;
-    j->used_slots += jb->row.nproc;
+    int need = td_jobs_slots(jb);
+    if (j->cfg.slots - j->used_slots < need) return false;
+    j->used_slots += need;
     jb->active = true;
     if (j->cfg.gpus > 0) {
-        jb->devices = td_calloc((size_t)jb->row.nproc, sizeof(int));
-        for (int i = 0, k = 0; i < j->cfg.gpus && k < jb->row.nproc; i++)
+        jb->devices = td_calloc((size_t)need, sizeof(int));
+        for (int i = 0, k = 0; i < j->cfg.gpus && k < need; i++)
             if (!j->gpu_used[i]) j->gpu_used[i] = true, jb->devices[k++] = i;
     }
     return true;
@@ -59,15 +78,15 @@ static void head_shadow(td_jobs *j, const job *head, double now, double *shadow,
         for (; k > 0 && ends[k - 1] > (end > 0 ? end : now); k--)
             ends[k] = ends[k - 1], slots[k] = slots[k - 1];
         ends[k] = end > 0 ? end : now;
-        slots[k] = jb->row.nproc;
+        slots[k] = td_jobs_slots(jb);
     }
     int free_slots = j->cfg.slots - j->used_slots;
     *shadow = now;
-    for (int i = 0; i < n && free_slots < head->row.nproc; i++) {
+    for (int i = 0; i < n && free_slots < td_jobs_slots(head); i++) {
         free_slots += slots[i];
         *shadow = ends[i];
     }
-    *spare = free_slots - head->row.nproc;
+    *spare = free_slots - td_jobs_slots(head);
 }
 
 /* Recovered jobs first (they were running), then the queue by priority and age. The first job
@@ -107,11 +126,11 @@ void td_jobs_schedule(td_jobs *j) {
             head_shadow(j, head, now, &shadow, &spare);
             continue;
         }
-        if (j->cfg.slots - j->used_slots < jb->row.nproc) continue;
+        if (j->cfg.slots - j->used_slots < td_jobs_slots(jb)) continue;
         bool ends_in_time =
             jb->row.time_limit_s > 0 && shadow > now && now + jb->row.time_limit_s <= shadow;
-        if (!ends_in_time && jb->row.nproc > spare) continue;
-        if (!ends_in_time) spare -= jb->row.nproc;
+        if (!ends_in_time && td_jobs_slots(jb) > spare) continue;
+        if (!ends_in_time) spare -= td_jobs_slots(jb);
         td_jobs_reserve_slots(j, jb);
         fprintf(j->log, "traind: job %ld starts ahead of job %ld (backfill: %s)\n", jb->row.id,
                 head->row.id,

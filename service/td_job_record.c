@@ -64,6 +64,10 @@ const char *td_jobs_render(job *jb) {
         jb->latest_eval ? jb->latest_eval : json_null(), "checkpoints", jb->n_checkpoints);
     if (o) {
         json_object_set_new(o, "nnodes", json_integer(jb->nnodes > 0 ? jb->nnodes : 1));
+        json_object_set_new(o, "gpus_per_proc",
+                            json_integer(jb->gpus_per_proc > 0 ? jb->gpus_per_proc : 1));
+        json_object_set_new(o, "launch", json_string(jb->launch_self ? "self" : "torchrun"));
+        json_object_set_new(o, "visible_gpus", json_string(jb->see_all_gpus ? "job" : "own"));
         json_object_set_new(o, "placement", td_jobs_placement_json(jb));
     }
     TD_ASSERT(o, "json_pack of a job failed (a bad UTF-8 name?)");

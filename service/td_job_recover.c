@@ -19,7 +19,8 @@ typedef struct load_ctx {
 static void load_one(void *ctx, const td_db_job *row, const td_db_attempt *attempts, int n) {
     td_jobs *j = ((load_ctx *)ctx)->j;
     job *jb = td_jobs_new_job(j, row);
-    td_submission_placement(row->spec ? row->spec : "{}", &jb->nnodes, &jb->pin);
+    td_submission_placement(row->spec ? row->spec : "{}", &jb->nnodes, &jb->pin, &jb->gpus_per_proc,
+                            &jb->launch_self, &jb->see_all_gpus);
     for (int i = 0; i < n; i++) *td_jobs_new_attempt(jb) = attempts[i];
     td_jobs_add(j, jb);
 }

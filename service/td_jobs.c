@@ -138,6 +138,9 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
     job *jb = td_jobs_new_job(j, &row);
     jb->nnodes = s.nnodes;
     jb->pin = s.nodes;
+    jb->gpus_per_proc = s.gpus_per_proc;
+    jb->launch_self = s.launch_self;
+    jb->see_all_gpus = s.see_all_gpus;
     s.nodes = NULL;
     int rc = td_jobs_prepare_run(j, jb, &s, &err);
     td_jobs_add(j, jb);
@@ -256,12 +259,20 @@ int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_r
     pthread_mutex_lock(&j->mu);
     job *jb = td_jobs_find(j, id);
     int nproc = jb ? jb->row.nproc * (jb->nnodes > 1 ? jb->nnodes : 1) : 0; /* the world */
+    int per_node = jb ? jb->row.nproc : 1;
+    bool self = jb && jb->launch_self;
     if (jb) snprintf(path, len, "%s/rank-%d.log", jb->dir, rank);
     pthread_mutex_unlock(&j->mu);
     if (!jb) return not_found(e, id);
     if (rank < 0 || rank >= nproc)
         return td_reply_fail(e, 404, "not_found", "rank", "job %ld has ranks 0 to %d, not %d", id,
                              nproc - 1, rank);
+    /* one log a node: its launching process's, where whatever it started writes too */
+    if (self && rank % per_node != 0)
+        return td_reply_fail(e, 404, "not_found", "rank",
+                             "job %ld starts one process a node (launch \"self\"), whose log "
+                             "holds what its ranks wrote: ask for rank %d (ranks 0, %d, ...)",
+                             id, rank - rank % per_node, per_node);
     return 0;
 }
 
@@ -362,6 +373,38 @@ int td_jobs_delete(td_jobs *j, long id, td_reply_error *e) {
                 strerror(errno));
     fprintf(j->log, "traind: job %ld deleted\n", id);
     return 0;
+}
+
+json_t *td_jobs_gpu_users(td_jobs *j) {
+    json_t *users = json_object();
+    pthread_mutex_lock(&j->mu);
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (!jb->active) continue;
+        json_t *pl = td_jobs_placement_json(jb), *nd, *pr;
+        size_t a, b;
+        json_array_foreach(json_object_get(pl, "nodes"), a, nd) {
+            const char *name = json_string_value(json_object_get(nd, "node"));
+            json_t *mine = json_object_get(users, name ? name : "");
+            if (!mine) json_object_set_new(users, name ? name : "", mine = json_object());
+            json_array_foreach(json_object_get(nd, "processes"), b, pr) {
+                const char *d = json_string_value(json_object_get(pr, "devices"));
+                int k = 0, per = jb->gpus_per_proc > 0 ? jb->gpus_per_proc : 1;
+                for (; d && *d; d += strcspn(d, ",") + (d[strcspn(d, ",")] == ','), k++) {
+                    /* where every process sees all, the b-th holds the b-th share of them */
+                    if (jb->see_all_gpus && k / per != (int)b) continue;
+                    char key[16];
+                    snprintf(key, sizeof key, "%.*s", (int)strcspn(d, ","), d);
+                    json_object_set_new(mine, key,
+                                        json_pack("{s:I, s:O}", "job", (json_int_t)jb->row.id,
+                                                  "ranks", json_object_get(pr, "ranks")));
+                }
+            }
+        }
+        json_decref(pl);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return users;
 }
 
 int td_jobs_slots_used(td_jobs *j) {

@@ -76,6 +76,9 @@ int td_jobs_checkpoint_path(td_jobs *j, long id, long step, char *path, size_t l
 void td_jobs_set_draining(td_jobs *j, bool draining);
 
 /* The slots this node's running jobs hold now (for the cluster's node listing and heartbeats). */
+/* Which process of which running job holds each GPU: {node: {"<CUDA ordinal>": {"job": id,
+ * "ranks": [the global ranks that process stands for]}}}, from the jobs' placements. */
+json_t *td_jobs_gpu_users(td_jobs *j);
 int td_jobs_slots_used(td_jobs *j);
 
 /* ---- the cluster ----

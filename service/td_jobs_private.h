@@ -45,12 +45,15 @@ typedef struct job {
     char dir[PATH_MAX];
     char **argv, **env;      /* what an attempt runs */
     char local_rank_arg[16]; /* a command's --local_rank option (td_launch_config); "": none */
+    int gpus_per_proc;       /* resources.gpus_per_proc: the slots (GPUs) of each process */
+    bool launch_self;        /* "launch": "self": one process per node starts the rest */
+    bool see_all_gpus;       /* resources.visible_gpus "job": each process sees the node's share */
     char *json;              /* rendered job object; NULL when stale */
 
     bool cancel_requested;
     bool timed_out; /* stopped at resources.time_limit_s */
     bool active;    /* a group is running; holds nproc slots */
-    int *devices;   /* GPU ids while active */
+    int *devices;   /* GPU slots while active: td_jobs_slots of them, gpus_per_proc a process */
     td_group group;
     int out_fd; /* rank 0's stdout, read end; -1 when closed */
     td_buf line;
@@ -84,16 +87,19 @@ enum { PART_STARTING, PART_RUNNING, PART_ENDED };
 typedef struct part {
     char node[64], address[64];
     int node_rank, state;
-    bool local;        /* on the master's own node */
-    int exit_code;     /* once ended */
-    char reason[512];  /* a failure's words, once ended */
-    char devices[128]; /* CUDA_VISIBLE_DEVICES of its ranks, as the node reported them */
+    bool local;             /* on the master's own node */
+    int exit_code;          /* once ended */
+    char reason[512];       /* a failure's words, once ended */
+    char devices[128];      /* CUDA_VISIBLE_DEVICES of its ranks, as the node reported them */
+    char proc_devices[512]; /* each process's, separated by ';' */
 } part;
 
 /* One group this node runs for its master (td_job_part.c): the node-side twin of a part. */
 typedef struct guest {
     long job;
-    int attempt, node_rank, nnodes, nproc;
+    int attempt, node_rank, nnodes, nproc; /* nproc: ranks on this node */
+    int procs, slots;  /* processes it starts (1 for launch "self"), slots (GPUs) it holds */
+    bool see_all_gpus; /* every process sees all of them */
     char dir[PATH_MAX];
     char kind[16];
     td_group group;
@@ -161,10 +167,23 @@ void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason
 
 /* ---- td_job_queue.c ---- */
 double td_jobs_deadline(const job *jb); /* the time limit's end, or 0 */
+/* The slots (GPUs on a GPU node) a job holds on each of its nodes: every rank's GPUs, whether
+ * the daemon starts the ranks or one launching process does. */
+static inline int td_jobs_slots(const job *jb) {
+    return jb->row.nproc * (jb->gpus_per_proc > 0 ? jb->gpus_per_proc : 1);
+}
+/* The processes the daemon starts on each node: the ranks, or one that starts them. */
+static inline int td_jobs_procs(const job *jb) {
+    return jb->launch_self ? 1 : jb->row.nproc;
+}
 /* The CUDA ordinal of GPU slot `slot` (td_jobs_config.gpu_ids). */
 static inline int td_jobs_gpu_id(const td_jobs *j, int slot) {
     return j->cfg.gpu_ids ? j->cfg.gpu_ids[slot] : slot;
 }
+/* Each started process's CUDA_VISIBLE_DEVICES: devices (slots, n_slots of them) shared out in
+ * order, n_slots / procs each, or all of them to every process (all: "visible_gpus": "job"); a
+ * NULL-terminated list for td_launch_config.devices. */
+char **td_jobs_devices_strv(const td_jobs *j, const int *devices, int n_slots, int procs, bool all);
 bool td_jobs_reserve_slots(td_jobs *j, job *jb);
 void td_jobs_release_slots(td_jobs *j, job *jb);
 void td_jobs_schedule(td_jobs *j);
@@ -198,6 +217,8 @@ void td_jobs_parts_release(td_jobs *j, job *jb); /* frees the placement and its 
 void td_jobs_parts_tick(td_jobs *j);             /* the master's own node's sync, time limits */
 int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
 json_t *td_jobs_placement_json(const job *jb);
+json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
+                               const char *devices, const char *proc_devices);
 void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,
                               json_t *reply);
 

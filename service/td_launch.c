@@ -41,6 +41,7 @@ int td_launch_free_port(int *port, td_err *err) {
 
 /* The variables a worker's environment gets from us, replacing any inherited value. */
 static const char *const OURS[] = {"RANK",
+                                   "NODE_RANK",
                                    "LOCAL_RANK",
                                    "WORLD_SIZE",
                                    "LOCAL_WORLD_SIZE",
@@ -92,11 +93,14 @@ static char **worker_env(const td_launch_config *cfg, int r, int attempt) {
     size_t n_env = 0, n_extra = 0;
     while (environ[n_env]) n_env++;
     while (cfg->extra_env && cfg->extra_env[n_extra]) n_extra++;
-    char **env = td_strv_new((int)(n_env + n_extra + 19));
+    char **env = td_strv_new((int)(n_env + n_extra + 20));
     size_t k = 0;
     for (size_t i = 0; i < n_env; i++)
         if (!overridden(environ[i], cfg)) env[k++] = td_str_dup(environ[i]);
     int world = cfg->nnodes * cfg->nproc_per_node;
+    /* a launching process (launch_self) stands for the node's first rank; its processes take
+     * RANK = NODE_RANK * LOCAL_WORLD_SIZE + i, as the mp.spawn tutorials compute it */
+    if (cfg->launch_self) env[k++] = int_entry("NODE_RANK", cfg->node_rank);
     env[k++] = int_entry("RANK", cfg->node_rank * cfg->nproc_per_node + r);
     env[k++] = int_entry("LOCAL_RANK", r);
     env[k++] = int_entry("WORLD_SIZE", world);
@@ -182,10 +186,11 @@ static bool worker_cpus(const td_launch_config *cfg, int i, int n, cpu_set_t *ou
 }
 
 int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err *err) {
-    int n = cfg->nproc_per_node;
+    int n = cfg->launch_self ? 1 : cfg->nproc_per_node;
     memset(g, 0, sizeof *g);
     g->n = n;
-    g->rank_base = cfg->node_rank * n;
+    g->launch_self = cfg->launch_self;
+    g->rank_base = cfg->node_rank * cfg->nproc_per_node;
     g->failed_rank = -1;
     char program[4096];
     if (resolve_program(cfg->argv[0], program, sizeof program, err) != 0) return -1;
@@ -243,6 +248,9 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
     if (local < 0) return false;
     g->pids[local] = 0;
     g->alive--;
+    /* what the group's processes left behind (a spawned child whose parent died, a loader's
+     * worker) is still in the process group: it ends with them, so none outlives the job */
+    if (g->alive == 0 && g->pgid > 0) killpg(g->pgid, SIGKILL);
     int code = status_code(status);
     if (code != 0 && g->terminating && !g->stop_status) g->stop_status = code;
     if (g->grace_expired && !g->grace_note[0] && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
@@ -253,7 +261,15 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
     if (code != 0 && !g->terminating) {
         g->first_failure = code;
         g->failed_rank = g->rank_base + local;
-        if (WIFSIGNALED(status))
+        if (g->launch_self && WIFSIGNALED(status))
+            snprintf(g->reason, sizeof g->reason,
+                     "the launching process of ranks from %d (pid %d) failed with signal %d (%s)",
+                     g->rank_base, (int)pid, WTERMSIG(status), strsignal(WTERMSIG(status)));
+        else if (g->launch_self)
+            snprintf(g->reason, sizeof g->reason,
+                     "the launching process of ranks from %d (pid %d) failed with exit code %d",
+                     g->rank_base, (int)pid, code);
+        else if (WIFSIGNALED(status))
             snprintf(g->reason, sizeof g->reason,
                      "rank %d (local %d, pid %d) failed with signal %d (%s)", g->failed_rank, local,
                      (int)pid, WTERMSIG(status), strsignal(WTERMSIG(status)));

@@ -5,8 +5,11 @@
  * LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and the
  * TORCHELASTIC_* variables, and PR_SET_PDEATHSIG so none outlives the thread that started it.
  * When one exits non-zero (or is killed) the rest get SIGTERM, then SIGKILL after the grace
- * period. td_launch_run (traind-run) loops over attempts, restarting the whole group while
- * restarts remain; the daemon drives td_group itself from its supervisor loop. */
+ * period. Whatever they started themselves (mp.spawn's children, a data loader's workers)
+ * belongs to the group too: signals go to the whole process group, and once the last of the
+ * group's own processes has ended, anything left in it is killed. td_launch_run (traind-run) loops
+ * over attempts, restarting the whole group while restarts remain; the daemon drives td_group
+ * itself from its supervisor loop. */
 #ifndef TD_LAUNCH_H
 #define TD_LAUNCH_H
 
@@ -34,10 +37,16 @@ typedef struct td_launch_config {
     const int *stdout_fds;  /* [nproc_per_node] dup'ed onto each worker's stdout; NULL: inherit */
     const int *stderr_fds;  /* likewise for stderr */
     char *const *extra_env; /* "NAME=value" entries added for every worker; NULL-terminated */
-    const char *const *devices; /* [nproc_per_node] CUDA_VISIBLE_DEVICES per worker, or NULL */
+    /* CUDA_VISIBLE_DEVICES per process started (nproc_per_node, or 1 for launch_self), or
+     * NULL; "0,1" gives a process two GPUs */
+    const char *const *devices;
     /* "--local_rank" or "--local-rank": each worker's arguments end with OPTION=LOCAL_RANK, as
      * python -m torch.distributed.launch passed them; NULL or "": not */
     const char *local_rank_arg;
+    /* true: the program starts the node's nproc_per_node processes itself (mp.spawn): one is
+     * started, with LOCAL_RANK 0, RANK the node's first global rank, NODE_RANK, and the
+     * node's LOCAL_WORLD_SIZE and WORLD_SIZE; devices[0] lists every GPU they may use */
+    bool launch_self;
     /* true: leave the workers on every CPU the launcher may use. Otherwise each worker gets an
      * equal share of them (worker i the i-th slice, in CPU order) when there are at least as
      * many CPUs as workers: ranks that wait for each other at every step run best when none
@@ -48,7 +57,8 @@ typedef struct td_launch_config {
 /* One attempt's processes. */
 typedef struct td_group {
     int n, alive;
-    int rank_base; /* the global rank of local rank 0 */
+    int rank_base;    /* the global rank of local rank 0 */
+    bool launch_self; /* one launching process that starts the node's ranks itself */
     pid_t pgid;
     pid_t *pids;
     bool terminating;  /* SIGTERM sent: exits from now on are not failures */

@@ -102,12 +102,14 @@ static int keys_in(json_t *obj, const char *path, const char *const *const *list
 #define NODE_NAME_CHARS "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
 
 static const char *const SERVICE_KEYS[] = {"resources", "restart", "priority", NULL};
-static const char *const COMMAND_KEYS[] = {"name", "command", "env", "local_rank_arg", NULL};
+static const char *const COMMAND_KEYS[] = {"name",           "command", "env",
+                                           "local_rank_arg", "launch",  NULL};
 
 static int parse_resources(td_submission *s, json_t *root, const td_submit_rules *rules,
                            td_reply_error *e) {
-    static const char *const RESOURCE_KEYS[] = {"nproc", "nproc_per_node", "nnodes",
-                                                "nodes", "time_limit_s",   NULL};
+    static const char *const RESOURCE_KEYS[] = {
+        "nproc",        "nproc_per_node", "nnodes",       "nodes",
+        "time_limit_s", "gpus_per_proc",  "visible_gpus", NULL};
     static const char *const RESTART_KEYS[] = {"max_restarts", NULL};
     const char *const *resource_keys[] = {RESOURCE_KEYS, NULL};
     const char *const *restart_keys[] = {RESTART_KEYS, NULL};
@@ -119,6 +121,7 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
         return spec_error(e, &err);
     s->nproc = 1;
     s->nnodes = 1;
+    s->gpus_per_proc = 1;
     if (r) {
         if (keys_in(r, "resources", resource_keys, NULL, e) != 0) return -1;
         json_t *per_node = json_object_get(r, "nproc_per_node");
@@ -166,11 +169,32 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
         if (td_json_number(r, "resources", "time_limit_s", false, 0, 1e-3, 1e8, &s->time_limit_s,
                            &err) != 0)
             return spec_error(e, &err);
+        /* a slot is a GPU on a GPU node (a CPU share elsewhere): a process may hold several */
+        if (int_member(r, "resources", "gpus_per_proc", 1, 1, 64, &s->gpus_per_proc, e) != 0)
+            return -1;
+        /* torchrun leaves every GPU visible and scripts pick theirs as cuda:LOCAL_RANK; a
+         * process that sees only its own finds it at cuda:0 ("own", safer: no rank can touch
+         * another's GPU). "job" shows each process the node's GPUs of the job, in local rank
+         * order, so that cuda:LOCAL_RANK is its own, as under torchrun */
+        json_t *vis = json_object_get(r, "visible_gpus");
+        if (vis && !(json_is_string(vis) && (strcmp(json_string_value(vis), "own") == 0 ||
+                                             strcmp(json_string_value(vis), "job") == 0)))
+            return td_reply_fail(e, 400, "invalid_spec", "resources.visible_gpus",
+                                 "resources.visible_gpus: expected \"own\" (each process sees "
+                                 "only its GPUs, the default) or \"job\" (every process sees "
+                                 "all of the job's on its node, as cuda:LOCAL_RANK scripts need)");
+        s->see_all_gpus = vis && strcmp(json_string_value(vis), "job") == 0;
         if (!rules->cluster && s->nnodes > 1)
             return td_reply_fail(e, 400, "invalid_spec", "resources.nnodes",
                                  "resources.nnodes: %d nodes, but this traind is not a cluster's "
                                  "master",
                                  s->nnodes);
+        if (!rules->cluster && s->gpus_per_proc > 1 && s->nproc * s->gpus_per_proc > rules->slots)
+            return td_reply_fail(e, 400, "invalid_spec", "resources.gpus_per_proc",
+                                 "resources: %d processes of %d GPUs (slots) need %d slots, "
+                                 "but this node has %d",
+                                 s->nproc, s->gpus_per_proc, s->nproc * s->gpus_per_proc,
+                                 rules->slots);
         if (!rules->cluster && s->nproc > rules->slots)
             return td_reply_fail(e, 400, "invalid_spec",
                                  per_node ? "resources.nproc_per_node" : "resources.nproc",
@@ -242,6 +266,20 @@ static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
         return td_reply_fail(e, 400, "invalid_spec", "local_rank_arg",
                              "local_rank_arg: expected true (--local_rank=N), \"--local_rank\" "
                              "or \"--local-rank\", or false");
+    /* a script that starts its own processes (mp.spawn): one process per node, holding the
+     * node's share of the job's GPUs; nproc_per_node says how many it should start */
+    json_t *launch = json_object_get(root, "launch");
+    if (launch && !(json_is_string(launch) && (strcmp(json_string_value(launch), "self") == 0 ||
+                                               strcmp(json_string_value(launch), "torchrun") == 0)))
+        return td_reply_fail(e, 400, "invalid_spec", "launch",
+                             "launch: expected \"torchrun\" (the daemon starts every process, "
+                             "the default) or \"self\" (it starts one per node, which starts the "
+                             "rest itself, as mp.spawn does)");
+    s->launch_self = launch && strcmp(json_string_value(launch), "self") == 0;
+    if (s->launch_self && s->local_rank_arg[0])
+        return td_reply_fail(e, 400, "invalid_spec", "local_rank_arg",
+                             "local_rank_arg: a job with launch \"self\" starts one process per "
+                             "node, which gives its own processes their ranks; leave it out");
     if (!s->name[0]) {
         const char *base = strrchr(s->argv[n > 1 ? 1 : 0], '/');
         snprintf(s->name, sizeof s->name, "%s", base ? base + 1 : s->argv[n > 1 ? 1 : 0]);
@@ -355,6 +393,11 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
                        td_reply_error *e) {
     const char *const *lists[] = {td_job_keys, SERVICE_KEYS, NULL};
     if (keys_in(root, "", lists, "; or, for a command job: command, env", e) != 0) return -1;
+    if (s->gpus_per_proc != 1)
+        return td_reply_fail(e, 400, "invalid_spec", "resources.gpus_per_proc",
+                             "resources.gpus_per_proc: traind-worker drives one GPU per process; "
+                             "give a train job more processes (nproc_per_node) instead, or run "
+                             "a script that uses several as a command job");
     s->spec = json_deep_copy(root);
     for (int i = 0; SERVICE_KEYS[i]; i++) json_object_del(s->spec, SERVICE_KEYS[i]);
     /* checked as it will run: the daemon gives a checkpoint section without a dir one in the
@@ -409,9 +452,16 @@ out:
     return rc;
 }
 
-void td_submission_placement(const char *body, int *nnodes, char ***nodes) {
+void td_submission_placement(const char *body, int *nnodes, char ***nodes, int *gpus_per_proc,
+                             bool *launch_self, bool *see_all_gpus) {
     json_t *root = json_loads(body, 0, NULL);
     json_t *r = json_object_get(root, "resources");
+    json_t *vis = json_object_get(r, "visible_gpus");
+    *see_all_gpus = json_is_string(vis) && strcmp(json_string_value(vis), "job") == 0;
+    json_t *g = json_object_get(r, "gpus_per_proc");
+    *gpus_per_proc = json_is_integer(g) ? (int)json_integer_value(g) : 1;
+    *launch_self = json_is_string(json_object_get(root, "launch")) &&
+                   strcmp(json_string_value(json_object_get(root, "launch")), "self") == 0;
     json_t *list = json_object_get(r, "nodes");
     size_t n = json_is_array(list) ? json_array_size(list) : 0;
     json_t *nn = json_object_get(r, "nnodes");

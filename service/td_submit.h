@@ -43,15 +43,22 @@ typedef struct td_submission {
     double time_limit_s;     /* resources.time_limit_s; 0: none */
     char local_rank_arg[16]; /* command jobs: "--local_rank" or "--local-rank" appended =N to
                                 each process's arguments; "": none */
+    int gpus_per_proc;       /* resources.gpus_per_proc: slots (GPUs) each process holds */
+    bool launch_self;        /* command jobs, "launch": "self": one process per node, which
+                                starts nproc itself (mp.spawn) with all the node's share */
+    bool see_all_gpus;       /* resources.visible_gpus "job": every process of a node sees all
+                                the job's GPUs there, in local rank order ("own": its own) */
 } td_submission;
 
 int td_submission_parse(td_submission *s, const char *body, size_t len,
                         const td_submit_rules *rules, td_reply_error *e);
 void td_submission_free(td_submission *s);
 
-/* The placement members of a stored job body (already checked when it was submitted): nnodes and
- * the pinned nodes (NULL: any; free with td_strv_free). */
-void td_submission_placement(const char *body, int *nnodes, char ***nodes);
+/* The placement members of a stored job body (already checked when it was submitted): nnodes,
+ * the pinned nodes (NULL: any; free with td_strv_free), GPUs per process, the launch and which
+ * GPUs a process sees. */
+void td_submission_placement(const char *body, int *nnodes, char ***nodes, int *gpus_per_proc,
+                             bool *launch_self, bool *see_all_gpus);
 
 /* Whether path resolves (after symlinks; a path that does not exist yet by its nearest existing
  * parent) inside one of the roots. */

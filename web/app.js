@@ -13,6 +13,12 @@ let cleanups = []; // what the current page started: timers, streams, fetches
 
 const $main = () => document.getElementById("main");
 
+// A placement node's GPUs, process by process ("0,1 | 2,3"), or "–" without any.
+function gpusOf(node) {
+  const each = (node.processes || []).map((p) => p.devices).filter((d) => d);
+  return each.length ? each.join(" | ") : node.devices || "–";
+}
+
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -273,13 +279,15 @@ function jobPage(id) {
       p ? el("table", {}, el("thead", {}, el("tr", {}, ["Node", "Node rank", "Ranks", "GPUs", "State"]
             .map((h) => el("th", {}, h)))),
           el("tbody", {}, p.nodes.map((n) => el("tr", {}, el("td", {}, n.node),
-            el("td", {}, n.node_rank), el("td", {}, n.ranks.join(", ")), el("td", {}, n.devices || "–"),
+            el("td", {}, n.node_rank), el("td", {}, n.ranks.join(", ")), el("td", {}, gpusOf(n)),
             el("td", {}, n.state || "–")))))
-        : el("p", { class: "muted" }, "On this node (the master's own)."),
+        : el("p", { class: "muted" }, "Not started yet."),
       p ? el("p", { class: "muted" }, `Rendezvous at ${p.master_addr}:${p.master_port}`) : null));
-    const world = job.nnodes * job.nproc;
-    if (rank.options.length !== world) {
-      rank.replaceChildren(...Array.from({ length: world }, (_, r) => el("option", { value: r }, `rank ${r}`)));
+    // a job that starts one process a node (launch "self") has one log a node, under its first rank
+    const step = job.launch === "self" ? job.nproc : 1;
+    const logged = Array.from({ length: job.nnodes * job.nproc / step }, (_, i) => i * step);
+    if (rank.options.length !== logged.length) {
+      rank.replaceChildren(...logged.map((r) => el("option", { value: r }, step > 1 ? `node ${r / step} (ranks ${r}–${r + step - 1})` : `rank ${r}`)));
       if (!logStarted) startLog();
     }
     if (final) loadCheckpoints();

@@ -375,12 +375,20 @@ int tc_cmd_show(const tc_conn *c, int argc, char **argv) {
     json_array_foreach(json_object_get(pl, "nodes"), i, x) {
         json_t *ranks = json_object_get(x, "ranks");
         size_t n = json_array_size(ranks);
+        /* each process's GPUs, "0,1 | 2,3", where it has any */
+        char gpus[512] = "";
+        size_t k;
+        json_t *p;
+        json_array_foreach(json_object_get(x, "processes"), k, p) if (str(p, "devices", "")[0])
+            snprintf(gpus + strlen(gpus), sizeof gpus - strlen(gpus), "%s%s", k ? " | " : "",
+                     str(p, "devices", ""));
+        if (!gpus[0]) snprintf(gpus, sizeof gpus, "%s", str(x, "devices", ""));
         printf("  node %-12s node rank %lld, ranks %lld-%lld%s%s%s%s\n", str(x, "node", "?"),
                (long long)json_integer_value(json_object_get(x, "node_rank")),
                (long long)json_integer_value(json_array_get(ranks, 0)),
                (long long)json_integer_value(json_array_get(ranks, n ? n - 1 : 0)),
-               str(x, "devices", "")[0] ? ", GPUs " : "", str(x, "devices", ""),
-               json_object_get(x, "state") ? ", " : "", str(x, "state", ""));
+               gpus[0] ? ", GPUs " : "", gpus, json_object_get(x, "state") ? ", " : "",
+               str(x, "state", ""));
     }
     json_decref(j);
     return 0;

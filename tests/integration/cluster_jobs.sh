@@ -18,6 +18,8 @@
 #      attempt it knows keeps running, and the job succeeds
 #   7. a PyTorch gloo DDP script across 2 nodes, as PyTorch's tutorials write one, succeeds and
 #      its metric lines come through
+#   8. an mp.spawn script ("launch": "self") across 2 nodes: one process a node, holding that
+#      node's declared GPUs, spawns the node's two ranks; all four train together
 # Waits are for observable events (an API answer, a log line) with deadlines, never fixed sleeps.
 # Everything it creates goes on exit, also on failure. Exit 77 (ctest: skipped) when not root or
 # namespaces cannot be made here.
@@ -217,6 +219,27 @@ print(len([x for x in m if x["event"] == "train" and x["world"] == 2]), [x["max_
 done
 log1=$(api GET "/v1/jobs/$g1/logs?rank=1")
 case $log1 in *'"RANK": "1"'*'"GROUP_RANK": "1"'*) ok ;; *) bad "rank 1's log (node rank 1): $log1" ;; esac
+
+# 8. a script that spawns its own processes (mp.spawn, "launch": "self") across n1 and n2, two
+# ranks a node: one process a node, given the node's two GPUs, spawns two children; the four
+# ranks rendezvous at the master address the daemon chose and train
+cat >"$tmp/spawn.json" <<JSON
+{"name": "spawn", "command": ["/usr/bin/python3", "$src/tests/integration/spawn_ddp.py"],
+ "launch": "self", "env": {"GLOO_SOCKET_IFNAME": "eth0", "SPAWN_STEPS": "10"},
+ "resources": {"nnodes": 2, "nproc_per_node": 2, "nodes": ["n1", "n2"]}}
+JSON
+spawn=$(submit "$tmp/spawn.json")
+until_true 90 ended "$spawn"
+got=$(api GET "/v1/jobs/$spawn/metrics" | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+seen = next(x["seen"] for x in m if x["event"] == "ranks")
+print(" ".join("%d:%d:%d:%d:%s" % tuple(s[:5]) for s in seen), len([x for x in m if x["event"] == "train"]))')
+# rank:local rank:node rank:world:CUDA_VISIBLE_DEVICES of each rank, and the train lines
+want="0:0:0:4:0,1 1:1:0:4:0,1 2:0:1:4:2,3 3:1:1:4:2,3 10"
+if [ "$(state_of "$spawn")" = succeeded ] && [ "$got" = "$want" ]; then ok; else bad "mp.spawn across nodes: $got (expected $want): $(api GET "/v1/jobs/$spawn") $(api GET "/v1/jobs/$spawn/logs?rank=2")"; fi
+got=$(field "$spawn" "' '.join(p['node'] + '=' + ';'.join('%s:%s' % (','.join(map(str, q['ranks'])), q['devices']) for q in p['processes']) for p in j['placement']['nodes'])")
+if [ "$got" = "n1=0,1:0,1 n2=2,3:2,3" ]; then ok; else bad "mp.spawn across nodes: placement $got"; fi
 
 # 3. gang placement: 3 x 2 waits while a 1 x 2 job runs, and holds nothing while it waits
 hold() { # NAME NNODES WAIT-FILE

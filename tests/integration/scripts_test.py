@@ -4,9 +4,15 @@
   spelling, and gets local ranks 0 and 1;
 - GPU placement on declared GPUs (--gpus on a machine without any): two 2-process jobs get
   disjoint CUDA_VISIBLE_DEVICES, one id each; a job that needs more GPUs than are free waits;
-  freed GPUs are used again. Each test reads the environment the processes actually saw.
+  freed GPUs are used again; gpus_per_proc gives a DataParallel-style process all four, and two
+  processes two each; a "launch": "self" job gets them all in its one process;
+- an mp.spawn gloo script (as the tutorials write it, CPU) started as one process that spawns
+  2 children trains, its metrics arrive, and cancelling it leaves none of its children alive,
+  also when they are stuck and ignore SIGTERM and SIGINT;
+- an nn.DataParallel script on CPU runs as a one-process job.
+Each test reads the environment the processes actually saw.
 
-    /usr/bin/python3 tests/integration/scripts_test.py TRAIND SOURCE_DIR"""
+    /usr/bin/python3 tests/integration/scripts_test.py TRAIND SOURCE_DIR [TEST_NAME...]"""
 import os
 import sys
 import unittest
@@ -73,6 +79,10 @@ class ScriptsTest(daemon_test.DaemonTest):
                 got[(jid, r)] = daemon_test.wait_for(lambda: seen(jid, r), f"job {jid} rank {r}")
         ids = sorted(got.values())
         self.assertEqual(ids, ["0", "1", "2", "3"], "disjoint, one GPU a process")
+        # GET /v1/nodes says which process holds each GPU, as the processes saw it
+        gpus = d.json("GET", "/v1/nodes")[2]["nodes"][0]["gpus"]
+        held = {str(g["index"]): (g["used_by"]["job"], g["used_by"]["ranks"]) for g in gpus}
+        self.assertEqual(held, {cvd: (jid, [r]) for (jid, r), cvd in got.items()})
         c = submitted("c", 1)  # no GPU left: it waits
         self.assertEqual(d.json("GET", f"/v1/jobs/{c}")[2]["state"], "queued")
         open(gate, "w").close()  # a and b end; c gets a freed GPU
@@ -81,12 +91,127 @@ class ScriptsTest(daemon_test.DaemonTest):
         self.assertEqual(d.follow(c)[-1].data["state"], "succeeded")
         self.assertIn(seen(c, 0), ids)
 
+    def test_c_spawn(self):
+        d = self.start_daemon("--slots", "2")
+        script = os.path.join(HERE, "spawn_ddp.py")
+        jid, metrics = self.run_job(d, command("spawn", ["/usr/bin/python3", script], 2,
+                                               launch="self"))
+        seen = next(m["seen"] for m in metrics if m["event"] == "ranks")
+        # [rank, local_rank, node_rank, world, CUDA_VISIBLE_DEVICES, pid]: two children of one
+        self.assertEqual([s[:4] for s in seen], [[0, 0, 0, 2], [1, 1, 0, 2]])
+        self.assertNotEqual(seen[0][5], seen[1][5])
+        losses = [m["loss"] for m in metrics if m["event"] == "train"]
+        self.assertEqual(len(losses), 20)
+        self.assertLess(losses[-1], losses[0] / 2, "it trains")
+        job = d.json("GET", f"/v1/jobs/{jid}")[2]
+        self.assertEqual(job["launch"], "self")
+        procs = job["placement"]["nodes"][0]["processes"]
+        self.assertEqual([p["ranks"] for p in procs], [[0, 1]], "one process stands for both")
+        # one log: the launching process's, which its children write into too
+        status, _, body = d.json("GET", f"/v1/jobs/{jid}/logs?rank=1")
+        self.assertEqual((status, body["error"]["field"]), (404, "rank"), body)
+        self.assertIn("ask for rank 0", body["error"]["message"])
+        for bad, field in (({"launch": "spawn"}, "launch"),
+                           ({"launch": "self", "local_rank_arg": True}, "local_rank_arg")):
+            status, _, body = d.json("POST", "/v1/jobs", command("bad", ["true"], 1, **bad))
+            self.assertEqual((status, body["error"]["field"]), (400, field), body)
+
+    def test_d_spawn_cancel_leaves_no_child(self):
+        d = self.start_daemon("--slots", "2", "--grace", "2")
+        script = os.path.join(HERE, "spawn_ddp.py")
+        # as written, and with children stuck in a sleep that ignore SIGTERM and SIGINT (torch's
+        # spawn sends its children SIGINT when their parent dies): only the daemon's sweep of
+        # the job's process group stops those
+        for ignore in ("0", "1"):
+            pids = os.path.join(d.state_dir, f"pids-{ignore}")
+            os.mkdir(pids)
+            spec = command("spawn-hold", ["/usr/bin/python3", script], 2, launch="self")
+            spec["env"].update(SPAWN_HOLD="1", SPAWN_PID_DIR=pids, SPAWN_STUCK=ignore)
+            status, _, job = d.json("POST", "/v1/jobs", spec)
+            self.assertEqual(status, 201, job)
+            stream = d.events(job["id"])
+            self.addCleanup(stream.close)
+            stream.until(lambda e: e.event == "train", "the first train event")
+            children = [int(open(os.path.join(pids, f"{r}.pid")).read()) for r in (0, 1)]
+            self.assertTrue(all(alive(p) for p in children))
+            status, _, body = d.json("POST", f"/v1/jobs/{job['id']}/cancel")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(d.follow(job["id"])[-1].data["state"], "cancelled")
+            daemon_test.wait_for(lambda: not any(alive(p) for p in children),
+                                 f"the children {children} to end (stuck: {ignore})",
+                                 timeout=10)
+
+    def test_e_dataparallel_cpu(self):
+        d = self.start_daemon("--slots", "2")
+        script = os.path.join(HERE, "dataparallel_train.py")
+        _, metrics = self.run_job(d, command("dataparallel", ["/usr/bin/python3", script], 1))
+        env = next(m for m in metrics if m["event"] == "env")
+        self.assertEqual((env["wrapped"], env["gpus"]), (True, 0))
+        self.assertEqual((env["vars"]["WORLD_SIZE"], env["vars"]["RANK"]), ("1", "0"))
+        losses = [m["loss"] for m in metrics if m["event"] == "train"]
+        self.assertEqual(len(losses), 30)
+        self.assertLess(losses[-1], losses[0] / 2, "it trains")
+
+    def test_f_gpus_per_proc(self):
+        d = self.start_daemon("--gpus", "0,1,2,3")
+        # each process writes what it was given as a metric line of rank 0's stdout and in its log
+        show = ["/bin/sh", "-c",
+                'echo "{\\"event\\": \\"gpus\\", \\"step\\": 0, \\"rank\\": $RANK, '
+                '\\"local_world\\": $LOCAL_WORLD_SIZE, \\"cvd\\": \\"$CUDA_VISIBLE_DEVICES\\"}"']
+
+        def gpus(extra, nproc, **top):
+            spec = command("gpus", show, nproc, **top)
+            spec["resources"].update(extra)
+            jid, metrics = self.run_job(d, spec)
+            log1 = d.request("GET", f"/v1/jobs/{jid}/logs?rank=1")[2] if nproc > 1 else b""
+            seen = [(m["rank"], m["local_world"], m["cvd"]) for m in metrics
+                    if m["event"] == "gpus"]
+            placement = d.json("GET", f"/v1/jobs/{jid}")[2]["placement"]["nodes"][0]
+            return seen, log1.decode(), [p["devices"] for p in placement["processes"]]
+
+        # DataParallel: one process, all four GPUs
+        self.assertEqual(gpus({"gpus_per_proc": 4}, 1), ([(0, 1, "0,1,2,3")], "", ["0,1,2,3"]))
+        # two processes of two GPUs each: rank 0's on its stdout, rank 1's in its log
+        seen, log1, procs = gpus({"gpus_per_proc": 2}, 2)
+        self.assertEqual(seen, [(0, 2, "0,1")])
+        self.assertIn('"cvd": "2,3"', log1)
+        self.assertEqual(procs, ["0,1", "2,3"])
+        # a spawning script: its one process holds what its two ranks of two GPUs need
+        self.assertEqual(gpus({"gpus_per_proc": 2}, 2, launch="self")[::2],
+                         ([(0, 2, "0,1,2,3")], ["0,1,2,3"]))
+        # visible_gpus "job": each process sees both of the job's GPUs, so that cuda:LOCAL_RANK
+        # is its own, as a torchrun script that indexes devices by local rank expects
+        seen, log1, procs = gpus({"visible_gpus": "job"}, 2)
+        self.assertEqual(seen, [(0, 2, "0,1")])
+        self.assertIn('"cvd": "0,1"', log1)
+        self.assertEqual(procs, ["0,1", "0,1"])
+        status, _, body = d.json("POST", "/v1/jobs", command("vis", show, 1,
+                                                              resources={"visible_gpus": "all"}))
+        self.assertEqual((status, body["error"]["field"]), (400, "resources.visible_gpus"), body)
+        status, _, body = d.json("POST", "/v1/jobs", command("wide", show, 2,
+                                                              resources={"nproc": 2,
+                                                                         "gpus_per_proc": 3}))
+        self.assertEqual((status, body["error"]["field"]), (400, "resources.gpus_per_proc"), body)
+        self.assertIn("need 6 slots, but this node has 4", body["error"]["message"])
+        status, _, body = d.json("POST", "/v1/jobs", daemon_test.train_spec("t", epochs=1) |
+                                 {"resources": {"gpus_per_proc": 2}})
+        self.assertEqual((status, body["error"]["field"]), (400, "resources.gpus_per_proc"), body)
+
+
+def alive(pid):
+    """Whether pid runs (a zombie has ended: only its parent has not read its status yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
 
 def main():
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
     daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
-    suite = unittest.TestSuite(ScriptsTest(n) for n in ("test_a_legacy_local_rank_argument",
-                                                         "test_b_declared_gpus"))
+    names = sys.argv[3:] or sorted(n for n in vars(ScriptsTest) if n.startswith("test_"))
+    suite = unittest.TestSuite(ScriptsTest(n) for n in names)
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
 

@@ -62,7 +62,7 @@ static int do_heartbeat(td_cluster *c, const char *name, const char *id, double 
 static const char *state_of(td_cluster *c, const char *name, double now) {
     static char state[16];
     td_buf out = {0};
-    td_cluster_list(c, now, 0, &out);
+    td_cluster_list(c, now, 0, NULL, &out);
     json_t *o = json_loads(out.data, 0, NULL);
     td_buf_free(&out);
     state[0] = 0;
@@ -106,7 +106,7 @@ Test(cluster, nodes_join_and_are_listed_after_the_master) {
     cr_assert_eq(do_register(c, "n2", "aaaaaaaa01", 100, &e), 0, "%s", e.message);
     cr_assert_eq(do_register(c, "n1", "bbbbbbbb01", 100, &e), 0, "%s", e.message);
     td_buf out = {0};
-    td_cluster_list(c, 101, 3, &out);
+    td_cluster_list(c, 101, 3, NULL, &out);
     json_t *o = json_loads(out.data, 0, NULL);
     td_buf_free(&out);
     json_t *nodes = json_object_get(o, "nodes");
