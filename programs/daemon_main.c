@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -592,6 +593,14 @@ static int serve(const options *o, const char *state, const char *host, int list
                     name, name);
         td_cluster_on_master_drain(cluster, set_draining, jobs);
     }
+    /* what a job's processes leave behind when they die (mp.spawn's children) is handed to us,
+     * not to init: the supervisor reaps it, so a job's process group empties as soon as its
+     * last process has ended (td_group_over) and no zombie of a job outlives it */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+        fprintf(stderr,
+                "traind: prctl(PR_SET_CHILD_SUBREAPER): %s (a job's leftover processes "
+                "are killed at the end of the grace period instead)\n",
+                strerror(errno));
     if (td_jobs_start(jobs, &err) != 0) goto fail;
     td_api_config ac = {.listen_fd = listen_fd,
                         .token = token,

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -152,6 +153,10 @@ int main(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* the workers' own children are handed to us when their parent dies, so td_launch_run
+     * reaps them and sees when the attempt's process group is empty */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+        fprintf(stderr, "traind-run: prctl(PR_SET_CHILD_SUBREAPER): %s\n", strerror(errno));
     int code;
     if (td_launch_run(&cfg, stderr, &code, &err) != 0) {
         fprintf(stderr, "traind-run: %s\n", err.msg);

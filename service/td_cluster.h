@@ -24,8 +24,10 @@
 #include <stdio.h>
 
 /* The version of the register and heartbeat messages; a node speaking another is refused.
- * 2: "gpus" is the list of the node's GPUs (td_gpus_json), no longer their number. */
-#define TD_CLUSTER_PROTOCOL 2
+ * 2: "gpus" is the list of the node's GPUs (td_gpus_json), no longer their number.
+ * 3: orders carry "gpus_per_proc", "launch_self" and "see_all_gpus", reports
+ *    "process_devices": a node that ignored them would start a job in the wrong shape. */
+#define TD_CLUSTER_PROTOCOL 3
 
 typedef struct td_cluster td_cluster;
 

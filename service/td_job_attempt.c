@@ -125,10 +125,10 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     if (out_pipe[1] >= 0) close(out_pipe[1]);
     if (ok) { /* where it runs, as a placement across nodes shows it: which GPUs each process has */
         td_buf all = {0}, each = {0};
-        for (int r = 0; devices && r < n; r++) {
-            td_buf_printf(&all, "%s%s", r ? "," : "", devices[r]);
+        for (int i = 0; jb->devices && i < td_jobs_slots(jb); i++)
+            td_buf_printf(&all, "%s%d", i ? "," : "", td_jobs_gpu_id(j, jb->devices[i]));
+        for (int r = 0; devices && r < n; r++)
             td_buf_printf(&each, "%s%s", r ? ";" : "", devices[r]);
-        }
         json_t *node = td_jobs_placement_node(jb, j->node_name, "127.0.0.1", 0,
                                               all.data ? all.data : "", each.data ? each.data : "");
         json_decref(jb->last_placement);

@@ -441,7 +441,7 @@ void td_jobs_guests_tick(td_jobs *j) {
         guest *g = j->guests[i];
         if (!g->running || !g->group.pids) continue;
         td_group_tick(&g->group);
-        if (g->group.alive > 0) continue;
+        if (!td_group_over(&g->group)) continue;
         if (g->out_fd >= 0) td_jobs_guests_read(j, g);
         if (g->out_fd >= 0) {
             close(g->out_fd);

@@ -12,6 +12,7 @@
  * node is lost). The first failure stops every other part and names its node and rank. */
 #include "service/td_jobs_private.h"
 
+#include "service/td_buf.h"
 #include "service/td_cluster.h"
 #include "service/td_strv.h"
 
@@ -184,6 +185,7 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
     jb->last_placement = td_jobs_placement_json(jb); /* shown after the attempt too */
     for (int i = 0; i < jb->n_parts; i++)
         if (jb->parts[i].local) j->used_slots -= td_jobs_slots(jb);
+    for (int i = 0; i < jb->n_parts; i++) free(jb->parts[i].proc_devices);
     free(jb->parts);
     jb->parts = NULL;
     jb->n_parts = 0;
@@ -408,13 +410,13 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
     if (devices && *devices) snprintf(p->devices, sizeof p->devices, "%s", devices);
     json_t *each = json_object_get(e, "process_devices");
     if (json_array_size(each) > 0) {
-        p->proc_devices[0] = 0;
+        td_buf b = {0};
         size_t k;
         json_t *d;
-        json_array_foreach(each, k, d)
-            snprintf(p->proc_devices + strlen(p->proc_devices),
-                     sizeof p->proc_devices - strlen(p->proc_devices), "%s%s", k ? ";" : "",
-                     json_string_value(d) ? json_string_value(d) : "");
+        json_array_foreach(each, k, d) td_buf_printf(
+            &b, "%s%s", k ? ";" : "", json_string_value(d) ? json_string_value(d) : "");
+        free(p->proc_devices);
+        p->proc_devices = td_buf_take(&b);
     }
     size_t i;
     json_t *c;
@@ -632,7 +634,7 @@ json_t *td_jobs_placement_json(const job *jb) {
     for (int i = 0; i < jb->n_parts; i++) {
         const part *p = &jb->parts[i];
         json_t *nd = td_jobs_placement_node(jb, p->node, p->address, p->node_rank, p->devices,
-                                            p->proc_devices);
+                                            p->proc_devices ? p->proc_devices : "");
         json_object_set_new(nd, "state",
                             json_string(p->state == PART_STARTING  ? "starting"
                                         : p->state == PART_RUNNING ? "running"

@@ -189,6 +189,7 @@ void td_jobs_free_job(job *jb) {
     json_decref(jb->resume_order);
     json_decref(jb->last_placement);
     td_strv_free(jb->pin);
+    for (int i = 0; i < jb->n_parts; i++) free(jb->parts[i].proc_devices);
     free(jb->parts);
     free(jb->log_start);
     td_strv_free(jb->argv);

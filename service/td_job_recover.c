@@ -95,7 +95,8 @@ static int rebuild_run(td_jobs *j, job *jb, td_err *err) {
     td_submission s;
     td_reply_error e;
     td_submit_rules rules = j->cfg.rules;
-    rules.slots = INT_MAX;
+    rules.slots = INT_MAX; /* it was accepted: where it fits is for the queue to say */
+    rules.cluster = true;  /* and a job across nodes was accepted by a master */
     if (td_submission_parse(&s, jb->row.spec, strlen(jb->row.spec), &rules, &e) != 0)
         return td_fail(err, "its stored spec no longer parses: %s", e.message);
     jb->argv = s.argv;

@@ -103,7 +103,7 @@ void *td_jobs_supervise(void *arg) {
             if ((jb->cancel_requested || jb->timed_out) && !jb->group.terminating)
                 td_group_terminate(&jb->group, SIGTERM, j->cfg.grace_s);
             td_group_tick(&jb->group);
-            if (jb->group.alive == 0) {
+            if (td_group_over(&jb->group)) {
                 if (jb->out_fd >= 0) td_jobs_read_output(j, jb); /* what is left in the pipe */
                 if (jb->out_fd >= 0) {                           /* a stray holder: stop reading */
                     close(jb->out_fd);

@@ -385,11 +385,13 @@ json_t *td_jobs_gpu_users(td_jobs *j) {
         size_t a, b;
         json_array_foreach(json_object_get(pl, "nodes"), a, nd) {
             const char *name = json_string_value(json_object_get(nd, "node"));
+            const char *state = json_string_value(json_object_get(nd, "state"));
+            if (state && strcmp(state, "ended") == 0) continue; /* its GPUs are free again */
             json_t *mine = json_object_get(users, name ? name : "");
             if (!mine) json_object_set_new(users, name ? name : "", mine = json_object());
             json_array_foreach(json_object_get(nd, "processes"), b, pr) {
                 const char *d = json_string_value(json_object_get(pr, "devices"));
-                int k = 0, per = jb->gpus_per_proc > 0 ? jb->gpus_per_proc : 1;
+                int k = 0, per = td_jobs_slots(jb) / td_jobs_procs(jb);
                 for (; d && *d; d += strcspn(d, ",") + (d[strcspn(d, ",")] == ','), k++) {
                     /* where every process sees all, the b-th holds the b-th share of them */
                     if (jb->see_all_gpus && k / per != (int)b) continue;

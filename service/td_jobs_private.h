@@ -52,12 +52,13 @@ typedef struct job {
 
     bool cancel_requested;
     bool timed_out; /* stopped at resources.time_limit_s */
-    bool active;    /* a group is running; holds nproc slots */
+    bool active;    /* a group is running; holds td_jobs_slots slots */
     int *devices;   /* GPU slots while active: td_jobs_slots of them, gpus_per_proc a process */
     td_group group;
     int out_fd; /* rank 0's stdout, read end; -1 when closed */
     td_buf line;
-    long long *log_start; /* [world] each rank's log size when the attempt began */
+    long long *log_start; /* each log's size when the attempt began: [processes] run
+                             here, [world] by global rank across nodes */
 
     /* placement on the cluster (td_job_place.c) */
     int nnodes;         /* resources.nnodes */
@@ -87,11 +88,11 @@ enum { PART_STARTING, PART_RUNNING, PART_ENDED };
 typedef struct part {
     char node[64], address[64];
     int node_rank, state;
-    bool local;             /* on the master's own node */
-    int exit_code;          /* once ended */
-    char reason[512];       /* a failure's words, once ended */
-    char devices[128];      /* CUDA_VISIBLE_DEVICES of its ranks, as the node reported them */
-    char proc_devices[512]; /* each process's, separated by ';' */
+    bool local;         /* on the master's own node */
+    int exit_code;      /* once ended */
+    char reason[512];   /* a failure's words, once ended */
+    char devices[256];  /* the node's GPUs for the job, as the node reported them */
+    char *proc_devices; /* each process's CUDA_VISIBLE_DEVICES, separated by ';'; NULL: none */
 } part;
 
 /* One group this node runs for its master (td_job_part.c): the node-side twin of a part. */
@@ -118,7 +119,7 @@ typedef struct guest {
     } * lines;
     int n_lines, cap_lines;
     long first_seq;
-    long long *log_start, *log_sent; /* [nproc] per local rank */
+    long long *log_start, *log_sent; /* [procs] per process it started */
 } guest;
 
 struct td_jobs {

@@ -248,15 +248,13 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
     if (local < 0) return false;
     g->pids[local] = 0;
     g->alive--;
-    /* what the group's processes left behind (a spawned child whose parent died, a loader's
-     * worker) is still in the process group: it ends with them, so none outlives the job */
-    if (g->alive == 0 && g->pgid > 0) killpg(g->pgid, SIGKILL);
     int code = status_code(status);
     if (code != 0 && g->terminating && !g->stop_status) g->stop_status = code;
     if (g->grace_expired && !g->grace_note[0] && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
         snprintf(g->grace_note, sizeof g->grace_note,
-                 "rank %d (pid %d) did not stop within the %g s grace period after SIGTERM and "
+                 "%s %d (pid %d) did not stop within the %g s grace period after SIGTERM and "
                  "was killed with SIGKILL (exit status 137)",
+                 g->launch_self ? "the launching process of ranks from" : "rank",
                  g->rank_base + local, (int)pid, g->grace_s);
     if (code != 0 && !g->terminating) {
         g->first_failure = code;
@@ -279,17 +277,49 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
                      (int)pid, code);
         if (g->alive > 0) td_group_terminate(g, SIGTERM, grace_s);
     }
+    /* what the group's own processes left behind in it (a spawned child whose parent died, a
+     * loader's worker) ends with them, so none outlives the job: told to stop now unless it
+     * was, killed when the grace period is over, and waited for until then (td_group_tick) */
+    if (g->alive == 0 && g->pgid > 0 && killpg(g->pgid, 0) == 0) {
+        if (!g->terminating) td_group_terminate_all(g, SIGTERM, grace_s);
+        g->lingering = true;
+    }
     return true;
 }
 
-void td_group_terminate(td_group *g, int sig, double grace_s) {
-    if (g->pgid && g->alive > 0) killpg(g->pgid, sig);
+void td_group_terminate_all(td_group *g, int sig, double grace_s) {
+    if (g->pgid > 0) killpg(g->pgid, sig); /* never 0: that is our own group */
     g->terminating = true;
     g->grace_s = grace_s;
     g->kill_at = sig == SIGKILL ? 0 : td_clock_now() + grace_s;
 }
 
+void td_group_terminate(td_group *g, int sig, double grace_s) {
+    if (g->alive > 0) {
+        td_group_terminate_all(g, sig, grace_s);
+        return;
+    }
+    g->terminating = true;
+    g->grace_s = grace_s;
+    g->kill_at = sig == SIGKILL ? 0 : td_clock_now() + grace_s;
+}
+
+bool td_group_over(const td_group *g) {
+    return g->alive == 0 && !g->lingering;
+}
+
 void td_group_tick(td_group *g) {
+    if (g->lingering) {
+        /* the daemon is the leftovers' subreaper and reaps them, so an empty group is gone */
+        if (killpg(g->pgid, 0) != 0) {
+            g->lingering = false;
+        } else if (g->kill_at == 0 || td_clock_now() >= g->kill_at) {
+            killpg(g->pgid, SIGKILL); /* nothing survives SIGKILL: no need to wait for it */
+            g->kill_at = 0;
+            g->lingering = false;
+        }
+        return;
+    }
     if (g->terminating && g->kill_at > 0 && g->alive > 0 && td_clock_now() >= g->kill_at) {
         if (g->pgid > 0) killpg(g->pgid, SIGKILL); /* never 0: that is our own group */
         g->kill_at = 0;
@@ -405,7 +435,7 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
         td_group_free(&g);
         return -1;
     }
-    while (g.alive > 0) {
+    while (!td_group_over(&g)) {
         if (cfg->stop_signal && *cfg->stop_signal && !g.terminating) {
             fprintf(log, "[traind-run] forwarding signal %d to the workers\n",
                     (int)*cfg->stop_signal);
@@ -420,7 +450,10 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
         }
         int status;
         pid_t pid = wait_child(&status);
-        if (pid < 0) break;
+        if (pid < 0) { /* no child left to wait for: what lingers is not ours to reap */
+            if (g.lingering) killpg(g.pgid, SIGKILL);
+            break;
+        }
         td_group_tick(&g);
         if (pid == 0) continue;
         report_failure(cfg, attempt, &g, pid, status, log);

@@ -34,7 +34,7 @@ typedef struct td_launch_config {
 
     /* for the daemon; zero values keep traind-run's behaviour */
     const char *cwd;        /* the workers' directory; NULL: inherit */
-    const int *stdout_fds;  /* [nproc_per_node] dup'ed onto each worker's stdout; NULL: inherit */
+    const int *stdout_fds;  /* [processes started] dup'ed onto each one's stdout; NULL: inherit */
     const int *stderr_fds;  /* likewise for stderr */
     char *const *extra_env; /* "NAME=value" entries added for every worker; NULL-terminated */
     /* CUDA_VISIBLE_DEVICES per process started (nproc_per_node, or 1 for launch_self), or
@@ -59,6 +59,9 @@ typedef struct td_group {
     int n, alive;
     int rank_base;    /* the global rank of local rank 0 */
     bool launch_self; /* one launching process that starts the node's ranks itself */
+    /* the group's own processes have ended, but what they started is still in the process
+     * group: it was told to stop (SIGTERM) and is killed at kill_at */
+    bool lingering;
     pid_t pgid;
     pid_t *pids;
     bool terminating;  /* SIGTERM sent: exits from now on are not failures */
@@ -84,6 +87,11 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
 bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s);
 /* Sends sig to the whole group and, unless it is SIGKILL, schedules SIGKILL after grace_s. */
 void td_group_terminate(td_group *g, int sig, double grace_s);
+/* The same, also once the group's own processes have ended (to what they left behind). */
+void td_group_terminate_all(td_group *g, int sig, double grace_s);
+/* Whether the attempt is over: its processes ended, and nothing they started is left in the
+ * process group (or it was killed). Until then call td_group_tick now and then. */
+bool td_group_over(const td_group *g);
 /* SIGKILL to the group once its grace period is over. Call it now and then while terminating. */
 void td_group_tick(td_group *g);
 void td_group_free(td_group *g);

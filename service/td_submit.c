@@ -189,7 +189,8 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
                                  "resources.nnodes: %d nodes, but this traind is not a cluster's "
                                  "master",
                                  s->nnodes);
-        if (!rules->cluster && s->gpus_per_proc > 1 && s->nproc * s->gpus_per_proc > rules->slots)
+        if (!rules->cluster && s->gpus_per_proc > 1 && s->nproc * s->gpus_per_proc > rules->slots &&
+            json_object_get(root, "command"))
             return td_reply_fail(e, 400, "invalid_spec", "resources.gpus_per_proc",
                                  "resources: %d processes of %d GPUs (slots) need %d slots, "
                                  "but this node has %d",

@@ -281,7 +281,7 @@ function jobPage(id) {
           el("tbody", {}, p.nodes.map((n) => el("tr", {}, el("td", {}, n.node),
             el("td", {}, n.node_rank), el("td", {}, n.ranks.join(", ")), el("td", {}, gpusOf(n)),
             el("td", {}, n.state || "–")))))
-        : el("p", { class: "muted" }, "Not started yet."),
+        : el("p", { class: "muted" }, "No placement recorded."),
       p ? el("p", { class: "muted" }, `Rendezvous at ${p.master_addr}:${p.master_port}`) : null));
     // a job that starts one process a node (launch "self") has one log a node, under its first rank
     const step = job.launch === "self" ? job.nproc : 1;

@@ -167,6 +167,9 @@ class ScriptsTest(daemon_test.DaemonTest):
             seen = [(m["rank"], m["local_world"], m["cvd"]) for m in metrics
                     if m["event"] == "gpus"]
             placement = d.json("GET", f"/v1/jobs/{jid}")[2]["placement"]["nodes"][0]
+            held = extra.get("gpus_per_proc", 1) * nproc  # the first free ones: 0, 1, ...
+            self.assertEqual(placement["devices"], ",".join(map(str, range(held))),
+                             "the node's GPUs for the job, each once")
             return seen, log1.decode(), [p["devices"] for p in placement["processes"]]
 
         # DataParallel: one process, all four GPUs
@@ -196,6 +199,38 @@ class ScriptsTest(daemon_test.DaemonTest):
         status, _, body = d.json("POST", "/v1/jobs", daemon_test.train_spec("t", epochs=1) |
                                  {"resources": {"gpus_per_proc": 2}})
         self.assertEqual((status, body["error"]["field"]), (400, "resources.gpus_per_proc"), body)
+
+    def test_g_gpu_holders(self):
+        """GET /v1/nodes names the process holding each GPU, also where one process holds all of
+        a job's (launch "self") and where every process sees all of them (visible_gpus "job")."""
+        d = self.start_daemon("--gpus", "0,1,2,3")
+        gate = os.path.join(d.state_dir, "gate")
+        hold = ["/bin/sh", "-c", 'echo "{\\"event\\": \\"up\\"}"; while [ ! -e "$0" ]; do sleep 0.05; done', gate]
+
+        def holders():
+            gpus = d.json("GET", "/v1/nodes")[2]["nodes"][0]["gpus"]
+            return {g["index"]: g["used_by"] and (g["used_by"]["job"], g["used_by"]["ranks"])
+                    for g in gpus}
+
+        for extra, top, want in (({"gpus_per_proc": 2}, {"launch": "self"},
+                                  lambda j: {0: (j, [0, 1]), 1: (j, [0, 1]), 2: (j, [0, 1]),
+                                             3: (j, [0, 1])}),
+                                 ({"gpus_per_proc": 2, "visible_gpus": "job"}, {},
+                                  lambda j: {0: (j, [0]), 1: (j, [0]), 2: (j, [1]),
+                                             3: (j, [1])})):
+            if os.path.exists(gate):
+                os.remove(gate)
+            spec = command("hold", hold, 2, **top)
+            spec["resources"].update(extra)
+            status, _, job = d.json("POST", "/v1/jobs", spec)
+            self.assertEqual(status, 201, job)
+            stream = d.events(job["id"])
+            self.addCleanup(stream.close)
+            stream.until(lambda e: e.event == "up", "the job's first line")
+            self.assertEqual(holders(), want(job["id"]), f"{extra} {top}")
+            open(gate, "w").close()
+            self.assertEqual(d.follow(job["id"])[-1].data["state"], "succeeded")
+            self.assertEqual(holders(), {i: None for i in range(4)}, "all free again")
 
 
 def alive(pid):

@@ -151,18 +151,18 @@ Test(cluster, refusals_name_the_problem) {
     cr_expect_eq(do_register(c, "n1", "aaaaaaaa01", 2, &e), 0, "the same node again is fine");
     cr_expect_neq(do_register(c, "bad name", "aaaaaaaa02", 2, &e), 0);
     cr_expect_str_eq(e.field, "name");
-    const char *junk = "{\"protocol\":2,\"name\":\"n3\"";
+    const char *junk = "{\"protocol\":3,\"name\":\"n3\"";
     cr_expect_neq(td_cluster_register(c, junk, strlen(junk), 0, &out, &e), 0);
     cr_expect_eq(e.status, 400);
-    const char *addr = "{\"protocol\":2,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+    const char *addr = "{\"protocol\":3,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
                        "\"nowhere\",\"slots\":1,\"version\":\"9.9\"}";
     cr_expect_neq(td_cluster_register(c, addr, strlen(addr), 0, &out, &e), 0);
     cr_expect_str_eq(e.field, "address");
-    const char *gpus = "{\"protocol\":2,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+    const char *gpus = "{\"protocol\":3,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
                        "\"10.0.0.3\",\"slots\":2,\"gpus\":[{\"index\":0}],\"version\":\"9.9\"}";
     cr_expect_neq(td_cluster_register(c, gpus, strlen(gpus), 0, &out, &e), 0);
     cr_expect(strstr(e.message, "one slot per GPU"), "%s", e.message);
-    const char *twice = "{\"protocol\":2,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+    const char *twice = "{\"protocol\":3,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
                         "\"10.0.0.3\",\"slots\":2,\"gpus\":[{\"index\":1},{\"index\":1}],"
                         "\"version\":\"9.9\"}";
     cr_expect_neq(td_cluster_register(c, twice, strlen(twice), 0, &out, &e), 0);
