@@ -21,6 +21,9 @@ const char TD_API_JSON[] = "application/json";
 
 /* One request's state across libmicrohttpd's calls: the body arrives in pieces. */
 typedef struct request {
+    const char *route; /* the route's pattern, for GET /metrics; NULL: none matched */
+    double started;    /* monotonic, when the headers were in */
+    char method[12];   /* as the client sent it (cut) */
     td_buf body;
     bool too_large;
     td_api_upload *upload; /* PUT /v1/cluster/files/...: streamed to a file, not kept */
@@ -123,6 +126,11 @@ static enum MHD_Result health(const call *k) {
     td_buf b = {0};
     td_buf_puts(&b, "{\"status\":\"ok\"}\n");
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &b);
+}
+
+/* GET /metrics: Prometheus's view (td_api_metrics.c); token-protected like every route */
+static enum MHD_Result prometheus(const call *k) {
+    return td_api_metrics(k->api, k->c);
 }
 
 static enum MHD_Result version(const call *k) {
@@ -363,7 +371,32 @@ static const route ROUTES[] = {
     {"/v1/cluster/register", "POST", cluster_register, false, true},
     {"/v1/cluster/heartbeat", "POST", cluster_heartbeat, false, true},
     {"/v1/cluster/files/", "GET, PUT", cluster_file, true, true},
+    {"/metrics", "GET", prometheus, false, false},
 };
+
+/* The pattern GET /metrics counts a request under: one per route, whatever its ids. */
+static const char *route_label(const route *table, const route *r) {
+    static const char *const TOP[] = {"/v1/health",
+                                      "/v1/version",
+                                      "/v1/openapi.json",
+                                      "/v1/session",
+                                      "/v1/jobs",
+                                      "/v1/jobs/",
+                                      "/v1/nodes",
+                                      "/v1/nodes/{name}/{action}",
+                                      "/v1/cluster/register",
+                                      "/v1/cluster/heartbeat",
+                                      "/v1/cluster/files/{path}",
+                                      "/metrics"};
+    static const char *const JOB[] = {"/v1/jobs/{id}",
+                                      "/v1/jobs/{id}/cancel",
+                                      "/v1/jobs/{id}/metrics",
+                                      "/v1/jobs/{id}/events",
+                                      "/v1/jobs/{id}/logs",
+                                      "/v1/jobs/{id}/checkpoints",
+                                      "/v1/jobs/{id}/checkpoints/{file}"};
+    return table == ROUTES ? TOP[r - ROUTES] : JOB[r - table];
+}
 
 static const route JOB_ROUTES[] = {
     {"", "GET, DELETE", job, false, false},
@@ -409,9 +442,12 @@ static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, cons
                                      const char *method, request *rq) {
     call k = {api, c, method, url, rq, 0, ""};
     bool read = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    if (read && (strcmp(url, "/") == 0 || strncmp(url, "/ui", 3) == 0))
+    if (read && (strcmp(url, "/") == 0 || strncmp(url, "/ui", 3) == 0)) {
+        rq->route = "/ui";
         return td_api_web_file(api, c, url); /* the dashboard's page: nothing secret in it */
+    }
     const route *r = find_route(ROUTES, sizeof ROUTES / sizeof ROUTES[0], url, &k.tail);
+    if (r) rq->route = route_label(ROUTES, r);
     if (!(r && r->open) && !token_ok(api, c)) {
         int session = td_api_session_auth(api, c, method);
         if (session < 0)
@@ -431,6 +467,7 @@ static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, cons
             return td_api_fail(c, 400, "bad_request", "id", "a job id is a positive integer");
         const char *rest = slash ? slash : "";
         r = find_route(JOB_ROUTES, sizeof JOB_ROUTES / sizeof JOB_ROUTES[0], rest, &k.tail);
+        if (r) rq->route = route_label(JOB_ROUTES, r);
         if (r) return dispatch(r, &k);
         td_reply_fail(&e, 404, "not_found", NULL, "no route %s", url);
         return td_api_error(c, &e, NULL);
@@ -449,6 +486,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     request *rq = *con_cls;
     if (!rq) { /* headers are in; the body, if any, comes in the next calls */
         rq = td_calloc(1, sizeof *rq);
+        rq->started = td_clock_now();
+        snprintf(rq->method, sizeof rq->method, "%s", method);
         *con_cls = rq;
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -482,9 +521,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode code) {
-    (void)cls, (void)c, (void)code;
+    (void)code;
+    td_api *api = cls;
     request *rq = *con_cls;
     if (!rq) return;
+    const union MHD_ConnectionInfo *status =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
+    if (status && status->http_status) /* 0: the connection ended before a reply */
+        td_api_stats_request(&api->stats, rq->route ? rq->route : "other", rq->method,
+                             status->http_status, td_clock_now() - rq->started);
     td_buf_free(&rq->body);
     if (rq->upload) td_api_upload_abandon(rq->upload); /* nothing once it was kept */
     free(rq->upload);
@@ -529,6 +574,7 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
     api->jobs = jobs;
     pthread_mutex_init(&api->session_mu, NULL);
     api->sessions = td_calloc(TD_API_SESSIONS_MAX, sizeof *api->sessions);
+    td_api_stats_init(&api->stats);
     snprintf(api->token, sizeof api->token, "%s", cfg->token);
     snprintf(api->master, sizeof api->master, "%s", cfg->master ? cfg->master : "");
     struct sockaddr_in addr;
@@ -542,6 +588,7 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
                                    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
     if (!api->daemon) {
         int port = api->port;
+        td_api_stats_free(&api->stats);
         free(api->sessions);
         free(api);
         return td_fail(err, "cannot start the HTTP server (libmicrohttpd) on port %d", port);
@@ -557,6 +604,7 @@ int td_api_port(const td_api *api) {
 void td_api_stop(td_api *api) {
     if (!api) return;
     MHD_stop_daemon(api->daemon);
+    td_api_stats_free(&api->stats);
     pthread_mutex_destroy(&api->session_mu);
     free(api->sessions);
     free(api);

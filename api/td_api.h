@@ -24,6 +24,7 @@ typedef struct td_api_config {
     const char *master;     /* an agent's master (ADDR:PORT); then cluster is NULL */
     const char *web_root;   /* the dashboard's files (index.html, app.js, app.css) */
     const char *chart_root; /* the chart library's (Debian's libjs-dygraphs) */
+    const char *state_dir;  /* where state.db is: its size for GET /metrics; NULL: not shown */
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a

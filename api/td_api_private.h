@@ -4,6 +4,7 @@
  *   td_api_checkpoint.c  checkpoint listings, files with Range, and whole checkpoints as tar
  *   td_api_files.c       a job's files between its master and its nodes (cluster secret)
  *   td_api_web.c         the dashboard's files and browser sessions (cookie and CSRF token)
+ *   td_api_metrics.c     GET /metrics for Prometheus, and the HTTP figures it shows
  * Every reply goes out through td_api_respond, so each carries its content type and headers the
  * same way, and every error is td_api_error's JSON object. */
 #ifndef TD_API_PRIVATE_H
@@ -13,6 +14,7 @@
 
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -21,6 +23,29 @@ typedef struct td_api_session {
     char id[65], csrf[65];
     double last_used; /* monotonic */
 } td_api_session;
+
+/* Requests answered with one route, method and status: a count and latency histogram. */
+#define TD_API_BUCKETS    12
+#define TD_API_SERIES_MAX 512 /* route × method × status seen; beyond, not counted */
+typedef struct td_api_series {
+    const char *route; /* a route's pattern ("/v1/jobs/{id}/events"): a static string */
+    char method[12];
+    unsigned status;
+    unsigned long long count, buckets[TD_API_BUCKETS];
+    double sum;
+} td_api_series;
+
+typedef struct td_api_stats {
+    pthread_mutex_t mu;
+    td_api_series *series;
+    int n, cap;
+    atomic_long sse_clients; /* event streams open now */
+} td_api_stats;
+
+void td_api_stats_init(td_api_stats *s);
+void td_api_stats_free(td_api_stats *s);
+void td_api_stats_request(td_api_stats *s, const char *route, const char *method, unsigned status,
+                          double seconds);
 
 struct td_api {
     td_api_config cfg;
@@ -32,7 +57,11 @@ struct td_api {
     td_jobs *jobs;
     struct MHD_Daemon *daemon;
     int port;
+    td_api_stats stats;
 };
+
+/* GET /metrics (td_api_metrics.c). */
+enum MHD_Result td_api_metrics(td_api *api, struct MHD_Connection *c);
 
 extern const char TD_API_JSON[]; /* "application/json" */
 

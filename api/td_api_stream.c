@@ -26,7 +26,8 @@ size_t td_api_pending_take(td_api_pending *p, char *buf, size_t max) {
 
 typedef struct stream {
     td_jobs *jobs;
-    long id, sent; /* the last event id written */
+    atomic_long *open; /* the API's count of open streams */
+    long id, sent;     /* the last event id written */
     td_api_pending out;
     bool done;
 } stream;
@@ -62,6 +63,7 @@ static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void free_stream(void *cls) {
     stream *s = cls;
+    if (s->open) atomic_fetch_sub(s->open, 1);
     td_buf_free(&s->out.buf);
     free(s);
 }
@@ -79,6 +81,8 @@ enum MHD_Result td_api_events(td_api *api, struct MHD_Connection *c, long id) {
     s->jobs = api->jobs;
     s->id = id;
     s->sent = after;
+    s->open = &api->stats.sse_clients;
+    atomic_fetch_add(s->open, 1);
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, read_events, s, free_stream);
     if (!r) free_stream(s);

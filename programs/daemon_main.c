@@ -609,7 +609,8 @@ static int serve(const options *o, const char *state, const char *host, int list
                         .cluster = cluster,
                         .master = o->join[0] ? o->join : NULL,
                         .web_root = o->web_root,
-                        .chart_root = TRAIND_CHART_ROOT};
+                        .chart_root = TRAIND_CHART_ROOT,
+                        .state_dir = state};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
     fprintf(stderr, "traind: %d %s slot%s; state in %s; worker %s\n", slots,
             gpus > 0 ? "GPU" : "CPU", slots == 1 ? "" : "s", state, o->worker);

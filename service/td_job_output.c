@@ -136,6 +136,7 @@ void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_l
         jb->latest_eval = json_incref(o);
     }
     bool metric = strcmp(type, TD_EVENT_CHECKPOINT) != 0;
+    if (metric) jb->last_metric_at = td_clock_wall();
     /* kept as written unless it changed or holds a CR (which would break an SSE record) */
     bool raw = !changed && !memchr(line, '\r', n);
     td_jobs_emit(j, jb, type, o, raw ? line : NULL, step, metric, ckpt, size);

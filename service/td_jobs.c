@@ -409,6 +409,88 @@ json_t *td_jobs_gpu_users(td_jobs *j) {
     return users;
 }
 
+/* A job's labels: its id and name, escaped as the format wants. */
+static void job_labels(td_buf *out, const job *jb) {
+    td_buf_printf(out, "{job=\"%ld\",name=\"", jb->row.id);
+    for (const char *p = jb->row.name; *p; p++) {
+        if (*p == '\\' || *p == '"')
+            td_buf_printf(out, "\\%c", *p);
+        else if (*p == '\n')
+            td_buf_puts(out, "\\n");
+        else
+            td_buf_append(out, p, 1);
+    }
+    td_buf_puts(out, "\"}");
+}
+
+/* A running job's figure from its latest train line, when it has that member as a number. */
+static void job_gauge(td_buf *out, const job *jb, const char *metric, const char *member) {
+    json_t *v = json_object_get(jb->latest_train, member);
+    if (!json_is_number(v)) return;
+    td_buf_puts(out, metric);
+    job_labels(out, jb);
+    td_buf_printf(out, " %.9g\n", json_number_value(v));
+}
+
+void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
+    pthread_mutex_lock(&j->mu);
+    int by_state[N_STATES] = {0}, queued = 0;
+    long long restarts = 0;
+    double oldest = 0;
+    for (int i = 0; i < j->n_jobs; i++) {
+        const job *jb = j->jobs[i];
+        by_state[jb->state]++;
+        restarts += jb->row.restarts;
+        if (jb->state == QUEUED) {
+            queued++;
+            if (jb->row.created_at > 0 && now - jb->row.created_at > oldest)
+                oldest = now - jb->row.created_at;
+        }
+    }
+    td_buf_puts(out, "# HELP traind_jobs Jobs by state.\n# TYPE traind_jobs gauge\n");
+    for (int s = 0; s < N_STATES; s++)
+        td_buf_printf(out, "traind_jobs{state=\"%s\"} %d\n", td_jobs_state_names[s], by_state[s]);
+    td_buf_printf(out,
+                  "# HELP traind_queue_length Jobs waiting to start.\n"
+                  "# TYPE traind_queue_length gauge\ntraind_queue_length %d\n"
+                  "# HELP traind_queue_oldest_wait_seconds How long the longest-waiting job has "
+                  "waited (0: none waits).\n# TYPE traind_queue_oldest_wait_seconds gauge\n"
+                  "traind_queue_oldest_wait_seconds %.3f\n"
+                  "# HELP traind_job_restarts_total Restarts of every job this daemon knows.\n"
+                  "# TYPE traind_job_restarts_total counter\ntraind_job_restarts_total %lld\n",
+                  queued, oldest, restarts);
+    static const char *const GAUGES[][3] = {
+        {"traind_job_step", "step", "The step of a running job's latest metric."},
+        {"traind_job_loss", "loss", "A running job's latest training loss."},
+        {"traind_job_samples_per_second", "samples_per_s",
+         "A running job's training throughput (its latest train line)."}};
+    for (int g = 0; g < 3; g++) {
+        td_buf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n", GAUGES[g][0], GAUGES[g][2],
+                      GAUGES[g][0]);
+        for (int i = 0; i < j->n_jobs; i++) {
+            const job *jb = j->jobs[i];
+            if (jb->state != RUNNING) continue;
+            if (g == 0) {
+                td_buf_puts(out, GAUGES[g][0]);
+                job_labels(out, jb);
+                td_buf_printf(out, " %ld\n", jb->last_step);
+            } else {
+                job_gauge(out, jb, GAUGES[g][0], GAUGES[g][1]);
+            }
+        }
+    }
+    td_buf_puts(out, "# HELP traind_job_last_metric_age_seconds Since a running job's latest "
+                     "metric arrived.\n# TYPE traind_job_last_metric_age_seconds gauge\n");
+    for (int i = 0; i < j->n_jobs; i++) {
+        const job *jb = j->jobs[i];
+        if (jb->state != RUNNING || jb->last_metric_at <= 0) continue;
+        td_buf_puts(out, "traind_job_last_metric_age_seconds");
+        job_labels(out, jb);
+        td_buf_printf(out, " %.3f\n", now - jb->last_metric_at);
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
 int td_jobs_slots_used(td_jobs *j) {
     pthread_mutex_lock(&j->mu);
     int used = j->used_slots;

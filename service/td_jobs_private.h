@@ -39,9 +39,10 @@ typedef struct job {
     int n_attempts, cap_attempts;
     json_t *latest_train, *latest_eval;
     int n_checkpoints;
-    long last_step;  /* of rank 0's latest event with a step; given to events without one */
-    long ckpt_step;  /* the latest registered checkpoint's step, -1: none */
-    char *ckpt_path; /* and where it is (NULL: none) */
+    long last_step;        /* of rank 0's latest event with a step; given to events without one */
+    double last_metric_at; /* wall clock of rank 0's latest metric in this daemon's life; 0: none */
+    long ckpt_step;        /* the latest registered checkpoint's step, -1: none */
+    char *ckpt_path;       /* and where it is (NULL: none) */
     char dir[PATH_MAX];
     char **argv, **env;      /* what an attempt runs */
     char local_rank_arg[16]; /* a command's --local_rank option (td_launch_config); "": none */

@@ -240,6 +240,13 @@ function jobPage(id) {
     later();
   }
 
+  const cancel = el("button", { class: "danger", id: "cancel", type: "button", disabled: true,
+    onclick: async () => {
+      if (!confirm(`Cancel job ${id} (${job.name})? Its processes are stopped on every node.`)) return;
+      try { await api("POST", `/v1/jobs/${id}/cancel`); loadJob(); }
+      catch (e) { error.hidden = false; error.textContent = e.message; }
+    } }, "Cancel job");
+
   async function loadJob() { // one at a time, the latest wins: replays bring many events
     if (loading) { again = true; return; }
     loading = true;
@@ -254,12 +261,7 @@ function jobPage(id) {
     }
     if (left) return;
     const final = ["succeeded", "failed", "cancelled"].includes(job.state);
-    const cancel = el("button", { class: "danger", id: "cancel", type: "button", disabled: final,
-      onclick: async () => {
-        if (!confirm(`Cancel job ${id} (${job.name})? Its processes are stopped on every node.`)) return;
-        try { await api("POST", `/v1/jobs/${id}/cancel`); loadJob(); }
-        catch (e) { error.hidden = false; error.textContent = e.message; }
-      } }, "Cancel job");
+    cancel.disabled = final; // the same button throughout: a click never lands on a replaced one
     head.replaceChildren(el("h1", {}, `Job ${job.id}: ${job.name}`), stateBadge(job.state), cancel);
     head.querySelector(".state").id = "job-state";
     const t = (job.latest && job.latest.train) || {};

@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""GET /metrics against a real traind: Prometheus's own checker (promtool check metrics) accepts
+it, and its values are the API's: jobs by state and the queue, a running job's step, loss and
+throughput, the node's slots and GPUs, requests by route and status, open event streams, the
+database's size. Without the token it is refused like any route.
+
+    /usr/bin/python3 tests/integration/prometheus_test.py TRAIND SOURCE_DIR"""
+import os
+import subprocess
+import sys
+import unittest
+
+from prometheus_client.parser import text_string_to_metric_families
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import daemon_test  # noqa: E402
+
+
+def samples(text):
+    """{(name, frozenset(labels)): value} of every sample."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(got, metric, **labels):
+    return got.get((metric, frozenset(labels.items())))
+
+
+class PrometheusTest(daemon_test.DaemonTest):
+    def scrape(self, d):
+        status, headers, body = d.request("GET", "/metrics")
+        self.assertEqual(status, 200, body)
+        self.assertTrue(headers["content-type"].startswith("text/plain; version=0.0.4"))
+        text = body.decode()
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                               capture_output=True)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr + text)
+        return text, samples(text)
+
+    def test_metrics_match_the_api(self):
+        d = self.start_daemon("--gpus", "0,1,2")
+        gate = os.path.join(d.state_dir, "gate")
+        # a job that prints one train line and waits; a second that waits for the first's GPUs
+        line = ('{"event": "train", "step": 42, "loss": 0.125, "samples_per_s": 900.5}')
+        hold = ["/bin/sh", "-c", f"echo '{line}'; while [ ! -e \"$0\" ]; do sleep 0.05; done",
+                gate]
+        status, _, a = d.json("POST", "/v1/jobs", {"name": 'a "quoted" name', "command": hold,
+                                                   "resources": {"nproc": 2}})
+        self.assertEqual(status, 201, a)
+        status, _, b = d.json("POST", "/v1/jobs", {"name": "b", "command": hold,
+                                                   "resources": {"nproc": 2}})
+        self.assertEqual(status, 201, b)
+        self.assertEqual(d.request("GET", "/v1/jobs/999")[0], 404)
+        stream = d.events(a["id"])
+        self.addCleanup(stream.close)
+        stream.until(lambda e: e.event == "train", "job a's train line")
+
+        text, got = self.scrape(d)
+        jobs = d.json("GET", "/v1/jobs")[2]["jobs"]
+        for state in ("queued", "running", "succeeded", "failed", "cancelled", "restarting"):
+            self.assertEqual(value(got, "traind_jobs", state=state),
+                             len([j for j in jobs if j["state"] == state]), state)
+        self.assertEqual(value(got, "traind_queue_length"), 1)
+        self.assertGreater(value(got, "traind_queue_oldest_wait_seconds"), 0)
+        job = d.json("GET", f"/v1/jobs/{a['id']}")[2]
+        labels = {"job": str(a["id"]), "name": 'a "quoted" name'}
+        self.assertEqual(value(got, "traind_job_step", **labels), job["latest"]["train"]["step"])
+        self.assertEqual(value(got, "traind_job_loss", **labels), job["latest"]["train"]["loss"])
+        self.assertEqual(value(got, "traind_job_samples_per_second", **labels), 900.5)
+        self.assertGreaterEqual(value(got, "traind_job_last_metric_age_seconds", **labels), 0)
+        node = d.json("GET", "/v1/nodes")[2]["nodes"][0]
+        self.assertEqual(value(got, "traind_node_slots", node=node["name"]), node["slots"]["total"])
+        self.assertEqual(value(got, "traind_node_slots_used", node=node["name"]), 2)
+        self.assertEqual(value(got, "traind_node_gpus", node=node["name"]), 3)
+        self.assertEqual(value(got, "traind_node_state", node=node["name"], state="ready"), 1)
+        self.assertEqual(value(got, "traind_sse_clients"), 1)
+        self.assertEqual(value(got, "traind_http_requests_total", route="/v1/jobs", method="POST",
+                               code="201"), 2)
+        self.assertEqual(value(got, "traind_http_requests_total", route="/v1/jobs/{id}",
+                               method="GET", code="404"), 1)
+        self.assertEqual(value(got, "traind_http_request_duration_seconds_count",
+                               route="/v1/jobs", method="POST"), 2)
+        db = sum(os.path.getsize(os.path.join(d.state_dir, f))
+                 for f in ("state.db", "state.db-wal")
+                 if os.path.exists(os.path.join(d.state_dir, f)))
+        self.assertGreater(value(got, "traind_database_bytes"), 0)
+        self.assertLessEqual(value(got, "traind_database_bytes"), db)
+
+        stream.close()  # the stream's end is counted once the server sees the client gone
+        open(gate, "w").close()
+        for jid in (a["id"], b["id"]):
+            self.assertEqual(d.follow(jid)[-1].data["state"], "succeeded")
+        _, got = self.scrape(d)
+        self.assertEqual(value(got, "traind_jobs", state="succeeded"), 2)
+        self.assertEqual(value(got, "traind_queue_length"), 0)
+        self.assertIsNone(value(got, "traind_job_step", **labels), "only running jobs")
+        # d.follow's streams ended with their jobs; a's own was closed by the client
+        daemon_test.wait_for(lambda: value(self.scrape(d)[1], "traind_sse_clients") == 0,
+                             "every event stream to be counted closed")
+        status, _, _ = d.request("GET", "/metrics", token=False)
+        self.assertEqual(status, 401)
+
+
+def main():
+    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
+    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    suite = unittest.TestSuite([PrometheusTest("test_metrics_match_the_api")])
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
