@@ -21,9 +21,9 @@ const char TD_API_JSON[] = "application/json";
 
 /* One request's state across libmicrohttpd's calls: the body arrives in pieces. */
 typedef struct request {
-    const char *route; /* the route's pattern, for GET /metrics; NULL: none matched */
-    double started;    /* monotonic, when the headers were in */
-    char method[12];   /* as the client sent it (cut) */
+    const char *route;  /* the route's pattern, for GET /metrics; NULL: none matched */
+    double started;     /* monotonic, when the headers were in */
+    const char *method; /* one of METHODS: a client may send any string as its method */
     td_buf body;
     bool too_large;
     td_api_upload *upload; /* PUT /v1/cluster/files/...: streamed to a file, not kept */
@@ -374,6 +374,16 @@ static const route ROUTES[] = {
     {"/metrics", "GET", prometheus, false, false},
 };
 
+static const route JOB_ROUTES[] = {
+    {"", "GET, DELETE", job, false, false},
+    {"/cancel", "POST", cancel, false, false},
+    {"/metrics", "GET", metrics, false, false},
+    {"/events", "GET", events, false, false},
+    {"/logs", "GET", logs, false, false},
+    {"/checkpoints", "GET", checkpoints, false, false},
+    {"/checkpoints/", "GET", checkpoint, true, false},
+};
+
 /* The pattern GET /metrics counts a request under: one per route, whatever its ids. */
 static const char *route_label(const route *table, const route *r) {
     static const char *const TOP[] = {"/v1/health",
@@ -395,18 +405,12 @@ static const char *route_label(const route *table, const route *r) {
                                       "/v1/jobs/{id}/logs",
                                       "/v1/jobs/{id}/checkpoints",
                                       "/v1/jobs/{id}/checkpoints/{file}"};
+    _Static_assert(sizeof TOP / sizeof TOP[0] == sizeof ROUTES / sizeof ROUTES[0],
+                   "a label for each route, in the route table's order");
+    _Static_assert(sizeof JOB / sizeof JOB[0] == sizeof JOB_ROUTES / sizeof JOB_ROUTES[0],
+                   "a label for each job route, in the table's order");
     return table == ROUTES ? TOP[r - ROUTES] : JOB[r - table];
 }
-
-static const route JOB_ROUTES[] = {
-    {"", "GET, DELETE", job, false, false},
-    {"/cancel", "POST", cancel, false, false},
-    {"/metrics", "GET", metrics, false, false},
-    {"/events", "GET", events, false, false},
-    {"/logs", "GET", logs, false, false},
-    {"/checkpoints", "GET", checkpoints, false, false},
-    {"/checkpoints/", "GET", checkpoint, true, false},
-};
 
 static const route *find_route(const route *table, size_t n, const char *path, const char **tail) {
     for (size_t i = 0; i < n; i++) {
@@ -478,6 +482,16 @@ static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, cons
 
 /* ---- the server ------------------------------------------------------------------------------ */
 
+/* The method as GET /metrics counts it: the ones HTTP defines, or "other", so that what a client
+ * makes up can neither add series nor put bytes that are not UTF-8 into a label. */
+static const char *method_label(const char *method) {
+    static const char *const METHODS[] = {"GET",     "HEAD",    "POST",  "PUT",  "DELETE",
+                                          "CONNECT", "OPTIONS", "TRACE", "PATCH"};
+    for (size_t i = 0; i < sizeof METHODS / sizeof METHODS[0]; i++)
+        if (strcmp(method, METHODS[i]) == 0) return METHODS[i];
+    return "other";
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_size, void **con_cls) {
@@ -487,7 +501,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!rq) { /* headers are in; the body, if any, comes in the next calls */
         rq = td_calloc(1, sizeof *rq);
         rq->started = td_clock_now();
-        snprintf(rq->method, sizeof rq->method, "%s", method);
+        rq->method = method_label(method);
+        if (td_api_is_file_upload(url, method)) rq->route = "/v1/cluster/files/{path}";
         *con_cls = rq;
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);

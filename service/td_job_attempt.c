@@ -287,6 +287,7 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         td_jobs_finish(j, jb, SUCCEEDED, 0, "");
     } else if (jb->row.restarts < jb->row.max_restarts) {
         jb->row.restarts++;
+        j->restarts_total++;
         td_jobs_set_state(jb, RESTARTING);
         char note[256];
         td_jobs_resume_note(jb, note, sizeof note);

@@ -435,12 +435,10 @@ static void job_gauge(td_buf *out, const job *jb, const char *metric, const char
 void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
     pthread_mutex_lock(&j->mu);
     int by_state[N_STATES] = {0}, queued = 0;
-    long long restarts = 0;
     double oldest = 0;
     for (int i = 0; i < j->n_jobs; i++) {
         const job *jb = j->jobs[i];
         by_state[jb->state]++;
-        restarts += jb->row.restarts;
         if (jb->state == QUEUED) {
             queued++;
             if (jb->row.created_at > 0 && now - jb->row.created_at > oldest)
@@ -456,9 +454,10 @@ void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
                   "# HELP traind_queue_oldest_wait_seconds How long the longest-waiting job has "
                   "waited (0: none waits).\n# TYPE traind_queue_oldest_wait_seconds gauge\n"
                   "traind_queue_oldest_wait_seconds %.3f\n"
-                  "# HELP traind_job_restarts_total Restarts of every job this daemon knows.\n"
+                  "# HELP traind_job_restarts_total Attempts restarted since this daemon "
+                  "started (a counter: deleting a job does not lower it).\n"
                   "# TYPE traind_job_restarts_total counter\ntraind_job_restarts_total %lld\n",
-                  queued, oldest, restarts);
+                  queued, oldest, j->restarts_total);
     static const char *const GAUGES[][3] = {
         {"traind_job_step", "step", "The step of a running job's latest metric."},
         {"traind_job_loss", "loss", "A running job's latest training loss."},

@@ -80,8 +80,8 @@ void td_jobs_set_draining(td_jobs *j, bool draining);
  * "ranks": [the global ranks that process stands for]}}}, from the jobs' placements. */
 json_t *td_jobs_gpu_users(td_jobs *j);
 /* The jobs' part of GET /metrics in Prometheus's text format: jobs by state, the queue (length,
- * longest wait), restarts, and for each running job its step, loss, samples/s and the age of
- * its latest metric (now: wall-clock seconds). */
+ * longest wait), restarts since the daemon started, and for each running job its step, loss,
+ * samples/s and the age of its latest metric (now: wall-clock seconds). */
 void td_jobs_prometheus(td_jobs *j, double now, td_buf *out);
 int td_jobs_slots_used(td_jobs *j);
 

@@ -132,6 +132,7 @@ struct td_jobs {
     job **jobs;             /* by id, ascending */
     int n_jobs, cap_jobs;
     int used_slots;
+    long long restarts_total; /* attempts restarted since this daemon started (GET /metrics) */
     bool *gpu_used;
     int wake_fd, sig_fd;
     pthread_t thread;
