@@ -54,18 +54,6 @@ void td_api_stats_request(td_api_stats *s, const char *route, const char *method
     pthread_mutex_unlock(&s->mu);
 }
 
-/* A label value with \, " and newlines escaped, as the format wants them. */
-static void label(td_buf *out, const char *v) {
-    for (; *v; v++) {
-        if (*v == '\\' || *v == '"')
-            td_buf_printf(out, "\\%c", *v);
-        else if (*v == '\n')
-            td_buf_puts(out, "\\n");
-        else
-            td_buf_append(out, v, 1);
-    }
-}
-
 static void http_metrics(td_api_stats *s, td_buf *out) {
     td_buf_puts(out, "# HELP traind_http_requests_total HTTP requests answered, by route, method "
                      "and status.\n# TYPE traind_http_requests_total counter\n");
@@ -73,7 +61,7 @@ static void http_metrics(td_api_stats *s, td_buf *out) {
     for (int i = 0; i < s->n; i++) {
         const td_api_series *x = &s->series[i];
         td_buf_printf(out, "traind_http_requests_total{route=\"%s\",method=\"", x->route);
-        label(out, x->method);
+        td_buf_label_value(out, x->method);
         td_buf_printf(out, "\",code=\"%u\"} %llu\n", x->status, x->count);
     }
     td_buf_puts(out, "# HELP traind_http_request_duration_seconds From a request's headers to its "
@@ -98,7 +86,7 @@ static void http_metrics(td_api_stats *s, td_buf *out) {
         }
         td_buf lab = {0};
         td_buf_printf(&lab, "route=\"%s\",method=\"", x->route);
-        label(&lab, x->method);
+        td_buf_label_value(&lab, x->method);
         td_buf_puts(&lab, "\"");
         for (int b = 0; b < TD_API_BUCKETS; b++)
             td_buf_printf(out, "traind_http_request_duration_seconds_bucket{%s,le=\"%g\"} %llu\n",
@@ -127,21 +115,19 @@ static void node_metrics(td_api *api, td_buf *out) {
     json_t *nodes = json_object_get(o, "nodes"), *n;
     size_t i;
     static const char *const STATES[] = {"ready", "draining", "lost"};
-    td_buf_puts(out, "# HELP traind_node_slots A node's slots (GPUs, or CPU slots).\n"
-                     "# TYPE traind_node_slots gauge\n");
-    json_array_foreach(nodes, i, n) {
-        json_t *slots = json_object_get(n, "slots");
-        const char *name = json_string_value(json_object_get(n, "name"));
-        td_buf_printf(out, "traind_node_slots{node=\"%s\"} %lld\n", name ? name : "",
-                      (long long)json_integer_value(json_object_get(slots, "total")));
-    }
-    td_buf_puts(out, "# HELP traind_node_slots_used The slots a node's jobs hold.\n"
-                     "# TYPE traind_node_slots_used gauge\n");
-    json_array_foreach(nodes, i, n) {
-        json_t *slots = json_object_get(n, "slots");
-        const char *name = json_string_value(json_object_get(n, "name"));
-        td_buf_printf(out, "traind_node_slots_used{node=\"%s\"} %lld\n", name ? name : "",
-                      (long long)json_integer_value(json_object_get(slots, "used")));
+    /* GET /v1/nodes's slots.total and slots.used */
+    static const char *const SLOTS[][3] = {
+        {"traind_node_slots", "total", "A node's slots (GPUs, or CPU slots)."},
+        {"traind_node_slots_used", "used", "The slots a node's jobs hold."}};
+    for (int m = 0; m < 2; m++) {
+        td_buf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n", SLOTS[m][0], SLOTS[m][2],
+                      SLOTS[m][0]);
+        json_array_foreach(nodes, i, n) {
+            const char *name = json_string_value(json_object_get(n, "name"));
+            td_buf_printf(out, "%s{node=\"%s\"} %lld\n", SLOTS[m][0], name ? name : "",
+                          (long long)json_integer_value(
+                              json_object_get(json_object_get(n, "slots"), SLOTS[m][1])));
+        }
     }
     td_buf_puts(out, "# HELP traind_node_gpus A node's GPUs.\n# TYPE traind_node_gpus gauge\n");
     json_array_foreach(nodes, i, n) {

@@ -51,3 +51,14 @@ void td_buf_free(td_buf *b) {
     free(b->data);
     *b = (td_buf){0};
 }
+
+void td_buf_label_value(td_buf *b, const char *s) {
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"')
+            td_buf_printf(b, "\\%c", *s);
+        else if (*s == '\n')
+            td_buf_puts(b, "\\n");
+        else
+            td_buf_append(b, s, 1);
+    }
+}

@@ -412,14 +412,7 @@ json_t *td_jobs_gpu_users(td_jobs *j) {
 /* A job's labels: its id and name, escaped as the format wants. */
 static void job_labels(td_buf *out, const job *jb) {
     td_buf_printf(out, "{job=\"%ld\",name=\"", jb->row.id);
-    for (const char *p = jb->row.name; *p; p++) {
-        if (*p == '\\' || *p == '"')
-            td_buf_printf(out, "\\%c", *p);
-        else if (*p == '\n')
-            td_buf_puts(out, "\\n");
-        else
-            td_buf_append(out, p, 1);
-    }
+    td_buf_label_value(out, jb->row.name);
     td_buf_puts(out, "\"}");
 }
 
