@@ -158,7 +158,8 @@ static enum MHD_Result submit(const call *k) {
     td_reply_error e;
     if (k->rq->too_large) {
         td_reply_fail(&e, 413, "body_too_large", NULL,
-                      "the request body is over the limit of %zu bytes", k->api->cfg.max_body);
+                      "the request body is over the limit of %zu bytes",
+                      atomic_load(&k->api->max_body));
         return td_api_error(k->c, &e, NULL);
     }
     td_buf out = {0};
@@ -255,6 +256,10 @@ static enum MHD_Result checkpoints(const call *k) {
 
 static enum MHD_Result checkpoint(const call *k) {
     return td_api_checkpoint(k->api, k->c, k->id, k->tail);
+}
+
+static enum MHD_Result tensorboard(const call *k) {
+    return td_api_tensorboard(k->api, k->c, k->id);
 }
 
 /* ---- the cluster ---------------------------------------------------------------------------- */
@@ -382,6 +387,7 @@ static const route JOB_ROUTES[] = {
     {"/logs", "GET", logs, false, false},
     {"/checkpoints", "GET", checkpoints, false, false},
     {"/checkpoints/", "GET", checkpoint, true, false},
+    {"/tensorboard", "GET", tensorboard, false, false},
 };
 
 /* The pattern GET /metrics counts a request under: one per route, whatever its ids. */
@@ -404,7 +410,8 @@ static const char *route_label(const route *table, const route *r) {
                                       "/v1/jobs/{id}/events",
                                       "/v1/jobs/{id}/logs",
                                       "/v1/jobs/{id}/checkpoints",
-                                      "/v1/jobs/{id}/checkpoints/{file}"};
+                                      "/v1/jobs/{id}/checkpoints/{file}",
+                                      "/v1/jobs/{id}/tensorboard"};
     _Static_assert(sizeof TOP / sizeof TOP[0] == sizeof ROUTES / sizeof ROUTES[0],
                    "a label for each route, in the route table's order");
     _Static_assert(sizeof JOB / sizeof JOB[0] == sizeof JOB_ROUTES / sizeof JOB_ROUTES[0],
@@ -509,7 +516,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (td_api_is_file_upload(url, method)) {
             rq->upload = td_calloc(1, sizeof *rq->upload);
             td_api_upload_begin(api, c, url, rq->upload);
-        } else if (cl && strtoull(cl, NULL, 10) > api->cfg.max_body) {
+        } else if (cl && strtoull(cl, NULL, 10) > atomic_load(&api->max_body)) {
             rq->too_large = true;
         }
         return MHD_YES;
@@ -523,7 +530,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return td_api_upload_end(c, rq->upload);
     }
     if (*upload_size) {
-        if (!rq->too_large && rq->body.len + *upload_size <= api->cfg.max_body)
+        if (!rq->too_large && rq->body.len + *upload_size <= atomic_load(&api->max_body))
             td_buf_append(&rq->body, upload, *upload_size);
         else
             rq->too_large = true; /* read and dropped: the client still gets its 413 */
@@ -586,6 +593,7 @@ int td_api_listen(const char *host, int *port, int *fd, td_err *err) {
 int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err) {
     td_api *api = td_calloc(1, sizeof *api);
     api->cfg = *cfg;
+    atomic_init(&api->max_body, cfg->max_body);
     api->jobs = jobs;
     pthread_mutex_init(&api->session_mu, NULL);
     api->sessions = td_calloc(TD_API_SESSIONS_MAX, sizeof *api->sessions);
@@ -610,6 +618,10 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
     }
     *out = api;
     return 0;
+}
+
+void td_api_set_max_body(td_api *api, size_t max_body) {
+    atomic_store(&api->max_body, max_body);
 }
 
 int td_api_port(const td_api *api) {

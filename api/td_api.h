@@ -25,6 +25,7 @@ typedef struct td_api_config {
     const char *web_root;   /* the dashboard's files (index.html, app.js, app.css) */
     const char *chart_root; /* the chart library's (Debian's libjs-dygraphs) */
     const char *state_dir;  /* where state.db is: its size for GET /metrics; NULL: not shown */
+    td_log *log;
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a
@@ -34,5 +35,7 @@ int td_api_listen(const char *host, int *port, int *fd, td_err *err);
 int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err);
 int td_api_port(const td_api *api);
 void td_api_stop(td_api *api);
+/* A reload's body limit, for the requests that begin from now on. */
+void td_api_set_max_body(td_api *api, size_t max_body);
 
 #endif

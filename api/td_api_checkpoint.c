@@ -188,6 +188,8 @@ typedef struct tar_stream {
     td_ckpt_tar *tar;
     td_api_pending out;
     bool done;
+    td_log *log;
+    long job;
 } tar_stream;
 
 static ssize_t read_tar(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -201,7 +203,8 @@ static ssize_t read_tar(void *cls, uint64_t pos, char *buf, size_t max) {
         /* a file that went away mid-download: cut the response, never a short archive that
          * looks complete (the chunked encoding then lacks its end) */
         if (td_ckpt_tar_next(s->tar, &s->out.buf, &s->done, &err) != 0) {
-            fprintf(stderr, "traind: checkpoint archive: %s\n", err.msg);
+            td_log_at(s->log, TD_LOG_WARNING, TD_LOG_JOB(s->job), "job %ld: checkpoint archive: %s",
+                      s->job, err.msg);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -216,6 +219,29 @@ static void free_tar(void *cls) {
 
 /* GET .../checkpoints/{step}.tar: the whole checkpoint as one tar, its files under the
  * checkpoint directory's name (step-00000400/model.safetensors, ...). */
+/* path (a directory or a file) streamed as a tar whose members are under top; what names it in
+ * a 404 when it went away. */
+static enum MHD_Result send_tar(td_api *api, struct MHD_Connection *c, long id, const char *path,
+                                const char *top, const char *what, const char *filename) {
+    tar_stream *s = td_calloc(1, sizeof *s);
+    s->log = api->cfg.log;
+    s->job = id;
+    td_err err = {{0}};
+    if (td_ckpt_tar_open(&s->tar, path, top, &err) != 0) {
+        free(s);
+        td_reply_error e;
+        td_reply_fail(&e, 404, "not_found", NULL, "%s is no longer on disk (%s)", what, err.msg);
+        return td_api_error(c, &e, NULL);
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, read_tar, s, free_tar);
+    if (!r) free_tar(s);
+    char disposition[160];
+    snprintf(disposition, sizeof disposition, "attachment; filename=\"%s\"", filename);
+    return td_api_respond(c, MHD_HTTP_OK, r, "application/x-tar",
+                          MHD_HTTP_HEADER_CONTENT_DISPOSITION, disposition, NULL);
+}
+
 static enum MHD_Result checkpoint_tar(td_api *api, struct MHD_Connection *c, long id, long step) {
     char path[PATH_MAX];
     td_reply_error e;
@@ -226,22 +252,23 @@ static enum MHD_Result checkpoint_tar(td_api *api, struct MHD_Connection *c, lon
     const char *base = strrchr(path, '/');
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         snprintf(top, sizeof top, "%s/", base && base[1] ? base + 1 : "checkpoint");
-    tar_stream *s = td_calloc(1, sizeof *s);
-    td_err err = {{0}};
-    if (td_ckpt_tar_open(&s->tar, path, top, &err) != 0) {
-        free(s);
-        td_reply_fail(&e, 404, "not_found", NULL,
-                      "the checkpoint of step %ld is no longer on disk (%s)", step, err.msg);
+    char what[64], filename[96];
+    snprintf(what, sizeof what, "the checkpoint of step %ld", step);
+    snprintf(filename, sizeof filename, "traind-job-%ld-step-%ld.tar", id, step);
+    return send_tar(api, c, id, path, top, what, filename);
+}
+
+/* GET /v1/jobs/{id}/tensorboard: the job's event files as a tar of one directory,
+ * job-ID-tensorboard/, for `tar xf` and `tensorboard --logdir`. Of a running job it is a
+ * snapshot: each file as long as it was when the archive reached it. */
+enum MHD_Result td_api_tensorboard(td_api *api, struct MHD_Connection *c, long id) {
+    char path[PATH_MAX], top[64], filename[96];
+    td_reply_error e;
+    if (td_jobs_tensorboard_dir(api->jobs, id, path, sizeof path, &e) != 0)
         return td_api_error(c, &e, NULL);
-    }
-    struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 65536, read_tar, s, free_tar);
-    if (!r) free_tar(s);
-    char disposition[128];
-    snprintf(disposition, sizeof disposition,
-             "attachment; filename=\"traind-job-%ld-step-%ld.tar\"", id, step);
-    return td_api_respond(c, MHD_HTTP_OK, r, "application/x-tar",
-                          MHD_HTTP_HEADER_CONTENT_DISPOSITION, disposition, NULL);
+    snprintf(top, sizeof top, "job-%ld-tensorboard/", id);
+    snprintf(filename, sizeof filename, "traind-job-%ld-tensorboard.tar", id);
+    return send_tar(api, c, id, path, top, "its TensorBoard directory", filename);
 }
 
 enum MHD_Result td_api_checkpoints(td_api *api, struct MHD_Connection *c, long id) {

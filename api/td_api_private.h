@@ -58,6 +58,7 @@ struct td_api {
     struct MHD_Daemon *daemon;
     int port;
     td_api_stats stats;
+    atomic_size_t max_body; /* cfg.max_body, then what a reload sets (td_api_set_max_body) */
 };
 
 /* GET /metrics (td_api_metrics.c). */
@@ -97,6 +98,7 @@ enum MHD_Result td_api_logs(td_api *api, struct MHD_Connection *c, long id);
 /* GET /v1/jobs/{id}/checkpoints and .../checkpoints/{tail} (td_api_checkpoint.c) */
 enum MHD_Result td_api_checkpoints(td_api *api, struct MHD_Connection *c, long id);
 enum MHD_Result td_api_checkpoint(td_api *api, struct MHD_Connection *c, long id, const char *tail);
+enum MHD_Result td_api_tensorboard(td_api *api, struct MHD_Connection *c, long id);
 
 /* Node-to-node files of a job (td_api_files.c): an upload streams through begin, chunk and end
  * (abandon drops it when the connection ends first). */

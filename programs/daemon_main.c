@@ -10,6 +10,10 @@
 #include "service/td_db.h"
 #include "service/td_gpus.h"
 #include "service/td_jobs.h"
+#include "service/td_log.h"
+
+#include "core/td_clock.h"
+#include "daemon_config.h"
 
 #include <errno.h>
 #include <curl/curl.h>
@@ -25,236 +29,27 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#define TRAIND_VERSION "0.1.0"
-#define MAX_ROOTS      16
+#define MAX_ROOTS DAEMON_MAX_ROOTS
 
-typedef struct options {
-    char listen[256];
-    char state_dir[PATH_MAX];
-    char worker[PATH_MAX];
-    int slots; /* 0: the core count */
-    double grace_s;
-    long max_body;
-    char roots[MAX_ROOTS][PATH_MAX];
-    int n_roots; /* 0: the defaults */
-    /* the cluster */
-    char join[256];                /* "": this traind is a master */
-    char secret_file[PATH_MAX];    /* "": a master that accepts no agents */
-    char node_name[64];            /* "": the hostname */
-    char advertise[64];            /* "": the listen address (master) or the route (agent) */
-    double heartbeat_s, timeout_s; /* a master's: what agents keep, when they are lost */
-    char web_root[PATH_MAX];       /* the dashboard's files; "": TRAIND_WEB_ROOT */
-    td_node_gpu gpus[TD_GPUS_MAX]; /* declared (--gpus, "gpus"); n_gpus 0: discovered */
-    int n_gpus;
-} options;
+/* Where start-up errors go once the log is open (in its format: a log shipper reading JSON gets
+ * them as JSON too); before that, stderr as text. The program's, not a library's. */
+static td_log *fatal_log;
 
-/* Indexes of have[]: what the command line gave, which the config file must not override. */
-enum {
-    HAVE_LISTEN,
-    HAVE_STATE,
-    HAVE_SLOTS,
-    HAVE_GRACE,
-    HAVE_BODY,
-    HAVE_WORKER,
-    HAVE_ROOTS,
-    HAVE_JOIN,
-    HAVE_SECRET,
-    HAVE_NAME,
-    HAVE_ADVERTISE,
-    HAVE_HEARTBEAT,
-    HAVE_TIMEOUT,
-    HAVE_GPUS,
-    HAVE_WEB,
-    HAVE_COUNT
-};
-
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: traind [--listen ADDR:PORT] [--state-dir DIR] [--config FILE]\n"
-            "              [--slots N] [--data-root DIR]... [--grace S] [--max-body BYTES]\n"
-            "              [--worker PATH] [--cluster-secret-file FILE] [--join ADDR:PORT]\n"
-            "              [--node-name NAME] [--advertise ADDR] [--heartbeat S]\n"
-            "              [--node-timeout S] [--gpus LIST] [--web-root DIR]\n"
-            "\n"
-            "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
-            "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
-            "\n"
-            "  --listen ADDR:PORT  where to serve (default 127.0.0.1:8470; port 0: any free\n"
-            "                      port). Loopback by default: put a TLS proxy in front to\n"
-            "                      serve other hosts.\n"
-            "  --state-dir DIR     jobs, logs, checkpoints, the database (state.db) and the API\n"
-            "                      token (default: $STATE_DIRECTORY, /var/lib/traind for root,\n"
-            "                      else $XDG_STATE_HOME/traind or ~/.local/state/traind)\n"
-            "  --config FILE       a JSON object with any of: listen, state_dir, slots,\n"
-            "                      data_roots (array), grace_s, max_body_bytes, worker,\n"
-            "                      web_root,\n"
-            "                      join, cluster_secret_file, node_name, advertise,\n"
-            "                      heartbeat_s, node_timeout_s, gpus (an array of\n"
-            "                      ordinals or of {\"index\", \"name\", \"memory_gib\"});\n"
-            "                      command-line options override it\n"
-            "  --slots N           job processes at once when there is no GPU (default: the\n"
-            "                      core count); with GPUs, one slot per GPU\n"
-            "  --gpus LIST         the GPUs jobs may use, as CUDA ordinals (e.g. 0,1,2,3)\n"
-            "                      instead of every one the driver finds; on a machine\n"
-            "                      without GPUs, declared ones are placed as if they were\n"
-            "                      there (each process gets its CUDA_VISIBLE_DEVICES)\n"
-            "  --data-root DIR     a directory job specs may read from (repeatable; default\n"
-            "                      /usr/share/datasets); the state directory always is one\n"
-            "  --grace S           seconds between SIGTERM and SIGKILL when stopping a job\n"
-            "                      (default 10)\n"
-            "  --max-body BYTES    the largest request body (default 1048576)\n"
-            "  --worker PATH       traind-worker (default: next to traind)\n"
-            "  --web-root DIR      the dashboard's files, served at / (default:\n"
-            "                      PREFIX/share/traind/web when installed, else " TRAIND_WEB_ROOT
-            ")\n"
-            "\n"
-            "A cluster: one traind is the master (the default), the others join it.\n"
-            "  --cluster-secret-file FILE  the cluster's shared secret (the same file on\n"
-            "                      every node, mode 0600); a master without one accepts no\n"
-            "                      agents\n"
-            "  --join ADDR:PORT    become an agent of the master serving there\n"
-            "  --node-name NAME    this node's name in the cluster (default: the hostname)\n"
-            "  --advertise ADDR    the address other nodes reach this one at (default: the\n"
-            "                      --listen address on a master, on an agent the address it\n"
-            "                      reaches the master from)\n"
-            "  --heartbeat S       (master) seconds between agents' heartbeats (default 2)\n"
-            "  --node-timeout S    (master) seconds of silence before a node is lost\n"
-            "                      (default 10)\n"
-            "\n"
-            "On its first start traind writes a random API token to STATE_DIR/token (mode\n"
-            "0600; it is never printed); every endpoint but GET /v1/health needs\n"
-            "\"Authorization: Bearer TOKEN\". Once it serves it prints\n"
-            "\"traind: listening on http://ADDR:PORT\" to stderr. SIGTERM or SIGINT stops it;\n"
-            "running jobs resume from their latest checkpoints at the next start.\n"
-            "One traind per state directory (it holds a lock on STATE_DIR/traind.pid) and per\n"
-            "address: a second one on either exits with status 1 and touches nothing.\n");
-}
-
-/* A start-up error: "traind: " and the message on stderr, exit status 2. */
+/* A start-up error: the message as an error line, exit status 2. */
 __attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...) {
+    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "traind: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    exit(2);
-}
-
-static long number(const char *what, const char *v, long min, long max) {
-    long x;
-    if (!td_parse_long(v, min, max, &x))
-        die("%s \"%s\": expected an integer in [%ld, %ld]", what, v, min, max);
-    return x;
-}
-
-static double seconds(const char *what, const char *v, double min, double max) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x >= min && x <= max))
-        die("%s \"%s\": expected seconds in [%g, %g]", what, v, min, max);
-    return x;
-}
-
-/* The config file: a JSON object whose members default what the command line did not give
- * (have[]); read with the JSON kit, so an error names the member ("traind: /etc/traind.json:
- * slots: expected an integer in [1, 4096], found 0"). */
-static void read_config(options *o, const char *path, bool *have) {
-    static const char *const KEYS[] = {"listen",
-                                       "state_dir",
-                                       "slots",
-                                       "data_roots",
-                                       "grace_s",
-                                       "max_body_bytes",
-                                       "worker",
-                                       "join",
-                                       "cluster_secret_file",
-                                       "node_name",
-                                       "advertise",
-                                       "heartbeat_s",
-                                       "node_timeout_s",
-                                       "gpus",
-                                       "web_root",
-                                       NULL};
-    json_error_t je;
-    json_t *c = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!c) die("%s:%d:%d: %s", path, je.line, je.column, je.text);
-    if (!json_is_object(c)) die("%s: expected a JSON object", path);
-    td_err err = {{0}};
-    long slots = o->slots, body = o->max_body;
-    double grace = o->grace_s;
-    options f = *o;
-    json_t *roots = NULL;
-    if (td_json_check_keys(c, "", KEYS, &err) != 0 ||
-        td_json_string(c, "", "listen", false, o->listen, f.listen, sizeof f.listen, &err) != 0 ||
-        td_json_string(c, "", "state_dir", false, o->state_dir, f.state_dir, sizeof f.state_dir,
-                       &err) != 0 ||
-        td_json_string(c, "", "worker", false, o->worker, f.worker, sizeof f.worker, &err) != 0 ||
-        td_json_string(c, "", "web_root", false, o->web_root, f.web_root, sizeof f.web_root,
-                       &err) != 0 ||
-        td_json_int(c, "", "slots", false, o->slots, 1, 4096, &slots, &err) != 0 ||
-        td_json_number(c, "", "grace_s", false, o->grace_s, 0, 3600, &grace, &err) != 0 ||
-        td_json_int(c, "", "max_body_bytes", false, o->max_body, 1, 1L << 30, &body, &err) != 0 ||
-        td_json_string(c, "", "join", false, o->join, f.join, sizeof f.join, &err) != 0 ||
-        td_json_string(c, "", "cluster_secret_file", false, o->secret_file, f.secret_file,
-                       sizeof f.secret_file, &err) != 0 ||
-        td_json_string(c, "", "node_name", false, o->node_name, f.node_name, sizeof f.node_name,
-                       &err) != 0 ||
-        td_json_string(c, "", "advertise", false, o->advertise, f.advertise, sizeof f.advertise,
-                       &err) != 0 ||
-        td_json_number(c, "", "heartbeat_s", false, o->heartbeat_s, 0.1, 3600, &f.heartbeat_s,
-                       &err) != 0 ||
-        td_json_number(c, "", "node_timeout_s", false, o->timeout_s, 0.5, 86400, &f.timeout_s,
-                       &err) != 0)
-        die("%s: %s", path, err.msg);
-    roots = json_object_get(c, "data_roots");
-    if (roots && (!json_is_array(roots) || json_array_size(roots) > MAX_ROOTS))
-        die("%s: data_roots: expected an array of at most %d paths", path, MAX_ROOTS);
-    /* what the command line gave stays */
-    if (!have[HAVE_LISTEN]) snprintf(o->listen, sizeof o->listen, "%s", f.listen);
-    if (!have[HAVE_STATE]) snprintf(o->state_dir, sizeof o->state_dir, "%s", f.state_dir);
-    if (!have[HAVE_SLOTS]) o->slots = (int)slots;
-    if (!have[HAVE_GRACE]) o->grace_s = grace;
-    if (!have[HAVE_BODY]) o->max_body = body;
-    if (!have[HAVE_WORKER]) snprintf(o->worker, sizeof o->worker, "%s", f.worker);
-    if (!have[HAVE_WEB]) snprintf(o->web_root, sizeof o->web_root, "%s", f.web_root);
-    if (!have[HAVE_JOIN]) snprintf(o->join, sizeof o->join, "%s", f.join);
-    if (!have[HAVE_SECRET]) snprintf(o->secret_file, sizeof o->secret_file, "%s", f.secret_file);
-    if (!have[HAVE_NAME]) snprintf(o->node_name, sizeof o->node_name, "%s", f.node_name);
-    if (!have[HAVE_ADVERTISE]) snprintf(o->advertise, sizeof o->advertise, "%s", f.advertise);
-    if (!have[HAVE_HEARTBEAT]) o->heartbeat_s = f.heartbeat_s;
-    if (!have[HAVE_TIMEOUT]) o->timeout_s = f.timeout_s;
-    json_t *gpus = json_object_get(c, "gpus");
-    if (gpus && !have[HAVE_GPUS] &&
-        td_gpus_parse_json(gpus, "gpus", o->gpus, &o->n_gpus, &err) != 0)
-        die("%s: %s", path, err.msg);
-    for (size_t i = 0; roots && !have[HAVE_ROOTS] && i < json_array_size(roots); i++) {
-        json_t *r = json_array_get(roots, i);
-        if (!json_is_string(r)) {
-            char where[48];
-            snprintf(where, sizeof where, "data_roots[%d]", (int)i);
-            td_json_fail_found(&err, where, "a path (a string)", r);
-            die("%s: %s", path, err.msg);
-        }
-        snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", json_string_value(r));
-    }
-    json_decref(c);
-}
-
-static void default_state_dir(char *out, size_t len) {
-    const char *s = getenv("STATE_DIRECTORY"); /* systemd's StateDirectory= */
-    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
-    if (s && *s)
-        snprintf(out, len, "%s", s);
-    else if (getuid() == 0)
-        snprintf(out, len, "/var/lib/traind");
-    else if (xdg && *xdg)
-        snprintf(out, len, "%s/traind", xdg);
+    if (fatal_log)
+        td_log_error(fatal_log, "%s", msg);
     else
-        snprintf(out, len, "%s/.local/state/traind", home && *home ? home : ".");
+        fprintf(stderr, "traind: %s\n", msg);
+    exit(2);
 }
 
 /* mkdir -p with mode 0700 for the directories it creates. */
@@ -273,7 +68,8 @@ static void make_dirs(const char *path) {
 
 /* A secret's first line from the open file f (closed here): at least 16 characters, and a
  * warning when others may read the file. what names it in messages. */
-static void read_secret(FILE *f, const char *path, const char *what, char *out, size_t len) {
+static void read_secret(FILE *f, const char *path, const char *what, char *out, size_t len,
+                        td_log *log) {
     if (!fgets(out, (int)len, f)) out[0] = 0;
     fclose(f);
     out[strcspn(out, "\r\n")] = 0;
@@ -281,18 +77,18 @@ static void read_secret(FILE *f, const char *path, const char *what, char *out, 
         die("%s: the %s on its first line is shorter than 16 characters", path, what);
     struct stat st;
     if (stat(path, &st) == 0 && (st.st_mode & 077))
-        fprintf(stderr, "traind: warning: %s is readable by others (chmod 600 it)\n", path);
+        td_log_warn(log, "warning: %s is readable by others (chmod 600 it)", path);
 }
 
 /* STATE_DIR/NAME: read, or created on the first start as 32 random bytes in hex (mode 0600):
  * the API token, the node id. */
 static void load_random(const char *dir, const char *name, const char *what, char *token,
-                        size_t len) {
+                        size_t len, td_log *log) {
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "r");
     if (f) {
-        read_secret(f, path, what, token, len);
+        read_secret(f, path, what, token, len, log);
         return;
     }
     unsigned char raw[32];
@@ -307,18 +103,18 @@ static void load_random(const char *dir, const char *name, const char *what, cha
         die("cannot write %s: %s", path, strerror(errno));
     close(fd);
     /* never the token itself: under systemd stderr is the journal, which others may read */
-    fprintf(stderr, "traind: created a new %s in %s (mode 0600)%s\n", what, path,
-            strcmp(name, "token") == 0 ? "; clients read it there" : "");
+    td_log_info(log, "created a new %s in %s (mode 0600)%s", what, path,
+                strcmp(name, "token") == 0 ? "; clients read it there" : "");
 }
 
 /* The cluster secret, from --cluster-secret-file. */
-static void load_cluster_secret(const char *path, char *out, size_t len) {
+static void load_cluster_secret(const char *path, char *out, size_t len, td_log *log) {
     FILE *f = fopen(path, "r");
     if (!f)
         die("--cluster-secret-file %s: %s (every node needs the same file; make one with: head -c "
             "32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > FILE)",
             path, strerror(errno));
-    read_secret(f, path, "cluster secret", out, len);
+    read_secret(f, path, "cluster secret", out, len, log);
 }
 
 /* One daemon per state directory: an exclusive flock on STATE_DIR/traind.pid, held for the
@@ -339,11 +135,11 @@ static int lock_state_dir(const char *dir) {
         ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
         pid[n > 0 ? n : 0] = 0;
         pid[strcspn(pid, "\r\n")] = 0;
-        fprintf(stderr,
-                "traind: the state directory %s is in use by another traind (pid %s, which "
-                "holds the lock on %s); stop that daemon first, or give this one another "
-                "--state-dir\n",
-                dir, pid[0] ? pid : "unknown", path);
+        td_log_error(fatal_log,
+                     "the state directory %s is in use by another traind (pid %s, which holds "
+                     "the lock on %s); stop that daemon first, or give this one another "
+                     "--state-dir",
+                     dir, pid[0] ? pid : "unknown", path);
         exit(1);
     }
     char pid[32];
@@ -353,110 +149,14 @@ static int lock_state_dir(const char *dir) {
     return fd;
 }
 
-/* The dashboard's files: PREFIX/share/traind/web beside an installed traind (bin/), else the
- * source tree's web/ this binary was built from. */
-static void default_web_root(char *out, size_t len) {
-    char self[PATH_MAX - 64];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    snprintf(out, len, "%s", TRAIND_WEB_ROOT);
-    if (n <= 0) return;
-    self[n] = 0;
-    char *slash = strrchr(self, '/');
-    if (!slash) return;
-    *slash = 0;
-    char installed[PATH_MAX];
-    snprintf(installed, sizeof installed, "%s/../share/traind/web/index.html", self);
-    if (access(installed, R_OK) == 0) snprintf(out, len, "%s/../share/traind/web", self);
-}
-
-static void default_worker(char *out, size_t len) {
-    char self[PATH_MAX - 32];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        snprintf(out, len, "traind-worker");
-        return;
-    }
-    self[n] = 0;
-    char *slash = strrchr(self, '/');
-    *slash = 0;
-    snprintf(out, len, "%s/traind-worker", self);
-}
-
-/* The command line into o; have[] marks what it gave, so the config file fills only the rest.
- * Returns the --config path or NULL; --help, --version and a usage error end the process. */
-static const char *parse_args(int argc, char **argv, options *o, bool *have) {
-    const char *config = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            exit(0);
-        }
-        if (!strcmp(a, "--version")) {
-            printf("traind %s\n", TRAIND_VERSION);
-            exit(0);
-        }
-        if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "traind: %s: %s\n", a,
-                    strncmp(a, "--", 2) ? "unexpected argument" : "needs a value");
-            usage(stderr);
-            exit(2);
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "--listen"))
-            snprintf(o->listen, sizeof o->listen, "%s", v), have[HAVE_LISTEN] = true;
-        else if (!strcmp(a, "--state-dir"))
-            snprintf(o->state_dir, sizeof o->state_dir, "%s", v), have[HAVE_STATE] = true;
-        else if (!strcmp(a, "--slots"))
-            o->slots = (int)number("--slots", v, 1, 4096), have[HAVE_SLOTS] = true;
-        else if (!strcmp(a, "--grace"))
-            o->grace_s = (double)number("--grace", v, 0, 3600), have[HAVE_GRACE] = true;
-        else if (!strcmp(a, "--max-body"))
-            o->max_body = number("--max-body", v, 1, 1L << 30), have[HAVE_BODY] = true;
-        else if (!strcmp(a, "--worker"))
-            snprintf(o->worker, sizeof o->worker, "%s", v), have[HAVE_WORKER] = true;
-        else if (!strcmp(a, "--web-root"))
-            snprintf(o->web_root, sizeof o->web_root, "%s", v), have[HAVE_WEB] = true;
-        else if (!strcmp(a, "--data-root")) {
-            if (o->n_roots == MAX_ROOTS) die("at most %d --data-root", MAX_ROOTS);
-            snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", v);
-            have[HAVE_ROOTS] = true;
-        } else if (!strcmp(a, "--join"))
-            snprintf(o->join, sizeof o->join, "%s", v), have[HAVE_JOIN] = true;
-        else if (!strcmp(a, "--cluster-secret-file"))
-            snprintf(o->secret_file, sizeof o->secret_file, "%s", v), have[HAVE_SECRET] = true;
-        else if (!strcmp(a, "--node-name"))
-            snprintf(o->node_name, sizeof o->node_name, "%s", v), have[HAVE_NAME] = true;
-        else if (!strcmp(a, "--advertise"))
-            snprintf(o->advertise, sizeof o->advertise, "%s", v), have[HAVE_ADVERTISE] = true;
-        else if (!strcmp(a, "--heartbeat"))
-            o->heartbeat_s = seconds("--heartbeat", v, 0.1, 3600), have[HAVE_HEARTBEAT] = true;
-        else if (!strcmp(a, "--node-timeout"))
-            o->timeout_s = seconds("--node-timeout", v, 0.5, 86400), have[HAVE_TIMEOUT] = true;
-        else if (!strcmp(a, "--gpus")) {
-            td_err err = {{0}};
-            if (td_gpus_parse_list(v, o->gpus, &o->n_gpus, &err) != 0) die("%s", err.msg);
-            have[HAVE_GPUS] = true;
-        } else if (!strcmp(a, "--config"))
-            config = v;
-        else {
-            fprintf(stderr, "traind: unknown option %s\n", a);
-            usage(stderr);
-            exit(2);
-        }
-    }
-    return config;
-}
-
 /* The data roots resolved after symlinks (a missing one is skipped with a warning), then the
  * state directory, which always is one. Returns how many. */
-static int resolve_roots(const options *o, const char *state, char (*resolved)[PATH_MAX],
-                         const char **roots) {
+static int resolve_roots(const daemon_options *o, const char *state, td_log *log,
+                         char (*resolved)[PATH_MAX], const char **roots) {
     int n = 0;
     for (int i = 0; i < o->n_roots; i++) {
         if (!realpath(o->roots[i], resolved[n])) {
-            fprintf(stderr, "traind: warning: data root %s: %s (skipped)\n", o->roots[i],
-                    strerror(errno));
+            td_log_warn(log, "warning: data root %s: %s (skipped)", o->roots[i], strerror(errno));
             continue;
         }
         roots[n] = resolved[n];
@@ -468,13 +168,14 @@ static int resolve_roots(const options *o, const char *state, char (*resolved)[P
 }
 
 /* Every thread inherits this mask: children are reaped through the supervisor's signalfd, and
- * SIGTERM/SIGINT are taken by the main thread's sigwait. */
+ * SIGTERM/SIGINT/SIGHUP are taken by the main thread's sigwait. */
 static void block_signals(void) {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGCHLD);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
@@ -483,14 +184,90 @@ static void set_draining(void *jobs, bool drained) {
     td_jobs_set_draining(jobs, drained);
 }
 
+/* systemd's watchdog (WatchdogSec=): pinged from the supervisor's loop, so a supervisor that is
+ * stuck (a deadlock, a blocking call that never returns) stops the pings and systemd restarts
+ * the daemon. Half the interval between pings, as sd_watchdog_enabled(3) advises. */
+typedef struct watchdog {
+    double every_s; /* 0: no watchdog */
+    double last;    /* td_clock_now of the last ping */
+} watchdog;
+
+static void watchdog_ping(void *ctx) {
+    watchdog *w = ctx;
+    double now = td_clock_now();
+    if (now - w->last < w->every_s / 2) return;
+    w->last = now;
+    sd_notify(0, "WATCHDOG=1");
+}
+
+static td_log_level level_of(const daemon_options *o) {
+    td_log_level lv = TD_LOG_INFO;
+    td_log_level_parse(o->log_level, &lv);
+    return lv;
+}
+
+/* SIGHUP: the configuration again. What a running daemon can take (data roots, grace, body
+ * limit, logging) changes now; any other change is named and waits for a restart. */
+static void reload(daemon_options *o, int argc, char **argv, const char *state, td_log *log,
+                   td_jobs *jobs, td_api *api) {
+    sd_notify(0, "RELOADING=1\nSTATUS=reloading the configuration");
+    daemon_options *next = malloc(sizeof *next);
+    char why[1024];
+    if (!next) {
+        td_log_error(log, "reload: out of memory; the configuration is unchanged");
+    } else if (daemon_config_reload(next, argc, argv, why, sizeof why) != 0) {
+        td_log_error(log, "reload failed, the configuration is unchanged: %s", why);
+    } else {
+        int applied = 0, waiting = 0;
+        for (int i = 0; i < OPT_COUNT; i++) {
+            if (!daemon_config_changed(o, next, (daemon_option)i)) continue;
+            char was[512], now[512];
+            daemon_config_value(o, (daemon_option)i, was, sizeof was);
+            daemon_config_value(next, (daemon_option)i, now, sizeof now);
+            if (daemon_config_live((daemon_option)i)) {
+                td_log_info(log, "reload: %s is now %s (was %s)", daemon_config_key(i), now, was);
+                applied++;
+            } else {
+                td_log_warn(log,
+                            "reload: %s changed to %s, which needs a restart: it stays %s until "
+                            "then",
+                            daemon_config_key(i), now, was);
+                waiting++;
+            }
+        }
+        /* the live ones into o; the others keep the values this daemon runs with */
+        o->n_roots = next->n_roots;
+        memcpy(o->roots, next->roots, sizeof o->roots);
+        o->grace_s = next->grace_s;
+        o->max_body = next->max_body;
+        memcpy(o->log_format, next->log_format, sizeof o->log_format);
+        memcpy(o->log_level, next->log_level, sizeof o->log_level);
+        for (int i = 0; i < OPT_COUNT; i++)
+            if (daemon_config_live((daemon_option)i)) o->from[i] = next->from[i];
+        static char resolved[MAX_ROOTS + 1][PATH_MAX];
+        const char *roots[MAX_ROOTS + 1];
+        int n_roots = resolve_roots(o, state, log, resolved, roots);
+        td_jobs_set_limits(jobs, roots, n_roots, o->grace_s);
+        td_api_set_max_body(api, (size_t)o->max_body);
+        td_log_info(log, "reloaded %s: %d change%s applied, %d waiting for a restart",
+                    o->config_path[0] ? o->config_path : "(no config file)", applied,
+                    applied == 1 ? "" : "s", waiting);
+        /* last: the summary above is written in the format and at the level it was asked in */
+        td_log_configure(log, strcmp(o->log_format, "json") == 0, level_of(o));
+    }
+    free(next);
+    sd_notify(0, "READY=1\nSTATUS=serving");
+}
+
 /* Serves from the state directory `state` (locked) on listen_fd until SIGTERM or SIGINT. */
-static int serve(const options *o, const char *state, const char *host, int listen_fd) {
+static int serve(daemon_options *o, int argc, char **argv, const char *state, const char *host,
+                 int listen_fd, td_log *log) {
     /* first: CUDA's driver (td_gpu_device_count) starts threads, which must inherit the mask,
      * or a SIGTERM (the agent's own, on a refusal) or SIGCHLD could land on one of them */
     block_signals();
     static char resolved[MAX_ROOTS + 1][PATH_MAX];
     const char *roots[MAX_ROOTS + 1];
-    int n_roots = resolve_roots(o, state, resolved, roots);
+    int n_roots = resolve_roots(o, state, log, resolved, roots);
     char why[256] = "";
     td_gpu_device_info info[TD_GPUS_MAX];
     td_node_gpu found[TD_GPUS_MAX], gpu[TD_GPUS_MAX];
@@ -509,19 +286,19 @@ static int serve(const options *o, const char *state, const char *host, int list
     char described[512];
     td_gpus_describe(gpu, gpus, described, sizeof described);
     if (o->n_gpus > 0 && n_found == 0)
-        fprintf(stderr,
-                "traind: %s declared (the driver finds none: %s); jobs are placed on them as on "
-                "real ones\n",
-                described, why);
+        td_log_info(log,
+                    "%s declared (the driver finds none: %s); jobs are placed on them as on "
+                    "real ones",
+                    described, why);
     else if (gpus > 0)
-        fprintf(stderr, "traind: %s\n", described);
+        td_log_info(log, "%s", described);
     int slots = gpus > 0 ? gpus : o->slots > 0 ? o->slots : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (slots < 1) slots = 1;
 
     char token[128], node_id[128], secret[256] = "", name[64];
-    load_random(state, "token", "API token", token, sizeof token);
-    load_random(state, "node-id", "node id", node_id, sizeof node_id);
-    if (o->secret_file[0]) load_cluster_secret(o->secret_file, secret, sizeof secret);
+    load_random(state, "token", "API token", token, sizeof token, log);
+    load_random(state, "node-id", "node id", node_id, sizeof node_id, log);
+    if (o->secret_file[0]) load_cluster_secret(o->secret_file, secret, sizeof secret, log);
     if (o->join[0] && !secret[0])
         die("--join needs --cluster-secret-file: the master only takes agents that hold its "
             "cluster secret");
@@ -543,6 +320,9 @@ static int serve(const options *o, const char *state, const char *host, int list
     td_cluster *cluster = NULL;
     td_agent *agent = NULL;
     int rc = 1;
+    uint64_t watchdog_us = 0;
+    watchdog dog = {0};
+    if (sd_watchdog_enabled(0, &watchdog_us) > 0) dog.every_s = (double)watchdog_us / 1e6;
     if (td_db_open(&db, db_path, &err) != 0) goto fail;
     if (!o->join[0]) { /* a master; alone, of a one-node cluster */
         td_cluster_config cc = {.name = name,
@@ -554,7 +334,7 @@ static int serve(const options *o, const char *state, const char *host, int list
                                 .secret = secret[0] ? secret : NULL,
                                 .heartbeat_s = o->heartbeat_s,
                                 .timeout_s = o->timeout_s,
-                                .log = stderr,
+                                .log = log,
                                 .db = db};
         if (td_cluster_open(&cluster, &cc, &err) != 0 || td_cluster_start(cluster, &err) != 0)
             goto fail;
@@ -566,7 +346,10 @@ static int serve(const options *o, const char *state, const char *host, int list
         .gpus = gpus,
         .gpu_ids = gpu_ids,
         .grace_s = o->grace_s,
-        .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state}};
+        .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state},
+        .on_turn = dog.every_s > 0 ? watchdog_ping : NULL,
+        .turn_ctx = &dog,
+        .turn_every_s = dog.every_s / 4};
     if (o->join[0]) { /* an agent: its master's address checked before anything serves */
         td_agent_config gc = {.master = o->join,
                               .secret = secret,
@@ -578,29 +361,28 @@ static int serve(const options *o, const char *state, const char *host, int list
                               .gpu = gpu,
                               .version = TRAIND_VERSION,
                               .state_dir = state,
-                              .log = stderr};
+                              .log = log};
         if (td_agent_open(&agent, &gc, &err) != 0) goto fail;
     }
-    if (td_jobs_open(&jobs, &jc, db, stderr, &err) != 0) goto fail;
+    if (td_jobs_open(&jobs, &jc, db, log, &err) != 0) goto fail;
     td_jobs_set_cluster(jobs, cluster, name);
     if (cluster) {
         /* jobs run on the master's own node: its queue holds while it is drained (also when it
          * was drained before this start) */
         if (td_cluster_drained(cluster, name))
-            fprintf(stderr,
-                    "traind: node %s is drained: no job starts here until "
-                    "POST /v1/nodes/%s/undrain\n",
-                    name, name);
+            td_log_info(log,
+                        "node %s is drained: no job starts here until POST /v1/nodes/%s/undrain",
+                        name, name);
         td_cluster_on_master_drain(cluster, set_draining, jobs);
     }
     /* what a job's processes leave behind when they die (mp.spawn's children) is handed to us,
      * not to init: the supervisor reaps it, so a job's process group empties as soon as its
      * last process has ended (td_group_over) and no zombie of a job outlives it */
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
-        fprintf(stderr,
-                "traind: prctl(PR_SET_CHILD_SUBREAPER): %s (a job's leftover processes "
-                "are killed at the end of the grace period instead)\n",
-                strerror(errno));
+        td_log_warn(log,
+                    "warning: prctl(PR_SET_CHILD_SUBREAPER): %s (a job's leftover processes "
+                    "are killed at the end of the grace period instead)",
+                    strerror(errno));
     if (td_jobs_start(jobs, &err) != 0) goto fail;
     td_api_config ac = {.listen_fd = listen_fd,
                         .token = token,
@@ -610,36 +392,44 @@ static int serve(const options *o, const char *state, const char *host, int list
                         .master = o->join[0] ? o->join : NULL,
                         .web_root = o->web_root,
                         .chart_root = TRAIND_CHART_ROOT,
-                        .state_dir = state};
+                        .state_dir = state,
+                        .log = log};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
-    fprintf(stderr, "traind: %d %s slot%s; state in %s; worker %s\n", slots,
-            gpus > 0 ? "GPU" : "CPU", slots == 1 ? "" : "s", state, o->worker);
-    fprintf(stderr, "traind: listening on http://%s:%d\n", host, td_api_port(api));
-    fprintf(stderr, "traind: the dashboard is at http://%s:%d/ (sign in with the API token)\n",
-            host, td_api_port(api));
+    td_log_info(log, "%d %s slot%s; state in %s; worker %s", slots, gpus > 0 ? "GPU" : "CPU",
+                slots == 1 ? "" : "s", state, o->worker);
+    td_log_info(log, "listening on http://%s:%d", host, td_api_port(api));
+    td_log_info(log, "the dashboard is at http://%s:%d/ (sign in with the API token)", host,
+                td_api_port(api));
     if (cluster)
-        fprintf(stderr, "traind: node %s is the cluster's master; %s\n", name,
-                secret[0] ? "agents join with --join and the cluster secret"
-                          : "it accepts no agents (no --cluster-secret-file)");
-    fflush(stderr);
+        td_log_info(log, "node %s is the cluster's master; %s", name,
+                    secret[0] ? "agents join with --join and the cluster secret"
+                              : "it accepts no agents (no --cluster-secret-file)");
     if (agent && td_agent_start(agent, jobs, &err) != 0) goto fail;
+    /* systemd (Type=notify): the port answers and the database is open */
+    sd_notifyf(0, "READY=1\nSTATUS=serving on %s:%d\nMAINPID=%ld", host, td_api_port(api),
+               (long)getpid());
 
     sigset_t stop;
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGHUP);
     int sig = 0;
-    sigwait(&stop, &sig);
+    for (;;) {
+        sigwait(&stop, &sig);
+        if (sig != SIGHUP) break;
+        reload(o, argc, argv, state, log, jobs, api);
+    }
+    sd_notify(0, "STOPPING=1");
     bool refused = td_agent_refused(agent);
     if (refused)
-        fprintf(stderr, "traind: stopping: the master refused this node (see above)\n");
+        td_log_error(log, "stopping: the master refused this node (see above)");
     else
-        fprintf(stderr, "traind: %s: stopping (running jobs resume at the next start)\n",
-                strsignal(sig));
+        td_log_info(log, "%s: stopping (running jobs resume at the next start)", strsignal(sig));
     rc = refused ? 1 : 0;
     goto stop;
 fail:
-    fprintf(stderr, "traind: %s\n", err.msg);
+    td_log_error(log, "%s", err.msg);
 stop:
     td_agent_stop(agent);
     /* the registry's sweeper calls into the jobs: cut it off before they go */
@@ -653,27 +443,26 @@ stop:
 }
 
 int main(int argc, char **argv) {
-    options o = {.grace_s = 10, .max_body = 1 << 20, .heartbeat_s = 2, .timeout_s = 10};
-    bool have[HAVE_COUNT] = {false}; /* given on the command line */
-    const char *config = parse_args(argc, argv, &o, have);
-    if (config) read_config(&o, config, have);
-    if (!o.listen[0]) snprintf(o.listen, sizeof o.listen, "127.0.0.1:8470");
-    if (!o.state_dir[0]) default_state_dir(o.state_dir, sizeof o.state_dir);
-    if (!o.worker[0]) default_worker(o.worker, sizeof o.worker);
-    if (!o.web_root[0]) default_web_root(o.web_root, sizeof o.web_root);
-    if (o.n_roots == 0) snprintf(o.roots[o.n_roots++], PATH_MAX, "/usr/share/datasets");
-    if (o.heartbeat_s * 2 > o.timeout_s)
-        die("--heartbeat %g must be at most half of --node-timeout %g: agents would be marked lost "
-            "between two heartbeats",
-            o.heartbeat_s, o.timeout_s);
+    static daemon_options o; /* large (paths): not on the stack */
+    daemon_config_load(&o, argc, argv);
+    if (o.print_config) {
+        daemon_config_print(&o, stdout);
+        return 0;
+    }
+    td_log *log = td_log_open(stderr, strcmp(o.log_format, "json") == 0, level_of(&o));
+    if (!log) die("out of memory");
+    fatal_log = log;
     if (access(o.worker, X_OK) != 0)
         die("cannot run the worker %s: %s (give --worker)", o.worker, strerror(errno));
     char host[128];
     const char *colon = strrchr(o.listen, ':');
     if (!colon || colon == o.listen || (size_t)(colon - o.listen) >= sizeof host)
-        die("--listen \"%s\": expected ADDR:PORT, e.g. 127.0.0.1:8470", o.listen);
+        die("listen \"%s\": expected ADDR:PORT, e.g. 127.0.0.1:8470", o.listen);
     snprintf(host, sizeof host, "%.*s", (int)(colon - o.listen), o.listen);
-    int port = (int)number("--listen port", colon + 1, 0, 65535);
+    long port_l;
+    if (!td_parse_long(colon + 1, 0, 65535, &port_l))
+        die("listen \"%s\": the port \"%s\" is not an integer in [0, 65535]", o.listen, colon + 1);
+    int port = (int)port_l;
 
     make_dirs(o.state_dir);
     char state[PATH_MAX];
@@ -683,12 +472,13 @@ int main(int argc, char **argv) {
     int listen_fd = -1;
     td_err err = {{0}};
     if (td_api_listen(host, &port, &listen_fd, &err) != 0) {
-        fprintf(stderr, "traind: %s\n", err.msg);
+        td_log_error(log, "%s", err.msg);
         return 1;
     }
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) die("cannot initialise libcurl");
-    int rc = serve(&o, state, host, listen_fd);
+    int rc = serve(&o, argc, argv, state, host, listen_fd, log);
     curl_global_cleanup();
     close(lock_fd);
+    td_log_close(log);
     return rc;
 }

@@ -122,12 +122,14 @@ static int upload_file(td_agent *a, long job, const char *path, const char *rel,
     long long size = 0;
     td_err err = {{0}};
     if (td_sha256_file(path, hex, &size, &err) != 0) {
-        td_log_line(a->cfg.log, "job %ld: cannot upload its checkpoint: %s", job, err.msg);
+        td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job),
+                  "job %ld: cannot upload its checkpoint: %s", job, err.msg);
         return -1;
     }
     FILE *f = fopen(path, "rb");
     if (!f) {
-        td_log_line(a->cfg.log, "job %ld: cannot open %s: %s", job, path, strerror(errno));
+        td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job), "job %ld: cannot open %s: %s", job,
+                  path, strerror(errno));
         return -1;
     }
     char url[4600];
@@ -137,14 +139,14 @@ static int upload_file(td_agent *a, long job, const char *path, const char *rel,
     if (status >= 400 && status < 500 && status != 401 && status != 408 && status != 429) {
         /* the master will never take it (a name it refuses): announce the checkpoint without
          * it, so the master registers nothing rather than waiting for ever */
-        td_log_line(a->cfg.log,
-                    "job %ld: the master refused %s (%s); its checkpoint stays here only", job, rel,
-                    why);
+        td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job),
+                  "job %ld: the master refused %s (%s); its checkpoint stays here only", job, rel,
+                  why);
         return -2;
     }
     if (status != 200) {
-        td_log_line(a->cfg.log, "job %ld: uploading %s to the master failed (%s); retrying", job,
-                    rel, why);
+        td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job),
+                  "job %ld: uploading %s to the master failed (%s); retrying", job, rel, why);
         return -1;
     }
     json_array_append_new(
@@ -379,7 +381,8 @@ static void *mover_loop(void *arg) {
                     json_object_set_new(now, "failing_since", json_real(td_clock_now()));
                 const char *before = json_string_value(json_object_get(now, "logged"));
                 if (!before || strcmp(before, why) != 0) /* once per new reason */
-                    td_log_line(a->cfg.log, "job %ld: %s; the part waits", job, why);
+                    td_log_at(a->cfg.log, TD_LOG_INFO, TD_LOG_JOB(job),
+                              "job %ld: %s; the part waits", job, why);
                 json_object_set_new(now, "logged", json_string(why));
                 json_object_set_new(now, "error", json_string(why));
             }
@@ -429,13 +432,13 @@ static void refuse(td_agent *a, long status, const td_buf *reply) {
     bool ours = false;
     for (size_t i = 0; i < sizeof OURS / sizeof *OURS; i++) ours |= strcmp(code, OURS[i]) == 0;
     if (ours)
-        td_log_line(a->cfg.log, "the master at %s refused this node (HTTP %ld): %s", a->master,
-                    status, msg);
+        td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
+                  "the master at %s refused this node (HTTP %ld): %s", a->master, status, msg);
     else /* a traind from before the cluster answers its routes as a user's */
-        td_log_line(a->cfg.log,
-                    "the master at %s does not speak the cluster protocol (HTTP %ld: %s): is it an "
-                    "older traind? Run the same traind version on every node",
-                    a->master, status, msg);
+        td_log_at(a->cfg.log, TD_LOG_INFO, TD_LOG_NOWHERE,
+                  "the master at %s does not speak the cluster protocol (HTTP %ld: %s): is it an "
+                  "older traind? Run the same traind version on every node",
+                  a->master, status, msg);
     pthread_mutex_lock(&a->mu);
     a->refused = true;
     pthread_mutex_unlock(&a->mu);
@@ -480,12 +483,13 @@ static void *agent_loop(void *arg) {
             a->fetch_limit_s = timeout_s;
             pthread_mutex_unlock(&a->mu);
             if (!joined)
-                td_log_line(
-                    a->cfg.log,
+                td_log_at(
+                    a->cfg.log, TD_LOG_INFO, TD_LOG_NOWHERE,
                     "%s the cluster at %s as node %s (advertising %s; a heartbeat every %g s)",
                     ever ? "joined again" : "joined", a->master, a->name, a->address, heartbeat_s);
             else if (unreachable)
-                td_log_line(a->cfg.log, "the master at %s answers again", a->master);
+                td_log_at(a->cfg.log, TD_LOG_INFO, TD_LOG_NOWHERE, "the master at %s answers again",
+                          a->master);
             joined = ever = true, unreachable = false, backoff = 1;
             td_buf_free(&reply);
             bool busy = td_jobs_guests_running(a->jobs);
@@ -496,7 +500,8 @@ static void *agent_loop(void *arg) {
         if (status == 404 && joined) { /* the master forgot this node: register again */
             char msg[512];
             error_message(&reply, msg, sizeof msg, NULL, 0);
-            td_log_line(a->cfg.log, "the master at %s says: %s", a->master, msg);
+            td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE, "the master at %s says: %s",
+                      a->master, msg);
             joined = false;
             td_buf_free(&reply);
             continue;
@@ -511,13 +516,13 @@ static void *agent_loop(void *arg) {
             char msg[512];
             if (status) error_message(&reply, msg, sizeof msg, NULL, 0);
             /* no answer at all: most often a master still on its default loopback address */
-            td_log_line(
-                a->cfg.log,
-                "cannot reach the master at %s: %s; retrying with back-off up to %d s%s", a->master,
-                status ? msg : why, BACKOFF_MAX_S,
-                status ? ""
-                       : " (HINT: is the master running, and listening on an address this node "
-                         "reaches? Its --listen defaults to 127.0.0.1)");
+            td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
+                      "cannot reach the master at %s: %s; retrying with back-off up to %d s%s",
+                      a->master, status ? msg : why, BACKOFF_MAX_S,
+                      status
+                          ? ""
+                          : " (HINT: is the master running, and listening on an address this node "
+                            "reaches? Its --listen defaults to 127.0.0.1)");
         }
         unreachable = true;
         joined = false; /* a master back from a restart knows no node: register */

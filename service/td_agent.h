@@ -13,6 +13,7 @@
 #include "core/td_error.h"
 
 #include "service/td_gpus.h"
+#include "service/td_log.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -29,7 +30,7 @@ typedef struct td_agent_config {
     const td_node_gpu *gpu; /* the gpus GPUs (NULL: ordinals 0 to gpus - 1, nothing known) */
     const char *version;
     const char *state_dir; /* jobs/<id>/ of the parts this node runs */
-    FILE *log;
+    td_log *log;
 } td_agent_config;
 
 /* Checks the master's address and works out the advertised one: an address that does not parse

@@ -170,8 +170,8 @@ bool td_cluster_authorized(td_cluster *c, const char *authorization, const char 
                       "this traind accepts no agents: start the master with "
                       "--cluster-secret-file FILE (the same file on every node)");
         if (log_refusal(c, peer))
-            td_log_line(c->cfg.log, "refused an agent from %s: this master has no cluster secret",
-                        peer);
+            td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
+                      "refused an agent from %s: this master has no cluster secret", peer);
         return false;
     }
     const char *given = "";
@@ -182,8 +182,9 @@ bool td_cluster_authorized(td_cluster *c, const char *authorization, const char 
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)(c->secret[i] ^ (i < m ? given[i] : 0));
     if (diff == 0) return true;
     if (log_refusal(c, peer))
-        td_log_line(c->cfg.log, "refused an agent from %s: %s cluster secret", peer,
-                    m == 0 ? "missing" : "wrong");
+        td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
+                  "refused an agent from %s: %s cluster secret", peer,
+                  m == 0 ? "missing" : "wrong");
     td_reply_fail(e, 401, "cluster_secret", NULL,
                   "%s cluster secret: every node's --cluster-secret-file must hold the master's "
                   "secret",
@@ -280,8 +281,9 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                       "the agent speaks cluster protocol %ld, this master (traind %s) speaks %d: "
                       "run the same traind version on every node",
                       protocol, c->version, TD_CLUSTER_PROTOCOL);
-        td_log_line(c->cfg.log, "refused an agent: it speaks cluster protocol %ld, this master %d",
-                    protocol, TD_CLUSTER_PROTOCOL);
+        td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
+                  "refused an agent: it speaks cluster protocol %ld, this master %d", protocol,
+                  TD_CLUSTER_PROTOCOL);
         goto done;
     }
     if (td_json_check_keys(o, "", KEYS, &err) != 0 ||
@@ -318,8 +320,9 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                       "a node named \"%s\" is already in the cluster (at %s): give this node "
                       "another --node-name, or stop the other one",
                       n.name, where);
-        td_log_line(c->cfg.log, "refused node %s from %s: the name is taken by the node at %s",
-                    n.name, n.address, where);
+        td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
+                  "refused node %s from %s: the name is taken by the node at %s", n.name, n.address,
+                  where);
     } else {
         if (!old && c->n == MAX_NODES) {
             td_reply_fail(e, 503, "cluster_full", NULL,
@@ -333,15 +336,18 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                 old = &c->nodes[c->n++];
                 char gpus[512] = "";
                 td_gpus_describe(n.gpu, n.gpus, gpus, sizeof gpus);
-                td_log_line(c->cfg.log, "node %s joined from %s: %d %s slot%s%s%s, traind %s",
-                            n.name, n.address, n.slots, n.gpus > 0 ? "GPU" : "CPU",
-                            n.slots == 1 ? "" : "s", n.gpus > 0 ? ": " : "", gpus, n.version);
+                td_log_at(c->cfg.log, TD_LOG_INFO, TD_LOG_NODE(n.name),
+                          "node %s joined from %s: %d %s slot%s%s%s, traind %s", n.name, n.address,
+                          n.slots, n.gpus > 0 ? "GPU" : "CPU", n.slots == 1 ? "" : "s",
+                          n.gpus > 0 ? ": " : "", gpus, n.version);
             } else if (old->lost) {
-                td_log_line(c->cfg.log, "node %s is back from %s after %.1f s lost%s", n.name,
-                            n.address, now - old->lost_since,
-                            strcmp(old->node_id, n.node_id) ? " (a new node id)" : "");
+                td_log_at(c->cfg.log, TD_LOG_INFO, TD_LOG_NODE(n.name),
+                          "node %s is back from %s after %.1f s lost%s", n.name, n.address,
+                          now - old->lost_since,
+                          strcmp(old->node_id, n.node_id) ? " (a new node id)" : "");
             } else {
-                td_log_line(c->cfg.log, "node %s registered again from %s", n.name, n.address);
+                td_log_at(c->cfg.log, TD_LOG_INFO, TD_LOG_NODE(n.name),
+                          "node %s registered again from %s", n.name, n.address);
             }
             *old = n;
             rc = 0;
@@ -398,8 +404,9 @@ int td_cluster_sweep(td_cluster *c, double now) {
         silent = td_realloc(silent, (size_t)(lost + 1) * sizeof *silent);
         snprintf(names[lost], NAME_LEN, "%s", n->name);
         silent[lost++] = now - n->last_seen;
-        td_log_line(c->cfg.log, "node %s (%s) lost: no heartbeat for %.1f s (timeout %g s)",
-                    n->name, n->address, now - n->last_seen, c->cfg.timeout_s);
+        td_log_at(c->cfg.log, TD_LOG_INFO, TD_LOG_NODE(n->name),
+                  "node %s (%s) lost: no heartbeat for %.1f s (timeout %g s)", n->name, n->address,
+                  now - n->last_seen, c->cfg.timeout_s);
     }
     td_cluster_lost_fn on_lost = c->on_lost;
     void *ctx = c->jobs_ctx;
@@ -550,9 +557,8 @@ int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, in
                         (size_t)(c->n_drained - at - 1) * sizeof *c->drained);
                 c->n_drained--;
             }
-            td_log_line(c->cfg.log, "node %s %s", name,
-                        drain ? "drained: no new jobs start there; running ones go on"
-                              : "undrained");
+            td_log_at(c->cfg.log, TD_LOG_INFO, TD_LOG_NODE(name), "node %s %s", name,
+                      drain ? "drained: no new jobs start there; running ones go on" : "undrained");
         }
         node self_node = master_node(c, now, master_used), *n = self ? &self_node : find(c, name);
         json_t *o = n ? node_json(n, self ? "master" : "agent", drain, now, NULL) : NULL;

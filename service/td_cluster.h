@@ -17,6 +17,7 @@
 #include "service/td_buf.h"
 #include "service/td_db.h"
 #include "service/td_gpus.h"
+#include "service/td_log.h"
 #include "service/td_submit.h" /* td_reply_error */
 
 #include <stdbool.h>
@@ -41,7 +42,7 @@ typedef struct td_cluster_config {
     const char *secret;     /* NULL: this master accepts no agents */
     double heartbeat_s;     /* what agents are told to keep */
     double timeout_s;       /* silence after which a node is lost */
-    FILE *log;              /* one line per join, refusal, loss */
+    td_log *log;            /* one line per join, refusal, loss */
     td_db *db;              /* where drained nodes are kept; NULL: in memory only (tests) */
 } td_cluster_config;
 

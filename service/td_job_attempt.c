@@ -159,8 +159,9 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     td_jobs_set_state(jb, RUNNING);
     td_jobs_save_attempt(j, jb, a);
     td_jobs_emit_state(j, jb);
-    fprintf(j->log, "traind: job %ld attempt %d started: %d process%s, process group %d\n",
-            jb->row.id, a->attempt, n, n == 1 ? "" : "es", (int)jb->group.pgid);
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+              "job %ld attempt %d started: %d process%s, process group %d", jb->row.id, a->attempt,
+              n, n == 1 ? "" : "es", (int)jb->group.pgid);
 }
 
 /* What a restarted attempt starts from, in words, for the restart event and the job's reason:
@@ -299,7 +300,8 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
         json_decref(d);
         td_jobs_emit_state(j, jb);
-        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, jb->row.reason);
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
+                  jb->row.reason);
         if (placed) /* placed again, on whichever nodes have room then */
             td_jobs_release_slots(j, jb);
         else

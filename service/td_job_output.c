@@ -109,10 +109,10 @@ void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_l
             snprintf(full, sizeof full, "%s/checkpoints/%s", jb->dir, base ? base + 1 : path);
             path = uploaded(jb, files) ? full : NULL;
             if (!path)
-                fprintf(j->log,
-                        "traind: job %ld: checkpoint of step %ld did not arrive whole "
-                        "from its node; not registered\n",
-                        jb->row.id, step);
+                td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                          "job %ld: checkpoint of step %ld did not arrive whole "
+                          "from its node; not registered",
+                          jb->row.id, step);
         } else if (path) {
             snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : jb->dir,
                      path[0] == '/' ? "" : "/", path);
@@ -140,6 +140,8 @@ void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_l
     /* kept as written unless it changed or holds a CR (which would break an SSE record) */
     bool raw = !changed && !memchr(line, '\r', n);
     td_jobs_emit(j, jb, type, o, raw ? line : NULL, step, metric, ckpt, size);
+    /* done repeats the last values as a summary: not a point of its own */
+    if (metric && strcmp(type, TD_EVENT_DONE) != 0) td_jobs_tboard_event(j, jb, o, step);
     json_decref(o);
 }
 

@@ -318,16 +318,17 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         snprintf(why, sizeof why, "could not start on node %s: %.400s", j->node_name, err.msg);
         end_guest(j, g, 1, why);
         if (g->group.alive == 0) td_group_free(&g->group);
-        fprintf(j->log, "traind: job %ld attempt %d: %s\n", g->job, g->attempt, why);
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job), "job %ld attempt %d: %s", g->job,
+                  g->attempt, why);
         return;
     }
     if (out_pipe[0] >= 0) fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
     g->out_fd = out_pipe[0];
-    fprintf(j->log,
-            "traind: job %ld attempt %d: node rank %d of %d started here: %d process%s, "
-            "process group %d, rendezvous at %s:%d\n",
-            g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es", (int)g->group.pgid,
-            cfg.master_addr, cfg.master_port);
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
+              "job %ld attempt %d: node rank %d of %d started here: %d process%s, "
+              "process group %d, rendezvous at %s:%d",
+              g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es",
+              (int)g->group.pgid, cfg.master_addr, cfg.master_port);
 }
 
 static void stop_guest(td_jobs *j, guest *g) {
@@ -382,10 +383,10 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
         if (!wanted[i]) {
             if (g->running) {
                 if (!g->stop)
-                    fprintf(j->log,
-                            "traind: job %ld attempt %d is no longer this node's to run (the "
-                            "master ended it or does not know it): stopping its processes\n",
-                            g->job, g->attempt);
+                    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
+                              "job %ld attempt %d is no longer this node's to run (the "
+                              "master ended it or does not know it): stopping its processes",
+                              g->job, g->attempt);
                 stop_guest(j, g);
             }
             if (!g->running) {
@@ -407,8 +408,9 @@ void td_jobs_guests_stop_all(td_jobs *j, const char *why) {
     for (int i = 0; i < j->n_guests; i++) {
         guest *g = j->guests[i];
         if (g->running && !g->stop) {
-            fprintf(j->log, "traind: job %ld attempt %d: stopping its processes here: %s\n", g->job,
-                    g->attempt, why);
+            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job),
+                      "job %ld attempt %d: stopping its processes here: %s", g->job, g->attempt,
+                      why);
             stop_guest(j, g);
             /* not the master's order: if the master still waits for this part, it failed */
             snprintf(g->cut_off, sizeof g->cut_off, "node %s: %s", j->node_name, why);
@@ -465,8 +467,9 @@ void td_jobs_guests_tick(td_jobs *j) {
         }
         td_group_free(gr);
         end_guest(j, g, code, reason);
-        fprintf(j->log, "traind: job %ld attempt %d: node rank %d ended here%s%s\n", g->job,
-                g->attempt, g->node_rank, reason[0] ? ": " : "", reason);
+        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
+                  "job %ld attempt %d: node rank %d ended here%s%s", g->job, g->attempt,
+                  g->node_rank, reason[0] ? ": " : "", reason);
     }
 }
 

@@ -141,7 +141,8 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
     free(jb->log_start);
     jb->log_start = td_calloc((size_t)world, sizeof *jb->log_start);
     if (mkdir(jb->dir, 0750) != 0 && errno != EEXIST)
-        fprintf(j->log, "traind: cannot create %s: %s\n", jb->dir, strerror(errno));
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "cannot create %s: %s", jb->dir,
+                  strerror(errno));
     for (int r = 0; r < world; r++) {
         if (jb->launch_self && r % jb->row.nproc != 0) continue; /* one process (log) a node */
         char path[PATH_MAX + 32];
@@ -174,10 +175,10 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
     for (int i = 0; i < jb->n_parts; i++)
         snprintf(where + strlen(where), sizeof where - strlen(where), "%s%s", i ? ", " : "",
                  jb->parts[i].node);
-    fprintf(j->log,
-            "traind: job %ld attempt %d placed on %d node%s (%s) × %d, rendezvous at %s:%d\n",
-            jb->row.id, a->attempt, jb->n_parts, jb->n_parts == 1 ? "" : "s", where, jb->row.nproc,
-            jb->parts[0].address, port);
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+              "job %ld attempt %d placed on %d node%s (%s) × %d, rendezvous at %s:%d", jb->row.id,
+              a->attempt, jb->n_parts, jb->n_parts == 1 ? "" : "s", where, jb->row.nproc,
+              jb->parts[0].address, port);
 }
 
 void td_jobs_parts_release(td_jobs *j, job *jb) {
@@ -278,10 +279,10 @@ void td_jobs_schedule_cluster(td_jobs *j) {
         if (!pick_nodes(head, nodes, n, trial, picked_head)) continue;
         if (try_start(j, jb, nodes, n, cap) == TRY_STARTED) {
             memcpy(after, trial, sizeof after);
-            fprintf(j->log,
-                    "traind: job %ld starts ahead of job %ld (backfill: it uses slots that job "
-                    "would leave free)\n",
-                    jb->row.id, head->row.id);
+            td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                      "job %ld starts ahead of job %ld (backfill: it uses slots that job "
+                      "would leave free)",
+                      jb->row.id, head->row.id);
         }
     }
     free(nodes);
@@ -387,8 +388,8 @@ static void part_failed(td_jobs *j, job *jb, int code, const char *reason) {
     if (jb->parts_code == 0 && !jb->cancel_requested && !jb->timed_out) {
         jb->parts_code = code ? code : 1;
         snprintf(jb->parts_reason, sizeof jb->parts_reason, "%s", reason);
-        fprintf(j->log, "traind: job %ld: %s; stopping its ranks on every node\n", jb->row.id,
-                reason);
+        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                  "job %ld: %s; stopping its ranks on every node", jb->row.id, reason);
     }
     jb->parts_stopping = true;
 }
@@ -523,8 +524,9 @@ void td_jobs_parts_tick(td_jobs *j) {
         if (limit > 0 && !jb->timed_out && !jb->cancel_requested && now >= limit) {
             jb->timed_out = true;
             jb->parts_stopping = true;
-            fprintf(j->log, "traind: job %ld reached its time limit of %g s: stopping it\n",
-                    jb->row.id, jb->row.time_limit_s);
+            td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                      "job %ld reached its time limit of %g s: stopping it", jb->row.id,
+                      jb->row.time_limit_s);
         }
         if (jb->cancel_requested) jb->parts_stopping = true;
     }

@@ -132,10 +132,10 @@ void td_jobs_schedule(td_jobs *j) {
         if (!ends_in_time && td_jobs_slots(jb) > spare) continue;
         if (!ends_in_time) spare -= td_jobs_slots(jb);
         td_jobs_reserve_slots(j, jb);
-        fprintf(j->log, "traind: job %ld starts ahead of job %ld (backfill: %s)\n", jb->row.id,
-                head->row.id,
-                ends_in_time ? "its time limit ends before that job could start"
-                             : "it uses slots that job would leave free");
+        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                  "job %ld starts ahead of job %ld (backfill: %s)", jb->row.id, head->row.id,
+                  ends_in_time ? "its time limit ends before that job could start"
+                               : "it uses slots that job would leave free");
         td_jobs_start_attempt(j, jb);
     }
 }

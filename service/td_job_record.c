@@ -3,6 +3,8 @@
  * here runs under the jobs' mutex. */
 #include "service/td_jobs_private.h"
 
+#include "service/td_tboard.h"
+
 #include "service/td_strv.h"
 
 #include <stdlib.h>
@@ -147,7 +149,8 @@ void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const cha
     td_db_event ev = {jb->row.id, jb->row.last_seq, type, text, step, metric, ckpt_path, ckpt_size};
     td_err err = {{0}};
     if (td_db_add_event(j->db, &ev, &jb->row, &err) != 0)
-        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
+                  err.msg);
     free(text);
     td_jobs_stale(jb);
     pthread_cond_broadcast(&j->changed);
@@ -165,21 +168,25 @@ void td_jobs_emit_state(td_jobs *j, job *jb) {
 void td_jobs_save_attempt(td_jobs *j, job *jb, const td_db_attempt *a) {
     td_err err = {{0}};
     if (td_db_save_attempt(j->db, jb->row.id, a, &err) != 0)
-        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
+                  err.msg);
 }
 
 void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason) {
     td_jobs_set_state(jb, state);
+    td_jobs_tboard_close(j, jb);
     jb->row.exit_code = code;
     snprintf(jb->row.reason, sizeof jb->row.reason, "%s", reason);
     jb->row.finished_at = td_clock_wall();
     jb->row.pgid = 0;
     td_jobs_emit_state(j, jb);
-    fprintf(j->log, "traind: job %ld %s%s%s\n", jb->row.id, td_jobs_state_names[state],
-            reason[0] ? ": " : "", reason);
+    td_log_at(j->log, state == FAILED ? TD_LOG_WARNING : TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+              "job %ld %s%s%s", jb->row.id, td_jobs_state_names[state], reason[0] ? ": " : "",
+              reason);
 }
 
 void td_jobs_free_job(job *jb) {
+    td_tboard_close(jb->tboard);
     free(jb->row.spec);
     free(jb->attempts);
     json_decref(jb->latest_train);

@@ -54,7 +54,8 @@ static void replay_event(void *ctx, long seq, const char *type, const char *data
 static void load_latest(td_jobs *j, job *jb) {
     td_err err = {{0}};
     if (td_db_events(j->db, jb->row.id, 0, INT_MAX, replay_event, jb, &err) != 0)
-        fprintf(j->log, "traind: job %ld: %s\n", jb->row.id, err.msg);
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
+                  err.msg);
 }
 
 /* A job the previous daemon was running: its workers died with it (PR_SET_PDEATHSIG), or are
@@ -80,8 +81,8 @@ static void recover(td_jobs *j, job *jb) {
     td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
     json_decref(d);
     td_jobs_emit_state(j, jb);
-    fprintf(j->log, "traind: job %ld was running when the daemon stopped: restarting it\n",
-            jb->row.id);
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+              "job %ld was running when the daemon stopped: restarting it", jb->row.id);
 }
 
 /* Re-reads what a stored job runs (its spec is in the database, its worker spec on disk). */

@@ -202,10 +202,12 @@ static bool prepare_one(td_jobs *j) {
         if (made && !jb->ckpt_files) jb->ckpt_files = json_incref(made);
         if (!files && !made) {
             jb->resume_error = td_str_dup(read_err.msg);
-            fprintf(j->log, "traind: job %ld: its checkpoint %s: %s\n", id, path, read_err.msg);
+            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: its checkpoint %s: %s", id,
+                      path, read_err.msg);
         } else if (placed != 0) {
             jb->place_error = td_str_dup(place_err.msg);
-            fprintf(j->log, "traind: job %ld: its checkpoint %s: %s\n", id, path, place_err.msg);
+            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: its checkpoint %s: %s", id,
+                      path, place_err.msg);
         } else {
             jb->ckpt_placed = true;
         }

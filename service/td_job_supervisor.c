@@ -4,6 +4,8 @@
 #define _GNU_SOURCE /* pipe2, signalfd */
 #include "service/td_jobs_private.h"
 
+#include "core/td_fault.h"
+
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -32,6 +34,8 @@ void *td_jobs_supervise(void *arg) {
     td_jobs *j = arg;
     pthread_mutex_lock(&j->mu);
     while (!j->stopping) {
+        td_fault_hang_at(TD_FAULT_SUPERVISOR);
+        if (j->cfg.on_turn) j->cfg.on_turn(j->cfg.turn_ctx);
         td_jobs_schedule(j);
         int n = 0, max = 2 + j->n_jobs + j->n_guests;
         struct pollfd fds[max];
@@ -64,11 +68,15 @@ void *td_jobs_supervise(void *arg) {
             int until = ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
             if (timeout_ms < 0 || until < timeout_ms) timeout_ms = until;
         }
+        if (j->cfg.on_turn && j->cfg.turn_every_s > 0) {
+            int every = (int)(j->cfg.turn_every_s * 1000.0);
+            if (timeout_ms < 0 || every < timeout_ms) timeout_ms = every;
+        }
         pthread_mutex_unlock(&j->mu);
         int rc = poll(fds, (nfds_t)n, timeout_ms);
         pthread_mutex_lock(&j->mu);
         if (rc < 0 && errno != EINTR) {
-            fprintf(j->log, "traind: poll: %s\n", strerror(errno));
+            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_NOWHERE, "poll: %s", strerror(errno));
             continue;
         }
         if (fds[0].revents) {
@@ -97,8 +105,9 @@ void *td_jobs_supervise(void *arg) {
             double limit = td_jobs_deadline(jb);
             if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_clock_wall() >= limit) {
                 jb->timed_out = true;
-                fprintf(j->log, "traind: job %ld reached its time limit of %g s: stopping it\n",
-                        jb->row.id, jb->row.time_limit_s);
+                td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                          "job %ld reached its time limit of %g s: stopping it", jb->row.id,
+                          jb->row.time_limit_s);
             }
             if ((jb->cancel_requested || jb->timed_out) && !jb->group.terminating)
                 td_group_terminate(&jb->group, SIGTERM, j->cfg.grace_s);

@@ -3,6 +3,8 @@
 #define _GNU_SOURCE /* signalfd */
 #include "service/td_jobs_private.h"
 
+#include "service/td_strv.h"
+
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
@@ -14,11 +16,32 @@
 #include <time.h>
 #include <unistd.h>
 
-int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, FILE *log, td_err *err) {
+static char **copy_roots(const char *const *roots, int n) {
+    char **v = td_strv_new(n);
+    for (int i = 0; i < n; i++) v[i] = td_str_dup(roots[i]);
+    return v;
+}
+
+void td_jobs_set_limits(td_jobs *j, const char *const *roots, int n_roots, double grace_s) {
+    char **fresh = copy_roots(roots, n_roots);
+    pthread_mutex_lock(&j->mu);
+    j->retired_roots =
+        td_realloc(j->retired_roots, (size_t)(j->n_retired_roots + 1) * sizeof *j->retired_roots);
+    j->retired_roots[j->n_retired_roots++] = j->roots;
+    j->roots = fresh;
+    j->cfg.rules.data_roots = (const char *const *)fresh;
+    j->cfg.rules.n_roots = n_roots;
+    j->cfg.grace_s = grace_s;
+    pthread_mutex_unlock(&j->mu);
+}
+
+int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *log, td_err *err) {
     td_jobs *j = td_calloc(1, sizeof *j);
     j->cfg = *cfg;
     j->db = db;
     j->log = log;
+    j->roots = copy_roots(cfg->rules.data_roots, cfg->rules.n_roots);
+    j->cfg.rules.data_roots = (const char *const *)j->roots;
     j->wake_fd = j->sig_fd = -1;
     pthread_mutex_init(&j->mu, NULL);
     pthread_condattr_t ca;
@@ -89,6 +112,9 @@ void td_jobs_close(td_jobs *j) {
     td_jobs_guests_free(j);
     free(j->jobs);
     free(j->gpu_used);
+    td_strv_free(j->roots);
+    for (int i = 0; i < j->n_retired_roots; i++) td_strv_free(j->retired_roots[i]);
+    free(j->retired_roots);
     if (j->wake_fd >= 0) close(j->wake_fd);
     if (j->sig_fd >= 0) close(j->sig_fd);
     pthread_cond_destroy(&j->changed);
@@ -322,6 +348,21 @@ int td_jobs_checkpoint_path(td_jobs *j, long id, long step, char *path, size_t l
     return 0;
 }
 
+int td_jobs_tensorboard_dir(td_jobs *j, long id, char *path, size_t len, td_reply_error *e) {
+    pthread_mutex_lock(&j->mu);
+    job *jb = td_jobs_find(j, id);
+    if (jb) snprintf(path, len, "%s/tensorboard", jb->dir);
+    pthread_mutex_unlock(&j->mu);
+    if (!jb) return not_found(e, id);
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return td_reply_fail(e, 404, "not_found", NULL,
+                             "job %ld has no TensorBoard events yet: they are written from its "
+                             "first metric on",
+                             id);
+    return 0;
+}
+
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
     (void)st, (void)ftw;
     return (type == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
@@ -361,17 +402,17 @@ int td_jobs_delete(td_jobs *j, long id, td_reply_error *e) {
     snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.state_dir, id);
     bool moved = rename(jb->dir, doomed) == 0;
     if (!moved && errno != ENOENT)
-        fprintf(j->log, "traind: job %ld: cannot move %s aside: %s\n", id, jb->dir,
-                strerror(errno));
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: cannot move %s aside: %s", id,
+                  jb->dir, strerror(errno));
     memmove(&j->jobs[at], &j->jobs[at + 1], (size_t)(j->n_jobs - at - 1) * sizeof *j->jobs);
     j->n_jobs--;
     pthread_cond_broadcast(&j->changed); /* its streams end */
     td_jobs_free_job(jb);
     pthread_mutex_unlock(&j->mu);
     if (moved && nftw(doomed, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        fprintf(j->log, "traind: job %ld: cannot remove all of %s: %s\n", id, doomed,
-                strerror(errno));
-    fprintf(j->log, "traind: job %ld deleted\n", id);
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: cannot remove all of %s: %s",
+                  id, doomed, strerror(errno));
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(id), "job %ld deleted", id);
     return 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include "service/td_buf.h"
 #include "service/td_db.h"
+#include "service/td_log.h"
 #include "service/td_submit.h"
 
 #include <jansson.h>
@@ -25,14 +26,22 @@ typedef struct td_jobs_config {
     int gpus;              /* > 0: slot i is GPU gpu_ids[i] (CUDA_VISIBLE_DEVICES) */
     const int *gpu_ids;    /* the gpus CUDA ordinals (NULL: 0 to gpus - 1); kept, not copied */
     double grace_s;        /* SIGTERM to SIGKILL */
-    td_submit_rules rules;
+    td_submit_rules rules; /* its data roots are copied */
+    /* Called by the supervisor thread on every turn of its loop, at least every turn_every_s
+     * (when > 0): the daemon's watchdog ping, so a stuck supervisor stops the pings. */
+    void (*on_turn)(void *ctx);
+    void *turn_ctx;
+    double turn_every_s;
 } td_jobs_config;
 
 /* Loads the jobs from db and recovers the ones a previous daemon left running (their workers
  * died with it): each restarts from its latest checkpoint, not charged to its restart budget. */
-int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, FILE *log, td_err *err);
+int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *log, td_err *err);
 /* Starts the supervisor thread. SIGCHLD must be blocked in every thread of the process. */
 int td_jobs_start(td_jobs *j, td_err *err);
+/* A reload's new data roots (resolved directories, copied) and grace period: submissions and
+ * stops from now on use them; running jobs keep the paths they were given. */
+void td_jobs_set_limits(td_jobs *j, const char *const *roots, int n_roots, double grace_s);
 /* Stops the supervisor and ends every waiting stream; running jobs stay "running" in the
  * database, so the next start resumes them. Call it before stopping the HTTP server. */
 void td_jobs_stop(td_jobs *j);
@@ -71,6 +80,8 @@ int td_jobs_checkpoints(td_jobs *j, long id, long step, td_db_checkpoint_fn fn, 
                         td_reply_error *e);
 int td_jobs_checkpoint_path(td_jobs *j, long id, long step, char *path, size_t len,
                             td_reply_error *e);
+/* The job's TensorBoard log directory (404 when the job has none: no metric yet). */
+int td_jobs_tensorboard_dir(td_jobs *j, long id, char *path, size_t len, td_reply_error *e);
 /* Drained: no job starts on this node (queued ones wait, running ones go on); undrained, the
  * queue moves again. */
 void td_jobs_set_draining(td_jobs *j, bool draining);

@@ -10,6 +10,7 @@
  *                        what its parts report (exits, rank 0's lines, logs), lost nodes
  *   td_job_part.c        any node: running the parts its master orders (a "guest" group each)
  *                        and reporting on them
+ *   td_job_tboard.c      a job's TensorBoard event files, from its metric events
  * Every function here runs with j->mu held unless it says otherwise. */
 #ifndef TD_JOBS_PRIVATE_H
 #define TD_JOBS_PRIVATE_H
@@ -43,6 +44,8 @@ typedef struct job {
     double last_metric_at; /* wall clock of rank 0's latest metric in this daemon's life; 0: none */
     long ckpt_step;        /* the latest registered checkpoint's step, -1: none */
     char *ckpt_path;       /* and where it is (NULL: none) */
+    struct td_tboard *tboard; /* its TensorBoard event file, open from its first metric on */
+    bool tboard_failed;       /* it could not be opened: said once, not tried again */
     char dir[PATH_MAX];
     char **argv, **env;      /* what an attempt runs */
     char local_rank_arg[16]; /* a command's --local_rank option (td_launch_config); "": none */
@@ -126,7 +129,12 @@ typedef struct guest {
 struct td_jobs {
     td_jobs_config cfg;
     td_db *db;
-    FILE *log;
+    td_log *log;
+    /* the data roots cfg.rules points to, and the ones a reload replaced: a submission reads
+     * its copy of the rules outside the mutex, so a replaced list lives until td_jobs_close */
+    char **roots;
+    char ***retired_roots;
+    int n_retired_roots;
     pthread_mutex_t mu;
     pthread_cond_t changed; /* any event, state change or stop */
     job **jobs;             /* by id, ascending */
@@ -157,6 +165,11 @@ job *td_jobs_find(td_jobs *j, long id);
 void td_jobs_add(td_jobs *j, job *jb);
 job *td_jobs_new_job(td_jobs *j, const td_db_job *row);
 void td_jobs_free_job(job *jb);
+
+/* td_job_tboard.c: a metric event's numbers into the job's TensorBoard event file; closing it
+ * (durably) when the job ends or goes. */
+void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step);
+void td_jobs_tboard_close(td_jobs *j, job *jb);
 td_db_attempt *td_jobs_new_attempt(job *jb);
 void td_jobs_set_state(job *jb, int state);
 bool td_jobs_final_state(int s);

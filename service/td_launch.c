@@ -62,9 +62,21 @@ static bool named(const char *entry, const char *name) {
     return strncmp(entry, name, k) == 0 && entry[k] == '=';
 }
 
+/* What systemd gives the daemon alone: a job's process that saw NOTIFY_SOCKET or WATCHDOG_PID
+ * could speak for the service (or think a watchdog expects it to ping). */
+static const char *const THE_DAEMONS[] = {"NOTIFY_SOCKET",
+                                          "WATCHDOG_USEC",
+                                          "WATCHDOG_PID",
+                                          "LISTEN_FDS",
+                                          "LISTEN_PID",
+                                          "LISTEN_FDNAMES",
+                                          NULL};
+
 static bool overridden(const char *entry, const td_launch_config *cfg) {
     for (int i = 0; OURS[i]; i++)
         if (named(entry, OURS[i])) return true;
+    for (int i = 0; THE_DAEMONS[i]; i++)
+        if (named(entry, THE_DAEMONS[i])) return true;
     if (cfg->devices && named(entry, "CUDA_VISIBLE_DEVICES")) return true;
     for (int i = 0; cfg->extra_env && cfg->extra_env[i]; i++) {
         const char *eq = strchr(cfg->extra_env[i], '=');

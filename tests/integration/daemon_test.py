@@ -248,12 +248,23 @@ def describe_procs(pids):
 # ---------------------------------------------------------------------------------------------
 # The daemon, its HTTP API and its event streams
 
+def line_text(line):
+    """A log line as text: --log-format json's object becomes "traind: " and its msg."""
+    if line.startswith("{"):
+        try:
+            return "traind: " + json.loads(line)["msg"]
+        except (ValueError, KeyError, TypeError):
+            return line
+    return line
+
+
 class Daemon:
     """One traind process: start() it, then talk to it with request()/json()/events()."""
 
-    def __init__(self, state_dir, args=()):
+    def __init__(self, state_dir, args=(), env=None):
         self.state_dir = state_dir
         self.args = list(args)
+        self.env = dict(env or {})  # added to the daemon's environment
         self.proc = None
         self.port = None
         self.token = None
@@ -268,6 +279,7 @@ class Daemon:
         fd, self.stdout_path = tempfile.mkstemp(prefix="traind-stdout-", suffix=".log")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         env.pop("PYTHONUNBUFFERED", None)  # as systemd starts it: the daemon must see to it
+        env.update(self.env)
         argv = [TRAIND, "--listen", "127.0.0.1:0", "--state-dir", self.state_dir] + self.args
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,
                                      stderr=subprocess.PIPE, env=env, start_new_session=True)
@@ -310,7 +322,7 @@ class Daemon:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 self._add_line(line)
-                m = LISTEN_RE.match(line.decode(errors="replace"))
+                m = LISTEN_RE.match(line_text(line.decode(errors="replace")))
                 if m:
                     self.port = int(m.group(1))
                     # keep draining stderr so the daemon never blocks on a full pipe
@@ -320,6 +332,10 @@ class Daemon:
                     return
 
     def _drain(self, fd, buf):
+        # the lines that came in the listening line's chunk first: they may be all there is
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            self._add_line(line)
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -589,10 +605,10 @@ class DaemonTest(unittest.TestCase):
         self.addCleanup(remove)
         return path
 
-    def start_daemon(self, *args, state_dir=None):
+    def start_daemon(self, *args, state_dir=None, env=None):
         if state_dir is None:
             state_dir = self.new_state_dir()
-        d = Daemon(state_dir, args)
+        d = Daemon(state_dir, args, env)
         self.addCleanup(self._stop_daemon, d)
         d.start()
         return d

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char armed_point[32]; /* a point of td_fault.h; "" while none is armed here */
@@ -28,7 +29,8 @@ static void arm(void) {
     const char *c1 = strchr(v, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
     size_t len = c1 ? (size_t)(c1 - v) : 0;
     long rank = -1, n = 0;
-    bool ok = names(v, len, TD_FAULT_CHECKPOINT) || names(v, len, TD_FAULT_ALLREDUCE);
+    bool ok = names(v, len, TD_FAULT_CHECKPOINT) || names(v, len, TD_FAULT_ALLREDUCE) ||
+              names(v, len, TD_FAULT_SUPERVISOR);
     if (ok && c2)
         ok = td_parse_long_n(c1 + 1, (size_t)(c2 - c1 - 1), 0, INT_MAX, &rank) &&
              td_parse_long(c2 + 1, 1, LONG_MAX, &n);
@@ -47,8 +49,19 @@ static void arm(void) {
     armed_at = n;
 }
 
-void td_fault_at(const char *point) {
+/* Whether this arrival at point is the armed one. */
+static bool reached(const char *point) {
     pthread_once(&once, arm);
-    if (!armed_point[0] || strcmp(point, armed_point) != 0) return;
-    if (atomic_fetch_add(&arrivals, 1) + 1 == armed_at) raise(SIGKILL);
+    if (!armed_point[0] || strcmp(point, armed_point) != 0) return false;
+    return atomic_fetch_add(&arrivals, 1) + 1 == armed_at;
+}
+
+void td_fault_at(const char *point) {
+    if (reached(point)) raise(SIGKILL);
+}
+
+void td_fault_hang_at(const char *point) {
+    if (!reached(point)) return;
+    fprintf(stderr, "fault injection: %s: this thread hangs here (TRAIND_FAULT)\n", point);
+    for (;;) pause();
 }

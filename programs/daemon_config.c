@@ -1,0 +1,507 @@
+/* traind's options: the command line, the config file and the defaults, from one table. */
+#include "daemon_config.h"
+
+#include "core/td_json.h"
+#include "core/td_parse.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef enum { T_TEXT, T_INT, T_LONG, T_SECONDS, T_ROOTS, T_GPUS, T_CHOICE } opt_type;
+
+typedef struct opt_info {
+    const char *flag, *key;
+    opt_type type;
+    size_t offset, size; /* the field in daemon_options */
+    double min, max;     /* numbers */
+    const char *choices; /* T_CHOICE: "a|b|c" */
+    bool live;           /* a reload (SIGHUP) applies a change; else it needs a restart */
+} opt_info;
+
+#define FIELD(f) offsetof(daemon_options, f), sizeof(((daemon_options *)0)->f)
+
+/* In daemon_option order (checked below). */
+static const opt_info OPTS[OPT_COUNT] = {
+    [OPT_LISTEN] = {"--listen", "listen", T_TEXT, FIELD(listen), 0, 0, NULL, false},
+    [OPT_STATE_DIR] = {"--state-dir", "state_dir", T_TEXT, FIELD(state_dir), 0, 0, NULL, false},
+    [OPT_SLOTS] = {"--slots", "slots", T_INT, FIELD(slots), 1, 4096, NULL, false},
+    [OPT_GPUS] = {"--gpus", "gpus", T_GPUS, FIELD(gpus), 0, 0, NULL, false},
+    [OPT_DATA_ROOTS] = {"--data-root", "data_roots", T_ROOTS, FIELD(roots), 0, 0, NULL, true},
+    [OPT_GRACE] = {"--grace", "grace_s", T_SECONDS, FIELD(grace_s), 0, 3600, NULL, true},
+    [OPT_MAX_BODY] = {"--max-body", "max_body_bytes", T_LONG, FIELD(max_body), 1, 1 << 30, NULL,
+                      true},
+    [OPT_WORKER] = {"--worker", "worker", T_TEXT, FIELD(worker), 0, 0, NULL, false},
+    [OPT_WEB_ROOT] = {"--web-root", "web_root", T_TEXT, FIELD(web_root), 0, 0, NULL, false},
+    [OPT_LOG_FORMAT] = {"--log-format", "log_format", T_CHOICE, FIELD(log_format), 0, 0,
+                        "text|json", true},
+    [OPT_LOG_LEVEL] = {"--log-level", "log_level", T_CHOICE, FIELD(log_level), 0, 0,
+                       "error|warning|info|debug", true},
+    [OPT_SECRET] = {"--cluster-secret-file", "cluster_secret_file", T_TEXT, FIELD(secret_file), 0,
+                    0, NULL, false},
+    [OPT_JOIN] = {"--join", "join", T_TEXT, FIELD(join), 0, 0, NULL, false},
+    [OPT_NODE_NAME] = {"--node-name", "node_name", T_TEXT, FIELD(node_name), 0, 0, NULL, false},
+    [OPT_ADVERTISE] = {"--advertise", "advertise", T_TEXT, FIELD(advertise), 0, 0, NULL, false},
+    [OPT_HEARTBEAT] = {"--heartbeat", "heartbeat_s", T_SECONDS, FIELD(heartbeat_s), 0.1, 3600, NULL,
+                       false},
+    [OPT_NODE_TIMEOUT] = {"--node-timeout", "node_timeout_s", T_SECONDS, FIELD(timeout_s), 0.5,
+                          86400, NULL, false},
+};
+
+static void usage(FILE *out) {
+    fprintf(
+        out,
+        "usage: traind [--config FILE] [--print-config] [--listen ADDR:PORT]\n"
+        "              [--state-dir DIR] [--slots N] [--gpus LIST] [--data-root DIR]...\n"
+        "              [--grace S] [--max-body BYTES] [--worker PATH] [--web-root DIR]\n"
+        "              [--log-format text|json] [--log-level LEVEL]\n"
+        "              [--cluster-secret-file FILE] [--join ADDR:PORT] [--node-name NAME]\n"
+        "              [--advertise ADDR] [--heartbeat S] [--node-timeout S]\n"
+        "\n"
+        "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
+        "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
+        "\n"
+        "  --config FILE       the config file (default " DAEMON_CONFIG_DEFAULT ", read when it\n"
+        "                      exists): a JSON object whose keys are the options' names\n"
+        "                      below with '_' for '-' (listen, state_dir, ...; data_roots\n"
+        "                      is an array, grace_s, max_body_bytes, heartbeat_s and\n"
+        "                      node_timeout_s are numbers). The command line wins over it;\n"
+        "                      an unknown key is an error. \"--config ''\": no file.\n"
+        "  --print-config      print every setting, its value and where it came from\n"
+        "                      (command line, file, default), and exit\n"
+        "  --listen ADDR:PORT  where to serve (default 127.0.0.1:8470; port 0: any free\n"
+        "                      port). Loopback by default: put a TLS proxy in front to\n"
+        "                      serve other hosts.\n"
+        "  --state-dir DIR     jobs, logs, checkpoints, the database (state.db) and the API\n"
+        "                      token (default: $STATE_DIRECTORY, /var/lib/traind for root,\n"
+        "                      else $XDG_STATE_HOME/traind or ~/.local/state/traind)\n"
+        "  --slots N           job processes at once when there is no GPU (default: the\n"
+        "                      core count); with GPUs, one slot per GPU\n"
+        "  --gpus LIST         the GPUs jobs may use, as CUDA ordinals (e.g. 0,1,2,3)\n"
+        "                      instead of every one the driver finds; on a machine\n"
+        "                      without GPUs, declared ones are placed as if they were\n"
+        "                      there (each process gets its CUDA_VISIBLE_DEVICES). In the\n"
+        "                      file: an array of ordinals or of {\"index\", \"name\",\n"
+        "                      \"memory_gib\"}\n"
+        "  --data-root DIR     a directory job specs may read from (repeatable; default\n"
+        "                      /usr/share/datasets); the state directory always is one\n"
+        "  --grace S           seconds between SIGTERM and SIGKILL when stopping a job\n"
+        "                      (default 10)\n"
+        "  --max-body BYTES    the largest request body (default 1048576)\n"
+        "  --worker PATH       traind-worker (default: next to traind)\n"
+        "  --web-root DIR      the dashboard's files, served at / (default:\n"
+        "                      PREFIX/share/traind/web when installed, else " TRAIND_WEB_ROOT ")\n"
+        "  --log-format FMT    text (default: \"traind: \" and a sentence per line) or json\n"
+        "                      (one object per line: time, level, msg, and job, node, rank\n"
+        "                      where they apply)\n"
+        "  --log-level LEVEL   error, warning, info (default) or debug\n"
+        "\n"
+        "A cluster: one traind is the master (the default), the others join it.\n"
+        "  --cluster-secret-file FILE  the cluster's shared secret (the same file on\n"
+        "                      every node, mode 0600); a master without one accepts no\n"
+        "                      agents\n"
+        "  --join ADDR:PORT    become an agent of the master serving there\n"
+        "  --node-name NAME    this node's name in the cluster (default: the hostname)\n"
+        "  --advertise ADDR    the address other nodes reach this one at (default: the\n"
+        "                      --listen address on a master, on an agent the address it\n"
+        "                      reaches the master from)\n"
+        "  --heartbeat S       (master) seconds between agents' heartbeats (default 2)\n"
+        "  --node-timeout S    (master) seconds of silence before a node is lost\n"
+        "                      (default 10)\n"
+        "\n"
+        "On its first start traind writes a random API token to STATE_DIR/token (mode\n"
+        "0600; it is never printed); every endpoint but GET /v1/health needs\n"
+        "\"Authorization: Bearer TOKEN\". Once it serves it prints\n"
+        "\"traind: listening on http://ADDR:PORT\" to stderr (and tells systemd it is\n"
+        "ready when started as a Type=notify service). SIGHUP re-reads the config file:\n"
+        "data roots, grace, body limit and logging change at once; a change to another\n"
+        "setting is reported and waits for a restart. SIGTERM or SIGINT stops it;\n"
+        "running jobs resume from their latest checkpoints at the next start.\n"
+        "One traind per state directory (it holds a lock on STATE_DIR/traind.pid) and per\n"
+        "address: a second one on either exits with status 1 and touches nothing.\n");
+}
+
+static void *field(daemon_options *o, daemon_option opt) {
+    return (char *)o + OPTS[opt].offset;
+}
+
+static const void *cfield(const daemon_options *o, daemon_option opt) {
+    return (const char *)o + OPTS[opt].offset;
+}
+
+/* Whether s is one of "a|b|c". */
+static bool one_of(const char *choices, const char *s) {
+    size_t n = strlen(s);
+    for (const char *c = choices; *c;) {
+        const char *bar = strchr(c, '|');
+        size_t len = bar ? (size_t)(bar - c) : strlen(c);
+        if (len == n && strncmp(c, s, n) == 0 && n > 0) return true;
+        c += len + (bar ? 1 : 0);
+    }
+    return false;
+}
+
+/* The command line's value v for option opt. -1 with the message in err. */
+static int set_from_text(daemon_options *o, daemon_option opt, const char *v, bool first_root,
+                         td_err *err) {
+    const opt_info *in = &OPTS[opt];
+    void *f = field(o, opt);
+    switch (in->type) {
+    case T_TEXT:
+    case T_CHOICE:
+        if (in->type == T_CHOICE && !one_of(in->choices, v))
+            return td_fail(err, "%s \"%s\": expected one of %s", in->flag, v, in->choices);
+        if (strlen(v) >= in->size)
+            return td_fail(err, "%s: longer than %zu characters", in->flag, in->size - 1);
+        memcpy(f, v, strlen(v) + 1);
+        return 0;
+    case T_INT:
+    case T_LONG: {
+        long x;
+        if (!td_parse_long(v, (long)in->min, (long)in->max, &x))
+            return td_fail(err, "%s \"%s\": expected an integer in [%ld, %ld]", in->flag, v,
+                           (long)in->min, (long)in->max);
+        if (in->type == T_INT)
+            *(int *)f = (int)x;
+        else
+            *(long *)f = x;
+        return 0;
+    }
+    case T_SECONDS: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (errno || end == v || *end || !(x >= in->min && x <= in->max))
+            return td_fail(err, "%s \"%s\": expected seconds in [%g, %g]", in->flag, v, in->min,
+                           in->max);
+        *(double *)f = x;
+        return 0;
+    }
+    case T_ROOTS:
+        if (first_root) o->n_roots = 0; /* the command line's replace the file's */
+        if (o->n_roots == DAEMON_MAX_ROOTS)
+            return td_fail(err, "at most %d %s", DAEMON_MAX_ROOTS, in->flag);
+        if (strlen(v) >= PATH_MAX) return td_fail(err, "%s: path too long", in->flag);
+        snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", v);
+        return 0;
+    case T_GPUS:
+        return td_gpus_parse_list(v, o->gpus, &o->n_gpus, err);
+    }
+    return td_fail(err, "%s: unknown option type", in->flag);
+}
+
+/* Member opt.key of the config file's object c, when present. */
+static int set_from_json(daemon_options *o, daemon_option opt, const json_t *c, td_err *err) {
+    const opt_info *in = &OPTS[opt];
+    const json_t *v = json_object_get(c, in->key);
+    void *f = field(o, opt);
+    if (!v) return 0;
+    switch (in->type) {
+    case T_TEXT:
+        if (td_json_string(c, "", in->key, true, NULL, f, in->size, err) != 0) return -1;
+        break;
+    case T_CHOICE: {
+        int idx;
+        if (td_json_choice(c, "", in->key, true, NULL, in->choices, &idx, err) != 0) return -1;
+        snprintf(f, in->size, "%s", json_string_value(v));
+        break;
+    }
+    case T_INT:
+    case T_LONG: {
+        long x;
+        if (td_json_int(c, "", in->key, true, 0, (long)in->min, (long)in->max, &x, err) != 0)
+            return -1;
+        if (in->type == T_INT)
+            *(int *)f = (int)x;
+        else
+            *(long *)f = x;
+        break;
+    }
+    case T_SECONDS:
+        if (td_json_number(c, "", in->key, true, 0, in->min, in->max, f, err) != 0) return -1;
+        break;
+    case T_ROOTS: {
+        if (!json_is_array(v) || json_array_size(v) > DAEMON_MAX_ROOTS) {
+            char what[64];
+            snprintf(what, sizeof what, "an array of at most %d paths", DAEMON_MAX_ROOTS);
+            return td_json_fail_found(err, in->key, what, v);
+        }
+        o->n_roots = 0;
+        size_t i;
+        const json_t *r;
+        json_array_foreach(v, i, r) {
+            char where[48];
+            snprintf(where, sizeof where, "%s[%zu]", in->key, i);
+            if (!json_is_string(r) || json_string_length(r) == 0 ||
+                json_string_length(r) >= PATH_MAX)
+                return td_json_fail_found(err, where, "a path (a non-empty string)", r);
+            snprintf(o->roots[o->n_roots++], PATH_MAX, "%s", json_string_value(r));
+        }
+        break;
+    }
+    case T_GPUS:
+        if (td_gpus_parse_json(v, in->key, o->gpus, &o->n_gpus, err) != 0) return -1;
+        break;
+    }
+    o->from[opt] = DAEMON_FROM_FILE;
+    return 0;
+}
+
+/* The file's settings for whatever the command line left alone. -1 with "FILE: message". */
+static int read_file(daemon_options *o, const char *path, td_err *err) {
+    const char *keys[OPT_COUNT + 1];
+    for (int i = 0; i < OPT_COUNT; i++) keys[i] = OPTS[i].key;
+    keys[OPT_COUNT] = NULL;
+    json_error_t je;
+    json_t *c = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!c) {
+        if (je.line < 1) return td_fail(err, "%s: %s", path, je.text);
+        return td_fail(err, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+    }
+    int rc = 0;
+    td_err e = {{0}};
+    if (!json_is_object(c)) {
+        td_json_fail_found(&e, "(the top level)", "a JSON object of settings", c);
+        rc = -1;
+    } else if (td_json_check_keys(c, "", keys, &e) != 0)
+        rc = -1;
+    for (int i = 0; rc == 0 && i < OPT_COUNT; i++)
+        if (o->from[i] != DAEMON_FROM_ARGS && set_from_json(o, (daemon_option)i, c, &e) != 0)
+            rc = -1;
+    json_decref(c);
+    if (rc != 0) return td_fail(err, "%s: %s", path, e.msg);
+    return 0;
+}
+
+static void default_state_dir(char *out, size_t len) {
+    const char *s = getenv("STATE_DIRECTORY"); /* systemd's StateDirectory= */
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    if (s && *s) {
+        /* several directories are separated by ':'; traind's is the first */
+        snprintf(out, len, "%.*s", (int)strcspn(s, ":"), s);
+    } else if (getuid() == 0)
+        snprintf(out, len, "/var/lib/traind");
+    else if (xdg && *xdg)
+        snprintf(out, len, "%s/traind", xdg);
+    else
+        snprintf(out, len, "%s/.local/state/traind", home && *home ? home : ".");
+}
+
+/* The directory this executable is in ("" when /proc/self/exe cannot be read). */
+static void self_dir(char *out, size_t len) {
+    ssize_t n = readlink("/proc/self/exe", out, len - 1);
+    out[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(out, '/');
+    if (slash) *slash = 0;
+}
+
+/* The dashboard's files: PREFIX/share/traind/web beside an installed traind (bin/), else the
+ * source tree's web/ this binary was built from. */
+static void default_web_root(char *out, size_t len) {
+    char self[PATH_MAX - 64];
+    self_dir(self, sizeof self);
+    snprintf(out, len, "%s", TRAIND_WEB_ROOT);
+    if (!self[0]) return;
+    char installed[PATH_MAX];
+    snprintf(installed, sizeof installed, "%s/../share/traind/web/index.html", self);
+    if (access(installed, R_OK) == 0) snprintf(out, len, "%s/../share/traind/web", self);
+}
+
+static void default_worker(char *out, size_t len) {
+    char self[PATH_MAX - 32];
+    self_dir(self, sizeof self);
+    if (!self[0])
+        snprintf(out, len, "traind-worker");
+    else
+        snprintf(out, len, "%s/traind-worker", self);
+}
+
+static void apply_defaults(daemon_options *o) {
+    if (!o->listen[0]) snprintf(o->listen, sizeof o->listen, "127.0.0.1:8470");
+    if (!o->state_dir[0]) default_state_dir(o->state_dir, sizeof o->state_dir);
+    if (!o->worker[0]) default_worker(o->worker, sizeof o->worker);
+    if (!o->web_root[0]) default_web_root(o->web_root, sizeof o->web_root);
+    if (!o->log_format[0]) snprintf(o->log_format, sizeof o->log_format, "text");
+    if (!o->log_level[0]) snprintf(o->log_level, sizeof o->log_level, "info");
+    if (o->n_roots == 0) snprintf(o->roots[o->n_roots++], PATH_MAX, "/usr/share/datasets");
+}
+
+static void init(daemon_options *o) {
+    *o = (daemon_options){.grace_s = 10, .max_body = 1 << 20, .heartbeat_s = 2, .timeout_s = 10};
+}
+
+/* The command line into o (marking what it gave). *config: the --config value or NULL. exits:
+ * --help and --version print and exit (the first load); a reload never meets them. */
+static int parse_args(daemon_options *o, int argc, char **argv, const char **config, bool exits,
+                      td_err *err) {
+    *config = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (exits && (!strcmp(a, "--help") || !strcmp(a, "-h"))) {
+            usage(stdout);
+            exit(0);
+        }
+        if (exits && !strcmp(a, "--version")) {
+            printf("traind %s\n", TRAIND_VERSION);
+            exit(0);
+        }
+        if (!strcmp(a, "--print-config")) {
+            o->print_config = true;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0) return td_fail(err, "%s: unexpected argument", a);
+        int opt = -1;
+        for (int k = 0; k < OPT_COUNT && opt < 0; k++)
+            if (!strcmp(a, OPTS[k].flag)) opt = k;
+        if (opt < 0 && strcmp(a, "--config") != 0) return td_fail(err, "unknown option %s", a);
+        if (i + 1 >= argc) return td_fail(err, "%s: needs a value", a);
+        const char *v = argv[++i];
+        if (opt < 0) {
+            *config = v;
+            continue;
+        }
+        bool first = o->from[opt] != DAEMON_FROM_ARGS;
+        if (set_from_text(o, (daemon_option)opt, v, first, err) != 0) return -1;
+        o->from[opt] = DAEMON_FROM_ARGS;
+    }
+    return 0;
+}
+
+/* The whole load; -1 with the message (no exit but --help and --version when exits). */
+static int load(daemon_options *o, int argc, char **argv, bool exits, td_err *err) {
+    init(o);
+    const char *config;
+    if (parse_args(o, argc, argv, &config, exits, err) != 0) return -1;
+    if (config && config[0]) {
+        snprintf(o->config_path, sizeof o->config_path, "%s", config);
+    } else if (!config && access(DAEMON_CONFIG_DEFAULT, F_OK) == 0)
+        snprintf(o->config_path, sizeof o->config_path, "%s", DAEMON_CONFIG_DEFAULT);
+    if (o->config_path[0] && read_file(o, o->config_path, err) != 0) return -1;
+    apply_defaults(o);
+    if (o->heartbeat_s * 2 > o->timeout_s)
+        return td_fail(err,
+                       "heartbeat %g s must be at most half of the node timeout %g s: agents "
+                       "would be marked lost between two heartbeats",
+                       o->heartbeat_s, o->timeout_s);
+    return 0;
+}
+
+void daemon_config_load(daemon_options *o, int argc, char **argv) {
+    td_err err = {{0}};
+    if (load(o, argc, argv, true, &err) != 0) {
+        fprintf(stderr, "traind: %s\n", err.msg);
+        if (strstr(err.msg, "unknown option") || strstr(err.msg, "unexpected argument") ||
+            strstr(err.msg, "needs a value"))
+            fprintf(stderr, "(traind --help lists the options)\n");
+        exit(2);
+    }
+}
+
+int daemon_config_reload(daemon_options *next, int argc, char **argv, char *why, size_t len) {
+    td_err err = {{0}};
+    if (load(next, argc, argv, false, &err) != 0) {
+        snprintf(why, len, "%s", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* The value as JSON text, for --print-config and reload messages. */
+static void value_text(const daemon_options *o, daemon_option opt, char *out, size_t len) {
+    const void *f = cfield(o, opt);
+    json_t *v = NULL;
+    switch (OPTS[opt].type) {
+    case T_TEXT:
+    case T_CHOICE:
+        v = json_string((const char *)f);
+        break;
+    case T_INT:
+        v = *(const int *)f ? json_integer(*(const int *)f) : json_null(); /* 0: automatic */
+        break;
+    case T_LONG:
+        v = json_integer(*(const long *)f);
+        break;
+    case T_SECONDS:
+        v = json_real(*(const double *)f);
+        break;
+    case T_ROOTS:
+        v = json_array();
+        for (int i = 0; i < o->n_roots; i++) json_array_append_new(v, json_string(o->roots[i]));
+        break;
+    case T_GPUS:
+        v = json_array();
+        for (int i = 0; i < o->n_gpus; i++)
+            json_array_append_new(v, json_integer(o->gpus[i].index));
+        break;
+    }
+    char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
+    snprintf(out, len, "%s", s ? s : "?");
+    free(s);
+    json_decref(v);
+}
+
+void daemon_config_print(const daemon_options *o, FILE *out) {
+    fprintf(out,
+            "# traind settings: the command line wins over the config file (%s), the file "
+            "over the defaults\n",
+            o->config_path[0] ? o->config_path : "none read");
+    for (int i = 0; i < OPT_COUNT; i++) {
+        char v[PATH_MAX * 2];
+        value_text(o, (daemon_option)i, v, sizeof v);
+        const char *auto_note = "";
+        if (i == OPT_SLOTS && o->slots == 0) auto_note = ": one per GPU, else the core count";
+        if (i == OPT_GPUS && o->n_gpus == 0) auto_note = ": every GPU the driver finds";
+        char from[PATH_MAX + 32];
+        if (o->from[i] == DAEMON_FROM_ARGS)
+            snprintf(from, sizeof from, "command line %s", OPTS[i].flag);
+        else if (o->from[i] == DAEMON_FROM_FILE)
+            snprintf(from, sizeof from, "%s", o->config_path);
+        else
+            snprintf(from, sizeof from, "default%s", auto_note);
+        fprintf(out, "%-20s %-32s # %s\n", OPTS[i].key, v, from);
+    }
+}
+
+bool daemon_config_changed(const daemon_options *a, const daemon_options *b, daemon_option opt) {
+    const void *fa = cfield(a, opt), *fb = cfield(b, opt);
+    switch (OPTS[opt].type) {
+    case T_TEXT:
+    case T_CHOICE:
+        return strcmp(fa, fb) != 0;
+    case T_INT:
+        return *(const int *)fa != *(const int *)fb;
+    case T_LONG:
+        return *(const long *)fa != *(const long *)fb;
+    case T_SECONDS:
+        return *(const double *)fa != *(const double *)fb;
+    case T_ROOTS:
+        if (a->n_roots != b->n_roots) return true;
+        for (int i = 0; i < a->n_roots; i++)
+            if (strcmp(a->roots[i], b->roots[i]) != 0) return true;
+        return false;
+    case T_GPUS:
+        if (a->n_gpus != b->n_gpus) return true;
+        for (int i = 0; i < a->n_gpus; i++)
+            if (a->gpus[i].index != b->gpus[i].index ||
+                strcmp(a->gpus[i].name, b->gpus[i].name) != 0 ||
+                a->gpus[i].memory_bytes != b->gpus[i].memory_bytes)
+                return true;
+        return false;
+    }
+    return true;
+}
+
+const char *daemon_config_key(daemon_option opt) {
+    return OPTS[opt].key;
+}
+
+bool daemon_config_live(daemon_option opt) {
+    return OPTS[opt].live;
+}
+
+void daemon_config_value(const daemon_options *o, daemon_option opt, char *out, size_t len) {
+    value_text(o, opt, out, len);
+}

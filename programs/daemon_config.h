@@ -1,0 +1,90 @@
+/* traind's settings: one table of options, each with its command-line flag and its config-file
+ * key, so the two can never drift apart. The command line wins over the file, the file over the
+ * defaults; every setting remembers where it came from (traind --print-config shows it), and a
+ * reload (SIGHUP) re-reads the file and says which changes it applied and which need a
+ * restart. */
+#ifndef DAEMON_CONFIG_H
+#define DAEMON_CONFIG_H
+
+#include "service/td_gpus.h"
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#define DAEMON_CONFIG_DEFAULT "/etc/traind/traind.json"
+#define DAEMON_MAX_ROOTS      16
+
+/* Where a setting's value came from. */
+typedef enum { DAEMON_FROM_DEFAULT, DAEMON_FROM_FILE, DAEMON_FROM_ARGS } daemon_source;
+
+/* The options' indexes into daemon_options.from[] (and the table in daemon_config.c). */
+typedef enum {
+    OPT_LISTEN,
+    OPT_STATE_DIR,
+    OPT_SLOTS,
+    OPT_GPUS,
+    OPT_DATA_ROOTS,
+    OPT_GRACE,
+    OPT_MAX_BODY,
+    OPT_WORKER,
+    OPT_WEB_ROOT,
+    OPT_LOG_FORMAT,
+    OPT_LOG_LEVEL,
+    OPT_SECRET,
+    OPT_JOIN,
+    OPT_NODE_NAME,
+    OPT_ADVERTISE,
+    OPT_HEARTBEAT,
+    OPT_NODE_TIMEOUT,
+    OPT_COUNT
+} daemon_option;
+
+typedef struct daemon_options {
+    char listen[256];
+    char state_dir[PATH_MAX];
+    int slots;                     /* 0: the core count */
+    td_node_gpu gpus[TD_GPUS_MAX]; /* declared; n_gpus 0: discovered */
+    int n_gpus;
+    char roots[DAEMON_MAX_ROOTS][PATH_MAX];
+    int n_roots;
+    double grace_s;
+    long max_body;
+    char worker[PATH_MAX];
+    char web_root[PATH_MAX];
+    char log_format[8]; /* "text" or "json" */
+    char log_level[8];  /* "error", "warning", "info" or "debug" */
+    /* the cluster */
+    char secret_file[PATH_MAX];    /* "": a master that accepts no agents */
+    char join[256];                /* "": this traind is a master */
+    char node_name[64];            /* "": the hostname */
+    char advertise[64];            /* "": the listen address (master) or the route (agent) */
+    double heartbeat_s, timeout_s; /* a master's: what agents keep, when they are lost */
+
+    /* not settings */
+    daemon_source from[OPT_COUNT];
+    char config_path[PATH_MAX]; /* the file read; "" when none */
+    bool print_config;          /* --print-config: print the settings and exit */
+} daemon_options;
+
+/* The command line, then the config file (--config FILE, else DAEMON_CONFIG_DEFAULT when it
+ * exists), then the defaults, into o. A bad option or file is a message on stderr naming the
+ * option, or the file and key, and exit status 2; --help and --version print and exit 0. */
+void daemon_config_load(daemon_options *o, int argc, char **argv);
+
+/* Every setting, its value and where it came from, one per line. */
+void daemon_config_print(const daemon_options *o, FILE *out);
+
+/* Reads the configuration again (the same command line, the file as it is now) into *next,
+ * without exiting on an error: -1 with the message in why. */
+int daemon_config_reload(daemon_options *next, int argc, char **argv, char *why, size_t len);
+
+/* Whether option opt differs between a and b; its key ("data_roots") and whether a running
+ * daemon can take the new value. */
+bool daemon_config_changed(const daemon_options *a, const daemon_options *b, daemon_option opt);
+const char *daemon_config_key(daemon_option opt);
+bool daemon_config_live(daemon_option opt);
+/* opt's value as JSON text ("\"127.0.0.1:8470\"", 10, ["/data"]). */
+void daemon_config_value(const daemon_options *o, daemon_option opt, char *out, size_t len);
+
+#endif

@@ -1,0 +1,57 @@
+/* A job's TensorBoard event files: every number of its metric events (a train line's loss, lr and
+ * samples_per_s; an eval line's val_loss and val_acc; any number a command job prints) becomes a
+ * scalar of that name at the event's step, in JOB_DIR/tensorboard/, so that
+ * `tensorboard --logdir` on the job's directory (or on GET /v1/jobs/{id}/tensorboard unpacked)
+ * draws the same curves as GET /v1/jobs/{id}/metrics (less the done event, a summary that
+ * repeats the last values). The events are written after the database
+ * has them: a daemon killed in between loses a point from the file, never duplicates one. */
+#include "service/td_jobs_private.h"
+
+#include "service/td_tboard.h"
+
+#include <string.h>
+
+/* Members that place an event rather than measure anything. */
+static bool placing(const char *key) {
+    return strcmp(key, "step") == 0 || strcmp(key, "epoch") == 0 || strcmp(key, "time") == 0 ||
+           strcmp(key, "rank") == 0;
+}
+
+void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step) {
+    if (!jb->tboard && !jb->tboard_failed) {
+        char dir[PATH_MAX + 16];
+        snprintf(dir, sizeof dir, "%s/tensorboard", jb->dir);
+        td_err err = {{0}};
+        if (td_tboard_open(&jb->tboard, dir, j->node_name[0] ? j->node_name : "traind",
+                           td_clock_wall(), &err) != 0) {
+            /* the job goes on without its event files; said once, not per line */
+            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
+                      "job %ld: no TensorBoard event files: %s", jb->row.id, err.msg);
+            jb->tboard_failed = true;
+            return;
+        }
+    }
+    if (!jb->tboard) return;
+    double now = td_clock_wall();
+    const char *key;
+    json_t *v;
+    json_object_foreach(event, key, v) {
+        if (!json_is_number(v) || placing(key)) continue;
+        td_err err = {{0}};
+        if (td_tboard_scalar(jb->tboard, key, step, now, json_number_value(v), &err) != 0) {
+            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
+                      "job %ld: TensorBoard event file: %s", jb->row.id, err.msg);
+            return;
+        }
+    }
+}
+
+void td_jobs_tboard_close(td_jobs *j, job *jb) {
+    if (!jb->tboard) return;
+    td_err err = {{0}};
+    if (td_tboard_flush(jb->tboard, &err) != 0)
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
+                  "job %ld: TensorBoard event file: %s", jb->row.id, err.msg);
+    td_tboard_close(jb->tboard);
+    jb->tboard = NULL;
+}
