@@ -22,9 +22,15 @@ typedef struct opt_info {
     bool live;           /* a reload (SIGHUP) applies a change; else it needs a restart */
 } opt_info;
 
+/* Text options whose empty value means nothing (an empty one for join, node_name, advertise or
+ * cluster_secret_file means "none"). */
+static bool needs_text(daemon_option opt) {
+    return opt == OPT_LISTEN || opt == OPT_STATE_DIR || opt == OPT_WORKER || opt == OPT_WEB_ROOT;
+}
+
 #define FIELD(f) offsetof(daemon_options, f), sizeof(((daemon_options *)0)->f)
 
-/* In daemon_option order (checked below). */
+/* In daemon_option order (check_table says so at start-up). */
 static const opt_info OPTS[OPT_COUNT] = {
     [OPT_LISTEN] = {"--listen", "listen", T_TEXT, FIELD(listen), 0, 0, NULL, false},
     [OPT_STATE_DIR] = {"--state-dir", "state_dir", T_TEXT, FIELD(state_dir), 0, 0, NULL, false},
@@ -70,6 +76,8 @@ static void usage(FILE *out) {
         "                      is an array, grace_s, max_body_bytes, heartbeat_s and\n"
         "                      node_timeout_s are numbers). The command line wins over it;\n"
         "                      an unknown key is an error. \"--config ''\": no file.\n"
+        "                      Without --config, $TRAIND_CONFIG names the file when set\n"
+        "                      (empty: none), as the tests set it.\n"
         "  --print-config      print every setting, its value and where it came from\n"
         "                      (command line, file, default), and exit\n"
         "  --listen ADDR:PORT  where to serve (default 127.0.0.1:8470; port 0: any free\n"
@@ -154,6 +162,7 @@ static int set_from_text(daemon_options *o, daemon_option opt, const char *v, bo
     case T_CHOICE:
         if (in->type == T_CHOICE && !one_of(in->choices, v))
             return td_fail(err, "%s \"%s\": expected one of %s", in->flag, v, in->choices);
+        if (!v[0] && needs_text(opt)) return td_fail(err, "%s: needs a non-empty value", in->flag);
         if (strlen(v) >= in->size)
             return td_fail(err, "%s: longer than %zu characters", in->flag, in->size - 1);
         memcpy(f, v, strlen(v) + 1);
@@ -181,6 +190,7 @@ static int set_from_text(daemon_options *o, daemon_option opt, const char *v, bo
         return 0;
     }
     case T_ROOTS:
+        if (!v[0]) return td_fail(err, "%s: needs a directory, not an empty string", in->flag);
         if (first_root) o->n_roots = 0; /* the command line's replace the file's */
         if (o->n_roots == DAEMON_MAX_ROOTS)
             return td_fail(err, "at most %d %s", DAEMON_MAX_ROOTS, in->flag);
@@ -202,11 +212,15 @@ static int set_from_json(daemon_options *o, daemon_option opt, const json_t *c, 
     switch (in->type) {
     case T_TEXT:
         if (td_json_string(c, "", in->key, true, NULL, f, in->size, err) != 0) return -1;
+        if (!((char *)f)[0] && needs_text(opt))
+            return td_json_fail_found(err, in->key, "a non-empty string", v);
         break;
     case T_CHOICE: {
         int idx;
         if (td_json_choice(c, "", in->key, true, NULL, in->choices, &idx, err) != 0) return -1;
-        snprintf(f, in->size, "%s", json_string_value(v));
+        if (json_string_length(v) >= in->size)
+            return td_json_fail_found(err, in->key, "a shorter choice", v);
+        memcpy(f, json_string_value(v), json_string_length(v) + 1);
         break;
     }
     case T_INT:
@@ -319,14 +333,33 @@ static void default_worker(char *out, size_t len) {
         snprintf(out, len, "%s/traind-worker", self);
 }
 
+/* Only what neither the command line nor the file gave ("data_roots": [] in the file stays
+ * empty: the state directory alone). */
 static void apply_defaults(daemon_options *o) {
-    if (!o->listen[0]) snprintf(o->listen, sizeof o->listen, "127.0.0.1:8470");
-    if (!o->state_dir[0]) default_state_dir(o->state_dir, sizeof o->state_dir);
-    if (!o->worker[0]) default_worker(o->worker, sizeof o->worker);
-    if (!o->web_root[0]) default_web_root(o->web_root, sizeof o->web_root);
-    if (!o->log_format[0]) snprintf(o->log_format, sizeof o->log_format, "text");
-    if (!o->log_level[0]) snprintf(o->log_level, sizeof o->log_level, "info");
-    if (o->n_roots == 0) snprintf(o->roots[o->n_roots++], PATH_MAX, "/usr/share/datasets");
+    const daemon_source *from = o->from;
+    if (from[OPT_LISTEN] == DAEMON_FROM_DEFAULT)
+        snprintf(o->listen, sizeof o->listen, "127.0.0.1:8470");
+    if (from[OPT_STATE_DIR] == DAEMON_FROM_DEFAULT)
+        default_state_dir(o->state_dir, sizeof o->state_dir);
+    if (from[OPT_WORKER] == DAEMON_FROM_DEFAULT) default_worker(o->worker, sizeof o->worker);
+    if (from[OPT_WEB_ROOT] == DAEMON_FROM_DEFAULT)
+        default_web_root(o->web_root, sizeof o->web_root);
+    if (from[OPT_LOG_FORMAT] == DAEMON_FROM_DEFAULT)
+        snprintf(o->log_format, sizeof o->log_format, "text");
+    if (from[OPT_LOG_LEVEL] == DAEMON_FROM_DEFAULT)
+        snprintf(o->log_level, sizeof o->log_level, "info");
+    if (from[OPT_DATA_ROOTS] == DAEMON_FROM_DEFAULT) {
+        o->n_roots = 0;
+        snprintf(o->roots[o->n_roots++], PATH_MAX, "/usr/share/datasets");
+    }
+}
+
+/* The table covers every option, in order: a gap would be a NULL flag at the first lookup. */
+static int check_table(td_err *err) {
+    for (int i = 0; i < OPT_COUNT; i++)
+        if (!OPTS[i].flag || !OPTS[i].key || OPTS[i].size == 0)
+            return td_fail(err, "internal: option %d has no row in daemon_config.c's table", i);
+    return 0;
 }
 
 static void init(daemon_options *o) {
@@ -373,8 +406,10 @@ static int parse_args(daemon_options *o, int argc, char **argv, const char **con
 /* The whole load; -1 with the message (no exit but --help and --version when exits). */
 static int load(daemon_options *o, int argc, char **argv, bool exits, td_err *err) {
     init(o);
+    if (check_table(err) != 0) return -1;
     const char *config;
     if (parse_args(o, argc, argv, &config, exits, err) != 0) return -1;
+    if (!config) config = getenv("TRAIND_CONFIG"); /* NULL: the default file, if there is one */
     if (config && config[0]) {
         snprintf(o->config_path, sizeof o->config_path, "%s", config);
     } else if (!config && access(DAEMON_CONFIG_DEFAULT, F_OK) == 0)
@@ -383,9 +418,10 @@ static int load(daemon_options *o, int argc, char **argv, bool exits, td_err *er
     apply_defaults(o);
     if (o->heartbeat_s * 2 > o->timeout_s)
         return td_fail(err,
-                       "heartbeat %g s must be at most half of the node timeout %g s: agents "
-                       "would be marked lost between two heartbeats",
-                       o->heartbeat_s, o->timeout_s);
+                       "heartbeat_s %g (%s) must be at most half of node_timeout_s %g (%s): "
+                       "agents would be marked lost between two heartbeats",
+                       o->heartbeat_s, daemon_config_source(o, OPT_HEARTBEAT), o->timeout_s,
+                       daemon_config_source(o, OPT_NODE_TIMEOUT));
     return 0;
 }
 
@@ -400,17 +436,24 @@ void daemon_config_load(daemon_options *o, int argc, char **argv) {
     }
 }
 
-int daemon_config_reload(daemon_options *next, int argc, char **argv, char *why, size_t len) {
+int daemon_config_reload(daemon_options *next, const daemon_options *now, int argc, char **argv,
+                         char *why, size_t len) {
     td_err err = {{0}};
     if (load(next, argc, argv, false, &err) != 0) {
         snprintf(why, len, "%s", err.msg);
         return -1;
     }
+    /* the default file removed: falling back to the defaults would undo its settings silently */
+    if (now->config_path[0] && strcmp(now->config_path, next->config_path) != 0) {
+        snprintf(why, len, "%s: %s", now->config_path,
+                 next->config_path[0] ? "another file is read now" : "the file is gone");
+        return -1;
+    }
     return 0;
 }
 
-/* The value as JSON text, for --print-config and reload messages. */
-static void value_text(const daemon_options *o, daemon_option opt, char *out, size_t len) {
+/* The value as JSON text (allocated), for --print-config and reload messages. */
+char *daemon_config_value(const daemon_options *o, daemon_option opt) {
     const void *f = cfield(o, opt);
     json_t *v = NULL;
     switch (OPTS[opt].type) {
@@ -438,9 +481,19 @@ static void value_text(const daemon_options *o, daemon_option opt, char *out, si
         break;
     }
     char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
-    snprintf(out, len, "%s", s ? s : "?");
-    free(s);
     json_decref(v);
+    return s ? s : strdup("?"); /* a path that is not UTF-8 has no JSON string */
+}
+
+const char *daemon_config_source(const daemon_options *o, daemon_option opt) {
+    switch (o->from[opt]) {
+    case DAEMON_FROM_ARGS:
+        return "from the command line";
+    case DAEMON_FROM_FILE:
+        return o->config_path;
+    default:
+        return "the default";
+    }
 }
 
 void daemon_config_print(const daemon_options *o, FILE *out) {
@@ -449,8 +502,7 @@ void daemon_config_print(const daemon_options *o, FILE *out) {
             "over the defaults\n",
             o->config_path[0] ? o->config_path : "none read");
     for (int i = 0; i < OPT_COUNT; i++) {
-        char v[PATH_MAX * 2];
-        value_text(o, (daemon_option)i, v, sizeof v);
+        char *v = daemon_config_value(o, (daemon_option)i);
         const char *auto_note = "";
         if (i == OPT_SLOTS && o->slots == 0) auto_note = ": one per GPU, else the core count";
         if (i == OPT_GPUS && o->n_gpus == 0) auto_note = ": every GPU the driver finds";
@@ -461,7 +513,8 @@ void daemon_config_print(const daemon_options *o, FILE *out) {
             snprintf(from, sizeof from, "%s", o->config_path);
         else
             snprintf(from, sizeof from, "default%s", auto_note);
-        fprintf(out, "%-20s %-32s # %s\n", OPTS[i].key, v, from);
+        fprintf(out, "%-20s %-32s # %s\n", OPTS[i].key, v ? v : "?", from);
+        free(v);
     }
 }
 
@@ -500,8 +553,4 @@ const char *daemon_config_key(daemon_option opt) {
 
 bool daemon_config_live(daemon_option opt) {
     return OPTS[opt].live;
-}
-
-void daemon_config_value(const daemon_options *o, daemon_option opt, char *out, size_t len) {
-    value_text(o, opt, out, len);
 }

@@ -77,14 +77,17 @@ void daemon_config_print(const daemon_options *o, FILE *out);
 
 /* Reads the configuration again (the same command line, the file as it is now) into *next,
  * without exiting on an error: -1 with the message in why. */
-int daemon_config_reload(daemon_options *next, int argc, char **argv, char *why, size_t len);
+int daemon_config_reload(daemon_options *next, const daemon_options *now, int argc, char **argv,
+                         char *why, size_t len);
 
 /* Whether option opt differs between a and b; its key ("data_roots") and whether a running
  * daemon can take the new value. */
 bool daemon_config_changed(const daemon_options *a, const daemon_options *b, daemon_option opt);
 const char *daemon_config_key(daemon_option opt);
 bool daemon_config_live(daemon_option opt);
-/* opt's value as JSON text ("\"127.0.0.1:8470\"", 10, ["/data"]). */
-void daemon_config_value(const daemon_options *o, daemon_option opt, char *out, size_t len);
+/* opt's value as JSON text ("\"127.0.0.1:8470\"", 10, ["/data"]), allocated (free it). */
+char *daemon_config_value(const daemon_options *o, daemon_option opt);
+/* Where opt's value came from, for messages: "from the command line", the file, "the default". */
+const char *daemon_config_source(const daemon_options *o, daemon_option opt);
 
 #endif

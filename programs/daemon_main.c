@@ -103,8 +103,8 @@ static void load_random(const char *dir, const char *name, const char *what, cha
         die("cannot write %s: %s", path, strerror(errno));
     close(fd);
     /* never the token itself: under systemd stderr is the journal, which others may read */
-    td_log_info(log, "created a new %s in %s (mode 0600)%s", what, path,
-                strcmp(name, "token") == 0 ? "; clients read it there" : "");
+    td_log_notice(log, "created a new %s in %s (mode 0600)%s", what, path,
+                  strcmp(name, "token") == 0 ? "; clients read it there" : "");
 }
 
 /* The cluster secret, from --cluster-secret-file. */
@@ -210,20 +210,21 @@ static td_log_level level_of(const daemon_options *o) {
  * limit, logging) changes now; any other change is named and waits for a restart. */
 static void reload(daemon_options *o, int argc, char **argv, const char *state, td_log *log,
                    td_jobs *jobs, td_api *api) {
-    sd_notify(0, "RELOADING=1\nSTATUS=reloading the configuration");
+    /* MONOTONIC_USEC: systemd (253 on) pairs it with the reload it asked for */
+    sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the configuration\nMONOTONIC_USEC=%llu",
+               (unsigned long long)(td_clock_now() * 1e6));
     daemon_options *next = malloc(sizeof *next);
     char why[1024];
     if (!next) {
         td_log_error(log, "reload: out of memory; the configuration is unchanged");
-    } else if (daemon_config_reload(next, argc, argv, why, sizeof why) != 0) {
+    } else if (daemon_config_reload(next, o, argc, argv, why, sizeof why) != 0) {
         td_log_error(log, "reload failed, the configuration is unchanged: %s", why);
     } else {
         int applied = 0, waiting = 0;
         for (int i = 0; i < OPT_COUNT; i++) {
             if (!daemon_config_changed(o, next, (daemon_option)i)) continue;
-            char was[512], now[512];
-            daemon_config_value(o, (daemon_option)i, was, sizeof was);
-            daemon_config_value(next, (daemon_option)i, now, sizeof now);
+            char *was = daemon_config_value(o, (daemon_option)i);
+            char *now = daemon_config_value(next, (daemon_option)i);
             if (daemon_config_live((daemon_option)i)) {
                 td_log_info(log, "reload: %s is now %s (was %s)", daemon_config_key(i), now, was);
                 applied++;
@@ -234,6 +235,8 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
                             daemon_config_key(i), now, was);
                 waiting++;
             }
+            free(was);
+            free(now);
         }
         /* the live ones into o; the others keep the values this daemon runs with */
         o->n_roots = next->n_roots;
@@ -249,9 +252,9 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
         int n_roots = resolve_roots(o, state, log, resolved, roots);
         td_jobs_set_limits(jobs, roots, n_roots, o->grace_s);
         td_api_set_max_body(api, (size_t)o->max_body);
-        td_log_info(log, "reloaded %s: %d change%s applied, %d waiting for a restart",
-                    o->config_path[0] ? o->config_path : "(no config file)", applied,
-                    applied == 1 ? "" : "s", waiting);
+        td_log_notice(log, "reloaded %s: %d change%s applied, %d waiting for a restart",
+                      o->config_path[0] ? o->config_path : "(no config file)", applied,
+                      applied == 1 ? "" : "s", waiting);
         /* last: the summary above is written in the format and at the level it was asked in */
         td_log_configure(log, strcmp(o->log_format, "json") == 0, level_of(o));
     }
@@ -395,15 +398,15 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                         .state_dir = state,
                         .log = log};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
-    td_log_info(log, "%d %s slot%s; state in %s; worker %s", slots, gpus > 0 ? "GPU" : "CPU",
-                slots == 1 ? "" : "s", state, o->worker);
-    td_log_info(log, "listening on http://%s:%d", host, td_api_port(api));
-    td_log_info(log, "the dashboard is at http://%s:%d/ (sign in with the API token)", host,
-                td_api_port(api));
+    td_log_notice(log, "%d %s slot%s; state in %s; worker %s", slots, gpus > 0 ? "GPU" : "CPU",
+                  slots == 1 ? "" : "s", state, o->worker);
+    td_log_notice(log, "listening on http://%s:%d", host, td_api_port(api));
+    td_log_notice(log, "the dashboard is at http://%s:%d/ (sign in with the API token)", host,
+                  td_api_port(api));
     if (cluster)
-        td_log_info(log, "node %s is the cluster's master; %s", name,
-                    secret[0] ? "agents join with --join and the cluster secret"
-                              : "it accepts no agents (no --cluster-secret-file)");
+        td_log_notice(log, "node %s is the cluster's master; %s", name,
+                      secret[0] ? "agents join with --join and the cluster secret"
+                                : "it accepts no agents (no --cluster-secret-file)");
     if (agent && td_agent_start(agent, jobs, &err) != 0) goto fail;
     /* systemd (Type=notify): the port answers and the database is open */
     sd_notifyf(0, "READY=1\nSTATUS=serving on %s:%d\nMAINPID=%ld", host, td_api_port(api),
@@ -425,7 +428,7 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     if (refused)
         td_log_error(log, "stopping: the master refused this node (see above)");
     else
-        td_log_info(log, "%s: stopping (running jobs resume at the next start)", strsignal(sig));
+        td_log_notice(log, "%s: stopping (running jobs resume at the next start)", strsignal(sig));
     rc = refused ? 1 : 0;
     goto stop;
 fail:
@@ -457,11 +460,13 @@ int main(int argc, char **argv) {
     char host[128];
     const char *colon = strrchr(o.listen, ':');
     if (!colon || colon == o.listen || (size_t)(colon - o.listen) >= sizeof host)
-        die("listen \"%s\": expected ADDR:PORT, e.g. 127.0.0.1:8470", o.listen);
+        die("listen \"%s\" (%s): expected ADDR:PORT, e.g. 127.0.0.1:8470", o.listen,
+            daemon_config_source(&o, OPT_LISTEN));
     snprintf(host, sizeof host, "%.*s", (int)(colon - o.listen), o.listen);
     long port_l;
     if (!td_parse_long(colon + 1, 0, 65535, &port_l))
-        die("listen \"%s\": the port \"%s\" is not an integer in [0, 65535]", o.listen, colon + 1);
+        die("listen \"%s\" (%s): the port \"%s\" is not an integer in [0, 65535]", o.listen,
+            daemon_config_source(&o, OPT_LISTEN), colon + 1);
     int port = (int)port_l;
 
     make_dirs(o.state_dir);

@@ -94,6 +94,9 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             return 0;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("traind-run %s\n", TRAIND_VERSION);
+            return 0;
         } else if ((v = option(argc, argv, &i, "--nproc-per-node"))) {
             cfg.nproc_per_node = int_value("--nproc-per-node", v, 1, 1024);
         } else if ((v = option(argc, argv, &i, "--nnodes"))) {

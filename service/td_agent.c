@@ -432,10 +432,10 @@ static void refuse(td_agent *a, long status, const td_buf *reply) {
     bool ours = false;
     for (size_t i = 0; i < sizeof OURS / sizeof *OURS; i++) ours |= strcmp(code, OURS[i]) == 0;
     if (ours)
-        td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
+        td_log_at(a->cfg.log, TD_LOG_ERROR, TD_LOG_NOWHERE,
                   "the master at %s refused this node (HTTP %ld): %s", a->master, status, msg);
     else /* a traind from before the cluster answers its routes as a user's */
-        td_log_at(a->cfg.log, TD_LOG_INFO, TD_LOG_NOWHERE,
+        td_log_at(a->cfg.log, TD_LOG_ERROR, TD_LOG_NOWHERE,
                   "the master at %s does not speak the cluster protocol (HTTP %ld: %s): is it an "
                   "older traind? Run the same traind version on every node",
                   a->master, status, msg);

@@ -404,7 +404,7 @@ int td_cluster_sweep(td_cluster *c, double now) {
         silent = td_realloc(silent, (size_t)(lost + 1) * sizeof *silent);
         snprintf(names[lost], NAME_LEN, "%s", n->name);
         silent[lost++] = now - n->last_seen;
-        td_log_at(c->cfg.log, TD_LOG_INFO, TD_LOG_NODE(n->name),
+        td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NODE(n->name),
                   "node %s (%s) lost: no heartbeat for %.1f s (timeout %g s)", n->name, n->address,
                   now - n->last_seen, c->cfg.timeout_s);
     }

@@ -34,8 +34,6 @@ void *td_jobs_supervise(void *arg) {
     td_jobs *j = arg;
     pthread_mutex_lock(&j->mu);
     while (!j->stopping) {
-        td_fault_hang_at(TD_FAULT_SUPERVISOR);
-        if (j->cfg.on_turn) j->cfg.on_turn(j->cfg.turn_ctx);
         td_jobs_schedule(j);
         int n = 0, max = 2 + j->n_jobs + j->n_guests;
         struct pollfd fds[max];
@@ -70,9 +68,14 @@ void *td_jobs_supervise(void *arg) {
         }
         if (j->cfg.on_turn && j->cfg.turn_every_s > 0) {
             int every = (int)(j->cfg.turn_every_s * 1000.0);
+            if (every < 1) every = 1;
             if (timeout_ms < 0 || every < timeout_ms) timeout_ms = every;
         }
         pthread_mutex_unlock(&j->mu);
+        /* without the mutex: the ping is a blocking send, and a hang here (the fault point)
+         * leaves the API answering while only the watchdog can tell */
+        td_fault_hang_at(TD_FAULT_SUPERVISOR);
+        if (j->cfg.on_turn) j->cfg.on_turn(j->cfg.turn_ctx);
         int rc = poll(fds, (nfds_t)n, timeout_ms);
         pthread_mutex_lock(&j->mu);
         if (rc < 0 && errno != EINTR) {

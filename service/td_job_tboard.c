@@ -10,6 +10,7 @@
 #include "service/td_tboard.h"
 
 #include <string.h>
+#include <sys/stat.h>
 
 /* Members that place an event rather than measure anything. */
 static bool placing(const char *key) {
@@ -22,8 +23,18 @@ void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step) {
         char dir[PATH_MAX + 16];
         snprintf(dir, sizeof dir, "%s/tensorboard", jb->dir);
         td_err err = {{0}};
-        if (td_tboard_open(&jb->tboard, dir, j->node_name[0] ? j->node_name : "traind",
-                           td_clock_wall(), &err) != 0) {
+        struct stat st;
+        /* the job's processes write in its directory: a link they put there must not aim the
+         * daemon's writes elsewhere */
+        if (lstat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            td_fail(&err, "%s is not a directory (a job's file or link is in the way)", dir);
+        } else {
+            /* named after the job's creation, not this start: a daemon that restarts appends
+             * to the same file (after cutting off a record it was killed inside) */
+            td_tboard_open(&jb->tboard, dir, j->node_name[0] ? j->node_name : "traind",
+                           jb->row.created_at, &err);
+        }
+        if (!jb->tboard) {
             /* the job goes on without its event files; said once, not per line */
             td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
                       "job %ld: no TensorBoard event files: %s", jb->row.id, err.msg);
@@ -39,19 +50,23 @@ void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step) {
         if (!json_is_number(v) || placing(key)) continue;
         td_err err = {{0}};
         if (td_tboard_scalar(jb->tboard, key, step, now, json_number_value(v), &err) != 0) {
-            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
-                      "job %ld: TensorBoard event file: %s", jb->row.id, err.msg);
+            /* a full disk fails every line: said when it starts, and again after a success */
+            if (!jb->tboard_warned)
+                td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
+                          "job %ld: TensorBoard event file: %s (its scalars are lost until "
+                          "writing works again)",
+                          jb->row.id, err.msg);
+            jb->tboard_warned = true;
             return;
         }
+        jb->tboard_warned = false;
     }
 }
 
+/* Closed, not synced: each record reached the file as it was written, and an fdatasync here
+ * (under the jobs' mutex) could stall every request on a slow disk. */
 void td_jobs_tboard_close(td_jobs *j, job *jb) {
-    if (!jb->tboard) return;
-    td_err err = {{0}};
-    if (td_tboard_flush(jb->tboard, &err) != 0)
-        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
-                  "job %ld: TensorBoard event file: %s", jb->row.id, err.msg);
+    (void)j;
     td_tboard_close(jb->tboard);
     jb->tboard = NULL;
 }

@@ -27,8 +27,9 @@ typedef struct td_jobs_config {
     const int *gpu_ids;    /* the gpus CUDA ordinals (NULL: 0 to gpus - 1); kept, not copied */
     double grace_s;        /* SIGTERM to SIGKILL */
     td_submit_rules rules; /* its data roots are copied */
-    /* Called by the supervisor thread on every turn of its loop, at least every turn_every_s
-     * (when > 0): the daemon's watchdog ping, so a stuck supervisor stops the pings. */
+    /* Called by the supervisor thread (without the jobs' mutex) on every turn of its loop, at
+     * least every turn_every_s (when > 0): the daemon's watchdog ping, so a stuck supervisor
+     * stops the pings. */
     void (*on_turn)(void *ctx);
     void *turn_ctx;
     double turn_every_s;

@@ -46,6 +46,7 @@ typedef struct job {
     char *ckpt_path;       /* and where it is (NULL: none) */
     struct td_tboard *tboard; /* its TensorBoard event file, open from its first metric on */
     bool tboard_failed;       /* it could not be opened: said once, not tried again */
+    bool tboard_warned;       /* a write failed and was logged; cleared by the next success */
     char dir[PATH_MAX];
     char **argv, **env;      /* what an attempt runs */
     char local_rank_arg[16]; /* a command's --local_rank option (td_launch_config); "": none */

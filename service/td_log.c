@@ -1,5 +1,7 @@
 #include "service/td_log.h"
 
+#include "service/td_strv.h"
+
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -13,7 +15,7 @@ struct td_log {
     atomic_int level;
 };
 
-static const char *const LEVELS[] = {"error", "warning", "info", "debug"};
+static const char *const LEVELS[] = {"error", "warning", "notice", "info", "debug"};
 
 td_log *td_log_open(FILE *stream, bool json, td_log_level level) {
     td_log *lg = calloc(1, sizeof *lg);
@@ -55,7 +57,7 @@ static void now_text(char *out, size_t len) {
 }
 
 void td_log_at(td_log *lg, td_log_level level, td_log_where where, const char *fmt, ...) {
-    if (!lg || (int)level > atomic_load(&lg->level)) return;
+    if (!lg || (level != TD_LOG_NOTICE && (int)level > atomic_load(&lg->level))) return;
     char msg[2048];
     va_list ap;
     va_start(ap, fmt);
@@ -71,6 +73,7 @@ void td_log_at(td_log *lg, td_log_level level, td_log_where where, const char *f
         if (o && where.job > 0) json_object_set_new(o, "job", json_integer(where.job));
         if (o && where.node) json_object_set_new(o, "node", json_string(where.node));
         if (o && where.rank >= 0) json_object_set_new(o, "rank", json_integer(where.rank));
+        td_str_utf8_repair(msg); /* a job's name, a peer's words: JSON strings are UTF-8 */
         json_t *m = json_string(msg);
         if (o && m) {
             json_object_set_new(o, "msg", m);

@@ -10,7 +10,15 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-typedef enum { TD_LOG_ERROR, TD_LOG_WARNING, TD_LOG_INFO, TD_LOG_DEBUG } td_log_level;
+/* NOTICE: the few lines that say what the daemon is (its slots, "listening on ...", stopping,
+ * a reload's summary), written whatever the level: scripts and people wait for them. */
+typedef enum {
+    TD_LOG_ERROR,
+    TD_LOG_WARNING,
+    TD_LOG_NOTICE,
+    TD_LOG_INFO,
+    TD_LOG_DEBUG
+} td_log_level;
 
 typedef struct td_log td_log;
 
@@ -19,7 +27,7 @@ td_log *td_log_open(FILE *stream, bool json, td_log_level level);
 void td_log_close(td_log *lg);
 /* Takes effect for the next line; safe from any thread. */
 void td_log_configure(td_log *lg, bool json, td_log_level level);
-/* "error", "warning", "info", "debug"; false for anything else. */
+/* "error", "warning", "notice", "info", "debug"; false for anything else. */
 bool td_log_level_parse(const char *name, td_log_level *out);
 
 /* Where a line belongs: job 0, node NULL and rank -1 are "none". */
@@ -39,6 +47,7 @@ void td_log_at(td_log *lg, td_log_level level, td_log_where where, const char *f
 #define TD_LOG_NODE(name)      ((td_log_where){0, (name), -1})
 #define TD_LOG_JOB_NODE(id, n) ((td_log_where){(id), (n), -1})
 #define td_log_info(lg, ...)   td_log_at((lg), TD_LOG_INFO, TD_LOG_NOWHERE, __VA_ARGS__)
+#define td_log_notice(lg, ...) td_log_at((lg), TD_LOG_NOTICE, TD_LOG_NOWHERE, __VA_ARGS__)
 #define td_log_warn(lg, ...)   td_log_at((lg), TD_LOG_WARNING, TD_LOG_NOWHERE, __VA_ARGS__)
 #define td_log_error(lg, ...)  td_log_at((lg), TD_LOG_ERROR, TD_LOG_NOWHERE, __VA_ARGS__)
 

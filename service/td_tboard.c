@@ -123,6 +123,10 @@ static int whole_records_end(int fd, const char *path, off_t size, off_t *end, t
         unsigned char h[HEADER];
         if (pread_all(fd, h, sizeof h, at) != 0)
             return td_fail(err, "cannot read %s: %s", path, strerror(errno));
+        bool zeros = true;
+        for (size_t i = 0; i < sizeof h; i++) zeros &= h[i] == 0;
+        /* blocks a crash left allocated but never written read as zeros: a torn end too */
+        if (zeros) break;
         if (masked_crc32c(h, 8) != get_le32(h + 8))
             return td_fail(err,
                            "%s is not a TensorBoard event file: bad record length at offset %lld",

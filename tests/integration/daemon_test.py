@@ -279,6 +279,7 @@ class Daemon:
         fd, self.stdout_path = tempfile.mkstemp(prefix="traind-stdout-", suffix=".log")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         env.pop("PYTHONUNBUFFERED", None)  # as systemd starts it: the daemon must see to it
+        env.setdefault("TRAIND_CONFIG", "")  # never the machine's /etc/traind/traind.json
         env.update(self.env)
         argv = [TRAIND, "--listen", "127.0.0.1:0", "--state-dir", self.state_dir] + self.args
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd,

@@ -28,8 +28,8 @@ typedef struct gpu_library {
 static gpu_library library;
 static pthread_once_t library_once = PTHREAD_ONCE_INIT;
 
-/* Beside the executable (the build tree, or an install's libexec), unless TRAIND_GPU_LIBRARY
- * names it. */
+/* TRAIND_GPU_LIBRARY when set; else beside the executable (the build tree) when it is there;
+ * else PREFIX/lib/traind/ of an installed PREFIX/bin/traind-worker (the traind-cuda package). */
 static void library_path(char *path, size_t len) {
     const char *env = getenv("TRAIND_GPU_LIBRARY");
     if (env && *env) {
@@ -46,6 +46,12 @@ static void library_path(char *path, size_t len) {
     char *slash = strrchr(exe, '/');
     if (slash) *slash = '\0';
     snprintf(path, len, "%s/libtraind_gpu.so", exe);
+    if (access(path, R_OK) == 0) return;
+    char installed[PATH_MAX + 64];
+    int n_installed =
+        snprintf(installed, sizeof installed, "%s/../lib/traind/libtraind_gpu.so", exe);
+    if (n_installed > 0 && (size_t)n_installed < len && access(installed, R_OK) == 0)
+        memcpy(path, installed, (size_t)n_installed + 1);
 }
 
 static void load_library(void) {
