@@ -590,6 +590,16 @@ int td_api_listen(const char *host, int *port, int *fd, td_err *err) {
     return 0;
 }
 
+/* libmicrohttpd's own messages (a client's failed TLS handshake, a connection it dropped) go to
+ * the daemon's log, in its format, as warnings. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    td_api *api = cls;
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\r\n")] = 0;
+    td_log_at(api->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE, "HTTP server: %s", msg);
+}
+
 int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err) {
     td_api *api = td_calloc(1, sizeof *api);
     api->cfg = *cfg;
@@ -604,17 +614,24 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
     socklen_t len = sizeof addr;
     api->port =
         getsockname(cfg->listen_fd, (struct sockaddr *)&addr, &len) == 0 ? ntohs(addr.sin_port) : 0;
-    api->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                                       MHD_USE_POLL | MHD_USE_ERROR_LOG,
-                                   0, NULL, NULL, handle, api, MHD_OPTION_LISTEN_SOCKET,
-                                   cfg->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, completed, api,
-                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    bool tls = cfg->tls_cert_pem && cfg->tls_key_pem;
+    if (tls) flags |= MHD_USE_TLS;
+    /* the TLS options last: MHD_OPTION_END in their place ends the list for plain HTTP */
+    api->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, handle, api, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, api, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, api, tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
+        cfg->tls_cert_pem, MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
     if (!api->daemon) {
         int port = api->port;
         td_api_stats_free(&api->stats);
         free(api->sessions);
         free(api);
-        return td_fail(err, "cannot start the HTTP server (libmicrohttpd) on port %d", port);
+        return td_fail(err, "cannot start the HTTP%s server (libmicrohttpd) on port %d%s",
+                       tls ? "S" : "", port,
+                       tls ? ": is the key the certificate's, and both PEM?" : "");
     }
     *out = api;
     return 0;

@@ -26,6 +26,9 @@ typedef struct td_api_config {
     const char *chart_root; /* the chart library's (Debian's libjs-dygraphs) */
     const char *state_dir;  /* where state.db is: its size for GET /metrics; NULL: not shown */
     td_log *log;
+    /* HTTPS (libmicrohttpd with GnuTLS): the certificate chain and its private key, PEM text;
+     * both NULL: plain HTTP */
+    const char *tls_cert_pem, *tls_key_pem;
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a

@@ -117,7 +117,9 @@ enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, cons
         api->sessions[at] = s;
         pthread_mutex_unlock(&api->session_mu);
         char cookie[160];
-        snprintf(cookie, sizeof cookie, COOKIE "=%s; Path=/; HttpOnly; SameSite=Strict", s.id);
+        /* Secure over HTTPS: the browser then never sends the session in clear */
+        snprintf(cookie, sizeof cookie, COOKIE "=%s; Path=/; HttpOnly; SameSite=Strict%s", s.id,
+                 api->cfg.tls_cert_pem ? "; Secure" : "");
         return reply_session(c, 200, s.csrf, cookie);
     }
     pthread_mutex_lock(&api->session_mu);

@@ -5,6 +5,7 @@ set -eu
 
 packages="
   build-essential cmake pkg-config git ca-certificates procps iproute2 util-linux mount systemd
+  openssl
   libopenblas-dev zlib1g-dev libjansson-dev libcriterion-dev
   libmicrohttpd-dev libsqlite3-dev libarchive-dev libcurl4-openssl-dev libssl-dev curl wrk
   libsystemd-dev libprotobuf-c-dev protobuf-c-compiler libisal-dev lintian

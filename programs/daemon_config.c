@@ -55,6 +55,9 @@ static const opt_info OPTS[OPT_COUNT] = {
                        false},
     [OPT_NODE_TIMEOUT] = {"--node-timeout", "node_timeout_s", T_SECONDS, FIELD(timeout_s), 0.5,
                           86400, NULL, false},
+    [OPT_TLS_CERT] = {"--tls-cert", "tls_cert", T_TEXT, FIELD(tls_cert), 0, 0, NULL, false},
+    [OPT_TLS_KEY] = {"--tls-key", "tls_key", T_TEXT, FIELD(tls_key), 0, 0, NULL, false},
+    [OPT_TLS_CA] = {"--tls-ca", "tls_ca", T_TEXT, FIELD(tls_ca), 0, 0, NULL, false},
 };
 
 static void usage(FILE *out) {
@@ -66,6 +69,7 @@ static void usage(FILE *out) {
         "              [--log-format text|json] [--log-level LEVEL]\n"
         "              [--cluster-secret-file FILE] [--join ADDR:PORT] [--node-name NAME]\n"
         "              [--advertise ADDR] [--heartbeat S] [--node-timeout S]\n"
+        "              [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
         "\n"
         "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
         "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
@@ -81,8 +85,14 @@ static void usage(FILE *out) {
         "  --print-config      print every setting, its value and where it came from\n"
         "                      (command line, file, default), and exit\n"
         "  --listen ADDR:PORT  where to serve (default 127.0.0.1:8470; port 0: any free\n"
-        "                      port). Loopback by default: put a TLS proxy in front to\n"
-        "                      serve other hosts.\n"
+        "                      port). Loopback by default; serving other hosts, give it\n"
+        "                      --tls-cert and --tls-key\n"
+        "  --tls-cert FILE     HTTPS: this node's certificate (PEM, the chain after it)\n"
+        "  --tls-key FILE      and its private key (PEM); the API, the dashboard and the\n"
+        "                      agents' calls are then HTTPS only\n"
+        "  --tls-ca FILE       (agent) the CA certificates (PEM) the master's certificate\n"
+        "                      must chain to: the agent speaks HTTPS to its master and\n"
+        "                      checks its name against --join's host\n"
         "  --state-dir DIR     jobs, logs, checkpoints, the database (state.db) and the API\n"
         "                      token (default: $STATE_DIRECTORY, /var/lib/traind for root,\n"
         "                      else $XDG_STATE_HOME/traind or ~/.local/state/traind)\n"
@@ -416,6 +426,10 @@ static int load(daemon_options *o, int argc, char **argv, bool exits, td_err *er
         snprintf(o->config_path, sizeof o->config_path, "%s", DAEMON_CONFIG_DEFAULT);
     if (o->config_path[0] && read_file(o, o->config_path, err) != 0) return -1;
     apply_defaults(o);
+    if (!o->tls_cert[0] != !o->tls_key[0])
+        return td_fail(err, "%s without %s: HTTPS needs both the certificate and its key",
+                       o->tls_cert[0] ? "tls_cert" : "tls_key",
+                       o->tls_cert[0] ? "tls_key" : "tls_cert");
     if (o->heartbeat_s * 2 > o->timeout_s)
         return td_fail(err,
                        "heartbeat_s %g (%s) must be at most half of node_timeout_s %g (%s): "

@@ -37,6 +37,9 @@ typedef enum {
     OPT_ADVERTISE,
     OPT_HEARTBEAT,
     OPT_NODE_TIMEOUT,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_TLS_CA,
     OPT_COUNT
 } daemon_option;
 
@@ -60,6 +63,9 @@ typedef struct daemon_options {
     char node_name[64];            /* "": the hostname */
     char advertise[64];            /* "": the listen address (master) or the route (agent) */
     double heartbeat_s, timeout_s; /* a master's: what agents keep, when they are lost */
+    /* TLS: this node's certificate chain and key (PEM files; both or neither), and the CA an
+     * agent checks its master's certificate against ("": plain HTTP to the master) */
+    char tls_cert[PATH_MAX], tls_key[PATH_MAX], tls_ca[PATH_MAX];
 
     /* not settings */
     daemon_source from[OPT_COUNT];

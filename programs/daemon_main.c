@@ -167,6 +167,26 @@ static int resolve_roots(const daemon_options *o, const char *state, td_log *log
     return n + 1;
 }
 
+/* A PEM file's text (certificate or key), at most 1 MiB; what names it in messages. A private
+ * key others may read is said so. */
+static char *read_pem(const char *path, const char *what, bool secret, td_log *log) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die("%s %s: %s", what, path, strerror(errno));
+    char *text = malloc((1 << 20) + 1);
+    if (!text) die("out of memory reading %s", path);
+    size_t n = fread(text, 1, 1 << 20, f);
+    bool more = fgetc(f) != EOF, failed = ferror(f);
+    fclose(f);
+    if (failed) die("%s %s: cannot read it", what, path);
+    if (more) die("%s %s: larger than 1 MiB: not a PEM file", what, path);
+    text[n] = 0;
+    if (!strstr(text, "-----BEGIN ")) die("%s %s: not PEM (no \"-----BEGIN\" line)", what, path);
+    struct stat st;
+    if (secret && stat(path, &st) == 0 && (st.st_mode & 077))
+        td_log_warn(log, "warning: %s %s is readable by others (chmod 600 it)", what, path);
+    return text;
+}
+
 /* Every thread inherits this mask: children are reaped through the supervisor's signalfd, and
  * SIGTERM/SIGINT/SIGHUP are taken by the main thread's sigwait. */
 static void block_signals(void) {
@@ -323,6 +343,11 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     td_cluster *cluster = NULL;
     td_agent *agent = NULL;
     int rc = 1;
+    char *cert_pem = NULL, *key_pem = NULL;
+    if (o->tls_cert[0]) {
+        cert_pem = read_pem(o->tls_cert, "tls_cert", false, log);
+        key_pem = read_pem(o->tls_key, "tls_key", true, log);
+    }
     uint64_t watchdog_us = 0;
     watchdog dog = {0};
     if (sd_watchdog_enabled(0, &watchdog_us) > 0) dog.every_s = (double)watchdog_us / 1e6;
@@ -364,7 +389,10 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                               .gpu = gpu,
                               .version = TRAIND_VERSION,
                               .state_dir = state,
+                              .tls_ca = o->tls_ca[0] ? o->tls_ca : NULL,
                               .log = log};
+        if (o->tls_ca[0] && access(o->tls_ca, R_OK) != 0)
+            die("tls_ca %s: %s", o->tls_ca, strerror(errno));
         if (td_agent_open(&agent, &gc, &err) != 0) goto fail;
     }
     if (td_jobs_open(&jobs, &jc, db, log, &err) != 0) goto fail;
@@ -396,12 +424,15 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                         .web_root = o->web_root,
                         .chart_root = TRAIND_CHART_ROOT,
                         .state_dir = state,
-                        .log = log};
+                        .log = log,
+                        .tls_cert_pem = cert_pem,
+                        .tls_key_pem = key_pem};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
     td_log_notice(log, "%d %s slot%s; state in %s; worker %s", slots, gpus > 0 ? "GPU" : "CPU",
                   slots == 1 ? "" : "s", state, o->worker);
-    td_log_notice(log, "listening on http://%s:%d", host, td_api_port(api));
-    td_log_notice(log, "the dashboard is at http://%s:%d/ (sign in with the API token)", host,
+    const char *scheme = cert_pem ? "https" : "http";
+    td_log_notice(log, "listening on %s://%s:%d", scheme, host, td_api_port(api));
+    td_log_notice(log, "the dashboard is at %s://%s:%d/ (sign in with the API token)", scheme, host,
                   td_api_port(api));
     if (cluster)
         td_log_notice(log, "node %s is the cluster's master; %s", name,
@@ -442,6 +473,9 @@ stop:
     td_cluster_close(cluster); /* its sweeper joined before the jobs it calls go */
     td_jobs_close(jobs);
     td_db_close(db);
+    free(cert_pem);
+    if (key_pem) explicit_bzero(key_pem, strlen(key_pem)); /* no private key left in free memory */
+    free(key_pem);
     return rc;
 }
 

@@ -29,6 +29,7 @@ struct td_agent {
     td_agent_config cfg;
     char master[256], secret[256], name[64], node_id[65], address[64], version[32];
     char url_register[320], url_heartbeat[320], url_files[320], auth[300], state_dir[4096];
+    char tls_ca[4096];            /* "": plain HTTP to the master */
     td_node_gpu gpu[TD_GPUS_MAX]; /* cfg.gpus of them (cfg.gpu is the caller's) */
     pthread_mutex_t mu;
     pthread_cond_t wake; /* monotonic clock */
@@ -64,6 +65,12 @@ static long perform(td_agent *a, CURL *h, const char *url, struct curl_slist *hd
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, err);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* a thread of a daemon: no SIGALRM */
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
+    if (a->tls_ca[0]) { /* the master is trusted for what this CA signed, nothing else */
+        curl_easy_setopt(h, CURLOPT_CAINFO, a->tls_ca);
+        curl_easy_setopt(h, CURLOPT_CAPATH, NULL);
+        curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+        curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+    }
     long status = 0;
     CURLcode rc = curl_easy_perform(h);
     if (rc == CURLE_OK)
@@ -572,10 +579,13 @@ int td_agent_open(td_agent **out, const td_agent_config *cfg, td_err *err) {
     snprintf(a->name, sizeof a->name, "%s", cfg->name);
     snprintf(a->node_id, sizeof a->node_id, "%s", cfg->node_id);
     snprintf(a->version, sizeof a->version, "%s", cfg->version);
-    snprintf(a->url_register, sizeof a->url_register, "http://%s/v1/cluster/register", a->master);
-    snprintf(a->url_heartbeat, sizeof a->url_heartbeat, "http://%s/v1/cluster/heartbeat",
+    snprintf(a->tls_ca, sizeof a->tls_ca, "%s", cfg->tls_ca ? cfg->tls_ca : "");
+    const char *scheme = a->tls_ca[0] ? "https" : "http";
+    snprintf(a->url_register, sizeof a->url_register, "%s://%s/v1/cluster/register", scheme,
              a->master);
-    snprintf(a->url_files, sizeof a->url_files, "http://%s/v1/cluster/files", a->master);
+    snprintf(a->url_heartbeat, sizeof a->url_heartbeat, "%s://%s/v1/cluster/heartbeat", scheme,
+             a->master);
+    snprintf(a->url_files, sizeof a->url_files, "%s://%s/v1/cluster/files", scheme, a->master);
     snprintf(a->state_dir, sizeof a->state_dir, "%s", cfg->state_dir ? cfg->state_dir : ".");
     snprintf(a->auth, sizeof a->auth, "Authorization: Cluster %s", a->secret);
     pthread_condattr_t ca;

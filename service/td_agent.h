@@ -30,6 +30,9 @@ typedef struct td_agent_config {
     const td_node_gpu *gpu; /* the gpus GPUs (NULL: ordinals 0 to gpus - 1, nothing known) */
     const char *version;
     const char *state_dir; /* jobs/<id>/ of the parts this node runs */
+    /* the CA certificates (PEM file) the master's certificate must chain to: HTTPS to the
+     * master, its name checked against --join's host; NULL: plain HTTP */
+    const char *tls_ca;
     td_log *log;
 } td_agent_config;
 

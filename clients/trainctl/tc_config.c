@@ -65,16 +65,16 @@ int tc_config_resolve(tc_conn *c, const tc_options *o, char *err, size_t len) {
             json_decref(cfg);
             return -1;
         }
-        const char *keys[] = {"url", "token", "token_file"};
+        const char *keys[] = {"url", "token", "token_file", "cacert"};
         const char *key;
         json_t *v;
         json_object_foreach(cfg, key, v) {
             bool known = false;
-            for (int i = 0; i < 3; i++) known |= strcmp(key, keys[i]) == 0;
+            for (int i = 0; i < 4; i++) known |= strcmp(key, keys[i]) == 0;
             if (!known || !json_is_string(v)) {
                 snprintf(err, len, "%s: %s: %s", c->config_path, key,
                          known ? "expected a string"
-                               : "unknown key; expected one of: url, token, token_file");
+                               : "unknown key; expected one of: url, token, token_file, cacert");
                 json_decref(cfg);
                 return -1;
             }
@@ -86,6 +86,13 @@ int tc_config_resolve(tc_conn *c, const tc_options *o, char *err, size_t len) {
                : env_url && *env_url ? env_url
                : cfg_url && *cfg_url ? cfg_url
                                      : DEFAULT_URL);
+    const char *env_ca = getenv("TRAIND_CACERT");
+    const char *cfg_ca = json_string_value(json_object_get(cfg, "cacert"));
+    snprintf(c->cacert, sizeof c->cacert, "%s",
+             o->cacert           ? o->cacert
+             : env_ca && *env_ca ? env_ca
+             : cfg_ca && *cfg_ca ? cfg_ca
+                                 : "");
     const char *cfg_token = json_string_value(json_object_get(cfg, "token"));
     const char *cfg_file = json_string_value(json_object_get(cfg, "token_file"));
     if (o->token) {

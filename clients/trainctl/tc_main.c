@@ -11,7 +11,8 @@
 volatile sig_atomic_t tc_interrupted;
 
 static const char MAIN_HELP[] =
-    "Usage: trainctl [--url URL] [--token TOKEN | --token-file FILE] COMMAND [ARGS]\n"
+    "Usage: trainctl [--url URL] [--token TOKEN | --token-file FILE] [--cacert FILE]\n"
+    "                COMMAND [ARGS]\n"
     "\n"
     "The command-line client of traind, the distributed training service: submit jobs, follow\n"
     "them live, read their logs and metrics, download their checkpoints, manage the nodes.\n"
@@ -38,11 +39,15 @@ static const char MAIN_HELP[] =
     "                     daemon's token file: ~/.local/state/traind/token or\n"
     "                     /var/lib/traind/token, when readable)\n"
     "  --token-file FILE  read the token from FILE's first line\n"
+    "  --cacert FILE      for an https:// URL: the CA certificates (PEM) the daemon's\n"
+    "                     certificate must chain to (default: $TRAIND_CACERT, else\n"
+    "                     \"cacert\" in the client config file, else the system's)\n"
     "  -h, --help         this help; COMMAND --help for a command's\n"
     "  --version          trainctl's version\n"
     "\n"
     "The client config file is $XDG_CONFIG_HOME/traind/client.json (or\n"
-    "~/.config/traind/client.json): {\"url\": \"http://gpu1:8470\", \"token_file\": \"/path\"}.\n"
+    "~/.config/traind/client.json): {\"url\": \"https://gpu1:8470\", \"token_file\": \"/path\",\n"
+    "\"cacert\": \"/path/ca.pem\"}.\n"
     "\n"
     "Exit status: 0 a followed job succeeded (or the command did its work), 1 it failed,\n"
     "2 it was cancelled, 3 the server could not be reached or refused, or bad usage;\n"
@@ -177,6 +182,7 @@ int main(int argc, char **argv) {
         const char **slot = !strcmp(a, "--url")          ? &o.url
                             : !strcmp(a, "--token")      ? &o.token
                             : !strcmp(a, "--token-file") ? &o.token_file
+                            : !strcmp(a, "--cacert")     ? &o.cacert
                                                          : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return tc_usage(NULL, false);
         if (!strcmp(a, "--help-all")) { /* every help text at once: the man page's source */

@@ -23,15 +23,17 @@ typedef struct tc_conn {
     char token[256];        /* "": none found */
     char token_from[2048];  /* where the token came from, or every place looked at */
     char config_path[1024]; /* the client config file looked at */
+    char cacert[1024];      /* CA certificates (PEM) for an https:// URL; "": the system's */
 } tc_conn;
 
 typedef struct tc_options {
-    const char *url, *token, *token_file; /* from the command line, or NULL */
+    const char *url, *token, *token_file, *cacert; /* from the command line, or NULL */
 } tc_options;
 
 /* The server and token: --url / TRAIND_URL, --token / TRAIND_TOKEN / --token-file, then the
  * client config file ($XDG_CONFIG_HOME/traind/client.json or ~/.config/traind/client.json:
- * {"url", "token" | "token_file"}), then the local daemon's default address and its token file
+ * {"url", "token" | "token_file", "cacert"}), then the local daemon's default address and its
+ * token file
  * when readable. 0, or -1 with the reason in err (a malformed config file). */
 int tc_config_resolve(tc_conn *c, const tc_options *o, char *err, size_t len);
 

@@ -52,7 +52,7 @@ START_TIMEOUT = 30.0  # until the "listening" line
 EXIT_TIMEOUT = 30.0  # for processes that must die (PDEATHSIG after a kill -9 of the daemon)
 STREAM_DEADLINE = 180.0  # the longest any test follows one event stream
 
-LISTEN_RE = re.compile(r"^traind: listening on http://127\.0\.0\.1:(\d+)\s*$")
+LISTEN_RE = re.compile(r"^traind: listening on https?://127\.0\.0\.1:(\d+)\s*$")
 ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 ALL_STATES = ("queued", "running", "restarting") + FINAL_STATES
@@ -265,6 +265,7 @@ class Daemon:
         self.state_dir = state_dir
         self.args = list(args)
         self.env = dict(env or {})  # added to the daemon's environment
+        self.ssl_context = None  # set before start() for a daemon that serves HTTPS
         self.proc = None
         self.port = None
         self.token = None
@@ -409,6 +410,9 @@ class Daemon:
     # -- HTTP
 
     def connect(self, timeout=TIMEOUT):
+        if self.ssl_context is not None:  # a daemon started with --tls-cert
+            return http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout,
+                                               context=self.ssl_context)
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
     def _headers(self, token, headers, body_is_json):
@@ -606,10 +610,11 @@ class DaemonTest(unittest.TestCase):
         self.addCleanup(remove)
         return path
 
-    def start_daemon(self, *args, state_dir=None, env=None):
+    def start_daemon(self, *args, state_dir=None, env=None, ssl_context=None):
         if state_dir is None:
             state_dir = self.new_state_dir()
         d = Daemon(state_dir, args, env)
+        d.ssl_context = ssl_context  # for a daemon given --tls-cert
         self.addCleanup(self._stop_daemon, d)
         d.start()
         return d

@@ -20,6 +20,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -30,6 +31,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import daemon_test  # noqa: E402
+import tls_test  # noqa: E402
 import tfevents  # noqa: E402
 
 WATCHDOG_S = 1.0  # WATCHDOG_USEC given to the daemon (it pings every half of it)
@@ -188,6 +190,8 @@ class OperationsTest(daemon_test.DaemonTest):
             f.write("0123456789abcdef0123456789abcdef\n")
         os.chmod(secret, 0o600)
         roots = [os.path.join(state, "data-a"), os.path.join(state, "data-b")]
+        ca = tls_test.make_ca(state, "cfg")
+        cert, key = tls_test.make_cert(state, "cfg", "node")
         for r in roots:
             os.makedirs(r)
         return {
@@ -208,6 +212,9 @@ class OperationsTest(daemon_test.DaemonTest):
             "advertise": "127.0.0.1",
             "heartbeat_s": 1.5,
             "node_timeout_s": 7,
+            "tls_cert": cert,
+            "tls_key": key,
+            "tls_ca": ca,
         }
 
     def test_every_option_through_the_file(self):
@@ -238,8 +245,10 @@ class OperationsTest(daemon_test.DaemonTest):
             else:
                 self.assertEqual(got, want, key)
         # and a daemon started from it runs with them
-        d = self.start_daemon("--config", config, state_dir=state)
+        d = self.start_daemon("--config", config, state_dir=state,
+                              ssl_context=ssl.create_default_context(cafile=settings["tls_ca"]))
         self.wait_log(d, "agents join with --join", "the cluster secret from the file")
+        self.wait_log(d, "listening on https://", "HTTPS from tls_cert and tls_key")
         node = d.get_ok("/v1/nodes")["nodes"][0]
         self.assertEqual(node["name"], "from-the-file")
         self.assertEqual([g["index"] for g in node["gpus"]], [0, 1])

@@ -2,6 +2,7 @@
 
     from traind_client import Client
     c = Client("http://127.0.0.1:8470", token)            # or Client.local()
+    c = Client("https://gpu1:8470", token, cafile="ca.pem")  # a daemon with --tls-cert
     job = c.submit(spec, nproc=2)
     for ev in job.events():                                # SSE; resumes after a dropped stream
         print(ev.event, ev.data)
@@ -16,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -44,14 +46,19 @@ class Event:
 
 
 class Client:
-    """A traind daemon at url (http://HOST:PORT), with its API token."""
+    """A traind daemon at url (http://HOST:PORT, or https://HOST:PORT for one started with
+    --tls-cert), with its API token. cafile: the CA certificates (PEM) its certificate must
+    chain to, instead of the system's; the host name is checked either way."""
 
-    def __init__(self, url: str, token: str, timeout: float = 60.0):
+    def __init__(self, url: str, token: str, timeout: float = 60.0, cafile: str | None = None):
         u = urllib.parse.urlsplit(url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"url {url!r}: expected http://HOST:PORT")
-        self.host, self.port = u.hostname, u.port or 80
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"url {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        if cafile is not None and u.scheme != "https":
+            raise ValueError(f"cafile {cafile!r} is for an https:// url, not {url!r}")
+        self.host, self.port = u.hostname, u.port or (443 if u.scheme == "https" else 80)
         self.token, self.timeout = token, timeout
+        self.tls = (ssl.create_default_context(cafile=cafile) if u.scheme == "https" else None)
 
     @classmethod
     def local(cls, url: str = "http://127.0.0.1:8470", state_dir: str | None = None) -> "Client":
@@ -69,8 +76,10 @@ class Client:
     def _open(self, method: str, path: str, body: Any = None,
               headers: dict[str, str] | None = None, timeout: float | None = None):
         """(connection, response); the caller reads the response and closes the connection."""
-        conn = http.client.HTTPConnection(self.host, self.port,
-                                          timeout=timeout if timeout is not None else self.timeout)
+        t = timeout if timeout is not None else self.timeout
+        conn = (http.client.HTTPSConnection(self.host, self.port, timeout=t, context=self.tls)
+                if self.tls is not None else http.client.HTTPConnection(self.host, self.port,
+                                                                       timeout=t))
         h = {"Authorization": f"Bearer {self.token}"}
         data = None
         if body is not None:
