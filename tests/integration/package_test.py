@@ -54,7 +54,8 @@ class PackageTest(daemon_test.DaemonTest):
         self.assertEqual(os.path.basename(deb), f"traind_{VERSION}_amd64.deb")
         files = set(line.split()[-1] for line in run(["dpkg-deb", "-c", deb]).splitlines())
         for want in ("./usr/bin/traind", "./usr/bin/traind-worker", "./usr/bin/traind-run",
-                     "./usr/bin/trainctl", "./lib/systemd/system/traind.service",
+                     "./usr/bin/trainctl", "./usr/lib/traind/traind-shepherd",
+                     "./lib/systemd/system/traind.service",
                      "./etc/traind/traind.json", "./usr/share/man/man1/traind.1.gz",
                      "./usr/share/man/man1/traind-run.1.gz",
                      "./usr/share/man/man1/traind-worker.1.gz",

@@ -1,0 +1,477 @@
+/* traind-shepherd: owns one attempt's processes on one node, so that they outlive the daemon
+ * that asked for them (a crash, kill -9, a restart, a package upgrade) and no process of a job
+ * outlives the job.
+ *
+ *   traind-shepherd SPEC.json
+ *
+ * The spec (written by the daemon) says what to run and where: the torchrun environment and
+ * the processes as td_launch starts them (service/td_launch.h), each process's log file, the
+ * file rank 0's stdout is appended to (durable: the daemon reads the job's metric lines from it
+ * by offset, so a daemon that comes back neither misses nor repeats one), the control socket,
+ * the status file, the job's deadline and how long the shepherd waits for a daemon that went
+ * away. The shepherd:
+ *   - starts the group in a process group of its own and reaps it (a child subreaper: what the
+ *     ranks leave behind is reaped here too), with td_group's rules: the first failure stops
+ *     the rest, SIGTERM then SIGKILL after the grace period;
+ *   - answers one daemon at a time on its Unix socket (a line protocol, below), and stops the
+ *     group when asked, when the deadline passes, or when no daemon has been connected for the
+ *     orphan limit (a removed daemon leaves nothing running for ever);
+ *   - when the group is over, writes the status file (JSON: exit code, failed rank, reason,
+ *     why it was stopped) atomically, tells the connected daemon, and exits 0.
+ *
+ * The socket's lines, each ending in '\n':
+ *   daemon -> shepherd:  "stop SIGNAL GRACE_S REASON..."   stop the group (REASON: the words a
+ *                                                           job record shows)
+ *                        "status"                           answer with "pid ..." and "out ..."
+ *   shepherd -> daemon:  "out BYTES"      rank 0's output file has grown to BYTES
+ *                        "pid PGID N P1 P2 ..."  the group's process group and processes
+ *                        "over"           the status file is written; the shepherd exits
+ * Exit status: 0 once the status file is written, 2 for a spec it cannot use (said on stderr),
+ * 1 when it could not start the group (the status file says so too). */
+#define _GNU_SOURCE /* signalfd, pipe2, accept4 */
+#include "core/td_clock.h"
+#include "core/td_json.h"
+#include "service/td_launch.h"
+#include "service/td_strv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_PROCS 1024
+
+typedef struct spec {
+    td_launch_config launch;
+    char **argv, **env, **devices, **logs;
+    char dir[PATH_MAX], output[PATH_MAX], socket_path[108], status_path[PATH_MAX];
+    char local_rank_arg[32];
+    int attempt;
+    double deadline; /* wall clock; 0: none */
+    double orphan_s; /* how long without a daemon before the job stops */
+} spec;
+
+__attribute__((format(printf, 1, 2), noreturn)) static void fail_spec(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "traind-shepherd: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+/* A JSON array of strings into a NULL-terminated vector (NULL when the member is null or
+ * absent and not required). */
+static char **strings(json_t *o, const char *key, bool required, const char *path) {
+    json_t *a = json_object_get(o, key);
+    if (!a || json_is_null(a)) {
+        if (required) fail_spec("%s: %s: missing", path, key);
+        return NULL;
+    }
+    if (!json_is_array(a) || json_array_size(a) > MAX_PROCS * 16)
+        fail_spec("%s: %s: expected an array of strings", path, key);
+    char **v = td_strv_new((int)json_array_size(a));
+    size_t i;
+    json_t *s;
+    json_array_foreach(a, i, s) {
+        if (!json_is_string(s)) fail_spec("%s: %s[%zu]: expected a string", path, key, i);
+        v[i] = td_str_dup(json_string_value(s));
+    }
+    return v;
+}
+
+static void text(json_t *o, const char *key, char *out, size_t len, bool required,
+                 const char *path) {
+    td_err err = {{0}};
+    if (td_json_string(o, "", key, required, "", out, len, &err) != 0)
+        fail_spec("%s: %s", path, err.msg);
+}
+
+static long integer(json_t *o, const char *key, long def, long min, long max, bool required,
+                    const char *path) {
+    td_err err = {{0}};
+    long v;
+    if (td_json_int(o, "", key, required, def, min, max, &v, &err) != 0)
+        fail_spec("%s: %s", path, err.msg);
+    return v;
+}
+
+static double number(json_t *o, const char *key, double def, double min, double max,
+                     const char *path) {
+    td_err err = {{0}};
+    double v;
+    if (td_json_number(o, "", key, false, def, min, max, &v, &err) != 0)
+        fail_spec("%s: %s", path, err.msg);
+    return v;
+}
+
+static int count(char **v) {
+    int n = 0;
+    while (v && v[n]) n++;
+    return n;
+}
+
+static void read_spec(spec *s, const char *path) {
+    json_error_t je;
+    json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!o) fail_spec("%s:%d:%d: %s", path, je.line, je.column, je.text);
+    if (!json_is_object(o)) fail_spec("%s: expected a JSON object", path);
+    memset(s, 0, sizeof *s);
+    td_launch_config *c = &s->launch;
+    s->argv = strings(o, "argv", true, path);
+    if (!s->argv[0]) fail_spec("%s: argv: empty", path);
+    s->env = strings(o, "env", false, path);
+    s->devices = strings(o, "devices", false, path);
+    s->logs = strings(o, "logs", true, path);
+    text(o, "dir", s->dir, sizeof s->dir, true, path);
+    text(o, "output", s->output, sizeof s->output, true, path);
+    text(o, "socket", s->socket_path, sizeof s->socket_path, true, path);
+    text(o, "status", s->status_path, sizeof s->status_path, true, path);
+    text(o, "master_addr", c->master_addr, sizeof c->master_addr, true, path);
+    text(o, "run_id", c->run_id, sizeof c->run_id, true, path);
+    text(o, "local_rank_arg", s->local_rank_arg, sizeof s->local_rank_arg, false, path);
+    c->nproc_per_node = (int)integer(o, "nproc", 1, 1, MAX_PROCS, true, path);
+    c->nnodes = (int)integer(o, "nnodes", 1, 1, 1 << 16, false, path);
+    c->node_rank = (int)integer(o, "node_rank", 0, 0, c->nnodes - 1, false, path);
+    c->master_port = (int)integer(o, "master_port", 0, 1, 65535, true, path);
+    c->max_restarts = (int)integer(o, "max_restarts", 0, 0, 1 << 20, false, path);
+    s->attempt = (int)integer(o, "attempt", 0, 0, INT_MAX, false, path);
+    c->grace_s = number(o, "grace_s", 10, 0, 3600, path);
+    s->deadline = number(o, "deadline", 0, 0, 1e11, path);
+    s->orphan_s = number(o, "orphan_timeout_s", 600, 0.1, 30 * 86400.0, path);
+    td_err err = {{0}};
+    bool launch_self = false, no_bind = false;
+    if (td_json_bool(o, "", "launch_self", false, &launch_self, &err) != 0 ||
+        td_json_bool(o, "", "no_cpu_bind", false, &no_bind, &err) != 0)
+        fail_spec("%s: %s", path, err.msg);
+    c->launch_self = launch_self;
+    c->no_cpu_bind = no_bind;
+    int procs = launch_self ? 1 : c->nproc_per_node;
+    if (count(s->logs) != procs)
+        fail_spec("%s: logs: expected %d paths (one per process), found %d", path, procs,
+                  count(s->logs));
+    if (s->devices && count(s->devices) != procs)
+        fail_spec("%s: devices: expected %d entries (one per process), found %d", path, procs,
+                  count(s->devices));
+    c->argv = s->argv;
+    c->extra_env = s->env;
+    c->devices = (const char *const *)s->devices;
+    c->cwd = s->dir;
+    c->local_rank_arg = s->local_rank_arg[0] ? s->local_rank_arg : NULL;
+    json_decref(o);
+}
+
+/* ---- the control socket -------------------------------------------------------------------- */
+
+typedef struct shepherd {
+    spec s;
+    td_group g;
+    int listen_fd, daemon_fd, out_fd, pipe_fd, sig_fd;
+    long long out_size; /* rank 0's output file */
+    char in[1024];      /* the daemon's partial line */
+    size_t in_len;
+    double orphan_since; /* monotonic time the daemon went; 0: one is connected */
+    char stopped_by[32]; /* "request", "deadline", "orphaned", "signal"; "": not stopped */
+    char stop_reason[512];
+} shepherd;
+
+static void say(shepherd *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(shepherd *h, const char *fmt, ...) {
+    if (h->daemon_fd < 0) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n > sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    /* the daemon reads as it goes; a daemon that does not is dropped, never waited for */
+    if (send(h->daemon_fd, line, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) != n) {
+        close(h->daemon_fd);
+        h->daemon_fd = -1;
+        h->orphan_since = td_clock_now();
+    }
+}
+
+static void say_pids(shepherd *h) {
+    char line[480];
+    int k = snprintf(line, sizeof line, "pid %d %d", (int)h->g.pgid, h->g.n);
+    for (int i = 0; i < h->g.n && k < (int)sizeof line - 16; i++)
+        k += snprintf(line + k, sizeof line - (size_t)k, " %d", (int)h->g.pids[i]);
+    say(h, "%s", line);
+}
+
+static void stop_group(shepherd *h, const char *by, int sig, double grace, const char *reason) {
+    if (h->stopped_by[0]) return; /* the first reason stands */
+    snprintf(h->stopped_by, sizeof h->stopped_by, "%s", by);
+    snprintf(h->stop_reason, sizeof h->stop_reason, "%s", reason);
+    fprintf(stderr, "traind-shepherd: stopping the group (%s): %s\n", by, reason);
+    if (!h->g.terminating) td_group_terminate(&h->g, sig, grace);
+}
+
+static void handle_line(shepherd *h, char *line) {
+    int sig;
+    double grace;
+    int used = 0;
+    if (sscanf(line, "stop %d %lf %n", &sig, &grace, &used) == 2 && used > 0 && sig > 0 &&
+        sig < NSIG && grace >= 0 && grace <= 3600) {
+        stop_group(h, "request", sig, grace, line + used);
+    } else if (strcmp(line, "status") == 0) {
+        say_pids(h);
+        say(h, "out %lld", h->out_size);
+    } else {
+        say(h, "error unknown request: %.200s", line);
+    }
+}
+
+static void read_daemon(shepherd *h) {
+    ssize_t k = recv(h->daemon_fd, h->in + h->in_len, sizeof h->in - 1 - h->in_len, 0);
+    if (k <= 0) {
+        if (k < 0 && (errno == EAGAIN || errno == EINTR)) return;
+        close(h->daemon_fd);
+        h->daemon_fd = -1;
+        h->in_len = 0;
+        h->orphan_since = td_clock_now();
+        return;
+    }
+    h->in_len += (size_t)k;
+    char *start = h->in, *nl;
+    while ((nl = memchr(start, '\n', h->in_len - (size_t)(start - h->in)))) {
+        *nl = 0;
+        handle_line(h, start);
+        start = nl + 1;
+    }
+    size_t rest = h->in_len - (size_t)(start - h->in);
+    if (rest == sizeof h->in - 1) rest = 0; /* a runaway line: dropped */
+    memmove(h->in, start, rest);
+    h->in_len = rest;
+}
+
+static void accept_daemon(shepherd *h) {
+    int fd = accept4(h->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    /* a Unix socket in the job's directory: only a process of the daemon's user gets here, but
+     * it must be that user (the daemon), not a job's process running as another */
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
+        close(fd);
+        return;
+    }
+    if (h->daemon_fd >= 0) close(h->daemon_fd); /* the newest daemon is the one */
+    h->daemon_fd = fd;
+    h->in_len = 0;
+    h->orphan_since = 0;
+    say_pids(h);
+    say(h, "out %lld", h->out_size);
+}
+
+/* ---- rank 0's output ------------------------------------------------------------------------ */
+
+static int write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Moves what rank 0 wrote into the output file; at its end closes the pipe. */
+static void pump(shepherd *h) {
+    char buf[65536];
+    for (;;) {
+        ssize_t k = read(h->pipe_fd, buf, sizeof buf);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno == EAGAIN) break;
+        if (k <= 0) {
+            close(h->pipe_fd);
+            h->pipe_fd = -1;
+            break;
+        }
+        if (write_all(h->out_fd, buf, (size_t)k) != 0) {
+            /* a full disk: the lines are lost, the job is not stopped for it (its own
+             * checkpoint writes will say so); said once */
+            static bool told;
+            if (!told) fprintf(stderr, "traind-shepherd: %s: %s\n", h->s.output, strerror(errno));
+            told = true;
+            continue;
+        }
+        h->out_size += k;
+    }
+    say(h, "out %lld", h->out_size);
+}
+
+/* ---- the status file ------------------------------------------------------------------------ */
+
+static void write_status(shepherd *h, const char *start_error) {
+    json_t *o = json_object();
+    json_object_set_new(o, "attempt", json_integer(h->s.attempt));
+    int code = start_error ? 1 : h->g.first_failure;
+    if (!start_error && code == 0 && h->g.terminating) code = h->g.stop_status;
+    json_object_set_new(o, "exit_code", json_integer(code));
+    json_object_set_new(o, "failed_rank", json_integer(start_error ? -1 : h->g.failed_rank));
+    json_object_set_new(o, "reason",
+                        json_string(start_error      ? start_error
+                                    : h->g.reason[0] ? h->g.reason
+                                                     : ""));
+    json_object_set_new(o, "stopped_by",
+                        h->stopped_by[0] ? json_string(h->stopped_by) : json_null());
+    json_object_set_new(o, "stop_reason", json_string(h->stop_reason));
+    json_object_set_new(o, "grace_expired", json_boolean(h->g.grace_expired));
+    json_object_set_new(o, "grace_note", json_string(h->g.grace_note));
+    json_object_set_new(o, "output_bytes", json_integer(h->out_size));
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", h->s.status_path);
+    /* whole or absent: written aside, synced, renamed over */
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
+              fsync(fileno(f)) == 0;
+    if (f) ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, h->s.status_path) != 0)
+        fprintf(stderr, "traind-shepherd: cannot write %s: %s\n", h->s.status_path,
+                strerror(errno));
+    json_decref(o);
+}
+
+/* ---- the loop ------------------------------------------------------------------------------- */
+
+static int open_listener(const char *path) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    unlink(path); /* a previous attempt's */
+    mode_t old = umask(0077);
+    int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+    umask(old);
+    if (rc != 0 || listen(fd, 4) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: traind-shepherd SPEC.json (started by traind, one per attempt "
+                        "and node)\n");
+        return 2;
+    }
+    static shepherd h;
+    h.daemon_fd = h.pipe_fd = -1;
+    read_spec(&h.s, argv[1]);
+    /* out of the daemon's session and process group: a terminal's ^C or the daemon's own
+     * group signals do not reach the job */
+    (void)setsid();
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+        fprintf(stderr, "traind-shepherd: prctl(PR_SET_CHILD_SUBREAPER): %s\n", strerror(errno));
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    h.sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    h.listen_fd = open_listener(h.s.socket_path);
+    h.out_fd = open(h.s.output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (h.sig_fd < 0 || h.listen_fd < 0 || h.out_fd < 0)
+        fail_spec("cannot set up (%s, %s): %s", h.s.socket_path, h.s.output, strerror(errno));
+    struct stat st;
+    if (fstat(h.out_fd, &st) == 0) h.out_size = (long long)st.st_size;
+
+    int procs = h.s.launch.launch_self ? 1 : h.s.launch.nproc_per_node;
+    int *log_fds = td_calloc((size_t)procs, sizeof(int)), pipefd[2];
+    int *out_fds = td_calloc((size_t)procs, sizeof(int));
+    char start_error[1024] = "";
+    if (pipe2(pipefd, O_CLOEXEC) != 0)
+        snprintf(start_error, sizeof start_error, "pipe: %s", strerror(errno));
+    for (int i = 0; i < procs && !start_error[0]; i++) {
+        log_fds[i] = open(h.s.logs[i], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        if (log_fds[i] < 0)
+            snprintf(start_error, sizeof start_error, "cannot open %s: %s", h.s.logs[i],
+                     strerror(errno));
+        out_fds[i] = i == 0 ? pipefd[1] : log_fds[i];
+    }
+    h.s.launch.stdout_fds = out_fds;
+    h.s.launch.stderr_fds = log_fds;
+    td_err err = {{0}};
+    if (!start_error[0] && td_group_start(&h.g, &h.s.launch, h.s.attempt, &err) != 0)
+        snprintf(start_error, sizeof start_error, "%s", err.msg);
+    if (pipefd[1] >= 0) close(pipefd[1]);
+    for (int i = 0; i < procs; i++)
+        if (log_fds[i] > 0) close(log_fds[i]);
+    h.pipe_fd = pipefd[0];
+    if (h.pipe_fd >= 0) fcntl(h.pipe_fd, F_SETFL, O_NONBLOCK);
+    h.orphan_since = td_clock_now(); /* until the daemon connects */
+
+    while (!start_error[0] || h.g.alive > 0) {
+        struct pollfd fds[4] = {{h.sig_fd, POLLIN, 0},
+                                {h.listen_fd, POLLIN, 0},
+                                {h.daemon_fd, POLLIN, 0},
+                                {h.pipe_fd, POLLIN, 0}};
+        bool ticking = h.g.terminating || h.g.lingering || h.s.deadline > 0 || h.daemon_fd < 0;
+        if (poll(fds, 4, ticking ? 100 : 1000) < 0 && errno != EINTR) break;
+        if (fds[3].revents) pump(&h);
+        if (fds[1].revents) accept_daemon(&h);
+        if (fds[2].revents && h.daemon_fd >= 0) read_daemon(&h);
+        if (fds[0].revents) {
+            struct signalfd_siginfo si;
+            while (read(h.sig_fd, &si, sizeof si) == (ssize_t)sizeof si)
+                if (si.ssi_signo != SIGCHLD) {
+                    char why[64];
+                    snprintf(why, sizeof why, "the shepherd got signal %d (%s)", (int)si.ssi_signo,
+                             strsignal((int)si.ssi_signo));
+                    stop_group(&h, "signal", SIGTERM, h.s.launch.grace_s, why);
+                }
+        }
+        for (;;) {
+            int status;
+            pid_t pid = waitpid(-1, &status, WNOHANG);
+            if (pid <= 0) break;
+            td_group_reaped(&h.g, pid, status, h.s.launch.grace_s);
+        }
+        if (start_error[0]) continue;
+        double now = td_clock_now();
+        if (h.s.deadline > 0 && td_clock_wall() >= h.s.deadline) {
+            char why[96];
+            snprintf(why, sizeof why, "the job reached its time limit");
+            stop_group(&h, "deadline", SIGTERM, h.s.launch.grace_s, why);
+        }
+        if (h.daemon_fd < 0 && h.orphan_since > 0 && now - h.orphan_since >= h.s.orphan_s) {
+            char why[128];
+            snprintf(why, sizeof why, "no traind was connected for %.0f s (orphan_timeout_s)",
+                     h.s.orphan_s);
+            stop_group(&h, "orphaned", SIGTERM, h.s.launch.grace_s, why);
+        }
+        td_group_tick(&h.g);
+        if (td_group_over(&h.g)) break;
+    }
+    /* what is left in the pipe; then it is closed, even if a process that left the group
+     * (setsid) still holds it: the job is over */
+    if (h.pipe_fd >= 0) pump(&h);
+    write_status(&h, start_error[0] ? start_error : NULL);
+    say(&h, "over");
+    unlink(h.s.socket_path);
+    free(log_fds);
+    free(out_fds);
+    return start_error[0] ? 1 : 0;
+}
