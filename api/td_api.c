@@ -619,11 +619,13 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
     bool tls = cfg->tls_cert_pem && cfg->tls_key_pem;
     if (tls) flags |= MHD_USE_TLS;
     /* the TLS options last: MHD_OPTION_END in their place ends the list for plain HTTP */
-    api->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, handle, api, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, api, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, api, tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
-        cfg->tls_cert_pem, MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
+    /* the logger first (libmicrohttpd's advice: messages about later options use it) */
+    api->daemon =
+        MHD_start_daemon(flags, 0, NULL, NULL, handle, api, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                         api, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd, MHD_OPTION_NOTIFY_COMPLETED,
+                         completed, api, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                         tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cfg->tls_cert_pem,
+                         MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
     if (!api->daemon) {
         int port = api->port;
         td_api_stats_free(&api->stats);

@@ -172,6 +172,10 @@ static int resolve_roots(const daemon_options *o, const char *state, td_log *log
 static char *read_pem(const char *path, const char *what, bool secret, td_log *log) {
     FILE *f = fopen(path, "rb");
     if (!f) die("%s %s: %s", what, path, strerror(errno));
+    setvbuf(f, NULL, _IONBF, 0); /* no stdio buffer holding a copy of a private key */
+    struct stat st;
+    if (secret && fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
+        td_log_warn(log, "warning: %s %s is readable by others (chmod 600 it)", what, path);
     char *text = malloc((1 << 20) + 1);
     if (!text) die("out of memory reading %s", path);
     size_t n = fread(text, 1, 1 << 20, f);
@@ -181,9 +185,6 @@ static char *read_pem(const char *path, const char *what, bool secret, td_log *l
     if (more) die("%s %s: larger than 1 MiB: not a PEM file", what, path);
     text[n] = 0;
     if (!strstr(text, "-----BEGIN ")) die("%s %s: not PEM (no \"-----BEGIN\" line)", what, path);
-    struct stat st;
-    if (secret && stat(path, &st) == 0 && (st.st_mode & 077))
-        td_log_warn(log, "warning: %s %s is readable by others (chmod 600 it)", what, path);
     return text;
 }
 

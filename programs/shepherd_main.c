@@ -19,8 +19,11 @@
  *   - when the group is over, writes the status file (JSON: exit code, failed rank, reason,
  *     why it was stopped) atomically, tells the connected daemon, and exits 0.
  *
- * The socket's lines, each ending in '\n':
- *   daemon -> shepherd:  "stop SIGNAL GRACE_S REASON..."   stop the group (REASON: the words a
+ * The socket's lines, each ending in '\n'. A connection is the daemon's once its first line is
+ * "hello TOKEN" with the spec's token (a job's processes run as the daemon's user, so the
+ * socket's permissions alone cannot tell them apart); until then it is only read:
+ *   daemon -> shepherd:  "hello TOKEN"                     become the daemon's connection
+ *                        "stop SIGNAL GRACE_S REASON..."   stop the group (REASON: the words a
  *                                                           job record shows)
  *                        "status"                           answer with "pid ..." and "out ..."
  *   shepherd -> daemon:  "out BYTES"      rank 0's output file has grown to BYTES
@@ -58,6 +61,7 @@ typedef struct spec {
     char **argv, **env, **devices, **logs;
     char dir[PATH_MAX], output[PATH_MAX], socket_path[108], status_path[PATH_MAX];
     char local_rank_arg[32];
+    char token[128]; /* what a daemon says first ("hello TOKEN"): jobs share its uid */
     int attempt;
     double deadline; /* wall clock; 0: none */
     double orphan_s; /* how long without a daemon before the job stops */
@@ -143,6 +147,8 @@ static void read_spec(spec *s, const char *path) {
     text(o, "master_addr", c->master_addr, sizeof c->master_addr, true, path);
     text(o, "run_id", c->run_id, sizeof c->run_id, true, path);
     text(o, "local_rank_arg", s->local_rank_arg, sizeof s->local_rank_arg, false, path);
+    text(o, "token", s->token, sizeof s->token, true, path);
+    if (strlen(s->token) < 16) fail_spec("%s: token: expected at least 16 characters", path);
     c->nproc_per_node = (int)integer(o, "nproc", 1, 1, MAX_PROCS, true, path);
     c->nnodes = (int)integer(o, "nnodes", 1, 1, 1 << 16, false, path);
     c->node_rank = (int)integer(o, "node_rank", 0, 0, c->nnodes - 1, false, path);
@@ -180,6 +186,9 @@ typedef struct shepherd {
     spec s;
     td_group g;
     int listen_fd, daemon_fd, out_fd, pipe_fd, sig_fd;
+    int pending_fd; /* a connection that has not said hello yet (the newest only) */
+    char pending_in[256];
+    size_t pending_len;
     long long out_size; /* rank 0's output file */
     char in[1024];      /* the daemon's partial line */
     size_t in_len;
@@ -207,11 +216,15 @@ static void say(shepherd *h, const char *fmt, ...) {
     }
 }
 
+/* "pid PGID N P1 .. PN": the group's processes still running (N of them). */
 static void say_pids(shepherd *h) {
     char line[480];
-    int k = snprintf(line, sizeof line, "pid %d %d", (int)h->g.pgid, h->g.n);
+    int live = 0, k = 0;
+    for (int i = 0; i < h->g.n; i++) live += h->g.pids && h->g.pids[i] > 0; /* 0: reaped */
+    k = snprintf(line, sizeof line, "pid %d %d", (int)h->g.pgid, live);
     for (int i = 0; i < h->g.n && k < (int)sizeof line - 16; i++)
-        k += snprintf(line + k, sizeof line - (size_t)k, " %d", (int)h->g.pids[i]);
+        if (h->g.pids[i] > 0)
+            k += snprintf(line + k, sizeof line - (size_t)k, " %d", (int)h->g.pids[i]);
     say(h, "%s", line);
 }
 
@@ -261,20 +274,46 @@ static void read_daemon(shepherd *h) {
     h->in_len = rest;
 }
 
+/* A new connection waits to say hello; only processes of the daemon's user get that far. */
 static void accept_daemon(shepherd *h) {
     int fd = accept4(h->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
-    /* a Unix socket in the job's directory: only a process of the daemon's user gets here, but
-     * it must be that user (the daemon), not a job's process running as another */
     struct ucred cred;
     socklen_t len = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid()) {
         close(fd);
         return;
     }
-    if (h->daemon_fd >= 0) close(h->daemon_fd); /* the newest daemon is the one */
+    if (h->pending_fd >= 0) close(h->pending_fd); /* one at a time: the newest */
+    h->pending_fd = fd;
+    h->pending_len = 0;
+}
+
+/* The pending connection's first line: the token makes it the daemon's connection (the newest
+ * daemon is the one); anything else closes it. */
+static void read_pending(shepherd *h) {
+    ssize_t k = recv(h->pending_fd, h->pending_in + h->pending_len,
+                     sizeof h->pending_in - 1 - h->pending_len, 0);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (k > 0) h->pending_len += (size_t)k;
+    h->pending_in[h->pending_len] = 0;
+    char *nl = strchr(h->pending_in, '\n');
+    if (k > 0 && !nl && h->pending_len < sizeof h->pending_in - 1) return; /* more to come */
+    bool ok = nl && (size_t)(nl - h->pending_in) == 6 + strlen(h->s.token) &&
+              strncmp(h->pending_in, "hello ", 6) == 0 &&
+              strncmp(h->pending_in + 6, h->s.token, strlen(h->s.token)) == 0;
+    int fd = h->pending_fd;
+    h->pending_fd = -1;
+    if (!ok) {
+        close(fd);
+        return;
+    }
+    if (h->daemon_fd >= 0) close(h->daemon_fd);
     h->daemon_fd = fd;
-    h->in_len = 0;
+    /* what followed the hello line is the daemon's first request(s) */
+    size_t rest = h->pending_len - (size_t)(nl + 1 - h->pending_in);
+    memcpy(h->in, nl + 1, rest);
+    h->in_len = rest;
     h->orphan_since = 0;
     say_pids(h);
     say(h, "out %lld", h->out_size);
@@ -311,6 +350,8 @@ static void pump(shepherd *h) {
             static bool told;
             if (!told) fprintf(stderr, "traind-shepherd: %s: %s\n", h->s.output, strerror(errno));
             told = true;
+            struct stat st; /* part of it may have gone in: the size is the file's */
+            if (fstat(h->out_fd, &st) == 0) h->out_size = (long long)st.st_size;
             continue;
         }
         h->out_size += k;
@@ -321,6 +362,9 @@ static void pump(shepherd *h) {
 /* ---- the status file ------------------------------------------------------------------------ */
 
 static void write_status(shepherd *h, const char *start_error) {
+    /* the output first: the status's output_bytes must be on disk before it is */
+    if (fsync(h->out_fd) != 0)
+        fprintf(stderr, "traind-shepherd: fsync %s: %s\n", h->s.output, strerror(errno));
     json_t *o = json_object();
     json_object_set_new(o, "attempt", json_integer(h->s.attempt));
     int code = start_error ? 1 : h->g.first_failure;
@@ -347,6 +391,16 @@ static void write_status(shepherd *h, const char *start_error) {
     if (!ok || rename(tmp, h->s.status_path) != 0)
         fprintf(stderr, "traind-shepherd: cannot write %s: %s\n", h->s.status_path,
                 strerror(errno));
+    /* and the rename itself: the directory's entry */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", h->s.status_path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
     json_decref(o);
 }
 
@@ -375,11 +429,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     static shepherd h;
-    h.daemon_fd = h.pipe_fd = -1;
+    h.daemon_fd = h.pipe_fd = h.pending_fd = -1;
     read_spec(&h.s, argv[1]);
     /* out of the daemon's session and process group: a terminal's ^C or the daemon's own
      * group signals do not reach the job */
-    (void)setsid();
+    if (setsid() < 0)
+        fprintf(stderr, "traind-shepherd: setsid: %s (still in its starter's session)\n",
+                strerror(errno));
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
         fprintf(stderr, "traind-shepherd: prctl(PR_SET_CHILD_SUBREAPER): %s\n", strerror(errno));
     sigset_t set;
@@ -389,7 +445,8 @@ int main(int argc, char **argv) {
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGHUP);
     sigprocmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN); /* a daemon gone mid-send; the workers get SIG_DFL back */
+    signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD from a starter would hide exits */
     h.sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     h.listen_fd = open_listener(h.s.socket_path);
     h.out_fd = open(h.s.output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
@@ -399,11 +456,12 @@ int main(int argc, char **argv) {
     if (fstat(h.out_fd, &st) == 0) h.out_size = (long long)st.st_size;
 
     int procs = h.s.launch.launch_self ? 1 : h.s.launch.nproc_per_node;
-    int *log_fds = td_calloc((size_t)procs, sizeof(int)), pipefd[2];
+    int *log_fds = td_calloc((size_t)procs, sizeof(int)), pipefd[2] = {-1, -1};
     int *out_fds = td_calloc((size_t)procs, sizeof(int));
     char start_error[1024] = "";
     if (pipe2(pipefd, O_CLOEXEC) != 0)
         snprintf(start_error, sizeof start_error, "pipe: %s", strerror(errno));
+    for (int i = 0; i < procs; i++) log_fds[i] = -1;
     for (int i = 0; i < procs && !start_error[0]; i++) {
         log_fds[i] = open(h.s.logs[i], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
         if (log_fds[i] < 0)
@@ -418,21 +476,27 @@ int main(int argc, char **argv) {
         snprintf(start_error, sizeof start_error, "%s", err.msg);
     if (pipefd[1] >= 0) close(pipefd[1]);
     for (int i = 0; i < procs; i++)
-        if (log_fds[i] > 0) close(log_fds[i]);
+        if (log_fds[i] >= 0) close(log_fds[i]);
     h.pipe_fd = pipefd[0];
     if (h.pipe_fd >= 0) fcntl(h.pipe_fd, F_SETFL, O_NONBLOCK);
     h.orphan_since = td_clock_now(); /* until the daemon connects */
 
     while (!start_error[0] || h.g.alive > 0) {
-        struct pollfd fds[4] = {{h.sig_fd, POLLIN, 0},
+        struct pollfd fds[5] = {{h.sig_fd, POLLIN, 0},
                                 {h.listen_fd, POLLIN, 0},
                                 {h.daemon_fd, POLLIN, 0},
-                                {h.pipe_fd, POLLIN, 0}};
+                                {h.pipe_fd, POLLIN, 0},
+                                {h.pending_fd, POLLIN, 0}};
         bool ticking = h.g.terminating || h.g.lingering || h.s.deadline > 0 || h.daemon_fd < 0;
-        if (poll(fds, 4, ticking ? 100 : 1000) < 0 && errno != EINTR) break;
+        if (poll(fds, 5, ticking ? 100 : 1000) < 0 && errno != EINTR) {
+            /* the group goes on; the loop must not end as if it were over */
+            fprintf(stderr, "traind-shepherd: poll: %s\n", strerror(errno));
+            continue;
+        }
         if (fds[3].revents) pump(&h);
-        if (fds[1].revents) accept_daemon(&h);
         if (fds[2].revents && h.daemon_fd >= 0) read_daemon(&h);
+        if (fds[4].revents && h.pending_fd >= 0) read_pending(&h);
+        if (fds[1].revents) accept_daemon(&h);
         if (fds[0].revents) {
             struct signalfd_siginfo si;
             while (read(h.sig_fd, &si, sizeof si) == (ssize_t)sizeof si)

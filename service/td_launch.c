@@ -171,6 +171,11 @@ static void exec_worker(const td_launch_config *cfg, int r, const char *program,
         (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
         _exit(127);
     }
+    /* an ignored signal stays ignored across exec: a worker must not inherit the launcher's
+     * SIG_IGN for SIGPIPE (or a starter's for SIGINT/SIGHUP) */
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    static const int RESET[] = {SIGPIPE, SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGCHLD};
+    for (size_t i = 0; i < sizeof RESET / sizeof *RESET; i++) sigaction(RESET[i], &dfl, NULL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);

@@ -34,7 +34,10 @@ CURL *tc_handle(const tc_conn *c, const char *path, struct curl_slist **hdr, cha
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, why);
     /* a daemon's own CA (--tls-cert signed by it): trusted instead of the system's store */
-    if (c->cacert[0]) curl_easy_setopt(h, CURLOPT_CAINFO, c->cacert);
+    if (c->cacert[0]) {
+        curl_easy_setopt(h, CURLOPT_CAINFO, c->cacert);
+        curl_easy_setopt(h, CURLOPT_CAPATH, NULL); /* libcurl's built-in /etc/ssl/certs too */
+    }
     why[0] = 0;
     *hdr = NULL;
     if (c->token[0]) {

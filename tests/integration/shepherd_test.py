@@ -39,14 +39,26 @@ def wait_for(f, what, timeout=TIMEOUT):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-class Control:
-    """The daemon's side of the socket: lines in, lines out."""
+TOKEN = "0123456789abcdef-test-token"
 
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.s.settimeout(TIMEOUT)
-        self.s.connect(path)
+
+class Control:
+    """The daemon's side of the socket: lines in, lines out; hello with the token first."""
+
+    def __init__(self, path, token=TOKEN):
+        def connected():  # between bind and listen a connect is refused: try again
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(TIMEOUT)
+            try:
+                s.connect(path)
+                return s
+            except (ConnectionRefusedError, FileNotFoundError):
+                s.close()
+                return None
+        self.s = wait_for(connected, f"a connection to {path}")
         self.buf = b""
+        if token is not None:
+            self.send(f"hello {token}")
 
     def send(self, line):
         self.s.sendall(line.encode() + b"\n")
@@ -92,7 +104,7 @@ class ShepherdTest(unittest.TestCase):
              "socket": os.path.join(self.dir, "shepherd.sock"),
              "status": os.path.join(self.dir, "attempt-0.status"),
              "master_addr": "127.0.0.1", "master_port": 29500, "run_id": "test",
-             "grace_s": 2}
+             "grace_s": 2, "token": TOKEN}
         s.update(extra)
         path = os.path.join(self.dir, "spec.json")
         with open(path, "w") as f:
@@ -105,9 +117,8 @@ class ShepherdTest(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def control(self, s):
-        wait_for(lambda: os.path.exists(s["socket"]), "the control socket")
-        c = Control(s["socket"])
+    def control(self, s, token=TOKEN):
+        c = Control(s["socket"], token)
         self.addCleanup(c.close)
         return c
 
@@ -160,13 +171,17 @@ class ShepherdTest(unittest.TestCase):
         path, s = self.spec('exec sleep 600', nproc=1, orphan_timeout_s=60)
         # a "daemon" that starts the shepherd and is then killed -9
         starter = subprocess.Popen(["/bin/sh", "-c", f'"{SHEPHERD}" "{path}" 2>/dev/null & '
-                                    'echo $!; exec sleep 600'], stdout=subprocess.PIPE, text=True)
+                                    'echo $!; exec sleep 600'], stdout=subprocess.PIPE, text=True,
+                                   start_new_session=True)
         self.procs.append(starter)
         shepherd_pid = int(starter.stdout.readline())
         starter.stdout.close()
         first = self.control(s)
         rank = int(first.until("pid ").split()[3])
-        starter.kill()
+        # what a dying daemon's process group gets (a terminal's hangup, systemd's SIGTERM to
+        # the group): the shepherd left that group, so it is not hit
+        os.killpg(starter.pid, signal.SIGTERM)
+        os.killpg(starter.pid, signal.SIGHUP)
         starter.wait()
         first.close()  # the daemon's connection goes with it
         self.assertTrue(alive(shepherd_pid) and alive(rank), "the job goes on without its daemon")
@@ -192,6 +207,50 @@ class ShepherdTest(unittest.TestCase):
         self.assertEqual(st["stopped_by"], "deadline")
         self.assertTrue(st["grace_expired"], st)
         self.assertEqual(st["exit_code"], 128 + signal.SIGKILL, st)
+
+    def test_only_the_daemon_may_stop_it(self):
+        path, s = self.spec('exec sleep 600', nproc=1, orphan_timeout_s=60)
+        p = self.start(path)
+        daemon = self.control(s)
+        rank = int(daemon.until("pid ").split()[3])
+        for token in (None, "wrong-token-0123456789"):  # a job's process, say
+            try:
+                intruder = self.control(s, token)
+                intruder.send("stop 9 0 taken over")
+            except (BrokenPipeError, ConnectionResetError):
+                continue  # closed already, after the wrong hello
+            with self.assertRaises((EOFError, ConnectionResetError)):  # closed without a word
+                intruder.line()
+        daemon.send("status")
+        self.assertEqual(int(daemon.until("pid ").split()[3]), rank, "still running, still ours")
+        daemon.send("stop 15 1 done")
+        self.assertEqual(self.status(p, s)["stop_reason"], "done")
+
+    def test_sigterm_stops_the_group(self):
+        path, s = self.spec('exec sleep 600', nproc=1)
+        p = self.start(path)
+        rank = int(self.control(s).until("pid ").split()[3])
+        p.send_signal(signal.SIGTERM)
+        st = self.status(p, s)
+        self.assertEqual(st["stopped_by"], "signal")
+        self.assertFalse(alive(rank))
+
+    def test_leftovers_end_with_the_group(self):
+        # rank 0 leaves a child behind (as mp.spawn's can) and exits 0
+        path, s = self.spec('sleep 600 & echo $! > left; exit 0', nproc=1, grace_s=0.5)
+        st = self.status(self.start(path), s)
+        self.assertEqual(st["exit_code"], 0, st)
+        with open(os.path.join(self.dir, "left")) as f:
+            self.assertFalse(alive(int(f.read())), "nothing of the job outlives it")
+
+    def test_a_program_that_cannot_start(self):
+        path, s = self.spec("true", argv=["/nonexistent/program"])
+        p = self.start(path)
+        self.assertEqual(p.wait(timeout=TIMEOUT), 1)
+        with open(s["status"]) as f:
+            st = json.load(f)
+        self.assertEqual(st["exit_code"], 1)
+        self.assertIn("/nonexistent/program", st["reason"])
 
     def test_a_spec_it_cannot_use(self):
         path, _ = self.spec("true", logs=["only-one"])

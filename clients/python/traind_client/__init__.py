@@ -167,6 +167,8 @@ class Job:
             try:
                 conn, resp = self.client._open("GET", f"/v1/jobs/{self.id}/events",
                                                headers=headers)
+            except ssl.SSLCertVerificationError:
+                raise  # a certificate that does not verify will not on the next try either
             except (OSError, http.client.HTTPException):
                 failures += 1
                 if failures > retries:
