@@ -17,6 +17,9 @@ import tempfile
 import time
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import daemon_test  # noqa: E402
+
 SHEPHERD = None
 TIMEOUT = 60.0
 
@@ -29,14 +32,7 @@ def alive(pid):
         return False
 
 
-def wait_for(f, what, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = f()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+wait_for = daemon_test.wait_for  # polls f every 50 ms; AssertionError naming what
 
 
 TOKEN = "0123456789abcdef-test-token"
