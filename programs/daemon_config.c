@@ -3,6 +3,7 @@
 
 #include "core/td_json.h"
 #include "core/td_parse.h"
+#include "service/td_shepherd.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -11,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef enum { T_TEXT, T_INT, T_LONG, T_SECONDS, T_ROOTS, T_GPUS, T_CHOICE } opt_type;
+typedef enum { T_TEXT, T_INT, T_LONG, T_SECONDS, T_ROOTS, T_GPUS, T_CHOICE, T_BOOL } opt_type;
 
 typedef struct opt_info {
     const char *flag, *key;
@@ -25,7 +26,8 @@ typedef struct opt_info {
 /* Text options whose empty value means nothing (an empty one for join, node_name, advertise or
  * cluster_secret_file means "none"). */
 static bool needs_text(daemon_option opt) {
-    return opt == OPT_LISTEN || opt == OPT_STATE_DIR || opt == OPT_WORKER || opt == OPT_WEB_ROOT;
+    return opt == OPT_LISTEN || opt == OPT_STATE_DIR || opt == OPT_WORKER || opt == OPT_WEB_ROOT ||
+           opt == OPT_SHEPHERD;
 }
 
 #define FIELD(f) offsetof(daemon_options, f), sizeof(((daemon_options *)0)->f)
@@ -58,6 +60,11 @@ static const opt_info OPTS[OPT_COUNT] = {
     [OPT_TLS_CERT] = {"--tls-cert", "tls_cert", T_TEXT, FIELD(tls_cert), 0, 0, NULL, false},
     [OPT_TLS_KEY] = {"--tls-key", "tls_key", T_TEXT, FIELD(tls_key), 0, 0, NULL, false},
     [OPT_TLS_CA] = {"--tls-ca", "tls_ca", T_TEXT, FIELD(tls_ca), 0, 0, NULL, false},
+    [OPT_KEEP_JOBS] = {"--keep-jobs-on-stop", "keep_jobs_on_stop", T_BOOL, FIELD(keep_jobs_on_stop),
+                       0, 0, NULL, true},
+    [OPT_ORPHAN_TIMEOUT] = {"--orphan-timeout", "orphan_timeout_s", T_SECONDS,
+                            FIELD(orphan_timeout_s), 1, 30 * 86400.0, NULL, true},
+    [OPT_SHEPHERD] = {"--shepherd", "shepherd", T_TEXT, FIELD(shepherd), 0, 0, NULL, false},
 };
 
 static void usage(FILE *out) {
@@ -70,6 +77,7 @@ static void usage(FILE *out) {
         "              [--cluster-secret-file FILE] [--join ADDR:PORT] [--node-name NAME]\n"
         "              [--advertise ADDR] [--heartbeat S] [--node-timeout S]\n"
         "              [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
+        "              [--keep-jobs-on-stop true|false] [--orphan-timeout S] [--shepherd PATH]\n"
         "\n"
         "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
         "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
@@ -118,6 +126,19 @@ static void usage(FILE *out) {
         "                      where they apply)\n"
         "  --log-level LEVEL   error, warning, info (default) or debug\n"
         "\n"
+        "Restarts. Each attempt's processes belong to a traind-shepherd, not to traind:\n"
+        "a daemon that crashes, is killed or restarts finds its jobs running and goes on\n"
+        "with them (no rank restarted, no metric lost or repeated).\n"
+        "  --keep-jobs-on-stop true|false  SIGTERM (systemctl stop, restart, a package\n"
+        "                      upgrade) leaves the jobs running for the next start\n"
+        "                      (true), or stops them with the grace period (false, the\n"
+        "                      default); the next start resumes those from checkpoints\n"
+        "  --orphan-timeout S  how long a job runs on without a daemon before its\n"
+        "                      shepherd stops it (default 600), so a removed traind\n"
+        "                      leaves nothing running for ever\n"
+        "  --shepherd PATH     traind-shepherd (default: next to traind, else\n"
+        "                      PREFIX/lib/traind)\n"
+        "\n"
         "A cluster: one traind is the master (the default), the others join it.\n"
         "  --cluster-secret-file FILE  the cluster's shared secret (the same file on\n"
         "                      every node, mode 0600); a master without one accepts no\n"
@@ -137,8 +158,8 @@ static void usage(FILE *out) {
         "\"traind: listening on http://ADDR:PORT\" to stderr (and tells systemd it is\n"
         "ready when started as a Type=notify service). SIGHUP re-reads the config file:\n"
         "data roots, grace, body limit and logging change at once; a change to another\n"
-        "setting is reported and waits for a restart. SIGTERM or SIGINT stops it;\n"
-        "running jobs resume from their latest checkpoints at the next start.\n"
+        "setting is reported and waits for a restart. SIGTERM or SIGINT stops it (see\n"
+        "--keep-jobs-on-stop for its jobs).\n"
         "One traind per state directory (it holds a lock on STATE_DIR/traind.pid) and per\n"
         "address: a second one on either exits with status 1 and touches nothing.\n");
 }
@@ -210,6 +231,11 @@ static int set_from_text(daemon_options *o, daemon_option opt, const char *v, bo
         return 0;
     case T_GPUS:
         return td_gpus_parse_list(v, o->gpus, &o->n_gpus, err);
+    case T_BOOL:
+        if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+            return td_fail(err, "%s \"%s\": expected true or false", in->flag, v);
+        *(bool *)f = strcmp(v, "true") == 0;
+        return 0;
     }
     return td_fail(err, "%s: unknown option type", in->flag);
 }
@@ -269,6 +295,10 @@ static int set_from_json(daemon_options *o, daemon_option opt, const json_t *c, 
     }
     case T_GPUS:
         if (td_gpus_parse_json(v, in->key, o->gpus, &o->n_gpus, err) != 0) return -1;
+        break;
+    case T_BOOL:
+        if (!json_is_boolean(v)) return td_json_fail_found(err, in->key, "true or false", v);
+        *(bool *)f = json_is_true(v);
         break;
     }
     o->from[opt] = DAEMON_FROM_FILE;
@@ -353,6 +383,12 @@ static void apply_defaults(daemon_options *o) {
     if (from[OPT_STATE_DIR] == DAEMON_FROM_DEFAULT)
         default_state_dir(o->state_dir, sizeof o->state_dir);
     if (from[OPT_WORKER] == DAEMON_FROM_DEFAULT) default_worker(o->worker, sizeof o->worker);
+    if (from[OPT_SHEPHERD] == DAEMON_FROM_DEFAULT) {
+        char self[PATH_MAX - 64];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = 0;
+        td_shepherd_program(o->shepherd, sizeof o->shepherd, self);
+    }
     if (from[OPT_WEB_ROOT] == DAEMON_FROM_DEFAULT)
         default_web_root(o->web_root, sizeof o->web_root);
     if (from[OPT_LOG_FORMAT] == DAEMON_FROM_DEFAULT)
@@ -374,7 +410,11 @@ static int check_table(td_err *err) {
 }
 
 static void init(daemon_options *o) {
-    *o = (daemon_options){.grace_s = 10, .max_body = 1 << 20, .heartbeat_s = 2, .timeout_s = 10};
+    *o = (daemon_options){.grace_s = 10,
+                          .max_body = 1 << 20,
+                          .heartbeat_s = 2,
+                          .timeout_s = 10,
+                          .orphan_timeout_s = 600};
 }
 
 /* The command line into o (marking what it gave). *config: the --config value or NULL. exits:
@@ -494,6 +534,9 @@ char *daemon_config_value(const daemon_options *o, daemon_option opt) {
         for (int i = 0; i < o->n_gpus; i++)
             json_array_append_new(v, json_integer(o->gpus[i].index));
         break;
+    case T_BOOL:
+        v = json_boolean(*(const bool *)f);
+        break;
     }
     char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(v);
@@ -558,6 +601,8 @@ bool daemon_config_changed(const daemon_options *a, const daemon_options *b, dae
                 a->gpus[i].memory_bytes != b->gpus[i].memory_bytes)
                 return true;
         return false;
+    case T_BOOL:
+        return *(const bool *)fa != *(const bool *)fb;
     }
     return true;
 }

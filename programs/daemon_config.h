@@ -40,6 +40,9 @@ typedef enum {
     OPT_TLS_CERT,
     OPT_TLS_KEY,
     OPT_TLS_CA,
+    OPT_KEEP_JOBS,
+    OPT_ORPHAN_TIMEOUT,
+    OPT_SHEPHERD,
     OPT_COUNT
 } daemon_option;
 
@@ -66,6 +69,11 @@ typedef struct daemon_options {
     /* TLS: this node's certificate chain and key (PEM files; both or neither), and the CA an
      * agent checks its master's certificate against ("": plain HTTP to the master) */
     char tls_cert[PATH_MAX], tls_key[PATH_MAX], tls_ca[PATH_MAX];
+    /* restarts: whether a stopping daemon leaves its jobs running for the next one, and how
+     * long a job's shepherd waits for a daemon before it stops the job */
+    bool keep_jobs_on_stop;
+    double orphan_timeout_s;
+    char shepherd[PATH_MAX]; /* traind-shepherd */
 
     /* not settings */
     daemon_source from[OPT_COUNT];

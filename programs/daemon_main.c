@@ -263,6 +263,8 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
         o->n_roots = next->n_roots;
         memcpy(o->roots, next->roots, sizeof o->roots);
         o->grace_s = next->grace_s;
+        o->keep_jobs_on_stop = next->keep_jobs_on_stop;
+        o->orphan_timeout_s = next->orphan_timeout_s;
         o->max_body = next->max_body;
         memcpy(o->log_format, next->log_format, sizeof o->log_format);
         memcpy(o->log_level, next->log_level, sizeof o->log_level);
@@ -272,6 +274,7 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
         const char *roots[MAX_ROOTS + 1];
         int n_roots = resolve_roots(o, state, log, resolved, roots);
         td_jobs_set_limits(jobs, roots, n_roots, o->grace_s);
+        td_jobs_set_stop_policy(jobs, o->keep_jobs_on_stop, o->orphan_timeout_s);
         td_api_set_max_body(api, (size_t)o->max_body);
         td_log_notice(log, "reloaded %s: %d change%s applied, %d waiting for a restart",
                       o->config_path[0] ? o->config_path : "(no config file)", applied,
@@ -371,6 +374,9 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     td_jobs_config jc = {
         .state_dir = state,
         .worker = o->worker,
+        .shepherd = o->shepherd,
+        .orphan_timeout_s = o->orphan_timeout_s,
+        .keep_jobs_on_stop = o->keep_jobs_on_stop,
         .slots = slots,
         .gpus = gpus,
         .gpu_ids = gpu_ids,
@@ -407,13 +413,13 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                         name, name);
         td_cluster_on_master_drain(cluster, set_draining, jobs);
     }
-    /* what a job's processes leave behind when they die (mp.spawn's children) is handed to us,
-     * not to init: the supervisor reaps it, so a job's process group empties as soon as its
-     * last process has ended (td_group_over) and no zombie of a job outlives it */
+    /* each attempt's shepherd reaps what its processes leave behind; what a shepherd that was
+     * killed leaves (its processes die with it) is handed to us rather than to init, and the
+     * supervisor reaps it */
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
         td_log_warn(log,
-                    "warning: prctl(PR_SET_CHILD_SUBREAPER): %s (a job's leftover processes "
-                    "are killed at the end of the grace period instead)",
+                    "warning: prctl(PR_SET_CHILD_SUBREAPER): %s (what a killed shepherd leaves "
+                    "goes to init)",
                     strerror(errno));
     if (td_jobs_start(jobs, &err) != 0) goto fail;
     td_api_config ac = {.listen_fd = listen_fd,
@@ -492,6 +498,9 @@ int main(int argc, char **argv) {
     fatal_log = log;
     if (access(o.worker, X_OK) != 0)
         die("cannot run the worker %s: %s (give --worker)", o.worker, strerror(errno));
+    if (access(o.shepherd, X_OK) != 0)
+        die("cannot run %s: %s (give --shepherd; it is installed in PREFIX/lib/traind)", o.shepherd,
+            strerror(errno));
     char host[128];
     const char *colon = strrchr(o.listen, ':');
     if (!colon || colon == o.listen || (size_t)(colon - o.listen) >= sizeof host)

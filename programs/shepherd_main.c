@@ -16,6 +16,9 @@
  *   - answers one daemon at a time on its Unix socket (a line protocol, below), and stops the
  *     group when asked, when the deadline passes, or when no daemon has been connected for the
  *     orphan limit (a removed daemon leaves nothing running for ever);
+ *   - is told by its daemon of a first connection already made ("daemon_fd": a socketpair's
+ *     end, so the daemon waits for no socket to appear), and ignores the spec's "daemon"
+ *     member (the daemon's own notes about the attempt);
  *   - when the group is over, writes the status file (JSON: exit code, failed rank, reason,
  *     why it was stopped) atomically, tells the connected daemon, and exits 0.
  *
@@ -63,6 +66,7 @@ typedef struct spec {
     char local_rank_arg[32];
     char token[128]; /* what a daemon says first ("hello TOKEN"): jobs share its uid */
     int attempt;
+    int daemon_fd;   /* a connection the starting daemon made (a socketpair); -1: none */
     double deadline; /* wall clock; 0: none */
     double orphan_s; /* how long without a daemon before the job stops */
 } spec;
@@ -141,7 +145,9 @@ static void read_spec(spec *s, const char *path) {
     s->devices = strings(o, "devices", false, path);
     s->logs = strings(o, "logs", true, path);
     text(o, "dir", s->dir, sizeof s->dir, true, path);
-    text(o, "output", s->output, sizeof s->output, true, path);
+    /* absent or "": process 0's stdout goes to its log like the others' (a node that does not
+     * run global rank 0) */
+    text(o, "output", s->output, sizeof s->output, false, path);
     text(o, "socket", s->socket_path, sizeof s->socket_path, true, path);
     text(o, "status", s->status_path, sizeof s->status_path, true, path);
     text(o, "master_addr", c->master_addr, sizeof c->master_addr, true, path);
@@ -155,6 +161,7 @@ static void read_spec(spec *s, const char *path) {
     c->master_port = (int)integer(o, "master_port", 0, 1, 65535, true, path);
     c->max_restarts = (int)integer(o, "max_restarts", 0, 0, 1 << 20, false, path);
     s->attempt = (int)integer(o, "attempt", 0, 0, INT_MAX, false, path);
+    s->daemon_fd = (int)integer(o, "daemon_fd", -1, -1, INT_MAX, false, path);
     c->grace_s = number(o, "grace_s", 10, 0, 3600, path);
     s->deadline = number(o, "deadline", 0, 0, 1e11, path);
     s->orphan_s = number(o, "orphan_timeout_s", 600, 0.1, 30 * 86400.0, path);
@@ -363,13 +370,14 @@ static void pump(shepherd *h) {
 
 static void write_status(shepherd *h, const char *start_error) {
     /* the output first: the status's output_bytes must be on disk before it is */
-    if (fsync(h->out_fd) != 0)
+    if (h->out_fd >= 0 && fsync(h->out_fd) != 0)
         fprintf(stderr, "traind-shepherd: fsync %s: %s\n", h->s.output, strerror(errno));
     json_t *o = json_object();
     json_object_set_new(o, "attempt", json_integer(h->s.attempt));
     int code = start_error ? 1 : h->g.first_failure;
     if (!start_error && code == 0 && h->g.terminating) code = h->g.stop_status;
     json_object_set_new(o, "exit_code", json_integer(code));
+    json_object_set_new(o, "failed", json_boolean(start_error || h->g.first_failure != 0));
     json_object_set_new(o, "failed_rank", json_integer(start_error ? -1 : h->g.failed_rank));
     json_object_set_new(o, "reason",
                         json_string(start_error      ? start_error
@@ -431,10 +439,22 @@ int main(int argc, char **argv) {
     static shepherd h;
     h.daemon_fd = h.pipe_fd = h.pending_fd = -1;
     read_spec(&h.s, argv[1]);
-    /* out of the daemon's session and process group: a terminal's ^C or the daemon's own
-     * group signals do not reach the job */
-    if (setsid() < 0)
-        fprintf(stderr, "traind-shepherd: setsid: %s (still in its starter's session)\n",
+    /* before any worker is started: none of them may hold the daemon's connection */
+    if (h.s.daemon_fd >= 0) {
+        if (fcntl(h.s.daemon_fd, F_SETFD, FD_CLOEXEC) != 0 ||
+            fcntl(h.s.daemon_fd, F_SETFL, O_NONBLOCK) != 0)
+            fprintf(stderr, "traind-shepherd: daemon_fd %d: %s (waiting for a daemon to connect)\n",
+                    h.s.daemon_fd, strerror(errno));
+        else
+            h.daemon_fd = h.s.daemon_fd;
+    }
+    /* out of the daemon's process group: a terminal's ^C or the daemon's own group signals do
+     * not reach the job. Not a session of its own: the kernel's autogroup scheduling gives each
+     * session an equal share of the CPUs, so a job in its own would take as much as the daemon
+     * and everything else in its session together, and its ranks would preempt the daemon's
+     * API (the ranks' process group, td_launch's, is what signals go to) */
+    if (setpgid(0, 0) != 0)
+        fprintf(stderr, "traind-shepherd: setpgid: %s (still in its starter's process group)\n",
                 strerror(errno));
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
         fprintf(stderr, "traind-shepherd: prctl(PR_SET_CHILD_SUBREAPER): %s\n", strerror(errno));
@@ -449,17 +469,18 @@ int main(int argc, char **argv) {
     signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD from a starter would hide exits */
     h.sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     h.listen_fd = open_listener(h.s.socket_path);
-    h.out_fd = open(h.s.output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-    if (h.sig_fd < 0 || h.listen_fd < 0 || h.out_fd < 0)
+    h.out_fd =
+        h.s.output[0] ? open(h.s.output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640) : -1;
+    if (h.sig_fd < 0 || h.listen_fd < 0 || (h.s.output[0] && h.out_fd < 0))
         fail_spec("cannot set up (%s, %s): %s", h.s.socket_path, h.s.output, strerror(errno));
     struct stat st;
-    if (fstat(h.out_fd, &st) == 0) h.out_size = (long long)st.st_size;
+    if (h.out_fd >= 0 && fstat(h.out_fd, &st) == 0) h.out_size = (long long)st.st_size;
 
     int procs = h.s.launch.launch_self ? 1 : h.s.launch.nproc_per_node;
     int *log_fds = td_calloc((size_t)procs, sizeof(int)), pipefd[2] = {-1, -1};
     int *out_fds = td_calloc((size_t)procs, sizeof(int));
     char start_error[1024] = "";
-    if (pipe2(pipefd, O_CLOEXEC) != 0)
+    if (h.out_fd >= 0 && pipe2(pipefd, O_CLOEXEC) != 0)
         snprintf(start_error, sizeof start_error, "pipe: %s", strerror(errno));
     for (int i = 0; i < procs; i++) log_fds[i] = -1;
     for (int i = 0; i < procs && !start_error[0]; i++) {
@@ -467,7 +488,7 @@ int main(int argc, char **argv) {
         if (log_fds[i] < 0)
             snprintf(start_error, sizeof start_error, "cannot open %s: %s", h.s.logs[i],
                      strerror(errno));
-        out_fds[i] = i == 0 ? pipefd[1] : log_fds[i];
+        out_fds[i] = i == 0 && h.out_fd >= 0 ? pipefd[1] : log_fds[i];
     }
     h.s.launch.stdout_fds = out_fds;
     h.s.launch.stderr_fds = log_fds;
@@ -480,6 +501,11 @@ int main(int argc, char **argv) {
     h.pipe_fd = pipefd[0];
     if (h.pipe_fd >= 0) fcntl(h.pipe_fd, F_SETFL, O_NONBLOCK);
     h.orphan_since = td_clock_now(); /* until the daemon connects */
+    if (h.daemon_fd >= 0) {          /* the daemon that started it: already connected */
+        h.orphan_since = 0;
+        say_pids(&h);
+        say(&h, "out %lld", h.out_size);
+    }
 
     while (!start_error[0] || h.g.alive > 0) {
         struct pollfd fds[5] = {{h.sig_fd, POLLIN, 0},

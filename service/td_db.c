@@ -50,6 +50,7 @@ static const struct {
     {"jobs", "priority", "INTEGER NOT NULL DEFAULT 0"},
     {"jobs", "time_limit", "REAL NOT NULL DEFAULT 0"},
     {"metrics", "seq", "INTEGER NOT NULL DEFAULT 0"},
+    {"jobs", "out_offset", "INTEGER NOT NULL DEFAULT 0"},
 };
 
 static int has_column(sqlite3 *db, const char *table, const char *column) {
@@ -170,8 +171,8 @@ out:
 
 static int update_job_locked(td_db *db, const td_db_job *job, td_err *err) {
     sqlite3_stmt *s = prepare(db, "UPDATE jobs SET restarts=?, state=?, started_at=?, "
-                                  "finished_at=?, exit_code=?, reason=?, pgid=?, last_seq=? "
-                                  "WHERE id=?");
+                                  "finished_at=?, exit_code=?, reason=?, pgid=?, last_seq=?, "
+                                  "out_offset=? WHERE id=?");
     if (!s) return db_fail(db, err, "preparing a job update");
     sqlite3_bind_int(s, 1, job->restarts);
     sqlite3_bind_text(s, 2, job->state, -1, SQLITE_STATIC);
@@ -184,7 +185,8 @@ static int update_job_locked(td_db *db, const td_db_job *job, td_err *err) {
         sqlite3_bind_null(s, 6);
     sqlite3_bind_int64(s, 7, job->pgid);
     sqlite3_bind_int64(s, 8, job->last_seq);
-    sqlite3_bind_int64(s, 9, job->id);
+    sqlite3_bind_int64(s, 9, job->out_offset);
+    sqlite3_bind_int64(s, 10, job->id);
     return step_done(db, s, err, "updating a job");
 }
 
@@ -293,10 +295,11 @@ static int column_code(sqlite3_stmt *s, int col) {
 int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = -1;
-    sqlite3_stmt *s = prepare(db, "SELECT id, name, kind, spec, nproc, max_restarts, restarts, "
-                                  "state, created_at, started_at, finished_at, exit_code, "
-                                  "reason, pgid, last_seq, priority, time_limit FROM jobs "
-                                  "ORDER BY id");
+    sqlite3_stmt *s =
+        prepare(db, "SELECT id, name, kind, spec, nproc, max_restarts, restarts, "
+                    "state, created_at, started_at, finished_at, exit_code, "
+                    "reason, pgid, last_seq, priority, time_limit, out_offset FROM jobs "
+                    "ORDER BY id");
     sqlite3_stmt *a = prepare(db, "SELECT attempt, started_at, finished_at, exit_code, reason "
                                   "FROM attempts WHERE job_id=? ORDER BY attempt");
     if (!s || !a) {
@@ -324,6 +327,7 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
         j.last_seq = (long)sqlite3_column_int64(s, 14);
         j.priority = sqlite3_column_int(s, 15);
         j.time_limit_s = sqlite3_column_double(s, 16);
+        j.out_offset = (long long)sqlite3_column_int64(s, 17);
         int n = 0, cap = 4;
         td_db_attempt *list = td_calloc((size_t)cap, sizeof *list);
         sqlite3_reset(a);

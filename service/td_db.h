@@ -29,6 +29,9 @@ typedef struct td_db_job {
     long last_seq;       /* the newest event's id */
     int priority;        /* higher runs first */
     double time_limit_s; /* wall time from the first start; 0: none */
+    /* the bytes of the running attempt's rank 0 output file the daemon has handled: saved with
+     * each event of a line, so a daemon that comes back reads on from the line after */
+    long long out_offset;
 } td_db_job;
 
 typedef struct td_db_attempt {

@@ -9,6 +9,7 @@
 #include "service/td_strv.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,34 +58,62 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
     return 0;
 }
 
-/* Starts the job's next attempt on slots already reserved. */
+static json_t *strv_json(char *const *v) {
+    json_t *a = json_array();
+    for (int i = 0; v && v[i]; i++) json_array_append_new(a, json_string(v[i]));
+    return a;
+}
+
+static json_t *ints_json(const int *v, int n) {
+    if (!v) return json_null();
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+static json_t *sizes_json(const long long *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
+                              char **devices, double deadline) {
+    json_t *o = json_pack(
+        "{s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, "
+        "s:i, s:f, s:f, s:f, s:b}",
+        "argv", strv_json(c->argv), "env", strv_json(c->extra_env), "devices",
+        devices ? strv_json(devices) : json_null(), "logs", strv_json(logs), "dir", c->cwd,
+        "master_addr", c->master_addr, "run_id", c->run_id, "local_rank_arg",
+        c->local_rank_arg ? c->local_rank_arg : "", "nproc", c->nproc_per_node, "nnodes", c->nnodes,
+        "node_rank", c->node_rank, "master_port", c->master_port, "max_restarts", c->max_restarts,
+        "attempt", attempt, "grace_s", j->cfg.grace_s, "deadline", deadline, "orphan_timeout_s",
+        j->cfg.orphan_timeout_s > 0 ? j->cfg.orphan_timeout_s : 600.0, "launch_self",
+        c->launch_self);
+    TD_ASSERT(o, "json_pack of a shepherd's spec failed");
+    return o;
+}
+
+/* Starts the job's next attempt on slots already reserved: its shepherd starts the processes. */
 void td_jobs_start_attempt(td_jobs *j, job *jb) {
     int n = td_jobs_procs(jb);
     td_db_attempt *a = td_jobs_new_attempt(jb);
     a->started_at = td_clock_wall();
-    int out_pipe[2] = {-1, -1};
-    int stdout_fds[n], stderr_fds[n];
     char **devices =
         jb->devices ? td_jobs_devices_strv(j, jb->devices, td_jobs_slots(jb), n, jb->see_all_gpus)
                     : NULL;
     td_err err = {{0}};
-    for (int r = 0; r < n; r++) stdout_fds[r] = stderr_fds[r] = -1;
-    int ok = pipe2(out_pipe, O_CLOEXEC) == 0;
-    if (!ok) td_fail(&err, "pipe: %s", strerror(errno));
+    int ok = 1;
+    char **logs = td_strv_new(n);
     free(jb->log_start);
     jb->log_start = td_calloc((size_t)n, sizeof *jb->log_start);
-    for (int r = 0; ok && r < n; r++) {
+    for (int r = 0; r < n; r++) {
         char path[PATH_MAX + 32];
         snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, r);
-        stderr_fds[r] = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        logs[r] = td_str_dup(path);
         struct stat st;
-        if (stderr_fds[r] < 0) {
-            td_fail(&err, "cannot open %s: %s", path, strerror(errno));
-            ok = 0;
-        } else if (fstat(stderr_fds[r], &st) == 0) {
-            jb->log_start[r] = (long long)st.st_size; /* this attempt's lines start here */
-        }
-        stdout_fds[r] = r == 0 ? out_pipe[1] : stderr_fds[r];
+        if (stat(path, &st) == 0)
+            jb->log_start[r] = (long long)st.st_size; /* its lines start here */
     }
     char run_id[64], job_var[64], ckpt_var[PATH_MAX + 32];
     snprintf(run_id, sizeof run_id, "traind-job-%ld", jb->row.id);
@@ -109,20 +138,24 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
                             .local_rank_arg = jb->local_rank_arg,
                             .launch_self = jb->launch_self,
                             .cwd = jb->dir,
-                            .stdout_fds = stdout_fds,
-                            .stderr_fds = stderr_fds,
-                            .extra_env = env,
-                            .devices = (const char *const *)devices};
+                            .extra_env = env};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "127.0.0.1");
     snprintf(cfg.run_id, sizeof cfg.run_id, "%s", run_id);
-    if (ok && td_launch_free_port(&cfg.master_port, &err) != 0) ok = 0;
-    if (ok && td_group_start(&jb->group, &cfg, a->attempt, &err) != 0) {
-        ok = 0;
-        if (jb->group.alive > 0) killpg(jb->group.pgid, SIGKILL); /* reaped by the loop */
-    }
-    for (int r = 0; r < n; r++)
-        if (stderr_fds[r] >= 0) close(stderr_fds[r]);
-    if (out_pipe[1] >= 0) close(out_pipe[1]);
+    if (td_launch_free_port(&cfg.master_port, &err) != 0) ok = 0;
+    if (jb->row.started_at <= 0) jb->row.started_at = a->started_at;
+    /* recorded before the shepherd starts: a daemon that dies in between finds the attempt
+     * without its file and restarts it; one that dies after finds the file and re-attaches */
+    jb->row.out_offset = 0;
+    jb->out_read = 0;
+    jb->line.len = 0;
+    if (jb->out_fd >= 0) close(jb->out_fd);
+    jb->out_fd = -1;
+    jb->left = false;
+    memset(&jb->end, 0, sizeof jb->end);
+    td_jobs_save_attempt(j, jb, a);
+    if (td_db_update_job(j->db, &jb->row, &err) != 0) ok = 0; /* out_offset 0 */
+    char base[PATH_MAX - 16];
+    td_shepherd_base(base, sizeof base, jb->dir, a->attempt, 0);
     if (ok) { /* where it runs, as a placement across nodes shows it: which GPUs each process has */
         td_buf all = {0}, each = {0};
         for (int i = 0; jb->devices && i < td_jobs_slots(jb); i++)
@@ -137,31 +170,35 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
         td_buf_free(&all);
         td_buf_free(&each);
     }
+    if (ok) {
+        json_t *spec =
+            td_jobs_shepherd_spec(j, &cfg, a->attempt, logs, devices, td_jobs_deadline(jb));
+        json_object_set_new(spec, "daemon",
+                            json_pack("{s:I, s:i, s:o, s:o, s:O}", "job", (json_int_t)jb->row.id,
+                                      "attempt", a->attempt, "slots",
+                                      ints_json(jb->devices, td_jobs_slots(jb)), "log_start",
+                                      sizes_json(jb->log_start, n), "placement",
+                                      jb->last_placement ? jb->last_placement : json_null()));
+        if (td_shepherd_start(&jb->sh, j->cfg.shepherd, base, spec, &err) != 0) ok = 0;
+        json_decref(spec);
+    }
+    td_strv_free(logs);
     td_strv_free(devices);
     if (!ok) {
-        if (out_pipe[0] >= 0) close(out_pipe[0]);
-        jb->out_fd = -1;
+        snprintf(jb->sh.base, sizeof jb->sh.base, "%s", base);
         a->finished_at = td_clock_wall();
         snprintf(a->reason, sizeof a->reason, "could not start: %.480s", err.msg);
         td_jobs_save_attempt(j, jb, a);
-        if (jb->group.alive == 0) {
-            td_group_free(&jb->group);
-            td_jobs_release_slots(j, jb);
-        }
+        td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, FAILED, -1, a->reason);
         return;
     }
-    fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
-    jb->out_fd = out_pipe[0];
-    jb->line.len = 0;
-    if (jb->row.started_at <= 0) jb->row.started_at = a->started_at;
-    jb->row.pgid = jb->group.pgid;
+    jb->row.pgid = 0; /* the shepherd says it */
     td_jobs_set_state(jb, RUNNING);
-    td_jobs_save_attempt(j, jb, a);
     td_jobs_emit_state(j, jb);
     td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
-              "job %ld attempt %d started: %d process%s, process group %d", jb->row.id, a->attempt,
-              n, n == 1 ? "" : "es", (int)jb->group.pgid);
+              "job %ld attempt %d started: %d process%s, shepherd pid %d", jb->row.id, a->attempt,
+              n, n == 1 ? "" : "es", (int)jb->sh.pid);
 }
 
 /* What a restarted attempt starts from, in words, for the restart event and the job's reason:
@@ -241,26 +278,29 @@ static void worker_message(const job *jb, int rank, char *out, size_t len) {
                          out, len);
 }
 
-/* The attempt's processes are all gone: decide what comes next. */
+/* The attempt's processes are all gone (jb->end says how): decide what comes next. */
 void td_jobs_attempt_over(td_jobs *j, job *jb) {
     td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
-    td_group *g = &jb->group;
+    td_shepherd_end *g = &jb->end;
     bool placed = jb->parts != NULL;
     if (placed) { /* the parts' first failure, already in words naming node and rank */
-        g->first_failure = jb->parts_code;
+        memset(g, 0, sizeof *g);
+        g->failed = jb->parts_code != 0;
+        g->exit_code = jb->parts_code;
         g->failed_rank = -1;
         snprintf(g->reason, sizeof g->reason, "%.250s", jb->parts_reason);
     }
     a->finished_at = td_clock_wall();
     /* a failure's own status, else (stopped on request or at the time limit) the status the
      * processes ended with: 137 for one that needed SIGKILL after the grace period */
-    int code = g->first_failure ? g->first_failure : g->stop_status;
+    int code = g->exit_code;
+    if (g->failed && code == 0) code = -1;
     char reason[1024], own[320];
-    if (placed && g->first_failure) {
+    if (placed && g->failed) {
         snprintf(reason, sizeof reason, "%s", jb->parts_reason);
-    } else if (g->first_failure) {
+    } else if (g->failed) {
         worker_message(jb, g->failed_rank, own, sizeof own);
-        snprintf(reason, sizeof reason, "%s%s%s", g->reason, own[0] ? ": " : "", own);
+        snprintf(reason, sizeof reason, "%.500s%s%s", g->reason, own[0] ? ": " : "", own);
     } else if (jb->cancel_requested) {
         snprintf(reason, sizeof reason, "cancelled by request");
     } else if (jb->timed_out) {
@@ -271,12 +311,14 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         reason[0] = 0;
     }
     if (g->grace_note[0])
-        snprintf(reason + strlen(reason), sizeof reason - strlen(reason), "%s%s",
+        snprintf(reason + strlen(reason), sizeof reason - strlen(reason), "%s%.250s",
                  reason[0] ? "; " : "", g->grace_note);
     a->exit_code = code;
     snprintf(a->reason, sizeof a->reason, "%s", reason);
     td_jobs_save_attempt(j, jb, a);
-    td_group_free(g);
+    if (!placed) td_shepherd_forget(jb->sh.base); /* handled: a later start need not look */
+    if (jb->out_fd >= 0) close(jb->out_fd);
+    jb->out_fd = -1;
     if (jb->cancel_requested) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, CANCELLED, code, reason);
@@ -313,4 +355,73 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, FAILED, code, why);
     }
+}
+
+static bool starts_with(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
+    td_shepherd *sh = &jb->sh;
+    td_err err = {{0}};
+    if (!sh->over) { /* dropped (a daemon that read too slowly), or ended: which? */
+        td_shepherd again;
+        if (td_shepherd_attach(&again, sh->base, &err) == 0) {
+            again.pid = sh->pid;
+            again.stop_sent = sh->stop_sent;
+            *sh = again;
+            return;
+        }
+    }
+    td_shepherd_end *e = &jb->end;
+    int rc = td_shepherd_end_read(sh->base, e, &err);
+    td_jobs_read_output(j, jb, true, rc == 1 ? e->output_bytes : -1);
+    if (rc != 1) {
+        /* killed (or it could not run at all): its processes die with it (their parent death
+         * signal), and what they left in their group goes now */
+        if (sh->pgid > 0) killpg(sh->pgid, SIGKILL);
+        char words[300];
+        td_shepherd_last_words(sh->base, words, sizeof words);
+        memset(e, 0, sizeof *e);
+        e->failed = true;
+        e->exit_code = -1;
+        e->failed_rank = -1;
+        snprintf(e->reason, sizeof e->reason,
+                 "its shepherd ended without saying how the processes ended (its status file "
+                 "%s)%s%.300s",
+                 rc == 0 ? "is missing" : "is unreadable", words[0] ? ": " : "", words);
+    }
+    const char *why = e->stop_reason;
+    bool left = j->stopping_jobs; /* this daemon stops: the next one goes on with the job */
+    if (rc == 1 && !e->failed && strcmp(e->stopped_by, "deadline") == 0) jb->timed_out = true;
+    if (rc == 1 && !e->failed && strcmp(e->stopped_by, "request") == 0) {
+        if (starts_with(why, TD_JOBS_STOP_CANCEL)) jb->cancel_requested = true;
+        if (starts_with(why, TD_JOBS_STOP_TIME_LIMIT)) jb->timed_out = true;
+        if (starts_with(why, TD_JOBS_STOP_DAEMON)) left = true;
+    }
+    /* stopped while no daemon was there (orphan_timeout_s), or by a signal to the shepherd
+     * itself (a service manager stopping everything): not the job's failure */
+    bool absent = rc == 1 && !e->failed && !jb->cancel_requested && !jb->timed_out &&
+                  (strcmp(e->stopped_by, "orphaned") == 0 || strcmp(e->stopped_by, "signal") == 0 ||
+                   starts_with(why, TD_JOBS_STOP_DAEMON));
+    sh->fd = -1;
+    if (j->stopping_jobs) {
+        jb->left = left;
+        pthread_cond_broadcast(&j->changed);
+        return;
+    }
+    if (absent) {
+        td_shepherd_forget(sh->base);
+        if (jb->out_fd >= 0) close(jb->out_fd);
+        jb->out_fd = -1;
+        td_jobs_release_slots(j, jb);
+        char note[600];
+        const char *words = e->stop_reason[0] ? e->stop_reason : e->stopped_by;
+        if (starts_with(words, TD_JOBS_STOP_DAEMON)) words += strlen(TD_JOBS_STOP_DAEMON);
+        snprintf(note, sizeof note, "its processes were stopped while no daemon ran: %.500s",
+                 words);
+        td_jobs_recover(j, jb, note);
+        return;
+    }
+    td_jobs_attempt_over(j, jb);
 }

@@ -75,7 +75,7 @@ static bool checkpoint_size(const char *path, long long *size) {
 /* A line of rank 0's stdout: a JSON object with a string "event" is an event, and a metric
  * unless it is a checkpoint. An event without an integer "step" gets the step of the latest one
  * that had one (0 before any), so every metric has a place on the step axis. */
-void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
+bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
                         json_t *files) {
     if (append_log) td_jobs_append_rank0_log(jb->dir, line, n);
     json_error_t jerr;
@@ -84,7 +84,7 @@ void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_l
     if (!o || !json_is_object(o) || !type || !*type || strlen(type) > 64 ||
         strpbrk(type, "\r\n:")) {
         json_decref(o);
-        return;
+        return false;
     }
     json_t *step_v = json_object_get(o, "step");
     bool changed = false;
@@ -143,28 +143,38 @@ void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_l
     /* done repeats the last values as a summary: not a point of its own */
     if (metric && strcmp(type, TD_EVENT_DONE) != 0) td_jobs_tboard_event(j, jb, o, step);
     json_decref(o);
+    return true;
 }
 
-/* Reads what rank 0 wrote; closes the pipe at its end. */
-void td_jobs_read_lines(int *fd, td_buf *line, const char *dir, td_jobs_line_fn fn, void *ctx) {
+int td_jobs_open_output(td_jobs *j, long job_id, const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno != ENOENT) /* absent: nothing written yet (or never started) */
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(job_id), "job %ld: cannot read %s: %s", job_id,
+                  path, strerror(errno));
+    return fd;
+}
+
+void td_jobs_read_file(int fd, long long *read_to, long long until, bool final, td_buf *line,
+                       const char *dir, td_jobs_line_fn fn, void *ctx) {
     char buf[65536];
-    for (;;) {
-        ssize_t k = read(*fd, buf, sizeof buf);
+    if (final && until < 0) {
+        struct stat st;
+        until = fd >= 0 && fstat(fd, &st) == 0 ? (long long)st.st_size : *read_to;
+    }
+    while (fd >= 0 && *read_to < until) {
+        size_t want =
+            until - *read_to < (long long)sizeof buf ? (size_t)(until - *read_to) : sizeof buf;
+        ssize_t k = pread(fd, buf, want, (off_t)*read_to);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-                if (line->len) fn(ctx, line->data, line->len);
-                line->len = 0;
-                close(*fd);
-                *fd = -1;
-            }
-            return;
-        }
+        if (k <= 0) break; /* shorter than said: a disk that filled up; what is there is read */
         td_buf_append(line, buf, (size_t)k);
+        *read_to += k;
         char *start = line->data, *nl;
         while ((nl = memchr(start, '\n', line->len - (size_t)(start - line->data)))) {
             *nl = 0;
-            fn(ctx, start, (size_t)(nl - start));
+            /* the offset just past this line: what remains in the buffer after it is unread */
+            long long end = *read_to - (long long)(line->len - (size_t)(nl + 1 - line->data));
+            fn(ctx, start, (size_t)(nl - start), end);
             start = nl + 1;
         }
         size_t rest = line->len - (size_t)(start - line->data);
@@ -176,19 +186,37 @@ void td_jobs_read_lines(int *fd, td_buf *line, const char *dir, td_jobs_line_fn 
             line->len = 0;
         }
     }
+    if (final && line->len) {
+        fn(ctx, line->data, line->len, *read_to);
+        line->len = 0;
+    }
 }
 
 typedef struct output_ctx {
     td_jobs *j;
     job *jb;
+    bool unsaved; /* a line moved the offset without an event to store it with */
 } output_ctx;
 
-static void output_line(void *ctx, char *line, size_t n) {
+static void output_line(void *ctx, char *line, size_t n, long long end) {
     output_ctx *o = ctx;
-    td_jobs_line_apply(o->j, o->jb, line, n, true, false, NULL);
+    o->jb->row.out_offset = end; /* stored with the line's event, in its transaction */
+    o->unsaved = !td_jobs_line_apply(o->j, o->jb, line, n, true, false, NULL);
 }
 
-void td_jobs_read_output(td_jobs *j, job *jb) {
-    output_ctx ctx = {j, jb};
-    td_jobs_read_lines(&jb->out_fd, &jb->line, jb->dir, output_line, &ctx);
+void td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
+    if (jb->out_fd < 0) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s.out", jb->sh.base);
+        jb->out_fd = td_jobs_open_output(j, jb->row.id, path);
+    }
+    output_ctx ctx = {j, jb, false};
+    td_jobs_read_file(jb->out_fd, &jb->out_read, final ? until : jb->sh.out_size, final, &jb->line,
+                      jb->dir, output_line, &ctx);
+    if (ctx.unsaved) { /* lines that were no events: not read again after a restart either */
+        td_err err = {{0}};
+        if (td_db_update_job(j->db, &jb->row, &err) != 0)
+            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
+                      err.msg);
+    }
 }

@@ -48,18 +48,14 @@ static void free_guest(guest *g) {
     free(g->devices);
     free(g->log_start);
     free(g->log_sent);
-    td_group_free(&g->group);
+    td_shepherd_close(&g->sh);
     td_buf_free(&g->line);
     if (g->out_fd >= 0) close(g->out_fd);
     free(g);
 }
 
 void td_jobs_guests_free(td_jobs *j) {
-    for (int i = 0; i < j->n_guests; i++) {
-        guest *g = j->guests[i];
-        if (g->running && g->group.alive > 0) killpg(g->group.pgid, SIGKILL);
-        free_guest(g);
-    }
+    for (int i = 0; i < j->n_guests; i++) free_guest(j->guests[i]); /* their shepherds go on */
     free(j->guests);
     j->guests = NULL;
     j->n_guests = 0;
@@ -99,14 +95,28 @@ typedef struct guest_ctx {
     guest *g;
 } guest_ctx;
 
-static void guest_line(void *ctx, char *line, size_t n) {
+static void guest_line(void *ctx, char *line, size_t n, long long end) {
+    (void)end; /* a line's place is its sequence number: the lines of BASE.out from its start */
     guest_ctx *c = ctx;
     keep_line(c->j, c->g, line, n);
 }
 
-void td_jobs_guests_read(td_jobs *j, guest *g) {
+/* Rank 0's output on to what the shepherd said (final: to until, < 0 the file's end). */
+static void read_output(td_jobs *j, guest *g, bool final, long long until) {
+    if (g->node_rank != 0) return;
+    if (g->out_fd < 0) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s.out", g->sh.base);
+        g->out_fd = td_jobs_open_output(j, g->job, path);
+    }
     guest_ctx ctx = {j, g};
-    td_jobs_read_lines(&g->out_fd, &g->line, g->dir, guest_line, &ctx);
+    td_jobs_read_file(g->out_fd, &g->out_read, final ? until : g->sh.out_size, final, &g->line,
+                      g->dir, guest_line, &ctx);
+}
+
+void td_jobs_guests_read(td_jobs *j, guest *g) {
+    td_shepherd_read(&g->sh);
+    read_output(j, g, false, 0);
 }
 
 /* ---- starting and stopping ------------------------------------------------------------------- */
@@ -180,6 +190,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     int per_proc = order_int(o, "gpus_per_proc") > 0 ? order_int(o, "gpus_per_proc") : 1;
     bool self = json_is_true(json_object_get(o, "launch_self"));
     g->out_fd = -1;
+    g->sh.fd = -1;
     snprintf(g->kind, sizeof g->kind, "%s", order_string(o, "kind"));
     snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
     j->guests = td_realloc(j->guests, (size_t)(j->n_guests + 1) * sizeof *j->guests);
@@ -199,9 +210,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     g->running = true;
     td_err err = {{0}};
     char **argv = NULL, **env = NULL;
-    int out_pipe[2] = {-1, -1}, stdout_fds[n], stderr_fds[n];
-    char **devices = NULL;
-    for (int r = 0; r < n; r++) stdout_fds[r] = stderr_fds[r] = -1;
+    char **devices = NULL, **logs = td_strv_new(n);
+    td_shepherd_base(g->sh.base, sizeof g->sh.base, g->dir, g->attempt, g->node_rank);
     g->log_start = td_calloc((size_t)n, sizeof *g->log_start);
     g->log_sent = td_calloc((size_t)n, sizeof *g->log_sent);
     bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
@@ -269,22 +279,12 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
             devices = td_jobs_devices_strv(j, g->devices, g->slots, n, g->see_all_gpus);
         }
     }
-    if (ok && g->node_rank == 0 && pipe2(out_pipe, O_CLOEXEC) != 0) {
-        td_fail(&err, "pipe: %s", strerror(errno));
-        ok = false;
-    }
-    for (int r = 0; ok && r < n; r++) {
+    for (int r = 0; r < n; r++) {
         char path[PATH_MAX + 32];
         snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, g->node_rank * g->nproc + r);
-        stderr_fds[r] = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        logs[r] = td_str_dup(path);
         struct stat st;
-        if (stderr_fds[r] < 0) {
-            td_fail(&err, "cannot open %s: %s", path, strerror(errno));
-            ok = false;
-        } else if (fstat(stderr_fds[r], &st) == 0) {
-            g->log_start[r] = (long long)st.st_size;
-        }
-        stdout_fds[r] = r == 0 && g->node_rank == 0 ? out_pipe[1] : stderr_fds[r];
+        if (stat(path, &st) == 0) g->log_start[r] = (long long)st.st_size;
     }
     td_launch_config cfg = {.nproc_per_node = g->nproc,
                             .nnodes = g->nnodes,
@@ -296,44 +296,58 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
                             .local_rank_arg = order_string(o, "local_rank_arg"),
                             .launch_self = self,
                             .cwd = g->dir,
-                            .stdout_fds = stdout_fds,
-                            .stderr_fds = stderr_fds,
-                            .extra_env = env,
-                            .devices = (const char *const *)devices};
+                            .extra_env = env};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", order_string(o, "master_addr"));
     snprintf(cfg.run_id, sizeof cfg.run_id, "traind-job-%ld", g->job);
-    if (ok && td_group_start(&g->group, &cfg, order_int(o, "restart_count"), &err) != 0) {
-        ok = false;
-        if (g->group.alive > 0) killpg(g->group.pgid, SIGKILL); /* reaped by the loop */
+    if (ok) {
+        json_t *spec =
+            td_jobs_shepherd_spec(j, &cfg, order_int(o, "restart_count"), logs, devices, 0);
+        if (g->node_rank != 0) json_object_set_new(spec, "output", json_null());
+        json_t *slots = json_null();
+        if (g->devices) {
+            slots = json_array();
+            for (int i = 0; i < g->slots; i++)
+                json_array_append_new(slots, json_integer(g->devices[i]));
+        }
+        json_t *starts = json_array();
+        for (int r = 0; r < n; r++) json_array_append_new(starts, json_integer(g->log_start[r]));
+        /* what a restarted daemon needs to report this part again (td_jobs_guests_recover) */
+        json_object_set_new(spec, "daemon",
+                            json_pack("{s:b, s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:o, "
+                                      "s:o}",
+                                      "guest", 1, "job", (json_int_t)g->job, "attempt", g->attempt,
+                                      "node_rank", g->node_rank, "nnodes", g->nnodes, "nproc",
+                                      g->nproc, "procs", g->procs, "slots", g->slots,
+                                      "see_all_gpus", g->see_all_gpus, "kind", g->kind, "devices",
+                                      slots, "log_start", starts));
+        char base[sizeof g->sh.base];
+        snprintf(base, sizeof base, "%s", g->sh.base);
+        if (td_shepherd_start(&g->sh, j->cfg.shepherd, base, spec, &err) != 0) ok = false;
+        snprintf(g->sh.base, sizeof g->sh.base, "%s", base);
+        json_decref(spec);
     }
-    for (int r = 0; r < n; r++)
-        if (stderr_fds[r] >= 0) close(stderr_fds[r]);
-    if (out_pipe[1] >= 0) close(out_pipe[1]);
     td_strv_free(argv);
     td_strv_free(env);
     td_strv_free(devices);
+    td_strv_free(logs);
     if (!ok) {
-        if (out_pipe[0] >= 0) close(out_pipe[0]);
         char why[sizeof g->reason];
         snprintf(why, sizeof why, "could not start on node %s: %.400s", j->node_name, err.msg);
         end_guest(j, g, 1, why);
-        if (g->group.alive == 0) td_group_free(&g->group);
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job), "job %ld attempt %d: %s", g->job,
                   g->attempt, why);
         return;
     }
-    if (out_pipe[0] >= 0) fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
-    g->out_fd = out_pipe[0];
     td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
-              "job %ld attempt %d: node rank %d of %d started here: %d process%s, "
-              "process group %d, rendezvous at %s:%d",
-              g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es",
-              (int)g->group.pgid, cfg.master_addr, cfg.master_port);
+              "job %ld attempt %d: node rank %d of %d started here: %d process%s, shepherd pid "
+              "%d, rendezvous at %s:%d",
+              g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es", (int)g->sh.pid,
+              cfg.master_addr, cfg.master_port);
 }
 
 static void stop_guest(td_jobs *j, guest *g) {
-    if (g->running && g->group.pids && !g->group.terminating)
-        td_group_terminate(&g->group, SIGTERM, j->cfg.grace_s);
+    if (g->running && !g->stop)
+        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s, "the master stopped this part");
     g->stop = true;
 }
 
@@ -362,9 +376,12 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
         /* the master has what it acknowledges: forget it */
         long acked = (long)json_integer_value(json_object_get(o, "acked_lines"));
         int drop = 0;
-        while (drop < g->n_lines && g->first_seq + drop < acked && !g->lines[drop].ckpt) drop++;
+        /* (a checkpoint line is acknowledged only after its upload, or when a restarted daemon
+         * read it again: the master has it either way) */
+        while (drop < g->n_lines && g->first_seq + drop < acked) drop++;
         for (int i = 0; i < drop; i++) {
             free(g->lines[i].text);
+            free(g->lines[i].ckpt);
             json_decref(g->lines[i].files);
         }
         if (drop > 0) /* lines is NULL before the first line */
@@ -390,6 +407,7 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
                 stop_guest(j, g);
             }
             if (!g->running) {
+                td_shepherd_forget(g->sh.base); /* the master knows how it ended */
                 free_guest(g);
                 j->guests[i] = NULL;
             }
@@ -422,55 +440,168 @@ void td_jobs_guests_stop_all(td_jobs *j, const char *why) {
 
 /* ---- the supervisor's side ------------------------------------------------------------------- */
 
-void td_jobs_guests_reap(td_jobs *j, pid_t pid, int status, bool *found) {
-    for (int i = 0; i < j->n_guests && !*found; i++) {
+void td_jobs_guests_poll(td_jobs *j, struct pollfd *fds, int *n, int max, guest **owner) {
+    for (int i = 0; i < j->n_guests && *n < max; i++)
+        if (j->guests[i]->running && j->guests[i]->sh.fd >= 0) {
+            owner[*n] = j->guests[i];
+            fds[(*n)++] = (struct pollfd){j->guests[i]->sh.fd, POLLIN, 0};
+        }
+}
+
+bool td_jobs_guests_connected(const td_jobs *j) {
+    for (int i = 0; i < j->n_guests; i++)
+        if (j->guests[i]->running && j->guests[i]->sh.fd >= 0) return true;
+    return false;
+}
+
+void td_jobs_guests_stop_for_exit(td_jobs *j, const char *why) {
+    for (int i = 0; i < j->n_guests; i++) {
         guest *g = j->guests[i];
-        if (g->running && g->group.pids && td_group_reaped(&g->group, pid, status, j->cfg.grace_s))
-            *found = true;
+        if (!g->running) continue;
+        g->sh.stop_sent = false; /* this stop's words are the ones that count */
+        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s, why);
     }
 }
 
-void td_jobs_guests_poll(td_jobs *j, struct pollfd *fds, int *n, int max, guest **owner) {
-    for (int i = 0; i < j->n_guests && *n < max; i++)
-        if (j->guests[i]->out_fd >= 0) {
-            owner[*n] = j->guests[i];
-            fds[(*n)++] = (struct pollfd){j->guests[i]->out_fd, POLLIN, 0};
+/* Its shepherd's connection ended: the part is over (or the shepherd died, or dropped a slow
+ * daemon: connected to again). */
+static void guest_gone(td_jobs *j, guest *g) {
+    td_err err = {{0}};
+    if (!g->sh.over) {
+        td_shepherd again;
+        if (td_shepherd_attach(&again, g->sh.base, &err) == 0) {
+            again.pid = g->sh.pid;
+            again.stop_sent = g->sh.stop_sent;
+            g->sh = again;
+            return;
         }
+    }
+    td_shepherd_end e;
+    int rc = td_shepherd_end_read(g->sh.base, &e, &err);
+    read_output(j, g, true, rc == 1 ? e.output_bytes : -1);
+    if (g->out_fd >= 0) close(g->out_fd);
+    g->out_fd = -1;
+    char reason[sizeof g->reason] = "";
+    int code;
+    if (rc != 1) {
+        if (g->sh.pgid > 0) killpg(g->sh.pgid, SIGKILL); /* what its processes left */
+        char words[200];
+        td_shepherd_last_words(g->sh.base, words, sizeof words);
+        code = -1;
+        snprintf(reason, sizeof reason,
+                 "node %s: the shepherd of node rank %d ended without a "
+                 "status%s%.200s",
+                 j->node_name, g->node_rank, words[0] ? ": " : "", words);
+    } else if (e.failed) {
+        char own[320];
+        int local = e.failed_rank - g->node_rank * g->nproc;
+        td_jobs_rank_message(g->dir, e.failed_rank,
+                             local >= 0 && local < g->procs ? g->log_start[local] : 0,
+                             strcmp(g->kind, "command") == 0, own, sizeof own);
+        code = e.exit_code ? e.exit_code : 1;
+        snprintf(reason, sizeof reason, "node %s: %.180s%s%.250s", j->node_name, e.reason,
+                 own[0] ? ": " : "", own);
+    } else if (g->cut_off[0]) {
+        code = 1;
+        snprintf(reason, sizeof reason, "%s", g->cut_off);
+    } else if (g->stop) {
+        code = 0;                 /* the master's own stop */
+    } else if (e.stopped_by[0]) { /* without the master's word: its daemon was away */
+        code = e.exit_code ? e.exit_code : 1;
+        snprintf(reason, sizeof reason, "node %s: node rank %d was stopped: %.300s", j->node_name,
+                 g->node_rank, e.stop_reason);
+    } else {
+        code = e.exit_code;
+    }
+    g->sh.fd = -1;
+    end_guest(j, g, code, reason);
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
+              "job %ld attempt %d: node rank %d ended here%s%s", g->job, g->attempt, g->node_rank,
+              reason[0] ? ": " : "", reason);
+    pthread_cond_broadcast(&j->changed); /* a stopping daemon waits for its shepherds */
 }
 
 void td_jobs_guests_tick(td_jobs *j) {
     for (int i = 0; i < j->n_guests; i++) {
         guest *g = j->guests[i];
-        if (!g->running || !g->group.pids) continue;
-        td_group_tick(&g->group);
-        if (!td_group_over(&g->group)) continue;
-        if (g->out_fd >= 0) td_jobs_guests_read(j, g);
-        if (g->out_fd >= 0) {
-            close(g->out_fd);
-            g->out_fd = -1;
-        }
-        td_group *gr = &g->group;
-        char reason[sizeof g->reason] = "";
-        int code = gr->first_failure ? gr->first_failure : g->stop ? 0 : gr->stop_status;
-        if (!gr->first_failure && g->cut_off[0]) {
-            code = 1;
-            snprintf(reason, sizeof reason, "%s", g->cut_off);
-        }
-        if (gr->first_failure) {
-            char own[320];
-            int local = gr->failed_rank - gr->rank_base;
-            td_jobs_rank_message(g->dir, gr->failed_rank,
-                                 local >= 0 && local < g->procs ? g->log_start[local] : 0,
-                                 strcmp(g->kind, "command") == 0, own, sizeof own);
-            snprintf(reason, sizeof reason, "node %s: %.180s%s%.250s", j->node_name, gr->reason,
-                     own[0] ? ": " : "", own);
-        }
-        td_group_free(gr);
-        end_guest(j, g, code, reason);
-        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
-                  "job %ld attempt %d: node rank %d ended here%s%s", g->job, g->attempt,
-                  g->node_rank, reason[0] ? ": " : "", reason);
+        if (g->running && g->sh.fd < 0) guest_gone(j, g);
     }
+}
+
+/* One guest from its attempt file's notes (a previous daemon's part). */
+static void recover_guest(td_jobs *j, const char *base, json_t *n) {
+    guest *g = td_calloc(1, sizeof *g);
+    g->out_fd = -1;
+    g->sh.fd = -1;
+    g->job = (long)json_integer_value(json_object_get(n, "job"));
+    g->attempt = order_int(n, "attempt");
+    g->node_rank = order_int(n, "node_rank");
+    g->nnodes = order_int(n, "nnodes");
+    g->nproc = order_int(n, "nproc");
+    g->procs = order_int(n, "procs");
+    g->slots = order_int(n, "slots");
+    g->see_all_gpus = json_is_true(json_object_get(n, "see_all_gpus"));
+    snprintf(g->kind, sizeof g->kind, "%s", order_string(n, "kind"));
+    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
+    if (g->procs < 1 || g->procs > 4096 || g->slots < 0 || g->slots > 4096 * 64) {
+        free(g);
+        return;
+    }
+    g->log_start = td_calloc((size_t)g->procs, sizeof *g->log_start);
+    g->log_sent = td_calloc((size_t)g->procs, sizeof *g->log_sent);
+    json_t *starts = json_object_get(n, "log_start");
+    for (int r = 0; r < g->procs; r++)
+        g->log_start[r] = (long long)json_integer_value(json_array_get(starts, (size_t)r));
+    json_t *devices = json_object_get(n, "devices");
+    if (j->cfg.gpus > 0 && json_is_array(devices)) {
+        g->devices = td_calloc((size_t)g->slots, sizeof *g->devices);
+        for (int i = 0; i < g->slots; i++) {
+            int d = (int)json_integer_value(json_array_get(devices, (size_t)i));
+            g->devices[i] = d >= 0 && d < j->cfg.gpus ? d : 0;
+            if (d >= 0 && d < j->cfg.gpus) j->gpu_used[d] = true;
+        }
+    }
+    if (!j->cluster) j->used_slots += g->slots;
+    g->running = true;
+    td_err err = {{0}};
+    int rc = td_shepherd_attach(&g->sh, base, &err);
+    snprintf(g->sh.base, sizeof g->sh.base, "%.*s", (int)sizeof g->sh.base - 1, base);
+    j->guests = td_realloc(j->guests, (size_t)(j->n_guests + 1) * sizeof *j->guests);
+    j->guests[j->n_guests++] = g;
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job), "job %ld attempt %d: node rank %d %s",
+              g->job, g->attempt, g->node_rank,
+              rc == 0   ? "still runs here: re-attached (reported to the master as it is)"
+              : rc == 1 ? "ended here while no daemon ran: reporting how"
+                        : err.msg);
+    /* rc 1 or -1: ended in the supervisor's first turn (td_jobs_guests_tick) */
+}
+
+void td_jobs_guests_recover(td_jobs *j) {
+    char root[PATH_MAX];
+    snprintf(root, sizeof root, "%s/jobs", j->cfg.state_dir);
+    DIR *d = opendir(root);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char dir[PATH_MAX / 2];
+        if (e->d_name[0] == '.' ||
+            snprintf(dir, sizeof dir, "%s/%s", root, e->d_name) >= (int)sizeof dir)
+            continue;
+        DIR *sub = opendir(dir);
+        struct dirent *f;
+        while (sub && (f = readdir(sub))) {
+            int attempt, node_rank, used = 0;
+            if (sscanf(f->d_name, "attempt-%d.node-%d.json%n", &attempt, &node_rank, &used) != 2 ||
+                used != (int)strlen(f->d_name))
+                continue;
+            char base[PATH_MAX - 16];
+            snprintf(base, sizeof base, "%s/attempt-%d.node-%d", dir, attempt, node_rank);
+            json_t *notes = td_shepherd_notes(base);
+            if (json_is_true(json_object_get(notes, "guest"))) recover_guest(j, base, notes);
+            json_decref(notes);
+        }
+        if (sub) closedir(sub);
+    }
+    if (d) closedir(d);
 }
 
 /* ---- the report ------------------------------------------------------------------------------ */

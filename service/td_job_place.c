@@ -193,8 +193,7 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
     json_decref(jb->resume_order);
     jb->resume_order = NULL;
     jb->active = false;
-    td_group_free(&jb->group);
-    memset(&jb->group, 0, sizeof jb->group);
+    memset(&jb->end, 0, sizeof jb->end);
 }
 
 /* Where the job would go on cap: the master's own node alone (a one-node job that fits there
@@ -464,7 +463,8 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
         part *p = jb->parts ? part_on(jb, node) : NULL;
         if (!p || p->state == PART_ENDED) continue;
         if (registered && p->state == PART_RUNNING) {
-            /* the node came back without this part: it died with the node's traind */
+            /* the node came back without this part: its traind restarted and found no shepherd
+             * of it (or is an older traind, whose parts died with it) */
             bool still = false;
             json_array_foreach(report, i, e) still |=
                 (long)json_integer_value(json_object_get(e, "job")) == jb->row.id;

@@ -110,6 +110,7 @@ job *td_jobs_new_job(td_jobs *j, const td_db_job *row) {
     job *jb = td_calloc(1, sizeof *jb);
     jb->row = *row;
     jb->out_fd = -1;
+    jb->sh.fd = -1;
     jb->ckpt_step = -1;
     jb->state = QUEUED;
     for (int s = 0; s < N_STATES; s++)
@@ -203,7 +204,7 @@ void td_jobs_free_job(job *jb) {
     td_strv_free(jb->env);
     free(jb->json);
     free(jb->devices);
-    td_group_free(&jb->group);
+    td_shepherd_close(&jb->sh);
     td_buf_free(&jb->line);
     if (jb->out_fd >= 0) close(jb->out_fd);
     free(jb);

@@ -1,6 +1,7 @@
 /* Opening: the jobs of the database are loaded, their metrics and checkpoints read back from the
- * event log, and the ones a previous daemon left running (their workers died with it) set to
- * restart from their latest checkpoints, not charged to their restart budget. */
+ * event log, and the ones a previous daemon left running taken up: re-attached to their
+ * shepherds, ended as their shepherds' status files say, or (without a shepherd) restarted from
+ * their latest checkpoints, not charged to their restart budget. */
 #include "service/td_jobs_private.h"
 
 #include "train/td_metrics.h"
@@ -58,31 +59,97 @@ static void load_latest(td_jobs *j, job *jb) {
                   err.msg);
 }
 
-/* A job the previous daemon was running: its workers died with it (PR_SET_PDEATHSIG), or are
- * killed now if they somehow outlived it; the job goes on from its latest checkpoint. */
-static void recover(td_jobs *j, job *jb) {
-    if (jb->row.pgid > 0 && killpg((pid_t)jb->row.pgid, 0) == 0)
-        killpg((pid_t)jb->row.pgid, SIGKILL);
+void td_jobs_recover(td_jobs *j, job *jb, const char *why) {
     if (jb->n_attempts > 0 && jb->attempts[jb->n_attempts - 1].finished_at <= 0) {
         td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
         a->finished_at = td_clock_wall();
-        snprintf(a->reason, sizeof a->reason, "the daemon stopped while this attempt ran");
+        snprintf(a->reason, sizeof a->reason, "%s", why);
         td_jobs_save_attempt(j, jb, a);
     }
     jb->row.pgid = 0;
     td_jobs_set_state(jb, RESTARTING);
     char note[256];
     td_jobs_resume_note(jb, note, sizeof note);
-    snprintf(jb->row.reason, sizeof jb->row.reason,
-             "the daemon restarted while the job ran; %s (not counted against max_restarts)", note);
+    snprintf(jb->row.reason, sizeof jb->row.reason, "%.600s; %s (not counted against max_restarts)",
+             why, note);
     json_t *d =
         json_pack("{s:i, s:i, s:s, s:o}", "attempt", jb->n_attempts, "restarts", jb->row.restarts,
                   "reason", jb->row.reason, "resume_from", td_jobs_resume_json(jb));
     td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
     json_decref(d);
     td_jobs_emit_state(j, jb);
-    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
-              "job %ld was running when the daemon stopped: restarting it", jb->row.id);
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id), "job %ld: %s: restarting it", jb->row.id,
+              why);
+}
+
+/* Holds the slots (and the very GPUs) an attempt that runs on was given. */
+static void hold_slots(td_jobs *j, job *jb, json_t *slots) {
+    int need = td_jobs_slots(jb);
+    j->used_slots += need;
+    jb->active = true;
+    if (j->cfg.gpus <= 0 || !json_is_array(slots)) return;
+    jb->devices = td_calloc((size_t)need, sizeof(int));
+    for (int i = 0; i < need; i++) {
+        int d = (int)json_integer_value(json_array_get(slots, (size_t)i));
+        jb->devices[i] = d >= 0 && d < j->cfg.gpus ? d : 0;
+        if (d >= 0 && d < j->cfg.gpus) j->gpu_used[d] = true;
+    }
+}
+
+/* A job whose latest attempt had not ended when the previous daemon stopped: its shepherd
+ * still runs it (re-attached: nothing is restarted, no event added), or ended it meanwhile (the
+ * supervisor reads the rest of its output and its status at once); an attempt without a
+ * shepherd (the daemon died before starting it, or an older traind ran it) starts again. */
+static void take_up(td_jobs *j, job *jb) {
+    td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
+    char base[PATH_MAX - 16];
+    td_shepherd_base(base, sizeof base, jb->dir, a->attempt, 0);
+    json_t *notes = td_shepherd_notes(base);
+    if (!notes || json_is_true(json_object_get(notes, "guest"))) {
+        /* placed across nodes (its parts are guests, td_job_part.c), or never started */
+        if (!notes && jb->row.pgid > 0 && killpg((pid_t)jb->row.pgid, 0) == 0)
+            killpg((pid_t)jb->row.pgid, SIGKILL); /* an older traind's group, without a shepherd */
+        json_decref(notes);
+        td_jobs_recover(j, jb, "the daemon restarted while the job ran");
+        return;
+    }
+    hold_slots(j, jb, json_object_get(notes, "slots"));
+    json_t *starts = json_object_get(notes, "log_start");
+    int n = td_jobs_procs(jb);
+    free(jb->log_start);
+    jb->log_start = td_calloc((size_t)n, sizeof *jb->log_start);
+    for (int r = 0; r < n; r++)
+        jb->log_start[r] = (long long)json_integer_value(json_array_get(starts, (size_t)r));
+    json_t *placement = json_object_get(notes, "placement");
+    if (json_is_object(placement)) {
+        json_decref(jb->last_placement);
+        jb->last_placement = json_incref(placement);
+    }
+    json_decref(notes);
+    jb->out_read = jb->row.out_offset;
+    jb->line.len = 0;
+    td_err err = {{0}};
+    int rc = td_shepherd_attach(&jb->sh, base, &err);
+    if (rc < 0) {
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
+                  err.msg);
+        td_jobs_release_slots(j, jb);
+        td_jobs_recover(j, jb, "the daemon restarted while the job ran");
+        return;
+    }
+    if (jb->state != RUNNING) { /* it died between starting the shepherd and saying so */
+        td_jobs_set_state(jb, RUNNING);
+        td_jobs_emit_state(j, jb);
+    }
+    if (rc == 0)
+        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                  "job %ld: re-attached to attempt %d, still running (its rank 0 output read on "
+                  "from byte %lld)",
+                  jb->row.id, a->attempt, jb->row.out_offset);
+    else
+        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                  "job %ld: attempt %d ended while no daemon ran: reading how", jb->row.id,
+                  a->attempt);
 }
 
 /* Re-reads what a stored job runs (its spec is in the database, its worker spec on disk). */
@@ -122,7 +189,10 @@ int td_jobs_load(td_jobs *j, td_err *err) {
             td_jobs_finish(j, jb, FAILED, -1, reason);
             continue;
         }
-        if (jb->state == RUNNING || jb->state == RESTARTING) recover(j, jb);
+        if (jb->n_attempts > 0 && jb->attempts[jb->n_attempts - 1].finished_at <= 0)
+            take_up(j, jb);
+        else if (jb->state == RUNNING || jb->state == RESTARTING)
+            td_jobs_recover(j, jb, "the daemon restarted while the job ran");
     }
     return 0;
 }

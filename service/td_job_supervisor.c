@@ -15,18 +15,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static void reap(td_jobs *j) {
+/* The shepherds this daemon started are its children: their exits are collected here (what
+ * ended is learnt from their connections and status files, td_jobs_shepherd_gone). */
+static void reap(void) {
     for (;;) {
         int status;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid <= 0) return;
-        bool found = false;
-        for (int i = 0; i < j->n_jobs && !found; i++) {
-            job *jb = j->jobs[i];
-            found = jb->active && jb->group.pids &&
-                    td_group_reaped(&jb->group, pid, status, j->cfg.grace_s);
-        }
-        if (!found) td_jobs_guests_reap(j, pid, status, &found);
+        if (waitpid(-1, &status, WNOHANG) <= 0) return;
     }
 }
 
@@ -41,26 +35,27 @@ void *td_jobs_supervise(void *arg) {
         guest *guest_owner[max];
         fds[n++] = (struct pollfd){j->wake_fd, POLLIN, 0};
         fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
-        bool ticking = false;
+        bool ticking = false, due = false;
         double now = td_clock_wall(), next_limit = 0;
         for (int i = 0; i < j->n_jobs; i++) {
             job *jb = j->jobs[i];
             if (!jb->active) continue;
-            ticking |= jb->group.terminating || jb->cancel_requested;
             double limit = td_jobs_deadline(jb);
             if (limit > 0 && !jb->timed_out && (next_limit == 0 || limit < next_limit))
                 next_limit = limit;
-            if (jb->out_fd >= 0) owner[n] = jb, fds[n++] = (struct pollfd){jb->out_fd, POLLIN, 0};
+            if (!jb->parts && jb->sh.fd >= 0)
+                owner[n] = jb, fds[n++] = (struct pollfd){jb->sh.fd, POLLIN, 0};
+            else if (!jb->parts && !jb->left)
+                due = true; /* its shepherd ended while no daemon ran: handled below at once */
             ticking |= jb->parts != NULL; /* the master's own parts sync every turn */
         }
         int first_guest = n;
         for (int i = 0; i < n; i++) guest_owner[i] = NULL;
         td_jobs_guests_poll(j, fds, &n, max, guest_owner);
         for (int i = first_guest; i < n; i++) owner[i] = NULL;
-        for (int i = 0; i < j->n_guests; i++) ticking |= j->guests[i]->running;
-        /* kill deadlines and time limits are the only things without a file descriptor to
-         * wake us */
-        int timeout_ms = ticking ? 100 : -1;
+        /* time limits are the only things without a file descriptor to wake us (a shepherd
+         * keeps its group's grace periods) */
+        int timeout_ms = due ? 0 : ticking ? 100 : -1;
         if (next_limit > 0) {
             double ms = (next_limit - now) * 1000.0 + 1.0;
             int until = ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
@@ -91,20 +86,25 @@ void *td_jobs_supervise(void *arg) {
             while (read(j->sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
             }
         }
-        reap(j);
-        for (int i = 2; i < first_guest; i++)
-            if (fds[i].revents && owner[i]->out_fd >= 0) td_jobs_read_output(j, owner[i]);
+        reap();
+        for (int i = 2; i < first_guest; i++) {
+            job *jb = owner[i];
+            if (!fds[i].revents || jb->sh.fd < 0) continue;
+            td_shepherd_read(&jb->sh);
+            if (jb->sh.pgid > 0) jb->row.pgid = jb->sh.pgid;
+            td_jobs_read_output(j, jb, false, 0);
+        }
         for (int i = first_guest; i < n; i++) {
             guest *g = guest_owner[i];
             bool still = false; /* a part may have been forgotten by now */
             for (int k = 0; k < j->n_guests; k++) still |= j->guests[k] == g;
-            if (fds[i].revents && still && g->out_fd >= 0) td_jobs_guests_read(j, g);
+            if (fds[i].revents && still && g->sh.fd >= 0) td_jobs_guests_read(j, g);
         }
         td_jobs_guests_tick(j);
         td_jobs_parts_tick(j);
         for (int i = 0; i < j->n_jobs; i++) {
             job *jb = j->jobs[i];
-            if (!jb->active || !jb->group.pids) continue;
+            if (!jb->active || jb->parts || jb->left) continue;
             double limit = td_jobs_deadline(jb);
             if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_clock_wall() >= limit) {
                 jb->timed_out = true;
@@ -112,17 +112,13 @@ void *td_jobs_supervise(void *arg) {
                           "job %ld reached its time limit of %g s: stopping it", jb->row.id,
                           jb->row.time_limit_s);
             }
-            if ((jb->cancel_requested || jb->timed_out) && !jb->group.terminating)
-                td_group_terminate(&jb->group, SIGTERM, j->cfg.grace_s);
-            td_group_tick(&jb->group);
-            if (td_group_over(&jb->group)) {
-                if (jb->out_fd >= 0) td_jobs_read_output(j, jb); /* what is left in the pipe */
-                if (jb->out_fd >= 0) {                           /* a stray holder: stop reading */
-                    close(jb->out_fd);
-                    jb->out_fd = -1;
-                }
-                td_jobs_attempt_over(j, jb);
-            }
+            if (jb->cancel_requested && !jb->sh.stop_sent)
+                td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
+                                 TD_JOBS_STOP_CANCEL "cancelled by request");
+            else if (jb->timed_out && !jb->sh.stop_sent)
+                td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
+                                 TD_JOBS_STOP_TIME_LIMIT "the job reached its time limit");
+            if (jb->sh.fd < 0) td_jobs_shepherd_gone(j, jb);
         }
     }
     pthread_mutex_unlock(&j->mu);

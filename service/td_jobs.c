@@ -66,6 +66,9 @@ fail:
 }
 
 int td_jobs_start(td_jobs *j, td_err *err) {
+    /* the parts a previous daemon ran here for its master (after td_jobs_set_cluster: whose slots
+     * they hold depends on it), before an agent tells its master what runs here */
+    td_jobs_guests_recover(j);
     j->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sigset_t chld;
     sigemptyset(&chld);
@@ -82,8 +85,55 @@ int td_jobs_start(td_jobs *j, td_err *err) {
     return 0;
 }
 
+void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_timeout_s) {
+    pthread_mutex_lock(&j->mu);
+    j->cfg.keep_jobs_on_stop = keep_jobs_on_stop;
+    j->cfg.orphan_timeout_s = orphan_timeout_s;
+    pthread_mutex_unlock(&j->mu);
+}
+
+static bool shepherds_connected(const td_jobs *j) {
+    for (int i = 0; i < j->n_jobs; i++)
+        if (j->jobs[i]->active && !j->jobs[i]->parts && j->jobs[i]->sh.fd >= 0) return true;
+    return td_jobs_guests_connected(j);
+}
+
+/* Without keep_jobs_on_stop: every shepherd stops its group (SIGTERM, SIGKILL after the grace
+ * period) while the supervisor still reads what the ranks write, so their last lines (a final
+ * checkpoint) are recorded; the jobs stay "running" for the next start to resume. */
+static void stop_every_job(td_jobs *j) {
+    const char *why = TD_JOBS_STOP_DAEMON "the daemon stopped (keep_jobs_on_stop is false)";
+    pthread_mutex_lock(&j->mu);
+    if (j->cfg.keep_jobs_on_stop || !j->started) {
+        pthread_mutex_unlock(&j->mu);
+        return;
+    }
+    j->stopping_jobs = true;
+    int n = 0;
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (jb->active && !jb->parts && jb->sh.fd >= 0) {
+            jb->sh.stop_sent = false; /* a cancel's stop may be on its way: this one says why */
+            n += td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, why);
+        }
+    }
+    td_jobs_guests_stop_for_exit(j, why);
+    if (n > 0 || td_jobs_guests_connected(j))
+        td_log_notice(j->log,
+                      "stopping the jobs running here (keep_jobs_on_stop is false; "
+                      "SIGKILL after %g s)",
+                      j->cfg.grace_s);
+    struct timespec until;
+    td_clock_deadline(&until, j->cfg.grace_s + 10.0); /* the shepherds keep the grace period */
+    while (shepherds_connected(j) &&
+           pthread_cond_timedwait(&j->changed, &j->mu, &until) != ETIMEDOUT) {
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
 void td_jobs_stop(td_jobs *j) {
     if (!j) return; /* a start-up that failed before the jobs opened */
+    stop_every_job(j);
     pthread_mutex_lock(&j->mu);
     j->stopping = true;
     pthread_cond_broadcast(&j->changed);
@@ -103,12 +153,9 @@ void td_jobs_stop(td_jobs *j) {
 void td_jobs_close(td_jobs *j) {
     if (!j) return;
     td_jobs_stop(j);
-    /* the workers go with the daemon; their jobs stay "running" and resume at the next start */
-    for (int i = 0; i < j->n_jobs; i++) {
-        job *jb = j->jobs[i];
-        if (jb->active && jb->group.pids && jb->group.alive > 0) killpg(jb->group.pgid, SIGKILL);
-        td_jobs_free_job(jb);
-    }
+    /* what still runs is its shepherds': the next daemon re-attaches to it, and without one
+     * it stops after orphan_timeout_s */
+    for (int i = 0; i < j->n_jobs; i++) td_jobs_free_job(j->jobs[i]);
     td_jobs_guests_free(j);
     free(j->jobs);
     free(j->gpu_used);

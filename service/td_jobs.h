@@ -22,6 +22,12 @@ typedef struct td_jobs td_jobs;
 typedef struct td_jobs_config {
     const char *state_dir; /* jobs/<id>/ lives here */
     const char *worker;    /* traind-worker's path */
+    const char *shepherd;  /* traind-shepherd's path: it runs each attempt (td_shepherd.h) */
+    /* how long a shepherd waits for a daemon that went away before it stops its job */
+    double orphan_timeout_s;
+    /* a stopping daemon leaves its jobs running for the next one to re-attach to (else it
+     * stops them, with the grace period, and the next start resumes them from checkpoints) */
+    bool keep_jobs_on_stop;
     int slots;             /* GPUs, or CPU slots when there are none */
     int gpus;              /* > 0: slot i is GPU gpu_ids[i] (CUDA_VISIBLE_DEVICES) */
     const int *gpu_ids;    /* the gpus CUDA ordinals (NULL: 0 to gpus - 1); kept, not copied */
@@ -35,18 +41,25 @@ typedef struct td_jobs_config {
     double turn_every_s;
 } td_jobs_config;
 
-/* Loads the jobs from db and recovers the ones a previous daemon left running (their workers
- * died with it): each restarts from its latest checkpoint, not charged to its restart budget. */
+/* Loads the jobs from db and takes up the ones a previous daemon left running: re-attached to
+ * their shepherds when these still run, ended as their status files say when they ended
+ * meanwhile, and otherwise restarted from their latest checkpoints, not charged to their restart
+ * budget. */
 int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *log, td_err *err);
 /* Starts the supervisor thread. SIGCHLD must be blocked in every thread of the process. */
 int td_jobs_start(td_jobs *j, td_err *err);
 /* A reload's new data roots (resolved directories, copied) and grace period: submissions and
  * stops from now on use them; running jobs keep the paths they were given. */
 void td_jobs_set_limits(td_jobs *j, const char *const *roots, int n_roots, double grace_s);
-/* Stops the supervisor and ends every waiting stream; running jobs stay "running" in the
- * database, so the next start resumes them. Call it before stopping the HTTP server. */
+/* A reload's keep_jobs_on_stop and orphan_timeout_s (the latter for attempts started from now
+ * on). */
+void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_timeout_s);
+/* Stops the supervisor and ends every waiting stream. Running jobs stay "running" in the
+ * database: with keep_jobs_on_stop their processes run on and the next start re-attaches to
+ * them; without, they are stopped first (SIGTERM, SIGKILL after the grace period) and the next
+ * start resumes them from their checkpoints. Call it before stopping the HTTP server. */
 void td_jobs_stop(td_jobs *j);
-/* Stops (if not yet) and frees; the workers are killed. */
+/* Stops (if not yet) and frees; what still runs is its shepherds' (td_shepherd.h). */
 void td_jobs_close(td_jobs *j);
 
 /* 201: the new job's JSON in out, its id in *id. */

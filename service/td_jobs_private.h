@@ -18,6 +18,7 @@
 #include "core/td_clock.h"
 #include "service/td_jobs.h"
 #include "service/td_launch.h"
+#include "service/td_shepherd.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -59,8 +60,12 @@ typedef struct job {
     bool timed_out; /* stopped at resources.time_limit_s */
     bool active;    /* a group is running; holds td_jobs_slots slots */
     int *devices;   /* GPU slots while active: td_jobs_slots of them, gpus_per_proc a process */
-    td_group group;
-    int out_fd; /* rank 0's stdout, read end; -1 when closed */
+    td_shepherd sh; /* the running attempt's shepherd, when it runs here (not placed) */
+    td_shepherd_end end; /* how the attempt ended, for td_jobs_attempt_over */
+    bool left;           /* its shepherd stopped it because this daemon stops: the next start
+                            goes on with the job (keep_jobs_on_stop false) */
+    int out_fd;          /* rank 0's output file (the shepherd's BASE.out); -1: not open */
+    long long out_read;  /* its bytes read so far: row.out_offset plus what line holds */
     td_buf line;
     long long *log_start; /* each log's size when the attempt began: [processes] run
                              here, [world] by global rank across nodes */
@@ -108,13 +113,14 @@ typedef struct guest {
     bool see_all_gpus; /* every process sees all of them */
     char dir[PATH_MAX];
     char kind[16];
-    td_group group;
+    td_shepherd sh; /* its shepherd (sh.base: where its files are) */
     bool running, ended, stop;
     int exit_code;
     char reason[512];
     char cut_off[256]; /* stopped by this node itself (cut off from the master), why */
     int *devices;
-    int out_fd; /* rank 0's stdout (node rank 0 only) */
+    int out_fd;         /* rank 0's output file (node rank 0 only); -1: not open */
+    long long out_read; /* its bytes read so far */
     td_buf line;
     /* rank 0's lines not yet acknowledged by the master: seq first_seq + i */
     struct guest_line {
@@ -146,6 +152,8 @@ struct td_jobs {
     int wake_fd, sig_fd;
     pthread_t thread;
     bool started, stopping;
+    /* td_jobs_stop asked every shepherd to stop: their ends are left for the next start */
+    bool stopping_jobs;
     pthread_t resumer; /* td_jobs_resumer */
     bool resumer_started;
     pthread_cond_t resume_wake; /* a job wants its checkpoint prepared, or stop */
@@ -210,16 +218,37 @@ void td_jobs_set_worker_run(td_jobs *j, job *jb, const char *spec_path);
 int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err);
 void td_jobs_start_attempt(td_jobs *j, job *jb); /* on slots already reserved */
 void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ended */
+/* The words a stop request to a shepherd starts with: what a daemon that reads the status file
+ * later (after a restart) makes of the stop. */
+#define TD_JOBS_STOP_CANCEL     "cancel: "
+#define TD_JOBS_STOP_TIME_LIMIT "time_limit: "
+#define TD_JOBS_STOP_DAEMON     "daemon_stop: "
+/* The shepherd's spec for td_launch_config c (td_shepherd.h; its "daemon" notes are the
+ * caller's). */
+json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
+                              char **devices, double deadline);
+/* The connection to a local attempt's shepherd ended (or none could be made at start): reads
+ * the rest of rank 0's output, and ends the attempt as its status file says; without one the
+ * shepherd died and what is left of its process group is killed. A shepherd that dropped a
+ * slow daemon is connected to again instead. */
+void td_jobs_shepherd_gone(td_jobs *j, job *jb);
 void td_jobs_resume_note(const job *jb, char *out, size_t len);
 json_t *td_jobs_resume_json(const job *jb);
 
 /* ---- td_job_output.c ---- */
-void td_jobs_read_output(td_jobs *j, job *jb);
-/* Reads what is on *fd into line and hands each whole line to fn (NUL-terminated in place); at
- * the pipe's end the last partial line too, then closes *fd (-1). A line over 1 MiB goes only to
- * dir/rank-0.log. Rank 0's stdout is read so for a local job and for a node's part alike. */
-typedef void (*td_jobs_line_fn)(void *ctx, char *line, size_t n);
-void td_jobs_read_lines(int *fd, td_buf *line, const char *dir, td_jobs_line_fn fn, void *ctx);
+/* Reads rank 0's output file on to what its shepherd said it holds; final: the attempt is over,
+ * so up to `until` (the status file's output_bytes; < 0: the file's size) and its last partial
+ * line too. Each event is stored with the offset after its line (row.out_offset). */
+void td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until);
+/* Reads *fd from *read_to up to `until` into line and hands each whole line to fn
+ * (NUL-terminated in place) with the file offset just after it; final: the last partial line
+ * too. A line over 1 MiB goes only to dir/rank-0.log. Rank 0's output is read so for a local job
+ * and for a node's part alike. */
+typedef void (*td_jobs_line_fn)(void *ctx, char *line, size_t n, long long end);
+void td_jobs_read_file(int fd, long long *read_to, long long until, bool final, td_buf *line,
+                       const char *dir, td_jobs_line_fn fn, void *ctx);
+/* Opens path for td_jobs_read_file (-1 and a log line when it cannot). */
+int td_jobs_open_output(td_jobs *j, long job_id, const char *path);
 void td_jobs_append_rank0_log(const char *dir, const char *line, size_t n);
 void td_jobs_set_checkpoint(job *jb, long step, const char *path);
 
@@ -259,20 +288,31 @@ void td_jobs_resume_forget(job *jb); /* a new checkpoint: what was known of the 
 /* ---- td_job_part.c ---- */
 json_t *td_jobs_guests_report(td_jobs *j, bool remote); /* the "parts" member of a message */
 void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote);
-void td_jobs_guests_reap(td_jobs *j, pid_t pid, int status, bool *found);
 void td_jobs_guests_poll(td_jobs *j, struct pollfd *fds, int *n, int max, guest **owner);
-void td_jobs_guests_read(td_jobs *j, guest *g);
+void td_jobs_guests_read(td_jobs *j, guest *g); /* its shepherd said something */
 void td_jobs_guests_tick(td_jobs *j);
+/* Frees the guests; their shepherds go on (they stop their groups after orphan_timeout_s unless
+ * a daemon comes back for them). */
 void td_jobs_guests_free(td_jobs *j);
+/* The guests a previous daemon left (attempt files with a "guest" note under jobs/), at start:
+ * running ones re-attached, ended ones reported as they ended. */
+void td_jobs_guests_recover(td_jobs *j);
+/* Asks every running guest's shepherd to stop (the daemon stops and keeps no job). */
+void td_jobs_guests_stop_for_exit(td_jobs *j, const char *why);
+bool td_jobs_guests_connected(const td_jobs *j); /* a guest's shepherd is still connected */
 /* The failing rank's own words from its log (traind-worker's "error:" line, or a command's last
  * line that is not a metric), from offset `from` of dir/rank-R.log. */
 void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
                           size_t len);
 /* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */
-void td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
+/* true when the line became an event (stored with the job row) */
+bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
                         json_t *files);
 
 /* ---- td_job_recover.c ---- */
 int td_jobs_load(td_jobs *j, td_err *err);
+/* The job's attempt ended because no daemon ran (why: in words): it restarts from its latest
+ * checkpoint, not charged to its restart budget. Its slots are free. */
+void td_jobs_recover(td_jobs *j, job *jb, const char *why);
 
 #endif

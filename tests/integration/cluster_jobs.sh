@@ -10,7 +10,9 @@
 #      environment
 #   3. gang placement: a 3 x 2 job waits while a 1 x 2 job runs, starts after it, and no partial
 #      allocation is ever visible
-#   4. kill -9 of an agent mid-job: detected within the timeout + 2 s, the job restarts from its
+#   3b. kill -9 of an agent mid-job, restarted at once: it re-attaches; the job goes on with the
+#      same rank processes, no restart and every logged step once
+#   4. a node dies mid-job (kill -9 of its traind and its job's processes): detected within the timeout + 2 s, the job restarts from its
 #      checkpoint on the remaining nodes and succeeds; no process of it is left anywhere
 #   5. a partition (the node's link down) mid-job: the same, and the partitioned node's ranks stop
 #      by themselves
@@ -310,6 +312,9 @@ j["restart"] = {"max_restarts": 3}
 print(json.dumps(j))' "$EVERY" "${2:-}" "${3:-}" >"$tmp/$1.json"
     submit "$tmp/$1.json"
 }
+train_steps() { api GET "/v1/jobs/$1/metrics" | python3 -c '
+import json, sys
+print(" ".join(str(m["step"]) for m in json.load(sys.stdin) if m["event"] == "train"))'; }
 has_checkpoint() { [ "$(field "$1" "j['checkpoints']")" -ge 1 ] 2>/dev/null; }
 agent_of() { field "$1" "[p['node'] for p in j['placement']['nodes'] if p['node'] != 'm0'][0]"; }
 final_model() { api GET "/v1/jobs/$1/checkpoints/$STEPS/model.safetensors" >"$tmp/$1.safetensors"; }
@@ -337,6 +342,36 @@ clean=$(long_job clean)
 if until_true 240 ended "$clean" && [ "$(state_of "$clean")" = succeeded ]; then ok; else bad "the reference job: $(api GET "/v1/jobs/$clean")"; fi
 final_model "$clean"
 
+# 3b. kill -9 of an agent that runs rank 0, restarted at once: it re-attaches to its part and
+# reports it to the master when it registers again; the job goes on untouched (the same rank
+# processes, no restart, every logged step once) and ends as the reference does
+node_pids() { # K JOB: the job's processes in node K's namespace
+    for p in $(ip netns pids "$tag-n$1"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TRAIND_JOB_ID=$2" && echo "$p"
+    done | sort -n | tr '\n' ' '
+}
+k3=$(long_job reattach '["n1", "n2"]')
+until_true 60 has_checkpoint "$k3" || bad "agent restart: no checkpoint: $(api GET "/v1/jobs/$k3")"
+before=$(node_pids 1 "$k3")
+# held (SIGSTOP) while their daemon is away, so the job cannot end before it comes back; n2's
+# ranks wait for them in the next collective
+kill -STOP $before
+kill -9 "$n1_pid"
+wait "$n1_pid" 2>/dev/null
+agent 1 n1 n1r
+n1_pid=$daemon_pid
+if until_true 10 logged n1r "job $k3 attempt 0: node rank 0 still runs here: re-attached"; then ok; else bad "agent restart: not re-attached: $(cat "$tmp/n1r.err")"; fi
+after=$(node_pids 1 "$k3")
+kill -CONT $before
+if [ -n "$before" ] && [ "$after" = "$before" ]; then ok; else bad "agent restart: n1's processes of job $k3 were '$before', now '$after'"; fi
+finish "$k3" "kill -9 and restart of agent n1"
+got=$(field "$k3" "'%d %d' % (len(j['attempts']), j['restarts'])")
+if [ "$got" = "1 0" ]; then ok; else bad "agent restart: attempts and restarts: $got"; fi
+want=$(train_steps "$clean") # the reference's: every logged step once
+got=$(train_steps "$k3")
+if [ -n "$want" ] && [ "$got" = "$want" ]; then ok; else bad "agent restart: train steps $got; the reference's: $want"; fi
+if until_true 15 nodes_ready 3; then ok; else bad "agent restart: n1 is not ready: $(api GET /v1/nodes)"; fi
+
 # 4. kill -9 of an agent. The job keeps its checkpoints in a checkpoint.dir of its own on each
 # node's local disk: the master's own rank 0 writes them there, and the node that replaces the
 # dead one gets the one it resumes from there too (served by the master from where it lies)
@@ -346,7 +381,9 @@ victim=$(agent_of "$k4")
 eval "victim_pid=\$${victim}_pid"
 seen=$(n_lost m0-1 "$victim")
 t0=$(now_ms)
-kill -9 "$victim_pid"
+# the node dies: its traind and everything else in it (a traind killed alone comes back to its
+# jobs, 3b)
+kill -9 $(ip netns pids "$tag-n${victim#n}")
 if until_true $((timeout_s + 4)) lost_after m0-1 "$victim" "$seen"; then ok; else bad "kill -9: $victim not lost"; fi
 took=$(($(now_ms) - t0))
 if [ "$took" -le $(((timeout_s + 2) * 1000)) ]; then ok; else bad "kill -9: lost after $took ms"; fi
@@ -383,16 +420,13 @@ if until_true 15 nodes_ready 3; then ok; else bad "partition: $victim did not co
 # and hands them to both nodes again after its restart
 k6=$(long_job master9 '["n1", "n2"]' "$tmp/nodedisk/master9")
 until_true 60 has_checkpoint "$k6" || bad "master kill -9: no checkpoint: $(api GET "/v1/jobs/$k6")"
-train_steps() { api GET "/v1/jobs/$1/metrics" | python3 -c '
-import json, sys
-print(" ".join(str(m["step"]) for m in json.load(sys.stdin) if m["event"] == "train"))'; }
 steps_before=$(train_steps "$k6")
 ck_before=$(field "$k6" "j['checkpoints']")
 kill -9 "$master_pid"
 wait "$master_pid" 2>/dev/null
 start_master 2
 until_true 10 logged m0-2 "listening on" || bad "the master did not restart: $(cat "$tmp/m0-2.err")"
-if logged m0-2 "job $k6 was running when the daemon stopped: restarting it"; then ok; else bad "master kill -9: the job had ended before: $(cat "$tmp/m0-2.err")"; fi
+if logged m0-2 "job $k6: the daemon restarted while the job ran: restarting it"; then ok; else bad "master kill -9: the job had ended before: $(cat "$tmp/m0-2.err")"; fi
 if until_true 240 ended "$k6" && [ "$(state_of "$k6")" = succeeded ]; then ok; else bad "master kill -9: $(api GET "/v1/jobs/$k6")"; fi
 ck_after=$(field "$k6" "j['checkpoints']")
 if [ "$ck_after" -ge "$ck_before" ]; then ok; else bad "master kill -9: checkpoints $ck_before before, $ck_after after"; fi

@@ -5,8 +5,9 @@
 
 Each test starts its own `traind --listen 127.0.0.1:0 --state-dir TMP ...` in a fresh temporary
 state directory, reads the `traind: listening on http://127.0.0.1:PORT` line from its stderr,
-and SIGKILLs it at the end; the cleanup then checks that none of the daemon's descendants
-survived it (its workers die with it through PR_SET_PDEATHSIG). Standard library only; every
+and stops it with SIGTERM at the end; the cleanup then checks that no process of its jobs
+outlived it (a stopping daemon stops its jobs unless told to keep them; a killed one leaves
+them to their shepherds, which the next daemon re-attaches to). Standard library only; every
 socket has a timeout, so a daemon bug fails a test instead of hanging it. Nothing waits by
 sleeping: the tests read the daemon's stderr, the SSE stream and pidfds.
 
@@ -28,6 +29,7 @@ Points the contract leaves open that these tests pin down:
   metrics; only rank 0's count; rank 1's log holds its stdout and stderr; cwd is in the state dir.
 """
 import collections
+import glob
 import http.client
 import json
 import os
@@ -49,7 +51,7 @@ SOURCE_DIR = None  # argv[2]
 
 TIMEOUT = 60.0  # seconds, on every socket: a stuck daemon fails the test, never hangs it
 START_TIMEOUT = 30.0  # until the "listening" line
-EXIT_TIMEOUT = 30.0  # for processes that must die (PDEATHSIG after a kill -9 of the daemon)
+EXIT_TIMEOUT = 30.0  # for processes that must die (a job's, once its daemon stopped it)
 STREAM_DEADLINE = 180.0  # the longest any test follows one event stream
 
 LISTEN_RE = re.compile(r"^traind: listening on https?://127\.0\.0\.1:(\d+)\s*$")
@@ -166,6 +168,13 @@ def descendants(root):
                 out.add(child)
                 todo.append(child)
     return out
+
+
+def proc_cwd(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
 
 
 def cmdline(pid):
@@ -370,38 +379,66 @@ class Daemon:
         return self.proc is not None and self.proc.poll() is None
 
     def job_processes(self):
-        """The daemon's descendants, plus any process whose command line names the state dir
-        (in case the daemon detached one)."""
+        """The daemon's descendants, plus any process whose command line names the state dir or
+        that runs in it: the jobs' shepherds (traind-shepherd STATE/jobs/ID/attempt-...) and
+        their ranks (whose working directory is the job's) outlive a killed daemon."""
         pids = descendants(self.pid) if self.alive() else set()
         for pid in all_pids():
-            if pid != self.pid and any(self.state_dir in a for a in cmdline(pid)):
+            if pid == self.pid or pid == os.getpid():
+                continue
+            if any(self.state_dir in a for a in cmdline(pid)) or \
+                    proc_cwd(pid).startswith(self.state_dir + "/"):
                 pids.add(pid)
         return pids
 
     def kill(self):
-        """SIGKILL the daemon and wait until every process it started is gone (they die with it
-        through PR_SET_PDEATHSIG). Returns the pids that survived (killed here, as cleanup)."""
+        """SIGKILL the daemon alone, as a crash would. Its jobs' shepherds and ranks run on
+        (a restarted daemon re-attaches to them). Returns their pids."""
         if not self.alive():
-            return []
-        procs = self.job_processes()
+            return set()
         os.kill(self.pid, signal.SIGKILL)
         self.proc.wait(timeout=TIMEOUT)
-        survivors = wait_exited(sorted(procs))
-        survivors = [p for p in survivors if lingering(p)]
-        if survivors:
-            desc = describe_procs(survivors)
-            for pid in survivors:
+        return {p for p in self.job_processes() if lingering(p)}
+
+    def stop(self):
+        """SIGTERM, as systemctl stop: the daemon stops its jobs (keep_jobs_on_stop is false by
+        default) and exits. Returns a description of the processes that outlived it (killed
+        here, as cleanup); a daemon that does not exit in time is SIGKILLed and counts."""
+        if not self.alive():
+            # a daemon killed by the test: what it left is the test's (a crash test that did
+            # not restart one), removed without blame
+            for pid in self.job_processes():
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            return [desc]
-        return []
+            return []
+        procs = self.job_processes()
+        os.kill(self.pid, signal.SIGTERM)
+        hung = False
+        try:
+            self.proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            hung = True
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait(timeout=TIMEOUT)
+        survivors = [p for p in wait_exited(sorted(procs | self.job_processes()))
+                     if lingering(p)]
+        desc = describe_procs(survivors) if survivors else ""
+        for pid in survivors:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if hung:
+            return [f"the daemon did not exit within {TIMEOUT} s of SIGTERM. {desc}"]
+        return [desc] if survivors else []
 
     def workers(self, kind_check=is_traind_worker):
-        """[(pid, pgrp, environ)] of the daemon's descendants that are traind-worker processes."""
+        """[(pid, pgrp, environ)] of its jobs' processes (job_processes) that are traind-worker
+        processes: a re-attached job's ranks are not the daemon's descendants."""
         out = []
-        for pid in sorted(descendants(self.pid)):
+        for pid in sorted(self.job_processes()):
             st = proc_stat(pid)
             if st and st[0] != "Z" and kind_check(pid):
                 out.append((pid, st[2], environ(pid)))
@@ -626,7 +663,7 @@ class DaemonTest(unittest.TestCase):
     def _stop_daemon(self, d):
         if d.proc is None:
             return
-        survivors = d.kill()
+        survivors = d.stop()
         if d._drainer is not None:
             d._drainer.join(timeout=10)  # it ends at EOF, once the daemon is gone
         elif d.proc.stderr and not d.proc.stderr.closed:
@@ -640,7 +677,7 @@ class DaemonTest(unittest.TestCase):
             except OSError:
                 pass
         if survivors:
-            raise AssertionError(f"processes outlived the killed daemon: {survivors}")
+            raise AssertionError(f"processes outlived the stopped daemon: {survivors}")
 
     # -- assertions
 
@@ -1105,53 +1142,111 @@ class DaemonTest(unittest.TestCase):
 
     # -- 5
 
-    def test_5_daemon_killed_and_restarted(self):
+    def running_job_across_a_restart(self, how, *args):
+        """Submits a 2-rank job, follows it to its first checkpoint, takes the daemon away
+        (how: "kill" for kill -9, "term" for SIGTERM) and starts another on the same state
+        directory. Returns (d2, job id, events seen before, the ranks' pids before)."""
         state = self.new_state_dir()
-        d1 = self.start_daemon("--slots", "2", state_dir=state)
+        d1 = self.start_daemon("--slots", "2", *args, state_dir=state)
         token = d1.token
-        total = 30 * 32
-        job, _ = d1.submit(train_spec("survivor", epochs=30, max_restarts=0))
+        # 2 ranks, 16 steps an epoch each: long enough (seconds) to outlast a daemon's restart
+        job, _ = d1.submit(train_spec("survivor", epochs=100, nproc=2, max_restarts=0))
         jid = job["id"]
         with d1.events(jid) as stream:
             seen = stream.until(lambda e: e.event == "checkpoint", "the first checkpoint")
-        ckpt_step = seen[-1].data["step"]
-        seen_train = {e.data["step"]: e.data for e in seen if e.event == "train"}
-        self.assertTrue(seen_train)
-        self.assertTrue(d1.workers(), "the job must still be running when the daemon is killed")
-
-        survivors = d1.kill()  # kill -9; its worker dies with it (PR_SET_PDEATHSIG)
-        self.assertEqual(survivors, [], "workers outlived the daemon")
-
-        d2 = self.start_daemon("--slots", "2", state_dir=state)
+        ranks = sorted(p for p, _, _ in d1.workers())
+        self.assertEqual(len(ranks), 2, "the job runs when the daemon goes")
+        if how == "kill":
+            d1.kill()
+        else:
+            os.kill(d1.pid, signal.SIGTERM)
+            d1.proc.wait(timeout=TIMEOUT)
+        d2 = self.start_daemon("--slots", "2", *args, state_dir=state)
         self.assertEqual(d2.token, token, "the token survives a restart")
-        job = d2.job(jid)
-        self.assert_job(job, jid)
-        self.assertEqual(job["name"], "survivor")
-        self.assertNotIn(job["state"], ("failed", "cancelled"), job)
-        metrics = {m["step"]: m for m in d2.metrics(jid) if m.get("event") == "train"}
-        for step, data in seen_train.items():
-            self.assertIn(step, metrics, "metrics recorded before the kill survive it")
-            if step <= ckpt_step:
-                self.assertEqual(metrics[step]["loss"], data["loss"])
-        ckpts = [c["step"] for c in d2.get_ok(f"/v1/jobs/{jid}/checkpoints")]
-        self.assertIn(ckpt_step, ckpts, "checkpoints written before the kill are listed")
+        return d2, jid, seen, ranks
 
+    def assert_went_on(self, d2, jid, seen, ranks, total):
+        """The job went on untouched: the same processes, no restart, every event once."""
+        self.assertEqual(sorted(p for p, _, _ in d2.workers()), ranks,
+                         "the job's ranks keep running across the daemon's restart")
+        self.assertTrue(any(f"job {jid}: re-attached to attempt 0" in l
+                            for l in d2.stderr_lines), d2.stderr_tail())
         with d2.events(jid, last_event_id=seen[-1].id) as stream:
             after = stream.rest()
         self.assertTrue(after)
         self.assertEqual(after[0].id, seen[-1].id + 1, "event ids continue across the restart")
         self.assert_consecutive(after)
         job = self.assert_final(d2, jid, after, "succeeded")
-        self.assertEqual(job["restarts"], 0, "a daemon restart is not charged to the job")
+        self.assertNotIn("restart", [e.event for e in after], "nothing was restarted")
+        self.assertEqual((job["restarts"], len(job["attempts"])), (0, 1), job)
         self.assertEqual(job["latest"]["train"]["step"], total)
         full = d2.follow(jid)
         self.assert_consecutive(full)
         self.assertEqual(full[:len(seen)], seen, "events from before the kill are kept as sent")
-        self.assertEqual(full[len(full) - len(after):], after)
+        train = [e.data["step"] for e in full if e.event == "train"]
+        self.assertEqual(train, expected_log_steps(total),
+                         "every logged step once: none lost, none repeated")
+        stored = [m["step"] for m in d2.metrics(jid) if m.get("event") == "train"]
+        self.assertEqual(stored, expected_log_steps(total))
+        ckpts = [c["step"] for c in d2.get_ok(f"/v1/jobs/{jid}/checkpoints")]
+        self.assertEqual(ckpts, sorted(set(ckpts)), "each checkpoint registered once")
+        self.assertIn(total, ckpts)
 
-        train_steps = [m["step"] for m in d2.metrics(jid) if m.get("event") == "train"]
-        self.assertEqual(train_steps, expected_log_steps(total),
+    def test_5_daemon_killed_reattaches(self):
+        d2, jid, seen, ranks = self.running_job_across_a_restart("kill")
+        self.assert_went_on(d2, jid, seen, ranks, 100 * 16)
+
+    def test_5b_stop_keeping_jobs_reattaches(self):
+        """keep_jobs_on_stop: systemctl stop/restart (SIGTERM) leaves the job to its
+        shepherd; the next daemon goes on with it."""
+        d2, jid, seen, ranks = self.running_job_across_a_restart(
+            "term", "--keep-jobs-on-stop", "true")
+        self.assert_went_on(d2, jid, seen, ranks, 100 * 16)
+
+    def test_5c_stop_without_keeping_jobs_resumes(self):
+        """By default a stopping daemon stops its jobs (SIGTERM, then SIGKILL after the grace
+        period) and the next one resumes them from their checkpoints, not charged to them."""
+        d2, jid, seen, ranks = self.running_job_across_a_restart("term")
+        for pid in ranks:
+            self.assertFalse(lingering(pid), "the ranks were stopped with the daemon")
+        after = d2.follow(jid)
+        job = self.assert_final(d2, jid, after, "succeeded")
+        (restart,) = [e.data for e in after if e.event == "restart"]
+        self.assertIn("keep_jobs_on_stop is false", restart["reason"])
+        self.assertIn("resuming from its newest checkpoint", restart["reason"])
+        self.assertEqual(job["restarts"], 0, "a daemon's restart is not charged to the job")
+        self.assertEqual(len(job["attempts"]), 2)
+        self.assertEqual(job["latest"]["train"]["step"], 100 * 16)
+        ckpt = seen[-1].data["step"]
+        stored = [m["step"] for m in d2.metrics(jid) if m.get("event") == "train"]
+        self.assertEqual(stored, expected_log_steps(100 * 16),
                          "every step logged once: re-run steps replace, nothing is missing")
+        self.assertGreaterEqual(restart["resume_from"]["step"], ckpt)
+
+    def test_5d_orphaned_job_stops(self):
+        """A shepherd whose daemon stays away for orphan_timeout_s stops its job; the next
+        daemon reads how it ended and resumes it, not charged to it."""
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "1", "--orphan-timeout", "1", state_dir=state)
+        job, _ = d1.submit(train_spec("orphan", epochs=1000, nproc=1, max_restarts=0))
+        jid = job["id"]
+        with d1.events(jid) as stream:
+            stream.until(lambda e: e.event == "checkpoint", "the first checkpoint")
+        procs = d1.kill()
+        self.assertTrue(procs)
+        self.assertEqual(wait_exited(sorted(procs)), [],
+                         "the orphaned job's processes stop after orphan_timeout_s")
+        status = glob.glob(os.path.join(state, "jobs", str(jid), "attempt-0.node-0.status"))
+        self.assertEqual(len(status), 1)
+        with open(status[0]) as f:
+            self.assertEqual(json.load(f)["stopped_by"], "orphaned")
+        d2 = self.start_daemon("--slots", "1", state_dir=state)
+        with d2.events(jid) as stream:
+            events = stream.until(lambda e: e.event == "restart", "the restart")
+        self.assertIn("no traind was connected for 1 s", events[-1].data["reason"])
+        self.assertEqual(events[-1].data["restarts"], 0)
+        status, _, _ = d2.json("POST", f"/v1/jobs/{jid}/cancel")
+        self.assertEqual(status, 200)
 
     # -- 6
 
@@ -1620,24 +1715,29 @@ class DaemonTest(unittest.TestCase):
             self.assertIn(key, err["message"], "the unknown-key error lists every allowed key")
 
     def test_13c_command_after_daemon_restart(self):
+        """A command job (any program) is re-attached too: it goes on where it was, its lines
+        read from where the killed daemon left off."""
         state = self.new_state_dir()
         d1 = self.start_daemon("--slots", "1", state_dir=state)
         fifo = os.path.join(state, "hold")
         os.mkfifo(fifo)
         code = ("import json, os\n"
                 "print(json.dumps({'event': 'started', 'step': 0}), flush=True)\n"
-                "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
-                f"    open({fifo!r}).read()\n")
+                f"open({fifo!r}).read()\n"
+                "print(json.dumps({'event': 'released', 'step': 1}), flush=True)\n")
         job, _ = d1.submit({"name": "cmd", "command": ["/usr/bin/python3", "-c", code]})
         with d1.events(job["id"]) as stream:
             stream.until(lambda e: e.event == "started", "the command's first line")
-        self.assertEqual(d1.kill(), [])
+        procs = d1.kill()
         d2 = self.start_daemon("--slots", "1", state_dir=state)
+        self.assertTrue(procs & d2.job_processes(), "the command still runs")
+        with open(fifo, "w") as f:
+            f.write("go")
         events = d2.follow(job["id"])
         self.assert_final(d2, job["id"], events, "succeeded")
-        (restart,) = [e.data for e in events if e.event == "restart"]
-        self.assertIn("from scratch", restart["reason"])
-        self.assertNotIn("resuming from", restart["reason"])
+        names = [e.event for e in events]
+        self.assertEqual((names.count("started"), names.count("released")), (1, 1), names)
+        self.assertNotIn("restart", names)
 
     # -- 13d: draining the node
 
@@ -1662,7 +1762,7 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual(d.get_ok("/v1/nodes")["nodes"][0]["state"], "draining")
 
         # drained is kept: a restarted daemon still is, and says so
-        self.assertEqual(d.kill(), [])
+        self.assertEqual(d.kill(), set(), "nothing ran")
         d = self.start_daemon("--slots", "2", "--grace", "2", "--node-name", "solo",
                               state_dir=state)
         self.assertEqual(d.get_ok("/v1/nodes")["nodes"][0]["state"], "draining")

@@ -181,6 +181,7 @@ class OperationsTest(daemon_test.DaemonTest):
             if got is not None and got[0] == hung.pid:
                 self.assertNotIn("WATCHDOG", got[1], "a hung supervisor still pings")
         self.assertIsNone(hung.proc.poll(), "the daemon is alive: only the watchdog can tell")
+        hung.kill()  # as systemd does once the watchdog fires (SIGABRT): it cannot stop itself
 
     # -- the config file
 
@@ -215,6 +216,9 @@ class OperationsTest(daemon_test.DaemonTest):
             "tls_cert": cert,
             "tls_key": key,
             "tls_ca": ca,
+            "keep_jobs_on_stop": True,
+            "orphan_timeout_s": 42,
+            "shepherd": os.path.join(os.path.dirname(daemon_test.TRAIND), "traind-shepherd"),
         }
 
     def test_every_option_through_the_file(self):
@@ -261,6 +265,8 @@ class OperationsTest(daemon_test.DaemonTest):
         for body, words in (('{"listen": "127.0.0.1:0", "tls_sert": "x"}', "tls_sert"),
                             ('{"log_format": "xml"}', "log_format"),
                             ('{"log_level": 3}', "log_level"),
+                            ('{"keep_jobs_on_stop": "yes"}', "keep_jobs_on_stop"),
+                            ('{"orphan_timeout_s": 0}', "orphan_timeout_s"),
                             ('{"listen": ""}', "listen"),
                             ('{"data_roots": [""]}', "data_roots[0]"),
                             ('[1, 2]', "JSON object"),

@@ -1,0 +1,307 @@
+/* The daemon's side of traind-shepherd: starting one, connecting to one again, its line protocol
+ * and its status file (td_shepherd.h). */
+#define _GNU_SOURCE /* getrandom's header */
+#include "service/td_shepherd.h"
+
+#include "core/td_json.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+extern char **environ;
+
+void td_shepherd_base(char *out, size_t len, const char *dir, int attempt, int node_rank) {
+    snprintf(out, len, "%s/attempt-%d.node-%d", dir, attempt, node_rank);
+}
+
+void td_shepherd_program(char *out, size_t len, const char *self) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", self);
+    char *slash = strrchr(dir, '/');
+    if (!slash) {
+        snprintf(out, len, "traind-shepherd");
+        return;
+    }
+    *slash = 0;
+    snprintf(out, len, "%s/traind-shepherd", dir);
+    if (access(out, X_OK) == 0) return;
+    /* installed: PREFIX/bin/traind and PREFIX/lib/traind/traind-shepherd (not on PATH: only
+     * the daemon runs it) */
+    char *up = strrchr(dir, '/');
+    if (up) *up = 0;
+    snprintf(out, len, "%s/lib/traind/traind-shepherd", up ? dir : ".");
+}
+
+static void path_of(char *out, size_t len, const td_shepherd *s, const char *ext) {
+    snprintf(out, len, "%s.%s", s->base, ext);
+}
+
+/* Writes o to path whole or not at all: aside, synced, renamed over, the directory synced. */
+static int write_durably(const char *path, json_t *o, td_err *err) {
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return td_fail(err, "cannot create %s: %s", tmp, strerror(errno));
+    char *text = json_dumps(o, JSON_INDENT(2));
+    size_t n = text ? strlen(text) : 0, done = 0;
+    int rc = text ? 0 : -1;
+    while (rc == 0 && done < n) {
+        ssize_t k = write(fd, text + done, n - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            rc = -1;
+        else
+            done += (size_t)k;
+    }
+    if (rc == 0 && fsync(fd) != 0) rc = -1;
+    int saved = errno;
+    close(fd);
+    free(text);
+    if (rc != 0 || rename(tmp, path) != 0) {
+        if (rc == 0) saved = errno;
+        unlink(tmp);
+        return td_fail(err, "cannot write %s: %s", path, strerror(saved));
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)fsync(dfd); /* the rename itself; a failure here loses nothing yet written */
+        close(dfd);
+    }
+    return 0;
+}
+
+int td_shepherd_start(td_shepherd *s, const char *program, const char *base, json_t *spec,
+                      td_err *err) {
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    snprintf(s->base, sizeof s->base, "%s", base);
+    unsigned char raw[16];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        return td_fail(err, "getrandom: %s", strerror(errno));
+    char token[2 * sizeof raw + 1];
+    for (size_t i = 0; i < sizeof raw; i++) snprintf(token + 2 * i, 3, "%02x", raw[i]);
+    char path[PATH_MAX];
+    path_of(path, sizeof path, s, "sock");
+    json_object_set_new(spec, "socket", json_string(path));
+    path_of(path, sizeof path, s, "status");
+    json_object_set_new(spec, "status", json_string(path));
+    unlink(path); /* an earlier daemon's try at this attempt (it never started) */
+    path_of(path, sizeof path, s, "out");
+    if (!json_is_null(json_object_get(spec, "output"))) /* null: no rank 0 here */
+        json_object_set_new(spec, "output", json_string(path));
+    else
+        json_object_del(spec, "output");
+    json_object_set_new(spec, "token", json_string(token));
+    json_object_set_new(spec, "daemon_fd", json_integer(3));
+    char spec_path[PATH_MAX];
+    path_of(spec_path, sizeof spec_path, s, "json");
+    if (write_durably(spec_path, spec, err) != 0) return -1;
+
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
+        return td_fail(err, "socketpair: %s", strerror(errno));
+    path_of(path, sizeof path, s, "log");
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&attr);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, path, O_WRONLY | O_CREAT | O_APPEND, 0640);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    posix_spawn_file_actions_adddup2(&fa, pair[1], 3); /* dup2 clears its close-on-exec */
+    /* the daemon blocks SIGCHLD (its signalfd) and ignores SIGPIPE: neither is the shepherd's */
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    char *argv[] = {(char *)program, spec_path, NULL};
+    int rc = posix_spawn(&s->pid, program, &fa, &attr, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    close(pair[1]);
+    if (rc != 0) {
+        close(pair[0]);
+        s->pid = 0;
+        unlink(spec_path);
+        return td_fail(err, "cannot start %s: %s", program, strerror(rc));
+    }
+    fcntl(pair[0], F_SETFL, O_NONBLOCK);
+    s->fd = pair[0];
+    return 0;
+}
+
+static int read_token(const char *spec_path, char *token, size_t len, td_err *err) {
+    json_error_t je;
+    json_t *o = json_load_file(spec_path, 0, &je);
+    if (!o) return td_fail(err, "%s:%d: %s", spec_path, je.line, je.text);
+    const char *t = json_string_value(json_object_get(o, "token"));
+    int rc = 0;
+    if (!t || strlen(t) >= len)
+        rc = td_fail(err, "%s: token: expected a string", spec_path);
+    else
+        snprintf(token, len, "%s", t);
+    json_decref(o);
+    return rc;
+}
+
+json_t *td_shepherd_notes(const char *base) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s.json", base);
+    json_t *o = json_load_file(path, 0, NULL);
+    json_t *notes = json_incref(json_object_get(o, "daemon"));
+    json_decref(o);
+    return notes;
+}
+
+int td_shepherd_attach(td_shepherd *s, const char *base, td_err *err) {
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    snprintf(s->base, sizeof s->base, "%s", base);
+    char path[PATH_MAX], token[128];
+    path_of(path, sizeof path, s, "json");
+    if (read_token(path, token, sizeof token, err) != 0) return -1;
+    path_of(path, sizeof path, s, "sock");
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path)
+        return td_fail(err, "%s: the path is too long for a Unix socket (%zu bytes at most)", path,
+                       sizeof a.sun_path - 1);
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return td_fail(err, "socket: %s", strerror(errno));
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        int e = errno;
+        close(fd);
+        if (e == ENOENT || e == ECONNREFUSED) return 1; /* nobody listens: it has ended */
+        return td_fail(err, "cannot connect to %s: %s", path, strerror(e));
+    }
+    char hello[160]; /* it answers with its pid and out lines */
+    int n = snprintf(hello, sizeof hello, "hello %s\n", token);
+    if (send(fd, hello, (size_t)n, MSG_NOSIGNAL) != n) {
+        close(fd);
+        return 1; /* it went away as we came */
+    }
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    s->fd = fd;
+    return 0;
+}
+
+static void handle_line(td_shepherd *s, const char *line) {
+    long long size;
+    int pgid, live;
+    if (sscanf(line, "out %lld", &size) == 1 && size >= s->out_size)
+        s->out_size = size;
+    else if (sscanf(line, "pid %d %d", &pgid, &live) == 2)
+        s->pgid = (pid_t)pgid, s->live = live;
+    else if (strcmp(line, "over") == 0)
+        s->over = true;
+}
+
+void td_shepherd_read(td_shepherd *s) {
+    while (s->fd >= 0) {
+        ssize_t k = recv(s->fd, s->in + s->in_len, sizeof s->in - 1 - s->in_len, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (k <= 0) { /* it ended (or died) */
+            td_shepherd_close(s);
+            return;
+        }
+        s->in_len += (size_t)k;
+        s->in[s->in_len] = 0;
+        char *start = s->in, *nl;
+        while ((nl = strchr(start, '\n'))) {
+            *nl = 0;
+            handle_line(s, start);
+            start = nl + 1;
+        }
+        size_t rest = s->in_len - (size_t)(start - s->in);
+        if (rest == sizeof s->in - 1) rest = 0; /* no line of its is this long */
+        memmove(s->in, start, rest);
+        s->in_len = rest;
+    }
+}
+
+bool td_shepherd_stop(td_shepherd *s, int sig, double grace_s, const char *reason) {
+    if (s->fd < 0 || s->stop_sent) return false;
+    char line[700];
+    int n = snprintf(line, sizeof line, "stop %d %.3f %.600s", sig, grace_s, reason);
+    for (char *p = line; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    line[n++] = '\n';
+    /* a few hundred bytes into an empty socket buffer: it does not block */
+    if (send(s->fd, line, (size_t)n, MSG_NOSIGNAL) != n) return false;
+    s->stop_sent = true;
+    return true;
+}
+
+int td_shepherd_end_read(const char *base, td_shepherd_end *end, td_err *err) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s.status", base);
+    memset(end, 0, sizeof *end);
+    end->failed_rank = -1;
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    if (!o) {
+        if (access(path, F_OK) != 0 && errno == ENOENT) return 0;
+        return td_fail(err, "%s:%d: %s", path, je.line, je.text);
+    }
+    end->exit_code = (int)json_integer_value(json_object_get(o, "exit_code"));
+    end->failed = json_is_true(json_object_get(o, "failed"));
+    json_t *rank = json_object_get(o, "failed_rank");
+    end->failed_rank = json_is_integer(rank) ? (int)json_integer_value(rank) : -1;
+    const char *t;
+    if ((t = json_string_value(json_object_get(o, "reason"))))
+        snprintf(end->reason, sizeof end->reason, "%s", t);
+    if ((t = json_string_value(json_object_get(o, "stopped_by"))))
+        snprintf(end->stopped_by, sizeof end->stopped_by, "%s", t);
+    if ((t = json_string_value(json_object_get(o, "stop_reason"))))
+        snprintf(end->stop_reason, sizeof end->stop_reason, "%s", t);
+    if ((t = json_string_value(json_object_get(o, "grace_note"))))
+        snprintf(end->grace_note, sizeof end->grace_note, "%s", t);
+    end->output_bytes = (long long)json_integer_value(json_object_get(o, "output_bytes"));
+    json_decref(o);
+    return 1;
+}
+
+void td_shepherd_last_words(const char *base, char *out, size_t len) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s.log", base);
+    out[0] = 0;
+    FILE *f = fopen(path, "re");
+    if (!f) return;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (line[0]) snprintf(out, len, "%s", line);
+    }
+    fclose(f);
+}
+
+void td_shepherd_close(td_shepherd *s) {
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+    s->in_len = 0;
+}
+
+void td_shepherd_forget(const char *base) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s.json", base);
+    unlink(path);
+    snprintf(path, sizeof path, "%s.sock", base);
+    unlink(path);
+}

@@ -1,0 +1,86 @@
+/* The daemon's side of traind-shepherd (programs/shepherd_main.c): the process that owns one
+ * attempt's processes on one node, so that they outlive a daemon that crashes, is killed or is
+ * restarted, and that a daemon started later finds again.
+ *
+ * An attempt's files share one base path, DIR/attempt-A.node-R, in the job's directory:
+ *   BASE.json    what the shepherd runs (0600: it holds the token); the daemon keeps its own
+ *                notes about the attempt in its "daemon" member, which the shepherd ignores.
+ *                Removed once the daemon has handled the attempt's end (td_shepherd_forget):
+ *                one that is left is an attempt some daemon still has to look at
+ *   BASE.sock    the shepherd's control socket (while it runs)
+ *   BASE.out     rank 0's stdout, appended and synced by the shepherd: the daemon reads it by
+ *                offset, so one that comes back neither misses nor repeats a line
+ *   BASE.status  how the attempt ended (written atomically, once, as the shepherd exits)
+ *   BASE.log     the shepherd's own messages
+ * A daemon starts a shepherd with a connection already made (a socketpair); a later one
+ * connects to BASE.sock and proves it is the daemon with the token ("hello TOKEN"). The
+ * connection ending is the attempt's end: BASE.status says how, and without one the shepherd
+ * died (kill -9) and the daemon kills what is left of the process group itself. */
+#ifndef TD_SHEPHERD_H
+#define TD_SHEPHERD_H
+
+#include "core/td_error.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+typedef struct td_shepherd {
+    char base[PATH_MAX - 16];
+    int fd;             /* the connection; -1: none (not made, or it ended) */
+    pid_t pid;          /* the shepherd, when this daemon started it (its child); else 0 */
+    pid_t pgid;         /* the attempt's process group, once the shepherd said it; else 0 */
+    int live;           /* the group's processes still running, as last said */
+    long long out_size; /* BASE.out's size, as last said */
+    bool over;          /* it said "over": BASE.status is written */
+    bool stop_sent;     /* a stop was asked for */
+    char in[512];       /* a partial line from it */
+    size_t in_len;
+} td_shepherd;
+
+/* How an attempt's processes ended, from BASE.status. */
+typedef struct td_shepherd_end {
+    int exit_code;          /* the first failure's status, else what stopped processes ended with */
+    bool failed;            /* a process failed (exited non-zero or was killed) before any stop */
+    int failed_rank;        /* its global rank; -1: none */
+    char reason[512];       /* the failure (or why it could not start) in words */
+    char stopped_by[32];    /* "request", "deadline", "orphaned", "signal"; "": not stopped */
+    char stop_reason[512];  /* the words of the stop request, or the shepherd's own */
+    char grace_note[256];   /* which process needed SIGKILL after the grace period */
+    long long output_bytes; /* BASE.out's size at the end */
+} td_shepherd_end;
+
+/* Writes spec (an object in shepherd_main.c's format; the paths, the token and the connection
+ * are filled in here, and "output": null means process 0's stdout goes to its log, for a node
+ * without global rank 0) to BASE.json and starts program on it, connected. -1 when it could not be
+ * started (nothing runs then). */
+int td_shepherd_start(td_shepherd *s, const char *program, const char *base, json_t *spec,
+                      td_err *err);
+/* Connects to the shepherd of BASE (its token read from BASE.json): 0 connected; 1 when none
+ * runs any more (then BASE.status says how the attempt ended, or the shepherd died); -1 when
+ * BASE.json cannot be read. */
+int td_shepherd_attach(td_shepherd *s, const char *base, td_err *err);
+/* BASE.json's "daemon" member (a new reference; NULL: none or unreadable). */
+json_t *td_shepherd_notes(const char *base);
+/* Reads what the shepherd said (call when its fd is readable): pid, out and over lines; at the
+ * connection's end, fd becomes -1. */
+void td_shepherd_read(td_shepherd *s);
+/* Asks it to stop the group: sig now, SIGKILL after grace_s; reason is what BASE.status will
+ * say. Once per attempt; false when there is no connection. */
+bool td_shepherd_stop(td_shepherd *s, int sig, double grace_s, const char *reason);
+/* 1 with *end filled from BASE.status, 0 when there is none, -1 when it is unreadable. */
+int td_shepherd_end_read(const char *base, td_shepherd_end *end, td_err *err);
+/* The last line of BASE.log (why a shepherd could not run), or "". */
+void td_shepherd_last_words(const char *base, char *out, size_t len);
+/* Closes the connection (the shepherd goes on, waiting for a daemon). */
+void td_shepherd_close(td_shepherd *s);
+/* The attempt is handled: BASE.json and BASE.sock go (BASE.out, .status and .log stay). */
+void td_shepherd_forget(const char *base);
+/* "DIR/attempt-A.node-R" */
+void td_shepherd_base(char *out, size_t len, const char *dir, int attempt, int node_rank);
+/* Where traind-shepherd is: beside the program at self (a build tree), else in
+ * PREFIX/lib/traind beside PREFIX/bin (an installed one). */
+void td_shepherd_program(char *out, size_t len, const char *self);
+
+#endif
