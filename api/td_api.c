@@ -600,6 +600,34 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     td_log_at(api->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE, "HTTP server: %s", msg);
 }
 
+/* The metrics listener's requests: GET /metrics and nothing else, no token (whoever reaches
+ * this port may read the service's figures, never a job's data or an action). */
+static enum MHD_Result handle_metrics(void *cls, struct MHD_Connection *c, const char *url,
+                                      const char *method, const char *version, const char *upload,
+                                      size_t *upload_size, void **con_cls) {
+    (void)version;
+    (void)upload;
+    if (!*con_cls) { /* headers are in */
+        *con_cls = cls;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* a body means nothing here: read and dropped */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (strcmp(url, "/metrics") != 0)
+        return td_api_fail(c, MHD_HTTP_NOT_FOUND, "not_found", NULL,
+                           "this is the metrics listener: it serves GET /metrics only (the API "
+                           "is on traind's --listen port)");
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        td_reply_error e;
+        td_reply_fail(&e, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", NULL,
+                      "/metrics answers GET only");
+        return td_api_error(c, &e, "GET, HEAD");
+    }
+    return td_api_metrics(cls, c);
+}
+
 int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err) {
     td_api *api = td_calloc(1, sizeof *api);
     api->cfg = *cfg;
@@ -635,6 +663,18 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
                        tls ? "S" : "", port,
                        tls ? ": is the key the certificate's, and both PEM?" : "");
     }
+    if (cfg->metrics_listen_fd >= 0) {
+        /* plain HTTP, or HTTPS with the API's certificate: a scraper is configured either way */
+        api->metrics_daemon = MHD_start_daemon(
+            flags, 0, NULL, NULL, handle_metrics, api, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, api,
+            MHD_OPTION_LISTEN_SOCKET, cfg->metrics_listen_fd, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)30, tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cfg->tls_cert_pem,
+            MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
+        if (!api->metrics_daemon) {
+            td_api_stop(api);
+            return td_fail(err, "cannot start the metrics listener (libmicrohttpd)");
+        }
+    }
     *out = api;
     return 0;
 }
@@ -649,6 +689,7 @@ int td_api_port(const td_api *api) {
 
 void td_api_stop(td_api *api) {
     if (!api) return;
+    if (api->metrics_daemon) MHD_stop_daemon(api->metrics_daemon);
     MHD_stop_daemon(api->daemon);
     td_api_stats_free(&api->stats);
     pthread_mutex_destroy(&api->session_mu);

@@ -29,6 +29,10 @@ typedef struct td_api_config {
     /* HTTPS (libmicrohttpd with GnuTLS): the certificate chain and its private key, PEM text;
      * both NULL: plain HTTP */
     const char *tls_cert_pem, *tls_key_pem;
+    /* a second socket (td_api_listen) that serves GET /metrics alone, without the token, for
+     * Prometheus on a network the operator keeps for it; -1: none (GET /metrics on the API
+     * port, with the token, either way) */
+    int metrics_listen_fd;
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a

@@ -56,6 +56,7 @@ struct td_api {
     char master[256]; /* cfg.master's copy */
     td_jobs *jobs;
     struct MHD_Daemon *daemon;
+    struct MHD_Daemon *metrics_daemon; /* the separate metrics listener; NULL: none */
     int port;
     td_api_stats stats;
     atomic_size_t max_body; /* cfg.max_body, then what a reload sets (td_api_set_max_body) */

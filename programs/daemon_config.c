@@ -65,6 +65,8 @@ static const opt_info OPTS[OPT_COUNT] = {
     [OPT_ORPHAN_TIMEOUT] = {"--orphan-timeout", "orphan_timeout_s", T_SECONDS,
                             FIELD(orphan_timeout_s), 1, 30 * 86400.0, NULL, true},
     [OPT_SHEPHERD] = {"--shepherd", "shepherd", T_TEXT, FIELD(shepherd), 0, 0, NULL, false},
+    [OPT_METRICS_LISTEN] = {"--metrics-listen", "metrics_listen", T_TEXT, FIELD(metrics_listen), 0,
+                            0, NULL, false},
 };
 
 static void usage(FILE *out) {
@@ -78,6 +80,7 @@ static void usage(FILE *out) {
         "              [--advertise ADDR] [--heartbeat S] [--node-timeout S]\n"
         "              [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
         "              [--keep-jobs-on-stop true|false] [--orphan-timeout S] [--shepherd PATH]\n"
+        "              [--metrics-listen ADDR:PORT]\n"
         "\n"
         "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
         "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
@@ -95,6 +98,9 @@ static void usage(FILE *out) {
         "  --listen ADDR:PORT  where to serve (default 127.0.0.1:8470; port 0: any free\n"
         "                      port). Loopback by default; serving other hosts, give it\n"
         "                      --tls-cert and --tls-key\n"
+        "  --metrics-listen ADDR:PORT  also serve GET /metrics alone there, without the\n"
+        "                      token, for a Prometheus that holds none (default: none;\n"
+        "                      GET /metrics on --listen always needs the token)\n"
         "  --tls-cert FILE     HTTPS: this node's certificate (PEM, the chain after it)\n"
         "  --tls-key FILE      and its private key (PEM); the API, the dashboard and the\n"
         "                      agents' calls are then HTTPS only (a renewed certificate\n"

@@ -43,6 +43,7 @@ typedef enum {
     OPT_KEEP_JOBS,
     OPT_ORPHAN_TIMEOUT,
     OPT_SHEPHERD,
+    OPT_METRICS_LISTEN,
     OPT_COUNT
 } daemon_option;
 
@@ -73,7 +74,8 @@ typedef struct daemon_options {
      * long a job's shepherd waits for a daemon before it stops the job */
     bool keep_jobs_on_stop;
     double orphan_timeout_s;
-    char shepherd[PATH_MAX]; /* traind-shepherd */
+    char shepherd[PATH_MAX];  /* traind-shepherd */
+    char metrics_listen[256]; /* "": GET /metrics on the API port only (with the token) */
 
     /* not settings */
     daemon_source from[OPT_COUNT];

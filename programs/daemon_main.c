@@ -15,6 +15,7 @@
 #include "core/td_clock.h"
 #include "daemon_config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <curl/curl.h>
 #include <fcntl.h>
@@ -288,7 +289,7 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
 
 /* Serves from the state directory `state` (locked) on listen_fd until SIGTERM or SIGINT. */
 static int serve(daemon_options *o, int argc, char **argv, const char *state, const char *host,
-                 int listen_fd, td_log *log) {
+                 int listen_fd, int metrics_fd, td_log *log) {
     /* first: CUDA's driver (td_gpu_device_count) starts threads, which must inherit the mask,
      * or a SIGTERM (the agent's own, on a refusal) or SIGCHLD could land on one of them */
     block_signals();
@@ -423,6 +424,7 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                     strerror(errno));
     if (td_jobs_start(jobs, &err) != 0) goto fail;
     td_api_config ac = {.listen_fd = listen_fd,
+                        .metrics_listen_fd = metrics_fd,
                         .token = token,
                         .max_body = (size_t)o->max_body,
                         .version = TRAIND_VERSION,
@@ -439,6 +441,18 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                   slots == 1 ? "" : "s", state, o->worker);
     const char *scheme = cert_pem ? "https" : "http";
     td_log_notice(log, "listening on %s://%s:%d", scheme, host, td_api_port(api));
+    if (metrics_fd >= 0) {
+        struct sockaddr_in a;
+        socklen_t alen = sizeof a;
+        char where[INET_ADDRSTRLEN] = "?";
+        int mport = 0;
+        if (getsockname(metrics_fd, (struct sockaddr *)&a, &alen) == 0) {
+            inet_ntop(AF_INET, &a.sin_addr, where, sizeof where);
+            mport = ntohs(a.sin_port);
+        }
+        td_log_notice(log, "metrics (GET /metrics, no token) on %s://%s:%d/metrics", scheme, where,
+                      mport);
+    }
     td_log_notice(log, "the dashboard is at %s://%s:%d/ (sign in with the API token)", scheme, host,
                   td_api_port(api));
     if (cluster)
@@ -466,7 +480,10 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     if (refused)
         td_log_error(log, "stopping: the master refused this node (see above)");
     else
-        td_log_notice(log, "%s: stopping (running jobs resume at the next start)", strsignal(sig));
+        td_log_notice(log, "%s: stopping (%s)", strsignal(sig),
+                      o->keep_jobs_on_stop
+                          ? "running jobs go on; the next start re-attaches to them"
+                          : "running jobs are stopped; the next start resumes them");
     rc = refused ? 1 : 0;
     goto stop;
 fail:
@@ -486,6 +503,22 @@ stop:
     return rc;
 }
 
+/* "ADDR:PORT" of option opt into host and the port it returns; a bad one ends the daemon
+ * naming the option and where its value came from. */
+static int address_of(const daemon_options *o, daemon_option opt, const char *value, char *host,
+                      size_t len) {
+    const char *colon = strrchr(value, ':');
+    if (!colon || colon == value || (size_t)(colon - value) >= len)
+        die("%s \"%s\" (%s): expected ADDR:PORT, e.g. 127.0.0.1:8470", daemon_config_key(opt),
+            value, daemon_config_source(o, opt));
+    snprintf(host, len, "%.*s", (int)(colon - value), value);
+    long port;
+    if (!td_parse_long(colon + 1, 0, 65535, &port))
+        die("%s \"%s\" (%s): the port \"%s\" is not an integer in [0, 65535]",
+            daemon_config_key(opt), value, daemon_config_source(o, opt), colon + 1);
+    return (int)port;
+}
+
 int main(int argc, char **argv) {
     static daemon_options o; /* large (paths): not on the stack */
     daemon_config_load(&o, argc, argv);
@@ -501,17 +534,11 @@ int main(int argc, char **argv) {
     if (access(o.shepherd, X_OK) != 0)
         die("cannot run %s: %s (give --shepherd; it is installed in PREFIX/lib/traind)", o.shepherd,
             strerror(errno));
-    char host[128];
-    const char *colon = strrchr(o.listen, ':');
-    if (!colon || colon == o.listen || (size_t)(colon - o.listen) >= sizeof host)
-        die("listen \"%s\" (%s): expected ADDR:PORT, e.g. 127.0.0.1:8470", o.listen,
-            daemon_config_source(&o, OPT_LISTEN));
-    snprintf(host, sizeof host, "%.*s", (int)(colon - o.listen), o.listen);
-    long port_l;
-    if (!td_parse_long(colon + 1, 0, 65535, &port_l))
-        die("listen \"%s\" (%s): the port \"%s\" is not an integer in [0, 65535]", o.listen,
-            daemon_config_source(&o, OPT_LISTEN), colon + 1);
-    int port = (int)port_l;
+    char host[128], metrics_host[128] = "";
+    int port = address_of(&o, OPT_LISTEN, o.listen, host, sizeof host), metrics_port = 0;
+    if (o.metrics_listen[0])
+        metrics_port =
+            address_of(&o, OPT_METRICS_LISTEN, o.metrics_listen, metrics_host, sizeof metrics_host);
 
     make_dirs(o.state_dir);
     char state[PATH_MAX];
@@ -524,8 +551,13 @@ int main(int argc, char **argv) {
         td_log_error(log, "%s", err.msg);
         return 1;
     }
+    int metrics_fd = -1;
+    if (metrics_host[0] && td_api_listen(metrics_host, &metrics_port, &metrics_fd, &err) != 0) {
+        td_log_error(log, "metrics_listen: %s", err.msg);
+        return 1;
+    }
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) die("cannot initialise libcurl");
-    int rc = serve(&o, argc, argv, state, host, listen_fd, log);
+    int rc = serve(&o, argc, argv, state, host, listen_fd, metrics_fd, log);
     curl_global_cleanup();
     close(lock_fd);
     td_log_close(log);

@@ -17,8 +17,11 @@
  *     group when asked, when the deadline passes, or when no daemon has been connected for the
  *     orphan limit (a removed daemon leaves nothing running for ever);
  *   - is told by its daemon of a first connection already made ("daemon_fd": a socketpair's
- *     end, so the daemon waits for no socket to appear), and ignores the spec's "daemon"
- *     member (the daemon's own notes about the attempt);
+ *     end) and of its control socket already listening ("listen_fd"), so that no daemon ever
+ *     waits for a socket to appear; it ignores the spec's "daemon" member (the daemon's own
+ *     notes about the attempt);
+ *   - appends rank 0's stdout to its log (logs[0]) as well as to the output file: the log
+ *     holds each line once, whatever daemons come and go;
  *   - when the group is over, writes the status file (JSON: exit code, failed rank, reason,
  *     why it was stopped) atomically, tells the connected daemon, and exits 0.
  *
@@ -67,6 +70,7 @@ typedef struct spec {
     char token[128]; /* what a daemon says first ("hello TOKEN"): jobs share its uid */
     int attempt;
     int daemon_fd;   /* a connection the starting daemon made (a socketpair); -1: none */
+    int listen_fd;   /* the control socket, bound and listening, from the daemon; -1: bind it */
     double deadline; /* wall clock; 0: none */
     double orphan_s; /* how long without a daemon before the job stops */
 } spec;
@@ -162,6 +166,7 @@ static void read_spec(spec *s, const char *path) {
     c->max_restarts = (int)integer(o, "max_restarts", 0, 0, 1 << 20, false, path);
     s->attempt = (int)integer(o, "attempt", 0, 0, INT_MAX, false, path);
     s->daemon_fd = (int)integer(o, "daemon_fd", -1, -1, INT_MAX, false, path);
+    s->listen_fd = (int)integer(o, "listen_fd", -1, -1, INT_MAX, false, path);
     c->grace_s = number(o, "grace_s", 10, 0, 3600, path);
     s->deadline = number(o, "deadline", 0, 0, 1e11, path);
     s->orphan_s = number(o, "orphan_timeout_s", 600, 0.1, 30 * 86400.0, path);
@@ -193,6 +198,7 @@ typedef struct shepherd {
     spec s;
     td_group g;
     int listen_fd, daemon_fd, out_fd, pipe_fd, sig_fd;
+    int tee_fd;     /* rank 0's log: its stdout is appended there too, once, by the shepherd */
     int pending_fd; /* a connection that has not said hello yet (the newest only) */
     char pending_in[256];
     size_t pending_len;
@@ -258,6 +264,8 @@ static void handle_line(shepherd *h, char *line) {
     }
 }
 
+static void handle_input(shepherd *h);
+
 static void read_daemon(shepherd *h) {
     ssize_t k = recv(h->daemon_fd, h->in + h->in_len, sizeof h->in - 1 - h->in_len, 0);
     if (k <= 0) {
@@ -269,6 +277,11 @@ static void read_daemon(shepherd *h) {
         return;
     }
     h->in_len += (size_t)k;
+    handle_input(h);
+}
+
+/* The whole lines in h->in, each handled; a partial one waits for the rest. */
+static void handle_input(shepherd *h) {
     char *start = h->in, *nl;
     while ((nl = memchr(start, '\n', h->in_len - (size_t)(start - h->in)))) {
         *nl = 0;
@@ -324,6 +337,7 @@ static void read_pending(shepherd *h) {
     h->orphan_since = 0;
     say_pids(h);
     say(h, "out %lld", h->out_size);
+    if (h->daemon_fd >= 0) handle_input(h); /* a stop sent right after the hello */
 }
 
 /* ---- rank 0's output ------------------------------------------------------------------------ */
@@ -351,6 +365,9 @@ static void pump(shepherd *h) {
             h->pipe_fd = -1;
             break;
         }
+        /* the log first: a line in the output file is one the daemon may already have
+         * handled, and it must be in the log by then */
+        if (h->tee_fd >= 0) (void)!write_all(h->tee_fd, buf, (size_t)k);
         if (write_all(h->out_fd, buf, (size_t)k) != 0) {
             /* a full disk: the lines are lost, the job is not stopped for it (its own
              * checkpoint writes will say so); said once */
@@ -437,7 +454,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     static shepherd h;
-    h.daemon_fd = h.pipe_fd = h.pending_fd = -1;
+    h.daemon_fd = h.pipe_fd = h.pending_fd = h.tee_fd = -1;
     read_spec(&h.s, argv[1]);
     /* before any worker is started: none of them may hold the daemon's connection */
     if (h.s.daemon_fd >= 0) {
@@ -468,7 +485,12 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN); /* a daemon gone mid-send; the workers get SIG_DFL back */
     signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD from a starter would hide exits */
     h.sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-    h.listen_fd = open_listener(h.s.socket_path);
+    /* the daemon's socket (bound before it wrote the spec: a daemon that comes back finds it
+     * listening as long as this shepherd lives), or one of its own */
+    h.listen_fd = h.s.listen_fd >= 0 && fcntl(h.s.listen_fd, F_SETFD, FD_CLOEXEC) == 0 &&
+                          fcntl(h.s.listen_fd, F_SETFL, O_NONBLOCK) == 0
+                      ? h.s.listen_fd
+                      : open_listener(h.s.socket_path);
     h.out_fd =
         h.s.output[0] ? open(h.s.output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640) : -1;
     if (h.sig_fd < 0 || h.listen_fd < 0 || (h.s.output[0] && h.out_fd < 0))
@@ -490,6 +512,7 @@ int main(int argc, char **argv) {
                      strerror(errno));
         out_fds[i] = i == 0 && h.out_fd >= 0 ? pipefd[1] : log_fds[i];
     }
+    if (h.out_fd >= 0 && log_fds[0] >= 0) h.tee_fd = fcntl(log_fds[0], F_DUPFD_CLOEXEC, 3);
     h.s.launch.stdout_fds = out_fds;
     h.s.launch.stderr_fds = log_fds;
     td_err err = {{0}};

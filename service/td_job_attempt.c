@@ -152,6 +152,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     jb->out_fd = -1;
     jb->left = false;
     memset(&jb->end, 0, sizeof jb->end);
+    jb->row.pgid = 0; /* the previous attempt's; the shepherd says the new one */
     td_jobs_save_attempt(j, jb, a);
     if (td_db_update_job(j->db, &jb->row, &err) != 0) ok = 0; /* out_offset 0 */
     char base[PATH_MAX - 16];
@@ -193,7 +194,6 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
         td_jobs_finish(j, jb, FAILED, -1, a->reason);
         return;
     }
-    jb->row.pgid = 0; /* the shepherd says it */
     td_jobs_set_state(jb, RUNNING);
     td_jobs_emit_state(j, jb);
     td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
@@ -316,9 +316,12 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
     a->exit_code = code;
     snprintf(a->reason, sizeof a->reason, "%s", reason);
     td_jobs_save_attempt(j, jb, a);
-    if (!placed) td_shepherd_forget(jb->sh.base); /* handled: a later start need not look */
     if (jb->out_fd >= 0) close(jb->out_fd);
     jb->out_fd = -1;
+    /* the attempt's file goes once what follows it is stored (a daemon that dies before reads
+     * the status again, td_job_recover.c) */
+    char base[sizeof jb->sh.base];
+    snprintf(base, sizeof base, "%s", placed ? "" : jb->sh.base);
     if (jb->cancel_requested) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, CANCELLED, code, reason);
@@ -342,6 +345,7 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
         json_decref(d);
         td_jobs_emit_state(j, jb);
+        td_shepherd_forget(base);
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
                   jb->row.reason);
         if (placed) /* placed again, on whichever nodes have room then */
@@ -355,6 +359,7 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, FAILED, code, why);
     }
+    td_shepherd_forget(base);
 }
 
 static bool starts_with(const char *s, const char *prefix) {
@@ -367,8 +372,9 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     if (!sh->over) { /* dropped (a daemon that read too slowly), or ended: which? */
         td_shepherd again;
         if (td_shepherd_attach(&again, sh->base, &err) == 0) {
+            /* a stop it was sent may be among what it dropped: the supervisor sends it again
+             * (the shepherd keeps the first reason it got) */
             again.pid = sh->pid;
-            again.stop_sent = sh->stop_sent;
             *sh = again;
             return;
         }
@@ -376,20 +382,30 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     td_shepherd_end *e = &jb->end;
     int rc = td_shepherd_end_read(sh->base, e, &err);
     td_jobs_read_output(j, jb, true, rc == 1 ? e->output_bytes : -1);
+    /* no status: the machine went down with it, or a daemon died before starting it (neither
+     * is the job's failure), or it was killed */
+    const char *gone_with = NULL;
+    if (rc == 0 && !td_shepherd_ran(sh->base))
+        gone_with = "the daemon that was starting it stopped first";
+    else if (rc == 0 && td_shepherd_other_boot(sh->base))
+        gone_with = "the machine restarted while it ran";
     if (rc != 1) {
-        /* killed (or it could not run at all): its processes die with it (their parent death
-         * signal), and what they left in their group goes now */
+        /* its processes die with it (their parent death signal); what they left in their
+         * group goes now */
         if (sh->pgid > 0) killpg(sh->pgid, SIGKILL);
         char words[300];
         td_shepherd_last_words(sh->base, words, sizeof words);
         memset(e, 0, sizeof *e);
-        e->failed = true;
+        e->failed = !gone_with;
         e->exit_code = -1;
         e->failed_rank = -1;
+        snprintf(e->stopped_by, sizeof e->stopped_by, "%s", gone_with ? "machine" : "");
+        snprintf(e->stop_reason, sizeof e->stop_reason, "%s", gone_with ? gone_with : "");
         snprintf(e->reason, sizeof e->reason,
-                 "its shepherd ended without saying how the processes ended (its status file "
-                 "%s)%s%.300s",
-                 rc == 0 ? "is missing" : "is unreadable", words[0] ? ": " : "", words);
+                 "its traind-shepherd (attempt %d) was killed or crashed without writing how the "
+                 "processes ended (its status file %s); they were stopped with it%s%.300s",
+                 jb->n_attempts - 1, rc == 0 ? "is missing" : "is unreadable",
+                 words[0] ? "; its last words: " : "", words);
     }
     const char *why = e->stop_reason;
     bool left = j->stopping_jobs; /* this daemon stops: the next one goes on with the job */
@@ -401,9 +417,9 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     }
     /* stopped while no daemon was there (orphan_timeout_s), or by a signal to the shepherd
      * itself (a service manager stopping everything): not the job's failure */
-    bool absent = rc == 1 && !e->failed && !jb->cancel_requested && !jb->timed_out &&
+    bool absent = !e->failed && !jb->cancel_requested && !jb->timed_out &&
                   (strcmp(e->stopped_by, "orphaned") == 0 || strcmp(e->stopped_by, "signal") == 0 ||
-                   starts_with(why, TD_JOBS_STOP_DAEMON));
+                   strcmp(e->stopped_by, "machine") == 0 || starts_with(why, TD_JOBS_STOP_DAEMON));
     sh->fd = -1;
     if (j->stopping_jobs) {
         jb->left = left;
@@ -417,9 +433,10 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
         td_jobs_release_slots(j, jb);
         char note[600];
         const char *words = e->stop_reason[0] ? e->stop_reason : e->stopped_by;
-        if (starts_with(words, TD_JOBS_STOP_DAEMON)) words += strlen(TD_JOBS_STOP_DAEMON);
-        snprintf(note, sizeof note, "its processes were stopped while no daemon ran: %.500s",
-                 words);
+        if (starts_with(words, TD_JOBS_STOP_DAEMON)) /* the daemon's own words */
+            snprintf(note, sizeof note, "%.500s", words + strlen(TD_JOBS_STOP_DAEMON));
+        else
+            snprintf(note, sizeof note, "its processes were stopped: %.500s", words);
         td_jobs_recover(j, jb, note);
         return;
     }

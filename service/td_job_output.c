@@ -1,6 +1,6 @@
-/* Rank 0's stdout: its lines are read as they come, JSON objects with an "event" become the job's
- * events and metrics (api/README.md, "Metric lines"), a checkpoint line registers a checkpoint,
- * and every line also goes to rank 0's log. */
+/* Rank 0's stdout, read from the file its shepherd appends it to: JSON objects with an "event"
+ * become the job's events and metrics (api/README.md, "Metric lines") and a checkpoint line
+ * registers a checkpoint. (Every line is in rank 0's log too: the shepherd writes it there.) */
 #include "service/td_jobs_private.h"
 
 #include "train/td_metrics.h"
@@ -14,16 +14,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-void td_jobs_append_rank0_log(const char *dir, const char *line, size_t n) {
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/rank-0.log", dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-    if (fd < 0) return;
-    (void)!write(fd, line, n);
-    (void)!write(fd, "\n", 1);
-    close(fd);
-}
 
 void td_jobs_set_checkpoint(job *jb, long step, const char *path) {
     free(jb->ckpt_path);
@@ -75,9 +65,7 @@ static bool checkpoint_size(const char *path, long long *size) {
 /* A line of rank 0's stdout: a JSON object with a string "event" is an event, and a metric
  * unless it is a checkpoint. An event without an integer "step" gets the step of the latest one
  * that had one (0 before any), so every metric has a place on the step axis. */
-bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
-                        json_t *files) {
-    if (append_log) td_jobs_append_rank0_log(jb->dir, line, n);
+bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, json_t *files) {
     json_error_t jerr;
     json_t *o = json_loadb(line, n, 0, &jerr);
     const char *type = o ? json_string_value(json_object_get(o, "event")) : NULL;
@@ -155,7 +143,7 @@ int td_jobs_open_output(td_jobs *j, long job_id, const char *path) {
 }
 
 void td_jobs_read_file(int fd, long long *read_to, long long until, bool final, td_buf *line,
-                       const char *dir, td_jobs_line_fn fn, void *ctx) {
+                       td_jobs_line_fn fn, void *ctx) {
     char buf[65536];
     if (final && until < 0) {
         struct stat st;
@@ -181,8 +169,8 @@ void td_jobs_read_file(int fd, long long *read_to, long long until, bool final, 
         memmove(line->data, start, rest);
         line->len = rest;
         line->data[rest] = 0;
-        if (rest > (1u << 20)) { /* a runaway line: keep the log, not the memory */
-            td_jobs_append_rank0_log(dir, line->data, rest);
+        if (rest > (1u << 20)) { /* a runaway line: the log has it (the shepherd wrote it
+                                    there); not the memory */
             line->len = 0;
         }
     }
@@ -201,7 +189,8 @@ typedef struct output_ctx {
 static void output_line(void *ctx, char *line, size_t n, long long end) {
     output_ctx *o = ctx;
     o->jb->row.out_offset = end; /* stored with the line's event, in its transaction */
-    o->unsaved = !td_jobs_line_apply(o->j, o->jb, line, n, true, false, NULL);
+    /* (rank 0's log has the line already: its shepherd writes it there) */
+    o->unsaved = !td_jobs_line_apply(o->j, o->jb, line, n, false, NULL);
 }
 
 void td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
@@ -212,7 +201,7 @@ void td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
     }
     output_ctx ctx = {j, jb, false};
     td_jobs_read_file(jb->out_fd, &jb->out_read, final ? until : jb->sh.out_size, final, &jb->line,
-                      jb->dir, output_line, &ctx);
+                      output_line, &ctx);
     if (ctx.unsaved) { /* lines that were no events: not read again after a restart either */
         td_err err = {{0}};
         if (td_db_update_job(j->db, &jb->row, &err) != 0)

@@ -66,7 +66,7 @@ void td_jobs_guests_free(td_jobs *j) {
 /* A line of rank 0: kept until the master acknowledges it. On an agent a checkpoint line waits
  * for its files to be uploaded first (td_agent.c), so the master registers only what it has. */
 static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
-    td_jobs_append_rank0_log(g->dir, line, n);
+    /* (rank 0's log has it already: the shepherd writes every line there) */
     if (g->n_lines == g->cap_lines) {
         g->cap_lines = g->cap_lines ? 2 * g->cap_lines : 64;
         g->lines = td_realloc(g->lines, (size_t)g->cap_lines * sizeof *g->lines);
@@ -111,7 +111,7 @@ static void read_output(td_jobs *j, guest *g, bool final, long long until) {
     }
     guest_ctx ctx = {j, g};
     td_jobs_read_file(g->out_fd, &g->out_read, final ? until : g->sh.out_size, final, &g->line,
-                      g->dir, guest_line, &ctx);
+                      guest_line, &ctx);
 }
 
 void td_jobs_guests_read(td_jobs *j, guest *g) {
@@ -156,7 +156,8 @@ static void end_guest(td_jobs *j, guest *g, int code, const char *reason) {
     td_str_utf8_repair(g->reason); /* cut at a byte count; JSON carries only whole characters */
     if (g->devices)
         for (int i = 0; i < g->slots; i++) j->gpu_used[g->devices[i]] = false;
-    if (!j->cluster) j->used_slots -= g->slots; /* on the master, placement holds the slots */
+    if (g->holds_slots) j->used_slots -= g->slots; /* else the master's placement holds them */
+    g->holds_slots = false;
     free(g->devices);
     g->devices = NULL;
 }
@@ -206,7 +207,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     g->see_all_gpus = json_is_true(json_object_get(o, "see_all_gpus"));
     g->slots = g->nproc * per_proc;
     int n = g->procs;
-    if (!j->cluster) j->used_slots += g->slots;
+    g->holds_slots = !j->cluster;
+    if (g->holds_slots) j->used_slots += g->slots;
     g->running = true;
     td_err err = {{0}};
     char **argv = NULL, **env = NULL;
@@ -561,7 +563,9 @@ static void recover_guest(td_jobs *j, const char *base, json_t *n) {
             if (d >= 0 && d < j->cfg.gpus) j->gpu_used[d] = true;
         }
     }
-    if (!j->cluster) j->used_slots += g->slots;
+    /* counted here on a master too: no placement of its knows this part until it ends */
+    g->holds_slots = true;
+    j->used_slots += g->slots;
     g->running = true;
     td_err err = {{0}};
     int rc = td_shepherd_attach(&g->sh, base, &err);

@@ -429,7 +429,7 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
         size_t n = strlen(text);
         char *line = td_malloc(n + 1);
         memcpy(line, text, n + 1);
-        td_jobs_line_apply(j, jb, line, n, false, !p->local, json_object_get(c, "files"));
+        td_jobs_line_apply(j, jb, line, n, !p->local, json_object_get(c, "files"));
         free(line);
         jb->lines_in++;
     }
@@ -456,13 +456,16 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
     json_t *report = json_object_get(msg, "parts");
     size_t i;
     json_t *e;
-    json_array_foreach(report, i, e) apply_report(j, node, e);
+    /* a master stopping its own node's parts (keep_jobs_on_stop false) leaves every attempt as
+     * it is for its next start: no part's end is acted on meanwhile */
+    bool frozen = j->stopping_jobs;
+    if (!frozen) json_array_foreach(report, i, e) apply_report(j, node, e);
     json_t *orders = json_array();
     for (int k = 0; k < j->n_jobs; k++) {
         job *jb = j->jobs[k];
         part *p = jb->parts ? part_on(jb, node) : NULL;
         if (!p || p->state == PART_ENDED) continue;
-        if (registered && p->state == PART_RUNNING) {
+        if (registered && p->state == PART_RUNNING && !frozen) {
             /* the node came back without this part: its traind restarted and found no shepherd
              * of it (or is an older traind, whose parts died with it) */
             bool still = false;
@@ -481,7 +484,7 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
         json_array_append_new(orders, order(jb, p));
     }
     json_object_set_new(reply, "parts", orders);
-    for (int k = 0; k < j->n_jobs; k++)
+    for (int k = 0; k < j->n_jobs && !frozen; k++)
         if (j->jobs[k]->parts) check_over(j, j->jobs[k]);
 }
 

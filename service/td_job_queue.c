@@ -43,8 +43,17 @@ bool td_jobs_reserve_slots(td_jobs *j, job *jb) {
     jb->active = true;
     if (j->cfg.gpus > 0) {
         jb->devices = td_calloc((size_t)need, sizeof(int));
-        for (int i = 0, k = 0; i < j->cfg.gpus && k < need; i++)
+        int k = 0;
+        for (int i = 0; i < j->cfg.gpus && k < need; i++)
             if (!j->gpu_used[i]) j->gpu_used[i] = true, jb->devices[k++] = i;
+        if (k < need) { /* GPUs held outside the slot count (a part still stopping): wait */
+            for (int i = 0; i < k; i++) j->gpu_used[jb->devices[i]] = false;
+            free(jb->devices);
+            jb->devices = NULL;
+            j->used_slots -= need;
+            jb->active = false;
+            return false;
+        }
     }
     return true;
 }

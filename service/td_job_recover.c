@@ -82,6 +82,14 @@ void td_jobs_recover(td_jobs *j, job *jb, const char *why) {
               why);
 }
 
+/* Whether the latest attempt's file is still there: a local attempt not yet handled. */
+static bool attempt_file(const job *jb) {
+    char base[PATH_MAX - 16], path[PATH_MAX];
+    td_shepherd_base(base, sizeof base, jb->dir, jb->attempts[jb->n_attempts - 1].attempt, 0);
+    snprintf(path, sizeof path, "%s.json", base);
+    return access(path, F_OK) == 0;
+}
+
 /* Holds the slots (and the very GPUs) an attempt that runs on was given. */
 static void hold_slots(td_jobs *j, job *jb, json_t *slots) {
     int need = td_jobs_slots(jb);
@@ -130,6 +138,7 @@ static void take_up(td_jobs *j, job *jb) {
     jb->line.len = 0;
     td_err err = {{0}};
     int rc = td_shepherd_attach(&jb->sh, base, &err);
+    if (rc == 1) jb->sh.pgid = (pid_t)jb->row.pgid; /* what its processes left, if any */
     if (rc < 0) {
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
                   err.msg);
@@ -150,6 +159,23 @@ static void take_up(td_jobs *j, job *jb) {
         td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
                   "job %ld: attempt %d ended while no daemon ran: reading how", jb->row.id,
                   a->attempt);
+}
+
+/* A job that cannot go on (its spec is unusable now): whatever its latest attempt's shepherd
+ * still runs is stopped, with the grace period, before the job is failed. */
+static void stop_what_runs(td_jobs *j, job *jb, const char *why) {
+    if (jb->n_attempts == 0) return;
+    char base[PATH_MAX - 16];
+    td_shepherd_base(base, sizeof base, jb->dir, jb->attempts[jb->n_attempts - 1].attempt, 0);
+    td_shepherd sh;
+    td_err err = {{0}};
+    if (td_shepherd_attach(&sh, base, &err) == 0) {
+        td_shepherd_stop(&sh, SIGTERM, j->cfg.grace_s, why);
+        td_shepherd_close(&sh);
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
+                  "job %ld: its running processes are told to stop: %s", jb->row.id, why);
+    }
+    td_shepherd_forget(base);
 }
 
 /* Re-reads what a stored job runs (its spec is in the database, its worker spec on disk). */
@@ -186,11 +212,13 @@ int td_jobs_load(td_jobs *j, td_err *err) {
         if (rebuild_run(j, jb, &why) != 0) {
             char reason[TD_ERR_MAX + 64];
             snprintf(reason, sizeof reason, "cannot run after a daemon restart: %s", why.msg);
+            stop_what_runs(j, jb, reason);
             td_jobs_finish(j, jb, FAILED, -1, reason);
             continue;
         }
-        if (jb->n_attempts > 0 && jb->attempts[jb->n_attempts - 1].finished_at <= 0)
-            take_up(j, jb);
+        if (jb->n_attempts > 0 && (jb->attempts[jb->n_attempts - 1].finished_at <= 0 ||
+                                   (jb->state == RUNNING && attempt_file(jb))))
+            take_up(j, jb); /* (an ended attempt whose end was not yet acted on: again) */
         else if (jb->state == RUNNING || jb->state == RESTARTING)
             td_jobs_recover(j, jb, "the daemon restarted while the job ran");
     }

@@ -28,7 +28,7 @@ void *td_jobs_supervise(void *arg) {
     td_jobs *j = arg;
     pthread_mutex_lock(&j->mu);
     while (!j->stopping) {
-        td_jobs_schedule(j);
+        if (!j->stopping_jobs) td_jobs_schedule(j); /* nothing new while the jobs stop */
         int n = 0, max = 2 + j->n_jobs + j->n_guests;
         struct pollfd fds[max];
         job *owner[max];
@@ -118,6 +118,8 @@ void *td_jobs_supervise(void *arg) {
             else if (jb->timed_out && !jb->sh.stop_sent)
                 td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
                                  TD_JOBS_STOP_TIME_LIMIT "the job reached its time limit");
+            else if (j->stopping_jobs && !jb->sh.stop_sent) /* connected again meanwhile */
+                td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
             if (jb->sh.fd < 0) td_jobs_shepherd_gone(j, jb);
         }
     }

@@ -102,7 +102,7 @@ static bool shepherds_connected(const td_jobs *j) {
  * period) while the supervisor still reads what the ranks write, so their last lines (a final
  * checkpoint) are recorded; the jobs stay "running" for the next start to resume. */
 static void stop_every_job(td_jobs *j) {
-    const char *why = TD_JOBS_STOP_DAEMON "the daemon stopped (keep_jobs_on_stop is false)";
+    const char *why = TD_JOBS_STOP_DAEMON_WORDS;
     pthread_mutex_lock(&j->mu);
     if (j->cfg.keep_jobs_on_stop || !j->started) {
         pthread_mutex_unlock(&j->mu);
@@ -182,7 +182,11 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
     pthread_mutex_unlock(&j->mu);
     if (td_submission_parse(&s, body, len, &rules, e) != 0) return -1;
     pthread_mutex_lock(&j->mu);
-    int fits = td_jobs_check_fit(j, &s, e);
+    int fits = j->stopping_jobs
+                   ? td_reply_fail(e, 503, "unavailable", NULL,
+                                   "traind is stopping and stopping its jobs: submit again once "
+                                   "it is back")
+                   : td_jobs_check_fit(j, &s, e);
     pthread_mutex_unlock(&j->mu);
     if (fits != 0) {
         td_submission_free(&s);
@@ -290,6 +294,11 @@ int td_jobs_cancel(td_jobs *j, long id, td_buf *out, td_reply_error *e) {
     } else if (td_jobs_final_state(jb->state)) {
         rc = td_reply_fail(e, 409, "conflict", NULL, "job %ld has already %s", id,
                            td_jobs_state_names[jb->state]);
+    } else if (j->stopping_jobs) { /* its stop says "daemon_stop": the next start resumes it */
+        rc = td_reply_fail(e, 503, "unavailable", NULL,
+                           "traind is stopping and stopping its jobs (job %ld resumes when it "
+                           "is back): cancel it again then",
+                           id);
     } else if (!jb->active) { /* queued, or waiting to be restarted */
         jb->cancel_requested = true;
         td_jobs_finish(j, jb, CANCELLED, -1, "cancelled by request");

@@ -111,6 +111,8 @@ typedef struct guest {
     int attempt, node_rank, nnodes, nproc; /* nproc: ranks on this node */
     int procs, slots;  /* processes it starts (1 for launch "self"), slots (GPUs) it holds */
     bool see_all_gpus; /* every process sees all of them */
+    bool holds_slots;  /* counted in used_slots (an agent's; on a master, placement counts them,
+                          but not for a part a restarted master found running) */
     char dir[PATH_MAX];
     char kind[16];
     td_shepherd sh; /* its shepherd (sh.base: where its files are) */
@@ -223,6 +225,8 @@ void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ende
 #define TD_JOBS_STOP_CANCEL     "cancel: "
 #define TD_JOBS_STOP_TIME_LIMIT "time_limit: "
 #define TD_JOBS_STOP_DAEMON     "daemon_stop: "
+#define TD_JOBS_STOP_DAEMON_WORDS                                                                  \
+    TD_JOBS_STOP_DAEMON "traind stopped and stopped its jobs (keep_jobs_on_stop is false)"
 /* The shepherd's spec for td_launch_config c (td_shepherd.h; its "daemon" notes are the
  * caller's). */
 json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
@@ -242,14 +246,13 @@ json_t *td_jobs_resume_json(const job *jb);
 void td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until);
 /* Reads *fd from *read_to up to `until` into line and hands each whole line to fn
  * (NUL-terminated in place) with the file offset just after it; final: the last partial line
- * too. A line over 1 MiB goes only to dir/rank-0.log. Rank 0's output is read so for a local job
- * and for a node's part alike. */
+ * too. A line over 1 MiB is skipped (the shepherd wrote it to rank 0's log, where every line of
+ * rank 0's stdout is). Rank 0's output is read so for a local job and for a node's part alike. */
 typedef void (*td_jobs_line_fn)(void *ctx, char *line, size_t n, long long end);
 void td_jobs_read_file(int fd, long long *read_to, long long until, bool final, td_buf *line,
-                       const char *dir, td_jobs_line_fn fn, void *ctx);
+                       td_jobs_line_fn fn, void *ctx);
 /* Opens path for td_jobs_read_file (-1 and a log line when it cannot). */
 int td_jobs_open_output(td_jobs *j, long job_id, const char *path);
-void td_jobs_append_rank0_log(const char *dir, const char *line, size_t n);
 void td_jobs_set_checkpoint(job *jb, long step, const char *path);
 
 /* ---- td_job_supervisor.c ---- */
@@ -306,8 +309,7 @@ void td_jobs_rank_message(const char *dir, int rank, long long from, bool comman
                           size_t len);
 /* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */
 /* true when the line became an event (stored with the job row) */
-bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool append_log, bool remote,
-                        json_t *files);
+bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, json_t *files);
 
 /* ---- td_job_recover.c ---- */
 int td_jobs_load(td_jobs *j, td_err *err);

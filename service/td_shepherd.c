@@ -84,6 +84,38 @@ static int write_durably(const char *path, json_t *o, td_err *err) {
     return 0;
 }
 
+/* This boot's id: a shepherd's status file missing after a reboot means the machine went down,
+ * not that the shepherd was killed. "" when unreadable. */
+static void boot_id(char *out, size_t len) {
+    out[0] = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f) return;
+    if (fgets(out, (int)len, f)) out[strcspn(out, "\n")] = 0;
+    fclose(f);
+}
+
+/* The control socket, bound and listening before the shepherd exists, so that a daemon that
+ * comes back while it starts finds it (a connection waits in the backlog). */
+static int listen_at(const char *path, td_err *err) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path)
+        return td_fail(err, "%s: the path is too long for a Unix socket (%zu bytes at most)", path,
+                       sizeof a.sun_path - 1);
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return td_fail(err, "socket: %s", strerror(errno));
+    unlink(path); /* an earlier daemon's try at this attempt (it never started) */
+    mode_t old = umask(0077);
+    int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+    umask(old);
+    if (rc != 0 || listen(fd, 4) != 0) {
+        int e = errno;
+        close(fd);
+        return td_fail(err, "cannot listen on %s: %s", path, strerror(e));
+    }
+    return fd;
+}
+
 int td_shepherd_start(td_shepherd *s, const char *program, const char *base, json_t *spec,
                       td_err *err) {
     memset(s, 0, sizeof *s);
@@ -92,37 +124,51 @@ int td_shepherd_start(td_shepherd *s, const char *program, const char *base, jso
     unsigned char raw[16];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
         return td_fail(err, "getrandom: %s", strerror(errno));
-    char token[2 * sizeof raw + 1];
+    char token[2 * sizeof raw + 1], boot[64];
     for (size_t i = 0; i < sizeof raw; i++) snprintf(token + 2 * i, 3, "%02x", raw[i]);
-    char path[PATH_MAX];
-    path_of(path, sizeof path, s, "sock");
-    json_object_set_new(spec, "socket", json_string(path));
+    boot_id(boot, sizeof boot);
+    char path[PATH_MAX], log_path[PATH_MAX], spec_path[PATH_MAX];
+    path_of(log_path, sizeof log_path, s, "log");
+    unlink(log_path); /* its existence says a shepherd ran (td_shepherd_ran) */
     path_of(path, sizeof path, s, "status");
+    unlink(path);
     json_object_set_new(spec, "status", json_string(path));
-    unlink(path); /* an earlier daemon's try at this attempt (it never started) */
     path_of(path, sizeof path, s, "out");
     if (!json_is_null(json_object_get(spec, "output"))) /* null: no rank 0 here */
         json_object_set_new(spec, "output", json_string(path));
     else
         json_object_del(spec, "output");
+    path_of(path, sizeof path, s, "sock");
+    json_object_set_new(spec, "socket", json_string(path));
     json_object_set_new(spec, "token", json_string(token));
+    json_object_set_new(spec, "boot_id", json_string(boot));
     json_object_set_new(spec, "daemon_fd", json_integer(3));
-    char spec_path[PATH_MAX];
+    json_object_set_new(spec, "listen_fd", json_integer(4));
     path_of(spec_path, sizeof spec_path, s, "json");
-    if (write_durably(spec_path, spec, err) != 0) return -1;
 
-    int pair[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
+    int pair[2] = {-1, -1}, listener = listen_at(path, err);
+    if (listener < 0) return -1;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+        close(listener);
+        unlink(path);
         return td_fail(err, "socketpair: %s", strerror(errno));
-    path_of(path, sizeof path, s, "log");
+    }
+    if (write_durably(spec_path, spec, err) != 0) {
+        close(listener);
+        close(pair[0]);
+        close(pair[1]);
+        unlink(path);
+        return -1;
+    }
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t attr;
     posix_spawn_file_actions_init(&fa);
     posix_spawnattr_init(&attr);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, path, O_WRONLY | O_CREAT | O_APPEND, 0640);
+    posix_spawn_file_actions_addopen(&fa, 1, log_path, O_WRONLY | O_CREAT | O_APPEND, 0640);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    posix_spawn_file_actions_adddup2(&fa, pair[1], 3); /* dup2 clears its close-on-exec */
+    posix_spawn_file_actions_adddup2(&fa, pair[1], 3); /* dup2 clears close-on-exec */
+    posix_spawn_file_actions_adddup2(&fa, listener, 4);
     /* the daemon blocks SIGCHLD (its signalfd) and ignores SIGPIPE: neither is the shepherd's */
     sigset_t none, all;
     sigemptyset(&none);
@@ -135,15 +181,33 @@ int td_shepherd_start(td_shepherd *s, const char *program, const char *base, jso
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
     close(pair[1]);
+    close(listener); /* the shepherd's now (or nobody's: the file goes below) */
     if (rc != 0) {
         close(pair[0]);
         s->pid = 0;
-        unlink(spec_path);
+        td_shepherd_forget(base);
         return td_fail(err, "cannot start %s: %s", program, strerror(rc));
     }
     fcntl(pair[0], F_SETFL, O_NONBLOCK);
     s->fd = pair[0];
     return 0;
+}
+
+bool td_shepherd_ran(const char *base) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s.log", base);
+    return access(path, F_OK) == 0;
+}
+
+bool td_shepherd_other_boot(const char *base) {
+    char path[PATH_MAX], now[64];
+    snprintf(path, sizeof path, "%s.json", base);
+    json_t *o = json_load_file(path, 0, NULL);
+    const char *then = json_string_value(json_object_get(o, "boot_id"));
+    boot_id(now, sizeof now);
+    bool other = then && then[0] && now[0] && strcmp(then, now) != 0;
+    json_decref(o);
+    return other;
 }
 
 static int read_token(const char *spec_path, char *token, size_t len, td_err *err) {
@@ -299,6 +363,7 @@ void td_shepherd_close(td_shepherd *s) {
 }
 
 void td_shepherd_forget(const char *base) {
+    if (!base[0]) return; /* an attempt that never had files */
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s.json", base);
     unlink(path);

@@ -12,8 +12,9 @@
  *                offset, so one that comes back neither misses nor repeats a line
  *   BASE.status  how the attempt ended (written atomically, once, as the shepherd exits)
  *   BASE.log     the shepherd's own messages
- * A daemon starts a shepherd with a connection already made (a socketpair); a later one
- * connects to BASE.sock and proves it is the daemon with the token ("hello TOKEN"). The
+ * A daemon starts a shepherd with a connection already made (a socketpair) and BASE.sock already
+ * listening; a later one connects to BASE.sock and proves it is the daemon with the token
+ * ("hello TOKEN"). The
  * connection ending is the attempt's end: BASE.status says how, and without one the shepherd
  * died (kill -9) and the daemon kills what is left of the process group itself. */
 #ifndef TD_SHEPHERD_H
@@ -71,6 +72,12 @@ void td_shepherd_read(td_shepherd *s);
 bool td_shepherd_stop(td_shepherd *s, int sig, double grace_s, const char *reason);
 /* 1 with *end filled from BASE.status, 0 when there is none, -1 when it is unreadable. */
 int td_shepherd_end_read(const char *base, td_shepherd_end *end, td_err *err);
+/* Whether a shepherd was ever started on BASE (BASE.log is made as it starts): a daemon that
+ * died between writing BASE.json and starting it left nothing running. */
+bool td_shepherd_ran(const char *base);
+/* Whether BASE's shepherd was started before this machine's last boot: its processes went with
+ * the machine, not through a kill. */
+bool td_shepherd_other_boot(const char *base);
 /* The last line of BASE.log (why a shepherd could not run), or "". */
 void td_shepherd_last_words(const char *base, char *out, size_t len);
 /* Closes the connection (the shepherd goes on, waiting for a daemon). */

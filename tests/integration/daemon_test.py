@@ -170,6 +170,16 @@ def descendants(root):
     return out
 
 
+def shepherd_pid(d, job_id, attempt):
+    """The pid of the traind-shepherd of a job's attempt."""
+    tail = f"/jobs/{job_id}/attempt-{attempt}.node-0.json"
+
+    def find():
+        return next((p for p in d.job_processes()
+                     if any(a.endswith(tail) for a in cmdline(p))), None)
+    return wait_for(find, f"the shepherd of job {job_id} attempt {attempt}")
+
+
 def proc_cwd(pid):
     try:
         return os.readlink(f"/proc/{pid}/cwd")
@@ -1245,6 +1255,42 @@ class DaemonTest(unittest.TestCase):
             events = stream.until(lambda e: e.event == "restart", "the restart")
         self.assertIn("no traind was connected for 1 s", events[-1].data["reason"])
         self.assertEqual(events[-1].data["restarts"], 0)
+        status, _, _ = d2.json("POST", f"/v1/jobs/{jid}/cancel")
+        self.assertEqual(status, 200)
+
+    def test_5e_shepherd_killed_or_machine_rebooted(self):
+        """A shepherd gone without its status file: after a reboot (another boot id) the job
+        resumes, not charged to it; killed on a running machine, the attempt failed."""
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "1", state_dir=state)
+        job, _ = d1.submit(train_spec("reboot", epochs=1000, nproc=1, max_restarts=1))
+        jid = job["id"]
+        with d1.events(jid) as stream:
+            stream.until(lambda e: e.event == "checkpoint", "the first checkpoint")
+        for pid in d1.kill():  # the machine goes down: the daemon and everything of the job
+            os.kill(pid, signal.SIGKILL)
+        spec = os.path.join(state, "jobs", str(jid), "attempt-0.node-0.json")
+        with open(spec) as f:
+            attempt = json.load(f)
+        self.assertTrue(attempt["boot_id"])
+        attempt["boot_id"] = "00000000-0000-0000-0000-000000000000"  # an earlier boot's
+        with open(spec, "w") as f:
+            json.dump(attempt, f)
+        d2 = self.start_daemon("--slots", "1", state_dir=state)
+        with d2.events(jid) as stream:
+            events = stream.until(lambda e: e.event == "state" and e.data["state"] == "running"
+                                  and e.data["attempt"] == 1, "the second attempt")
+        (restart,) = [e.data for e in events if e.event == "restart"]
+        self.assertIn("the machine restarted while it ran", restart["reason"])
+        self.assertEqual(restart["restarts"], 0, "a reboot is not the job's failure")
+
+        # now its shepherd alone is killed, the machine and the daemon running on
+        shepherd = shepherd_pid(d2, jid, 1)
+        os.kill(shepherd, signal.SIGKILL)
+        with d2.events(jid, last_event_id=events[-1].id) as stream:
+            more = stream.until(lambda e: e.event == "restart", "the restart")
+        self.assertEqual(more[-1].data["restarts"], 1, "charged: the job's processes died")
+        self.assertIn("was killed or crashed", more[-1].data["reason"])
         status, _, _ = d2.json("POST", f"/v1/jobs/{jid}/cancel")
         self.assertEqual(status, 200)
 

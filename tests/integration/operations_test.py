@@ -219,6 +219,7 @@ class OperationsTest(daemon_test.DaemonTest):
             "keep_jobs_on_stop": True,
             "orphan_timeout_s": 42,
             "shepherd": os.path.join(os.path.dirname(daemon_test.TRAIND), "traind-shepherd"),
+            "metrics_listen": "127.0.0.1:0",
         }
 
     def test_every_option_through_the_file(self):
@@ -253,6 +254,8 @@ class OperationsTest(daemon_test.DaemonTest):
                               ssl_context=ssl.create_default_context(cafile=settings["tls_ca"]))
         self.wait_log(d, "agents join with --join", "the cluster secret from the file")
         self.wait_log(d, "listening on https://", "HTTPS from tls_cert and tls_key")
+        self.wait_log(d, r"metrics \(GET /metrics, no token\) on https://127\.0\.0\.1:\d+",
+                      "the metrics listener from the file, HTTPS as the API")
         node = d.get_ok("/v1/nodes")["nodes"][0]
         self.assertEqual(node["name"], "from-the-file")
         self.assertEqual([g["index"] for g in node["gpus"]], [0, 1])

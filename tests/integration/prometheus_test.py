@@ -5,7 +5,9 @@ throughput, the node's slots and GPUs, requests by route and status, open event 
 database's size. Without the token it is refused like any route.
 
     /usr/bin/python3 tests/integration/prometheus_test.py TRAIND SOURCE_DIR"""
+import http.client
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -114,10 +116,47 @@ class PrometheusTest(daemon_test.DaemonTest):
         self.assertEqual(status, 401)
 
 
+    def test_metrics_listener_without_token(self):
+        """metrics_listen: GET /metrics alone on a port of its own, without the token; the API
+        port still asks for it, and the metrics port serves nothing else."""
+        d = self.start_daemon("--metrics-listen", "127.0.0.1:0")
+        rx = re.compile(r"metrics \(GET /metrics, no token\) on http://127\.0\.0\.1:(\d+)/metrics")
+        port = daemon_test.wait_for(
+            lambda: next((int(m.group(1)) for m in map(rx.search, d.stderr_lines) if m), None),
+            "the metrics listener's line")
+        self.assertNotEqual(port, d.port)
+
+        def get(method, path):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=daemon_test.TIMEOUT)
+            try:
+                c.request(method, path)
+                r = c.getresponse()
+                return r.status, dict(r.getheaders()), r.read().decode()
+            finally:
+                c.close()
+        status, headers, text = get("GET", "/metrics")
+        self.assertEqual(status, 200, text)
+        self.assertTrue(headers["Content-Type"].startswith("text/plain; version=0.0.4"))
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                               capture_output=True)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        got = samples(text)
+        self.assertEqual(value(got, "traind_jobs", state="queued"), 0, text[:800])
+        self.assertEqual(value(got, "traind_queue_length"), 0, text[:800])
+        status, _, body = get("GET", "/v1/jobs")
+        self.assertEqual(status, 404, body)
+        self.assertIn("serves GET /metrics only", body)
+        status, headers, _ = get("POST", "/metrics")
+        self.assertEqual((status, headers.get("Allow")), (405, "GET, HEAD"))
+        self.assertEqual(d.request("GET", "/metrics", token=False)[0], 401,
+                         "the API port's /metrics still needs the token")
+
+
 def main():
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
     daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
-    suite = unittest.TestSuite([PrometheusTest("test_metrics_match_the_api")])
+    suite = unittest.TestSuite([PrometheusTest("test_metrics_match_the_api"),
+                                PrometheusTest("test_metrics_listener_without_token")])
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
 
