@@ -622,7 +622,7 @@ static enum MHD_Result handle_metrics(void *cls, struct MHD_Connection *c, const
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
         td_reply_error e;
         td_reply_fail(&e, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", NULL,
-                      "/metrics answers GET only");
+                      "/metrics answers GET and HEAD only");
         return td_api_error(c, &e, "GET, HEAD");
     }
     return td_api_metrics(cls, c);
@@ -668,8 +668,9 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
         api->metrics_daemon = MHD_start_daemon(
             flags, 0, NULL, NULL, handle_metrics, api, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, api,
             MHD_OPTION_LISTEN_SOCKET, cfg->metrics_listen_fd, MHD_OPTION_CONNECTION_TIMEOUT,
-            (unsigned)30, tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cfg->tls_cert_pem,
-            MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
+            (unsigned)30, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+            /* no token: bounded */ tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
+            cfg->tls_cert_pem, MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
         if (!api->metrics_daemon) {
             td_api_stop(api);
             return td_fail(err, "cannot start the metrics listener (libmicrohttpd)");

@@ -490,9 +490,12 @@ fail:
     td_log_error(log, "%s", err.msg);
 stop:
     td_agent_stop(agent);
+    /* the jobs stop first (their shepherds, keep_jobs_on_stop false), with the registry still
+     * answering agents as it did: an agent must not take a reply without orders for "run
+     * nothing" meanwhile */
+    td_jobs_stop(jobs);
     /* the registry's sweeper calls into the jobs: cut it off before they go */
     if (cluster) td_cluster_on_jobs(cluster, NULL, NULL, NULL);
-    td_jobs_stop(jobs);
     td_api_stop(api);
     td_cluster_close(cluster); /* its sweeper joined before the jobs it calls go */
     td_jobs_close(jobs);

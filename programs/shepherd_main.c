@@ -40,6 +40,7 @@
 #define _GNU_SOURCE /* signalfd, pipe2, accept4 */
 #include "core/td_clock.h"
 #include "core/td_json.h"
+#include "service/td_buf.h"
 #include "service/td_launch.h"
 #include "service/td_strv.h"
 
@@ -198,8 +199,9 @@ typedef struct shepherd {
     spec s;
     td_group g;
     int listen_fd, daemon_fd, out_fd, pipe_fd, sig_fd;
-    int tee_fd;     /* rank 0's log: its stdout is appended there too, once, by the shepherd */
-    int pending_fd; /* a connection that has not said hello yet (the newest only) */
+    int tee_fd;      /* rank 0's log: its stdout is appended there too, once, by the shepherd */
+    td_buf tee_line; /* a line of it without its end yet */
+    int pending_fd;  /* a connection that has not said hello yet (the newest only) */
     char pending_in[256];
     size_t pending_len;
     long long out_size; /* rank 0's output file */
@@ -335,9 +337,11 @@ static void read_pending(shepherd *h) {
     memcpy(h->in, nl + 1, rest);
     h->in_len = rest;
     h->orphan_since = 0;
+    /* what came with the hello first (a stop from a daemon that closes at once), then the
+     * state: a reply that fails must not lose the request */
+    handle_input(h);
     say_pids(h);
     say(h, "out %lld", h->out_size);
-    if (h->daemon_fd >= 0) handle_input(h); /* a stop sent right after the hello */
 }
 
 /* ---- rank 0's output ------------------------------------------------------------------------ */
@@ -353,6 +357,22 @@ static int write_all(int fd, const char *p, size_t n) {
     return 0;
 }
 
+/* Rank 0's stdout into its log, whole lines at a time: its stderr goes into the same file
+ * directly, and a line written in two pieces could get a stderr line in its middle. A line
+ * that has no end yet waits (up to 64 KiB); end: the pipe's end, the rest goes as it is. */
+static void copy_to_log(shepherd *h, const char *p, size_t n, bool end) {
+    if (h->tee_fd < 0) return;
+    if (n) td_buf_append(&h->tee_line, p, n);
+    td_buf *t = &h->tee_line;
+    const char *last = t->len ? memrchr(t->data, '\n', t->len) : NULL;
+    size_t whole = end || t->len > 65536 ? t->len : last ? (size_t)(last + 1 - t->data) : 0;
+    if (!whole) return;
+    /* one write: O_APPEND keeps it in one piece beside the other writers */
+    (void)!write_all(h->tee_fd, t->data, whole);
+    memmove(t->data, t->data + whole, t->len - whole);
+    t->len -= whole;
+}
+
 /* Moves what rank 0 wrote into the output file; at its end closes the pipe. */
 static void pump(shepherd *h) {
     char buf[65536];
@@ -363,11 +383,12 @@ static void pump(shepherd *h) {
         if (k <= 0) {
             close(h->pipe_fd);
             h->pipe_fd = -1;
+            copy_to_log(h, NULL, 0, true);
             break;
         }
         /* the log first: a line in the output file is one the daemon may already have
          * handled, and it must be in the log by then */
-        if (h->tee_fd >= 0) (void)!write_all(h->tee_fd, buf, (size_t)k);
+        copy_to_log(h, buf, (size_t)k, false);
         if (write_all(h->out_fd, buf, (size_t)k) != 0) {
             /* a full disk: the lines are lost, the job is not stopped for it (its own
              * checkpoint writes will say so); said once */

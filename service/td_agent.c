@@ -481,7 +481,8 @@ static void *agent_loop(void *arg) {
             json_t *o = json_loads(reply.data ? reply.data : "", 0, NULL);
             double h = json_number_value(json_object_get(o, "heartbeat_s"));
             double t = json_number_value(json_object_get(o, "timeout_s"));
-            take_orders(a, json_object_get(o, "parts"));
+            /* no "parts" at all (a master on its way out): no new orders, not "run nothing" */
+            if (json_object_get(o, "parts")) take_orders(a, json_object_get(o, "parts"));
             json_decref(o);
             last_ok = td_clock_now();
             if (h > 0) heartbeat_s = h;

@@ -385,14 +385,15 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     /* no status: the machine went down with it, or a daemon died before starting it (neither
      * is the job's failure), or it was killed */
     const char *gone_with = NULL;
-    if (rc == 0 && !td_shepherd_ran(sh->base))
+    if (rc == 0 && sh->pid <= 0 && !td_shepherd_ran(sh->base)) /* (one this daemon started ran) */
         gone_with = "the daemon that was starting it stopped first";
     else if (rc == 0 && td_shepherd_other_boot(sh->base))
         gone_with = "the machine restarted while it ran";
     if (rc != 1) {
         /* its processes die with it (their parent death signal); what they left in their
          * group goes now */
-        if (sh->pgid > 0) killpg(sh->pgid, SIGKILL);
+        if (sh->pgid > 0 && !gone_with && td_jobs_group_of(sh->pgid, jb->dir))
+            killpg(sh->pgid, SIGKILL);
         char words[300];
         td_shepherd_last_words(sh->base, words, sizeof words);
         memset(e, 0, sizeof *e);
@@ -404,7 +405,7 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
         snprintf(e->reason, sizeof e->reason,
                  "its traind-shepherd (attempt %d) was killed or crashed without writing how the "
                  "processes ended (its status file %s); they were stopped with it%s%.300s",
-                 jb->n_attempts - 1, rc == 0 ? "is missing" : "is unreadable",
+                 jb->attempts[jb->n_attempts - 1].attempt, rc == 0 ? "is missing" : "is unreadable",
                  words[0] ? "; its last words: " : "", words);
     }
     const char *why = e->stop_reason;
@@ -441,4 +442,14 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
         return;
     }
     td_jobs_attempt_over(j, jb);
+}
+
+bool td_jobs_group_of(pid_t pgid, const char *dir) {
+    char link[64], cwd[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/%d/cwd", (int)pgid);
+    ssize_t n = readlink(link, cwd, sizeof cwd - 1);
+    if (n <= 0) return false;
+    cwd[n] = 0;
+    size_t len = strlen(dir);
+    return strncmp(cwd, dir, len) == 0 && (cwd[len] == 0 || cwd[len] == '/');
 }

@@ -348,8 +348,9 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
 }
 
 static void stop_guest(td_jobs *j, guest *g) {
-    if (g->running && !g->stop)
-        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s, "the master stopped this part");
+    if (g->running && !g->stop) /* (without a connection now: td_jobs_guests_tick, later) */
+        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s,
+                         g->cut_off[0] ? g->cut_off : "the master stopped this part");
     g->stop = true;
 }
 
@@ -472,8 +473,9 @@ static void guest_gone(td_jobs *j, guest *g) {
     if (!g->sh.over) {
         td_shepherd again;
         if (td_shepherd_attach(&again, g->sh.base, &err) == 0) {
+            /* a stop it was sent may be among what it dropped: td_jobs_guests_tick sends it
+             * again (the shepherd keeps the first reason it got) */
             again.pid = g->sh.pid;
-            again.stop_sent = g->sh.stop_sent;
             g->sh = again;
             return;
         }
@@ -486,7 +488,9 @@ static void guest_gone(td_jobs *j, guest *g) {
     char reason[sizeof g->reason] = "";
     int code;
     if (rc != 1) {
-        if (g->sh.pgid > 0) killpg(g->sh.pgid, SIGKILL); /* what its processes left */
+        /* what its processes left (they die with it); only a group still this part's: an id
+         * from before a restart may be another's by now */
+        if (g->sh.pgid > 0 && td_jobs_group_of(g->sh.pgid, g->dir)) killpg(g->sh.pgid, SIGKILL);
         char words[200];
         td_shepherd_last_words(g->sh.base, words, sizeof words);
         code = -1;
@@ -508,10 +512,13 @@ static void guest_gone(td_jobs *j, guest *g) {
         snprintf(reason, sizeof reason, "%s", g->cut_off);
     } else if (g->stop) {
         code = 0;                 /* the master's own stop */
-    } else if (e.stopped_by[0]) { /* without the master's word: its daemon was away */
+    } else if (e.stopped_by[0]) { /* without the master's word: its daemon was away, or stops */
         code = e.exit_code ? e.exit_code : 1;
+        const char *words = e.stop_reason;
+        if (strncmp(words, TD_JOBS_STOP_DAEMON, strlen(TD_JOBS_STOP_DAEMON)) == 0)
+            words += strlen(TD_JOBS_STOP_DAEMON);
         snprintf(reason, sizeof reason, "node %s: node rank %d was stopped: %.300s", j->node_name,
-                 g->node_rank, e.stop_reason);
+                 g->node_rank, words);
     } else {
         code = e.exit_code;
     }
@@ -527,6 +534,13 @@ void td_jobs_guests_tick(td_jobs *j) {
     for (int i = 0; i < j->n_guests; i++) {
         guest *g = j->guests[i];
         if (g->running && g->sh.fd < 0) guest_gone(j, g);
+        /* a stop not sent (no connection then), or dropped with a connection since */
+        if (!g->running || g->sh.fd < 0 || g->sh.stop_sent) continue;
+        if (j->stopping_jobs)
+            td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
+        else if (g->stop)
+            td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s,
+                             g->cut_off[0] ? g->cut_off : "the master stopped this part");
     }
 }
 
@@ -576,7 +590,9 @@ static void recover_guest(td_jobs *j, const char *base, json_t *n) {
               g->job, g->attempt, g->node_rank,
               rc == 0   ? "still runs here: re-attached (reported to the master as it is)"
               : rc == 1 ? "ended here while no daemon ran: reporting how"
-                        : err.msg);
+                        : "left an attempt file that cannot be read; reported as ended");
+    if (rc < 0)
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job), "job %ld: %s", g->job, err.msg);
     /* rc 1 or -1: ended in the supervisor's first turn (td_jobs_guests_tick) */
 }
 

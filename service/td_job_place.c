@@ -497,7 +497,8 @@ void td_jobs_node_sync(td_jobs *j, const char *node, bool registered, json_t *ms
 
 void td_jobs_node_lost(td_jobs *j, const char *node, const char *why) {
     pthread_mutex_lock(&j->mu);
-    for (int k = 0; k < j->n_jobs; k++) {
+    /* (a master stopping its jobs leaves every attempt as it is for its next start) */
+    for (int k = 0; k < j->n_jobs && !j->stopping_jobs; k++) {
         job *jb = j->jobs[k];
         part *p = jb->parts ? part_on(jb, node) : NULL;
         if (!p || p->state == PART_ENDED) continue;

@@ -139,8 +139,8 @@ void td_jobs_schedule(td_jobs *j) {
         bool ends_in_time =
             jb->row.time_limit_s > 0 && shadow > now && now + jb->row.time_limit_s <= shadow;
         if (!ends_in_time && td_jobs_slots(jb) > spare) continue;
+        if (!td_jobs_reserve_slots(j, jb)) continue; /* its GPUs are not all free yet */
         if (!ends_in_time) spare -= td_jobs_slots(jb);
-        td_jobs_reserve_slots(j, jb);
         td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
                   "job %ld starts ahead of job %ld (backfill: %s)", jb->row.id, head->row.id,
                   ends_in_time ? "its time limit ends before that job could start"

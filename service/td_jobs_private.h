@@ -231,6 +231,9 @@ void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ende
  * caller's). */
 json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
                               char **devices, double deadline);
+/* Whether process group pgid is still a job's: its leader runs in the job's directory dir (an
+ * id saved before a restart may be another process's by now). */
+bool td_jobs_group_of(pid_t pgid, const char *dir);
 /* The connection to a local attempt's shepherd ended (or none could be made at start): reads
  * the rest of rank 0's output, and ends the attempt as its status file says; without one the
  * shepherd died and what is left of its process group is killed. A shepherd that dropped a

@@ -105,10 +105,10 @@ static int listen_at(const char *path, td_err *err) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return td_fail(err, "socket: %s", strerror(errno));
     unlink(path); /* an earlier daemon's try at this attempt (it never started) */
-    mode_t old = umask(0077);
-    int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
-    umask(old);
-    if (rc != 0 || listen(fd, 4) != 0) {
+    /* owner only (a chmod, not the umask: that is the whole process's, other threads' files
+     * too); the uid check and the token guard it besides */
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || chmod(path, 0600) != 0 ||
+        listen(fd, 4) != 0) {
         int e = errno;
         close(fd);
         return td_fail(err, "cannot listen on %s: %s", path, strerror(e));
@@ -153,6 +153,15 @@ int td_shepherd_start(td_shepherd *s, const char *program, const char *base, jso
         unlink(path);
         return td_fail(err, "socketpair: %s", strerror(errno));
     }
+    /* above the numbers they are given in the child (0 to 4): a dup2 onto 3 must not close
+     * the listener, nor one onto 4 the connection */
+    int fds[3] = {listener, pair[0], pair[1]};
+    for (int i = 0; i < 3; i++)
+        if (fds[i] <= 4) {
+            int moved = fcntl(fds[i], F_DUPFD_CLOEXEC, 5);
+            if (moved >= 0) close(fds[i]), fds[i] = moved;
+        }
+    listener = fds[0], pair[0] = fds[1], pair[1] = fds[2];
     if (write_durably(spec_path, spec, err) != 0) {
         close(listener);
         close(pair[0]);

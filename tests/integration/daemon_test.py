@@ -1294,6 +1294,23 @@ class DaemonTest(unittest.TestCase):
         status, _, _ = d2.json("POST", f"/v1/jobs/{jid}/cancel")
         self.assertEqual(status, 200)
 
+    def test_5f_job_that_cannot_go_on_is_stopped(self):
+        """A job a restarted daemon cannot run any more (its worker spec is gone) fails, and
+        what its shepherd still runs is stopped rather than left training on freed slots."""
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "1", "--grace", "2", state_dir=state)
+        job, _ = d1.submit(train_spec("lost-spec", epochs=1000, nproc=1))
+        jid = job["id"]
+        self.wait_state(d1, jid, "running")
+        procs = d1.kill()
+        self.assertTrue(procs)
+        os.unlink(os.path.join(state, "jobs", str(jid), "spec.json"))
+        d2 = self.start_daemon("--slots", "1", "--grace", "2", state_dir=state)
+        job = d2.job(jid)
+        self.assertEqual(job["state"], "failed", job)
+        self.assertIn("cannot run after a daemon restart", job["reason"])
+        self.assertEqual(wait_exited(sorted(procs)), [], "its processes were stopped")
+
     # -- 6
 
     def kill_rank0_after_checkpoint(self, d, jid):
