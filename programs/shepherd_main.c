@@ -42,6 +42,7 @@
 #include "core/td_json.h"
 #include "service/td_buf.h"
 #include "service/td_launch.h"
+#include "service/td_shepherd.h"
 #include "service/td_strv.h"
 
 #include <errno.h>
@@ -57,7 +58,6 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -452,22 +452,6 @@ static void write_status(shepherd *h, const char *start_error) {
 
 /* ---- the loop ------------------------------------------------------------------------------- */
 
-static int open_listener(const char *path) {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    unlink(path); /* a previous attempt's */
-    mode_t old = umask(0077);
-    int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
-    umask(old);
-    if (rc != 0 || listen(fd, 4) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 int main(int argc, char **argv) {
     if (argc != 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: traind-shepherd SPEC.json (started by traind, one per attempt "
@@ -508,10 +492,12 @@ int main(int argc, char **argv) {
     h.sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     /* the daemon's socket (bound before it wrote the spec: a daemon that comes back finds it
      * listening as long as this shepherd lives), or one of its own */
-    h.listen_fd = h.s.listen_fd >= 0 && fcntl(h.s.listen_fd, F_SETFD, FD_CLOEXEC) == 0 &&
-                          fcntl(h.s.listen_fd, F_SETFL, O_NONBLOCK) == 0
+    td_err err = {{0}};
+    h.listen_fd = h.s.listen_fd >= 0 && fcntl(h.s.listen_fd, F_SETFD, FD_CLOEXEC) == 0
                       ? h.s.listen_fd
-                      : open_listener(h.s.socket_path);
+                      : td_shepherd_listen(h.s.socket_path, &err);
+    if (h.listen_fd < 0) fail_spec("%s", err.msg);
+    fcntl(h.listen_fd, F_SETFL, O_NONBLOCK);
     h.out_fd =
         h.s.output[0] ? open(h.s.output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640) : -1;
     if (h.sig_fd < 0 || h.listen_fd < 0 || (h.s.output[0] && h.out_fd < 0))
@@ -536,7 +522,6 @@ int main(int argc, char **argv) {
     if (h.out_fd >= 0 && log_fds[0] >= 0) h.tee_fd = fcntl(log_fds[0], F_DUPFD_CLOEXEC, 3);
     h.s.launch.stdout_fds = out_fds;
     h.s.launch.stderr_fds = log_fds;
-    td_err err = {{0}};
     if (!start_error[0] && td_group_start(&h.g, &h.s.launch, h.s.attempt, &err) != 0)
         snprintf(start_error, sizeof start_error, "%s", err.msg);
     if (pipefd[1] >= 0) close(pipefd[1]);

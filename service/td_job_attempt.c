@@ -64,14 +64,14 @@ static json_t *strv_json(char *const *v) {
     return a;
 }
 
-static json_t *ints_json(const int *v, int n) {
+json_t *td_jobs_ints_json(const int *v, int n) {
     if (!v) return json_null();
     json_t *a = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
     return a;
 }
 
-static json_t *sizes_json(const long long *v, int n) {
+json_t *td_jobs_sizes_json(const long long *v, int n) {
     json_t *a = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
     return a;
@@ -174,12 +174,12 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     if (ok) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, a->attempt, logs, devices, td_jobs_deadline(jb));
-        json_object_set_new(spec, "daemon",
-                            json_pack("{s:I, s:i, s:o, s:o, s:O}", "job", (json_int_t)jb->row.id,
-                                      "attempt", a->attempt, "slots",
-                                      ints_json(jb->devices, td_jobs_slots(jb)), "log_start",
-                                      sizes_json(jb->log_start, n), "placement",
-                                      jb->last_placement ? jb->last_placement : json_null()));
+        json_object_set_new(
+            spec, "daemon",
+            json_pack("{s:I, s:i, s:o, s:o, s:O}", "job", (json_int_t)jb->row.id, "attempt",
+                      a->attempt, "slots", td_jobs_ints_json(jb->devices, td_jobs_slots(jb)),
+                      "log_start", td_jobs_sizes_json(jb->log_start, n), "placement",
+                      jb->last_placement ? jb->last_placement : json_null()));
         if (td_shepherd_start(&jb->sh, j->cfg.shepherd, base, spec, &err) != 0) ok = 0;
         json_decref(spec);
     }

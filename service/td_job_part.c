@@ -305,14 +305,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, order_int(o, "restart_count"), logs, devices, 0);
         if (g->node_rank != 0) json_object_set_new(spec, "output", json_null());
-        json_t *slots = json_null();
-        if (g->devices) {
-            slots = json_array();
-            for (int i = 0; i < g->slots; i++)
-                json_array_append_new(slots, json_integer(g->devices[i]));
-        }
-        json_t *starts = json_array();
-        for (int r = 0; r < n; r++) json_array_append_new(starts, json_integer(g->log_start[r]));
+        json_t *slots = td_jobs_ints_json(g->devices, g->slots);
+        json_t *starts = td_jobs_sizes_json(g->log_start, n);
         /* what a restarted daemon needs to report this part again (td_jobs_guests_recover) */
         json_object_set_new(spec, "daemon",
                             json_pack("{s:b, s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:o, "
@@ -568,15 +562,7 @@ static void recover_guest(td_jobs *j, const char *base, json_t *n) {
     json_t *starts = json_object_get(n, "log_start");
     for (int r = 0; r < g->procs; r++)
         g->log_start[r] = (long long)json_integer_value(json_array_get(starts, (size_t)r));
-    json_t *devices = json_object_get(n, "devices");
-    if (j->cfg.gpus > 0 && json_is_array(devices)) {
-        g->devices = td_calloc((size_t)g->slots, sizeof *g->devices);
-        for (int i = 0; i < g->slots; i++) {
-            int d = (int)json_integer_value(json_array_get(devices, (size_t)i));
-            g->devices[i] = d >= 0 && d < j->cfg.gpus ? d : 0;
-            if (d >= 0 && d < j->cfg.gpus) j->gpu_used[d] = true;
-        }
-    }
+    g->devices = td_jobs_hold_gpus(j, json_object_get(n, "devices"), g->slots);
     /* counted here on a master too: no placement of its knows this part until it ends */
     g->holds_slots = true;
     j->used_slots += g->slots;

@@ -91,17 +91,21 @@ static bool attempt_file(const job *jb) {
 }
 
 /* Holds the slots (and the very GPUs) an attempt that runs on was given. */
-static void hold_slots(td_jobs *j, job *jb, json_t *slots) {
-    int need = td_jobs_slots(jb);
-    j->used_slots += need;
-    jb->active = true;
-    if (j->cfg.gpus <= 0 || !json_is_array(slots)) return;
-    jb->devices = td_calloc((size_t)need, sizeof(int));
-    for (int i = 0; i < need; i++) {
+int *td_jobs_hold_gpus(td_jobs *j, json_t *slots, int n) {
+    if (j->cfg.gpus <= 0 || !json_is_array(slots)) return NULL;
+    int *devices = td_calloc((size_t)n, sizeof(int));
+    for (int i = 0; i < n; i++) {
         int d = (int)json_integer_value(json_array_get(slots, (size_t)i));
-        jb->devices[i] = d >= 0 && d < j->cfg.gpus ? d : 0;
+        devices[i] = d >= 0 && d < j->cfg.gpus ? d : 0;
         if (d >= 0 && d < j->cfg.gpus) j->gpu_used[d] = true;
     }
+    return devices;
+}
+
+static void hold_slots(td_jobs *j, job *jb, json_t *slots) {
+    j->used_slots += td_jobs_slots(jb);
+    jb->active = true;
+    jb->devices = td_jobs_hold_gpus(j, slots, td_jobs_slots(jb));
 }
 
 /* A job whose latest attempt had not ended when the previous daemon stopped: its shepherd

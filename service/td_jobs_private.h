@@ -227,6 +227,9 @@ void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ende
 #define TD_JOBS_STOP_DAEMON     "daemon_stop: "
 #define TD_JOBS_STOP_DAEMON_WORDS                                                                  \
     TD_JOBS_STOP_DAEMON "traind stopped and stopped its jobs (keep_jobs_on_stop is false)"
+/* The attempt file's notes: GPU slots (null without GPUs), log offsets. */
+json_t *td_jobs_ints_json(const int *v, int n);
+json_t *td_jobs_sizes_json(const long long *v, int n);
 /* The shepherd's spec for td_launch_config c (td_shepherd.h; its "daemon" notes are the
  * caller's). */
 json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
@@ -316,6 +319,9 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
 
 /* ---- td_job_recover.c ---- */
 int td_jobs_load(td_jobs *j, td_err *err);
+/* The GPU slots an attempt file's notes list (n of them), marked used again; NULL without GPUs
+ * (a node without them, or notes without a list). */
+int *td_jobs_hold_gpus(td_jobs *j, json_t *slots, int n);
 /* The job's attempt ended because no daemon ran (why: in words): it restarts from its latest
  * checkpoint, not charged to its restart budget. Its slots are free. */
 void td_jobs_recover(td_jobs *j, job *jb, const char *why);

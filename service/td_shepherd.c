@@ -94,17 +94,23 @@ static void boot_id(char *out, size_t len) {
     fclose(f);
 }
 
-/* The control socket, bound and listening before the shepherd exists, so that a daemon that
- * comes back while it starts finds it (a connection waits in the backlog). */
-static int listen_at(const char *path, td_err *err) {
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof a.sun_path)
+/* A Unix stream socket and the address of path in *a; -1 with the message in err. */
+static int unix_socket(const char *path, struct sockaddr_un *a, td_err *err) {
+    *a = (struct sockaddr_un){.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a->sun_path)
         return td_fail(err, "%s: the path is too long for a Unix socket (%zu bytes at most)", path,
-                       sizeof a.sun_path - 1);
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+                       sizeof a->sun_path - 1);
+    snprintf(a->sun_path, sizeof a->sun_path, "%s", path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return td_fail(err, "socket: %s", strerror(errno));
-    unlink(path); /* an earlier daemon's try at this attempt (it never started) */
+    return fd;
+}
+
+int td_shepherd_listen(const char *path, td_err *err) {
+    struct sockaddr_un a;
+    int fd = unix_socket(path, &a, err);
+    if (fd < 0) return -1;
+    unlink(path); /* an earlier try at this attempt's (it never started) */
     /* owner only (a chmod, not the umask: that is the whole process's, other threads' files
      * too); the uid check and the token guard it besides */
     if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || chmod(path, 0600) != 0 ||
@@ -146,7 +152,7 @@ int td_shepherd_start(td_shepherd *s, const char *program, const char *base, jso
     json_object_set_new(spec, "listen_fd", json_integer(4));
     path_of(spec_path, sizeof spec_path, s, "json");
 
-    int pair[2] = {-1, -1}, listener = listen_at(path, err);
+    int pair[2] = {-1, -1}, listener = td_shepherd_listen(path, err);
     if (listener < 0) return -1;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
         close(listener);
@@ -250,13 +256,9 @@ int td_shepherd_attach(td_shepherd *s, const char *base, td_err *err) {
     path_of(path, sizeof path, s, "json");
     if (read_token(path, token, sizeof token, err) != 0) return -1;
     path_of(path, sizeof path, s, "sock");
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof a.sun_path)
-        return td_fail(err, "%s: the path is too long for a Unix socket (%zu bytes at most)", path,
-                       sizeof a.sun_path - 1);
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return td_fail(err, "socket: %s", strerror(errno));
+    struct sockaddr_un a;
+    int fd = unix_socket(path, &a, err);
+    if (fd < 0) return -1;
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         int e = errno;
         close(fd);

@@ -58,6 +58,9 @@ typedef struct td_shepherd_end {
  * started (nothing runs then). */
 int td_shepherd_start(td_shepherd *s, const char *program, const char *base, json_t *spec,
                       td_err *err);
+/* The control socket at path, bound (mode 0600) and listening: the daemon makes it before the
+ * shepherd starts, and a shepherd started by hand makes its own. -1 with the message in err. */
+int td_shepherd_listen(const char *path, td_err *err);
 /* Connects to the shepherd of BASE (its token read from BASE.json): 0 connected; 1 when none
  * runs any more (then BASE.status says how the attempt ended, or the shepherd died); -1 when
  * BASE.json cannot be read. */
