@@ -16,15 +16,37 @@ const char *td_isa_name(td_isa isa) {
     return isa >= 0 && isa < TD_ISA_COUNT ? NAMES[isa] : "unknown";
 }
 
+#if defined(TD_ISA_X86) && defined(__clang__)
+/* GCC names the x86-64 levels; clang (14, the fuzz build's compiler) knows only single features,
+ * so the levels are spelt out: v3 by AVX2, FMA, BMI1 and BMI2 (every CPU with these also has
+ * v3's F16C, MOVBE and LZCNT), v4 by the AVX-512 subsets it adds. */
+static bool cpu_v3(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+}
+static bool cpu_v4(void) {
+    return cpu_v3() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+}
+#elif defined(TD_ISA_X86)
+static bool cpu_v3(void) {
+    return __builtin_cpu_supports("x86-64-v3");
+}
+static bool cpu_v4(void) {
+    return __builtin_cpu_supports("x86-64-v4");
+}
+#endif
+
 bool td_isa_supported(td_isa isa) {
     switch (isa) {
     case TD_ISA_BASELINE:
         return true;
 #if defined(TD_ISA_X86)
     case TD_ISA_AVX2:
-        return __builtin_cpu_supports("x86-64-v3");
+        return cpu_v3();
     case TD_ISA_AVX512:
-        return __builtin_cpu_supports("x86-64-v4");
+        return cpu_v4();
 #endif
     default:
         return false;
