@@ -14,8 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* "bytes=A-B", "bytes=A-" or "bytes=-N" against a file of size n: [*from, *to]. */
-static bool parse_range(const char *h, uint64_t n, uint64_t *from, uint64_t *to) {
+bool td_api_parse_range(const char *h, uint64_t n, uint64_t *from, uint64_t *to) {
     if (strncmp(h, "bytes=", 6) != 0 || strchr(h, ',')) return false;
     const char *p = h + 6, *dash = strchr(p, '-');
     if (!dash) return false;
@@ -165,7 +164,7 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
     if (range && if_range && strcmp(if_range, modified) != 0) range = NULL; /* changed: whole */
     int status = MHD_HTTP_OK;
     if (range) {
-        if (!parse_range(range, n, &from, &to)) {
+        if (!td_api_parse_range(range, n, &from, &to)) {
             close(fd);
             return range_not_satisfiable(c, range, n);
         }
@@ -275,20 +274,40 @@ enum MHD_Result td_api_checkpoints(td_api *api, struct MHD_Connection *c, long i
     return listing(api, c, id, -1);
 }
 
+td_api_ckpt_route td_api_parse_checkpoint_tail(const char *tail, long *step, const char **name) {
+    size_t digits = strspn(tail, "0123456789");
+    *name = NULL;
+    if (!td_api_parse_id(tail, digits, step)) return TD_API_CKPT_BAD_STEP;
+    const char *rest = tail + digits;
+    if (!*rest) return TD_API_CKPT_LISTING;
+    if (strcmp(rest, ".tar") == 0) return TD_API_CKPT_TAR;
+    if (rest[0] == '/' && rest[1]) {
+        *name = rest + 1;
+        return TD_API_CKPT_FILE;
+    }
+    return TD_API_CKPT_NO_ROUTE;
+}
+
 /* .../checkpoints/{step}[.tar|/{name}] */
 enum MHD_Result td_api_checkpoint(td_api *api, struct MHD_Connection *c, long id,
                                   const char *tail) {
-    size_t digits = strspn(tail, "0123456789");
     long step;
-    if (!td_api_parse_id(tail, digits, &step))
+    const char *name;
+    switch (td_api_parse_checkpoint_tail(tail, &step, &name)) {
+    case TD_API_CKPT_BAD_STEP:
         return td_api_fail(
             c, 400, "bad_request", "step",
             "a checkpoint is named by its step: /checkpoints/STEP, /checkpoints/STEP.tar "
             "or /checkpoints/STEP/FILE");
-    const char *rest = tail + digits;
-    if (!*rest) return listing(api, c, id, step);
-    if (strcmp(rest, ".tar") == 0) return checkpoint_tar(api, c, id, step);
-    if (rest[0] == '/' && rest[1]) return checkpoint_file(api, c, id, step, rest + 1);
+    case TD_API_CKPT_LISTING:
+        return listing(api, c, id, step);
+    case TD_API_CKPT_TAR:
+        return checkpoint_tar(api, c, id, step);
+    case TD_API_CKPT_FILE:
+        return checkpoint_file(api, c, id, step, name);
+    case TD_API_CKPT_NO_ROUTE:
+        break;
+    }
     return td_api_fail(c, 404, "not_found", NULL,
                        "no such checkpoint route: expected /checkpoints/STEP, STEP.tar or "
                        "STEP/FILE");

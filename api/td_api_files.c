@@ -24,17 +24,25 @@ bool td_api_is_file_upload(const char *url, const char *method) {
     return strcmp(method, "PUT") == 0 && strncmp(url, PREFIX, sizeof PREFIX - 1) == 0;
 }
 
+bool td_api_file_route_split(const char *url, long *job, const char **rel) {
+    if (strncmp(url, PREFIX, sizeof PREFIX - 1) != 0) return false;
+    const char *id = url + sizeof PREFIX - 1, *slash = strchr(id, '/');
+    if (!slash || !td_api_parse_id(id, (size_t)(slash - id), job)) return false;
+    *rel = slash + 1;
+    return true;
+}
+
 /* {job}/{path} of the URL into a file of the job's directory (dir_len: its length, for an
  * upload; NULL: a download, which may be served from where the checkpoint lies). */
 static int file_of(td_api *api, const char *url, char *path, size_t len, size_t *dir_len,
                    td_reply_error *e) {
-    const char *id = url + sizeof PREFIX - 1, *slash = strchr(id, '/');
     long job;
-    if (!slash || !td_api_parse_id(id, (size_t)(slash - id), &job))
+    const char *rel;
+    if (!td_api_file_route_split(url, &job, &rel))
         return td_reply_fail(e, 400, "bad_request", NULL,
                              "expected /v1/cluster/files/{job id}/{path in its directory}");
-    if (td_jobs_file_path(api->jobs, job, slash + 1, !dir_len, path, len, e) != 0) return -1;
-    if (dir_len) *dir_len = strlen(path) - strlen(slash + 1) - 1; /* the job's directory */
+    if (td_jobs_file_path(api->jobs, job, rel, !dir_len, path, len, e) != 0) return -1;
+    if (dir_len) *dir_len = strlen(path) - strlen(rel) - 1; /* the job's directory */
     return 0;
 }
 

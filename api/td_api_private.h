@@ -80,6 +80,26 @@ enum MHD_Result td_api_fail(struct MHD_Connection *c, int status, const char *co
 
 /* A non-negative decimal of n characters; false for anything else (signs, spaces, overflow). */
 bool td_api_parse_id(const char *s, size_t n, long *out);
+
+/* The pure parsers of what a client sends, apart from their handlers so that they can be fuzzed
+ * on their own (tests/fuzz/fuzz_http_*.c). */
+/* A Range header, "bytes=A-B", "bytes=A-" or "bytes=-N", against a file of n bytes: true with
+ * from <= to < n, false for anything else (several ranges, a range past the end). */
+bool td_api_parse_range(const char *h, uint64_t n, uint64_t *from, uint64_t *to);
+/* Last-Event-ID (or ?last_event_id=): the id of an event the client has, a decimal >= 0. */
+bool td_api_parse_last_event_id(const char *h, long *after);
+/* What follows /v1/jobs/{id}/checkpoints/: STEP (listing), STEP.tar or STEP/FILE (*name). */
+typedef enum {
+    TD_API_CKPT_BAD_STEP,
+    TD_API_CKPT_LISTING,
+    TD_API_CKPT_TAR,
+    TD_API_CKPT_FILE,
+    TD_API_CKPT_NO_ROUTE
+} td_api_ckpt_route;
+td_api_ckpt_route td_api_parse_checkpoint_tail(const char *tail, long *step, const char **name);
+/* /v1/cluster/files/{job}/{rel}: the job's id and the path within its directory (unchecked:
+ * td_jobs_file_path checks it). */
+bool td_api_file_route_split(const char *url, long *job, const char **rel);
 /* Query parameter `name` in [min, max]: true when given and good, *bad when given and not. */
 bool td_api_query_long(struct MHD_Connection *c, const char *name, long min, long max, long *out,
                        bool *bad);

@@ -24,6 +24,10 @@ size_t td_api_pending_take(td_api_pending *p, char *buf, size_t max) {
 
 /* ---- Server-Sent Events ------------------------------------------------------------------- */
 
+bool td_api_parse_last_event_id(const char *h, long *after) {
+    return td_api_parse_id(h, strlen(h), after);
+}
+
 typedef struct stream {
     td_jobs *jobs;
     atomic_long *open; /* the API's count of open streams */
@@ -74,7 +78,7 @@ enum MHD_Result td_api_events(td_api *api, struct MHD_Connection *c, long id) {
     const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
     if (!last) last = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "last_event_id");
     long after = 0;
-    if (last && !td_api_parse_id(last, strlen(last), &after))
+    if (last && !td_api_parse_last_event_id(last, &after))
         return td_api_fail(c, 400, "bad_request", "Last-Event-ID",
                            "Last-Event-ID: expected the decimal id of an event already received");
     stream *s = td_calloc(1, sizeof *s);

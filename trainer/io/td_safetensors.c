@@ -128,9 +128,9 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t dat
     return 0;
 }
 
-int td_safetensors_read(td_safetensors *st, const char *path, td_err *err) {
-    memset(st, 0, sizeof *st);
-    if (read_all(path, &st->bytes, &st->len, err) != 0) return -1;
+/* The file's bytes, already in st->bytes (st->len of them), into its tensors; path names it in
+ * messages. On failure st is freed. */
+static int parse(td_safetensors *st, const char *path, td_err *err) {
     int rc = -1;
     json_t *header = NULL;
     span *spans = NULL;
@@ -188,6 +188,21 @@ out:
     free(spans);
     if (rc != 0) td_safetensors_free(st);
     return rc;
+}
+
+int td_safetensors_read(td_safetensors *st, const char *path, td_err *err) {
+    memset(st, 0, sizeof *st);
+    if (read_all(path, &st->bytes, &st->len, err) != 0) return -1;
+    return parse(st, path, err);
+}
+
+int td_safetensors_parse(td_safetensors *st, const char *name, const void *bytes, size_t len,
+                         td_err *err) {
+    memset(st, 0, sizeof *st);
+    st->bytes = td_malloc(len ? len : 1);
+    if (len) memcpy(st->bytes, bytes, len);
+    st->len = len;
+    return parse(st, name, err);
 }
 
 void td_safetensors_free(td_safetensors *st) {

@@ -42,6 +42,10 @@ typedef struct td_safetensors {
 } td_safetensors;
 
 int td_safetensors_read(td_safetensors *st, const char *path, td_err *err);
+/* The same from len bytes in memory (copied), named `name` in messages: a file's contents that
+ * arrived some other way, and the fuzzer's input (tests/fuzz). */
+int td_safetensors_parse(td_safetensors *st, const char *name, const void *bytes, size_t len,
+                         td_err *err);
 void td_safetensors_free(td_safetensors *st);
 const td_st_tensor *td_safetensors_find(const td_safetensors *st, const char *name);
 /* Converts a tensor's elements to float32 into out (count floats). */
