@@ -6,8 +6,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -374,10 +376,10 @@ static int load_optim(const char *path, const td_model *m, td_optim *o, td_err *
     return 0;
 }
 
-static int load_state(const char *path, td_train_state *s, td_optim *o, td_err *err) {
+/* state.json's object j (a reference taken) into s and o's step count and scaler. */
+static int state_from_json(json_t *j, const char *path, td_train_state *s, td_optim *o,
+                           td_err *err) {
     json_error_t jerr;
-    json_t *j = json_load_file(path, 0, &jerr);
-    if (!j) return td_fail(err, "%s:%d: %s", path, jerr.line, jerr.text);
     const char *format = NULL, *seed = NULL, *r[4] = {0}, *loss = NULL;
     json_int_t version = 0, step = 0, epoch = 0, batch = 0, osteps = 0, isteps = 0;
     int rc = json_unpack_ex(
@@ -388,6 +390,18 @@ static int load_state(const char *path, td_train_state *s, td_optim *o, td_err *
     if (rc != 0 || strcmp(format, STATE_FORMAT) != 0 || version != STATE_VERSION) {
         td_fail(err, "%s: not a traind checkpoint state (version %d): %s", path, STATE_VERSION,
                 rc != 0 ? jerr.text : "wrong format or version");
+        json_decref(j);
+        return -1;
+    }
+    /* the loop resumes at (epoch, batch) and counts on from these: a negative or wrapped count
+     * would index outside the epoch's batches (found by fuzzing: negative counts were taken) */
+    if (step < 0 || epoch < 0 || epoch > INT_MAX || batch < 0 || batch > INT_MAX || osteps < 0 ||
+        isteps < 0) {
+        td_fail(err,
+                "%s: step %lld, epoch %lld, batch %lld, optimizer steps %lld, interval steps "
+                "%lld: expected counts >= 0 (epoch and batch below 2^31)",
+                path, (long long)step, (long long)epoch, (long long)batch, (long long)osteps,
+                (long long)isteps);
         json_decref(j);
         return -1;
     }
@@ -403,12 +417,13 @@ static int load_state(const char *path, td_train_state *s, td_optim *o, td_err *
     json_t *scaler = json_object_get(j, "grad_scaler");
     double scale = 0;
     json_int_t tracker = 0, skipped = 0;
-    if (scaler && (json_unpack_ex(scaler, &jerr, 0, "{s:F, s:I, s:I}", "scale", &scale,
-                                  "growth_tracker", &tracker, "skipped_steps", &skipped) != 0 ||
-                   !(scale > 0) || !isfinite(scale) || tracker < 0 || skipped < 0)) {
+    if (scaler &&
+        (json_unpack_ex(scaler, &jerr, 0, "{s:F, s:I, s:I}", "scale", &scale, "growth_tracker",
+                        &tracker, "skipped_steps", &skipped) != 0 ||
+         !(scale > 0) || !(scale <= FLT_MAX) || tracker < 0 || tracker > INT_MAX || skipped < 0)) {
         td_fail(err,
-                "%s: grad_scaler: expected {\"scale\": > 0, \"growth_tracker\": >= 0, "
-                "\"skipped_steps\": >= 0}%s%s",
+                "%s: grad_scaler: expected {\"scale\": > 0 (a finite float), "
+                "\"growth_tracker\": >= 0, \"skipped_steps\": >= 0}%s%s",
                 path, jerr.text[0] ? ": " : "", jerr.text);
         json_decref(j);
         return -1;
@@ -416,6 +431,21 @@ static int load_state(const char *path, td_train_state *s, td_optim *o, td_err *
     if (scaler) o->scaler = (td_grad_scaler){(float)scale, (int)tracker, (long)skipped};
     json_decref(j);
     return 0;
+}
+
+static int load_state(const char *path, td_train_state *s, td_optim *o, td_err *err) {
+    json_error_t jerr;
+    json_t *j = json_load_file(path, 0, &jerr);
+    if (!j) return td_fail(err, "%s:%d: %s", path, jerr.line, jerr.text);
+    return state_from_json(j, path, s, o, err);
+}
+
+int td_checkpoint_parse_state(const char *text, size_t len, const char *name, td_train_state *s,
+                              td_optim *o, td_err *err) {
+    json_error_t jerr;
+    json_t *j = json_loadb(text, len, 0, &jerr);
+    if (!j) return td_fail(err, "%s:%d: %s", name, jerr.line, jerr.text);
+    return state_from_json(j, name, s, o, err);
 }
 
 int td_checkpoint_load(const char *dir, td_model *model, td_optim *optim, td_train_state *state,

@@ -49,6 +49,12 @@ int td_checkpoint_resolve(const char *resume_from, const char *root, char *dir, 
 int td_checkpoint_load(const char *dir, td_model *model, td_optim *optim, td_train_state *state,
                        td_err *err);
 
+/* state.json's text (len bytes, named `name` in messages) into state and the optimizer's step
+ * count and loss scaler (nothing else of optim is touched): what td_checkpoint_load reads from
+ * the file, and the fuzzer's entry (tests/fuzz). */
+int td_checkpoint_parse_state(const char *text, size_t len, const char *name,
+                              td_train_state *state, td_optim *optim, td_err *err);
+
 /* Writes every parameter and buffer of the model to a safetensors file by state_dict name. */
 int td_checkpoint_save_weights(const char *path, const td_model *model, td_err *err);
 
