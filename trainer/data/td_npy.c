@@ -5,6 +5,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +83,10 @@ static int npy_read(const char *path, npy_array *a, bool header_only, td_err *er
         if (*p == ')') break;
         char *end;
         long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || a->ndim == 8) {
+        /* sizes become ints (td_shape) and their product a byte count: bounded so that neither
+         * wraps (fuzzing found a shape whose product wrapped into a 2^64-byte allocation) */
+        if (end == p || v < 0 || v > INT_MAX || a->ndim == 8 ||
+            (v && a->count > ((size_t)1 << 40) / (size_t)v)) {
             td_fail(err, "%s: .npy shape is not a tuple of sizes: %.60s", path, sh);
             goto out;
         }
@@ -103,22 +107,28 @@ static int npy_read(const char *path, npy_array *a, bool header_only, td_err *er
                 path, a->descr);
         goto out;
     }
+    /* the file's size against the header's before anything is allocated: a header over a
+     * short file is a truncated file, not an allocation of what it claims */
+    long at = ftell(f);
+    struct stat st;
+    if (at < 0 || fstat(fileno(f), &st) != 0) {
+        td_fail(err, "%s: %s", path, strerror(errno));
+        goto out;
+    }
+    long long want = (long long)at + (long long)(a->count * a->item);
+    if (S_ISREG(st.st_mode) && (long long)st.st_size < want) {
+        td_fail(err, "%s: file is truncated: the array needs %zu bytes but only %lld are there",
+                path, a->count * a->item, (long long)st.st_size - at);
+        goto out;
+    }
+    if (S_ISREG(st.st_mode) && (long long)st.st_size > want) {
+        td_fail(err,
+                "%s: has data after the array its header declares (%zu bytes; the file has "
+                "%lld after its header)",
+                path, a->count * a->item, (long long)st.st_size - at);
+        goto out;
+    }
     if (header_only) {
-        long at = ftell(f);
-        struct stat st;
-        if (at < 0 || fstat(fileno(f), &st) != 0) {
-            td_fail(err, "%s: %s", path, strerror(errno));
-            goto out;
-        }
-        long long want = (long long)at + (long long)(a->count * a->item);
-        if ((long long)st.st_size != want) {
-            td_fail(err, "%s: %s: the array needs %zu bytes after its header, the file has %lld",
-                    path,
-                    (long long)st.st_size < want ? "file is truncated"
-                                                 : "has data after the array its header declares",
-                    a->count * a->item, (long long)st.st_size - at);
-            goto out;
-        }
         rc = 0;
         goto out;
     }
@@ -186,6 +196,9 @@ static int check_arrays(const char *images_path, const npy_array *x, const char 
         *shape = td_shape_image((int)x->dims[3], (int)x->dims[1], (int)x->dims[2]);
     else
         *shape = td_shape_image((int)x->dims[1], (int)x->dims[2], (int)x->dims[3]);
+    if (td_shape_size(*shape) == 0)
+        return td_fail(err, "%s: images have an empty dimension: each sample holds no values",
+                       images_path);
     if (shape->spatial && shape->c > 4)
         return td_fail(err, "%s: %d channels (at most 4 are supported); is the layout %s right?",
                        images_path, shape->c, nhwc ? "NHWC" : "NCHW");
