@@ -281,7 +281,10 @@ static void handle_line(td_shepherd *s, const char *line) {
     int pgid, live;
     if (sscanf(line, "out %lld", &size) == 1 && size >= s->out_size)
         s->out_size = size;
-    else if (sscanf(line, "pid %d %d", &pgid, &live) == 2)
+    /* the group is killed with killpg(pgid) once the shepherd is gone: 1 would be every process
+     * the daemon may signal, 0 or less no group at all; such a line is not the shepherd's
+     * (found by fuzzing: "pid -1 0" was taken) */
+    else if (sscanf(line, "pid %d %d", &pgid, &live) == 2 && pgid > 1 && live >= 0)
         s->pgid = (pid_t)pgid, s->live = live;
     else if (strcmp(line, "over") == 0)
         s->over = true;
