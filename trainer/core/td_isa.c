@@ -7,10 +7,13 @@
 #include <string.h>
 
 static const char *const NAMES[TD_ISA_COUNT] = {"baseline", "avx2", "avx512"};
-/* What each needs, as the compiler flags of its kernels (trainer/CMakeLists.txt) assume. */
+#if defined(TD_ISA_X86)
+/* What each needs, as the compiler flags of its kernels (trainer/CMakeLists.txt) assume (only
+ * x86-64 builds name them: elsewhere, and in the fuzz build, there is only the baseline). */
 static const char *const NEEDS[TD_ISA_COUNT] = {
     "nothing", "x86-64-v3 (AVX2, FMA, BMI2, F16C, MOVBE)",
     "x86-64-v4 (AVX-512 F, BW, CD, DQ, VL, and x86-64-v3)"};
+#endif
 
 const char *td_isa_name(td_isa isa) {
     return isa >= 0 && isa < TD_ISA_COUNT ? NAMES[isa] : "unknown";
