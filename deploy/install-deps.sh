@@ -1,10 +1,13 @@
 #!/bin/sh
-# Installs every Debian package that traind's build, tests, benchmarks and demo need.
+# Installs every Debian package that traind's build, tests, benchmarks and demo need (clang with
+# its runtime libraries, libFuzzer and the sanitizers', and its OpenMP for the engine: the fuzz
+# build, tests/fuzz).
 # Idempotent and non-interactive: safe to run on every CI start and by hand.
 set -eu
 
 packages="
   build-essential cmake pkg-config git ca-certificates procps iproute2 util-linux mount systemd
+  clang libclang-rt-14-dev libomp-14-dev
   openssl
   libopenblas-dev zlib1g-dev libjansson-dev libcriterion-dev
   libmicrohttpd-dev libsqlite3-dev libarchive-dev libcurl4-openssl-dev libssl-dev curl wrk

@@ -1,10 +1,14 @@
 #!/bin/sh
-# Builds traind twice and runs every CPU test in each build:
+# Builds traind three times and runs every CPU test in each build:
 #   build/       Release, CUDA sources on when nvcc is found (as shipped)
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer, CUDA off (-DTRAIND_CUDA=OFF), the
 #                op kernels forced to their baseline x86-64 variant (TRAIND_ISA=baseline): it
 #                also proves the CUDA-less build and the portable C paths that stand in for the
 #                AVX2 and AVX-512 kernels build and pass
+#   build-fuzz/  clang's libFuzzer with ASan + UBSan (tests/fuzz): every harness replays its
+#                corpus (seeds and the inputs of past findings), then fuzzes for
+#                TRAIND_FUZZ_SECONDS (20) more, two at a time (bench/fuzz.sh, which runs them
+#                for long); a crash, leak, sanitizer report or hang fails the run
 # Both builds are portable (no -march=native): the kernels for AVX2 and AVX-512 are chosen at run
 # time (trainer/core/td_isa.h), and the Release run tests each set this CPU supports.
 # Exits non-zero on the first failure. Run deploy/install-deps.sh first (README command 2 does).
@@ -25,4 +29,11 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && TRAIND_ISA=baseline TRAIND_TEST_SLOW=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure)
 
-echo "== all tests passed in both builds =="
+echo "== build-fuzz (libFuzzer, ASan + UBSan: the parsers of outside input) =="
+CC=clang cmake -S . -B build-fuzz -DTRAIND_FUZZ=ON -DTRAIND_CUDA=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build-fuzz -j"$jobs" --target fuzzers
+(cd build-fuzz && ctest -L fuzz --output-on-failure)
+FUZZ_JOBS=2 bench/fuzz.sh "${TRAIND_FUZZ_SECONDS:-20}"
+
+echo "== all tests passed in the three builds =="
