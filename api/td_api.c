@@ -27,6 +27,11 @@ typedef struct request {
     td_buf body;
     bool too_large;
     td_api_upload *upload; /* PUT /v1/cluster/files/...: streamed to a file, not kept */
+    td_principal who;      /* the request's token (id 0: none, or not checked) */
+    long job;              /* the job it made or acted on, for the audit log */
+    bool stream;           /* holds one of who's event streams until it ends */
+    bool audit;            /* a mutating request: the audit log gets it once answered */
+    char *url;             /* for the audit log (libmicrohttpd's copy ends with the request) */
 } request;
 
 /* ---- replies ------------------------------------------------------------------------------- */
@@ -61,6 +66,9 @@ enum MHD_Result td_api_reply_buf(struct MHD_Connection *c, unsigned status, td_b
 }
 
 enum MHD_Result td_api_error(struct MHD_Connection *c, const td_reply_error *e, const char *allow) {
+    char retry[32] = "";
+    if (e->retry_after_s > 0) /* whole seconds, rounded up (RFC 9110) */
+        snprintf(retry, sizeof retry, "%ld", (long)e->retry_after_s + 1);
     json_t *o = json_pack("{s:{s:s, s:s, s:o}}", "error", "code", e->code, "message", e->message,
                           "field", e->field[0] ? json_string(e->field) : json_null());
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -71,6 +79,7 @@ enum MHD_Result td_api_error(struct MHD_Connection *c, const td_reply_error *e, 
     free(text);
     struct MHD_Response *r = from_buf(&b);
     if (r && allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    if (r && retry[0]) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, retry);
     if (r && e->status == 401 && strcmp(e->code, "unauthorized") == 0) /* not the cluster's */
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"traind\"");
     return td_api_respond(c, (unsigned)e->status, r, TD_API_JSON, NULL);
@@ -95,15 +104,11 @@ bool td_api_query_long(struct MHD_Connection *c, const char *name, long min, lon
     return !*bad;
 }
 
-/* Constant time in the token's length: a wrong guess takes as long whatever it shares. */
-static bool token_ok(const td_api *api, struct MHD_Connection *c) {
+/* The bearer token's owner (td_tokens compares digests in constant time). */
+static bool bearer(const td_api *api, struct MHD_Connection *c, td_principal *who) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    const char *given = h + 7;
-    size_t n = strlen(api->token), m = strlen(given);
-    unsigned char diff = (unsigned char)(n != m);
-    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(api->token[i] ^ (i < m ? given[i] : 0));
-    return diff == 0;
+    return td_tokens_check(api->cfg.tokens, h + 7, who);
 }
 
 /* ---- the handlers ---------------------------------------------------------------------------- */
@@ -150,8 +155,54 @@ static enum MHD_Result openapi(const call *k) {
 }
 
 static enum MHD_Result session(const call *k) {
+    td_principal who = {0};
+    bool has_bearer = bearer(k->api, k->c, &who);
     return td_api_session_route(k->api, k->c, k->method, k->rq->body.data, k->rq->body.len,
-                                token_ok(k->api, k->c));
+                                has_bearer, &k->rq->who);
+}
+
+/* GET /v1/whoami: the request's token, so clients and the dashboard know what they may do. */
+static enum MHD_Result whoami(const call *k) {
+    td_buf b = {0};
+    json_t *o = json_pack("{s:I, s:s, s:s}", "token", (json_int_t)k->rq->who.id, "name",
+                          k->rq->who.name, "scope", td_scope_name(k->rq->who.scope));
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!text) return td_api_fail(k->c, 500, "internal", NULL, "out of memory");
+    td_buf_puts(&b, text);
+    td_buf_puts(&b, "\n");
+    free(text);
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &b);
+}
+
+/* GET and POST /v1/tokens, DELETE /v1/tokens/{id}: admins only (the route table says so). */
+static enum MHD_Result tokens(const call *k) {
+    td_buf out = {0};
+    if (is(k->method, "POST")) {
+        td_reply_error e;
+        if (k->rq->too_large)
+            return td_api_fail(k->c, 413, "body_too_large", NULL, "the request body is too large");
+        if (td_tokens_create(k->api->cfg.tokens, k->rq->body.data ? k->rq->body.data : "",
+                             k->rq->body.len, &k->rq->who, &out, &e) != 0)
+            return td_api_error(k->c, &e, NULL);
+        /* the secret is in this reply only: no cache may keep it */
+        return td_api_respond(k->c, MHD_HTTP_CREATED, from_buf(&out), TD_API_JSON, "Cache-Control",
+                              "no-store", NULL);
+    }
+    td_tokens_list(k->api->cfg.tokens, &out);
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
+}
+
+static enum MHD_Result token_revoke(const call *k) {
+    long id;
+    if (!td_api_parse_id(k->tail, strlen(k->tail), &id) || id == 0)
+        return td_api_fail(k->c, 400, "bad_request", "id", "a token id is a positive integer");
+    td_reply_error e;
+    if (td_tokens_revoke(k->api->cfg.tokens, id, &k->rq->who, &e) != 0)
+        return td_api_error(k->c, &e, NULL);
+    return td_api_respond(k->c, MHD_HTTP_NO_CONTENT,
+                          MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT), NULL,
+                          NULL);
 }
 
 static enum MHD_Result submit(const call *k) {
@@ -164,9 +215,11 @@ static enum MHD_Result submit(const call *k) {
     }
     td_buf out = {0};
     long id;
+    td_tokens_limits limits = td_tokens_get_limits(k->api->cfg.tokens);
     if (td_jobs_submit(k->api->jobs, k->rq->body.data ? k->rq->body.data : "", k->rq->body.len,
-                       &out, &id, &e) != 0)
+                       &k->rq->who, limits.queued, &out, &id, &e) != 0)
         return td_api_error(k->c, &e, NULL);
+    k->rq->job = id;
     char location[64];
     snprintf(location, sizeof location, "/v1/jobs/%ld", id);
     return td_api_respond(k->c, MHD_HTTP_CREATED, from_buf(&out), TD_API_JSON,
@@ -212,7 +265,8 @@ static enum MHD_Result job(const call *k) {
     td_reply_error e;
     td_buf out = {0};
     if (is(k->method, "DELETE")) {
-        if (td_jobs_delete(k->api->jobs, k->id, &e) != 0) return td_api_error(k->c, &e, NULL);
+        if (td_jobs_delete(k->api->jobs, k->id, &k->rq->who, &e) != 0)
+            return td_api_error(k->c, &e, NULL);
         return td_api_respond(k->c, MHD_HTTP_NO_CONTENT,
                               MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT),
                               NULL, NULL);
@@ -224,7 +278,8 @@ static enum MHD_Result job(const call *k) {
 static enum MHD_Result cancel(const call *k) {
     td_reply_error e;
     td_buf out = {0};
-    if (td_jobs_cancel(k->api->jobs, k->id, &out, &e) != 0) return td_api_error(k->c, &e, NULL);
+    if (td_jobs_cancel(k->api->jobs, k->id, &k->rq->who, &out, &e) != 0)
+        return td_api_error(k->c, &e, NULL);
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 
@@ -243,6 +298,16 @@ static enum MHD_Result metrics(const call *k) {
 }
 
 static enum MHD_Result events(const call *k) {
+    if (k->rq->who.id && !td_tokens_stream_begin(k->api->cfg.tokens, k->rq->who.id)) {
+        td_reply_error e;
+        td_reply_fail(&e, 429, "too_many_streams", NULL,
+                      "token \"%s\" already follows %d event streams, its limit "
+                      "(max_streams_per_token): close one first",
+                      k->rq->who.name, td_tokens_get_limits(k->api->cfg.tokens).streams);
+        e.retry_after_s = 5;
+        return td_api_error(k->c, &e, NULL);
+    }
+    k->rq->stream = k->rq->who.id != 0; /* given back when the request completes */
     return td_api_events(k->api, k->c, k->id);
 }
 
@@ -362,33 +427,45 @@ typedef struct route {
     enum MHD_Result (*handler)(const call *k);
     bool prefix; /* path is a prefix; the rest is call.tail */
     bool open;   /* no user token needed (health; the cluster's routes check their own secret) */
+    /* the scope a token needs to read (GET, HEAD) and to change (any other method); a job's
+     * owner is checked by the job's own functions */
+    td_scope read, write;
 } route;
 
+#define R TD_SCOPE_READ
+#define S TD_SCOPE_SUBMIT
+#define A TD_SCOPE_ADMIN
 static const route ROUTES[] = {
-    {"/v1/health", "GET", health, false, true},
-    {"/v1/version", "GET", version, false, false},
-    {"/v1/openapi.json", "GET", openapi, false, true},
-    {"/v1/session", "GET, POST, DELETE", session, false, true},
-    {"/v1/jobs", "GET, POST", jobs, false, false},
-    {"/v1/jobs/", "GET, POST", jobs, false, false},
-    {"/v1/nodes", "GET", nodes, false, false},
-    {"/v1/nodes/", "POST", node_action, true, false},
-    {"/v1/cluster/register", "POST", cluster_register, false, true},
-    {"/v1/cluster/heartbeat", "POST", cluster_heartbeat, false, true},
-    {"/v1/cluster/files/", "GET, PUT", cluster_file, true, true},
-    {"/metrics", "GET", prometheus, false, false},
+    {"/v1/health", "GET", health, false, true, R, R},
+    {"/v1/version", "GET", version, false, false, R, R},
+    {"/v1/openapi.json", "GET", openapi, false, true, R, R},
+    {"/v1/session", "GET, POST, DELETE", session, false, true, R, R},
+    {"/v1/whoami", "GET", whoami, false, false, R, R},
+    {"/v1/jobs", "GET, POST", jobs, false, false, R, S},
+    {"/v1/jobs/", "GET, POST", jobs, false, false, R, S},
+    {"/v1/nodes", "GET", nodes, false, false, R, A},
+    {"/v1/nodes/", "POST", node_action, true, false, R, A},
+    {"/v1/tokens", "GET, POST", tokens, false, false, A, A},
+    {"/v1/tokens/", "DELETE", token_revoke, true, false, A, A},
+    {"/v1/cluster/register", "POST", cluster_register, false, true, R, R},
+    {"/v1/cluster/heartbeat", "POST", cluster_heartbeat, false, true, R, R},
+    {"/v1/cluster/files/", "GET, PUT", cluster_file, true, true, R, R},
+    {"/metrics", "GET", prometheus, false, false, R, R},
 };
 
 static const route JOB_ROUTES[] = {
-    {"", "GET, DELETE", job, false, false},
-    {"/cancel", "POST", cancel, false, false},
-    {"/metrics", "GET", metrics, false, false},
-    {"/events", "GET", events, false, false},
-    {"/logs", "GET", logs, false, false},
-    {"/checkpoints", "GET", checkpoints, false, false},
-    {"/checkpoints/", "GET", checkpoint, true, false},
-    {"/tensorboard", "GET", tensorboard, false, false},
+    {"", "GET, DELETE", job, false, false, R, S},
+    {"/cancel", "POST", cancel, false, false, R, S},
+    {"/metrics", "GET", metrics, false, false, R, R},
+    {"/events", "GET", events, false, false, R, R},
+    {"/logs", "GET", logs, false, false, R, R},
+    {"/checkpoints", "GET", checkpoints, false, false, R, R},
+    {"/checkpoints/", "GET", checkpoint, true, false, R, R},
+    {"/tensorboard", "GET", tensorboard, false, false, R, R},
 };
+#undef R
+#undef S
+#undef A
 
 /* The pattern GET /metrics counts a request under: one per route, whatever its ids. */
 static const char *route_label(const route *table, const route *r) {
@@ -396,10 +473,13 @@ static const char *route_label(const route *table, const route *r) {
                                       "/v1/version",
                                       "/v1/openapi.json",
                                       "/v1/session",
+                                      "/v1/whoami",
                                       "/v1/jobs",
                                       "/v1/jobs/",
                                       "/v1/nodes",
                                       "/v1/nodes/{name}/{action}",
+                                      "/v1/tokens",
+                                      "/v1/tokens/{id}",
                                       "/v1/cluster/register",
                                       "/v1/cluster/heartbeat",
                                       "/v1/cluster/files/{path}",
@@ -446,7 +526,28 @@ static enum MHD_Result dispatch(const route *r, call *k) {
                       k->method, k->url, r->methods);
         return td_api_error(k->c, &e, r->methods);
     }
+    bool read = is(k->method, "GET") || is(k->method, "HEAD");
+    td_scope need = read ? r->read : r->write;
+    if (!r->open && k->rq->who.scope < need) {
+        td_reply_error e;
+        td_reply_fail(&e, 403, "forbidden", NULL,
+                      "%s %s needs a token with scope %s; token \"%s\" has scope %s (an admin "
+                      "makes tokens: POST /v1/tokens)",
+                      k->method, k->url, td_scope_name(need), k->rq->who.name,
+                      td_scope_name(k->rq->who.scope));
+        return td_api_error(k->c, &e, NULL);
+    }
     return r->handler(k);
+}
+
+/* Who the request comes from: 1 known (rq->who), 0 no token, -1 a session cookie without its
+ * CSRF token. A revoked token, or a session signed in with one, is no token from that moment. */
+static int authenticate(td_api *api, struct MHD_Connection *c, const char *method, request *rq) {
+    if (bearer(api, c, &rq->who)) return 1;
+    long token = 0;
+    int session = td_api_session_auth(api, c, method, &token);
+    if (session <= 0) return session;
+    return td_tokens_live(api->cfg.tokens, token, &rq->who) ? 1 : 0;
 }
 
 static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, const char *url,
@@ -459,16 +560,27 @@ static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, cons
     }
     const route *r = find_route(ROUTES, sizeof ROUTES / sizeof ROUTES[0], url, &k.tail);
     if (r) rq->route = route_label(ROUTES, r);
-    if (!(r && r->open) && !token_ok(api, c)) {
-        int session = td_api_session_auth(api, c, method);
-        if (session < 0)
+    if (!(r && r->open)) {
+        int known = authenticate(api, c, method, rq);
+        if (known < 0)
             return td_api_fail(c, 403, "csrf", NULL,
                                "a request with the session cookie needs the session's CSRF "
                                "token (X-CSRF-Token, or ?csrf=)");
-        if (session == 0)
+        if (known == 0)
             return td_api_fail(c, 401, "unauthorized", NULL,
-                               "missing or wrong bearer token: send \"Authorization: Bearer "
-                               "TOKEN\" with the token from STATE_DIR/token");
+                               "missing, wrong or revoked bearer token: send \"Authorization: "
+                               "Bearer TOKEN\" with a live token (an admin's is in "
+                               "STATE_DIR/token)");
+        double retry = 0;
+        if (!td_tokens_admit(api->cfg.tokens, rq->who.id, td_clock_now(), &retry)) {
+            td_reply_error e;
+            td_reply_fail(&e, 429, "rate_limited", NULL,
+                          "token \"%s\" is over its rate of %g requests per second "
+                          "(rate_limit_per_s): retry after the Retry-After seconds",
+                          rq->who.name, td_tokens_get_limits(api->cfg.tokens).requests_per_s);
+            e.retry_after_s = retry;
+            return td_api_error(c, &e, NULL);
+        }
     }
     if (r) return dispatch(r, &k);
     td_reply_error e;
@@ -476,6 +588,7 @@ static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, cons
         const char *id = url + 9, *slash = strchr(id, '/');
         if (!td_api_parse_id(id, slash ? (size_t)(slash - id) : strlen(id), &k.id))
             return td_api_fail(c, 400, "bad_request", "id", "a job id is a positive integer");
+        rq->job = k.id;
         const char *rest = slash ? slash : "";
         r = find_route(JOB_ROUTES, sizeof JOB_ROUTES / sizeof JOB_ROUTES[0], rest, &k.tail);
         if (r) rq->route = route_label(JOB_ROUTES, r);
@@ -510,6 +623,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         rq->started = td_clock_now();
         rq->method = method_label(method);
         if (td_api_is_file_upload(url, method)) rq->route = "/v1/cluster/files/{path}";
+        /* every change is audited but the agents' heartbeats: one per node every heartbeat_s,
+         * carrying no decision of anyone's (GET /v1/nodes shows what they say) */
+        rq->audit = strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 &&
+                    strcmp(url, "/v1/cluster/heartbeat") != 0;
+        if (rq->audit) rq->url = td_strdup(url);
         *con_cls = rq;
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -552,6 +670,11 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (status && status->http_status) /* 0: the connection ended before a reply */
         td_api_stats_request(&api->stats, rq->route ? rq->route : "other", rq->method,
                              status->http_status, td_clock_now() - rq->started);
+    if (rq->audit)
+        td_api_audit(api, c, &rq->who, rq->method, rq->url ? rq->url : "?",
+                     status ? status->http_status : 0, rq->job);
+    free(rq->url);
+    if (rq->stream) td_tokens_stream_end(api->cfg.tokens, rq->who.id);
     td_buf_free(&rq->body);
     if (rq->upload) td_api_upload_abandon(rq->upload); /* nothing once it was kept */
     free(rq->upload);
@@ -636,7 +759,6 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
     pthread_mutex_init(&api->session_mu, NULL);
     api->sessions = td_calloc(TD_API_SESSIONS_MAX, sizeof *api->sessions);
     td_api_stats_init(&api->stats);
-    snprintf(api->token, sizeof api->token, "%s", cfg->token);
     snprintf(api->master, sizeof api->master, "%s", cfg->master ? cfg->master : "");
     struct sockaddr_in addr;
     socklen_t len = sizeof addr;

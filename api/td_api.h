@@ -16,8 +16,10 @@
 typedef struct td_api td_api;
 
 typedef struct td_api_config {
-    int listen_fd; /* from td_api_listen; the server owns it from td_api_start on */
-    const char *token;
+    int listen_fd;     /* from td_api_listen; the server owns it from td_api_start on */
+    td_tokens *tokens; /* who may do what (service/td_tokens.h); the caller keeps it */
+    /* every mutating request, one JSON line each (who, what, when, result); NULL: none */
+    const char *audit_log;
     size_t max_body;
     const char *version;
     td_cluster *cluster;    /* the node registry of a master (GET /v1/nodes, agents' calls) */

@@ -5,6 +5,7 @@
  *   td_api_files.c       a job's files between its master and its nodes (cluster secret)
  *   td_api_web.c         the dashboard's files and browser sessions (cookie and CSRF token)
  *   td_api_metrics.c     GET /metrics for Prometheus, and the HTTP figures it shows
+ *   td_api_audit.c       the audit log: a JSON line per mutating request
  * Every reply goes out through td_api_respond, so each carries its content type and headers the
  * same way, and every error is td_api_error's JSON object. */
 #ifndef TD_API_PRIVATE_H
@@ -22,6 +23,7 @@
 typedef struct td_api_session {
     char id[65], csrf[65];
     double last_used; /* monotonic */
+    long token;       /* the token it signed in with: revoking it ends the session */
 } td_api_session;
 
 /* Requests answered with one route, method and status: a count and latency histogram. */
@@ -52,7 +54,6 @@ struct td_api {
     pthread_mutex_t session_mu;
     td_api_session *sessions; /* signed-in browsers (td_api_web.c), TD_API_SESSIONS_MAX */
     int n_sessions;
-    char token[128];
     char master[256]; /* cfg.master's copy */
     td_jobs *jobs;
     struct MHD_Daemon *daemon;
@@ -138,14 +139,20 @@ enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u);
 void td_api_upload_abandon(td_api_upload *u);
 enum MHD_Result td_api_file_get(td_api *api, struct MHD_Connection *c, const char *url);
 
-/* The dashboard (td_api_web.c). Whether a session cookie authorizes the request: 1 yes, 0 no
- * session (the bearer token decides), -1 a session without its CSRF token (which every request
- * made with the cookie carries). */
-int td_api_session_auth(td_api *api, struct MHD_Connection *c, const char *method);
-/* /v1/session: POST {"token"} signs in (the cookie and {"csrf"}), GET says whether the cookie
- * and CSRF token still hold, DELETE signs out. */
+/* The dashboard (td_api_web.c). Whether a session cookie authorizes the request: 1 yes (*token:
+ * the token it signed in with), 0 no session (the bearer token decides), -1 a session without
+ * its CSRF token (which every request made with the cookie carries). */
+int td_api_session_auth(td_api *api, struct MHD_Connection *c, const char *method, long *token);
+/* /v1/session: POST {"token"} signs in (the cookie and {"csrf"}; *who: that token), GET says
+ * whether the cookie and CSRF token still hold, DELETE signs out. bearer: the request also
+ * carried a good bearer token. */
 enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, const char *method,
-                                     const char *body, size_t len, bool token_ok);
+                                     const char *body, size_t len, bool bearer, td_principal *who);
+
+/* The audit log (td_api_audit.c): one JSON line for a mutating request once it is answered.
+ * job: the job it made or acted on (0: none). */
+void td_api_audit(td_api *api, struct MHD_Connection *c, const td_principal *who,
+                  const char *method, const char *url, unsigned status, long job);
 /* GET / and /ui/...: the page's files, and the chart library under /ui/lib/dygraphs/. */
 enum MHD_Result td_api_web_file(td_api *api, struct MHD_Connection *c, const char *url);
 

@@ -67,12 +67,13 @@ static const char *csrf_of(struct MHD_Connection *c) {
     return h ? h : MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "csrf");
 }
 
-int td_api_session_auth(td_api *api, struct MHD_Connection *c, const char *method) {
+int td_api_session_auth(td_api *api, struct MHD_Connection *c, const char *method, long *token) {
     (void)method; /* every method: reads too (see above) */
     pthread_mutex_lock(&api->session_mu);
     int at = find_session(api, c);
     const char *given = at >= 0 ? csrf_of(c) : NULL;
     bool csrf_ok = given && same(api->sessions[at].csrf, given);
+    if (at >= 0) *token = api->sessions[at].token;
     pthread_mutex_unlock(&api->session_mu);
     if (at < 0) return 0;
     return csrf_ok ? 1 : -1;
@@ -95,16 +96,17 @@ static enum MHD_Result reply_session(struct MHD_Connection *c, unsigned status, 
 }
 
 enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, const char *method,
-                                     const char *body, size_t len, bool token_ok) {
+                                     const char *body, size_t len, bool bearer, td_principal *who) {
     if (strcmp(method, "POST") == 0) { /* sign in: {"token": "..."} */
         json_t *o = json_loadb(body ? body : "", len, 0, NULL);
         const char *token = json_string_value(json_object_get(o, "token"));
-        bool ok = token && same(api->token, token);
+        bool ok = token && td_tokens_check(api->cfg.tokens, token, who);
         json_decref(o);
         if (!ok)
             return td_api_fail(c, 401, "unauthorized", "token",
-                               "that is not this daemon's API token (it is in STATE_DIR/token)");
-        td_api_session s = {.last_used = td_clock_now()};
+                               "that is not a live API token of this daemon (an admin's is in "
+                               "STATE_DIR/token; POST /v1/tokens makes others)");
+        td_api_session s = {.last_used = td_clock_now(), .token = who->id};
         if (!random_hex(s.id) || !random_hex(s.csrf))
             return td_api_fail(c, 500, "internal", NULL, "no random bytes for a session");
         pthread_mutex_lock(&api->session_mu);
@@ -126,14 +128,16 @@ enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, cons
     int at = find_session(api, c);
     const char *h = at >= 0 ? csrf_of(c) : NULL;
     bool given = h && same(api->sessions[at].csrf, h);
+    long token = at >= 0 ? api->sessions[at].token : 0;
     if (given && strcmp(method, "DELETE") == 0) { /* the slot is refilled by the last one */
         api->sessions[at] = api->sessions[--api->n_sessions];
         memset(&api->sessions[api->n_sessions], 0, sizeof *api->sessions);
     }
     pthread_mutex_unlock(&api->session_mu);
+    if (token) td_tokens_live(api->cfg.tokens, token, who); /* for the audit of a sign-out */
     if (at < 0)
         return td_api_fail(c, 401, "unauthorized", NULL,
-                           token_ok && strcmp(method, "GET") == 0
+                           bearer && strcmp(method, "GET") == 0
                                ? "a bearer token has no session: sign in with POST"
                                : "not signed in");
     if (!given)

@@ -12,7 +12,18 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef enum { T_TEXT, T_INT, T_LONG, T_SECONDS, T_ROOTS, T_GPUS, T_CHOICE, T_BOOL } opt_type;
+typedef enum {
+    T_TEXT,
+    T_INT,
+    T_LONG,
+    T_SECONDS,
+    T_ROOTS,
+    T_GPUS,
+    T_CHOICE,
+    T_BOOL,
+    T_NUMBER,  /* like T_SECONDS, in other words */
+    T_PROGRAMS /* "any", "none", or executables: a ':'-joined text, or a JSON array */
+} opt_type;
 
 typedef struct opt_info {
     const char *flag, *key;
@@ -67,7 +78,46 @@ static const opt_info OPTS[OPT_COUNT] = {
     [OPT_SHEPHERD] = {"--shepherd", "shepherd", T_TEXT, FIELD(shepherd), 0, 0, NULL, false},
     [OPT_METRICS_LISTEN] = {"--metrics-listen", "metrics_listen", T_TEXT, FIELD(metrics_listen), 0,
                             0, NULL, false},
+    [OPT_RUN_AS] = {"--run-as", "run_as", T_TEXT, FIELD(run_as), 0, 0, NULL, false},
+    [OPT_COMMAND_JOBS] = {"--command-jobs", "command_jobs", T_PROGRAMS, FIELD(command_jobs), 0, 0,
+                          NULL, true},
+    [OPT_RATE_LIMIT] = {"--rate-limit", "rate_limit_per_s", T_NUMBER, FIELD(rate_limit_per_s), 0,
+                        1e7, NULL, true},
+    [OPT_MAX_STREAMS] = {"--max-streams", "max_streams_per_token", T_LONG,
+                         FIELD(max_streams_per_token), 0, 1000000, NULL, true},
+    [OPT_MAX_QUEUED] = {"--max-queued", "max_queued_per_token", T_LONG, FIELD(max_queued_per_token),
+                        0, 1000000, NULL, true},
+    [OPT_AUDIT_LOG] = {"--audit-log", "audit_log", T_TEXT, FIELD(audit_log), 0, 0, NULL, false},
 };
+
+/* command_jobs's programs, one at a time: an absolute path to an executable file. */
+static int program_ok(const char *where, const char *p, td_err *err) {
+    if (p[0] != '/')
+        return td_fail(err, "%s \"%s\": expected an absolute path (or \"any\" or \"none\")", where,
+                       p);
+    if (strchr(p, ':'))
+        return td_fail(err, "%s \"%s\": a path with ':' cannot be listed", where, p);
+    if (access(p, X_OK) != 0)
+        return td_fail(err, "%s \"%s\": %s", where, p,
+                       errno == ENOENT ? "no such file" : "not an executable");
+    return 0;
+}
+
+/* The text form ("any", "none", "/a:/b") checked and copied into out. */
+static int set_programs(const char *flag, const char *v, char *out, size_t size, td_err *err) {
+    if (strlen(v) >= size) return td_fail(err, "%s: longer than %zu characters", flag, size - 1);
+    if (strcmp(v, "any") != 0 && strcmp(v, "none") != 0) {
+        char copy[8192], *save = NULL;
+        snprintf(copy, sizeof copy, "%s", v);
+        if (!v[0] || v[0] == ':' || v[strlen(v) - 1] == ':' || strstr(v, "::"))
+            return td_fail(err, "%s \"%s\": expected any, none or absolute paths joined by ':'",
+                           flag, v);
+        for (char *p = strtok_r(copy, ":", &save); p; p = strtok_r(NULL, ":", &save))
+            if (program_ok(flag, p, err) != 0) return -1;
+    }
+    memcpy(out, v, strlen(v) + 1);
+    return 0;
+}
 
 static void usage(FILE *out) {
     fprintf(
@@ -80,7 +130,9 @@ static void usage(FILE *out) {
         "              [--advertise ADDR] [--heartbeat S] [--node-timeout S]\n"
         "              [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
         "              [--keep-jobs-on-stop true|false] [--orphan-timeout S] [--shepherd PATH]\n"
-        "              [--metrics-listen ADDR:PORT]\n"
+        "              [--metrics-listen ADDR:PORT] [--run-as USER]\n"
+        "              [--command-jobs any|none|PATH[:PATH...]] [--rate-limit N]\n"
+        "              [--max-streams N] [--max-queued N] [--audit-log FILE]\n"
         "\n"
         "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
         "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
@@ -158,9 +210,26 @@ static void usage(FILE *out) {
         "  --node-timeout S    (master) seconds of silence before a node is lost\n"
         "                      (default 10)\n"
         "\n"
-        "On its first start traind writes a random API token to STATE_DIR/token (mode\n"
-        "0600; it is never printed); every endpoint but GET /v1/health needs\n"
-        "\"Authorization: Bearer TOKEN\". Once it serves it prints\n"
+        "Security.\n"
+        "  --run-as USER       (a daemon running as root) the user job processes run as\n"
+        "                      (default: traind when that user exists, else nobody;\n"
+        "                      \"root\" keeps them root, and says so in the log)\n"
+        "  --command-jobs P    which programs command jobs may run: any (default), none,\n"
+        "                      or absolute paths joined by ':' (in the file: \"any\",\n"
+        "                      \"none\" or an array); any other is refused with 403\n"
+        "  --rate-limit N      requests per second per token (default 200, bursts of\n"
+        "                      twice that; 0: no limit); beyond, 429 with Retry-After\n"
+        "  --max-streams N     event streams open at once per token (default 64; 0: no\n"
+        "                      limit)\n"
+        "  --max-queued N      queued jobs per token (default 1000; 0: no limit)\n"
+        "  --audit-log FILE    one JSON line per mutating request: who, what, when, the\n"
+        "                      result (default STATE_DIR/audit.log)\n"
+        "\n"
+        "On its first start traind writes a random admin API token to STATE_DIR/token\n"
+        "(mode 0600; it is never printed); every endpoint but GET /v1/health needs\n"
+        "\"Authorization: Bearer TOKEN\". Admins make tokens scoped read, submit or admin\n"
+        "with POST /v1/tokens (the database keeps their SHA-256 only) and revoke them with\n"
+        "DELETE /v1/tokens/ID. Once it serves it prints\n"
         "\"traind: listening on http://ADDR:PORT\" to stderr (and tells systemd it is\n"
         "ready when started as a Type=notify service). SIGHUP re-reads the config file:\n"
         "data roots, grace, body limit and logging change at once; a change to another\n"
@@ -217,16 +286,19 @@ static int set_from_text(daemon_options *o, daemon_option opt, const char *v, bo
             *(long *)f = x;
         return 0;
     }
-    case T_SECONDS: {
+    case T_SECONDS:
+    case T_NUMBER: {
         char *end;
         errno = 0;
         double x = strtod(v, &end);
         if (errno || end == v || *end || !(x >= in->min && x <= in->max))
-            return td_fail(err, "%s \"%s\": expected seconds in [%g, %g]", in->flag, v, in->min,
-                           in->max);
+            return td_fail(err, "%s \"%s\": expected %s in [%g, %g]", in->flag, v,
+                           in->type == T_SECONDS ? "seconds" : "a number", in->min, in->max);
         *(double *)f = x;
         return 0;
     }
+    case T_PROGRAMS:
+        return set_programs(in->flag, v, f, in->size, err);
     case T_ROOTS:
         if (!v[0]) return td_fail(err, "%s: needs a directory, not an empty string", in->flag);
         if (first_root) o->n_roots = 0; /* the command line's replace the file's */
@@ -278,8 +350,38 @@ static int set_from_json(daemon_options *o, daemon_option opt, const json_t *c, 
         break;
     }
     case T_SECONDS:
+    case T_NUMBER:
         if (td_json_number(c, "", in->key, true, 0, in->min, in->max, f, err) != 0) return -1;
         break;
+    case T_PROGRAMS: {
+        char *text = f;
+        if (json_is_string(v)) {
+            const char *s = json_string_value(v);
+            if (strcmp(s, "any") != 0 && strcmp(s, "none") != 0)
+                return td_json_fail_found(err, in->key,
+                                          "\"any\", \"none\" or an array of absolute paths", v);
+            snprintf(text, in->size, "%s", s);
+            break;
+        }
+        if (!json_is_array(v) || json_array_size(v) == 0)
+            return td_json_fail_found(
+                err, in->key, "\"any\", \"none\" or a non-empty array of absolute paths", v);
+        size_t i, used = 0;
+        const json_t *p;
+        text[0] = 0;
+        json_array_foreach(v, i, p) {
+            char where[48];
+            snprintf(where, sizeof where, "%s[%zu]", in->key, i);
+            if (!json_is_string(p)) return td_json_fail_found(err, where, "a path", p);
+            if (program_ok(where, json_string_value(p), err) != 0) return -1;
+            size_t n = json_string_length(p);
+            if (used + n + 2 > in->size) return td_fail(err, "%s: too many programs", in->key);
+            if (used) text[used++] = ':';
+            memcpy(text + used, json_string_value(p), n + 1);
+            used += n;
+        }
+        break;
+    }
     case T_ROOTS: {
         if (!json_is_array(v) || json_array_size(v) > DAEMON_MAX_ROOTS) {
             char what[64];
@@ -401,6 +503,10 @@ static void apply_defaults(daemon_options *o) {
         snprintf(o->log_format, sizeof o->log_format, "text");
     if (from[OPT_LOG_LEVEL] == DAEMON_FROM_DEFAULT)
         snprintf(o->log_level, sizeof o->log_level, "info");
+    if (from[OPT_COMMAND_JOBS] == DAEMON_FROM_DEFAULT)
+        snprintf(o->command_jobs, sizeof o->command_jobs, "any");
+    if (from[OPT_AUDIT_LOG] == DAEMON_FROM_DEFAULT || !o->audit_log[0])
+        snprintf(o->audit_log, sizeof o->audit_log, "%.*s/audit.log", PATH_MAX - 16, o->state_dir);
     if (from[OPT_DATA_ROOTS] == DAEMON_FROM_DEFAULT) {
         o->n_roots = 0;
         snprintf(o->roots[o->n_roots++], PATH_MAX, "/usr/share/datasets");
@@ -420,7 +526,10 @@ static void init(daemon_options *o) {
                           .max_body = 1 << 20,
                           .heartbeat_s = 2,
                           .timeout_s = 10,
-                          .orphan_timeout_s = 600};
+                          .orphan_timeout_s = 600,
+                          .rate_limit_per_s = 200,
+                          .max_streams_per_token = 64,
+                          .max_queued_per_token = 1000};
 }
 
 /* The command line into o (marking what it gave). *config: the --config value or NULL. exits:
@@ -529,8 +638,22 @@ char *daemon_config_value(const daemon_options *o, daemon_option opt) {
         v = json_integer(*(const long *)f);
         break;
     case T_SECONDS:
+    case T_NUMBER:
         v = json_real(*(const double *)f);
         break;
+    case T_PROGRAMS: {
+        const char *s = f;
+        if (strcmp(s, "any") == 0 || strcmp(s, "none") == 0) {
+            v = json_string(s);
+            break;
+        }
+        v = json_array();
+        char copy[8192], *save = NULL;
+        snprintf(copy, sizeof copy, "%s", s);
+        for (char *p = strtok_r(copy, ":", &save); p; p = strtok_r(NULL, ":", &save))
+            json_array_append_new(v, json_string(p));
+        break;
+    }
     case T_ROOTS:
         v = json_array();
         for (int i = 0; i < o->n_roots; i++) json_array_append_new(v, json_string(o->roots[i]));
@@ -593,7 +716,10 @@ bool daemon_config_changed(const daemon_options *a, const daemon_options *b, dae
     case T_LONG:
         return *(const long *)fa != *(const long *)fb;
     case T_SECONDS:
+    case T_NUMBER:
         return *(const double *)fa != *(const double *)fb;
+    case T_PROGRAMS:
+        return strcmp(fa, fb) != 0;
     case T_ROOTS:
         if (a->n_roots != b->n_roots) return true;
         for (int i = 0; i < a->n_roots; i++)

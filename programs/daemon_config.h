@@ -44,6 +44,12 @@ typedef enum {
     OPT_ORPHAN_TIMEOUT,
     OPT_SHEPHERD,
     OPT_METRICS_LISTEN,
+    OPT_RUN_AS,
+    OPT_COMMAND_JOBS,
+    OPT_RATE_LIMIT,
+    OPT_MAX_STREAMS,
+    OPT_MAX_QUEUED,
+    OPT_AUDIT_LOG,
     OPT_COUNT
 } daemon_option;
 
@@ -76,6 +82,14 @@ typedef struct daemon_options {
     double orphan_timeout_s;
     char shepherd[PATH_MAX];  /* traind-shepherd */
     char metrics_listen[256]; /* "": GET /metrics on the API port only (with the token) */
+    /* security: the user a root daemon runs jobs as ("": "traind" when that user exists, else
+     * "nobody"), the programs command jobs may run ("any", "none", or absolute paths joined by
+     * ':'), each token's limits (0: none), and the audit log's file */
+    char run_as[64];
+    char command_jobs[8192];
+    double rate_limit_per_s;
+    long max_streams_per_token, max_queued_per_token;
+    char audit_log[PATH_MAX];
 
     /* not settings */
     daemon_source from[OPT_COUNT];

@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -230,8 +231,76 @@ static td_log_level level_of(const daemon_options *o) {
 
 /* SIGHUP: the configuration again. What a running daemon can take (data roots, grace, body
  * limit, logging) changes now; any other change is named and waits for a restart. */
+/* The user a root daemon's jobs run as (run_as; not root unless it says so). A daemon that is
+ * not root runs them as itself: it could not switch, and needs not. */
+static td_launch_user resolve_run_as(const daemon_options *o, td_log *log) {
+    td_launch_user u = {0};
+    if (geteuid() != 0) {
+        if (o->run_as[0])
+            td_log_warn(log,
+                        "warning: run_as \"%s\" (%s) is ignored: traind is not root, and jobs "
+                        "run as its own user",
+                        o->run_as, daemon_config_source(o, OPT_RUN_AS));
+        return u;
+    }
+    const char *name = o->run_as;
+    if (!name[0]) name = getpwnam("traind") ? "traind" : "nobody";
+    if (strcmp(name, "root") == 0) {
+        td_log_warn(log,
+                    "warning: jobs run as root (run_as \"root\", %s): every job can do "
+                    "anything on this host",
+                    daemon_config_source(o, OPT_RUN_AS));
+        return u;
+    }
+    struct passwd *pw = getpwnam(name);
+    if (!pw)
+        die("run_as \"%s\" (%s): no such user (create it, e.g. adduser --system %s, or name "
+            "another)",
+            name, daemon_config_source(o, OPT_RUN_AS), name);
+    if (pw->pw_uid == 0)
+        die("run_as \"%s\": that user is root (uid 0); say \"root\" if that is meant", name);
+    u.drop = true;
+    u.uid = pw->pw_uid;
+    u.gid = pw->pw_gid;
+    snprintf(u.name, sizeof u.name, "%s", name);
+    td_log_info(log, "jobs run as user %s (uid %ld, gid %ld)", name, (long)u.uid, (long)u.gid);
+    return u;
+}
+
+/* The state directory, for jobs run as another user: its directories let that user through to
+ * the job directories (o+x, not o+r: nothing is listed), and the database, which sqlite made
+ * with the umask's mode, is the daemon's alone (its -wal and -shm files take its mode). */
+static void open_for_jobs(const char *state, const char *db_path, const td_launch_user *u,
+                          td_log *log) {
+    if (!u->drop) return;
+    char jobs_dir[PATH_MAX + 16];
+    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", state);
+    const char *dirs[] = {state, jobs_dir};
+    for (size_t i = 0; i < 2; i++) {
+        struct stat st;
+        if (mkdir(dirs[i], 0711) != 0 && errno != EEXIST)
+            die("cannot create %s: %s", dirs[i], strerror(errno));
+        if (stat(dirs[i], &st) != 0 || chmod(dirs[i], (st.st_mode & 07777) | 0111) != 0)
+            die("%s: cannot let run_as user %s through (chmod o+x): %s", dirs[i], u->name,
+                strerror(errno));
+    }
+    const char *suffix[] = {"", "-wal", "-shm"};
+    for (size_t i = 0; i < 3; i++) {
+        char p[PATH_MAX + 32];
+        snprintf(p, sizeof p, "%s%s", db_path, suffix[i]);
+        if (chmod(p, 0600) != 0 && errno != ENOENT)
+            td_log_warn(log, "warning: chmod 600 %s: %s", p, strerror(errno));
+    }
+}
+
+static td_tokens_limits limits_of(const daemon_options *o) {
+    return (td_tokens_limits){.requests_per_s = o->rate_limit_per_s,
+                              .streams = (int)o->max_streams_per_token,
+                              .queued = (int)o->max_queued_per_token};
+}
+
 static void reload(daemon_options *o, int argc, char **argv, const char *state, td_log *log,
-                   td_jobs *jobs, td_api *api) {
+                   td_jobs *jobs, td_api *api, td_tokens *tokens) {
     /* MONOTONIC_USEC: systemd (253 on) pairs it with the reload it asked for */
     sd_notifyf(0, "RELOADING=1\nSTATUS=reloading the configuration\nMONOTONIC_USEC=%llu",
                (unsigned long long)(td_clock_now() * 1e6));
@@ -267,6 +336,10 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
         o->keep_jobs_on_stop = next->keep_jobs_on_stop;
         o->orphan_timeout_s = next->orphan_timeout_s;
         o->max_body = next->max_body;
+        memcpy(o->command_jobs, next->command_jobs, sizeof o->command_jobs);
+        o->rate_limit_per_s = next->rate_limit_per_s;
+        o->max_streams_per_token = next->max_streams_per_token;
+        o->max_queued_per_token = next->max_queued_per_token;
         memcpy(o->log_format, next->log_format, sizeof o->log_format);
         memcpy(o->log_level, next->log_level, sizeof o->log_level);
         for (int i = 0; i < OPT_COUNT; i++)
@@ -277,6 +350,9 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
         td_jobs_set_limits(jobs, roots, n_roots, o->grace_s);
         td_jobs_set_stop_policy(jobs, o->keep_jobs_on_stop, o->orphan_timeout_s);
         td_api_set_max_body(api, (size_t)o->max_body);
+        td_jobs_set_command_jobs(jobs, o->command_jobs);
+        td_tokens_limits limits = limits_of(o);
+        td_tokens_set_limits(tokens, &limits);
         td_log_notice(log, "reloaded %s: %d change%s applied, %d waiting for a restart",
                       o->config_path[0] ? o->config_path : "(no config file)", applied,
                       applied == 1 ? "" : "s", waiting);
@@ -323,8 +399,7 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     int slots = gpus > 0 ? gpus : o->slots > 0 ? o->slots : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (slots < 1) slots = 1;
 
-    char token[128], node_id[128], secret[256] = "", name[64];
-    load_random(state, "token", "API token", token, sizeof token, log);
+    char node_id[128], secret[256] = "", name[64];
     load_random(state, "node-id", "node id", node_id, sizeof node_id, log);
     if (o->secret_file[0]) load_cluster_secret(o->secret_file, secret, sizeof secret, log);
     if (o->join[0] && !secret[0])
@@ -347,6 +422,8 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     td_api *api = NULL;
     td_cluster *cluster = NULL;
     td_agent *agent = NULL;
+    td_tokens *tokens = NULL;
+    td_launch_user run_as = resolve_run_as(o, log);
     int rc = 1;
     char *cert_pem = NULL, *key_pem = NULL;
     if (o->tls_cert[0]) {
@@ -357,6 +434,12 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     watchdog dog = {0};
     if (sd_watchdog_enabled(0, &watchdog_us) > 0) dog.every_s = (double)watchdog_us / 1e6;
     if (td_db_open(&db, db_path, &err) != 0) goto fail;
+    open_for_jobs(state, db_path, &run_as, log);
+    char token_path[PATH_MAX + 16];
+    snprintf(token_path, sizeof token_path, "%s/token", state);
+    if (td_tokens_open(&tokens, db, token_path, log, &err) != 0) goto fail;
+    td_tokens_limits limits = limits_of(o);
+    td_tokens_set_limits(tokens, &limits);
     if (!o->join[0]) { /* a master; alone, of a one-node cluster */
         td_cluster_config cc = {.name = name,
                                 .address = o->advertise[0] ? o->advertise : host,
@@ -372,20 +455,24 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
         if (td_cluster_open(&cluster, &cc, &err) != 0 || td_cluster_start(cluster, &err) != 0)
             goto fail;
     }
-    td_jobs_config jc = {
-        .state_dir = state,
-        .worker = o->worker,
-        .shepherd = o->shepherd,
-        .orphan_timeout_s = o->orphan_timeout_s,
-        .keep_jobs_on_stop = o->keep_jobs_on_stop,
-        .slots = slots,
-        .gpus = gpus,
-        .gpu_ids = gpu_ids,
-        .grace_s = o->grace_s,
-        .rules = {.data_roots = roots, .n_roots = n_roots, .slots = slots, .state_dir = state},
-        .on_turn = dog.every_s > 0 ? watchdog_ping : NULL,
-        .turn_ctx = &dog,
-        .turn_every_s = dog.every_s / 4};
+    td_jobs_config jc = {.state_dir = state,
+                         .worker = o->worker,
+                         .shepherd = o->shepherd,
+                         .orphan_timeout_s = o->orphan_timeout_s,
+                         .keep_jobs_on_stop = o->keep_jobs_on_stop,
+                         .slots = slots,
+                         .gpus = gpus,
+                         .gpu_ids = gpu_ids,
+                         .grace_s = o->grace_s,
+                         .rules = {.data_roots = roots,
+                                   .n_roots = n_roots,
+                                   .slots = slots,
+                                   .state_dir = state,
+                                   .command_jobs = o->command_jobs},
+                         .run_as = run_as,
+                         .on_turn = dog.every_s > 0 ? watchdog_ping : NULL,
+                         .turn_ctx = &dog,
+                         .turn_every_s = dog.every_s / 4};
     if (o->join[0]) { /* an agent: its master's address checked before anything serves */
         td_agent_config gc = {.master = o->join,
                               .secret = secret,
@@ -425,7 +512,8 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     if (td_jobs_start(jobs, &err) != 0) goto fail;
     td_api_config ac = {.listen_fd = listen_fd,
                         .metrics_listen_fd = metrics_fd,
-                        .token = token,
+                        .tokens = tokens,
+                        .audit_log = o->audit_log,
                         .max_body = (size_t)o->max_body,
                         .version = TRAIND_VERSION,
                         .cluster = cluster,
@@ -473,7 +561,7 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     for (;;) {
         sigwait(&stop, &sig);
         if (sig != SIGHUP) break;
-        reload(o, argc, argv, state, log, jobs, api);
+        reload(o, argc, argv, state, log, jobs, api, tokens);
     }
     sd_notify(0, "STOPPING=1");
     bool refused = td_agent_refused(agent);
@@ -499,6 +587,7 @@ stop:
     td_api_stop(api);
     td_cluster_close(cluster); /* its sweeper joined before the jobs it calls go */
     td_jobs_close(jobs);
+    td_tokens_close(tokens);
     td_db_close(db);
     free(cert_pem);
     if (key_pem) explicit_bzero(key_pem, strlen(key_pem)); /* no private key left in free memory */

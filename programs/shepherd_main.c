@@ -34,6 +34,12 @@
  *                        "status"                           answer with "pid ..." and "out ..."
  *   shepherd -> daemon:  "out BYTES"      rank 0's output file has grown to BYTES
  *                        "pid PGID N P1 P2 ..."  the group's process group and processes
+ *                        "failed RANK CODE TIME REASON"  a process failed (the group's
+ *                                         first failure; TIME: when it was reaped, wall clock),
+ *                                         said as it happens and again to each daemon that
+ *                                         connects: while the rest of the group stops (a
+ *                                         stopped rank holds it for the grace period), the
+ *                                         master can already tell which node failed first
  *                        "over"           the status file is written; the shepherd exits
  * Exit status: 0 once the status file is written, 2 for a spec it cannot use (said on stderr),
  * 1 when it could not start the group (the status file says so too). */
@@ -58,6 +64,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,10 +77,11 @@ typedef struct spec {
     char local_rank_arg[32];
     char token[128]; /* what a daemon says first ("hello TOKEN"): jobs share its uid */
     int attempt;
-    int daemon_fd;   /* a connection the starting daemon made (a socketpair); -1: none */
-    int listen_fd;   /* the control socket, bound and listening, from the daemon; -1: bind it */
-    double deadline; /* wall clock; 0: none */
-    double orphan_s; /* how long without a daemon before the job stops */
+    int daemon_fd;       /* a connection the starting daemon made (a socketpair); -1: none */
+    int listen_fd;       /* the control socket, bound and listening, from the daemon; -1: bind it */
+    double deadline;     /* wall clock; 0: none */
+    double orphan_s;     /* how long without a daemon before the job stops */
+    td_launch_user user; /* "user": who the processes run as (a root daemon's run_as) */
 } spec;
 
 __attribute__((format(printf, 1, 2), noreturn)) static void fail_spec(const char *fmt, ...) {
@@ -190,6 +198,16 @@ static void read_spec(spec *s, const char *path) {
     c->devices = (const char *const *)s->devices;
     c->cwd = s->dir;
     c->local_rank_arg = s->local_rank_arg[0] ? s->local_rank_arg : NULL;
+    json_t *user = json_object_get(o, "user");
+    if (user && !json_is_null(user)) {
+        if (!json_is_object(user))
+            fail_spec("%s: user: expected {\"name\", \"uid\", \"gid\"}", path);
+        text(user, "name", s->user.name, sizeof s->user.name, true, path);
+        s->user.uid = (uid_t)integer(user, "uid", 0, 1, INT_MAX, true, path);
+        s->user.gid = (gid_t)integer(user, "gid", 0, 0, INT_MAX, true, path);
+        s->user.drop = true;
+        c->user = &s->user;
+    }
     json_decref(o);
 }
 
@@ -201,13 +219,20 @@ typedef struct shepherd {
     int listen_fd, daemon_fd, out_fd, pipe_fd, sig_fd;
     int tee_fd;      /* rank 0's log: its stdout is appended there too, once, by the shepherd */
     td_buf tee_line; /* a line of it without its end yet */
-    int pending_fd;  /* a connection that has not said hello yet (the newest only) */
+    /* rank 0's output the output file could not take (a full disk): written first, once it
+     * can be, so that no line is lost or reordered; up to OUT_WAIT_MAX */
+    td_buf out_wait;
+    int pending_fd; /* a connection that has not said hello yet (the newest only) */
     char pending_in[256];
     size_t pending_len;
     long long out_size; /* rank 0's output file */
     char in[1024];      /* the daemon's partial line */
     size_t in_len;
     double orphan_since; /* monotonic time the daemon went; 0: one is connected */
+    bool failure_said;   /* "failed ..." went to the connected daemon */
+    bool out_said;       /* the output file's write failure was said (once an outage) */
+    bool out_full;       /* the output file ran out of space at some point */
+    double failed_at;    /* wall clock when the first failure was seen; 0: none yet */
     char stopped_by[32]; /* "request", "deadline", "orphaned", "signal"; "": not stopped */
     char stop_reason[512];
 } shepherd;
@@ -241,6 +266,19 @@ static void say_pids(shepherd *h) {
         if (h->g.pids[i] > 0)
             k += snprintf(line + k, sizeof line - (size_t)k, " %d", (int)h->g.pids[i]);
     say(h, "%s", line);
+}
+
+/* The group's first failure, once there is one and the connected daemon has not been told. */
+static void say_failure(shepherd *h) {
+    if (h->g.first_failure == 0) return;
+    if (h->failed_at == 0) h->failed_at = td_clock_wall();
+    if (h->failure_said || h->daemon_fd < 0) return;
+    char reason[300];
+    snprintf(reason, sizeof reason, "%s", h->g.reason);
+    for (char *p = reason; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    h->failure_said = true;
+    say(h, "failed %d %d %.3f %s", h->g.failed_rank, h->g.first_failure, h->failed_at, reason);
 }
 
 static void stop_group(shepherd *h, const char *by, int sig, double grace, const char *reason) {
@@ -342,6 +380,8 @@ static void read_pending(shepherd *h) {
     handle_input(h);
     say_pids(h);
     say(h, "out %lld", h->out_size);
+    h->failure_said = false; /* a new daemon: told again */
+    say_failure(h);
 }
 
 /* ---- rank 0's output ------------------------------------------------------------------------ */
@@ -373,6 +413,54 @@ static void copy_to_log(shepherd *h, const char *p, size_t n, bool end) {
     t->len -= whole;
 }
 
+#define OUT_WAIT_MAX (64u << 20)
+
+/* How much of p went in before a failure (errno says why). */
+static size_t write_some(int fd, const char *p, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = write(fd, p + done, n - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        done += (size_t)k;
+    }
+    return done;
+}
+
+/* Appends p (after whatever waits) to the output file; what does not fit waits. True when
+ * nothing waits. */
+static bool put_output(shepherd *h, const char *p, size_t n) {
+    td_buf *w = &h->out_wait;
+    if (n && w->len + n > OUT_WAIT_MAX) {
+        fprintf(stderr,
+                "traind-shepherd: %s: %zu bytes of rank 0's output wait for disk space "
+                "already; %zu more are dropped\n",
+                h->s.output, w->len, n);
+        n = 0;
+    }
+    if (w->len) {
+        td_buf_append(w, p, n);
+        p = w->data;
+        n = w->len;
+    }
+    size_t done = write_some(h->out_fd, p, n);
+    h->out_size += (long long)done;
+    if (done < n && (errno == ENOSPC || errno == EDQUOT)) h->out_full = true;
+    if (done < n && !h->out_said) { /* said once an outage */
+        fprintf(stderr, "traind-shepherd: %s: %s: rank 0's output waits in memory\n", h->s.output,
+                strerror(errno));
+        h->out_said = true;
+    }
+    if (done == n) h->out_said = false;
+    if (w->len) {
+        memmove(w->data, w->data + done, w->len - done);
+        w->len -= done;
+    } else if (done < n) {
+        td_buf_append(w, p + done, n - done);
+    }
+    return w->len == 0;
+}
+
 /* Moves what rank 0 wrote into the output file; at its end closes the pipe. */
 static void pump(shepherd *h) {
     char buf[65536];
@@ -389,17 +477,9 @@ static void pump(shepherd *h) {
         /* the log first: a line in the output file is one the daemon may already have
          * handled, and it must be in the log by then */
         copy_to_log(h, buf, (size_t)k, false);
-        if (write_all(h->out_fd, buf, (size_t)k) != 0) {
-            /* a full disk: the lines are lost, the job is not stopped for it (its own
-             * checkpoint writes will say so); said once */
-            static bool told;
-            if (!told) fprintf(stderr, "traind-shepherd: %s: %s\n", h->s.output, strerror(errno));
-            told = true;
-            struct stat st; /* part of it may have gone in: the size is the file's */
-            if (fstat(h->out_fd, &st) == 0) h->out_size = (long long)st.st_size;
-            continue;
-        }
-        h->out_size += k;
+        /* a full disk does not stop the job (its own checkpoint writes will say so): the
+         * lines wait and go in once there is room */
+        put_output(h, buf, (size_t)k);
     }
     say(h, "out %lld", h->out_size);
 }
@@ -407,6 +487,7 @@ static void pump(shepherd *h) {
 /* ---- the status file ------------------------------------------------------------------------ */
 
 static void write_status(shepherd *h, const char *start_error) {
+    if (h->out_wait.len) put_output(h, NULL, 0); /* a last try for what waited */
     /* the output first: the status's output_bytes must be on disk before it is */
     if (h->out_fd >= 0 && fsync(h->out_fd) != 0)
         fprintf(stderr, "traind-shepherd: fsync %s: %s\n", h->s.output, strerror(errno));
@@ -417,10 +498,22 @@ static void write_status(shepherd *h, const char *start_error) {
     json_object_set_new(o, "exit_code", json_integer(code));
     json_object_set_new(o, "failed", json_boolean(start_error || h->g.first_failure != 0));
     json_object_set_new(o, "failed_rank", json_integer(start_error ? -1 : h->g.failed_rank));
-    json_object_set_new(o, "reason",
-                        json_string(start_error      ? start_error
-                                    : h->g.reason[0] ? h->g.reason
-                                                     : ""));
+    char reason[sizeof h->g.reason + PATH_MAX + 128];
+    snprintf(reason, sizeof reason, "%s",
+             start_error      ? start_error
+             : h->g.reason[0] ? h->g.reason
+                              : "");
+    char jobdir[PATH_MAX];
+    snprintf(jobdir, sizeof jobdir, "%s", h->s.status_path);
+    if (strrchr(jobdir, '/')) *strrchr(jobdir, '/') = 0;
+    struct statvfs vfs;
+    bool full = h->out_full || (statvfs(jobdir, &vfs) == 0 && vfs.f_bavail == 0);
+    if (full && reason[0]) /* the ranks' own words may be lost: their logs are on that disk */
+        snprintf(reason + strlen(reason), sizeof reason - strlen(reason),
+                 " (the filesystem of %s ran out of space while the job ran: No space left on "
+                 "device; its logs and checkpoints may miss their last writes)",
+                 jobdir);
+    json_object_set_new(o, "reason", json_string(reason));
     json_object_set_new(o, "stopped_by",
                         h->stopped_by[0] ? json_string(h->stopped_by) : json_null());
     json_object_set_new(o, "stop_reason", json_string(h->stop_reason));
@@ -429,14 +522,24 @@ static void write_status(shepherd *h, const char *start_error) {
     json_object_set_new(o, "output_bytes", json_integer(h->out_size));
     char tmp[PATH_MAX + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", h->s.status_path);
-    /* whole or absent: written aside, synced, renamed over */
-    FILE *f = fopen(tmp, "w");
-    bool ok = f && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
-              fsync(fileno(f)) == 0;
-    if (f) ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, h->s.status_path) != 0)
-        fprintf(stderr, "traind-shepherd: cannot write %s: %s\n", h->s.status_path,
-                strerror(errno));
+    /* whole or absent: written aside, synced, renamed over. A full disk is waited out (an hour
+     * at most): without its status, the daemon could only say the shepherd vanished */
+    for (int tries = 0;; tries++) {
+        FILE *f = fopen(tmp, "w");
+        bool ok = f && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF &&
+                  fflush(f) == 0 && fsync(fileno(f)) == 0;
+        int e = errno;
+        if (f) ok = fclose(f) == 0 && ok;
+        if (!ok) e = errno ? errno : e;
+        if (ok && rename(tmp, h->s.status_path) == 0) break;
+        if (!ok) unlink(tmp);
+        bool no_space = e == ENOSPC || e == EDQUOT;
+        if (tries == 0 || !no_space || tries == 3600)
+            fprintf(stderr, "traind-shepherd: cannot write %s: %s%s\n", h->s.status_path,
+                    strerror(e), no_space && tries < 3600 ? " (tried again every second)" : "");
+        if (!no_space || tries == 3600) break;
+        sleep(1);
+    }
     /* and the rename itself: the directory's entry */
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", h->s.status_path);
@@ -548,6 +651,11 @@ int main(int argc, char **argv) {
             fprintf(stderr, "traind-shepherd: poll: %s\n", strerror(errno));
             continue;
         }
+        if (h.out_wait.len) { /* tried again every turn, at least every second */
+            long long before = h.out_size;
+            put_output(&h, NULL, 0);
+            if (h.out_size != before) say(&h, "out %lld", h.out_size);
+        }
         if (fds[3].revents) pump(&h);
         if (fds[2].revents && h.daemon_fd >= 0) read_daemon(&h);
         if (fds[4].revents && h.pending_fd >= 0) read_pending(&h);
@@ -568,6 +676,7 @@ int main(int argc, char **argv) {
             if (pid <= 0) break;
             td_group_reaped(&h.g, pid, status, h.s.launch.grace_s);
         }
+        say_failure(&h);
         if (start_error[0]) continue;
         double now = td_clock_now();
         if (h.s.deadline > 0 && td_clock_wall() >= h.s.deadline) {

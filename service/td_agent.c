@@ -249,7 +249,9 @@ static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, int *fetched
         if (td_sha256_file(path, hex, &size, &err) == 0 && strcmp(hex, want) == 0) continue;
         for (char *p = path + 1; (p = strchr(p, '/')); p++) {
             *p = 0;
-            if (mkdir(path, 0750) != 0 && errno != EEXIST) {
+            if (mkdir(path, 0750) == 0)
+                td_jobs_give(a->jobs, path); /* for the ranks (run_as): made here, for them */
+            else if (errno != EEXIST) {
                 snprintf(why, why_len, "cannot create %.300s: %s", path, strerror(errno));
                 return false;
             }
@@ -276,6 +278,8 @@ static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, int *fetched
             wrong = "its SHA-256 differs";
         else if (rename(tmp, path) != 0)
             wrong = strerror(errno);
+        else
+            td_jobs_give(a->jobs, path);
         if (wrong) {
             snprintf(why, why_len, "fetching %.300s from the master: %.300s", rel, wrong);
             unlink(tmp);

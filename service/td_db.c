@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 struct td_db {
     sqlite3 *db;
     pthread_mutex_t mu;
+    atomic_bool full; /* the last write failed for want of disk space */
 };
 
 static const char SCHEMA[] =
@@ -36,10 +38,22 @@ static const char SCHEMA[] =
     "CREATE TABLE IF NOT EXISTS checkpoints ("
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), step INTEGER NOT NULL, path TEXT NOT NULL,"
     "  size INTEGER NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (job_id, step));"
-    "CREATE TABLE IF NOT EXISTS drained_nodes (name TEXT PRIMARY KEY, since REAL NOT NULL);";
+    "CREATE TABLE IF NOT EXISTS drained_nodes (name TEXT PRIMARY KEY, since REAL NOT NULL);"
+    /* API tokens: only their SHA-256 (service/td_tokens.c says why a plain hash is enough) */
+    "CREATE TABLE IF NOT EXISTS tokens ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, scope TEXT NOT NULL,"
+    "  hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL, created_by INTEGER NOT NULL,"
+    "  revoked_at REAL);";
 
 static int db_fail(td_db *db, td_err *err, const char *what) {
-    return td_fail(err, "state database: %s: %s", what, sqlite3_errmsg(db->db));
+    bool full = sqlite3_errcode(db->db) == SQLITE_FULL;
+    atomic_store(&db->full, full);
+    return td_fail(err, "state database: %s: %s%s", what, sqlite3_errmsg(db->db),
+                   full ? " (the state directory's filesystem has no space left)" : "");
+}
+
+bool td_db_full(td_db *db) {
+    return atomic_load(&db->full);
 }
 
 /* Columns added after the first release: a database written by an older traind gets them (with
@@ -51,6 +65,8 @@ static const struct {
     {"jobs", "time_limit", "REAL NOT NULL DEFAULT 0"},
     {"metrics", "seq", "INTEGER NOT NULL DEFAULT 0"},
     {"jobs", "out_offset", "INTEGER NOT NULL DEFAULT 0"},
+    {"jobs", "owner", "INTEGER NOT NULL DEFAULT 0"},
+    {"jobs", "owner_name", "TEXT NOT NULL DEFAULT ''"},
 };
 
 static int has_column(sqlite3 *db, const char *table, const char *column) {
@@ -144,9 +160,10 @@ static sqlite3_stmt *prepare(td_db *db, const char *sql) {
 int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = -1;
-    sqlite3_stmt *s =
-        prepare(db, "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, restarts, state, "
-                    "created_at, priority, time_limit) VALUES (?,?,?,?,?,?,?,?,?,?)");
+    sqlite3_stmt *s = prepare(
+        db,
+        "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, restarts, state, "
+        "created_at, priority, time_limit, owner, owner_name) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
     if (!s) {
         db_fail(db, err, "preparing a job insert");
         goto out;
@@ -161,6 +178,8 @@ int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     sqlite3_bind_double(s, 8, job->created_at);
     sqlite3_bind_int(s, 9, job->priority);
     sqlite3_bind_double(s, 10, job->time_limit_s);
+    sqlite3_bind_int64(s, 11, job->owner);
+    sqlite3_bind_text(s, 12, job->owner_name, -1, SQLITE_STATIC);
     if (step_done(db, s, err, "inserting a job") != 0) goto out;
     job->id = (long)sqlite3_last_insert_rowid(db->db);
     rc = 0;
@@ -298,7 +317,8 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
     sqlite3_stmt *s =
         prepare(db, "SELECT id, name, kind, spec, nproc, max_restarts, restarts, "
                     "state, created_at, started_at, finished_at, exit_code, "
-                    "reason, pgid, last_seq, priority, time_limit, out_offset FROM jobs "
+                    "reason, pgid, last_seq, priority, time_limit, out_offset, owner, owner_name "
+                    "FROM jobs "
                     "ORDER BY id");
     sqlite3_stmt *a = prepare(db, "SELECT attempt, started_at, finished_at, exit_code, reason "
                                   "FROM attempts WHERE job_id=? ORDER BY attempt");
@@ -328,6 +348,8 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
         j.priority = sqlite3_column_int(s, 15);
         j.time_limit_s = sqlite3_column_double(s, 16);
         j.out_offset = (long long)sqlite3_column_int64(s, 17);
+        j.owner = (long)sqlite3_column_int64(s, 18);
+        copy_text(s, 19, j.owner_name, sizeof j.owner_name);
         int n = 0, cap = 4;
         td_db_attempt *list = td_calloc((size_t)cap, sizeof *list);
         sqlite3_reset(a);
@@ -514,6 +536,69 @@ int td_db_drained_nodes(td_db *db, td_db_name_fn fn, void *ctx, td_err *err) {
         while ((step = sqlite3_step(s)) == SQLITE_ROW)
             fn(ctx, (const char *)sqlite3_column_text(s, 0));
         rc = step == SQLITE_DONE ? 0 : db_fail(db, err, "reading the drained nodes");
+        sqlite3_finalize(s);
+    }
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_insert_token(td_db *db, td_db_token *t, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *s = prepare(db, "INSERT INTO tokens (name, scope, hash, created_at, created_by) "
+                                  "VALUES (?,?,?,?,?)");
+    int rc = -1;
+    if (!s) {
+        db_fail(db, err, "preparing a token insert");
+    } else {
+        sqlite3_bind_text(s, 1, t->name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 2, t->scope, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 3, t->hash, -1, SQLITE_STATIC);
+        sqlite3_bind_double(s, 4, t->created_at);
+        sqlite3_bind_int64(s, 5, t->created_by);
+        rc = step_done(db, s, err, "storing a token");
+        if (rc == 0) t->id = (long)sqlite3_last_insert_rowid(db->db);
+    }
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_revoke_token(td_db *db, long id, double at, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *s =
+        prepare(db, "UPDATE tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL");
+    int rc = -1;
+    if (!s) {
+        db_fail(db, err, "preparing a token's revocation");
+    } else {
+        sqlite3_bind_double(s, 1, at);
+        sqlite3_bind_int64(s, 2, id);
+        rc = step_done(db, s, err, "revoking a token");
+        if (rc == 0) rc = sqlite3_changes(db->db) > 0;
+    }
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
+int td_db_load_tokens(td_db *db, td_db_token_fn fn, void *ctx, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    sqlite3_stmt *s = prepare(db, "SELECT id, name, scope, hash, created_at, created_by, "
+                                  "revoked_at FROM tokens ORDER BY id");
+    int rc = -1;
+    if (!s) {
+        db_fail(db, err, "reading the tokens");
+    } else {
+        int step;
+        while ((step = sqlite3_step(s)) == SQLITE_ROW) {
+            td_db_token t = {.id = (long)sqlite3_column_int64(s, 0)};
+            copy_text(s, 1, t.name, sizeof t.name);
+            copy_text(s, 2, t.scope, sizeof t.scope);
+            copy_text(s, 3, t.hash, sizeof t.hash);
+            t.created_at = column_time(s, 4);
+            t.created_by = (long)sqlite3_column_int64(s, 5);
+            t.revoked_at = column_time(s, 6);
+            fn(ctx, &t);
+        }
+        rc = step == SQLITE_DONE ? 0 : db_fail(db, err, "reading the tokens");
         sqlite3_finalize(s);
     }
     pthread_mutex_unlock(&db->mu);

@@ -32,6 +32,8 @@ typedef struct td_db_job {
     /* the bytes of the running attempt's rank 0 output file the daemon has handled: saved with
      * each event of a line, so a daemon that comes back reads on from the line after */
     long long out_offset;
+    long owner;          /* the id of the API token that submitted it (td_tokens); 0: unknown */
+    char owner_name[64]; /* that token's name, kept when the token is revoked */
 } td_db_job;
 
 typedef struct td_db_attempt {
@@ -42,6 +44,8 @@ typedef struct td_db_attempt {
 } td_db_attempt;
 
 int td_db_open(td_db **out, const char *path, td_err *err);
+/* Whether the last failed write failed for want of disk space (SQLITE_FULL). */
+bool td_db_full(td_db *db);
 void td_db_close(td_db *db);
 
 /* Inserts the job (id assigned and stored in job->id). */
@@ -93,6 +97,22 @@ int td_db_checkpoints(td_db *db, long job_id, long step, td_db_checkpoint_fn fn,
 int td_db_set_drained(td_db *db, const char *name, bool drained, td_err *err);
 typedef void (*td_db_name_fn)(void *ctx, const char *name);
 int td_db_drained_nodes(td_db *db, td_db_name_fn fn, void *ctx, td_err *err);
+
+/* API tokens (service/td_tokens.h): each one's hash, never the token itself. */
+typedef struct td_db_token {
+    long id;
+    char name[64];
+    char scope[16];
+    char hash[65];                 /* SHA-256, lowercase hex */
+    double created_at, revoked_at; /* revoked_at 0: live */
+    long created_by;               /* the token that created it; 0: traind itself */
+} td_db_token;
+/* Stores t (id assigned into t->id). */
+int td_db_insert_token(td_db *db, td_db_token *t, td_err *err);
+/* Marks token id revoked at `at`; 1 when it was live, 0 when unknown or already revoked. */
+int td_db_revoke_token(td_db *db, long id, double at, td_err *err);
+typedef void (*td_db_token_fn)(void *ctx, const td_db_token *t);
+int td_db_load_tokens(td_db *db, td_db_token_fn fn, void *ctx, td_err *err);
 
 /* One checkpoint's path. */
 /* 1 when found (path filled), 0 when not. */

@@ -91,7 +91,51 @@ json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt
         j->cfg.orphan_timeout_s > 0 ? j->cfg.orphan_timeout_s : 600.0, "launch_self",
         c->launch_self);
     TD_ASSERT(o, "json_pack of a shepherd's spec failed");
+    const td_launch_user *u = &j->cfg.run_as;
+    if (u->drop)
+        json_object_set_new(o, "user",
+                            json_pack("{s:s, s:I, s:I}", "name", u->name, "uid", (json_int_t)u->uid,
+                                      "gid", (json_int_t)u->gid));
     return o;
+}
+
+/* Where an attempt's processes run, made ready for them. As the daemon's own user: the job's
+ * directory. As run_as: dir stays root's (its attempt, status and output files are the
+ * daemon's and the shepherd's, and a job able to swap them for symlinks could make root write
+ * anywhere), readable by the user's group; the processes work in dir/work and write checkpoints
+ * in dir/checkpoints, both the user's. */
+void td_jobs_give(const td_jobs *j, const char *path) {
+    const td_launch_user *u = &j->cfg.run_as;
+    if (u->drop && lchown(path, u->uid, u->gid) != 0)
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_NOWHERE, "cannot give %s to user %s: %s", path,
+                  u->name, strerror(errno));
+}
+
+void td_jobs_cwd_of(const td_jobs *j, const char *dir, char *cwd, size_t len) {
+    snprintf(cwd, len, "%s%s", dir, j->cfg.run_as.drop ? "/work" : "");
+}
+
+int td_jobs_work_dir(td_jobs *j, const char *dir, char *cwd, size_t len, td_err *err) {
+    const td_launch_user *u = &j->cfg.run_as;
+    snprintf(cwd, len, "%s", dir);
+    if (!u->drop) return 0;
+    if (lchown(dir, 0, u->gid) != 0 || chmod(dir, 0750) != 0)
+        return td_fail(err, "cannot give %s to group %ld (run_as %s): %s", dir, (long)u->gid,
+                       u->name, strerror(errno));
+    static const char *const OWN[] = {"work", "checkpoints"};
+    for (size_t i = 0; i < sizeof OWN / sizeof OWN[0]; i++) {
+        char sub[PATH_MAX + 16];
+        snprintf(sub, sizeof sub, "%s/%s", dir, OWN[i]);
+        if (mkdir(sub, 0750) != 0 && errno != EEXIST)
+            return td_fail(err, "cannot create %s: %s", sub, strerror(errno));
+        struct stat st;
+        if (lstat(sub, &st) != 0 || !S_ISDIR(st.st_mode))
+            return td_fail(err, "%s: not a directory", sub);
+        if (lchown(sub, u->uid, u->gid) != 0)
+            return td_fail(err, "cannot give %s to user %s: %s", sub, u->name, strerror(errno));
+    }
+    snprintf(cwd, len, "%s/work", dir);
+    return 0;
 }
 
 /* Starts the job's next attempt on slots already reserved: its shepherd starts the processes. */
@@ -130,6 +174,8 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
         env[n_env++] = ckpt_var;
     }
     env[n_env] = NULL;
+    char cwd[PATH_MAX + 16];
+    if (td_jobs_work_dir(j, jb->dir, cwd, sizeof cwd, &err) != 0) ok = 0;
     td_launch_config cfg = {.nproc_per_node = jb->row.nproc,
                             .nnodes = 1,
                             .max_restarts = jb->row.max_restarts,
@@ -137,7 +183,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
                             .argv = jb->argv,
                             .local_rank_arg = jb->local_rank_arg,
                             .launch_self = jb->launch_self,
-                            .cwd = jb->dir,
+                            .cwd = cwd,
                             .extra_env = env};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "127.0.0.1");
     snprintf(cfg.run_id, sizeof cfg.run_id, "%s", run_id);

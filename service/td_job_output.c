@@ -102,7 +102,9 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
                           "from its node; not registered",
                           jb->row.id, step);
         } else if (path) {
-            snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : jb->dir,
+            char cwd[PATH_MAX];
+            td_jobs_cwd_of(j, jb->dir, cwd, sizeof cwd);
+            snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd,
                      path[0] == '/' ? "" : "/", path);
             path = full;
         }
@@ -194,6 +196,9 @@ static void output_line(void *ctx, char *line, size_t n, long long end) {
 }
 
 void td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
+    /* while its events cannot be stored, the lines wait in the output file (the supervisor
+     * reads on once they are); at the attempt's end, everything left is read into memory */
+    if (!final && jb->n_pending > 0 && !td_jobs_store_pending(j, jb)) return;
     if (jb->out_fd < 0) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s.out", jb->sh.base);

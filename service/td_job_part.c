@@ -81,8 +81,9 @@ static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
         const char *ev = json_string_value(json_object_get(o, "event"));
         const char *path = json_string_value(json_object_get(o, "path"));
         if (ev && path && strcmp(ev, TD_EVENT_CHECKPOINT) == 0) {
-            char full[2 * PATH_MAX];
-            snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : g->dir,
+            char full[2 * PATH_MAX], cwd[PATH_MAX];
+            td_jobs_cwd_of(j, g->dir, cwd, sizeof cwd);
+            snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd,
                      path[0] == '/' ? "" : "/", path);
             l->ckpt = td_str_dup(full);
         }
@@ -240,6 +241,12 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     } else if (ok) {
         char spec[PATH_MAX + 16];
         snprintf(spec, sizeof spec, "%s/spec.json", g->dir);
+        /* a checkpoint.dir the master made relative is the job directory's here (the ranks
+         * may run in another, dir/work, as run_as) */
+        json_t *ck = json_object_get(json_object_get(o, "spec"), "checkpoint");
+        const char *cdir = json_string_value(json_object_get(ck, "dir"));
+        if (remote && cdir && cdir[0] != '/')
+            json_object_set_new(ck, "dir", json_string(ckpt_root));
         if (remote && json_dump_file(json_object_get(o, "spec"), spec, JSON_INDENT(2)) != 0) {
             td_fail(&err, "cannot write %s: %s", spec, strerror(errno));
             ok = false;
@@ -288,6 +295,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         struct stat st;
         if (stat(path, &st) == 0) g->log_start[r] = (long long)st.st_size;
     }
+    char cwd[PATH_MAX + 16];
+    if (ok && td_jobs_work_dir(j, g->dir, cwd, sizeof cwd, &err) != 0) ok = false;
     td_launch_config cfg = {.nproc_per_node = g->nproc,
                             .nnodes = g->nnodes,
                             .node_rank = g->node_rank,
@@ -297,7 +306,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
                             .argv = argv,
                             .local_rank_arg = order_string(o, "local_rank_arg"),
                             .launch_self = self,
-                            .cwd = g->dir,
+                            .cwd = ok ? cwd : g->dir,
                             .extra_env = env};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", order_string(o, "master_addr"));
     snprintf(cfg.run_id, sizeof cfg.run_id, "traind-job-%ld", g->job);
@@ -460,6 +469,18 @@ void td_jobs_guests_stop_for_exit(td_jobs *j, const char *why) {
     }
 }
 
+/* A failure of rank `rank` (what: the shepherd's words) as the master shows it: naming this
+ * node, with the rank's own error line from its log. */
+static void failure_words(td_jobs *j, const guest *g, int rank, const char *what, char *out,
+                          size_t len) {
+    char own[340]; /* (a cascade's error ends with the job's first failure: keep it whole) */
+    int local = rank - g->node_rank * g->nproc;
+    td_jobs_rank_message(g->dir, rank, local >= 0 && local < g->procs ? g->log_start[local] : 0,
+                         strcmp(g->kind, "command") == 0, own, sizeof own);
+    snprintf(out, len, "node %s: %.100s%s%s", j->node_name, what, own[0] ? ": " : "", own);
+    td_str_utf8_repair(out); /* cut at a byte count; JSON carries only whole characters */
+}
+
 /* Its shepherd's connection ended: the part is over (or the shepherd died, or dropped a slow
  * daemon: connected to again). */
 static void guest_gone(td_jobs *j, guest *g) {
@@ -493,14 +514,8 @@ static void guest_gone(td_jobs *j, guest *g) {
                  "status%s%.200s",
                  j->node_name, g->node_rank, words[0] ? ": " : "", words);
     } else if (e.failed) {
-        char own[320];
-        int local = e.failed_rank - g->node_rank * g->nproc;
-        td_jobs_rank_message(g->dir, e.failed_rank,
-                             local >= 0 && local < g->procs ? g->log_start[local] : 0,
-                             strcmp(g->kind, "command") == 0, own, sizeof own);
         code = e.exit_code ? e.exit_code : 1;
-        snprintf(reason, sizeof reason, "node %s: %.180s%s%.250s", j->node_name, e.reason,
-                 own[0] ? ": " : "", own);
+        failure_words(j, g, e.failed_rank, e.reason, reason, sizeof reason);
     } else if (g->cut_off[0]) {
         code = 1;
         snprintf(reason, sizeof reason, "%s", g->cut_off);
@@ -689,6 +704,19 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
                               (json_int_t)(g->first_seq + g->n_lines), "complete", whole, "devices",
                               devices, "process_devices", each);
         TD_ASSERT(e, "json_pack of a part's report failed");
+        if (g->sh.failed) {
+            /* as soon as the shepherd says so, with when it happened: the master tells the
+             * first failure from the cascade it caused on other nodes by that time, not by
+             * which part's end it hears of first (a part whose stopped rank holds it for the
+             * grace period ends last, though its failure came first) */
+            char words[sizeof g->reason];
+            if (g->running)
+                failure_words(j, g, g->sh.failed_rank, g->sh.failed_reason, words, sizeof words);
+            json_object_set_new(e, "failure",
+                                json_pack("{s:i, s:s, s:f}", "exit_code",
+                                          g->sh.failed_code ? g->sh.failed_code : 1, "reason",
+                                          g->running ? words : g->reason, "at", g->sh.failed_at));
+        }
         json_array_append_new(list, e);
     }
     return list;

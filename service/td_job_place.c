@@ -383,12 +383,26 @@ static void check_over(td_jobs *j, job *jb) {
     td_jobs_attempt_over(j, jb);
 }
 
-static void part_failed(td_jobs *j, job *jb, int code, const char *reason) {
-    if (jb->parts_code == 0 && !jb->cancel_requested && !jb->timed_out) {
+/* Part p's first failure, which happened at `at` (wall clock as its node says; 0: now). The
+ * attempt's failure is the earliest of its parts' by that time, in whatever order the nodes'
+ * reports come (a heartbeat apart each; and a part whose ranks take the grace period to stop
+ * ends long after the failure that stopped them); the first one heard of stops every part. */
+static void part_failed(td_jobs *j, job *jb, part *p, int code, const char *reason, double at) {
+    if (p->failed_at > 0) return; /* its first failure is known */
+    p->failed_at = at > 0 ? at : td_clock_wall();
+    bool first = true;
+    for (int i = 0; i < jb->n_parts; i++)
+        if (&jb->parts[i] != p && jb->parts[i].failed_at > 0 &&
+            jb->parts[i].failed_at <= p->failed_at)
+            first = false;
+    if (first && !jb->cancel_requested && !jb->timed_out) {
+        bool earlier = jb->parts_code != 0;
         jb->parts_code = code ? code : 1;
         snprintf(jb->parts_reason, sizeof jb->parts_reason, "%s", reason);
         td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
-                  "job %ld: %s; stopping its ranks on every node", jb->row.id, reason);
+                  earlier ? "job %ld: %s, before the failure heard of first"
+                          : "job %ld: %s; stopping its ranks on every node",
+                  jb->row.id, reason);
     }
     jb->parts_stopping = true;
 }
@@ -433,6 +447,13 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
         free(line);
         jb->lines_in++;
     }
+    json_t *failure = json_object_get(e, "failure");
+    double failed_at = json_number_value(json_object_get(failure, "at"));
+    if (json_is_object(failure) && p->failed_at <= 0) { /* while the part still stops */
+        const char *why = json_string_value(json_object_get(failure, "reason"));
+        part_failed(j, jb, p, (int)json_integer_value(json_object_get(failure, "exit_code")),
+                    why && *why ? why : "a rank failed without a message", failed_at);
+    }
     long next = (long)json_integer_value(json_object_get(e, "next_seq"));
     bool ended = strcmp(json_string_value(json_object_get(e, "state"))
                             ? json_string_value(json_object_get(e, "state"))
@@ -446,9 +467,9 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
     p->exit_code = (int)json_integer_value(json_object_get(e, "exit_code"));
     const char *reason = json_string_value(json_object_get(e, "reason"));
     snprintf(p->reason, sizeof p->reason, "%s", reason ? reason : "");
-    if (p->exit_code != 0 && !jb->parts_stopping)
-        part_failed(j, jb, p->exit_code,
-                    p->reason[0] ? p->reason : "a rank failed without a message");
+    if (p->exit_code != 0) /* (said before it ended, or now) */
+        part_failed(j, jb, p, p->exit_code,
+                    p->reason[0] ? p->reason : "a rank failed without a message", failed_at);
 }
 
 void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *msg,
@@ -477,7 +498,7 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
                 snprintf(p->reason, sizeof p->reason,
                          "node %s: its traind restarted while node rank %d ran there", node,
                          p->node_rank);
-                part_failed(j, jb, -1, p->reason);
+                part_failed(j, jb, p, -1, p->reason, 0);
                 continue;
             }
         }
@@ -507,7 +528,7 @@ void td_jobs_node_lost(td_jobs *j, const char *node, const char *why) {
         snprintf(p->reason, sizeof p->reason, "%s (node rank %d, ranks %d to %d)", why,
                  p->node_rank, p->node_rank * jb->row.nproc,
                  (p->node_rank + 1) * jb->row.nproc - 1);
-        part_failed(j, jb, -1, p->reason);
+        part_failed(j, jb, p, -1, p->reason, 0);
         check_over(j, jb);
     }
     pthread_mutex_unlock(&j->mu);

@@ -71,6 +71,10 @@ const char *td_jobs_render(job *jb) {
         json_object_set_new(o, "launch", json_string(jb->launch_self ? "self" : "torchrun"));
         json_object_set_new(o, "visible_gpus", json_string(jb->see_all_gpus ? "job" : "own"));
         json_object_set_new(o, "placement", td_jobs_placement_json(jb));
+        /* who submitted it: the token's name and id (0 and "": before tokens had scopes) */
+        json_object_set_new(o, "owner",
+                            json_pack("{s:I, s:s}", "token", (json_int_t)jb->row.owner, "name",
+                                      jb->row.owner_name));
     }
     TD_ASSERT(o, "json_pack of a job failed (a bad UTF-8 name?)");
     /* the metrics as the worker printed them (%.9g), not as 17 digits */
@@ -116,6 +120,7 @@ job *td_jobs_new_job(td_jobs *j, const td_db_job *row) {
     for (int s = 0; s < N_STATES; s++)
         if (strcmp(row->state, td_jobs_state_names[s]) == 0) jb->state = s;
     snprintf(jb->dir, sizeof jb->dir, "%s/jobs/%ld", j->cfg.state_dir, row->id);
+    jb->stored_seq = row->last_seq;
     return jb;
 }
 
@@ -147,14 +152,60 @@ void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const cha
     char *text = raw ? td_strdup(raw) : json_dumps(data, JSON_COMPACT);
     TD_CHECK_ALLOC(text, "encoding an event");
     jb->row.last_seq++;
-    td_db_event ev = {jb->row.id, jb->row.last_seq, type, text, step, metric, ckpt_path, ckpt_size};
-    td_err err = {{0}};
-    if (td_db_add_event(j->db, &ev, &jb->row, &err) != 0)
-        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
-                  err.msg);
-    free(text);
+    if (jb->n_pending == jb->cap_pending) {
+        jb->cap_pending = jb->cap_pending ? 2 * jb->cap_pending : 4;
+        jb->pending = td_realloc(jb->pending, (size_t)jb->cap_pending * sizeof *jb->pending);
+    }
+    jb->pending[jb->n_pending++] =
+        (pending_event){.seq = jb->row.last_seq,
+                        .step = step,
+                        .type = td_strdup(type),
+                        .text = text,
+                        .ckpt_path = ckpt_path ? td_strdup(ckpt_path) : NULL,
+                        .metric = metric,
+                        .ckpt_size = ckpt_size,
+                        .out_offset = jb->row.out_offset};
+    td_jobs_store_pending(j, jb);
     td_jobs_stale(jb);
     pthread_cond_broadcast(&j->changed);
+}
+
+static void free_pending(pending_event *p) {
+    free(p->type);
+    free(p->text);
+    free(p->ckpt_path);
+}
+
+bool td_jobs_store_pending(td_jobs *j, job *jb) {
+    int done = 0;
+    td_err err = {{0}};
+    for (; done < jb->n_pending; done++) {
+        pending_event *p = &jb->pending[done];
+        /* the row as it was with this event: a daemon that dies before the next one is stored
+         * reads the output on from this event's line, not from a later one */
+        td_db_job row = jb->row;
+        row.last_seq = p->seq;
+        row.out_offset = p->out_offset;
+        td_db_event ev = {jb->row.id, p->seq,    p->type,      p->text,
+                          p->step,    p->metric, p->ckpt_path, p->ckpt_size};
+        if (td_db_add_event(j->db, &ev, &row, &err) != 0) break;
+        jb->stored_seq = p->seq;
+        free_pending(p);
+    }
+    memmove(jb->pending, jb->pending + done, (size_t)(jb->n_pending - done) * sizeof *jb->pending);
+    jb->n_pending -= done;
+    if (jb->n_pending > 0 && !jb->store_failing)
+        td_log_at(j->log, TD_LOG_ERROR, TD_LOG_JOB(jb->row.id),
+                  "job %ld: cannot store its events (%s): %d kept in memory and stored once the "
+                  "database takes them; its output is read on then",
+                  jb->row.id, err.msg, jb->n_pending);
+    else if (jb->n_pending == 0 && jb->store_failing)
+        td_log_at(j->log, TD_LOG_NOTICE, TD_LOG_JOB(jb->row.id),
+                  "job %ld: its events are stored again (up to event %ld)", jb->row.id,
+                  jb->stored_seq);
+    jb->store_failing = jb->n_pending > 0;
+    if (done > 0) pthread_cond_broadcast(&j->changed);
+    return jb->n_pending == 0;
 }
 
 void td_jobs_emit_state(td_jobs *j, job *jb) {
@@ -187,6 +238,8 @@ void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason
 }
 
 void td_jobs_free_job(job *jb) {
+    for (int i = 0; i < jb->n_pending; i++) free_pending(&jb->pending[i]);
+    free(jb->pending);
     td_tboard_close(jb->tboard);
     free(jb->row.spec);
     free(jb->attempts);

@@ -72,10 +72,12 @@ static json_t *manifest(const char *path, td_err *err) {
 }
 
 /* mkdir -p of path's parent directories. */
-static int make_parents(char *path, td_err *err) {
+static int make_parents(const td_jobs *j, char *path, td_err *err) {
     for (char *p = path + 1; (p = strchr(p, '/')); p++) {
         *p = 0;
-        int rc = mkdir(path, 0750) == 0 || errno == EEXIST ? 0 : -1;
+        bool made = mkdir(path, 0750) == 0;
+        if (made) td_jobs_give(j, path); /* what the daemon made, never what was there */
+        int rc = made || errno == EEXIST ? 0 : -1;
         if (rc != 0) td_fail(err, "cannot create %s: %s", path, strerror(errno));
         *p = '/';
         if (rc != 0) return -1;
@@ -125,7 +127,7 @@ static int copy_file(const char *src, const char *dst, td_err *err) {
 
 /* The checkpoint at src (files: its manifest) also at dst, file by file; a file already there
  * whole (the same SHA-256: shared storage, or an earlier copy) stays. */
-static int place(const char *src, const char *dst, json_t *files, td_err *err) {
+static int place(const td_jobs *j, const char *src, const char *dst, json_t *files, td_err *err) {
     char a[PATH_MAX], b[PATH_MAX];
     if (realpath(src, a) && realpath(dst, b) && strcmp(a, b) == 0) return 0;
     size_t skip = strlen("checkpoints/") + strlen(base_of(src));
@@ -142,7 +144,8 @@ static int place(const char *src, const char *dst, json_t *files, td_err *err) {
             snprintf(to, sizeof to, "%s%s", dst, rel + skip) >= (int)sizeof to)
             return td_fail(err, "a path longer than %d bytes under %s", (int)sizeof to, dst);
         if (td_sha256_file(to, hex, &size, &ignored) == 0 && strcmp(hex, want) == 0) continue;
-        if (make_parents(to, err) != 0 || copy_file(from, to, err) != 0) return -1;
+        if (make_parents(j, to, err) != 0 || copy_file(from, to, err) != 0) return -1;
+        td_jobs_give(j, to);
     }
     return 0;
 }
@@ -191,7 +194,7 @@ static bool prepare_one(td_jobs *j) {
     pthread_mutex_unlock(&j->mu);
     td_err read_err = {{0}}, place_err = {{0}};
     json_t *made = files ? NULL : manifest(path, &read_err);
-    int placed = files || made ? place(path, dst, files ? files : made, &place_err) : -1;
+    int placed = files || made ? place(j, path, dst, files ? files : made, &place_err) : -1;
     pthread_mutex_lock(&j->mu);
     jb = td_jobs_find(j, id);
     if (jb) jb->resume_busy = false;

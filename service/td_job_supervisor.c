@@ -61,6 +61,9 @@ void *td_jobs_supervise(void *arg) {
             int until = ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
             if (timeout_ms < 0 || until < timeout_ms) timeout_ms = until;
         }
+        for (int i = 0; i < j->n_jobs; i++) /* events the database refused: tried every second */
+            if (j->jobs[i]->n_pending > 0 && (timeout_ms < 0 || timeout_ms > 1000))
+                timeout_ms = 1000;
         if (j->cfg.on_turn && j->cfg.turn_every_s > 0) {
             int every = (int)(j->cfg.turn_every_s * 1000.0);
             if (every < 1) every = 1;
@@ -99,6 +102,11 @@ void *td_jobs_supervise(void *arg) {
             bool still = false; /* a part may have been forgotten by now */
             for (int k = 0; k < j->n_guests; k++) still |= j->guests[k] == g;
             if (fds[i].revents && still && g->sh.fd >= 0) td_jobs_guests_read(j, g);
+        }
+        for (int i = 0; i < j->n_jobs; i++) {
+            job *jb = j->jobs[i];
+            if (jb->n_pending == 0 || !td_jobs_store_pending(j, jb)) continue;
+            if (jb->active && jb->sh.fd >= 0) td_jobs_read_output(j, jb, false, 0); /* on */
         }
         td_jobs_guests_tick(j);
         td_jobs_parts_tick(j);

@@ -22,6 +22,12 @@ static char **copy_roots(const char *const *roots, int n) {
     return v;
 }
 
+void td_jobs_set_command_jobs(td_jobs *j, const char *policy) {
+    pthread_mutex_lock(&j->mu);
+    snprintf(j->command_jobs, sizeof j->command_jobs, "%s", policy);
+    pthread_mutex_unlock(&j->mu);
+}
+
 void td_jobs_set_limits(td_jobs *j, const char *const *roots, int n_roots, double grace_s) {
     char **fresh = copy_roots(roots, n_roots);
     pthread_mutex_lock(&j->mu);
@@ -42,6 +48,9 @@ int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *lo
     j->log = log;
     j->roots = copy_roots(cfg->rules.data_roots, cfg->rules.n_roots);
     j->cfg.rules.data_roots = (const char *const *)j->roots;
+    snprintf(j->command_jobs, sizeof j->command_jobs, "%s",
+             cfg->rules.command_jobs ? cfg->rules.command_jobs : "any");
+    j->cfg.rules.command_jobs = NULL; /* j->command_jobs, copied under the lock */
     j->wake_fd = j->sig_fd = -1;
     pthread_mutex_init(&j->mu, NULL);
     pthread_condattr_t ca;
@@ -174,11 +183,34 @@ static int not_found(td_reply_error *e, long id) {
     return td_reply_fail(e, 404, "not_found", NULL, "there is no job %ld", id);
 }
 
-int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *id,
-                   td_reply_error *e) {
+/* Whether who has this many queued jobs (the mutex held). */
+static int queued_of(const td_jobs *j, long owner) {
+    int n = 0;
+    for (int i = 0; i < j->n_jobs; i++)
+        n += j->jobs[i]->state == QUEUED && j->jobs[i]->row.owner == owner;
+    return n;
+}
+
+/* 403 unless who may act on jb: an admin, or the token that submitted it. */
+static int owner_check(const job *jb, const td_principal *who, const char *what,
+                       td_reply_error *e) {
+    if (who->scope >= TD_SCOPE_ADMIN || (who->id != 0 && jb->row.owner == who->id)) return 0;
+    return td_reply_fail(e, 403, "forbidden", NULL,
+                         "job %ld was submitted by %s%s%s: token \"%s\" (scope %s) may %s only "
+                         "the jobs it submitted",
+                         jb->row.id, jb->row.owner_name[0] ? "token \"" : "another token",
+                         jb->row.owner_name, jb->row.owner_name[0] ? "\"" : "", who->name,
+                         td_scope_name(who->scope), what);
+}
+
+int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal *who,
+                   int max_queued, td_buf *out, long *id, td_reply_error *e) {
     td_submission s;
     pthread_mutex_lock(&j->mu);
     td_submit_rules rules = j->cfg.rules;
+    char policy[sizeof j->command_jobs]; /* a reload may change it while this one is checked */
+    snprintf(policy, sizeof policy, "%s", j->command_jobs);
+    rules.command_jobs = policy;
     pthread_mutex_unlock(&j->mu);
     if (td_submission_parse(&s, body, len, &rules, e) != 0) return -1;
     pthread_mutex_lock(&j->mu);
@@ -187,6 +219,14 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
                                    "traind is stopping and stopping its jobs: submit again once "
                                    "it is back")
                    : td_jobs_check_fit(j, &s, e);
+    int queued = fits == 0 && max_queued > 0 ? queued_of(j, who->id) : 0;
+    if (fits == 0 && max_queued > 0 && queued >= max_queued) {
+        fits = td_reply_fail(e, 429, "too_many_queued", NULL,
+                             "token \"%s\" already has %d queued jobs, its limit "
+                             "(max_queued_per_token): submit again when one has started",
+                             who->name, queued);
+        e->retry_after_s = 30;
+    }
     pthread_mutex_unlock(&j->mu);
     if (fits != 0) {
         td_submission_free(&s);
@@ -200,6 +240,8 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
     snprintf(row.name, sizeof row.name, "%s", s.name);
     snprintf(row.kind, sizeof row.kind, "%s", s.command ? "command" : "train");
     snprintf(row.state, sizeof row.state, "queued");
+    row.owner = who->id;
+    snprintf(row.owner_name, sizeof row.owner_name, "%s", who->name);
     row.spec = td_malloc(len + 1);
     memcpy(row.spec, body, len);
     row.spec[len] = 0;
@@ -210,6 +252,14 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *
         pthread_mutex_unlock(&j->mu);
         free(row.spec);
         td_submission_free(&s);
+        if (td_db_full(j->db)) {
+            td_reply_fail(e, 507, "insufficient_storage", NULL,
+                          "the job cannot be stored: the filesystem of traind's state directory "
+                          "%s is full (running jobs go on; free space there and submit again)",
+                          j->cfg.state_dir);
+            e->retry_after_s = 30;
+            return -1;
+        }
         return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
     }
     job *jb = td_jobs_new_job(j, &row);
@@ -285,12 +335,14 @@ void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *ou
     pthread_mutex_unlock(&j->mu);
 }
 
-int td_jobs_cancel(td_jobs *j, long id, td_buf *out, td_reply_error *e) {
+int td_jobs_cancel(td_jobs *j, long id, const td_principal *who, td_buf *out, td_reply_error *e) {
     pthread_mutex_lock(&j->mu);
     job *jb = td_jobs_find(j, id);
     int rc = 0;
     if (!jb) {
         rc = not_found(e, id);
+    } else if (owner_check(jb, who, "cancel", e) != 0) {
+        rc = -1;
     } else if (td_jobs_final_state(jb->state)) {
         rc = td_reply_fail(e, 409, "conflict", NULL, "job %ld has already %s", id,
                            td_jobs_state_names[jb->state]);
@@ -328,11 +380,12 @@ int td_jobs_wait(td_jobs *j, long id, long after, double timeout_s, long *last_s
     }
     struct timespec until;
     td_clock_deadline(&until, timeout_s);
-    while (jb->row.last_seq <= after && !td_jobs_final_state(jb->state) && !j->stopping &&
-           pthread_cond_timedwait(&j->changed, &j->mu, &until) != ETIMEDOUT) {
+    /* stored events only: the stream reads them from the database */
+    while (jb->stored_seq <= after && !(td_jobs_final_state(jb->state) && jb->n_pending == 0) &&
+           !j->stopping && pthread_cond_timedwait(&j->changed, &j->mu, &until) != ETIMEDOUT) {
     }
-    *last_seq = jb->row.last_seq;
-    *ended = td_jobs_final_state(jb->state) || j->stopping;
+    *last_seq = jb->stored_seq;
+    *ended = (td_jobs_final_state(jb->state) && jb->n_pending == 0) || j->stopping;
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -424,7 +477,7 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
     return (type == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
 }
 
-int td_jobs_delete(td_jobs *j, long id, td_reply_error *e) {
+int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error *e) {
     pthread_mutex_lock(&j->mu);
     int at = -1;
     for (;;) { /* not while its checkpoint is being copied (into its directory, maybe) */
@@ -439,6 +492,10 @@ int td_jobs_delete(td_jobs *j, long id, td_reply_error *e) {
         return not_found(e, id);
     }
     job *jb = j->jobs[at];
+    if (owner_check(jb, who, "delete", e) != 0) {
+        pthread_mutex_unlock(&j->mu);
+        return -1;
+    }
     if (!td_jobs_final_state(jb->state)) {
         int rc = td_reply_fail(e, 409, "conflict", NULL,
                                "job %ld is %s: only a finished job can be deleted (cancel it "

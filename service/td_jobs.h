@@ -10,8 +10,10 @@
 
 #include "service/td_buf.h"
 #include "service/td_db.h"
+#include "service/td_launch.h"
 #include "service/td_log.h"
 #include "service/td_submit.h"
+#include "service/td_tokens.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -36,6 +38,8 @@ typedef struct td_jobs_config {
     /* Called by the supervisor thread (without the jobs' mutex) on every turn of its loop, at
      * least every turn_every_s (when > 0): the daemon's watchdog ping, so a stuck supervisor
      * stops the pings. */
+    /* a root daemon's jobs run as this user (td_launch.h); drop false: as the daemon */
+    td_launch_user run_as;
     void (*on_turn)(void *ctx);
     void *turn_ctx;
     double turn_every_s;
@@ -51,6 +55,8 @@ int td_jobs_start(td_jobs *j, td_err *err);
 /* A reload's new data roots (resolved directories, copied) and grace period: submissions and
  * stops from now on use them; running jobs keep the paths they were given. */
 void td_jobs_set_limits(td_jobs *j, const char *const *roots, int n_roots, double grace_s);
+/* A reload's command_jobs policy (td_submit_rules.command_jobs), for submissions from now on. */
+void td_jobs_set_command_jobs(td_jobs *j, const char *policy);
 /* A reload's keep_jobs_on_stop and orphan_timeout_s (the latter for attempts started from now
  * on). */
 void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_timeout_s);
@@ -62,21 +68,23 @@ void td_jobs_stop(td_jobs *j);
 /* Stops (if not yet) and frees; what still runs is its shepherds' (td_shepherd.h). */
 void td_jobs_close(td_jobs *j);
 
-/* 201: the new job's JSON in out, its id in *id. */
-int td_jobs_submit(td_jobs *j, const char *body, size_t len, td_buf *out, long *id,
-                   td_reply_error *e);
+/* 201: the new job's JSON in out, its id in *id. who: the token submitting it, recorded as the
+ * job's owner; 429 when it already has max_queued jobs queued (0: no limit). */
+int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal *who,
+                   int max_queued, td_buf *out, long *id, td_reply_error *e);
 /* The job's JSON; -1 with 404 when there is no such job. */
 int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e);
 /* states: a bit per td_jobs_state_bit (0: all). */
 void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *out);
 unsigned td_jobs_state_bit(const char *state);  /* 0: not a state */
 void td_jobs_state_list(char *out, size_t len); /* "queued, running, ..." for messages */
-/* Stops the job and waits until none of its processes is left; then the job's JSON. */
-int td_jobs_cancel(td_jobs *j, long id, td_buf *out, td_reply_error *e);
+/* Stops the job and waits until none of its processes is left; then the job's JSON. who: 403
+ * unless it is an admin token or the job's owner. */
+int td_jobs_cancel(td_jobs *j, long id, const td_principal *who, td_buf *out, td_reply_error *e);
 
 /* Removes a finished job: its records and its directory (checkpoints it wrote elsewhere, in a
  * checkpoint.dir of its own, stay). 404 for no such job, 409 for one not finished. */
-int td_jobs_delete(td_jobs *j, long id, td_reply_error *e);
+int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error *e);
 
 /* For streams: waits until the job has an event after `after`, has ended, the daemon stops, or
  * timeout_s passes. -1 when there is no such job; *last_seq: its newest event; *ended: it is
@@ -134,6 +142,10 @@ void td_jobs_guests_stop_all(td_jobs *j, const char *why);
  * latest checkpoint's files are found where they are when that is outside the directory. */
 int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool reading, char *path, size_t len,
                       td_reply_error *e);
+
+/* What the daemon writes for a job's processes (a checkpoint to resume from): given to run_as
+ * when the jobs run as another user, so they can read it and write beside it. */
+void td_jobs_give(const td_jobs *j, const char *path);
 
 /* Whether job id exists (404 otherwise). */
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e);

@@ -34,8 +34,22 @@ enum { QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED, N_STATES };
 #define TD_JOBS_EVENT_PLACEMENT "placement" /* where an attempt across nodes runs */
 extern const char *const td_jobs_state_names[N_STATES];
 
+/* An event the database could not take yet (a full disk): kept, in order, and stored again. */
+typedef struct pending_event {
+    long seq, step;
+    char *type, *text, *ckpt_path;
+    bool metric;
+    long long ckpt_size, out_offset; /* out_offset: the row's when the event was made */
+} pending_event;
+
 typedef struct job {
     td_db_job row; /* what the database holds; row.state mirrors state */
+    /* events made but not yet stored (oldest first), and the newest stored one: streams read
+     * the database, so they are told of stored events only, and none is lost or skipped */
+    pending_event *pending;
+    int n_pending, cap_pending;
+    long stored_seq;
+    bool store_failing; /* said in the log once per outage */
     int state;
     td_db_attempt *attempts;
     int n_attempts, cap_attempts;
@@ -101,6 +115,7 @@ typedef struct part {
     bool local;         /* on the master's own node */
     int exit_code;      /* once ended */
     char reason[512];   /* a failure's words, once ended */
+    double failed_at;   /* when its first failure happened (wall clock, as its node says); 0 */
     char devices[256];  /* the node's GPUs for the job, as the node reported them */
     char *proc_devices; /* each process's CUDA_VISIBLE_DEVICES, separated by ';'; NULL: none */
 } part;
@@ -144,6 +159,7 @@ struct td_jobs {
     char **roots;
     char ***retired_roots;
     int n_retired_roots;
+    char command_jobs[8192]; /* td_submit_rules.command_jobs, as a reload last set it */
     pthread_mutex_t mu;
     pthread_cond_t changed; /* any event, state change or stop */
     job **jobs;             /* by id, ascending */
@@ -186,6 +202,8 @@ void td_jobs_set_state(job *jb, int state);
 bool td_jobs_final_state(int s);
 /* Appends an event (and the job row) to the database, then wakes the streams. raw: the event's
  * text as the worker wrote it (kept byte for byte), or NULL to encode data. */
+/* Stores jb's pending events, oldest first; false when the database still refuses them. */
+bool td_jobs_store_pending(td_jobs *j, job *jb);
 void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const char *raw, long step,
                   bool metric, const char *ckpt_path, long long ckpt_size);
 void td_jobs_emit_state(td_jobs *j, job *jb);
@@ -234,6 +252,11 @@ json_t *td_jobs_sizes_json(const long long *v, int n);
  * caller's). */
 json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
                               char **devices, double deadline);
+/* The directory an attempt's processes run in, made ready for the run_as user (cwd: dir, or
+ * dir/work when they run as another user than the daemon). */
+int td_jobs_work_dir(td_jobs *j, const char *dir, char *cwd, size_t len, td_err *err);
+/* That directory's name alone (what a relative path a job prints is relative to). */
+void td_jobs_cwd_of(const td_jobs *j, const char *dir, char *cwd, size_t len);
 /* Whether process group pgid is still a job's: its leader runs in the job's directory dir (an
  * id saved before a restart may be another process's by now). */
 bool td_jobs_group_of(pid_t pgid, const char *dir);

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
@@ -159,11 +160,10 @@ static int resolve_program(const char *name, char *out, size_t len, td_err *err)
 
 /* In the child, between fork and exec: async-signal-safe calls only (the daemon has threads). */
 static void exec_worker(const td_launch_config *cfg, int r, const char *program, char **argv,
-                        char **env, pid_t pgid, const cpu_set_t *cpus) {
+                        char **env, pid_t pgid, const cpu_set_t *cpus, const gid_t *groups,
+                        int n_groups) {
     setpgid(0, pgid);
     if (cpus) (void)sched_setaffinity(0, sizeof *cpus, cpus); /* a failure only costs speed */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1) _exit(127); /* the launcher died before prctl took effect */
     if (cfg->stdout_fds && cfg->stdout_fds[r] >= 0) dup2(cfg->stdout_fds[r], STDOUT_FILENO);
     if (cfg->stderr_fds && cfg->stderr_fds[r] >= 0) dup2(cfg->stderr_fds[r], STDERR_FILENO);
     if (cfg->cwd && chdir(cfg->cwd) != 0) {
@@ -171,6 +171,18 @@ static void exec_worker(const td_launch_config *cfg, int r, const char *program,
         (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
         _exit(127);
     }
+    /* groups, then group, then user: each needs the privilege the next one gives up. A process
+     * that cannot drop does not run at all. */
+    if (cfg->user && cfg->user->drop &&
+        (setgroups((size_t)n_groups, groups) != 0 || setgid(cfg->user->gid) != 0 ||
+         setuid(cfg->user->uid) != 0 || setuid(0) == 0)) {
+        static const char msg[] = "traind: cannot switch to the jobs' user (run_as)\n";
+        (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+        _exit(127);
+    }
+    /* after the switch: a change of user clears the parent-death signal */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) _exit(127); /* the launcher died before prctl took effect */
     /* an ignored signal stays ignored across exec: a worker must not inherit the launcher's
      * SIG_IGN for SIGPIPE (or a starter's for SIGINT/SIGHUP) */
     struct sigaction dfl = {.sa_handler = SIG_DFL};
@@ -228,6 +240,16 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
         }
         bind = bind && worker_cpus(cfg, i, n, &cpus[i]);
     }
+    /* the user's groups, looked up before fork (NSS allocates and may open files) */
+    gid_t groups[256];
+    int n_groups = 0;
+    if (cfg->user && cfg->user->drop) {
+        n_groups = (int)(sizeof groups / sizeof groups[0]);
+        if (getgrouplist(cfg->user->name, cfg->user->gid, groups, &n_groups) < 0) {
+            n_groups = 1; /* more than 256: the primary group alone */
+            groups[0] = cfg->user->gid;
+        }
+    }
     g->pids = td_calloc((size_t)n, sizeof(pid_t));
     int rc = 0;
     for (int i = 0; i < n; i++) {
@@ -241,7 +263,8 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
             break;
         }
         if (pid == 0)
-            exec_worker(cfg, i, program, argvs[i], envs[i], g->pgid, bind ? &cpus[i] : NULL);
+            exec_worker(cfg, i, program, argvs[i], envs[i], g->pgid, bind ? &cpus[i] : NULL, groups,
+                        n_groups);
         if (!g->pgid) g->pgid = pid;
         setpgid(pid, g->pgid); /* both sides set it: whichever runs first wins the race */
         g->pids[i] = pid;

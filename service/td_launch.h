@@ -21,6 +21,14 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+/* The user a root launcher's processes become (before exec; with the user's groups). */
+typedef struct td_launch_user {
+    bool drop; /* false: they stay the launcher's user */
+    uid_t uid;
+    gid_t gid;
+    char name[64];
+} td_launch_user;
+
 typedef struct td_launch_config {
     int nproc_per_node, nnodes, node_rank;
     char master_addr[256];
@@ -52,6 +60,8 @@ typedef struct td_launch_config {
      * many CPUs as workers: ranks that wait for each other at every step run best when none
      * is preempted by another rank's threads or moved away from its cache. */
     bool no_cpu_bind;
+    /* non-NULL with drop: each process runs as that user (the launcher must be root) */
+    const td_launch_user *user;
 } td_launch_config;
 
 /* One attempt's processes. */

@@ -278,7 +278,8 @@ int td_shepherd_attach(td_shepherd *s, const char *base, td_err *err) {
 
 static void handle_line(td_shepherd *s, const char *line) {
     long long size;
-    int pgid, live;
+    int pgid, live, rank, code, used = 0;
+    double at;
     if (sscanf(line, "out %lld", &size) == 1 && size >= s->out_size)
         s->out_size = size;
     /* the group is killed with killpg(pgid) once the shepherd is gone: 1 would be every process
@@ -288,6 +289,13 @@ static void handle_line(td_shepherd *s, const char *line) {
         s->pgid = (pid_t)pgid, s->live = live;
     else if (strcmp(line, "over") == 0)
         s->over = true;
+    else if (sscanf(line, "failed %d %d %lf %n", &rank, &code, &at, &used) == 3 && used > 0) {
+        s->failed = true;
+        s->failed_rank = rank;
+        s->failed_code = code;
+        s->failed_at = at;
+        snprintf(s->failed_reason, sizeof s->failed_reason, "%s", line + used);
+    }
 }
 
 void td_shepherd_read(td_shepherd *s) {

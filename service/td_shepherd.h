@@ -35,8 +35,14 @@ typedef struct td_shepherd {
     int live;           /* the group's processes still running, as last said */
     long long out_size; /* BASE.out's size, as last said */
     bool over;          /* it said "over": BASE.status is written */
-    bool stop_sent;     /* a stop was asked for */
-    char in[512];       /* a partial line from it */
+    /* it said "failed": a process failed (at failed_at, wall clock) while the rest of the
+     * group may still be stopping */
+    bool failed;
+    int failed_rank, failed_code;
+    double failed_at;
+    char failed_reason[320];
+    bool stop_sent; /* a stop was asked for */
+    char in[512];   /* a partial line from it */
     size_t in_len;
 } td_shepherd;
 
@@ -67,8 +73,8 @@ int td_shepherd_listen(const char *path, td_err *err);
 int td_shepherd_attach(td_shepherd *s, const char *base, td_err *err);
 /* BASE.json's "daemon" member (a new reference; NULL: none or unreadable). */
 json_t *td_shepherd_notes(const char *base);
-/* Reads what the shepherd said (call when its fd is readable): pid, out and over lines; at the
- * connection's end, fd becomes -1. */
+/* Reads what the shepherd said (call when its fd is readable): pid, out, failed and over
+ * lines; at the connection's end, fd becomes -1. */
 void td_shepherd_read(td_shepherd *s);
 /* Asks it to stop the group: sig now, SIGKILL after grace_s; reason is what BASE.status will
  * say. Once per attempt; false when there is no connection. */

@@ -17,6 +17,7 @@ int td_reply_fail(td_reply_error *e, int status, const char *code, const char *f
                   const char *fmt, ...) {
     e->status = status;
     e->code = code;
+    e->retry_after_s = 0;
     snprintf(e->field, sizeof e->field, "%s", field ? field : "");
     va_list ap;
     va_start(ap, fmt);
@@ -208,7 +209,62 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
     return int_member(root, "", "priority", 0, -1000000, 1000000, &s->priority, e);
 }
 
-static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
+/* Where execvp would find prog with PATH path_env: the resolved file in out, or false. */
+static bool find_program(const char *prog, const char *path_env, char *out) {
+    if (strchr(prog, '/')) return realpath(prog, out) != NULL;
+    char dirs[8192];
+    snprintf(dirs, sizeof dirs, "%s", path_env ? path_env : "/usr/local/bin:/usr/bin:/bin");
+    char *save = NULL;
+    for (char *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        char cand[PATH_MAX * 2];
+        snprintf(cand, sizeof cand, "%s/%s", *d ? d : ".", prog);
+        if (access(cand, X_OK) == 0 && realpath(cand, out)) return true;
+    }
+    return false;
+}
+
+/* The daemon's command_jobs policy for argv[0] (with the job's own PATH when its env sets one,
+ * as that is what the launch will search). */
+static int command_allowed(const td_submission *s, const char *policy, td_reply_error *e) {
+    if (!policy || strcmp(policy, "any") == 0) return 0;
+    if (strcmp(policy, "none") == 0)
+        return td_reply_fail(e, 403, "forbidden", "command",
+                             "command jobs are disabled on this traind (command_jobs: \"none\"); "
+                             "submit a training job spec instead");
+    const char *path_env = getenv("PATH");
+    for (char **v = s->env; v && *v; v++) {
+        if (strncmp(*v, "PATH=", 5) == 0) path_env = *v + 5;
+        /* the loader would run a library of the job's choosing inside an allowed program */
+        if (strncmp(*v, "LD_", 3) == 0) {
+            char name[64];
+            snprintf(name, sizeof name, "%.*s", (int)strcspn(*v, "="), *v);
+            return td_reply_fail(e, 403, "forbidden", "env",
+                                 "env.%s: a command job may not set LD_* variables while "
+                                 "command_jobs limits which programs may run",
+                                 name);
+        }
+    }
+    char found[PATH_MAX];
+    if (!find_program(s->argv[0], path_env, found))
+        return td_reply_fail(e, 403, "forbidden", "command[0]",
+                             "command[0] \"%s\": no such executable here, and this traind runs "
+                             "only the programs in command_jobs (%s)",
+                             s->argv[0], policy);
+    char list[8192];
+    snprintf(list, sizeof list, "%s", policy);
+    char *save = NULL;
+    for (char *p = strtok_r(list, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
+        char allowed[PATH_MAX];
+        if (realpath(p, allowed) && strcmp(allowed, found) == 0) return 0;
+    }
+    return td_reply_fail(e, 403, "forbidden", "command[0]",
+                         "command[0] \"%s\" (%s) is not one of the programs this traind runs "
+                         "as command jobs: %s (its command_jobs setting)",
+                         s->argv[0], found, policy);
+}
+
+static int parse_command(td_submission *s, json_t *root, const td_submit_rules *rules,
+                         td_reply_error *e) {
     const char *const *lists[] = {COMMAND_KEYS, SERVICE_KEYS, NULL};
     if (keys_in(root, "", lists, " (a command job has none of the training keys)", e) != 0)
         return -1;
@@ -285,7 +341,7 @@ static int parse_command(td_submission *s, json_t *root, td_reply_error *e) {
         const char *base = strrchr(s->argv[n > 1 ? 1 : 0], '/');
         snprintf(s->name, sizeof s->name, "%s", base ? base + 1 : s->argv[n > 1 ? 1 : 0]);
     }
-    return 0;
+    return command_allowed(s, rules->command_jobs, e);
 }
 
 static int check_path(const char *path, const char *field, const td_submit_rules *rules,
@@ -446,7 +502,7 @@ int td_submission_parse(td_submission *s, const char *body, size_t len,
     }
     if (parse_resources(s, root, rules, e) != 0) goto out;
     s->command = json_object_get(root, "command") != NULL;
-    rc = s->command ? parse_command(s, root, e) : parse_train(s, root, rules, e);
+    rc = s->command ? parse_command(s, root, rules, e) : parse_train(s, root, rules, e);
 out:
     json_decref(root);
     if (rc != 0) td_submission_free(s);

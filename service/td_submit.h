@@ -14,7 +14,8 @@ typedef struct td_reply_error {
     int status;       /* 400, 404, ... */
     const char *code; /* "invalid_spec", ... */
     char message[1536];
-    char field[256]; /* JSON path; "" when none */
+    char field[256];      /* JSON path; "" when none */
+    double retry_after_s; /* > 0: a 429's or 503's Retry-After (td_reply_fail sets 0) */
 } td_reply_error;
 
 int td_reply_fail(td_reply_error *e, int status, const char *code, const char *field,
@@ -28,6 +29,9 @@ typedef struct td_submit_rules {
     /* true on a cluster's master: whether the job fits is the cluster's to say (td_jobs checks
      * it against the registered nodes), not this node's slots */
     bool cluster;
+    /* command jobs: NULL or "any": allowed; "none": refused (403); else the executables they may
+     * run, absolute paths joined by ':' (compared after symlinks) */
+    const char *command_jobs;
 } td_submit_rules;
 
 typedef struct td_submission {

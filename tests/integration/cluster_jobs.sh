@@ -42,6 +42,9 @@ timeout_s=4 heartbeat_s=0.5 STEPS=1200 EVERY=100
 if [ -n "${TRAIND_TEST_SLOW:-}" ]; then timeout_s=12 heartbeat_s=1 STEPS=400 EVERY=50; fi
 fmnist=/usr/share/datasets/fashion-mnist
 tmp=$(mktemp -d)
+# the daemons run as root and their jobs as run_as (nobody here), who must reach the state
+# directories under this one and read the data made in it
+chmod 755 "$tmp"
 cleanup() {
     [ -n "${TRAIND_TEST_KEEP:-}" ] && cp -r "$tmp" "$TRAIND_TEST_KEEP" # for a post-mortem
     netns_down "$tag" 3
@@ -59,6 +62,7 @@ chmod 600 "$tmp/secret"
 # serving on that node's address; its pid in $daemon_pid (each step execs the next: the pid is
 # traind's own, for kill -9)
 mkdir "$tmp/nodedisk"
+chmod 1777 "$tmp/nodedisk" # jobs run as run_as (nobody), and keep their checkpoint.dir here
 daemon() {
     k=$1 name=$2 log=$3
     shift 3

@@ -295,7 +295,8 @@ class Daemon:
 
     # -- process
 
-    def start(self):
+    def start(self, token=None):
+        """token: the one to use, for a state directory whose token file is gone (revoked)."""
         fd, self.stdout_path = tempfile.mkstemp(prefix="traind-stdout-", suffix=".log")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         env.pop("PYTHONUNBUFFERED", None)  # as systemd starts it: the daemon must see to it
@@ -306,6 +307,9 @@ class Daemon:
                                      stderr=subprocess.PIPE, env=env, start_new_session=True)
         os.close(fd)
         self._wait_listening()
+        if token:
+            self.token = token
+            return self
         with open(os.path.join(self.state_dir, "token")) as f:
             self.token = f.read().strip()
         if not self.token:
@@ -1644,13 +1648,15 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual([e.data["size"] for e in events if e.event == "checkpoint"],
                          [1005, 1024])
         job_dir = os.path.join(d.state_dir, "jobs", str(cid))
+        # a root daemon runs jobs as run_as (nobody here), in a directory of theirs
+        cwd = os.path.join(job_dir, "work") if os.geteuid() == 0 else job_dir
         self.assertEqual([e.data["path"] for e in events if e.event == "checkpoint"],
-                         [os.path.join(job_dir, "ck", "step-3"), os.path.join(job_dir, "final.pt")],
-                         "a relative path is the job directory's")
+                         [os.path.join(cwd, "ck", "step-3"), os.path.join(cwd, "final.pt")],
+                         "a relative path is the processes' directory's")
         ckpts = d.get_ok(f"/v1/jobs/{cid}/checkpoints")
         self.assertEqual([c["step"] for c in ckpts], [3, 5])
-        self.assert_checkpoint_downloads(d, cid, ckpts[0], os.path.join(job_dir, "ck", "step-3"))
-        self.assert_checkpoint_downloads(d, cid, ckpts[1], os.path.join(job_dir, "final.pt"))
+        self.assert_checkpoint_downloads(d, cid, ckpts[0], os.path.join(cwd, "ck", "step-3"))
+        self.assert_checkpoint_downloads(d, cid, ckpts[1], os.path.join(cwd, "final.pt"))
         self.assertIsNone(ckpts[0]["url"], "no model.safetensors in a command's checkpoint")
 
     # -- 12: priority and backfill

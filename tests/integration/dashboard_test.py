@@ -84,7 +84,7 @@ class DashboardTest(daemon_test.DaemonTest):
         print(f"\n[dashboard] first contentful paint: {paint:.0f} ms", file=sys.stderr)
         self.sign_in("0" * 64)
         alert = self.find("#signin-form .error")
-        self.until(lambda: alert.is_displayed() and "not this daemon's API token" in alert.text,
+        self.until(lambda: alert.is_displayed() and "not a live API token" in alert.text,
                    "the wrong token refused")
         self.sign_in(d.token)
         self.find("#jobs")

@@ -220,6 +220,12 @@ class OperationsTest(daemon_test.DaemonTest):
             "orphan_timeout_s": 42,
             "shepherd": os.path.join(os.path.dirname(daemon_test.TRAIND), "traind-shepherd"),
             "metrics_listen": "127.0.0.1:0",
+            "run_as": "nobody",
+            "command_jobs": ["/bin/true", "/usr/bin/python3"],
+            "rate_limit_per_s": 50.5,
+            "max_streams_per_token": 3,
+            "max_queued_per_token": 7,
+            "audit_log": os.path.join(state, "audit.jsonl"),
         }
 
     def test_every_option_through_the_file(self):
@@ -261,6 +267,9 @@ class OperationsTest(daemon_test.DaemonTest):
         self.assertEqual([g["index"] for g in node["gpus"]], [0, 1])
         big = {"name": "x" * 6000, "command": ["true"]}
         self.assertEqual(d.json("POST", "/v1/jobs", big)[0], 413, "max_body_bytes from the file")
+        self.assertEqual(d.json("POST", "/v1/jobs", {"command": ["/bin/sleep", "1"]})[0], 403,
+                         "command_jobs from the file")
+        self.assertTrue(os.path.exists(settings["audit_log"]), "audit_log from the file")
 
     def test_unknown_key_and_bad_values_name_the_file(self):
         state = self.new_state_dir()
@@ -272,6 +281,11 @@ class OperationsTest(daemon_test.DaemonTest):
                             ('{"orphan_timeout_s": 0}', "orphan_timeout_s"),
                             ('{"listen": ""}', "listen"),
                             ('{"data_roots": [""]}', "data_roots[0]"),
+                            ('{"command_jobs": "some"}', "command_jobs"),
+                            ('{"command_jobs": ["python3"]}', "absolute path"),
+                            ('{"command_jobs": ["/no/such/program"]}', "command_jobs[0]"),
+                            ('{"rate_limit_per_s": -1}', "rate_limit_per_s"),
+                            ('{"max_queued_per_token": "many"}', "max_queued_per_token"),
                             ('[1, 2]', "JSON object"),
                             ('{"slots": 2\n,,}', ":2:")):
             with open(config, "w") as f:
@@ -301,6 +315,7 @@ class OperationsTest(daemon_test.DaemonTest):
         a, b = self.new_state_dir(), self.new_state_dir()  # outside the state directory
         images, labels = os.path.join(b, "images"), os.path.join(b, "labels")
         daemon_test.write_idx(images, labels)
+        os.chmod(b, 0o755)  # a root daemon's jobs run as run_as, which must read the data
         settings = {"data_roots": [a], "max_body_bytes": 100000}
         with open(config, "w") as f:
             json.dump(settings, f)

@@ -55,8 +55,12 @@ class ScriptsTest(daemon_test.DaemonTest):
         status, _, nodes = d.json("GET", "/v1/nodes")
         self.assertEqual([g["index"] for g in nodes["nodes"][0]["gpus"]], [0, 1, 2, 3])
         self.assertEqual(nodes["nodes"][0]["slots"]["total"], 4)
-        # each process writes the GPUs it was given, then waits for a file
-        gate = os.path.join(d.state_dir, "gate")
+        # each process writes the GPUs it was given, then waits for a file; in a directory
+        # anyone may write, as a root daemon runs jobs as another user (run_as)
+        shared = os.path.join(d.state_dir, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        gate = os.path.join(shared, "gate")
         hold = ["/bin/sh", "-c",
                 'echo "{\\"event\\": \\"gpus\\", \\"rank\\": $RANK, \\"cvd\\": \\"$CUDA_VISIBLE_DEVICES\\"}" '
                 '>&2; f="$0.$TRAIND_JOB_ID.$RANK"; echo "$RANK=$CUDA_VISIBLE_DEVICES" > "$f.tmp"; '
@@ -125,6 +129,7 @@ class ScriptsTest(daemon_test.DaemonTest):
         for ignore in ("0", "1"):
             pids = os.path.join(d.state_dir, f"pids-{ignore}")
             os.mkdir(pids)
+            os.chmod(pids, 0o777)  # the job's processes run as run_as (not root) and write here
             spec = command("spawn-hold", ["/usr/bin/python3", script], 2, launch="self")
             spec["env"].update(SPAWN_HOLD="1", SPAWN_PID_DIR=pids, SPAWN_STUCK=ignore)
             status, _, job = d.json("POST", "/v1/jobs", spec)

@@ -17,13 +17,17 @@ int td_comm_world(const td_comm *c) {
     return c->world;
 }
 
-/* Names the neighbour a failed transfer was with: the one error a user needs to find the
- * crashed or stuck rank. */
+const char *td_comm_who(const td_comm *c, int p) {
+    return c->who && p >= 0 && p < c->world && c->who[p][0] ? c->who[p] : "host unknown";
+}
+
+/* Names the neighbour a failed transfer was with, and where it runs: the one error a user needs
+ * to find the crashed or stuck rank. */
 int td_comm_peer_fail(const td_comm *c, const td_comm_ring *ring, bool next, td_err *err) {
-    return td_fail_prefix(err, "rank %d: peer rank %d (%s, the %s rank in the %s)", c->rank,
-                          next ? ring->next_rank : ring->prev_rank,
-                          next ? ring->next_addr : ring->prev_addr, next ? "next" : "previous",
-                          ring->name);
+    int peer = next ? ring->next_rank : ring->prev_rank;
+    return td_fail_prefix(err, "rank %d: peer rank %d (%s, %s, the %s rank in the %s)", c->rank,
+                          peer, td_comm_who(c, peer), next ? ring->next_addr : ring->prev_addr,
+                          next ? "next" : "previous", ring->name);
 }
 
 /* How long a ring connection may take to come. The clock starts once every rank has published
@@ -184,6 +188,7 @@ void td_comm_close(td_comm *c) {
     td_comm_free_regions(c);
     free(c->local);
     free(c->node_first);
+    free(c->who);
     free(c->tmp);
     free(c);
 }

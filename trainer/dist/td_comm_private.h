@@ -11,6 +11,7 @@
 #define PIECE_FLOATS        (64 * 1024)
 #define TD_COMM_MAX_REGIONS 8
 #define TD_COMM_NODE_MAX    160 /* a node identity string, with its terminator */
+#define TD_COMM_WHO_MAX     96  /* "host NAME, pid P", with its terminator */
 
 /* Memory from td_comm_alloc. peer[q] is the copy of the node's q-th rank (local position q)
  * mapped here (peer[local_pos] == mine), or NULL when the region is plain memory (the TCP ring
@@ -42,6 +43,9 @@ struct td_comm {
     int *local, local_size, local_pos;
     int nodes;       /* distinct node identities */
     int *node_first; /* [world]: the first rank on each rank's node (its leader) */
+    /* [world]: "host NAME, pid P" of each rank, for errors that name a peer: a hung or dead
+     * peer is found on its host, not only by its rank (NULL before td_comm_find_nodes) */
+    char (*who)[TD_COMM_WHO_MAX];
     /* the leaders of every node, when there are several nodes and this rank leads its own: the
      * all-reduce of shared memory between nodes */
     td_comm_ring leaders;
@@ -57,6 +61,8 @@ struct td_comm {
 
 /* Segment k of n floats split into `parts` nearly equal parts. */
 void td_comm_segment(size_t n, int parts, int k, size_t *off, size_t *len);
+/* "host NAME, pid P" of rank p ("host unknown" when not known). */
+const char *td_comm_who(const td_comm *c, int p);
 /* Names the neighbour in ring a failed transfer was with (the next one or the previous one). */
 int td_comm_peer_fail(const td_comm *c, const td_comm_ring *ring, bool next, td_err *err);
 /* Sums buf [n] over the ring's members in place (no averaging). */

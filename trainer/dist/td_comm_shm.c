@@ -265,14 +265,17 @@ static int check_neighbours(td_comm *c, td_comm_region *g, int q, uint32_t barri
         bool next = side == 0;
         int peer = next ? c->ring.next_rank : c->ring.prev_rank;
         socket_news news = neighbour_news(next ? c->ring.next_fd : c->ring.prev_fd);
-        if (news == SOCKET_CLOSED) return td_comm_peer_fail(c, &c->ring, next, err);
+        if (news == SOCKET_CLOSED) {
+            td_fail(err, "it closed the connection"); /* it died, or gave up itself */
+            return td_comm_peer_fail(c, &c->ring, next, err);
+        }
         if (news == SOCKET_DATA && c->node_first[peer] == c->node_first[c->rank] &&
             !reached(atomic_load(&control_of(g, q)->arrived), barrier)) {
             td_fail(err,
                     "it is in a collective over the sockets while this rank waits in a "
-                    "shared-memory all-reduce for rank %d; every rank must make the same "
-                    "collective calls in the same order",
-                    c->local[q]);
+                    "shared-memory all-reduce for rank %d (%s); every rank must make the "
+                    "same collective calls in the same order",
+                    c->local[q], td_comm_who(c, c->local[q]));
             return td_comm_peer_fail(c, &c->ring, next, err);
         }
     }
@@ -299,9 +302,9 @@ static int wait_for(td_comm *c, td_comm_region *g, int q, uint32_t barrier, doub
         if (check_neighbours(c, g, q, barrier, err) != 0) return -1;
         if (td_clock_now() > deadline)
             return td_fail(err,
-                           "rank %d: timed out after %.0f s waiting for rank %d to reach an "
-                           "all-reduce (is it stuck, or making other collective calls?)",
-                           c->rank, c->timeout_s, c->local[q]);
+                           "rank %d: timed out after %.0f s waiting for rank %d (%s) to reach "
+                           "an all-reduce (is it stuck, or making other collective calls?)",
+                           c->rank, c->timeout_s, c->local[q], td_comm_who(c, c->local[q]));
     }
     return 0;
 }

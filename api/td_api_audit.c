@@ -1,0 +1,68 @@
+/* The audit log: one JSON line per mutating request, written once it is answered, so the line
+ * holds the outcome as well as the request (who: the token's id, name and scope; what: method,
+ * path and the job concerned; when; from where; the HTTP status).
+ *
+ * The file is opened for each line (O_APPEND): mutating requests are few, and a log that
+ * logrotate moved away is followed without a signal. Each line is a single write(), which
+ * O_APPEND keeps whole even when several requests end at once. The URL's path only: libmicrohttpd
+ * gives it without the query, where a browser's CSRF token may travel. */
+#include "api/td_api_private.h"
+
+#include "core/td_clock.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static void peer(struct MHD_Connection *c, char *out, size_t len) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    snprintf(out, len, "?");
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, out,
+                  (socklen_t)len);
+}
+
+void td_api_audit(td_api *api, struct MHD_Connection *c, const td_principal *who,
+                  const char *method, const char *url, unsigned status, long job) {
+    if (!api->cfg.audit_log) return;
+    double now = td_clock_wall();
+    time_t secs = (time_t)now;
+    struct tm tm;
+    char when[40], stamp[48], from[64];
+    gmtime_r(&secs, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(stamp, sizeof stamp, "%s.%03dZ", when, (int)((now - (double)secs) * 1000));
+    peer(c, from, sizeof from);
+    /* status 0: the client went away before the reply was sent; what it asked for may still
+     * have happened, which is why it is logged */
+    json_t *o = json_pack("{s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o}", "time", stamp, "token",
+                          (json_int_t)who->id, "name", who->name, "scope",
+                          who->id ? td_scope_name(who->scope) : "none", "from", from, "method",
+                          method, "path", url, "status", (int)status, "job",
+                          job > 0 ? json_integer(job) : json_null());
+    char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!line) {
+        td_log_at(api->cfg.log, TD_LOG_ERROR, TD_LOG_NOWHERE,
+                  "audit log: out of memory for the line of %s %s", method, url);
+        return;
+    }
+    size_t n = strlen(line);
+    line[n] = '\n'; /* over the NUL: the line and its end in one write */
+    int fd = open(api->cfg.audit_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, line, n + 1) != (ssize_t)(n + 1))
+        /* the request has been answered: what is left is to say, loudly, that its record is
+         * missing */
+        td_log_at(api->cfg.log, TD_LOG_ERROR, TD_LOG_NOWHERE,
+                  "audit log %s: cannot record %s %s (status %u, token %ld): %s",
+                  api->cfg.audit_log, method, url, status, who->id, strerror(errno));
+    if (fd >= 0) close(fd);
+    free(line);
+}
