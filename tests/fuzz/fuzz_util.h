@@ -1,9 +1,9 @@
 /* What the harnesses share (not a harness itself): the fuzzer's entry point, a scratch directory
  * private to the process, and in-memory files for the loaders that only take a path.
  *
- * The scratch directory is made once per process under $TMPDIR (else /tmp) and removed at exit;
- * nothing a harness writes lands anywhere else. In-memory files are memfds, opened by the
- * loaders through /proc/self/fd/N: no disk, and a crash leaves nothing behind. */
+ * The scratch directory is made once per process under $TMPDIR (else /dev/shm, else /tmp) and
+ * removed at exit; nothing a harness writes lands anywhere else. In-memory files are memfds, opened
+ * by the loaders through /proc/self/fd/N: no disk, and a crash leaves nothing behind. */
 #ifndef FUZZ_UTIL_H
 #define FUZZ_UTIL_H
 
