@@ -36,6 +36,9 @@ class PackageTest(daemon_test.DaemonTest):
     @classmethod
     def setUpClass(cls):
         cls.out = tempfile.mkdtemp(prefix="traind-package-")
+        # a root daemon runs its jobs as run_as (nobody here): the unpacked traind-worker must
+        # be reachable for it, as /usr/bin is
+        os.chmod(cls.out, 0o755)
         run(["cpack", "-G", "DEB", "-B", cls.out], cwd=BUILD)
         cls.debs = {os.path.basename(p).split("_")[0]: p
                     for p in glob.glob(os.path.join(cls.out, "*.deb"))}
