@@ -7,6 +7,7 @@
 #include "ops/td_ops.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +59,9 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
     if (log) {
         static const char *const lkeys[] = {"every_steps", NULL};
         if (td_json_check_keys(log, "log", lkeys, err) != 0) return -1;
-        if (td_json_int(log, "log", "every_steps", false, TD_LOG_EVERY_STEPS_DEFAULT, 1, 1L << 40,
+        /* an int: the loop takes step % every_steps, so a value past INT_MAX (it was allowed up
+         * to 2^40 and truncated: 2^32 became 0, a division by zero at the first step) is refused */
+        if (td_json_int(log, "log", "every_steps", false, TD_LOG_EVERY_STEPS_DEFAULT, 1, INT_MAX,
                         &l, err) != 0)
             return -1;
         job->log.every_steps = (int)l;
