@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define HOST    "127.0.0.1"
 #define TIMEOUT 20.0
@@ -28,12 +29,18 @@ typedef struct rank_ctx {
     char node[8];          /* the node identity this rank claims ("" for this host's) */
     const char *transport; /* what td_comm_transport must say (a part of it) */
     bool mismatched;       /* each rank all-reduces at a different offset: all must fail */
+    bool hang;             /* joins, then makes no collective call until the others have ended */
+    double timeout;        /* the collectives' (0: TIMEOUT) */
     int failures;
     char error[TD_ERR_MAX + 128];
     float *result; /* rank's all-reduce of pseudo-random data, to compare across ranks */
 } rank_ctx;
 
 static const size_t SIZES[3] = {1, 7, 1000003};
+
+/* ranks of the current world that have ended (a hanging rank waits for the others) */
+static int ended;
+static pthread_mutex_t ended_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static float value(int rank, size_t i) {
     return (float)((rank + 1) * ((int)(i % 17) - 8));
@@ -56,8 +63,8 @@ static void *run_rank(void *p) {
     if (!x->store &&
         td_store_open(&x->store, HOST, x->port, false, "test/attempt-0", TIMEOUT, &err) != 0)
         CHECK(0, "store: %s", err.msg);
-    CHECK(td_comm_init(&c, x->store, x->rank, x->world, HOST, x->node[0] ? x->node : NULL, TIMEOUT,
-                       &err) == 0,
+    CHECK(td_comm_init(&c, x->store, x->rank, x->world, HOST, x->node[0] ? x->node : NULL,
+                       x->timeout > 0 ? x->timeout : TIMEOUT, &err) == 0,
           "init: %s", err.msg);
     if (x->die_after_init) goto out; /* a rank that vanishes: closes its sockets */
     float *region = NULL;
@@ -66,6 +73,16 @@ static void *run_rank(void *p) {
         CHECK(region, "alloc: %s", err.msg);
         CHECK(strstr(td_comm_transport(c, region), x->transport), "transport: %s (expected %s)",
               td_comm_transport(c, region), x->transport);
+    }
+    if (x->hang) { /* a stopped process: its sockets stay open, it never arrives */
+        for (int i = 0; i < 3000; i++) {
+            pthread_mutex_lock(&ended_mu);
+            bool others = ended == x->world - 1;
+            pthread_mutex_unlock(&ended_mu);
+            if (others) break;
+            usleep(10 * 1000);
+        }
+        goto out;
     }
     if (x->mismatched) {
         int rc = td_comm_allreduce(c, region + x->rank, 10, false, &err);
@@ -119,6 +136,9 @@ static void *run_rank(void *p) {
 out:
     free(plain);
     td_comm_close(c);
+    pthread_mutex_lock(&ended_mu);
+    ended++;
+    pthread_mutex_unlock(&ended_mu);
     if (x->rank != 0) td_store_close(x->store); /* rank 0's (the server) closes after join */
     return NULL;
 }
@@ -131,6 +151,7 @@ static void run_world(int world, rank_ctx *ctx, bool last_dies, bool shared, boo
     cr_assert_eq(td_store_open(&server, HOST, 0, true, "test/attempt-0", TIMEOUT, &err), 0, "%s",
                  err.msg);
     pthread_t threads[4];
+    ended = 0;
     for (int r = 0; r < world; r++) {
         ctx[r] = (rank_ctx){.rank = r,
                             .world = world,
@@ -430,4 +451,48 @@ Test(host, one_node_reaches_its_ranks_where_the_master_is) {
     td_err err = {{0}};
     cr_assert_eq(td_dist_pick_host(&d, &err), 0, "%s", err.msg);
     cr_assert_str_eq(d.host, "127.0.0.1");
+}
+
+/* A rank that hangs (SIGSTOPped) on the second node of two, its node's leader: the first node's
+ * leader, waiting for it in the leaders' ring, names it, and so does the rank beside it; the
+ * first node's other rank, waiting for its own leader meanwhile, must not give up first and
+ * blame that leader, which is only waiting itself (chaos.py's hung peer found it doing so: the
+ * leader starts its ring step just after its node's ranks start to wait for it, so their own
+ * timeouts ran out first). */
+Test(comm, a_hung_leader_is_named_not_the_leader_waiting_for_it, .timeout = 120) {
+    td_err err = {{0}};
+    td_store *server;
+    cr_assert_eq(td_store_open(&server, HOST, 0, true, "test/attempt-0", TIMEOUT, &err), 0, "%s",
+                 err.msg);
+    rank_ctx ctx[4];
+    pthread_t threads[4];
+    ended = 0;
+    for (int r = 0; r < 4; r++) {
+        ctx[r] = (rank_ctx){.rank = r,
+                            .world = 4,
+                            .port = td_store_port(server),
+                            .store = r == 0 ? server : NULL,
+                            .shared = true,
+                            .hang = r == 2,
+                            /* rank 0's step ends after rank 1's wait would: by a second
+                             * here, by the microseconds between them otherwise */
+                            .timeout = r == 0 ? 3.0 : 2.0,
+                            .transport = "between the 2"};
+        snprintf(ctx[r].node, sizeof ctx[r].node, "node-%c", "aabb"[r]);
+        cr_assert_eq(pthread_create(&threads[r], NULL, run_rank, &ctx[r]), 0);
+    }
+    for (int r = 0; r < 4; r++) pthread_join(threads[r], NULL);
+    td_store_close(server);
+    char host[64];
+    gethostname(host, sizeof host);
+    char named[128];
+    snprintf(named, sizeof named, "rank 2 (host %s, pid %d", host, (int)getpid());
+    cr_expect(strstr(ctx[0].error, "peer rank 2") && strstr(ctx[0].error, named),
+              "rank 0 names the hung rank with its host and pid: %s", ctx[0].error);
+    /* rank 3 names it too, unless rank 0 gave up first and closed on it (the trainer then adds
+     * the job's first failure, rank 0's, to its error) */
+    cr_expect(strstr(ctx[3].error, named) || strstr(ctx[3].error, "peer rank 0"),
+              "rank 3 names the hung rank, or rank 0 that closed on it: %s", ctx[3].error);
+    cr_expect(ctx[1].failures == 1 && !strstr(ctx[1].error, "waiting for rank 0"),
+              "rank 1 does not blame its leader for waiting: %s", ctx[1].error);
 }

@@ -204,7 +204,8 @@ void td_comm_segment(size_t n, int parts, int k, size_t *off, size_t *len) {
 static int step(td_comm *c, td_comm_ring *ring, const float *send, size_t send_len, float *recv,
                 size_t recv_len, bool add, td_err *err) {
     size_t done_s = 0, done_r = 0;
-    double deadline = td_clock_now() + c->timeout_s;
+    double now = td_clock_now(), deadline = now + c->timeout_s;
+    if (c->ring_mark) atomic_store(c->ring_mark, (uint64_t)(now * 1e9)); /* for the node's ranks */
     while (done_s < send_len || done_r < recv_len) {
         size_t ps = send_len - done_s < PIECE_FLOATS ? send_len - done_s : PIECE_FLOATS;
         size_t pr = recv_len - done_r < PIECE_FLOATS ? recv_len - done_r : PIECE_FLOATS;

@@ -5,6 +5,7 @@
 
 #include "dist/td_comm.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* 64 Ki floats: big enough to keep the socket busy, small enough to stay in L2 */
@@ -49,6 +50,9 @@ struct td_comm {
     /* the leaders of every node, when there are several nodes and this rank leads its own: the
      * all-reduce of shared memory between nodes */
     td_comm_ring leaders;
+    /* while a node's leader all-reduces over the leaders' ring: its control page's mark of when
+     * the current ring step began (td_comm_shm.c), NULL otherwise */
+    _Atomic uint64_t *ring_mark;
     double timeout_s;
     td_store *store;
     float *tmp;     /* PIECE_FLOATS */

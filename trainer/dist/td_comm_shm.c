@@ -58,7 +58,16 @@ struct td_comm_ctl {
     _Atomic uint32_t arrived;  /* barriers this rank has reached on the region */
     _Atomic uint32_t sleepers; /* peers in a futex wait on `arrived` */
     uint64_t span[2][2];       /* (offset, floats) of the all-reduce, by barrier parity */
+    /* while this rank, a node's leader, all-reduces with the other nodes' leaders: when its
+     * current ring step began (CLOCK_MONOTONIC, ns; 0: not in the ring). The node's ranks that
+     * wait for it meanwhile give it its own step's timeout: a peer that hangs on another node is
+     * then named by the leader that waits for it, not the leader by the ranks that wait for it */
+    _Atomic uint64_t ring_step_ns;
 };
+
+/* How long after its step's own timeout a leader has to say why it failed (the job's store)
+ * and close its sockets, which its node's ranks notice. */
+#define LEADER_MARGIN_S 2.0
 
 static td_comm_ctl *control_of(const td_comm_region *g, int p) {
     return (td_comm_ctl *)((char *)g->peer[p] + g->data_bytes);
@@ -300,11 +309,17 @@ static int wait_for(td_comm *c, td_comm_region *g, int q, uint32_t barrier, doub
         atomic_fetch_sub(&ctl->sleepers, 1);
         if (reached(atomic_load(&ctl->arrived), barrier)) break;
         if (check_neighbours(c, g, q, barrier, err) != 0) return -1;
-        if (td_clock_now() > deadline)
+        double now = td_clock_now();
+        uint64_t ring = atomic_load(&ctl->ring_step_ns);
+        if (now > deadline && ring && now <= (double)ring / 1e9 + c->timeout_s + LEADER_MARGIN_S)
+            continue; /* its leader waits on another node within its own timeout */
+        if (now > deadline)
             return td_fail(err,
                            "rank %d: timed out after %.0f s waiting for rank %d (%s) to reach "
-                           "an all-reduce (is it stuck, or making other collective calls?)",
-                           c->rank, c->timeout_s, c->local[q], td_comm_who(c, c->local[q]));
+                           "an all-reduce%s",
+                           c->rank, now - start, c->local[q], td_comm_who(c, c->local[q]),
+                           ring ? ", stuck in its step of the node leaders' ring"
+                                : " (is it stuck, or making other collective calls?)");
     }
     return 0;
 }
@@ -381,7 +396,14 @@ int td_comm_allreduce_shared(td_comm *c, td_comm_region *g, float *buf, size_t n
     sum_segment(seg, ranks, seg, 1, sl, 1.0f);
     /* 2: the leader holds the node's sum; it all-reduces it with the other nodes' leaders */
     if (sync_ranks(c, g, off, n, err) != 0) return -1;
-    if (q == 0 && td_comm_ring_allreduce(c, &c->leaders, g->mine + off, n, err) != 0) return -1;
+    if (q == 0) {
+        td_comm_ctl *me = control_of(g, 0);
+        c->ring_mark = &me->ring_step_ns;
+        int rc = td_comm_ring_allreduce(c, &c->leaders, g->mine + off, n, err);
+        c->ring_mark = NULL;
+        if (rc != 0) return -1; /* the mark stays: the node's ranks wait for this rank's abort */
+        atomic_store(&me->ring_step_ns, 0);
+    }
     /* 3: the leader holds the sum over every node; each rank spreads its segment of it */
     if (sync_ranks(c, g, off, n, err) != 0) return -1;
     sum_segment(seg, 1, seg, ranks, sl, scale);
