@@ -125,12 +125,34 @@ static int copy_file(const char *src, const char *dst, td_err *err) {
     return 0;
 }
 
+/* The checkpoint at dst (files: its manifest, skip: the length of its names' prefix) made the
+ * job's user's. An agent's upload lands where the master's own ranks look (the job's
+ * checkpoints/), written by the daemon (root's, 0600): ranks running as run_as could not read
+ * it, and traind-worker then resumed from an older checkpoint of its own while the other nodes'
+ * ranks resumed from this one (found by chaos.py: the ranks diverged, and the job spent its
+ * restarts). */
+static void give_all(const td_jobs *j, const char *dst, json_t *files, size_t skip) {
+    td_jobs_give(j, dst);
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f) {
+        const char *rel = json_string_value(json_object_get(f, "path"));
+        char to[3 * PATH_MAX];
+        if (rel && strlen(rel) > skip &&
+            snprintf(to, sizeof to, "%s%s", dst, rel + skip) < (int)sizeof to)
+            td_jobs_give(j, to);
+    }
+}
+
 /* The checkpoint at src (files: its manifest) also at dst, file by file; a file already there
  * whole (the same SHA-256: shared storage, or an earlier copy) stays. */
 static int place(const td_jobs *j, const char *src, const char *dst, json_t *files, td_err *err) {
     char a[PATH_MAX], b[PATH_MAX];
-    if (realpath(src, a) && realpath(dst, b) && strcmp(a, b) == 0) return 0;
     size_t skip = strlen("checkpoints/") + strlen(base_of(src));
+    if (realpath(src, a) && realpath(dst, b) && strcmp(a, b) == 0) {
+        give_all(j, dst, files, skip); /* already where the ranks look */
+        return 0;
+    }
     size_t i;
     json_t *f;
     json_array_foreach(files, i, f) {
