@@ -7,7 +7,8 @@
  * directory (always a root) and one holding a small valid file of each format
  * (fuzz_data_files.h); "@DATA@" in the input is replaced by the latter's path, so seeds and the
  * dictionary can name those files. Paths anywhere else fail the root check before anything is
- * opened. Each input is checked as a single node and as a cluster's master. */
+ * opened. Each input is checked as a single node taking any command job, and as a cluster's
+ * master allowing only two programs. */
 #include "fuzz_data_files.h"
 #include "fuzz_util.h"
 
@@ -56,10 +57,14 @@ static char *with_root(const uint8_t *data, size_t size, size_t *len) {
     return out;
 }
 
-static void check(const char *body, size_t len, bool cluster) {
+static void check(const char *body, size_t len, bool cluster, const char *command_jobs) {
     const char *roots[] = {root, state}; /* the daemon's state directory always is a root */
-    td_submit_rules rules = {
-        .data_roots = roots, .n_roots = 2, .slots = 4, .state_dir = state, .cluster = cluster};
+    td_submit_rules rules = {.data_roots = roots,
+                             .n_roots = 2,
+                             .slots = 4,
+                             .state_dir = state,
+                             .cluster = cluster,
+                             .command_jobs = command_jobs};
     td_submission s;
     td_reply_error e = {0};
     if (td_submission_parse(&s, body, len, &rules, &e) != 0) {
@@ -90,8 +95,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!root[0]) setup();
     size_t len;
     char *body = with_root(data, size, &len);
-    check(body, len, false);
-    check(body, len, true);
+    check(body, len, false, NULL);
+    /* a master, and a command_jobs allow-list (whose check resolves the program on the job's
+     * PATH: lookups only, nothing is run or opened) */
+    check(body, len, true, "/usr/bin/env:/bin/true");
     free(body);
     return 0;
 }

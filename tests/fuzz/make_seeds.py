@@ -160,6 +160,8 @@ def submit_seeds():
                     "local_rank_arg": "--local-rank",
                     "resources": {"nproc_per_node": 2, "gpus_per_proc": 1,
                                   "visible_gpus": "job"}, "restart": {"max_restarts": 1}},
+        "allowed": {"command": ["true"], "env": {"PATH": "/usr/local/bin:/bin:."}},
+        "preload": {"command": ["/usr/bin/env", "python3"], "env": {"LD_PRELOAD": "x.so"}},
         "spawn": {"command": ["python3", "spawn.py"], "launch": "self", "local_rank_arg": False,
                   "resources": {"nproc_per_node": 4, "gpus_per_proc": 2, "nnodes": 2,
                                 "visible_gpus": "own"}},
