@@ -340,6 +340,8 @@ static int parse_command(td_submission *s, json_t *root, const td_submit_rules *
     if (!s->name[0]) {
         const char *base = strrchr(s->argv[n > 1 ? 1 : 0], '/');
         snprintf(s->name, sizeof s->name, "%s", base ? base + 1 : s->argv[n > 1 ? 1 : 0]);
+        /* a path ending in '/' leaves nothing after it (found by fuzzing: "u /") */
+        if (!s->name[0]) snprintf(s->name, sizeof s->name, "command");
     }
     return command_allowed(s, rules->command_jobs, e);
 }
