@@ -1,7 +1,7 @@
 /* Feeds: what a restarted daemon reads back about an attempt that a traind-shepherd runs
  * (service/td_shepherd.c): the attempt file BASE.json (its token, boot id and the daemon's own
  * notes), the status file BASE.status, and the shepherd's lines on its socket ("pid", "out",
- * "over"). The input is the three, in that order, separated by "\n--status--\n" and
+ * "failed", "over"). The input is the three, in that order, separated by "\n--status--\n" and
  * "\n--lines--\n". Why: a daemon that comes back after a crash, a kill -9 or a reboot finds these
  * as they were left, possibly cut short mid-write, and must refuse or read them without crashing.
  * BASE lies in the scratch directory; no shepherd runs, so attaching finds no socket. */
@@ -46,6 +46,8 @@ static void read_lines(const uint8_t *data, size_t n) {
     /* the daemon signals -pgid: 0 or 1 there would be its own group or every process it may
      * signal */
     FUZZ_CHECK(s.pgid == 0 || s.pgid > 1, "process group %d", (int)s.pgid);
+    FUZZ_CHECK(!s.failed || memchr(s.failed_reason, 0, sizeof s.failed_reason),
+               "unterminated failure reason");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

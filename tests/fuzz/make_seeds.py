@@ -249,7 +249,8 @@ def shepherd_seeds():
     status = {"attempt": 1, "exit_code": 0, "failed": False, "failed_rank": -1,
               "reason": "", "stopped_by": "request", "stop_reason": "cancelled by the user",
               "grace_expired": False, "grace_note": "", "output_bytes": 1234}
-    lines = "pid 4242 2\nout 100\nout 250\npid 4242 0\nover\n"
+    lines = ("pid 4242 2\nout 100\nfailed 1 3 1732500000.250 rank 1 (pid 4244) exited with "
+             "status 3\nout 250\npid 4242 0\nover\n")
     put("shepherd", "ended", json.dumps(spec, indent=2) + "\n--status--\n" + compact(status) +
         "\n--lines--\n" + lines)
     put("shepherd", "running", json.dumps(spec) + "\n--status--\n\n--lines--\nout 7\npid 9 1\n")
