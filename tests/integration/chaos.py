@@ -964,6 +964,42 @@ class Chaos:
 
 # ---- after the jobs ---------------------------------------------------------------------------
 
+def upload_leftover_swept(c, chaos, checks):
+    """A targeted step for a bug the storm found (seed 102): a kill -9 of the master during an
+    agent's checkpoint upload left the upload's temporary file (NAME.up-XXXXXX) among the
+    checkpoint's files, listed, archived and fetched with it ever after. One is planted in the
+    master's copy of a checkpoint of a job that ran across nodes; a restarted master must have
+    removed it."""
+    for jid, job in sorted(chaos.jobs.items()):
+        _, events = chaos.events_of(jid)
+        placed = [e for e in events if e.get("event") == "placement"]
+        ckpts = [e["data"] for e in events if e.get("event") == "checkpoint"]
+        if placed and ckpts and os.path.isdir(ckpts[-1]["path"]):
+            break
+    else:
+        log("  (no checkpoint uploaded by an agent to plant a leftover upload in)")
+        return
+    step, where = ckpts[-1]["step"], ckpts[-1]["path"]
+    planted = os.path.join(where, "model.safetensors.up-Xq3v9Z")
+    with open(planted, "wb") as f:
+        f.write(b"half an upload")
+    log("a leftover upload planted in job %d's checkpoint of step %d; the master restarts" % (
+        jid, step))
+    p = c.procs["m0"]
+    p.send_signal(signal.SIGTERM)
+    checks.check(p.wait(timeout=60) == 0, "m0's traind exits 0 on SIGTERM")
+    c.reap("m0")
+    c.start(0)
+    if not checks.check(until(20, lambda: c.listening("m0")) and until(30, c.nodes_ready),
+                        "the master restarts and its agents join it again"):
+        return
+    ck = c.get_json("/v1/jobs/%d/checkpoints/%d" % (jid, step)) or {}
+    names = [f["name"] for f in ck.get("files", [])]
+    checks.check(not os.path.exists(planted) and names and not [n for n in names if ".up-" in n],
+                 "a restarted master removes what an upload cut short left in a checkpoint",
+                 "%s still there: %s; listed files %s" % (planted, os.path.exists(planted), names))
+
+
 def check_leftovers(c, chaos, checks):
     log("invariant: no process of any job is left in any namespace")
 
@@ -1154,6 +1190,7 @@ def main():
         chaos.check_states()
         chaos.check_steps()
         chaos.check_checkpoints()
+        upload_leftover_swept(c, chaos, checks)
         check_leftovers(c, chaos, checks)
         stop_daemons(c, checks)
         check_databases(c, chaos, checks)
