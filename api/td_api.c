@@ -692,7 +692,7 @@ int td_api_listen(const char *host, int *port, int *fd, td_err *err) {
      * on Linux it never lets two sockets listen on one address and port */
     int one = 1;
     if (setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(s, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(s, 128) != 0) {
+        bind(s, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(s, SOMAXCONN) != 0) {
         int e = errno;
         close(s);
         return td_fail(err, "cannot listen on %s:%d: %s%s", host, *port, strerror(e),
@@ -774,6 +774,10 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
         MHD_start_daemon(flags, 0, NULL, NULL, handle, api, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                          api, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd, MHD_OPTION_NOTIFY_COMPLETED,
                          completed, api, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                         /* past the limit a connection is closed at once: the default (its
+                          * select() size) is a thousand, which event streams alone reach */
+                         MHD_OPTION_CONNECTION_LIMIT,
+                         cfg->max_connections ? cfg->max_connections : (unsigned)FD_SETSIZE - 4,
                          tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cfg->tls_cert_pem,
                          MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
     if (!api->daemon) {

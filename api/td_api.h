@@ -35,6 +35,8 @@ typedef struct td_api_config {
      * Prometheus on a network the operator keeps for it; -1: none (GET /metrics on the API
      * port, with the token, either way) */
     int metrics_listen_fd;
+    /* connections served at once (each a thread); 0: libmicrohttpd's default (about 1,000) */
+    unsigned max_connections;
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a

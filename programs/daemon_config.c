@@ -88,6 +88,12 @@ static const opt_info OPTS[OPT_COUNT] = {
     [OPT_MAX_QUEUED] = {"--max-queued", "max_queued_per_token", T_LONG, FIELD(max_queued_per_token),
                         0, 1000000, NULL, true},
     [OPT_AUDIT_LOG] = {"--audit-log", "audit_log", T_TEXT, FIELD(audit_log), 0, 0, NULL, false},
+    [OPT_KEEP_FINISHED_FOR] = {"--keep-finished-for", "keep_finished_for_s", T_SECONDS,
+                               FIELD(keep_finished_for_s), 0, 100 * 365 * 86400.0, NULL, true},
+    [OPT_KEEP_FINISHED_JOBS] = {"--keep-finished-jobs", "keep_finished_jobs", T_LONG,
+                                FIELD(keep_finished_jobs), 0, 100000000, NULL, true},
+    [OPT_MAX_CONNECTIONS] = {"--max-connections", "max_connections", T_LONG, FIELD(max_connections),
+                             16, 1000000, NULL, false},
 };
 
 /* command_jobs's programs, one at a time: an absolute path to an executable file. */
@@ -133,6 +139,8 @@ static void usage(FILE *out) {
         "              [--metrics-listen ADDR:PORT] [--run-as USER]\n"
         "              [--command-jobs any|none|PATH[:PATH...]] [--rate-limit N]\n"
         "              [--max-streams N] [--max-queued N] [--audit-log FILE]\n"
+        "              [--keep-finished-for S] [--keep-finished-jobs N]\n"
+        "              [--max-connections N]\n"
         "\n"
         "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
         "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
@@ -176,6 +184,8 @@ static void usage(FILE *out) {
         "  --grace S           seconds between SIGTERM and SIGKILL when stopping a job\n"
         "                      (default 10)\n"
         "  --max-body BYTES    the largest request body (default 1048576)\n"
+        "  --max-connections N the API's connections at once (default 4096); an event\n"
+        "                      stream holds one for as long as it follows\n"
         "  --worker PATH       traind-worker (default: next to traind)\n"
         "  --web-root DIR      the dashboard's files, served at / (default:\n"
         "                      PREFIX/share/traind/web when installed, else " TRAIND_WEB_ROOT ")\n"
@@ -196,6 +206,15 @@ static void usage(FILE *out) {
         "                      leaves nothing running for ever\n"
         "  --shepherd PATH     traind-shepherd (default: next to traind, else\n"
         "                      PREFIX/lib/traind)\n"
+        "\n"
+        "Retention. A finished job (its rows, logs, metrics, the checkpoints in its\n"
+        "directory) is removed, as DELETE /v1/jobs/ID would, once either limit says so:\n"
+        "  --keep-finished-for S   seconds after it finished (default 2592000: 30 days;\n"
+        "                      0: no time limit)\n"
+        "  --keep-finished-jobs N  only the N most recently finished jobs are kept\n"
+        "                      (default 10000; 0: no count limit)\n"
+        "                      On a node that runs parts of a master's jobs, a part's\n"
+        "                      directory goes by the same limits once it ended here.\n"
         "\n"
         "A cluster: one traind is the master (the default), the others join it.\n"
         "  --cluster-secret-file FILE  the cluster's shared secret (the same file on\n"
@@ -529,7 +548,14 @@ static void init(daemon_options *o) {
                           .orphan_timeout_s = 600,
                           .rate_limit_per_s = 200,
                           .max_streams_per_token = 64,
-                          .max_queued_per_token = 1000};
+                          .max_queued_per_token = 1000,
+                          /* a month and ten thousand: what a team looks back at, in a bounded
+                           * disk (set both to 0 to keep every job) */
+                          .keep_finished_for_s = 30 * 86400.0,
+                          .keep_finished_jobs = 10000,
+                          /* event streams hold one each: a thousand dashboards and scripts
+                           * following jobs, with room for the requests beside them */
+                          .max_connections = 4096};
 }
 
 /* The command line into o (marking what it gave). *config: the --config value or NULL. exits:

@@ -50,6 +50,9 @@ typedef enum {
     OPT_MAX_STREAMS,
     OPT_MAX_QUEUED,
     OPT_AUDIT_LOG,
+    OPT_KEEP_FINISHED_FOR,
+    OPT_KEEP_FINISHED_JOBS,
+    OPT_MAX_CONNECTIONS,
     OPT_COUNT
 } daemon_option;
 
@@ -90,6 +93,11 @@ typedef struct daemon_options {
     double rate_limit_per_s;
     long max_streams_per_token, max_queued_per_token;
     char audit_log[PATH_MAX];
+    /* retention: finished jobs are removed this long after they finished, and beyond the
+     * newest keep_finished_jobs of them (0: no limit of that kind) */
+    double keep_finished_for_s;
+    long keep_finished_jobs;
+    long max_connections; /* the API's connections at once (each a thread) */
 
     /* not settings */
     daemon_source from[OPT_COUNT];

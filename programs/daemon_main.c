@@ -30,6 +30,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -293,6 +294,25 @@ static void open_for_jobs(const char *state, const char *db_path, const td_launc
     }
 }
 
+/* Each API connection is a socket, and each job a few pipes and files: the soft limit on open
+ * files (1024 on most systems, for select()'s sake; traind polls) is raised towards the hard one
+ * so that max_connections can be served. */
+static void raise_open_files(const daemon_options *o, td_log *log) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    rlim_t want = (rlim_t)o->max_connections + 1024; /* the jobs', the database's, the logs' */
+    if (rl.rlim_cur >= want) return;
+    struct rlimit next = {rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max,
+                          rl.rlim_max};
+    rlim_t got = setrlimit(RLIMIT_NOFILE, &next) == 0 ? next.rlim_cur : rl.rlim_cur;
+    if (got < want)
+        td_log_warn(log,
+                    "warning: open files are limited to %llu (ulimit -n, or LimitNOFILE= in the "
+                    "unit): fewer than max_connections %ld needs (%llu), so connections past "
+                    "the limit fail",
+                    (unsigned long long)got, o->max_connections, (unsigned long long)want);
+}
+
 static td_tokens_limits limits_of(const daemon_options *o) {
     return (td_tokens_limits){.requests_per_s = o->rate_limit_per_s,
                               .streams = (int)o->max_streams_per_token,
@@ -340,6 +360,8 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
         o->rate_limit_per_s = next->rate_limit_per_s;
         o->max_streams_per_token = next->max_streams_per_token;
         o->max_queued_per_token = next->max_queued_per_token;
+        o->keep_finished_for_s = next->keep_finished_for_s;
+        o->keep_finished_jobs = next->keep_finished_jobs;
         memcpy(o->log_format, next->log_format, sizeof o->log_format);
         memcpy(o->log_level, next->log_level, sizeof o->log_level);
         for (int i = 0; i < OPT_COUNT; i++)
@@ -351,6 +373,7 @@ static void reload(daemon_options *o, int argc, char **argv, const char *state, 
         td_jobs_set_stop_policy(jobs, o->keep_jobs_on_stop, o->orphan_timeout_s);
         td_api_set_max_body(api, (size_t)o->max_body);
         td_jobs_set_command_jobs(jobs, o->command_jobs);
+        td_jobs_set_retention(jobs, o->keep_finished_for_s, o->keep_finished_jobs);
         td_tokens_limits limits = limits_of(o);
         td_tokens_set_limits(tokens, &limits);
         td_log_notice(log, "reloaded %s: %d change%s applied, %d waiting for a restart",
@@ -470,6 +493,8 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                                    .state_dir = state,
                                    .command_jobs = o->command_jobs},
                          .run_as = run_as,
+                         .keep_finished_for_s = o->keep_finished_for_s,
+                         .keep_finished_jobs = o->keep_finished_jobs,
                          .on_turn = dog.every_s > 0 ? watchdog_ping : NULL,
                          .turn_ctx = &dog,
                          .turn_every_s = dog.every_s / 4};
@@ -523,7 +548,8 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                         .state_dir = state,
                         .log = log,
                         .tls_cert_pem = cert_pem,
-                        .tls_key_pem = key_pem};
+                        .tls_key_pem = key_pem,
+                        .max_connections = (unsigned)o->max_connections};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
     td_log_notice(log, "%d %s slot%s; state in %s; worker %s", slots, gpus > 0 ? "GPU" : "CPU",
                   slots == 1 ? "" : "s", state, o->worker);
@@ -632,6 +658,7 @@ int main(int argc, char **argv) {
         metrics_port =
             address_of(&o, OPT_METRICS_LISTEN, o.metrics_listen, metrics_host, sizeof metrics_host);
 
+    raise_open_files(&o, log);
     make_dirs(o.state_dir);
     char state[PATH_MAX];
     if (!realpath(o.state_dir, state)) die("%s: %s", o.state_dir, strerror(errno));

@@ -15,6 +15,9 @@ struct td_db {
 };
 
 static const char SCHEMA[] =
+    /* retention deletes old jobs' rows: freed pages can then be given back (td_db_delete_jobs);
+     * it takes effect only in a database that has no table yet */
+    "PRAGMA auto_vacuum = INCREMENTAL;"
     "PRAGMA journal_mode = WAL;"
     "PRAGMA synchronous = NORMAL;" /* WAL + NORMAL: durable across a process crash */
     "PRAGMA foreign_keys = ON;"
@@ -478,7 +481,7 @@ out:
     return rc;
 }
 
-int td_db_delete_job(td_db *db, long job_id, td_err *err) {
+int td_db_delete_jobs(td_db *db, const long *ids, int n, td_err *err) {
     static const char *const SQL[] = {
         "DELETE FROM events WHERE job_id=?",
         "DELETE FROM metrics WHERE job_id=?",
@@ -495,10 +498,22 @@ int td_db_delete_job(td_db *db, long job_id, td_err *err) {
             db_fail(db, err, "preparing a job's deletion");
             goto rollback;
         }
-        sqlite3_bind_int64(s, 1, job_id);
-        if (step_done(db, s, err, "deleting a job") != 0) goto rollback;
+        for (int k = 0; k < n; k++) {
+            sqlite3_reset(s);
+            sqlite3_bind_int64(s, 1, ids[k]);
+            int r = sqlite3_step(s);
+            if (r != SQLITE_DONE) {
+                db_fail(db, err, "deleting a job");
+                sqlite3_finalize(s);
+                goto rollback;
+            }
+        }
+        sqlite3_finalize(s);
     }
     if (exec_locked(db, "COMMIT", err) != 0) goto rollback;
+    /* the pages freed go back to the filesystem (a database made with auto_vacuum incremental;
+     * an older one reuses them for new rows instead): a no-op when nothing is free */
+    sqlite3_exec(db->db, "PRAGMA incremental_vacuum", NULL, NULL, NULL);
     rc = 0;
     goto out;
 rollback:

@@ -66,8 +66,8 @@ typedef struct td_db_event {
 } td_db_event;
 int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_err *err);
 
-/* Removes the job and everything recorded of it, in one transaction. */
-int td_db_delete_job(td_db *db, long job_id, td_err *err);
+/* Removes the jobs ids[0..n) and everything recorded of them, in one transaction. */
+int td_db_delete_jobs(td_db *db, const long *ids, int n, td_err *err);
 
 /* Calls back for each job, oldest first, with its attempts; the callback owns job->spec (free
  * it, or keep it). */

@@ -130,7 +130,10 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
     jb->master_port = port;
     json_decref(jb->resume_order);
     jb->resume_order = td_jobs_resume_order(jb); /* fixed for the attempt */
-    td_jobs_resume_dir(jb, jb->ckpt_dir, sizeof jb->ckpt_dir);
+    char ckpt_dir[PATH_MAX];
+    td_jobs_resume_dir(jb, ckpt_dir, sizeof ckpt_dir);
+    free(jb->ckpt_dir);
+    jb->ckpt_dir = td_str_dup(ckpt_dir);
     jb->active = true;
     jb->parts_stopping = false;
     jb->parts_code = 0;
@@ -331,8 +334,9 @@ static json_t *order(job *jb, const part *p) {
         jb->parts[0].address, "master_port", jb->master_port, "restart_count", jb->n_attempts - 1,
         "max_restarts", jb->row.max_restarts, "kind", jb->row.kind, "argv", argv, "local_rank_arg",
         jb->local_rank_arg, "env", env, "spec", command || !starting ? json_null() : order_spec(jb),
-        "resume", resume, "checkpoint_dir", starting ? json_string(jb->ckpt_dir) : json_null(),
-        "stop", stop, "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
+        "resume", resume, "checkpoint_dir",
+        starting ? json_string(jb->ckpt_dir ? jb->ckpt_dir : "") : json_null(), "stop", stop,
+        "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
 }
 
 /* ---- reports --------------------------------------------------------------------------------- */

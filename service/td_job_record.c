@@ -119,14 +119,16 @@ job *td_jobs_new_job(td_jobs *j, const td_db_job *row) {
     jb->state = QUEUED;
     for (int s = 0; s < N_STATES; s++)
         if (strcmp(row->state, td_jobs_state_names[s]) == 0) jb->state = s;
-    snprintf(jb->dir, sizeof jb->dir, "%s/jobs/%ld", j->cfg.state_dir, row->id);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/jobs/%ld", j->cfg.state_dir, row->id);
+    jb->dir = td_str_dup(dir);
     jb->stored_seq = row->last_seq;
     return jb;
 }
 
 td_db_attempt *td_jobs_new_attempt(job *jb) {
     if (jb->n_attempts == jb->cap_attempts) {
-        jb->cap_attempts = jb->cap_attempts ? 2 * jb->cap_attempts : 4;
+        jb->cap_attempts = jb->cap_attempts ? 2 * jb->cap_attempts : 1; /* most have one */
         jb->attempts = td_realloc(jb->attempts, (size_t)jb->cap_attempts * sizeof *jb->attempts);
     }
     td_db_attempt *a = &jb->attempts[jb->n_attempts];
@@ -232,6 +234,7 @@ void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason
     jb->row.finished_at = td_clock_wall();
     jb->row.pgid = 0;
     td_jobs_emit_state(j, jb);
+    td_jobs_janitor_poke(j);
     td_log_at(j->log, state == FAILED ? TD_LOG_WARNING : TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
               "job %ld %s%s%s", jb->row.id, td_jobs_state_names[state], reason[0] ? ": " : "",
               reason);
@@ -246,6 +249,8 @@ void td_jobs_free_job(job *jb) {
     json_decref(jb->latest_train);
     json_decref(jb->latest_eval);
     free(jb->ckpt_path);
+    free(jb->ckpt_dir);
+    free(jb->dir);
     td_jobs_resume_forget(jb);
     json_decref(jb->resume_order);
     json_decref(jb->last_placement);

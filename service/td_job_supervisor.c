@@ -29,7 +29,11 @@ void *td_jobs_supervise(void *arg) {
     pthread_mutex_lock(&j->mu);
     while (!j->stopping) {
         if (!j->stopping_jobs) td_jobs_schedule(j); /* nothing new while the jobs stop */
-        int n = 0, max = 2 + j->n_jobs + j->n_guests;
+        /* sized by the running jobs, not all of them: the arrays are on the stack, and a daemon
+         * keeps a hundred thousand finished jobs */
+        int n = 0, n_active = 0;
+        for (int i = 0; i < j->n_jobs; i++) n_active += j->jobs[i]->active;
+        int max = 2 + n_active + j->n_guests;
         struct pollfd fds[max];
         job *owner[max];
         guest *guest_owner[max];

@@ -58,6 +58,7 @@ int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *lo
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&j->changed, &ca);
     pthread_cond_init(&j->resume_wake, NULL);
+    pthread_cond_init(&j->janitor_wake, &ca);
     pthread_condattr_destroy(&ca);
     if (cfg->gpus > 0) j->gpu_used = td_calloc((size_t)cfg->gpus, sizeof(bool));
     char jobs_dir[PATH_MAX];
@@ -91,6 +92,9 @@ int td_jobs_start(td_jobs *j, td_err *err) {
     rc = pthread_create(&j->resumer, NULL, td_jobs_resumer, j);
     if (rc != 0) return td_fail(err, "starting the checkpoint thread: %s", strerror(rc));
     j->resumer_started = true;
+    rc = pthread_create(&j->janitor, NULL, td_jobs_janitor, j);
+    if (rc != 0) return td_fail(err, "starting the retention thread: %s", strerror(rc));
+    j->janitor_started = true;
     return 0;
 }
 
@@ -147,7 +151,12 @@ void td_jobs_stop(td_jobs *j) {
     j->stopping = true;
     pthread_cond_broadcast(&j->changed);
     pthread_cond_broadcast(&j->resume_wake);
+    pthread_cond_broadcast(&j->janitor_wake);
     pthread_mutex_unlock(&j->mu);
+    if (j->janitor_started) { /* (it may be removing a directory) */
+        pthread_join(j->janitor, NULL);
+        j->janitor_started = false;
+    }
     if (j->resumer_started) { /* (it may finish a file it is hashing or copying first) */
         pthread_join(j->resumer, NULL);
         j->resumer_started = false;
@@ -175,6 +184,7 @@ void td_jobs_close(td_jobs *j) {
     if (j->sig_fd >= 0) close(j->sig_fd);
     pthread_cond_destroy(&j->changed);
     pthread_cond_destroy(&j->resume_wake);
+    pthread_cond_destroy(&j->janitor_wake);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -472,11 +482,6 @@ int td_jobs_tensorboard_dir(td_jobs *j, long id, char *path, size_t len, td_repl
     return 0;
 }
 
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
-    (void)st, (void)ftw;
-    return (type == FTW_DP ? rmdir(path) : unlink(path)) == 0 || errno == ENOENT ? 0 : -1;
-}
-
 int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error *e) {
     pthread_mutex_lock(&j->mu);
     int at = -1;
@@ -505,10 +510,23 @@ int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error 
         return rc;
     }
     td_err err = {{0}};
-    if (td_db_delete_job(j->db, id, &err) != 0) {
+    if (td_db_delete_jobs(j->db, &id, 1, &err) != 0) {
         pthread_mutex_unlock(&j->mu);
         return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
     }
+    bool moved = td_jobs_forget_locked(j, at);
+    pthread_cond_broadcast(&j->changed); /* its streams end */
+    pthread_mutex_unlock(&j->mu);
+    char doomed[PATH_MAX + 32];
+    snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.state_dir, id);
+    if (moved) td_jobs_remove_tree(j, id, doomed);
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(id), "job %ld deleted", id);
+    return 0;
+}
+
+bool td_jobs_forget_locked(td_jobs *j, int at) {
+    job *jb = j->jobs[at];
+    long id = jb->row.id;
     /* out of the way at once (a rename), removed after the lock is let go: a job's files can
      * be gigabytes of checkpoints */
     char doomed[PATH_MAX + 32];
@@ -519,14 +537,8 @@ int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error 
                   jb->dir, strerror(errno));
     memmove(&j->jobs[at], &j->jobs[at + 1], (size_t)(j->n_jobs - at - 1) * sizeof *j->jobs);
     j->n_jobs--;
-    pthread_cond_broadcast(&j->changed); /* its streams end */
     td_jobs_free_job(jb);
-    pthread_mutex_unlock(&j->mu);
-    if (moved && nftw(doomed, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: cannot remove all of %s: %s",
-                  id, doomed, strerror(errno));
-    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(id), "job %ld deleted", id);
-    return 0;
+    return moved;
 }
 
 json_t *td_jobs_gpu_users(td_jobs *j) {
@@ -603,8 +615,11 @@ void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
                   "traind_queue_oldest_wait_seconds %.3f\n"
                   "# HELP traind_job_restarts_total Attempts restarted since this daemon "
                   "started (a counter: deleting a job does not lower it).\n"
-                  "# TYPE traind_job_restarts_total counter\ntraind_job_restarts_total %lld\n",
-                  queued, oldest, j->restarts_total);
+                  "# TYPE traind_job_restarts_total counter\ntraind_job_restarts_total %lld\n"
+                  "# HELP traind_jobs_expired_total Finished jobs removed by retention "
+                  "(keep_finished_for_s, keep_finished_jobs) since this daemon started.\n"
+                  "# TYPE traind_jobs_expired_total counter\ntraind_jobs_expired_total %lld\n",
+                  queued, oldest, j->restarts_total, j->expired_total);
     static const char *const GAUGES[][3] = {
         {"traind_job_step", "step", "The step of a running job's latest metric."},
         {"traind_job_loss", "loss", "A running job's latest training loss."},

@@ -40,6 +40,10 @@ typedef struct td_jobs_config {
      * stops the pings. */
     /* a root daemon's jobs run as this user (td_launch.h); drop false: as the daemon */
     td_launch_user run_as;
+    /* retention: a finished job is removed (rows and directory) this long after it finished,
+     * and beyond the newest keep_finished_jobs finished ones (0: no limit of that kind) */
+    double keep_finished_for_s;
+    long keep_finished_jobs;
     void (*on_turn)(void *ctx);
     void *turn_ctx;
     double turn_every_s;
@@ -60,6 +64,8 @@ void td_jobs_set_command_jobs(td_jobs *j, const char *policy);
 /* A reload's keep_jobs_on_stop and orphan_timeout_s (the latter for attempts started from now
  * on). */
 void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_timeout_s);
+/* A reload's keep_finished_for_s and keep_finished_jobs (td_jobs_config), applied at once. */
+void td_jobs_set_retention(td_jobs *j, double keep_for_s, long keep_jobs);
 /* Stops the supervisor and ends every waiting stream. Running jobs stay "running" in the
  * database: with keep_jobs_on_stop their processes run on and the next start re-attaches to
  * them; without, they are stopped first (SIGTERM, SIGKILL after the grace period) and the next

@@ -62,13 +62,14 @@ typedef struct job {
     struct td_tboard *tboard; /* its TensorBoard event file, open from its first metric on */
     bool tboard_failed;       /* it could not be opened: said once, not tried again */
     bool tboard_warned;       /* a write failed and was logged; cleared by the next success */
-    char dir[PATH_MAX];
-    char **argv, **env;      /* what an attempt runs */
-    char local_rank_arg[16]; /* a command's --local_rank option (td_launch_config); "": none */
-    int gpus_per_proc;       /* resources.gpus_per_proc: the slots (GPUs) of each process */
-    bool launch_self;        /* "launch": "self": one process per node starts the rest */
-    bool see_all_gpus;       /* resources.visible_gpus "job": each process sees the node's share */
-    char *json;              /* rendered job object; NULL when stale */
+    char *dir;                /* STATE_DIR/jobs/ID (allocated: most jobs are finished ones, and a
+                                 job record's size is the daemon's memory per job kept) */
+    char **argv, **env;       /* what an attempt runs */
+    char local_rank_arg[16];  /* a command's --local_rank option (td_launch_config); "": none */
+    int gpus_per_proc;        /* resources.gpus_per_proc: the slots (GPUs) of each process */
+    bool launch_self;         /* "launch": "self": one process per node starts the rest */
+    bool see_all_gpus;        /* resources.visible_gpus "job": each process sees the node's share */
+    char *json;               /* rendered job object; NULL when stale */
 
     bool cancel_requested;
     bool timed_out; /* stopped at resources.time_limit_s */
@@ -89,22 +90,22 @@ typedef struct job {
     char **pin;         /* resources.nodes, or NULL */
     struct part *parts; /* the running attempt's nodes, or NULL (not placed, or run locally) */
     int n_parts;
-    int master_port;         /* reserved on parts[0]'s node */
-    bool parts_stopping;     /* every part told to stop */
-    int parts_code;          /* the first failure's status; 0: none */
-    char parts_reason[640];  /* its words, naming node and rank */
-    long lines_in;           /* rank 0's lines of this attempt applied so far */
-    json_t *last_placement;  /* the placement of its latest attempt, for the job's JSON */
-    json_t *ckpt_files;      /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
-                                yet listed */
-    bool ckpt_placed;        /* and it is where the ranks look on the master's node */
-    long ckpt_gen;           /* counts registered checkpoints: which one the above are about */
-    bool resume_busy;        /* the resumer works on its files now (a delete waits) */
-    bool resume_wanted;      /* an attempt waits for that (td_jobs_resume_prepare) */
-    char *resume_error;      /* why it cannot be read; NULL: none */
-    char *place_error;       /* why the master's node cannot have it where its ranks look */
-    json_t *resume_order;    /* what the running attempt's parts resume from; NULL: nothing */
-    char ckpt_dir[PATH_MAX]; /* td_jobs_resume_dir, for the running attempt's parts */
+    int master_port;        /* reserved on parts[0]'s node */
+    bool parts_stopping;    /* every part told to stop */
+    int parts_code;         /* the first failure's status; 0: none */
+    char parts_reason[640]; /* its words, naming node and rank */
+    long lines_in;          /* rank 0's lines of this attempt applied so far */
+    json_t *last_placement; /* the placement of its latest attempt, for the job's JSON */
+    json_t *ckpt_files;     /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
+                               yet listed */
+    bool ckpt_placed;       /* and it is where the ranks look on the master's node */
+    long ckpt_gen;          /* counts registered checkpoints: which one the above are about */
+    bool resume_busy;       /* the resumer works on its files now (a delete waits) */
+    bool resume_wanted;     /* an attempt waits for that (td_jobs_resume_prepare) */
+    char *resume_error;     /* why it cannot be read; NULL: none */
+    char *place_error;      /* why the master's node cannot have it where its ranks look */
+    json_t *resume_order;   /* what the running attempt's parts resume from; NULL: nothing */
+    char *ckpt_dir;         /* td_jobs_resume_dir, for the running attempt's parts; NULL */
 } job;
 
 /* One node's share of a distributed attempt, as the master tracks it. */
@@ -160,6 +161,11 @@ struct td_jobs {
     char ***retired_roots;
     int n_retired_roots;
     char command_jobs[8192]; /* td_submit_rules.command_jobs, as a reload last set it */
+    /* retention (td_job_retention.c): the janitor thread, woken by a finish or a reload */
+    pthread_t janitor;
+    bool janitor_started, janitor_poke, janitor_failing;
+    pthread_cond_t janitor_wake;
+    long long expired_total; /* finished jobs it removed since this daemon started */
     pthread_mutex_t mu;
     pthread_cond_t changed; /* any event, state change or stop */
     job **jobs;             /* by id, ascending */
@@ -339,6 +345,17 @@ void td_jobs_rank_message(const char *dir, int rank, long long from, bool comman
 /* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */
 /* true when the line became an event (stored with the job row) */
 bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, json_t *files);
+
+/* ---- td_job_retention.c ---- */
+void *td_jobs_janitor(void *arg); /* the thread */
+/* A job finished: the janitor looks at the count (keep_finished_jobs) soon. */
+void td_jobs_janitor_poke(td_jobs *j);
+/* Takes the job at index `at` out of the table and frees it (its rows already deleted): its
+ * directory is moved to jobs/.deleted-ID, to be removed without the lock (true), or was not
+ * there. The caller wakes its streams. */
+bool td_jobs_forget_locked(td_jobs *j, int at);
+/* Removes a directory tree (without the lock); false, with a log line, when some is left. */
+bool td_jobs_remove_tree(td_jobs *j, long id, const char *path);
 
 /* ---- td_job_recover.c ---- */
 int td_jobs_load(td_jobs *j, td_err *err);

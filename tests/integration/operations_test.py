@@ -226,6 +226,9 @@ class OperationsTest(daemon_test.DaemonTest):
             "max_streams_per_token": 3,
             "max_queued_per_token": 7,
             "audit_log": os.path.join(state, "audit.jsonl"),
+            "keep_finished_for_s": 86400.5,
+            "keep_finished_jobs": 12,
+            "max_connections": 2000,
         }
 
     def test_every_option_through_the_file(self):

@@ -201,7 +201,7 @@ Test(db, deleting_a_job_removes_everything_recorded_of_it) {
     add_metric(db, a, 1, "train", 1);
     add_metric(db, b, 1, "train", 1);
     td_err err = {{0}};
-    cr_assert_eq(td_db_delete_job(db, a, &err), 0, "%s", err.msg);
+    cr_assert_eq(td_db_delete_jobs(db, &a, 1, &err), 0, "%s", err.msg);
     int events = 0, jobs = 0;
     cr_assert_eq(td_db_events(db, a, 0, 100, count_event, &events, &err), 0);
     cr_assert_eq(events, 0);
