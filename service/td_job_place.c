@@ -31,9 +31,9 @@ enum { PORT_FIRST = 29500, PORT_COUNT = 1000 };
 
 bool td_jobs_clustered(td_jobs *j) {
     if (!j->cluster) return false;
-    for (int i = 0; i < j->n_jobs; i++)
-        if (j->jobs[i]->parts || (!td_jobs_final_state(j->jobs[i]->state) &&
-                                  (j->jobs[i]->nnodes > 1 || j->jobs[i]->pin)))
+    for (int i = 0; i < j->n_live; i++)
+        if (j->live[i]->parts || (!td_jobs_final_state(j->live[i]->state) &&
+                                  (j->live[i]->nnodes > 1 || j->live[i]->pin)))
             return true;
     td_cluster_node *nodes;
     int n = td_cluster_snapshot(j->cluster, &nodes);
@@ -248,14 +248,14 @@ void td_jobs_schedule_cluster(td_jobs *j) {
     int cap[n];
     free_slots(j, nodes, n, cap);
     int n_queue = 0;
-    job *queue[j->n_jobs + 1];
-    for (int i = 0; i < j->n_jobs; i++) { /* restarts first: they were running */
-        job *jb = j->jobs[i];
+    job *queue[j->n_live + 1];
+    for (int i = 0; i < j->n_live; i++) { /* restarts first: they were running */
+        job *jb = j->live[i];
         if (jb->state == RESTARTING && !jb->active) queue[n_queue++] = jb;
     }
     int restarts = n_queue;
-    for (int i = 0; i < j->n_jobs; i++) {
-        job *jb = j->jobs[i];
+    for (int i = 0; i < j->n_live; i++) {
+        job *jb = j->live[i];
         if (jb->state != QUEUED) continue;
         int k = n_queue++;
         for (; k > restarts && runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
@@ -545,8 +545,8 @@ void td_jobs_parts_tick(td_jobs *j) {
     if (!j->cluster) return;
     double now = td_clock_wall();
     bool any = j->n_guests > 0;
-    for (int i = 0; i < j->n_jobs; i++) {
-        job *jb = j->jobs[i];
+    for (int i = 0; i < j->n_live; i++) {
+        job *jb = j->live[i];
         if (!jb->parts) continue;
         any = true;
         double limit = td_jobs_deadline(jb);

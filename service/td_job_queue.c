@@ -77,10 +77,10 @@ static bool runs_before(const job *a, const job *b) {
  * before the shadow time, cannot delay the head (EASY backfilling, as Slurm's backfill). */
 static void head_shadow(td_jobs *j, const job *head, double now, double *shadow, int *spare) {
     int n = 0;
-    double ends[j->n_jobs + 1]; /* + 1: never a VLA of 0 */
-    int slots[j->n_jobs + 1];
-    for (int i = 0; i < j->n_jobs; i++) {
-        const job *jb = j->jobs[i];
+    double ends[j->n_live + 1]; /* + 1: never a VLA of 0 */
+    int slots[j->n_live + 1];
+    for (int i = 0; i < j->n_live; i++) {
+        const job *jb = j->live[i];
         if (!jb->active) continue;
         double end = td_jobs_deadline(jb);
         int k = n++;
@@ -106,16 +106,16 @@ void td_jobs_schedule(td_jobs *j) {
         return;
     }
     if (j->draining) return; /* a drained node starts nothing, restarts included */
-    for (int i = 0; i < j->n_jobs; i++) {
-        job *jb = j->jobs[i];
+    for (int i = 0; i < j->n_live; i++) {
+        job *jb = j->live[i];
         if (jb->state != RESTARTING || jb->active) continue;
         if (!td_jobs_reserve_slots(j, jb)) return;
         td_jobs_start_attempt(j, jb);
     }
     int n = 0;
-    job *queue[j->n_jobs + 1];
-    for (int i = 0; i < j->n_jobs; i++) {
-        job *jb = j->jobs[i];
+    job *queue[j->n_live + 1];
+    for (int i = 0; i < j->n_live; i++) {
+        job *jb = j->live[i];
         if (jb->state != QUEUED) continue;
         int k = n++;
         for (; k > 0 && runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];

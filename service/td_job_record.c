@@ -108,6 +108,32 @@ void td_jobs_add(td_jobs *j, job *jb) {
         j->jobs = td_realloc(j->jobs, (size_t)j->cap_jobs * sizeof *j->jobs);
     }
     j->jobs[j->n_jobs++] = jb;
+    if (td_jobs_final_state(jb->state)) return;
+    if (j->n_live == j->cap_live) {
+        j->cap_live = j->cap_live ? 2 * j->cap_live : 64;
+        j->live = td_realloc(j->live, (size_t)j->cap_live * sizeof *j->live);
+    }
+    j->live[j->n_live++] = jb;
+}
+
+/* A finished job leaves the live list once nothing of it is left to do: no process, no
+ * placement, no event waiting for the database (the supervisor retries those from the list). */
+static bool done_with(const job *jb) {
+    return td_jobs_final_state(jb->state) && !jb->active && !jb->parts && jb->n_pending == 0;
+}
+
+void td_jobs_live_compact(td_jobs *j) {
+    int n = 0;
+    for (int i = 0; i < j->n_live; i++)
+        if (!done_with(j->live[i])) j->live[n++] = j->live[i];
+    j->n_live = n;
+}
+
+void td_jobs_live_remove(td_jobs *j, const job *jb) {
+    int n = 0;
+    for (int i = 0; i < j->n_live; i++)
+        if (j->live[i] != jb) j->live[n++] = j->live[i];
+    j->n_live = n;
 }
 
 job *td_jobs_new_job(td_jobs *j, const td_db_job *row) {

@@ -28,11 +28,12 @@ void *td_jobs_supervise(void *arg) {
     td_jobs *j = arg;
     pthread_mutex_lock(&j->mu);
     while (!j->stopping) {
+        td_jobs_live_compact(j);
         if (!j->stopping_jobs) td_jobs_schedule(j); /* nothing new while the jobs stop */
         /* sized by the running jobs, not all of them: the arrays are on the stack, and a daemon
          * keeps a hundred thousand finished jobs */
         int n = 0, n_active = 0;
-        for (int i = 0; i < j->n_jobs; i++) n_active += j->jobs[i]->active;
+        for (int i = 0; i < j->n_live; i++) n_active += j->live[i]->active;
         int max = 2 + n_active + j->n_guests;
         struct pollfd fds[max];
         job *owner[max];
@@ -41,8 +42,8 @@ void *td_jobs_supervise(void *arg) {
         fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
         bool ticking = false, due = false;
         double now = td_clock_wall(), next_limit = 0;
-        for (int i = 0; i < j->n_jobs; i++) {
-            job *jb = j->jobs[i];
+        for (int i = 0; i < j->n_live; i++) {
+            job *jb = j->live[i];
             if (!jb->active) continue;
             double limit = td_jobs_deadline(jb);
             if (limit > 0 && !jb->timed_out && (next_limit == 0 || limit < next_limit))
@@ -65,8 +66,8 @@ void *td_jobs_supervise(void *arg) {
             int until = ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
             if (timeout_ms < 0 || until < timeout_ms) timeout_ms = until;
         }
-        for (int i = 0; i < j->n_jobs; i++) /* events the database refused: tried every second */
-            if (j->jobs[i]->n_pending > 0 && (timeout_ms < 0 || timeout_ms > 1000))
+        for (int i = 0; i < j->n_live; i++) /* events the database refused: tried every second */
+            if (j->live[i]->n_pending > 0 && (timeout_ms < 0 || timeout_ms > 1000))
                 timeout_ms = 1000;
         if (j->cfg.on_turn && j->cfg.turn_every_s > 0) {
             int every = (int)(j->cfg.turn_every_s * 1000.0);
@@ -107,15 +108,15 @@ void *td_jobs_supervise(void *arg) {
             for (int k = 0; k < j->n_guests; k++) still |= j->guests[k] == g;
             if (fds[i].revents && still && g->sh.fd >= 0) td_jobs_guests_read(j, g);
         }
-        for (int i = 0; i < j->n_jobs; i++) {
-            job *jb = j->jobs[i];
+        for (int i = 0; i < j->n_live; i++) {
+            job *jb = j->live[i];
             if (jb->n_pending == 0 || !td_jobs_store_pending(j, jb)) continue;
             if (jb->active && jb->sh.fd >= 0) td_jobs_read_output(j, jb, false, 0); /* on */
         }
         td_jobs_guests_tick(j);
         td_jobs_parts_tick(j);
-        for (int i = 0; i < j->n_jobs; i++) {
-            job *jb = j->jobs[i];
+        for (int i = 0; i < j->n_live; i++) {
+            job *jb = j->live[i];
             if (!jb->active || jb->parts || jb->left) continue;
             double limit = td_jobs_deadline(jb);
             if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_clock_wall() >= limit) {

@@ -106,8 +106,8 @@ void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_t
 }
 
 static bool shepherds_connected(const td_jobs *j) {
-    for (int i = 0; i < j->n_jobs; i++)
-        if (j->jobs[i]->active && !j->jobs[i]->parts && j->jobs[i]->sh.fd >= 0) return true;
+    for (int i = 0; i < j->n_live; i++)
+        if (j->live[i]->active && !j->live[i]->parts && j->live[i]->sh.fd >= 0) return true;
     return td_jobs_guests_connected(j);
 }
 
@@ -123,8 +123,8 @@ static void stop_every_job(td_jobs *j) {
     }
     j->stopping_jobs = true;
     int n = 0;
-    for (int i = 0; i < j->n_jobs; i++) {
-        job *jb = j->jobs[i];
+    for (int i = 0; i < j->n_live; i++) {
+        job *jb = j->live[i];
         if (jb->active && !jb->parts && jb->sh.fd >= 0) {
             jb->sh.stop_sent = false; /* a cancel's stop may be on its way: this one says why */
             n += td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, why);
@@ -176,6 +176,7 @@ void td_jobs_close(td_jobs *j) {
     for (int i = 0; i < j->n_jobs; i++) td_jobs_free_job(j->jobs[i]);
     td_jobs_guests_free(j);
     free(j->jobs);
+    free(j->live);
     free(j->gpu_used);
     td_strv_free(j->roots);
     for (int i = 0; i < j->n_retired_roots; i++) td_strv_free(j->retired_roots[i]);
@@ -196,8 +197,8 @@ static int not_found(td_reply_error *e, long id) {
 /* Whether who has this many queued jobs (the mutex held). */
 static int queued_of(const td_jobs *j, long owner) {
     int n = 0;
-    for (int i = 0; i < j->n_jobs; i++)
-        n += j->jobs[i]->state == QUEUED && j->jobs[i]->row.owner == owner;
+    for (int i = 0; i < j->n_live; i++)
+        n += j->live[i]->state == QUEUED && j->live[i]->row.owner == owner;
     return n;
 }
 
@@ -537,6 +538,7 @@ bool td_jobs_forget_locked(td_jobs *j, int at) {
                   jb->dir, strerror(errno));
     memmove(&j->jobs[at], &j->jobs[at + 1], (size_t)(j->n_jobs - at - 1) * sizeof *j->jobs);
     j->n_jobs--;
+    td_jobs_live_remove(j, jb);
     td_jobs_free_job(jb);
     return moved;
 }
@@ -544,8 +546,8 @@ bool td_jobs_forget_locked(td_jobs *j, int at) {
 json_t *td_jobs_gpu_users(td_jobs *j) {
     json_t *users = json_object();
     pthread_mutex_lock(&j->mu);
-    for (int i = 0; i < j->n_jobs; i++) {
-        job *jb = j->jobs[i];
+    for (int i = 0; i < j->n_live; i++) {
+        job *jb = j->live[i];
         if (!jb->active) continue;
         json_t *pl = td_jobs_placement_json(jb), *nd, *pr;
         size_t a, b;
@@ -628,8 +630,8 @@ void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
     for (int g = 0; g < 3; g++) {
         td_buf_printf(out, "# HELP %s %s\n# TYPE %s gauge\n", GAUGES[g][0], GAUGES[g][2],
                       GAUGES[g][0]);
-        for (int i = 0; i < j->n_jobs; i++) {
-            const job *jb = j->jobs[i];
+        for (int i = 0; i < j->n_live; i++) {
+            const job *jb = j->live[i];
             if (jb->state != RUNNING) continue;
             if (g == 0) {
                 td_buf_puts(out, GAUGES[g][0]);
@@ -642,8 +644,8 @@ void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
     }
     td_buf_puts(out, "# HELP traind_job_last_metric_age_seconds Since a running job's latest "
                      "metric arrived.\n# TYPE traind_job_last_metric_age_seconds gauge\n");
-    for (int i = 0; i < j->n_jobs; i++) {
-        const job *jb = j->jobs[i];
+    for (int i = 0; i < j->n_live; i++) {
+        const job *jb = j->live[i];
         if (jb->state != RUNNING || jb->last_metric_at <= 0) continue;
         td_buf_puts(out, "traind_job_last_metric_age_seconds");
         job_labels(out, jb);

@@ -170,6 +170,12 @@ struct td_jobs {
     pthread_cond_t changed; /* any event, state change or stop */
     job **jobs;             /* by id, ascending */
     int n_jobs, cap_jobs;
+    /* the jobs not finished (queued, running, restarting) and finished ones with something left
+     * to do, by id: what the supervisor, the queue and placement walk on every turn, so that a
+     * turn costs the live jobs and not the (up to 100,000) finished ones kept; finished ones go
+     * at the supervisor's next turn (td_jobs_live_compact) */
+    job **live;
+    int n_live, cap_live;
     int used_slots;
     long long restarts_total; /* attempts restarted since this daemon started (GET /metrics) */
     bool *gpu_used;
@@ -195,7 +201,9 @@ json_t *td_jobs_reason_json(const char *r);
 const char *td_jobs_render(job *jb); /* the job object as JSON, cached until stale */
 void td_jobs_stale(job *jb);
 job *td_jobs_find(td_jobs *j, long id);
-void td_jobs_add(td_jobs *j, job *jb);
+void td_jobs_add(td_jobs *j, job *jb); /* and to the live list, unless it is finished */
+void td_jobs_live_compact(td_jobs *j);
+void td_jobs_live_remove(td_jobs *j, const job *jb); /* a job that goes (deleted) */
 job *td_jobs_new_job(td_jobs *j, const td_db_job *row);
 void td_jobs_free_job(job *jb);
 

@@ -280,8 +280,7 @@ static void handle_line(td_shepherd *s, const char *line) {
     long long size;
     int pgid, live, rank, code, used = 0;
     double at;
-    if (sscanf(line, "out %lld", &size) == 1 && size >= s->out_size)
-        s->out_size = size;
+    if (sscanf(line, "out %lld", &size) == 1 && size >= s->out_size) s->out_size = size;
     /* the group is killed with killpg(pgid) once the shepherd is gone: 1 would be every process
      * the daemon may signal, 0 or less no group at all; such a line is not the shepherd's
      * (found by fuzzing: "pid -1 0" was taken) */
