@@ -122,11 +122,58 @@ static bool done_with(const job *jb) {
     return td_jobs_final_state(jb->state) && !jb->active && !jb->parts && jb->n_pending == 0;
 }
 
+static void forget_recent(job *jb) {
+    for (int k = 0; k < jb->n_recent; k++) {
+        struct recent_event *r = &jb->recent[(jb->recent_head + k) % TD_JOBS_RECENT];
+        free(r->type);
+        free(r->data);
+    }
+    free(jb->recent);
+    jb->recent = NULL;
+    jb->recent_head = jb->n_recent = 0;
+}
+
+/* Takes a stored event's strings into the ring. */
+static void remember(job *jb, long seq, char *type, char *data) {
+    if (!jb->recent) jb->recent = td_calloc(TD_JOBS_RECENT, sizeof *jb->recent);
+    struct recent_event *r;
+    if (jb->n_recent < TD_JOBS_RECENT) {
+        r = &jb->recent[(jb->recent_head + jb->n_recent++) % TD_JOBS_RECENT];
+    } else {
+        r = &jb->recent[jb->recent_head];
+        jb->recent_head = (jb->recent_head + 1) % TD_JOBS_RECENT;
+        free(r->type);
+        free(r->data);
+    }
+    *r = (struct recent_event){seq, type, data};
+}
+
+int td_jobs_recent_events(const job *jb, long after, int limit, td_db_event_fn fn, void *ctx) {
+    if (after >= jb->stored_seq) return 0; /* nothing newer */
+    if (jb->n_recent == 0 || after + 1 < jb->recent[jb->recent_head].seq) return -1;
+    int n = 0;
+    for (int k = 0; k < jb->n_recent && n < limit; k++) {
+        const struct recent_event *r = &jb->recent[(jb->recent_head + k) % TD_JOBS_RECENT];
+        if (r->seq <= after) continue;
+        fn(ctx, r->seq, r->type, r->data);
+        n++;
+    }
+    return n;
+}
+
 void td_jobs_live_compact(td_jobs *j) {
     int n = 0;
-    for (int i = 0; i < j->n_live; i++)
-        if (!done_with(j->live[i])) j->live[n++] = j->live[i];
+    for (int i = 0; i < j->n_live; i++) {
+        if (!done_with(j->live[i]))
+            j->live[n++] = j->live[i];
+        else /* its last events are in the database: a late follower reads them there */
+            forget_recent(j->live[i]);
+    }
     j->n_live = n;
+}
+
+void td_jobs_wake_streams(td_jobs *j, long id) {
+    pthread_cond_broadcast(&j->stream_cv[(unsigned long)id % TD_JOBS_STREAM_CVS]);
 }
 
 void td_jobs_live_remove(td_jobs *j, const job *jb) {
@@ -218,6 +265,8 @@ bool td_jobs_store_pending(td_jobs *j, job *jb) {
                           p->step,    p->metric, p->ckpt_path, p->ckpt_size};
         if (td_db_add_event(j->db, &ev, &row, &err) != 0) break;
         jb->stored_seq = p->seq;
+        remember(jb, p->seq, p->type, p->text);
+        p->type = p->text = NULL;
         free_pending(p);
     }
     memmove(jb->pending, jb->pending + done, (size_t)(jb->n_pending - done) * sizeof *jb->pending);
@@ -232,7 +281,10 @@ bool td_jobs_store_pending(td_jobs *j, job *jb) {
                   "job %ld: its events are stored again (up to event %ld)", jb->row.id,
                   jb->stored_seq);
     jb->store_failing = jb->n_pending > 0;
-    if (done > 0) pthread_cond_broadcast(&j->changed);
+    if (done > 0) {
+        pthread_cond_broadcast(&j->changed);
+        td_jobs_wake_streams(j, jb->row.id);
+    }
     return jb->n_pending == 0;
 }
 
@@ -268,6 +320,7 @@ void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason
 
 void td_jobs_free_job(job *jb) {
     for (int i = 0; i < jb->n_pending; i++) free_pending(&jb->pending[i]);
+    forget_recent(jb);
     free(jb->pending);
     td_tboard_close(jb->tboard);
     free(jb->row.spec);

@@ -59,6 +59,7 @@ int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *lo
     pthread_cond_init(&j->changed, &ca);
     pthread_cond_init(&j->resume_wake, NULL);
     pthread_cond_init(&j->janitor_wake, &ca);
+    for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_init(&j->stream_cv[i], &ca);
     pthread_condattr_destroy(&ca);
     if (cfg->gpus > 0) j->gpu_used = td_calloc((size_t)cfg->gpus, sizeof(bool));
     char jobs_dir[PATH_MAX];
@@ -150,6 +151,7 @@ void td_jobs_stop(td_jobs *j) {
     pthread_mutex_lock(&j->mu);
     j->stopping = true;
     pthread_cond_broadcast(&j->changed);
+    for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_broadcast(&j->stream_cv[i]);
     pthread_cond_broadcast(&j->resume_wake);
     pthread_cond_broadcast(&j->janitor_wake);
     pthread_mutex_unlock(&j->mu);
@@ -186,6 +188,7 @@ void td_jobs_close(td_jobs *j) {
     pthread_cond_destroy(&j->changed);
     pthread_cond_destroy(&j->resume_wake);
     pthread_cond_destroy(&j->janitor_wake);
+    for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_destroy(&j->stream_cv[i]);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -391,12 +394,16 @@ int td_jobs_wait(td_jobs *j, long id, long after, double timeout_s, long *last_s
     }
     struct timespec until;
     td_clock_deadline(&until, timeout_s);
-    /* stored events only: the stream reads them from the database */
-    while (jb->stored_seq <= after && !(td_jobs_final_state(jb->state) && jb->n_pending == 0) &&
-           !j->stopping && pthread_cond_timedwait(&j->changed, &j->mu, &until) != ETIMEDOUT) {
-    }
-    *last_seq = jb->stored_seq;
-    *ended = (td_jobs_final_state(jb->state) && jb->n_pending == 0) || j->stopping;
+    pthread_cond_t *cv = &j->stream_cv[(unsigned long)id % TD_JOBS_STREAM_CVS];
+    /* stored events only (the stream reads what is stored); the job is found again after each
+     * wait: it may have been deleted meanwhile, which ends the stream */
+    while (jb && jb->stored_seq <= after &&
+           !(td_jobs_final_state(jb->state) && jb->n_pending == 0) && !j->stopping &&
+           pthread_cond_timedwait(cv, &j->mu, &until) != ETIMEDOUT)
+        jb = td_jobs_find(j, id);
+    if (jb) jb = td_jobs_find(j, id); /* (a timeout returns without looking) */
+    *last_seq = jb ? jb->stored_seq : after;
+    *ended = !jb || (td_jobs_final_state(jb->state) && jb->n_pending == 0) || j->stopping;
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -424,7 +431,12 @@ int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_r
 
 int td_jobs_events(td_jobs *j, long id, long after, int limit, td_db_event_fn fn, void *ctx,
                    td_reply_error *e) {
-    if (td_jobs_exists(j, id, e) != 0) return -1;
+    pthread_mutex_lock(&j->mu);
+    job *jb = td_jobs_find(j, id);
+    int served = jb ? td_jobs_recent_events(jb, after, limit, fn, ctx) : -1;
+    pthread_mutex_unlock(&j->mu);
+    if (!jb) return not_found(e, id);
+    if (served >= 0) return 0;
     td_err err = {{0}};
     if (td_db_events(j->db, id, after, limit, fn, ctx, &err) != 0)
         return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
@@ -539,6 +551,7 @@ bool td_jobs_forget_locked(td_jobs *j, int at) {
     memmove(&j->jobs[at], &j->jobs[at + 1], (size_t)(j->n_jobs - at - 1) * sizeof *j->jobs);
     j->n_jobs--;
     td_jobs_live_remove(j, jb);
+    td_jobs_wake_streams(j, id); /* they end */
     td_jobs_free_job(jb);
     return moved;
 }

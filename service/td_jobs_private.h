@@ -27,6 +27,7 @@
 #include <stdbool.h>
 
 enum { QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED, N_STATES };
+enum { TD_JOBS_RECENT = 256, TD_JOBS_STREAM_CVS = 64 };
 
 /* The daemon's own events in a job's stream (a worker's are train/td_metrics.h's TD_EVENT_*). */
 #define TD_JOBS_EVENT_STATE     "state"
@@ -50,6 +51,14 @@ typedef struct job {
     int n_pending, cap_pending;
     long stored_seq;
     bool store_failing; /* said in the log once per outage */
+    /* the newest stored events, a ring of TD_JOBS_RECENT (oldest at recent_head), while the job
+     * is live: a stream that keeps up reads them here, not from the database (a thousand
+     * followers of running jobs would otherwise query it for every event each) */
+    struct recent_event {
+        long seq;
+        char *type, *data;
+    } * recent;
+    int recent_head, n_recent;
     int state;
     td_db_attempt *attempts;
     int n_attempts, cap_attempts;
@@ -168,7 +177,10 @@ struct td_jobs {
     long long expired_total; /* finished jobs it removed since this daemon started */
     pthread_mutex_t mu;
     pthread_cond_t changed; /* any event, state change or stop */
-    job **jobs;             /* by id, ascending */
+    /* the streams wait here, job id modulo TD_JOBS_STREAM_CVS, so that an event wakes the
+     * followers of its own job (and of few others), not every stream of every job */
+    pthread_cond_t stream_cv[TD_JOBS_STREAM_CVS];
+    job **jobs; /* by id, ascending */
     int n_jobs, cap_jobs;
     /* the jobs not finished (queued, running, restarting) and finished ones with something left
      * to do, by id: what the supervisor, the queue and placement walk on every turn, so that a
@@ -204,6 +216,11 @@ job *td_jobs_find(td_jobs *j, long id);
 void td_jobs_add(td_jobs *j, job *jb); /* and to the live list, unless it is finished */
 void td_jobs_live_compact(td_jobs *j);
 void td_jobs_live_remove(td_jobs *j, const job *jb); /* a job that goes (deleted) */
+/* Events after `after` (at most limit) from the ring, to fn: how many; -1 when the ring does
+ * not reach back to after + 1 (read the database). */
+int td_jobs_recent_events(const job *jb, long after, int limit, td_db_event_fn fn, void *ctx);
+/* Wakes the streams of job id: a stored event, its end, its removal. */
+void td_jobs_wake_streams(td_jobs *j, long id);
 job *td_jobs_new_job(td_jobs *j, const td_db_job *row);
 void td_jobs_free_job(job *jb);
 
