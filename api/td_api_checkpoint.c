@@ -57,6 +57,7 @@ static json_t *url_json(long job, long step, const char *name) {
 typedef struct ckpt_ctx {
     long job;
     json_t *list;
+    uid_t owner; /* whose files its checkpoints hold (td_ckpt.h) */
 } ckpt_ctx;
 
 /* One checkpoint as the API shows it: its files as they are on disk now (checkpoint.keep may
@@ -66,7 +67,7 @@ static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
     td_ckpt_file *files = NULL;
     int n = 0;
     td_err err = {{0}};
-    bool on_disk = td_ckpt_list(c->path, &files, &n, &err) == 0;
+    bool on_disk = td_ckpt_list(c->path, ctx->owner, &files, &n, &err) == 0;
     json_t *list = json_array(), *model = json_null();
     for (int i = 0; i < n; i++) {
         json_array_append_new(list, json_pack("{s:s, s:I, s:o}", "name", files[i].name, "size",
@@ -93,7 +94,7 @@ static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
 /* GET .../checkpoints (step < 0: all) or .../checkpoints/{step}. */
 static enum MHD_Result listing(td_api *api, struct MHD_Connection *c, long id, long step) {
     td_reply_error e;
-    ckpt_ctx ctx = {id, json_array()};
+    ckpt_ctx ctx = {id, json_array(), td_jobs_files_owner(api->jobs)};
     if (td_jobs_checkpoints(api->jobs, id, step, checkpoint_json, &ctx, &e) != 0) {
         json_decref(ctx.list);
         return td_api_error(c, &e, NULL);
@@ -145,7 +146,7 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
     int fd;
     long long size;
     td_err err = {{0}};
-    if (td_ckpt_open(path, name, &fd, &size, &err) != 0) {
+    if (td_ckpt_open(path, name, td_jobs_files_owner(api->jobs), &fd, &size, &err) != 0) {
         td_reply_fail(&e, 404, "not_found", NULL,
                       "checkpoint of step %ld: %s (the list at /v1/jobs/%ld/checkpoints/%ld names "
                       "its files; checkpoint.keep removes older checkpoints)",
@@ -220,13 +221,14 @@ static void free_tar(void *cls) {
  * checkpoint directory's name (step-00000400/model.safetensors, ...). */
 /* path (a directory or a file) streamed as a tar whose members are under top; what names it in
  * a 404 when it went away. */
-static enum MHD_Result send_tar(td_api *api, struct MHD_Connection *c, long id, const char *path,
-                                const char *top, const char *what, const char *filename) {
+static enum MHD_Result send_tar(td_api *api, struct MHD_Connection *c, long id, uid_t owner,
+                                const char *path, const char *top, const char *what,
+                                const char *filename) {
     tar_stream *s = td_calloc(1, sizeof *s);
     s->log = api->cfg.log;
     s->job = id;
     td_err err = {{0}};
-    if (td_ckpt_tar_open(&s->tar, path, top, &err) != 0) {
+    if (td_ckpt_tar_open(&s->tar, path, top, owner, &err) != 0) {
         free(s);
         td_reply_error e;
         td_reply_fail(&e, 404, "not_found", NULL, "%s is no longer on disk (%s)", what, err.msg);
@@ -254,7 +256,7 @@ static enum MHD_Result checkpoint_tar(td_api *api, struct MHD_Connection *c, lon
     char what[64], filename[96];
     snprintf(what, sizeof what, "the checkpoint of step %ld", step);
     snprintf(filename, sizeof filename, "traind-job-%ld-step-%ld.tar", id, step);
-    return send_tar(api, c, id, path, top, what, filename);
+    return send_tar(api, c, id, td_jobs_files_owner(api->jobs), path, top, what, filename);
 }
 
 /* GET /v1/jobs/{id}/tensorboard: the job's event files as a tar of one directory,
@@ -267,7 +269,9 @@ enum MHD_Result td_api_tensorboard(td_api *api, struct MHD_Connection *c, long i
         return td_api_error(c, &e, NULL);
     snprintf(top, sizeof top, "job-%ld-tensorboard/", id);
     snprintf(filename, sizeof filename, "traind-job-%ld-tensorboard.tar", id);
-    return send_tar(api, c, id, path, top, "its TensorBoard directory", filename);
+    /* the daemon's own files */
+    return send_tar(api, c, id, TD_CKPT_ANY_OWNER, path, top, "its TensorBoard directory",
+                    filename);
 }
 
 enum MHD_Result td_api_checkpoints(td_api *api, struct MHD_Connection *c, long id) {

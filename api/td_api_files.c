@@ -46,12 +46,14 @@ static int file_of(td_api *api, const char *url, char *path, size_t len, size_t 
     return 0;
 }
 
-/* Makes the directories above path. */
-static int make_parents(char *path, size_t below, td_reply_error *e) {
+/* Makes the directories above path, the job's user's (run_as) like the files in them: a
+ * checkpoint is served only from files of that user (service/td_ckpt.h). */
+static int make_parents(td_jobs *jobs, char *path, size_t below, td_reply_error *e) {
     for (char *p = path + below; (p = strchr(p + 1, '/'));) {
         *p = 0;
         int rc = mkdir(path, 0750);
         int err = errno;
+        if (rc == 0) td_jobs_give(jobs, path); /* what this made, never what was there */
         if (rc != 0 && err != EEXIST) {
             td_reply_fail(e, 500, "internal", NULL, "cannot create %s: %s", path, strerror(err));
             *p = '/';
@@ -65,6 +67,7 @@ static int make_parents(char *path, size_t below, td_reply_error *e) {
 void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url, td_api_upload *u) {
     u->fd = -1;
     u->error.status = 0;
+    u->jobs = api->jobs;
     td_cluster *cluster = api->cfg.cluster;
     const char *auth =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -75,7 +78,7 @@ void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url,
     if (!td_cluster_authorized(cluster, auth, "a node uploading", &u->error)) return;
     size_t dir_len = 0;
     if (file_of(api, url, u->path, sizeof u->path, &dir_len, &u->error) != 0) return;
-    if (make_parents(u->path, dir_len, &u->error) != 0) return;
+    if (make_parents(api->jobs, u->path, dir_len, &u->error) != 0) return;
     snprintf(u->tmp, sizeof u->tmp, "%s.up-XXXXXX", u->path);
     u->fd = mkostemp(u->tmp, O_CLOEXEC);
     if (u->fd < 0) {
@@ -138,6 +141,7 @@ enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u) {
     int err = errno;
     if (close(u->fd) != 0 && rc == 0) rc = -1, err = errno;
     u->fd = -1;
+    if (rc == 0) td_jobs_give(u->jobs, u->tmp);
     if (rc == 0 && rename(u->tmp, u->path) != 0) rc = -1, err = errno;
     if (rc != 0) {
         unlink(u->tmp);

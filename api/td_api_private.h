@@ -131,6 +131,7 @@ typedef struct td_api_upload {
     struct td_sha256 *hash;
     long long size;
     td_reply_error error; /* status 0: none so far */
+    td_jobs *jobs;        /* the file is given to the job's user once kept */
 } td_api_upload;
 bool td_api_is_file_upload(const char *url, const char *method);
 void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url, td_api_upload *u);

@@ -177,7 +177,7 @@ static bool upload_checkpoints(td_agent *a) {
             td_ckpt_file *list = NULL;
             int n = 0;
             td_err err = {{0}};
-            rc = td_ckpt_list(path, &list, &n, &err);
+            rc = td_ckpt_list(path, td_jobs_files_owner(a->jobs), &list, &n, &err);
             for (int i = 0; rc == 0 && i < n; i++) {
                 char file[8300], rel[4400];
                 snprintf(file, sizeof file, "%s/%s", path, list[i].name);

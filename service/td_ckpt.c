@@ -19,7 +19,16 @@
 typedef struct file_list {
     td_ckpt_file *v;
     int n, cap;
+    uid_t owner;
 } file_list;
+
+static int owner_check(uid_t owner, const struct stat *st, const char *name, td_err *err) {
+    if (owner == TD_CKPT_ANY_OWNER || st->st_uid == owner) return 0;
+    return td_fail(err,
+                   "%s belongs to uid %u, not to the user the job ran as (uid %u): a checkpoint "
+                   "holds only its job's own files",
+                   name, (unsigned)st->st_uid, (unsigned)owner);
+}
 
 static void add_file(file_list *l, const char *name, long long size) {
     if (l->n == l->cap) {
@@ -46,6 +55,10 @@ static int walk(int fd, const char *prefix, int depth, file_list *l, td_err *err
         char name[PATH_MAX];
         if (snprintf(name, sizeof name, "%s%s", prefix, e->d_name) >= (int)sizeof name) continue;
         if (S_ISREG(st.st_mode)) {
+            if (owner_check(l->owner, &st, name, err) != 0) {
+                rc = -1;
+                break;
+            }
             if (l->n == MAX_FILES)
                 rc = td_fail(err, "more than %d files: not a checkpoint", MAX_FILES);
             else
@@ -65,13 +78,14 @@ static int by_name(const void *a, const void *b) {
     return strcmp(((const td_ckpt_file *)a)->name, ((const td_ckpt_file *)b)->name);
 }
 
-int td_ckpt_list(const char *path, td_ckpt_file **files, int *n, td_err *err) {
+int td_ckpt_list(const char *path, uid_t owner, td_ckpt_file **files, int *n, td_err *err) {
     *files = NULL;
     *n = 0;
     struct stat st;
     if (lstat(path, &st) != 0) return td_fail(err, "%s: %s", path, strerror(errno));
-    file_list l = {0};
+    file_list l = {.owner = owner};
     if (S_ISREG(st.st_mode)) {
+        if (owner_check(owner, &st, path, err) != 0) return -1;
         const char *base = strrchr(path, '/');
         add_file(&l, base ? base + 1 : path, (long long)st.st_size);
     } else if (S_ISDIR(st.st_mode)) {
@@ -95,7 +109,8 @@ void td_ckpt_files_free(td_ckpt_file *files, int n) {
     free(files);
 }
 
-int td_ckpt_open(const char *path, const char *name, int *fd, long long *size, td_err *err) {
+int td_ckpt_open(const char *path, const char *name, uid_t owner, int *fd, long long *size,
+                 td_err *err) {
     struct stat st;
     if (lstat(path, &st) != 0)
         return td_fail(err, "the checkpoint is no longer on disk (%s)", strerror(errno));
@@ -134,6 +149,10 @@ int td_ckpt_open(const char *path, const char *name, int *fd, long long *size, t
         close(cur);
         return td_fail(err, "%s: not a regular file of the checkpoint", name);
     }
+    if (owner_check(owner, &st, name, err) != 0) { /* what it is now, not what was listed */
+        close(cur);
+        return -1;
+    }
     *fd = cur;
     *size = (long long)st.st_size;
     return 0;
@@ -144,6 +163,7 @@ int td_ckpt_open(const char *path, const char *name, int *fd, long long *size, t
 struct td_ckpt_tar {
     struct archive *a;
     char *path, *top;
+    uid_t owner;
     td_ckpt_file *files;
     int n, next; /* files[next] is the one to begin after the current */
     int fd;      /* the member being written, -1: between members */
@@ -160,10 +180,12 @@ static la_ssize_t to_buffer(struct archive *a, void *cls, const void *data, size
     return (la_ssize_t)len;
 }
 
-int td_ckpt_tar_open(td_ckpt_tar **out, const char *path, const char *top, td_err *err) {
+int td_ckpt_tar_open(td_ckpt_tar **out, const char *path, const char *top, uid_t owner,
+                     td_err *err) {
     td_ckpt_tar *t = td_calloc(1, sizeof *t);
     t->fd = -1;
-    if (td_ckpt_list(path, &t->files, &t->n, err) != 0) {
+    t->owner = owner;
+    if (td_ckpt_list(path, owner, &t->files, &t->n, err) != 0) {
         free(t);
         return -1;
     }
@@ -185,7 +207,7 @@ int td_ckpt_tar_open(td_ckpt_tar **out, const char *path, const char *top, td_er
 
 static int begin_member(td_ckpt_tar *t, td_err *err) {
     const td_ckpt_file *f = &t->files[t->next++];
-    if (td_ckpt_open(t->path, f->name, &t->fd, &t->left, err) != 0)
+    if (td_ckpt_open(t->path, f->name, t->owner, &t->fd, &t->left, err) != 0)
         return td_fail_prefix(err, "checkpoint %s", t->path);
     char name[2 * PATH_MAX];
     snprintf(name, sizeof name, "%s%s", t->top, f->name);

@@ -111,6 +111,10 @@ void td_jobs_give(const td_jobs *j, const char *path) {
                   u->name, strerror(errno));
 }
 
+uid_t td_jobs_files_owner(const td_jobs *j) {
+    return j->cfg.run_as.drop ? j->cfg.run_as.uid : TD_CKPT_ANY_OWNER;
+}
+
 void td_jobs_cwd_of(const td_jobs *j, const char *dir, char *cwd, size_t len) {
     snprintf(cwd, len, "%s%s", dir, j->cfg.run_as.drop ? "/work" : "");
 }

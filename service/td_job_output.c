@@ -43,19 +43,22 @@ static bool uploaded(const job *jb, json_t *files) {
 }
 
 /* A checkpoint event's path: a directory (traind-worker's step-N/, or any a command writes) or
- * one file (a command's torch.save). Registered with its total size when it exists. */
-static bool checkpoint_size(const char *path, long long *size) {
-    struct stat st;
-    if (!path || !*path || stat(path, &st) != 0) return false;
-    if (S_ISREG(st.st_mode)) {
-        *size = (long long)st.st_size;
-        return true;
-    }
-    if (!S_ISDIR(st.st_mode)) return false;
+ * one file (a command's torch.save), through links (a "latest" link names its target). Registered
+ * with its total size, under its real path, when it exists and holds only the job's user's
+ * files (td_ckpt.h); a checkpoint refused for its files' owner is said in the log. */
+static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *size) {
+    char real[PATH_MAX];
+    if (!path || !*path || !realpath(path, real)) return false;
+    snprintf(path, PATH_MAX, "%s", real);
     td_err err = {{0}};
     td_ckpt_file *files = NULL;
     int n = 0;
-    if (td_ckpt_list(path, &files, &n, &err) != 0) return false;
+    if (td_ckpt_list(path, td_jobs_files_owner(j), &files, &n, &err) != 0) {
+        if (strstr(err.msg, "belongs to uid"))
+            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
+                      "job %ld: checkpoint %s not registered: %s", jb->row.id, path, err.msg);
+        return false;
+    }
     *size = 0;
     for (int i = 0; i < n; i++) *size += files[i].size;
     td_ckpt_files_free(files, n);
@@ -108,7 +111,12 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
                      path[0] == '/' ? "" : "/", path);
             path = full;
         }
-        if (checkpoint_size(path, &size)) {
+        if (path != full && path) { /* (full is where the path is made, and may be changed) */
+            snprintf(full, sizeof full, "%s", path);
+            path = full;
+        }
+        if (checkpoint_size(j, jb, full, &size)) {
+            path = full;
             ckpt = path;
             json_object_set_new(o, "path", json_string(path));
             json_object_set_new(o, "size", json_integer(size));

@@ -42,16 +42,16 @@ static const char *base_of(const char *path) {
 }
 
 /* The checkpoint at path as [{path: checkpoints/BASE[/NAME], size, sha256}]; NULL with err. */
-static json_t *manifest(const char *path, td_err *err) {
+static json_t *manifest(const char *path, uid_t owner, td_err *err) {
     struct stat st;
     if (stat(path, &st) != 0) {
         td_fail(err, "%s: %s", path, strerror(errno));
         return NULL;
     }
     td_ckpt_file *list = NULL;
-    int n = 1;
+    int n = 0;
     bool dir = S_ISDIR(st.st_mode);
-    if (dir && td_ckpt_list(path, &list, &n, err) != 0) return NULL;
+    if (td_ckpt_list(path, owner, &list, &n, err) != 0) return NULL; /* (a file: itself) */
     json_t *files = json_array();
     for (int i = 0; i < n; i++) {
         char file[2 * PATH_MAX], rel[2 * PATH_MAX], hex[TD_SHA256_HEX];
@@ -67,7 +67,7 @@ static json_t *manifest(const char *path, td_err *err) {
         json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", rel, "size",
                                                (json_int_t)size, "sha256", hex));
     }
-    td_ckpt_files_free(list, dir ? n : 0);
+    td_ckpt_files_free(list, n);
     return files;
 }
 
@@ -215,7 +215,7 @@ static bool prepare_one(td_jobs *j) {
     jb->resume_busy = true; /* td_jobs_delete waits: the copy may go into the job's directory */
     pthread_mutex_unlock(&j->mu);
     td_err read_err = {{0}}, place_err = {{0}};
-    json_t *made = files ? NULL : manifest(path, &read_err);
+    json_t *made = files ? NULL : manifest(path, td_jobs_files_owner(j), &read_err);
     int placed = files || made ? place(j, path, dst, files ? files : made, &place_err) : -1;
     pthread_mutex_lock(&j->mu);
     jb = td_jobs_find(j, id);

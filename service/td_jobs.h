@@ -9,6 +9,7 @@
 #define TD_JOBS_H
 
 #include "service/td_buf.h"
+#include "service/td_ckpt.h"
 #include "service/td_db.h"
 #include "service/td_launch.h"
 #include "service/td_log.h"
@@ -152,6 +153,9 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool reading, char *
 /* What the daemon writes for a job's processes (a checkpoint to resume from): given to run_as
  * when the jobs run as another user, so they can read it and write beside it. */
 void td_jobs_give(const td_jobs *j, const char *path);
+/* Whose files a job's checkpoints may hold (td_ckpt.h): run_as's uid when jobs run as another
+ * user, else TD_CKPT_ANY_OWNER. */
+uid_t td_jobs_files_owner(const td_jobs *j);
 
 /* Whether job id exists (404 otherwise). */
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e);

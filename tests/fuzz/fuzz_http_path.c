@@ -129,7 +129,7 @@ static void check_open(const char *path, const char *name) {
     int fd = -1;
     long long size = 0;
     td_err err = {{0}};
-    if (td_ckpt_open(path, name, &fd, &size, &err) != 0) {
+    if (td_ckpt_open(path, name, TD_CKPT_ANY_OWNER, &fd, &size, &err) != 0) {
         FUZZ_CHECK(err.msg[0], "a refusal without a message");
         return;
     }

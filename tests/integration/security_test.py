@@ -267,13 +267,41 @@ class SecurityTest(daemon_test.DaemonTest):
         self.assert_final(d, t["id"], d.follow(t["id"]), "succeeded")
         ck = os.path.join(d.state_dir, "jobs", str(t["id"]), "checkpoints")
         self.assertEqual(os.stat(ck).st_uid, 65534)
+        self.assertTrue(d.get_ok(f"/v1/jobs/{t['id']}/checkpoints"), "its own are listed")
+
+    def test_checkpoint_of_the_daemons_files_refused(self):
+        """A job cannot name the daemon's files (/etc, or a link to them) as its checkpoint: only
+        files of the user it runs as are registered, listed, served or copied."""
+        d = self.start_daemon("--slots", "1", "--run-as", "nobody")
+        code = ("import json, os\n"
+                "os.makedirs('mine', exist_ok=True)\n"
+                "open('mine/weights.bin', 'w').write('w')\n"
+                "os.symlink('/etc', 'link')\n"
+                "for step, path in ((1, '/etc'), (2, 'link'), (3, 'mine'), (4, '/etc/shadow')):\n"
+                "    print(json.dumps({'event': 'checkpoint', 'step': step, 'path': path}),\n"
+                "          flush=True)\n")
+        job, _ = d.submit({"name": "plant", "command": ["/usr/bin/python3", "-c", code]})
+        jid = job["id"]
+        self.assert_final(d, jid, d.follow(jid), "succeeded")
+        listed = d.get_ok(f"/v1/jobs/{jid}/checkpoints")
+        self.assertEqual([c["step"] for c in listed], [3], "only the job's own directory")
+        self.assertEqual([f["name"] for f in listed[0]["files"]], ["weights.bin"])
+        for step, name in ((1, "shadow"), (2, "shadow"), (4, "shadow")):
+            status, _, body = d.request("GET", f"/v1/jobs/{jid}/checkpoints/{step}/files/{name}")
+            self.assertEqual(status, 404, body[:200])
+            self.assertNotIn(b"root:", body)
+            self.assertEqual(d.request("GET", f"/v1/jobs/{jid}/checkpoints/{step}.tar")[0], 404)
+        self.assertRegex(d.stderr_tail(100000),
+                         r"checkpoint /etc not registered: .*belongs to uid 0, not to the user "
+                         r"the job ran as \(uid 65534\)")
 
 
 def main():
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
     daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
     names = sys.argv[3:] or ["test_scopes", "test_revocation_is_immediate",
-                             "test_command_allow_list", "test_limits", "test_jobs_run_as"]
+                             "test_command_allow_list", "test_limits", "test_jobs_run_as",
+                             "test_checkpoint_of_the_daemons_files_refused"]
     suite = unittest.TestSuite([SecurityTest(n) for n in names])
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
