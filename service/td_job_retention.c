@@ -183,7 +183,7 @@ static int expire_orphans(td_jobs *j, double now, long *ids, bool *moved) {
         if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
             dirs[kept++] = (dir_entry){dirs[i].id, (double)st.st_mtime};
     }
-    qsort(dirs, (size_t)kept, sizeof *dirs, by_mtime);
+    if (kept > 1) qsort(dirs, (size_t)kept, sizeof *dirs, by_mtime); /* dirs is NULL when none */
     long over = keep_n > 0 && kept > keep_n ? kept - keep_n : 0;
     pthread_mutex_lock(&j->mu);
     int out = 0;
