@@ -21,7 +21,10 @@
  *     waits for a socket to appear; it ignores the spec's "daemon" member (the daemon's own
  *     notes about the attempt);
  *   - appends rank 0's stdout to its log (logs[0]) as well as to the output file: the log
- *     holds each line once, whatever daemons come and go;
+ *     holds each line once, whatever daemons come and go; every process's stderr (and stdout)
+ *     reaches its log through a pipe to the shepherd too, so that a full disk loses no line:
+ *     what a file cannot take waits in memory, in order, and goes in once it can
+ *     (service/td_appender.h);
  *   - when the group is over, writes the status file (JSON: exit code, failed rank, reason,
  *     why it was stopped) atomically, tells the connected daemon, and exits 0.
  *
@@ -46,6 +49,7 @@
 #define _GNU_SOURCE /* signalfd, pipe2, accept4 */
 #include "core/td_clock.h"
 #include "core/td_json.h"
+#include "service/td_appender.h"
 #include "service/td_buf.h"
 #include "service/td_launch.h"
 #include "service/td_shepherd.h"
@@ -216,22 +220,25 @@ static void read_spec(spec *s, const char *path) {
 typedef struct shepherd {
     spec s;
     td_group g;
-    int listen_fd, daemon_fd, out_fd, pipe_fd, sig_fd;
-    int tee_fd;      /* rank 0's log: its stdout is appended there too, once, by the shepherd */
-    td_buf tee_line; /* a line of it without its end yet */
-    /* rank 0's output the output file could not take (a full disk): written first, once it
-     * can be, so that no line is lost or reordered; up to OUT_WAIT_MAX */
-    td_buf out_wait;
-    int pending_fd; /* a connection that has not said hello yet (the newest only) */
+    int listen_fd, daemon_fd, pipe_fd, sig_fd;
+    /* rank 0's output file (fd -1: this node runs no rank 0) and each process's log, through
+     * appenders: what a full disk cannot take waits in memory and goes in first once it can,
+     * so that no line is lost or reordered (up to OUT_WAIT_MAX, and LOGS_WAIT_MAX shared) */
+    td_appender out;
+    td_appender *logs; /* [procs] */
+    int *log_pipes;    /* [procs] read ends: each process's stderr, and its stdout but rank 0's
+                        * when there is an output file; -1: closed */
+    int procs;
+    /* rank 0's log has two writers, its stdout (also teed into the output file) and its stderr:
+     * each goes in whole lines, so that neither splits a line of the other */
+    td_buf tee_line, err_line; /* a line of each without its end yet */
+    int pending_fd;            /* a connection that has not said hello yet (the newest only) */
     char pending_in[256];
     size_t pending_len;
-    long long out_size; /* rank 0's output file */
-    char in[1024];      /* the daemon's partial line */
+    char in[1024]; /* the daemon's partial line */
     size_t in_len;
     double orphan_since; /* monotonic time the daemon went; 0: one is connected */
     bool failure_said;   /* "failed ..." went to the connected daemon */
-    bool out_said;       /* the output file's write failure was said (once an outage) */
-    bool out_full;       /* the output file ran out of space at some point */
     double failed_at;    /* wall clock when the first failure was seen; 0: none yet */
     char stopped_by[32]; /* "request", "deadline", "orphaned", "signal"; "": not stopped */
     char stop_reason[512];
@@ -298,7 +305,7 @@ static void handle_line(shepherd *h, char *line) {
         stop_group(h, "request", sig, grace, line + used);
     } else if (strcmp(line, "status") == 0) {
         say_pids(h);
-        say(h, "out %lld", h->out_size);
+        say(h, "out %lld", h->out.size);
     } else {
         say(h, "error unknown request: %.200s", line);
     }
@@ -379,118 +386,111 @@ static void read_pending(shepherd *h) {
      * state: a reply that fails must not lose the request */
     handle_input(h);
     say_pids(h);
-    say(h, "out %lld", h->out_size);
+    say(h, "out %lld", h->out.size);
     h->failure_said = false; /* a new daemon: told again */
     say_failure(h);
 }
 
-/* ---- rank 0's output ------------------------------------------------------------------------ */
+/* ---- rank 0's output, every process's log ---------------------------------------------------- */
 
-static int write_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
+#define OUT_WAIT_MAX  (64u << 20)
+#define LOGS_WAIT_MAX (64u << 20) /* shared by a node's processes, at least 1 MiB each */
+#define PUMP_READS    16 /* reads of one pipe a turn: a chatty rank cannot starve the rest */
 
-/* Rank 0's stdout into its log, whole lines at a time: its stderr goes into the same file
- * directly, and a line written in two pieces could get a stderr line in its middle. A line
- * that has no end yet waits (up to 64 KiB); end: the pipe's end, the rest goes as it is. */
-static void copy_to_log(shepherd *h, const char *p, size_t n, bool end) {
-    if (h->tee_fd < 0) return;
-    if (n) td_buf_append(&h->tee_line, p, n);
-    td_buf *t = &h->tee_line;
-    const char *last = t->len ? memrchr(t->data, '\n', t->len) : NULL;
-    size_t whole = end || t->len > 65536 ? t->len : last ? (size_t)(last + 1 - t->data) : 0;
+/* Whole lines of p into log (a line without its end waits in partial, up to 64 KiB); end: the
+ * pipe's end, the rest goes as it is. */
+static void lines_to(td_appender *log, td_buf *partial, const char *p, size_t n, bool end) {
+    if (n) td_buf_append(partial, p, n);
+    const char *last = partial->len ? memrchr(partial->data, '\n', partial->len) : NULL;
+    size_t whole = end || partial->len > 65536 ? partial->len
+                   : last                      ? (size_t)(last + 1 - partial->data)
+                                               : 0;
     if (!whole) return;
-    /* one write: O_APPEND keeps it in one piece beside the other writers */
-    (void)!write_all(h->tee_fd, t->data, whole);
-    memmove(t->data, t->data + whole, t->len - whole);
-    t->len -= whole;
+    td_appender_write(log, partial->data, whole);
+    memmove(partial->data, partial->data + whole, partial->len - whole);
+    partial->len -= whole;
 }
 
-#define OUT_WAIT_MAX (64u << 20)
-
-/* How much of p went in before a failure (errno says why). */
-static size_t write_some(int fd, const char *p, size_t n) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t k = write(fd, p + done, n - done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        done += (size_t)k;
-    }
-    return done;
+/* Whether rank 0's log takes its stdout too (teed by the shepherd): then it has two writers. */
+static bool log0_teed(const shepherd *h) {
+    return h->out.fd >= 0;
 }
 
-/* Appends p (after whatever waits) to the output file; what does not fit waits. True when
- * nothing waits. */
-static bool put_output(shepherd *h, const char *p, size_t n) {
-    td_buf *w = &h->out_wait;
-    if (n && w->len + n > OUT_WAIT_MAX) {
-        fprintf(stderr,
-                "traind-shepherd: %s: %zu bytes of rank 0's output wait for disk space "
-                "already; %zu more are dropped\n",
-                h->s.output, w->len, n);
-        n = 0;
-    }
-    if (w->len) {
-        td_buf_append(w, p, n);
-        p = w->data;
-        n = w->len;
-    }
-    size_t done = write_some(h->out_fd, p, n);
-    h->out_size += (long long)done;
-    if (done < n && (errno == ENOSPC || errno == EDQUOT)) h->out_full = true;
-    if (done < n && !h->out_said) { /* said once an outage */
-        fprintf(stderr, "traind-shepherd: %s: %s: rank 0's output waits in memory\n", h->s.output,
-                strerror(errno));
-        h->out_said = true;
-    }
-    if (done == n) h->out_said = false;
-    if (w->len) {
-        memmove(w->data, w->data + done, w->len - done);
-        w->len -= done;
-    } else if (done < n) {
-        td_buf_append(w, p + done, n - done);
-    }
-    return w->len == 0;
-}
-
-/* Moves what rank 0 wrote into the output file; at its end closes the pipe. */
-static void pump(shepherd *h) {
+/* Moves what rank 0 wrote to its stdout into the output file (and its log); at its end closes
+ * the pipe. True when more may wait (it stopped at PUMP_READS). */
+static bool pump(shepherd *h) {
     char buf[65536];
-    for (;;) {
+    bool more = true;
+    for (int reads = 0; reads < PUMP_READS && more; reads++) {
         ssize_t k = read(h->pipe_fd, buf, sizeof buf);
         if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno == EAGAIN) more = false;
         if (k < 0 && errno == EAGAIN) break;
         if (k <= 0) {
             close(h->pipe_fd);
             h->pipe_fd = -1;
-            copy_to_log(h, NULL, 0, true);
+            lines_to(&h->logs[0], &h->tee_line, NULL, 0, true);
+            more = false;
             break;
         }
         /* the log first: a line in the output file is one the daemon may already have
          * handled, and it must be in the log by then */
-        copy_to_log(h, buf, (size_t)k, false);
+        lines_to(&h->logs[0], &h->tee_line, buf, (size_t)k, false);
         /* a full disk does not stop the job (its own checkpoint writes will say so): the
          * lines wait and go in once there is room */
-        put_output(h, buf, (size_t)k);
+        td_appender_write(&h->out, buf, (size_t)k);
     }
-    say(h, "out %lld", h->out_size);
+    say(h, "out %lld", h->out.size);
+    return more;
+}
+
+/* Moves what process i wrote to its log pipe into its log; at its end closes the pipe. True when
+ * more may wait. */
+static bool pump_log(shepherd *h, int i) {
+    char buf[65536];
+    bool teed = i == 0 && log0_teed(h);
+    for (int reads = 0; reads < PUMP_READS; reads++) {
+        ssize_t k = read(h->log_pipes[i], buf, sizeof buf);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return false; /* EAGAIN: all read */
+        if (k == 0) {
+            close(h->log_pipes[i]);
+            h->log_pipes[i] = -1;
+            if (teed) lines_to(&h->logs[0], &h->err_line, NULL, 0, true);
+            return false;
+        }
+        if (teed)
+            lines_to(&h->logs[0], &h->err_line, buf, (size_t)k, false);
+        else
+            td_appender_write(&h->logs[i], buf, (size_t)k);
+    }
+    return true;
+}
+
+/* What waits for disk space, tried again (every turn of the loop). */
+static void flush_waiting(shepherd *h) {
+    if (td_appender_pending(&h->out)) {
+        long long before = h->out.size;
+        td_appender_flush(&h->out);
+        if (h->out.size != before) say(h, "out %lld", h->out.size);
+    }
+    for (int i = 0; i < h->procs; i++)
+        if (td_appender_pending(&h->logs[i])) td_appender_flush(&h->logs[i]);
+}
+
+/* Whether output waits for disk space (not for a file that fails otherwise). */
+static bool waits_for_space(const shepherd *h) {
+    for (int i = -1; i < h->procs; i++) {
+        const td_appender *a = i < 0 ? &h->out : &h->logs[i];
+        if (td_appender_pending(a) && (a->error == ENOSPC || a->error == EDQUOT)) return true;
+    }
+    return false;
 }
 
 /* ---- the status file ------------------------------------------------------------------------ */
 
 static void write_status(shepherd *h, const char *start_error) {
-    if (h->out_wait.len) put_output(h, NULL, 0); /* a last try for what waited */
-    /* the output first: the status's output_bytes must be on disk before it is */
-    if (h->out_fd >= 0 && fsync(h->out_fd) != 0)
-        fprintf(stderr, "traind-shepherd: fsync %s: %s\n", h->s.output, strerror(errno));
+    flush_waiting(h); /* a last try for what waited (the status write below waits too) */
     json_t *o = json_object();
     json_object_set_new(o, "attempt", json_integer(h->s.attempt));
     int code = start_error ? 1 : h->g.first_failure;
@@ -507,30 +507,44 @@ static void write_status(shepherd *h, const char *start_error) {
     snprintf(jobdir, sizeof jobdir, "%s", h->s.status_path);
     if (strrchr(jobdir, '/')) *strrchr(jobdir, '/') = 0;
     struct statvfs vfs;
-    bool full = h->out_full || (statvfs(jobdir, &vfs) == 0 && vfs.f_bavail == 0);
-    if (full && reason[0]) /* the ranks' own words may be lost: their logs are on that disk */
+    bool full = h->out.ran_out || (statvfs(jobdir, &vfs) == 0 && vfs.f_bavail == 0);
+    long long dropped = h->out.dropped_total;
+    for (int i = 0; i < h->procs; i++) {
+        full = full || h->logs[i].ran_out;
+        dropped += h->logs[i].dropped_total;
+    }
+    if (full && reason[0]) /* what failed may be a write the job could not make */
         snprintf(reason + strlen(reason), sizeof reason - strlen(reason),
                  " (the filesystem of %s ran out of space while the job ran: No space left on "
-                 "device; its logs and checkpoints may miss their last writes)",
-                 jobdir);
+                 "device%s)",
+                 jobdir, dropped ? "; some output was dropped, see the logs" : "");
     json_object_set_new(o, "reason", json_string(reason));
     json_object_set_new(o, "stopped_by",
                         h->stopped_by[0] ? json_string(h->stopped_by) : json_null());
     json_object_set_new(o, "stop_reason", json_string(h->stop_reason));
     json_object_set_new(o, "grace_expired", json_boolean(h->g.grace_expired));
     json_object_set_new(o, "grace_note", json_string(h->g.grace_note));
-    json_object_set_new(o, "output_bytes", json_integer(h->out_size));
     char tmp[PATH_MAX + 8];
     snprintf(tmp, sizeof tmp, "%s.tmp", h->s.status_path);
     /* whole or absent: written aside, synced, renamed over. A full disk is waited out (an hour
      * at most): without its status, the daemon could only say the shepherd vanished */
     for (int tries = 0;; tries++) {
-        FILE *f = fopen(tmp, "w");
-        bool ok = f && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF &&
-                  fflush(f) == 0 && fsync(fileno(f)) == 0;
-        int e = errno;
-        if (f) ok = fclose(f) == 0 && ok;
-        if (!ok) e = errno ? errno : e;
+        /* the output and the logs first: output_bytes counts what is on disk, and the logs
+         * hold the last words of the job's processes */
+        if (tries) flush_waiting(h);
+        bool ok = false;
+        int e = ENOSPC;
+        if (!waits_for_space(h) || tries == 3600) {
+            if (h->out.fd >= 0 && fsync(h->out.fd) != 0)
+                fprintf(stderr, "traind-shepherd: fsync %s: %s\n", h->s.output, strerror(errno));
+            json_object_set_new(o, "output_bytes", json_integer(h->out.size));
+            FILE *f = fopen(tmp, "w");
+            ok = f && json_dumpf(o, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF &&
+                 fflush(f) == 0 && fsync(fileno(f)) == 0;
+            e = errno;
+            if (f) ok = fclose(f) == 0 && ok;
+            if (!ok) e = errno ? errno : e;
+        }
         if (ok && rename(tmp, h->s.status_path) == 0) break;
         if (!ok) unlink(tmp);
         bool no_space = e == ENOSPC || e == EDQUOT;
@@ -562,7 +576,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     static shepherd h;
-    h.daemon_fd = h.pipe_fd = h.pending_fd = h.tee_fd = -1;
+    h.daemon_fd = h.pipe_fd = h.pending_fd = h.out.fd = -1;
     read_spec(&h.s, argv[1]);
     /* before any worker is started: none of them may hold the daemon's connection */
     if (h.s.daemon_fd >= 0) {
@@ -601,62 +615,72 @@ int main(int argc, char **argv) {
                       : td_shepherd_listen(h.s.socket_path, &err);
     if (h.listen_fd < 0) fail_spec("%s", err.msg);
     fcntl(h.listen_fd, F_SETFL, O_NONBLOCK);
-    h.out_fd =
-        h.s.output[0] ? open(h.s.output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640) : -1;
-    if (h.sig_fd < 0 || h.listen_fd < 0 || (h.s.output[0] && h.out_fd < 0))
-        fail_spec("cannot set up (%s, %s): %s", h.s.socket_path, h.s.output, strerror(errno));
-    struct stat st;
-    if (h.out_fd >= 0 && fstat(h.out_fd, &st) == 0) h.out_size = (long long)st.st_size;
+    if (h.sig_fd < 0 || h.listen_fd < 0)
+        fail_spec("cannot set up (%s): %s", h.s.socket_path, strerror(errno));
+    if (h.s.output[0] && td_appender_open(&h.out, h.s.output, OUT_WAIT_MAX, false, &err) != 0)
+        fail_spec("%s", err.msg);
 
+    /* Every process's output reaches its log through a pipe to here, none through a file of
+     * its own: on a full disk the shepherd keeps what the log cannot take and writes it once
+     * it can, where a process writing the file itself would lose it. Rank 0's stdout has a
+     * pipe of its own (the output file and its log); every other stdout shares its process's
+     * stderr pipe, as it shared its log file, in the order written. */
     int procs = h.s.launch.launch_self ? 1 : h.s.launch.nproc_per_node;
-    int *log_fds = td_calloc((size_t)procs, sizeof(int)), pipefd[2] = {-1, -1};
+    h.procs = procs;
+    h.logs = td_calloc((size_t)procs, sizeof *h.logs);
+    h.log_pipes = td_calloc((size_t)procs, sizeof(int));
+    int *err_fds = td_calloc((size_t)procs, sizeof(int)), pipefd[2] = {-1, -1};
     int *out_fds = td_calloc((size_t)procs, sizeof(int));
     char start_error[1024] = "";
-    if (h.out_fd >= 0 && pipe2(pipefd, O_CLOEXEC) != 0)
+    if (h.out.fd >= 0 && pipe2(pipefd, O_CLOEXEC) != 0)
         snprintf(start_error, sizeof start_error, "pipe: %s", strerror(errno));
-    for (int i = 0; i < procs; i++) log_fds[i] = -1;
+    for (int i = 0; i < procs; i++) h.logs[i].fd = h.log_pipes[i] = err_fds[i] = -1;
+    size_t log_wait = LOGS_WAIT_MAX / (size_t)procs;
+    if (log_wait < (1u << 20)) log_wait = 1u << 20;
     for (int i = 0; i < procs && !start_error[0]; i++) {
-        log_fds[i] = open(h.s.logs[i], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-        if (log_fds[i] < 0)
-            snprintf(start_error, sizeof start_error, "cannot open %s: %s", h.s.logs[i],
-                     strerror(errno));
-        out_fds[i] = i == 0 && h.out_fd >= 0 ? pipefd[1] : log_fds[i];
+        int p[2];
+        if (td_appender_open(&h.logs[i], h.s.logs[i], log_wait, true, &err) != 0) {
+            snprintf(start_error, sizeof start_error, "%s", err.msg);
+        } else if (pipe2(p, O_CLOEXEC) != 0) {
+            snprintf(start_error, sizeof start_error, "pipe: %s", strerror(errno));
+        } else {
+            h.log_pipes[i] = p[0];
+            err_fds[i] = p[1];
+            fcntl(p[0], F_SETFL, O_NONBLOCK);
+        }
+        out_fds[i] = i == 0 && h.out.fd >= 0 ? pipefd[1] : err_fds[i];
     }
-    if (h.out_fd >= 0 && log_fds[0] >= 0) h.tee_fd = fcntl(log_fds[0], F_DUPFD_CLOEXEC, 3);
     h.s.launch.stdout_fds = out_fds;
-    h.s.launch.stderr_fds = log_fds;
+    h.s.launch.stderr_fds = err_fds;
     if (!start_error[0] && td_group_start(&h.g, &h.s.launch, h.s.attempt, &err) != 0)
         snprintf(start_error, sizeof start_error, "%s", err.msg);
     if (pipefd[1] >= 0) close(pipefd[1]);
     for (int i = 0; i < procs; i++)
-        if (log_fds[i] >= 0) close(log_fds[i]);
+        if (err_fds[i] >= 0) close(err_fds[i]);
     h.pipe_fd = pipefd[0];
     if (h.pipe_fd >= 0) fcntl(h.pipe_fd, F_SETFL, O_NONBLOCK);
     h.orphan_since = td_clock_now(); /* until the daemon connects */
     if (h.daemon_fd >= 0) {          /* the daemon that started it: already connected */
         h.orphan_since = 0;
         say_pids(&h);
-        say(&h, "out %lld", h.out_size);
+        say(&h, "out %lld", h.out.size);
     }
+    struct pollfd *fds = td_calloc((size_t)procs + 5, sizeof *fds);
 
     while (!start_error[0] || h.g.alive > 0) {
-        struct pollfd fds[5] = {{h.sig_fd, POLLIN, 0},
-                                {h.listen_fd, POLLIN, 0},
-                                {h.daemon_fd, POLLIN, 0},
-                                {h.pipe_fd, POLLIN, 0},
-                                {h.pending_fd, POLLIN, 0}};
+        int watched[5] = {h.sig_fd, h.listen_fd, h.daemon_fd, h.pipe_fd, h.pending_fd};
+        for (int i = 0; i < 5 + procs; i++)
+            fds[i] = (struct pollfd){i < 5 ? watched[i] : h.log_pipes[i - 5], POLLIN, 0};
         bool ticking = h.g.terminating || h.g.lingering || h.s.deadline > 0 || h.daemon_fd < 0;
-        if (poll(fds, 5, ticking ? 100 : 1000) < 0 && errno != EINTR) {
+        if (poll(fds, (nfds_t)procs + 5, ticking ? 100 : 1000) < 0 && errno != EINTR) {
             /* the group goes on; the loop must not end as if it were over */
             fprintf(stderr, "traind-shepherd: poll: %s\n", strerror(errno));
             continue;
         }
-        if (h.out_wait.len) { /* tried again every turn, at least every second */
-            long long before = h.out_size;
-            put_output(&h, NULL, 0);
-            if (h.out_size != before) say(&h, "out %lld", h.out_size);
-        }
+        flush_waiting(&h); /* tried again every turn, at least every second */
         if (fds[3].revents) pump(&h);
+        for (int i = 0; i < procs; i++)
+            if (fds[5 + i].revents && h.log_pipes[i] >= 0) pump_log(&h, i);
         if (fds[2].revents && h.daemon_fd >= 0) read_daemon(&h);
         if (fds[4].revents && h.pending_fd >= 0) read_pending(&h);
         if (fds[1].revents) accept_daemon(&h);
@@ -695,11 +719,30 @@ int main(int argc, char **argv) {
     }
     /* what is left in the pipe; then it is closed, even if a process that left the group
      * (setsid) still holds it: the job is over */
-    if (h.pipe_fd >= 0) pump(&h);
+    while (h.pipe_fd >= 0 && pump(&h)) {
+    }
+    for (int i = 0; i < procs; i++) {
+        while (h.log_pipes[i] >= 0 && pump_log(&h, i)) {
+        }
+        if (h.log_pipes[i] >= 0) close(h.log_pipes[i]);
+        h.log_pipes[i] = -1;
+    }
+    if (h.pipe_fd >= 0) close(h.pipe_fd);
+    h.pipe_fd = -1;
+    /* rank 0's partial last lines, as they are */
+    if (procs > 0 && log0_teed(&h)) {
+        lines_to(&h.logs[0], &h.tee_line, NULL, 0, true);
+        lines_to(&h.logs[0], &h.err_line, NULL, 0, true);
+    }
     write_status(&h, start_error[0] ? start_error : NULL);
     say(&h, "over");
     unlink(h.s.socket_path);
-    free(log_fds);
+    td_appender_close(&h.out);
+    for (int i = 0; i < procs; i++) td_appender_close(&h.logs[i]);
+    free(h.logs);
+    free(h.log_pipes);
+    free(fds);
+    free(err_fds);
     free(out_fds);
     return start_error[0] ? 1 : 0;
 }

@@ -6,6 +6,8 @@ unmounted at the end, also on failure) is filled with a file while it works.
   once space returns submissions work again, without a restart.
 - A running job's events: none is lost or repeated while the database cannot store them, and
   rank 0's output waits in the shepherd until the output file takes it again.
+- Logs: every line the processes write while the disk is full reaches their logs, in order,
+  once there is room (they wait in the shepherd).
 - A checkpoint save: the job fails with the worker's words (the path, "No space left on
   device"), and the checkpoints saved before stay listed, whole and downloadable.
 
@@ -51,6 +53,9 @@ class DiskFullTest(daemon_test.DaemonTest):
                     pass
         finally:
             os.close(fd)
+        # a failed test still frees the disk before its daemon stops (cleanups run last first):
+        # a shepherd waits for space to write its status, and would outlive it
+        self.addCleanup(lambda: os.path.exists(filler) and os.unlink(filler))
         st = os.statvfs(state)
         self.assertEqual(st.f_bavail, 0, "the filesystem is full")
         return filler
@@ -115,6 +120,59 @@ class DiskFullTest(daemon_test.DaemonTest):
         self.assertRegex(log, rf"job {jid}: cannot store its events .*full")
         self.assertRegex(log, rf"job {jid}: its events are stored again")
 
+    def test_logs_wait_for_space(self):
+        state = self.small_state_dir()
+        d = self.start_daemon("--slots", "2", state_dir=state)
+        shared = os.path.join(state, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)  # the job runs as run_as under a root daemon
+        gate = os.path.join(shared, "gate")
+        # two processes print 40 lines each, odd ones to stdout and even ones to stderr; lines
+        # 11 to 40 while the disk is full. A line is 1 KiB: the first few written while full
+        # may still fit in the last page of the log (tmpfs allocates a page at a time), the
+        # rest cannot
+        code = ("import os, sys, time\n"
+                "r = os.environ['RANK']\n"
+                "def lines(a, b):\n"
+                "    for i in range(a, b):\n"
+                "        print(f'rank {r} line {i} ' + 'x' * 1000,\n"
+                "              file=sys.stdout if i % 2 else sys.stderr, flush=True)\n"
+                "lines(1, 11)\n"
+                f"while not os.path.exists({gate + '.full'!r}): time.sleep(0.02)\n"
+                "lines(11, 41)\n"
+                f"open({gate + '.printed'!r} + r, 'w').close()\n"
+                f"while not os.path.exists({gate!r}): time.sleep(0.02)\n")
+        job, _ = d.submit({"name": "logs", "command": ["/usr/bin/python3", "-c", code],
+                           "resources": {"nproc": 2}})
+        jid = job["id"]
+        for r in (0, 1):
+            wait_for(lambda: f"rank {r} line 10 " in d.logs(jid, r)[1], f"rank {r}'s line 10")
+        filler = self.fill(state)
+        open(gate + ".full", "w").close()  # in the fill: a tmpfs takes a name without a block
+        for r in (0, 1):
+            wait_for(lambda: os.path.exists(f"{gate}.printed{r}"), f"rank {r}'s lines printed")
+        for r in (0, 1):  # the disk took a few of them at most
+            self.assertNotIn(f"rank {r} line 40 ", d.logs(jid, r)[1])
+        self.assertEqual(d.get_ok(f"/v1/jobs/{jid}")["state"], "running")
+        os.unlink(filler)
+        open(gate, "w").close()
+        self.assert_final(d, jid, d.follow(jid), "succeeded")
+        for r in (0, 1):
+            got = [line for line in d.logs(jid, r)[1].splitlines() if line.startswith("rank ")]
+            want = [f"rank {r} line {i} " + "x" * 1000 for i in range(1, 41)]
+            if r == 1:  # one pipe for its stdout and stderr: the order they were written in
+                self.assertEqual(got, want, "every line of rank 1 once, in order")
+            else:  # rank 0's stdout goes through the output file: each stream in order
+                for odd in (0, 1):
+                    self.assertEqual([g for g in got if int(g.split()[3]) % 2 == odd],
+                                     [w for w in want if int(w.split()[3]) % 2 == odd],
+                                     "every line of rank 0 once, each stream in order")
+        # the shepherd's own log is on the full disk too: it says when the logs took lines again
+        with open(os.path.join(state, "jobs", str(jid), "attempt-0.node-0.log")) as f:
+            shepherd_log = f.read()
+        for r in (0, 1):
+            self.assertRegex(shepherd_log, rf"rank-{r}\.log: written again\n")
+
     def test_checkpoint_save_fails_cleanly(self):
         state = self.small_state_dir()
         d = self.start_daemon("--slots", "1", state_dir=state)
@@ -162,7 +220,8 @@ def main():
         print("diskfull_test: skipped: mounting a tmpfs needs root")
         sys.exit(77)
     names = sys.argv[3:] or ["test_database_full_refuses_then_recovers",
-                             "test_events_wait_for_space", "test_checkpoint_save_fails_cleanly"]
+                             "test_events_wait_for_space", "test_logs_wait_for_space",
+                             "test_checkpoint_save_fails_cleanly"]
     suite = unittest.TestSuite([DiskFullTest(n) for n in names])
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)

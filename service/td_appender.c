@@ -1,0 +1,121 @@
+#include "service/td_appender.h"
+
+#include "service/td_strv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int td_appender_open(td_appender *a, const char *path, size_t wait_max, bool note_drops,
+                     td_err *err) {
+    memset(a, 0, sizeof *a);
+    a->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (a->fd < 0) return td_fail(err, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(a->fd, &st) == 0) a->size = (long long)st.st_size;
+    a->path = td_str_dup(path);
+    a->wait_max = wait_max;
+    a->note_drops = note_drops;
+    return 0;
+}
+
+/* How much of p went in before a failure (errno says why). */
+static size_t write_some(int fd, const char *p, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = write(fd, p + done, n - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            if (k == 0) errno = ENOSPC; /* a regular file takes nothing only when it is full */
+            break;
+        }
+        done += (size_t)k;
+    }
+    return done;
+}
+
+/* Writes what waits, and then the note of what was dropped; a failure is said once an outage,
+ * and the recovery once. */
+static void drain(td_appender *a) {
+    for (;;) {
+        if (!a->wait.len && a->dropped && a->note_drops) {
+            /* the gap, where it is: the reader of the log sees what is missing */
+            td_buf_printf(&a->wait,
+                          "\n[traind-shepherd: %lld bytes of this output were dropped here: the "
+                          "filesystem was full and %zu bytes waited already]\n",
+                          a->dropped, a->wait_max);
+            a->dropped = 0;
+        }
+        if (!a->wait.len) return;
+        size_t done = write_some(a->fd, a->wait.data, a->wait.len);
+        int e = errno;
+        a->size += (long long)done;
+        memmove(a->wait.data, a->wait.data + done, a->wait.len - done);
+        a->wait.len -= done;
+        a->wait.data[a->wait.len] = 0;
+        if (a->wait.len) {
+            if (e == ENOSPC || e == EDQUOT) a->ran_out = true;
+            a->error = e;
+            if (!a->failing)
+                fprintf(stderr,
+                        "traind-shepherd: %s: %s: what the file cannot take waits in memory "
+                        "(up to %zu bytes) and is written once it can be\n",
+                        a->path, strerror(e), a->wait_max);
+            a->failing = true;
+            return;
+        }
+        if (a->failing) {
+            fprintf(stderr, "traind-shepherd: %s: written again%s\n", a->path,
+                    a->dropped ? " (some bytes were dropped meanwhile)" : "");
+            a->failing = false;
+        }
+        a->error = 0;
+    }
+}
+
+bool td_appender_write(td_appender *a, const void *p, size_t n) {
+    if (a->fd < 0) return true;
+    if (n && a->wait.len) {
+        if (a->wait.len + n > a->wait_max) {
+            if (!a->dropped)
+                fprintf(stderr,
+                        "traind-shepherd: %s: %zu bytes wait for the disk already; more are "
+                        "dropped and counted until it takes them\n",
+                        a->path, a->wait.len);
+            a->dropped += (long long)n;
+            a->dropped_total += (long long)n;
+        } else {
+            td_buf_append(&a->wait, p, n);
+        }
+        n = 0;
+    }
+    if (n) {
+        size_t done = write_some(a->fd, p, n);
+        a->size += (long long)done;
+        if (done < n) td_buf_append(&a->wait, (const char *)p + done, n - done);
+        /* the failure's errno is lost by the append; drain tries once more and says why */
+    }
+    drain(a);
+    return a->wait.len == 0;
+}
+
+bool td_appender_flush(td_appender *a) {
+    if (a->fd >= 0) drain(a);
+    return a->wait.len == 0;
+}
+
+bool td_appender_pending(const td_appender *a) {
+    return a->fd >= 0 && (a->wait.len > 0 || (a->note_drops && a->dropped > 0));
+}
+
+void td_appender_close(td_appender *a) {
+    if (a->fd >= 0) close(a->fd);
+    a->fd = -1;
+    free(a->path);
+    a->path = NULL;
+    td_buf_free(&a->wait);
+}

@@ -1,0 +1,48 @@
+/* A file appended to that keeps in memory what the disk cannot take yet.
+ *
+ * The shepherd writes each process's log and rank 0's output file through one of these: a full
+ * filesystem (ENOSPC, EDQUOT) or any other write error does not stop the job and loses nothing
+ * while it lasts, up to wait_max bytes; the bytes wait, in order, and go in first once the file
+ * takes them again (td_appender_flush, called by the owner's loop). Past wait_max, new bytes are
+ * dropped and counted; a log appender then writes a line saying how many, where they were lost,
+ * once the wait has drained, so a reader sees the gap instead of silently missing lines. */
+#ifndef TD_APPENDER_H
+#define TD_APPENDER_H
+
+#include "core/td_error.h"
+#include "service/td_buf.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct td_appender {
+    int fd;            /* O_APPEND; -1: closed */
+    char *path;        /* for messages */
+    td_buf wait;       /* what the file did not take yet, oldest first */
+    size_t wait_max;   /* the most that waits; beyond it, bytes are dropped */
+    long long size;    /* the file's size: what went in */
+    long long dropped; /* bytes dropped and not yet noted in the file */
+    long long dropped_total;
+    bool note_drops; /* write a line about dropped bytes into the file (logs, not data) */
+    bool ran_out;    /* the filesystem was full (ENOSPC/EDQUOT) at some point */
+    bool failing;    /* the last write failed (said once an outage, on stderr) */
+    int error;       /* that write's errno; 0: none */
+} td_appender;
+
+/* Opens (creates, 0640) path for appending. */
+int td_appender_open(td_appender *a, const char *path, size_t wait_max, bool note_drops,
+                     td_err *err);
+
+/* Appends p after whatever waits; what the file does not take waits. True when nothing waits. */
+bool td_appender_write(td_appender *a, const void *p, size_t n);
+
+/* Tries again what waits. True when nothing waits. */
+bool td_appender_flush(td_appender *a);
+
+/* True when bytes wait or a drop is not yet noted in the file. */
+bool td_appender_pending(const td_appender *a);
+
+/* Closes the file and frees what waits (the caller flushed first, or gives up on it). */
+void td_appender_close(td_appender *a);
+
+#endif
