@@ -65,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -394,17 +395,22 @@ static void read_pending(shepherd *h) {
 /* ---- rank 0's output, every process's log ---------------------------------------------------- */
 
 #define OUT_WAIT_MAX  (64u << 20)
-#define LOGS_WAIT_MAX (64u << 20) /* shared by a node's processes, at least 1 MiB each */
+#define LOGS_WAIT_MAX (64u << 20) /* split among a node's processes, but at least 1 MiB each */
 #define PUMP_READS    16 /* reads of one pipe a turn: a chatty rank cannot starve the rest */
 
-/* Whole lines of p into log (a line without its end waits in partial, up to 64 KiB); end: the
- * pipe's end, the rest goes as it is. */
+/* The end of the last whole line in p[0, n): after its '\n', or its '\r' (a progress bar
+ * redrawing its line); 0: none. */
+static size_t whole_lines(const char *p, size_t n) {
+    while (n > 0 && p[n - 1] != '\n' && p[n - 1] != '\r') n--;
+    return n;
+}
+
+/* Whole lines of p into log (a line without its end waits in partial, up to 64 KiB: past that
+ * it goes as it is); end: the pipe's end, the rest goes as it is. */
 static void lines_to(td_appender *log, td_buf *partial, const char *p, size_t n, bool end) {
     if (n) td_buf_append(partial, p, n);
-    const char *last = partial->len ? memrchr(partial->data, '\n', partial->len) : NULL;
-    size_t whole = end || partial->len > 65536 ? partial->len
-                   : last                      ? (size_t)(last + 1 - partial->data)
-                                               : 0;
+    size_t whole = end ? partial->len : whole_lines(partial->data, partial->len);
+    if (!whole && partial->len > 65536) whole = partial->len;
     if (!whole) return;
     td_appender_write(log, partial->data, whole);
     memmove(partial->data, partial->data + whole, partial->len - whole);
@@ -434,7 +440,8 @@ static bool pump(shepherd *h) {
             break;
         }
         /* the log first: a line in the output file is one the daemon may already have
-         * handled, and it must be in the log by then */
+         * handled, and it should be in the log by then (unless the log waits for disk space
+         * while the output file still took it) */
         lines_to(&h->logs[0], &h->tee_line, buf, (size_t)k, false);
         /* a full disk does not stop the job (its own checkpoint writes will say so): the
          * lines wait and go in once there is room */
@@ -465,6 +472,15 @@ static bool pump_log(shepherd *h, int i) {
             td_appender_write(&h->logs[i], buf, (size_t)k);
     }
     return true;
+}
+
+/* Everything the pipes hold now into the logs and the output file. */
+static void drain_pipes(shepherd *h) {
+    while (h->pipe_fd >= 0 && pump(h)) {
+    }
+    for (int i = 0; i < h->procs; i++)
+        while (h->log_pipes[i] >= 0 && pump_log(h, i)) {
+        }
 }
 
 /* What waits for disk space, tried again (every turn of the loop). */
@@ -532,9 +548,9 @@ static void write_status(shepherd *h, const char *start_error) {
         /* the output and the logs first: output_bytes counts what is on disk, and the logs
          * hold the last words of the job's processes */
         if (tries) flush_waiting(h);
-        bool ok = false;
+        bool ok = false, waiting = waits_for_space(h) && tries < 3600;
         int e = ENOSPC;
-        if (!waits_for_space(h) || tries == 3600) {
+        if (!waiting) {
             if (h->out.fd >= 0 && fsync(h->out.fd) != 0)
                 fprintf(stderr, "traind-shepherd: fsync %s: %s\n", h->s.output, strerror(errno));
             json_object_set_new(o, "output_bytes", json_integer(h->out.size));
@@ -549,8 +565,10 @@ static void write_status(shepherd *h, const char *start_error) {
         if (!ok) unlink(tmp);
         bool no_space = e == ENOSPC || e == EDQUOT;
         if (tries == 0 || !no_space || tries == 3600)
-            fprintf(stderr, "traind-shepherd: cannot write %s: %s%s\n", h->s.status_path,
-                    strerror(e), no_space && tries < 3600 ? " (tried again every second)" : "");
+            fprintf(stderr, "traind-shepherd: %s %s: %s%s\n",
+                    waiting ? "the job's output waits for disk space before" : "cannot write",
+                    h->s.status_path, strerror(e),
+                    no_space && tries < 3600 ? " (tried again every second)" : "");
         if (!no_space || tries == 3600) break;
         sleep(1);
     }
@@ -627,6 +645,14 @@ int main(int argc, char **argv) {
      * stderr pipe, as it shared its log file, in the order written. */
     int procs = h.s.launch.launch_self ? 1 : h.s.launch.nproc_per_node;
     h.procs = procs;
+    /* a log and a pipe's two ends a process while they start: room for them, as far as the
+     * hard limit allows (a pipe that cannot be made says so below) */
+    struct rlimit rl;
+    rlim_t need = (rlim_t)procs * 3 + 64;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
     h.logs = td_calloc((size_t)procs, sizeof *h.logs);
     h.log_pipes = td_calloc((size_t)procs, sizeof(int));
     int *err_fds = td_calloc((size_t)procs, sizeof(int)), pipefd[2] = {-1, -1};
@@ -700,6 +726,9 @@ int main(int argc, char **argv) {
             if (pid <= 0) break;
             td_group_reaped(&h.g, pid, status, h.s.launch.grace_s);
         }
+        /* the failed process's last words into its log before the failure is said: a master
+         * reads them there for the job's reason (they were in the pipe when it was reaped) */
+        if (h.g.first_failure != 0 && !h.failure_said) drain_pipes(&h);
         say_failure(&h);
         if (start_error[0]) continue;
         double now = td_clock_now();
@@ -719,11 +748,8 @@ int main(int argc, char **argv) {
     }
     /* what is left in the pipe; then it is closed, even if a process that left the group
      * (setsid) still holds it: the job is over */
-    while (h.pipe_fd >= 0 && pump(&h)) {
-    }
+    drain_pipes(&h);
     for (int i = 0; i < procs; i++) {
-        while (h.log_pipes[i] >= 0 && pump_log(&h, i)) {
-        }
         if (h.log_pipes[i] >= 0) close(h.log_pipes[i]);
         h.log_pipes[i] = -1;
     }

@@ -38,17 +38,20 @@ static size_t write_some(int fd, const char *p, size_t n) {
     return done;
 }
 
-/* Writes what waits, and then the note of what was dropped; a failure is said once an outage,
- * and the recovery once. */
+/* Writes what waits, then the note of what was dropped after it (logs); a failure is said once
+ * an outage, and the recovery once, with what was dropped meanwhile. */
 static void drain(td_appender *a) {
     for (;;) {
-        if (!a->wait.len && a->dropped && a->note_drops) {
-            /* the gap, where it is: the reader of the log sees what is missing */
-            td_buf_printf(&a->wait,
-                          "\n[traind-shepherd: %lld bytes of this output were dropped here: the "
-                          "filesystem was full and %zu bytes waited already]\n",
-                          a->dropped, a->wait_max);
+        if (!a->wait.len && a->dropped) {
+            fprintf(stderr, "traind-shepherd: %s: written again; %lld bytes were dropped\n",
+                    a->path, a->dropped);
+            if (a->note_drops) /* the gap, where it is: the log's reader sees what is missing */
+                td_buf_printf(&a->wait,
+                              "\n[traind-shepherd: %lld bytes of this output were dropped here: "
+                              "the filesystem was full and %zu bytes waited already]\n",
+                              a->dropped, a->wait_max);
             a->dropped = 0;
+            a->failing = false;
         }
         if (!a->wait.len) return;
         size_t done = write_some(a->fd, a->wait.data, a->wait.len);
@@ -68,9 +71,8 @@ static void drain(td_appender *a) {
             a->failing = true;
             return;
         }
-        if (a->failing) {
-            fprintf(stderr, "traind-shepherd: %s: written again%s\n", a->path,
-                    a->dropped ? " (some bytes were dropped meanwhile)" : "");
+        if (a->failing && !a->dropped) {
+            fprintf(stderr, "traind-shepherd: %s: written again, nothing lost\n", a->path);
             a->failing = false;
         }
         a->error = 0;
@@ -80,11 +82,13 @@ static void drain(td_appender *a) {
 bool td_appender_write(td_appender *a, const void *p, size_t n) {
     if (a->fd < 0) return true;
     if (n && a->wait.len) {
-        if (a->wait.len + n > a->wait_max) {
+        /* once something is dropped, everything is until what waits has gone in: the gap is
+         * then one, at one place, and the note says where */
+        if (a->dropped || a->wait.len + n > a->wait_max) {
             if (!a->dropped)
                 fprintf(stderr,
                         "traind-shepherd: %s: %zu bytes wait for the disk already; more are "
-                        "dropped and counted until it takes them\n",
+                        "dropped and counted until they are written\n",
                         a->path, a->wait.len);
             a->dropped += (long long)n;
             a->dropped_total += (long long)n;
@@ -109,10 +113,13 @@ bool td_appender_flush(td_appender *a) {
 }
 
 bool td_appender_pending(const td_appender *a) {
-    return a->fd >= 0 && (a->wait.len > 0 || (a->note_drops && a->dropped > 0));
+    return a->fd >= 0 && (a->wait.len > 0 || a->dropped > 0);
 }
 
 void td_appender_close(td_appender *a) {
+    if (a->wait.len || a->dropped)
+        fprintf(stderr, "traind-shepherd: %s: %zu bytes that waited for the disk are lost\n",
+                a->path ? a->path : "?", a->wait.len + (size_t)a->dropped);
     if (a->fd >= 0) close(a->fd);
     a->fd = -1;
     free(a->path);

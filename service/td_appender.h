@@ -3,9 +3,9 @@
  * The shepherd writes each process's log and rank 0's output file through one of these: a full
  * filesystem (ENOSPC, EDQUOT) or any other write error does not stop the job and loses nothing
  * while it lasts, up to wait_max bytes; the bytes wait, in order, and go in first once the file
- * takes them again (td_appender_flush, called by the owner's loop). Past wait_max, new bytes are
- * dropped and counted; a log appender then writes a line saying how many, where they were lost,
- * once the wait has drained, so a reader sees the gap instead of silently missing lines. */
+ * takes them again (td_appender_flush, called by the owner's loop). Past wait_max, bytes are
+ * dropped and counted until what waits has gone in; a log appender then writes a line there
+ * saying how many, so a reader sees the one gap instead of silently missing lines. */
 #ifndef TD_APPENDER_H
 #define TD_APPENDER_H
 
@@ -21,7 +21,7 @@ typedef struct td_appender {
     td_buf wait;       /* what the file did not take yet, oldest first */
     size_t wait_max;   /* the most that waits; beyond it, bytes are dropped */
     long long size;    /* the file's size: what went in */
-    long long dropped; /* bytes dropped and not yet noted in the file */
+    long long dropped; /* bytes dropped in this outage (not yet said, or noted in the file) */
     long long dropped_total;
     bool note_drops; /* write a line about dropped bytes into the file (logs, not data) */
     bool ran_out;    /* the filesystem was full (ENOSPC/EDQUOT) at some point */
@@ -39,7 +39,7 @@ bool td_appender_write(td_appender *a, const void *p, size_t n);
 /* Tries again what waits. True when nothing waits. */
 bool td_appender_flush(td_appender *a);
 
-/* True when bytes wait or a drop is not yet noted in the file. */
+/* True when bytes wait or a drop is not yet said. */
 bool td_appender_pending(const td_appender *a);
 
 /* Closes the file and frees what waits (the caller flushed first, or gives up on it). */

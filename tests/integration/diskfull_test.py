@@ -171,7 +171,7 @@ class DiskFullTest(daemon_test.DaemonTest):
         with open(os.path.join(state, "jobs", str(jid), "attempt-0.node-0.log")) as f:
             shepherd_log = f.read()
         for r in (0, 1):
-            self.assertRegex(shepherd_log, rf"rank-{r}\.log: written again\n")
+            self.assertRegex(shepherd_log, rf"rank-{r}\.log: written again, nothing lost\n")
 
     def test_checkpoint_save_fails_cleanly(self):
         state = self.small_state_dir()
