@@ -35,6 +35,35 @@ Test(train, same_seed_is_bitwise_identical) {
     free(c);
 }
 
+/* The optimizer inside backward (td_train_step.c) against the one pass after it: the same run
+ * to the bit, for SGD with momentum, Nesterov and weight decay, and for AdamW. */
+Test(train, optimizer_in_backward_is_bitwise_the_pass_after_it) {
+    static const char *optimizers[] = {
+        "{\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9, \"nesterov\": true, "
+        "\"weight_decay\": 0.001}",
+        "{\"type\": \"adamw\", \"lr\": 0.003}"};
+    for (int i = 0; i < 2; i++) {
+        char spec[2048];
+        snprintf(spec, sizeof spec,
+                 "{\"model\": {\"preset\": \"mlp\", \"hidden\": [32, 16], \"num_classes\": 10},"
+                 " \"data\": {\"format\": \"synthetic\", \"shape\": [1, 8, 8], "
+                 "\"num_classes\": 10, \"size\": 640, \"val_size\": 128},"
+                 " \"train\": {\"epochs\": 2, \"batch_size\": 32, \"seed\": 3, "
+                 "\"optimizer\": %s}, \"log\": {\"every_steps\": 1}}",
+                 optimizers[i]);
+        setenv("TRAIND_FUSE_OPTIMIZER", "0", 1);
+        char *after = test_run_job(spec, NULL, NULL);
+        unsetenv("TRAIND_FUSE_OPTIMIZER");
+        char *inside = test_run_job(spec, NULL, NULL);
+        test_strip_timings(after);
+        test_strip_timings(inside);
+        cr_expect(strstr(after, "\"step\":40"), "40 steps: %s", after);
+        cr_expect_str_eq(inside, after, "%s", optimizers[i]);
+        free(after);
+        free(inside);
+    }
+}
+
 Test(train, max_steps_and_metrics_lines) {
     char spec[2048];
     snprintf(spec, sizeof spec, SPEC_FMT, 1);

@@ -84,18 +84,27 @@ static void adam_run(const td_optim *opt, float *restrict p, const float *restri
     }
 }
 
-void td_optim_step(td_optim *opt, float *params, const float *grads, float lr) {
-    const int threads = td_par_threads_for(opt->threads, opt->n);
+void td_optim_step_part(td_optim *opt, float *params, const float *grads, float lr, size_t lo,
+                        size_t hi) {
+    const int threads = td_par_threads_for(opt->threads, hi - lo);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        size_t lo, hi;
-        td_par_range(opt->n, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+        size_t a, b;
+        td_par_range(hi - lo, omp_get_num_threads(), omp_get_thread_num(), 16, &a, &b);
         if (opt->cfg.kind == TD_OPTIM_SGD)
-            sgd_run(opt, params, grads, opt->m, lr, lo, hi);
+            sgd_run(opt, params, grads, opt->m, lr, lo + a, lo + b);
         else
-            adam_run(opt, params, grads, opt->m, opt->v, lr, lo, hi);
+            adam_run(opt, params, grads, opt->m, opt->v, lr, lo + a, lo + b);
     }
+}
+
+void td_optim_step_end(td_optim *opt) {
     opt->steps++;
+}
+
+void td_optim_step(td_optim *opt, float *params, const float *grads, float lr) {
+    td_optim_step_part(opt, params, grads, lr, 0, opt->n);
+    td_optim_step_end(opt);
 }
 
 double td_grad_norm(const float *grads, size_t n) {

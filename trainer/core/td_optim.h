@@ -47,6 +47,12 @@ void td_optim_init(td_optim *opt, const td_optim_config *cfg, size_t n_params);
 void td_optim_free(td_optim *opt);
 /* One update of params from grads at learning rate lr (the schedule's value for this step). */
 void td_optim_step(td_optim *opt, float *params, const float *grads, float lr);
+/* The same update in parts: td_optim_step_part for [lo, hi) of the block, as each part's
+ * gradients are ready (every part once), then td_optim_step_end. Each element's update is its
+ * own, so the parts give td_optim_step's result to the bit. */
+void td_optim_step_part(td_optim *opt, float *params, const float *grads, float lr, size_t lo,
+                        size_t hi);
+void td_optim_step_end(td_optim *opt);
 
 /* The L2 norm of all gradients, computed in double. */
 double td_grad_norm(const float *grads, size_t n);

@@ -51,6 +51,9 @@ static int start(trainer *t, loop *L, td_run *run, td_err *err) {
                         "(use nsys); ignored\n");
     /* TRAIND_PROFILE=1: per-node times of the training steps, printed at the end */
     t->profiling = !t->gpu && profile_requested();
+    /* TRAIND_FUSE_OPTIMIZER=0: the optimizer after backward, as one pass (for comparing) */
+    const char *fuse = getenv("TRAIND_FUSE_OPTIMIZER");
+    t->fuse_optimizer = !(fuse && strcmp(fuse, "0") == 0);
     L->t_start = L->t_interval = td_clock_now();
     return 0;
 }

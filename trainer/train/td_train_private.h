@@ -35,8 +35,9 @@ typedef struct trainer {
     int classes;
     td_train_state state; /* position, RNG and open logging interval: what a checkpoint saves */
     long last_saved_step;
-    double group_loss; /* the CPU's loss over the open gradient-accumulation group */
-    bool profiling;    /* TRAIND_PROFILE on the CPU: per-node times of the training steps */
+    double group_loss;   /* the CPU's loss over the open gradient-accumulation group */
+    bool profiling;      /* TRAIND_PROFILE on the CPU: per-node times of the training steps */
+    bool fuse_optimizer; /* the optimizer may run inside backward (td_train_step.c) */
     /* ...and where each step's time goes, seconds summed over the steps (td_train_profile.c) */
     struct {
         /* in a step's order */

@@ -13,6 +13,31 @@ int td_train_diverged(td_err *err, double loss, long step, int epoch) {
                    loss, step, epoch);
 }
 
+/* The optimizer inside backward: each node's parameters are updated as soon as its backward has
+ * made their gradients (nothing later in backward reads them), while those gradients are still
+ * in cache, instead of in a pass over the whole block afterwards that reads them back from
+ * memory (the MLP's 2.7 MB of gradients, weights and momentum each). Only where nothing has to
+ * see every gradient first: one process (no all-reduce), no gradient clipping (it needs the
+ * global norm), no accumulation over batches. td_optim_step_part keeps every bit of the result.
+ * TRAIND_FUSE_OPTIMIZER=0 turns it off (td_train.c). */
+typedef struct fused_step {
+    trainer *t;
+    float lr;
+    double seconds; /* TRAIND_PROFILE: the updates' time, shown as the optimizer's */
+} fused_step;
+
+static void step_node(void *ctx, const td_node *node) {
+    fused_step *f = ctx;
+    trainer *t = f->t;
+    double t0 = t->profiling ? td_clock_now() : 0;
+    for (int i = 0; i < node->n_params; i++) {
+        const td_param *p = node->params[i];
+        td_optim_step_part(&t->optim, t->model.param_block, t->model.grad_block, f->lr, p->offset,
+                           p->offset + p->size);
+    }
+    if (t->profiling) f->seconds += td_clock_now() - t0;
+}
+
 /* On the CPU, with DDP: gradient buckets are all-reduced while backward goes on (the loss riding
  * with them), and SyncBatchNorm's sums go through the same thread (td_train_dist.c). */
 int td_train_cpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int group, int micro,
@@ -38,10 +63,21 @@ int td_train_cpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
     /* no_sync for all but the group's last batch; on the last, buckets of gradients are
      * all-reduced while backward goes on, the loss riding with them */
     bool sync_now = t->reducer && micro + 1 == group;
+    bool fused = t->fuse_optimizer && !t->reducer && group == 1 && job->train.clip_grad_norm <= 0;
+    fused_step f = {t, lr, 0};
     run->node_done = NULL;
     if (sync_now) td_reducer_begin(t->reducer, (float)(t->group_loss / group), run);
+    if (fused) { /* the loss is known before any update: a diverged one updates nothing */
+        if (!isfinite(t->group_loss))
+            return td_train_diverged(err, t->group_loss, t->state.step + 1, t->state.epoch + 1);
+        run->node_done = step_node;
+        run->node_done_ctx = &f;
+    }
     td_model_backward(&t->model, t->dlogits, run);
+    run->node_done = NULL;
     td_train_phase(t, &t->phase.backward, &t0);
+    t->phase.backward -= f.seconds;
+    t->phase.optimizer += f.seconds;
     if (t->sync.failed) {
         td_fail(err, "rank %d: a SyncBatchNorm reduction failed (a peer is gone?)", t->dist->rank);
         return td_train_collective_failed(t, err);
@@ -58,7 +94,10 @@ int td_train_cpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
         return td_train_diverged(err, *loss, t->state.step + 1, t->state.epoch + 1);
     if (job->train.clip_grad_norm > 0)
         td_grad_clip(t->model.grad_block, t->model.param_floats, job->train.clip_grad_norm);
-    td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
+    if (fused)
+        td_optim_step_end(&t->optim);
+    else
+        td_optim_step(&t->optim, t->model.param_block, t->model.grad_block, lr);
     td_train_phase(t, &t->phase.optimizer, &t0);
     t->state.interval_loss += *loss;
     return 0;
