@@ -31,7 +31,8 @@ static void check_accepted(const td_job *j) {
                "data files %d, %d", j->data.train.n_files, j->data.val.n_files);
     FUZZ_CHECK(j->data.norm.channels >= 0 && j->data.norm.channels <= 4, "normalize: %d channels",
                j->data.norm.channels);
-    FUZZ_CHECK(j->data.num_workers >= 0, "data.num_workers %d", j->data.num_workers);
+    FUZZ_CHECK(j->data.num_workers >= TD_WORKERS_AUTO && j->data.num_workers <= 64,
+               "data.num_workers %d", j->data.num_workers);
     FUZZ_CHECK(j->data.format != TD_DATA_SYNTHETIC || j->data.train.size >= 1, "synthetic size %d",
                j->data.train.size);
     FUZZ_CHECK(memchr(j->name, 0, sizeof j->name) && memchr(j->checkpoint.dir, 0, TD_PATH_MAX),

@@ -179,6 +179,15 @@ if [ "$(nproc)" -ge 2 ]; then
     if [ -n "$c0" ] && [ -n "$c1" ] && [ "$c0" != "$c1" ] && [ "$c0" != "$all" ] && [ "$c1" != "$all" ]; then ok; else bad "cpu binding: $(cat "$tmp/cpus") (all: $all)"; fi
     "$run" --no-cpu-bind --nproc-per-node 2 -- sh -c "$show" | sort >"$tmp/cpus"
     if [ "$(cut -d' ' -f2 "$tmp/cpus" | sort -u)" = "$all" ]; then ok; else bad "--no-cpu-bind: $(cat "$tmp/cpus") (all: $all)"; fi
+    # data.num_workers "auto": a rank on a core of its own makes its batches itself (a loader
+    # thread would preempt its step); unbound, with cores to spare, it has a loader thread
+    if [ "$(nproc)" -eq 2 ]; then
+        sed 's/"checkpoint": {[^}]*},//' "$tmp/job.json" >"$tmp/auto.json"
+        "$run" --nproc-per-node 2 -- "$worker" "$tmp/auto.json" >/dev/null 2>"$tmp/err"
+        if grep -q 'classes; batches made in the training thread$' "$tmp/err"; then ok; else bad "bound ranks' loaders: $(grep 'data:' "$tmp/err")"; fi
+        "$worker" "$tmp/auto.json" >/dev/null 2>"$tmp/err"
+        if grep -q 'classes; 1 loader thread$' "$tmp/err"; then ok; else bad "unbound loader: $(grep 'data:' "$tmp/err")"; fi
+    fi
 fi
 
 echo "$passes passed, $fails failed"

@@ -200,44 +200,53 @@ Test(loader, every_sample_once_normalised) {
     td_dataset_free(&ds);
 }
 
-/* Several producer threads (num_workers) give exactly the batches one gives, in order: across
- * epochs, with augmentation, after a resume inside an epoch and after an epoch abandoned while
- * producers were mid-fill. */
+/* Several producer threads (num_workers) give exactly the batches one gives, and so does the
+ * caller's own thread (num_workers 0), in order: across epochs, with augmentation, after a resume
+ * inside an epoch and after an epoch abandoned while producers were mid-fill. */
 Test(loader, workers_give_the_batches_one_thread_gives) {
     td_dataset ds;
     td_dataset_synthetic(&ds, td_shape_image(3, 9, 7), 5, 203, 13);
     td_normalize norm = {3, {0.5f, 0.25f, 0.75f}, {0.5f, 2.0f, 0.125f}};
     td_augment aug = {.crop_padding = 2, .hflip = true};
     size_t size = td_shape_size(ds.shape);
-    td_loader_config one = {.batch_size = 6, .shuffle = true, .seed = 9, .world = 1, .pad = true};
-    td_loader_config many = one;
+    td_loader_config one = {
+        .batch_size = 6, .shuffle = true, .seed = 9, .world = 1, .pad = true, .workers = 1};
+    td_loader_config many = one, none = one;
     many.workers = 5;
+    none.workers = 0;
     td_loader *a = td_loader_create(&ds, &norm, &aug, &one);
     td_loader *b = td_loader_create(&ds, &norm, &aug, &many);
-    cr_assert(td_loader_threads(a) == 1 && td_loader_threads(b) == 5);
+    td_loader *c = td_loader_create(&ds, &norm, &aug, &none);
+    cr_assert(td_loader_threads(a) == 1 && td_loader_threads(b) == 5 && td_loader_threads(c) == 0);
     /* epoch, first batch, batches to take (-1: all) */
     static const int plan[][3] = {{0, 0, -1}, {1, 0, 3}, {1, 7, -1}, {2, 0, 1}, {2, 0, -1}};
     for (size_t p = 0; p < sizeof plan / sizeof plan[0]; p++) {
         int na = td_loader_start_epoch(a, plan[p][0], plan[p][1]);
         cr_assert_eq(td_loader_start_epoch(b, plan[p][0], plan[p][1]), na);
-        td_batch x, y;
+        cr_assert_eq(td_loader_start_epoch(c, plan[p][0], plan[p][1]), na);
+        td_batch x, y, z;
         int taken = 0;
         while ((plan[p][2] < 0 || taken < plan[p][2]) && td_loader_next(a, &x)) {
             cr_assert(td_loader_next(b, &y), "step %zu: batch %d missing", p, taken);
-            cr_assert_eq(x.n, y.n);
-            cr_expect(memcmp(x.labels, y.labels, (size_t)x.n * sizeof(int32_t)) == 0,
+            cr_assert(td_loader_next(c, &z), "step %zu: batch %d missing inline", p, taken);
+            cr_assert(x.n == y.n && x.n == z.n);
+            cr_expect(memcmp(x.labels, y.labels, (size_t)x.n * sizeof(int32_t)) == 0 &&
+                          memcmp(x.labels, z.labels, (size_t)x.n * sizeof(int32_t)) == 0,
                       "step %zu batch %d: labels", p, taken);
-            cr_expect(memcmp(x.x, y.x, (size_t)x.n * size * sizeof(float)) == 0,
+            cr_expect(memcmp(x.x, y.x, (size_t)x.n * size * sizeof(float)) == 0 &&
+                          memcmp(x.x, z.x, (size_t)x.n * size * sizeof(float)) == 0,
                       "step %zu batch %d: samples", p, taken);
             taken++;
         }
         if (plan[p][2] < 0) {
             cr_expect_eq(taken, na - plan[p][1], "step %zu", p);
             cr_expect(!td_loader_next(b, &y), "step %zu: an extra batch", p);
+            cr_expect(!td_loader_next(c, &z), "step %zu: an extra batch inline", p);
         }
     }
     td_loader_destroy(a);
     td_loader_destroy(b);
+    td_loader_destroy(c);
     td_dataset_free(&ds);
 }
 

@@ -234,10 +234,10 @@ Test(spec, unknown_precision_and_backend) {
     EXPECT_ERROR(spec, "distributed.backend", "one of auto/nccl/cpu");
 }
 
-/* data.num_workers: DataLoader's num_workers, "auto" or 1..64 loader threads */
+/* data.num_workers: DataLoader's num_workers, "auto" or 0..64 loader threads (0: none) */
 Test(spec, num_workers_is_auto_or_a_count) {
-    static const char *const bad[] = {"0", "65", "\"many\"", "2.5"};
-    static const char *const found[] = {"found 0", "found 65", "found \"many\"", "found 2.5"};
+    static const char *const bad[] = {"-1", "65", "\"many\"", "2.5"};
+    static const char *const found[] = {"found -1", "found 65", "found \"many\"", "found 2.5"};
     char data[512];
     for (int i = 0; i < 4; i++) {
         snprintf(data, sizeof data,
@@ -245,11 +245,12 @@ Test(spec, num_workers_is_auto_or_a_count) {
                  "\"num_classes\": 10, \"size\": 32, \"num_workers\": %s}",
                  bad[i]);
         EXPECT_ERROR(spec_of("{\"preset\": \"lenet5\", \"num_classes\": 10}", data, GOOD_TRAIN),
-                     "data.num_workers", "\"auto\" or an integer in [1, 64]", found[i]);
+                     "data.num_workers", "\"auto\" or an integer in [0, 64]", found[i]);
     }
-    static const char *const good[] = {"", ", \"num_workers\": \"auto\"", ", \"num_workers\": 6"};
-    static const int want[] = {0, 0, 6};
-    for (int i = 0; i < 3; i++) {
+    static const char *const good[] = {"", ", \"num_workers\": \"auto\"", ", \"num_workers\": 6",
+                                       ", \"num_workers\": 0"};
+    static const int want[] = {TD_WORKERS_AUTO, TD_WORKERS_AUTO, 6, 0};
+    for (int i = 0; i < 4; i++) {
         snprintf(data, sizeof data,
                  "\"data\": {\"format\": \"synthetic\", \"shape\": [1, 28, 28], "
                  "\"num_classes\": 10, \"size\": 32%s}",

@@ -68,7 +68,8 @@ typedef struct td_data_spec {
     bool nhwc;        /* npy image layout */
     int label_column; /* csv */
     bool csv_header;
-    int num_workers; /* data.num_workers: loader threads, 0 = auto (td_train picks) */
+    int num_workers; /* data.num_workers: loader threads, 0: none (the training thread
+                      * loads), TD_WORKERS_AUTO: td_train picks */
 } td_data_spec;
 
 /* Split sp of d: loaded whole, or probed (td_data_probe_split below) as far as is cheap. The one
@@ -133,6 +134,9 @@ typedef struct td_batch {
 
 typedef struct td_loader td_loader;
 
+/* data.num_workers "auto" */
+#define TD_WORKERS_AUTO (-1)
+
 typedef struct td_loader_config {
     int batch_size;
     bool shuffle;
@@ -142,7 +146,8 @@ typedef struct td_loader_config {
     /* true (training): DistributedSampler's padding, every rank the same count; false
      * (evaluation): rank r takes r, r+world, ... so each sample counts exactly once */
     bool pad;
-    int workers; /* producer threads (DataLoader's num_workers); 0 counts as 1 */
+    int workers; /* producer threads (DataLoader's num_workers); 0: td_loader_next loads each
+                  * batch in the caller's thread, as DataLoader(num_workers=0) */
 } td_loader_config;
 
 /* A loader assembles batches on its own threads, a few ahead of the consumer. augment may be
@@ -157,7 +162,7 @@ int td_loader_batches(const td_dataset *ds, const td_loader_config *cfg);
 int td_loader_start_epoch(td_loader *ld, int epoch, int first);
 /* The next batch of the epoch, valid until the next call; false at the epoch's end. */
 bool td_loader_next(td_loader *ld, td_batch *batch);
-/* Its producer threads (workers, at least one). */
+/* Its producer threads (workers; 0: batches are made in the caller's thread). */
 int td_loader_threads(const td_loader *ld);
 void td_loader_destroy(td_loader *ld);
 

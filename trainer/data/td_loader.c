@@ -1,8 +1,10 @@
 /* The batch loader: producer threads (DataLoader's num_workers) fill a small ring of batch slots
  * while the trainer consumes them, so gathering and normalising the next batches overlaps the
- * current step. Each producer fills whole batches; several work on consecutive batches at once,
- * which a GPU step needs when one thread cannot make a batch per step (a 3x224x224 batch of 256
- * is ~20 ms of one core).
+ * current step. With no producer (num_workers 0), td_loader_next makes each batch itself, in
+ * the trainer's thread: where no core is free for a producer (a data-parallel rank pinned to
+ * its core), one would only preempt the step it was meant to overlap. Each producer fills whole
+ * batches; several work on consecutive batches at once, which a GPU step needs when one thread
+ * cannot make a batch per step (a 3x224x224 batch of 256 is ~20 ms of one core).
  *
  * Invariants, all under `lock`: a slot is FREE (a producer may claim it), FILLING (one producer
  * writes it, unlocked) or FULL (the consumer may read it). Producers claim batches in order,
@@ -145,8 +147,8 @@ td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
     ld->order = td_malloc((size_t)ds->n * sizeof(int));
     ld->holding = -1;
     size_t size = td_shape_size(ds->shape);
-    ld->n_threads = cfg->workers > 0 ? cfg->workers : 1;
-    ld->n_slots = ld->n_threads + SPARE_SLOTS;
+    ld->n_threads = cfg->workers > 0 ? cfg->workers : 0;
+    ld->n_slots = ld->n_threads > 0 ? ld->n_threads + SPARE_SLOTS : 1;
     ld->slots = td_calloc((size_t)ld->n_slots, sizeof *ld->slots);
     for (int i = 0; i < ld->n_slots; i++) {
         ld->slots[i].batch.x = td_aligned_alloc((size_t)batch_size * size * sizeof(float));
@@ -157,7 +159,7 @@ td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
     TD_ASSERT(pthread_cond_init(&ld->cond, NULL) == 0, "pthread_cond_init failed");
     ld->threads = td_calloc((size_t)ld->n_threads, sizeof *ld->threads);
     for (int i = 0; i < ld->n_threads; i++)
-        TD_ASSERT(pthread_create(&ld->threads[i], NULL, producer, ld) == 0,
+        TD_ASSERT(pthread_create(&ld->threads[i], NULL, producer, ld) == 0, /* none for 0 */
                   "cannot start a data loader thread (process or thread limit reached? "
                   "data.num_workers sets how many)");
     return ld;
@@ -188,6 +190,12 @@ int td_loader_start_epoch(td_loader *ld, int epoch, int first) {
 }
 
 bool td_loader_next(td_loader *ld, td_batch *batch) {
+    if (ld->n_threads == 0) { /* in the caller's thread, as DataLoader(num_workers=0) */
+        if (ld->consumed >= ld->n_batches) return false;
+        fill(ld, ld->consumed++, &ld->slots[0]);
+        *batch = ld->slots[0].batch;
+        return true;
+    }
     pthread_mutex_lock(&ld->lock);
     if (ld->holding >= 0) {
         ld->slots[ld->holding].state = SLOT_FREE;

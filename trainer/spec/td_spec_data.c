@@ -93,14 +93,14 @@ static int parse_float_list(const json_t *obj, const char *path, const char *key
     return 0;
 }
 
-/* data.num_workers: "auto" (0) or a count of loader threads, DataLoader's num_workers (which
- * loads in the training process at 0; here a loader thread always overlaps the step). */
+/* data.num_workers: "auto" (-1) or DataLoader's num_workers: 0 loads in the training thread,
+ * N in N loader threads that overlap the step. */
 static int parse_num_workers(const json_t *d, int *out, td_err *err) {
     const json_t *v = json_object_get(d, "num_workers");
-    *out = 0;
+    *out = TD_WORKERS_AUTO;
     if (!v || (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0)) return 0;
-    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 64)
-        return td_json_fail_found(err, "data.num_workers", "\"auto\" or an integer in [1, 64]", v);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 64)
+        return td_json_fail_found(err, "data.num_workers", "\"auto\" or an integer in [0, 64]", v);
     *out = (int)json_integer_value(v);
     return 0;
 }

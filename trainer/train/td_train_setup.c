@@ -124,16 +124,20 @@ static int setup_gpu(trainer *t, td_err *err) {
     return 0;
 }
 
-/* data.num_workers, "auto" resolved: on the CPU one loader thread, which shares the cores with
- * training's BLAS threads; on a GPU this rank's share of the cores it may run on, less one for
- * the thread that drives the device, at most 8 (a 3x224x224 batch of 256 takes one core ~20 ms,
- * a ResNet-50 step on an H100 well under 100 ms). A rank whose launcher pinned it to some of the
- * cores has those to itself; an unpinned one shares the machine's with the node's other ranks. */
+/* data.num_workers, "auto" resolved. On the CPU: one loader thread when this process may run on
+ * more cores than train.threads (it overlaps the step on a core the step leaves free), else
+ * none, the training thread making each batch (a data-parallel rank pinned to its core: a loader
+ * thread there preempts the step at random moments, and its peers then wait for it at the
+ * all-reduce; making a LeNet batch takes ~0.04 ms of a 3 ms step). On a GPU this rank's share of
+ * the cores it may run on, less one for the thread that drives the device, at most 8 (a
+ * 3x224x224 batch of 256 takes one core ~20 ms, a ResNet-50 step on an H100 well under 100 ms).
+ * A rank whose launcher pinned it to some of the cores has those to itself; an unpinned one
+ * shares the machine's with the node's other ranks. */
 int td_train_loader_workers(const trainer *t) {
-    if (t->job->data.num_workers > 0) return t->job->data.num_workers;
-    if (!t->gpu) return 1;
+    if (t->job->data.num_workers != TD_WORKERS_AUTO) return t->job->data.num_workers;
     cpu_set_t set;
     int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    if (!t->gpu) return cores > t->job->train.threads ? 1 : 0;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     int local =
         t->dist && td_dist_active(t->dist) && t->dist->local_world > 0 ? t->dist->local_world : 1;
@@ -187,10 +191,11 @@ static void log_banner(const trainer *t) {
     char shape[64];
     td_shape_format(t->train.shape, shape, sizeof shape);
     int workers = td_train_loader_workers(t);
-    fprintf(t->log,
-            "[traind] data: %d training samples%s, shape %s, %d classes; %d loader thread%s\n",
-            t->train.n, job->data.format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", shape,
-            t->classes, workers, workers == 1 ? "" : "s");
+    char loaders[48];
+    snprintf(loaders, sizeof loaders, "%d loader thread%s", workers, workers == 1 ? "" : "s");
+    fprintf(t->log, "[traind] data: %d training samples%s, shape %s, %d classes; %s\n", t->train.n,
+            job->data.format == TD_DATA_SYNTHETIC ? " (synthetic)" : "", shape, t->classes,
+            workers ? loaders : "batches made in the training thread");
     if (job->data.val.present) fprintf(t->log, "[traind] data: %d validation samples\n", t->val.n);
     const td_model *m = &t->model;
     if (m->n_segments) {
