@@ -642,7 +642,9 @@ int main(int argc, char **argv) {
      * its own: on a full disk the shepherd keeps what the log cannot take and writes it once
      * it can, where a process writing the file itself would lose it. Rank 0's stdout has a
      * pipe of its own (the output file and its log); every other stdout shares its process's
-     * stderr pipe, as it shared its log file, in the order written. */
+     * stderr pipe, as it shared its log file, in the order written. One difference: writers
+     * sharing a pipe (a rank and the children it started) keep a write whole only up to
+     * PIPE_BUF (4 KiB), where O_APPEND on the file kept any write whole. */
     int procs = h.s.launch.launch_self ? 1 : h.s.launch.nproc_per_node;
     h.procs = procs;
     /* a log and a pipe's two ends a process while they start: room for them, as far as the
