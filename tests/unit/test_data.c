@@ -166,7 +166,8 @@ Test(loader, every_sample_once_normalised) {
     td_dataset ds;
     td_dataset_synthetic(&ds, td_shape_image(1, 2, 2), 3, 10, 77);
     td_normalize norm = {1, {0.5f}, {0.25f}};
-    td_loader_config cfg = {.batch_size = 4, .shuffle = true, .seed = 3, .world = 1, .pad = true};
+    td_loader_config cfg = {
+        .batch_size = 4, .shuffle = true, .seed = 3, .world = 1, .pad = true, .workers = 1};
     td_loader *ld = td_loader_create(&ds, &norm, NULL, &cfg);
     for (int epoch = 0; epoch < 2; epoch++) {
         int order[10];

@@ -10,11 +10,13 @@ void td_train_print_phases(const trainer *t, long steps) {
                    t->phase.backward + t->phase.reduce_tail + t->phase.optimizer;
     int rank = td_dist_active(t->dist) ? t->dist->rank : 0;
     fprintf(t->log,
-            "[traind] rank %d step profile, ms per step over %ld steps: %.3f total = loader wait "
+            "[traind] rank %d step profile, ms per step over %ld steps: %.3f total = %s "
             "%.3f + buffer broadcast %.3f + forward %.3f + loss %.3f + backward %.3f + "
             "all-reduce tail %.3f + optimizer %.3f + other %.3f\n",
-            rank, steps, t->phase.step * k, t->phase.loader * k, t->phase.broadcast * k,
-            t->phase.forward * k, t->phase.loss * k, t->phase.backward * k,
+            rank, steps, t->phase.step * k,
+            /* with no loader thread, the step makes its batch itself */
+            t->train_cfg.workers ? "loader wait" : "making the batch", t->phase.loader * k,
+            t->phase.broadcast * k, t->phase.forward * k, t->phase.loss * k, t->phase.backward * k,
             t->phase.reduce_tail * k, t->phase.optimizer * k, (t->phase.step - known) * k);
     if (t->comm) {
         double allreduce_s, wait_s;
