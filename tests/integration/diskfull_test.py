@@ -79,13 +79,18 @@ class DiskFullTest(daemon_test.DaemonTest):
         job, _ = d.submit({"name": "after", "command": ["true"]})
         self.assert_final(d, job["id"], d.follow(job["id"]), "succeeded")
 
-    def test_events_wait_for_space(self):
+    def gated_daemon(self, slots):
+        """A daemon on a small state dir, and the path of a gate its jobs wait on (files in a
+        directory on that disk, which the job can write)."""
         state = self.small_state_dir()
-        d = self.start_daemon("--slots", "1", state_dir=state)
+        d = self.start_daemon("--slots", str(slots), state_dir=state)
         shared = os.path.join(state, "shared")
         os.mkdir(shared)
         os.chmod(shared, 0o777)  # the job runs as run_as under a root daemon
-        gate = os.path.join(shared, "gate")
+        return state, d, os.path.join(shared, "gate")
+
+    def test_events_wait_for_space(self):
+        state, d, gate = self.gated_daemon(1)
         # 40 train lines, the last 30 printed while the disk is full, then it waits for the gate
         code = ("import json, os, sys, time\n"
                 "def line(s):\n"
@@ -121,12 +126,7 @@ class DiskFullTest(daemon_test.DaemonTest):
         self.assertRegex(log, rf"job {jid}: its events are stored again")
 
     def test_logs_wait_for_space(self):
-        state = self.small_state_dir()
-        d = self.start_daemon("--slots", "2", state_dir=state)
-        shared = os.path.join(state, "shared")
-        os.mkdir(shared)
-        os.chmod(shared, 0o777)  # the job runs as run_as under a root daemon
-        gate = os.path.join(shared, "gate")
+        state, d, gate = self.gated_daemon(2)
         # two processes print 40 lines each, odd ones to stdout and even ones to stderr; lines
         # 11 to 40 while the disk is full. A line is 1 KiB: the first few written while full
         # may still fit in the last page of the log (tmpfs allocates a page at a time), the
