@@ -7,7 +7,7 @@
 #                AVX2 and AVX-512 kernels build and pass
 #   build-fuzz/  clang's libFuzzer with ASan + UBSan (tests/fuzz): every harness replays its
 #                corpus (seeds and the inputs of past findings), then fuzzes for
-#                TRAIND_FUZZ_SECONDS (12) more, two at a time (bench/fuzz.sh, which runs them
+#                TRAIND_FUZZ_SECONDS (10) more, two at a time (bench/fuzz.sh, which runs them
 #                for long); a crash, leak, sanitizer report or hang fails the run
 # Both builds are portable (no -march=native): the kernels for AVX2 and AVX-512 are chosen at run
 # time (trainer/core/td_isa.h), and the Release run tests each set this CPU supports.
@@ -34,6 +34,6 @@ CC=clang cmake -S . -B build-fuzz -DTRAIND_FUZZ=ON -DTRAIND_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build-fuzz -j"$jobs" --target fuzzers
 (cd build-fuzz && ctest -L fuzz --output-on-failure)
-FUZZ_JOBS=2 bench/fuzz.sh "${TRAIND_FUZZ_SECONDS:-12}"
+FUZZ_JOBS=2 bench/fuzz.sh "${TRAIND_FUZZ_SECONDS:-10}"
 
 echo "== all tests passed in the three builds =="
