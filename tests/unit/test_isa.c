@@ -5,10 +5,12 @@
  * what has ISA-specific code: the single-channel direct convolution and skinny GEMMs (LeNet's
  * conv1, a 6-output conv2 on 1x1), im2col/col2im (conv2), Winograd (3x3 with 16+ channels),
  * BatchNorm, ReLU, Add, max and average pooling, linear. TRAIND_ISA and the selection's errors
- * are tested too. */
+ * are tested too, and the skinny dCol = dY · W kernel on its own, on shapes no model reaches. */
 #include "core/td_isa.h"
 #include "ops/td_ops.h"
 #include "test_util.h"
+
+#include <stdbool.h>
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -170,3 +172,66 @@ Test(isa, selection_errors_say_what_is_wrong) {
     cr_assert_eq(td_isa_select(NULL, &err), 0, "%s", err.msg);
     cr_assert_eq(td_isa_active(), td_isa_best());
 }
+
+#if defined(__x86_64__)
+/* the AVX2 variant of td_skinny_nn (ops/td_skinny.h), compiled into every x86-64 build */
+bool td_skinny_nn_avx2(int rows, int n, int o, const float *dy, const float *b, int ldb, float *c,
+                       int ldc, bool add);
+
+/* c (+)= dy · b on every remainder of rows by 4 and columns by 8 and 24, strided b and c, against
+ * a plain double sum; the floats between c's rows (ldc > n) and past its end must stay as they
+ * were: the last vector of a row is partial and written through a mask. */
+Test(isa, skinny_nn_matches_a_plain_sum_on_awkward_shapes) {
+    if (!td_isa_supported(TD_ISA_AVX2)) {
+        cr_log_info("no AVX2 here: skipped");
+        return;
+    }
+    const int rows_of[] = {1, 3, 4, 5, 9}, n_of[] = {1, 7, 8, 9, 23, 24, 25, 150},
+              o_of[] = {1, 3, 16};
+    const float guard = -12345.0f;
+    for (size_t ri = 0; ri < sizeof rows_of / sizeof *rows_of; ri++)
+        for (size_t ni = 0; ni < sizeof n_of / sizeof *n_of; ni++)
+            for (size_t oi = 0; oi < 3; oi++)
+                for (int add = 0; add < 2; add++) {
+                    int rows = rows_of[ri], n = n_of[ni], o = o_of[oi], ldb = n + 1, ldc = n + 3;
+                    size_t c_n = (size_t)rows * ldc + 8;
+                    float *dy = malloc((size_t)rows * o * sizeof(float));
+                    float *b = malloc((size_t)o * ldb * sizeof(float));
+                    float *c = malloc(c_n * sizeof(float)), *c0 = malloc(c_n * sizeof(float));
+                    test_fill_uniform(dy, (size_t)rows * o, 3);
+                    test_fill_uniform(b, (size_t)o * ldb, 4);
+                    for (size_t i = 0; i < c_n; i++) c[i] = guard;
+                    for (int r = 0; r < rows; r++)
+                        for (int j = 0; j < n; j++) c[(size_t)r * ldc + j] = (float)(r - j) * 0.25f;
+                    memcpy(c0, c, c_n * sizeof(float));
+                    cr_assert(td_skinny_nn_avx2(rows, n, o, dy, b, ldb, c, ldc, add));
+                    for (int r = 0; r < rows; r++)
+                        for (int j = 0; j < ldc; j++) {
+                            size_t at = (size_t)r * ldc + j;
+                            if (j >= n) {
+                                cr_assert_eq(c[at], guard,
+                                             "rows %d n %d o %d: c[%d][%d] between "
+                                             "rows was written",
+                                             rows, n, o, r, j);
+                                continue;
+                            }
+                            double want = add ? c0[at] : 0.0;
+                            for (int q = 0; q < o; q++)
+                                want += (double)dy[(size_t)r * o + q] * b[(size_t)q * ldb + j];
+                            cr_assert(fabs(c[at] - want) <= 1e-5 * (1 + fabs(want)),
+                                      "rows %d n %d o %d add %d: c[%d][%d] = %g, want %g", rows, n,
+                                      o, add, r, j, (double)c[at], want);
+                        }
+                    for (size_t i = (size_t)rows * ldc; i < c_n; i++)
+                        cr_assert_eq(c[i], guard, "rows %d n %d o %d: written past c's end", rows,
+                                     n, o);
+                    free(dy);
+                    free(b);
+                    free(c);
+                    free(c0);
+                }
+    float one = 0;
+    cr_assert_not(td_skinny_nn_avx2(1, 1, 17, &one, &one, 1, &one, 1, false),
+                  "17 outputs are more than the kernel takes");
+}
+#endif

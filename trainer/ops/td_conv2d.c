@@ -49,6 +49,8 @@ static const td_op_arg conv_args[] = {
  * images and few channels, where im2col costs as much as the GEMMs); larger layers recompute it
  * chunk by chunk in backward. */
 #define CONV_KEEP_COL_BYTES (32u << 20)
+/* dCol made at a time where td_skinny_nn makes it (no packing to pay for): 128 KiB, or one image */
+#define DCOL_STEP_FLOATS (32 * 1024)
 
 typedef struct conv_geom {
     int c, h, w;   /* input */
@@ -411,10 +413,21 @@ static void conv_backward(td_node *node, const td_run *run) {
                                 dyc, g.o, c, g.cols, add ? 1.0f : 0.0f, dwp, g.cols);
             }
             if (dx) {
-                /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f, dyc,
-                            g.o, wp, g.cols, 0.0f, dcol, g.kkc);
-                col2im(&g, dcol, nb, dx + b0 * in_size, node->in_grad_add[0]);
+                /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc]; with few outputs, a few images
+                 * at a time, so that col2im reads dCol from L2 */
+                int step = nb;
+                if (g.o <= 16) {
+                    step = (int)(DCOL_STEP_FLOATS / (out_pix * g.kkc));
+                    step = step < 1 ? 1 : step > nb ? nb : step;
+                }
+                for (int i = 0; i < nb; i += step) {
+                    int ni = nb - i < step ? nb - i : step, ri = (int)(ni * out_pix);
+                    const float *dyi = dyc + i * out_pix * g.o;
+                    if (!td_skinny_nn(ri, g.kkc, g.o, dyi, wp, g.cols, dcol, g.kkc, false))
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, g.kkc, g.o, 1.0f,
+                                    dyi, g.o, wp, g.cols, 0.0f, dcol, g.kkc);
+                    col2im(&g, dcol, ni, dx + (b0 + i) * in_size, node->in_grad_add[0]);
+                }
             }
         }
     }

@@ -2,6 +2,7 @@
 #include "core/td_model.h"
 #include "core/td_parallel.h"
 #include "ops/td_ops_isa.h"
+#include "ops/td_skinny.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -32,18 +33,34 @@ static int linear_build(td_model *model, td_node *node, td_err *err) {
     if (node->args[ARG_BIAS])
         td_model_add_param(model, node, "bias", 1, (int[]){out}, td_init_uniform(bound));
     node->out_shape = td_shape_flat(out);
+    /* the skinny forward's transposed weight (few outputs, one thread: see skinny below) */
+    if (out <= 16) node->scratch_floats = 16 * (size_t)in.c;
     return 0;
+}
+
+/* A classifier's last layer (10 outputs from 512) leaves OpenBLAS's register tiles mostly empty:
+ * about 30 GFLOP/s here, against 60-70 for the skinny kernels (ops/td_skinny.h). With more than
+ * one thread td_par_sgemm splits the rows instead. */
+static bool skinny(const td_node *node) {
+    return node->out_shape.c <= 16 && node->threads == 1;
 }
 
 static void linear_forward(td_node *node, const td_run *run) {
     int n = run->n, in = node->in_shape[0].c, out = node->out_shape.c;
     const float *w = node->params[0]->data;
     float beta = 0.0f;
-    if (node->n_params > 1) {
+    if (node->n_params > 1) beta = 1.0f;
+    if (skinny(node) && td_skinny_nt(n, out, in, node->in[0], w, node->out, run->scratch)) {
+        if (beta != 0.0f) {
+            const float *b = node->params[1]->data;
+            for (int i = 0; i < n; i++)
+                for (int o = 0; o < out; o++) node->out[(size_t)i * out + o] += b[o];
+        }
+        return;
+    }
+    if (beta != 0.0f) {
         /* Start from the bias rows so the GEMM adds onto them: one pass over y fewer. */
-        const float *b = node->params[1]->data;
-        td_fill_rows(node->out, b, (size_t)n, (size_t)out);
-        beta = 1.0f;
+        td_fill_rows(node->out, node->params[1]->data, (size_t)n, (size_t)out);
     }
     td_par_sgemm(node->threads, CblasNoTrans, CblasTrans, n, out, in, 1.0f, node->in[0], in, w, in,
                  beta, node->out, out);
@@ -54,15 +71,20 @@ static void linear_backward(td_node *node, const td_run *run) {
     const float *dy = node->grad;
     float pbeta = run->accumulate_grads ? 1.0f : 0.0f;
     /* dW [out, in] = dy^T [out, n] x [n, in] */
-    td_par_sgemm(node->threads, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, node->in[0],
-                 in, pbeta, node->params[0]->grad, in);
+    if (!skinny(node) ||
+        !td_skinny_tn(n, out, in, dy, node->in[0], node->params[0]->grad, run->accumulate_grads))
+        td_par_sgemm(node->threads, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out,
+                     node->in[0], in, pbeta, node->params[0]->grad, in);
     if (node->n_params > 1) {
         float *db = node->params[1]->grad;
         if (!run->accumulate_grads) memset(db, 0, (size_t)out * 4);
         for (int i = 0; i < n; i++)
             for (int o = 0; o < out; o++) db[o] += dy[(size_t)i * out + o];
     }
-    if (node->in_grad[0])
+    /* dx [n, in] (+)= dy [n, out] x W [out, in] */
+    if (node->in_grad[0] &&
+        (!skinny(node) || !td_skinny_nn(n, in, out, dy, node->params[0]->data, in, node->in_grad[0],
+                                        in, node->in_grad_add[0])))
         td_par_sgemm(node->threads, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out,
                      node->params[0]->data, in, node->in_grad_add[0] ? 1.0f : 0.0f,
                      node->in_grad[0], in);

@@ -104,6 +104,12 @@ bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float
     return false;
 }
 
+bool td_skinny_nn(int rows, int n, int o, const float *dy, const float *b, int ldb, float *c,
+                  int ldc, bool add) {
+    (void)rows, (void)n, (void)o, (void)dy, (void)b, (void)ldb, (void)c, (void)ldc, (void)add;
+    return false; /* OpenBLAS: this variant is unmeasured (td_skinny.h) */
+}
+
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
@@ -277,6 +283,79 @@ bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float
     return true;
 }
 
+/* R rows by NV vectors of c from o rank-one updates: R·NV <= 12 accumulators, NV rows of b and a
+ * broadcast of dy within 16 registers. The last vector may be partial (mask `last`): b and c are
+ * read and written through the mask there, since b's and c's rows may end where the array does. */
+static inline __attribute__((always_inline)) void
+sk_nn_tile(const float *dy, int o, const float *b, int ldb, float *c, int ldc, const int R,
+           const int NV, __m256i last, const bool full, bool add) {
+    __m256 acc[12];
+    for (int i = 0; i < R * NV; i++) acc[i] = _mm256_setzero_ps();
+    for (int q = 0; q < o; q++) {
+        const float *bq = b + (size_t)q * ldb;
+        __m256 bv[3];
+        for (int v = 0; v < NV; v++)
+            bv[v] = v + 1 < NV || full ? _mm256_loadu_ps(bq + 8 * v)
+                                       : _mm256_maskload_ps(bq + 8 * v, last);
+        for (int i = 0; i < R; i++) {
+            __m256 d = _mm256_broadcast_ss(dy + (size_t)i * o + q);
+            for (int v = 0; v < NV; v++)
+                acc[i * NV + v] = _mm256_fmadd_ps(d, bv[v], acc[i * NV + v]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int v = 0; v < NV; v++) {
+            float *dst = c + (size_t)i * ldc + 8 * v;
+            __m256 s = acc[i * NV + v];
+            if (v + 1 < NV || full) {
+                if (add) s = _mm256_add_ps(s, _mm256_loadu_ps(dst));
+                _mm256_storeu_ps(dst, s);
+            } else {
+                if (add) s = _mm256_add_ps(s, _mm256_maskload_ps(dst, last));
+                _mm256_maskstore_ps(dst, last, s);
+            }
+        }
+}
+
+/* One panel of NV vectors (the last one partial unless full) down all rows, 4 rows at a time. */
+static inline __attribute__((always_inline)) void sk_nn_panel(int rows, int o, const float *dy,
+                                                              const float *b, int ldb, float *c,
+                                                              int ldc, const int NV, __m256i last,
+                                                              const bool full, bool add) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        sk_nn_tile(dy + (size_t)r * o, o, b, ldb, c + (size_t)r * ldc, ldc, 4, NV, last, full, add);
+    for (; r < rows; r++)
+        sk_nn_tile(dy + (size_t)r * o, o, b, ldb, c + (size_t)r * ldc, ldc, 1, NV, last, full, add);
+}
+
+bool td_skinny_nn(int rows, int n, int o, const float *dy, const float *b, int ldb, float *c,
+                  int ldc, bool add) {
+    if (o > 16) return false;
+    /* panels of 3 vectors (24 columns of c, o rows of b: at most 1.5 KB, in L1 for every row) */
+    for (int j = 0; j < n; j += 24) {
+        int left = n - j, nv = left >= 24 ? 3 : (left + 7) / 8;
+        bool full = left >= 8 * nv;
+        __m256i last = sk_mask(left - 8 * (nv - 1));
+        /* one instantiation per (vectors, whether the last is whole) */
+        const float *bj = b + j;
+        float *cj = c + j;
+        if (nv == 3 && full)
+            sk_nn_panel(rows, o, dy, bj, ldb, cj, ldc, 3, last, true, add);
+        else if (nv == 3)
+            sk_nn_panel(rows, o, dy, bj, ldb, cj, ldc, 3, last, false, add);
+        else if (nv == 2 && full)
+            sk_nn_panel(rows, o, dy, bj, ldb, cj, ldc, 2, last, true, add);
+        else if (nv == 2)
+            sk_nn_panel(rows, o, dy, bj, ldb, cj, ldc, 2, last, false, add);
+        else if (full)
+            sk_nn_panel(rows, o, dy, bj, ldb, cj, ldc, 1, last, true, add);
+        else
+            sk_nn_panel(rows, o, dy, bj, ldb, cj, ldc, 1, last, false, add);
+    }
+    return true;
+}
+
 #else
 
 bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float *y,
@@ -287,6 +366,12 @@ bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float 
 
 bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float *dw, bool add) {
     (void)rows, (void)o, (void)k, (void)dy, (void)a, (void)dw, (void)add;
+    return false;
+}
+
+bool td_skinny_nn(int rows, int n, int o, const float *dy, const float *b, int ldb, float *c,
+                  int ldc, bool add) {
+    (void)rows, (void)n, (void)o, (void)dy, (void)b, (void)ldb, (void)c, (void)ldc, (void)add;
     return false;
 }
 

@@ -17,6 +17,7 @@
 /* one per instruction set (ops/td_ops_isa.h) */
 #define td_skinny_nt TD_ISA_SYM(td_skinny_nt)
 #define td_skinny_tn TD_ISA_SYM(td_skinny_tn)
+#define td_skinny_nn TD_ISA_SYM(td_skinny_nn)
 
 /* y [rows, o] = a [rows, k] · w[o, k]^T, with o <= 16 (forward of a small convolution).
  * scratch: at least 16·k floats. */
@@ -25,5 +26,12 @@ bool td_skinny_nt(int rows, int o, int k, const float *a, const float *w, float 
 /* dw [o, k] (+)= dy[rows, o]^T · a [rows, k], with o·ceil(k/16) <= 24 on AVX-512, o <= 16 and
  * k <= 512 on AVX2 (weight gradient of a small convolution); add selects accumulation. */
 bool td_skinny_tn(int rows, int o, int k, const float *dy, const float *a, float *dw, bool add);
+
+/* c [rows, n] (+)= dy [rows, o] · b [o, n], b's rows ldb floats apart and c's ldc, with o <= 16
+ * (the input gradient of a small convolution or linear layer: dCol = dY · W). OpenBLAS spends
+ * as long zeroing c for beta 0 as multiplying, at an inner size this small. AVX2 only for now:
+ * the AVX-512 variant keeps OpenBLAS until it is measured on a CPU that has AVX-512. */
+bool td_skinny_nn(int rows, int n, int o, const float *dy, const float *b, int ldb, float *c,
+                  int ldc, bool add);
 
 #endif
