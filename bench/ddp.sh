@@ -4,6 +4,11 @@
 #   - LeNet-5, batch 64 per rank: traind with 2 ranks, traind with 1, PyTorch DDP (gloo) with 2,
 #     and two independent 1-rank runs at once: what this machine gives two busy cores, the
 #     ceiling for 2 ranks (on the CI VM both cores busy run ~10% slower each than one alone);
+#   - the lockstep ceiling: 2 ranks of fixed arithmetic (no memory traffic) with a one-float
+#     all-reduce per step, against 1 (bench/lockstep_main.c), interleaved with the rest: what
+#     any synchronous data-parallel step of about the same length can get from this machine,
+#     whose cores run at different speeds from moment to moment (each step waits for the
+#     slower one);
 #   - a 100 MB all-reduce between 2 ranks.
 #   bench/ddp.sh [BUILD_DIR]
 # Each img/s is the best of ROUNDS (default 5) runs, the contenders interleaved round by round:
@@ -19,7 +24,7 @@ trap 'rm -rf "$tmp"' EXIT
 cat >"$tmp/lenet.json" <<JSON
 {"name": "bench-ddp", "model": {"preset": "lenet5", "num_classes": 10},
  "data": {"format": "synthetic", "shape": [1, 28, 28], "num_classes": 10, "size": 60000},
- "train": {"epochs": 1, "max_steps": 800, "batch_size": 64, "seed": 1, "threads": 1,
+ "train": {"epochs": 2, "max_steps": 1600, "batch_size": 64, "seed": 1, "threads": 1,
            "optimizer": {"type": "sgd", "lr": 0.01, "momentum": 0.9}},
  "log": {"every_steps": 50}}
 JSON
@@ -55,6 +60,11 @@ torch_ddp() { # [env assignments...] -> img/s of PyTorch DDP, 2 ranks
     (cd "$here" && env "$@" "$build/traind-run" --nproc-per-node 2 -- $py torch_ddp_peer.py 2>/dev/null |
         $py -c 'import json, sys; print(json.loads(sys.stdin.readline())["img_per_s"])')
 }
+lockstep() { # ranks -> steps/s of 100 MFLOP steps (about LeNet's step time, b64, one core)
+    "$build/traind-run" --nproc-per-node "$1" -- "$build/traind-bench-lockstep" 100 800 2>/dev/null |
+        $py -c 'import json, sys; print(json.loads(sys.stdin.readline())["steps_per_s"])'
+}
+ceilings=""
 for isa in $isas; do eval "ones_$isa='' twos_$isa='' pairs_$isa=''"; done
 i=0
 while [ "$i" -lt "${ROUNDS:-5}" ]; do
@@ -67,6 +77,9 @@ while [ "$i" -lt "${ROUNDS:-5}" ]; do
         two=$(run2 "$isa")
         eval "ones_$isa=\"\$ones_$isa $one\" pairs_$isa=\"\$pairs_$isa $pair\" twos_$isa=\"\$twos_$isa $two\""
     done
+    lock1=$(lockstep 1)
+    lock2=$(lockstep 2)
+    ceilings="$ceilings $($py -c "print($lock2 / $lock1)")"
     torches="$torches $(torch_ddp ${core:+OPENBLAS_CORETYPE=$core})"
     if [ -n "$cap_avx2" ]; then
         torches_avx2="$torches_avx2 $(torch_ddp OPENBLAS_CORETYPE="${avx2_blas:-$core}" \
@@ -77,17 +90,17 @@ done
 ar=$("$build/traind-run" --nproc-per-node 2 -- "$build/traind-bench-allreduce" 100 5)
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1); OpenBLAS kernels: ${core:-as detected} (avx2 rows: ${avx2_blas:-the same}); PyTorch with the same kernels${cap_avx2:+, and on the avx2 row with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2, as on an AVX2-only CPU}"
 echo "LeNet-5, batch 64 per rank, 1 BLAS thread per rank (img/s, all ranks together), ${ROUNDS:-5} interleaved rounds"
-echo "| isa      |        | traind 1 rank | 2 x 1 rank at once | traind 2 ranks | scaling (2 ranks / 2x1) | 2 ranks / 2 at once | PyTorch DDP gloo 2 ranks | traind / PyTorch |"
+echo "| isa      |        | traind 1 rank | 2 x 1 rank at once | traind 2 ranks | scaling (2 ranks / 2x1) | 2 ranks / 2 at once | lockstep ceiling | scaling / ceiling | PyTorch DDP gloo 2 ranks | traind / PyTorch |"
 for isa in $isas; do
     eval "ones=\$ones_$isa pairs=\$pairs_$isa twos=\$twos_$isa"
     peer=$torches
     if [ "$isa" = avx2 ] && [ -n "$cap_avx2" ]; then peer=$torches_avx2; fi
     $py -c "
 import statistics
-ones, pairs, twos, torches = ([float(x) for x in s.split()] for s in ('$ones', '$pairs', '$twos', '$peer'))
+ones, pairs, twos, torches, ceils = ([float(x) for x in s.split()] for s in ('$ones', '$pairs', '$twos', '$peer', '$ceilings'))
 for what, f in (('best', max), ('median', statistics.median)):
-    one, pair, two, torch = f(ones), f(pairs), f(twos), f(torches)
-    print(f'| {\"$isa\":8} | {what:6} | {one:13.0f} | {pair:18.0f} | {two:14.0f} | {two / (2 * one):23.2f} | {two / pair:19.2f} | {torch:24.0f} | {two / torch:15.2f}x |')
+    one, pair, two, torch, ceil = f(ones), f(pairs), f(twos), f(torches), f(ceils)
+    print(f'| {\"$isa\":8} | {what:6} | {one:13.0f} | {pair:18.0f} | {two:14.0f} | {two / (2 * one):23.2f} | {two / pair:19.2f} | {ceil:16.2f} | {two / (2 * one) / ceil:17.2f} | {torch:24.0f} | {two / torch:15.2f}x |')
 "
 done
 echo "100 MB all-reduce, 2 ranks: $ar"
