@@ -8,10 +8,8 @@
  * bench/ddp.sh's scaling on this machine at that step time. Run it under traind-run; rank 0
  * prints one JSON line.
  *   usage: traind-bench-lockstep MFLOP_PER_STEP STEPS */
+#include "bench_rank.h"
 #include "core/td_clock.h"
-#include "dist/td_comm.h"
-#include "dist/td_dist.h"
-#include "dist/td_store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,17 +63,10 @@ int main(int argc, char **argv) {
     long passes = (long)(mflop * 1e6 / (2.0 * WORK_FLOATS) + 0.5);
     if (passes < 1) passes = 1;
     td_err err = {{0}};
-    td_dist d;
-    td_store *store = NULL;
-    td_comm *comm = NULL;
-    if (td_dist_from_env(&d, &err) != 0 ||
-        td_store_open(&store, d.master_addr[0] ? d.master_addr : "127.0.0.1", d.master_port,
-                      d.rank == 0, d.namespace_, d.timeout_s, &err) != 0 ||
-        td_comm_init(&comm, store, d.rank, d.world, d.host[0] ? d.host : "127.0.0.1", NULL,
-                     d.timeout_s, &err) != 0)
-        return fail(err.msg);
+    bench_rank me;
+    if (bench_rank_join(&me, &err) != 0) return fail(err.msg);
     float *buf = malloc(WORK_FLOATS * sizeof(float));
-    float *flag = td_comm_alloc(comm, 16, &err); /* registered: shared memory, as gradients */
+    float *flag = td_comm_alloc(me.comm, 16, &err); /* registered: shared memory, as gradients */
     if (!buf || !flag) return fail(buf ? err.msg : "out of memory");
     for (int i = 0; i < WORK_FLOATS; i++) buf[i] = (float)(i % 13) * 1e-3f;
     float (*step_work)(const float *, long) = work;
@@ -87,26 +78,24 @@ int main(int argc, char **argv) {
     double worked = 0, start = 0;
     for (long s = -steps / 10 - 1; s < steps; s++) { /* a tenth of the steps to warm up */
         if (s == 0) {
-            if (td_comm_barrier(comm, &err) != 0) return fail(err.msg);
+            if (td_comm_barrier(me.comm, &err) != 0) return fail(err.msg);
             start = td_clock_now();
         }
         double t0 = td_clock_now();
         flag[0] = step_work(buf, passes);
         if (s >= 0) worked += td_clock_now() - t0;
-        if (td_comm_allreduce(comm, flag, 1, true, &err) != 0) return fail(err.msg);
+        if (td_comm_allreduce(me.comm, flag, 1, true, &err) != 0) return fail(err.msg);
         sink += flag[0];
     }
     double elapsed = td_clock_now() - start;
-    if (d.rank == 0)
+    if (me.dist.rank == 0)
         printf("{\"world\":%d,\"steps\":%ld,\"mflop_per_step\":%.2f,\"steps_per_s\":%.1f,"
                "\"step_ms\":%.3f,\"work_ms\":%.3f,\"fma\":%s,\"check\":%g}\n",
-               d.world, steps, 2.0 * WORK_FLOATS * (double)passes / 1e6, (double)steps / elapsed,
-               elapsed / (double)steps * 1e3, worked / (double)steps * 1e3,
+               me.dist.world, steps, 2.0 * WORK_FLOATS * (double)passes / 1e6,
+               (double)steps / elapsed, elapsed / (double)steps * 1e3, worked / (double)steps * 1e3,
                step_work == work ? "false" : "true", (double)sink);
-    td_comm_free(comm, flag);
+    td_comm_free(me.comm, flag);
     free(buf);
-    td_comm_barrier(comm, &err);
-    td_comm_close(comm);
-    td_store_close(store);
+    bench_rank_leave(&me);
     return 0;
 }
