@@ -163,9 +163,15 @@ if until_true 120 ended "$id"; then ok; else bad "2 x 2 job: not ended: $(api GE
 if [ "$(state_of "$id")" = succeeded ]; then ok; else bad "2 x 2 job: $(api GET "/v1/jobs/$id")"; fi
 got=$(field "$id" "' '.join('%s:%d:%s' % (p['node'], p['node_rank'], ','.join(map(str, p['ranks']))) for p in j['placement']['nodes']) if j['placement'] else 'none'")
 echo "2 x 2 placement: $got"
+# Compared at step 20, not 60: the two sum their gradients in different orders (one batch of 64,
+# four of 16 and an all-reduce), and after ~50 steps at lr 0.05 some max-pool window whose two
+# largest values differ only by that rounding routes its gradient to the other one, which parts
+# the runs by 1e-5 to 1e-4 in one step (measured: worst 2.4e-7 at step 20, 4.2e-7 at 51, 1.3e-5
+# at 52). A wrong average or shard differs from the first step.
+api GET "/v1/jobs/$id/checkpoints/20/model.safetensors" >"$tmp/ddp-model-20.safetensors"
 api GET "/v1/jobs/$id/checkpoints/60/model.safetensors" >"$tmp/ddp-model.safetensors"
-if python3 "$src/tests/integration/same_weights.py" "$tmp/one/step-00000060/model.safetensors" \
-    "$tmp/ddp-model.safetensors" 1e-5 >"$tmp/same" 2>&1; then ok; else bad "2 x 2 job: $(cat "$tmp/same")"; fi
+if python3 "$src/tests/integration/same_weights.py" "$tmp/one/step-00000020/model.safetensors" \
+    "$tmp/ddp-model-20.safetensors" 1e-5 >"$tmp/same" 2>&1; then ok; else bad "2 x 2 job: $(cat "$tmp/same")"; fi
 echo "2 x 2 LeNet vs one process: $(cat "$tmp/same")"
 n_train=$(api GET "/v1/jobs/$id/metrics" | grep -o '"event":"train"' | wc -l)
 if [ "$n_train" = 6 ]; then ok; else bad "2 x 2 job: $n_train train metrics, expected 6: $(api GET "/v1/jobs/$id/metrics")"; fi
