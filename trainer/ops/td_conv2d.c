@@ -413,20 +413,22 @@ static void conv_backward(td_node *node, const td_run *run) {
                                 dyc, g.o, c, g.cols, add ? 1.0f : 0.0f, dwp, g.cols);
             }
             if (dx) {
-                /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc]; with few outputs, a few images
-                 * at a time, so that col2im reads dCol from L2 */
-                int step = nb;
-                if (g.o <= 16) {
-                    step = (int)(DCOL_STEP_FLOATS / (out_pix * g.kkc));
-                    step = step < 1 ? 1 : step > nb ? nb : step;
-                }
-                for (int i = 0; i < nb; i += step) {
-                    int ni = nb - i < step ? nb - i : step, ri = (int)(ni * out_pix);
-                    const float *dyi = dyc + i * out_pix * g.o;
-                    if (!td_skinny_nn(ri, g.kkc, g.o, dyi, wp, g.cols, dcol, g.kkc, false))
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, g.kkc, g.o, 1.0f,
-                                    dyi, g.o, wp, g.cols, 0.0f, dcol, g.kkc);
+                /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc]: by td_skinny_nn a few images at
+                 * a time, so that col2im reads dCol from L2; where this variant or shape has no
+                 * skinny kernel (it declines the first piece), by OpenBLAS for the whole chunk */
+                int step = (int)(DCOL_STEP_FLOATS / (out_pix * g.kkc)), i = 0;
+                step = step < 1 ? 1 : step > nb ? nb : step;
+                for (int ni; i < nb; i += ni) {
+                    ni = nb - i < step ? nb - i : step;
+                    if (!td_skinny_nn((int)(ni * out_pix), g.kkc, g.o, dyc + i * out_pix * g.o, wp,
+                                      g.cols, dcol, g.kkc, false))
+                        break;
                     col2im(&g, dcol, ni, dx + (b0 + i) * in_size, node->in_grad_add[0]);
+                }
+                if (i == 0) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o, 1.0f,
+                                dyc, g.o, wp, g.cols, 0.0f, dcol, g.kkc);
+                    col2im(&g, dcol, nb, dx + b0 * in_size, node->in_grad_add[0]);
                 }
             }
         }

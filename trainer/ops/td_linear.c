@@ -16,6 +16,23 @@ static const td_op_arg linear_args[] = {
     {0},
 };
 
+/* A classifier's last layer (10 outputs from 512) leaves OpenBLAS's register tiles mostly empty:
+ * about 30 GFLOP/s on an AVX2 EPYC, against 50-75 for the skinny kernels (ops/td_skinny.h). The
+ * AVX-512 variant keeps OpenBLAS until this is measured on a CPU that has AVX-512. */
+static bool skinny_outputs(int out) {
+#if defined(__AVX512F__)
+    (void)out;
+    return false;
+#else
+    return out <= 16;
+#endif
+}
+
+/* With more than one thread td_par_sgemm splits the rows instead. */
+static bool skinny(const td_node *node) {
+    return skinny_outputs(node->out_shape.c) && node->threads == 1;
+}
+
 static int linear_build(td_model *model, td_node *node, td_err *err) {
     td_shape in = node->in_shape[0];
     if (in.spatial) {
@@ -33,43 +50,25 @@ static int linear_build(td_model *model, td_node *node, td_err *err) {
     if (node->args[ARG_BIAS])
         td_model_add_param(model, node, "bias", 1, (int[]){out}, td_init_uniform(bound));
     node->out_shape = td_shape_flat(out);
-    /* the skinny forward's transposed weight (few outputs, one thread: see skinny below) */
-    if (out <= 16) node->scratch_floats = 16 * (size_t)in.c;
+    /* the skinny forward's transposed weight */
+    if (skinny_outputs(out)) node->scratch_floats = 16 * (size_t)in.c;
     return 0;
-}
-
-/* A classifier's last layer (10 outputs from 512) leaves OpenBLAS's register tiles mostly empty:
- * about 30 GFLOP/s on an AVX2 EPYC, against 50-75 for the skinny kernels (ops/td_skinny.h). With
- * more than one thread td_par_sgemm splits the rows instead. The AVX-512 variant keeps OpenBLAS
- * until this is measured on a CPU that has AVX-512. */
-static bool skinny(const td_node *node) {
-#if defined(__AVX512F__)
-    (void)node;
-    return false;
-#else
-    return node->out_shape.c <= 16 && node->threads == 1;
-#endif
 }
 
 static void linear_forward(td_node *node, const td_run *run) {
     int n = run->n, in = node->in_shape[0].c, out = node->out_shape.c;
     const float *w = node->params[0]->data;
-    float beta = 0.0f;
-    if (node->n_params > 1) beta = 1.0f;
+    const float *b = node->n_params > 1 ? node->params[1]->data : NULL;
     if (skinny(node) && td_skinny_nt(n, out, in, node->in[0], w, node->out, run->scratch)) {
-        if (beta != 0.0f) {
-            const float *b = node->params[1]->data;
+        if (b)
             for (int i = 0; i < n; i++)
                 for (int o = 0; o < out; o++) node->out[(size_t)i * out + o] += b[o];
-        }
         return;
     }
-    if (beta != 0.0f) {
-        /* Start from the bias rows so the GEMM adds onto them: one pass over y fewer. */
-        td_fill_rows(node->out, node->params[1]->data, (size_t)n, (size_t)out);
-    }
+    /* Start from the bias rows so the GEMM adds onto them: one pass over y fewer. */
+    if (b) td_fill_rows(node->out, b, (size_t)n, (size_t)out);
     td_par_sgemm(node->threads, CblasNoTrans, CblasTrans, n, out, in, 1.0f, node->in[0], in, w, in,
-                 beta, node->out, out);
+                 b ? 1.0f : 0.0f, node->out, out);
 }
 
 static void linear_backward(td_node *node, const td_run *run) {
