@@ -24,14 +24,20 @@ ma=x86_64-linux-gnu
 
 # traind_engine: openblas, jansson, zlib; traind_service: sqlite3; the daemon's CMake target:
 # libmicrohttpd; the test tree's configure step: criterion (only its .pc and library are used,
-# as run.sh builds no Criterion test); pkgconf for machines without pkg-config.
+# as run.sh builds no Criterion test); pkgconf for machines without pkg-config. The daemon's
+# and service's libraries (libarchive, libcurl, libcrypto, libsystemd, protobuf-c, ISA-L) and
+# protoc-c only have to be found for CMake's configure step to pass: run.sh builds the worker and
+# the parity test, which link none of them, so their -dev packages come without runtime
+# libraries (the dangling .so links are pruned below; CMake then names them bare).
 packages="libjansson-dev libjansson4
 libsqlite3-dev libsqlite3-0
 libmicrohttpd-dev libmicrohttpd12
 libopenblas-dev libopenblas0 libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
 libcriterion-dev libcriterion3
 zlib1g-dev zlib1g
-pkgconf pkgconf-bin libpkgconf3"
+pkgconf pkgconf-bin libpkgconf3
+libarchive-dev libcurl4-openssl-dev libssl-dev libsystemd-dev libprotobuf-c-dev libisal-dev
+protobuf-c-compiler"
 
 for p in $packages; do
     if ! apt-cache policy "$p" | grep -q 'Candidate: [0-9]'; then
