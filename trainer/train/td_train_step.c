@@ -141,13 +141,22 @@ int td_train_gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
 
 /* On the GPU the training loss accumulates on the device (reading it back every step would stall
  * the queue): at each log line, checkpoint and evaluation it is added to the interval's, averaged
- * over the ranks. The device sums each step's mean loss, so the interval's value is the CPU's. */
+ * over the ranks. The device sums each step's mean loss in double, so the interval's value is the
+ * CPU's. A checkpoint flushes mid-interval, so the sum must not be rounded to float on its way:
+ * a resumed run's first log line would then differ from the straight run's in the last digit.
+ * Alone it is added as it is; over the ranks (a float all-reduce) it travels as two floats, the
+ * second holding what the first rounded off (about 48 bits in all). */
 int td_train_gpu_flush_loss(trainer *t, td_err *err) {
     double sum, hits;
     if (t->gpu_api->take_totals(t->gpu, &sum, &hits, err) != 0) return -1;
-    float v = (float)sum;
-    if (td_train_allreduce(t, &v, 1, true, err) != 0) return -1;
-    t->state.interval_loss += v;
+    if (!t->gpu_ddp) {
+        t->state.interval_loss += sum;
+        return 0;
+    }
+    float v[2] = {(float)sum, 0.0f};
+    v[1] = (float)(sum - (double)v[0]);
+    if (td_train_allreduce(t, v, 2, true, err) != 0) return -1;
+    t->state.interval_loss += (double)v[0] + (double)v[1];
     return 0;
 }
 
