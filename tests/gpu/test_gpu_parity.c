@@ -49,9 +49,19 @@ typedef struct pcase {
     bool train;  /* training mode: batch statistics, dropout active */
     bool warm;   /* a training forward first, so evaluation sees moved running statistics */
     td_loss loss;
-    int fused; /* ReLUs the GPU plan must fuse into the BatchNorm or Add before (unless
-                  TRAIND_GPU_FUSION=0) */
+    int fused;         /* ReLUs the GPU plan must fuse into the BatchNorm or Add before (unless
+                          TRAIND_GPU_FUSION=0) */
+    double bf16_bound; /* 0: BF16_BOUND */
 } pcase;
+
+/* bf16's bound on the relative error, and a looser one for two conv + training-mode BatchNorm
+ * layers in series at this batch of 4: rounding to bf16 between them is amplified by the
+ * normalisations' cancellations. PyTorch 2.11's own pure-bf16 gradients differ from its fp32 ones
+ * by 0.10-0.22 (conv, BN, ReLU twice) and 0.01-0.34 (the basic block) over 8 seeds on an H100
+ * (2026-11-27); traind's were 0.047 and 0.177. The fp32 rows hold the same graphs to 1e-4, and a
+ * kernel bug in bf16 alone still shows as an error of order 1. */
+#define BF16_BOUND       1e-2
+#define BF16_CHAIN_BOUND 0.35
 
 /* How each case ends: to the classes, through flatten from an image */
 #define TO_CLASSES   "; linear out_features=5"
@@ -62,9 +72,13 @@ typedef struct pcase {
 #define EVAL         false, false
 #define EVAL_WARM    false, true
 /* cross-entropy, and how many ReLUs the GPU must fuse into the op before */
-#define CE          {TD_LOSS_CROSS_ENTROPY, 0.0f}, 0
-#define CE_FUSED(k) {TD_LOSS_CROSS_ENTROPY, 0.0f}, k
+#define CE                {TD_LOSS_CROSS_ENTROPY, 0.0f}, 0, 0
+#define CE_FUSED(k)       {TD_LOSS_CROSS_ENTROPY, 0.0f}, k, 0
+#define CE_FUSED_CHAIN(k) {TD_LOSS_CROSS_ENTROPY, 0.0f}, k, BF16_CHAIN_BOUND
 
+/* A convolution or linear layer right before a training-mode BatchNorm has no bias, as in
+ * PyTorch's ResNets: that bias's gradient is zero in exact arithmetic (the normalisation removes
+ * any shift), so both sides return rounding noise (~1e-7) that no relative measure can compare. */
 /* clang-format off */
 static const pcase CASES[] = {
     {"linear +bias", "linear out_features=16" TO_CLASSES, FLAT(24), TRAIN, CE},
@@ -110,10 +124,10 @@ static const pcase CASES[] = {
     {"dropout eval", "linear out_features=16; dropout p=0.5" TO_CLASSES, FLAT(24), EVAL, CE},
     {"identity", "linear out_features=16; identity" TO_CLASSES, FLAT(24), TRAIN, CE},
     {"loss cross_entropy ls=0.1", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN,
-     {TD_LOSS_CROSS_ENTROPY, 0.1f}, 0},
-    {"activation checkpointing", "conv2d out_channels=6 kernel_size=3 padding=1 seg=1; "
-     "batchnorm2d seg=1; relu seg=1; conv2d out_channels=6 kernel_size=3 padding=1 seg=2; "
-     "batchnorm2d seg=2; relu seg=2" FLAT_CLASSES, IMG(3, 8, 8), TRAIN, CE_FUSED(2)},
+     {TD_LOSS_CROSS_ENTROPY, 0.1f}, 0, 0},
+    {"activation checkpointing", "conv2d out_channels=6 kernel_size=3 padding=1 bias=0 seg=1; "
+     "batchnorm2d seg=1; relu seg=1; conv2d out_channels=6 kernel_size=3 padding=1 bias=0 seg=2; "
+     "batchnorm2d seg=2; relu seg=2" FLAT_CLASSES, IMG(3, 8, 8), TRAIN, CE_FUSED_CHAIN(2)},
     {"batchnorm2d+relu train", "conv2d out_channels=6 kernel_size=3 padding=1 bias=0; "
      "batchnorm2d; relu" FLAT_CLASSES, IMG(3, 6, 6), TRAIN, CE_FUSED(1)},
     {"batchnorm2d+relu eval", "conv2d out_channels=6 kernel_size=3 padding=1 bias=0; "
@@ -127,7 +141,7 @@ static const pcase CASES[] = {
     /* 264 channels: the vectorised sums' second block of channels holds one pack of 8 */
     {"batchnorm2d+relu 264ch train (vector, 2 blocks)", "conv2d out_channels=264 kernel_size=1 "
      "bias=0; batchnorm2d; relu" FLAT_CLASSES, IMG(3, 4, 4), TRAIN, CE_FUSED(1)},
-    {"batchnorm1d+relu train", "linear out_features=16; batchnorm1d; relu" TO_CLASSES, FLAT(24),
+    {"batchnorm1d+relu train", "linear out_features=16 bias=0; batchnorm1d; relu" TO_CLASSES, FLAT(24),
      TRAIN, CE_FUSED(1)},
     {"add+relu", "conv2d name=a out_channels=4 kernel_size=1 inputs=input; conv2d name=b "
      "out_channels=4 kernel_size=3 padding=1 inputs=input; add inputs=a,b; relu" FLAT_CLASSES,
@@ -135,10 +149,10 @@ static const pcase CASES[] = {
     {"basic block", "conv2d name=stem out_channels=4 kernel_size=3 padding=1; conv2d "
      "out_channels=4 kernel_size=3 padding=1 bias=0; batchnorm2d; relu; conv2d out_channels=4 "
      "kernel_size=3 padding=1 bias=0; batchnorm2d name=bn2; add inputs=bn2,stem; relu"
-     FLAT_CLASSES, IMG(3, 6, 6), TRAIN, CE_FUSED(2)},
-    {"batchnorm+relu, output read twice", "conv2d out_channels=4 kernel_size=1; batchnorm2d "
+     FLAT_CLASSES, IMG(3, 6, 6), TRAIN, CE_FUSED_CHAIN(2)},
+    {"batchnorm+relu, output read twice", "conv2d out_channels=4 kernel_size=1 bias=0; batchnorm2d "
      "name=bn; relu name=r; add inputs=r,bn" FLAT_CLASSES, IMG(3, 5, 5), TRAIN, CE_FUSED(0)},
-    {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}, 0},
+    {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}, 0, 0},
 };
 /* clang-format on */
 
@@ -273,8 +287,12 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     if (gpu->read_grads(g, &gm, grads, &err) != 0) goto done;
     for (int i = 0; i < cm.n_params; i++) {
         const td_param *p = &cm.params[i];
+        double scale = 0; /* printed beside the error: a tiny scale means rounding noise */
+        for (size_t k = 0; k < p->size; k++) scale = fmax(scale, fabs(p->grad[k]));
+        char name[sizeof p->name + 32];
+        snprintf(name, sizeof name, "%s (max|cpu| %.1e)", p->name, scale);
         parity_note(r, &r->grad, parity_rel_err(p->grad, grads + p->offset, p->size), "gradient of",
-                    p->name);
+                    name);
     }
     if (gpu->download(g, &gm, NULL, &err) != 0) goto done;
     for (int i = 0; i < cm.n_buffers; i++) {
@@ -482,29 +500,33 @@ int main(int argc, char **argv) {
     char desc[512];
     gpu->describe(g, desc, sizeof desc);
     printf("CPU vs GPU parity on %s\n", desc);
-    printf("relative error max|cpu - gpu| / max|cpu|; bounds: fp32 1e-4, bf16 1e-2; optimizer "
-           "rows: parameters after 2 steps (relative to the update) under gradients, their state "
-           "under buffers, 1e-4 in both precisions\n\n");
+    printf("relative error max|cpu - gpu| / max|cpu|; bounds: fp32 1e-4, bf16 %g (%g for two "
+           "conv + BatchNorm layers in series); optimizer rows: parameters after 2 steps "
+           "(relative to the update) under gradients, their state under buffers, 1e-4 in both "
+           "precisions\n\n",
+           BF16_BOUND, BF16_CHAIN_BOUND);
     printf("| %-26s | prec |   outputs |      loss | gradients |   buffers | result |\n", "case");
     printf("|----------------------------|------|-----------|-----------|-----------|-----------|"
            "--------|\n");
     int failed = 0, total = 0;
     for (int p = 0; p < n_precs; p++) {
-        double tol = precs[p] == TD_PREC_FP32 ? 1e-4 : 1e-2;
+        double tol = precs[p] == TD_PREC_FP32 ? 1e-4 : BF16_BOUND;
         for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
-            result r = {-1, -1, -1, -1, "", ""};
+            result r = {-1, -1, -1, -1, "", "", ""};
             int rc = run_case(g, &CASES[i], precs[p], &r);
-            failed += !parity_row(CASES[i].name, precs[p], &r, rc, tol);
+            double bound =
+                precs[p] == TD_PREC_BF16 && CASES[i].bf16_bound > 0 ? CASES[i].bf16_bound : tol;
+            failed += !parity_row(CASES[i].name, precs[p], &r, rc, bound);
             total++;
         }
         for (size_t i = 0; i < sizeof NAN_CASES / sizeof NAN_CASES[0]; i++) {
-            result r = {-1, -1, -1, -1, "", ""};
+            result r = {-1, -1, -1, -1, "", "", ""};
             int rc = run_nan_case(g, &NAN_CASES[i], precs[p], &r);
             failed += !parity_row(NAN_CASES[i].name, precs[p], &r, rc, tol);
             total++;
         }
         for (size_t i = 0; i < sizeof OPTIMS / sizeof OPTIMS[0]; i++) {
-            result r = {-1, -1, -1, -1, "", ""};
+            result r = {-1, -1, -1, -1, "", "", ""};
             int rc = run_optim(g, &OPTIMS[i], precs[p], &r);
             char name[64];
             snprintf(name, sizeof name, "optim %s", OPTIMS[i].name);

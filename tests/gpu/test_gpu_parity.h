@@ -20,6 +20,7 @@ typedef struct result {
     double out, loss, grad, buf; /* worst relative errors; -1: not compared */
     char where[160];             /* which tensor gave the worst of them */
     char error[TD_ERR_MAX];      /* a failure before anything could be compared */
+    char detail[2048];           /* every tensor's error, printed under a failing row */
 } result;
 
 /* The helpers (test_gpu_parity_util.c, where each is described). */

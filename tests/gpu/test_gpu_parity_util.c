@@ -25,6 +25,12 @@ double parity_rel_err(const float *want, const float *got, size_t n) {
 /* Keeps the worst error of a kind with where it came from. */
 void parity_note(result *r, double *slot, double e, const char *what, const char *name) {
     if (*slot < 0 || e > *slot) *slot = e;
+    /* a failing row is diagnosed from afar (the GPU machine is lent for minutes): it lists
+     * every tensor, not only the worst, so a single error stands apart from a general drift */
+    size_t used = strlen(r->detail);
+    if (used + 1 < sizeof r->detail)
+        snprintf(r->detail + used, sizeof r->detail - used, "%s%s %s %.2g", used ? "; " : "", what,
+                 name, e);
     double worst = fmax(fmax(r->out, r->loss), fmax(r->grad, r->buf));
     if (e >= worst) snprintf(r->where, sizeof r->where, "%s %s", what, name);
 }
@@ -155,6 +161,7 @@ bool parity_row(const char *name, td_precision prec, const result *r, int rc, do
     else if (!pass)
         printf(" (%s: %.3g > %.0e)", r->where, worst, tol);
     printf(" |\n");
+    if (rc == 0 && !pass) printf("    every tensor: %s\n", r->detail);
     fflush(stdout);
     return pass;
 }
