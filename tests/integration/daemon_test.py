@@ -1156,28 +1156,47 @@ class DaemonTest(unittest.TestCase):
 
     # -- 5
 
+    SURVIVOR_STEPS = 20 * 16  # 2 ranks, 16 steps an epoch each
+
     def running_job_across_a_restart(self, how, *args):
         """Submits a 2-rank job, follows it to its first checkpoint, takes the daemon away
-        (how: "kill" for kill -9, "term" for SIGTERM) and starts another on the same state
-        directory. Returns (d2, job id, events seen before, the ranks' pids before)."""
+        (how: "kill" for kill -9, "term" for SIGTERM, "term-keep" for SIGTERM with
+        --keep-jobs-on-stop) and starts another on the same state directory. Returns (d2, job
+        id, events seen before, the ranks' pids before)."""
         state = self.new_state_dir()
-        d1 = self.start_daemon("--slots", "2", *args, state_dir=state)
+        keep = ("--keep-jobs-on-stop", "true") if how == "term-keep" else ()
+        d1 = self.start_daemon("--slots", "2", *keep, *args, state_dir=state)
         token = d1.token
-        # 2 ranks, 16 steps an epoch each: long enough (seconds) to outlast a daemon's restart
-        job, _ = d1.submit(train_spec("survivor", epochs=100, nproc=2, max_restarts=0))
+        job, _ = d1.submit(train_spec("survivor", epochs=self.SURVIVOR_STEPS // 16, nproc=2,
+                                      max_restarts=0))
         jid = job["id"]
         with d1.events(jid) as stream:
             seen = stream.until(lambda e: e.event == "checkpoint", "the first checkpoint")
         ranks = sorted(p for p, _, _ in d1.workers())
         self.assertEqual(len(ranks), 2, "the job runs when the daemon goes")
+        # The ranks are held (SIGSTOP) while their daemon goes, so the job cannot end before it
+        # is taken away, whatever the build's speed, and the job can be short. A daemon that
+        # stops its jobs sends them SIGTERM, which a held process takes only once continued.
+        self.signal_all(ranks, signal.SIGSTOP)
         if how == "kill":
             d1.kill()
         else:
             os.kill(d1.pid, signal.SIGTERM)
+            if how == "term":
+                self.signal_all(ranks, signal.SIGCONT)
             d1.proc.wait(timeout=TIMEOUT)
-        d2 = self.start_daemon("--slots", "2", *args, state_dir=state)
+        d2 = self.start_daemon("--slots", "2", *keep, *args, state_dir=state)
         self.assertEqual(d2.token, token, "the token survives a restart")
+        self.signal_all(ranks, signal.SIGCONT)
         return d2, jid, seen, ranks
+
+    @staticmethod
+    def signal_all(pids, sig):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass  # stopped by its daemon already
 
     def assert_went_on(self, d2, jid, seen, ranks, total):
         """The job went on untouched: the same processes, no restart, every event once."""
@@ -1208,14 +1227,13 @@ class DaemonTest(unittest.TestCase):
 
     def test_5_daemon_killed_reattaches(self):
         d2, jid, seen, ranks = self.running_job_across_a_restart("kill")
-        self.assert_went_on(d2, jid, seen, ranks, 100 * 16)
+        self.assert_went_on(d2, jid, seen, ranks, self.SURVIVOR_STEPS)
 
     def test_5b_stop_keeping_jobs_reattaches(self):
         """keep_jobs_on_stop: systemctl stop/restart (SIGTERM) leaves the job to its
         shepherd; the next daemon goes on with it."""
-        d2, jid, seen, ranks = self.running_job_across_a_restart(
-            "term", "--keep-jobs-on-stop", "true")
-        self.assert_went_on(d2, jid, seen, ranks, 100 * 16)
+        d2, jid, seen, ranks = self.running_job_across_a_restart("term-keep")
+        self.assert_went_on(d2, jid, seen, ranks, self.SURVIVOR_STEPS)
 
     def test_5c_stop_without_keeping_jobs_resumes(self):
         """By default a stopping daemon stops its jobs (SIGTERM, then SIGKILL after the grace
@@ -1230,10 +1248,10 @@ class DaemonTest(unittest.TestCase):
         self.assertIn("resuming from its newest checkpoint", restart["reason"])
         self.assertEqual(job["restarts"], 0, "a daemon's restart is not charged to the job")
         self.assertEqual(len(job["attempts"]), 2)
-        self.assertEqual(job["latest"]["train"]["step"], 100 * 16)
+        self.assertEqual(job["latest"]["train"]["step"], self.SURVIVOR_STEPS)
         ckpt = seen[-1].data["step"]
         stored = [m["step"] for m in d2.metrics(jid) if m.get("event") == "train"]
-        self.assertEqual(stored, expected_log_steps(100 * 16),
+        self.assertEqual(stored, expected_log_steps(self.SURVIVOR_STEPS),
                          "every step logged once: re-run steps replace, nothing is missing")
         self.assertGreaterEqual(restart["resume_from"]["step"], ckpt)
 
