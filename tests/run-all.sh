@@ -16,18 +16,25 @@ set -eu
 cd "$(dirname "$0")/.."
 jobs=${TRAIND_BUILD_JOBS:-2}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# each stage's minutes, printed at the end: the suite must stay under 20 minutes on 2 cores
+start=$(date +%s) last=$start times=""
+lap() { now=$(date +%s); times="$times$1 $((now - last)) s; "; last=$now; }
 
 echo "== build (Release, CUDA auto) =="
 cmake -S . -B build -DBUILD_TESTING=ON
 cmake --build build -j"$jobs"
+lap "build"
 (cd build && ctest --output-on-failure)
+lap "tests"
 
 echo "== build-asan (ASan + UBSan, CUDA off, portable kernels) =="
 cmake -S . -B build-asan -DBUILD_TESTING=ON -DTRAIND_CUDA=OFF \
     -DTRAIND_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build-asan -j"$jobs"
+lap "build-asan"
 (cd build-asan && TRAIND_ISA=baseline TRAIND_TEST_SLOW=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure)
+lap "asan tests"
 
 echo "== build-fuzz (libFuzzer, ASan + UBSan: the parsers of outside input) =="
 CC=clang cmake -S . -B build-fuzz -DTRAIND_FUZZ=ON -DTRAIND_CUDA=OFF \
@@ -35,5 +42,7 @@ CC=clang cmake -S . -B build-fuzz -DTRAIND_FUZZ=ON -DTRAIND_CUDA=OFF \
 cmake --build build-fuzz -j"$jobs" --target fuzzers
 (cd build-fuzz && ctest -L fuzz --output-on-failure)
 FUZZ_JOBS=2 bench/fuzz.sh "${TRAIND_FUZZ_SECONDS:-10}"
+lap "fuzz (build and runs)"
 
 echo "== all tests passed in the three builds =="
+echo "time: ${times}total $((last - start)) s"
