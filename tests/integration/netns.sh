@@ -6,6 +6,10 @@
 #                                in ERRFILE), 1 on any other failure.
 #   netns_down TAG N             kills whatever runs inside them and deletes them; safe to call
 #                                for namespaces that were never made (cleanup on failure).
+#   netns_sweep TAG              (netns_up calls it) deletes the namespaces an earlier run of the
+#                                same test left when it was killed before its cleanup could run
+#                                (SIGKILL at ctest's timeout): TAG is a prefix and the test's
+#                                PID (tj1234), so those are PREFIX<a PID no longer running>-*.
 #   netns_hosts TAG NET N WHAT ERRFILE
 #                                netns_up, or the test's end: exit 77 (SKIP, with the reason)
 #                                when no namespace can be made here, 1 (FAIL: cannot build WHAT)
@@ -43,7 +47,22 @@ netns_down() { # TAG N
     netns_del "$1-sw"
 }
 
+netns_sweep() { # TAG
+    _prefix=${1%%[0-9]*}
+    for _ns in $(ip netns list 2>/dev/null | cut -d' ' -f1); do
+        _rest=${_ns#"$_prefix"}
+        [ "$_rest" != "$_ns" ] || continue
+        _pid=${_rest%%-*}
+        case $_pid in '' | *[!0-9]*) continue ;; esac
+        case ${_rest#"$_pid"} in -sw | -n[0-9]*) ;; *) continue ;; esac
+        # a live PID (this run, or another run of the same test at the same time) keeps its own
+        kill -0 "$_pid" 2>/dev/null || netns_del "$_ns"
+    done
+    return 0
+}
+
 netns_up() { # TAG NET N ERRFILE
+    netns_sweep "$1"
     ip netns add "$1-sw" 2>"$4" || return 77
     { ip -n "$1-sw" link add br0 type bridge && ip -n "$1-sw" link set br0 up; } || return 1
     _k=0
