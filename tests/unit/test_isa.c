@@ -5,8 +5,10 @@
  * what has ISA-specific code: the single-channel direct convolution and skinny GEMMs (LeNet's
  * conv1, a 6-output conv2 on 1x1), im2col/col2im (conv2), Winograd (3x3 with 16+ channels),
  * BatchNorm, ReLU, Add, max and average pooling, linear. TRAIND_ISA and the selection's errors
- * are tested too, and the skinny dCol = dY · W kernel on its own, on shapes no model reaches. */
+ * are tested too, the skinny dCol = dY · W kernel on its own, on shapes no model reaches, and
+ * the optimizers' wider loops (bit for bit). */
 #include "core/td_isa.h"
+#include "core/td_optim.h"
 #include "ops/td_ops.h"
 #include "test_util.h"
 
@@ -235,3 +237,68 @@ Test(isa, skinny_nn_matches_a_plain_sum_on_awkward_shapes) {
                   "17 outputs are more than the kernel takes");
 }
 #endif
+
+/* The optimizers' loops run 8 floats an instruction where the instruction set is AVX2 or more
+ * (core/td_optim.c), with no fused multiply-add: every bit must be the baseline's, so replicas on
+ * CPUs of different kinds stay identical. Every rule, three steps (the first starts the momentum
+ * buffer), on 1003 parameters (a partial last vector). */
+Test(isa, optimizers_give_the_baseline_bits_on_every_instruction_set) {
+    const td_optim_config cfgs[] = {
+        {.kind = TD_OPTIM_SGD, .weight_decay = 1e-2f},
+        {.kind = TD_OPTIM_SGD, .momentum = 0.9f, .weight_decay = 5e-4f},
+        {.kind = TD_OPTIM_SGD,
+         .momentum = 0.9f,
+         .dampening = 0.1f,
+         .nesterov = true,
+         .weight_decay = 1e-3f},
+        {.kind = TD_OPTIM_ADAM,
+         .beta1 = 0.9f,
+         .beta2 = 0.999f,
+         .eps = 1e-8f,
+         .weight_decay = 1e-2f},
+        {.kind = TD_OPTIM_ADAMW,
+         .beta1 = 0.8f,
+         .beta2 = 0.99f,
+         .eps = 1e-6f,
+         .weight_decay = 1e-1f},
+    };
+    enum { N = 1003, STEPS = 3 };
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        float *p[TD_ISA_COUNT] = {0}, *m[TD_ISA_COUNT] = {0}, *v[TD_ISA_COUNT] = {0};
+        for (int isa = 0; isa < TD_ISA_COUNT; isa++) {
+            if (!td_isa_supported((td_isa)isa)) continue;
+            td_err err = {{0}};
+            cr_assert_eq(td_isa_select(td_isa_name((td_isa)isa), &err), 0, "%s", err.msg);
+            td_optim opt;
+            td_optim_init(&opt, &cfgs[k], N);
+            p[isa] = malloc(N * sizeof(float));
+            float *g = malloc(N * sizeof(float));
+            test_fill_uniform(p[isa], N, 11);
+            for (int s = 0; s < STEPS; s++) {
+                test_fill_uniform(g, N, 20 + (unsigned)s);
+                td_optim_step(&opt, p[isa], g, 0.05f);
+            }
+            if (opt.m) m[isa] = test_copy(opt.m, N);
+            if (opt.v) v[isa] = test_copy(opt.v, N);
+            free(g);
+            td_optim_free(&opt);
+        }
+        for (int isa = 1; isa < TD_ISA_COUNT; isa++) {
+            if (!p[isa]) continue;
+            cr_expect(memcmp(p[isa], p[0], N * sizeof(float)) == 0,
+                      "optimizer %zu, %s: parameters differ from baseline's in some bit", k,
+                      td_isa_name((td_isa)isa));
+            cr_expect(!m[0] || memcmp(m[isa], m[0], N * sizeof(float)) == 0,
+                      "optimizer %zu, %s: first moment differs from baseline's", k,
+                      td_isa_name((td_isa)isa));
+            cr_expect(!v[0] || memcmp(v[isa], v[0], N * sizeof(float)) == 0,
+                      "optimizer %zu, %s: second moment differs from baseline's", k,
+                      td_isa_name((td_isa)isa));
+        }
+        for (int isa = 0; isa < TD_ISA_COUNT; isa++) {
+            free(p[isa]);
+            free(m[isa]);
+            free(v[isa]);
+        }
+    }
+}

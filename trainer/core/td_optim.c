@@ -1,6 +1,7 @@
 #include "core/td_optim.h"
 
 #include "core/td_error.h"
+#include "core/td_isa.h"
 #include "core/td_parallel.h"
 
 #include <math.h>
@@ -30,8 +31,10 @@ void td_optim_free(td_optim *opt) {
  * bit of the result, is the general loop's. Every element's update is its own, so splitting the
  * loops over threads changes no bit either: each thread runs its part [lo, hi) through these
  * same functions (OpenMP's outlined loop bodies lose restrict, and with it the vectorising). */
-static void sgd_run(const td_optim *opt, float *restrict p, const float *restrict g,
-                    float *restrict m, float lr, size_t lo, size_t hi) {
+static inline __attribute__((always_inline)) void sgd_body(const td_optim *opt, float *restrict p,
+                                                           const float *restrict g,
+                                                           float *restrict m, float lr, size_t lo,
+                                                           size_t hi) {
     const td_optim_config *c = &opt->cfg;
     const float wd = c->weight_decay, mom = c->momentum, damp = 1.0f - c->dampening;
     if (mom == 0.0f) {
@@ -58,9 +61,11 @@ static void sgd_run(const td_optim *opt, float *restrict p, const float *restric
     }
 }
 
-/* Adam and AdamW, restrict-qualified and without a branch in the loop, as sgd_run. */
-static void adam_run(const td_optim *opt, float *restrict p, const float *restrict g,
-                     float *restrict m, float *restrict v, float lr, size_t lo, size_t hi) {
+/* Adam and AdamW, restrict-qualified and without a branch in the loop, as sgd_body. */
+static inline __attribute__((always_inline)) void adam_body(const td_optim *opt, float *restrict p,
+                                                            const float *restrict g,
+                                                            float *restrict m, float *restrict v,
+                                                            float lr, size_t lo, size_t hi) {
     const td_optim_config *c = &opt->cfg;
     long t = opt->steps + 1;
     const float b1 = c->beta1, b2 = c->beta2, wd = c->weight_decay, eps = c->eps;
@@ -84,17 +89,53 @@ static void adam_run(const td_optim *opt, float *restrict p, const float *restri
     }
 }
 
+/* Each loop twice: for baseline x86-64 (SSE2, 4 floats an instruction) and, where the process's
+ * instruction set is AVX2 or better (core/td_isa.h), for AVX2 (8 floats). Without FMA: AVX2
+ * alone gives GCC no fused multiply-add to contract into, so both do the same IEEE operations
+ * on every element and give the same bits, as replicas on different CPUs must (a rank on an
+ * AVX-512 Xeon and one on an AVX2-only EPYC stay identical). Half the instructions: the SSE2
+ * loop was bound by its arithmetic rather than by memory (MLP: 0.275 ms a step). */
+static void sgd_run(const td_optim *opt, float *restrict p, const float *restrict g,
+                    float *restrict m, float lr, size_t lo, size_t hi) {
+    sgd_body(opt, p, g, m, lr, lo, hi);
+}
+
+static void adam_run(const td_optim *opt, float *restrict p, const float *restrict g,
+                     float *restrict m, float *restrict v, float lr, size_t lo, size_t hi) {
+    adam_body(opt, p, g, m, v, lr, lo, hi);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void sgd_run_avx2(const td_optim *opt, float *restrict p,
+                                                         const float *restrict g, float *restrict m,
+                                                         float lr, size_t lo, size_t hi) {
+    sgd_body(opt, p, g, m, lr, lo, hi);
+}
+
+__attribute__((target("avx2"))) static void adam_run_avx2(const td_optim *opt, float *restrict p,
+                                                          const float *restrict g,
+                                                          float *restrict m, float *restrict v,
+                                                          float lr, size_t lo, size_t hi) {
+    adam_body(opt, p, g, m, v, lr, lo, hi);
+}
+#else /* td_isa_active() is always baseline there */
+#define sgd_run_avx2  sgd_run
+#define adam_run_avx2 adam_run
+#endif
+
 void td_optim_step_part(td_optim *opt, float *params, const float *grads, float lr, size_t lo,
                         size_t hi) {
     const int threads = td_par_threads_for(opt->threads, hi - lo);
+    const bool avx2 = td_isa_active() != TD_ISA_BASELINE;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         size_t a, b;
         td_par_range(hi - lo, omp_get_num_threads(), omp_get_thread_num(), 16, &a, &b);
         if (opt->cfg.kind == TD_OPTIM_SGD)
-            sgd_run(opt, params, grads, opt->m, lr, lo + a, lo + b);
+            (avx2 ? sgd_run_avx2 : sgd_run)(opt, params, grads, opt->m, lr, lo + a, lo + b);
         else
-            adam_run(opt, params, grads, opt->m, opt->v, lr, lo + a, lo + b);
+            (avx2 ? adam_run_avx2 : adam_run)(opt, params, grads, opt->m, opt->v, lr, lo + a,
+                                              lo + b);
     }
 }
 
