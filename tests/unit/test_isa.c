@@ -243,34 +243,15 @@ Test(isa, skinny_nn_matches_a_plain_sum_on_awkward_shapes) {
  * CPUs of different kinds stay identical. Every rule, three steps (the first starts the momentum
  * buffer), on 1003 parameters (a partial last vector). */
 Test(isa, optimizers_give_the_baseline_bits_on_every_instruction_set) {
-    const td_optim_config cfgs[] = {
-        {.kind = TD_OPTIM_SGD, .weight_decay = 1e-2f},
-        {.kind = TD_OPTIM_SGD, .momentum = 0.9f, .weight_decay = 5e-4f},
-        {.kind = TD_OPTIM_SGD,
-         .momentum = 0.9f,
-         .dampening = 0.1f,
-         .nesterov = true,
-         .weight_decay = 1e-3f},
-        {.kind = TD_OPTIM_ADAM,
-         .beta1 = 0.9f,
-         .beta2 = 0.999f,
-         .eps = 1e-8f,
-         .weight_decay = 1e-2f},
-        {.kind = TD_OPTIM_ADAMW,
-         .beta1 = 0.8f,
-         .beta2 = 0.99f,
-         .eps = 1e-6f,
-         .weight_decay = 1e-1f},
-    };
     enum { N = 1003, STEPS = 3 };
-    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+    for (int k = 0; k < TEST_OPTIM_RULES_N; k++) {
         float *p[TD_ISA_COUNT] = {0}, *m[TD_ISA_COUNT] = {0}, *v[TD_ISA_COUNT] = {0};
         for (int isa = 0; isa < TD_ISA_COUNT; isa++) {
             if (!td_isa_supported((td_isa)isa)) continue;
             td_err err = {{0}};
             cr_assert_eq(td_isa_select(td_isa_name((td_isa)isa), &err), 0, "%s", err.msg);
             td_optim opt;
-            td_optim_init(&opt, &cfgs[k], N);
+            td_optim_init(&opt, &TEST_OPTIM_RULES[k], N);
             p[isa] = malloc(N * sizeof(float));
             float *g = malloc(N * sizeof(float));
             test_fill_uniform(p[isa], N, 11);
@@ -286,13 +267,13 @@ Test(isa, optimizers_give_the_baseline_bits_on_every_instruction_set) {
         for (int isa = 1; isa < TD_ISA_COUNT; isa++) {
             if (!p[isa]) continue;
             cr_expect(memcmp(p[isa], p[0], N * sizeof(float)) == 0,
-                      "optimizer %zu, %s: parameters differ from baseline's in some bit", k,
+                      "optimizer %d, %s: parameters differ from baseline's in some bit", k,
                       td_isa_name((td_isa)isa));
             cr_expect(!m[0] || memcmp(m[isa], m[0], N * sizeof(float)) == 0,
-                      "optimizer %zu, %s: first moment differs from baseline's", k,
+                      "optimizer %d, %s: first moment differs from baseline's", k,
                       td_isa_name((td_isa)isa));
             cr_expect(!v[0] || memcmp(v[isa], v[0], N * sizeof(float)) == 0,
-                      "optimizer %zu, %s: second moment differs from baseline's", k,
+                      "optimizer %d, %s: second moment differs from baseline's", k,
                       td_isa_name((td_isa)isa));
         }
         for (int isa = 0; isa < TD_ISA_COUNT; isa++) {

@@ -179,3 +179,16 @@ void test_strip_timings(char *text) {
         }
     }
 }
+
+const td_optim_config TEST_OPTIM_RULES[] = {
+    {.kind = TD_OPTIM_SGD, .weight_decay = 1e-2f},
+    {.kind = TD_OPTIM_SGD, .momentum = 0.9f, .weight_decay = 5e-4f},
+    {.kind = TD_OPTIM_SGD,
+     .momentum = 0.9f,
+     .dampening = 0.1f,
+     .nesterov = true,
+     .weight_decay = 1e-3f},
+    {.kind = TD_OPTIM_ADAM, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f},
+    {.kind = TD_OPTIM_ADAMW, .beta1 = 0.8f, .beta2 = 0.99f, .eps = 1e-6f, .weight_decay = 1e-1f},
+};
+const int TEST_OPTIM_RULES_N = sizeof TEST_OPTIM_RULES / sizeof TEST_OPTIM_RULES[0];

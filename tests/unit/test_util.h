@@ -3,6 +3,7 @@
 #define TEST_UTIL_H
 
 #include "core/td_model.h"
+#include "core/td_optim.h"
 #include "spec/td_spec.h"
 #include "train/td_train.h"
 
@@ -51,6 +52,12 @@ typedef struct test_pass {
  * gradient from seed 23, gradients accumulating after the first pass; out is the first pass's. */
 test_pass test_pass_run(td_model *model, td_shape in, int n, int passes);
 void test_pass_free(test_pass *pass);
+
+/* Every update rule with each option that changes its arithmetic (no momentum, momentum,
+ * dampening, Nesterov, weight decay; Adam, AdamW), for the tests that hold the optimizers to the
+ * same bits across instruction sets and thread counts. */
+extern const td_optim_config TEST_OPTIM_RULES[];
+extern const int TEST_OPTIM_RULES_N;
 
 /* Reads a whole file into a malloc'd NUL-terminated string. */
 char *test_read_file(const char *path);
