@@ -236,6 +236,94 @@ Test(isa, skinny_nn_matches_a_plain_sum_on_awkward_shapes) {
     cr_assert_not(td_skinny_nn_avx2(1, 1, 17, &one, &one, 1, &one, 1, false),
                   "17 outputs are more than the kernel takes");
 }
+
+/* the AVX2 variant of td_gemm (ops/td_gemm.h) */
+bool td_gemm_avx2(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b,
+                  int ldb, float *c, int ldc, bool add);
+
+/* op(a) (i, p) and op(b) (p, j) of td_gemm's operands */
+static float gemm_a(bool ta, const float *a, int lda, int i, int p) {
+    return ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p];
+}
+static float gemm_b(bool tb, const float *b, int ldb, int p, int j) {
+    return tb ? b[(size_t)j * ldb + p] : b[(size_t)p * ldb + j];
+}
+
+/* c (+)= op(a) · op(b) for every transposition, every remainder of rows by the 6-row tile and of
+ * columns by the 16-column panel, inner sizes around the 256 of a block and of the 8 x 8
+ * transpose, strided operands, against a plain double sum; the floats between c's rows and past
+ * its end must stay as they were. And the bits of a row must not depend on how many rows are
+ * computed with it (the header promises it: the linear layer's result must not change with the
+ * batch it sits in). */
+Test(isa, gemm_matches_a_plain_sum_on_awkward_shapes) {
+    if (!td_isa_supported(TD_ISA_AVX2)) {
+        cr_log_info("no AVX2 here: skipped");
+        return;
+    }
+    const int m_of[] = {1, 5, 6, 7, 13}, n_of[] = {1, 9, 16, 17, 40},
+              k_of[] = {1, 7, 8, 255, 257, 600};
+    const float guard = -12345.0f;
+    for (int t = 0; t < 4; t++)
+        for (size_t mi = 0; mi < sizeof m_of / sizeof *m_of; mi++)
+            for (size_t ni = 0; ni < sizeof n_of / sizeof *n_of; ni++)
+                for (size_t ki = 0; ki < sizeof k_of / sizeof *k_of; ki++) {
+                    bool ta = t & 1, tb = t & 2;
+                    int m = m_of[mi], n = n_of[ni], k = k_of[ki], add = (int)((mi + ni + ki) & 1);
+                    int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+                    size_t a_n = (size_t)(ta ? k : m) * lda, b_n = (size_t)(tb ? n : k) * ldb;
+                    size_t c_n = (size_t)m * ldc + 8;
+                    float *a = malloc(a_n * sizeof(float)), *b = malloc(b_n * sizeof(float));
+                    float *c = malloc(c_n * sizeof(float)), *c0 = malloc(c_n * sizeof(float));
+                    float *row = malloc(c_n * sizeof(float));
+                    test_fill_uniform(a, a_n, 5);
+                    test_fill_uniform(b, b_n, 6);
+                    for (size_t i = 0; i < c_n; i++) c[i] = guard;
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < n; j++) c[(size_t)i * ldc + j] = (float)(i - j) * 0.5f;
+                    memcpy(c0, c, c_n * sizeof(float));
+                    memcpy(row, c, c_n * sizeof(float));
+                    cr_assert(td_gemm_avx2(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, add));
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < ldc; j++) {
+                            size_t at = (size_t)i * ldc + j;
+                            if (j >= n) {
+                                cr_assert_eq(c[at], guard,
+                                             "ta %d tb %d m %d n %d k %d: c[%d][%d] between rows "
+                                             "was written",
+                                             ta, tb, m, n, k, i, j);
+                                continue;
+                            }
+                            double want = add ? c0[at] : 0.0, size = add ? fabs(c0[at]) : 0.0;
+                            for (int p = 0; p < k; p++) {
+                                double x =
+                                    (double)gemm_a(ta, a, lda, i, p) * gemm_b(tb, b, ldb, p, j);
+                                want += x;
+                                size += fabs(x);
+                            }
+                            cr_assert(
+                                fabs(c[at] - want) <= 1e-6 * (1 + size),
+                                "ta %d tb %d m %d n %d k %d add %d: c[%d][%d] = %.9g, want %.9g",
+                                ta, tb, m, n, k, add, i, j, (double)c[at], want);
+                        }
+                    for (size_t i = (size_t)m * ldc; i < c_n; i++)
+                        cr_assert_eq(c[i], guard,
+                                     "ta %d tb %d m %d n %d k %d: written past c's end", ta, tb, m,
+                                     n, k);
+                    /* the last row alone: the same bits as among the others */
+                    int last = m - 1;
+                    const float *a_last = ta ? a + last : a + (size_t)last * lda;
+                    float *row_c = row + (size_t)last * ldc;
+                    cr_assert(td_gemm_avx2(ta, tb, 1, n, k, a_last, lda, b, ldb, row_c, ldc, add));
+                    cr_assert(memcmp(row_c, c + (size_t)last * ldc, (size_t)n * sizeof(float)) == 0,
+                              "ta %d tb %d m %d n %d k %d: row %d alone has other bits", ta, tb, m,
+                              n, k, last);
+                    free(a);
+                    free(b);
+                    free(c);
+                    free(c0);
+                    free(row);
+                }
+}
 #endif
 
 /* The optimizers' loops run 8 floats an instruction where the instruction set is AVX2 or more

@@ -1,6 +1,7 @@
 /* Linear: y = x W^T + b, W [out, in] as in torch.nn.Linear. */
 #include "core/td_model.h"
 #include "core/td_parallel.h"
+#include "ops/td_gemm.h"
 #include "ops/td_ops_isa.h"
 #include "ops/td_skinny.h"
 
@@ -67,6 +68,9 @@ static void linear_forward(td_node *node, const td_run *run) {
     }
     /* Start from the bias rows so the GEMM adds onto them: one pass over y fewer. */
     if (b) td_fill_rows(node->out, b, (size_t)n, (size_t)out);
+    if (node->threads == 1 &&
+        td_gemm(false, true, n, out, in, node->in[0], in, w, in, node->out, out, b != NULL))
+        return;
     td_par_sgemm(node->threads, CblasNoTrans, CblasTrans, n, out, in, 1.0f, node->in[0], in, w, in,
                  b ? 1.0f : 0.0f, node->out, out);
 }
@@ -76,8 +80,11 @@ static void linear_backward(td_node *node, const td_run *run) {
     const float *dy = node->grad;
     float pbeta = run->accumulate_grads ? 1.0f : 0.0f;
     /* dW [out, in] = dy^T [out, n] x [n, in] */
-    if (!skinny(node) ||
-        !td_skinny_tn(n, out, in, dy, node->in[0], node->params[0]->grad, run->accumulate_grads))
+    if (skinny(node)
+            ? !td_skinny_tn(n, out, in, dy, node->in[0], node->params[0]->grad,
+                            run->accumulate_grads)
+            : node->threads > 1 || !td_gemm(true, false, out, in, n, dy, out, node->in[0], in,
+                                            node->params[0]->grad, in, run->accumulate_grads))
         td_par_sgemm(node->threads, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out,
                      node->in[0], in, pbeta, node->params[0]->grad, in);
     if (node->n_params > 1) {
@@ -88,8 +95,11 @@ static void linear_backward(td_node *node, const td_run *run) {
     }
     /* dx [n, in] (+)= dy [n, out] x W [out, in] */
     if (node->in_grad[0] &&
-        (!skinny(node) || !td_skinny_nn(n, in, out, dy, node->params[0]->data, in, node->in_grad[0],
-                                        in, node->in_grad_add[0])))
+        (skinny(node) ? !td_skinny_nn(n, in, out, dy, node->params[0]->data, in, node->in_grad[0],
+                                      in, node->in_grad_add[0])
+                      : node->threads > 1 ||
+                            !td_gemm(false, false, n, in, out, dy, out, node->params[0]->data, in,
+                                     node->in_grad[0], in, node->in_grad_add[0])))
         td_par_sgemm(node->threads, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out,
                      node->params[0]->data, in, node->in_grad_add[0] ? 1.0f : 0.0f,
                      node->in_grad[0], in);
