@@ -11,6 +11,7 @@
 #
 #   bench/cpu.sh [BUILD_DIR]        (default: build, a portable build: no -march=native)
 #   ISAS="avx2 avx512" bench/cpu.sh (only those paths)
+#   MODELS="mlp" ROUNDS=5 bench/cpu.sh (only those rows: lenet5, mlp, resnet18_cifar)
 #
 # Prints img/s for both and the ratio. Each figure is the best of ROUNDS (default 3) runs, the
 # three contenders interleaved round by round: on a shared 2-core VM other tenants only ever slow
@@ -23,6 +24,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
 worker=$build/traind-worker
 [ -x "$worker" ] || { echo "bench: $worker not found; build first" >&2; exit 1; }
+for m in ${MODELS:-}; do
+    case $m in
+    lenet5 | mlp | resnet18_cifar) ;;
+    *) echo "bench: MODELS: no row \"$m\" (the rows: lenet5 mlp resnet18_cifar)" >&2 && exit 2 ;;
+    esac
+done
 py=/usr/bin/python3
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 tmp=$(mktemp -d)
@@ -84,6 +91,7 @@ cap_avx2=""
 case " $isas " in *" avx512 "*) case " $isas " in *" avx2 "*) cap_avx2=yes ;; esac ;; esac
 
 row() { # label model_json torch_model batch steps threads shape log_every torch_steps
+    case " ${MODELS:-$3} " in *" $3 "*) ;; *) return 0 ;; esac
     bs="" cs="" hs=""
     for isa in $isas; do eval "as_$isa=''"; done
     i=0
