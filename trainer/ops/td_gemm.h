@@ -1,11 +1,16 @@
-/* Our own single-threaded GEMM for the linear layer, where it beats OpenBLAS.
+/* Our own single-threaded GEMM for the linear layer and the convolutions' GEMMs (Winograd's per
+ * position, im2col's, 1x1's), where it beats OpenBLAS.
  *
  * The MLP (784-512-512-10, batch 128, one thread) is GEMMs and little else. On the AMD EPYC CI
  * VM (AVX2; the same loop, pinned, best of 200, a throwaway harness) OpenBLAS 0.3.21 runs its
  * shapes at 77-81 GFLOP/s, its weight gradients (an inner size of only the batch) at 77; a 6x16
- * register tile (twelve accumulators, two vectors of b, a broadcast of a) over 16-column panels
- * of b packed 256 deep runs the forward at 83, the input gradient at 81-83 and the weight
- * gradient at 84-85, against a peak of about 90.
+ * register tile (twelve accumulators, two vectors of b, a broadcast of a read in place) over
+ * 16-column panels of b packed 256 deep runs the forward at 83, the input gradient at 81-83 and
+ * the weight gradient at 84-85, against a peak of about 90. In a training step, where b comes
+ * from memory rather than cache, the next panel's lines are prefetched while the current one
+ * runs; OpenBLAS also zeroes c in a pass of its own for beta 0, which the tile's store makes
+ * unneeded. Called from inside a team of threads, each call is one thread's (its panel lives
+ * on that thread's stack).
  *
  * AVX2 only for now: the baseline keeps OpenBLAS, and so does the AVX-512 variant until this is
  * measured on a CPU that has AVX-512 (as ops/td_skinny.h). */
