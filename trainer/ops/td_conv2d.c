@@ -19,7 +19,6 @@
 #include "ops/td_winograd.h"
 #include "core/td_parallel.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stddef.h>
@@ -311,10 +310,8 @@ static void conv_forward(td_node *node, const td_run *run) {
     if (g.direct) {
         size_t rows = (size_t)run->n * out_pix;
         if (b) td_fill_rows(node->out, b, rows, (size_t)g.o);
-        if (node->threads > 1 || !td_gemm(false, true, (int)rows, g.o, g.c, node->in[0], g.c, w,
-                                          g.c, node->out, g.o, b != NULL))
-            td_par_sgemm(node->threads, CblasNoTrans, CblasTrans, (int)rows, g.o, g.c, 1.0f,
-                         node->in[0], g.c, w, g.c, b ? 1.0f : 0.0f, node->out, g.o);
+        td_sgemm(node->threads, false, true, (int)rows, g.o, g.c, node->in[0], g.c, w, g.c,
+                 node->out, g.o, b != NULL);
         return;
     }
     float *wp = node->saved;
@@ -335,11 +332,9 @@ static void conv_forward(td_node *node, const td_run *run) {
         float *col = keep ? kept + b0 * out_pix * g.cols : mine;
         im2col(&g, node->in[0] + b0 * in_size, nb, col);
         float *wt = mine + 2 * col_floats(&g) + (size_t)g.o * g.cols;
-        if (!td_skinny_nt((int)(nb * out_pix), g.o, g.cols, col, wp, y, wt) &&
-            !td_gemm(false, true, (int)(nb * out_pix), g.o, g.cols, col, g.cols, wp, g.cols, y, g.o,
-                     false))
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(nb * out_pix), g.o, g.cols,
-                        1.0f, col, g.cols, wp, g.cols, 0.0f, y, g.o);
+        if (!td_skinny_nt((int)(nb * out_pix), g.o, g.cols, col, wp, y, wt))
+            td_sgemm(1, false, true, (int)(nb * out_pix), g.o, g.cols, col, g.cols, wp, g.cols, y,
+                     g.o, false);
     }
 }
 
@@ -354,18 +349,12 @@ static void conv_backward_direct(const conv_geom *g, td_node *node, const td_run
     int rows = run->n * g->oh * g->ow;
     const float *dy = node->grad;
     bool acc = run->accumulate_grads;
-    bool own = node->threads == 1; /* td_par_sgemm splits the rows over a team */
-    if (!own || !td_gemm(true, false, g->o, g->c, rows, dy, g->o, node->in[0], g->c,
-                         node->params[0]->grad, g->c, acc))
-        td_par_sgemm(node->threads, CblasTrans, CblasNoTrans, g->o, g->c, rows, 1.0f, dy, g->o,
-                     node->in[0], g->c, acc ? 1.0f : 0.0f, node->params[0]->grad, g->c);
+    td_sgemm(node->threads, true, false, g->o, g->c, rows, dy, g->o, node->in[0], g->c,
+             node->params[0]->grad, g->c, acc);
     if (g->bias) bias_grad(dy, (size_t)rows, g->o, node->params[1]->grad, acc);
-    if (node->in_grad[0] &&
-        (!own || !td_gemm(false, false, rows, g->c, g->o, dy, g->o, node->params[0]->data, g->c,
-                          node->in_grad[0], g->c, node->in_grad_add[0])))
-        td_par_sgemm(node->threads, CblasNoTrans, CblasNoTrans, rows, g->c, g->o, 1.0f, dy, g->o,
-                     node->params[0]->data, g->c, node->in_grad_add[0] ? 1.0f : 0.0f,
-                     node->in_grad[0], g->c);
+    if (node->in_grad[0])
+        td_sgemm(node->threads, false, false, rows, g->c, g->o, dy, g->o, node->params[0]->data,
+                 g->c, node->in_grad[0], g->c, node->in_grad_add[0]);
 }
 
 static void conv_backward_wino(const conv_geom *g, td_node *node, const td_run *run) {
@@ -418,10 +407,9 @@ static void conv_backward(td_node *node, const td_run *run) {
                 else
                     im2col(&g, xc, nb, col);
                 /* dWp [O, cols] (+)= dY^T [O, rows] x Col [rows, cols]; the last column is db */
-                if (!td_skinny_tn(rows, g.o, g.cols, dyc, c, dwp, add) &&
-                    !td_gemm(true, false, g.o, g.cols, rows, dyc, g.o, c, g.cols, dwp, g.cols, add))
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.o, g.cols, rows, 1.0f,
-                                dyc, g.o, c, g.cols, add ? 1.0f : 0.0f, dwp, g.cols);
+                if (!td_skinny_tn(rows, g.o, g.cols, dyc, c, dwp, add))
+                    td_sgemm(1, true, false, g.o, g.cols, rows, dyc, g.o, c, g.cols, dwp, g.cols,
+                             add);
             }
             if (dx) {
                 /* dCol [rows, kkc] = dY [rows, O] x Wp[:, :kkc]: by td_skinny_nn a few images at
@@ -437,10 +425,8 @@ static void conv_backward(td_node *node, const td_run *run) {
                     col2im(&g, dcol, ni, dx + (b0 + i) * in_size, node->in_grad_add[0]);
                 }
                 if (i == 0) {
-                    if (!td_gemm(false, false, rows, g.kkc, g.o, dyc, g.o, wp, g.cols, dcol, g.kkc,
-                                 false))
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, g.kkc, g.o,
-                                    1.0f, dyc, g.o, wp, g.cols, 0.0f, dcol, g.kkc);
+                    td_sgemm(1, false, false, rows, g.kkc, g.o, dyc, g.o, wp, g.cols, dcol, g.kkc,
+                             false);
                     col2im(&g, dcol, nb, dx + b0 * in_size, node->in_grad_add[0]);
                 }
             }

@@ -1,5 +1,7 @@
 #include "ops/td_gemm.h"
+#include "core/td_parallel.h"
 
+#include <cblas.h>
 #include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
@@ -164,34 +166,32 @@ static inline __attribute__((always_inline)) void block(int m, int n, int kc, co
                                                         int ldc, bool add, float *bp) {
     for (int j0 = 0; j0 < n; j0 += TILE_N) {
         int cols = n - j0 < TILE_N ? n - j0 : TILE_N;
-        const float *panel = bp;
         pack_b(tb, b, ldb, p0, kc, j0, cols, bp);
         /* the next panel's lines, spread over this panel's tiles */
         int next = j0 + TILE_N, tiles = (m + TILE_M - 1) / TILE_M;
         int i0 = 0;
         for (; i0 + TILE_M <= m; i0 += TILE_M) {
-            if (next < n && next + TILE_N <= n)
-                prefetch_panel(tb, b, ldb, p0, kc, next, i0 / TILE_M, tiles);
-            tile(TILE_M, kc, a + i0 * a_row, a_row, a_col, panel, c + (size_t)i0 * ldc + j0, ldc,
-                 cols, add);
+            if (next + TILE_N <= n) prefetch_panel(tb, b, ldb, p0, kc, next, i0 / TILE_M, tiles);
+            tile(TILE_M, kc, a + i0 * a_row, a_row, a_col, bp, c + (size_t)i0 * ldc + j0, ldc, cols,
+                 add);
         }
         const float *ai = a + i0 * a_row;
         float *ci = c + (size_t)i0 * ldc + j0;
         switch (m - i0) {
         case 5:
-            tile(5, kc, ai, a_row, a_col, panel, ci, ldc, cols, add);
+            tile(5, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
             break;
         case 4:
-            tile(4, kc, ai, a_row, a_col, panel, ci, ldc, cols, add);
+            tile(4, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
             break;
         case 3:
-            tile(3, kc, ai, a_row, a_col, panel, ci, ldc, cols, add);
+            tile(3, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
             break;
         case 2:
-            tile(2, kc, ai, a_row, a_col, panel, ci, ldc, cols, add);
+            tile(2, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
             break;
         case 1:
-            tile(1, kc, ai, a_row, a_col, panel, ci, ldc, cols, add);
+            tile(1, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
             break;
         }
     }
@@ -223,3 +223,10 @@ bool td_gemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, con
     return false;
 }
 #endif
+
+void td_sgemm(int threads, bool ta, bool tb, int m, int n, int k, const float *a, int lda,
+              const float *b, int ldb, float *c, int ldc, bool add) {
+    if (threads <= 1 && td_gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, add)) return;
+    td_par_sgemm(threads, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+                 1.0f, a, lda, b, ldb, add ? 1.0f : 0.0f, c, ldc);
+}

@@ -23,7 +23,8 @@
 #include <stddef.h>
 
 /* one per instruction set (ops/td_ops_isa.h) */
-#define td_gemm TD_ISA_SYM(td_gemm)
+#define td_gemm  TD_ISA_SYM(td_gemm)
+#define td_sgemm TD_ISA_SYM(td_sgemm)
 
 /* c [m, n] (+)= op(a) [m, k] · op(b) [k, n], row-major, as cblas_sgemm with alpha 1 and beta
  * 1 where add, else 0: op(a) is a [m, k] with rows lda floats apart or, where ta, a [k, m]
@@ -32,5 +33,10 @@
  * written) where this variant has no kernel: the caller uses OpenBLAS. */
 bool td_gemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b,
              int ldb, float *c, int ldc, bool add);
+
+/* The same product on `threads` threads, as the ops call it: td_gemm where one thread does the
+ * work and this variant has a kernel, else OpenBLAS (td_par_sgemm splits it over a team). */
+void td_sgemm(int threads, bool ta, bool tb, int m, int n, int k, const float *a, int lda,
+              const float *b, int ldb, float *c, int ldc, bool add);
 
 #endif

@@ -5,7 +5,6 @@
 #include "ops/td_ops_isa.h"
 #include "ops/td_skinny.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -68,25 +67,18 @@ static void linear_forward(td_node *node, const td_run *run) {
     }
     /* Start from the bias rows so the GEMM adds onto them: one pass over y fewer. */
     if (b) td_fill_rows(node->out, b, (size_t)n, (size_t)out);
-    if (node->threads == 1 &&
-        td_gemm(false, true, n, out, in, node->in[0], in, w, in, node->out, out, b != NULL))
-        return;
-    td_par_sgemm(node->threads, CblasNoTrans, CblasTrans, n, out, in, 1.0f, node->in[0], in, w, in,
-                 b ? 1.0f : 0.0f, node->out, out);
+    td_sgemm(node->threads, false, true, n, out, in, node->in[0], in, w, in, node->out, out,
+             b != NULL);
 }
 
 static void linear_backward(td_node *node, const td_run *run) {
     int n = run->n, in = node->in_shape[0].c, out = node->out_shape.c;
-    const float *dy = node->grad;
-    float pbeta = run->accumulate_grads ? 1.0f : 0.0f;
+    const float *dy = node->grad, *w = node->params[0]->data;
+    float *dw = node->params[0]->grad;
     /* dW [out, in] = dy^T [out, n] x [n, in] */
-    if (skinny(node)
-            ? !td_skinny_tn(n, out, in, dy, node->in[0], node->params[0]->grad,
-                            run->accumulate_grads)
-            : node->threads > 1 || !td_gemm(true, false, out, in, n, dy, out, node->in[0], in,
-                                            node->params[0]->grad, in, run->accumulate_grads))
-        td_par_sgemm(node->threads, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out,
-                     node->in[0], in, pbeta, node->params[0]->grad, in);
+    if (!skinny(node) || !td_skinny_tn(n, out, in, dy, node->in[0], dw, run->accumulate_grads))
+        td_sgemm(node->threads, true, false, out, in, n, dy, out, node->in[0], in, dw, in,
+                 run->accumulate_grads);
     if (node->n_params > 1) {
         float *db = node->params[1]->grad;
         if (!run->accumulate_grads) memset(db, 0, (size_t)out * 4);
@@ -94,15 +86,10 @@ static void linear_backward(td_node *node, const td_run *run) {
             for (int o = 0; o < out; o++) db[o] += dy[(size_t)i * out + o];
     }
     /* dx [n, in] (+)= dy [n, out] x W [out, in] */
-    if (node->in_grad[0] &&
-        (skinny(node) ? !td_skinny_nn(n, in, out, dy, node->params[0]->data, in, node->in_grad[0],
-                                      in, node->in_grad_add[0])
-                      : node->threads > 1 ||
-                            !td_gemm(false, false, n, in, out, dy, out, node->params[0]->data, in,
-                                     node->in_grad[0], in, node->in_grad_add[0])))
-        td_par_sgemm(node->threads, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out,
-                     node->params[0]->data, in, node->in_grad_add[0] ? 1.0f : 0.0f,
-                     node->in_grad[0], in);
+    if (node->in_grad[0] && (!skinny(node) || !td_skinny_nn(n, in, out, dy, w, in, node->in_grad[0],
+                                                            in, node->in_grad_add[0])))
+        td_sgemm(node->threads, false, false, n, in, out, dy, out, w, in, node->in_grad[0], in,
+                 node->in_grad_add[0]);
 }
 
 const td_op TD_ISA_SYM(td_op_linear) = {"linear",

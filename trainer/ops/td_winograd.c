@@ -9,7 +9,6 @@
 #include "core/td_parallel.h"
 #include "ops/td_gemm.h"
 
-#include <cblas.h>
 #include <omp.h>
 #include <string.h>
 
@@ -317,13 +316,9 @@ static void forward_with(const td_wino *g, const float *x, const float *u, const
         float *vt = v + (size_t)omp_get_thread_num() * chunk_floats(g);
         float *m = vt + (size_t)POSITIONS * nt * g->c;
         transform_input(g, x, t0, nt, 0, nt, vt);
-        for (int q = 0; q < POSITIONS; q++) {
-            const float *vq = vt + (size_t)q * nt * g->c, *uq = u + (size_t)q * g->c * g->o;
-            float *mq = m + (size_t)q * nt * g->o;
-            if (!td_gemm(false, false, nt, g->o, g->c, vq, g->c, uq, g->o, mq, g->o, false))
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, g->o, g->c, 1.0f, vq,
-                            g->c, uq, g->o, 0.0f, mq, g->o);
-        }
+        for (int q = 0; q < POSITIONS; q++)
+            td_sgemm(1, false, false, nt, g->o, g->c, vt + (size_t)q * nt * g->c, g->c,
+                     u + (size_t)q * g->c * g->o, g->o, m + (size_t)q * nt * g->o, g->o, false);
         transform_output(g, m, t0, nt, bias, y, add);
     }
 }
@@ -353,13 +348,9 @@ void td_wino_backward(const td_wino *g, const float *x, const float *w, const fl
 #pragma omp barrier
         /* dU[ξ] [C, O] (+)= V[ξ]^T [C, tiles] · dM[ξ] [tiles, O] */
 #pragma omp for schedule(static)
-        for (int q = 0; q < POSITIONS; q++) {
-            const float *vq = v + (size_t)q * nt * g->c, *dmq = dm + (size_t)q * nt * g->o;
-            float *duq = du + (size_t)q * g->c * g->o;
-            if (!td_gemm(true, false, g->c, g->o, nt, vq, g->c, dmq, g->o, duq, g->o, t0 > 0))
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g->c, g->o, nt, 1.0f, vq, g->c,
-                            dmq, g->o, t0 == 0 ? 0.0f : 1.0f, duq, g->o);
-        }
+        for (int q = 0; q < POSITIONS; q++)
+            td_sgemm(1, true, false, g->c, g->o, nt, v + (size_t)q * nt * g->c, g->c,
+                     dm + (size_t)q * nt * g->o, g->o, du + (size_t)q * g->c * g->o, g->o, t0 > 0);
         /* (the loop's implicit barrier: the next chunk overwrites V and dM) */
     }
     weight_grad(g->o, g->c, du, dw, add_w, threads);
