@@ -186,7 +186,8 @@ static int build_pair(td_gpu *g, const char *nodes, td_shape in, td_precision pr
     td_node_spec specs[MAX_NODES];
     int n;
     if (parity_parse_nodes(nodes, specs, &n, err) != 0) return -1;
-    if (td_model_build(cm, specs, n, in, BATCH, 1, SEED, 0, err) != 0) return -1;
+    /* the reference runs every node as its own op: each node's output exists to compare */
+    if (td_model_build(cm, specs, n, in, BATCH, 1, SEED, TD_MODEL_UNFUSED, err) != 0) return -1;
     if (td_model_build(gm, specs, n, in, BATCH, 1, SEED, TD_MODEL_NO_ARENA, err) != 0) {
         td_model_free(cm);
         return -1;

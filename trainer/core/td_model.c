@@ -329,6 +329,9 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
         td_node *node = &model->nodes[i];
         for (int j = 0; j < node->n_inputs; j++) {
             int k = node->inputs[j];
+            /* a fused ReLU has no output: its reader reads, and sends its gradient to, the
+             * ReLU's input (which fuse_relus made sure is a node) */
+            if (j == 0 && node->relu_in) k = model->nodes[k].inputs[0];
             node->in[j] = k == TD_INPUT_NODE ? NULL : model->nodes[k].out;
             if (k == TD_INPUT_NODE && model->input_grad) {
                 node->in_grad[j] = model->input_grad;
@@ -344,6 +347,28 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
             node->in_grad_add[j] = written[k];
             written[k] = true;
         }
+    }
+}
+
+/* Marks the ReLUs a reader absorbs on the CPU (td_node.relu_in): a RELU node whose only reader
+ * ABSORBS_RELU, fed by a node (not the batch), in the reader's checkpoint segment (so which nodes
+ * read across segments, and so what is dropped, stays as link_segments decided). */
+static void fuse_relus(td_model *model) {
+    for (int i = 0; i < model->n_nodes; i++) {
+        td_node *node = &model->nodes[i];
+        int k = node->inputs[0];
+        if (!(node->op->traits & TD_OP_ABSORBS_RELU) || node->n_inputs != 1 || k < 0) continue;
+        td_node *relu = &model->nodes[k];
+        if (!(relu->op->traits & TD_OP_RELU) || relu->inputs[0] < 0 ||
+            relu->segment != node->segment)
+            continue;
+        int readers = 0;
+        for (int r = k + 1; r < model->n_nodes; r++)
+            for (int j = 0; j < model->nodes[r].n_inputs; j++)
+                readers += model->nodes[r].inputs[j] == k;
+        if (readers != 1) continue;
+        relu->out_fused = true;
+        node->relu_in = true;
     }
 }
 
@@ -378,7 +403,8 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
         model->input_grad =
             td_aligned_alloc((size_t)max_n * td_shape_size(input_shape) * sizeof(float));
 
-    if (flags & TD_MODEL_NO_ARENA) return 0;
+    if (flags & TD_MODEL_NO_ARENA) return 0; /* a device plans its own fusions */
+    if (!(flags & TD_MODEL_UNFUSED)) fuse_relus(model);
     td_arena plan = {0};
     td_model_layout(model, &plan, sizeof(float));
     model->arena.cap = plan.used;
@@ -458,9 +484,15 @@ void td_model_print_profile(const td_model *model, long steps, FILE *out) {
             sum * 1e3 / (double)steps);
     for (int i = 0; i < model->n_nodes; i++) {
         int k = rows[i].node;
-        fprintf(out, "[traind]   %-20s %-14s %8.3f = %8.3f + %8.3f\n", model->nodes[k].name,
-                model->nodes[k].op->name, rows[i].total * 1e3 / (double)steps,
-                model->profile[2 * k] * 1e3 / (double)steps,
+        const td_node *node = &model->nodes[k];
+        if (node->out_fused) continue; /* timed in its reader, which names it */
+        char name[2 * TD_NAME_MAX + 8], op[64];
+        const td_node *relu = node->relu_in ? &model->nodes[node->inputs[0]] : NULL;
+        snprintf(name, sizeof name, "%s%s%s", relu ? relu->name : "", relu ? "+" : "", node->name);
+        snprintf(op, sizeof op, "%s%s%s", relu ? relu->op->name : "", relu ? "+" : "",
+                 node->op->name);
+        fprintf(out, "[traind]   %-20s %-14s %8.3f = %8.3f + %8.3f\n", name, op,
+                rows[i].total * 1e3 / (double)steps, model->profile[2 * k] * 1e3 / (double)steps,
                 model->profile[2 * k + 1] * 1e3 / (double)steps);
     }
     free(rows);
@@ -476,6 +508,7 @@ const float *td_model_forward(td_model *model, const float *x, const td_run *run
             if (node->inputs[j] == TD_INPUT_NODE) node->in[j] = (float *)x;
         if (node->segment >= 0 && model->segments[node->segment].first == i && r.rng)
             model->segments[node->segment].rng = *r.rng;
+        if (node->out_fused) continue; /* its reader runs it (td_node.relu_in) */
         double t0 = model->profile ? seconds() : 0;
         node->impl->forward(node, &r);
         if (model->profile) model->profile[2 * i] += seconds() - t0;
@@ -493,6 +526,7 @@ static void recompute_segment(td_model *model, const td_segment *seg, const td_r
     r.rng = run->rng ? &rng : NULL;
     r.recompute = true;
     for (int i = seg->first; i <= seg->last; i++) {
+        if (model->nodes[i].out_fused) continue;
         double t0 = model->profile ? seconds() : 0;
         model->nodes[i].impl->forward(&model->nodes[i], &r);
         if (model->profile) model->profile[2 * i] += seconds() - t0;
@@ -508,7 +542,7 @@ void td_model_backward(td_model *model, const float *dlogits, const td_run *run)
         td_node *node = &model->nodes[i];
         if (node->segment >= 0 && model->segments[node->segment].last == i)
             recompute_segment(model, &model->segments[node->segment], &r);
-        if (!td_node_runs_backward(node)) continue;
+        if (!td_node_runs_backward(node) || node->out_fused) continue;
         double t0 = model->profile ? seconds() : 0;
         node->impl->backward(node, &r);
         if (model->profile) model->profile[2 * i + 1] += seconds() - t0;

@@ -78,7 +78,13 @@ typedef struct td_op {
     /* The same op compiled for each instruction set, indexed by td_isa (core/td_isa.h), or NULL
      * when it has one implementation. */
     const struct td_op *const *variants;
+    unsigned traits; /* TD_OP_RELU, TD_OP_ABSORBS_RELU: what the CPU model may fuse */
 } td_op;
+
+/* td_op.traits. RELU: y = max(x, 0) elementwise. ABSORBS_RELU: a node of this op whose input is
+ * a RELU node may run that ReLU itself (td_node.relu_in), reading the ReLU's input instead. */
+#define TD_OP_RELU         1u
+#define TD_OP_ABSORBS_RELU 2u
 
 struct td_node {
     char name[TD_NAME_MAX];
@@ -123,6 +129,10 @@ struct td_node {
      * kernels (BatchNorm followed by ReLU on the GPU): the output and its gradient then never
      * exist, and the layout gives them no memory (out and grad stay NULL). */
     bool out_fused;
+    /* On the CPU (td_model_build, unless TD_MODEL_UNFUSED): input 0 is a ReLU whose output is
+     * fused into this node (that ReLU is out_fused). The node reads the ReLU's input and applies
+     * ReLU itself; maxpool2d does, as max and ReLU commute: relu(max(x)) = max(relu(x)). */
+    bool relu_in;
     /* On a GPU (td_gpu.h): the op's device plan (descriptors, chosen algorithms); the pointers
      * above then address device memory of the compute precision's element type. */
     void *gpu;
@@ -188,6 +198,10 @@ struct td_model {
 /* NO_ARENA: no host arena for activations; the model is to be attached to a device, which lays
  * out its own (td_model_layout). */
 #define TD_MODEL_NO_ARENA 2u
+/* UNFUSED: every node runs as its own op on the CPU; without it a ReLU read only by a max-pool
+ * runs inside the pool (td_node.relu_in), which saves a pass over the larger tensor each way and
+ * its memory. Tests compare the two. */
+#define TD_MODEL_UNFUSED 4u
 
 /* Builds and allocates the model for batches of up to max_n samples of input_shape, run on
  * `threads` threads (train.threads; 1 runs everything on the caller's). Parameters are

@@ -104,6 +104,8 @@ static void gelu_backward(td_node *node, const td_run *run) {
 }
 
 const td_op TD_ISA_SYM(td_op_relu) = {
-    "relu", 1, 1, relu_args, same_shape_build, relu_forward, relu_backward, TD_OP_VARIANTS(relu)};
+    "relu",    1, 1, relu_args, same_shape_build, relu_forward, relu_backward, TD_OP_VARIANTS(relu),
+    TD_OP_RELU};
 const td_op TD_ISA_SYM(td_op_gelu) = {
-    "gelu", 1, 1, gelu_args, same_shape_build, gelu_forward, gelu_backward, TD_OP_VARIANTS(gelu)};
+    "gelu", 1, 1, gelu_args, same_shape_build, gelu_forward, gelu_backward, TD_OP_VARIANTS(gelu),
+    0};

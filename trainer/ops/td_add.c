@@ -69,4 +69,5 @@ static void add_backward(td_node *node, const td_run *run) {
 }
 
 const td_op TD_ISA_SYM(td_op_add) = {"add",     2,           TD_MAX_INPUTS, add_args,
-                                     add_build, add_forward, add_backward,  TD_OP_VARIANTS(add)};
+                                     add_build, add_forward, add_backward,  TD_OP_VARIANTS(add),
+                                     0};

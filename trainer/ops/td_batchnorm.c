@@ -244,7 +244,21 @@ static void bn_backward(td_node *node, const td_run *run) {
         }
 }
 
-const td_op TD_ISA_SYM(td_op_batchnorm2d) = {
-    "batchnorm2d", 1, 1, bn_args, bn2d_build, bn_forward, bn_backward, TD_OP_VARIANTS(batchnorm2d)};
-const td_op TD_ISA_SYM(td_op_batchnorm1d) = {
-    "batchnorm1d", 1, 1, bn_args, bn1d_build, bn_forward, bn_backward, TD_OP_VARIANTS(batchnorm1d)};
+const td_op TD_ISA_SYM(td_op_batchnorm2d) = {"batchnorm2d",
+                                             1,
+                                             1,
+                                             bn_args,
+                                             bn2d_build,
+                                             bn_forward,
+                                             bn_backward,
+                                             TD_OP_VARIANTS(batchnorm2d),
+                                             0};
+const td_op TD_ISA_SYM(td_op_batchnorm1d) = {"batchnorm1d",
+                                             1,
+                                             1,
+                                             bn_args,
+                                             bn1d_build,
+                                             bn_forward,
+                                             bn_backward,
+                                             TD_OP_VARIANTS(batchnorm1d),
+                                             0};

@@ -445,4 +445,4 @@ static void conv_backward(td_node *node, const td_run *run) {
 }
 
 const td_op TD_ISA_SYM(td_op_conv2d) = {
-    "conv2d", 1, 1, conv_args, conv_build, conv_forward, conv_backward, TD_OP_VARIANTS(conv2d)};
+    "conv2d", 1, 1, conv_args, conv_build, conv_forward, conv_backward, TD_OP_VARIANTS(conv2d), 0};

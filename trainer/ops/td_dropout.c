@@ -58,4 +58,5 @@ const td_op TD_ISA_SYM(td_op_dropout) = {"dropout",
                                          dropout_build,
                                          dropout_forward,
                                          dropout_backward,
-                                         TD_OP_VARIANTS(dropout)};
+                                         TD_OP_VARIANTS(dropout),
+                                         0};

@@ -54,4 +54,5 @@ const td_op TD_ISA_SYM(td_op_flatten) = {"flatten",
                                          flatten_build,
                                          flatten_forward,
                                          flatten_backward,
-                                         TD_OP_VARIANTS(flatten)};
+                                         TD_OP_VARIANTS(flatten),
+                                         0};

@@ -34,4 +34,5 @@ const td_op TD_ISA_SYM(td_op_identity) = {"identity",
                                           identity_build,
                                           identity_forward,
                                           identity_backward,
-                                          TD_OP_VARIANTS(identity)};
+                                          TD_OP_VARIANTS(identity),
+                                          0};

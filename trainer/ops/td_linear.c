@@ -99,4 +99,5 @@ const td_op TD_ISA_SYM(td_op_linear) = {"linear",
                                         linear_build,
                                         linear_forward,
                                         linear_backward,
-                                        TD_OP_VARIANTS(linear)};
+                                        TD_OP_VARIANTS(linear),
+                                        0};

@@ -212,43 +212,58 @@ static void maxpool_forward_c16(const pool_geom *g, const float *x, float *y, in
 }
 #endif
 
+/* A fused ReLU before the pool (td_node.relu_in) applied after it, on the 4x smaller output while
+ * it is in L1: max(relu(x)) = relu(max(x)), with the same argmax wherever the maximum is positive
+ * (elsewhere the output is 0 and its gradient is masked below). As torch.relu, NaN passes. */
+static void relu_in_place(float *restrict y, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = y[i] <= 0.0f ? 0.0f : y[i];
+}
+
+/* One sample, any channel count: the running maximum kept in y itself. */
+static void maxpool_forward_general(const pool_geom *g, const float *x, float *y, int32_t *a) {
+    for (int oh = 0; oh < g->oh; oh++)
+        for (int ow = 0; ow < g->ow; ow++) {
+            float *yp = y + ((size_t)oh * g->ow + ow) * g->c;
+            int32_t *ap = a + ((size_t)oh * g->ow + ow) * g->c;
+            bool first = true;
+            for (int kh = 0; kh < g->k; kh++) {
+                int ih = oh * g->s - g->p + kh;
+                if (ih < 0 || ih >= g->h) continue;
+                for (int kw = 0; kw < g->k; kw++) {
+                    int iw = ow * g->s - g->p + kw;
+                    if (iw < 0 || iw >= g->w) continue;
+                    int32_t base = (int32_t)(((size_t)ih * g->w + iw) * g->c);
+                    if (first) {
+                        /* the window's first element seeds the running maximum */
+                        td_max_seed(yp, ap, x + base, base, g->c);
+                        first = false;
+                    } else {
+                        /* later elements win only when greater or NaN: PyTorch's rule */
+                        td_max_run(yp, ap, x + base, base, g->c);
+                    }
+                }
+            }
+        }
+}
+
+static void maxpool_forward_one(const pool_geom *g, const float *x, float *y, int32_t *a) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    if (g->c <= 16) {
+        maxpool_forward_c16(g, x, y, a);
+        return;
+    }
+#endif
+    maxpool_forward_general(g, x, y, a);
+}
+
 static void maxpool_forward(td_node *node, const td_run *run) {
     pool_geom g = pool_geom_of(node);
     size_t in_size = (size_t)g.h * g.w * g.c, out_size = (size_t)g.oh * g.ow * g.c;
     int32_t *arg = node->saved;
     for (int b = 0; b < run->n; b++) {
-        const float *x = node->in[0] + b * in_size;
         float *y = node->out + b * out_size;
-        int32_t *a = arg + b * out_size;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-        if (g.c <= 16) {
-            maxpool_forward_c16(&g, x, y, a);
-            continue;
-        }
-#endif
-        for (int oh = 0; oh < g.oh; oh++)
-            for (int ow = 0; ow < g.ow; ow++) {
-                float *yp = y + ((size_t)oh * g.ow + ow) * g.c;
-                int32_t *ap = a + ((size_t)oh * g.ow + ow) * g.c;
-                bool first = true;
-                for (int kh = 0; kh < g.k; kh++) {
-                    int ih = oh * g.s - g.p + kh;
-                    if (ih < 0 || ih >= g.h) continue;
-                    for (int kw = 0; kw < g.k; kw++) {
-                        int iw = ow * g.s - g.p + kw;
-                        if (iw < 0 || iw >= g.w) continue;
-                        int32_t base = (int32_t)(((size_t)ih * g.w + iw) * g.c);
-                        if (first) {
-                            /* the window's first element seeds the running maximum */
-                            td_max_seed(yp, ap, x + base, base, g.c);
-                            first = false;
-                        } else {
-                            /* later elements win only when greater or NaN: PyTorch's rule */
-                            td_max_run(yp, ap, x + base, base, g.c);
-                        }
-                    }
-                }
-            }
+        maxpool_forward_one(&g, node->in[0] + b * in_size, y, arg + b * out_size);
+        if (node->relu_in) relu_in_place(y, out_size);
     }
 }
 
@@ -260,9 +275,12 @@ static void maxpool_backward(td_node *node, const td_run *run) {
     const int32_t *arg = node->saved;
     for (int b = 0; b < run->n; b++) {
         float *d = dx + b * in_size;
-        const float *dy = node->grad + b * out_size;
+        const float *dy = node->grad + b * out_size, *y = node->out + b * out_size;
         const int32_t *a = arg + b * out_size;
-        for (size_t i = 0; i < out_size; i++) d[a[i]] += dy[i];
+        if (node->relu_in) /* the fused ReLU's mask, from its output as relu's backward takes it */
+            for (size_t i = 0; i < out_size; i++) d[a[i]] += y[i] > 0.0f ? dy[i] : 0.0f;
+        else
+            for (size_t i = 0; i < out_size; i++) d[a[i]] += dy[i];
     }
 }
 
@@ -398,7 +416,8 @@ const td_op TD_ISA_SYM(td_op_maxpool2d) = {"maxpool2d",
                                            maxpool_build,
                                            maxpool_forward,
                                            maxpool_backward,
-                                           TD_OP_VARIANTS(maxpool2d)};
+                                           TD_OP_VARIANTS(maxpool2d),
+                                           TD_OP_ABSORBS_RELU};
 const td_op TD_ISA_SYM(td_op_avgpool2d) = {"avgpool2d",
                                            1,
                                            1,
@@ -406,7 +425,8 @@ const td_op TD_ISA_SYM(td_op_avgpool2d) = {"avgpool2d",
                                            avgpool_build,
                                            avgpool_forward,
                                            avgpool_backward,
-                                           TD_OP_VARIANTS(avgpool2d)};
+                                           TD_OP_VARIANTS(avgpool2d),
+                                           0};
 const td_op TD_ISA_SYM(td_op_adaptive_avgpool2d) = {"adaptive_avgpool2d",
                                                     1,
                                                     1,
@@ -414,7 +434,8 @@ const td_op TD_ISA_SYM(td_op_adaptive_avgpool2d) = {"adaptive_avgpool2d",
                                                     adaptive_build,
                                                     gap_forward,
                                                     gap_backward,
-                                                    TD_OP_VARIANTS(adaptive_avgpool2d)};
+                                                    TD_OP_VARIANTS(adaptive_avgpool2d),
+                                                    0};
 const td_op TD_ISA_SYM(td_op_global_avgpool) = {"global_avgpool",
                                                 1,
                                                 1,
@@ -422,4 +443,5 @@ const td_op TD_ISA_SYM(td_op_global_avgpool) = {"global_avgpool",
                                                 gap_build,
                                                 gap_forward,
                                                 gap_backward,
-                                                TD_OP_VARIANTS(global_avgpool)};
+                                                TD_OP_VARIANTS(global_avgpool),
+                                                0};

@@ -13,6 +13,7 @@
 #include <cblas.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static int setup_data(trainer *t, td_err *err) {
@@ -55,6 +56,10 @@ static int setup_model(trainer *t, td_err *err) {
     int max_n = job->train.batch_size > job->train.eval_batch_size ? job->train.batch_size
                                                                    : job->train.eval_batch_size;
     unsigned flags = t->device.device == TD_DEVICE_CUDA ? TD_MODEL_NO_ARENA : 0;
+    /* TRAIND_FUSE_RELU=0: every ReLU as a node of its own on the CPU (for comparing; the result
+     * is the same to the bit, tests/unit/test_fusion.c) */
+    const char *fuse = getenv("TRAIND_FUSE_RELU");
+    if (fuse && strcmp(fuse, "0") == 0) flags |= TD_MODEL_UNFUSED;
     /* on a GPU the host threads only feed it: the model's own work is the device's */
     int threads = t->device.device == TD_DEVICE_CUDA ? 1 : job->train.threads;
     if (td_model_build(&t->model, job->model.nodes, job->model.n_nodes, t->train.shape, max_n,
@@ -219,14 +224,19 @@ static void log_banner(const trainer *t) {
                 job->train.deterministic ? "" : "; cuDNN may choose nondeterministic algorithms");
         return;
     }
-    char why[256], cpus[128];
+    char why[256], cpus[128], fusion[64] = "";
     td_gpu_device_count(why, sizeof why);
     cpu_list(cpus, sizeof cpus);
+    int fused = 0;
+    for (int i = 0; i < m->n_nodes; i++) fused += m->nodes[i].out_fused;
+    if (fused)
+        snprintf(fusion, sizeof fusion, ", %d ReLU%s fused into max-pool%s", fused,
+                 fused == 1 ? "" : "s", fused == 1 ? "" : "s");
     fprintf(t->log,
             "[traind] device: CPU, OpenBLAS %s kernels, traind %s kernels (%s), %d thread%s on "
-            "CPUs %s (%s)\n",
+            "CPUs %s%s (%s)\n",
             td_blas_describe(), td_isa_name(td_isa_active()), td_isa_why(), job->train.threads,
-            job->train.threads > 1 ? "s" : "", cpus, why);
+            job->train.threads > 1 ? "s" : "", cpus, fusion, why);
 }
 
 int td_train_setup(trainer *t, td_err *err) {
