@@ -105,3 +105,47 @@ Test(train, lenet_learns_fashion_mnist, .timeout = 120) {
     cr_expect(res.val_acc > 0.70, "val_acc %.3f after 400 steps", res.val_acc);
     free(m);
 }
+
+/* TRAIND_PROFILE=1: the step breakdown, each step's own work as quantiles, and the per-node
+ * table naming a fused ReLU with the pool that runs it. */
+Test(train, profile_prints_the_step_breakdown_and_its_spread) {
+    const char *spec =
+        "{\"model\": {\"preset\": \"lenet5\", \"num_classes\": 10},"
+        " \"data\": {\"format\": \"synthetic\", \"shape\": [1, 28, 28], \"num_classes\": 10,"
+        "          \"size\": 640},"
+        " \"train\": {\"epochs\": 1, \"batch_size\": 16, \"seed\": 3, \"threads\": 1,"
+        "           \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01}}}";
+    td_job job;
+    td_err err = {{0}};
+    cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+    char *text = NULL, *log = NULL;
+    size_t len = 0, log_len = 0;
+    FILE *metrics = open_memstream(&text, &len), *logf = open_memstream(&log, &log_len);
+    setenv("TRAIND_PROFILE", "1", 1);
+    int rc = td_train_run(&job, NULL, metrics, logf, NULL, &err);
+    unsetenv("TRAIND_PROFILE");
+    fclose(metrics);
+    fclose(logf);
+    td_job_free(&job);
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    long steps = 0;
+    double total = 0, p10 = 0, median = 0, p90 = 0;
+    const char *line = strstr(log, "rank 0 step profile, ms per step over ");
+    cr_assert(line, "no step profile in: %s", log);
+    cr_assert_eq(
+        sscanf(line, "rank 0 step profile, ms per step over %ld steps: %lf total", &steps, &total),
+        2, "%.200s", line);
+    cr_assert_eq(steps, 40, "640 samples in batches of 16: %s", line);
+    line = strstr(log, "rank 0 own work per step (all but the all-reduce tail), ms: ");
+    cr_assert(line, "no own-work line in: %s", log);
+    line = strchr(line, ':') + 1;
+    cr_assert_eq(sscanf(line, " p10 %lf, median %lf, p90 %lf", &p10, &median, &p90), 3, "%s", line);
+    cr_assert(0 < p10 && p10 <= median && median <= p90, "%g %g %g", p10, median, p90);
+    /* one rank: a step is all its own work, so the median is near the mean step */
+    cr_assert(median > 0.3 * total && median < 3 * total, "median %g of steps of %g ms", median,
+              total);
+    cr_assert(strstr(log, "relu1+pool1") && strstr(log, "relu+maxpool2d"),
+              "the fused ReLU is timed with its pool: %s", log);
+    free(text);
+    free(log);
+}

@@ -181,7 +181,7 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             L.interval_samples += (long)b.n * world;
             L.total_samples += (long)b.n * world;
             if (micro + 1 < group) continue; /* no optimizer step before the group's last batch */
-            td_train_phase(t, &t->phase.step, &t->phase.t_step);
+            td_train_profile_step(t);
             if (!t->gpu) res->last_loss = loss;
             st->step++;
             L.steps++;

@@ -22,6 +22,11 @@
 #include "gpu/td_gpu.h"
 #include "io/td_checkpoint.h"
 
+#include <stdint.h>
+
+/* TRAIND_PROFILE's histogram of step times: 2% bins from 1 us reach past 10 minutes */
+#define TD_PROFILE_BINS 1024
+
 typedef struct trainer {
     const td_job *job;
     const td_train_options *opt;
@@ -44,6 +49,11 @@ typedef struct trainer {
         double loader, broadcast, forward, loss, backward, reduce_tail, optimizer;
         double step;   /* whole steps, from the loader wait to the optimizer */
         double t_step; /* when the running step began */
+        /* each step's own work (all but its all-reduce tail), counted in bins 2% wide from
+         * 1 us: its spread is what a synchronous step waits on (td_train_profile.c) */
+        double tail_before; /* reduce_tail when the running step began */
+        uint32_t own_hist[TD_PROFILE_BINS];
+        long own_steps;
     } phase;
 
     /* data parallel: every rank a replica; rank 0 alone prints and checkpoints */
@@ -72,6 +82,8 @@ static inline void td_train_phase(const trainer *t, double *phase, double *t0) {
     *phase += now - *t0;
     *t0 = now;
 }
+/* Ends the running step's profile: its time into phase.step, its own work into the histogram. */
+void td_train_profile_step(trainer *t);
 void td_train_print_phases(const trainer *t, long steps);
 
 /* td_train_setup.c */
