@@ -350,6 +350,17 @@ static void layout(td_model *model, td_arena *arena, size_t elem_bytes, bool *ne
     }
 }
 
+td_node *td_model_only_reader(td_model *model, int k) {
+    td_node *reader = NULL;
+    for (int i = k + 1; i < model->n_nodes; i++)
+        for (int j = 0; j < model->nodes[i].n_inputs; j++)
+            if (model->nodes[i].inputs[j] == k) {
+                if (reader) return NULL;
+                reader = &model->nodes[i];
+            }
+    return reader;
+}
+
 /* Marks the ReLUs a reader absorbs on the CPU (td_node.relu_in): a RELU node whose only reader
  * ABSORBS_RELU, fed by a node (not the batch), in the reader's checkpoint segment (so which nodes
  * read across segments, and so what is dropped, stays as link_segments decided). */
@@ -360,13 +371,8 @@ static void fuse_relus(td_model *model) {
         if (!(node->op->traits & TD_OP_ABSORBS_RELU) || node->n_inputs != 1 || k < 0) continue;
         td_node *relu = &model->nodes[k];
         if (!(relu->op->traits & TD_OP_RELU) || relu->inputs[0] < 0 ||
-            relu->segment != node->segment)
+            relu->segment != node->segment || td_model_only_reader(model, k) != node)
             continue;
-        int readers = 0;
-        for (int r = k + 1; r < model->n_nodes; r++)
-            for (int j = 0; j < model->nodes[r].n_inputs; j++)
-                readers += model->nodes[r].inputs[j] == k;
-        if (readers != 1) continue;
         relu->out_fused = true;
         node->relu_in = true;
     }

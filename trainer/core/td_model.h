@@ -235,6 +235,9 @@ int td_segments_assign(td_node_spec *specs, int n_specs, const td_segment_name *
  * gradients are needed and which consumer writes each first. */
 void td_model_layout(td_model *model, td_arena *arena, size_t elem_bytes);
 
+/* The one node that reads node k's output, or NULL when none or several do (fusions need one). */
+td_node *td_model_only_reader(td_model *model, int k);
+
 /* The value of a node's argument by its spec name ("stride"): code outside an op's own file (its
  * GPU side) reads arguments without depending on the op's private order. */
 double td_node_arg(const td_node *node, const char *name);

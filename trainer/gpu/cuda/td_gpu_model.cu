@@ -44,15 +44,8 @@ td_node *td_gpu_fused_relu(const td_gpu *g, td_model *m, const td_node *node) {
     if (!g->fusion || (node->op != &td_op_batchnorm2d && node->op != &td_op_batchnorm1d &&
                        node->op != &td_op_add))
         return NULL;
-    int self = (int)(node - m->nodes), readers = 0;
-    td_node *reader = NULL;
-    for (int i = self + 1; i < m->n_nodes; i++)
-        for (int j = 0; j < m->nodes[i].n_inputs; j++)
-            if (m->nodes[i].inputs[j] == self) {
-                readers++;
-                reader = &m->nodes[i];
-            }
-    if (readers != 1 || reader->op != &td_op_relu || reader->segment != node->segment) return NULL;
+    td_node *reader = td_model_only_reader(m, (int)(node - m->nodes));
+    if (!reader || reader->op != &td_op_relu || reader->segment != node->segment) return NULL;
     return reader;
 }
 
