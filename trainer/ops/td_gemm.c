@@ -159,40 +159,63 @@ static inline void prefetch_panel(bool tb, const float *b, int ldb, int p0, int 
     }
 }
 
-/* One block of the inner index over all of c, for a's element (i, p) at a[i·a_row + p·a_col]. */
-static inline __attribute__((always_inline)) void block(int m, int n, int kc, const float *a,
-                                                        size_t a_row, size_t a_col, bool tb,
-                                                        const float *b, int ldb, int p0, float *c,
-                                                        int ldc, bool add, float *bp) {
+/* Column panel j0 (cols <= 16 wide) of c over the inner block p0 (kc deep), for a's element
+ * (i, p) at a[i·a_row + p·a_col]: packs that panel of b, then runs every row tile past it. The
+ * lines of the panel packed next (the next block of this panel, else the first of the next
+ * panel: next_p0, next_j0; next_j0 == n where none) are asked for, spread over the tiles. */
+static inline __attribute__((always_inline)) void
+panel(int m, int n, int kc, const float *a, size_t a_row, size_t a_col, bool tb, const float *b,
+      int ldb, int p0, int j0, int cols, int next_p0, int next_kc, int next_j0, float *c, int ldc,
+      bool add, float *bp) {
+    pack_b(tb, b, ldb, p0, kc, j0, cols, bp);
+    int tiles = (m + TILE_M - 1) / TILE_M;
+    bool ahead = next_j0 + TILE_N <= n; /* the last, narrower panel is not worth it */
+    int i0 = 0;
+    for (; i0 + TILE_M <= m; i0 += TILE_M) {
+        if (ahead) prefetch_panel(tb, b, ldb, next_p0, next_kc, next_j0, i0 / TILE_M, tiles);
+        tile(TILE_M, kc, a + i0 * a_row, a_row, a_col, bp, c + (size_t)i0 * ldc + j0, ldc, cols,
+             add);
+    }
+    const float *ai = a + i0 * a_row;
+    float *ci = c + (size_t)i0 * ldc + j0;
+    switch (m - i0) {
+    case 5:
+        tile(5, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
+        break;
+    case 4:
+        tile(4, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
+        break;
+    case 3:
+        tile(3, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
+        break;
+    case 2:
+        tile(2, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
+        break;
+    case 1:
+        tile(1, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
+        break;
+    }
+}
+
+/* The whole product for a's element (i, p) at a[i·a_row + p·a_col]. Column panels outermost,
+ * the inner blocks inside each: the panel's slice of c (m x 16, 8 KB at m = 128) stays in L1
+ * from one block to the next, where blocks outermost went through all of c once a block (from
+ * L2; the MLP's forward GEMMs, 784 and 512 deep, stalled on those loads). a is read once a panel
+ * either way. */
+static inline __attribute__((always_inline)) void product(int m, int n, int k, const float *a,
+                                                          size_t a_row, size_t a_col, bool tb,
+                                                          const float *b, int ldb, float *c,
+                                                          int ldc, bool add, float *bp) {
     for (int j0 = 0; j0 < n; j0 += TILE_N) {
         int cols = n - j0 < TILE_N ? n - j0 : TILE_N;
-        pack_b(tb, b, ldb, p0, kc, j0, cols, bp);
-        /* the next panel's lines, spread over this panel's tiles */
-        int next = j0 + TILE_N, tiles = (m + TILE_M - 1) / TILE_M;
-        int i0 = 0;
-        for (; i0 + TILE_M <= m; i0 += TILE_M) {
-            if (next + TILE_N <= n) prefetch_panel(tb, b, ldb, p0, kc, next, i0 / TILE_M, tiles);
-            tile(TILE_M, kc, a + i0 * a_row, a_row, a_col, bp, c + (size_t)i0 * ldc + j0, ldc, cols,
-                 add);
-        }
-        const float *ai = a + i0 * a_row;
-        float *ci = c + (size_t)i0 * ldc + j0;
-        switch (m - i0) {
-        case 5:
-            tile(5, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
-            break;
-        case 4:
-            tile(4, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
-            break;
-        case 3:
-            tile(3, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
-            break;
-        case 2:
-            tile(2, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
-            break;
-        case 1:
-            tile(1, kc, ai, a_row, a_col, bp, ci, ldc, cols, add);
-            break;
+        for (int p0 = 0; p0 < k; p0 += BLOCK_K) {
+            int kc = k - p0 < BLOCK_K ? k - p0 : BLOCK_K;
+            bool more = p0 + BLOCK_K < k; /* the next block of this panel, else the next panel */
+            int next_p0 = more ? p0 + BLOCK_K : 0, next_j0 = more ? j0 : j0 + TILE_N;
+            int next_kc = k - next_p0 < BLOCK_K ? k - next_p0 : BLOCK_K;
+            /* later blocks add onto the earlier ones */
+            panel(m, n, kc, a + p0 * a_col, a_row, a_col, tb, b, ldb, p0, j0, cols, next_p0,
+                  next_kc, next_j0, c, ldc, add || p0 > 0, bp);
         }
     }
 }
@@ -201,15 +224,11 @@ bool td_gemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, con
              int ldb, float *c, int ldc, bool add) {
     if (m < 1 || n < 1 || k < 1) return false;
     float bp[BLOCK_K * TILE_N] __attribute__((aligned(32))); /* 16 KB: a packed panel of b */
-    for (int p0 = 0; p0 < k; p0 += BLOCK_K) {
-        int kc = k - p0 < BLOCK_K ? k - p0 : BLOCK_K;
-        bool acc = add || p0 > 0; /* later blocks add onto the earlier ones */
-        /* two instantiations, so that the usual contiguous rows of a index by one */
-        if (!ta)
-            block(m, n, kc, a + p0, (size_t)lda, 1, tb, b, ldb, p0, c, ldc, acc, bp);
-        else
-            block(m, n, kc, a + (size_t)p0 * lda, 1, (size_t)lda, tb, b, ldb, p0, c, ldc, acc, bp);
-    }
+    /* two instantiations, so that the usual contiguous rows of a index by one */
+    if (!ta)
+        product(m, n, k, a, (size_t)lda, 1, tb, b, ldb, c, ldc, add, bp);
+    else
+        product(m, n, k, a, 1, (size_t)lda, tb, b, ldb, c, ldc, add, bp);
     return true;
 }
 
