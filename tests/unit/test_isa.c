@@ -252,15 +252,15 @@ static float gemm_b(bool tb, const float *b, int ldb, int p, int j) {
 /* c (+)= op(a) · op(b) for every transposition, every remainder of rows by the 6-row tile and of
  * columns by the 16-column panel, inner sizes around the 256 of a block and of the 8 x 8
  * transpose, strided operands, against a plain double sum; the floats between c's rows and past
- * its end must stay as they were. And the bits of a row must not depend on how many rows are
- * computed with it (the header promises it: the linear layer's result must not change with the
- * batch it sits in). */
+ * its end must stay as they were; n = 70 (4 panels and more) takes the packed copy of a
+ * transposed a. And the bits of a row must not depend on how many rows are computed with it (the
+ * header promises it: the linear layer's result must not change with the batch it sits in). */
 Test(isa, gemm_matches_a_plain_sum_on_awkward_shapes) {
     if (!td_isa_supported(TD_ISA_AVX2)) {
         cr_log_info("no AVX2 here: skipped");
         return;
     }
-    const int m_of[] = {1, 5, 6, 7, 13}, n_of[] = {1, 9, 16, 17, 40},
+    const int m_of[] = {1, 5, 6, 7, 13}, n_of[] = {1, 9, 16, 17, 40, 70},
               k_of[] = {1, 7, 8, 255, 257, 600};
     const float guard = -12345.0f;
     for (int t = 0; t < 4; t++)
