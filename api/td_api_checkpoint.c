@@ -4,6 +4,9 @@
 
 #include "io/td_checkpoint.h"
 #include "service/td_ckpt.h"
+#include "service/td_jobfs.h"
+
+#include <fcntl.h>
 
 #include <jansson.h>
 #include <limits.h>
@@ -54,22 +57,31 @@ static json_t *url_json(long job, long step, const char *name) {
     return v;
 }
 
+/* The listing's pages: checkpoints in step order, `limit` of them from `offset` (a Link header
+ * names the next page), each with at most MAX_LISTED of its files (its archive and its files'
+ * own URLs serve all of them): a job that registered many checkpoints of many files makes
+ * neither a reply of hundreds of megabytes nor a request that walks them all. */
+enum { PAGE_DEFAULT = 100, PAGE_MAX = 1000, MAX_LISTED = 1000 };
+
 typedef struct ckpt_ctx {
     long job;
     json_t *list;
-    uid_t owner; /* whose files its checkpoints hold (td_ckpt.h) */
+    td_job_files files; /* whose they are, and how to reach them (td_jobfs.h) */
+    long offset, limit, seen;
 } ckpt_ctx;
 
 /* One checkpoint as the API shows it: its files as they are on disk now (checkpoint.keep may
  * have removed it since), each with its download URL, and the URL of the whole as a tar. */
 static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
     ckpt_ctx *ctx = cls;
+    long at = ctx->seen++;
+    if (at < ctx->offset || at >= ctx->offset + ctx->limit) return; /* another page's */
     td_ckpt_file *files = NULL;
     int n = 0;
     td_err err = {{0}};
-    bool on_disk = td_ckpt_list(c->path, ctx->owner, &files, &n, &err) == 0;
+    bool on_disk = td_ckpt_list(&ctx->files, c->path, &files, &n, &err) == 0;
     json_t *list = json_array(), *model = json_null();
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && i < MAX_LISTED; i++) {
         json_array_append_new(list, json_pack("{s:s, s:I, s:o}", "name", files[i].name, "size",
                                               (json_int_t)files[i].size, "url",
                                               url_json(ctx->job, c->step, files[i].name)));
@@ -85,17 +97,28 @@ static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
     gmtime_r(&t, &tm);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
     snprintf(archive, sizeof archive, "/v1/jobs/%ld/checkpoints/%ld.tar", ctx->job, c->step);
-    json_t *o = json_pack("{s:I, s:I, s:s, s:b, s:o, s:o, s:s}", "step", (json_int_t)c->step,
-                          "size", (json_int_t)c->size, "created_at", when, "on_disk", on_disk,
-                          "files", list, "url", model, "archive_url", archive);
+    json_t *o = json_pack("{s:I, s:I, s:s, s:b, s:o, s:o, s:s, s:i, s:b}", "step",
+                          (json_int_t)c->step, "size", (json_int_t)c->size, "created_at", when,
+                          "on_disk", on_disk, "files", list, "url", model, "archive_url", archive,
+                          "file_count", n, "files_truncated", n > MAX_LISTED);
     if (o) json_array_append_new(ctx->list, o);
 }
 
-/* GET .../checkpoints (step < 0: all) or .../checkpoints/{step}. */
+/* GET .../checkpoints (step < 0: a page of them) or .../checkpoints/{step}. */
 static enum MHD_Result listing(td_api *api, struct MHD_Connection *c, long id, long step) {
     td_reply_error e;
-    ckpt_ctx ctx = {id, json_array(), td_jobs_files_owner(api->jobs)};
-    if (td_jobs_checkpoints(api->jobs, id, step, checkpoint_json, &ctx, &e) != 0) {
+    ckpt_ctx ctx = {.job = id, .list = json_array(), .limit = PAGE_DEFAULT};
+    bool bad = false;
+    td_api_query_long(c, "limit", 1, PAGE_MAX, &ctx.limit, &bad);
+    td_api_query_long(c, "offset", 0, LONG_MAX / 4, &ctx.offset, &bad);
+    if (bad) {
+        json_decref(ctx.list);
+        return td_api_fail(c, 400, "bad_request", NULL,
+                           "limit: expected 1 to 1000; offset: expected a non-negative integer");
+    }
+    if (step >= 0) ctx.offset = 0, ctx.limit = 1;
+    if (td_jobs_files_of(api->jobs, id, &ctx.files, &e) != 0 ||
+        td_jobs_checkpoints(api->jobs, id, step, checkpoint_json, &ctx, &e) != 0) {
         json_decref(ctx.list);
         return td_api_error(c, &e, NULL);
     }
@@ -113,7 +136,17 @@ static enum MHD_Result listing(td_api *api, struct MHD_Connection *c, long id, l
     td_buf b = {0};
     td_buf_puts(&b, text);
     free(text);
-    return td_api_reply_buf(c, MHD_HTTP_OK, &b);
+    char link[160] = "", total[32];
+    if (step < 0 && ctx.seen > ctx.offset + ctx.limit)
+        snprintf(link, sizeof link, "</v1/jobs/%ld/checkpoints?offset=%ld&limit=%ld>; rel=\"next\"",
+                 id, ctx.offset + ctx.limit, ctx.limit);
+    snprintf(total, sizeof total, "%ld", ctx.seen);
+    size_t len = b.len;
+    char *data = td_buf_take(&b);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
+    if (!r) free(data);
+    return td_api_respond(c, MHD_HTTP_OK, r, TD_API_JSON, "X-Total-Count", total,
+                          link[0] ? "Link" : NULL, link, NULL);
 }
 
 static enum MHD_Result range_not_satisfiable(struct MHD_Connection *c, const char *range,
@@ -141,12 +174,14 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
                                        const char *name) {
     char path[PATH_MAX];
     td_reply_error e;
-    if (td_jobs_checkpoint_path(api->jobs, id, step, path, sizeof path, &e) != 0)
+    td_job_files files;
+    if (td_jobs_checkpoint_path(api->jobs, id, step, path, sizeof path, &e) != 0 ||
+        td_jobs_files_of(api->jobs, id, &files, &e) != 0)
         return td_api_error(c, &e, NULL);
     int fd;
     long long size;
     td_err err = {{0}};
-    if (td_ckpt_open(path, name, td_jobs_files_owner(api->jobs), &fd, &size, &err) != 0) {
+    if (td_ckpt_open(&files, path, name, &fd, &size, &err) != 0) {
         td_reply_fail(&e, 404, "not_found", NULL,
                       "checkpoint of step %ld: %s (the list at /v1/jobs/%ld/checkpoints/%ld names "
                       "its files; checkpoint.keep removes older checkpoints)",
@@ -221,14 +256,14 @@ static void free_tar(void *cls) {
  * checkpoint directory's name (step-00000400/model.safetensors, ...). */
 /* path (a directory or a file) streamed as a tar whose members are under top; what names it in
  * a 404 when it went away. */
-static enum MHD_Result send_tar(td_api *api, struct MHD_Connection *c, long id, uid_t owner,
-                                const char *path, const char *top, const char *what,
-                                const char *filename) {
+static enum MHD_Result send_tar(td_api *api, struct MHD_Connection *c, long id,
+                                const td_job_files *files, const char *path, const char *top,
+                                const char *what, const char *filename) {
     tar_stream *s = td_calloc(1, sizeof *s);
     s->log = api->cfg.log;
     s->job = id;
     td_err err = {{0}};
-    if (td_ckpt_tar_open(&s->tar, path, top, owner, &err) != 0) {
+    if (td_ckpt_tar_open(&s->tar, files, path, top, &err) != 0) {
         free(s);
         td_reply_error e;
         td_reply_fail(&e, 404, "not_found", NULL, "%s is no longer on disk (%s)", what, err.msg);
@@ -246,17 +281,22 @@ static enum MHD_Result send_tar(td_api *api, struct MHD_Connection *c, long id, 
 static enum MHD_Result checkpoint_tar(td_api *api, struct MHD_Connection *c, long id, long step) {
     char path[PATH_MAX];
     td_reply_error e;
-    if (td_jobs_checkpoint_path(api->jobs, id, step, path, sizeof path, &e) != 0)
+    td_job_files files;
+    if (td_jobs_checkpoint_path(api->jobs, id, step, path, sizeof path, &e) != 0 ||
+        td_jobs_files_of(api->jobs, id, &files, &e) != 0)
         return td_api_error(c, &e, NULL);
-    struct stat st;
     char top[PATH_MAX + 2] = "";
     const char *base = strrchr(path, '/');
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    td_err err = {{0}};
+    int fd = td_jobfs_open_path(&files.who, files.dir, path, O_RDONLY, &err);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
         snprintf(top, sizeof top, "%s/", base && base[1] ? base + 1 : "checkpoint");
+    if (fd >= 0) close(fd);
     char what[64], filename[96];
     snprintf(what, sizeof what, "the checkpoint of step %ld", step);
     snprintf(filename, sizeof filename, "traind-job-%ld-step-%ld.tar", id, step);
-    return send_tar(api, c, id, td_jobs_files_owner(api->jobs), path, top, what, filename);
+    return send_tar(api, c, id, &files, path, top, what, filename);
 }
 
 /* GET /v1/jobs/{id}/tensorboard: the job's event files as a tar of one directory,
@@ -269,9 +309,11 @@ enum MHD_Result td_api_tensorboard(td_api *api, struct MHD_Connection *c, long i
         return td_api_error(c, &e, NULL);
     snprintf(top, sizeof top, "job-%ld-tensorboard/", id);
     snprintf(filename, sizeof filename, "traind-job-%ld-tensorboard.tar", id);
-    /* the daemon's own files */
-    return send_tar(api, c, id, TD_CKPT_ANY_OWNER, path, top, "its TensorBoard directory",
-                    filename);
+    /* the daemon's own files, below the job's directory (which the job cannot change) */
+    td_job_files files = {.owner = TD_JOBFS_ANY_OWNER, .max_files = 100000};
+    snprintf(files.dir, sizeof files.dir, "%.*s", (int)(strlen(path) - strlen("/tensorboard")),
+             path);
+    return send_tar(api, c, id, &files, path, top, "its TensorBoard directory", filename);
 }
 
 enum MHD_Result td_api_checkpoints(td_api *api, struct MHD_Connection *c, long id) {

@@ -9,6 +9,7 @@
 #include "api/td_api_private.h"
 
 #include "service/td_cluster.h"
+#include "service/td_jobfs.h"
 #include "service/td_sha256.h"
 
 #include <errno.h>
@@ -32,40 +33,20 @@ bool td_api_file_route_split(const char *url, long *job, const char **rel) {
     return true;
 }
 
-/* {job}/{path} of the URL into a file of the job's directory (dir_len: its length, for an
- * upload; NULL: a download, which may be served from where the checkpoint lies). */
-static int file_of(td_api *api, const char *url, char *path, size_t len, size_t *dir_len,
-                   td_reply_error *e) {
+/* {job}/{path} of the URL into a file of the job's (files: whose, and how it is reached),
+ * for an upload (writing) or a download, which may be served from where the checkpoint lies. */
+static int file_of(td_api *api, const char *url, bool writing, char *path, size_t len,
+                   td_job_files *files, td_reply_error *e) {
     long job;
     const char *rel;
     if (!td_api_file_route_split(url, &job, &rel))
         return td_reply_fail(e, 400, "bad_request", NULL,
                              "expected /v1/cluster/files/{job id}/{path in its directory}");
-    if (td_jobs_file_path(api->jobs, job, rel, !dir_len, path, len, e) != 0) return -1;
-    if (dir_len) *dir_len = strlen(path) - strlen(rel) - 1; /* the job's directory */
-    return 0;
-}
-
-/* Makes the directories above path, the job's user's (run_as) like the files in them: a
- * checkpoint is served only from files of that user (service/td_ckpt.h). */
-static int make_parents(td_jobs *jobs, char *path, size_t below, td_reply_error *e) {
-    for (char *p = path + below; (p = strchr(p + 1, '/'));) {
-        *p = 0;
-        int rc = mkdir(path, 0750);
-        int err = errno;
-        if (rc == 0) td_jobs_give(jobs, path); /* what this made, never what was there */
-        if (rc != 0 && err != EEXIST) {
-            td_reply_fail(e, 500, "internal", NULL, "cannot create %s: %s", path, strerror(err));
-            *p = '/';
-            return -1;
-        }
-        *p = '/';
-    }
-    return 0;
+    return td_jobs_file_path(api->jobs, job, rel, writing, path, len, files, e);
 }
 
 void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url, td_api_upload *u) {
-    u->fd = -1;
+    u->put.fd = u->put.dir = -1;
     u->error.status = 0;
     u->jobs = api->jobs;
     td_cluster *cluster = api->cfg.cluster;
@@ -76,27 +57,32 @@ void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url,
         return;
     }
     if (!td_cluster_authorized(cluster, auth, "a node uploading", &u->error)) return;
-    size_t dir_len = 0;
-    if (file_of(api, url, u->path, sizeof u->path, &dir_len, &u->error) != 0) return;
-    if (make_parents(api->jobs, u->path, dir_len, &u->error) != 0) return;
-    snprintf(u->tmp, sizeof u->tmp, "%s.up-XXXXXX", u->path);
-    u->fd = mkostemp(u->tmp, O_CLOEXEC);
-    if (u->fd < 0) {
-        td_reply_fail(&u->error, 500, "internal", NULL, "cannot create %s: %s", u->tmp,
-                      strerror(errno));
+    char path[8192];
+    if (file_of(api, url, true, path, sizeof path, &u->files, &u->error) != 0) return;
+    /* into the job's directory as the job, never through a link it planted there
+     * (td_jobfs.h); the name is taken only once the bytes are whole and their digest right */
+    const char *rel = path + strlen(u->files.dir) + 1;
+    td_err err = {{0}};
+    int root = open(u->files.dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0 || td_jobfs_put_begin(&u->files.who, root, rel, "up", &u->put, &err) != 0) {
+        td_reply_fail(&u->error, 500, "internal", NULL, "cannot write %s: %s", rel,
+                      root < 0 ? strerror(errno) : err.msg);
+        if (root >= 0) close(root);
         return;
     }
+    close(root);
+    snprintf(u->path, sizeof u->path, "%s", rel);
     u->hash = td_sha256_new();
     u->size = 0;
 }
 
 void td_api_upload_chunk(td_api_upload *u, const char *data, size_t n) {
-    if (u->fd < 0 || u->error.status) return;
+    if (u->put.fd < 0 || u->error.status) return;
     for (size_t done = 0; done < n;) {
-        ssize_t k = write(u->fd, data + done, n - done);
+        ssize_t k = write(u->put.fd, data + done, n - done);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) {
-            td_reply_fail(&u->error, 507, "insufficient_storage", NULL, "writing %s: %s", u->tmp,
+            td_reply_fail(&u->error, 507, "insufficient_storage", NULL, "writing %s: %s", u->path,
                           strerror(errno));
             return;
         }
@@ -112,11 +98,8 @@ void td_api_upload_abandon(td_api_upload *u) {
         td_sha256_finish(u->hash, hex);
         u->hash = NULL;
     }
-    if (u->fd >= 0) {
-        close(u->fd);
-        unlink(u->tmp);
-        u->fd = -1;
-    }
+    td_err ignored = {{0}};
+    if (u->put.fd >= 0 || u->put.dir >= 0) td_jobfs_put_end(&u->put, false, &ignored);
 }
 
 enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u) {
@@ -137,15 +120,9 @@ enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u) {
                       u->size, hex, want ? want : "(no ?sha256=)");
         return td_api_error(c, &e, NULL);
     }
-    int rc = fsync(u->fd);
-    int err = errno;
-    if (close(u->fd) != 0 && rc == 0) rc = -1, err = errno;
-    u->fd = -1;
-    if (rc == 0) td_jobs_give(u->jobs, u->tmp);
-    if (rc == 0 && rename(u->tmp, u->path) != 0) rc = -1, err = errno;
-    if (rc != 0) {
-        unlink(u->tmp);
-        td_reply_fail(&e, 500, "internal", NULL, "cannot keep %s: %s", u->path, strerror(err));
+    td_err err = {{0}};
+    if (td_jobfs_put_end(&u->put, true, &err) != 0) {
+        td_reply_fail(&e, 500, "internal", NULL, "cannot keep %s: %s", u->path, err.msg);
         return td_api_error(c, &e, NULL);
     }
     td_buf out = {0};
@@ -164,14 +141,20 @@ enum MHD_Result td_api_file_get(td_api *api, struct MHD_Connection *c, const cha
     if (!td_cluster_authorized(api->cfg.cluster, auth, "a node downloading", &e))
         return td_api_error(c, &e, NULL);
     char path[8192];
-    if (file_of(api, url, path, sizeof path, NULL, &e) != 0) return td_api_error(c, &e, NULL);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    td_job_files files;
+    if (file_of(api, url, false, path, sizeof path, &files, &e) != 0)
+        return td_api_error(c, &e, NULL);
+    /* as the job, never through a link (td_jobfs.h): a regular file of the job's, or nothing */
+    td_err err = {{0}};
+    int fd = td_jobfs_open_path(&files.who, files.dir, path, O_RDONLY, &err);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fd < 0 || td_jobfs_check(fd, url, false, files.owner, 0, &st, &err) != 0) {
         if (fd >= 0) close(fd);
-        td_reply_fail(&e, 404, "not_found", NULL, "%s: no such file", url);
+        td_reply_fail(&e, 404, "not_found", NULL, "%s: no such file of the job's (%s)", url,
+                      err.msg);
         return td_api_error(c, &e, NULL);
     }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     struct MHD_Response *r = MHD_create_response_from_fd64((uint64_t)st.st_size, fd);
     if (!r) close(fd);
     return td_api_respond(c, MHD_HTTP_OK, r, "application/octet-stream", NULL);

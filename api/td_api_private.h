@@ -12,6 +12,7 @@
 #define TD_API_PRIVATE_H
 
 #include "api/td_api.h"
+#include "service/td_jobfs.h"
 
 #include <microhttpd.h>
 #include <pthread.h>
@@ -126,12 +127,13 @@ enum MHD_Result td_api_tensorboard(td_api *api, struct MHD_Connection *c, long i
  * (abandon drops it when the connection ends first). */
 struct td_sha256;
 typedef struct td_api_upload {
-    char path[8192], tmp[8300];
-    int fd;
+    char path[8192];    /* its path in the job's directory, for messages */
+    td_job_files files; /* the job's, whose identity the file is written with */
+    td_jobfs_put put;   /* the file being written (td_jobfs.h) */
     struct td_sha256 *hash;
     long long size;
     td_reply_error error; /* status 0: none so far */
-    td_jobs *jobs;        /* the file is given to the job's user once kept */
+    td_jobs *jobs;
 } td_api_upload;
 bool td_api_is_file_upload(const char *url, const char *method);
 void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url, td_api_upload *u);

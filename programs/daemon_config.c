@@ -94,6 +94,35 @@ static const opt_info OPTS[OPT_COUNT] = {
                                 FIELD(keep_finished_jobs), 0, 100000000, NULL, true},
     [OPT_MAX_CONNECTIONS] = {"--max-connections", "max_connections", T_LONG, FIELD(max_connections),
                              16, 1000000, NULL, false},
+    [OPT_JOB_UIDS] = {"--job-uids", "job_uids", T_TEXT, FIELD(job_uids), 0, 0, NULL, false},
+    [OPT_JOB_GROUPS] = {"--job-groups", "job_groups", T_TEXT, FIELD(job_groups), 0, 0, NULL, false},
+    [OPT_JOB_MEMORY] = {"--job-memory-gb", "job_memory_gb", T_NUMBER, FIELD(job_memory_gb), 0, 1e7,
+                        NULL, false},
+    [OPT_MAX_JOB_MEMORY] = {"--max-job-memory-gb", "max_job_memory_gb", T_NUMBER,
+                            FIELD(max_job_memory_gb), 0, 1e7, NULL, false},
+    [OPT_JOB_PIDS] = {"--job-pids", "job_pids", T_LONG, FIELD(job_pids), 16, 4194304, NULL, false},
+    [OPT_MAX_JOB_PIDS] = {"--max-job-pids", "max_job_pids", T_LONG, FIELD(max_job_pids), 16,
+                          4194304, NULL, false},
+    [OPT_JOB_DISK] = {"--job-disk-gb", "job_disk_gb", T_NUMBER, FIELD(job_disk_gb), 0.001, 1e9,
+                      NULL, false},
+    [OPT_MAX_JOB_DISK] = {"--max-job-disk-gb", "max_job_disk_gb", T_NUMBER, FIELD(max_job_disk_gb),
+                          0.001, 1e9, NULL, false},
+    [OPT_MAX_CHECKPOINT_FILES] = {"--max-checkpoint-files", "max_checkpoint_files", T_LONG,
+                                  FIELD(max_checkpoint_files), 1, 10000000, NULL, false},
+    [OPT_MAX_LOG_BYTES] = {"--max-log-bytes", "max_log_bytes", T_LONG, FIELD(max_log_bytes), 4096,
+                           1e15, NULL, false},
+    [OPT_MAX_EVENTS] = {"--max-events-per-s", "max_events_per_s", T_NUMBER, FIELD(max_events_per_s),
+                        0, 1e6, NULL, false},
+    [OPT_MAX_CONNECTIONS_PER_IP] = {"--max-connections-per-ip", "max_connections_per_ip", T_LONG,
+                                    FIELD(max_connections_per_ip), 1, 1000000, NULL, false},
+    [OPT_CONNECTION_TIMEOUT] = {"--connection-timeout", "connection_timeout_s", T_SECONDS,
+                                FIELD(connection_timeout_s), 1, 86400, NULL, false},
+    [OPT_MAX_SESSIONS] = {"--max-sessions-per-token", "max_sessions_per_token", T_LONG,
+                          FIELD(max_sessions_per_token), 0, 1000000, NULL, true},
+    [OPT_MAX_JOB_BYTES] = {"--max-job-bytes-per-token", "max_job_bytes_per_token", T_LONG,
+                           FIELD(max_job_bytes_per_token), 0, 1e15, NULL, true},
+    [OPT_INSECURE_CLUSTER] = {"--insecure-cluster", "insecure_cluster", T_BOOL,
+                              FIELD(insecure_cluster), 0, 0, NULL, false},
 };
 
 /* command_jobs's programs, one at a time: an absolute path to an executable file. */
@@ -123,139 +152,6 @@ static int set_programs(const char *flag, const char *v, char *out, size_t size,
     }
     memcpy(out, v, strlen(v) + 1);
     return 0;
-}
-
-static void usage(FILE *out) {
-    fprintf(
-        out,
-        "usage: traind [--config FILE] [--print-config] [--listen ADDR:PORT]\n"
-        "              [--state-dir DIR] [--slots N] [--gpus LIST] [--data-root DIR]...\n"
-        "              [--grace S] [--max-body BYTES] [--worker PATH] [--web-root DIR]\n"
-        "              [--log-format text|json] [--log-level LEVEL]\n"
-        "              [--cluster-secret-file FILE] [--join ADDR:PORT] [--node-name NAME]\n"
-        "              [--advertise ADDR] [--heartbeat S] [--node-timeout S]\n"
-        "              [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
-        "              [--keep-jobs-on-stop true|false] [--orphan-timeout S] [--shepherd PATH]\n"
-        "              [--metrics-listen ADDR:PORT] [--run-as USER]\n"
-        "              [--command-jobs any|none|PATH[:PATH...]] [--rate-limit N]\n"
-        "              [--max-streams N] [--max-queued N] [--audit-log FILE]\n"
-        "              [--keep-finished-for S] [--keep-finished-jobs N]\n"
-        "              [--max-connections N]\n"
-        "\n"
-        "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
-        "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
-        "\n"
-        "  --config FILE       the config file (default " DAEMON_CONFIG_DEFAULT ", read when it\n"
-        "                      exists): a JSON object whose keys are the options' names\n"
-        "                      below with '_' for '-' (listen, state_dir, ...; data_roots\n"
-        "                      is an array, grace_s, max_body_bytes, heartbeat_s and\n"
-        "                      node_timeout_s are numbers). The command line wins over it;\n"
-        "                      an unknown key is an error. \"--config ''\": no file.\n"
-        "                      Without --config, $TRAIND_CONFIG names the file when set\n"
-        "                      (empty: none), as the tests set it.\n"
-        "  --print-config      print every setting, its value and where it came from\n"
-        "                      (command line, file, default), and exit\n"
-        "  --listen ADDR:PORT  where to serve (default 127.0.0.1:8470; port 0: any free\n"
-        "                      port). Loopback by default; serving other hosts, give it\n"
-        "                      --tls-cert and --tls-key\n"
-        "  --metrics-listen ADDR:PORT  also serve GET /metrics alone there, without the\n"
-        "                      token, for a Prometheus that holds none (default: none;\n"
-        "                      GET /metrics on --listen always needs the token)\n"
-        "  --tls-cert FILE     HTTPS: this node's certificate (PEM, the chain after it)\n"
-        "  --tls-key FILE      and its private key (PEM); the API, the dashboard and the\n"
-        "                      agents' calls are then HTTPS only (a renewed certificate\n"
-        "                      takes a restart: a reload does not read these files)\n"
-        "  --tls-ca FILE       (agent) the CA certificates (PEM) the master's certificate\n"
-        "                      must chain to: the agent speaks HTTPS to its master and\n"
-        "                      checks its name against --join's host\n"
-        "  --state-dir DIR     jobs, logs, checkpoints, the database (state.db) and the API\n"
-        "                      token (default: $STATE_DIRECTORY, /var/lib/traind for root,\n"
-        "                      else $XDG_STATE_HOME/traind or ~/.local/state/traind)\n"
-        "  --slots N           job processes at once when there is no GPU (default: the\n"
-        "                      core count); with GPUs, one slot per GPU\n"
-        "  --gpus LIST         the GPUs jobs may use, as CUDA ordinals (e.g. 0,1,2,3)\n"
-        "                      instead of every one the driver finds; on a machine\n"
-        "                      without GPUs, declared ones are placed as if they were\n"
-        "                      there (each process gets its CUDA_VISIBLE_DEVICES). In the\n"
-        "                      file: an array of ordinals or of {\"index\", \"name\",\n"
-        "                      \"memory_gib\"}\n"
-        "  --data-root DIR     a directory job specs may read from (repeatable; default\n"
-        "                      /usr/share/datasets); the state directory always is one\n"
-        "  --grace S           seconds between SIGTERM and SIGKILL when stopping a job\n"
-        "                      (default 10)\n"
-        "  --max-body BYTES    the largest request body (default 1048576)\n"
-        "  --max-connections N the API's connections at once (default 4096); an event\n"
-        "                      stream holds one for as long as it follows\n"
-        "  --worker PATH       traind-worker (default: next to traind)\n"
-        "  --web-root DIR      the dashboard's files, served at / (default:\n"
-        "                      PREFIX/share/traind/web when installed, else " TRAIND_WEB_ROOT ")\n"
-        "  --log-format FMT    text (default: \"traind: \" and a sentence per line) or json\n"
-        "                      (one object per line: time, level, msg, and job, node, rank\n"
-        "                      where they apply)\n"
-        "  --log-level LEVEL   error, warning, info (default) or debug\n"
-        "\n"
-        "Restarts. Each attempt's processes belong to a traind-shepherd, not to traind:\n"
-        "a daemon that crashes, is killed or restarts finds its jobs running and goes on\n"
-        "with them (no rank restarted, no metric lost or repeated).\n"
-        "  --keep-jobs-on-stop true|false  SIGTERM (systemctl stop, restart, a package\n"
-        "                      upgrade) leaves the jobs running for the next start\n"
-        "                      (true), or stops them with the grace period (false, the\n"
-        "                      default); the next start resumes those from checkpoints\n"
-        "  --orphan-timeout S  how long a job runs on without a daemon before its\n"
-        "                      shepherd stops it (default 600), so a removed traind\n"
-        "                      leaves nothing running for ever\n"
-        "  --shepherd PATH     traind-shepherd (default: next to traind, else\n"
-        "                      PREFIX/lib/traind)\n"
-        "\n"
-        "Retention. A finished job (its rows, logs, metrics, the checkpoints in its\n"
-        "directory) is removed, as DELETE /v1/jobs/ID would, once either limit says so:\n"
-        "  --keep-finished-for S   seconds after it finished (default 2592000: 30 days;\n"
-        "                      0: no time limit)\n"
-        "  --keep-finished-jobs N  only the N most recently finished jobs are kept\n"
-        "                      (default 10000; 0: no count limit)\n"
-        "                      On a node that runs parts of a master's jobs, a part's\n"
-        "                      directory goes by the same limits once it ended here.\n"
-        "\n"
-        "A cluster: one traind is the master (the default), the others join it.\n"
-        "  --cluster-secret-file FILE  the cluster's shared secret (the same file on\n"
-        "                      every node, mode 0600); a master without one accepts no\n"
-        "                      agents\n"
-        "  --join ADDR:PORT    become an agent of the master serving there\n"
-        "  --node-name NAME    this node's name in the cluster (default: the hostname)\n"
-        "  --advertise ADDR    the address other nodes reach this one at (default: the\n"
-        "                      --listen address on a master, on an agent the address it\n"
-        "                      reaches the master from)\n"
-        "  --heartbeat S       (master) seconds between agents' heartbeats (default 2)\n"
-        "  --node-timeout S    (master) seconds of silence before a node is lost\n"
-        "                      (default 10)\n"
-        "\n"
-        "Security.\n"
-        "  --run-as USER       (a daemon running as root) the user job processes run as\n"
-        "                      (default: traind when that user exists, else nobody;\n"
-        "                      \"root\" keeps them root, and says so in the log)\n"
-        "  --command-jobs P    which programs command jobs may run: any (default), none,\n"
-        "                      or absolute paths joined by ':' (in the file: \"any\",\n"
-        "                      \"none\" or an array); any other is refused with 403\n"
-        "  --rate-limit N      requests per second per token (default 200, bursts of\n"
-        "                      twice that; 0: no limit); beyond, 429 with Retry-After\n"
-        "  --max-streams N     event streams open at once per token (default 64; 0: no\n"
-        "                      limit)\n"
-        "  --max-queued N      queued jobs per token (default 1000; 0: no limit)\n"
-        "  --audit-log FILE    one JSON line per mutating request: who, what, when, the\n"
-        "                      result (default STATE_DIR/audit.log)\n"
-        "\n"
-        "On its first start traind writes a random admin API token to STATE_DIR/token\n"
-        "(mode 0600; it is never printed); every endpoint but GET /v1/health needs\n"
-        "\"Authorization: Bearer TOKEN\". Admins make tokens scoped read, submit or admin\n"
-        "with POST /v1/tokens (the database keeps their SHA-256 only) and revoke them with\n"
-        "DELETE /v1/tokens/ID. Once it serves it prints\n"
-        "\"traind: listening on http://ADDR:PORT\" to stderr (and tells systemd it is\n"
-        "ready when started as a Type=notify service). SIGHUP re-reads the config file:\n"
-        "data roots, grace, body limit and logging change at once; a change to another\n"
-        "setting is reported and waits for a restart. SIGTERM or SIGINT stops it (see\n"
-        "--keep-jobs-on-stop for its jobs).\n"
-        "One traind per state directory (it holds a lock on STATE_DIR/traind.pid) and per\n"
-        "address: a second one on either exits with status 1 and touches nothing.\n");
 }
 
 static void *field(daemon_options *o, daemon_option opt) {
@@ -526,6 +422,8 @@ static void apply_defaults(daemon_options *o) {
         snprintf(o->command_jobs, sizeof o->command_jobs, "any");
     if (from[OPT_AUDIT_LOG] == DAEMON_FROM_DEFAULT || !o->audit_log[0])
         snprintf(o->audit_log, sizeof o->audit_log, "%.*s/audit.log", PATH_MAX - 16, o->state_dir);
+    if (from[OPT_JOB_UIDS] == DAEMON_FROM_DEFAULT) /* 0x70000000: above systemd-nspawn's */
+        snprintf(o->job_uids, sizeof o->job_uids, "1879048192-1879113727");
     if (from[OPT_DATA_ROOTS] == DAEMON_FROM_DEFAULT) {
         o->n_roots = 0;
         snprintf(o->roots[o->n_roots++], PATH_MAX, "/usr/share/datasets");
@@ -555,7 +453,20 @@ static void init(daemon_options *o) {
                           .keep_finished_jobs = 10000,
                           /* event streams hold one each: a thousand dashboards and scripts
                            * following jobs, with room for the requests beside them */
-                          .max_connections = 4096};
+                          .max_connections = 4096,
+                          /* one address holds at most this many: another still gets in */
+                          .max_connections_per_ip = 128,
+                          .connection_timeout_s = 30,
+                          .max_sessions_per_token = 16,
+                          /* sixty-four 1 MiB specs, or thousands of ordinary ones */
+                          .max_job_bytes_per_token = 64L << 20,
+                          .job_pids = 16384,
+                          .max_job_pids = 65536,
+                          .job_disk_gb = 100,
+                          .max_job_disk_gb = 1000,
+                          .max_checkpoint_files = 10000,
+                          .max_log_bytes = 1L << 30,
+                          .max_events_per_s = 200};
 }
 
 /* The command line into o (marking what it gave). *config: the --config value or NULL. exits:
@@ -566,7 +477,7 @@ static int parse_args(daemon_options *o, int argc, char **argv, const char **con
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (exits && (!strcmp(a, "--help") || !strcmp(a, "-h"))) {
-            usage(stdout);
+            daemon_config_usage(stdout);
             exit(0);
         }
         if (exits && !strcmp(a, "--version")) {

@@ -53,6 +53,22 @@ typedef enum {
     OPT_KEEP_FINISHED_FOR,
     OPT_KEEP_FINISHED_JOBS,
     OPT_MAX_CONNECTIONS,
+    OPT_JOB_UIDS,
+    OPT_JOB_GROUPS,
+    OPT_JOB_MEMORY,
+    OPT_MAX_JOB_MEMORY,
+    OPT_JOB_PIDS,
+    OPT_MAX_JOB_PIDS,
+    OPT_JOB_DISK,
+    OPT_MAX_JOB_DISK,
+    OPT_MAX_CHECKPOINT_FILES,
+    OPT_MAX_LOG_BYTES,
+    OPT_MAX_EVENTS,
+    OPT_MAX_CONNECTIONS_PER_IP,
+    OPT_CONNECTION_TIMEOUT,
+    OPT_MAX_SESSIONS,
+    OPT_MAX_JOB_BYTES,
+    OPT_INSECURE_CLUSTER,
     OPT_COUNT
 } daemon_option;
 
@@ -85,10 +101,13 @@ typedef struct daemon_options {
     double orphan_timeout_s;
     char shepherd[PATH_MAX];  /* traind-shepherd */
     char metrics_listen[256]; /* "": GET /metrics on the API port only (with the token) */
-    /* security: the user a root daemon runs jobs as ("": "traind" when that user exists, else
-     * "nobody"), the programs command jobs may run ("any", "none", or absolute paths joined by
-     * ':'), each token's limits (0: none), and the audit log's file */
+    /* security: who a root daemon runs jobs as ("dynamic": a uid of job_uids each; a user's
+     * name; "root"), the supplementary groups jobs get (names joined by ','), the programs
+     * command jobs may run ("any", "none", or absolute paths joined by ':'), each token's limits
+     * (0: none), and the audit log's file */
     char run_as[64];
+    char job_uids[64];
+    char job_groups[1024];
     char command_jobs[8192];
     double rate_limit_per_s;
     long max_streams_per_token, max_queued_per_token;
@@ -98,6 +117,18 @@ typedef struct daemon_options {
     double keep_finished_for_s;
     long keep_finished_jobs;
     long max_connections; /* the API's connections at once (each a thread) */
+    long max_connections_per_ip;
+    double connection_timeout_s; /* a connection silent this long is closed */
+    long max_sessions_per_token, max_job_bytes_per_token;
+    /* what a job may use unless it says, and the most it may ask for (0: the node's memory
+     * less a reserve for the system; pids and disk: a number each) */
+    double job_memory_gb, max_job_memory_gb;
+    long job_pids, max_job_pids;
+    double job_disk_gb, max_job_disk_gb;
+    long max_checkpoint_files; /* files in one checkpoint */
+    long max_log_bytes;        /* one rank's log before it is rotated */
+    double max_events_per_s;   /* a job's events stored per second (bursts of 10 s of them) */
+    bool insecure_cluster;     /* cluster traffic in clear beyond loopback, said at start */
 
     /* not settings */
     daemon_source from[OPT_COUNT];
@@ -109,6 +140,9 @@ typedef struct daemon_options {
  * exists), then the defaults, into o. A bad option or file is a message on stderr naming the
  * option, or the file and key, and exit status 2; --help and --version print and exit 0. */
 void daemon_config_load(daemon_options *o, int argc, char **argv);
+
+/* traind --help's text (daemon_usage.c). */
+void daemon_config_usage(FILE *out);
 
 /* Every setting, its value and where it came from, one per line. */
 void daemon_config_print(const daemon_options *o, FILE *out);

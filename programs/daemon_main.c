@@ -10,6 +10,7 @@
 #include "service/td_db.h"
 #include "service/td_gpus.h"
 #include "service/td_jobs.h"
+#include "service/td_identity.h"
 #include "service/td_log.h"
 
 #include "core/td_clock.h"
@@ -21,6 +22,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#include <grp.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -230,59 +232,96 @@ static td_log_level level_of(const daemon_options *o) {
     return lv;
 }
 
-/* SIGHUP: the configuration again. What a running daemon can take (data roots, grace, body
- * limit, logging) changes now; any other change is named and waits for a restart. */
-/* The user a root daemon's jobs run as (run_as; not root unless it says so). A daemon that is
- * not root runs them as itself: it could not switch, and needs not. */
-static td_launch_user resolve_run_as(const daemon_options *o, td_log *log) {
-    td_launch_user u = {0};
-    if (geteuid() != 0) {
-        if (o->run_as[0])
-            td_log_warn(log,
-                        "warning: run_as \"%s\" (%s) is ignored: traind is not root, and jobs "
-                        "run as its own user",
-                        o->run_as, daemon_config_source(o, OPT_RUN_AS));
-        return u;
+/* "FIRST-LAST" of job_uids: at least two uids (the last is the probes'), none a system one. */
+static void parse_uid_range(const daemon_options *o, uid_t *first, uid_t *last) {
+    long a = 0, b = 0;
+    char extra;
+    if (sscanf(o->job_uids, "%ld-%ld%c", &a, &b, &extra) != 2 || a < 1000 || b <= a ||
+        b >= 4294967295L)
+        die("job_uids \"%s\" (%s): expected FIRST-LAST, two uids of at least 1000, FIRST below "
+            "LAST (e.g. 1879048192-1879113727)",
+            o->job_uids, daemon_config_source(o, OPT_JOB_UIDS));
+    *first = (uid_t)a;
+    *last = (uid_t)b;
+}
+
+/* job_groups ("video,datasets") into gids. */
+static int parse_groups(const daemon_options *o, gid_t *out) {
+    char copy[sizeof o->job_groups], *save = NULL;
+    snprintf(copy, sizeof copy, "%s", o->job_groups);
+    int n = 0;
+    for (char *g = strtok_r(copy, ",", &save); g; g = strtok_r(NULL, ",", &save)) {
+        struct group *gr = getgrnam(g);
+        if (!gr)
+            die("job_groups (%s): no group \"%s\" here", daemon_config_source(o, OPT_JOB_GROUPS),
+                g);
+        if (n == TD_IDENTITY_GROUPS) die("job_groups: at most %d groups", TD_IDENTITY_GROUPS);
+        out[n++] = gr->gr_gid;
     }
-    const char *name = o->run_as;
-    if (!name[0]) name = getpwnam("traind") ? "traind" : "nobody";
+    return n;
+}
+
+/* Who jobs run as (td_identity.h): a root daemon gives each its own uid unless run_as names a
+ * user (or root); a daemon that is not root runs them as itself and says they are not
+ * isolated. */
+static void resolve_run_as(const daemon_options *o, td_log *log, td_jobs_config *jc) {
+    if (!td_identity_can_switch()) {
+        jc->run_as = TD_RUN_AS_SELF;
+        td_log_warn(log,
+                    "warning: traind is not root: jobs run as its own user (uid %ld), so they "
+                    "can read its token and state and each other's files (run it as root, as "
+                    "the packaged unit does, to give each job a user of its own)%s",
+                    (long)getuid(),
+                    o->from[OPT_RUN_AS] != DAEMON_FROM_DEFAULT ? "; run_as is ignored" : "");
+        return;
+    }
+    const char *name = o->run_as[0] ? o->run_as : "dynamic";
+    jc->n_job_groups = parse_groups(o, jc->job_groups);
+    if (strcmp(name, "dynamic") == 0) {
+        jc->run_as = TD_RUN_AS_DYNAMIC;
+        parse_uid_range(o, &jc->job_uid_first, &jc->job_uid_last);
+        td_log_info(log, "jobs run as users of their own: uids (and gids) %u to %u (job_uids)",
+                    (unsigned)jc->job_uid_first, (unsigned)jc->job_uid_last - 1);
+        return;
+    }
+    jc->run_as = TD_RUN_AS_USER;
     if (strcmp(name, "root") == 0) {
         td_log_warn(log,
                     "warning: jobs run as root (run_as \"root\", %s): every job can do "
                     "anything on this host",
                     daemon_config_source(o, OPT_RUN_AS));
-        return u;
+        jc->run_as = TD_RUN_AS_SELF;
+        return;
     }
     struct passwd *pw = getpwnam(name);
     if (!pw)
-        die("run_as \"%s\" (%s): no such user (create it, e.g. adduser --system %s, or name "
-            "another)",
+        die("run_as \"%s\" (%s): no such user (create it, e.g. adduser --system %s, or say "
+            "\"dynamic\")",
             name, daemon_config_source(o, OPT_RUN_AS), name);
     if (pw->pw_uid == 0)
         die("run_as \"%s\": that user is root (uid 0); say \"root\" if that is meant", name);
-    u.drop = true;
-    u.uid = pw->pw_uid;
-    u.gid = pw->pw_gid;
-    snprintf(u.name, sizeof u.name, "%s", name);
-    td_log_info(log, "jobs run as user %s (uid %ld, gid %ld)", name, (long)u.uid, (long)u.gid);
-    return u;
+    td_identity *u = &jc->run_as_user;
+    *u = (td_identity){.drop = true, .uid = pw->pw_uid, .gid = pw->pw_gid, .lookup_groups = true};
+    snprintf(u->name, sizeof u->name, "%s", name);
+    td_log_warn(log,
+                "jobs run as user %s (uid %ld, gid %ld): isolated from the daemon, not from each "
+                "other (run_as \"dynamic\" gives each job its own)",
+                name, (long)u->uid, (long)u->gid);
 }
 
-/* The state directory, for jobs run as another user: its directories let that user through to
- * the job directories (o+x, not o+r: nothing is listed), and the database, which sqlite made
- * with the umask's mode, is the daemon's alone (its -wal and -shm files take its mode). */
-static void open_for_jobs(const char *state, const char *db_path, const td_launch_user *u,
-                          td_log *log) {
-    if (!u->drop) return;
+/* The state directory, for jobs run as other users: its directories let them through to their
+ * job directories (o+x, not o+r: nothing is listed), and everything else in it is the
+ * daemon's alone (the umask is 077; the database's -wal and -shm files take its mode). */
+static void open_for_jobs(const char *state, const char *db_path, bool others, td_log *log) {
+    if (!others) return;
     char jobs_dir[PATH_MAX + 16];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", state);
     const char *dirs[] = {state, jobs_dir};
     for (size_t i = 0; i < 2; i++) {
-        struct stat st;
         if (mkdir(dirs[i], 0711) != 0 && errno != EEXIST)
             die("cannot create %s: %s", dirs[i], strerror(errno));
-        if (stat(dirs[i], &st) != 0 || chmod(dirs[i], (st.st_mode & 07777) | 0111) != 0)
-            die("%s: cannot let run_as user %s through (chmod o+x): %s", dirs[i], u->name,
+        if (chmod(dirs[i], 0711) != 0)
+            die("%s: cannot let jobs through to their directories (chmod 0711): %s", dirs[i],
                 strerror(errno));
     }
     const char *suffix[] = {"", "-wal", "-shm"};
@@ -292,6 +331,20 @@ static void open_for_jobs(const char *state, const char *db_path, const td_launc
         if (chmod(p, 0600) != 0 && errno != ENOENT)
             td_log_warn(log, "warning: chmod 600 %s: %s", p, strerror(errno));
     }
+}
+
+/* What a job may use unless it says, and the most (td_job_limits); memory 0: the node's less a
+ * reserve (1 GiB, or a tenth of a small node's) for the daemon and the system. */
+static td_job_limits limits_of_jobs(const daemon_options *o) {
+    double total = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / 1073741824.0;
+    double reserve = total > 10 ? 1.0 : total / 10;
+    double node = total - reserve;
+    return (td_job_limits){.memory_gb = o->job_memory_gb > 0 ? o->job_memory_gb : node,
+                           .max_memory_gb = o->max_job_memory_gb > 0 ? o->max_job_memory_gb : node,
+                           .pids = o->job_pids,
+                           .max_pids = o->max_job_pids,
+                           .disk_gb = o->job_disk_gb,
+                           .max_disk_gb = o->max_job_disk_gb};
 }
 
 /* Each API connection is a socket, and each job a few pipes and files: the soft limit on open
@@ -319,6 +372,8 @@ static td_tokens_limits limits_of(const daemon_options *o) {
                               .queued = (int)o->max_queued_per_token};
 }
 
+/* SIGHUP: the configuration again. What a running daemon can take (data roots, grace, body
+ * limit, logging) changes now; any other change is named and waits for a restart. */
 static void reload(daemon_options *o, int argc, char **argv, const char *state, td_log *log,
                    td_jobs *jobs, td_api *api, td_tokens *tokens) {
     /* MONOTONIC_USEC: systemd (253 on) pairs it with the reload it asked for */
@@ -446,7 +501,6 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     td_cluster *cluster = NULL;
     td_agent *agent = NULL;
     td_tokens *tokens = NULL;
-    td_launch_user run_as = resolve_run_as(o, log);
     int rc = 1;
     char *cert_pem = NULL, *key_pem = NULL;
     if (o->tls_cert[0]) {
@@ -456,8 +510,10 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     uint64_t watchdog_us = 0;
     watchdog dog = {0};
     if (sd_watchdog_enabled(0, &watchdog_us) > 0) dog.every_s = (double)watchdog_us / 1e6;
+    td_jobs_config jc = {.state_dir = state};
+    resolve_run_as(o, log, &jc);
     if (td_db_open(&db, db_path, &err) != 0) goto fail;
-    open_for_jobs(state, db_path, &run_as, log);
+    open_for_jobs(state, db_path, jc.run_as != TD_RUN_AS_SELF, log);
     char token_path[PATH_MAX + 16];
     snprintf(token_path, sizeof token_path, "%s/token", state);
     if (td_tokens_open(&tokens, db, token_path, log, &err) != 0) goto fail;
@@ -478,26 +534,30 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
         if (td_cluster_open(&cluster, &cc, &err) != 0 || td_cluster_start(cluster, &err) != 0)
             goto fail;
     }
-    td_jobs_config jc = {.state_dir = state,
-                         .worker = o->worker,
-                         .shepherd = o->shepherd,
-                         .orphan_timeout_s = o->orphan_timeout_s,
-                         .keep_jobs_on_stop = o->keep_jobs_on_stop,
-                         .slots = slots,
-                         .gpus = gpus,
-                         .gpu_ids = gpu_ids,
-                         .grace_s = o->grace_s,
-                         .rules = {.data_roots = roots,
-                                   .n_roots = n_roots,
-                                   .slots = slots,
-                                   .state_dir = state,
-                                   .command_jobs = o->command_jobs},
-                         .run_as = run_as,
-                         .keep_finished_for_s = o->keep_finished_for_s,
-                         .keep_finished_jobs = o->keep_finished_jobs,
-                         .on_turn = dog.every_s > 0 ? watchdog_ping : NULL,
-                         .turn_ctx = &dog,
-                         .turn_every_s = dog.every_s / 4};
+    jc.worker = o->worker;
+    jc.shepherd = o->shepherd;
+    jc.orphan_timeout_s = o->orphan_timeout_s;
+    jc.keep_jobs_on_stop = o->keep_jobs_on_stop;
+    jc.slots = slots;
+    jc.gpus = gpus;
+    jc.gpu_ids = gpu_ids;
+    jc.grace_s = o->grace_s;
+    jc.rules = (td_submit_rules){.data_roots = roots,
+                                 .n_roots = n_roots,
+                                 .slots = slots,
+                                 .state_dir = state,
+                                 .command_jobs = o->command_jobs};
+    jc.limits = limits_of_jobs(o);
+    jc.max_checkpoint_files = (int)o->max_checkpoint_files;
+    jc.keep_finished_for_s = o->keep_finished_for_s;
+    jc.keep_finished_jobs = o->keep_finished_jobs;
+    jc.on_turn = dog.every_s > 0 ? watchdog_ping : NULL;
+    jc.turn_ctx = &dog;
+    jc.turn_every_s = dog.every_s / 4;
+    char cgroup_note[1024], hint[17];
+    snprintf(hint, sizeof hint, "%.16s", node_id); /* this state directory's, for good */
+    td_cgroups_setup(&jc.cgroups, hint, cgroup_note, sizeof cgroup_note);
+    td_log_notice(log, "%s", cgroup_note);
     if (o->join[0]) { /* an agent: its master's address checked before anything serves */
         td_agent_config gc = {.master = o->join,
                               .secret = secret,
@@ -647,6 +707,12 @@ int main(int argc, char **argv) {
     td_log *log = td_log_open(stderr, strcmp(o.log_format, "json") == 0, level_of(&o));
     if (!log) die("out of memory");
     fatal_log = log;
+    /* everything the daemon makes is its own unless it says otherwise (a job's files are
+     * given to the job explicitly), and as root it holds no group that a file a job names
+     * could be readable by (td_identity_become relies on that) */
+    umask(077);
+    if (td_identity_can_switch() && setgroups(0, NULL) != 0)
+        die("cannot drop the supplementary groups: %s", strerror(errno));
     if (access(o.worker, X_OK) != 0)
         die("cannot run the worker %s: %s (give --worker)", o.worker, strerror(errno));
     if (access(o.shepherd, X_OK) != 0)

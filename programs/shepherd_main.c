@@ -51,6 +51,7 @@
 #include "core/td_json.h"
 #include "service/td_appender.h"
 #include "service/td_buf.h"
+#include "service/td_cgroup.h"
 #include "service/td_launch.h"
 #include "service/td_shepherd.h"
 #include "service/td_strv.h"
@@ -82,11 +83,13 @@ typedef struct spec {
     char local_rank_arg[32];
     char token[128]; /* what a daemon says first ("hello TOKEN"): jobs share its uid */
     int attempt;
-    int daemon_fd;       /* a connection the starting daemon made (a socketpair); -1: none */
-    int listen_fd;       /* the control socket, bound and listening, from the daemon; -1: bind it */
-    double deadline;     /* wall clock; 0: none */
-    double orphan_s;     /* how long without a daemon before the job stops */
-    td_launch_user user; /* "user": who the processes run as (a root daemon's run_as) */
+    int daemon_fd;    /* a connection the starting daemon made (a socketpair); -1: none */
+    int listen_fd;    /* the control socket, bound and listening, from the daemon; -1: bind it */
+    double deadline;  /* wall clock; 0: none */
+    double orphan_s;  /* how long without a daemon before the job stops */
+    td_identity user; /* "user": who the processes run as (a root daemon's run_as) */
+    /* "cgroup": the attempt's (td_cgroup.h); its ranks' below it; "": none */
+    char cgroup[PATH_MAX], ranks_cgroup[PATH_MAX + 8];
 } spec;
 
 __attribute__((format(printf, 1, 2), noreturn)) static void fail_spec(const char *fmt, ...) {
@@ -150,6 +153,27 @@ static int count(char **v) {
     return n;
 }
 
+/* "user": {"name", "uid", "gid", "groups": [...], "lookup_groups"}: who the processes run as. */
+static void read_user(spec *s, json_t *user, const char *path) {
+    if (!json_is_object(user)) fail_spec("%s: user: expected {\"name\", \"uid\", \"gid\"}", path);
+    text(user, "name", s->user.name, sizeof s->user.name, true, path);
+    s->user.uid = (uid_t)integer(user, "uid", 0, 1, UINT_MAX - 1, true, path);
+    s->user.gid = (gid_t)integer(user, "gid", 0, 0, UINT_MAX - 1, true, path);
+    s->user.lookup_groups = json_is_true(json_object_get(user, "lookup_groups"));
+    json_t *groups = json_object_get(user, "groups");
+    if (groups && (!json_is_array(groups) || json_array_size(groups) > TD_IDENTITY_GROUPS))
+        fail_spec("%s: user.groups: expected at most %d group ids", path, TD_IDENTITY_GROUPS);
+    size_t i;
+    json_t *g;
+    json_array_foreach(groups, i, g) {
+        if (!json_is_integer(g) || json_integer_value(g) < 0)
+            fail_spec("%s: user.groups[%zu]: expected a group id", path, i);
+        s->user.groups[s->user.n_groups++] = (gid_t)json_integer_value(g);
+    }
+    s->user.drop = true;
+    s->launch.user = &s->user;
+}
+
 static void read_spec(spec *s, const char *path) {
     json_error_t je;
     json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
@@ -204,15 +228,14 @@ static void read_spec(spec *s, const char *path) {
     c->cwd = s->dir;
     c->local_rank_arg = s->local_rank_arg[0] ? s->local_rank_arg : NULL;
     json_t *user = json_object_get(o, "user");
-    if (user && !json_is_null(user)) {
-        if (!json_is_object(user))
-            fail_spec("%s: user: expected {\"name\", \"uid\", \"gid\"}", path);
-        text(user, "name", s->user.name, sizeof s->user.name, true, path);
-        s->user.uid = (uid_t)integer(user, "uid", 0, 1, INT_MAX, true, path);
-        s->user.gid = (gid_t)integer(user, "gid", 0, 0, INT_MAX, true, path);
-        s->user.drop = true;
-        c->user = &s->user;
+    if (user && !json_is_null(user)) read_user(s, user, path);
+    /* the attempt's cgroup: the shepherd moves into its "shepherd", the processes into "ranks" */
+    text(o, "cgroup", s->cgroup, sizeof s->cgroup, false, path);
+    if (s->cgroup[0]) {
+        snprintf(s->ranks_cgroup, sizeof s->ranks_cgroup, "%s/ranks", s->cgroup);
+        c->cgroup = s->ranks_cgroup;
     }
+    c->max_file_bytes = integer(o, "max_file_bytes", 0, 0, LONG_MAX, false, path);
     json_decref(o);
 }
 
@@ -615,6 +638,14 @@ int main(int argc, char **argv) {
                 strerror(errno));
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
         fprintf(stderr, "traind-shepherd: prctl(PR_SET_CHILD_SUBREAPER): %s\n", strerror(errno));
+    /* out of the daemon's cgroup, into the attempt's (the daemon's stays the daemon's, and a
+     * stopped service's cgroup is not the job's to hold) */
+    if (h.s.cgroup[0]) {
+        char mine[PATH_MAX + 16];
+        td_err cerr = {{0}};
+        snprintf(mine, sizeof mine, "%s/shepherd", h.s.cgroup);
+        if (td_cgroup_enter(mine, &cerr) != 0) fprintf(stderr, "traind-shepherd: %s\n", cerr.msg);
+    }
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGCHLD);

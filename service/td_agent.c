@@ -7,6 +7,7 @@
 #include "service/td_log.h"
 #include "service/td_ckpt.h"
 #include "service/td_cluster.h" /* TD_CLUSTER_PROTOCOL */
+#include "service/td_jobfs.h"
 #include "service/td_jobs.h"
 #include "service/td_sha256.h"
 
@@ -14,6 +15,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -123,26 +125,31 @@ static long transfer(td_agent *a, const char *url, FILE *f, long long size, bool
     return status;
 }
 
-/* Uploads one file of a checkpoint as rel; its manifest entry in files. */
-static int upload_file(td_agent *a, long job, const char *path, const char *rel, json_t *files) {
+/* Uploads file `name` of f's checkpoint at ckpt as rel; its manifest entry in files. The file is
+ * opened as the job, without following a link (td_ckpt_open), and hashed and sent from that one
+ * descriptor: what the job swaps in under the name meanwhile is never read. */
+static int upload_file(td_agent *a, long job, const td_job_files *f, const char *ckpt,
+                       const char *name, const char *rel, json_t *files) {
     char hex[TD_SHA256_HEX], why[512] = "";
     long long size = 0;
+    int fd = -1;
     td_err err = {{0}};
-    if (td_sha256_file(path, hex, &size, &err) != 0) {
+    if (td_ckpt_open(f, ckpt, name, &fd, &size, &err) != 0 ||
+        td_sha256_fd(fd, name, hex, &size, &err) != 0) {
         td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job),
                   "job %ld: cannot upload its checkpoint: %s", job, err.msg);
-        return -1;
+        if (fd >= 0) close(fd);
+        return -3; /* not a file of the job's: never sent */
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job), "job %ld: cannot open %s: %s", job,
-                  path, strerror(errno));
+    FILE *in = fdopen(fd, "rb");
+    if (!in) {
+        close(fd);
         return -1;
     }
     char url[4600];
-    snprintf(url, sizeof url, "%s/%ld/%s?sha256=%s", a->url_files, job, rel, hex);
-    long status = transfer(a, url, f, size, true, why, sizeof why);
-    fclose(f);
+    snprintf(url, sizeof url, "%s/%ld/%.4000s?sha256=%s", a->url_files, job, rel, hex);
+    long status = transfer(a, url, in, size, true, why, sizeof why);
+    fclose(in);
     if (status >= 400 && status < 500 && status != 401 && status != 408 && status != 429) {
         /* the master will never take it (a name it refuses): announce the checkpoint without
          * it, so the master registers nothing rather than waiting for ever */
@@ -167,37 +174,30 @@ static bool upload_checkpoints(td_agent *a) {
     long job, seq;
     int attempt;
     char path[4096];
-    while (td_jobs_guests_next_upload(a->jobs, &job, &attempt, &seq, path, sizeof path)) {
+    td_job_files f;
+    while (td_jobs_guests_next_upload(a->jobs, &job, &attempt, &seq, path, sizeof path, &f)) {
         const char *slash = strrchr(path, '/');
         const char *base = slash ? slash + 1 : path;
         json_t *files = json_array();
-        struct stat st;
-        int rc = stat(path, &st) == 0 ? 0 : -1;
-        if (rc == 0 && S_ISDIR(st.st_mode)) {
-            td_ckpt_file *list = NULL;
-            int n = 0;
-            td_err err = {{0}};
-            rc = td_ckpt_list(path, td_jobs_files_owner(a->jobs), &list, &n, &err);
-            for (int i = 0; rc == 0 && i < n; i++) {
-                char file[8300], rel[4400];
-                snprintf(file, sizeof file, "%s/%s", path, list[i].name);
-                snprintf(rel, sizeof rel, "checkpoints/%s/%s", base, list[i].name);
-                rc = upload_file(a, job, file, rel, files);
-            }
-            td_ckpt_files_free(list, n);
-        } else if (rc == 0) {
+        td_ckpt_file *list = NULL;
+        int n = 0;
+        td_err err = {{0}};
+        int rc = td_ckpt_list(&f, path, &list, &n, &err);
+        bool single = rc == 0 && n == 1 && strcmp(list[0].name, base) == 0;
+        if (rc != 0) /* gone, or not the job's own: announced without files (registers nothing) */
+            td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job),
+                      "job %ld: its checkpoint %s is not sent to the master: %s", job, path,
+                      err.msg);
+        for (int i = 0; rc == 0 && i < n; i++) {
             char rel[4400];
-            snprintf(rel, sizeof rel, "checkpoints/%s", base);
-            rc = upload_file(a, job, path, rel, files);
+            snprintf(rel, sizeof rel, "checkpoints/%s%s%s", base, single ? "" : "/",
+                     single ? "" : list[i].name);
+            rc = upload_file(a, job, &f, path, list[i].name, rel, files);
         }
-        if (rc == -2) {
+        td_ckpt_files_free(list, n);
+        if (rc != 0 && rc != -1) { /* announced without files: not registered */
             json_decref(files);
-            files = json_array(); /* announced without files: not registered */
-            rc = 0;
-        }
-        if (rc != 0 && stat(path, &st) != 0) {
-            /* gone (a command wrote a path that is not there): announce it without files; the
-             * master registers nothing for it */
+            files = json_array();
             rc = 0;
         }
         if (rc != 0) {
@@ -210,84 +210,104 @@ static bool upload_checkpoints(td_agent *a) {
     return true;
 }
 
+/* One file of the order into the directory open at root as the job (below: its path there),
+ * made aside and kept only when its SHA-256 is want's. NULL, or why not. */
+static const char *fetch_file(td_agent *a, const td_identity *who, int root, long job,
+                              const char *rel, const char *below, const char *want, char *why,
+                              size_t why_len) {
+    td_jobfs_put put;
+    td_err err = {{0}};
+    char suffix[96];
+    snprintf(suffix, sizeof suffix, "part-%s", a->name); /* shared storage: per node */
+    if (td_jobfs_put_begin(who, root, below, suffix, &put, &err) != 0) {
+        snprintf(why, why_len, "%.700s", err.msg);
+        return why;
+    }
+    int copy = dup(put.fd);
+    FILE *out = copy >= 0 ? fdopen(copy, "wb") : NULL;
+    char url[8500], failure[512] = "", hex[TD_SHA256_HEX];
+    snprintf(url, sizeof url, "%s/%ld/%s", a->url_files, job, rel);
+    long status = out ? transfer(a, url, out, 0, false, failure, sizeof failure) : 0;
+    const char *wrong = NULL;
+    if (!out)
+        wrong = strerror(errno);
+    else if (fclose(out) != 0)
+        wrong = strerror(errno);
+    else if (status != 200)
+        wrong = failure;
+    if (!out && copy >= 0) close(copy);
+    if (!wrong) { /* what was written, read back as the job from the file itself */
+        int in = td_jobfs_openat(who, put.dir, put.tmp, O_RDONLY, 0, &err);
+        if (in < 0 || td_sha256_fd(in, put.tmp, hex, NULL, &err) != 0)
+            wrong = err.msg;
+        else if (strcmp(hex, want) != 0)
+            wrong = "its SHA-256 differs";
+        if (in >= 0) close(in);
+    }
+    if (td_jobfs_put_end(&put, !wrong, &err) != 0 && !wrong) wrong = err.msg;
+    if (!wrong) return NULL;
+    snprintf(why, why_len, "fetching %.300s from the master: %.300s", rel, wrong);
+    return why;
+}
+
 /* Fetches the checkpoint a part resumes from to where the part's ranks look for it (the job's
  * checkpoints/ here, or a train job's own checkpoint.dir), each file checked by size and SHA-256
- * (a file already there and whole is kept: an earlier fetch, or shared storage). False with why. */
-static bool fetch_checkpoint(td_agent *a, long job, json_t *resume, int *fetched, char *why,
-                             size_t why_len) {
+ * (a file already there and whole is kept: an earlier fetch, or shared storage). Everything is
+ * written as the job (its uid from the order), beneath that place, never through a link the job
+ * planted (td_jobfs.h). False with why. */
+static bool fetch_checkpoint(td_agent *a, long job, long uid, json_t *resume, int *fetched,
+                             char *why, size_t why_len) {
     *fetched = 0;
     const char *dir = json_string_value(json_object_get(resume, "dir"));
     if (!dir || !*dir || strstr(dir, "..")) {
         snprintf(why, why_len, "the master's order names no place for the checkpoint");
         return false;
     }
-    char root[2 * PATH_MAX];
-    int n = dir[0] == '/' ? snprintf(root, sizeof root, "%s", dir)
-                          : snprintf(root, sizeof root, "%s/jobs/%ld/%s", a->state_dir, job, dir);
-    if (n < 0 || n >= (int)sizeof root) {
+    td_job_files f;
+    td_err err = {{0}};
+    if (td_jobs_order_files(a->jobs, job, uid, &f, &err) != 0) {
+        snprintf(why, why_len, "%.700s", err.msg);
+        return false;
+    }
+    char root_path[2 * PATH_MAX];
+    int n = dir[0] == '/' ? snprintf(root_path, sizeof root_path, "%s", dir)
+                          : snprintf(root_path, sizeof root_path, "%s/%s", f.dir, dir);
+    if (n < 0 || n >= (int)sizeof root_path) {
         snprintf(why, why_len, "the checkpoint's place here is too long a path");
         return false;
     }
+    if (dir[0] == '/' && td_jobfs_mkdir_path(&f.who, root_path, &err) != 0) {
+        snprintf(why, why_len, "%.700s", err.msg);
+        return false;
+    }
+    int root = td_jobfs_open_path(&f.who, f.dir, root_path, O_RDONLY | O_DIRECTORY, &err);
+    if (root < 0) {
+        snprintf(why, why_len, "%.700s", err.msg);
+        return false;
+    }
+    bool ok = true;
     size_t i;
-    json_t *f;
-    json_array_foreach(json_object_get(resume, "files"), i, f) {
-        const char *rel = json_string_value(json_object_get(f, "path"));
-        const char *want = json_string_value(json_object_get(f, "sha256"));
+    json_t *file;
+    json_array_foreach(json_object_get(resume, "files"), i, file) {
+        const char *rel = json_string_value(json_object_get(file, "path"));
+        const char *want = json_string_value(json_object_get(file, "sha256"));
         static const char PREFIX[] = "checkpoints/";
-        if (!rel || !want || strncmp(rel, PREFIX, strlen(PREFIX)) != 0 || strstr(rel, "..")) {
+        if (!rel || !want || strncmp(rel, PREFIX, strlen(PREFIX)) != 0) {
             snprintf(why, why_len, "a malformed file in the master's order: %.200s",
                      rel ? rel : "(no path)");
-            return false;
+            ok = false;
+            break;
         }
-        char path[3 * PATH_MAX], tmp[3 * PATH_MAX + 80], hex[TD_SHA256_HEX];
-        if (snprintf(path, sizeof path, "%s/%s", root, rel + strlen(PREFIX)) >= (int)sizeof path) {
-            snprintf(why, why_len, "the checkpoint's place here is too long a path");
-            return false;
-        }
-        long long size;
-        td_err err = {{0}};
-        if (td_sha256_file(path, hex, &size, &err) == 0 && strcmp(hex, want) == 0) continue;
-        for (char *p = path + 1; (p = strchr(p, '/')); p++) {
-            *p = 0;
-            if (mkdir(path, 0750) == 0)
-                td_jobs_give(a->jobs, path); /* for the ranks (run_as): made here, for them */
-            else if (errno != EEXIST) {
-                snprintf(why, why_len, "cannot create %.300s: %s", path, strerror(errno));
-                return false;
-            }
-            *p = '/';
-        }
-        /* named for this node: on shared storage another node may fetch the same file */
-        snprintf(tmp, sizeof tmp, "%s.part-%s", path, a->name);
-        FILE *out = fopen(tmp, "wb");
-        if (!out) {
-            snprintf(why, why_len, "cannot write %.300s: %s", tmp, strerror(errno));
-            return false;
-        }
-        char url[8500], failure[512] = "";
-        snprintf(url, sizeof url, "%s/%ld/%s", a->url_files, job, rel);
-        long status = transfer(a, url, out, 0, false, failure, sizeof failure);
-        const char *wrong = NULL;
-        if (fclose(out) != 0)
-            wrong = strerror(errno);
-        else if (status != 200)
-            wrong = failure;
-        else if (td_sha256_file(tmp, hex, &size, &err) != 0)
-            wrong = err.msg;
-        else if (strcmp(hex, want) != 0)
-            wrong = "its SHA-256 differs";
-        else if (rename(tmp, path) != 0)
-            wrong = strerror(errno);
-        else
-            td_jobs_give(a->jobs, path);
-        if (wrong) {
-            snprintf(why, why_len, "fetching %.300s from the master: %.300s", rel, wrong);
-            unlink(tmp);
-            return false;
+        const char *below = rel + strlen(PREFIX);
+        if (td_jobfs_has(&f.who, root, below, f.owner, want)) continue;
+        if (fetch_file(a, &f.who, root, job, rel, below, want, why, why_len)) {
+            ok = false;
+            break;
         }
         ++*fetched;
     }
-    return true;
+    close(root);
+    return ok;
 }
 
 /* The master's orders, less the parts whose checkpoint the mover has not fetched yet (they
@@ -327,8 +347,9 @@ static void take_orders(td_agent *a, json_t *orders) {
             }
             if (!f) {
                 json_object_set_new(a->fetches, key,
-                                    json_pack("{s:I, s:O, s:b}", "job", (json_int_t)job, "resume",
-                                              resume, "ready", false));
+                                    json_pack("{s:I, s:I, s:O, s:b}", "job", (json_int_t)job, "uid",
+                                              json_integer_value(json_object_get(o, "uid")),
+                                              "resume", resume, "ready", false));
                 pthread_cond_broadcast(&a->moved);
             }
             pthread_mutex_unlock(&a->mu);
@@ -380,8 +401,9 @@ static void *mover_loop(void *arg) {
             json_t *now = json_object_get(a->fetches, key);
             if (now) json_object_del(now, "error");
             pthread_mutex_unlock(&a->mu);
-            bool ok =
-                fetch_checkpoint(a, job, json_object_get(fe, "resume"), &fetched, why, sizeof why);
+            long uid = (long)json_integer_value(json_object_get(fe, "uid"));
+            bool ok = fetch_checkpoint(a, job, uid, json_object_get(fe, "resume"), &fetched, why,
+                                       sizeof why);
             pthread_mutex_lock(&a->mu);
             now = json_object_get(a->fetches, key);
             if (now && ok) {

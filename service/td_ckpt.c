@@ -14,21 +14,12 @@
 #include <unistd.h>
 
 #define MAX_DEPTH 8 /* a checkpoint's own subdirectories, not a file system */
-#define MAX_FILES 100000
 
 typedef struct file_list {
     td_ckpt_file *v;
-    int n, cap;
+    int n, cap, max;
     uid_t owner;
 } file_list;
-
-static int owner_check(uid_t owner, const struct stat *st, const char *name, td_err *err) {
-    if (owner == TD_CKPT_ANY_OWNER || st->st_uid == owner) return 0;
-    return td_fail(err,
-                   "%s belongs to uid %u, not to the user the job ran as (uid %u): a checkpoint "
-                   "holds only its job's own files",
-                   name, (unsigned)st->st_uid, (unsigned)owner);
-}
 
 static void add_file(file_list *l, const char *name, long long size) {
     if (l->n == l->cap) {
@@ -39,7 +30,10 @@ static void add_file(file_list *l, const char *name, long long size) {
     l->v[l->n++].size = size;
 }
 
-/* Walks the directory open at fd (consumed), adding regular files as prefix + name. */
+/* Walks the directory open at fd (consumed), adding regular files as prefix + name. Every entry
+ * is looked at without following it (fstatat, AT_SYMLINK_NOFOLLOW) and every subdirectory
+ * opened from its parent's descriptor with O_NOFOLLOW: a link, a FIFO or a device is passed
+ * over, never reached. */
 static int walk(int fd, const char *prefix, int depth, file_list *l, td_err *err) {
     DIR *d = fdopendir(fd);
     if (!d) {
@@ -55,16 +49,21 @@ static int walk(int fd, const char *prefix, int depth, file_list *l, td_err *err
         char name[PATH_MAX];
         if (snprintf(name, sizeof name, "%s%s", prefix, e->d_name) >= (int)sizeof name) continue;
         if (S_ISREG(st.st_mode)) {
-            if (owner_check(l->owner, &st, name, err) != 0) {
-                rc = -1;
-                break;
-            }
-            if (l->n == MAX_FILES)
-                rc = td_fail(err, "more than %d files: not a checkpoint", MAX_FILES);
+            if (l->owner != TD_JOBFS_ANY_OWNER && st.st_uid != l->owner)
+                rc = td_fail(err,
+                             "%s belongs to uid %u, not to the user the job ran as (uid %u): a "
+                             "checkpoint holds only its job's own files",
+                             name, (unsigned)st.st_uid, (unsigned)l->owner);
+            else if (l->max > 0 && l->n == l->max)
+                rc = td_fail(err,
+                             "more than %d files, the limit of one checkpoint "
+                             "(max_checkpoint_files)",
+                             l->max);
             else
                 add_file(l, name, (long long)st.st_size);
         } else if (S_ISDIR(st.st_mode) && depth < MAX_DEPTH) {
-            int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            int sub = openat(dirfd(d), e->d_name,
+                             O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
             if (sub < 0) continue;
             snprintf(name + strlen(name), sizeof name - strlen(name), "/");
             rc = walk(sub, name, depth + 1, l, err);
@@ -78,26 +77,33 @@ static int by_name(const void *a, const void *b) {
     return strcmp(((const td_ckpt_file *)a)->name, ((const td_ckpt_file *)b)->name);
 }
 
-int td_ckpt_list(const char *path, uid_t owner, td_ckpt_file **files, int *n, td_err *err) {
+static const char *base_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+int td_ckpt_list(const td_job_files *f, const char *path, td_ckpt_file **files, int *n,
+                 td_err *err) {
     *files = NULL;
     *n = 0;
+    int fd = td_jobfs_open_path(&f->who, f->dir, path, O_RDONLY, err);
     struct stat st;
-    if (lstat(path, &st) != 0) return td_fail(err, "%s: %s", path, strerror(errno));
-    file_list l = {.owner = owner};
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0) close(fd);
+        return fd < 0 ? -1 : td_fail(err, "%s: %s", path, strerror(errno));
+    }
+    file_list l = {.owner = f->owner, .max = f->max_files};
     if (S_ISREG(st.st_mode)) {
-        if (owner_check(owner, &st, path, err) != 0) return -1;
-        const char *base = strrchr(path, '/');
-        add_file(&l, base ? base + 1 : path, (long long)st.st_size);
-    } else if (S_ISDIR(st.st_mode)) {
-        int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0) return td_fail(err, "%s: %s", path, strerror(errno));
+        int rc = td_jobfs_check(fd, path, false, f->owner, 0, NULL, err);
+        close(fd);
+        if (rc != 0) return -1;
+        add_file(&l, base_of(path), (long long)st.st_size);
+    } else { /* a directory (td_jobfs opens nothing else) */
         if (walk(fd, "", 0, &l, err) != 0) {
             td_ckpt_files_free(l.v, l.n);
             return td_fail_prefix(err, "%s", path);
         }
         if (l.n) qsort(l.v, (size_t)l.n, sizeof *l.v, by_name);
-    } else {
-        return td_fail(err, "%s: neither a file nor a directory", path);
     }
     *files = l.v;
     *n = l.n;
@@ -109,50 +115,32 @@ void td_ckpt_files_free(td_ckpt_file *files, int n) {
     free(files);
 }
 
-int td_ckpt_open(const char *path, const char *name, uid_t owner, int *fd, long long *size,
-                 td_err *err) {
+int td_ckpt_open(const td_job_files *f, const char *path, const char *name, int *fd,
+                 long long *size, td_err *err) {
+    int root = td_jobfs_open_path(&f->who, f->dir, path, O_RDONLY, err);
+    if (root < 0) return td_fail_prefix(err, "the checkpoint is no longer there");
     struct stat st;
-    if (lstat(path, &st) != 0)
-        return td_fail(err, "the checkpoint is no longer on disk (%s)", strerror(errno));
-    int cur;
-    if (S_ISREG(st.st_mode)) {
-        const char *base = strrchr(path, '/');
-        if (strcmp(name, base ? base + 1 : path) != 0)
-            return td_fail(err, "the checkpoint is the single file %s", base ? base + 1 : path);
-        cur = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int cur = -1;
+    if (fstat(root, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (strcmp(name, base_of(path)) != 0) {
+            close(root);
+            return td_fail(err, "the checkpoint is the single file %s", base_of(path));
+        }
+        cur = root; /* itself */
     } else {
-        /* one component at a time, never through a link: "..", "." and empty parts name
+        /* a name of plain components below the checkpoint: "..", "." and empty parts name
          * nothing here, whatever the file system would make of them */
-        cur = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        char copy[PATH_MAX];
-        snprintf(copy, sizeof copy, "%s", name);
-        char *save = NULL, *part = strtok_r(copy, "/", &save);
-        if (!part || name[0] == '/' || strstr(name, "//") || name[strlen(name) - 1] == '/') {
-            if (cur >= 0) close(cur);
-            return td_fail(err, "\"%s\" is not a file name of the checkpoint", name);
-        }
-        while (cur >= 0 && part) {
-            char *next = strtok_r(NULL, "/", &save);
-            if (!strcmp(part, ".") || !strcmp(part, "..")) {
-                close(cur);
-                return td_fail(err, "\"%s\" is not a file name of the checkpoint", name);
-            }
-            int fd2 =
-                openat(cur, part, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (next ? O_DIRECTORY : 0));
-            close(cur);
-            cur = fd2;
-            part = next;
-        }
+        cur = td_jobfs_openat(&f->who, root, name, O_RDONLY, 0, err);
+        close(root);
+        if (cur < 0) return td_fail_prefix(err, "\"%s\" is not a file of the checkpoint", name);
     }
-    if (cur < 0) return td_fail(err, "%s: %s", name, strerror(errno));
-    if (fstat(cur, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(cur);
-        return td_fail(err, "%s: not a regular file of the checkpoint", name);
-    }
-    if (owner_check(owner, &st, name, err) != 0) { /* what it is now, not what was listed */
+    /* what it is now, not what was listed */
+    if (td_jobfs_check(cur, name, false, f->owner, 0, &st, err) != 0) {
         close(cur);
         return -1;
     }
+    /* served with blocking reads: the descriptor is a regular file's */
+    fcntl(cur, F_SETFL, fcntl(cur, F_GETFL) & ~O_NONBLOCK);
     *fd = cur;
     *size = (long long)st.st_size;
     return 0;
@@ -163,7 +151,7 @@ int td_ckpt_open(const char *path, const char *name, uid_t owner, int *fd, long 
 struct td_ckpt_tar {
     struct archive *a;
     char *path, *top;
-    uid_t owner;
+    td_job_files files_of;
     td_ckpt_file *files;
     int n, next; /* files[next] is the one to begin after the current */
     int fd;      /* the member being written, -1: between members */
@@ -180,12 +168,12 @@ static la_ssize_t to_buffer(struct archive *a, void *cls, const void *data, size
     return (la_ssize_t)len;
 }
 
-int td_ckpt_tar_open(td_ckpt_tar **out, const char *path, const char *top, uid_t owner,
+int td_ckpt_tar_open(td_ckpt_tar **out, const td_job_files *f, const char *path, const char *top,
                      td_err *err) {
     td_ckpt_tar *t = td_calloc(1, sizeof *t);
     t->fd = -1;
-    t->owner = owner;
-    if (td_ckpt_list(path, owner, &t->files, &t->n, err) != 0) {
+    t->files_of = *f;
+    if (td_ckpt_list(f, path, &t->files, &t->n, err) != 0) {
         free(t);
         return -1;
     }
@@ -207,7 +195,7 @@ int td_ckpt_tar_open(td_ckpt_tar **out, const char *path, const char *top, uid_t
 
 static int begin_member(td_ckpt_tar *t, td_err *err) {
     const td_ckpt_file *f = &t->files[t->next++];
-    if (td_ckpt_open(t->path, f->name, t->owner, &t->fd, &t->left, err) != 0)
+    if (td_ckpt_open(&t->files_of, t->path, f->name, &t->fd, &t->left, err) != 0)
         return td_fail_prefix(err, "checkpoint %s", t->path);
     char name[2 * PATH_MAX];
     snprintf(name, sizeof name, "%s%s", t->top, f->name);

@@ -70,6 +70,7 @@ static const struct {
     {"jobs", "out_offset", "INTEGER NOT NULL DEFAULT 0"},
     {"jobs", "owner", "INTEGER NOT NULL DEFAULT 0"},
     {"jobs", "owner_name", "TEXT NOT NULL DEFAULT ''"},
+    {"jobs", "uid", "INTEGER NOT NULL DEFAULT 0"},
 };
 
 static int has_column(sqlite3 *db, const char *table, const char *column) {
@@ -174,10 +175,10 @@ static sqlite3_stmt *prepare(td_db *db, const char *sql) {
 int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = -1;
-    sqlite3_stmt *s = prepare(
-        db,
-        "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, restarts, state, "
-        "created_at, priority, time_limit, owner, owner_name) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
+    sqlite3_stmt *s =
+        prepare(db, "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, restarts, state, "
+                    "created_at, priority, time_limit, owner, owner_name, uid) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
     if (!s) {
         db_fail(db, err, "preparing a job insert");
         goto out;
@@ -194,6 +195,7 @@ int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     sqlite3_bind_double(s, 10, job->time_limit_s);
     sqlite3_bind_int64(s, 11, job->owner);
     sqlite3_bind_text(s, 12, job->owner_name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 13, job->uid);
     if (step_done(db, s, err, "inserting a job") != 0) goto out;
     job->id = (long)sqlite3_last_insert_rowid(db->db);
     rc = 0;
@@ -205,7 +207,7 @@ out:
 static int update_job_locked(td_db *db, const td_db_job *job, td_err *err) {
     sqlite3_stmt *s = prepare(db, "UPDATE jobs SET restarts=?, state=?, started_at=?, "
                                   "finished_at=?, exit_code=?, reason=?, pgid=?, last_seq=?, "
-                                  "out_offset=? WHERE id=?");
+                                  "out_offset=?, uid=? WHERE id=?");
     if (!s) return db_fail(db, err, "preparing a job update");
     sqlite3_bind_int(s, 1, job->restarts);
     sqlite3_bind_text(s, 2, job->state, -1, SQLITE_STATIC);
@@ -219,7 +221,8 @@ static int update_job_locked(td_db *db, const td_db_job *job, td_err *err) {
     sqlite3_bind_int64(s, 7, job->pgid);
     sqlite3_bind_int64(s, 8, job->last_seq);
     sqlite3_bind_int64(s, 9, job->out_offset);
-    sqlite3_bind_int64(s, 10, job->id);
+    sqlite3_bind_int64(s, 10, job->uid);
+    sqlite3_bind_int64(s, 11, job->id);
     return step_done(db, s, err, "updating a job");
 }
 
@@ -331,8 +334,8 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
     sqlite3_stmt *s =
         prepare(db, "SELECT id, name, kind, spec, nproc, max_restarts, restarts, "
                     "state, created_at, started_at, finished_at, exit_code, "
-                    "reason, pgid, last_seq, priority, time_limit, out_offset, owner, owner_name "
-                    "FROM jobs "
+                    "reason, pgid, last_seq, priority, time_limit, out_offset, owner, owner_name, "
+                    "uid FROM jobs "
                     "ORDER BY id");
     sqlite3_stmt *a = prepare(db, "SELECT attempt, started_at, finished_at, exit_code, reason "
                                   "FROM attempts WHERE job_id=? ORDER BY attempt");
@@ -364,6 +367,7 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
         j.out_offset = (long long)sqlite3_column_int64(s, 17);
         j.owner = (long)sqlite3_column_int64(s, 18);
         copy_text(s, 19, j.owner_name, sizeof j.owner_name);
+        j.uid = (long)sqlite3_column_int64(s, 20);
         int n = 0, cap = 4;
         td_db_attempt *list = td_calloc((size_t)cap, sizeof *list);
         sqlite3_reset(a);

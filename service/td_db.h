@@ -34,6 +34,7 @@ typedef struct td_db_job {
     long long out_offset;
     long owner;          /* the id of the API token that submitted it (td_tokens); 0: unknown */
     char owner_name[64]; /* that token's name, kept when the token is revoked */
+    long uid;            /* the uid (and gid) it runs as (run_as "dynamic"); 0: none given */
 } td_db_job;
 
 typedef struct td_db_attempt {

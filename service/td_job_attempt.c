@@ -91,55 +91,19 @@ json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt
         j->cfg.orphan_timeout_s > 0 ? j->cfg.orphan_timeout_s : 600.0, "launch_self",
         c->launch_self);
     TD_ASSERT(o, "json_pack of a shepherd's spec failed");
-    const td_launch_user *u = &j->cfg.run_as;
-    if (u->drop)
+    const td_identity *u = c->user;
+    if (u && u->drop) {
+        json_t *groups = json_array();
+        for (int i = 0; i < u->n_groups; i++)
+            json_array_append_new(groups, json_integer((json_int_t)u->groups[i]));
         json_object_set_new(o, "user",
-                            json_pack("{s:s, s:I, s:I}", "name", u->name, "uid", (json_int_t)u->uid,
-                                      "gid", (json_int_t)u->gid));
-    return o;
-}
-
-/* Where an attempt's processes run, made ready for them. As the daemon's own user: the job's
- * directory. As run_as: dir stays root's (its attempt, status and output files are the
- * daemon's and the shepherd's, and a job able to swap them for symlinks could make root write
- * anywhere), readable by the user's group; the processes work in dir/work and write checkpoints
- * in dir/checkpoints, both the user's. */
-void td_jobs_give(const td_jobs *j, const char *path) {
-    const td_launch_user *u = &j->cfg.run_as;
-    if (u->drop && lchown(path, u->uid, u->gid) != 0)
-        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_NOWHERE, "cannot give %s to user %s: %s", path,
-                  u->name, strerror(errno));
-}
-
-uid_t td_jobs_files_owner(const td_jobs *j) {
-    return j->cfg.run_as.drop ? j->cfg.run_as.uid : TD_CKPT_ANY_OWNER;
-}
-
-void td_jobs_cwd_of(const td_jobs *j, const char *dir, char *cwd, size_t len) {
-    snprintf(cwd, len, "%s%s", dir, j->cfg.run_as.drop ? "/work" : "");
-}
-
-int td_jobs_work_dir(td_jobs *j, const char *dir, char *cwd, size_t len, td_err *err) {
-    const td_launch_user *u = &j->cfg.run_as;
-    snprintf(cwd, len, "%s", dir);
-    if (!u->drop) return 0;
-    if (lchown(dir, 0, u->gid) != 0 || chmod(dir, 0750) != 0)
-        return td_fail(err, "cannot give %s to group %ld (run_as %s): %s", dir, (long)u->gid,
-                       u->name, strerror(errno));
-    static const char *const OWN[] = {"work", "checkpoints"};
-    for (size_t i = 0; i < sizeof OWN / sizeof OWN[0]; i++) {
-        char sub[PATH_MAX + 16];
-        snprintf(sub, sizeof sub, "%s/%s", dir, OWN[i]);
-        if (mkdir(sub, 0750) != 0 && errno != EEXIST)
-            return td_fail(err, "cannot create %s: %s", sub, strerror(errno));
-        struct stat st;
-        if (lstat(sub, &st) != 0 || !S_ISDIR(st.st_mode))
-            return td_fail(err, "%s: not a directory", sub);
-        if (lchown(sub, u->uid, u->gid) != 0)
-            return td_fail(err, "cannot give %s to user %s: %s", sub, u->name, strerror(errno));
+                            json_pack("{s:s, s:I, s:I, s:o, s:b}", "name", u->name, "uid",
+                                      (json_int_t)u->uid, "gid", (json_int_t)u->gid, "groups",
+                                      groups, "lookup_groups", u->lookup_groups));
     }
-    snprintf(cwd, len, "%s/work", dir);
-    return 0;
+    if (c->max_file_bytes > 0)
+        json_object_set_new(o, "max_file_bytes", json_integer((json_int_t)c->max_file_bytes));
+    return o;
 }
 
 /* Starts the job's next attempt on slots already reserved: its shepherd starts the processes. */
@@ -166,9 +130,13 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     char run_id[64], job_var[64], ckpt_var[PATH_MAX + 32];
     snprintf(run_id, sizeof run_id, "traind-job-%ld", jb->row.id);
     snprintf(job_var, sizeof job_var, "TRAIND_JOB_ID=%ld", jb->row.id);
+    if (td_jobs_allocate_uid(j, &jb->row.uid, &err) != 0) ok = 0;
+    td_identity who = td_jobs_identity(j, jb);
+    char cwd[PATH_MAX + 16];
+    if (ok && td_jobs_work_dir(&who, jb->dir, cwd, sizeof cwd, &err) != 0) ok = 0;
     size_t n_env = 0;
     while (jb->env[n_env]) n_env++;
-    char *env[n_env + 3];
+    char *env[n_env + 6], *own_env[4] = {NULL};
     for (size_t i = 0; i < n_env; i++) env[i] = jb->env[i];
     env[n_env++] = job_var;
     /* a command restarts from its beginning: where its own latest checkpoint is lets a script
@@ -177,9 +145,16 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
         snprintf(ckpt_var, sizeof ckpt_var, "TRAIND_LATEST_CHECKPOINT=%s", jb->ckpt_path);
         env[n_env++] = ckpt_var;
     }
+    size_t n_own = 0;
+    td_jobs_identity_env(&who, cwd, own_env, &n_own);
+    for (size_t i = 0; i < n_own; i++) env[n_env++] = own_env[i];
     env[n_env] = NULL;
-    char cwd[PATH_MAX + 16];
-    if (td_jobs_work_dir(j, jb->dir, cwd, sizeof cwd, &err) != 0) ok = 0;
+    char cgroup[PATH_MAX] = "";
+    if (ok && td_jobs_attempt_cgroup(j, jb->row.id, a->attempt, 0, &jb->cg_limits, cgroup,
+                                     sizeof cgroup, &err) != 0)
+        ok = 0;
+    free(jb->cgroup);
+    jb->cgroup = cgroup[0] ? td_str_dup(cgroup) : NULL;
     td_launch_config cfg = {.nproc_per_node = jb->row.nproc,
                             .nnodes = 1,
                             .max_restarts = jb->row.max_restarts,
@@ -188,7 +163,9 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
                             .local_rank_arg = jb->local_rank_arg,
                             .launch_self = jb->launch_self,
                             .cwd = cwd,
-                            .extra_env = env};
+                            .extra_env = env,
+                            .user = &who,
+                            .max_file_bytes = jb->disk_bytes};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "127.0.0.1");
     snprintf(cfg.run_id, sizeof cfg.run_id, "%s", run_id);
     if (td_launch_free_port(&cfg.master_port, &err) != 0) ok = 0;
@@ -224,17 +201,19 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     if (ok) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, a->attempt, logs, devices, td_jobs_deadline(jb));
+        if (cgroup[0]) json_object_set_new(spec, "cgroup", json_string(cgroup));
         json_object_set_new(
             spec, "daemon",
-            json_pack("{s:I, s:i, s:o, s:o, s:O}", "job", (json_int_t)jb->row.id, "attempt",
+            json_pack("{s:I, s:i, s:o, s:o, s:O, s:s}", "job", (json_int_t)jb->row.id, "attempt",
                       a->attempt, "slots", td_jobs_ints_json(jb->devices, td_jobs_slots(jb)),
                       "log_start", td_jobs_sizes_json(jb->log_start, n), "placement",
-                      jb->last_placement ? jb->last_placement : json_null()));
+                      jb->last_placement ? jb->last_placement : json_null(), "cgroup", cgroup));
         if (td_shepherd_start(&jb->sh, j->cfg.shepherd, base, spec, &err) != 0) ok = 0;
         json_decref(spec);
     }
     td_strv_free(logs);
     td_strv_free(devices);
+    for (size_t i = 0; i < n_own; i++) free(own_env[i]);
     if (!ok) {
         snprintf(jb->sh.base, sizeof jb->sh.base, "%s", base);
         a->finished_at = td_clock_wall();
@@ -372,6 +351,7 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
      * the status again, td_job_recover.c) */
     char base[sizeof jb->sh.base];
     snprintf(base, sizeof base, "%s", placed ? "" : jb->sh.base);
+    if (!placed) td_jobs_cgroup_ended(j, jb->cgroup);
     if (jb->cancel_requested) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, CANCELLED, code, reason);
@@ -441,9 +421,10 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
         gone_with = "the machine restarted while it ran";
     if (rc != 1) {
         /* its processes die with it (their parent death signal); what they left in their
-         * group goes now */
+         * group (and cgroup) goes now */
         if (sh->pgid > 0 && !gone_with && td_jobs_group_of(sh->pgid, jb->dir))
             killpg(sh->pgid, SIGKILL);
+        td_jobs_cgroup_ended(j, jb->cgroup);
         char words[300];
         td_shepherd_last_words(sh->base, words, sizeof words);
         memset(e, 0, sizeof *e);
@@ -479,6 +460,7 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     }
     if (absent) {
         td_shepherd_forget(sh->base);
+        td_jobs_cgroup_ended(j, jb->cgroup);
         if (jb->out_fd >= 0) close(jb->out_fd);
         jb->out_fd = -1;
         td_jobs_release_slots(j, jb);

@@ -25,38 +25,51 @@ void td_jobs_set_checkpoint(job *jb, long step, const char *path) {
 
 /* Whether every file a node uploaded for a checkpoint is in the job's directory with its size
  * (its SHA-256 was checked as it arrived). */
-static bool uploaded(const job *jb, json_t *files) {
+static bool uploaded(td_jobs *j, const job *jb, json_t *files) {
     if (!json_is_array(files) || json_array_size(files) == 0) return false;
+    td_job_files f;
+    td_jobs_files_for(j, jb->row.id, jb->row.uid, &f);
     size_t i;
-    json_t *f;
-    json_array_foreach(files, i, f) {
-        const char *rel = json_string_value(json_object_get(f, "path"));
+    json_t *file;
+    json_array_foreach(files, i, file) {
+        const char *rel = json_string_value(json_object_get(file, "path"));
         char path[2 * PATH_MAX];
+        td_err err = {{0}};
         struct stat st;
         if (!rel) return false;
         snprintf(path, sizeof path, "%s/%s", jb->dir, rel);
-        if (stat(path, &st) != 0 ||
-            (long long)st.st_size != (long long)json_integer_value(json_object_get(f, "size")))
-            return false;
+        int fd = td_jobfs_open_path(&f.who, f.dir, path, O_RDONLY, &err);
+        bool whole =
+            fd >= 0 && td_jobfs_check(fd, rel, false, f.owner, 0, &st, &err) == 0 &&
+            (long long)st.st_size == (long long)json_integer_value(json_object_get(file, "size"));
+        if (fd >= 0) close(fd);
+        if (!whole) return false;
     }
     return true;
 }
 
 /* A checkpoint event's path: a directory (traind-worker's step-N/, or any a command writes) or
- * one file (a command's torch.save), through links (a "latest" link names its target). Registered
- * with its total size, under its real path, when it exists and holds only the job's user's
- * files (td_ckpt.h); a checkpoint refused for its files' owner is said in the log. */
+ * one file (a command's torch.save), through links as the job resolves them (a "latest" link
+ * names its target: resolved with the job's own rights, td_jobfs.h). Registered with its total
+ * size, under that real path, when it exists and holds only the job's own files, at most
+ * max_checkpoint_files of them (td_ckpt.h); one refused is said in the log. */
 static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *size) {
+    td_job_files f;
+    td_jobs_files_for(j, jb->row.id, jb->row.uid, &f);
     char real[PATH_MAX];
-    if (!path || !*path || !realpath(path, real)) return false;
-    snprintf(path, PATH_MAX, "%s", real);
     td_err err = {{0}};
+    if (!path || !*path) return false;
+    if (td_jobfs_realpath(&f.who, path, real, &err) != 0) {
+        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                  "job %ld: checkpoint not registered: %s", jb->row.id, err.msg);
+        return false;
+    }
+    snprintf(path, PATH_MAX, "%s", real);
     td_ckpt_file *files = NULL;
     int n = 0;
-    if (td_ckpt_list(path, td_jobs_files_owner(j), &files, &n, &err) != 0) {
-        if (strstr(err.msg, "belongs to uid"))
-            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
-                      "job %ld: checkpoint %s not registered: %s", jb->row.id, path, err.msg);
+    if (td_ckpt_list(&f, path, &files, &n, &err) != 0) {
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
+                  "job %ld: checkpoint %s not registered: %s", jb->row.id, path, err.msg);
         return false;
     }
     *size = 0;
@@ -98,7 +111,7 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
         if (path && remote) { /* uploaded into the job's checkpoints/ under its own name */
             const char *base = strrchr(path, '/');
             snprintf(full, sizeof full, "%s/checkpoints/%s", jb->dir, base ? base + 1 : path);
-            path = uploaded(jb, files) ? full : NULL;
+            path = uploaded(j, jb, files) ? full : NULL;
             if (!path)
                 td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
                           "job %ld: checkpoint of step %ld did not arrive whole "
@@ -106,7 +119,8 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
                           jb->row.id, step);
         } else if (path) {
             char cwd[PATH_MAX];
-            td_jobs_cwd_of(j, jb->dir, cwd, sizeof cwd);
+            td_identity who = td_jobs_identity(j, jb);
+            td_jobs_cwd_of(&who, jb->dir, cwd, sizeof cwd);
             snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd,
                      path[0] == '/' ? "" : "/", path);
             path = full;

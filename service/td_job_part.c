@@ -82,7 +82,8 @@ static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
         const char *path = json_string_value(json_object_get(o, "path"));
         if (ev && path && strcmp(ev, TD_EVENT_CHECKPOINT) == 0) {
             char full[2 * PATH_MAX], cwd[PATH_MAX];
-            td_jobs_cwd_of(j, g->dir, cwd, sizeof cwd);
+            td_identity who = td_jobs_identity_of(j, g->job, g->uid);
+            td_jobs_cwd_of(&who, g->dir, cwd, sizeof cwd);
             snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd,
                      path[0] == '/' ? "" : "/", path);
             l->ckpt = td_str_dup(full);
@@ -122,29 +123,27 @@ void td_jobs_guests_read(td_jobs *j, guest *g) {
 
 /* ---- starting and stopping ------------------------------------------------------------------- */
 
-/* Checkpoints in root newer than the one this attempt resumes from were never registered by the
- * master (written as the last attempt ended): resuming from one would put this node's ranks
- * ahead of the others'. */
-static void remove_newer_checkpoints(const char *root, long resume_step) {
-    DIR *d = opendir(root);
-    if (!d) return;
+/* Checkpoints in root (a directory of the job's: its checkpoints/ or its checkpoint.dir) newer
+ * than the one this attempt resumes from were never registered by the master (written as the
+ * last attempt ended): resuming from one would put this node's ranks ahead of the others'. They
+ * are removed as the job would remove them (td_jobfs.h: its rights, no link followed). */
+static void remove_newer_checkpoints(const td_job_files *f, const char *root, long resume_step) {
+    td_err err = {{0}};
+    int dfd = td_jobfs_open_path(&f->who, f->dir, root, O_RDONLY | O_DIRECTORY, &err);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!d) {
+        if (dfd >= 0) close(dfd);
+        return;
+    }
     struct dirent *e;
     while ((e = readdir(d))) {
         long step;
         char extra;
         if (sscanf(e->d_name, "step-%ld%c", &step, &extra) != 1 || step <= resume_step) continue;
-        char path[2 * PATH_MAX];
-        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
-        DIR *sub = opendir(path);
-        struct dirent *f;
-        while (sub && (f = readdir(sub))) {
-            if (f->d_name[0] == '.') continue;
-            char file[3 * PATH_MAX];
-            snprintf(file, sizeof file, "%s/%s", path, f->d_name);
-            unlink(file);
-        }
-        if (sub) closedir(sub);
-        if (rmdir(path) != 0) unlink(path); /* a command's single-file checkpoint */
+        td_identity_saved saved;
+        if (td_identity_become(&f->who, &saved, &err) != 0) break;
+        (void)td_jobfs_remove(dirfd(d), e->d_name, &err);
+        td_identity_return(&saved);
     }
     closedir(d);
 }
@@ -204,6 +203,12 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
                  j->node_name);
         return;
     }
+    g->uid = (long)json_integer_value(json_object_get(o, "uid"));
+    json_t *lim = json_object_get(o, "limits");
+    g->cg_limits.memory_bytes = (long long)json_integer_value(json_object_get(lim, "memory_bytes"));
+    g->cg_limits.pids = (long)json_integer_value(json_object_get(lim, "pids"));
+    g->cg_limits.cpu_weight = (int)json_integer_value(json_object_get(lim, "cpu_weight"));
+    g->disk_bytes = (long long)json_integer_value(json_object_get(lim, "disk_bytes"));
     g->procs = self ? 1 : g->nproc;
     g->see_all_gpus = json_is_true(json_object_get(o, "see_all_gpus"));
     g->slots = g->nproc * per_proc;
@@ -219,6 +224,16 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     g->log_sent = td_calloc((size_t)n, sizeof *g->log_sent);
     bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
               (td_fail(&err, "cannot create %s: %s", g->dir, strerror(errno)), false);
+    /* the master gives the job's uid: one of this node's job_uids too, or the part fails */
+    if (ok && !td_jobs_uid_ok(j, g->uid))
+        ok = (td_fail(&err,
+                      "the master gives the job uid %ld, which is not one of this node's job_uids "
+                      "(give every node the same job_uids)",
+                      g->uid),
+              false);
+    td_identity who = td_jobs_identity_of(j, g->job, g->uid);
+    td_job_files files;
+    td_jobs_files_for(j, g->job, g->uid, &files);
     const char *fetch_error = json_string_value(json_object_get(o, "fetch_error"));
     if (ok && fetch_error) ok = (td_fail(&err, "%s", fetch_error), false);
     /* where the ranks look for the checkpoint they resume from (the agent fetched it there):
@@ -235,7 +250,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
      * means it to resume from); on a restart, what is newer than the master registered goes */
     bool custom = rdir && rdir[0] == '/';
     if (ok && (!custom || resume || order_int(o, "restart_count") > 0))
-        remove_newer_checkpoints(ckpt_root, resume_step);
+        remove_newer_checkpoints(&files, ckpt_root, resume_step);
     if (ok && strcmp(g->kind, "command") == 0) {
         argv = order_strv(json_object_get(o, "argv"));
     } else if (ok) {
@@ -259,9 +274,11 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         td_fail(&err, "the order has no command to run");
         ok = false;
     }
+    char cwd[PATH_MAX + 16];
+    if (ok && td_jobs_work_dir(&who, g->dir, cwd, sizeof cwd, &err) != 0) ok = false;
     json_t *order_env = json_object_get(o, "env");
     size_t n_env = json_is_array(order_env) ? json_array_size(order_env) : 0;
-    env = td_strv_new((int)n_env + 2);
+    env = td_strv_new((int)n_env + 5);
     for (size_t i = 0; i < n_env; i++) {
         const char *s = json_string_value(json_array_get(order_env, i));
         env[i] = td_str_dup(s ? s : "");
@@ -273,6 +290,9 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         snprintf(var, sizeof var, "TRAIND_LATEST_CHECKPOINT=%s/%s", ckpt_root, rbase);
         env[n_env + 1] = td_str_dup(var);
     }
+    size_t n_set = 0;
+    while (env[n_set]) n_set++;
+    if (ok) td_jobs_identity_env(&who, cwd, env, &n_set);
     if (ok && j->cfg.gpus > 0) {
         g->devices = td_calloc((size_t)g->slots, sizeof *g->devices);
         int k = 0;
@@ -295,8 +315,9 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         struct stat st;
         if (stat(path, &st) == 0) g->log_start[r] = (long long)st.st_size;
     }
-    char cwd[PATH_MAX + 16];
-    if (ok && td_jobs_work_dir(j, g->dir, cwd, sizeof cwd, &err) != 0) ok = false;
+    if (ok && td_jobs_attempt_cgroup(j, g->job, g->attempt, g->node_rank, &g->cg_limits, g->cgroup,
+                                     sizeof g->cgroup, &err) != 0)
+        ok = false;
     td_launch_config cfg = {.nproc_per_node = g->nproc,
                             .nnodes = g->nnodes,
                             .node_rank = g->node_rank,
@@ -307,24 +328,28 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
                             .local_rank_arg = order_string(o, "local_rank_arg"),
                             .launch_self = self,
                             .cwd = ok ? cwd : g->dir,
-                            .extra_env = env};
+                            .extra_env = env,
+                            .user = &who,
+                            .max_file_bytes = g->disk_bytes};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", order_string(o, "master_addr"));
     snprintf(cfg.run_id, sizeof cfg.run_id, "traind-job-%ld", g->job);
     if (ok) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, order_int(o, "restart_count"), logs, devices, 0);
         if (g->node_rank != 0) json_object_set_new(spec, "output", json_null());
+        if (g->cgroup[0]) json_object_set_new(spec, "cgroup", json_string(g->cgroup));
         json_t *slots = td_jobs_ints_json(g->devices, g->slots);
         json_t *starts = td_jobs_sizes_json(g->log_start, n);
         /* what a restarted daemon needs to report this part again (td_jobs_guests_recover) */
         json_object_set_new(spec, "daemon",
                             json_pack("{s:b, s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:o, "
-                                      "s:o}",
+                                      "s:o, s:I, s:s}",
                                       "guest", 1, "job", (json_int_t)g->job, "attempt", g->attempt,
                                       "node_rank", g->node_rank, "nnodes", g->nnodes, "nproc",
                                       g->nproc, "procs", g->procs, "slots", g->slots,
                                       "see_all_gpus", g->see_all_gpus, "kind", g->kind, "devices",
-                                      slots, "log_start", starts));
+                                      slots, "log_start", starts, "uid", (json_int_t)g->uid,
+                                      "cgroup", g->cgroup));
         char base[sizeof g->sh.base];
         snprintf(base, sizeof base, "%s", g->sh.base);
         if (td_shepherd_start(&g->sh, j->cfg.shepherd, base, spec, &err) != 0) ok = false;
@@ -414,6 +439,7 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
             }
             if (!g->running) {
                 td_shepherd_forget(g->sh.base); /* the master knows how it ended */
+                td_jobs_cgroup_ended(j, g->cgroup);
                 free_guest(g);
                 j->guests[i] = NULL;
             }
@@ -506,6 +532,7 @@ static void guest_gone(td_jobs *j, guest *g) {
         /* what its processes left (they die with it); only a group still this part's: an id
          * from before a restart may be another's by now */
         if (g->sh.pgid > 0 && td_jobs_group_of(g->sh.pgid, g->dir)) killpg(g->sh.pgid, SIGKILL);
+        td_jobs_cgroup_ended(j, g->cgroup);
         char words[200];
         td_shepherd_last_words(g->sh.base, words, sizeof words);
         code = -1;
@@ -568,6 +595,8 @@ static void recover_guest(td_jobs *j, const char *base, json_t *n) {
     g->see_all_gpus = json_is_true(json_object_get(n, "see_all_gpus"));
     snprintf(g->kind, sizeof g->kind, "%s", order_string(n, "kind"));
     snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
+    g->uid = (long)json_integer_value(json_object_get(n, "uid"));
+    snprintf(g->cgroup, sizeof g->cgroup, "%s", order_string(n, "cgroup"));
     if (g->procs < 1 || g->procs > 4096 || g->slots < 0 || g->slots > 4096 * 64) {
         free(g);
         return;
@@ -725,7 +754,7 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
 /* ---- checkpoint uploads (an agent's) --------------------------------------------------------- */
 
 bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
-                                size_t len) {
+                                size_t len, td_job_files *files) {
     pthread_mutex_lock(&j->mu);
     bool found = false;
     for (int i = 0; i < j->n_guests && !found; i++) {
@@ -737,6 +766,7 @@ bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *se
             } else if (g->lines[k].ckpt) {
                 *job_id = g->job, *attempt = g->attempt, *seq = g->first_seq + k;
                 snprintf(path, len, "%s", g->lines[k].ckpt);
+                td_jobs_files_for(j, g->job, g->uid, files);
                 found = true;
             }
     }
@@ -755,6 +785,23 @@ void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, jso
         g->lines[k].files = json_incref(files);
     }
     pthread_mutex_unlock(&j->mu);
+}
+
+int td_jobs_order_files(td_jobs *j, long id, long uid, td_job_files *out, td_err *err) {
+    pthread_mutex_lock(&j->mu);
+    int rc = 0;
+    if (!td_jobs_uid_ok(j, uid))
+        rc = td_fail(err,
+                     "the master gives job %ld uid %ld, which is not one of this node's "
+                     "job_uids (give every node the same job_uids)",
+                     id, uid);
+    td_jobs_files_for(j, id, uid, out);
+    char cwd[PATH_MAX + 16];
+    if (rc == 0 && mkdir(out->dir, 0750) != 0 && errno != EEXIST)
+        rc = td_fail(err, "cannot create %s: %s", out->dir, strerror(errno));
+    if (rc == 0) rc = td_jobs_work_dir(&out->who, out->dir, cwd, sizeof cwd, err);
+    pthread_mutex_unlock(&j->mu);
+    return rc;
 }
 
 bool td_jobs_guest_known(td_jobs *j, long job_id, int attempt) {

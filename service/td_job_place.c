@@ -325,7 +325,7 @@ static json_t *order(job *jb, const part *p) {
         json_array_append_new(logs, json_integer(have > 0 ? have : 0));
     }
     bool stop = jb->parts_stopping || jb->cancel_requested || jb->timed_out;
-    return json_pack(
+    json_t *o = json_pack(
         "{s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:i, s:i, s:i, s:s, s:o, "
         "s:s, s:o, s:o, s:o, s:o, s:b, s:I, s:o}",
         "job", (json_int_t)jb->row.id, "attempt", jb->n_attempts - 1, "node_rank", p->node_rank,
@@ -337,6 +337,15 @@ static json_t *order(job *jb, const part *p) {
         "resume", resume, "checkpoint_dir",
         starting ? json_string(jb->ckpt_dir ? jb->ckpt_dir : "") : json_null(), "stop", stop,
         "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
+    TD_ASSERT(o, "json_pack of a part's order failed");
+    /* who its processes are on every node, and what they may use */
+    json_object_set_new(o, "uid", json_integer((json_int_t)jb->row.uid));
+    json_object_set_new(
+        o, "limits",
+        json_pack("{s:I, s:I, s:i, s:I}", "memory_bytes", (json_int_t)jb->cg_limits.memory_bytes,
+                  "pids", (json_int_t)jb->cg_limits.pids, "cpu_weight", jb->cg_limits.cpu_weight,
+                  "disk_bytes", (json_int_t)jb->disk_bytes));
+    return o;
 }
 
 /* ---- reports --------------------------------------------------------------------------------- */
@@ -349,11 +358,13 @@ static part *part_on(job *jb, const char *node) {
 
 /* A node's log bytes for one rank: appended where the master's copy ends, or dropped (already
  * here, or a gap to be resent). */
-static bool apply_log(job *jb, json_t *c) {
+static bool apply_log(job *jb, const part *p, json_t *c) {
     int rank = (int)json_integer_value(json_object_get(c, "rank"));
     long long offset = (long long)json_integer_value(json_object_get(c, "offset"));
     const char *b64 = json_string_value(json_object_get(c, "data"));
-    if (!b64 || rank < 0 || rank >= jb->n_parts * jb->row.nproc) return false;
+    /* a node writes the logs of its own part's ranks only */
+    if (!b64 || rank < p->node_rank * jb->row.nproc || rank >= (p->node_rank + 1) * jb->row.nproc)
+        return false;
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, rank);
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
@@ -439,8 +450,9 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
     size_t i;
     json_t *c;
     bool logs_whole = true; /* every chunk is in: the report's "complete" can be believed */
-    json_array_foreach(json_object_get(e, "logs"), i, c) logs_whole &= apply_log(jb, c);
-    json_array_foreach(json_object_get(e, "lines"), i, c) {
+    json_array_foreach(json_object_get(e, "logs"), i, c) logs_whole &= apply_log(jb, p, c);
+    /* rank 0's lines come from node rank 0 only: another node's are not the job's metrics */
+    json_array_foreach(p->node_rank == 0 ? json_object_get(e, "lines") : NULL, i, c) {
         long seq = (long)json_integer_value(json_object_get(c, "seq"));
         const char *text = json_string_value(json_object_get(c, "text"));
         if (seq != jb->lines_in || !text) continue; /* seen already, or after a gap */

@@ -75,6 +75,20 @@ const char *td_jobs_render(job *jb) {
         json_object_set_new(o, "owner",
                             json_pack("{s:I, s:s}", "token", (json_int_t)jb->row.owner, "name",
                                       jb->row.owner_name));
+        /* who its processes are (a uid of its own: td_identity.h), and what they may use */
+        char user[64];
+        snprintf(user, sizeof user, "traind-job-%ld", jb->row.id);
+        json_object_set_new(o, "identity",
+                            jb->row.uid > 0
+                                ? json_pack("{s:I, s:I, s:s}", "uid", (json_int_t)jb->row.uid,
+                                            "gid", (json_int_t)jb->row.uid, "user", user)
+                                : json_null());
+        double gib = 1073741824.0;
+        json_object_set_new(
+            o, "limits",
+            json_pack("{s:f, s:I, s:i, s:f}", "memory_gb", (double)jb->cg_limits.memory_bytes / gib,
+                      "pids", (json_int_t)jb->cg_limits.pids, "cpu_weight",
+                      jb->cg_limits.cpu_weight, "disk_gb", (double)jb->disk_bytes / gib));
     }
     TD_ASSERT(o, "json_pack of a job failed (a bad UTF-8 name?)");
     /* the metrics as the worker printed them (%.9g), not as 17 digits */
@@ -329,6 +343,7 @@ void td_jobs_free_job(job *jb) {
     json_decref(jb->latest_eval);
     free(jb->ckpt_path);
     free(jb->ckpt_dir);
+    free(jb->cgroup);
     free(jb->dir);
     td_jobs_resume_forget(jb);
     json_decref(jb->resume_order);

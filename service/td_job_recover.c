@@ -26,6 +26,11 @@ static void load_one(void *ctx, const td_db_job *row, const td_db_attempt *attem
     job *jb = td_jobs_new_job(j, row);
     td_submission_placement(row->spec ? row->spec : "{}", &jb->nnodes, &jb->pin, &jb->gpus_per_proc,
                             &jb->launch_self, &jb->see_all_gpus);
+    double memory_gb, disk_gb;
+    long pids;
+    int cpu_weight;
+    td_submission_limits(row->spec ? row->spec : "{}", &memory_gb, &pids, &cpu_weight, &disk_gb);
+    td_jobs_limit_job(jb, &j->cfg.limits, memory_gb, pids, cpu_weight, disk_gb);
     for (int i = 0; i < n; i++) *td_jobs_new_attempt(jb) = attempts[i];
     td_jobs_add(j, jb);
 }
@@ -130,6 +135,9 @@ static void take_up(td_jobs *j, job *jb) {
         return;
     }
     hold_slots(j, jb, json_object_get(notes, "slots"));
+    const char *cgroup = json_string_value(json_object_get(notes, "cgroup"));
+    free(jb->cgroup);
+    jb->cgroup = cgroup && cgroup[0] ? td_str_dup(cgroup) : NULL;
     json_t *starts = json_object_get(notes, "log_start");
     int n = td_jobs_procs(jb);
     free(jb->log_start);

@@ -41,25 +41,26 @@ static const char *base_of(const char *path) {
     return slash ? slash + 1 : path;
 }
 
-/* The checkpoint at path as [{path: checkpoints/BASE[/NAME], size, sha256}]; NULL with err. */
-static json_t *manifest(const char *path, uid_t owner, td_err *err) {
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        td_fail(err, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
+/* f's checkpoint at path as [{path: checkpoints/BASE[/NAME], size, sha256}]; NULL with err.
+ * Every file is read through td_ckpt_open (as the job, no link followed). */
+static json_t *manifest(const td_job_files *f, const char *path, td_err *err) {
     td_ckpt_file *list = NULL;
     int n = 0;
-    bool dir = S_ISDIR(st.st_mode);
-    if (td_ckpt_list(path, owner, &list, &n, err) != 0) return NULL; /* (a file: itself) */
+    if (td_ckpt_list(f, path, &list, &n, err) != 0) return NULL; /* (a file: itself) */
+    bool single = n == 1 && strcmp(list[0].name, base_of(path)) == 0;
     json_t *files = json_array();
-    for (int i = 0; i < n; i++) {
-        char file[2 * PATH_MAX], rel[2 * PATH_MAX], hex[TD_SHA256_HEX];
-        long long size = 0;
-        snprintf(file, sizeof file, "%s%s%s", path, dir ? "/" : "", dir ? list[i].name : "");
-        snprintf(rel, sizeof rel, "checkpoints/%s%s%s", base_of(path), dir ? "/" : "",
-                 dir ? list[i].name : "");
-        if (td_sha256_file(file, hex, &size, err) != 0) {
+    for (int i = 0; i < n && files; i++) {
+        char rel[2 * PATH_MAX], hex[TD_SHA256_HEX];
+        long long size = 0, expected;
+        int fd;
+        snprintf(rel, sizeof rel, "checkpoints/%s%s%s", base_of(path), single ? "" : "/",
+                 single ? "" : list[i].name);
+        int rc = td_ckpt_open(f, path, list[i].name, &fd, &expected, err);
+        if (rc == 0) {
+            rc = td_sha256_fd(fd, list[i].name, hex, &size, err);
+            close(fd);
+        }
+        if (rc != 0) {
             json_decref(files);
             files = NULL;
             break;
@@ -71,105 +72,81 @@ static json_t *manifest(const char *path, uid_t owner, td_err *err) {
     return files;
 }
 
-/* mkdir -p of path's parent directories. */
-static int make_parents(const td_jobs *j, char *path, td_err *err) {
-    for (char *p = path + 1; (p = strchr(p, '/')); p++) {
-        *p = 0;
-        bool made = mkdir(path, 0750) == 0;
-        if (made) td_jobs_give(j, path); /* what the daemon made, never what was there */
-        int rc = made || errno == EEXIST ? 0 : -1;
-        if (rc != 0) td_fail(err, "cannot create %s: %s", path, strerror(errno));
-        *p = '/';
-        if (rc != 0) return -1;
+/* The file open at src into the job's tree (rel below root) as the job: a hard link where both
+ * lie on one filesystem (no bytes move; through /proc/self/fd, which needs no privilege), else a
+ * copy, synced before it takes the name. */
+static int copy_in(const td_identity *who, int src, int root, const char *rel, td_err *err) {
+    td_jobfs_put put;
+    if (td_jobfs_put_begin(who, root, rel, "part", &put, err) != 0) return -1;
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", src);
+    td_identity_saved saved;
+    bool linked = false;
+    if (td_identity_become(who, &saved, err) == 0) {
+        unlinkat(put.dir, put.tmp, 0);
+        linked = linkat(AT_FDCWD, proc, put.dir, put.tmp, AT_SYMLINK_FOLLOW) == 0;
+        td_identity_return(&saved);
     }
-    return 0;
+    if (linked) {
+        close(put.fd);
+        put.fd = -1;
+        return td_jobfs_put_end(&put, true, err);
+    }
+    if (td_identity_become(who, &saved, err) == 0) { /* made again: the link was tried there */
+        close(put.fd);
+        put.fd =
+            openat(put.dir, put.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0640);
+        td_identity_return(&saved);
+    }
+    enum { BUF = 1 << 20 };
+    char *buf = td_malloc(BUF);
+    ssize_t got;
+    off_t at = 0;
+    int rc = put.fd >= 0 ? 0 : td_fail(err, "cannot create %s: %s", put.tmp, strerror(errno));
+    while (rc == 0 && (got = pread(src, buf, BUF, at)) != 0) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 || write(put.fd, buf, (size_t)got) != got)
+            rc = td_fail(err, "cannot copy into %s: %s", put.tmp, strerror(errno));
+        at += got > 0 ? got : 0;
+    }
+    free(buf);
+    if (td_jobfs_put_end(&put, rc == 0, err) != 0) rc = -1;
+    return rc;
 }
 
-/* src to dst through dst.part: a hard link where both lie on one filesystem (no bytes move),
- * else a copy that is synced before it takes the name. */
-static int copy_file(const char *src, const char *dst, td_err *err) {
-    char tmp[3 * PATH_MAX + 8];
-    snprintf(tmp, sizeof tmp, "%s.part", dst);
-    unlink(tmp);
-    if (link(src, tmp) != 0) {
-        int in = open(src, O_RDONLY | O_CLOEXEC);
-        int out = in < 0 ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-        if (in < 0 || out < 0) {
-            int e = errno;
-            if (in >= 0) close(in);
-            return td_fail(err, "cannot copy %s to %s: %s", src, tmp, strerror(e));
-        }
-        enum { BUF = 1 << 20 };
-        char *buf = td_malloc(BUF);
-        ssize_t got;
-        int rc = 0;
-        while (rc == 0 && (got = read(in, buf, BUF)) != 0) {
-            if (got < 0 && errno == EINTR) continue;
-            if (got < 0 || write(out, buf, (size_t)got) != got) rc = -1;
-        }
-        if (rc == 0 && fsync(out) != 0) rc = -1;
-        int e = errno;
-        free(buf);
-        close(in);
-        if (close(out) != 0 && rc == 0) rc = -1, e = errno;
-        if (rc != 0) {
-            unlink(tmp);
-            return td_fail(err, "cannot copy %s to %s: %s", src, tmp, strerror(e));
-        }
-    }
-    if (rename(tmp, dst) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return td_fail(err, "cannot rename %s: %s", tmp, strerror(e));
-    }
-    return 0;
-}
-
-/* The checkpoint at dst (files: its manifest, skip: the length of its names' prefix) made the
- * job's user's. An agent's upload lands where the master's own ranks look (the job's
- * checkpoints/), written by the daemon (root's, 0600): ranks running as run_as could not read
- * it, and traind-worker then resumed from an older checkpoint of its own while the other nodes'
- * ranks resumed from this one (found by chaos.py: the ranks diverged, and the job spent its
- * restarts). */
-static void give_all(const td_jobs *j, const char *dst, json_t *files, size_t skip) {
-    td_jobs_give(j, dst);
+/* f's checkpoint at src (files: its manifest) also in the directory dst_root of the job's (the
+ * job's checkpoints/ or its own checkpoint.dir), under its name, file by file; a file already
+ * there whole (the same SHA-256: shared storage, or an earlier copy) stays. */
+static int place(const td_job_files *f, const char *src, const char *dst_root, json_t *files,
+                 td_err *err) {
+    int root = td_jobfs_open_path(&f->who, f->dir, dst_root, O_RDONLY | O_DIRECTORY, err);
+    if (root < 0) return -1;
+    size_t skip = strlen("checkpoints/");
+    int rc = 0;
     size_t i;
-    json_t *f;
-    json_array_foreach(files, i, f) {
-        const char *rel = json_string_value(json_object_get(f, "path"));
-        char to[3 * PATH_MAX];
-        if (rel && strlen(rel) > skip &&
-            snprintf(to, sizeof to, "%s%s", dst, rel + skip) < (int)sizeof to)
-            td_jobs_give(j, to);
-    }
-}
-
-/* The checkpoint at src (files: its manifest) also at dst, file by file; a file already there
- * whole (the same SHA-256: shared storage, or an earlier copy) stays. */
-static int place(const td_jobs *j, const char *src, const char *dst, json_t *files, td_err *err) {
-    char a[PATH_MAX], b[PATH_MAX];
-    size_t skip = strlen("checkpoints/") + strlen(base_of(src));
-    if (realpath(src, a) && realpath(dst, b) && strcmp(a, b) == 0) {
-        give_all(j, dst, files, skip); /* already where the ranks look */
-        return 0;
-    }
-    size_t i;
-    json_t *f;
-    json_array_foreach(files, i, f) {
-        const char *rel = json_string_value(json_object_get(f, "path"));
-        const char *want = json_string_value(json_object_get(f, "sha256"));
-        if (!rel || !want || strlen(rel) < skip) return td_fail(err, "a malformed manifest");
-        char from[3 * PATH_MAX], to[3 * PATH_MAX], hex[TD_SHA256_HEX];
+    json_t *m;
+    json_array_foreach(files, i, m) {
+        const char *rel = json_string_value(json_object_get(m, "path"));
+        const char *want = json_string_value(json_object_get(m, "sha256"));
+        if (!rel || !want || strlen(rel) <= skip) {
+            rc = td_fail(err, "a malformed manifest");
+            break;
+        }
+        const char *below = rel + skip;                                   /* BASE[/NAME] */
+        if (td_jobfs_has(&f->who, root, below, f->owner, want)) continue; /* the same file */
+        const char *name = strchr(below, '/') ? strchr(below, '/') + 1 : below;
+        int fd;
         long long size;
-        td_err ignored = {{0}};
-        if (snprintf(from, sizeof from, "%s%s", src, rel + skip) >= (int)sizeof from ||
-            snprintf(to, sizeof to, "%s%s", dst, rel + skip) >= (int)sizeof to)
-            return td_fail(err, "a path longer than %d bytes under %s", (int)sizeof to, dst);
-        if (td_sha256_file(to, hex, &size, &ignored) == 0 && strcmp(hex, want) == 0) continue;
-        if (make_parents(j, to, err) != 0 || copy_file(from, to, err) != 0) return -1;
-        td_jobs_give(j, to);
+        if (td_ckpt_open(f, src, name, &fd, &size, err) != 0) {
+            rc = -1;
+            break;
+        }
+        rc = copy_in(&f->who, fd, root, below, err);
+        close(fd);
+        if (rc != 0) break;
     }
-    return 0;
+    close(root);
+    return rc;
 }
 
 static int fail(td_jobs *j, job *jb, const char *what, const char *why) {
@@ -210,13 +187,21 @@ static bool prepare_one(td_jobs *j) {
     char *path = td_str_dup(jb->ckpt_path), dir[PATH_MAX], dst[2 * PATH_MAX + 8];
     json_t *files = jb->ckpt_files ? json_incref(jb->ckpt_files) : NULL;
     td_jobs_resume_dir(jb, dir, sizeof dir);
-    snprintf(dst, sizeof dst, "%s%s%s/%s", dir[0] == '/' ? "" : jb->dir, dir[0] == '/' ? "" : "/",
-             dir, base_of(path));
+    snprintf(dst, sizeof dst, "%s%s%s", dir[0] == '/' ? "" : jb->dir, dir[0] == '/' ? "" : "/",
+             dir);
+    td_job_files f;
+    td_jobs_files_for(j, id, jb->row.uid, &f);
+    td_identity who = td_jobs_identity(j, jb);
+    char cwd[PATH_MAX + 16];
+    td_err place_err = {{0}}, read_err = {{0}};
+    /* its checkpoints/ (and work/) made the job's, as an attempt makes them */
+    bool ready = td_jobs_work_dir(&who, jb->dir, cwd, sizeof cwd, &place_err) == 0;
     jb->resume_busy = true; /* td_jobs_delete waits: the copy may go into the job's directory */
     pthread_mutex_unlock(&j->mu);
-    td_err read_err = {{0}}, place_err = {{0}};
-    json_t *made = files ? NULL : manifest(path, td_jobs_files_owner(j), &read_err);
-    int placed = files || made ? place(j, path, dst, files ? files : made, &place_err) : -1;
+    if (ready && dir[0] == '/') ready = td_jobfs_mkdir_path(&who, dst, &place_err) == 0;
+    json_t *made = files ? NULL : manifest(&f, path, &read_err);
+    int placed =
+        (files || made) && ready ? place(&f, path, dst, files ? files : made, &place_err) : -1;
     pthread_mutex_lock(&j->mu);
     jb = td_jobs_find(j, id);
     if (jb) jb->resume_busy = false;

@@ -69,6 +69,7 @@ void *td_jobs_supervise(void *arg) {
         for (int i = 0; i < j->n_live; i++) /* events the database refused: tried every second */
             if (j->live[i]->n_pending > 0 && (timeout_ms < 0 || timeout_ms > 1000))
                 timeout_ms = 1000;
+        if (j->n_cg_ended > 0 && (timeout_ms < 0 || timeout_ms > 1000)) timeout_ms = 1000;
         if (j->cfg.on_turn && j->cfg.turn_every_s > 0) {
             int every = (int)(j->cfg.turn_every_s * 1000.0);
             if (every < 1) every = 1;
@@ -115,6 +116,7 @@ void *td_jobs_supervise(void *arg) {
         }
         td_jobs_guests_tick(j);
         td_jobs_parts_tick(j);
+        td_jobs_cgroups_tidy(j);
         for (int i = 0; i < j->n_live; i++) {
             job *jb = j->live[i];
             if (!jb->active || jb->parts || jb->left) continue;

@@ -77,6 +77,7 @@ fail:
 }
 
 int td_jobs_start(td_jobs *j, td_err *err) {
+    td_cgroups_sweep(&j->cfg.cgroups); /* what attempts that ended while no daemon ran left */
     /* the parts a previous daemon ran here for its master (after td_jobs_set_cluster: whose slots
      * they hold depends on it), before an agent tells its master what runs here */
     td_jobs_guests_recover(j);
@@ -177,6 +178,8 @@ void td_jobs_close(td_jobs *j) {
      * it stops after orphan_timeout_s */
     for (int i = 0; i < j->n_jobs; i++) td_jobs_free_job(j->jobs[i]);
     td_jobs_guests_free(j);
+    for (int i = 0; i < j->n_cg_ended; i++) free(j->cg_ended[i]);
+    free(j->cg_ended);
     free(j->jobs);
     free(j->live);
     free(j->gpu_used);
@@ -225,8 +228,18 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
     char policy[sizeof j->command_jobs]; /* a reload may change it while this one is checked */
     snprintf(policy, sizeof policy, "%s", j->command_jobs);
     rules.command_jobs = policy;
+    rules.limits = &j->cfg.limits;
     pthread_mutex_unlock(&j->mu);
-    if (td_submission_parse(&s, body, len, &rules, e) != 0) return -1;
+    /* the spec's files are read as a job would read them, not as the daemon (td_identity.h):
+     * a path naming the daemon's own files, or another job's, is a 400 like a missing one */
+    td_identity probe = td_jobs_probe_identity(j);
+    td_identity_saved saved;
+    td_err as_err = {{0}};
+    if (td_identity_become(&probe, &saved, &as_err) != 0)
+        return td_reply_fail(e, 500, "internal", NULL, "%s", as_err.msg);
+    int parsed = td_submission_parse(&s, body, len, &rules, e);
+    td_identity_return(&saved);
+    if (parsed != 0) return -1;
     pthread_mutex_lock(&j->mu);
     int fits = j->stopping_jobs
                    ? td_reply_fail(e, 503, "unavailable", NULL,
@@ -262,6 +275,14 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
     row.created_at = td_clock_wall();
     td_err err = {{0}};
     pthread_mutex_lock(&j->mu);
+    if (td_jobs_allocate_uid(j, &row.uid, &err) != 0) {
+        pthread_mutex_unlock(&j->mu);
+        free(row.spec);
+        td_submission_free(&s);
+        td_reply_fail(e, 503, "unavailable", NULL, "%s", err.msg);
+        e->retry_after_s = 60;
+        return -1;
+    }
     if (td_db_insert_job(j->db, &row, &err) != 0) {
         pthread_mutex_unlock(&j->mu);
         free(row.spec);
@@ -282,6 +303,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
     jb->gpus_per_proc = s.gpus_per_proc;
     jb->launch_self = s.launch_self;
     jb->see_all_gpus = s.see_all_gpus;
+    td_jobs_limit_job(jb, &j->cfg.limits, s.memory_gb, s.pids, s.cpu_weight, s.disk_gb);
     s.nodes = NULL;
     int rc = td_jobs_prepare_run(j, jb, &s, &err);
     td_jobs_add(j, jb);
@@ -700,26 +722,37 @@ static bool relative_ok(const char *rel) {
     return true;
 }
 
-int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool reading, char *path, size_t len,
-                      td_reply_error *e) {
-    if (!relative_ok(rel))
+int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, char *path, size_t len,
+                      td_job_files *files, td_reply_error *e) {
+    static const char CHECKPOINTS[] = "checkpoints/";
+    if (!relative_ok(rel) || strncmp(rel, CHECKPOINTS, strlen(CHECKPOINTS)) != 0 ||
+        !rel[strlen(CHECKPOINTS)])
         return td_reply_fail(e, 400, "bad_request", NULL,
-                             "\"%s\": expected a path inside the job's directory (segments of "
+                             "\"%s\": expected a path under the job's checkpoints/ (segments of "
                              "letters, digits, '.', '_' and '-', none starting with '.')",
                              rel);
     pthread_mutex_lock(&j->mu);
     job *jb = td_jobs_find(j, id);
-    if (jb) snprintf(path, len, "%s/%s", jb->dir, rel);
+    if (jb) {
+        snprintf(path, len, "%s/%s", jb->dir, rel);
+        td_jobs_files_for(j, id, jb->row.uid, files);
+    }
     /* the latest checkpoint, listed as checkpoints/BASE/... (td_job_resume.c), may lie where the
      * master's own rank 0 wrote it: a train job's checkpoint.dir outside the job's directory */
     const char *base = jb && jb->ckpt_path ? strrchr(jb->ckpt_path, '/') : NULL;
     size_t n = base ? strlen(base + 1) : 0;
     char ours[PATH_MAX + 16];
     if (jb) snprintf(ours, sizeof ours, "%s/checkpoints/", jb->dir);
-    if (reading && base && strncmp(jb->ckpt_path, ours, strlen(ours)) != 0 &&
-        strncmp(rel, "checkpoints/", 12) == 0 && strncmp(rel + 12, base + 1, n) == 0 &&
-        (rel[12 + n] == '/' || rel[12 + n] == 0))
+    if (!writing && base && strncmp(jb->ckpt_path, ours, strlen(ours)) != 0 &&
+        strncmp(rel + 12, base + 1, n) == 0 && (rel[12 + n] == '/' || rel[12 + n] == 0))
         snprintf(path, len, "%s%s", jb->ckpt_path, rel + 12 + n);
+    int rc = 0;
+    if (jb && writing) { /* its checkpoints/ is the job's, as an attempt here makes it */
+        td_err err = {{0}};
+        char cwd[PATH_MAX + 16];
+        if (td_jobs_work_dir(&files->who, jb->dir, cwd, sizeof cwd, &err) != 0)
+            rc = td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
+    }
     pthread_mutex_unlock(&j->mu);
-    return jb ? 0 : not_found(e, id);
+    return !jb ? not_found(e, id) : rc;
 }

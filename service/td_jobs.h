@@ -9,7 +9,9 @@
 #define TD_JOBS_H
 
 #include "service/td_buf.h"
+#include "service/td_cgroup.h"
 #include "service/td_ckpt.h"
+#include "service/td_identity.h"
 #include "service/td_db.h"
 #include "service/td_launch.h"
 #include "service/td_log.h"
@@ -21,6 +23,13 @@
 #include <stdio.h>
 
 typedef struct td_jobs td_jobs;
+
+/* Who jobs run as (td_identity.h). */
+typedef enum {
+    TD_RUN_AS_SELF,    /* the daemon's own user: it is not root (jobs are not isolated) */
+    TD_RUN_AS_USER,    /* one user for every job (run_as NAME, or "root") */
+    TD_RUN_AS_DYNAMIC, /* a uid and gid of its own for each job, from job_uids */
+} td_run_as;
 
 typedef struct td_jobs_config {
     const char *state_dir; /* jobs/<id>/ lives here */
@@ -39,8 +48,17 @@ typedef struct td_jobs_config {
     /* Called by the supervisor thread (without the jobs' mutex) on every turn of its loop, at
      * least every turn_every_s (when > 0): the daemon's watchdog ping, so a stuck supervisor
      * stops the pings. */
-    /* a root daemon's jobs run as this user (td_launch.h); drop false: as the daemon */
-    td_launch_user run_as;
+    /* who jobs run as: run_as_user for TD_RUN_AS_USER; each its own uid of job_uid_first to
+     * job_uid_last - 1 for TD_RUN_AS_DYNAMIC (job_uid_last, never a job's, is the identity the
+     * data probes run as at submit); supplementary groups job_groups */
+    td_run_as run_as;
+    td_identity run_as_user;
+    uid_t job_uid_first, job_uid_last;
+    gid_t job_groups[TD_IDENTITY_GROUPS];
+    int n_job_groups;
+    td_cgroups cgroups;       /* where attempts' cgroups go (subtree "": none) */
+    td_job_limits limits;     /* resources' defaults and ceilings */
+    int max_checkpoint_files; /* files one checkpoint may hold */
     /* retention: a finished job is removed (rows and directory) this long after it finished,
      * and beyond the newest keep_finished_jobs finished ones (0: no limit of that kind) */
     double keep_finished_for_s;
@@ -139,23 +157,29 @@ void td_jobs_set_cluster(td_jobs *j, struct td_cluster *cluster, const char *nod
 json_t *td_jobs_guests_report_locked(td_jobs *j);
 void td_jobs_guests_apply_locked(td_jobs *j, json_t *orders);
 bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
-                                size_t len);
+                                size_t len, td_job_files *files);
 void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files);
 bool td_jobs_guest_known(td_jobs *j, long job_id, int attempt);
+/* The files of job id as a master's order gives it (its uid): the job's directory made ready
+ * for it here (the job's checkpoints/ and work/), so that a checkpoint can be fetched into it
+ * before its part starts. -1 with err for a uid this node does not give jobs. */
+int td_jobs_order_files(td_jobs *j, long id, long uid, td_job_files *out, td_err *err);
 bool td_jobs_guests_running(td_jobs *j);
 void td_jobs_guests_stop_all(td_jobs *j, const char *why);
-/* A file of job id's directory for a node (checkpoints going up or coming down): rel is checked
- * (segments of [A-Za-z0-9._-], none starting with '.'); 400 or 404 in e otherwise. reading: the
- * latest checkpoint's files are found where they are when that is outside the directory. */
-int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool reading, char *path, size_t len,
-                      td_reply_error *e);
+/* A file of job id's checkpoints for a node (going up or coming down): rel is checked (under
+ * checkpoints/, segments of [A-Za-z0-9._-], none starting with '.'); 400 or 404 in e otherwise.
+ * writing: the job's checkpoints/ is made ready for it (the job's own); reading: the latest
+ * checkpoint's files are found where they are when that is outside the directory. files: how
+ * to reach them (td_jobfs.h). */
+int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, char *path, size_t len,
+                      td_job_files *files, td_reply_error *e);
 
-/* What the daemon writes for a job's processes (a checkpoint to resume from): given to run_as
- * when the jobs run as another user, so they can read it and write beside it. */
-void td_jobs_give(const td_jobs *j, const char *path);
-/* Whose files a job's checkpoints may hold (td_ckpt.h): run_as's uid when jobs run as another
- * user, else TD_CKPT_ANY_OWNER. */
-uid_t td_jobs_files_owner(const td_jobs *j);
+/* Job id's files (td_jobfs.h: its directory, its identity, whose files count): for opening what
+ * it wrote. 404 in e for no such job. */
+int td_jobs_files_of(td_jobs *j, long id, td_job_files *out, td_reply_error *e);
+/* The identity the data probes of a submission run as: the job's rights and nothing of any
+ * job's (td_jobs_config.job_uid_last), or the daemon's own when jobs run as it. */
+td_identity td_jobs_probe_identity(const td_jobs *j);
 
 /* Whether job id exists (404 otherwise). */
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e);

@@ -115,6 +115,11 @@ typedef struct job {
     char *place_error;      /* why the master's node cannot have it where its ranks look */
     json_t *resume_order;   /* what the running attempt's parts resume from; NULL: nothing */
     char *ckpt_dir;         /* td_jobs_resume_dir, for the running attempt's parts; NULL */
+
+    /* limits (resources.*, or the daemon's defaults) */
+    td_cgroup_limits cg_limits; /* memory, pids, cpu weight of its attempts' cgroups */
+    long long disk_bytes;       /* its files' limit (resources.disk_gb); 0: none */
+    char *cgroup;               /* the running local attempt's cgroup (td_cgroup.h); NULL */
 } job;
 
 /* One node's share of a distributed attempt, as the master tracks it. */
@@ -133,6 +138,10 @@ typedef struct part {
 /* One group this node runs for its master (td_job_part.c): the node-side twin of a part. */
 typedef struct guest {
     long job;
+    long uid;                   /* the job's (td_job_identity.c), as the master's order says */
+    td_cgroup_limits cg_limits; /* and its limits */
+    long long disk_bytes;
+    char cgroup[PATH_MAX];                 /* its cgroup here (td_cgroup.h); "": none */
     int attempt, node_rank, nnodes, nproc; /* nproc: ranks on this node */
     int procs, slots;  /* processes it starts (1 for launch "self"), slots (GPUs) it holds */
     bool see_all_gpus; /* every process sees all of them */
@@ -196,6 +205,10 @@ struct td_jobs {
     bool started, stopping;
     /* td_jobs_stop asked every shepherd to stop: their ends are left for the next start */
     bool stopping_jobs;
+    /* cgroups of attempts that ended, removed once their shepherds have gone (td_cgroup.h) */
+    char **cg_ended;
+    int n_cg_ended;
+    double cg_tried;   /* the last try (monotonic) */
     pthread_t resumer; /* td_jobs_resumer */
     bool resumer_started;
     pthread_cond_t resume_wake; /* a job wants its checkpoint prepared, or stop */
@@ -283,11 +296,36 @@ json_t *td_jobs_sizes_json(const long long *v, int n);
  * caller's). */
 json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
                               char **devices, double deadline);
-/* The directory an attempt's processes run in, made ready for the run_as user (cwd: dir, or
- * dir/work when they run as another user than the daemon). */
-int td_jobs_work_dir(td_jobs *j, const char *dir, char *cwd, size_t len, td_err *err);
+
+/* ---- td_job_identity.c ---- */
+/* Who job id (of uid, when it has one of its own) runs as. */
+td_identity td_jobs_identity_of(const td_jobs *j, long id, long uid);
+td_identity td_jobs_identity(const td_jobs *j, const job *jb);
+/* A uid of its own into *uid when jobs get one and it has none yet (-1: none is free). */
+int td_jobs_allocate_uid(td_jobs *j, long *uid, td_err *err);
+/* jb's limits: what it asked for (0: not given), else the daemon's defaults d. */
+void td_jobs_limit_job(job *jb, const td_job_limits *d, double memory_gb, long pids, int cpu_weight,
+                       double disk_gb);
+/* Whether uid may be a job's here (in job_uids, when jobs get their own). */
+bool td_jobs_uid_ok(const td_jobs *j, long uid);
+/* Job id's files (td_jobfs.h), for a job of uid. */
+void td_jobs_files_for(const td_jobs *j, long id, long uid, td_job_files *out);
+/* The directory an attempt's processes run in, made ready for who (cwd: dir, or dir/work when
+ * they run as another user than the daemon). */
+int td_jobs_work_dir(const td_identity *who, const char *dir, char *cwd, size_t len, td_err *err);
 /* That directory's name alone (what a relative path a job prints is relative to). */
-void td_jobs_cwd_of(const td_jobs *j, const char *dir, char *cwd, size_t len);
+void td_jobs_cwd_of(const td_identity *who, const char *dir, char *cwd, size_t len);
+/* Makes the cgroup of attempt `attempt` of job id on node rank node_rank with lim (td_cgroup.h):
+ * its path in out, "" when there are no cgroups here. */
+int td_jobs_attempt_cgroup(td_jobs *j, long id, int attempt, int node_rank,
+                           const td_cgroup_limits *lim, char *out, size_t len, td_err *err);
+/* An attempt's cgroup (path; NULL or "": none) whose attempt is over: its processes are killed
+ * (what its shepherd did not end, a shepherd that died) and it goes once it is empty. */
+void td_jobs_cgroup_ended(td_jobs *j, const char *path);
+/* Removes what can go of those (every second at most): the supervisor's turn. */
+void td_jobs_cgroups_tidy(td_jobs *j);
+/* USER, LOGNAME and HOME for a job of its own identity, appended to env at *n (3 at most). */
+void td_jobs_identity_env(const td_identity *who, const char *cwd, char **env, size_t *n);
 /* Whether process group pgid is still a job's: its leader runs in the job's directory dir (an
  * id saved before a restart may be another process's by now). */
 bool td_jobs_group_of(pid_t pgid, const char *dir);

@@ -3,6 +3,7 @@
 
 #include "dist/td_dist.h"
 #include "dist/td_store.h"
+#include "service/td_cgroup.h"
 #include "service/td_strv.h"
 
 #include <arpa/inet.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -158,43 +160,88 @@ static int resolve_program(const char *name, char *out, size_t len, td_err *err)
     return td_fail(err, "cannot run %s: not found in PATH (%s)", name, path);
 }
 
+/* What a child needs that must be made before fork (the daemon has threads: a child may not
+ * allocate or take a lock): the groups it gets, the cgroup it joins. */
+typedef struct child_setup {
+    gid_t groups[256];
+    int n_groups;
+    int cgroup_procs; /* the cgroup's cgroup.procs, open for writing; -1: none */
+} child_setup;
+
+static void child_fail(const char *msg, size_t len) {
+    (void)!write(STDERR_FILENO, msg, len);
+    _exit(127);
+}
+#define CHILD_FAIL(text) child_fail(text, sizeof text - 1)
+
+/* The identity and limits of a child: the cgroup first (as root: a job may not move itself),
+ * then the file size limit, then groups, group and user (each needs the privilege the next
+ * gives up), and no way back (no_new_privs). A process that cannot do any of it does not run. */
+static void drop_privileges(const td_launch_config *cfg, const child_setup *cs) {
+    if (cs->cgroup_procs >= 0 && write(cs->cgroup_procs, "0\n", 2) != 2)
+        CHILD_FAIL("traind: cannot enter the job's cgroup\n");
+    if (cfg->max_file_bytes > 0) {
+        struct rlimit rl = {(rlim_t)cfg->max_file_bytes, (rlim_t)cfg->max_file_bytes};
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+            CHILD_FAIL("traind: cannot set the job's file size limit\n");
+    }
+    /* a launcher given capabilities to keep (a non-root daemon's ambient set) passes none on:
+     * exec keeps the ambient set, whatever the user */
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL)
+        CHILD_FAIL("traind: cannot clear the ambient capabilities for the job\n");
+    if (cfg->user && cfg->user->drop &&
+        (setgroups((size_t)cs->n_groups, cs->groups) != 0 || setgid(cfg->user->gid) != 0 ||
+         setuid(cfg->user->uid) != 0 || setuid(0) == 0))
+        CHILD_FAIL("traind: cannot switch to the job's user (run_as)\n");
+    if (cfg->user && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        CHILD_FAIL("traind: cannot set no_new_privs for the job\n");
+}
+
 /* In the child, between fork and exec: async-signal-safe calls only (the daemon has threads). */
 static void exec_worker(const td_launch_config *cfg, int r, const char *program, char **argv,
-                        char **env, pid_t pgid, const cpu_set_t *cpus, const gid_t *groups,
-                        int n_groups) {
+                        char **env, pid_t pgid, const cpu_set_t *cpus, const child_setup *cs) {
     setpgid(0, pgid);
     if (cpus) (void)sched_setaffinity(0, sizeof *cpus, cpus); /* a failure only costs speed */
     if (cfg->stdout_fds && cfg->stdout_fds[r] >= 0) dup2(cfg->stdout_fds[r], STDOUT_FILENO);
     if (cfg->stderr_fds && cfg->stderr_fds[r] >= 0) dup2(cfg->stderr_fds[r], STDERR_FILENO);
-    if (cfg->cwd && chdir(cfg->cwd) != 0) {
-        static const char msg[] = "traind: cannot enter the job directory\n";
-        (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
-        _exit(127);
-    }
-    /* groups, then group, then user: each needs the privilege the next one gives up. A process
-     * that cannot drop does not run at all. */
-    if (cfg->user && cfg->user->drop &&
-        (setgroups((size_t)n_groups, groups) != 0 || setgid(cfg->user->gid) != 0 ||
-         setuid(cfg->user->uid) != 0 || setuid(0) == 0)) {
-        static const char msg[] = "traind: cannot switch to the jobs' user (run_as)\n";
-        (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
-        _exit(127);
-    }
+    if (cfg->cwd && chdir(cfg->cwd) != 0) CHILD_FAIL("traind: cannot enter the job directory\n");
+    drop_privileges(cfg, cs);
     /* after the switch: a change of user clears the parent-death signal */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) _exit(127); /* the launcher died before prctl took effect */
     /* an ignored signal stays ignored across exec: a worker must not inherit the launcher's
      * SIG_IGN for SIGPIPE (or a starter's for SIGINT/SIGHUP) */
     struct sigaction dfl = {.sa_handler = SIG_DFL};
-    static const int RESET[] = {SIGPIPE, SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGCHLD};
+    static const int RESET[] = {SIGPIPE, SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGCHLD, SIGXFSZ};
     for (size_t i = 0; i < sizeof RESET / sizeof *RESET; i++) sigaction(RESET[i], &dfl, NULL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     execve(program, argv, env);
-    static const char msg[] = "traind: exec failed\n";
-    (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
-    _exit(127);
+    CHILD_FAIL("traind: exec failed\n");
+}
+
+/* The groups of cfg's user and its cgroup's cgroup.procs, looked up and opened before fork. */
+static int prepare_child(const td_launch_config *cfg, child_setup *cs, td_err *err) {
+    cs->n_groups = 0;
+    cs->cgroup_procs = -1;
+    const td_identity *u = cfg->user;
+    if (u && u->drop && u->lookup_groups) { /* NSS allocates and may open files */
+        cs->n_groups = (int)(sizeof cs->groups / sizeof cs->groups[0]);
+        if (getgrouplist(u->name, u->gid, cs->groups, &cs->n_groups) < 0) {
+            cs->n_groups = 1; /* more than 256: the primary group alone */
+            cs->groups[0] = u->gid;
+        }
+    } else if (u && u->drop) {
+        for (int i = 0; i < u->n_groups && i < 256; i++) cs->groups[cs->n_groups++] = u->groups[i];
+    }
+    if (cfg->cgroup) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/cgroup.procs", cfg->cgroup);
+        cs->cgroup_procs = open(path, O_WRONLY | O_CLOEXEC);
+        if (cs->cgroup_procs < 0) return td_fail(err, "cannot open %s: %s", path, strerror(errno));
+    }
+    return 0;
 }
 
 /* The CPUs of worker i: the i-th of n equal slices of the launcher's own, in CPU order; false
@@ -217,6 +264,9 @@ static bool worker_cpus(const td_launch_config *cfg, int i, int n, cpu_set_t *ou
 int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err *err) {
     int n = cfg->launch_self ? 1 : cfg->nproc_per_node;
     memset(g, 0, sizeof *g);
+    g->cgroup_fd = cfg->cgroup ? open(cfg->cgroup, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (cfg->cgroup && g->cgroup_fd < 0)
+        return td_fail(err, "cannot open the cgroup %s: %s", cfg->cgroup, strerror(errno));
     g->n = n;
     g->launch_self = cfg->launch_self;
     g->rank_base = cfg->node_rank * cfg->nproc_per_node;
@@ -240,15 +290,11 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
         }
         bind = bind && worker_cpus(cfg, i, n, &cpus[i]);
     }
-    /* the user's groups, looked up before fork (NSS allocates and may open files) */
-    gid_t groups[256];
-    int n_groups = 0;
-    if (cfg->user && cfg->user->drop) {
-        n_groups = (int)(sizeof groups / sizeof groups[0]);
-        if (getgrouplist(cfg->user->name, cfg->user->gid, groups, &n_groups) < 0) {
-            n_groups = 1; /* more than 256: the primary group alone */
-            groups[0] = cfg->user->gid;
-        }
+    child_setup cs;
+    if (prepare_child(cfg, &cs, err) != 0) {
+        for (int i = 0; i < n; i++) td_strv_free(envs[i]), td_strv_free(argvs[i]);
+        free(cpus);
+        return -1;
     }
     g->pids = td_calloc((size_t)n, sizeof(pid_t));
     int rc = 0;
@@ -263,8 +309,7 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
             break;
         }
         if (pid == 0)
-            exec_worker(cfg, i, program, argvs[i], envs[i], g->pgid, bind ? &cpus[i] : NULL, groups,
-                        n_groups);
+            exec_worker(cfg, i, program, argvs[i], envs[i], g->pgid, bind ? &cpus[i] : NULL, &cs);
         if (!g->pgid) g->pgid = pid;
         setpgid(pid, g->pgid); /* both sides set it: whichever runs first wins the race */
         g->pids[i] = pid;
@@ -272,6 +317,7 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
     }
     for (int i = 0; i < n; i++) td_strv_free(envs[i]), td_strv_free(argvs[i]);
     free(cpus);
+    if (cs.cgroup_procs >= 0) close(cs.cgroup_procs);
     return rc;
 }
 
@@ -279,6 +325,24 @@ static int status_code(int status) {
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     return 1;
+}
+
+/* Whether anything of the group is left: in its process group, or (what left that with setsid)
+ * in its cgroup. */
+static bool td_group_leftovers(const td_group *g) {
+    return (g->pgid > 0 && killpg(g->pgid, 0) == 0) ||
+           (g->cgroup_fd >= 0 && td_cgroup_populated(g->cgroup_fd));
+}
+
+/* sig to every process of the group: its process group, and all of its cgroup. */
+static void signal_all(const td_group *g, int sig) {
+    if (g->pgid > 0) killpg(g->pgid, sig); /* never 0: that is our own group */
+    if (g->cgroup_fd >= 0) {
+        if (sig == SIGKILL)
+            td_cgroup_kill(g->cgroup_fd);
+        else
+            td_cgroup_signal(g->cgroup_fd, sig);
+    }
 }
 
 bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
@@ -320,7 +384,7 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
     /* what the group's own processes left behind in it (a spawned child whose parent died, a
      * loader's worker) ends with them, so none outlives the job: told to stop now unless it
      * was, killed when the grace period is over, and waited for until then (td_group_tick) */
-    if (g->alive == 0 && g->pgid > 0 && killpg(g->pgid, 0) == 0) {
+    if (g->alive == 0 && g->pgid > 0 && td_group_leftovers(g)) {
         if (!g->terminating) td_group_terminate_all(g, SIGTERM, grace_s);
         g->lingering = true;
     }
@@ -328,7 +392,7 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
 }
 
 void td_group_terminate_all(td_group *g, int sig, double grace_s) {
-    if (g->pgid > 0) killpg(g->pgid, sig); /* never 0: that is our own group */
+    signal_all(g, sig);
     g->terminating = true;
     g->grace_s = grace_s;
     g->kill_at = sig == SIGKILL ? 0 : td_clock_now() + grace_s;
@@ -351,17 +415,19 @@ bool td_group_over(const td_group *g) {
 void td_group_tick(td_group *g) {
     if (g->lingering) {
         /* the daemon is the leftovers' subreaper and reaps them, so an empty group is gone */
-        if (killpg(g->pgid, 0) != 0) {
+        if (!td_group_leftovers(g)) {
             g->lingering = false;
         } else if (g->kill_at == 0 || td_clock_now() >= g->kill_at) {
-            killpg(g->pgid, SIGKILL); /* nothing survives SIGKILL: no need to wait for it */
+            signal_all(g, SIGKILL);
             g->kill_at = 0;
-            g->lingering = false;
+            /* nothing survives SIGKILL; with a cgroup its emptying is waited for all the same
+             * (the attempt is over only when it is empty) */
+            if (g->cgroup_fd < 0) g->lingering = false;
         }
         return;
     }
     if (g->terminating && g->kill_at > 0 && g->alive > 0 && td_clock_now() >= g->kill_at) {
-        if (g->pgid > 0) killpg(g->pgid, SIGKILL); /* never 0: that is our own group */
+        signal_all(g, SIGKILL);
         g->kill_at = 0;
         g->grace_expired = true; /* who was still there is told by td_group_reaped */
     }
@@ -370,6 +436,8 @@ void td_group_tick(td_group *g) {
 void td_group_free(td_group *g) {
     free(g->pids);
     g->pids = NULL;
+    if (g->cgroup_fd >= 0) close(g->cgroup_fd);
+    g->cgroup_fd = -1;
 }
 
 /* Waits for a child for at most 200 ms (so stop_signal and kill deadlines are seen); 0 when
@@ -491,7 +559,7 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
         int status;
         pid_t pid = wait_child(&status);
         if (pid < 0) { /* no child left to wait for: what lingers is not ours to reap */
-            if (g.lingering) killpg(g.pgid, SIGKILL);
+            if (g.lingering) signal_all(&g, SIGKILL);
             break;
         }
         td_group_tick(&g);

@@ -15,19 +15,12 @@
 
 #include "core/td_clock.h"
 #include "core/td_error.h"
+#include "service/td_identity.h"
 
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <sys/types.h>
-
-/* The user a root launcher's processes become (before exec; with the user's groups). */
-typedef struct td_launch_user {
-    bool drop; /* false: they stay the launcher's user */
-    uid_t uid;
-    gid_t gid;
-    char name[64];
-} td_launch_user;
 
 typedef struct td_launch_config {
     int nproc_per_node, nnodes, node_rank;
@@ -60,8 +53,14 @@ typedef struct td_launch_config {
      * many CPUs as workers: ranks that wait for each other at every step run best when none
      * is preempted by another rank's threads or moved away from its cache. */
     bool no_cpu_bind;
-    /* non-NULL with drop: each process runs as that user (the launcher must be root) */
-    const td_launch_user *user;
+    /* non-NULL with drop: each process runs as that identity (the launcher must be root), with
+     * no way back to more privileges (PR_SET_NO_NEW_PRIVS: a setuid program gains nothing) */
+    const td_identity *user;
+    /* a cgroup directory (cgroup v2) each process joins before exec, so that whatever they
+     * start stays in it whatever it does (setsid, a double fork); NULL: none */
+    const char *cgroup;
+    /* RLIMIT_FSIZE of each process: no file it writes grows past this (0: unlimited) */
+    long long max_file_bytes;
 } td_launch_config;
 
 /* One attempt's processes. */
@@ -85,6 +84,9 @@ typedef struct td_group {
     bool grace_expired;
     char grace_note[192]; /* "rank R (pid P) ignored SIGTERM ..." when a worker was SIGKILLed */
     double grace_s;
+    /* the cgroup its processes joined (td_launch_config.cgroup), open; -1: none. With one,
+     * signals reach every process in it, and the group is over only once it is empty */
+    int cgroup_fd;
 } td_group;
 
 /* Starts attempt `attempt` (TORCHELASTIC_RESTART_COUNT) of cfg's group. Safe in a multithreaded

@@ -34,27 +34,31 @@ void td_sha256_finish(td_sha256 *h, char hex[TD_SHA256_HEX]) {
     free(h);
 }
 
-int td_sha256_file(const char *path, char hex[TD_SHA256_HEX], long long *size, td_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return td_fail(err, "cannot open %s: %s", path, strerror(errno));
+int td_sha256_fd(int fd, const char *name, char hex[TD_SHA256_HEX], long long *size, td_err *err) {
     td_sha256 *h = td_sha256_new();
     char buf[1 << 16];
     long long total = 0;
     for (;;) {
-        ssize_t k = read(fd, buf, sizeof buf);
+        ssize_t k = pread(fd, buf, sizeof buf, (off_t)total);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) {
             int e = errno;
-            close(fd);
             td_sha256_finish(h, hex);
-            return td_fail(err, "cannot read %s: %s", path, strerror(e));
+            return td_fail(err, "cannot read %s: %s", name, strerror(e));
         }
         if (k == 0) break;
         td_sha256_update(h, buf, (size_t)k);
         total += k;
     }
-    close(fd);
     td_sha256_finish(h, hex);
     if (size) *size = total;
     return 0;
+}
+
+int td_sha256_file(const char *path, char hex[TD_SHA256_HEX], long long *size, td_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return td_fail(err, "cannot open %s: %s", path, strerror(errno));
+    int rc = td_sha256_fd(fd, path, hex, size, err);
+    close(fd);
+    return rc;
 }

@@ -18,5 +18,8 @@ void td_sha256_finish(td_sha256 *h, char hex[TD_SHA256_HEX]);
 
 /* The digest of a whole file, and its size. */
 int td_sha256_file(const char *path, char hex[TD_SHA256_HEX], long long *size, td_err *err);
+/* The same of the file open at fd, read from its start (pread: the offset stays); name for the
+ * message. */
+int td_sha256_fd(int fd, const char *name, char hex[TD_SHA256_HEX], long long *size, td_err *err);
 
 #endif

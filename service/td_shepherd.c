@@ -205,6 +205,19 @@ int td_shepherd_start(td_shepherd *s, const char *program, const char *base, jso
     }
     fcntl(pair[0], F_SETFL, O_NONBLOCK);
     s->fd = pair[0];
+    /* into the attempt's cgroup at once (it moves itself there too, as it starts): from now on
+     * the cgroup is in use, and no sweep of empty ones takes it away (td_cgroups_remove) */
+    const char *cgroup = json_string_value(json_object_get(spec, "cgroup"));
+    if (cgroup && cgroup[0]) {
+        char leaf[PATH_MAX + 16], pid[32];
+        snprintf(leaf, sizeof leaf, "%s/shepherd/cgroup.procs", cgroup);
+        snprintf(pid, sizeof pid, "%ld", (long)s->pid);
+        int fd = open(leaf, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, pid, strlen(pid)) != (ssize_t)strlen(pid)) {
+            (void)0; /* the shepherd enters it itself; its log says when it cannot */
+        }
+        if (fd >= 0) close(fd);
+    }
     return 0;
 }
 

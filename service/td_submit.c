@@ -106,11 +106,28 @@ static const char *const SERVICE_KEYS[] = {"resources", "restart", "priority", N
 static const char *const COMMAND_KEYS[] = {"name",           "command", "env",
                                            "local_rank_arg", "launch",  NULL};
 
+/* resources.memory_gb, pids, cpu_weight and disk_gb, within what the daemon allows. */
+static int parse_limits(td_submission *s, json_t *r, const td_submit_rules *rules,
+                        td_reply_error *e) {
+    const td_job_limits *lim = rules->limits;
+    double max_memory = lim && lim->max_memory_gb > 0 ? lim->max_memory_gb : 1e7;
+    double max_disk = lim && lim->max_disk_gb > 0 ? lim->max_disk_gb : 1e9;
+    long max_pids = lim && lim->max_pids > 0 ? lim->max_pids : 4194304;
+    td_err err = {{0}};
+    if (td_json_number(r, "resources", "memory_gb", false, 0, 1.0 / 1024, max_memory, &s->memory_gb,
+                       &err) != 0 ||
+        td_json_number(r, "resources", "disk_gb", false, 0, 1.0 / 1024, max_disk, &s->disk_gb,
+                       &err) != 0 ||
+        td_json_int(r, "resources", "pids", false, 0, 16, max_pids, &s->pids, &err) != 0)
+        return spec_error(e, &err);
+    return int_member(r, "resources", "cpu_weight", 0, 1, 10000, &s->cpu_weight, e);
+}
+
 static int parse_resources(td_submission *s, json_t *root, const td_submit_rules *rules,
                            td_reply_error *e) {
     static const char *const RESOURCE_KEYS[] = {
-        "nproc",        "nproc_per_node", "nnodes",       "nodes",
-        "time_limit_s", "gpus_per_proc",  "visible_gpus", NULL};
+        "nproc",        "nproc_per_node", "nnodes", "nodes",      "time_limit_s", "gpus_per_proc",
+        "visible_gpus", "memory_gb",      "pids",   "cpu_weight", "disk_gb",      NULL};
     static const char *const RESTART_KEYS[] = {"max_restarts", NULL};
     const char *const *resource_keys[] = {RESOURCE_KEYS, NULL};
     const char *const *restart_keys[] = {RESTART_KEYS, NULL};
@@ -197,6 +214,7 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
                                  "but this node has %d",
                                  s->nproc, s->gpus_per_proc, s->nproc * s->gpus_per_proc,
                                  rules->slots);
+        if (parse_limits(s, r, rules, e) != 0) return -1;
         if (!rules->cluster && s->nproc > rules->slots)
             return td_reply_fail(e, 400, "invalid_spec",
                                  per_node ? "resources.nproc_per_node" : "resources.nproc",
@@ -533,6 +551,17 @@ void td_submission_placement(const char *body, int *nnodes, char ***nodes, int *
             (*nodes)[i] = td_str_dup(name ? name : "");
         }
     }
+    json_decref(root);
+}
+
+void td_submission_limits(const char *body, double *memory_gb, long *pids, int *cpu_weight,
+                          double *disk_gb) {
+    json_t *root = json_loads(body, 0, NULL);
+    json_t *r = json_object_get(root, "resources");
+    *memory_gb = json_number_value(json_object_get(r, "memory_gb"));
+    *disk_gb = json_number_value(json_object_get(r, "disk_gb"));
+    *pids = (long)json_integer_value(json_object_get(r, "pids"));
+    *cpu_weight = (int)json_integer_value(json_object_get(r, "cpu_weight"));
     json_decref(root);
 }
 

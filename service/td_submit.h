@@ -21,6 +21,13 @@ typedef struct td_reply_error {
 int td_reply_fail(td_reply_error *e, int status, const char *code, const char *field,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* What a job may use unless it says (resources.*), and the most it may ask for; 0: no limit. */
+typedef struct td_job_limits {
+    double memory_gb, max_memory_gb; /* GiB */
+    long pids, max_pids;
+    double disk_gb, max_disk_gb; /* GiB */
+} td_job_limits;
+
 typedef struct td_submit_rules {
     const char *const *data_roots; /* resolved directories */
     int n_roots;
@@ -32,6 +39,8 @@ typedef struct td_submit_rules {
     /* command jobs: NULL or "any": allowed; "none": refused (403); else the executables they may
      * run, absolute paths joined by ':' (compared after symlinks) */
     const char *command_jobs;
+    /* resources.memory_gb, pids and disk_gb may not ask for more than these (NULL: any) */
+    const td_job_limits *limits;
 } td_submit_rules;
 
 typedef struct td_submission {
@@ -52,6 +61,10 @@ typedef struct td_submission {
                                 starts nproc itself (mp.spawn) with all the node's share */
     bool see_all_gpus;       /* resources.visible_gpus "job": every process of a node sees all
                                 the job's GPUs there, in local rank order ("own": its own) */
+    /* resources.memory_gb, pids, cpu_weight, disk_gb; 0: not given (the daemon's default) */
+    double memory_gb, disk_gb;
+    long pids;
+    int cpu_weight;
 } td_submission;
 
 int td_submission_parse(td_submission *s, const char *body, size_t len,
@@ -63,6 +76,10 @@ void td_submission_free(td_submission *s);
  * GPUs a process sees. */
 void td_submission_placement(const char *body, int *nnodes, char ***nodes, int *gpus_per_proc,
                              bool *launch_self, bool *see_all_gpus);
+
+/* The resource limits of a stored job body (checked when it was submitted; 0: not given). */
+void td_submission_limits(const char *body, double *memory_gb, long *pids, int *cpu_weight,
+                          double *disk_gb);
 
 /* Whether path resolves (after symlinks; a path that does not exist yet by its nearest existing
  * parent) inside one of the roots. */

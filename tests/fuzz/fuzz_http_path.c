@@ -101,11 +101,11 @@ static bool long_reference(const char *s, long min, long max, long *out) {
     return true;
 }
 
-/* The rule td_jobs_file_path states: segments of [A-Za-z0-9._-], none empty or starting with
- * '.', at most 1024 characters. */
+/* The rule td_jobs_file_path states: under checkpoints/, segments of [A-Za-z0-9._-], none empty
+ * or starting with '.', at most 1024 characters. */
 static bool relative_reference(const char *rel) {
     size_t n = strlen(rel);
-    if (n == 0 || n > 1024) return false;
+    if (n == 0 || n > 1024 || strncmp(rel, "checkpoints/", 12) != 0 || n == 12) return false;
     for (size_t i = 0; i < n; i++) {
         bool start = i == 0 || rel[i - 1] == '/';
         char c = rel[i];
@@ -129,7 +129,10 @@ static void check_open(const char *path, const char *name) {
     int fd = -1;
     long long size = 0;
     td_err err = {{0}};
-    if (td_ckpt_open(path, name, TD_CKPT_ANY_OWNER, &fd, &size, &err) != 0) {
+    /* below the fuzz's directory, as the daemon reaches a job's own (td_jobfs.h) */
+    td_job_files files = {.owner = TD_JOBFS_ANY_OWNER, .max_files = 100};
+    snprintf(files.dir, sizeof files.dir, "%.*s", (int)(strrchr(path, '/') - path), path);
+    if (td_ckpt_open(&files, path, name, &fd, &size, &err) != 0) {
         FUZZ_CHECK(err.msg[0], "a refusal without a message");
         return;
     }
@@ -167,8 +170,9 @@ static void check_files_path(const char *path) {
      * rename onto the directory) and proposed to the lead as a fix; not compared here until
      * then (the input is corpus/http_path/crash-trailing-slash) */
     if (n > 1 && rel[n - 1] == '/' && rel[n - 2] != '/') return;
-    for (int reading = 0; reading < 2; reading++) {
-        int rc = td_jobs_file_path(jobs, job, rel, reading, where, sizeof where, &e);
+    for (int writing = 0; writing < 2; writing++) {
+        td_job_files files;
+        int rc = td_jobs_file_path(jobs, job, rel, writing, where, sizeof where, &files, &e);
         bool want = relative_reference(rel);
         /* no job exists: a good path is a 404, a bad one a 400 */
         FUZZ_CHECK(rc != 0 && e.status == (want ? 404 : 400), "\"%s\": %d, expected %d", rel,

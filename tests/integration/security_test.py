@@ -245,7 +245,7 @@ class SecurityTest(daemon_test.DaemonTest):
         job_dir = os.path.join(d.state_dir, "jobs", str(job["id"]))
         self.assertIn(f"uid 65534 65534 {job_dir}/work", log)
         st = os.stat(job_dir)
-        self.assertEqual((st.st_uid, st.st_mode & 0o777), (0, 0o750),
+        self.assertEqual((st.st_uid, st.st_mode & 0o777), (0, 0o710),
                          "the job directory stays root's: its attempt files are the daemon's")
         self.assertEqual(os.stat(os.path.join(d.state_dir, "state.db")).st_mode & 0o077, 0)
         # the job cannot touch the daemon's files
