@@ -549,6 +549,8 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                                  .command_jobs = o->command_jobs};
     jc.limits = limits_of_jobs(o);
     jc.max_checkpoint_files = (int)o->max_checkpoint_files;
+    jc.max_events_per_s = o->max_events_per_s;
+    jc.max_log_bytes = o->max_log_bytes;
     jc.keep_finished_for_s = o->keep_finished_for_s;
     jc.keep_finished_jobs = o->keep_finished_jobs;
     jc.on_turn = dog.every_s > 0 ? watchdog_ping : NULL;

@@ -83,11 +83,12 @@ typedef struct spec {
     char local_rank_arg[32];
     char token[128]; /* what a daemon says first ("hello TOKEN"): jobs share its uid */
     int attempt;
-    int daemon_fd;    /* a connection the starting daemon made (a socketpair); -1: none */
-    int listen_fd;    /* the control socket, bound and listening, from the daemon; -1: bind it */
-    double deadline;  /* wall clock; 0: none */
-    double orphan_s;  /* how long without a daemon before the job stops */
-    td_identity user; /* "user": who the processes run as (a root daemon's run_as) */
+    int daemon_fd;   /* a connection the starting daemon made (a socketpair); -1: none */
+    int listen_fd;   /* the control socket, bound and listening, from the daemon; -1: bind it */
+    double deadline; /* wall clock; 0: none */
+    double orphan_s; /* how long without a daemon before the job stops */
+    long long max_log_bytes; /* each log's bound (rotated past it), and the output file's */
+    td_identity user;        /* "user": who the processes run as (a root daemon's run_as) */
     /* "cgroup": the attempt's (td_cgroup.h); its ranks' below it; "": none */
     char cgroup[PATH_MAX], ranks_cgroup[PATH_MAX + 8];
 } spec;
@@ -236,6 +237,7 @@ static void read_spec(spec *s, const char *path) {
         c->cgroup = s->ranks_cgroup;
     }
     c->max_file_bytes = integer(o, "max_file_bytes", 0, 0, LONG_MAX, false, path);
+    s->max_log_bytes = integer(o, "max_log_bytes", 0, 0, LONG_MAX, false, path);
     json_decref(o);
 }
 
@@ -256,6 +258,7 @@ typedef struct shepherd {
     /* rank 0's log has two writers, its stdout (also teed into the output file) and its stderr:
      * each goes in whole lines, so that neither splits a line of the other */
     td_buf tee_line, err_line; /* a line of each without its end yet */
+    td_buf out_line;           /* rank 0's stdout's line without its end, for the output file */
     int pending_fd;            /* a connection that has not said hello yet (the newest only) */
     char pending_in[256];
     size_t pending_len;
@@ -440,6 +443,29 @@ static void lines_to(td_appender *log, td_buf *partial, const char *p, size_t n,
     partial->len -= whole;
 }
 
+/* The lines of p that may be metric lines (a JSON object: '{' first, after blanks) into the
+ * output file the daemon reads; the rest (a script's text, a progress bar) is in the log only,
+ * so a job printing text makes the daemon read nothing. end: the stream's end (its last
+ * partial line is judged as it is). */
+static void metric_lines(td_appender *out, td_buf *partial, const char *p, size_t n, bool end) {
+    if (n) td_buf_append(partial, p, n);
+    size_t from = 0;
+    for (;;) {
+        char *nl = memchr(partial->data + from, '\n', partial->len - from);
+        size_t to = nl ? (size_t)(nl - partial->data) + 1 : end ? partial->len : from;
+        if (to == from) break;
+        size_t b = from;
+        while (b < to && (partial->data[b] == ' ' || partial->data[b] == '\t')) b++;
+        if (b < to && partial->data[b] == '{')
+            td_appender_write(out, partial->data + from, to - from);
+        from = to;
+        if (!nl) break;
+    }
+    memmove(partial->data, partial->data + from, partial->len - from);
+    partial->len -= from;
+    if (partial->len > (1u << 20)) partial->len = 0; /* a runaway line: the log has it */
+}
+
 /* Whether rank 0's log takes its stdout too (teed by the shepherd): then it has two writers. */
 static bool log0_teed(const shepherd *h) {
     return h->out.fd >= 0;
@@ -459,6 +485,7 @@ static bool pump(shepherd *h) {
             close(h->pipe_fd);
             h->pipe_fd = -1;
             lines_to(&h->logs[0], &h->tee_line, NULL, 0, true);
+            metric_lines(&h->out, &h->out_line, NULL, 0, true);
             more = false;
             break;
         }
@@ -468,7 +495,7 @@ static bool pump(shepherd *h) {
         lines_to(&h->logs[0], &h->tee_line, buf, (size_t)k, false);
         /* a full disk does not stop the job (its own checkpoint writes will say so): the
          * lines wait and go in once there is room */
-        td_appender_write(&h->out, buf, (size_t)k);
+        metric_lines(&h->out, &h->out_line, buf, (size_t)k, false);
     }
     say(h, "out %lld", h->out.size);
     return more;
@@ -668,6 +695,14 @@ int main(int argc, char **argv) {
         fail_spec("cannot set up (%s): %s", h.s.socket_path, strerror(errno));
     if (h.s.output[0] && td_appender_open(&h.out, h.s.output, OUT_WAIT_MAX, false, &err) != 0)
         fail_spec("%s", err.msg);
+    /* the output file stops at max_log_bytes with a line the daemon shows as an event; the
+     * logs rotate there (td_appender.h) */
+    static char capped[256];
+    snprintf(capped, sizeof capped,
+             "{\"event\": \"output_capped\", \"reason\": \"rank 0's metric lines reached "
+             "max_log_bytes (%lld bytes): the rest are in its log only\"}\n",
+             h.s.max_log_bytes);
+    if (h.s.output[0]) td_appender_limit(&h.out, h.s.max_log_bytes, false, capped);
 
     /* Every process's output reaches its log through a pipe to here, none through a file of
      * its own: on a full disk the shepherd keeps what the log cannot take and writes it once
@@ -698,7 +733,9 @@ int main(int argc, char **argv) {
     if (log_wait < (1u << 20)) log_wait = 1u << 20;
     for (int i = 0; i < procs && !start_error[0]; i++) {
         int p[2];
-        if (td_appender_open(&h.logs[i], h.s.logs[i], log_wait, true, &err) != 0) {
+        bool opened = td_appender_open(&h.logs[i], h.s.logs[i], log_wait, true, &err) == 0;
+        if (opened) td_appender_limit(&h.logs[i], h.s.max_log_bytes, true, NULL);
+        if (!opened) {
             snprintf(start_error, sizeof start_error, "%s", err.msg);
         } else if (pipe2(p, O_CLOEXEC) != 0) {
             snprintf(start_error, sizeof start_error, "pipe: %s", strerror(errno));

@@ -79,8 +79,52 @@ static void drain(td_appender *a) {
     }
 }
 
+void td_appender_limit(td_appender *a, long long max_bytes, bool rotate, const char *marker) {
+    a->max_bytes = max_bytes;
+    a->rotate = rotate;
+    a->cap_marker = marker;
+}
+
+/* Whether n more bytes may go in: a log past its bound is rotated first (renamed to PATH.1 and
+ * begun again, with a line saying where the rest is); a file that does not rotate takes its
+ * marker and nothing more. Only when nothing waits: rotation does not reorder what waits. */
+static bool room_for(td_appender *a, size_t n) {
+    if (a->max_bytes <= 0 || a->size + (long long)n <= a->max_bytes || a->size == 0) return true;
+    if (a->capped) {
+        a->capped_bytes += (long long)n;
+        return false;
+    }
+    if (!a->rotate) {
+        const char *m = a->cap_marker ? a->cap_marker : "[traind] this file reached its limit\n";
+        a->size += (long long)write_some(a->fd, m, strlen(m));
+        a->capped = true;
+        a->capped_bytes += (long long)n;
+        fprintf(stderr,
+                "traind-shepherd: %s reached its limit of %lld bytes: nothing more goes in\n",
+                a->path, a->max_bytes);
+        return false;
+    }
+    char old[4200];
+    snprintf(old, sizeof old, "%s.1", a->path);
+    int fd = -1;
+    if (rename(a->path, old) == 0)
+        fd = open(a->path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0640);
+    if (fd < 0) return true; /* it grows on: a log is not lost for want of a rename */
+    close(a->fd);
+    a->fd = fd;
+    a->size = 0;
+    char note[4400];
+    int k = snprintf(note, sizeof note,
+                     "[traind] this log reached max_log_bytes (%lld bytes) and was rotated: the "
+                     "part before is in %s (what came before that is gone)\n",
+                     a->max_bytes, old);
+    a->size += (long long)write_some(a->fd, note, (size_t)k);
+    return true;
+}
+
 bool td_appender_write(td_appender *a, const void *p, size_t n) {
     if (a->fd < 0) return true;
+    if (n && !a->wait.len && !room_for(a, n)) return true;
     if (n && a->wait.len) {
         /* once something is dropped, everything is until what waits has gone in: the gap is
          * then one, at one place, and the note says where */

@@ -27,11 +27,22 @@ typedef struct td_appender {
     bool ran_out;    /* the filesystem was full (ENOSPC/EDQUOT) at some point */
     bool failing;    /* the last write failed (said once an outage, on stderr) */
     int error;       /* that write's errno; 0: none */
+    /* a bound on the file (0: none): past it a log is rotated (PATH.1, the one before it gone),
+     * anything else takes nothing more; either way a marker line says so */
+    long long max_bytes;
+    bool rotate;
+    const char *cap_marker; /* the line written where a file that does not rotate stops */
+    bool capped;            /* it stopped */
+    long long capped_bytes; /* bytes it did not take since */
 } td_appender;
 
 /* Opens (creates, 0640) path for appending. */
 int td_appender_open(td_appender *a, const char *path, size_t wait_max, bool note_drops,
                      td_err *err);
+
+/* Bounds the file at max_bytes (td_appender.max_bytes); marker: a file that does not rotate
+ * ends with this line (with its newline). */
+void td_appender_limit(td_appender *a, long long max_bytes, bool rotate, const char *marker);
 
 /* Appends p after whatever waits; what the file does not take waits. True when nothing waits. */
 bool td_appender_write(td_appender *a, const void *p, size_t n);

@@ -262,48 +262,46 @@ static int exec_locked(td_db *db, const char *sql, td_err *err) {
     return sqlite3_exec(db->db, sql, NULL, NULL, NULL) == SQLITE_OK ? 0 : db_fail(db, err, sql);
 }
 
-int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_err *err) {
-    pthread_mutex_lock(&db->mu);
-    int rc = -1;
-    if (exec_locked(db, "BEGIN IMMEDIATE", err) != 0) goto out;
+/* One event's rows (the transaction is the caller's). */
+static int insert_event_locked(td_db *db, const td_db_event *ev, td_err *err) {
     sqlite3_stmt *s = prepare(db, "INSERT INTO events (job_id, seq, type, data) VALUES (?,?,?,?)");
-    if (!s) {
-        db_fail(db, err, "preparing an event");
-        goto rollback;
-    }
+    if (!s) return db_fail(db, err, "preparing an event");
     sqlite3_bind_int64(s, 1, ev->job_id);
     sqlite3_bind_int64(s, 2, ev->seq);
     sqlite3_bind_text(s, 3, ev->type, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 4, ev->data, -1, SQLITE_STATIC);
-    if (step_done(db, s, err, "adding an event") != 0) goto rollback;
+    if (step_done(db, s, err, "adding an event") != 0) return -1;
     if (ev->metric && ev->step >= 0) {
         /* a restarted attempt runs some steps again: its values replace the earlier ones */
         s = prepare(db, "INSERT OR REPLACE INTO metrics (job_id, event, step, data, seq) "
                         "VALUES (?,?,?,?,?)");
-        if (!s) {
-            db_fail(db, err, "preparing a metric");
-            goto rollback;
-        }
+        if (!s) return db_fail(db, err, "preparing a metric");
         sqlite3_bind_int64(s, 1, ev->job_id);
         sqlite3_bind_text(s, 2, ev->type, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 3, ev->step);
         sqlite3_bind_text(s, 4, ev->data, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 5, ev->seq);
-        if (step_done(db, s, err, "adding a metric") != 0) goto rollback;
+        if (step_done(db, s, err, "adding a metric") != 0) return -1;
     }
     if (ev->checkpoint_path) {
         s = prepare(db, "INSERT OR REPLACE INTO checkpoints (job_id, step, path, size, "
                         "created_at) VALUES (?,?,?,?,strftime('%s','now'))");
-        if (!s) {
-            db_fail(db, err, "preparing a checkpoint");
-            goto rollback;
-        }
+        if (!s) return db_fail(db, err, "preparing a checkpoint");
         sqlite3_bind_int64(s, 1, ev->job_id);
         sqlite3_bind_int64(s, 2, ev->step);
         sqlite3_bind_text(s, 3, ev->checkpoint_path, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 4, ev->checkpoint_size);
-        if (step_done(db, s, err, "adding a checkpoint") != 0) goto rollback;
+        if (step_done(db, s, err, "adding a checkpoint") != 0) return -1;
     }
+    return 0;
+}
+
+int td_db_add_events(td_db *db, const td_db_event *evs, int n, const td_db_job *job, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = -1;
+    if (exec_locked(db, "BEGIN IMMEDIATE", err) != 0) goto out;
+    for (int i = 0; i < n; i++)
+        if (insert_event_locked(db, &evs[i], err) != 0) goto rollback;
     if (job && update_job_locked(db, job, err) != 0) goto rollback;
     if (exec_locked(db, "COMMIT", err) != 0) goto rollback;
     rc = 0;
@@ -313,6 +311,10 @@ rollback:
 out:
     pthread_mutex_unlock(&db->mu);
     return rc;
+}
+
+int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_err *err) {
+    return td_db_add_events(db, ev, 1, job, err);
 }
 
 static void copy_text(sqlite3_stmt *s, int col, char *out, size_t len) {

@@ -66,6 +66,8 @@ typedef struct td_db_event {
     long long checkpoint_size;
 } td_db_event;
 int td_db_add_event(td_db *db, const td_db_event *ev, const td_db_job *job, td_err *err);
+/* evs[0..n) and the job row, in one transaction: a burst of a job's lines costs one commit. */
+int td_db_add_events(td_db *db, const td_db_event *evs, int n, const td_db_job *job, td_err *err);
 
 /* Removes the jobs ids[0..n) and everything recorded of them, in one transaction. */
 int td_db_delete_jobs(td_db *db, const long *ids, int n, td_err *err);

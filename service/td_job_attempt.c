@@ -101,6 +101,8 @@ json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt
                                       (json_int_t)u->uid, "gid", (json_int_t)u->gid, "groups",
                                       groups, "lookup_groups", u->lookup_groups));
     }
+    if (j->cfg.max_log_bytes > 0)
+        json_object_set_new(o, "max_log_bytes", json_integer((json_int_t)j->cfg.max_log_bytes));
     if (c->max_file_bytes > 0)
         json_object_set_new(o, "max_file_bytes", json_integer((json_int_t)c->max_file_bytes));
     return o;
@@ -320,6 +322,16 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         snprintf(g->reason, sizeof g->reason, "%.250s", jb->parts_reason);
     }
     a->finished_at = td_clock_wall();
+    /* a file that reached RLIMIT_FSIZE (the quota) killed its writer with SIGXFSZ */
+    if (g->failed && g->exit_code == 128 + SIGXFSZ && !jb->over_quota && jb->disk_bytes > 0) {
+        jb->over_quota = true;
+        char words[300];
+        td_jobs_quota_words(jb->disk_bytes, jb->disk_bytes, 0, words, sizeof words);
+        snprintf(jb->quota_reason, sizeof jb->quota_reason,
+                 "disk quota exceeded: a file reached resources.disk_gb %.3f GiB (%lld bytes) "
+                 "and its writer was stopped (%.200s)",
+                 (double)jb->disk_bytes / 1073741824.0, jb->disk_bytes, g->reason);
+    }
     /* a failure's own status, else (stopped on request or at the time limit) the status the
      * processes ended with: 137 for one that needed SIGKILL after the grace period */
     int code = g->exit_code;
@@ -332,6 +344,8 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         snprintf(reason, sizeof reason, "%.500s%s%s", g->reason, own[0] ? ": " : "", own);
     } else if (jb->cancel_requested) {
         snprintf(reason, sizeof reason, "cancelled by request");
+    } else if (jb->over_quota) {
+        snprintf(reason, sizeof reason, "%s", jb->quota_reason);
     } else if (jb->timed_out) {
         snprintf(reason, sizeof reason,
                  "stopped at its time limit of %g s (resources.time_limit_s)",
@@ -355,6 +369,9 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
     if (jb->cancel_requested) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, CANCELLED, code, reason);
+    } else if (jb->over_quota) { /* not restarted: it would only fill its quota again */
+        td_jobs_release_slots(j, jb);
+        td_jobs_finish(j, jb, FAILED, code ? code : -1, reason);
     } else if (jb->timed_out) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, FAILED, code, reason);
@@ -411,7 +428,8 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     }
     td_shepherd_end *e = &jb->end;
     int rc = td_shepherd_end_read(sh->base, e, &err);
-    td_jobs_read_output(j, jb, true, rc == 1 ? e->output_bytes : -1);
+    /* the rest of its output first, a slice a turn (the supervisor comes back at once) */
+    if (td_jobs_read_output(j, jb, true, rc == 1 ? e->output_bytes : -1)) return;
     /* no status: the machine went down with it, or a daemon died before starting it (neither
      * is the job's failure), or it was killed */
     const char *gone_with = NULL;
@@ -445,11 +463,16 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     if (rc == 1 && !e->failed && strcmp(e->stopped_by, "request") == 0) {
         if (starts_with(why, TD_JOBS_STOP_CANCEL)) jb->cancel_requested = true;
         if (starts_with(why, TD_JOBS_STOP_TIME_LIMIT)) jb->timed_out = true;
+        if (starts_with(why, TD_JOBS_STOP_QUOTA)) { /* (a daemon since restarted) */
+            jb->over_quota = true;
+            snprintf(jb->quota_reason, sizeof jb->quota_reason, "%.390s",
+                     why + strlen(TD_JOBS_STOP_QUOTA));
+        }
         if (starts_with(why, TD_JOBS_STOP_DAEMON)) left = true;
     }
     /* stopped while no daemon was there (orphan_timeout_s), or by a signal to the shepherd
      * itself (a service manager stopping everything): not the job's failure */
-    bool absent = !e->failed && !jb->cancel_requested && !jb->timed_out &&
+    bool absent = !e->failed && !jb->cancel_requested && !jb->timed_out && !jb->over_quota &&
                   (strcmp(e->stopped_by, "orphaned") == 0 || strcmp(e->stopped_by, "signal") == 0 ||
                    strcmp(e->stopped_by, "machine") == 0 || starts_with(why, TD_JOBS_STOP_DAEMON));
     sh->fd = -1;

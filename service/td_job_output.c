@@ -3,6 +3,8 @@
  * registers a checkpoint. (Every line is in rank 0's log too: the shepherd writes it there.) */
 #include "service/td_jobs_private.h"
 
+#include "core/td_clock.h"
+
 #include "train/td_metrics.h"
 
 #include "service/td_ckpt.h"
@@ -78,6 +80,36 @@ static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *si
     return true;
 }
 
+/* Whether a metric line of jb's may be stored now (max_events_per_s: a token bucket of ten
+ * seconds' worth); one refused is counted, never silently lost. */
+static bool admit(td_jobs *j, job *jb) {
+    double rate = j->cfg.max_events_per_s;
+    if (rate <= 0) return true;
+    double now = td_clock_now(), burst = 10 * rate;
+    if (jb->event_tokens_at <= 0) jb->event_tokens = burst; /* its first line */
+    jb->event_tokens += (now - jb->event_tokens_at) * rate;
+    if (jb->event_tokens > burst) jb->event_tokens = burst;
+    jb->event_tokens_at = now;
+    if (jb->event_tokens < 1) return false;
+    jb->event_tokens -= 1;
+    return true;
+}
+
+void td_jobs_say_dropped(td_jobs *j, job *jb) {
+    if (jb->dropped_unsaid <= 0) return;
+    char why[160];
+    snprintf(why, sizeof why,
+             "over max_events_per_s (%g per second, in bursts of %g): the lines are in rank 0's "
+             "log",
+             j->cfg.max_events_per_s, 10 * j->cfg.max_events_per_s);
+    json_t *d = json_pack("{s:s, s:I, s:I, s:I, s:s}", "event", TD_JOBS_EVENT_DROPPED, "step",
+                          (json_int_t)jb->last_step, "lines", (json_int_t)jb->dropped_unsaid,
+                          "total", (json_int_t)jb->events_dropped, "reason", why);
+    jb->dropped_unsaid = 0;
+    td_jobs_emit(j, jb, TD_JOBS_EVENT_DROPPED, d, NULL, jb->last_step, false, NULL, 0);
+    json_decref(d);
+}
+
 /* A line of rank 0's stdout: a JSON object with a string "event" is an event, and a metric
  * unless it is a checkpoint. An event without an integer "step" gets the step of the latest one
  * that had one (0 before any), so every metric has a place on the step axis. */
@@ -101,6 +133,16 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
         json_object_set_new(o, "step", json_integer(step));
         changed = true;
     }
+    /* a flood of metric lines is cut to max_events_per_s (never a checkpoint or the end) */
+    bool capped = strcmp(type, TD_EVENT_CHECKPOINT) != 0 && strcmp(type, TD_EVENT_DONE) != 0;
+    if (capped && !admit(j, jb)) {
+        jb->events_dropped++;
+        jb->dropped_unsaid++;
+        td_jobs_stale(jb);
+        json_decref(o);
+        return false;
+    }
+    td_jobs_say_dropped(j, jb); /* before the line it precedes */
     const char *ckpt = NULL;
     long long size = 0;
     char full[2 * PATH_MAX];
@@ -166,19 +208,23 @@ int td_jobs_open_output(td_jobs *j, long job_id, const char *path) {
     return fd;
 }
 
-void td_jobs_read_file(int fd, long long *read_to, long long until, bool final, td_buf *line,
-                       td_jobs_line_fn fn, void *ctx) {
+bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, long long budget,
+                       td_buf *line, td_jobs_line_fn fn, void *ctx) {
     char buf[65536];
     if (final && until < 0) {
         struct stat st;
         until = fd >= 0 && fstat(fd, &st) == 0 ? (long long)st.st_size : *read_to;
     }
-    while (fd >= 0 && *read_to < until) {
+    long long stop = budget > 0 && until - *read_to > budget ? *read_to + budget : until;
+    while (fd >= 0 && *read_to < stop) {
         size_t want =
-            until - *read_to < (long long)sizeof buf ? (size_t)(until - *read_to) : sizeof buf;
+            stop - *read_to < (long long)sizeof buf ? (size_t)(stop - *read_to) : sizeof buf;
         ssize_t k = pread(fd, buf, want, (off_t)*read_to);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break; /* shorter than said: a disk that filled up; what is there is read */
+        if (k <= 0) { /* shorter than said: a disk that filled up; what is there is read */
+            stop = until = *read_to;
+            break;
+        }
         td_buf_append(line, buf, (size_t)k);
         *read_to += k;
         char *start = line->data, *nl;
@@ -198,10 +244,12 @@ void td_jobs_read_file(int fd, long long *read_to, long long until, bool final, 
             line->len = 0;
         }
     }
-    if (final && line->len) {
+    bool more = fd >= 0 && *read_to < until;
+    if (final && !more && line->len) {
         fn(ctx, line->data, line->len, *read_to);
         line->len = 0;
     }
+    return more;
 }
 
 typedef struct output_ctx {
@@ -217,22 +265,34 @@ static void output_line(void *ctx, char *line, size_t n, long long end) {
     o->unsaved = !td_jobs_line_apply(o->j, o->jb, line, n, false, NULL);
 }
 
-void td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
+/* What one turn of the supervisor reads of a job's output at most, with the jobs' lock held:
+ * a job printing as fast as it can is read a bounded slice at a time, and the API's requests
+ * and the other jobs get the lock in between (its events go to the database in one
+ * transaction a slice). */
+enum { READ_BUDGET = 256 * 1024 };
+
+bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
     /* while its events cannot be stored, the lines wait in the output file (the supervisor
-     * reads on once they are); at the attempt's end, everything left is read into memory */
-    if (!final && jb->n_pending > 0 && !td_jobs_store_pending(j, jb)) return;
+     * reads on once they are) */
+    if (jb->n_pending > 0 && !td_jobs_store_pending(j, jb)) return false;
     if (jb->out_fd < 0) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s.out", jb->sh.base);
         jb->out_fd = td_jobs_open_output(j, jb->row.id, path);
     }
     output_ctx ctx = {j, jb, false};
-    td_jobs_read_file(jb->out_fd, &jb->out_read, final ? until : jb->sh.out_size, final, &jb->line,
-                      output_line, &ctx);
-    if (ctx.unsaved) { /* lines that were no events: not read again after a restart either */
+    jb->batching = true;
+    bool more = td_jobs_read_file(jb->out_fd, &jb->out_read, final ? until : jb->sh.out_size, final,
+                                  READ_BUDGET, &jb->line, output_line, &ctx);
+    if (final && !more) td_jobs_say_dropped(j, jb); /* what the attempt's end leaves unsaid */
+    jb->batching = false;
+    td_jobs_store_pending(j, jb);
+    if (ctx.unsaved && jb->n_pending == 0) { /* lines that were no events: not read again */
         td_err err = {{0}};
         if (td_db_update_job(j->db, &jb->row, &err) != 0)
             td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
                       err.msg);
     }
+    jb->out_behind = more;
+    return more;
 }

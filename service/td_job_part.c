@@ -112,7 +112,7 @@ static void read_output(td_jobs *j, guest *g, bool final, long long until) {
         g->out_fd = td_jobs_open_output(j, g->job, path);
     }
     guest_ctx ctx = {j, g};
-    td_jobs_read_file(g->out_fd, &g->out_read, final ? until : g->sh.out_size, final, &g->line,
+    td_jobs_read_file(g->out_fd, &g->out_read, final ? until : g->sh.out_size, final, 0, &g->line,
                       guest_line, &ctx);
 }
 

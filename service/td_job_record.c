@@ -78,6 +78,8 @@ const char *td_jobs_render(job *jb) {
         /* who its processes are (a uid of its own: td_identity.h), and what they may use */
         char user[64];
         snprintf(user, sizeof user, "traind-job-%ld", jb->row.id);
+        json_object_set_new(o, "events_dropped", json_integer((json_int_t)jb->events_dropped));
+        json_object_set_new(o, "disk_used_bytes", json_integer((json_int_t)jb->disk_used));
         json_object_set_new(o, "identity",
                             jb->row.uid > 0
                                 ? json_pack("{s:I, s:I, s:s}", "uid", (json_int_t)jb->row.uid,
@@ -254,7 +256,8 @@ void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const cha
                         .metric = metric,
                         .ckpt_size = ckpt_size,
                         .out_offset = jb->row.out_offset};
-    td_jobs_store_pending(j, jb);
+    /* a burst of rank 0's lines is stored in one transaction by its reader (td_job_output.c) */
+    if (!jb->batching) td_jobs_store_pending(j, jb);
     td_jobs_stale(jb);
     pthread_cond_broadcast(&j->changed);
 }
@@ -265,23 +268,34 @@ static void free_pending(pending_event *p) {
     free(p->ckpt_path);
 }
 
+enum { STORE_BATCH = 512 }; /* events in one transaction at most */
+
 bool td_jobs_store_pending(td_jobs *j, job *jb) {
     int done = 0;
     td_err err = {{0}};
-    for (; done < jb->n_pending; done++) {
-        pending_event *p = &jb->pending[done];
-        /* the row as it was with this event: a daemon that dies before the next one is stored
-         * reads the output on from this event's line, not from a later one */
+    while (done < jb->n_pending) {
+        int n = jb->n_pending - done < STORE_BATCH ? jb->n_pending - done : STORE_BATCH;
+        td_db_event evs[STORE_BATCH];
+        for (int i = 0; i < n; i++) {
+            pending_event *p = &jb->pending[done + i];
+            evs[i] = (td_db_event){jb->row.id, p->seq,    p->type,      p->text,
+                                   p->step,    p->metric, p->ckpt_path, p->ckpt_size};
+        }
+        /* the row as it was with the batch's last event: a daemon that dies before the next one
+         * is stored reads the output on from that event's line, not from a later one */
+        const pending_event *last = &jb->pending[done + n - 1];
         td_db_job row = jb->row;
-        row.last_seq = p->seq;
-        row.out_offset = p->out_offset;
-        td_db_event ev = {jb->row.id, p->seq,    p->type,      p->text,
-                          p->step,    p->metric, p->ckpt_path, p->ckpt_size};
-        if (td_db_add_event(j->db, &ev, &row, &err) != 0) break;
-        jb->stored_seq = p->seq;
-        remember(jb, p->seq, p->type, p->text);
-        p->type = p->text = NULL;
-        free_pending(p);
+        row.last_seq = last->seq;
+        row.out_offset = last->out_offset;
+        if (td_db_add_events(j->db, evs, n, &row, &err) != 0) break;
+        for (int i = 0; i < n; i++) {
+            pending_event *p = &jb->pending[done + i];
+            jb->stored_seq = p->seq;
+            remember(jb, p->seq, p->type, p->text);
+            p->type = p->text = NULL;
+            free_pending(p);
+        }
+        done += n;
     }
     memmove(jb->pending, jb->pending + done, (size_t)(jb->n_pending - done) * sizeof *jb->pending);
     jb->n_pending -= done;

@@ -48,6 +48,8 @@ static void replay_event(void *ctx, long seq, const char *type, const char *data
         jb->last_placement = json_incref(o);
     }
     if (!ours && json_is_integer(step)) jb->last_step = (long)json_integer_value(step);
+    if (!strcmp(type, TD_JOBS_EVENT_DROPPED)) /* metric lines max_events_per_s refused */
+        jb->events_dropped += (long long)json_integer_value(json_object_get(o, "lines"));
     if (strcmp(type, TD_EVENT_TRAIN) == 0) {
         json_decref(jb->latest_train), jb->latest_train = o, o = NULL;
     } else if (strcmp(type, TD_EVENT_EVAL) == 0) {

@@ -52,6 +52,7 @@ void *td_jobs_supervise(void *arg) {
                 owner[n] = jb, fds[n++] = (struct pollfd){jb->sh.fd, POLLIN, 0};
             else if (!jb->parts && !jb->left)
                 due = true; /* its shepherd ended while no daemon ran: handled below at once */
+            due |= jb->out_behind;        /* its output is read a slice a turn */
             ticking |= jb->parts != NULL; /* the master's own parts sync every turn */
         }
         int first_guest = n;
@@ -98,10 +99,10 @@ void *td_jobs_supervise(void *arg) {
         reap();
         for (int i = 2; i < first_guest; i++) {
             job *jb = owner[i];
-            if (!fds[i].revents || jb->sh.fd < 0) continue;
-            td_shepherd_read(&jb->sh);
+            if ((!fds[i].revents && !jb->out_behind) || jb->sh.fd < 0) continue;
+            if (fds[i].revents) td_shepherd_read(&jb->sh);
             if (jb->sh.pgid > 0) jb->row.pgid = jb->sh.pgid;
-            td_jobs_read_output(j, jb, false, 0);
+            if (jb->sh.fd >= 0) td_jobs_read_output(j, jb, false, 0);
         }
         for (int i = first_guest; i < n; i++) {
             guest *g = guest_owner[i];
@@ -127,9 +128,13 @@ void *td_jobs_supervise(void *arg) {
                           "job %ld reached its time limit of %g s: stopping it", jb->row.id,
                           jb->row.time_limit_s);
             }
+            char quota_stop[sizeof jb->quota_reason + 16];
+            snprintf(quota_stop, sizeof quota_stop, TD_JOBS_STOP_QUOTA "%s", jb->quota_reason);
             if (jb->cancel_requested && !jb->sh.stop_sent)
                 td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
                                  TD_JOBS_STOP_CANCEL "cancelled by request");
+            else if (jb->over_quota && !jb->sh.stop_sent)
+                td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, quota_stop);
             else if (jb->timed_out && !jb->sh.stop_sent)
                 td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
                                  TD_JOBS_STOP_TIME_LIMIT "the job reached its time limit");

@@ -358,6 +358,42 @@ bool td_jobfs_has(const td_identity *who, int root, const char *rel, uid_t owner
     return same;
 }
 
+enum { USAGE_DEPTH = 64 }; /* deeper directories are counted by their own size only */
+
+static void usage_of(int dfd, int depth, long long *bytes, long *entries, long max) {
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return;
+    }
+    struct dirent *e;
+    while (*entries <= max && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        ++*entries;
+        *bytes += (long long)st.st_blocks * 512;
+        if (S_ISDIR(st.st_mode) && depth < USAGE_DEPTH) {
+            int sub = openat(dirfd(d), e->d_name,
+                             O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+            if (sub >= 0) usage_of(sub, depth + 1, bytes, entries, max);
+        }
+    }
+    closedir(d);
+}
+
+int td_jobfs_usage(const char *path, long long *bytes, long *entries, long max_entries,
+                   td_err *err) {
+    *bytes = 0;
+    *entries = 0;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return td_fail(err, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) == 0) *bytes += (long long)st.st_blocks * 512;
+    usage_of(fd, 0, bytes, entries, max_entries);
+    return 0;
+}
+
 int td_jobfs_mkdir_path(const td_identity *who, const char *path, td_err *err) {
     char p[PATH_MAX];
     if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p)

@@ -86,6 +86,12 @@ int td_jobfs_put_end(td_jobfs_put *p, bool keep, td_err *err);
 bool td_jobfs_has(const td_identity *who, int root, const char *rel, uid_t owner,
                   const char *sha256_hex);
 
+/* The disk space the tree at path takes (its files' and directories' allocated blocks, as du
+ * counts them), walked through descriptors without following a link; at most max_entries
+ * entries are looked at (*entries: how many there were, max_entries + 1 when it stopped). */
+int td_jobfs_usage(const char *path, long long *bytes, long *entries, long max_entries,
+                   td_err *err);
+
 /* mkdir -p of an absolute path of the job's choosing (its checkpoint.dir), as who: through links
  * with who's rights, as the job itself would. */
 int td_jobfs_mkdir_path(const td_identity *who, const char *path, td_err *err);

@@ -59,6 +59,7 @@ int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *lo
     pthread_cond_init(&j->changed, &ca);
     pthread_cond_init(&j->resume_wake, NULL);
     pthread_cond_init(&j->janitor_wake, &ca);
+    pthread_cond_init(&j->quota_wake, &ca);
     for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_init(&j->stream_cv[i], &ca);
     pthread_condattr_destroy(&ca);
     if (cfg->gpus > 0) j->gpu_used = td_calloc((size_t)cfg->gpus, sizeof(bool));
@@ -97,6 +98,9 @@ int td_jobs_start(td_jobs *j, td_err *err) {
     rc = pthread_create(&j->janitor, NULL, td_jobs_janitor, j);
     if (rc != 0) return td_fail(err, "starting the retention thread: %s", strerror(rc));
     j->janitor_started = true;
+    rc = pthread_create(&j->quota, NULL, td_jobs_quota_keeper, j);
+    if (rc != 0) return td_fail(err, "starting the disk quota thread: %s", strerror(rc));
+    j->quota_started = true;
     return 0;
 }
 
@@ -155,7 +159,12 @@ void td_jobs_stop(td_jobs *j) {
     for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_broadcast(&j->stream_cv[i]);
     pthread_cond_broadcast(&j->resume_wake);
     pthread_cond_broadcast(&j->janitor_wake);
+    pthread_cond_broadcast(&j->quota_wake);
     pthread_mutex_unlock(&j->mu);
+    if (j->quota_started) { /* (it may be measuring a directory) */
+        pthread_join(j->quota, NULL);
+        j->quota_started = false;
+    }
     if (j->janitor_started) { /* (it may be removing a directory) */
         pthread_join(j->janitor, NULL);
         j->janitor_started = false;
@@ -191,6 +200,7 @@ void td_jobs_close(td_jobs *j) {
     pthread_cond_destroy(&j->changed);
     pthread_cond_destroy(&j->resume_wake);
     pthread_cond_destroy(&j->janitor_wake);
+    pthread_cond_destroy(&j->quota_wake);
     for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_destroy(&j->stream_cv[i]);
     pthread_mutex_destroy(&j->mu);
     free(j);

@@ -59,6 +59,8 @@ typedef struct td_jobs_config {
     td_cgroups cgroups;       /* where attempts' cgroups go (subtree "": none) */
     td_job_limits limits;     /* resources' defaults and ceilings */
     int max_checkpoint_files; /* files one checkpoint may hold */
+    double max_events_per_s;  /* a job's metric lines stored per second (0: no limit) */
+    long long max_log_bytes;  /* a rank's log before it is rotated (td_appender.h) */
     /* retention: a finished job is removed (rows and directory) this long after it finished,
      * and beyond the newest keep_finished_jobs finished ones (0: no limit of that kind) */
     double keep_finished_for_s;

@@ -33,6 +33,7 @@ enum { TD_JOBS_RECENT = 256, TD_JOBS_STREAM_CVS = 64 };
 #define TD_JOBS_EVENT_STATE     "state"
 #define TD_JOBS_EVENT_RESTART   "restart"
 #define TD_JOBS_EVENT_PLACEMENT "placement" /* where an attempt across nodes runs */
+#define TD_JOBS_EVENT_DROPPED   "dropped"   /* metric lines over max_events_per_s, counted */
 extern const char *const td_jobs_state_names[N_STATES];
 
 /* An event the database could not take yet (a full disk): kept, in order, and stored again. */
@@ -51,6 +52,13 @@ typedef struct job {
     int n_pending, cap_pending;
     long stored_seq;
     bool store_failing; /* said in the log once per outage */
+    bool batching;      /* its reader stores what it emits once its burst is read */
+    /* max_events_per_s: a token bucket of its metric lines; what it refuses is counted, and
+     * said in a "dropped" event before the next line it takes (or at the attempt's end) */
+    double event_tokens, event_tokens_at;
+    long long events_dropped; /* in all */
+    long dropped_unsaid;      /* since the last "dropped" event */
+    bool out_behind;          /* its output has more than one turn reads: read on at once */
     /* the newest stored events, a ring of TD_JOBS_RECENT (oldest at recent_head), while the job
      * is live: a stream that keeps up reads them here, not from the database (a thousand
      * followers of running jobs would otherwise query it for every event each) */
@@ -120,6 +128,9 @@ typedef struct job {
     td_cgroup_limits cg_limits; /* memory, pids, cpu weight of its attempts' cgroups */
     long long disk_bytes;       /* its files' limit (resources.disk_gb); 0: none */
     char *cgroup;               /* the running local attempt's cgroup (td_cgroup.h); NULL */
+    long long disk_used;        /* its directory's size, as last measured (td_job_quota.c) */
+    bool over_quota;            /* over disk_bytes: stopped, and failed with quota_reason */
+    char quota_reason[400];
 } job;
 
 /* One node's share of a distributed attempt, as the master tracks it. */
@@ -208,8 +219,11 @@ struct td_jobs {
     /* cgroups of attempts that ended, removed once their shepherds have gone (td_cgroup.h) */
     char **cg_ended;
     int n_cg_ended;
-    double cg_tried;   /* the last try (monotonic) */
-    pthread_t resumer; /* td_jobs_resumer */
+    double cg_tried; /* the last try (monotonic) */
+    pthread_t quota; /* td_jobs_quota_keeper */
+    bool quota_started;
+    pthread_cond_t quota_wake; /* stop (monotonic clock) */
+    pthread_t resumer;         /* td_jobs_resumer */
     bool resumer_started;
     pthread_cond_t resume_wake; /* a job wants its checkpoint prepared, or stop */
     bool draining; /* this node is drained: nothing new starts (td_jobs_set_draining) */
@@ -286,6 +300,7 @@ void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ende
  * later (after a restart) makes of the stop. */
 #define TD_JOBS_STOP_CANCEL     "cancel: "
 #define TD_JOBS_STOP_TIME_LIMIT "time_limit: "
+#define TD_JOBS_STOP_QUOTA      "quota: "
 #define TD_JOBS_STOP_DAEMON     "daemon_stop: "
 #define TD_JOBS_STOP_DAEMON_WORDS                                                                  \
     TD_JOBS_STOP_DAEMON "traind stopped and stopped its jobs (keep_jobs_on_stop is false)"
@@ -340,15 +355,20 @@ json_t *td_jobs_resume_json(const job *jb);
 /* ---- td_job_output.c ---- */
 /* Reads rank 0's output file on to what its shepherd said it holds; final: the attempt is over,
  * so up to `until` (the status file's output_bytes; < 0: the file's size) and its last partial
- * line too. Each event is stored with the offset after its line (row.out_offset). */
-void td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until);
+ * line too. Each event is stored with the offset after its line (row.out_offset). At most a
+ * slice a call: true when more is left (read on at once; a final read is final only once it
+ * returns false). */
+bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until);
 /* Reads *fd from *read_to up to `until` into line and hands each whole line to fn
  * (NUL-terminated in place) with the file offset just after it; final: the last partial line
- * too. A line over 1 MiB is skipped (the shepherd wrote it to rank 0's log, where every line of
- * rank 0's stdout is). Rank 0's output is read so for a local job and for a node's part alike. */
+ * too, once everything is read. budget > 0: at most that many bytes this call (true: more is
+ * left). A line over 1 MiB is skipped (the shepherd wrote it to rank 0's log, where every line
+ * of rank 0's stdout is). Rank 0's output is read so for a local job and a node's part alike. */
 typedef void (*td_jobs_line_fn)(void *ctx, char *line, size_t n, long long end);
-void td_jobs_read_file(int fd, long long *read_to, long long until, bool final, td_buf *line,
-                       td_jobs_line_fn fn, void *ctx);
+bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, long long budget,
+                       td_buf *line, td_jobs_line_fn fn, void *ctx);
+/* A "dropped" event for the metric lines max_events_per_s refused since the last one. */
+void td_jobs_say_dropped(td_jobs *j, job *jb);
 /* Opens path for td_jobs_read_file (-1 and a log line when it cannot). */
 int td_jobs_open_output(td_jobs *j, long job_id, const char *path);
 void td_jobs_set_checkpoint(job *jb, long step, const char *path);
@@ -408,6 +428,11 @@ void td_jobs_rank_message(const char *dir, int rank, long long from, bool comman
 /* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */
 /* true when the line became an event (stored with the job row) */
 bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, json_t *files);
+
+/* ---- td_job_quota.c ---- */
+void *td_jobs_quota_keeper(void *arg); /* the thread */
+/* "disk quota exceeded: ..." for used bytes over max (entries past the count it looks at). */
+void td_jobs_quota_words(long long used, long long max, long entries, char *out, size_t len);
 
 /* ---- td_job_retention.c ---- */
 void *td_jobs_janitor(void *arg); /* the thread */

@@ -145,7 +145,7 @@ class ShepherdTest(unittest.TestCase):
         self.assertIn("rank 1", st["reason"])
 
     def test_stop_on_request_and_the_daemon_protocol(self):
-        path, s = self.spec('echo ready; exec sleep 600')
+        path, s = self.spec('echo "{\\"ready\\": 1}"; echo not a metric line; exec sleep 600')
         p = self.start(path)
         c = self.control(s)
         pids = c.until("pid ").split()
@@ -153,7 +153,8 @@ class ShepherdTest(unittest.TestCase):
         self.assertEqual(n, 2)
         self.assertTrue(all(alive(r) for r in ranks))
         self.assertEqual(os.getpgid(ranks[0]), pgid)
-        wait_for(lambda: c.until("out ") == "out 6", "rank 0's first line in the output file")
+        # the output file takes rank 0's lines that may be metric lines (a JSON object) only
+        wait_for(lambda: c.until("out ") == "out 13", "rank 0's first line in the output file")
         c.send("status")
         self.assertTrue(c.until("pid ").startswith(f"pid {pgid} 2"))
         c.send("stop 15 2 cancelled by the user")
