@@ -7,6 +7,7 @@
 #include "core/td_parse.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -18,21 +19,6 @@
 #include <unistd.h>
 
 const char TD_API_JSON[] = "application/json";
-
-/* One request's state across libmicrohttpd's calls: the body arrives in pieces. */
-typedef struct request {
-    const char *route;  /* the route's pattern, for GET /metrics; NULL: none matched */
-    double started;     /* monotonic, when the headers were in */
-    const char *method; /* one of METHODS: a client may send any string as its method */
-    td_buf body;
-    bool too_large;
-    td_api_upload *upload; /* PUT /v1/cluster/files/...: streamed to a file, not kept */
-    td_principal who;      /* the request's token (id 0: none, or not checked) */
-    long job;              /* the job it made or acted on, for the audit log */
-    bool stream;           /* holds one of who's event streams until it ends */
-    bool audit;            /* a mutating request: the audit log gets it once answered */
-    char *url;             /* for the audit log (libmicrohttpd's copy ends with the request) */
-} request;
 
 /* ---- replies ------------------------------------------------------------------------------- */
 
@@ -118,7 +104,7 @@ typedef struct call {
     td_api *api;
     struct MHD_Connection *c;
     const char *method, *url;
-    request *rq;
+    td_api_request *rq;
     long id;
     const char *tail; /* after a prefix route's path */
 } call;
@@ -217,7 +203,7 @@ static enum MHD_Result submit(const call *k) {
     long id;
     td_tokens_limits limits = td_tokens_get_limits(k->api->cfg.tokens);
     if (td_jobs_submit(k->api->jobs, k->rq->body.data ? k->rq->body.data : "", k->rq->body.len,
-                       &k->rq->who, limits.queued, &out, &id, &e) != 0)
+                       &k->rq->who, &limits, &out, &id, &e) != 0)
         return td_api_error(k->c, &e, NULL);
     k->rq->job = id;
     char location[64];
@@ -297,21 +283,33 @@ static enum MHD_Result metrics(const call *k) {
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 
-static enum MHD_Result events(const call *k) {
-    if (k->rq->who.id && !td_tokens_stream_begin(k->api->cfg.tokens, k->rq->who.id)) {
-        td_reply_error e;
-        td_reply_fail(&e, 429, "too_many_streams", NULL,
-                      "token \"%s\" already follows %d event streams, its limit "
-                      "(max_streams_per_token): close one first",
-                      k->rq->who.name, td_tokens_get_limits(k->api->cfg.tokens).streams);
-        e.retry_after_s = 5;
-        return td_api_error(k->c, &e, NULL);
+/* One of the token's streams (events, a followed log) for as long as the request lasts; false
+ * with a 429 answered when it holds its limit of them. */
+static bool take_stream(const call *k, enum MHD_Result *answer) {
+    if (!k->rq->who.id || td_tokens_stream_begin(k->api->cfg.tokens, k->rq->who.id)) {
+        k->rq->stream = k->rq->who.id != 0; /* given back when the request completes */
+        return true;
     }
-    k->rq->stream = k->rq->who.id != 0; /* given back when the request completes */
+    td_reply_error e;
+    td_reply_fail(&e, 429, "too_many_streams", NULL,
+                  "token \"%s\" already follows %d event streams and logs, its limit "
+                  "(max_streams_per_token): close one first",
+                  k->rq->who.name, td_tokens_get_limits(k->api->cfg.tokens).streams);
+    e.retry_after_s = 5;
+    *answer = td_api_error(k->c, &e, NULL);
+    return false;
+}
+
+static enum MHD_Result events(const call *k) {
+    enum MHD_Result answer;
+    if (!take_stream(k, &answer)) return answer;
     return td_api_events(k->api, k->c, k->id);
 }
 
 static enum MHD_Result logs(const call *k) {
+    const char *follow = MHD_lookup_connection_value(k->c, MHD_GET_ARGUMENT_KIND, "follow");
+    enum MHD_Result answer;
+    if (follow && strcmp(follow, "1") == 0 && !take_stream(k, &answer)) return answer;
     return td_api_logs(k->api, k->c, k->id);
 }
 
@@ -542,7 +540,8 @@ static enum MHD_Result dispatch(const route *r, call *k) {
 
 /* Who the request comes from: 1 known (rq->who), 0 no token, -1 a session cookie without its
  * CSRF token. A revoked token, or a session signed in with one, is no token from that moment. */
-static int authenticate(td_api *api, struct MHD_Connection *c, const char *method, request *rq) {
+static int authenticate(td_api *api, struct MHD_Connection *c, const char *method,
+                        td_api_request *rq) {
     if (bearer(api, c, &rq->who)) return 1;
     long token = 0;
     int session = td_api_session_auth(api, c, method, &token);
@@ -550,276 +549,112 @@ static int authenticate(td_api *api, struct MHD_Connection *c, const char *metho
     return td_tokens_live(api->cfg.tokens, token, &rq->who) ? 1 : 0;
 }
 
-static enum MHD_Result route_request(td_api *api, struct MHD_Connection *c, const char *url,
-                                     const char *method, request *rq) {
-    call k = {api, c, method, url, rq, 0, ""};
+/* The route of url, top-level or a job's (*id: the job's; 0 when the id is malformed, which
+ * is said when the request is routed); NULL: none. */
+static const route *route_of(const char *url, long *id, const char **tail, const char **label) {
+    *id = -1;
+    const route *r = find_route(ROUTES, sizeof ROUTES / sizeof ROUTES[0], url, tail);
+    if (r) {
+        *label = route_label(ROUTES, r);
+        return r;
+    }
+    if (strncmp(url, "/v1/jobs/", 9) != 0) return NULL;
+    const char *num = url + 9, *slash = strchr(num, '/');
+    if (!td_api_parse_id(num, slash ? (size_t)(slash - num) : strlen(num), id)) *id = 0;
+    r = find_route(JOB_ROUTES, sizeof JOB_ROUTES / sizeof JOB_ROUTES[0], slash ? slash : "", tail);
+    if (r) *label = route_label(JOB_ROUTES, r);
+    return r;
+}
+
+/* Whether the path as the client sent it (before unescaping) is one a route may be found for:
+ * no NUL, no encoded '/' (which unescaped would split a segment in two), no control character
+ * raw or encoded. *why: what is wrong. */
+bool td_api_raw_path_ok(const char *raw, const char **why) {
+    size_t n = strcspn(raw, "?");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)raw[i];
+        if (ch < 0x20 || ch == 0x7f) return *why = "a control character", false;
+        if (ch != '%') continue;
+        int hi = i + 2 < n ? raw[i + 1] : 0, lo = i + 2 < n ? raw[i + 2] : 0;
+        if (!isxdigit(hi) || !isxdigit(lo)) continue;
+        int v = (isdigit(hi) ? hi - '0' : (tolower(hi) - 'a' + 10)) * 16 +
+                (isdigit(lo) ? lo - '0' : (tolower(lo) - 'a' + 10));
+        if (v == 0) return *why = "an encoded NUL (%00)", false;
+        if (v == '/') return *why = "an encoded '/' (%2F)", false;
+        if (v < 0x20 || v == 0x7f) return *why = "an encoded control character", false;
+    }
+    return true;
+}
+
+enum { OPEN_BODY_MAX = 64 * 1024 }; /* what a request without a user's token may send */
+
+bool td_api_admit(td_api *api, struct MHD_Connection *c, const char *url, const char *method,
+                  td_api_request *rq, enum MHD_Result *answer) {
+    const char *why;
+    if (!td_api_raw_path_ok(rq->raw_url ? rq->raw_url : url, &why)) {
+        td_reply_error e;
+        td_reply_fail(&e, 400, "bad_request", NULL,
+                      "the path holds %s: no route has one (paths are plain segments)", why);
+        *answer = td_api_error(c, &e, NULL);
+        return false;
+    }
     bool read = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    rq->max_body = atomic_load(&api->max_body);
     if (read && (strcmp(url, "/") == 0 || strncmp(url, "/ui", 3) == 0)) {
         rq->route = "/ui";
-        return td_api_web_file(api, c, url); /* the dashboard's page: nothing secret in it */
+        return true; /* the dashboard's page: nothing secret in it */
     }
-    const route *r = find_route(ROUTES, sizeof ROUTES / sizeof ROUTES[0], url, &k.tail);
-    if (r) rq->route = route_label(ROUTES, r);
-    if (!(r && r->open)) {
-        int known = authenticate(api, c, method, rq);
-        if (known < 0)
-            return td_api_fail(c, 403, "csrf", NULL,
-                               "a request with the session cookie needs the session's CSRF "
-                               "token (X-CSRF-Token, or ?csrf=)");
-        if (known == 0)
-            return td_api_fail(c, 401, "unauthorized", NULL,
-                               "missing, wrong or revoked bearer token: send \"Authorization: "
-                               "Bearer TOKEN\" with a live token (an admin's is in "
-                               "STATE_DIR/token)");
-        double retry = 0;
-        if (!td_tokens_admit(api->cfg.tokens, rq->who.id, td_clock_now(), &retry)) {
-            td_reply_error e;
-            td_reply_fail(&e, 429, "rate_limited", NULL,
-                          "token \"%s\" is over its rate of %g requests per second "
-                          "(rate_limit_per_s): retry after the Retry-After seconds",
-                          rq->who.name, td_tokens_get_limits(api->cfg.tokens).requests_per_s);
-            e.retry_after_s = retry;
-            return td_api_error(c, &e, NULL);
-        }
+    long id;
+    const char *tail, *label = NULL;
+    const route *r = route_of(url, &id, &tail, &label);
+    if (label) rq->route = label;
+    if (r && r->open) { /* health, openapi, sign-in, the cluster's own (checked there) */
+        if (r->handler == session) rq->max_body = OPEN_BODY_MAX;
+        return true;
     }
+    /* a user's token, before a byte of the body is read: a stranger's body is never kept */
+    int known = authenticate(api, c, method, rq);
+    if (known <= 0) {
+        *answer = known < 0 ? td_api_fail(c, 403, "csrf", NULL,
+                                          "a request with the session cookie needs the "
+                                          "session's CSRF token (X-CSRF-Token, or ?csrf=)")
+                            : td_api_fail(c, 401, "unauthorized", NULL,
+                                          "missing, wrong or revoked bearer token: send "
+                                          "\"Authorization: Bearer TOKEN\" with a live token "
+                                          "(an admin's is in STATE_DIR/token)");
+        return false;
+    }
+    double retry = 0;
+    if (!td_tokens_admit(api->cfg.tokens, rq->who.id, td_clock_now(), &retry)) {
+        td_reply_error e;
+        td_reply_fail(&e, 429, "rate_limited", NULL,
+                      "token \"%s\" is over its rate of %g requests per second "
+                      "(rate_limit_per_s): retry after the Retry-After seconds",
+                      rq->who.name, td_tokens_get_limits(api->cfg.tokens).requests_per_s);
+        e.retry_after_s = retry;
+        *answer = td_api_error(c, &e, NULL);
+        return false;
+    }
+    return true;
+}
+
+enum MHD_Result td_api_route(td_api *api, struct MHD_Connection *c, const char *url,
+                             const char *method, td_api_request *rq) {
+    call k = {api, c, method, url, rq, 0, ""};
+    bool read = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    if (read && (strcmp(url, "/") == 0 || strncmp(url, "/ui", 3) == 0))
+        return td_api_web_file(api, c, url);
+    const char *label = NULL;
+    const route *r = route_of(url, &k.id, &k.tail, &label);
+    if (k.id == 0)
+        return td_api_fail(c, 400, "bad_request", "id", "a job id is a positive integer");
+    if (k.id > 0) rq->job = k.id;
     if (r) return dispatch(r, &k);
     td_reply_error e;
-    if (strncmp(url, "/v1/jobs/", 9) == 0) { /* /v1/jobs/{id}[/rest] */
-        const char *id = url + 9, *slash = strchr(id, '/');
-        if (!td_api_parse_id(id, slash ? (size_t)(slash - id) : strlen(id), &k.id))
-            return td_api_fail(c, 400, "bad_request", "id", "a job id is a positive integer");
-        rq->job = k.id;
-        const char *rest = slash ? slash : "";
-        r = find_route(JOB_ROUTES, sizeof JOB_ROUTES / sizeof JOB_ROUTES[0], rest, &k.tail);
-        if (r) rq->route = route_label(JOB_ROUTES, r);
-        if (r) return dispatch(r, &k);
+    if (k.id > 0)
         td_reply_fail(&e, 404, "not_found", NULL, "no route %s", url);
-        return td_api_error(c, &e, NULL);
-    }
-    td_reply_fail(&e, 404, "not_found", NULL, "no route %s %s (see api/README.md)", method, url);
+    else
+        td_reply_fail(&e, 404, "not_found", NULL, "no route %s %s (see api/README.md)", method,
+                      url);
     return td_api_error(c, &e, NULL);
-}
-
-/* ---- the server ------------------------------------------------------------------------------ */
-
-/* The method as GET /metrics counts it: the ones HTTP defines, or "other", so that what a client
- * makes up can neither add series nor put bytes that are not UTF-8 into a label. */
-static const char *method_label(const char *method) {
-    static const char *const METHODS[] = {"GET",     "HEAD",    "POST",  "PUT",  "DELETE",
-                                          "CONNECT", "OPTIONS", "TRACE", "PATCH"};
-    for (size_t i = 0; i < sizeof METHODS / sizeof METHODS[0]; i++)
-        if (strcmp(method, METHODS[i]) == 0) return METHODS[i];
-    return "other";
-}
-
-static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
-                              const char *method, const char *version, const char *upload,
-                              size_t *upload_size, void **con_cls) {
-    (void)version;
-    td_api *api = cls;
-    request *rq = *con_cls;
-    if (!rq) { /* headers are in; the body, if any, comes in the next calls */
-        rq = td_calloc(1, sizeof *rq);
-        rq->started = td_clock_now();
-        rq->method = method_label(method);
-        if (td_api_is_file_upload(url, method)) rq->route = "/v1/cluster/files/{path}";
-        /* every change is audited but the agents' heartbeats: one per node every heartbeat_s,
-         * carrying no decision of anyone's (GET /v1/nodes shows what they say) */
-        rq->audit = strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 &&
-                    strcmp(url, "/v1/cluster/heartbeat") != 0;
-        if (rq->audit) rq->url = td_strdup(url);
-        *con_cls = rq;
-        const char *cl =
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (td_api_is_file_upload(url, method)) {
-            rq->upload = td_calloc(1, sizeof *rq->upload);
-            td_api_upload_begin(api, c, url, rq->upload);
-        } else if (cl && strtoull(cl, NULL, 10) > atomic_load(&api->max_body)) {
-            rq->too_large = true;
-        }
-        return MHD_YES;
-    }
-    if (rq->upload) {
-        if (*upload_size) {
-            td_api_upload_chunk(rq->upload, upload, *upload_size);
-            *upload_size = 0;
-            return MHD_YES;
-        }
-        return td_api_upload_end(c, rq->upload);
-    }
-    if (*upload_size) {
-        if (!rq->too_large && rq->body.len + *upload_size <= atomic_load(&api->max_body))
-            td_buf_append(&rq->body, upload, *upload_size);
-        else
-            rq->too_large = true; /* read and dropped: the client still gets its 413 */
-        *upload_size = 0;
-        return MHD_YES;
-    }
-    if (rq->too_large && strcmp(method, "POST") != 0) rq->too_large = false;
-    return route_request(api, c, url, method, rq);
-}
-
-static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                      enum MHD_RequestTerminationCode code) {
-    (void)code;
-    td_api *api = cls;
-    request *rq = *con_cls;
-    if (!rq) return;
-    const union MHD_ConnectionInfo *status =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
-    if (status && status->http_status) /* 0: the connection ended before a reply */
-        td_api_stats_request(&api->stats, rq->route ? rq->route : "other", rq->method,
-                             status->http_status, td_clock_now() - rq->started);
-    if (rq->audit)
-        td_api_audit(api, c, &rq->who, rq->method, rq->url ? rq->url : "?",
-                     status ? status->http_status : 0, rq->job);
-    free(rq->url);
-    if (rq->stream) td_tokens_stream_end(api->cfg.tokens, rq->who.id);
-    td_buf_free(&rq->body);
-    if (rq->upload) td_api_upload_abandon(rq->upload); /* nothing once it was kept */
-    free(rq->upload);
-    free(rq);
-    *con_cls = NULL;
-}
-
-int td_api_listen(const char *host, int *port, int *fd, td_err *err) {
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)*port)};
-    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1)
-        return td_fail(err, "--listen: \"%s\" is not an IPv4 address (e.g. 127.0.0.1)", host);
-    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0) return td_fail(err, "socket: %s", strerror(errno));
-    /* SO_REUSEADDR only lets a restarted daemon bind while old connections sit in TIME_WAIT;
-     * on Linux it never lets two sockets listen on one address and port */
-    int one = 1;
-    if (setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(s, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(s, SOMAXCONN) != 0) {
-        int e = errno;
-        close(s);
-        return td_fail(err, "cannot listen on %s:%d: %s%s", host, *port, strerror(e),
-                       e == EADDRINUSE ? " (another traind or program serves there: stop it, or "
-                                         "give this one another --listen ADDR:PORT)"
-                       : e == EADDRNOTAVAIL ? " (no interface of this host has that address)"
-                       : e == EACCES        ? " (ports below 1024 need privileges)"
-                                            : "");
-    }
-    socklen_t len = sizeof addr;
-    if (getsockname(s, (struct sockaddr *)&addr, &len) != 0) {
-        int e = errno;
-        close(s);
-        return td_fail(err, "getsockname: %s", strerror(e));
-    }
-    *port = ntohs(addr.sin_port);
-    *fd = s;
-    return 0;
-}
-
-/* libmicrohttpd's own messages (a client's failed TLS handshake, a connection it dropped) go to
- * the daemon's log, in its format, as warnings. */
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    td_api *api = cls;
-    char msg[1024];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    msg[strcspn(msg, "\r\n")] = 0;
-    td_log_at(api->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE, "HTTP server: %s", msg);
-}
-
-/* The metrics listener's requests: GET /metrics and nothing else, no token (whoever reaches
- * this port may read the service's figures, never a job's data or an action). */
-static enum MHD_Result handle_metrics(void *cls, struct MHD_Connection *c, const char *url,
-                                      const char *method, const char *version, const char *upload,
-                                      size_t *upload_size, void **con_cls) {
-    (void)version;
-    (void)upload;
-    if (!*con_cls) { /* headers are in */
-        *con_cls = cls;
-        return MHD_YES;
-    }
-    if (*upload_size) { /* a body means nothing here: read and dropped */
-        *upload_size = 0;
-        return MHD_YES;
-    }
-    if (strcmp(url, "/metrics") != 0)
-        return td_api_fail(c, MHD_HTTP_NOT_FOUND, "not_found", NULL,
-                           "this is the metrics listener: it serves GET /metrics only (the API "
-                           "is on traind's --listen port)");
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-        td_reply_error e;
-        td_reply_fail(&e, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", NULL,
-                      "/metrics answers GET and HEAD only");
-        return td_api_error(c, &e, "GET, HEAD");
-    }
-    return td_api_metrics(cls, c);
-}
-
-int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err) {
-    td_api *api = td_calloc(1, sizeof *api);
-    api->cfg = *cfg;
-    atomic_init(&api->max_body, cfg->max_body);
-    api->jobs = jobs;
-    pthread_mutex_init(&api->session_mu, NULL);
-    api->sessions = td_calloc(TD_API_SESSIONS_MAX, sizeof *api->sessions);
-    td_api_stats_init(&api->stats);
-    snprintf(api->master, sizeof api->master, "%s", cfg->master ? cfg->master : "");
-    struct sockaddr_in addr;
-    socklen_t len = sizeof addr;
-    api->port =
-        getsockname(cfg->listen_fd, (struct sockaddr *)&addr, &len) == 0 ? ntohs(addr.sin_port) : 0;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    bool tls = cfg->tls_cert_pem && cfg->tls_key_pem;
-    if (tls) flags |= MHD_USE_TLS;
-    /* the TLS options last: MHD_OPTION_END in their place ends the list for plain HTTP */
-    /* the logger first (libmicrohttpd's advice: messages about later options use it) */
-    api->daemon =
-        MHD_start_daemon(flags, 0, NULL, NULL, handle, api, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                         api, MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd, MHD_OPTION_NOTIFY_COMPLETED,
-                         completed, api, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                         /* past the limit a connection is closed at once: the default (its
-                          * select() size) is a thousand, which event streams alone reach */
-                         MHD_OPTION_CONNECTION_LIMIT,
-                         cfg->max_connections ? cfg->max_connections : (unsigned)FD_SETSIZE - 4,
-                         tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cfg->tls_cert_pem,
-                         MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
-    if (!api->daemon) {
-        int port = api->port;
-        td_api_stats_free(&api->stats);
-        free(api->sessions);
-        free(api);
-        return td_fail(err, "cannot start the HTTP%s server (libmicrohttpd) on port %d%s",
-                       tls ? "S" : "", port,
-                       tls ? ": is the key the certificate's, and both PEM?" : "");
-    }
-    if (cfg->metrics_listen_fd >= 0) {
-        /* plain HTTP, or HTTPS with the API's certificate: a scraper is configured either way */
-        api->metrics_daemon = MHD_start_daemon(
-            flags, 0, NULL, NULL, handle_metrics, api, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, api,
-            MHD_OPTION_LISTEN_SOCKET, cfg->metrics_listen_fd, MHD_OPTION_CONNECTION_TIMEOUT,
-            (unsigned)30, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-            /* no token: bounded */ tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
-            cfg->tls_cert_pem, MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
-        if (!api->metrics_daemon) {
-            td_api_stop(api);
-            return td_fail(err, "cannot start the metrics listener (libmicrohttpd)");
-        }
-    }
-    *out = api;
-    return 0;
-}
-
-void td_api_set_max_body(td_api *api, size_t max_body) {
-    atomic_store(&api->max_body, max_body);
-}
-
-int td_api_port(const td_api *api) {
-    return api->port;
-}
-
-void td_api_stop(td_api *api) {
-    if (!api) return;
-    if (api->metrics_daemon) MHD_stop_daemon(api->metrics_daemon);
-    MHD_stop_daemon(api->daemon);
-    td_api_stats_free(&api->stats);
-    pthread_mutex_destroy(&api->session_mu);
-    free(api->sessions);
-    free(api);
 }

@@ -37,6 +37,8 @@ typedef struct td_api_config {
     int metrics_listen_fd;
     /* connections served at once (each a thread); 0: libmicrohttpd's default (about 1,000) */
     unsigned max_connections;
+    unsigned max_connections_per_ip; /* of one address at once; 0: 128 */
+    double connection_timeout_s;     /* a connection silent this long is closed; 0: 30 */
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a

@@ -9,6 +9,7 @@
 #include "api/td_api_private.h"
 
 #include "core/td_clock.h"
+#include "service/td_strv.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -41,11 +42,14 @@ void td_api_audit(td_api *api, struct MHD_Connection *c, const td_principal *who
     snprintf(stamp, sizeof stamp, "%s.%03dZ", when, (int)((now - (double)secs) * 1000));
     peer(c, from, sizeof from);
     /* status 0: the client went away before the reply was sent; what it asked for may still
-     * have happened, which is why it is logged */
+     * have happened, which is why it is logged. The path as the client sent it, escaped (its
+     * control characters and bytes that are not UTF-8 as \xNN): the record is always written */
+    char path[4 * 2048];
+    td_str_escape(url, path, sizeof path);
     json_t *o = json_pack("{s:s, s:I, s:s, s:s, s:s, s:s, s:s, s:i, s:o}", "time", stamp, "token",
                           (json_int_t)who->id, "name", who->name, "scope",
                           who->id ? td_scope_name(who->scope) : "none", "from", from, "method",
-                          method, "path", url, "status", (int)status, "job",
+                          method, "path", path, "status", (int)status, "job",
                           job > 0 ? json_integer(job) : json_null());
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);

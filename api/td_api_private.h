@@ -20,10 +20,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TD_API_SESSIONS_MAX 256
+#define TD_API_SESSIONS_MAX 1024
 typedef struct td_api_session {
     char id[65], csrf[65];
     double last_used; /* monotonic */
+    double signed_in; /* monotonic: a token's oldest goes past max_sessions_per_token */
     long token;       /* the token it signed in with: revoking it ends the session */
 } td_api_session;
 
@@ -49,6 +50,36 @@ void td_api_stats_init(td_api_stats *s);
 void td_api_stats_free(td_api_stats *s);
 void td_api_stats_request(td_api_stats *s, const char *route, const char *method, unsigned status,
                           double seconds);
+
+/* One request's state across libmicrohttpd's calls (td_api_server.c): the body arrives in
+ * pieces, after the request was admitted on its headers alone (td_api_admit). */
+typedef struct td_api_request {
+    char *raw_url;                /* as the client sent it, before unescaping (the query too) */
+    bool admitted;                /* its headers were looked at */
+    const char *route;            /* the route's pattern, for GET /metrics; NULL: none matched */
+    double started;               /* monotonic, when the headers were in */
+    const char *method;           /* one of METHODS: a client may send any string as its method */
+    td_buf body;                  /* at most max_body bytes of it */
+    size_t max_body;              /* this route's limit */
+    bool too_large;               /* more came: dropped, and a 413 */
+    struct td_api_upload *upload; /* PUT /v1/cluster/files/...: streamed to a file, not kept */
+    td_principal who;             /* the request's token (id 0: none, or not checked) */
+    long job;                     /* the job it made or acted on, for the audit log */
+    bool stream;                  /* holds one of who's event streams until it ends */
+    bool audit;                   /* a mutating request: the audit log gets it once answered */
+} td_api_request;
+
+/* Whether a request whose headers are in may go on (its body read, then routed): its path as
+ * sent is a path, its token is known and under its rate (open routes need none). false: it was
+ * answered (*answer), and libmicrohttpd reads no body. rq->max_body: its route's limit. */
+bool td_api_admit(td_api *api, struct MHD_Connection *c, const char *url, const char *method,
+                  td_api_request *rq, enum MHD_Result *answer);
+/* The admitted request, its body read, to its route's handler. */
+enum MHD_Result td_api_route(td_api *api, struct MHD_Connection *c, const char *url,
+                             const char *method, td_api_request *rq);
+/* Whether a path as a client sent it has no NUL, no encoded '/', no control character (raw or
+ * encoded); *why says which when not. Apart, to be fuzzed (tests/fuzz/fuzz_http_path.c). */
+bool td_api_raw_path_ok(const char *raw, const char **why);
 
 struct td_api {
     td_api_config cfg;

@@ -106,18 +106,33 @@ enum MHD_Result td_api_session_route(td_api *api, struct MHD_Connection *c, cons
             return td_api_fail(c, 401, "unauthorized", "token",
                                "that is not a live API token of this daemon (an admin's is in "
                                "STATE_DIR/token; POST /v1/tokens makes others)");
-        td_api_session s = {.last_used = td_clock_now(), .token = who->id};
+        td_api_session s = {
+            .last_used = td_clock_now(), .signed_in = td_clock_now(), .token = who->id};
         if (!random_hex(s.id) || !random_hex(s.csrf))
             return td_api_fail(c, 500, "internal", NULL, "no random bytes for a session");
+        /* a token's own sessions are bounded (max_sessions_per_token: its oldest goes); another
+         * token's are never ended by a sign-in, and a full table refuses one instead */
+        int cap = td_tokens_get_limits(api->cfg.tokens).sessions;
         pthread_mutex_lock(&api->session_mu);
-        int at = api->n_sessions;
-        if (at < TD_API_SESSIONS_MAX)
-            api->n_sessions++;
-        else /* full: the one unused the longest goes */
-            for (int i = at = 0; i < api->n_sessions; i++)
-                if (api->sessions[i].last_used < api->sessions[at].last_used) at = i;
-        api->sessions[at] = s;
+        int at = -1, mine = 0, oldest = -1;
+        double now = td_clock_now();
+        for (int i = 0; i < api->n_sessions; i++) {
+            td_api_session *x = &api->sessions[i];
+            if (now - x->last_used > SESSION_IDLE_S) at = at < 0 ? i : at; /* over: reusable */
+            if (x->token != who->id || now - x->last_used > SESSION_IDLE_S) continue;
+            mine++;
+            if (oldest < 0 || x->signed_in < api->sessions[oldest].signed_in) oldest = i;
+        }
+        if (cap > 0 && mine >= cap)
+            at = oldest;
+        else if (at < 0 && api->n_sessions < TD_API_SESSIONS_MAX)
+            at = api->n_sessions++;
+        if (at >= 0) api->sessions[at] = s;
         pthread_mutex_unlock(&api->session_mu);
+        if (at < 0)
+            return td_api_fail(c, 503, "unavailable", NULL,
+                               "the dashboard holds as many sessions as it keeps: sign in again "
+                               "once some have ended (12 h unused, or signed out)");
         char cookie[160];
         /* Secure over HTTPS: the browser then never sends the session in clear */
         snprintf(cookie, sizeof cookie, COOKIE "=%s; Path=/; HttpOnly; SameSite=Strict%s", s.id,

@@ -369,7 +369,9 @@ static void raise_open_files(const daemon_options *o, td_log *log) {
 static td_tokens_limits limits_of(const daemon_options *o) {
     return (td_tokens_limits){.requests_per_s = o->rate_limit_per_s,
                               .streams = (int)o->max_streams_per_token,
-                              .queued = (int)o->max_queued_per_token};
+                              .queued = (int)o->max_queued_per_token,
+                              .job_bytes = o->max_job_bytes_per_token,
+                              .sessions = (int)o->max_sessions_per_token};
 }
 
 /* SIGHUP: the configuration again. What a running daemon can take (data roots, grace, body
@@ -611,7 +613,9 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                         .log = log,
                         .tls_cert_pem = cert_pem,
                         .tls_key_pem = key_pem,
-                        .max_connections = (unsigned)o->max_connections};
+                        .max_connections = (unsigned)o->max_connections,
+                        .max_connections_per_ip = (unsigned)o->max_connections_per_ip,
+                        .connection_timeout_s = o->connection_timeout_s};
     if (td_api_start(&api, &ac, jobs, &err) != 0) goto fail;
     td_log_notice(log, "%d %s slot%s; state in %s; worker %s", slots, gpus > 0 ? "GPU" : "CPU",
                   slots == 1 ? "" : "s", state, o->worker);

@@ -386,9 +386,9 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         td_jobs_resume_note(jb, note, sizeof note);
         snprintf(jb->row.reason, sizeof jb->row.reason, "%.300s; restart %d of %d, %s", reason,
                  jb->row.restarts, jb->row.max_restarts, note);
-        json_t *d = json_pack("{s:i, s:i, s:s, s:i, s:o}", "attempt", jb->n_attempts, "restarts",
-                              jb->row.restarts, "reason", jb->row.reason, "exit_code", code,
-                              "resume_from", td_jobs_resume_json(jb));
+        json_t *d = json_pack("{s:i, s:i, s:o, s:i, s:o}", "attempt", jb->n_attempts, "restarts",
+                              jb->row.restarts, "reason", td_jobs_reason_json(jb->row.reason),
+                              "exit_code", code, "resume_from", td_jobs_resume_json(jb));
         td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
         json_decref(d);
         td_jobs_emit_state(j, jb);

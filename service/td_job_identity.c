@@ -95,7 +95,7 @@ void td_jobs_files_for(const td_jobs *j, long id, long uid, td_job_files *out) {
 }
 
 int td_jobs_files_of(td_jobs *j, long id, td_job_files *out, td_reply_error *e) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     if (jb) td_jobs_files_for(j, id, jb->row.uid, out);
     pthread_mutex_unlock(&j->mu);

@@ -208,6 +208,28 @@ int td_jobs_open_output(td_jobs *j, long job_id, const char *path) {
     return fd;
 }
 
+/* The whole lines in line (the file read up to read_to) to fn; false when fn said to stop (what
+ * follows stays in line for the next call). */
+static bool hand_lines(td_buf *line, long long read_to, td_jobs_line_fn fn, void *ctx) {
+    char *start = line->data, *nl;
+    bool go_on = true;
+    while (go_on && line->len &&
+           (nl = memchr(start, '\n', line->len - (size_t)(start - line->data)))) {
+        *nl = 0;
+        /* the offset just past this line: what remains in the buffer after it is unread */
+        long long end = read_to - (long long)(line->len - (size_t)(nl + 1 - line->data));
+        go_on = fn(ctx, start, (size_t)(nl - start), end);
+        start = nl + 1;
+    }
+    size_t rest = line->len - (size_t)(start - line->data);
+    if (line->len) memmove(line->data, start, rest);
+    line->len = rest;
+    if (line->data) line->data[rest] = 0;
+    /* a runaway line: the log has it (the shepherd wrote it there); not the memory */
+    if (go_on && rest > (1u << 20)) line->len = 0;
+    return go_on;
+}
+
 bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, long long budget,
                        td_buf *line, td_jobs_line_fn fn, void *ctx) {
     char buf[65536];
@@ -215,6 +237,8 @@ bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, 
         struct stat st;
         until = fd >= 0 && fstat(fd, &st) == 0 ? (long long)st.st_size : *read_to;
     }
+    /* what an earlier call left when it was told to stop, first */
+    if (!hand_lines(line, *read_to, fn, ctx)) return true;
     long long stop = budget > 0 && until - *read_to > budget ? *read_to + budget : until;
     while (fd >= 0 && *read_to < stop) {
         size_t want =
@@ -227,22 +251,7 @@ bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, 
         }
         td_buf_append(line, buf, (size_t)k);
         *read_to += k;
-        char *start = line->data, *nl;
-        while ((nl = memchr(start, '\n', line->len - (size_t)(start - line->data)))) {
-            *nl = 0;
-            /* the offset just past this line: what remains in the buffer after it is unread */
-            long long end = *read_to - (long long)(line->len - (size_t)(nl + 1 - line->data));
-            fn(ctx, start, (size_t)(nl - start), end);
-            start = nl + 1;
-        }
-        size_t rest = line->len - (size_t)(start - line->data);
-        memmove(line->data, start, rest);
-        line->len = rest;
-        line->data[rest] = 0;
-        if (rest > (1u << 20)) { /* a runaway line: the log has it (the shepherd wrote it
-                                    there); not the memory */
-            line->len = 0;
-        }
+        if (!hand_lines(line, *read_to, fn, ctx)) return true;
     }
     bool more = fd >= 0 && *read_to < until;
     if (final && !more && line->len) {
@@ -255,14 +264,17 @@ bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, 
 typedef struct output_ctx {
     td_jobs *j;
     job *jb;
-    bool unsaved; /* a line moved the offset without an event to store it with */
+    bool unsaved;    /* a line moved the offset without an event to store it with */
+    double deadline; /* monotonic: the turn's time for this job is up (a checkpoint's walk of
+                        thousands of files costs what a thousand lines do) */
 } output_ctx;
 
-static void output_line(void *ctx, char *line, size_t n, long long end) {
+static bool output_line(void *ctx, char *line, size_t n, long long end) {
     output_ctx *o = ctx;
     o->jb->row.out_offset = end; /* stored with the line's event, in its transaction */
     /* (rank 0's log has the line already: its shepherd writes it there) */
     o->unsaved = !td_jobs_line_apply(o->j, o->jb, line, n, false, NULL);
+    return td_clock_now() < o->deadline;
 }
 
 /* What one turn of the supervisor reads of a job's output at most, with the jobs' lock held:
@@ -270,6 +282,7 @@ static void output_line(void *ctx, char *line, size_t n, long long end) {
  * and the other jobs get the lock in between (its events go to the database in one
  * transaction a slice). */
 enum { READ_BUDGET = 256 * 1024 };
+#define READ_TIME_S 0.02 /* and at most this long */
 
 bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
     /* while its events cannot be stored, the lines wait in the output file (the supervisor
@@ -280,7 +293,7 @@ bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
         snprintf(path, sizeof path, "%s.out", jb->sh.base);
         jb->out_fd = td_jobs_open_output(j, jb->row.id, path);
     }
-    output_ctx ctx = {j, jb, false};
+    output_ctx ctx = {j, jb, false, td_clock_now() + READ_TIME_S};
     jb->batching = true;
     bool more = td_jobs_read_file(jb->out_fd, &jb->out_read, final ? until : jb->sh.out_size, final,
                                   READ_BUDGET, &jb->line, output_line, &ctx);

@@ -97,10 +97,11 @@ typedef struct guest_ctx {
     guest *g;
 } guest_ctx;
 
-static void guest_line(void *ctx, char *line, size_t n, long long end) {
+static bool guest_line(void *ctx, char *line, size_t n, long long end) {
     (void)end; /* a line's place is its sequence number: the lines of BASE.out from its start */
     guest_ctx *c = ctx;
     keep_line(c->j, c->g, line, n);
+    return true;
 }
 
 /* Rank 0's output on to what the shepherd said (final: to until, < 0 the file's end). */
@@ -454,7 +455,7 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
 /* An agent cut off from its master: nothing of its must train on (the master has ended those
  * attempts, or will); the parts are stopped and forgotten. */
 void td_jobs_guests_stop_all(td_jobs *j, const char *why) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     for (int i = 0; i < j->n_guests; i++) {
         guest *g = j->guests[i];
         if (g->running && !g->stop) {
@@ -755,7 +756,7 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
 
 bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
                                 size_t len, td_job_files *files) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     bool found = false;
     for (int i = 0; i < j->n_guests && !found; i++) {
         guest *g = j->guests[i];
@@ -775,7 +776,7 @@ bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *se
 }
 
 void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     guest *g = find_guest(j, job_id, attempt);
     long k = g ? seq - g->first_seq : -1;
     if (g && k >= 0 && k < g->n_lines) {
@@ -788,7 +789,7 @@ void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, jso
 }
 
 int td_jobs_order_files(td_jobs *j, long id, long uid, td_job_files *out, td_err *err) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     int rc = 0;
     if (!td_jobs_uid_ok(j, uid))
         rc = td_fail(err,
@@ -805,28 +806,28 @@ int td_jobs_order_files(td_jobs *j, long id, long uid, td_job_files *out, td_err
 }
 
 bool td_jobs_guest_known(td_jobs *j, long job_id, int attempt) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     bool known = find_guest(j, job_id, attempt) != NULL;
     pthread_mutex_unlock(&j->mu);
     return known;
 }
 
 json_t *td_jobs_guests_report_locked(td_jobs *j) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     json_t *r = td_jobs_guests_report(j, true);
     pthread_mutex_unlock(&j->mu);
     return r;
 }
 
 void td_jobs_guests_apply_locked(td_jobs *j, json_t *orders) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     td_jobs_guests_apply(j, orders, true);
     pthread_mutex_unlock(&j->mu);
     td_jobs_wake(j);
 }
 
 bool td_jobs_guests_running(td_jobs *j) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     bool any = j->n_guests > 0;
     pthread_mutex_unlock(&j->mu);
     return any;

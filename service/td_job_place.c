@@ -526,14 +526,14 @@ void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, jso
 }
 
 void td_jobs_node_sync(td_jobs *j, const char *node, bool registered, json_t *msg, json_t *reply) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     td_jobs_node_sync_locked(j, node, registered, msg, reply);
     pthread_mutex_unlock(&j->mu);
     td_jobs_wake(j); /* the master's own parts may have orders too */
 }
 
 void td_jobs_node_lost(td_jobs *j, const char *node, const char *why) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     /* (a master stopping its jobs leaves every attempt as it is for its next start) */
     for (int k = 0; k < j->n_jobs && !j->stopping_jobs; k++) {
         job *jb = j->jobs[k];
@@ -591,7 +591,7 @@ static void lost_hook(void *ctx, const char *node, const char *why) {
 }
 
 void td_jobs_set_cluster(td_jobs *j, struct td_cluster *cluster, const char *node_name) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     j->cluster = cluster;
     snprintf(j->node_name, sizeof j->node_name, "%s", node_name);
     j->cfg.rules.cluster = cluster != NULL;

@@ -91,7 +91,7 @@ static void over(td_jobs *j, const measured *m) {
 
 void *td_jobs_quota_keeper(void *arg) {
     td_jobs *j = arg;
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     while (!j->stopping) {
         int n = 0;
         measured *m = collect(j, &n);
@@ -101,7 +101,7 @@ void *td_jobs_quota_keeper(void *arg) {
             if (td_jobfs_usage(m[i].dir, &m[i].bytes, &m[i].entries, QUOTA_MAX_ENTRIES, &err) != 0)
                 m[i].bytes = -1; /* gone meanwhile */
         }
-        pthread_mutex_lock(&j->mu);
+        td_jobs_lock(j);
         for (int i = 0; i < n; i++) {
             if (m[i].bytes < 0) continue;
             job *jb = m[i].attempt < 0 ? td_jobs_find(j, m[i].job) : NULL;

@@ -240,8 +240,13 @@ bool td_jobs_final_state(int s) {
 /* raw: the event's text as the worker wrote it (kept byte for byte), or NULL to encode data */
 void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const char *raw, long step,
                   bool metric, const char *ckpt_path, long long ckpt_size) {
-    char *text = raw ? td_strdup(raw) : json_dumps(data, JSON_COMPACT);
-    TD_CHECK_ALLOC(text, "encoding an event");
+    char *text = raw ? td_strdup(raw) : data ? json_dumps(data, JSON_COMPACT) : NULL;
+    if (!text) { /* a text that is not UTF-8 slipped into it: the event still happens */
+        td_log_at(j->log, TD_LOG_ERROR, TD_LOG_JOB(jb->row.id),
+                  "job %ld: its %s event could not be encoded as JSON; stored without its data",
+                  jb->row.id, type);
+        text = td_strdup("{\"error\":\"this event could not be encoded as JSON\"}");
+    }
     jb->row.last_seq++;
     if (jb->n_pending == jb->cap_pending) {
         jb->cap_pending = jb->cap_pending ? 2 * jb->cap_pending : 4;

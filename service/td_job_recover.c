@@ -24,6 +24,7 @@ typedef struct load_ctx {
 static void load_one(void *ctx, const td_db_job *row, const td_db_attempt *attempts, int n) {
     td_jobs *j = ((load_ctx *)ctx)->j;
     job *jb = td_jobs_new_job(j, row);
+    jb->spec_bytes = row->spec ? (long long)strlen(row->spec) : 0;
     td_submission_placement(row->spec ? row->spec : "{}", &jb->nnodes, &jb->pin, &jb->gpus_per_proc,
                             &jb->launch_self, &jb->see_all_gpus);
     double memory_gb, disk_gb;
@@ -83,9 +84,9 @@ void td_jobs_recover(td_jobs *j, job *jb, const char *why) {
     td_jobs_resume_note(jb, note, sizeof note);
     snprintf(jb->row.reason, sizeof jb->row.reason, "%.600s; %s (not counted against max_restarts)",
              why, note);
-    json_t *d =
-        json_pack("{s:i, s:i, s:s, s:o}", "attempt", jb->n_attempts, "restarts", jb->row.restarts,
-                  "reason", jb->row.reason, "resume_from", td_jobs_resume_json(jb));
+    json_t *d = json_pack("{s:i, s:i, s:o, s:o}", "attempt", jb->n_attempts, "restarts",
+                          jb->row.restarts, "reason", td_jobs_reason_json(jb->row.reason),
+                          "resume_from", td_jobs_resume_json(jb));
     td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
     json_decref(d);
     td_jobs_emit_state(j, jb);

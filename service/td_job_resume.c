@@ -202,7 +202,7 @@ static bool prepare_one(td_jobs *j) {
     json_t *made = files ? NULL : manifest(&f, path, &read_err);
     int placed =
         (files || made) && ready ? place(&f, path, dst, files ? files : made, &place_err) : -1;
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     jb = td_jobs_find(j, id);
     if (jb) jb->resume_busy = false;
     pthread_cond_broadcast(&j->changed);
@@ -230,7 +230,7 @@ static bool prepare_one(td_jobs *j) {
 
 void *td_jobs_resumer(void *arg) {
     td_jobs *j = arg;
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     while (!j->stopping) {
         if (prepare_one(j)) {
             td_jobs_wake(j); /* the supervisor starts the attempt on its next turn */

@@ -31,7 +31,7 @@ enum {
 #define POKE_COALESCE_S  1.0    /* finishes within a second are handled in one turn */
 
 void td_jobs_set_retention(td_jobs *j, double keep_for_s, long keep_jobs) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     j->cfg.keep_finished_for_s = keep_for_s;
     j->cfg.keep_finished_jobs = keep_jobs;
     j->janitor_poke = true; /* a shorter time or count applies at once */
@@ -168,7 +168,7 @@ static int expire_orphans(td_jobs *j, double now, long *ids, bool *moved) {
     pthread_mutex_unlock(&j->mu);
     int n_dirs;
     dir_entry *dirs = list_job_dirs(j, &n_dirs);
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     int n = 0;
     for (int i = 0; i < n_dirs; i++) /* keep those without a row or part here */
         if (!td_jobs_find(j, dirs[i].id) && !guest_of(j, dirs[i].id)) dirs[n++] = dirs[i];
@@ -185,7 +185,7 @@ static int expire_orphans(td_jobs *j, double now, long *ids, bool *moved) {
     }
     if (kept > 1) qsort(dirs, (size_t)kept, sizeof *dirs, by_mtime); /* dirs is NULL when none */
     long over = keep_n > 0 && kept > keep_n ? kept - keep_n : 0;
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     int out = 0;
     for (int i = 0; i < kept && out < BATCH; i++) {
         double age = now - dirs[i].mtime;
@@ -261,7 +261,7 @@ void *td_jobs_janitor(void *arg) {
     long *ids = td_calloc(BATCH, sizeof *ids);
     bool *moved = td_calloc(BATCH, sizeof *moved);
     double last_scan = 0;
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     while (!j->stopping) {
         j->janitor_poke = false;
         double now = td_clock_wall(), next = 0;
@@ -280,7 +280,7 @@ void *td_jobs_janitor(void *arg) {
             pthread_cond_broadcast(&j->changed); /* their streams end */
             pthread_mutex_unlock(&j->mu);
             remove_moved(j, ids, moved, n, "finished job", why);
-            pthread_mutex_lock(&j->mu);
+            td_jobs_lock(j);
         }
         bool any_limit = j->cfg.keep_finished_for_s > 0 || j->cfg.keep_finished_jobs > 0;
         if (any_limit && !j->stopping && td_clock_now() - last_scan >= SCAN_EVERY_S) {
@@ -291,7 +291,7 @@ void *td_jobs_janitor(void *arg) {
                 remove_moved(j, ids, moved, n_orphans, "job directory without a job",
                              "parts of a master's jobs that ran here, unchanged for longer than "
                              "the limits allow");
-            pthread_mutex_lock(&j->mu);
+            td_jobs_lock(j);
         }
         if (n == BATCH || j->stopping) continue;
         /* until the next one's time is up, a finish (the count), a reload, or the minute */

@@ -40,7 +40,7 @@ void *td_jobs_supervise(void *arg) {
         guest *guest_owner[max];
         fds[n++] = (struct pollfd){j->wake_fd, POLLIN, 0};
         fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
-        bool ticking = false, due = false;
+        bool ticking = false, due = false, behind = false;
         double now = td_clock_wall(), next_limit = 0;
         for (int i = 0; i < j->n_live; i++) {
             job *jb = j->live[i];
@@ -52,7 +52,7 @@ void *td_jobs_supervise(void *arg) {
                 owner[n] = jb, fds[n++] = (struct pollfd){jb->sh.fd, POLLIN, 0};
             else if (!jb->parts && !jb->left)
                 due = true; /* its shepherd ended while no daemon ran: handled below at once */
-            due |= jb->out_behind;        /* its output is read a slice a turn */
+            behind |= jb->out_behind;     /* its output is read a slice a turn */
             ticking |= jb->parts != NULL; /* the master's own parts sync every turn */
         }
         int first_guest = n;
@@ -61,7 +61,8 @@ void *td_jobs_supervise(void *arg) {
         for (int i = first_guest; i < n; i++) owner[i] = NULL;
         /* time limits are the only things without a file descriptor to wake us (a shepherd
          * keeps its group's grace periods) */
-        int timeout_ms = due ? 0 : ticking ? 100 : -1;
+        /* a job read a slice at a time: on at once (those waiting for the lock first) */
+        int timeout_ms = due || behind ? 0 : ticking ? 100 : -1;
         if (next_limit > 0) {
             double ms = (next_limit - now) * 1000.0 + 1.0;
             int until = ms < 0 ? 0 : ms > 60000 ? 60000 : (int)ms;
@@ -82,6 +83,9 @@ void *td_jobs_supervise(void *arg) {
         td_fault_hang_at(TD_FAULT_SUPERVISOR);
         if (j->cfg.on_turn) j->cfg.on_turn(j->cfg.turn_ctx);
         int rc = poll(fds, (nfds_t)n, timeout_ms);
+        /* whoever waits for the lock has it first (5 ms at most): a job printing as fast as
+         * it can keeps the supervisor turning without a pause */
+        for (int spins = 0; atomic_load(&j->waiting) > 0 && spins < 50; spins++) usleep(100);
         pthread_mutex_lock(&j->mu);
         if (rc < 0 && errno != EINTR) {
             td_log_at(j->log, TD_LOG_WARNING, TD_LOG_NOWHERE, "poll: %s", strerror(errno));

@@ -23,14 +23,14 @@ static char **copy_roots(const char *const *roots, int n) {
 }
 
 void td_jobs_set_command_jobs(td_jobs *j, const char *policy) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     snprintf(j->command_jobs, sizeof j->command_jobs, "%s", policy);
     pthread_mutex_unlock(&j->mu);
 }
 
 void td_jobs_set_limits(td_jobs *j, const char *const *roots, int n_roots, double grace_s) {
     char **fresh = copy_roots(roots, n_roots);
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     j->retired_roots =
         td_realloc(j->retired_roots, (size_t)(j->n_retired_roots + 1) * sizeof *j->retired_roots);
     j->retired_roots[j->n_retired_roots++] = j->roots;
@@ -105,7 +105,7 @@ int td_jobs_start(td_jobs *j, td_err *err) {
 }
 
 void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_timeout_s) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     j->cfg.keep_jobs_on_stop = keep_jobs_on_stop;
     j->cfg.orphan_timeout_s = orphan_timeout_s;
     pthread_mutex_unlock(&j->mu);
@@ -122,7 +122,7 @@ static bool shepherds_connected(const td_jobs *j) {
  * checkpoint) are recorded; the jobs stay "running" for the next start to resume. */
 static void stop_every_job(td_jobs *j) {
     const char *why = TD_JOBS_STOP_DAEMON_WORDS;
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     if (j->cfg.keep_jobs_on_stop || !j->started) {
         pthread_mutex_unlock(&j->mu);
         return;
@@ -153,7 +153,7 @@ static void stop_every_job(td_jobs *j) {
 void td_jobs_stop(td_jobs *j) {
     if (!j) return; /* a start-up that failed before the jobs opened */
     stop_every_job(j);
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     j->stopping = true;
     pthread_cond_broadcast(&j->changed);
     for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_broadcast(&j->stream_cv[i]);
@@ -230,10 +230,20 @@ static int owner_check(const job *jb, const td_principal *who, const char *what,
                          td_scope_name(who->scope), what);
 }
 
+/* The bytes of specs owner's jobs hold (any state: a cancelled job's spec is kept until it is
+ * deleted or expires). */
+static long long spec_bytes_of(const td_jobs *j, long owner) {
+    long long n = 0;
+    for (int i = 0; i < j->n_jobs; i++)
+        if (j->jobs[i]->row.owner == owner) n += j->jobs[i]->spec_bytes;
+    return n;
+}
+
 int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal *who,
-                   int max_queued, td_buf *out, long *id, td_reply_error *e) {
+                   const td_tokens_limits *limits, td_buf *out, long *id, td_reply_error *e) {
+    int max_queued = limits->queued;
     td_submission s;
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     td_submit_rules rules = j->cfg.rules;
     char policy[sizeof j->command_jobs]; /* a reload may change it while this one is checked */
     snprintf(policy, sizeof policy, "%s", j->command_jobs);
@@ -250,7 +260,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
     int parsed = td_submission_parse(&s, body, len, &rules, e);
     td_identity_return(&saved);
     if (parsed != 0) return -1;
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     int fits = j->stopping_jobs
                    ? td_reply_fail(e, 503, "unavailable", NULL,
                                    "traind is stopping and stopping its jobs: submit again once "
@@ -263,6 +273,16 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
                              "(max_queued_per_token): submit again when one has started",
                              who->name, queued);
         e->retry_after_s = 30;
+    }
+    long long held = fits == 0 && limits->job_bytes > 0 ? spec_bytes_of(j, who->id) : 0;
+    if (fits == 0 && limits->job_bytes > 0 && held + (long long)len > limits->job_bytes) {
+        fits = td_reply_fail(e, 429, "quota_exceeded", NULL,
+                             "token \"%s\"'s jobs hold %lld bytes of specs and this one has %zu: "
+                             "over its limit of %lld (max_job_bytes_per_token; finished and "
+                             "cancelled jobs count until they are deleted: DELETE "
+                             "/v1/jobs/ID)",
+                             who->name, held, len, limits->job_bytes);
+        e->retry_after_s = 60;
     }
     pthread_mutex_unlock(&j->mu);
     if (fits != 0) {
@@ -284,7 +304,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
     row.spec[len] = 0;
     row.created_at = td_clock_wall();
     td_err err = {{0}};
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     if (td_jobs_allocate_uid(j, &row.uid, &err) != 0) {
         pthread_mutex_unlock(&j->mu);
         free(row.spec);
@@ -308,6 +328,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
         return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
     }
     job *jb = td_jobs_new_job(j, &row);
+    jb->spec_bytes = (long long)len;
     jb->nnodes = s.nnodes;
     jb->pin = s.nodes;
     jb->gpus_per_proc = s.gpus_per_proc;
@@ -331,7 +352,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
 }
 
 int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     if (jb) td_buf_puts(out, td_jobs_render(jb));
     pthread_mutex_unlock(&j->mu);
@@ -339,7 +360,7 @@ int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e) {
 }
 
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     pthread_mutex_unlock(&j->mu);
     return jb ? 0 : not_found(e, id);
@@ -359,7 +380,7 @@ void td_jobs_state_list(char *out, size_t len) {
 }
 
 void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *out) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     td_buf_puts(out, "{\"jobs\":[");
     int seen = 0, shown = 0;
     bool more = false;
@@ -382,7 +403,7 @@ void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *ou
 }
 
 int td_jobs_cancel(td_jobs *j, long id, const td_principal *who, td_buf *out, td_reply_error *e) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     int rc = 0;
     if (!jb) {
@@ -418,7 +439,7 @@ int td_jobs_cancel(td_jobs *j, long id, const td_principal *who, td_buf *out, td
 }
 
 int td_jobs_wait(td_jobs *j, long id, long after, double timeout_s, long *last_seq, bool *ended) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     if (!jb) {
         pthread_mutex_unlock(&j->mu);
@@ -441,7 +462,7 @@ int td_jobs_wait(td_jobs *j, long id, long after, double timeout_s, long *last_s
 }
 
 int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_reply_error *e) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     int nproc = jb ? jb->row.nproc * (jb->nnodes > 1 ? jb->nnodes : 1) : 0; /* the world */
     int per_node = jb ? jb->row.nproc : 1;
@@ -463,7 +484,7 @@ int td_jobs_log_path(td_jobs *j, long id, int rank, char *path, size_t len, td_r
 
 int td_jobs_events(td_jobs *j, long id, long after, int limit, td_db_event_fn fn, void *ctx,
                    td_reply_error *e) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     int served = jb ? td_jobs_recent_events(jb, after, limit, fn, ctx) : -1;
     pthread_mutex_unlock(&j->mu);
@@ -513,7 +534,7 @@ int td_jobs_checkpoint_path(td_jobs *j, long id, long step, char *path, size_t l
 }
 
 int td_jobs_tensorboard_dir(td_jobs *j, long id, char *path, size_t len, td_reply_error *e) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     if (jb) snprintf(path, len, "%s/tensorboard", jb->dir);
     pthread_mutex_unlock(&j->mu);
@@ -528,7 +549,7 @@ int td_jobs_tensorboard_dir(td_jobs *j, long id, char *path, size_t len, td_repl
 }
 
 int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error *e) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     int at = -1;
     for (;;) { /* not while its checkpoint is being copied (into its directory, maybe) */
         at = -1;
@@ -590,7 +611,7 @@ bool td_jobs_forget_locked(td_jobs *j, int at) {
 
 json_t *td_jobs_gpu_users(td_jobs *j) {
     json_t *users = json_object();
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     for (int i = 0; i < j->n_live; i++) {
         job *jb = j->live[i];
         if (!jb->active) continue;
@@ -639,7 +660,7 @@ static void job_gauge(td_buf *out, const job *jb, const char *metric, const char
 }
 
 void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     int by_state[N_STATES] = {0}, queued = 0;
     double oldest = 0;
     for (int i = 0; i < j->n_jobs; i++) {
@@ -700,14 +721,14 @@ void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
 }
 
 int td_jobs_slots_used(td_jobs *j) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     int used = j->used_slots;
     pthread_mutex_unlock(&j->mu);
     return used;
 }
 
 void td_jobs_set_draining(td_jobs *j, bool draining) {
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     j->draining = draining;
     pthread_mutex_unlock(&j->mu);
     td_jobs_wake(j); /* undrained: what waits may start now */
@@ -741,7 +762,7 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, char *
                              "\"%s\": expected a path under the job's checkpoints/ (segments of "
                              "letters, digits, '.', '_' and '-', none starting with '.')",
                              rel);
-    pthread_mutex_lock(&j->mu);
+    td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
     if (jb) {
         snprintf(path, len, "%s/%s", jb->dir, rel);

@@ -96,9 +96,10 @@ void td_jobs_stop(td_jobs *j);
 void td_jobs_close(td_jobs *j);
 
 /* 201: the new job's JSON in out, its id in *id. who: the token submitting it, recorded as the
- * job's owner; 429 when it already has max_queued jobs queued (0: no limit). */
+ * job's owner; 429 when it already has limits->queued jobs queued, or its jobs (in any state,
+ * until deleted or expired) hold more than limits->job_bytes of specs (0: no limit). */
 int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal *who,
-                   int max_queued, td_buf *out, long *id, td_reply_error *e);
+                   const td_tokens_limits *limits, td_buf *out, long *id, td_reply_error *e);
 /* The job's JSON; -1 with 404 when there is no such job. */
 int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e);
 /* states: a bit per td_jobs_state_bit (0: all). */

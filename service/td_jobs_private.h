@@ -24,6 +24,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 enum { QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED, N_STATES };
@@ -129,6 +130,7 @@ typedef struct job {
     long long disk_bytes;       /* its files' limit (resources.disk_gb); 0: none */
     char *cgroup;               /* the running local attempt's cgroup (td_cgroup.h); NULL */
     long long disk_used;        /* its directory's size, as last measured (td_job_quota.c) */
+    long long spec_bytes;       /* its spec's, as submitted (max_job_bytes_per_token) */
     bool over_quota;            /* over disk_bytes: stopped, and failed with quota_reason */
     char quota_reason[400];
 } job;
@@ -196,6 +198,10 @@ struct td_jobs {
     pthread_cond_t janitor_wake;
     long long expired_total; /* finished jobs it removed since this daemon started */
     pthread_mutex_t mu;
+    /* threads waiting for mu (td_jobs_lock): the supervisor, between two turns of reading a busy
+     * job, lets them have it first (a mutex is not fair: a thread that lets it go and takes it
+     * again at once keeps it from the ones waiting, for seconds) */
+    atomic_int waiting;
     pthread_cond_t changed; /* any event, state change or stop */
     /* the streams wait here, job id modulo TD_JOBS_STREAM_CVS, so that an event wakes the
      * followers of its own job (and of few others), not every stream of every job */
@@ -233,6 +239,13 @@ struct td_jobs {
     guest **guests;             /* the parts this node runs for its master */
     int n_guests;
 };
+
+/* Takes the jobs' lock as any thread but the supervisor does (counted in j->waiting). */
+static inline void td_jobs_lock(td_jobs *j) {
+    atomic_fetch_add(&j->waiting, 1);
+    pthread_mutex_lock(&j->mu);
+    atomic_fetch_sub(&j->waiting, 1);
+}
 
 /* ---- td_job_record.c ---- */
 json_t *td_jobs_code_json(int code);
@@ -362,9 +375,10 @@ bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until);
 /* Reads *fd from *read_to up to `until` into line and hands each whole line to fn
  * (NUL-terminated in place) with the file offset just after it; final: the last partial line
  * too, once everything is read. budget > 0: at most that many bytes this call (true: more is
- * left). A line over 1 MiB is skipped (the shepherd wrote it to rank 0's log, where every line
- * of rank 0's stdout is). Rank 0's output is read so for a local job and a node's part alike. */
-typedef void (*td_jobs_line_fn)(void *ctx, char *line, size_t n, long long end);
+ * left); fn returning false stops it too (true: what follows is read at the next call). A line over
+ * 1 MiB is skipped (the shepherd wrote it to rank 0's log, where every line of rank 0's stdout is).
+ * Rank 0's output is read so for a local job and a node's part alike. */
+typedef bool (*td_jobs_line_fn)(void *ctx, char *line, size_t n, long long end);
 bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, long long budget,
                        td_buf *line, td_jobs_line_fn fn, void *ctx);
 /* A "dropped" event for the metric lines max_events_per_s refused since the last one. */

@@ -58,11 +58,14 @@ static void now_text(char *out, size_t len) {
 
 void td_log_at(td_log *lg, td_log_level level, td_log_where where, const char *fmt, ...) {
     if (!lg || (level != TD_LOG_NOTICE && (int)level > atomic_load(&lg->level))) return;
-    char msg[2048];
+    char raw[2048], msg[4 * 2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    /* every line is one line of the daemon's own: what a job or a client put in it (a name, a
+     * URL, a reason) cannot start another, nor carry bytes that are not UTF-8 */
+    td_str_escape(raw, msg, sizeof msg);
     char *line = NULL;
     if (atomic_load(&lg->json)) {
         char t[40];
@@ -73,7 +76,6 @@ void td_log_at(td_log *lg, td_log_level level, td_log_where where, const char *f
         if (o && where.job > 0) json_object_set_new(o, "job", json_integer(where.job));
         if (o && where.node) json_object_set_new(o, "node", json_string(where.node));
         if (o && where.rank >= 0) json_object_set_new(o, "rank", json_integer(where.rank));
-        td_str_utf8_repair(msg); /* a job's name, a peer's words: JSON strings are UTF-8 */
         json_t *m = json_string(msg);
         if (o && m) {
             json_object_set_new(o, "msg", m);

@@ -8,7 +8,8 @@
  * the file. A revoked token is refused from the moment the revocation is answered.
  *
  * Per token, the limits a reload may change: requests per second (a bucket of twice that many,
- * refilled continuously), concurrent event streams, and queued jobs (td_jobs counts those). */
+ * refilled continuously), concurrent event streams and followed logs, queued jobs and the bytes
+ * of its jobs' specs (td_jobs counts those), dashboard sessions (the API's). */
 #ifndef TD_TOKENS_H
 #define TD_TOKENS_H
 
@@ -32,8 +33,10 @@ typedef struct td_tokens td_tokens;
 
 typedef struct td_tokens_limits {
     double requests_per_s; /* 0: no limit */
-    int streams;           /* concurrent GET .../events per token; 0: no limit */
+    int streams;           /* concurrent event streams and followed logs per token; 0: none */
     int queued;            /* queued jobs per token (td_jobs checks it); 0: no limit */
+    long long job_bytes;   /* bytes of job specs its jobs hold until deleted (td_jobs) */
+    int sessions;          /* dashboard sessions per token (the API keeps them) */
 } td_tokens_limits;
 
 /* Loads the tokens from db. bootstrap_path (STATE_DIR/token): a token found there that the

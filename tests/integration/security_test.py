@@ -290,7 +290,7 @@ class SecurityTest(daemon_test.DaemonTest):
         self.assertEqual([c["step"] for c in listed], [3], "only the job's own directory")
         self.assertEqual([f["name"] for f in listed[0]["files"]], ["weights.bin"])
         for step, name in ((1, "shadow"), (2, "shadow"), (4, "shadow")):
-            status, _, body = d.request("GET", f"/v1/jobs/{jid}/checkpoints/{step}/files/{name}")
+            status, _, body = d.request("GET", f"/v1/jobs/{jid}/checkpoints/{step}/{name}")
             self.assertEqual(status, 404, body[:200])
             self.assertNotIn(b"root:", body)
             self.assertEqual(d.request("GET", f"/v1/jobs/{jid}/checkpoints/{step}.tar")[0], 404)
