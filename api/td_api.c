@@ -327,8 +327,7 @@ static enum MHD_Result tensorboard(const call *k) {
 
 /* ---- the cluster ---------------------------------------------------------------------------- */
 
-/* The peer's address for the master's log of refusals. */
-static void peer_of(struct MHD_Connection *c, char *out, size_t len) {
+void td_api_peer(struct MHD_Connection *c, char *out, size_t len) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     snprintf(out, len, "?");
@@ -346,23 +345,26 @@ static enum MHD_Result not_master(const call *k) {
     return td_api_error(k->c, &e, NULL);
 }
 
+/* Registering takes the cluster secret; a heartbeat, the node's own credential (given at its
+ * registration), and it speaks for that node only. */
 static enum MHD_Result cluster_call(const call *k, bool reg) {
     if (!k->api->cfg.cluster) return not_master(k);
     td_reply_error e;
-    char peer[64];
-    peer_of(k->c, peer, sizeof peer);
+    char peer[64], from[64] = "";
+    td_api_peer(k->c, peer, sizeof peer);
     const char *auth =
         MHD_lookup_connection_value(k->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!td_cluster_authorized(k->api->cfg.cluster, auth, peer, &e))
+    if (reg ? !td_cluster_authorized(k->api->cfg.cluster, auth, peer, &e)
+            : !td_cluster_node_authorized(k->api->cfg.cluster, auth, peer, from, &e))
         return td_api_error(k->c, &e, NULL);
     if (k->rq->too_large)
         return td_api_fail(k->c, 413, "body_too_large", NULL, "the request body is over the limit");
     td_buf out = {0};
     const char *body = k->rq->body.data ? k->rq->body.data : "";
     int rc = reg ? td_cluster_register(k->api->cfg.cluster, body, k->rq->body.len, td_clock_now(),
-                                       &out, &e)
-                 : td_cluster_heartbeat(k->api->cfg.cluster, body, k->rq->body.len, td_clock_now(),
-                                        &out, &e);
+                                       peer, &out, &e)
+                 : td_cluster_heartbeat(k->api->cfg.cluster, from, body, k->rq->body.len,
+                                        td_clock_now(), &out, &e);
     if (rc != 0) {
         td_buf_free(&out);
         return td_api_error(k->c, &e, NULL);

@@ -21,15 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void peer(struct MHD_Connection *c, char *out, size_t len) {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    snprintf(out, len, "?");
-    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, out,
-                  (socklen_t)len);
-}
-
 void td_api_audit(td_api *api, struct MHD_Connection *c, const td_principal *who,
                   const char *method, const char *url, unsigned status, long job) {
     if (!api->cfg.audit_log) return;
@@ -40,7 +31,7 @@ void td_api_audit(td_api *api, struct MHD_Connection *c, const td_principal *who
     gmtime_r(&secs, &tm);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(stamp, sizeof stamp, "%s.%03dZ", when, (int)((now - (double)secs) * 1000));
-    peer(c, from, sizeof from);
+    td_api_peer(c, from, sizeof from);
     /* status 0: the client went away before the reply was sent; what it asked for may still
      * have happened, which is why it is logged. The path as the client sent it, escaped (its
      * control characters and bytes that are not UTF-8 as \xNN): the record is always written */

@@ -33,32 +33,33 @@ bool td_api_file_route_split(const char *url, long *job, const char **rel) {
     return true;
 }
 
-/* {job}/{path} of the URL into a file of the job's (files: whose, and how it is reached),
- * for an upload (writing) or a download, which may be served from where the checkpoint lies. */
-static int file_of(td_api *api, const char *url, bool writing, char *path, size_t len,
-                   td_job_files *files, td_reply_error *e) {
+/* {job}/{path} of the URL into a file of the job's (files: whose, and how it is reached), for
+ * an upload (writing) or a download, which may be served from where the checkpoint lies; the
+ * calling node (its credential) must run a part of the job's attempt (node rank 0's, to send
+ * checkpoints). */
+static int file_of(td_api *api, struct MHD_Connection *c, const char *url, bool writing, char *path,
+                   size_t len, td_job_files *files, td_reply_error *e) {
     long job;
     const char *rel;
+    if (!api->cfg.cluster)
+        return td_reply_fail(e, 409, "not_master", NULL, "this traind is not a cluster's master");
+    char peer[64], node[64];
+    td_api_peer(c, peer, sizeof peer);
+    const char *auth =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!td_cluster_node_authorized(api->cfg.cluster, auth, peer, node, e)) return -1;
     if (!td_api_file_route_split(url, &job, &rel))
         return td_reply_fail(e, 400, "bad_request", NULL,
                              "expected /v1/cluster/files/{job id}/{path in its directory}");
-    return td_jobs_file_path(api->jobs, job, rel, writing, path, len, files, e);
+    return td_jobs_file_path(api->jobs, job, rel, writing, node, path, len, files, e);
 }
 
 void td_api_upload_begin(td_api *api, struct MHD_Connection *c, const char *url, td_api_upload *u) {
     u->put.fd = u->put.dir = -1;
     u->error.status = 0;
     u->jobs = api->jobs;
-    td_cluster *cluster = api->cfg.cluster;
-    const char *auth =
-        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!cluster) {
-        td_reply_fail(&u->error, 409, "not_master", NULL, "this traind is not a cluster's master");
-        return;
-    }
-    if (!td_cluster_authorized(cluster, auth, "a node uploading", &u->error)) return;
     char path[8192];
-    if (file_of(api, url, true, path, sizeof path, &u->files, &u->error) != 0) return;
+    if (file_of(api, c, url, true, path, sizeof path, &u->files, &u->error) != 0) return;
     /* into the job's directory as the job, never through a link it planted there
      * (td_jobfs.h); the name is taken only once the bytes are whole and their digest right */
     const char *rel = path + strlen(u->files.dir) + 1;
@@ -132,17 +133,9 @@ enum MHD_Result td_api_upload_end(struct MHD_Connection *c, td_api_upload *u) {
 
 enum MHD_Result td_api_file_get(td_api *api, struct MHD_Connection *c, const char *url) {
     td_reply_error e;
-    const char *auth =
-        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!api->cfg.cluster) {
-        td_reply_fail(&e, 409, "not_master", NULL, "this traind is not a cluster's master");
-        return td_api_error(c, &e, NULL);
-    }
-    if (!td_cluster_authorized(api->cfg.cluster, auth, "a node downloading", &e))
-        return td_api_error(c, &e, NULL);
     char path[8192];
     td_job_files files;
-    if (file_of(api, url, false, path, sizeof path, &files, &e) != 0)
+    if (file_of(api, c, url, false, path, sizeof path, &files, &e) != 0)
         return td_api_error(c, &e, NULL);
     /* as the job, never through a link (td_jobfs.h): a regular file of the job's, or nothing */
     td_err err = {{0}};

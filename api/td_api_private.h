@@ -111,6 +111,9 @@ enum MHD_Result td_api_error(struct MHD_Connection *c, const td_reply_error *e, 
 enum MHD_Result td_api_fail(struct MHD_Connection *c, int status, const char *code,
                             const char *field, const char *message);
 
+/* The client's address ("?" when unknown), for logs and the audit. */
+void td_api_peer(struct MHD_Connection *c, char *out, size_t len);
+
 /* A non-negative decimal of n characters; false for anything else (signs, spaces, overflow). */
 bool td_api_parse_id(const char *s, size_t n, long *out);
 

@@ -347,6 +347,35 @@ static td_job_limits limits_of_jobs(const daemon_options *o) {
                            .max_disk_gb = o->max_job_disk_gb};
 }
 
+/* Whether host (an IPv4 address) is a loopback one: traffic that never leaves this machine. */
+static bool loopback(const char *host) {
+    struct in_addr a;
+    return inet_pton(AF_INET, host, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+/* Cluster traffic (the secret at each join, the nodes' credentials, jobs' checkpoints) crosses a
+ * network only over TLS, unless insecure_cluster says otherwise, which is said at start. */
+static void check_cluster_transport(const daemon_options *o, const char *host, td_log *log) {
+    char join_host[256] = "";
+    if (o->join[0])
+        snprintf(join_host, sizeof join_host, "%.*s", (int)strcspn(o->join, ":"), o->join);
+    bool master_clear = !o->join[0] && o->secret_file[0] && !loopback(host) && !o->tls_cert[0];
+    bool agent_clear = o->join[0] && !loopback(join_host) && !o->tls_ca[0];
+    if (!master_clear && !agent_clear) return;
+    const char *what = master_clear ? "this master takes agents on a network address without TLS"
+                                    : "this agent joins its master across a network without TLS";
+    if (!o->insecure_cluster)
+        die("%s: the cluster secret, the nodes' credentials and jobs' checkpoints would cross it "
+            "in clear. Give %s, or set insecure_cluster true (--insecure-cluster true) on a "
+            "network you trust",
+            what,
+            master_clear ? "tls_cert and tls_key (--tls-cert, --tls-key)" : "tls_ca (--tls-ca)");
+    td_log_warn(log,
+                "warning: %s (insecure_cluster, %s): anyone on the network can read the cluster "
+                "secret and the jobs' checkpoints",
+                what, daemon_config_source(o, OPT_INSECURE_CLUSTER));
+}
+
 /* Each API connection is a socket, and each job a few pipes and files: the soft limit on open
  * files (1024 on most systems, for select()'s sake; traind polls) is raised towards the hard one
  * so that max_connections can be served. */
@@ -480,6 +509,7 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
     if (slots < 1) slots = 1;
 
     char node_id[128], secret[256] = "", name[64];
+    check_cluster_transport(o, host, log);
     load_random(state, "node-id", "node id", node_id, sizeof node_id, log);
     if (o->secret_file[0]) load_cluster_secret(o->secret_file, secret, sizeof secret, log);
     if (o->join[0] && !secret[0])

@@ -31,6 +31,9 @@ struct td_agent {
     td_agent_config cfg;
     char master[256], secret[256], name[64], node_id[65], address[64], version[32];
     char url_register[320], url_heartbeat[320], url_files[320], auth[300], state_dir[4096];
+    /* "Authorization: Node NAME:CREDENTIAL": what the master gave at the last registration,
+     * for heartbeats and files ("" until it registered); the secret (auth) only registers */
+    char node_auth[200];
     char tls_ca[4096];            /* "": plain HTTP to the master */
     td_node_gpu gpu[TD_GPUS_MAX]; /* cfg.gpus of them (cfg.gpu is the caller's) */
     pthread_mutex_t mu;
@@ -60,7 +63,17 @@ static long perform(td_agent *a, CURL *h, const char *url, struct curl_slist *hd
         snprintf(why, why_len, "curl_easy_init failed");
         return 0;
     }
-    hdr = curl_slist_append(hdr, a->auth);
+    /* the shared secret goes to registration only: everything else carries the node's own */
+    if (strcmp(url, a->url_register) == 0) {
+        hdr = curl_slist_append(hdr, a->auth);
+    } else {
+        char node_auth[sizeof a->node_auth];
+        pthread_mutex_lock(&a->mu);
+        snprintf(node_auth, sizeof node_auth, "%s", a->node_auth);
+        pthread_mutex_unlock(&a->mu);
+        hdr = curl_slist_append(hdr, node_auth);
+        explicit_bzero(node_auth, sizeof node_auth);
+    }
     char err[CURL_ERROR_SIZE] = "";
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
@@ -507,6 +520,13 @@ static void *agent_loop(void *arg) {
             json_t *o = json_loads(reply.data ? reply.data : "", 0, NULL);
             double h = json_number_value(json_object_get(o, "heartbeat_s"));
             double t = json_number_value(json_object_get(o, "timeout_s"));
+            const char *cred = json_string_value(json_object_get(o, "credential"));
+            if (!joined && cred) { /* this node's own from now on */
+                pthread_mutex_lock(&a->mu);
+                snprintf(a->node_auth, sizeof a->node_auth, "Authorization: Node %s:%s", a->name,
+                         cred);
+                pthread_mutex_unlock(&a->mu);
+            }
             /* no "parts" at all (a master on its way out): no new orders, not "run nothing" */
             if (json_object_get(o, "parts")) take_orders(a, json_object_get(o, "parts"));
             json_decref(o);
@@ -531,7 +551,9 @@ static void *agent_loop(void *arg) {
                 break;
             continue;
         }
-        if (status == 404 && joined) { /* the master forgot this node: register again */
+        /* the master forgot this node (it restarted, or marked it lost), or no longer takes
+         * its credential: register again */
+        if ((status == 404 || status == 401) && joined) {
             char msg[512];
             error_message(&reply, msg, sizeof msg, NULL, 0);
             td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE, "the master at %s says: %s",
@@ -667,5 +689,9 @@ void td_agent_stop(td_agent *a) {
     pthread_cond_destroy(&a->moved);
     pthread_cond_destroy(&a->wake);
     pthread_mutex_destroy(&a->mu);
+    /* the secret and the node's credential, not left in freed memory */
+    explicit_bzero(a->secret, sizeof a->secret);
+    explicit_bzero(a->auth, sizeof a->auth);
+    explicit_bzero(a->node_auth, sizeof a->node_auth);
     free(a);
 }

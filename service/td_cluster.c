@@ -12,11 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 
 enum { MAX_NODES = 4096, NAME_LEN = 64 };
 
 typedef struct node {
-    char name[64], node_id[65], address[64], version[32];
+    char name[64], node_id[65], address[64], version[33];
+    char credential[65]; /* given at its registration: its heartbeats and transfers carry it */
     int slots, slots_used, gpus;
     td_node_gpu gpu[TD_GPUS_MAX]; /* the first gpus */
     bool lost;
@@ -163,6 +165,14 @@ static bool log_refusal(td_cluster *c, const char *peer) {
     return log;
 }
 
+/* a and b equal, in constant time in a's length */
+static bool same_secret(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    unsigned char diff = (unsigned char)(n != m);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(a[i] ^ (i < m ? b[i] : 0));
+    return diff == 0;
+}
+
 bool td_cluster_authorized(td_cluster *c, const char *authorization, const char *peer,
                            td_reply_error *e) {
     if (!c->has_secret) {
@@ -177,10 +187,8 @@ bool td_cluster_authorized(td_cluster *c, const char *authorization, const char 
     const char *given = "";
     if (authorization && strncasecmp(authorization, "Cluster ", 8) == 0) given = authorization + 8;
     /* constant time in the secret's length: a wrong guess takes as long whatever it shares */
-    size_t n = strlen(c->secret), m = strlen(given);
-    unsigned char diff = (unsigned char)(n != m);
-    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(c->secret[i] ^ (i < m ? given[i] : 0));
-    if (diff == 0) return true;
+    size_t m = strlen(given);
+    if (same_secret(c->secret, given)) return true;
     if (log_refusal(c, peer))
         td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
                   "refused an agent from %s: %s cluster secret", peer,
@@ -189,6 +197,41 @@ bool td_cluster_authorized(td_cluster *c, const char *authorization, const char 
                   "%s cluster secret: every node's --cluster-secret-file must hold the master's "
                   "secret",
                   m == 0 ? "missing" : "wrong");
+    return false;
+}
+
+static node *find(td_cluster *c, const char *name);
+
+bool td_cluster_node_authorized(td_cluster *c, const char *authorization, const char *peer,
+                                char *node_name, td_reply_error *e) {
+    char name[64] = "";
+    const char *given = "";
+    if (authorization && strncasecmp(authorization, "Node ", 5) == 0) {
+        const char *colon = strchr(authorization + 5, ':');
+        size_t k = colon ? (size_t)(colon - authorization - 5) : 0;
+        if (colon && k > 0 && k < sizeof name) {
+            memcpy(name, authorization + 5, k);
+            name[k] = 0;
+            given = colon + 1;
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    node *n = name[0] ? find(c, name) : NULL;
+    bool ok = n && n->credential[0] && same_secret(n->credential, given); /* (lost: a 404 then) */
+    pthread_mutex_unlock(&c->mu);
+    if (ok) {
+        snprintf(node_name, 64, "%s", name);
+        return true;
+    }
+    if (log_refusal(c, peer))
+        td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE, "refused a node's call from %s: %s",
+                  peer,
+                  !name[0] ? "no node credential" : "a wrong node credential, or an unknown node");
+    td_reply_fail(e, 401, "node_credential", NULL,
+                  "%s: heartbeats and file transfers carry the credential the node was given "
+                  "when it registered (Authorization: Node NAME:CREDENTIAL), not the shared "
+                  "secret; register again",
+                  !name[0] ? "no node credential" : "a wrong node credential, or an unknown node");
     return false;
 }
 
@@ -250,6 +293,52 @@ static json_t *reply_registered(td_cluster *c) {
                      c->cfg.timeout_s, "master", c->name, "version", c->version);
 }
 
+/* Whether s is printable ASCII (what the node listing and the log show as it is). */
+static bool printable(const char *s) {
+    for (; *s; s++)
+        if (*s < 0x20 || *s > 0x7e) return false;
+    return true;
+}
+
+/* A node's advertised address: a unicast IPv4 address other nodes can reach it at (loopback
+ * only from a node that is itself on loopback: a test, one host). -1 with 400 in e. */
+static int address_ok(const char *address, const char *peer, td_reply_error *e) {
+    struct in_addr a, p;
+    if (inet_pton(AF_INET, address, &a) != 1)
+        return td_reply_fail(e, 400, "bad_request", "address",
+                             "address \"%s\": expected the IPv4 address other nodes reach this "
+                             "one at",
+                             address);
+    unsigned long ip = ntohl(a.s_addr);
+    bool peer_loopback = inet_pton(AF_INET, peer, &p) == 1 && (ntohl(p.s_addr) >> 24) == 127;
+    const char *why = ip == 0                               ? "the unspecified address"
+                      : ip == 0xffffffffUL                  ? "the broadcast address"
+                      : (ip >> 28) == 0xe                   ? "a multicast address"
+                      : (ip >> 24) == 127 && !peer_loopback ? "a loopback address"
+                                                            : NULL;
+    if (!why) return 0;
+    return td_reply_fail(e, 400, "bad_request", "address",
+                         "address \"%s\" is %s: a node advertises a unicast address the other "
+                         "nodes reach it at (--advertise)",
+                         address, why);
+}
+
+/* What a node says of itself, beyond its address: printable, so that the listing and the log
+ * show it as it is. */
+static int strings_ok(const node *n, td_reply_error *e) {
+    if (!printable(n->version))
+        return td_reply_fail(e, 400, "bad_request", "version",
+                             "version: expected printable ASCII (a traind version)");
+    for (int i = 0; i < n->gpus; i++)
+        if (!printable(n->gpu[i].name)) {
+            char field[32];
+            snprintf(field, sizeof field, "gpus[%d].name", i);
+            return td_reply_fail(e, 400, "bad_request", field,
+                                 "%s: expected printable ASCII (a GPU's name)", field);
+        }
+    return 0;
+}
+
 /* After a register or heartbeat is accepted: the jobs read the node's report (the parts it runs,
  * their output) and add their orders to the reply. */
 static void sync_jobs(td_cluster *c, const char *name, bool registered, json_t *msg, json_t *reply,
@@ -262,8 +351,8 @@ static void sync_jobs(td_cluster *c, const char *name, bool registered, json_t *
     put_json(out, reply);
 }
 
-int td_cluster_register(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
-                        td_reply_error *e) {
+int td_cluster_register(td_cluster *c, const char *body, size_t len, double now, const char *peer,
+                        td_buf *out, td_reply_error *e) {
     json_t *o = parse_body(body, len, e);
     if (!o) return -1;
     static const char *const KEYS[] = {"protocol", "name",    "node_id",    "address", "slots",
@@ -288,21 +377,27 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
     }
     if (td_json_check_keys(o, "", KEYS, &err) != 0 ||
         td_json_string(o, "", "address", true, "", n.address, sizeof n.address, &err) != 0 ||
-        td_json_string(o, "", "version", true, "", n.version, sizeof n.version, &err) != 0 ||
+
         td_json_int(o, "", "slots", true, 0, 1, 4096, &slots, &err) != 0 ||
         td_gpus_from_json(json_object_get(o, "gpus"), "gpus", n.gpu, &n.gpus, &err) != 0 ||
         td_json_int(o, "", "slots_used", false, 0, 0, 4096, &used, &err) != 0) {
         td_reply_fail(e, 400, "bad_request", NULL, "%s", err.msg);
         goto done;
     }
-    if (read_identity(o, n.name, n.node_id, e) != 0) goto done;
-    struct in_addr a;
-    if (inet_pton(AF_INET, n.address, &a) != 1) {
-        td_reply_fail(e, 400, "bad_request", "address",
-                      "address \"%s\": expected the IPv4 address other nodes reach this one at",
-                      n.address);
+    if (td_json_string(o, "", "version", true, "", n.version, sizeof n.version, &err) != 0) {
+        td_reply_fail(e, 400, "bad_request", "version", "%s (at most %zu characters)", err.msg,
+                      sizeof n.version - 1);
         goto done;
     }
+    if (read_identity(o, n.name, n.node_id, e) != 0 || address_ok(n.address, peer, e) != 0 ||
+        strings_ok(&n, e) != 0)
+        goto done;
+    unsigned char raw[32];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
+        td_reply_fail(e, 500, "internal", NULL, "no random bytes for the node's credential");
+        goto done;
+    }
+    for (size_t i = 0; i < sizeof raw; i++) snprintf(n.credential + 2 * i, 3, "%02x", raw[i]);
     /* slots_used: a node registering again may still be stopping what an ended attempt ran */
     n.slots = (int)slots, n.slots_used = (int)used;
     if (n.gpus > 0 && n.gpus != n.slots) {
@@ -354,14 +449,19 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
         }
     }
     pthread_mutex_unlock(&c->mu);
-    if (rc == 0) sync_jobs(c, n.name, true, o, reply_registered(c), out);
+    if (rc == 0) {
+        json_t *reply = reply_registered(c);
+        json_object_set_new(reply, "credential", json_string(n.credential));
+        sync_jobs(c, n.name, true, o, reply, out);
+    }
+    explicit_bzero(n.credential, sizeof n.credential);
 done:
     json_decref(o);
     return rc;
 }
 
-int td_cluster_heartbeat(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
-                         td_reply_error *e) {
+int td_cluster_heartbeat(td_cluster *c, const char *from, const char *body, size_t len, double now,
+                         td_buf *out, td_reply_error *e) {
     json_t *o = parse_body(body, len, e);
     if (!o) return -1;
     char name[64], id[65];
@@ -369,6 +469,11 @@ int td_cluster_heartbeat(td_cluster *c, const char *body, size_t len, double now
     td_err err = {{0}};
     int rc = -1;
     if (read_identity(o, name, id, e) != 0) goto done;
+    if (strcmp(name, from) != 0) { /* what a node reports is its own only */
+        td_reply_fail(e, 403, "forbidden", "name", "node %s's credential cannot speak for node %s",
+                      from, name);
+        goto done;
+    }
     if (td_json_int(o, "", "slots_used", false, 0, 0, 4096, &used, &err) != 0) {
         td_reply_fail(e, 400, "bad_request", "slots_used", "%s", err.msg);
         goto done;

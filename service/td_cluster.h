@@ -3,10 +3,12 @@
  * truth: agents keep no cluster state, and after a master restart they register again.
  *
  * The protocol rides on the master's HTTP API (api/README.md, "Cluster"): an agent POSTs
- * /v1/cluster/register, then /v1/cluster/heartbeat every heartbeat_s, both authenticated by the
- * cluster secret (a file given to every node, distinct from users' API tokens, compared in
- * constant time). A node silent for timeout_s is marked lost by the sweeper thread; its next
- * heartbeat is answered 404 and it registers again.
+ * /v1/cluster/register with the cluster secret (a file given to every node, distinct from users'
+ * API tokens, compared in constant time), and gets a credential of its own, new at each
+ * registration, which its heartbeats (every heartbeat_s) and file transfers carry: the shared
+ * secret crosses the network only to join, and what a node sends is taken as that node's only.
+ * A node silent for timeout_s is marked lost by the sweeper thread; its next heartbeat is
+ * answered 404 and it registers again.
  *
  * Times are passed in (td_clock_now() seconds) so the rules can be tested without waiting. All
  * functions are thread-safe. */
@@ -27,8 +29,11 @@
 /* The version of the register and heartbeat messages; a node speaking another is refused.
  * 2: "gpus" is the list of the node's GPUs (td_gpus_json), no longer their number.
  * 3: orders carry "gpus_per_proc", "launch_self" and "see_all_gpus", reports
- *    "process_devices": a node that ignored them would start a job in the wrong shape. */
-#define TD_CLUSTER_PROTOCOL 3
+ *    "process_devices": a node that ignored them would start a job in the wrong shape.
+ * 4: the register reply gives the node a credential of its own, which its heartbeats and file
+ *    transfers carry instead of the shared secret ("Authorization: Node NAME:CREDENTIAL");
+ *    orders carry the job's "uid" and "limits". */
+#define TD_CLUSTER_PROTOCOL 4
 
 typedef struct td_cluster td_cluster;
 
@@ -54,22 +59,31 @@ int td_cluster_open(td_cluster **out, const td_cluster_config *cfg, td_err *err)
 int td_cluster_start(td_cluster *c, td_err *err);
 void td_cluster_close(td_cluster *c); /* stops the sweeper too */
 
-/* Whether an Authorization header ("Cluster SECRET") carries this master's secret. 403 in e when
- * the master accepts no agents, 401 when the secret is missing or wrong; the refusal is logged
- * with the peer's address. */
+/* Whether an Authorization header ("Cluster SECRET") carries this master's secret (registering).
+ * 403 in e when the master accepts no agents, 401 when the secret is missing or wrong; the
+ * refusal is logged with the peer's address. */
 bool td_cluster_authorized(td_cluster *c, const char *authorization, const char *peer,
                            td_reply_error *e);
+/* Whether an Authorization header ("Node NAME:CREDENTIAL") is a registered node's, which is
+ * named in node (64 bytes): heartbeats and file transfers. 401 "node_credential" otherwise (the
+ * shared secret alone included). */
+bool td_cluster_node_authorized(td_cluster *c, const char *authorization, const char *peer,
+                                char *node, td_reply_error *e);
 
 /* POST /v1/cluster/register: body {"protocol", "name", "node_id", "address", "slots", "gpus",
- * "version"}. 200 with {"heartbeat_s", "timeout_s", "master"} in out; 400 for a malformed body
- * or another protocol, 409 for a name another node holds (a node that is not lost, or the
- * master's own). The same name from the same node_id is that node registering again. */
-int td_cluster_register(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
-                        td_reply_error *e);
-/* POST /v1/cluster/heartbeat: body {"name", "node_id", "slots_used"}. 404 when the node is not
- * registered under that id or was marked lost (it must register again). */
-int td_cluster_heartbeat(td_cluster *c, const char *body, size_t len, double now, td_buf *out,
-                         td_reply_error *e);
+ * "version"}. 200 with {"heartbeat_s", "timeout_s", "master", "credential"} in out; 400 for a
+ * malformed body or another protocol (an address that is not a unicast one others can reach, a
+ * loopback one from a peer that is not on loopback (peer: its address), a version or a GPU name
+ * with characters that are not printable), 409 for a name another node holds (a node that is
+ * not lost, or the master's own). The same name from the same node_id is that node registering
+ * again. */
+int td_cluster_register(td_cluster *c, const char *body, size_t len, double now, const char *peer,
+                        td_buf *out, td_reply_error *e);
+/* POST /v1/cluster/heartbeat from node `from` (authenticated): body {"name", "node_id",
+ * "slots_used"}. 404 when the node is not registered under that id or was marked lost (it must
+ * register again); 403 when the body names another node than `from`. */
+int td_cluster_heartbeat(td_cluster *c, const char *from, const char *body, size_t len, double now,
+                         td_buf *out, td_reply_error *e);
 /* POST /v1/nodes/{name}/drain and /undrain: no new placements on the node (running jobs go on)
  * or again. The node's JSON in out; 404 for a name that is neither the master nor a node that
  * joined. Kept in the database: a restarted master still holds them. master_used: the master's

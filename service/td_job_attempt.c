@@ -138,7 +138,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     if (ok && td_jobs_work_dir(&who, jb->dir, cwd, sizeof cwd, &err) != 0) ok = 0;
     size_t n_env = 0;
     while (jb->env[n_env]) n_env++;
-    char *env[n_env + 6], *own_env[4] = {NULL};
+    char *env[n_env + 8], *own_env[4] = {NULL};
     for (size_t i = 0; i < n_env; i++) env[i] = jb->env[i];
     env[n_env++] = job_var;
     /* a command restarts from its beginning: where its own latest checkpoint is lets a script

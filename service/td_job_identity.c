@@ -127,10 +127,11 @@ int td_jobs_work_dir(const td_identity *who, const char *dir, char *cwd, size_t 
         return -1;
     int d = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (d < 0) return td_fail(err, "%s: %s", dir, strerror(errno));
-    static const char *const OWN[] = {"work", "checkpoints"};
+    /* work/.tmp: the job's TMPDIR, its own and counted in its quota (not a /tmp it shares) */
+    static const char *const OWN[] = {"work", "checkpoints", "work/.tmp"};
     int rc = 0;
     for (size_t i = 0; i < sizeof OWN / sizeof OWN[0] && rc == 0; i++) {
-        if (mkdirat(d, OWN[i], 0700) != 0 && errno != EEXIST) {
+        if (mkdirat(d, OWN[i], 0700) != 0 && errno != EEXIST) { /* (work/: the daemon's still) */
             rc = td_fail(err, "cannot create %s/%s: %s", dir, OWN[i], strerror(errno));
             break;
         }
@@ -145,13 +146,16 @@ int td_jobs_work_dir(const td_identity *who, const char *dir, char *cwd, size_t 
     return rc;
 }
 
-/* "USER=...", "LOGNAME=...", "HOME=..." for a job of its own identity (no passwd entry names
- * it: Python's getpass and the like read these first), appended to env at *n. */
+/* "USER=...", "LOGNAME=...", "HOME=...", "TMPDIR=..." for a job of its own identity (no passwd
+ * entry names it: Python's getpass and the like read these first; its temporary files go in its
+ * own directory, not in a /tmp every job shares), appended to env at *n. */
 void td_jobs_identity_env(const td_identity *who, const char *cwd, char **env, size_t *n) {
     if (!who->drop || who->lookup_groups) return; /* a real user: its own environment */
-    const char *names[] = {"USER", "LOGNAME", "HOME"};
-    const char *values[] = {who->name, who->name, cwd};
-    for (int i = 0; i < 3; i++) {
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%s/.tmp", cwd);
+    const char *names[] = {"USER", "LOGNAME", "HOME", "TMPDIR"};
+    const char *values[] = {who->name, who->name, cwd, tmp};
+    for (int i = 0; i < 4; i++) {
         size_t k = strlen(names[i]) + strlen(values[i]) + 2;
         env[*n] = td_malloc(k);
         snprintf(env[(*n)++], k, "%s=%s", names[i], values[i]);

@@ -279,7 +279,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     if (ok && td_jobs_work_dir(&who, g->dir, cwd, sizeof cwd, &err) != 0) ok = false;
     json_t *order_env = json_object_get(o, "env");
     size_t n_env = json_is_array(order_env) ? json_array_size(order_env) : 0;
-    env = td_strv_new((int)n_env + 5);
+    env = td_strv_new((int)n_env + 7);
     for (size_t i = 0; i < n_env; i++) {
         const char *s = json_string_value(json_array_get(order_env, i));
         env[i] = td_str_dup(s ? s : "");

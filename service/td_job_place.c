@@ -356,6 +356,11 @@ static part *part_on(job *jb, const char *node) {
     return NULL;
 }
 
+int td_jobs_part_rank_on(job *jb, const char *node) {
+    const part *p = jb->parts ? part_on(jb, node) : NULL;
+    return p && p->state != PART_ENDED ? p->node_rank : -1;
+}
+
 /* A node's log bytes for one rank: appended where the master's copy ends, or dropped (already
  * here, or a gap to be resent). */
 static bool apply_log(job *jb, const part *p, json_t *c) {

@@ -753,17 +753,29 @@ static bool relative_ok(const char *rel) {
     return true;
 }
 
-int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, char *path, size_t len,
-                      td_job_files *files, td_reply_error *e) {
+int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, const char *node,
+                      char *path, size_t len, td_job_files *files, td_reply_error *e) {
     static const char CHECKPOINTS[] = "checkpoints/";
-    if (!relative_ok(rel) || strncmp(rel, CHECKPOINTS, strlen(CHECKPOINTS)) != 0 ||
-        !rel[strlen(CHECKPOINTS)])
+    if (!relative_ok(rel))
         return td_reply_fail(e, 400, "bad_request", NULL,
-                             "\"%s\": expected a path under the job's checkpoints/ (segments of "
+                             "\"%s\": expected a path inside the job's directory (segments of "
                              "letters, digits, '.', '_' and '-', none starting with '.')",
+                             rel);
+    if (strncmp(rel, CHECKPOINTS, strlen(CHECKPOINTS)) != 0 || !rel[strlen(CHECKPOINTS)])
+        return td_reply_fail(e, 403, "forbidden", NULL,
+                             "\"%s\": nodes exchange a job's checkpoints only (checkpoints/...)",
                              rel);
     td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);
+    int rc = 0;
+    /* the node sends what its part's rank 0 wrote (node rank 0), and fetches only what its part
+     * resumes from: a job it runs no part of is none of its business */
+    int node_rank = jb && node ? td_jobs_part_rank_on(jb, node) : 0;
+    if (jb && node && (node_rank < 0 || (writing && node_rank != 0)))
+        rc = td_reply_fail(e, 403, "forbidden", NULL,
+                           "node %s %s of job %ld's attempt: it may not %s its files", node,
+                           node_rank < 0 ? "runs no part" : "does not run node rank 0", id,
+                           writing ? "send" : "fetch");
     if (jb) {
         snprintf(path, len, "%s/%s", jb->dir, rel);
         td_jobs_files_for(j, id, jb->row.uid, files);
@@ -777,8 +789,7 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, char *
     if (!writing && base && strncmp(jb->ckpt_path, ours, strlen(ours)) != 0 &&
         strncmp(rel + 12, base + 1, n) == 0 && (rel[12 + n] == '/' || rel[12 + n] == 0))
         snprintf(path, len, "%s%s", jb->ckpt_path, rel + 12 + n);
-    int rc = 0;
-    if (jb && writing) { /* its checkpoints/ is the job's, as an attempt here makes it */
+    if (jb && rc == 0 && writing) { /* its checkpoints/ is the job's, as an attempt here makes it */
         td_err err = {{0}};
         char cwd[PATH_MAX + 16];
         if (td_jobs_work_dir(&files->who, jb->dir, cwd, sizeof cwd, &err) != 0)

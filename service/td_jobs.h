@@ -173,9 +173,10 @@ void td_jobs_guests_stop_all(td_jobs *j, const char *why);
  * checkpoints/, segments of [A-Za-z0-9._-], none starting with '.'); 400 or 404 in e otherwise.
  * writing: the job's checkpoints/ is made ready for it (the job's own); reading: the latest
  * checkpoint's files are found where they are when that is outside the directory. files: how
- * to reach them (td_jobfs.h). */
-int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, char *path, size_t len,
-                      td_job_files *files, td_reply_error *e);
+ * to reach them (td_jobfs.h). node: the node asking (NULL: no node, a test), which must run a
+ * part of the job's current attempt, node rank 0's to write (403 otherwise). */
+int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, const char *node,
+                      char *path, size_t len, td_job_files *files, td_reply_error *e);
 
 /* Job id's files (td_jobfs.h: its directory, its identity, whose files count): for opening what
  * it wrote. 404 in e for no such job. */

@@ -352,7 +352,8 @@ int td_jobs_attempt_cgroup(td_jobs *j, long id, int attempt, int node_rank,
 void td_jobs_cgroup_ended(td_jobs *j, const char *path);
 /* Removes what can go of those (every second at most): the supervisor's turn. */
 void td_jobs_cgroups_tidy(td_jobs *j);
-/* USER, LOGNAME and HOME for a job of its own identity, appended to env at *n (3 at most). */
+/* USER, LOGNAME, HOME and TMPDIR for a job of its own identity, appended to env at *n (4 at
+ * most). */
 void td_jobs_identity_env(const td_identity *who, const char *cwd, char **env, size_t *n);
 /* Whether process group pgid is still a job's: its leader runs in the job's directory dir (an
  * id saved before a restart may be another process's by now). */
@@ -398,6 +399,8 @@ void td_jobs_parts_release(td_jobs *j, job *jb); /* frees the placement and its 
 void td_jobs_parts_tick(td_jobs *j);             /* the master's own node's sync, time limits */
 int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
 json_t *td_jobs_placement_json(const job *jb);
+/* The node rank of jb's running attempt on node, -1 when it runs no part there (now). */
+int td_jobs_part_rank_on(job *jb, const char *node);
 json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
                                const char *devices, const char *proc_devices);
 void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,

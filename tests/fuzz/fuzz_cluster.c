@@ -26,14 +26,19 @@ static void run(td_cluster *c, char op, const char *body, size_t len, double *no
     *now += 0.5;
     switch (op) {
     case 'R':
-        rc = td_cluster_register(c, body, len, *now, &out, &e);
+        rc = td_cluster_register(c, body, len, *now, "192.0.2.1", &out, &e);
         break;
     case 'H':
-        rc = td_cluster_heartbeat(c, body, len, *now, &out, &e);
+        rc = td_cluster_heartbeat(c, "n1", body, len, *now, &out, &e);
         break;
     case 'A':
         rc = td_cluster_authorized(c, body, "192.0.2.1", &e) ? 0 : -1;
         break;
+    case 'N': {
+        char node[64];
+        rc = td_cluster_node_authorized(c, body, "192.0.2.1", node, &e) ? 0 : -1;
+        break;
+    }
     case 'D':
     case 'U':
         rc = td_cluster_drain(c, body, op == 'D', *now, 0, &out, &e);

@@ -276,7 +276,7 @@ class Cluster:
                 "--state-dir", os.path.join(self.tmp, "state-" + name), "--node-name", name,
                 "--worker", self.a.worker, "--slots", "2", "--data-root", FMNIST,
                 "--data-root", self.tmp, "--grace", str(self.grace), "--keep-jobs-on-stop", "true",
-                "--cluster-secret-file", self.secret]
+                "--cluster-secret-file", self.secret, "--insecure-cluster", "true"]
         if k == 0:
             args += ["--heartbeat", str(self.heartbeat), "--node-timeout", str(self.node_timeout)]
         else:

@@ -46,8 +46,10 @@ chmod 600 "$tmp/secret" "$tmp/wrong"
 daemon() {
     k=$1 name=$2 log=$3
     shift 3
+    # plain HTTP between the namespaces (insecure_cluster; tls_test.py covers TLS)
     ip netns exec "$tag-n$k" "$traind" --listen "$net.$((k + 1)):$port" \
-        --state-dir "$tmp/state-$name" --node-name "$name" "$@" >"$tmp/$log.out" 2>"$tmp/$log.err" &
+        --state-dir "$tmp/state-$name" --node-name "$name" --insecure-cluster true "$@" \
+        >"$tmp/$log.out" 2>"$tmp/$log.err" &
     daemon_pid=$!
 }
 start_master() {
@@ -91,14 +93,16 @@ echo "joined: $got"
 
 # 2. refusals, each ending the agent with status 1 and the master's message
 ip netns exec "$tag-n2" timeout 60 "$traind" --listen "$net.3:$((port + 1))" --state-dir "$tmp/state-n3" \
-    --node-name n3 --cluster-secret-file "$tmp/wrong" --join "$master" >/dev/null 2>"$tmp/wrong.err"
+    --node-name n3 --cluster-secret-file "$tmp/wrong" --join "$master" --insecure-cluster true \
+    >/dev/null 2>"$tmp/wrong.err"
 code=$?
 if [ "$code" = 1 ]; then ok; else bad "wrong secret: exit $code (124: still running after 120 s)"; fi
 if logged wrong "refused this node (HTTP 401): wrong cluster secret"; then ok; else bad "wrong secret, agent's log: $(cat "$tmp/wrong.err")"; fi
 if logged master1 "refused an agent from $net.3: wrong cluster secret"; then ok; else bad "wrong secret, master's log: $(cat "$tmp/master1.err")"; fi
 # the same name as n2, from node 1 (its own state directory, so another node id)
 ip netns exec "$tag-n1" timeout 60 "$traind" --listen "$net.2:$((port + 1))" --state-dir "$tmp/state-dup" \
-    --node-name n2 --cluster-secret-file "$tmp/secret" --join "$master" >/dev/null 2>"$tmp/dup.err"
+    --node-name n2 --cluster-secret-file "$tmp/secret" --join "$master" --insecure-cluster true \
+    >/dev/null 2>"$tmp/dup.err"
 code=$?
 if [ "$code" = 1 ]; then ok; else bad "taken name: exit $code"; fi
 if logged dup "refused this node (HTTP 409): a node named \"n2\" is already in the cluster (at $net.3)"; then ok; else bad "taken name, agent's log: $(cat "$tmp/dup.err")"; fi

@@ -43,7 +43,7 @@ static int do_register(td_cluster *c, const char *name, const char *id, double n
                        td_reply_error *e) {
     td_buf out = {0};
     const char *b = reg_body(name, id, TD_CLUSTER_PROTOCOL);
-    int rc = td_cluster_register(c, b, strlen(b), now, &out, e);
+    int rc = td_cluster_register(c, b, strlen(b), now, "10.0.0.2", &out, e);
     td_buf_free(&out);
     return rc;
 }
@@ -53,7 +53,7 @@ static int do_heartbeat(td_cluster *c, const char *name, const char *id, double 
     char b[256];
     snprintf(b, sizeof b, "{\"name\":\"%s\",\"node_id\":\"%s\",\"slots_used\":1}", name, id);
     td_buf out = {0};
-    int rc = td_cluster_heartbeat(c, b, strlen(b), now, &out, e);
+    int rc = td_cluster_heartbeat(c, name, b, strlen(b), now, &out, e);
     td_buf_free(&out);
     return rc;
 }
@@ -139,7 +139,7 @@ Test(cluster, refusals_name_the_problem) {
     td_reply_error e;
     td_buf out = {0};
     const char *b = reg_body("n1", "aaaaaaaa01", TD_CLUSTER_PROTOCOL + 1);
-    cr_expect_neq(td_cluster_register(c, b, strlen(b), 0, &out, &e), 0);
+    cr_expect_neq(td_cluster_register(c, b, strlen(b), 0, "10.0.0.2", &out, &e), 0);
     cr_expect_eq(e.status, 400);
     cr_expect_str_eq(e.code, "protocol_version");
     cr_expect_neq(do_register(c, "m0", "aaaaaaaa01", 0, &e), 0, "the master's own name");
@@ -151,21 +151,21 @@ Test(cluster, refusals_name_the_problem) {
     cr_expect_eq(do_register(c, "n1", "aaaaaaaa01", 2, &e), 0, "the same node again is fine");
     cr_expect_neq(do_register(c, "bad name", "aaaaaaaa02", 2, &e), 0);
     cr_expect_str_eq(e.field, "name");
-    const char *junk = "{\"protocol\":3,\"name\":\"n3\"";
-    cr_expect_neq(td_cluster_register(c, junk, strlen(junk), 0, &out, &e), 0);
+    const char *junk = "{\"protocol\":4,\"name\":\"n3\"";
+    cr_expect_neq(td_cluster_register(c, junk, strlen(junk), 0, "10.0.0.2", &out, &e), 0);
     cr_expect_eq(e.status, 400);
-    const char *addr = "{\"protocol\":3,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+    const char *addr = "{\"protocol\":4,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
                        "\"nowhere\",\"slots\":1,\"version\":\"9.9\"}";
-    cr_expect_neq(td_cluster_register(c, addr, strlen(addr), 0, &out, &e), 0);
+    cr_expect_neq(td_cluster_register(c, addr, strlen(addr), 0, "10.0.0.2", &out, &e), 0);
     cr_expect_str_eq(e.field, "address");
-    const char *gpus = "{\"protocol\":3,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+    const char *gpus = "{\"protocol\":4,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
                        "\"10.0.0.3\",\"slots\":2,\"gpus\":[{\"index\":0}],\"version\":\"9.9\"}";
-    cr_expect_neq(td_cluster_register(c, gpus, strlen(gpus), 0, &out, &e), 0);
+    cr_expect_neq(td_cluster_register(c, gpus, strlen(gpus), 0, "10.0.0.2", &out, &e), 0);
     cr_expect(strstr(e.message, "one slot per GPU"), "%s", e.message);
-    const char *twice = "{\"protocol\":3,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
+    const char *twice = "{\"protocol\":4,\"name\":\"n3\",\"node_id\":\"dddddddd01\",\"address\":"
                         "\"10.0.0.3\",\"slots\":2,\"gpus\":[{\"index\":1},{\"index\":1}],"
                         "\"version\":\"9.9\"}";
-    cr_expect_neq(td_cluster_register(c, twice, strlen(twice), 0, &out, &e), 0);
+    cr_expect_neq(td_cluster_register(c, twice, strlen(twice), 0, "10.0.0.2", &out, &e), 0);
     cr_expect(strstr(e.message, "gpus[1]: GPU 1 is listed twice"), "%s", e.message);
     td_buf_free(&out);
     td_cluster_close(c);
@@ -284,4 +284,80 @@ Test(gpus, declared_lists_parse_and_meet_the_found_devices) {
     char text[128];
     td_gpus_describe(found, 2, text, sizeof text);
     cr_expect_str_eq(text, "GPUs 0,1 (Real GPU, 80.0 GiB each)");
+}
+
+/* A registration answers a credential of the node's own, new each time; heartbeats carry it,
+ * not the shared secret, and speak for their node only. */
+Test(cluster, each_node_gets_a_credential_of_its_own) {
+    td_cluster *c = open_master(SECRET);
+    td_reply_error e;
+    td_buf out = {0};
+    const char *b = reg_body("n1", "aaaaaaaa01", TD_CLUSTER_PROTOCOL);
+    cr_assert_eq(td_cluster_register(c, b, strlen(b), 0, "10.0.0.2", &out, &e), 0, "%s", e.message);
+    json_t *o = json_loads(out.data, 0, NULL);
+    const char *cred = json_string_value(json_object_get(o, "credential"));
+    cr_assert(cred && strlen(cred) == 64, "a credential of 64 hex digits");
+    char auth[128], node[64];
+    snprintf(auth, sizeof auth, "Node n1:%s", cred);
+    cr_expect(td_cluster_node_authorized(c, auth, "10.0.0.2", node, &e));
+    cr_expect_str_eq(node, "n1");
+    char secret_only[64];
+    snprintf(secret_only, sizeof secret_only, "Cluster %s", SECRET);
+    cr_expect_not(td_cluster_node_authorized(c, secret_only, "10.0.0.2", node, &e),
+                  "the shared secret alone");
+    cr_expect_str_eq(e.code, "node_credential");
+    snprintf(auth, sizeof auth, "Node n2:%s", cred);
+    cr_expect_not(td_cluster_node_authorized(c, auth, "10.0.0.2", node, &e), "another's name");
+    cr_expect_not(td_cluster_node_authorized(c, "Node n1:0000", "10.0.0.2", node, &e), "wrong");
+    /* a heartbeat speaks for its own node only */
+    char hb[256];
+    snprintf(hb, sizeof hb, "{\"name\":\"n1\",\"node_id\":\"aaaaaaaa01\"}");
+    td_buf_free(&out);
+    cr_expect_neq(td_cluster_heartbeat(c, "n2", hb, strlen(hb), 1, &out, &e), 0);
+    cr_expect_eq(e.status, 403);
+    /* registering again: the old credential is no longer the node's */
+    char old[65];
+    snprintf(old, sizeof old, "%s", cred);
+    json_decref(o);
+    td_buf_free(&out);
+    cr_assert_eq(td_cluster_register(c, b, strlen(b), 1, "10.0.0.2", &out, &e), 0);
+    snprintf(auth, sizeof auth, "Node n1:%s", old);
+    cr_expect_not(td_cluster_node_authorized(c, auth, "10.0.0.2", node, &e), "a stale one");
+    td_buf_free(&out);
+    td_cluster_close(c);
+}
+
+/* What a rogue agent says of itself is checked: a unicast address it can be reached at,
+ * printable strings. */
+Test(cluster, an_agents_address_and_strings_are_checked) {
+    td_cluster *c = open_master(SECRET);
+    td_reply_error e;
+    td_buf out = {0};
+    static const char *const BAD[] = {"0.0.0.0", "255.255.255.255", "224.0.0.1", "127.0.0.1"};
+    for (size_t i = 0; i < sizeof BAD / sizeof *BAD; i++) {
+        char b[512];
+        snprintf(b, sizeof b,
+                 "{\"protocol\":%d,\"name\":\"n%zu\",\"node_id\":\"aaaaaaaa0%zu\","
+                 "\"address\":\"%s\",\"slots\":1,\"version\":\"9.9\"}",
+                 TD_CLUSTER_PROTOCOL, i, i, BAD[i]);
+        cr_expect_neq(td_cluster_register(c, b, strlen(b), 0, "10.0.0.9", &out, &e), 0, "%s",
+                      BAD[i]);
+        cr_expect_str_eq(e.field, "address", "%s", BAD[i]);
+    }
+    char b[512];
+    snprintf(b, sizeof b,
+             "{\"protocol\":%d,\"name\":\"lo\",\"node_id\":\"aaaaaaaa09\","
+             "\"address\":\"127.0.0.2\",\"slots\":1,\"version\":\"9.9\"}",
+             TD_CLUSTER_PROTOCOL);
+    cr_expect_eq(td_cluster_register(c, b, strlen(b), 0, "127.0.0.1", &out, &e), 0,
+                 "loopback from loopback (one host): %s", e.message);
+    td_buf_free(&out);
+    snprintf(b, sizeof b,
+             "{\"protocol\":%d,\"name\":\"v\",\"node_id\":\"aaaaaaaa10\","
+             "\"address\":\"10.0.0.5\",\"slots\":1,\"version\":\"9.9\\u001b[2J\"}",
+             TD_CLUSTER_PROTOCOL);
+    cr_expect_neq(td_cluster_register(c, b, strlen(b), 0, "10.0.0.5", &out, &e), 0);
+    cr_expect_str_eq(e.field, "version");
+    td_buf_free(&out);
+    td_cluster_close(c);
 }
