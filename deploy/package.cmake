@@ -2,7 +2,7 @@
 #   traind       the programs (portable: kernels chosen at run time, no -march=native), the
 #                dashboard, the systemd unit, /etc/traind/traind.json, man pages, the API
 #                description and the examples; Depends computed from the shared libraries
-#                (dpkg-shlibdeps) plus the chart library's package and adduser
+#                (dpkg-shlibdeps) plus the chart library's package
 #   traind-cuda  the CUDA backend (libtraind_gpu.so), so CPU-only nodes install no CUDA
 # Install components name what goes where: traind, cuda.
 include(GNUInstallDirs)
@@ -80,7 +80,7 @@ set(CPACK_DEBIAN_PACKAGE_RELEASE "")
 # the traind package
 set(CPACK_DEBIAN_TRAIND_PACKAGE_NAME traind)
 set(CPACK_DEBIAN_TRAIND_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_TRAIND_PACKAGE_DEPENDS "adduser, libjs-dygraphs")
+set(CPACK_DEBIAN_TRAIND_PACKAGE_DEPENDS "libjs-dygraphs")
 set(CPACK_DEBIAN_TRAIND_PACKAGE_SUGGESTS "traind-cuda, python3-torch")
 # (CPack indents the lines after the first itself; each under 80 columns)
 set(CPACK_COMPONENT_TRAIND_DESCRIPTION "distributed deep-learning training service

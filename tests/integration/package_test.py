@@ -73,7 +73,7 @@ class PackageTest(daemon_test.DaemonTest):
         depends = self.field(deb, "Depends")
         for lib in ("libc6", "libjansson4", "libmicrohttpd12", "libsqlite3-0", "libsystemd0",
                     "libprotobuf-c1", "libisal2", "libcurl4", "libarchive13", "libopenblas0",
-                    "libjs-dygraphs", "adduser"):
+                    "libjs-dygraphs"):
             self.assertIn(lib, depends, f"Depends: {depends}")
         control = os.path.join(self.out, "control")
         run(["dpkg-deb", "-e", deb, control])
@@ -118,9 +118,21 @@ class PackageTest(daemon_test.DaemonTest):
         job, _ = d.submit(daemon_test.train_spec("from-the-package", max_steps=10,
                                                  checkpoint=False))
         self.assertEqual(d.follow(job["id"])[-1].data["state"], "succeeded")
+        if os.geteuid() == 0:  # as the unit runs it: the job under a uid of its own
+            ident = d.get_ok(f"/v1/jobs/{job['id']}")["identity"]
+            self.assertIsNotNone(ident, "a root daemon gives its job an identity of its own")
+            self.assertTrue(1879048192 <= ident["uid"] < 1879113727, ident)
 
     def test_d_the_packaged_unit_verifies(self):
         unit_dir = os.path.join(self.root, "lib/systemd/system")
+        with open(os.path.join(unit_dir, "traind.service")) as f:
+            unit = f.read()
+        # isolation by default: root with a few capabilities (jobs get uids of their own) and a
+        # delegated cgroup (each attempt in its own)
+        self.assertNotRegex(unit, r"(?m)^User=", "the daemon gives jobs identities: it is root")
+        self.assertRegex(unit, r"(?m)^Delegate=yes$")
+        self.assertRegex(unit, r"(?m)^CapabilityBoundingSet=.*CAP_SETUID")
+        self.assertRegex(unit, r"(?m)^NoNewPrivileges=yes$")
         check = os.path.join(SOURCE, "deploy/systemd/check-units.sh")
         print(run(["sh", check, unit_dir]), file=sys.stderr)
 
