@@ -197,10 +197,13 @@ static bool upload_checkpoints(td_agent *a) {
         td_err err = {{0}};
         int rc = td_ckpt_list(&f, path, &list, &n, &err);
         bool single = rc == 0 && n == 1 && strcmp(list[0].name, base) == 0;
-        if (rc != 0) /* gone, or not the job's own: announced without files (registers nothing) */
+        if (rc != 0) { /* gone, or not the job's own: announced without files (registers
+                        * nothing), never tried again: a job could hold its lines for ever */
             td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job),
                       "job %ld: its checkpoint %s is not sent to the master: %s", job, path,
                       err.msg);
+            rc = -3;
+        }
         for (int i = 0; rc == 0 && i < n; i++) {
             char rel[4400];
             snprintf(rel, sizeof rel, "checkpoints/%s%s%s", base, single ? "" : "/",
