@@ -59,15 +59,18 @@ static json_t *url_json(long job, long step, const char *name) {
 
 /* The listing's pages: checkpoints in step order, `limit` of them from `offset` (a Link header
  * names the next page), each with at most MAX_LISTED of its files (its archive and its files'
- * own URLs serve all of them): a job that registered many checkpoints of many files makes
- * neither a reply of hundreds of megabytes nor a request that walks them all. */
-enum { PAGE_DEFAULT = 100, PAGE_MAX = 1000, MAX_LISTED = 1000 };
+ * own URLs serve all of them); once the page has walked PAGE_FILES files, its later
+ * checkpoints are listed without their files (file_count null, files_truncated): a
+ * job that registered many checkpoints of many files makes neither a reply of hundreds of
+ * megabytes nor a request that walks them all. */
+enum { PAGE_DEFAULT = 100, PAGE_MAX = 1000, MAX_LISTED = 1000, PAGE_FILES = 2000 };
 
 typedef struct ckpt_ctx {
     long job;
     json_t *list;
     td_job_files files; /* whose they are, and how to reach them (td_jobfs.h) */
     long offset, limit, seen;
+    int files_left; /* of the page's PAGE_FILES: the rest of its checkpoints list none */
 } ckpt_ctx;
 
 /* One checkpoint as the API shows it: its files as they are on disk now (checkpoint.keep may
@@ -77,11 +80,21 @@ static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
     long at = ctx->seen++;
     if (at < ctx->offset || at >= ctx->offset + ctx->limit) return; /* another page's */
     td_ckpt_file *files = NULL;
-    int n = 0;
+    int n = 0, listed = 0;
     td_err err = {{0}};
-    bool on_disk = td_ckpt_list(&ctx->files, c->path, &files, &n, &err) == 0;
+    bool on_disk, walked = ctx->files_left > 0;
+    if (walked) {
+        on_disk = td_ckpt_list(&ctx->files, c->path, &files, &n, &err) == 0;
+        listed = n < MAX_LISTED ? n : MAX_LISTED;
+        if (listed > ctx->files_left) listed = ctx->files_left;
+        ctx->files_left -= n; /* what the walk cost */
+    } else {                  /* past the page's budget: whether it is there, not what it holds */
+        int fd = td_jobfs_open_path(&ctx->files.who, ctx->files.dir, c->path, O_RDONLY, &err);
+        on_disk = fd >= 0;
+        if (fd >= 0) close(fd);
+    }
     json_t *list = json_array(), *model = json_null();
-    for (int i = 0; i < n && i < MAX_LISTED; i++) {
+    for (int i = 0; i < listed; i++) {
         json_array_append_new(list, json_pack("{s:s, s:I, s:o}", "name", files[i].name, "size",
                                               (json_int_t)files[i].size, "url",
                                               url_json(ctx->job, c->step, files[i].name)));
@@ -100,14 +113,16 @@ static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
     json_t *o = json_pack("{s:I, s:I, s:s, s:b, s:o, s:o, s:s, s:i, s:b}", "step",
                           (json_int_t)c->step, "size", (json_int_t)c->size, "created_at", when,
                           "on_disk", on_disk, "files", list, "url", model, "archive_url", archive,
-                          "file_count", n, "files_truncated", n > MAX_LISTED);
+                          "file_count", n, "files_truncated", !walked || n > listed);
+    if (o && !walked) json_object_set_new(o, "file_count", json_null());
     if (o) json_array_append_new(ctx->list, o);
 }
 
 /* GET .../checkpoints (step < 0: a page of them) or .../checkpoints/{step}. */
 static enum MHD_Result listing(td_api *api, struct MHD_Connection *c, long id, long step) {
     td_reply_error e;
-    ckpt_ctx ctx = {.job = id, .list = json_array(), .limit = PAGE_DEFAULT};
+    ckpt_ctx ctx = {
+        .job = id, .list = json_array(), .limit = PAGE_DEFAULT, .files_left = PAGE_FILES};
     bool bad = false;
     td_api_query_long(c, "limit", 1, PAGE_MAX, &ctx.limit, &bad);
     td_api_query_long(c, "offset", 0, LONG_MAX / 4, &ctx.offset, &bad);
@@ -116,7 +131,7 @@ static enum MHD_Result listing(td_api *api, struct MHD_Connection *c, long id, l
         return td_api_fail(c, 400, "bad_request", NULL,
                            "limit: expected 1 to 1000; offset: expected a non-negative integer");
     }
-    if (step >= 0) ctx.offset = 0, ctx.limit = 1;
+    if (step >= 0) ctx.offset = 0, ctx.limit = 1, ctx.files_left = MAX_LISTED;
     if (td_jobs_files_of(api->jobs, id, &ctx.files, &e) != 0 ||
         td_jobs_checkpoints(api->jobs, id, step, checkpoint_json, &ctx, &e) != 0) {
         json_decref(ctx.list);

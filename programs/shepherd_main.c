@@ -699,7 +699,8 @@ int main(int argc, char **argv) {
      * logs rotate there (td_appender.h) */
     static char capped[256];
     snprintf(capped, sizeof capped,
-             "{\"event\": \"output_capped\", \"reason\": \"rank 0's metric lines reached "
+             "{\"event\": \"" TD_EVENT_OUTPUT_CAPPED
+             "\", \"reason\": \"rank 0's metric lines reached "
              "max_log_bytes (%lld bytes): the rest are in its log only\"}\n",
              h.s.max_log_bytes);
     if (h.s.output[0]) td_appender_limit(&h.out, h.s.max_log_bytes, false, capped);

@@ -14,10 +14,14 @@
 #include <unistd.h>
 
 #define MAX_DEPTH 8 /* a checkpoint's own subdirectories, not a file system */
+/* Entries of any kind a walk looks at, per file max_checkpoint_files allows: room for a
+ * directory per file and some, not for a million links that are no files at all. */
+#define ENTRIES_PER_FILE 4
 
 typedef struct file_list {
     td_ckpt_file *v;
     int n, cap, max;
+    long seen; /* entries of any kind: links and directories cost a walk as much as files */
     uid_t owner;
 } file_list;
 
@@ -44,6 +48,13 @@ static int walk(int fd, const char *prefix, int depth, file_list *l, td_err *err
     struct dirent *e;
     while (rc == 0 && (e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (l->max > 0 && ++l->seen > (long)ENTRIES_PER_FILE * l->max) {
+            rc = td_fail(err,
+                         "more than %ld entries (files, directories, links), the limit of one "
+                         "checkpoint (%d times max_checkpoint_files)",
+                         (long)ENTRIES_PER_FILE * l->max, ENTRIES_PER_FILE);
+            break;
+        }
         struct stat st;
         if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue; /* gone */
         char name[PATH_MAX];

@@ -55,8 +55,9 @@ static bool uploaded(td_jobs *j, const job *jb, json_t *files) {
  * names its target: resolved with the job's own rights, td_jobfs.h). Registered with its total
  * size, under that real path, when it exists and holds only the job's own files, at most
  * max_checkpoint_files of them (td_ckpt.h); one refused is said in the log. */
-static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *size) {
+static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *size, int *walked) {
     td_job_files f;
+    *walked = 0;
     td_jobs_files_for(j, jb->row.id, jb->row.uid, &f);
     char real[PATH_MAX];
     td_err err = {{0}};
@@ -72,35 +73,36 @@ static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *si
     if (td_ckpt_list(&f, path, &files, &n, &err) != 0) {
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
                   "job %ld: checkpoint %s not registered: %s", jb->row.id, path, err.msg);
+        *walked = f.max_files; /* as many as it may have walked before it gave up */
         return false;
     }
+    *walked = n;
     *size = 0;
     for (int i = 0; i < n; i++) *size += files[i].size;
     td_ckpt_files_free(files, n);
     return true;
 }
 
-/* Whether a metric line of jb's may be stored now (max_events_per_s: a token bucket of ten
- * seconds' worth); one refused is counted, never silently lost. */
-static bool admit(td_jobs *j, job *jb) {
+/* (one refused is counted by the caller, never silently lost) */
+bool td_jobs_rate_admit(td_jobs *j, td_rate_bucket *b) {
     double rate = j->cfg.max_events_per_s;
     if (rate <= 0) return true;
     double now = td_clock_now(), burst = 10 * rate;
-    if (jb->event_tokens_at <= 0) jb->event_tokens = burst; /* its first line */
-    jb->event_tokens += (now - jb->event_tokens_at) * rate;
-    if (jb->event_tokens > burst) jb->event_tokens = burst;
-    jb->event_tokens_at = now;
-    if (jb->event_tokens < 1) return false;
-    jb->event_tokens -= 1;
+    if (b->at <= 0) b->tokens = burst; /* its first line */
+    b->tokens += (now - b->at) * rate;
+    if (b->tokens > burst) b->tokens = burst;
+    b->at = now;
+    if (b->tokens < 1) return false;
+    b->tokens -= 1;
     return true;
 }
 
 void td_jobs_say_dropped(td_jobs *j, job *jb) {
     if (jb->dropped_unsaid <= 0) return;
-    char why[160];
+    char why[200];
     snprintf(why, sizeof why,
-             "over max_events_per_s (%g per second, in bursts of %g): the lines are in rank 0's "
-             "log",
+             "over max_events_per_s (%g per second, in bursts of %g), or more than a node "
+             "holds for its master: the lines are in rank 0's log",
              j->cfg.max_events_per_s, 10 * j->cfg.max_events_per_s);
     json_t *d = json_pack("{s:s, s:I, s:I, s:I, s:s}", "event", TD_JOBS_EVENT_DROPPED, "step",
                           (json_int_t)jb->last_step, "lines", (json_int_t)jb->dropped_unsaid,
@@ -108,6 +110,11 @@ void td_jobs_say_dropped(td_jobs *j, job *jb) {
     jb->dropped_unsaid = 0;
     td_jobs_emit(j, jb, TD_JOBS_EVENT_DROPPED, d, NULL, jb->last_step, false, NULL, 0);
     json_decref(d);
+}
+
+bool td_jobs_event_is_daemons(const char *type) {
+    return !strcmp(type, TD_JOBS_EVENT_STATE) || !strcmp(type, TD_JOBS_EVENT_RESTART) ||
+           !strcmp(type, TD_JOBS_EVENT_PLACEMENT) || !strcmp(type, TD_JOBS_EVENT_DROPPED);
 }
 
 /* A line of rank 0's stdout: a JSON object with a string "event" is an event, and a metric
@@ -118,7 +125,7 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
     json_t *o = json_loadb(line, n, 0, &jerr);
     const char *type = o ? json_string_value(json_object_get(o, "event")) : NULL;
     if (!o || !json_is_object(o) || !type || !*type || strlen(type) > 64 ||
-        strpbrk(type, "\r\n:")) {
+        strpbrk(type, "\r\n:") || td_jobs_event_is_daemons(type)) {
         json_decref(o);
         return false;
     }
@@ -133,9 +140,17 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
         json_object_set_new(o, "step", json_integer(step));
         changed = true;
     }
-    /* a flood of metric lines is cut to max_events_per_s (never a checkpoint or the end) */
-    bool capped = strcmp(type, TD_EVENT_CHECKPOINT) != 0 && strcmp(type, TD_EVENT_DONE) != 0;
-    if (capped && !admit(j, jb)) {
+    /* a flood of metric lines is cut to max_events_per_s, and so is one of checkpoint lines,
+     * on a bucket of their own: a chatty job's metrics never cost it a checkpoint (the end is
+     * never cut) */
+    bool is_checkpoint = strcmp(type, TD_EVENT_CHECKPOINT) == 0;
+    td_rate_bucket *bucket = is_checkpoint ? &jb->checkpoint_rate : &jb->metric_rate;
+    /* the shepherd's last line when the output file is full: said, once an attempt (a job can
+     * print the same, but not past the buckets more often than that) */
+    bool capped_line =
+        strcmp(type, TD_EVENT_OUTPUT_CAPPED) == 0 && jb->capped_taken < jb->n_attempts;
+    if (capped_line) jb->capped_taken++;
+    if (strcmp(type, TD_EVENT_DONE) != 0 && !capped_line && !td_jobs_rate_admit(j, bucket)) {
         jb->events_dropped++;
         jb->dropped_unsaid++;
         td_jobs_stale(jb);
@@ -171,7 +186,17 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
             snprintf(full, sizeof full, "%s", path);
             path = full;
         }
-        if (checkpoint_size(j, jb, full, &size)) {
+        int walked = 0;
+        bool registered = checkpoint_size(j, jb, full, &size, &walked);
+        /* the walk's cost: a hundred files are a line's worth (never below -burst, so a job
+         * is held back, not locked out) */
+        if (j->cfg.max_events_per_s > 0) {
+            td_rate_bucket *b = &jb->checkpoint_rate;
+            b->tokens -= walked / 100.0;
+            if (b->tokens < -10 * j->cfg.max_events_per_s)
+                b->tokens = -10 * j->cfg.max_events_per_s;
+        }
+        if (registered) {
             path = full;
             ckpt = path;
             json_object_set_new(o, "path", json_string(path));

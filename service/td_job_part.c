@@ -29,7 +29,10 @@ enum {
     REPORT_LOG = 64 * 1024, /* bytes of one rank's log per message at most */
     /* bytes of lines and logs in one message, all parts together: well under the API's smallest
      * body limit; the rest goes in the next message, sent at once */
-    REPORT_BUDGET = 384 * 1024
+    REPORT_BUDGET = 384 * 1024,
+    /* rank 0's lines a node holds for its master at most (bytes): minutes of any real job's
+     * metrics; a flood beyond it waits in no memory */
+    GUEST_BACKLOG_BYTES = 16 * 1024 * 1024
 };
 
 static guest *find_guest(td_jobs *j, long job_id, int attempt) {
@@ -67,29 +70,40 @@ void td_jobs_guests_free(td_jobs *j) {
  * for its files to be uploaded first (td_agent.c), so the master registers only what it has. */
 static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
     /* (rank 0's log has it already: the shepherd writes every line there) */
+    json_t *o = json_loadb(line, n, 0, NULL);
+    const char *ev = json_string_value(json_object_get(o, "event"));
+    const char *path = json_string_value(json_object_get(o, "path"));
+    bool checkpoint = ev && strcmp(ev, TD_EVENT_CHECKPOINT) == 0;
+    bool done = ev && strcmp(ev, TD_EVENT_DONE) == 0;
+    /* held here until the master has it: bounded as the master bounds what it stores, and in
+     * bytes, so a job printing faster than the master takes its lines cannot fill this node's
+     * memory (the master is told how many were dropped) */
+    bool keep = done || (g->backlog_bytes + (long long)n <= GUEST_BACKLOG_BYTES &&
+                         td_jobs_rate_admit(j, checkpoint ? &g->checkpoint_rate : &g->metric_rate));
+    long seq = g->next_seq++;
+    if (!keep) {
+        json_decref(o);
+        return;
+    }
     if (g->n_lines == g->cap_lines) {
         g->cap_lines = g->cap_lines ? 2 * g->cap_lines : 64;
         g->lines = td_realloc(g->lines, (size_t)g->cap_lines * sizeof *g->lines);
     }
     struct guest_line *l = &g->lines[g->n_lines++];
-    *l = (struct guest_line){0};
+    *l = (struct guest_line){.seq = seq};
     l->text = td_malloc(n + 1);
     memcpy(l->text, line, n);
     l->text[n] = 0;
-    if (!j->cluster) { /* an agent: are there files to send? */
-        json_t *o = json_loadb(line, n, 0, NULL);
-        const char *ev = json_string_value(json_object_get(o, "event"));
-        const char *path = json_string_value(json_object_get(o, "path"));
-        if (ev && path && strcmp(ev, TD_EVENT_CHECKPOINT) == 0) {
-            char full[2 * PATH_MAX], cwd[PATH_MAX];
-            td_identity who = td_jobs_identity_of(j, g->job, g->uid);
-            td_jobs_cwd_of(&who, g->dir, cwd, sizeof cwd);
-            snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd,
-                     path[0] == '/' ? "" : "/", path);
-            l->ckpt = td_str_dup(full);
-        }
-        json_decref(o);
+    g->backlog_bytes += (long long)n;
+    if (!j->cluster && checkpoint && path) { /* an agent: its files go up first */
+        char full[2 * PATH_MAX], cwd[PATH_MAX];
+        td_identity who = td_jobs_identity_of(j, g->job, g->uid);
+        td_jobs_cwd_of(&who, g->dir, cwd, sizeof cwd);
+        snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd, path[0] == '/' ? "" : "/",
+                 path);
+        l->ckpt = td_str_dup(full);
     }
+    json_decref(o);
 }
 
 typedef struct guest_ctx {
@@ -410,8 +424,9 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
         int drop = 0;
         /* (a checkpoint line is acknowledged only after its upload, or when a restarted daemon
          * read it again: the master has it either way) */
-        while (drop < g->n_lines && g->first_seq + drop < acked) drop++;
+        while (drop < g->n_lines && g->lines[drop].seq < acked) drop++;
         for (int i = 0; i < drop; i++) {
+            g->backlog_bytes -= (long long)strlen(g->lines[i].text);
             free(g->lines[i].text);
             free(g->lines[i].ckpt);
             json_decref(g->lines[i].files);
@@ -419,7 +434,6 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
         if (drop > 0) /* lines is NULL before the first line */
             memmove(g->lines, g->lines + drop, (size_t)(g->n_lines - drop) * sizeof *g->lines);
         g->n_lines -= drop;
-        g->first_seq += drop;
         json_t *logs = json_object_get(o, "acked_logs");
         for (int r = 0; r < g->procs && json_is_array(logs); r++) {
             json_t *v = json_array_get(logs, (size_t)r);
@@ -703,10 +717,9 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
             size_t size = strlen(l->text) + 64;
             if (remote && size > budget && k > 0) break;
             budget = size > budget ? 0 : budget - size;
-            json_t *e =
-                json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text", l->text);
+            json_t *e = json_pack("{s:I, s:s}", "seq", (json_int_t)l->seq, "text", l->text);
             if (!e)
-                e = json_pack("{s:I, s:s}", "seq", (json_int_t)(g->first_seq + k), "text",
+                e = json_pack("{s:I, s:s}", "seq", (json_int_t)l->seq, "text",
                               "(a line that is not UTF-8)");
             if (l->files) json_object_set(e, "files", l->files);
             json_array_append_new(lines, e);
@@ -727,12 +740,12 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
                          : NULL;
         for (int p = 0; per && per[p]; p++) json_array_append_new(each, json_string(per[p]));
         td_strv_free(per);
-        json_t *e = json_pack("{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s, s:o}", "job",
-                              (json_int_t)g->job, "attempt", g->attempt, "state",
-                              g->running ? "running" : "ended", "exit_code", g->exit_code, "reason",
-                              g->reason, "lines", lines, "logs", logs, "next_seq",
-                              (json_int_t)(g->first_seq + g->n_lines), "complete", whole, "devices",
-                              devices, "process_devices", each);
+        json_t *e =
+            json_pack("{s:I, s:i, s:s, s:i, s:s, s:o, s:o, s:I, s:b, s:s, s:o}", "job",
+                      (json_int_t)g->job, "attempt", g->attempt, "state",
+                      g->running ? "running" : "ended", "exit_code", g->exit_code, "reason",
+                      g->reason, "lines", lines, "logs", logs, "next_seq", (json_int_t)g->next_seq,
+                      "complete", whole, "devices", devices, "process_devices", each);
         TD_ASSERT(e, "json_pack of a part's report failed");
         if (g->sh.failed) {
             /* as soon as the shepherd says so, with when it happened: the master tells the
@@ -765,7 +778,7 @@ bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *se
                 free(g->lines[k].ckpt);
                 g->lines[k].ckpt = NULL;
             } else if (g->lines[k].ckpt) {
-                *job_id = g->job, *attempt = g->attempt, *seq = g->first_seq + k;
+                *job_id = g->job, *attempt = g->attempt, *seq = g->lines[k].seq;
                 snprintf(path, len, "%s", g->lines[k].ckpt);
                 td_jobs_files_for(j, g->job, g->uid, files);
                 found = true;
@@ -778,8 +791,9 @@ bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *se
 void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files) {
     td_jobs_lock(j);
     guest *g = find_guest(j, job_id, attempt);
-    long k = g ? seq - g->first_seq : -1;
-    if (g && k >= 0 && k < g->n_lines) {
+    int k = 0;
+    while (g && k < g->n_lines && g->lines[k].seq != seq) k++;
+    if (g && k < g->n_lines) {
         free(g->lines[k].ckpt);
         g->lines[k].ckpt = NULL;
         json_decref(g->lines[k].files);

@@ -427,6 +427,14 @@ static void part_failed(td_jobs *j, job *jb, part *p, int code, const char *reas
     jb->parts_stopping = true;
 }
 
+/* Rank 0's lines its node dropped (a gap in their numbers): over max_events_per_s there, or more
+ * than it holds for its master (td_job_part.c); counted as the master counts its own. */
+static void lines_dropped(job *jb, long n) {
+    jb->events_dropped += n;
+    jb->dropped_unsaid += n;
+    td_jobs_stale(jb);
+}
+
 static void apply_report(td_jobs *j, const char *node, json_t *e) {
     long id = (long)json_integer_value(json_object_get(e, "job"));
     int attempt = (int)json_integer_value(json_object_get(e, "attempt"));
@@ -460,13 +468,14 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
     json_array_foreach(p->node_rank == 0 ? json_object_get(e, "lines") : NULL, i, c) {
         long seq = (long)json_integer_value(json_object_get(c, "seq"));
         const char *text = json_string_value(json_object_get(c, "text"));
-        if (seq != jb->lines_in || !text) continue; /* seen already, or after a gap */
+        if (seq < jb->lines_in || !text) continue; /* seen already */
+        if (seq > jb->lines_in) lines_dropped(jb, seq - jb->lines_in);
         size_t n = strlen(text);
         char *line = td_malloc(n + 1);
         memcpy(line, text, n + 1);
         td_jobs_line_apply(j, jb, line, n, !p->local, json_object_get(c, "files"));
         free(line);
-        jb->lines_in++;
+        jb->lines_in = seq + 1;
     }
     json_t *failure = json_object_get(e, "failure");
     double failed_at = json_number_value(json_object_get(failure, "at"));
@@ -480,9 +489,11 @@ static void apply_report(td_jobs *j, const char *node, json_t *e) {
                             ? json_string_value(json_object_get(e, "state"))
                             : "",
                         "ended") == 0;
-    if (!ended || !json_is_true(json_object_get(e, "complete")) || !logs_whole ||
-        (p->node_rank == 0 && next != jb->lines_in))
-        return;
+    if (!ended || !json_is_true(json_object_get(e, "complete")) || !logs_whole) return;
+    if (p->node_rank == 0 && next > jb->lines_in) { /* its last lines dropped there */
+        lines_dropped(jb, next - jb->lines_in);
+        jb->lines_in = next;
+    }
     p->state = PART_ENDED;
     td_jobs_stale(jb);
     p->exit_code = (int)json_integer_value(json_object_get(e, "exit_code"));

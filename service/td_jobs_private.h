@@ -38,6 +38,11 @@ enum { TD_JOBS_RECENT = 256, TD_JOBS_STREAM_CVS = 64 };
 extern const char *const td_jobs_state_names[N_STATES];
 
 /* An event the database could not take yet (a full disk): kept, in order, and stored again. */
+/* A token bucket (max_events_per_s): `tokens` left as of `at` (0: never used, starts full). */
+typedef struct td_rate_bucket {
+    double tokens, at;
+} td_rate_bucket;
+
 typedef struct pending_event {
     long seq, step;
     char *type, *text, *ckpt_path;
@@ -54,9 +59,12 @@ typedef struct job {
     long stored_seq;
     bool store_failing; /* said in the log once per outage */
     bool batching;      /* its reader stores what it emits once its burst is read */
-    /* max_events_per_s: a token bucket of its metric lines; what it refuses is counted, and
-     * said in a "dropped" event before the next line it takes (or at the attempt's end) */
-    double event_tokens, event_tokens_at;
+    /* max_events_per_s: a token bucket of its metric lines, and one of its checkpoint lines
+     * (each of which costs a walk of the checkpoint: charged one per line and one per hundred
+     * files walked); what they refuse is counted, and said in a "dropped" event before the next
+     * line taken (or at the attempt's end) */
+    td_rate_bucket metric_rate, checkpoint_rate;
+    int capped_taken;         /* output_capped lines taken past the buckets: one an attempt */
     long long events_dropped; /* in all */
     long dropped_unsaid;      /* since the last "dropped" event */
     bool out_behind;          /* its output has more than one turn reads: read on at once */
@@ -171,14 +179,22 @@ typedef struct guest {
     int out_fd;         /* rank 0's output file (node rank 0 only); -1: not open */
     long long out_read; /* its bytes read so far */
     td_buf line;
-    /* rank 0's lines not yet acknowledged by the master: seq first_seq + i */
+    /* rank 0's lines not yet acknowledged by the master, in order; a line's seq is its place
+     * among the lines of the output file (from 0), so a line dropped here leaves a gap that the
+     * master counts as dropped, and a daemon that reads the file again after a restart numbers
+     * every line as before */
     struct guest_line {
+        long seq;
         char *text;
         char *ckpt;    /* a checkpoint line's path until its files are uploaded; else NULL */
         json_t *files; /* the uploaded files' manifest */
     } * lines;
     int n_lines, cap_lines;
-    long first_seq;
+    long next_seq; /* the next line's */
+    /* what this node holds of them is bounded: lines over max_events_per_s (as the master's
+     * td_job_output.c cuts them) or beyond GUEST_BACKLOG_BYTES are dropped here */
+    td_rate_bucket metric_rate, checkpoint_rate;
+    long long backlog_bytes;
     long long *log_start, *log_sent; /* [procs] per process it started */
 } guest;
 
@@ -382,6 +398,11 @@ bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until);
 typedef bool (*td_jobs_line_fn)(void *ctx, char *line, size_t n, long long end);
 bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, long long budget,
                        td_buf *line, td_jobs_line_fn fn, void *ctx);
+/* Whether events of this type are the daemon's own (state, restart, placement, dropped): a job
+ * printing one has it in its log, never in its events, where clients would believe it. */
+bool td_jobs_event_is_daemons(const char *type);
+/* Whether a line may be taken now from bucket b (max_events_per_s, bursts of ten seconds'). */
+bool td_jobs_rate_admit(td_jobs *j, td_rate_bucket *b);
 /* A "dropped" event for the metric lines max_events_per_s refused since the last one. */
 void td_jobs_say_dropped(td_jobs *j, job *jb);
 /* Opens path for td_jobs_read_file (-1 and a log line when it cannot). */

@@ -27,6 +27,10 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+/* The event of the output file's last line once it reached max_log_bytes (the shepherd writes
+ * it; the daemon takes it past max_events_per_s, once an attempt). */
+#define TD_EVENT_OUTPUT_CAPPED "output_capped"
+
 typedef struct td_shepherd {
     char base[PATH_MAX - 16];
     int fd;             /* the connection; -1: none (not made, or it ended) */

@@ -77,6 +77,8 @@ BOMB_REGISTRATIONS = 60
 SMALL_REGISTRATIONS = 200
 MID_FILES = 5000  # over the 1000 files a listing shows, under max_checkpoint_files
 MID_STEP = 1000
+CKPT_LINES = 100000  # checkpoint lines at once, each naming the same directory of
+CKPT_DIR_FILES = 1000  # this many files
 RSS_LIMIT = 300 * 1024 * 1024
 FIFO_REQUESTS = 20
 FIFO_ANSWER_S = 5.0
@@ -318,6 +320,65 @@ class SecurityFloodTest(daemon_test.DaemonTest):
         self.assertEqual([c["step"] for c in listed], [FLOOD_LINES])
         self.assert_healthy(d, "the flood")
 
+    # -- finding 6: checkpoint lines, and events only the daemon may make
+
+    def test_checkpoint_line_flood_and_forged_events(self):
+        """A flood of checkpoint lines naming a 1000-file directory is cut as metric lines are
+        (a bucket of its own, each walk charged by its files), and lines a job prints as the
+        daemon's own events (state, dropped, placement, restart) never become events."""
+        d = self.daemon("--slots", "1")
+        code = ("import json, os\n"
+                "def out(data):\n"
+                "    view = memoryview(data)\n"
+                "    while view:\n"
+                "        view = view[os.write(1, view):]\n"
+                "os.makedirs('ck')\n"
+                f"for i in range({CKPT_DIR_FILES}):\n"
+                "    with open(f'ck/f{i:05d}', 'wb') as f:\n"
+                "        f.write(b'w')\n"
+                "out(''.join(json.dumps({'event': 'state', 'state': s}) + '\\n'\n"
+                "            for s in ('succeeded', 'failed', 'cancelled')).encode())\n"
+                "out((json.dumps({'event': 'dropped', 'lines': 10 ** 12}) + '\\n').encode())\n"
+                "out((json.dumps({'event': 'placement', 'nodes': []}) + '\\n').encode())\n"
+                "out((json.dumps({'event': 'restart', 'attempt': 7}) + '\\n').encode())\n"
+                f"N = {CKPT_LINES}\n"
+                "for start in range(0, N, 1000):\n"
+                "    out(''.join(json.dumps({'event': 'checkpoint', 'step': i, 'path': 'ck'})\n"
+                "                + '\\n' for i in range(start, start + 1000)).encode())\n"
+                "out(b'{\"event\": \"train\", \"step\": 1, \"loss\": 0.5}\\n')\n")
+        jid = self.submit_command(d, "ckpt-flood", code)
+        probe = self.probe(d, [f"/v1/jobs/{jid}", f"/v1/jobs/{jid}/checkpoints", "/v1/jobs"],
+                           jobs=[jid])
+        self.wait_settled(probe, "the checkpoint line flood")
+        self.assert_latency(probe, f"{CKPT_LINES} checkpoint lines of {CKPT_DIR_FILES} files")
+
+        events = d.follow(jid)
+        job = self.assert_final(d, jid, events, "succeeded")
+        ckpts = [e.data for e in events if e.event == "checkpoint"]
+        dropped = job["events_dropped"]
+        self.assertGreater(dropped, 0, "checkpoint lines over max_events_per_s are dropped")
+        self.assertLess(dropped, 10 ** 12, "a job's own 'dropped' line counts for nothing")
+        self.assertEqual(len(ckpts) + dropped, CKPT_LINES,
+                         f"{len(ckpts)} stored + {dropped} dropped checkpoint lines")
+        self.assertLess(len(ckpts), CKPT_LINES // 10,
+                        "each walk of 1000 files costs ten lines' worth of the bucket")
+        self.assertEqual(job["checkpoints"], len(ckpts), "every stored one was registered")
+        self.assertEqual([e.data.get("step") for e in events if e.event == "train"], [1],
+                         "the metric line after the flood has a bucket of its own")
+        # the daemon's own events: only the daemon's
+        states = [e.data.get("state") for e in events if e.event == "state"]
+        self.assertEqual(states.count("succeeded"), 1, f"state events {states}")
+        self.assertNotIn("failed", states)
+        self.assertNotIn("cancelled", states)
+        self.assertFalse([e for e in events if e.event in ("placement", "restart")],
+                         "a job prints no placement or restart event")
+        marks = [e.data for e in events if e.event == "dropped"]
+        self.assertEqual(sum(m.get("lines", 0) for m in marks), dropped, marks[:5])
+        status, _, body = d.request("GET", f"/v1/jobs/{jid}/logs?rank=0")
+        self.assertEqual(status, 200)
+        self.assertIn(b'"lines": 1000000000000', body, "the forged line is in the log")
+        self.assert_healthy(d, "the checkpoint line flood")
+
     # -- finding 6: text, and the log cap
 
     def test_text_flood_log_capped(self):
@@ -333,6 +394,27 @@ class SecurityFloodTest(daemon_test.DaemonTest):
                 "    out(block)\n"
                 "out(b'{\"event\": \"train\", \"step\": 1, \"loss\": 0.5}\\n')\n")
         jid = self.submit_command(d, "text", code)
+        # a follower of the log from the start: it goes on past each rotation, to the end
+        followed = {"bytes": 0, "tail": b"", "error": None}
+
+        def follow_log():
+            try:
+                conn = d.connect(WINDOW_S)
+                conn.request("GET", f"/v1/jobs/{jid}/logs?rank=0&follow=1",
+                             headers=d._headers(True, None, False))
+                resp = conn.getresponse()
+                while True:
+                    chunk = resp.read1(1 << 16)
+                    if not chunk:
+                        break
+                    followed["bytes"] += len(chunk)
+                    followed["tail"] = (followed["tail"] + chunk)[-4096:]
+                conn.close()
+            except Exception as e:  # noqa: BLE001 (said by the assertion below)
+                followed["error"] = repr(e)
+
+        follower = threading.Thread(target=follow_log, daemon=True)
+        follower.start()
         job_dir = os.path.join(d.state_dir, "jobs", str(jid))
         log = os.path.join(job_dir, "rank-0.log")
         largest = [0]
@@ -351,6 +433,12 @@ class SecurityFloodTest(daemon_test.DaemonTest):
         job = self.assert_final(d, jid, d.follow(jid), "succeeded")
         self.assertEqual((job["latest"]["train"] or {}).get("step"), 1,
                          "the metric line after the text still arrives")
+        follower.join(WINDOW_S)
+        self.assertFalse(follower.is_alive(), "the followed log ends with the job")
+        self.assertIsNone(followed["error"])
+        self.assertGreater(followed["bytes"], LOG_CAP, "the follower read past a rotation")
+        self.assertIn(b'{"event": "train", "step": 1', followed["tail"],
+                      "the follower saw the last line, written after the rotations")
         self.assertLessEqual(largest[0], 2 * LOG_CAP,
                              f"rank-0.log grew to {largest[0]} bytes, cap {LOG_CAP}")
         logs = sorted(os.path.basename(p) for p in os.listdir(job_dir)
@@ -559,8 +647,7 @@ class SecurityFloodTest(daemon_test.DaemonTest):
                       + "\n".join(f"{n} x {p}" for p, n in counted.items()))
 
 
-NAMES = ["test_event_flood", "test_text_flood_log_capped", "test_checkpoint_bomb",
-         "test_fifo_in_checkpoint"]
+NAMES = sorted(n for n in dir(SecurityFloodTest) if n.startswith("test_"))
 
 
 def main():
