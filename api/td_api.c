@@ -590,16 +590,37 @@ bool td_api_raw_path_ok(const char *raw, const char **why) {
 
 enum { OPEN_BODY_MAX = 64 * 1024 }; /* what a request without a user's token may send */
 
+bool td_api_path_refused(struct MHD_Connection *c, const char *raw, enum MHD_Result *answer) {
+    const char *why;
+    if (td_api_raw_path_ok(raw, &why)) return false;
+    td_reply_error e;
+    td_reply_fail(&e, 400, "bad_request", NULL,
+                  "the path holds %s: no route has one (paths are plain segments)", why);
+    *answer = td_api_error(c, &e, NULL);
+    return true;
+}
+
+/* A registration's secret or a heartbeat's node credential, on the headers: a stranger's body
+ * is never read (the handler checks again, and reads who the node is). */
+static bool cluster_admit(td_api *api, struct MHD_Connection *c, const route *r,
+                          enum MHD_Result *answer) {
+    bool reg = r->handler == cluster_register;
+    if ((!reg && r->handler != cluster_heartbeat) || !api->cfg.cluster) return true;
+    td_reply_error e;
+    char peer[64], from[64];
+    td_api_peer(c, peer, sizeof peer);
+    const char *auth =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (reg ? td_cluster_authorized(api->cfg.cluster, auth, peer, &e)
+            : td_cluster_node_authorized(api->cfg.cluster, auth, peer, from, &e))
+        return true;
+    *answer = td_api_error(c, &e, NULL);
+    return false;
+}
+
 bool td_api_admit(td_api *api, struct MHD_Connection *c, const char *url, const char *method,
                   td_api_request *rq, enum MHD_Result *answer) {
-    const char *why;
-    if (!td_api_raw_path_ok(rq->raw_url ? rq->raw_url : url, &why)) {
-        td_reply_error e;
-        td_reply_fail(&e, 400, "bad_request", NULL,
-                      "the path holds %s: no route has one (paths are plain segments)", why);
-        *answer = td_api_error(c, &e, NULL);
-        return false;
-    }
+    if (td_api_path_refused(c, rq->raw_url ? rq->raw_url : url, answer)) return false;
     bool read = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     rq->max_body = atomic_load(&api->max_body);
     if (read && (strcmp(url, "/") == 0 || strncmp(url, "/ui", 3) == 0)) {
@@ -612,7 +633,7 @@ bool td_api_admit(td_api *api, struct MHD_Connection *c, const char *url, const 
     if (label) rq->route = label;
     if (r && r->open) { /* health, openapi, sign-in, the cluster's own (checked there) */
         if (r->handler == session) rq->max_body = OPEN_BODY_MAX;
-        return true;
+        return cluster_admit(api, c, r, answer);
     }
     /* a user's token, before a byte of the body is read: a stranger's body is never kept */
     int known = authenticate(api, c, method, rq);

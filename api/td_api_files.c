@@ -1,6 +1,8 @@
 /* PUT and GET /v1/cluster/files/{job}/{path}: a job's files moving between its master and the
  * nodes that run it (a checkpoint rank 0 wrote on an agent goes up; the one a restarted part
- * resumes from comes down). The cluster secret authorizes both, not a user token.
+ * resumes from comes down). A node's own credential (given at its registration) authorizes
+ * both, not a user token, and only for a job with a part on that node, under its checkpoints/
+ * (td_jobs_file_path).
  *
  * An upload is streamed to a temporary file beside its place while its SHA-256 is computed, and
  * renamed into place only when the digest equals the ?sha256= the node sent: a file cut short or

@@ -80,6 +80,8 @@ enum MHD_Result td_api_route(td_api *api, struct MHD_Connection *c, const char *
 /* Whether a path as a client sent it has no NUL, no encoded '/', no control character (raw or
  * encoded); *why says which when not. Apart, to be fuzzed (tests/fuzz/fuzz_http_path.c). */
 bool td_api_raw_path_ok(const char *raw, const char **why);
+/* Whether the path as sent is refused (td_api_raw_path_ok): then the 400 is in answer. */
+bool td_api_path_refused(struct MHD_Connection *c, const char *raw, enum MHD_Result *answer);
 
 struct td_api {
     td_api_config cfg;

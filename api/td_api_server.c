@@ -47,14 +47,15 @@ static enum MHD_Result first_call(td_api *api, struct MHD_Connection *c, const c
      * carrying no decision of anyone's (GET /v1/nodes shows what they say) */
     rq->audit = strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 &&
                 strcmp(url, "/v1/cluster/heartbeat") != 0;
+    enum MHD_Result answer = MHD_YES;
     if (td_api_is_file_upload(url, method)) {
+        if (td_api_path_refused(c, rq->raw_url ? rq->raw_url : url, &answer)) return answer;
         rq->route = "/v1/cluster/files/{path}";
         rq->upload = td_calloc(1, sizeof *rq->upload);
         td_api_upload_begin(api, c, url, rq->upload);
         /* a node that may not send it: answered before its bytes are read */
         return rq->upload->error.status ? td_api_upload_end(c, rq->upload) : MHD_YES;
     }
-    enum MHD_Result answer = MHD_YES;
     if (!td_api_admit(api, c, url, method, rq, &answer)) return answer;
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);

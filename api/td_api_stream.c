@@ -120,15 +120,33 @@ typedef struct follower {
     td_jobs *jobs;
     long id;
     int fd;
+    char path[PATH_MAX]; /* the log's name: a new file there once it rotated (max_log_bytes) */
+    uint64_t base;       /* the stream's position where fd's file begins */
     bool ended_seen; /* the job had ended at the last empty read: one more read, then stop */
 } follower;
+
+/* Whether the log was rotated (its name is another file now, and fd's is read to its end):
+ * the follower goes on with the new one. The log is the daemon's, in a directory the job
+ * cannot change (td_job_identity.c), so the name is not the job's to plant. */
+static bool rotated(follower *f, uint64_t pos) {
+    struct stat now, old;
+    if (stat(f->path, &now) != 0 || fstat(f->fd, &old) != 0) return false;
+    if (now.st_ino == old.st_ino && now.st_dev == old.st_dev) return false;
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return false;
+    close(f->fd);
+    f->fd = fd;
+    f->base = pos;
+    return true;
+}
 
 static ssize_t read_log(void *cls, uint64_t pos, char *buf, size_t max) {
     follower *f = cls;
     for (;;) {
-        ssize_t n = pread(f->fd, buf, max, (off_t)pos);
+        ssize_t n = pread(f->fd, buf, max, (off_t)(pos - f->base));
         if (n > 0) return n;
         if (n < 0 && errno != EINTR) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (n == 0 && rotated(f, pos)) continue;
         if (f->ended_seen) return MHD_CONTENT_READER_END_OF_STREAM;
         long last;
         bool ended;
@@ -162,7 +180,8 @@ enum MHD_Result td_api_logs(td_api *api, struct MHD_Connection *c, long id) {
     struct MHD_Response *r;
     if (follow) {
         follower *f = td_calloc(1, sizeof *f);
-        *f = (follower){api->jobs, id, fd, false};
+        *f = (follower){.jobs = api->jobs, .id = id, .fd = fd};
+        snprintf(f->path, sizeof f->path, "%s", path);
         r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, read_log, f, free_follower);
         if (!r) free_follower(f);
     } else {

@@ -337,15 +337,15 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
     int code = g->exit_code;
     if (g->failed && code == 0) code = -1;
     char reason[1024], own[320];
-    if (placed && g->failed) {
+    if (jb->over_quota) { /* its processes stopped, or one killed by SIGXFSZ: the cause */
+        snprintf(reason, sizeof reason, "%s", jb->quota_reason);
+    } else if (placed && g->failed) {
         snprintf(reason, sizeof reason, "%s", jb->parts_reason);
     } else if (g->failed) {
         worker_message(jb, g->failed_rank, own, sizeof own);
         snprintf(reason, sizeof reason, "%.500s%s%s", g->reason, own[0] ? ": " : "", own);
     } else if (jb->cancel_requested) {
         snprintf(reason, sizeof reason, "cancelled by request");
-    } else if (jb->over_quota) {
-        snprintf(reason, sizeof reason, "%s", jb->quota_reason);
     } else if (jb->timed_out) {
         snprintf(reason, sizeof reason,
                  "stopped at its time limit of %g s (resources.time_limit_s)",

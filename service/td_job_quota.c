@@ -105,7 +105,10 @@ void *td_jobs_quota_keeper(void *arg) {
         for (int i = 0; i < n; i++) {
             if (m[i].bytes < 0) continue;
             job *jb = m[i].attempt < 0 ? td_jobs_find(j, m[i].job) : NULL;
-            if (jb) jb->disk_used = m[i].bytes;
+            if (jb && jb->disk_used != m[i].bytes) {
+                jb->disk_used = m[i].bytes;
+                td_jobs_stale(jb); /* its JSON shows it */
+            }
             if (m[i].bytes > m[i].max || m[i].entries > QUOTA_MAX_ENTRIES) over(j, &m[i]);
         }
         free(m);
