@@ -1,57 +1,16 @@
 /* The master's node registry (td_cluster.h): joins, heartbeats, losses, the node listing. */
-#include "service/td_cluster.h"
+#include "service/td_cluster_private.h"
 
 #include "core/td_clock.h"
 #include "core/td_json.h"
 #include "service/td_log.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/random.h>
-
-enum { MAX_NODES = 4096, NAME_LEN = 64 };
-
-typedef struct node {
-    char name[64], node_id[65], address[64], version[33];
-    char credential[65]; /* given at its registration: its heartbeats and transfers carry it */
-    int slots, slots_used, gpus;
-    td_node_gpu gpu[TD_GPUS_MAX]; /* the first gpus */
-    bool lost;
-    double last_seen;  /* monotonic: what the timeout counts from */
-    double last_wall;  /* the same moment on the wall clock, for the listing */
-    double lost_since; /* monotonic */
-} node;
-
-struct td_cluster {
-    td_cluster_config cfg;
-    char name[64], address[64], version[32], secret[256];
-    td_node_gpu gpu[TD_GPUS_MAX]; /* the master's own (cfg.gpu is the caller's) */
-    bool has_secret;
-    pthread_mutex_t mu;
-    pthread_cond_t wake; /* on a monotonic clock */
-    node *nodes;
-    int n, cap;
-    char (*drained)[NAME_LEN]; /* names, whether the node is registered now or not */
-    int n_drained;
-    pthread_mutex_t drain_mu; /* one drain at a time (taken before mu) */
-    void (*on_master_drain)(void *ctx, bool drained);
-    void *drain_ctx;
-    struct {
-        char peer[64];
-        double at;
-    } refused[16]; /* the last refusal logged per peer: at most one line each 10 s */
-    pthread_t sweeper;
-    bool started, stopping;
-    /* the jobs' side (td_cluster_on_jobs); called without mu */
-    td_cluster_sync_fn on_sync;
-    td_cluster_lost_fn on_lost;
-    void *jobs_ctx;
-};
 
 static int drained_index(const td_cluster *c, const char *name) {
     for (int i = 0; i < c->n_drained; i++)
@@ -142,110 +101,7 @@ void td_cluster_close(td_cluster *c) {
     free(c);
 }
 
-/* ---- authentication ------------------------------------------------------------------------- */
-
-/* Whether to log a refusal of peer now: at most once per peer each 10 s, so that anyone who can
- * reach the port cannot flood the log without the secret. */
-static bool log_refusal(td_cluster *c, const char *peer) {
-    double now = td_clock_now();
-    pthread_mutex_lock(&c->mu);
-    int slot = 0;
-    for (int i = 0; i < 16; i++) {
-        if (strcmp(c->refused[i].peer, peer) == 0) {
-            slot = i;
-            break;
-        }
-        if (c->refused[i].at < c->refused[slot].at) slot = i; /* else the oldest */
-    }
-    bool log = strcmp(c->refused[slot].peer, peer) != 0 || now - c->refused[slot].at >= 10;
-    if (log)
-        snprintf(c->refused[slot].peer, sizeof c->refused[slot].peer, "%s", peer),
-            c->refused[slot].at = now;
-    pthread_mutex_unlock(&c->mu);
-    return log;
-}
-
-/* a and b equal, in constant time in a's length */
-static bool same_secret(const char *a, const char *b) {
-    size_t n = strlen(a), m = strlen(b);
-    unsigned char diff = (unsigned char)(n != m);
-    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(a[i] ^ (i < m ? b[i] : 0));
-    return diff == 0;
-}
-
-bool td_cluster_authorized(td_cluster *c, const char *authorization, const char *peer,
-                           td_reply_error *e) {
-    if (!c->has_secret) {
-        td_reply_fail(e, 403, "cluster_closed", NULL,
-                      "this traind accepts no agents: start the master with "
-                      "--cluster-secret-file FILE (the same file on every node)");
-        if (log_refusal(c, peer))
-            td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
-                      "refused an agent from %s: this master has no cluster secret", peer);
-        return false;
-    }
-    const char *given = "";
-    if (authorization && strncasecmp(authorization, "Cluster ", 8) == 0) given = authorization + 8;
-    /* constant time in the secret's length: a wrong guess takes as long whatever it shares */
-    size_t m = strlen(given);
-    if (same_secret(c->secret, given)) return true;
-    if (log_refusal(c, peer))
-        td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE,
-                  "refused an agent from %s: %s cluster secret", peer,
-                  m == 0 ? "missing" : "wrong");
-    td_reply_fail(e, 401, "cluster_secret", NULL,
-                  "%s cluster secret: every node's --cluster-secret-file must hold the master's "
-                  "secret",
-                  m == 0 ? "missing" : "wrong");
-    return false;
-}
-
-static node *find(td_cluster *c, const char *name);
-
-bool td_cluster_node_authorized(td_cluster *c, const char *authorization, const char *peer,
-                                char *node_name, td_reply_error *e) {
-    char name[64] = "";
-    const char *given = "";
-    if (authorization && strncasecmp(authorization, "Node ", 5) == 0) {
-        const char *colon = strchr(authorization + 5, ':');
-        size_t k = colon ? (size_t)(colon - authorization - 5) : 0;
-        if (colon && k > 0 && k < sizeof name) {
-            memcpy(name, authorization + 5, k);
-            name[k] = 0;
-            given = colon + 1;
-        }
-    }
-    pthread_mutex_lock(&c->mu);
-    node *n = name[0] ? find(c, name) : NULL;
-    bool ok = n && n->credential[0] && same_secret(n->credential, given); /* (lost: a 404 then) */
-    pthread_mutex_unlock(&c->mu);
-    if (ok) {
-        snprintf(node_name, 64, "%s", name);
-        return true;
-    }
-    if (log_refusal(c, peer))
-        td_log_at(c->cfg.log, TD_LOG_WARNING, TD_LOG_NOWHERE, "refused a node's call from %s: %s",
-                  peer,
-                  !name[0] ? "no node credential" : "a wrong node credential, or an unknown node");
-    td_reply_fail(e, 401, "node_credential", NULL,
-                  "%s: heartbeats and file transfers carry the credential the node was given "
-                  "when it registered (Authorization: Node NAME:CREDENTIAL), not the shared "
-                  "secret; register again",
-                  !name[0] ? "no node credential" : "a wrong node credential, or an unknown node");
-    return false;
-}
-
 /* ---- messages ------------------------------------------------------------------------------- */
-
-bool td_cluster_name_ok(const char *s) {
-    size_t n = strlen(s);
-    if (n == 0 || n > 63) return false;
-    for (size_t i = 0; i < n; i++)
-        if (!(s[i] >= 'a' && s[i] <= 'z') && !(s[i] >= 'A' && s[i] <= 'Z') &&
-            !(s[i] >= '0' && s[i] <= '9') && s[i] != '.' && s[i] != '_' && s[i] != '-')
-            return false;
-    return true;
-}
 
 /* Reads a message's body as a JSON object; 400 in e otherwise. */
 static json_t *parse_body(const char *body, size_t len, td_reply_error *e) {
@@ -280,63 +136,11 @@ static int read_identity(json_t *o, char *name, char *id, td_reply_error *e) {
     return 0;
 }
 
-static node *find(td_cluster *c, const char *name) {
-    for (int i = 0; i < c->n; i++)
-        if (strcmp(c->nodes[i].name, name) == 0) return &c->nodes[i];
-    return NULL;
-}
-
 static void put_json(td_buf *out, json_t *o);
 
 static json_t *reply_registered(td_cluster *c) {
     return json_pack("{s:f, s:f, s:s, s:s}", "heartbeat_s", c->cfg.heartbeat_s, "timeout_s",
                      c->cfg.timeout_s, "master", c->name, "version", c->version);
-}
-
-/* Whether s is printable ASCII (what the node listing and the log show as it is). */
-static bool printable(const char *s) {
-    for (; *s; s++)
-        if (*s < 0x20 || *s > 0x7e) return false;
-    return true;
-}
-
-/* A node's advertised address: a unicast IPv4 address other nodes can reach it at (loopback
- * only from a node that is itself on loopback: a test, one host). -1 with 400 in e. */
-static int address_ok(const char *address, const char *peer, td_reply_error *e) {
-    struct in_addr a, p;
-    if (inet_pton(AF_INET, address, &a) != 1)
-        return td_reply_fail(e, 400, "bad_request", "address",
-                             "address \"%s\": expected the IPv4 address other nodes reach this "
-                             "one at",
-                             address);
-    unsigned long ip = ntohl(a.s_addr);
-    bool peer_loopback = inet_pton(AF_INET, peer, &p) == 1 && (ntohl(p.s_addr) >> 24) == 127;
-    const char *why = ip == 0                               ? "the unspecified address"
-                      : ip == 0xffffffffUL                  ? "the broadcast address"
-                      : (ip >> 28) == 0xe                   ? "a multicast address"
-                      : (ip >> 24) == 127 && !peer_loopback ? "a loopback address"
-                                                            : NULL;
-    if (!why) return 0;
-    return td_reply_fail(e, 400, "bad_request", "address",
-                         "address \"%s\" is %s: a node advertises a unicast address the other "
-                         "nodes reach it at (--advertise)",
-                         address, why);
-}
-
-/* What a node says of itself, beyond its address: printable, so that the listing and the log
- * show it as it is. */
-static int strings_ok(const node *n, td_reply_error *e) {
-    if (!printable(n->version))
-        return td_reply_fail(e, 400, "bad_request", "version",
-                             "version: expected printable ASCII (a traind version)");
-    for (int i = 0; i < n->gpus; i++)
-        if (!printable(n->gpu[i].name)) {
-            char field[32];
-            snprintf(field, sizeof field, "gpus[%d].name", i);
-            return td_reply_fail(e, 400, "bad_request", field,
-                                 "%s: expected printable ASCII (a GPU's name)", field);
-        }
-    return 0;
 }
 
 /* After a register or heartbeat is accepted: the jobs read the node's report (the parts it runs,
@@ -389,8 +193,8 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
                       sizeof n.version - 1);
         goto done;
     }
-    if (read_identity(o, n.name, n.node_id, e) != 0 || address_ok(n.address, peer, e) != 0 ||
-        strings_ok(&n, e) != 0)
+    if (read_identity(o, n.name, n.node_id, e) != 0 ||
+        td_cluster_address_ok(n.address, peer, e) != 0 || td_cluster_strings_ok(&n, e) != 0)
         goto done;
     unsigned char raw[32];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
@@ -408,7 +212,7 @@ int td_cluster_register(td_cluster *c, const char *body, size_t len, double now,
     }
     n.last_seen = now, n.last_wall = td_clock_wall();
     pthread_mutex_lock(&c->mu);
-    node *old = find(c, n.name);
+    node *old = td_cluster_find(c, n.name);
     if (strcmp(n.name, c->name) == 0 || (old && !old->lost && strcmp(old->node_id, n.node_id))) {
         const char *where = old ? old->address : c->address;
         td_reply_fail(e, 409, "duplicate_node", "name",
@@ -479,7 +283,7 @@ int td_cluster_heartbeat(td_cluster *c, const char *from, const char *body, size
         goto done;
     }
     pthread_mutex_lock(&c->mu);
-    node *n = find(c, name);
+    node *n = td_cluster_find(c, name);
     if (!n || strcmp(n->node_id, id) != 0 || n->lost) {
         td_reply_fail(e, 404, "unknown_node", NULL, "node %s is not registered%s: register again",
                       name, n && n->lost ? " (the master marked it lost)" : "");
@@ -632,7 +436,7 @@ bool td_cluster_drained(td_cluster *c, const char *name) {
 
 /* Whether name is a node (the master or one that joined). Under c->mu. */
 static bool known(td_cluster *c, const char *name) {
-    return td_cluster_is_master(c, name) || find(c, name) != NULL;
+    return td_cluster_is_master(c, name) || td_cluster_find(c, name) != NULL;
 }
 
 int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, int master_used,
@@ -665,7 +469,8 @@ int td_cluster_drain(td_cluster *c, const char *name, bool drain, double now, in
             td_log_at(c->cfg.log, TD_LOG_INFO, TD_LOG_NODE(name), "node %s %s", name,
                       drain ? "drained: no new jobs start there; running ones go on" : "undrained");
         }
-        node self_node = master_node(c, now, master_used), *n = self ? &self_node : find(c, name);
+        node self_node = master_node(c, now, master_used),
+             *n = self ? &self_node : td_cluster_find(c, name);
         json_t *o = n ? node_json(n, self ? "master" : "agent", drain, now, NULL) : NULL;
         pthread_mutex_unlock(&c->mu);
         /* the master's queue follows under drain_mu, so the two never disagree; not under mu:
