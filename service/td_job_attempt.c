@@ -109,6 +109,22 @@ json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt
 }
 
 /* Starts the job's next attempt on slots already reserved: its shepherd starts the processes. */
+/* Where a one-node attempt runs, as a placement across nodes shows it: which GPUs each of its n
+ * processes has (devices: their CUDA_VISIBLE_DEVICES). */
+static void set_local_placement(td_jobs *j, job *jb, char **devices, int n, int master_port) {
+    td_buf all = {0}, each = {0};
+    for (int i = 0; jb->devices && i < td_jobs_slots(jb); i++)
+        td_buf_printf(&all, "%s%d", i ? "," : "", td_jobs_gpu_id(j, jb->devices[i]));
+    for (int r = 0; devices && r < n; r++) td_buf_printf(&each, "%s%s", r ? ";" : "", devices[r]);
+    json_t *node = td_jobs_placement_node(jb, j->node_name, "127.0.0.1", 0,
+                                          all.data ? all.data : "", each.data ? each.data : "");
+    json_decref(jb->last_placement);
+    jb->last_placement = json_pack("{s:[o], s:s, s:i}", "nodes", node, "master_addr", "127.0.0.1",
+                                   "master_port", master_port);
+    td_buf_free(&all);
+    td_buf_free(&each);
+}
+
 void td_jobs_start_attempt(td_jobs *j, job *jb) {
     int n = td_jobs_procs(jb);
     td_db_attempt *a = td_jobs_new_attempt(jb);
@@ -186,20 +202,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     if (td_db_update_job(j->db, &jb->row, &err) != 0) ok = 0; /* out_offset 0 */
     char base[PATH_MAX - 16];
     td_shepherd_base(base, sizeof base, jb->dir, a->attempt, 0);
-    if (ok) { /* where it runs, as a placement across nodes shows it: which GPUs each process has */
-        td_buf all = {0}, each = {0};
-        for (int i = 0; jb->devices && i < td_jobs_slots(jb); i++)
-            td_buf_printf(&all, "%s%d", i ? "," : "", td_jobs_gpu_id(j, jb->devices[i]));
-        for (int r = 0; devices && r < n; r++)
-            td_buf_printf(&each, "%s%s", r ? ";" : "", devices[r]);
-        json_t *node = td_jobs_placement_node(jb, j->node_name, "127.0.0.1", 0,
-                                              all.data ? all.data : "", each.data ? each.data : "");
-        json_decref(jb->last_placement);
-        jb->last_placement = json_pack("{s:[o], s:s, s:i}", "nodes", node, "master_addr",
-                                       "127.0.0.1", "master_port", cfg.master_port);
-        td_buf_free(&all);
-        td_buf_free(&each);
-    }
+    if (ok) set_local_placement(j, jb, devices, n, cfg.master_port);
     if (ok) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, a->attempt, logs, devices, td_jobs_deadline(jb));

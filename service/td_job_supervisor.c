@@ -24,6 +24,31 @@ static void reap(void) {
     }
 }
 
+/* A local job's stop, when one is due (a cancel, its quota, its time limit, the daemon stopping
+ * its jobs), and its end once its shepherd has gone. */
+static void stop_if_due(td_jobs *j, job *jb) {
+    double limit = td_jobs_deadline(jb);
+    if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_clock_wall() >= limit) {
+        jb->timed_out = true;
+        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                  "job %ld reached its time limit of %g s: stopping it", jb->row.id,
+                  jb->row.time_limit_s);
+    }
+    char quota_stop[sizeof jb->quota_reason + 16];
+    snprintf(quota_stop, sizeof quota_stop, TD_JOBS_STOP_QUOTA "%s", jb->quota_reason);
+    if (jb->cancel_requested && !jb->sh.stop_sent)
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
+                         TD_JOBS_STOP_CANCEL "cancelled by request");
+    else if (jb->over_quota && !jb->sh.stop_sent)
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, quota_stop);
+    else if (jb->timed_out && !jb->sh.stop_sent)
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
+                         TD_JOBS_STOP_TIME_LIMIT "the job reached its time limit");
+    else if (j->stopping_jobs && !jb->sh.stop_sent) /* connected again meanwhile */
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
+    if (jb->sh.fd < 0) td_jobs_shepherd_gone(j, jb);
+}
+
 void *td_jobs_supervise(void *arg) {
     td_jobs *j = arg;
     pthread_mutex_lock(&j->mu);
@@ -124,27 +149,7 @@ void *td_jobs_supervise(void *arg) {
         td_jobs_cgroups_tidy(j);
         for (int i = 0; i < j->n_live; i++) {
             job *jb = j->live[i];
-            if (!jb->active || jb->parts || jb->left) continue;
-            double limit = td_jobs_deadline(jb);
-            if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_clock_wall() >= limit) {
-                jb->timed_out = true;
-                td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
-                          "job %ld reached its time limit of %g s: stopping it", jb->row.id,
-                          jb->row.time_limit_s);
-            }
-            char quota_stop[sizeof jb->quota_reason + 16];
-            snprintf(quota_stop, sizeof quota_stop, TD_JOBS_STOP_QUOTA "%s", jb->quota_reason);
-            if (jb->cancel_requested && !jb->sh.stop_sent)
-                td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
-                                 TD_JOBS_STOP_CANCEL "cancelled by request");
-            else if (jb->over_quota && !jb->sh.stop_sent)
-                td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, quota_stop);
-            else if (jb->timed_out && !jb->sh.stop_sent)
-                td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
-                                 TD_JOBS_STOP_TIME_LIMIT "the job reached its time limit");
-            else if (j->stopping_jobs && !jb->sh.stop_sent) /* connected again meanwhile */
-                td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
-            if (jb->sh.fd < 0) td_jobs_shepherd_gone(j, jb);
+            if (jb->active && !jb->parts && !jb->left) stop_if_due(j, jb);
         }
     }
     pthread_mutex_unlock(&j->mu);
