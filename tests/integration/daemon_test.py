@@ -671,8 +671,19 @@ class DaemonTest(unittest.TestCase):
         return d
 
     def _failed(self):
+        """Whether the test has failed so far, also from a cleanup: since Python 3.11 the
+        outcome's `success` is reset for each cleanup, while the result already holds the
+        failure."""
         outcome = getattr(self, "_outcome", None)
-        return outcome is not None and not getattr(outcome, "success", True)
+        if outcome is None:
+            return False
+        result = getattr(outcome, "result", None)
+        if result is not None and any(t is self for t, _ in
+                                      list(result.failures) + list(result.errors)):
+            return True
+        if any(exc for _, exc in getattr(outcome, "errors", ())):  # before 3.11
+            return True
+        return not getattr(outcome, "success", True)
 
     def _stop_daemon(self, d):
         if d.proc is None:

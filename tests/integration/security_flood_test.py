@@ -207,27 +207,12 @@ class SecurityFloodTest(daemon_test.DaemonTest):
         return d
 
     def _kill_if_failed(self, d):
-        if not self._has_failed():
+        if not self._failed():
             return
         print(f"\n[security_flood_test] {self.id()} failed; traind {d.pid}'s stderr:\n"
               f"{d.stderr_tail(30)}", file=sys.stderr)
         if d.alive():
             d.kill()
-
-    def _has_failed(self):
-        """Whether the test has failed so far, also from a cleanup: since Python 3.11 the
-        outcome's `success` is reset for each cleanup, while the result already holds the
-        failure."""
-        outcome = getattr(self, "_outcome", None)
-        if outcome is None:
-            return False
-        result = getattr(outcome, "result", None)
-        if result is not None and any(t is self for t, _ in
-                                      list(result.failures) + list(result.errors)):
-            return True
-        if any(exc for _, exc in getattr(outcome, "errors", ())):  # before 3.11
-            return True
-        return not getattr(outcome, "success", True)
 
     def probe(self, d, paths, jobs=(), sample=None):
         p = LatencyProbe(d, paths, jobs, sample)
