@@ -122,7 +122,7 @@ typedef struct follower {
     int fd;
     char path[PATH_MAX]; /* the log's name: a new file there once it rotated (max_log_bytes) */
     uint64_t base;       /* the stream's position where fd's file begins */
-    bool ended_seen; /* the job had ended at the last empty read: one more read, then stop */
+    bool ended_seen;     /* the job had ended at the last empty read: one more read, then stop */
 } follower;
 
 /* Whether the log was rotated (its name is another file now, and fd's is read to its end):
