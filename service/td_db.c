@@ -1,11 +1,13 @@
 #include "service/td_db.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 
 struct td_db {
@@ -100,6 +102,21 @@ static int migrate(td_db *db, const char *path, td_err *err) {
     return 0;
 }
 
+/* Whether the last failure was a full disk: SQLite says so, or says "disk I/O error" (a journal
+ * it could not create) while the directory's filesystem has no free block left. */
+static bool full_disk(td_db *db, const char *path) {
+    int code = sqlite3_extended_errcode(db->db) & 0xff;
+    if (code == SQLITE_FULL) return true;
+    if (code != SQLITE_IOERR) return false;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    struct statvfs st;
+    return statvfs(slash ? (dir[0] ? dir : "/") : ".", &st) == 0 &&
+           (st.f_bavail == 0 || st.f_bfree == 0);
+}
+
 int td_db_open(td_db **out, const char *path, td_err *err) {
     td_db *db = td_calloc(1, sizeof *db);
     pthread_mutex_init(&db->mu, NULL);
@@ -113,8 +130,14 @@ int td_db_open(td_db **out, const char *path, td_err *err) {
     sqlite3_busy_timeout(db->db, 5000);
     char *msg = NULL;
     if (sqlite3_exec(db->db, SCHEMA, NULL, NULL, &msg) != SQLITE_OK) {
-        td_fail(err, "state database %s: %s (is it another program's file?)", path,
-                msg ? msg : "?");
+        if (full_disk(db, path))
+            td_fail(err,
+                    "state database %s: the filesystem it is on is full (%s): free space there, "
+                    "then start traind again",
+                    path, msg ? msg : "?");
+        else
+            td_fail(err, "state database %s: %s (is it another program's file?)", path,
+                    msg ? msg : "?");
         sqlite3_free(msg);
         td_db_close(db);
         return -1;

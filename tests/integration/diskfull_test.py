@@ -10,6 +10,8 @@ unmounted at the end, also on failure) is filled with a file while it works.
   once there is room (they wait in the shepherd).
 - A checkpoint save: the job fails with the worker's words (the path, "No space left on
   device"), and the checkpoints saved before stay listed, whole and downloadable.
+- A start on a full disk: traind exits saying the filesystem is full (not "disk I/O error"),
+  and starts as before once there is room.
 
     /usr/bin/python3 tests/integration/diskfull_test.py TRAIND SOURCE_DIR   (as root)"""
 import hashlib
@@ -212,6 +214,25 @@ class DiskFullTest(daemon_test.DaemonTest):
                 if "sha256" in f:
                     self.assertEqual(hashlib.sha256(body).hexdigest(), f["sha256"], f["url"])
 
+    def test_start_on_a_full_disk_says_so(self):
+        state = self.small_state_dir()
+        d = self.start_daemon("--slots", "1", state_dir=state)
+        job, _ = d.submit({"name": "before", "command": ["true"]})
+        self.assert_final(d, job["id"], d.follow(job["id"]), "succeeded")
+        self.assertEqual(d.stop(), [], "nothing outlived the first daemon")
+        filler = self.fill(state)
+        try:
+            run = subprocess.run([daemon_test.TRAIND, "--config", "", "--state-dir", state,
+                                  "--listen", "127.0.0.1:0"], capture_output=True, text=True,
+                                 timeout=60, stdin=subprocess.DEVNULL)
+        finally:
+            os.unlink(filler)
+        self.assertNotEqual(run.returncode, 0, run.stderr)
+        self.assertRegex(run.stderr, r"filesystem it is on is full", run.stderr)
+        self.assertNotIn("another program's file", run.stderr)
+        again = self.start_daemon("--slots", "1", state_dir=state)  # with room, as before
+        self.assertEqual(again.get_ok(f"/v1/jobs/{job['id']}")["state"], "succeeded")
+
 
 def main():
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
@@ -221,7 +242,8 @@ def main():
         sys.exit(77)
     names = sys.argv[3:] or ["test_database_full_refuses_then_recovers",
                              "test_events_wait_for_space", "test_logs_wait_for_space",
-                             "test_checkpoint_save_fails_cleanly"]
+                             "test_checkpoint_save_fails_cleanly",
+                             "test_start_on_a_full_disk_says_so"]
     suite = unittest.TestSuite([DiskFullTest(n) for n in names])
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
