@@ -221,10 +221,10 @@ function jobPage(id) {
 
   function onEvent(name, d) {
     if (typeof d.step === "number") lastStep = d.step;
-    if (name === "train") {
+    if (name === "train") { // (a job prints what it likes: only numbers are plotted)
       const latest = document.getElementById("latest-step");
       if (latest) latest.textContent = d.step;
-      charts.loss.data.push([d.step, d.loss, null]);
+      if (typeof d.loss === "number") charts.loss.data.push([d.step, d.loss, null]);
       if (typeof d.lr === "number") charts.lr.data.push([d.step, d.lr]);
       if (typeof d.samples_per_s === "number") charts.sps.data.push([d.step, d.samples_per_s]);
     } else if (name === "eval") {

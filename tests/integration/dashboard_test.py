@@ -4,7 +4,8 @@ through python3-selenium) against a real traind: sign-in with the token (a wrong
 a job submitted from the Submit page whose charts grow while it runs and end with as many points
 as the metrics API has, rank 0's log in the log viewer, a job cancelled from its page, and the
 session's protections (no cookie: 401; a change without the CSRF token, or with a forged one:
-403; signing out ends the session; a Content-Security-Policy without inline script). Screenshots
+403; signing out ends the session; a Content-Security-Policy without inline script), and metric
+values a job chose that are not numbers (not plotted; the numbers around them are). Screenshots
 of the Jobs and Job pages go to $TRAIND_ARTIFACTS (default: a temporary directory, named in the
 output), and the page's first paint is printed.
 
@@ -141,6 +142,27 @@ class DashboardTest(daemon_test.DaemonTest):
         # the nodes page
         b.find_element(By.CSS_SELECTOR, "#nav a[data-page=nodes]").click()
         self.until(lambda: b.find_elements(By.CSS_SELECTOR, "#nodes-body tr"), "the nodes")
+
+    def test_d_metric_values_a_job_chose(self):
+        """A job prints what it likes: a loss that is a string, null, a list or an object is
+        not plotted, and the numbers around it are."""
+        b, d = self.b, self.d
+        lines = [{"event": "train", "step": 1, "loss": "abc", "lr": "x"},
+                 {"event": "train", "step": 2, "loss": 0.5, "lr": 0.1},
+                 {"event": "train", "step": 3, "loss": None},
+                 {"event": "train", "step": 4, "loss": [1], "samples_per_s": {"a": 1}},
+                 {"event": "eval", "step": 4, "val_loss": "y", "val_acc": [0.5]},
+                 {"event": "train", "step": 5, "loss": 0.25}]
+        code = "".join(f"print({json.dumps(json.dumps(x))}, flush=True)\n" for x in lines)
+        jid = d.json("POST", "/v1/jobs", {"name": "odd-metrics",
+                                          "command": ["/usr/bin/python3", "-c", code]})[2]["id"]
+        b.get(f"{self.url}#/job/{jid}")
+        self.sign_in(d.token)
+        self.until(lambda: self.text("job-state") == "succeeded", "the job's end")
+        self.until(lambda: self.points() == 2, "the two numeric losses plotted")
+        self.assertEqual(self.points("chart-lr"), 1)
+        self.assertEqual(self.text("latest-step"), "5")
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-odd-metrics.png"))
 
     def test_b_session_cookie_and_csrf(self):
         d = self.d
@@ -300,7 +322,8 @@ def main():
     print(f"[dashboard] screenshots in {ARTIFACTS}", file=sys.stderr)
     suite = unittest.TestSuite(DashboardTest(n) for n in
                                ("test_a_sign_in_submit_charts_logs_cancel",
-                                "test_b_session_cookie_and_csrf"))
+                                "test_b_session_cookie_and_csrf",
+                                "test_d_metric_values_a_job_chose"))
     suite.addTest(FirefoxTest("test_c_firefox"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
