@@ -229,6 +229,22 @@ class OperationsTest(daemon_test.DaemonTest):
             "keep_finished_for_s": 86400.5,
             "keep_finished_jobs": 12,
             "max_connections": 2000,
+            "job_uids": "2000000000-2000001000",
+            "job_groups": "daemon",
+            "job_memory_gb": 2.5,
+            "max_job_memory_gb": 8.0,
+            "job_pids": 1000,
+            "max_job_pids": 2000,
+            "job_disk_gb": 5.5,
+            "max_job_disk_gb": 50.0,
+            "max_checkpoint_files": 500,
+            "max_log_bytes": 5000000,
+            "max_events_per_s": 50.5,
+            "max_connections_per_ip": 64,
+            "connection_timeout_s": 12.5,
+            "max_sessions_per_token": 4,
+            "max_job_bytes_per_token": 1000000,
+            "insecure_cluster": True,
         }
 
     def test_every_option_through_the_file(self):
