@@ -450,8 +450,10 @@ if resumed_in "$k6" "$tmp/nodedisk/master9"; then ok; else bad "master kill -9: 
 
 # 7. a node that cannot fetch the checkpoint it resumes from (the master's copy was damaged on
 # its disk: its SHA-256 no longer matches what was uploaded) fails its part after the node
-# timeout, saying why, instead of waiting for ever; the job ends under its restart policy
-lenet damaged 16 938 | python3 -c '
+# timeout, saying why, instead of waiting for ever; the job ends under its restart policy.
+# The job is frozen (SIGSTOP) once it has a checkpoint, and damaged once the master holds every
+# checkpoint rank 0 wrote: none comes after the damage, and the job cannot end meanwhile.
+lenet damaged 16 3000 | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 j["checkpoint"]["every_steps"] = 400
@@ -460,15 +462,24 @@ j["restart"] = {"max_restarts": 1}
 print(json.dumps(j))' >"$tmp/damaged.json"
 k7=$(submit "$tmp/damaged.json")
 until_true 60 has_checkpoint "$k7" || bad "damaged: no checkpoint: $(api GET "/v1/jobs/$k7")"
-for f in "$tmp/state-m0/jobs/$k7"/checkpoints/step-*/model.safetensors; do printf x >>"$f"; done
-rank_pid() { # NODE-K JOB RANK
+job_pids() { # NODE-K JOB [RANK]: the job's processes in that node's namespace
     for p in $(ip netns pids "$tag-n$1"); do
         env=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null)
         case $env in *"TRAIND_JOB_ID=$2"*) ;; *) continue ;; esac
-        echo "$env" | grep -qx "RANK=$3" && echo "$p" && return
+        echo "$env" | grep -q "^RANK=" || continue # a rank, not its shepherd
+        [ -z "${3:-}" ] || echo "$env" | grep -qx "RANK=$3" && echo "$p"
     done
 }
-kill -9 "$(rank_pid 2 "$k7" 2)"
+for k in 1 2; do for p in $(job_pids "$k" "$k7"); do kill -STOP "$p"; done; done
+all_registered() { # every step-* rank 0 wrote on n1 is registered on the master
+    [ "$(field "$k7" "j['checkpoints']")" = \
+      "$(ls -d "$tmp/state-n1/jobs/$k7"/checkpoints/step-* 2>/dev/null | wc -l)" ]
+}
+until_true 30 all_registered || bad "damaged: checkpoints not all registered: $(api GET "/v1/jobs/$k7")"
+for f in "$tmp/state-m0/jobs/$k7"/checkpoints/step-*/model.safetensors; do printf x >>"$f"; done
+victim=$(job_pids 2 "$k7" 2)
+[ -n "$victim" ] || bad "damaged: rank 2 not found on n2: $(api GET "/v1/jobs/$k7")"
+kill -9 $victim
 if until_true 60 ended "$k7"; then ok; else bad "damaged: not ended: $(api GET "/v1/jobs/$k7")"; fi
 got=$(field "$k7" "j['state'] + ': ' + (j['reason'] or '')")
 case $got in "failed: could not start on node n2: its checkpoint (step "*") could not be fetched from the master for "*"its SHA-256 differs"*) ok ;;
