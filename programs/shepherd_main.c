@@ -449,6 +449,7 @@ static void lines_to(td_appender *log, td_buf *partial, const char *p, size_t n,
  * partial line is judged as it is). */
 static void metric_lines(td_appender *out, td_buf *partial, const char *p, size_t n, bool end) {
     if (n) td_buf_append(partial, p, n);
+    if (!partial->len) return; /* (nothing yet: no buffer either) */
     size_t from = 0;
     for (;;) {
         char *nl = memchr(partial->data + from, '\n', partial->len - from);

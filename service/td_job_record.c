@@ -302,7 +302,9 @@ bool td_jobs_store_pending(td_jobs *j, job *jb) {
         }
         done += n;
     }
-    memmove(jb->pending, jb->pending + done, (size_t)(jb->n_pending - done) * sizeof *jb->pending);
+    if (done > 0) /* (pending is NULL before the first event) */
+        memmove(jb->pending, jb->pending + done,
+                (size_t)(jb->n_pending - done) * sizeof *jb->pending);
     jb->n_pending -= done;
     if (jb->n_pending > 0 && !jb->store_failing)
         td_log_at(j->log, TD_LOG_ERROR, TD_LOG_JOB(jb->row.id),

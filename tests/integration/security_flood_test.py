@@ -632,12 +632,22 @@ class SecurityFloodTest(daemon_test.DaemonTest):
                       + "\n".join(f"{n} x {p}" for p, n in counted.items()))
 
 
-NAMES = sorted(n for n in dir(SecurityFloodTest) if n.startswith("test_"))
+# this file's tests, not the ones DaemonTest brings along
+NAMES = sorted(n for n in vars(SecurityFloodTest) if n.startswith("test_"))
 
 
 def main():
+    global P99_S, MAX_S, PROBE_TIMEOUT_S, RSS_LIMIT
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
     daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    with open(daemon_test.TRAIND, "rb") as f:
+        if b"__asan_init" in f.read():
+            # the sanitizers' build (build-asan) runs several times slower and keeps shadow
+            # memory: the bounds that hold the shipped daemon are loosened, not dropped (a
+            # freeze of seconds, the finding, still fails)
+            P99_S, MAX_S, PROBE_TIMEOUT_S, RSS_LIMIT = 0.5, 3.0, 6.0, 3 * RSS_LIMIT
+            print("[security_flood_test] a sanitizer build: p99 < 0.5 s, max < 3 s, "
+                  "RSS x3", file=sys.stderr)
     names = sys.argv[3:] or NAMES
     suite = unittest.TestSuite([SecurityFloodTest(n) for n in names])
     result = unittest.TextTestRunner(verbosity=2).run(suite)
