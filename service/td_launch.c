@@ -1,5 +1,5 @@
-#define _GNU_SOURCE /* prctl, sigtimedwait, environ */
-#include "service/td_launch.h"
+#define _GNU_SOURCE /* prctl, sigtimedwait, pthread_timedjoin_np */
+#include "service/td_launch_private.h"
 
 #include "dist/td_dist.h"
 #include "dist/td_store.h"
@@ -19,11 +19,10 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-extern char **environ;
 
 int td_launch_free_port(int *port, td_err *err) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -40,104 +39,6 @@ int td_launch_free_port(int *port, td_err *err) {
     close(fd);
     *port = ntohs(a.sin_port);
     return 0;
-}
-
-/* The variables a worker's environment gets from us, replacing any inherited value. */
-static const char *const OURS[] = {"RANK",
-                                   "NODE_RANK",
-                                   "LOCAL_RANK",
-                                   "WORLD_SIZE",
-                                   "LOCAL_WORLD_SIZE",
-                                   "GROUP_RANK",
-                                   "ROLE_RANK",
-                                   "ROLE_NAME",
-                                   "GROUP_WORLD_SIZE",
-                                   "ROLE_WORLD_SIZE",
-                                   "MASTER_ADDR",
-                                   "MASTER_PORT",
-                                   "TORCHELASTIC_RUN_ID",
-                                   "TORCHELASTIC_RESTART_COUNT",
-                                   "TORCHELASTIC_MAX_RESTARTS",
-                                   NULL};
-
-static bool named(const char *entry, const char *name) {
-    size_t k = strlen(name);
-    return strncmp(entry, name, k) == 0 && entry[k] == '=';
-}
-
-/* What systemd gives the daemon alone: a job's process that saw NOTIFY_SOCKET or WATCHDOG_PID
- * could speak for the service (or think a watchdog expects it to ping). */
-static const char *const THE_DAEMONS[] = {"NOTIFY_SOCKET",
-                                          "WATCHDOG_USEC",
-                                          "WATCHDOG_PID",
-                                          "LISTEN_FDS",
-                                          "LISTEN_PID",
-                                          "LISTEN_FDNAMES",
-                                          NULL};
-
-static bool overridden(const char *entry, const td_launch_config *cfg) {
-    for (int i = 0; OURS[i]; i++)
-        if (named(entry, OURS[i])) return true;
-    for (int i = 0; THE_DAEMONS[i]; i++)
-        if (named(entry, THE_DAEMONS[i])) return true;
-    if (cfg->devices && named(entry, "CUDA_VISIBLE_DEVICES")) return true;
-    for (int i = 0; cfg->extra_env && cfg->extra_env[i]; i++) {
-        const char *eq = strchr(cfg->extra_env[i], '=');
-        if (eq && strncmp(entry, cfg->extra_env[i], (size_t)(eq - cfg->extra_env[i]) + 1) == 0)
-            return true;
-    }
-    return false;
-}
-
-/* "NAME=value", allocated. */
-static char *entry(const char *name, const char *value) {
-    size_t n = strlen(name) + strlen(value) + 2;
-    char *s = td_malloc(n);
-    snprintf(s, n, "%s=%s", name, value);
-    return s;
-}
-
-static char *int_entry(const char *name, int v) {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%d", v);
-    return entry(name, buf);
-}
-
-/* Local rank r's whole environment: the inherited one without our names, then ours. */
-static char **worker_env(const td_launch_config *cfg, int r, int attempt) {
-    size_t n_env = 0, n_extra = 0;
-    while (environ[n_env]) n_env++;
-    while (cfg->extra_env && cfg->extra_env[n_extra]) n_extra++;
-    char **env = td_strv_new((int)(n_env + n_extra + 20));
-    size_t k = 0;
-    for (size_t i = 0; i < n_env; i++)
-        if (!overridden(environ[i], cfg)) env[k++] = td_str_dup(environ[i]);
-    int world = cfg->nnodes * cfg->nproc_per_node;
-    /* a launching process (launch_self) stands for the node's first rank; its processes take
-     * RANK = NODE_RANK * LOCAL_WORLD_SIZE + i, as the mp.spawn tutorials compute it */
-    if (cfg->launch_self) env[k++] = int_entry("NODE_RANK", cfg->node_rank);
-    env[k++] = int_entry("RANK", cfg->node_rank * cfg->nproc_per_node + r);
-    env[k++] = int_entry("LOCAL_RANK", r);
-    env[k++] = int_entry("WORLD_SIZE", world);
-    env[k++] = int_entry("LOCAL_WORLD_SIZE", cfg->nproc_per_node);
-    env[k++] = int_entry("GROUP_RANK", cfg->node_rank);
-    /* torchrun's role variables: one role ("default") holding every rank */
-    env[k++] = int_entry("ROLE_RANK", cfg->node_rank * cfg->nproc_per_node + r);
-    env[k++] = entry("ROLE_NAME", "default");
-    env[k++] = int_entry("GROUP_WORLD_SIZE", cfg->nnodes);
-    env[k++] = int_entry("ROLE_WORLD_SIZE", world);
-    env[k++] = entry("MASTER_ADDR", cfg->master_addr);
-    env[k++] = int_entry("MASTER_PORT", cfg->master_port);
-    env[k++] = entry("TORCHELASTIC_RUN_ID", cfg->run_id);
-    env[k++] = int_entry("TORCHELASTIC_RESTART_COUNT", attempt);
-    env[k++] = int_entry("TORCHELASTIC_MAX_RESTARTS", cfg->max_restarts);
-    if (cfg->devices) env[k++] = entry("CUDA_VISIBLE_DEVICES", cfg->devices[r]);
-    /* as torchrun: one OpenMP thread per process unless the user chose otherwise */
-    if (cfg->nproc_per_node > 1 && !getenv("OMP_NUM_THREADS"))
-        env[k++] = td_str_dup("OMP_NUM_THREADS=1");
-    for (size_t i = 0; i < n_extra; i++) env[k++] = td_str_dup(cfg->extra_env[i]);
-    env[k] = NULL;
-    return env;
 }
 
 /* execvp's PATH search, done before fork (it allocates). */
@@ -270,7 +171,9 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
     g->n = n;
     g->launch_self = cfg->launch_self;
     g->rank_base = cfg->node_rank * cfg->nproc_per_node;
-    g->failed_rank = -1;
+    g->failed_rank = g->failed_local = -1;
+    td_launch_shared shared;
+    td_launch_shared_init(cfg, &shared, g->env_note, sizeof g->env_note);
     char program[4096];
     if (resolve_program(cfg->argv[0], program, sizeof program, err) != 0) return -1;
     char **envs[n], **argvs[n];
@@ -280,7 +183,7 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
     cpu_set_t *cpus = td_calloc((size_t)n, sizeof *cpus);
     bool bind = true;
     for (int i = 0; i < n; i++) { /* made before fork: the child may not allocate */
-        envs[i] = worker_env(cfg, i, attempt);
+        envs[i] = td_launch_worker_env(cfg, &shared, i, attempt);
         argvs[i] = td_strv_new(argc + 1);
         for (int a = 0; a < argc; a++) argvs[i][a] = td_str_dup(cfg->argv[a]);
         if (rank_arg) {
@@ -363,6 +266,11 @@ bool td_group_reaped(td_group *g, pid_t pid, int status, double grace_s) {
     if (code != 0 && !g->terminating) {
         g->first_failure = code;
         g->failed_rank = g->rank_base + local;
+        g->failed_local = local;
+        g->failed_pid = pid;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        g->failed_at = (double)now.tv_sec + now.tv_nsec * 1e-9;
         if (g->launch_self && WIFSIGNALED(status))
             snprintf(g->reason, sizeof g->reason,
                      "the launching process of ranks from %d (pid %d) failed with signal %d (%s)",
@@ -543,6 +451,7 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
         td_group_free(&g);
         return -1;
     }
+    if (attempt == 0 && g.env_note[0]) fprintf(log, "[traind-run] %s\n", g.env_note);
     while (!td_group_over(&g)) {
         if (cfg->stop_signal && *cfg->stop_signal && !g.terminating) {
             fprintf(log, "[traind-run] forwarding signal %d to the workers\n",
@@ -571,8 +480,28 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
                     g.alive > 0 ? "; stopping the other workers" : "");
     }
     int code = g.first_failure;
+    if (cfg->after_attempt) cfg->after_attempt(cfg->hook_arg, attempt, &g);
     td_group_free(&g);
     return code;
+}
+
+/* The directories of each rank's error file in attempt `attempt` (td_launch_error_file), empty:
+ * a file left by an earlier run would be taken for this one's. */
+static int make_error_dirs(const td_launch_config *cfg, int attempt, td_err *err) {
+    if (!cfg->error_dir || !cfg->error_dir[0]) return 0;
+    for (int r = 0; r < cfg->nproc_per_node; r++) {
+        char file[4096];
+        td_launch_error_file(cfg, attempt, r, file, sizeof file);
+        for (char *slash = strchr(file + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+            *slash = 0;
+            if (mkdir(file, 0755) != 0 && errno != EEXIST)
+                return td_fail(err, "cannot make %s: %s", file, strerror(errno));
+            *slash = '/';
+        }
+        if (unlink(file) != 0 && errno != ENOENT)
+            return td_fail(err, "cannot remove the old %s: %s", file, strerror(errno));
+    }
+    return 0;
 }
 
 int td_launch_run(const td_launch_config *cfg, FILE *log, int *exit_code, td_err *err) {
@@ -587,6 +516,11 @@ int td_launch_run(const td_launch_config *cfg, FILE *log, int *exit_code, td_err
         if (attempt > 0)
             fprintf(log, "[traind-run] restarting the group (attempt %d of %d)\n", attempt + 1,
                     cfg->max_restarts + 1);
+        if (make_error_dirs(cfg, attempt, err) != 0 ||
+            (cfg->before_attempt && cfg->before_attempt(cfg->hook_arg, attempt, err) != 0)) {
+            rc = -1;
+            break;
+        }
         int code = run_attempt(cfg, attempt, log, &stopped, err);
         if (code < 0) {
             rc = -1;

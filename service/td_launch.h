@@ -2,8 +2,10 @@
  * traind-run and the daemon share it, so both start, stop and restart workers the same way.
  *
  * An attempt (a td_group) is nproc processes in one new process group, each with RANK,
- * LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and the
- * TORCHELASTIC_* variables, and PR_SET_PDEATHSIG so none outlives the thread that started it.
+ * LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, the
+ * TORCHELASTIC_* variables (TORCHELASTIC_ERROR_FILE with an error_dir) and, with several nodes,
+ * GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME unless the user set them (td_launch_env.c), and
+ * PR_SET_PDEATHSIG so none outlives the thread that started it.
  * When one exits non-zero (or is killed) the rest get SIGTERM, then SIGKILL after the grace
  * period. Whatever they started themselves (mp.spawn's children, a data loader's workers)
  * belongs to the group too: signals go to the whole process group, and once the last of the
@@ -21,6 +23,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <sys/types.h>
+
+struct td_group;
 
 typedef struct td_launch_config {
     int nproc_per_node, nnodes, node_rank;
@@ -61,6 +65,16 @@ typedef struct td_launch_config {
     const char *cgroup;
     /* RLIMIT_FSIZE of each process: no file it writes grows past this (0: unlimited) */
     long long max_file_bytes;
+    /* with one, each rank's TORCHELASTIC_ERROR_FILE (where PyTorch's @record writes the
+     * exception that ended it) is ERROR_DIR/attempt_N/LOCAL_RANK/error.json, torchrun's layout
+     * (td_launch_error_file); td_launch_run makes the directories, other callers make them */
+    const char *error_dir;
+    /* td_launch_run only, both optional: called before each attempt starts (to open its log
+     * files into stdout_fds/stderr_fds, which the caller owns; non-zero stops the run) and
+     * after it is over, with its group (to report a failure, close its files) */
+    int (*before_attempt)(void *arg, int attempt, td_err *err);
+    void (*after_attempt)(void *arg, int attempt, const struct td_group *g);
+    void *hook_arg;
 } td_launch_config;
 
 /* One attempt's processes. */
@@ -77,7 +91,10 @@ typedef struct td_group {
     double kill_at;    /* CLOCK_MONOTONIC time for SIGKILL while terminating; 0: none */
     int first_failure; /* the first failing worker's status (128 + signal), 0: none */
     int failed_rank;   /* its global rank, -1: none */
-    char reason[256];  /* in words, for logs and the daemon's job record */
+    int failed_local;  /* its local rank, -1: none */
+    pid_t failed_pid;
+    double failed_at; /* when it was reaped (wall clock, seconds since the epoch) */
+    char reason[256]; /* in words, for logs and the daemon's job record */
     /* once terminating: the first non-zero status of a worker told to stop (0: every one
      * stopped cleanly), and whether the grace period ran out (SIGKILL sent) */
     int stop_status;
@@ -87,6 +104,9 @@ typedef struct td_group {
     /* the cgroup its processes joined (td_launch_config.cgroup), open; -1: none. With one,
      * signals reach every process in it, and the group is over only once it is empty */
     int cgroup_fd;
+    /* what the launcher chose for the workers' environment that the log should show (the
+     * socket interface of a multi-node job), or "" */
+    char env_note[320];
 } td_group;
 
 /* Starts attempt `attempt` (TORCHELASTIC_RESTART_COUNT) of cfg's group. Safe in a multithreaded
@@ -112,6 +132,26 @@ void td_group_free(td_group *g);
  * status of the first process that failed (128 + signal for a signal). Returns -1 only when the
  * group could not be started at all. Blocks SIGCHLD while it runs. */
 int td_launch_run(const td_launch_config *cfg, FILE *log, int *exit_code, td_err *err);
+
+/* Local rank local_rank's TORCHELASTIC_ERROR_FILE in attempt `attempt`, or "" without an
+ * error_dir. */
+void td_launch_error_file(const td_launch_config *cfg, int attempt, int local_rank, char *out,
+                          size_t len);
+
+/* What a rank's error file (PyTorch's @record, torchrun's format) says of its failure. */
+typedef struct td_rank_error {
+    char message[1024];  /* "RuntimeError: what went wrong" */
+    char *traceback;     /* the Python traceback (allocated), or NULL */
+    long long timestamp; /* seconds since the epoch; 0: not given */
+} td_rank_error;
+/* Reads the error file open at fd (at most 1 MiB of it). -1 with err when it is not one. */
+int td_rank_error_read(int fd, td_rank_error *e, td_err *err);
+void td_rank_error_free(td_rank_error *e);
+/* torchrun's failure summary ("NAME FAILED ... Root Cause (first observed failure): ...") for
+ * g's first failure, e its error file's content (NULL: it wrote none; error_file is then
+ * reported as not available). Allocated. */
+char *td_launch_root_cause(const char *name, const td_group *g, const char *error_file,
+                           const td_rank_error *e);
 
 /* A free TCP port on the loopback interface (torchrun's choice for a single node). */
 int td_launch_free_port(int *port, td_err *err);
