@@ -1,0 +1,32 @@
+"""Under traind-run as under torchrun: every variable torchrun gives a worker must be there (a
+missing one is a KeyError, as in PyTorch's own launcher test). --fail raises inside @record, so
+the exception lands in TORCHELASTIC_ERROR_FILE; --touch-dir gets a file named after RANK."""
+import argparse
+import os
+import pathlib
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+NAMES = ("LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+         "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+         "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS",
+         "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+@record
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fail", action="store_true")
+    parser.add_argument("--touch-dir")
+    args = parser.parse_args()
+    for name in NAMES:
+        print(f"{name}={os.environ[name]}")
+    if args.fail and os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 was asked to fail")
+    if args.touch_dir:
+        pathlib.Path(args.touch_dir, os.environ["RANK"]).touch()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""A script of torch.distributed.launch's time: it requires --local_rank=N and checks it against
+LOCAL_RANK."""
+import argparse
+import os
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, required=True)
+args = parser.parse_args()
+if args.local_rank != int(os.environ["LOCAL_RANK"]):
+    raise SystemExit(f"--local_rank {args.local_rank} but LOCAL_RANK {os.environ['LOCAL_RANK']}")
+print(f"local rank {args.local_rank} agrees")
