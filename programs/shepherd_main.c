@@ -47,6 +47,8 @@
  * Exit status: 0 once the status file is written, 2 for a spec it cannot use (said on stderr),
  * 1 when it could not start the group (the status file says so too). */
 #define _GNU_SOURCE /* signalfd, pipe2, accept4 */
+#include "programs/shepherd_errors.h"
+
 #include "core/td_clock.h"
 #include "core/td_json.h"
 #include "service/td_appender.h"
@@ -580,6 +582,8 @@ static void write_status(shepherd *h, const char *start_error) {
         full = full || h->logs[i].ran_out;
         dropped += h->logs[i].dropped_total;
     }
+    if (!start_error)
+        shepherd_errors_explain(&h->s.launch, h->s.attempt, &h->g, jobdir, reason, sizeof reason);
     if (full && reason[0]) /* what failed may be a write the job could not make */
         snprintf(reason + strlen(reason), sizeof reason - strlen(reason),
                  " (the filesystem of %s ran out of space while the job ran: No space left on "
@@ -750,8 +754,17 @@ int main(int argc, char **argv) {
     }
     h.s.launch.stdout_fds = out_fds;
     h.s.launch.stderr_fds = err_fds;
+    static char jobdir[PATH_MAX], error_dir[PATH_MAX];
+    snprintf(jobdir, sizeof jobdir, "%s", h.s.status_path);
+    if (strrchr(jobdir, '/')) *strrchr(jobdir, '/') = 0;
+    if (!start_error[0]) shepherd_errors_prepare(&h.s.launch, h.s.attempt, jobdir, error_dir);
     if (!start_error[0] && td_group_start(&h.g, &h.s.launch, h.s.attempt, &err) != 0)
         snprintf(start_error, sizeof start_error, "%s", err.msg);
+    if (!start_error[0] && h.g.env_note[0] && h.logs[0].fd >= 0) { /* the job's log shows it */
+        char note[sizeof h.g.env_note + 16];
+        int k = snprintf(note, sizeof note, "[traind] %s\n", h.g.env_note);
+        td_appender_write(&h.logs[0], note, (size_t)k);
+    }
     if (pipefd[1] >= 0) close(pipefd[1]);
     for (int i = 0; i < procs; i++)
         if (err_fds[i] >= 0) close(err_fds[i]);

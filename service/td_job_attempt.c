@@ -346,6 +346,7 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
         snprintf(reason, sizeof reason, "%s", jb->parts_reason);
     } else if (g->failed) {
         worker_message(jb, g->failed_rank, own, sizeof own);
+        if (own[0] && strstr(g->reason, own)) own[0] = 0; /* its error file said it already */
         snprintf(reason, sizeof reason, "%.500s%s%s", g->reason, own[0] ? ": " : "", own);
     } else if (jb->cancel_requested) {
         snprintf(reason, sizeof reason, "cancelled by request");

@@ -518,6 +518,7 @@ static void failure_words(td_jobs *j, const guest *g, int rank, const char *what
     int local = rank - g->node_rank * g->nproc;
     td_jobs_rank_message(g->dir, rank, local >= 0 && local < g->procs ? g->log_start[local] : 0,
                          strcmp(g->kind, "command") == 0, own, sizeof own);
+    if (own[0] && strstr(what, own)) own[0] = 0; /* its error file said it already */
     snprintf(out, len, "node %s: %.100s%s%s", j->node_name, what, own[0] ? ": " : "", own);
     td_str_utf8_repair(out); /* cut at a byte count; JSON carries only whole characters */
 }

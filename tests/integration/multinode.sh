@@ -8,6 +8,7 @@
 #   3. a node advertising an address the other cannot reach: both fail within 15 s, naming the
 #      peer, the address and port, and the fix
 #   4. a node told (TRAIND_HOST) to advertise an address nobody has: both fail at once
+#   5. PyTorch's DDP tutorial (gloo) across the two hosts without GLOO_SOCKET_IFNAME
 # Everything it creates (namespaces, their links, processes, files) goes on exit, also on
 # failure. Exit 77 (ctest: skipped) when not root or namespaces cannot be made here.
 #   multinode.sh TRAIND_RUN TRAIND_WORKER SOURCE_DIR
@@ -101,10 +102,11 @@ for g in 1 2; do
     if [ "$c0" = 0 ] && [ "$c1" = 0 ]; then ok; else bad "$what: codes $c0 $c1: $(tail -3 "$tmp/node0.err") | $(tail -3 "$tmp/node1.err")"; fi
     if python3 "$src/tests/integration/same_weights.py" "$(last_model "$tmp/one")" \
         "$(last_model "$tmp/ddp$g")" 1e-5 >"$tmp/same" 2>&1; then ok; else bad "$what: $(cat "$tmp/same")"; fi
-    # each rank advertises its node's own address, found by the route to the master
+    # each rank advertises its node's own address: the interface of the route to the master, which
+    # traind-run gives it in GLOO_SOCKET_IFNAME
     for r in $(seq 0 $((2 * g - 1))); do
         k=$((r / g))
-        if grep -q "rank $r advertises $net.$((k + 1)) for its ring connections (the local address of the route to the master $master)" "$tmp/node$k.err"; then ok; else bad "$what: rank $r's address: $(grep advertises "$tmp/node$k.err")"; fi
+        if grep -q "rank $r advertises $net.$((k + 1)) for its ring connections (the address of eth0 (GLOO_SOCKET_IFNAME))" "$tmp/node$k.err"; then ok; else bad "$what: rank $r's address: $(grep advertises "$tmp/node$k.err")"; fi
     done
     if [ "$g" = 1 ]; then
         transport="the TCP ring (one rank on each of 2 nodes)"
@@ -133,6 +135,28 @@ for k in 0 1; do
     if grep -q "$net\.99.*not an address of this machine: check TRAIND_HOST" "$tmp/node$k.err"; then ok; else bad "address nobody has, node $k: $(cat "$tmp/node$k.err")"; fi
 done
 echo "address nobody has: both nodes failed in $elapsed s"
+
+# 5. PyTorch's DDP tutorial (gloo) as its users start it on two hosts whose hostnames name
+# loopback, with no GLOO_SOCKET_IFNAME: traind-run gives each rank the interface of its route to
+# the master (Gloo would advertise 127.0.1.1 and the peer's connection be refused)
+port=$((port + 1))
+start=$(date +%s)
+for k in 0 1; do
+    node "$k" "$tag-n$k" env PYTHON=/usr/bin/python3 "$run" --nnodes 2 --node-rank "$k" \
+        --nproc-per-node 1 --master-addr "$master" --master-port "$port" \
+        "$src/tests/integration/torchrun/ddp_tutorial.py"
+    eval "p$k=\$!"
+done
+wait "$p0"
+c0=$?
+wait "$p1"
+c1=$?
+if [ "$c0" = 0 ] && [ "$c1" = 0 ]; then ok; else bad "DDP tutorial on 2 hosts: codes $c0 $c1: $(tail -5 "$tmp/node0.err") | $(tail -5 "$tmp/node1.err")"; fi
+for k in 0 1; do
+    if grep -q "finished one DDP step, weights agree" "$tmp/node$k.out"; then ok; else bad "DDP tutorial, node $k: $(cat "$tmp/node$k.out")"; fi
+    if grep -q "GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0: the interface of the route to MASTER_ADDR $master ($net.$((k + 1)))" "$tmp/node$k.err"; then ok; else bad "DDP tutorial, node $k's interface: $(cat "$tmp/node$k.err")"; fi
+done
+echo "DDP tutorial on 2 hosts: $(($(date +%s) - start)) s"
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

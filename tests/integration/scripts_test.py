@@ -13,6 +13,7 @@
 Each test reads the environment the processes actually saw.
 
     /usr/bin/python3 tests/integration/scripts_test.py TRAIND SOURCE_DIR [TEST_NAME...]"""
+import json
 import os
 import sys
 import unittest
@@ -156,6 +157,38 @@ class ScriptsTest(daemon_test.DaemonTest):
         losses = [m["loss"] for m in metrics if m["event"] == "train"]
         self.assertEqual(len(losses), 30)
         self.assertLess(losses[-1], losses[0] / 2, "it trains")
+
+    def test_e2_torchrun_error_file(self):
+        """PyTorch's launcher test script as a command job: every torchrun variable is there
+        (a KeyError otherwise), and a rank's exception, written by @record into its
+        TORCHELASTIC_ERROR_FILE, becomes the job's and the attempt's reason (the rank's last
+        log line is another)."""
+        d = self.start_daemon("--slots", "2")
+        script = os.path.join(daemon_test.SOURCE_DIR, "tests/integration/torchrun/env_script.py")
+        status, _, job = d.json("POST", "/v1/jobs", command("env", ["/usr/bin/python3", script], 2))
+        self.assertEqual(status, 201, job)
+        self.assertEqual(d.follow(job["id"])[-1].data["state"], "succeeded",
+                         d.request("GET", f"/v1/jobs/{job['id']}/logs?rank=0")[2][-800:])
+        log = d.request("GET", f"/v1/jobs/{job['id']}/logs?rank=1")[2].decode()
+        self.assertIn("/work/.torchelastic/attempt_0/1/error.json", log)
+        status, _, job = d.json("POST", "/v1/jobs", command(
+            "fail", ["/usr/bin/python3", script, "--fail"], 2))
+        self.assertEqual(d.follow(job["id"])[-1].data["state"], "failed")
+        job = d.json("GET", f"/v1/jobs/{job['id']}")[2]
+        want = "failed with exit code 1: RuntimeError: rank 1 was asked to fail"
+        self.assertIn(want, job["reason"])
+        self.assertIn(want, job["attempts"][0]["reason"])
+        # the error file is the job's: one that is a link to a file of the daemon's is not read
+        secret = os.path.join(d.state_dir, "secret.json")
+        with open(secret, "w") as f:
+            json.dump({"message": "SECRET of the daemon"}, f)
+        os.chmod(secret, 0o600)
+        status, _, job = d.json("POST", "/v1/jobs", command(
+            "link", ["sh", "-c", f'ln -sf {secret} "$TORCHELASTIC_ERROR_FILE"; exit 3'], 1))
+        self.assertEqual(d.follow(job["id"])[-1].data["state"], "failed")
+        job = d.json("GET", f"/v1/jobs/{job['id']}")[2]
+        self.assertIn("failed with exit code 3", job["reason"])
+        self.assertNotIn("SECRET", job["reason"])
 
     def test_f_gpus_per_proc(self):
         d = self.start_daemon("--gpus", "0,1,2,3")

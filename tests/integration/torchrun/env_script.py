@@ -1,9 +1,12 @@
 """Under traind-run as under torchrun: every variable torchrun gives a worker must be there (a
 missing one is a KeyError, as in PyTorch's own launcher test). --fail raises inside @record, so
-the exception lands in TORCHELASTIC_ERROR_FILE; --touch-dir gets a file named after RANK."""
+the exception lands in TORCHELASTIC_ERROR_FILE (and a line printed at exit, after Python's
+traceback, is the log's last); --touch-dir gets a file named after RANK."""
 import argparse
+import atexit
 import os
 import pathlib
+import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -23,6 +26,7 @@ def main():
     for name in NAMES:
         print(f"{name}={os.environ[name]}")
     if args.fail and os.environ["RANK"] == "1":
+        atexit.register(lambda: print("env_script: exiting", file=sys.stderr))
         raise RuntimeError("rank 1 was asked to fail")
     if args.touch_dir:
         pathlib.Path(args.touch_dir, os.environ["RANK"]).touch()
