@@ -55,6 +55,7 @@
 #include "service/td_buf.h"
 #include "service/td_cgroup.h"
 #include "service/td_launch.h"
+#include "service/td_metric_patterns.h"
 #include "service/td_shepherd.h"
 #include "service/td_strv.h"
 
@@ -93,6 +94,7 @@ typedef struct spec {
     td_identity user;        /* "user": who the processes run as (a root daemon's run_as) */
     /* "cgroup": the attempt's (td_cgroup.h); its ranks' below it; "": none */
     char cgroup[PATH_MAX], ranks_cgroup[PATH_MAX + 8];
+    td_metric_patterns *patterns; /* "metric_patterns": metrics from rank 0's text; or NULL */
 } spec;
 
 __attribute__((format(printf, 1, 2), noreturn)) static void fail_spec(const char *fmt, ...) {
@@ -239,6 +241,10 @@ static void read_spec(spec *s, const char *path) {
         c->cgroup = s->ranks_cgroup;
     }
     c->max_file_bytes = integer(o, "max_file_bytes", 0, 0, LONG_MAX, false, path);
+    json_t *patterns = json_object_get(o, "metric_patterns");
+    int bad;
+    if (patterns && !(s->patterns = td_metric_patterns_new(patterns, &bad, &err)))
+        fail_spec("%s: metric_patterns[%d]: %s", path, bad, err.msg);
     s->max_log_bytes = integer(o, "max_log_bytes", 0, 0, LONG_MAX, false, path);
     json_decref(o);
 }
@@ -446,10 +452,11 @@ static void lines_to(td_appender *log, td_buf *partial, const char *p, size_t n,
 }
 
 /* The lines of p that may be metric lines (a JSON object: '{' first, after blanks) into the
- * output file the daemon reads; the rest (a script's text, a progress bar) is in the log only,
- * so a job printing text makes the daemon read nothing. end: the stream's end (its last
- * partial line is judged as it is). */
-static void metric_lines(td_appender *out, td_buf *partial, const char *p, size_t n, bool end) {
+ * output file the daemon reads, and those a metric pattern matches as the metric lines they make;
+ * the rest (a script's text, a progress bar) is in the log only, so a job printing text makes
+ * the daemon read nothing. end: the stream's end (its last partial line is judged as it is). */
+static void metric_lines(td_appender *out, td_metric_patterns *patterns, td_buf *partial,
+                         const char *p, size_t n, bool end) {
     if (n) td_buf_append(partial, p, n);
     if (!partial->len) return; /* (nothing yet: no buffer either) */
     size_t from = 0;
@@ -459,8 +466,14 @@ static void metric_lines(td_appender *out, td_buf *partial, const char *p, size_
         if (to == from) break;
         size_t b = from;
         while (b < to && (partial->data[b] == ' ' || partial->data[b] == '\t')) b++;
-        if (b < to && partial->data[b] == '{')
+        char *made;
+        if (b < to && partial->data[b] == '{') {
             td_appender_write(out, partial->data + from, to - from);
+        } else if (patterns &&
+                   (made = td_metric_patterns_match(patterns, partial->data + from, to - from))) {
+            td_appender_write(out, made, strlen(made));
+            free(made);
+        }
         from = to;
         if (!nl) break;
     }
@@ -488,7 +501,7 @@ static bool pump(shepherd *h) {
             close(h->pipe_fd);
             h->pipe_fd = -1;
             lines_to(&h->logs[0], &h->tee_line, NULL, 0, true);
-            metric_lines(&h->out, &h->out_line, NULL, 0, true);
+            metric_lines(&h->out, h->s.patterns, &h->out_line, NULL, 0, true);
             more = false;
             break;
         }
@@ -498,7 +511,7 @@ static bool pump(shepherd *h) {
         lines_to(&h->logs[0], &h->tee_line, buf, (size_t)k, false);
         /* a full disk does not stop the job (its own checkpoint writes will say so): the
          * lines wait and go in once there is room */
-        metric_lines(&h->out, &h->out_line, buf, (size_t)k, false);
+        metric_lines(&h->out, h->s.patterns, &h->out_line, buf, (size_t)k, false);
     }
     say(h, "out %lld", h->out.size);
     return more;

@@ -35,6 +35,8 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
         jb->env = s->env;
         snprintf(jb->local_rank_arg, sizeof jb->local_rank_arg, "%s", s->local_rank_arg);
         jb->launch_self = s->launch_self;
+        jb->metric_patterns = s->metric_patterns;
+        s->metric_patterns = NULL;
         s->argv = s->env = NULL;
         return 0;
     }
@@ -207,6 +209,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, a->attempt, logs, devices, td_jobs_deadline(jb));
         if (cgroup[0]) json_object_set_new(spec, "cgroup", json_string(cgroup));
+        if (jb->metric_patterns) json_object_set(spec, "metric_patterns", jb->metric_patterns);
         json_object_set_new(
             spec, "daemon",
             json_pack("{s:I, s:i, s:o, s:o, s:O, s:s}", "job", (json_int_t)jb->row.id, "attempt",

@@ -340,6 +340,8 @@ static json_t *order(job *jb, const part *p) {
     TD_ASSERT(o, "json_pack of a part's order failed");
     /* who its processes are on every node, and what they may use */
     json_object_set_new(o, "uid", json_integer((json_int_t)jb->row.uid));
+    if (jb->metric_patterns && p->node_rank == 0) /* rank 0's lines are the metrics */
+        json_object_set(o, "metric_patterns", jb->metric_patterns);
     json_object_set_new(
         o, "limits",
         json_pack("{s:I, s:I, s:i, s:I}", "memory_bytes", (json_int_t)jb->cg_limits.memory_bytes,
@@ -615,6 +617,14 @@ void td_jobs_set_cluster(td_jobs *j, struct td_cluster *cluster, const char *nod
     if (cluster) td_cluster_on_jobs(cluster, sync_hook, lost_hook, j);
 }
 
+/* The field to blame for a job that fits on too few nodes: the node count when the cluster has
+ * too few nodes alive, else what one node must hold (a node's processes, or their GPUs). */
+static const char *too_wide_field(const td_submission *s, int live) {
+    if (live < s->nnodes) return s->nnodes > 1 ? "resources.nnodes" : "resources.nproc";
+    if (s->gpus_per_proc > 1) return "resources.gpus_per_proc";
+    return s->nnodes > 1 ? "resources.nproc_per_node" : "resources.nproc";
+}
+
 /* Whether the job can ever run on the nodes registered now (lost ones excepted); 400 with what
  * the cluster has when it cannot. */
 int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e) {
@@ -655,7 +665,7 @@ int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e) {
                            s->nproc, s->nproc == 1 ? "" : "es", each, need, widest);
     else if (rc == 0 && fit < s->nnodes)
         rc = td_reply_fail(
-            e, 400, "invalid_spec", s->nnodes > 1 ? "resources.nnodes" : "resources.nproc",
+            e, 400, "invalid_spec", too_wide_field(s, live),
             "resources: %d node%s × %d process%s%s can never run here: the cluster has %d node%s, "
             "%d of them with %d or more slots%s (the most on one node: %d)",
             s->nnodes, s->nnodes == 1 ? "" : "s", s->nproc, s->nproc == 1 ? "" : "es", each, live,

@@ -374,6 +374,7 @@ void td_jobs_free_job(job *jb) {
     free(jb->parts);
     free(jb->log_start);
     td_strv_free(jb->argv);
+    json_decref(jb->metric_patterns);
     td_strv_free(jb->env);
     free(jb->json);
     free(jb->devices);

@@ -3,6 +3,7 @@
 #include "core/td_json.h"
 #include "data/td_data.h"
 #include "spec/td_spec.h"
+#include "service/td_metric_patterns.h"
 #include "service/td_strv.h"
 
 #include <errno.h>
@@ -103,8 +104,8 @@ static int keys_in(json_t *obj, const char *path, const char *const *const *list
 #define NODE_NAME_CHARS "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
 
 static const char *const SERVICE_KEYS[] = {"resources", "restart", "priority", NULL};
-static const char *const COMMAND_KEYS[] = {"name",           "command", "env",
-                                           "local_rank_arg", "launch",  NULL};
+static const char *const COMMAND_KEYS[] = {"name",   "command", "env", "local_rank_arg",
+                                           "launch", "metrics", NULL};
 
 /* resources.memory_gb, pids, cpu_weight and disk_gb, within what the daemon allows. */
 static int parse_limits(td_submission *s, json_t *r, const td_submit_rules *rules,
@@ -281,6 +282,30 @@ static int command_allowed(const td_submission *s, const char *policy, td_reply_
                          s->argv[0], found, policy);
 }
 
+/* metrics: {"patterns": [...]} (td_metric_patterns.h), checked by compiling them. */
+static int parse_metrics(td_submission *s, json_t *m, td_reply_error *e) {
+    if (!m) return 0;
+    static const char *const KEYS[] = {"patterns", NULL};
+    const char *const *lists[] = {KEYS, NULL};
+    if (!json_is_object(m))
+        return td_reply_fail(e, 400, "invalid_spec", "metrics",
+                             "metrics: expected an object, {\"patterns\": [...]}");
+    if (keys_in(m, "metrics", lists, "", e) != 0) return -1;
+    json_t *list = json_object_get(m, "patterns");
+    if (!list) return 0;
+    int bad;
+    td_err err = {{0}};
+    td_metric_patterns *p = td_metric_patterns_new(list, &bad, &err);
+    if (!p) {
+        char path[64] = "metrics.patterns";
+        if (bad >= 0) snprintf(path, sizeof path, "metrics.patterns[%d]", bad);
+        return td_reply_fail(e, 400, "invalid_spec", path, "%s: %s", path, err.msg);
+    }
+    td_metric_patterns_free(p);
+    s->metric_patterns = json_incref(list);
+    return 0;
+}
+
 static int parse_command(td_submission *s, json_t *root, const td_submit_rules *rules,
                          td_reply_error *e) {
     const char *const *lists[] = {COMMAND_KEYS, SERVICE_KEYS, NULL};
@@ -355,6 +380,7 @@ static int parse_command(td_submission *s, json_t *root, const td_submit_rules *
         return td_reply_fail(e, 400, "invalid_spec", "local_rank_arg",
                              "local_rank_arg: a job with launch \"self\" starts one process per "
                              "node, which gives its own processes their ranks; leave it out");
+    if (parse_metrics(s, json_object_get(root, "metrics"), e) != 0) return -1;
     if (!s->name[0]) {
         const char *base = strrchr(s->argv[n > 1 ? 1 : 0], '/');
         snprintf(s->name, sizeof s->name, "%s", base ? base + 1 : s->argv[n > 1 ? 1 : 0]);
@@ -571,6 +597,8 @@ void td_submission_free(td_submission *s) {
     s->nodes = NULL;
     td_strv_free(s->argv);
     td_strv_free(s->env);
+    json_decref(s->metric_patterns);
+    s->metric_patterns = NULL;
     s->spec = NULL;
     s->argv = s->env = NULL;
 }

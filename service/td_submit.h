@@ -65,6 +65,7 @@ typedef struct td_submission {
     double memory_gb, disk_gb;
     long pids;
     int cpu_weight;
+    json_t *metric_patterns; /* command jobs: metrics.patterns (checked), or NULL */
 } td_submission;
 
 int td_submission_parse(td_submission *s, const char *body, size_t len,

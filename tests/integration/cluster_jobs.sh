@@ -307,6 +307,10 @@ if until_true 10 no_leftovers "$limited"; then ok; else bad "time limit: process
 echo '{"command": ["true"], "resources": {"nnodes": 4, "nproc_per_node": 2}}' >"$tmp/huge.json"
 reply=$(api POST /v1/jobs "$tmp/huge.json")
 case $reply in *"can never run here: the cluster has 3 nodes"*) ok ;; *) bad "too wide a job: $reply" ;; esac
+# nodes enough, but too few slots on each: the field to change is nproc_per_node
+echo '{"command": ["true"], "resources": {"nnodes": 2, "nproc_per_node": 3}}' >"$tmp/wide.json"
+reply=$(api POST /v1/jobs "$tmp/wide.json")
+case $reply in *resources.nproc_per_node*) ok ;; *) bad "too many processes a node: $reply" ;; esac
 
 # 4, 5, 6: failures mid-job. A longer LeNet job (2 x 2, a checkpoint every 100 steps) run once
 # without a failure is the reference: a job resumed from its checkpoints after a failure ends

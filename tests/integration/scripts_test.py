@@ -190,6 +190,40 @@ class ScriptsTest(daemon_test.DaemonTest):
         self.assertIn("failed with exit code 3", job["reason"])
         self.assertNotIn("SECRET", job["reason"])
 
+    def test_e3_metric_patterns(self):
+        """A script that prints text, not JSON: metrics.patterns turns its lines into metrics
+        (named groups, numbers as numbers, step from the pattern or counted); a bad pattern is
+        refused naming it; a pattern that backtracks without end on a line costs a bounded
+        match, not the shepherd."""
+        d = self.start_daemon("--slots", "1")
+        text = ("import sys\n"
+                "for e in range(1, 4):\n"
+                "    print(f'Epoch {e} | train loss {1.0 / e:.4f} | lr 0.05', flush=True)\n"
+                "    print(f'[eval] step {e * 100} val_loss {2.0 / e:.3f}', flush=True)\n"
+                "print('a' * 3000 + '!', flush=True)\n")
+        spec = command("text", ["/usr/bin/python3", "-c", text], 1, metrics={"patterns": [
+            r"Epoch (?<epoch>\d+) \| train loss (?<loss>[\d.]+) \| lr (?<lr>\S+)",
+            {"regex": r"^\[eval\] step (?<step>\d+) val_loss (?<val_loss>[\d.]+)",
+             "event": "eval"},
+            r"^(?<slow>(a+)+)$"]})
+        jid, metrics = self.run_job(d, spec)
+        train = [m for m in metrics if m["event"] == "train"]
+        self.assertEqual([(m["step"], m["epoch"], m["loss"], m["lr"]) for m in train],
+                         [(1, 1, 1.0, 0.05), (2, 2, 0.5, 0.05), (3, 3, 0.3333, 0.05)])
+        evals = [(m["step"], m["val_loss"]) for m in metrics if m["event"] == "eval"]
+        self.assertEqual(evals, [(100, 2.0), (200, 1.0), (300, 0.667)])
+        self.assertFalse([m for m in metrics if "slow" in m])
+        for bad, field, words in (
+                (["(?<x>"], "metrics.patterns[0]", "not a regular expression: missing closing"),
+                (["loss ([0-9.]+)"], "metrics.patterns[0]", "no named group"),
+                (["(?<a>x)", {"regex": "(?<b>y)", "event": "state"}], "metrics.patterns[1]",
+                 'event: expected "train" or "eval"'),
+                ([], "metrics.patterns", "expected an array of 1 to 16 patterns")):
+            status, _, body = d.json("POST", "/v1/jobs", command("bad", ["true"], 1,
+                                                                  metrics={"patterns": bad}))
+            self.assertEqual((status, body["error"]["field"]), (400, field), body)
+            self.assertIn(words, body["error"]["message"])
+
     def test_f_gpus_per_proc(self):
         d = self.start_daemon("--gpus", "0,1,2,3")
         # each process writes what it was given as a metric line of rank 0's stdout and in its log
