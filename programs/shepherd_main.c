@@ -48,6 +48,7 @@
  * 1 when it could not start the group (the status file says so too). */
 #define _GNU_SOURCE /* signalfd, pipe2, accept4 */
 #include "programs/shepherd_errors.h"
+#include "programs/shepherd_tboard.h"
 
 #include "core/td_clock.h"
 #include "core/td_json.h"
@@ -94,7 +95,10 @@ typedef struct spec {
     td_identity user;        /* "user": who the processes run as (a root daemon's run_as) */
     /* "cgroup": the attempt's (td_cgroup.h); its ranks' below it; "": none */
     char cgroup[PATH_MAX], ranks_cgroup[PATH_MAX + 8];
-    td_metric_patterns *patterns; /* "metric_patterns": metrics from rank 0's text; or NULL */
+    /* "metrics" (a command job's): metrics from rank 0's text lines (or NULL), and the
+     * directory below dir where its SummaryWriter writes ("": none) */
+    td_metric_patterns *patterns;
+    char tensorboard_dir[256];
 } spec;
 
 __attribute__((format(printf, 1, 2), noreturn)) static void fail_spec(const char *fmt, ...) {
@@ -241,10 +245,13 @@ static void read_spec(spec *s, const char *path) {
         c->cgroup = s->ranks_cgroup;
     }
     c->max_file_bytes = integer(o, "max_file_bytes", 0, 0, LONG_MAX, false, path);
-    json_t *patterns = json_object_get(o, "metric_patterns");
+    json_t *metrics = json_object_get(o, "metrics");
+    json_t *patterns = json_object_get(metrics, "patterns");
     int bad;
     if (patterns && !(s->patterns = td_metric_patterns_new(patterns, &bad, &err)))
-        fail_spec("%s: metric_patterns[%d]: %s", path, bad, err.msg);
+        fail_spec("%s: metrics.patterns[%d]: %s", path, bad, err.msg);
+    text(metrics ? metrics : o, "tensorboard_dir", s->tensorboard_dir, sizeof s->tensorboard_dir,
+         false, path);
     s->max_log_bytes = integer(o, "max_log_bytes", 0, 0, LONG_MAX, false, path);
     json_decref(o);
 }
@@ -267,6 +274,8 @@ typedef struct shepherd {
      * each goes in whole lines, so that neither splits a line of the other */
     td_buf tee_line, err_line; /* a line of each without its end yet */
     td_buf out_line;           /* rank 0's stdout's line without its end, for the output file */
+    shepherd_tboard *tboard;   /* rank 0's SummaryWriter files, read every 2 s; or NULL */
+    double tboard_next;        /* monotonic: the next read */
     int pending_fd;            /* a connection that has not said hello yet (the newest only) */
     char pending_in[256];
     size_t pending_len;
@@ -771,6 +780,9 @@ int main(int argc, char **argv) {
     snprintf(jobdir, sizeof jobdir, "%s", h.s.status_path);
     if (strrchr(jobdir, '/')) *strrchr(jobdir, '/') = 0;
     if (!start_error[0]) shepherd_errors_prepare(&h.s.launch, h.s.attempt, jobdir, error_dir);
+    /* what is there already belongs to an earlier attempt: noted before this one starts */
+    if (!start_error[0] && h.out.fd >= 0)
+        h.tboard = shepherd_tboard_new(&h.s.launch, h.s.tensorboard_dir);
     if (!start_error[0] && td_group_start(&h.g, &h.s.launch, h.s.attempt, &err) != 0)
         snprintf(start_error, sizeof start_error, "%s", err.msg);
     if (!start_error[0] && h.g.env_note[0] && h.logs[0].fd >= 0) { /* the job's log shows it */
@@ -830,6 +842,12 @@ int main(int argc, char **argv) {
         say_failure(&h);
         if (start_error[0]) continue;
         double now = td_clock_now();
+        if (h.tboard && now >= h.tboard_next) {
+            long long before = h.out.size;
+            shepherd_tboard_poll(h.tboard, &h.out);
+            if (h.out.size != before) say(&h, "out %lld", h.out.size);
+            h.tboard_next = now + 2;
+        }
         if (h.s.deadline > 0 && td_clock_wall() >= h.s.deadline) {
             char why[96];
             snprintf(why, sizeof why, "the job reached its time limit");
@@ -853,10 +871,15 @@ int main(int argc, char **argv) {
     }
     if (h.pipe_fd >= 0) close(h.pipe_fd);
     h.pipe_fd = -1;
-    /* rank 0's partial last lines, as they are */
+    /* rank 0's partial last lines, as they are, and its last scalars */
     if (procs > 0 && log0_teed(&h)) {
         lines_to(&h.logs[0], &h.tee_line, NULL, 0, true);
         lines_to(&h.logs[0], &h.err_line, NULL, 0, true);
+    }
+    if (h.tboard) {
+        shepherd_tboard_poll(h.tboard, &h.out);
+        say(&h, "out %lld", h.out.size);
+        shepherd_tboard_free(h.tboard);
     }
     write_status(&h, start_error[0] ? start_error : NULL);
     say(&h, "over");

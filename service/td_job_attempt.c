@@ -35,8 +35,8 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
         jb->env = s->env;
         snprintf(jb->local_rank_arg, sizeof jb->local_rank_arg, "%s", s->local_rank_arg);
         jb->launch_self = s->launch_self;
-        jb->metric_patterns = s->metric_patterns;
-        s->metric_patterns = NULL;
+        jb->metrics = s->metrics;
+        s->metrics = NULL;
         s->argv = s->env = NULL;
         return 0;
     }
@@ -209,7 +209,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, a->attempt, logs, devices, td_jobs_deadline(jb));
         if (cgroup[0]) json_object_set_new(spec, "cgroup", json_string(cgroup));
-        if (jb->metric_patterns) json_object_set(spec, "metric_patterns", jb->metric_patterns);
+        if (jb->metrics) json_object_set(spec, "metrics", jb->metrics);
         json_object_set_new(
             spec, "daemon",
             json_pack("{s:I, s:i, s:o, s:o, s:O, s:s}", "job", (json_int_t)jb->row.id, "attempt",
@@ -245,7 +245,9 @@ void td_jobs_resume_note(const job *jb, char *out, size_t len) {
     bool command = strcmp(jb->row.kind, "command") == 0;
     if (!jb->ckpt_path)
         snprintf(out, len, "%s",
-                 command ? "the command starts again from scratch (it registered no checkpoint)"
+                 command ? "the command starts again from its beginning in the same working "
+                           "directory (it registered no checkpoint with traind; whatever it "
+                           "saved there itself is still there)"
                          : "starting from scratch (no checkpoint had been written)");
     else if (command)
         snprintf(out, len,

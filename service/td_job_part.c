@@ -352,8 +352,8 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, order_int(o, "restart_count"), logs, devices, 0);
         if (g->node_rank != 0) json_object_set_new(spec, "output", json_null());
-        json_t *patterns = json_object_get(o, "metric_patterns");
-        if (patterns && g->node_rank == 0) json_object_set(spec, "metric_patterns", patterns);
+        json_t *metrics = json_object_get(o, "metrics");
+        if (metrics && g->node_rank == 0) json_object_set(spec, "metrics", metrics);
         if (g->cgroup[0]) json_object_set_new(spec, "cgroup", json_string(g->cgroup));
         json_t *slots = td_jobs_ints_json(g->devices, g->slots);
         json_t *starts = td_jobs_sizes_json(g->log_start, n);

@@ -340,8 +340,8 @@ static json_t *order(job *jb, const part *p) {
     TD_ASSERT(o, "json_pack of a part's order failed");
     /* who its processes are on every node, and what they may use */
     json_object_set_new(o, "uid", json_integer((json_int_t)jb->row.uid));
-    if (jb->metric_patterns && p->node_rank == 0) /* rank 0's lines are the metrics */
-        json_object_set(o, "metric_patterns", jb->metric_patterns);
+    if (jb->metrics && p->node_rank == 0) /* rank 0's lines are the metrics */
+        json_object_set(o, "metrics", jb->metrics);
     json_object_set_new(
         o, "limits",
         json_pack("{s:I, s:I, s:i, s:I}", "memory_bytes", (json_int_t)jb->cg_limits.memory_bytes,

@@ -374,7 +374,7 @@ void td_jobs_free_job(job *jb) {
     free(jb->parts);
     free(jb->log_start);
     td_strv_free(jb->argv);
-    json_decref(jb->metric_patterns);
+    json_decref(jb->metrics);
     td_strv_free(jb->env);
     free(jb->json);
     free(jb->devices);

@@ -245,8 +245,8 @@ static int rebuild_run(td_jobs *j, job *jb, td_err *err) {
         return td_fail(err, "its stored spec no longer parses: %s", e.message);
     jb->argv = s.argv;
     jb->env = s.env;
-    jb->metric_patterns = s.metric_patterns;
-    s.metric_patterns = NULL;
+    jb->metrics = s.metrics;
+    s.metrics = NULL;
     snprintf(jb->local_rank_arg, sizeof jb->local_rank_arg, "%s", s.local_rank_arg);
     s.argv = s.env = NULL;
     td_submission_free(&s);

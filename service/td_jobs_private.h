@@ -91,7 +91,8 @@ typedef struct job {
     char *dir;                /* STATE_DIR/jobs/ID (allocated: most jobs are finished ones, and a
                                  job record's size is the daemon's memory per job kept) */
     char **argv, **env;       /* what an attempt runs */
-    json_t *metric_patterns;  /* a command's metrics.patterns, for rank 0's shepherd; or NULL */
+    json_t *metrics;          /* a command's metrics (patterns, tensorboard_dir), for rank 0's
+                                 shepherd; NULL for a train job */
     char local_rank_arg[16];  /* a command's --local_rank option (td_launch_config); "": none */
     int gpus_per_proc;        /* resources.gpus_per_proc: the slots (GPUs) of each process */
     bool launch_self;         /* "launch": "self": one process per node starts the rest */

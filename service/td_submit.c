@@ -282,27 +282,52 @@ static int command_allowed(const td_submission *s, const char *policy, td_reply_
                          s->argv[0], found, policy);
 }
 
-/* metrics: {"patterns": [...]} (td_metric_patterns.h), checked by compiling them. */
-static int parse_metrics(td_submission *s, json_t *m, td_reply_error *e) {
-    if (!m) return 0;
-    static const char *const KEYS[] = {"patterns", NULL};
-    const char *const *lists[] = {KEYS, NULL};
-    if (!json_is_object(m))
-        return td_reply_fail(e, 400, "invalid_spec", "metrics",
-                             "metrics: expected an object, {\"patterns\": [...]}");
-    if (keys_in(m, "metrics", lists, "", e) != 0) return -1;
-    json_t *list = json_object_get(m, "patterns");
-    if (!list) return 0;
-    int bad;
-    td_err err = {{0}};
-    td_metric_patterns *p = td_metric_patterns_new(list, &bad, &err);
-    if (!p) {
-        char path[64] = "metrics.patterns";
-        if (bad >= 0) snprintf(path, sizeof path, "metrics.patterns[%d]", bad);
-        return td_reply_fail(e, 400, "invalid_spec", path, "%s: %s", path, err.msg);
+/* Whether rel is a relative path of plain names ("runs", "logs/tb"): no "..", "." or empty part. */
+static bool plain_relative(const char *rel) {
+    if (!*rel || rel[0] == '/' || strlen(rel) > 255) return false;
+    for (const char *p = rel; *p;) {
+        const char *slash = strchr(p, '/');
+        size_t n = slash ? (size_t)(slash - p) : strlen(p);
+        if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+            return false;
+        p += n + (slash ? 1 : 0);
     }
-    td_metric_patterns_free(p);
-    s->metric_patterns = json_incref(list);
+    return true;
+}
+
+/* metrics: {"patterns": [...] (td_metric_patterns.h, checked by compiling them),
+ * "tensorboard_dir": where the script's SummaryWriter writes, below its working directory
+ * ("runs", SummaryWriter's default; "" for none)}. */
+static int parse_metrics(td_submission *s, json_t *m, td_reply_error *e) {
+    static const char *const KEYS[] = {"patterns", "tensorboard_dir", NULL};
+    const char *const *lists[] = {KEYS, NULL};
+    if (m && !json_is_object(m))
+        return td_reply_fail(e, 400, "invalid_spec", "metrics",
+                             "metrics: expected an object, {\"patterns\": [...], "
+                             "\"tensorboard_dir\": \"runs\"}");
+    if (m && keys_in(m, "metrics", lists, "", e) != 0) return -1;
+    s->metrics = json_object();
+    json_t *list = json_object_get(m, "patterns");
+    if (list) {
+        int bad;
+        td_err err = {{0}};
+        td_metric_patterns *p = td_metric_patterns_new(list, &bad, &err);
+        if (!p) {
+            char path[64] = "metrics.patterns";
+            if (bad >= 0) snprintf(path, sizeof path, "metrics.patterns[%d]", bad);
+            return td_reply_fail(e, 400, "invalid_spec", path, "%s: %s", path, err.msg);
+        }
+        td_metric_patterns_free(p);
+        json_object_set(s->metrics, "patterns", list);
+    }
+    json_t *dir = json_object_get(m, "tensorboard_dir");
+    const char *d = dir ? json_string_value(dir) : "runs";
+    if (!d || (*d && !plain_relative(d)))
+        return td_reply_fail(e, 400, "invalid_spec", "metrics.tensorboard_dir",
+                             "metrics.tensorboard_dir: expected a relative path of plain names "
+                             "below the job's working directory (\"runs\", SummaryWriter's "
+                             "default), or \"\" for none");
+    json_object_set_new(s->metrics, "tensorboard_dir", json_string(d));
     return 0;
 }
 
@@ -597,8 +622,8 @@ void td_submission_free(td_submission *s) {
     s->nodes = NULL;
     td_strv_free(s->argv);
     td_strv_free(s->env);
-    json_decref(s->metric_patterns);
-    s->metric_patterns = NULL;
+    json_decref(s->metrics);
+    s->metrics = NULL;
     s->spec = NULL;
     s->argv = s->env = NULL;
 }

@@ -65,7 +65,9 @@ typedef struct td_submission {
     double memory_gb, disk_gb;
     long pids;
     int cpu_weight;
-    json_t *metric_patterns; /* command jobs: metrics.patterns (checked), or NULL */
+    /* command jobs: metrics, checked and with its defaults ({"patterns": [...] when given,
+     * "tensorboard_dir": "runs" unless given}); NULL for a train job */
+    json_t *metrics;
 } td_submission;
 
 int td_submission_parse(td_submission *s, const char *body, size_t len,

@@ -275,3 +275,58 @@ void td_tboard_close(td_tboard *w) {
     free(w->buf);
     free(w);
 }
+
+enum { MAX_READ_RECORD = 1 << 20 };
+
+/* Hands each scalar of one packed Event to scalar(). */
+static int event_scalars(const unsigned char *data, size_t n, td_tboard_scalar_fn *scalar,
+                         void *arg, td_err *err) {
+    Tdtb__Event *ev = tdtb__event__unpack(NULL, n, data);
+    if (!ev) return td_fail(err, "a record that is not an Event");
+    if (ev->what_case == TDTB__EVENT__WHAT_SUMMARY && ev->summary)
+        for (size_t i = 0; i < ev->summary->n_value; i++) {
+            const Tdtb__Summary__Value *v = ev->summary->value[i];
+            if (v->value_case == TDTB__SUMMARY__VALUE__VALUE_SIMPLE_VALUE && v->tag && v->tag[0])
+                scalar(arg, v->tag, (long)ev->step, (double)v->simple_value);
+        }
+    tdtb__event__free_unpacked(ev, NULL);
+    return 0;
+}
+
+int td_tboard_read_scalars(int fd, long long *offset, long long max_bytes,
+                           td_tboard_scalar_fn *scalar, void *arg, td_err *err) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return td_fail(err, "fstat: %s", strerror(errno));
+    long long end = (long long)st.st_size, at = *offset, budget = max_bytes;
+    unsigned char *data = NULL;
+    int rc = 0;
+    while (rc == 0 && end - at >= HEADER + FOOTER && budget > 0) {
+        unsigned char h[HEADER];
+        if (pread_all(fd, h, sizeof h, (off_t)at) != 0) {
+            rc = td_fail(err, "read: %s", strerror(errno));
+            break;
+        }
+        if (masked_crc32c(h, 8) != get_le32(h + 8)) {
+            rc = td_fail(err, "not a TensorBoard event file: bad record length at offset %lld", at);
+            break;
+        }
+        uint64_t len = get_le64(h);
+        if (len > (uint64_t)(end - at - HEADER - FOOTER)) break; /* still being written */
+        if (len <= MAX_READ_RECORD) {
+            unsigned char *p = td_realloc(data, (size_t)len + FOOTER + 1);
+            data = p;
+            if (pread_all(fd, data, (size_t)len + FOOTER, (off_t)(at + HEADER)) != 0)
+                rc = td_fail(err, "read: %s", strerror(errno));
+            else if (masked_crc32c(data, (size_t)len) != get_le32(data + len))
+                rc = td_fail(err, "a bad record CRC at offset %lld", at);
+            else
+                rc = event_scalars(data, (size_t)len, scalar, arg, err);
+            if (rc != 0) break;
+        }
+        at += HEADER + (long long)len + FOOTER;
+        budget -= HEADER + (long long)len + FOOTER;
+    }
+    free(data);
+    *offset = at;
+    return rc;
+}

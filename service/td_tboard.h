@@ -39,4 +39,14 @@ int td_tboard_flush(td_tboard *w, td_err *err);
 /* Closes the file; w may be NULL. */
 void td_tboard_close(td_tboard *w);
 
+/* Reading a file another program writes (a script's SummaryWriter): the whole records of the
+ * event file open at fd from *offset on, at most max_bytes of them per call, each scalar summary
+ * (simple_value) handed to scalar(arg, tag, step, value); *offset moves past what was read. A
+ * record still being written (cut short at the end) waits for the next call; one over 1 MiB (an
+ * image, a histogram) is skipped unread. -1 with err when the file is not an event file (a bad
+ * CRC, an Event protobuf-c cannot decode): the caller reads no more of it. */
+typedef void td_tboard_scalar_fn(void *arg, const char *tag, long step, double value);
+int td_tboard_read_scalars(int fd, long long *offset, long long max_bytes,
+                           td_tboard_scalar_fn *scalar, void *arg, td_err *err);
+
 #endif

@@ -1794,7 +1794,8 @@ class DaemonTest(unittest.TestCase):
         events = d.follow(job["id"])
         job = self.assert_final(d, job["id"], events, "succeeded")
         (restart,) = [e.data for e in events if e.event == "restart"]
-        self.assertIn("from scratch", restart["reason"])
+        self.assertIn("starts again from its beginning in the same working directory",
+                      restart["reason"])
         self.assertIsNone(restart["resume_from"])
         self.assertIn("ValueError: the first attempt fails", job["attempts"][0]["reason"],
                       "a command's last words are in its failed attempt's reason")

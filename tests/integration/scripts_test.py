@@ -15,6 +15,7 @@ Each test reads the environment the processes actually saw.
     /usr/bin/python3 tests/integration/scripts_test.py TRAIND SOURCE_DIR [TEST_NAME...]"""
 import json
 import os
+import struct
 import sys
 import unittest
 
@@ -223,6 +224,47 @@ class ScriptsTest(daemon_test.DaemonTest):
                                                                   metrics={"patterns": bad}))
             self.assertEqual((status, body["error"]["field"]), (400, field), body)
             self.assertIn(words, body["error"]["message"])
+
+    def test_e4_summary_writer(self):
+        """A script that logs with SummaryWriter (as it is: add_scalar into runs/): its scalars
+        are the job's metrics, tag and step kept; a restart does not report the last attempt's
+        again; a runs/ that is a link to files the job may not read is not followed."""
+        d = self.start_daemon("--slots", "1")
+        text = ("import os\n"
+                "try:\n"
+                "    from torch.utils.tensorboard import SummaryWriter\n"
+                "except ImportError:  # Debian 12 has no tensorboard package\n"
+                "    from summary_writer import SummaryWriter\n"
+                "first = os.environ['TORCHELASTIC_RESTART_COUNT'] == '0'\n"
+                "writer = SummaryWriter()\n"
+                "for step in (range(0, 3) if first else range(3, 5)):\n"
+                "    writer.add_scalar('Loss/train', 1.0 / (step + 1), step)\n"
+                "    writer.add_scalar('Accuracy/test', step / 8, step)\n"
+                "writer.close()\n"
+                "raise SystemExit(1 if first else 0)\n")
+        env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}
+        _, metrics = self.run_job(d, command("tb", ["/usr/bin/python3", "-c", text], 1, env=env,
+                                             restart={"max_restarts": 1}))
+        loss = [(m["step"], m["Loss/train"]) for m in metrics if "Loss/train" in m]
+        f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]  # noqa: E731 (as stored)
+        self.assertEqual(loss, [(s, f32(1.0 / (s + 1))) for s in range(5)])
+        acc = [(m["step"], m["Accuracy/test"]) for m in metrics if "Accuracy/test" in m]
+        self.assertEqual(acc, [(s, f32(s / 8)) for s in range(5)])
+        self.assertTrue(all(m["event"] == "train" for m in metrics if "Loss/train" in m))
+        # a link in the job's place: the daemon's own event file is not read through it
+        secret = os.path.join(d.state_dir, "secret-runs")
+        os.mkdir(secret, 0o700)
+        sys.path.insert(0, HERE)
+        import summary_writer  # noqa: E402
+        w = summary_writer.SummaryWriter(secret)
+        w.add_scalar("SECRET", 1.0, 1)
+        w.close()
+        link = f"import os\nos.symlink({secret!r}, 'runs')\n"
+        _, metrics = self.run_job(d, command("link", ["/usr/bin/python3", "-c", link], 1))
+        self.assertFalse([m for m in metrics if "SECRET" in m], metrics)
+        status, _, body = d.json("POST", "/v1/jobs", command(
+            "bad", ["true"], 1, metrics={"tensorboard_dir": "../other"}))
+        self.assertEqual((status, body["error"]["field"]), (400, "metrics.tensorboard_dir"))
 
     def test_f_gpus_per_proc(self):
         d = self.start_daemon("--gpus", "0,1,2,3")
