@@ -411,7 +411,8 @@ int td_jobs_cancel(td_jobs *j, long id, const td_principal *who, td_buf *out, td
     } else if (owner_check(jb, who, "cancel", e) != 0) {
         rc = -1;
     } else if (td_jobs_final_state(jb->state)) {
-        rc = td_reply_fail(e, 409, "conflict", NULL, "job %ld has already %s", id,
+        rc = td_reply_fail(e, 409, "conflict", NULL,
+                           "job %ld has already ended (%s): there is nothing to cancel", id,
                            td_jobs_state_names[jb->state]);
     } else if (j->stopping_jobs) { /* its stop says "daemon_stop": the next start resumes it */
         rc = td_reply_fail(e, 503, "unavailable", NULL,

@@ -5,6 +5,7 @@
 
 #include "service/td_strv.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pcre2.h>
 #include <stdlib.h>
@@ -95,17 +96,22 @@ td_metric_patterns *td_metric_patterns_new(const json_t *list, int *bad, td_err 
     return m;
 }
 
-/* The text of a group as a JSON value: a finite number when it is one, else the string. */
+/* The text of a group as a JSON value: an integer or a finite number when it is one (an epoch
+ * stays 3, not 3.0), else the string. */
 static json_t *value_of(const char *s, size_t n) {
     char buf[64];
     if (n > 0 && n < sizeof buf) {
         memcpy(buf, s, n);
         buf[n] = 0;
         char *end;
+        errno = 0;
+        long long i = strtoll(buf, &end, 10);
+        if (*end == 0 && errno == 0) return json_integer((json_int_t)i);
         double v = strtod(buf, &end);
         if (*end == 0 && isfinite(v)) return json_real(v);
     }
-    return json_stringn_nocheck(s, n);
+    /* a NUL would be \u0000, which the daemon's parser (as most) refuses: no such field */
+    return memchr(s, 0, n) ? NULL : json_stringn_nocheck(s, n);
 }
 
 /* The metric line of p's match on line. */
@@ -127,8 +133,9 @@ static char *metric_line(pattern *p, const char *line) {
         const char *s = line + ov[2 * group];
         size_t n = ov[2 * group + 1] - ov[2 * group];
         json_t *v = value_of(s, n);
-        if (strcmp(name, "step") == 0 && json_is_real(v)) {
-            step = (json_int_t)json_real_value(v);
+        if (!v) continue;
+        if (strcmp(name, "step") == 0) { /* a whole number of at least 0, or counted */
+            if (json_is_integer(v) && json_integer_value(v) >= 0) step = json_integer_value(v);
             json_decref(v);
         } else if (strcmp(name, "event") != 0) {
             json_object_set_new(o, name, v);

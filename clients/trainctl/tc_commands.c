@@ -40,7 +40,7 @@ static bool long_arg(const char *text, long min, long max, long *out) {
 typedef struct args {
     const char *pos[4];
     int n_pos;
-    bool json, csv, follow, cancel_on_interrupt, help;
+    bool json, csv, follow, cancel_on_interrupt, help, quiet;
     const char *name, *state, *out, *file;
     long nproc, nnodes, limit, rank, step;
     const char *sets[64];
@@ -65,6 +65,7 @@ static int parse(int argc, char **argv, const char *allowed, int max_pos, args *
             snprintf(key, sizeof key, " %s ",
                      strcmp(opt, "-f") == 0   ? "--follow"
                      : strcmp(opt, "-o") == 0 ? "--output"
+                     : strcmp(opt, "-q") == 0 ? "--quiet"
                                               : opt);
             if (!strstr(allowed, key)) {
                 tc_error("%s: unknown option %s", argv[0], opt);
@@ -79,6 +80,8 @@ static int parse(int argc, char **argv, const char *allowed, int max_pos, args *
             a->follow = true;
         else if (strcmp(s, "--cancel-on-interrupt") == 0)
             a->cancel_on_interrupt = true;
+        else if (strcmp(s, "--quiet") == 0 || strcmp(s, "-q") == 0)
+            a->quiet = true;
         else if ((v = value_of(argc, argv, &i, "--name", &bad)))
             a->name = v;
         else if ((v = value_of(argc, argv, &i, "--state", &bad)))
@@ -223,7 +226,7 @@ static int set_path(json_t *spec, const char *arg) {
 }
 
 int tc_cmd_submit(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --name --nproc --nnodes --set --follow --json --cancel-on-interrupt ", 1, 1);
+    PARSE(" --name --nproc --nnodes --set --follow --json --quiet --cancel-on-interrupt ", 1, 1);
     const char *from = a.pos[0];
     json_error_t je;
     json_t *spec = strcmp(from, "-") == 0 ? json_loadf(stdin, JSON_REJECT_DUPLICATES, &je)
@@ -274,6 +277,8 @@ int tc_cmd_submit(const tc_conn *c, int argc, char **argv) {
     long id = (long)json_integer_value(json_object_get(job, "id"));
     if (a.json && !a.follow)
         print_json(job);
+    else if (a.quiet) /* for id=$(trainctl submit -q spec.json) */
+        printf("%ld\n", id);
     else if (!a.json)
         printf("job %ld submitted: %s, %s\n", id, str(job, "name", "?"), str(job, "state", "?"));
     fflush(stdout);
@@ -357,11 +362,15 @@ int tc_cmd_show(const tc_conn *c, int argc, char **argv) {
         printf("  latest      step %lld, loss %.4f\n",
                (long long)json_integer_value(json_object_get(t, "step")),
                json_number_value(json_object_get(t, "loss")));
-    if (json_is_object(e))
-        printf("  evaluation  step %lld, val_loss %.4f, val_acc %.4f\n",
-               (long long)json_integer_value(json_object_get(e, "step")),
-               json_number_value(json_object_get(e, "val_loss")),
-               json_number_value(json_object_get(e, "val_acc")));
+    if (json_is_object(e)) { /* what the line has: a script's eval line may lack either */
+        printf("  evaluation  step %lld",
+               (long long)json_integer_value(json_object_get(e, "step")));
+        const char *names[] = {"val_loss", "val_acc"};
+        for (int k = 0; k < 2; k++)
+            if (json_is_number(json_object_get(e, names[k])))
+                printf(", %s %.4f", names[k], json_number_value(json_object_get(e, names[k])));
+        printf("\n");
+    }
     printf("  checkpoints %lld\n",
            (long long)json_integer_value(json_object_get(j, "checkpoints")));
     size_t i;
@@ -374,7 +383,6 @@ int tc_cmd_show(const tc_conn *c, int argc, char **argv) {
     json_t *pl = json_object_get(j, "placement");
     json_array_foreach(json_object_get(pl, "nodes"), i, x) {
         json_t *ranks = json_object_get(x, "ranks");
-        size_t n = json_array_size(ranks);
         /* each process's GPUs, "0,1 | 2,3", where it has any */
         char gpus[512] = "";
         size_t k;
@@ -383,10 +391,10 @@ int tc_cmd_show(const tc_conn *c, int argc, char **argv) {
             snprintf(gpus + strlen(gpus), sizeof gpus - strlen(gpus), "%s%s", k ? " | " : "",
                      str(p, "devices", ""));
         if (!gpus[0]) snprintf(gpus, sizeof gpus, "%s", str(x, "devices", ""));
-        printf("  node %-12s node rank %lld, ranks %lld-%lld%s%s%s%s\n", str(x, "node", "?"),
-               (long long)json_integer_value(json_object_get(x, "node_rank")),
-               (long long)json_integer_value(json_array_get(ranks, 0)),
-               (long long)json_integer_value(json_array_get(ranks, n ? n - 1 : 0)),
+        char which[64];
+        tc_rank_range(ranks, which, sizeof which);
+        printf("  node %-12s node rank %lld, %s%s%s%s%s\n", str(x, "node", "?"),
+               (long long)json_integer_value(json_object_get(x, "node_rank")), which,
                gpus[0] ? ", GPUs " : "", gpus, json_object_get(x, "state") ? ", " : "",
                str(x, "state", ""));
     }

@@ -115,6 +115,16 @@ static void say(view *v, const char *fmt, ...) {
     fflush(stdout);
 }
 
+void tc_rank_range(json_t *ranks, char *out, size_t len) {
+    size_t n = json_array_size(ranks);
+    long long first = json_integer_value(json_array_get(ranks, 0));
+    long long last = json_integer_value(json_array_get(ranks, n ? n - 1 : 0));
+    if (n <= 1)
+        snprintf(out, len, "rank %lld", first);
+    else
+        snprintf(out, len, "ranks %lld-%lld", first, last);
+}
+
 static double num(json_t *o, const char *key) {
     return json_number_value(json_object_get(o, key));
 }
@@ -138,9 +148,19 @@ static void show_event(view *v, const char *event, json_t *d) {
     } else if (strcmp(event, "eval") == 0) {
         v->have_acc = json_object_get(d, "val_acc") != NULL;
         v->val_acc = num(d, "val_acc");
-        say(v, "epoch %d  step %ld  val_loss %.4f  val_acc %.4f",
-            (int)json_integer_value(json_object_get(d, "epoch")),
-            (long)json_integer_value(json_object_get(d, "step")), num(d, "val_loss"), v->val_acc);
+        char line[160];
+        int k = 0;
+        if (json_object_get(d, "epoch"))
+            k = snprintf(line, sizeof line, "epoch %d  ",
+                         (int)json_integer_value(json_object_get(d, "epoch")));
+        k += snprintf(line + k, sizeof line - (size_t)k, "step %ld",
+                      (long)json_integer_value(json_object_get(d, "step")));
+        const char *names[] = {"val_loss", "val_acc"};
+        for (int n = 0; n < 2 && k > 0 && (size_t)k < sizeof line; n++)
+            if (json_is_number(json_object_get(d, names[n])))
+                k += snprintf(line + k, sizeof line - (size_t)k, "  %s %.4f", names[n],
+                              num(d, names[n]));
+        say(v, "%s", line);
     } else if (strcmp(event, "checkpoint") == 0) {
         say(v, "checkpoint  step %ld  %.1f kB  %s",
             (long)json_integer_value(json_object_get(d, "step")), num(d, "size") / 1000.0,
@@ -161,10 +181,11 @@ static void show_event(view *v, const char *event, json_t *d) {
         json_t *nd;
         json_array_foreach(json_object_get(d, "nodes"), i, nd) {
             json_t *ranks = json_object_get(nd, "ranks");
-            size_t n = json_array_size(ranks), used = strlen(where);
-            snprintf(where + used, sizeof where - used, "%s%s (ranks %lld-%lld)", i ? ", " : "",
-                     str(nd, "node", "?"), (long long)json_integer_value(json_array_get(ranks, 0)),
-                     (long long)json_integer_value(json_array_get(ranks, n ? n - 1 : 0)));
+            size_t used = strlen(where);
+            char which[64];
+            tc_rank_range(ranks, which, sizeof which);
+            snprintf(where + used, sizeof where - used, "%s%s (%s)", i ? ", " : "",
+                     str(nd, "node", "?"), which);
         }
         say(v, "attempt %ld placed on %s; rendezvous at %s:%ld",
             (long)json_integer_value(json_object_get(d, "attempt")), where,

@@ -111,6 +111,11 @@ int tc_fail_reply(const tc_conn *c, const tc_reply *r, const char *err) {
         fprintf(stderr, "trainctl: interrupted\n");
         return 130;
     }
+    if ((!r || r->status == 0) && err && (strstr(err, "SSL") || strstr(err, "certificate")))
+        return tc_error("cannot reach traind at %s: %s (a TLS failure: give the CA that signed "
+                        "the daemon's certificate with --cacert FILE, TRAIND_CACERT or \"cacert\" "
+                        "in the config file)",
+                        c->url, err);
     if (!r || r->status == 0)
         return tc_error("cannot reach traind at %s: %s (is it running? give --url or TRAIND_URL)",
                         c->url, err && *err ? err : "no answer");

@@ -64,7 +64,8 @@ static const command COMMANDS[] = {
      "Usage: trainctl submit SPEC|- [--name NAME] [--nproc N] [--nnodes N]\n"
      "                       [--set PATH=VALUE]... [--follow] [--json] [--cancel-on-interrupt]\n"
      "\n"
-     "Submits the job spec in SPEC (a JSON file; - reads stdin) and prints its id.\n"
+     "Submits the job spec in SPEC (a JSON file; - reads stdin) and prints\n"
+     "\"job ID submitted: NAME, STATE\" (with --quiet, the id alone).\n"
      "  --name NAME          the job's name\n"
      "  --nproc N            processes per node (resources.nproc, or nproc_per_node across\n"
      "                       nodes)\n"
@@ -74,6 +75,7 @@ static const command COMMANDS[] = {
      "                       VALUE is JSON when it parses as JSON, else a string (repeatable)\n"
      "  --follow             then follow it as `trainctl follow` does (exit status: its end)\n"
      "  --json               print the job (or, with --follow, its events) as JSON\n"
+     "  -q, --quiet          print the job's id alone, as id=$(trainctl submit -q SPEC) wants\n"
      "  --cancel-on-interrupt  with --follow: Ctrl-C cancels the job\n"},
     {"ls", tc_cmd_ls,
      "Usage: trainctl ls [--state STATE[,STATE...]] [--limit N] [--json]\n"

@@ -80,6 +80,9 @@ typedef void (*tc_notice_fn)(void *ctx, const char *text);
 int tc_events_follow(const tc_conn *c, long job, long *last_id, tc_event_fn fn, tc_notice_fn notice,
                      void *ctx, volatile sig_atomic_t *stop, double give_up_s);
 
+/* "rank 3" or "ranks 0-3" for a placement's array of ranks (tc_follow.c). */
+void tc_rank_range(json_t *ranks, char *out, size_t len);
+
 /* ---- tc_follow.c: a followed job on screen ---- */
 typedef struct tc_follow_options {
     bool json;                /* one JSON event per line, not the progress line */

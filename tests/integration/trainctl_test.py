@@ -280,6 +280,35 @@ class TrainctlTest(daemon_test.DaemonTest):
         self.assertIn("reconnecting", err)
         self.assertIn("reconnected", err)
 
+    def test_e_rough_edges(self):
+        """What a newcomer tripped on: submit -q prints the id alone; an eval line without
+        val_loss shows none (no invented 0.0000); one rank is "rank 0", not "ranks 0-0";
+        cancelling a finished job says it ended; a TLS failure points at --cacert."""
+        d = self.start_daemon("--slots", "1", "--node-name", "solo")
+        code = ("import json\n"
+                "print(json.dumps({'event': 'eval', 'step': 3, 'val_acc': 0.5}))\n")
+        rc, out, err = self.run_ctl(d, "submit", "-q", self.spec_file(
+            {"name": "evalonly", "command": ["/usr/bin/python3", "-c", code]}))
+        self.assertEqual(rc, 0, err)
+        jid = out.strip()
+        self.assertTrue(jid.isdigit(), out)
+        rc, out, err = self.run_ctl(d, "follow", jid)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("val_loss", out + err)
+        rc, out, err = self.run_ctl(d, "show", jid)
+        self.assertIn("evaluation  step 3, val_acc 0.5000\n", out)
+        self.assertNotIn("val_loss", out)
+        self.assertIn("node rank 0, rank 0", out)
+        self.assertNotIn("ranks 0-0", out)
+        rc, out, err = self.run_ctl(d, "cancel", jid)
+        self.assertNotEqual(rc, 0)
+        self.assertIn(f"job {jid} has already ended (succeeded): there is nothing to cancel", err)
+        env = self.env(d)
+        env["TRAIND_URL"] = f"https://127.0.0.1:{d.port}"  # plain HTTP behind an https URL
+        rc, out, err = self.run_ctl(d, "ls", env=env)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("--cacert", err)
+
 
 class CompletionAndManual(unittest.TestCase):
     def test_d_bash_completion_and_man_page(self):
@@ -307,9 +336,8 @@ def main():
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
     TRAINCTL = os.path.abspath(sys.argv[2])
     daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[3])
-    suite = unittest.TestSuite(TrainctlTest(name) for name in
-                               ("test_a_every_subcommand", "test_b_follow_on_a_terminal",
-                                "test_c_follow_resumes_across_a_daemon_restart"))
+    suite = unittest.TestSuite(TrainctlTest(name) for name in sorted(vars(TrainctlTest))
+                               if name.startswith("test_"))
     suite.addTest(CompletionAndManual("test_d_bash_completion_and_man_page"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
