@@ -212,6 +212,25 @@ static bool choose(const job *jb, const td_cluster_node *nodes, int n, const int
     return pick_nodes(jb, nodes, n, cap, picked);
 }
 
+/* Why jb fits on too few nodes now: how many it needs, with how many free slots, how many have
+ * them. */
+static void say_nodes_wait(job *jb, const td_cluster_node *nodes, int n, const int *cap) {
+    int need = td_jobs_slots(jb), have = 0, alive = 0, drained = 0;
+    for (int i = 0; i < n; i++) {
+        if (nodes[i].lost || nodes[i].stale) continue;
+        alive++;
+        drained += nodes[i].drained;
+        have += !nodes[i].drained && cap[i] >= need;
+    }
+    int want = jb->nnodes > 0 ? jb->nnodes : 1;
+    td_jobs_waits(jb,
+                  "waits for %d node%s with %d free slot%s each%s: %d of the %d node%s alive "
+                  "ha%s them now%s",
+                  want, want == 1 ? "" : "s", need, need == 1 ? "" : "s",
+                  jb->pin ? " among resources.nodes" : "", have, alive, alive == 1 ? "" : "s",
+                  have == 1 ? "s" : "ve", drained ? " (drained nodes take none)" : "");
+}
+
 /* What try_start did: nothing (it waits), started the job, or ended it (its checkpoint cannot
  * be had: failed, out of the queue, holding nothing). */
 enum { TRY_WAITS, TRY_STARTED, TRY_ENDED };
@@ -220,7 +239,10 @@ enum { TRY_WAITS, TRY_STARTED, TRY_ENDED };
 static int try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *cap) {
     int picked[jb->nnodes];
     bool local;
-    if (!choose(jb, nodes, n, cap, picked, &local)) return TRY_WAITS;
+    if (!choose(jb, nodes, n, cap, picked, &local)) {
+        say_nodes_wait(jb, nodes, n, cap);
+        return TRY_WAITS;
+    }
     if (local) {
         if (!td_jobs_reserve_slots(j, jb)) return TRY_WAITS;
         cap[0] -= td_jobs_slots(jb);
@@ -230,6 +252,8 @@ static int try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *ca
     bool on_master = false;
     for (int i = 0; i < jb->nnodes; i++) on_master |= nodes[picked[i]].master;
     int resume = td_jobs_resume_ready(j, jb, on_master);
+    if (resume == TD_RESUME_WAIT)
+        td_jobs_waits(jb, "waits for its checkpoint to reach the nodes it was placed on");
     if (resume != TD_RESUME_READY) return resume == TD_RESUME_FAILED ? TRY_ENDED : TRY_WAITS;
     start_parts(j, jb, nodes, picked);
     if (!jb->parts) return TRY_WAITS;
@@ -272,6 +296,12 @@ void td_jobs_schedule_cluster(td_jobs *j) {
             continue;
         }
         /* backfill only where the head still fits when everything running now has ended */
+        td_jobs_waits(jb,
+                      "waits behind job %ld, first in the queue (%s): it starts first only "
+                      "where it cannot delay that job",
+                      head->row.id,
+                      head->row.priority != jb->row.priority ? "a higher priority"
+                                                             : "submitted earlier");
         int trial[n], picked_head[head->nnodes > 0 ? head->nnodes : 1];
         int picked[jb->nnodes];
         bool local;

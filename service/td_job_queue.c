@@ -98,6 +98,34 @@ static void head_shadow(td_jobs *j, const job *head, double now, double *shadow,
     *spare = free_slots - td_jobs_slots(head);
 }
 
+/* Why the queue's first job does not start on this node. */
+static void say_head_waits(td_jobs *j, job *jb) {
+    int need = td_jobs_slots(jb), free_slots = j->cfg.slots - j->used_slots, running = 0;
+    for (int i = 0; i < j->n_live; i++) running += j->live[i]->active;
+    const char *what = j->cfg.gpus > 0 ? "GPUs" : "slots";
+    if (free_slots >= need)
+        td_jobs_waits(jb,
+                      "waits for its %d GPUs: %d are free by count, but a job that is stopping "
+                      "still holds some",
+                      need, free_slots);
+    else
+        td_jobs_waits(jb,
+                      "waits for %d free %s: %d of %d are free, the rest held by %d running "
+                      "job%s",
+                      need, what, free_slots, j->cfg.slots, running, running == 1 ? "" : "s");
+}
+
+/* Why a job behind the queue's first did not start ahead of it. */
+static void say_behind(td_jobs *j, job *jb, const job *head) {
+    int need = td_jobs_slots(jb), free_slots = j->cfg.slots - j->used_slots;
+    td_jobs_waits(
+        jb, "waits behind job %ld, first in the queue (%s); %s", head->row.id,
+        head->row.priority != jb->row.priority ? "a higher priority" : "submitted earlier",
+        free_slots < need ? "and for free slots"
+                          : "starting now could delay that job (it could start first with a "
+                            "time_limit_s that ends before that job can start)");
+}
+
 /* Recovered jobs first (they were running), then the queue by priority and age. The first job
  * that does not fit holds its place: a later one starts only where it cannot delay it. */
 void td_jobs_schedule(td_jobs *j) {
@@ -105,7 +133,15 @@ void td_jobs_schedule(td_jobs *j) {
         td_jobs_schedule_cluster(j);
         return;
     }
-    if (j->draining) return; /* a drained node starts nothing, restarts included */
+    if (j->draining) { /* a drained node starts nothing, restarts included */
+        for (int i = 0; i < j->n_live; i++)
+            if (j->live[i]->state == QUEUED)
+                td_jobs_waits(j->live[i],
+                              "waits for this node (%s) to be undrained (POST "
+                              "/v1/nodes/%s/undrain): a drained node starts no job",
+                              j->node_name, j->node_name);
+        return;
+    }
     for (int i = 0; i < j->n_live; i++) {
         job *jb = j->live[i];
         if (jb->state != RESTARTING || jb->active) continue;
@@ -132,9 +168,11 @@ void td_jobs_schedule(td_jobs *j) {
                 continue;
             }
             head = jb;
+            say_head_waits(j, jb);
             head_shadow(j, head, now, &shadow, &spare);
             continue;
         }
+        say_behind(j, jb, head); /* unless it starts below */
         if (j->cfg.slots - j->used_slots < td_jobs_slots(jb)) continue;
         bool ends_in_time =
             jb->row.time_limit_s > 0 && shadow > now && now + jb->row.time_limit_s <= shadow;

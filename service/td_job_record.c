@@ -7,6 +7,7 @@
 
 #include "service/td_strv.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -61,9 +62,10 @@ const char *td_jobs_render(job *jb) {
         jb->row.time_limit_s > 0 ? json_real(jb->row.time_limit_s) : json_null(), "created_at",
         time_json(jb->row.created_at), "started_at", time_json(jb->row.started_at), "finished_at",
         time_json(jb->row.finished_at), "exit_code", td_jobs_code_json(jb->row.exit_code), "reason",
-        td_jobs_reason_json(jb->row.reason), "attempts", attempts, "latest", "train",
-        jb->latest_train ? jb->latest_train : json_null(), "eval",
-        jb->latest_eval ? jb->latest_eval : json_null(), "checkpoints", jb->n_checkpoints);
+        td_jobs_reason_json(jb->state == QUEUED && !jb->row.reason[0] ? jb->waiting
+                                                                      : jb->row.reason),
+        "attempts", attempts, "latest", "train", jb->latest_train ? jb->latest_train : json_null(),
+        "eval", jb->latest_eval ? jb->latest_eval : json_null(), "checkpoints", jb->n_checkpoints);
     if (o) {
         json_object_set_new(o, "nnodes", json_integer(jb->nnodes > 0 ? jb->nnodes : 1));
         json_object_set_new(o, "gpus_per_proc",
@@ -103,6 +105,17 @@ const char *td_jobs_render(job *jb) {
 void td_jobs_stale(job *jb) {
     free(jb->json);
     jb->json = NULL;
+}
+
+void td_jobs_waits(job *jb, const char *fmt, ...) {
+    char text[sizeof jb->waiting];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (strcmp(text, jb->waiting) == 0) return;
+    memcpy(jb->waiting, text, sizeof text);
+    td_jobs_stale(jb);
 }
 
 job *td_jobs_find(td_jobs *j, long id) {

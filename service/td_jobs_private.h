@@ -91,6 +91,7 @@ typedef struct job {
     char *dir;                /* STATE_DIR/jobs/ID (allocated: most jobs are finished ones, and a
                                  job record's size is the daemon's memory per job kept) */
     char **argv, **env;       /* what an attempt runs */
+    char waiting[320];        /* while queued: what it waits for, in words (its reason) */
     json_t *metrics;          /* a command's metrics (patterns, tensorboard_dir), for rank 0's
                                  shepherd; NULL for a train job */
     char local_rank_arg[16];  /* a command's --local_rank option (td_launch_config); "": none */
@@ -270,6 +271,8 @@ json_t *td_jobs_code_json(int code);
 json_t *td_jobs_reason_json(const char *r);
 const char *td_jobs_render(job *jb); /* the job object as JSON, cached until stale */
 void td_jobs_stale(job *jb);
+/* What a queued job waits for, in words: its reason while queued (the scheduler says it). */
+void td_jobs_waits(job *jb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 job *td_jobs_find(td_jobs *j, long id);
 void td_jobs_add(td_jobs *j, job *jb); /* and to the live list, unless it is finished */
 void td_jobs_live_compact(td_jobs *j);

@@ -1719,6 +1719,13 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual(d.job(b["id"])["state"], "queued")
         self.assertEqual(d.job(e_low["id"])["state"], "queued",
                          "backfill must not delay the head of the queue")
+        # a queued job says what it waits for
+        self.assertEqual(d.job(b["id"])["reason"],
+                         "waits for 2 free slots: 1 of 3 are free, the rest held by 2 running jobs")
+        self.assertEqual(d.job(e_low["id"])["reason"],
+                         f"waits behind job {b['id']}, first in the queue (submitted earlier); "
+                         "starting now could delay that job (it could start first with a "
+                         "time_limit_s that ends before that job can start)")
         listing = d.get_ok("/v1/jobs?state=queued")["jobs"]
         self.assertEqual({j["id"] for j in listing}, {b["id"], e_low["id"]})
         for job in (b, c, e_low, e_high):
@@ -1858,6 +1865,8 @@ class DaemonTest(unittest.TestCase):
         status, _, _ = d.json("POST", f"/v1/jobs/{a['id']}/cancel")
         self.assertEqual(status, 200)
         self.assertEqual(d.job(b["id"])["state"], "queued", "a drained node starts nothing")
+        self.assertIn("waits for this node (solo) to be undrained (POST /v1/nodes/solo/undrain)",
+                      d.job(b["id"])["reason"])
         self.assertEqual(d.get_ok("/v1/nodes")["nodes"][0]["state"], "draining")
 
         # drained is kept: a restarted daemon still is, and says so
