@@ -58,6 +58,7 @@ int main(int argc, char **argv) {
     } else {
         check_port(&o);
     }
+    run_rendezvous *rdzv = run_rendezvous_join(&o, stderr);
     char **command = run_command(&o, stderr);
     o.launch.argv = command;
     char name[256];
@@ -75,6 +76,7 @@ int main(int argc, char **argv) {
     int code;
     int rc = td_launch_run(&o.launch, stderr, &code, &err);
     run_files_finish(files);
+    run_rendezvous_finish(rdzv, rc == 0 ? code : 1);
     td_strv_free(command);
     if (rc != 0) {
         fprintf(stderr, "traind-run: %s\n", err.msg);

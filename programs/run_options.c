@@ -59,9 +59,10 @@ static const option OPTIONS[] = {
     {O_RDZV_BACKEND, "--rdzv-backend", NULL, "static|c10d",
      "static (default) or c10d: both meet at the endpoint (or --master-addr/--master-port)"},
     {O_RDZV_ENDPOINT, "--rdzv-endpoint", NULL, "HOST[:PORT]",
-     "the rendezvous: MASTER_ADDR and MASTER_PORT (port default 29400 with c10d)"},
+     "static: MASTER_ADDR:MASTER_PORT; c10d: where the launchers meet (port 29400)"},
     {O_RDZV_ID, "--rdzv-id", "--run-id", "ID", "the job's id, the same on every node"},
-    {O_RDZV_CONF, "--rdzv-conf", NULL, "K=V,...", "accepted; traind-run uses none of them"},
+    {O_RDZV_CONF, "--rdzv-conf", NULL, "K=V,...",
+     "c10d across nodes: join_timeout=S (default 600); other keys are not used"},
     {O_MAX_RESTARTS, "--max-restarts", NULL, "R",
      "restarts of the group after a failure (default 0)"},
     {O_MONITOR_INTERVAL, "--monitor-interval", NULL, "S", "accepted; workers are watched at once"},
@@ -97,6 +98,9 @@ void run_options_usage(FILE *out) {
         fprintf(out, "  %-34s %s\n", left, p->help);
     }
     fprintf(out,
+            "\nAcross nodes with c10d the launchers meet at the endpoint (node ranks in join\n"
+            "order unless given; the workers' MASTER_PORT a free port on the endpoint's host),\n"
+            "and a node whose workers fail stops the others' workers 5 s later.\n"
             "\nEach process gets torchrun's environment: RANK, LOCAL_RANK, WORLD_SIZE,\n"
             "LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,\n"
             "TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_ERROR_FILE,\n"
@@ -186,6 +190,7 @@ static void apply(run_options *o, const option *p, const char *v) {
         break;
     case O_NODE_RANK:
         c->node_rank = int_value("--node-rank", v, 0, 1 << 16);
+        o->node_rank_given = true;
         break;
     case O_MASTER_ADDR:
         snprintf(c->master_addr, sizeof c->master_addr, "%s", v);
@@ -242,6 +247,8 @@ static void apply(run_options *o, const option *p, const char *v) {
         printf("traind-run %s\n", TRAIND_VERSION);
         exit(0);
     case O_RDZV_CONF:
+        o->rdzv_conf = v;
+        break;
     case O_MONITOR_INTERVAL:
     case O_START_METHOD:
     case O_USE_ENV:

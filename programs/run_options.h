@@ -18,7 +18,9 @@ typedef struct run_options {
     const char *rdzv_backend;    /* "static" (default) or "c10d" */
     const char *rdzv_endpoint;   /* HOST[:PORT], or NULL */
     const char *local_rank_arg;  /* "--local_rank" or "--local-rank", or NULL */
-    char **command;              /* the script (or module, or program) and its arguments */
+    const char *rdzv_conf;       /* "key=value,...", or NULL */
+    bool node_rank_given;
+    char **command; /* the script (or module, or program) and its arguments */
 } run_options;
 
 /* Parses argv into o. Exits with status 2 and a message on bad input, 0 after --help or
@@ -33,6 +35,23 @@ void run_options_usage(FILE *out);
  * as it is. Returns the argv to launch (allocated) and prints what it chose to log. Exits with
  * status 2 on a contradiction (-m with --no-python). */
 char **run_command(const run_options *o, FILE *log);
+
+/* The launchers' own rendezvous (run_rendezvous.c), for --rdzv-backend c10d with --nnodes above
+ * 1, as torchrun's agents meet at the c10d endpoint: the launcher on the endpoint's host (or
+ * the one given --node-rank 0) listens there, every launcher joins, and once --nnodes have
+ * joined each gets its node rank (its --node-rank, else in the order they joined, the host's 0)
+ * and the workers' MASTER_PORT (a free port on the host; MASTER_ADDR is the endpoint's host).
+ * While the job runs, a node whose workers fail tells the host, which tells the others: their
+ * workers are stopped 5 s later if they have not ended by then (most fail at once, in their
+ * collectives, with the cause), and their attempt counts as failed. A launcher that vanishes is
+ * a failure too. Runs the whole time in a thread of the host's launcher. */
+typedef struct run_rendezvous run_rendezvous;
+/* NULL unless o asks for it; else joins (exits 1 saying why when it fails: another run id, a
+ * node rank twice, a different --nproc-per-node, no host within the join timeout) and sets
+ * o->launch's node_rank, master_port and watch hook. */
+run_rendezvous *run_rendezvous_join(run_options *o, FILE *log);
+/* Tells the host how this node ended (code 0: done) and closes; r may be NULL. */
+void run_rendezvous_finish(run_rendezvous *r, int code);
 
 /* The per-attempt files of a run (run_files.c): error files, --log-dir, --redirects, --tee,
  * and torchrun's failure summary after a failed attempt. */

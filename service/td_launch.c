@@ -452,6 +452,7 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
         return -1;
     }
     if (attempt == 0 && g.env_note[0]) fprintf(log, "[traind-run] %s\n", g.env_note);
+    bool peer_failed = false;
     while (!td_group_over(&g)) {
         if (cfg->stop_signal && *cfg->stop_signal && !g.terminating) {
             fprintf(log, "[traind-run] forwarding signal %d to the workers\n",
@@ -464,6 +465,13 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
                          (int)*cfg->stop_signal, strsignal((int)*cfg->stop_signal));
                 tell_master(cfg, attempt, what, log);
             }
+        }
+        char why[512];
+        if (cfg->watch && cfg->watch(cfg->watch_arg, attempt, &g, why, sizeof why) &&
+            !g.terminating) { /* another node failed: its ranks' peers here stop too */
+            fprintf(log, "[traind-run] %s; stopping this node's workers\n", why);
+            td_group_terminate(&g, SIGTERM, cfg->grace_s);
+            peer_failed = true;
         }
         int status;
         pid_t pid = wait_child(&status);
@@ -479,7 +487,8 @@ static int run_attempt(const td_launch_config *cfg, int attempt, FILE *log, bool
             fprintf(log, "[traind-run] %s%s\n", g.reason,
                     g.alive > 0 ? "; stopping the other workers" : "");
     }
-    int code = g.first_failure;
+    /* stopped for another node's failure: this attempt failed too (a restart, if any left) */
+    int code = g.first_failure ? g.first_failure : peer_failed ? 1 : 0;
     if (cfg->after_attempt) cfg->after_attempt(cfg->hook_arg, attempt, &g);
     td_group_free(&g);
     return code;

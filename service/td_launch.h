@@ -74,6 +74,11 @@ typedef struct td_launch_config {
      * after it is over, with its group (to report a failure, close its files) */
     int (*before_attempt)(void *arg, int attempt, td_err *err);
     void (*after_attempt)(void *arg, int attempt, const struct td_group *g);
+    /* td_launch_run only, optional: called every 200 ms at most while an attempt runs; true
+     * (with why) when another node's failure means this node's workers should stop (the
+     * attempt then counts as failed) */
+    bool (*watch)(void *arg, int attempt, const struct td_group *g, char *why, size_t len);
+    void *watch_arg;
     void *hook_arg;
 } td_launch_config;
 

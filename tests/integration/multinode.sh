@@ -9,6 +9,7 @@
 #      peer, the address and port, and the fix
 #   4. a node told (TRAIND_HOST) to advertise an address nobody has: both fail at once
 #   5. PyTorch's DDP tutorial (gloo) across the two hosts without GLOO_SOCKET_IFNAME
+#   6. the same with the tutorial's c10d line: node ranks from the launchers' rendezvous
 # Everything it creates (namespaces, their links, processes, files) goes on exit, also on
 # failure. Exit 77 (ctest: skipped) when not root or namespaces cannot be made here.
 #   multinode.sh TRAIND_RUN TRAIND_WORKER SOURCE_DIR
@@ -157,6 +158,24 @@ for k in 0 1; do
     if grep -q "GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0: the interface of the route to MASTER_ADDR $master ($net.$((k + 1)))" "$tmp/node$k.err"; then ok; else bad "DDP tutorial, node $k's interface: $(cat "$tmp/node$k.err")"; fi
 done
 echo "DDP tutorial on 2 hosts: $(($(date +%s) - start)) s"
+
+# 6. the tutorial's torchrun line for two hosts as users type it: c10d at the master's address,
+# no --node-rank (the launcher on the endpoint's host hosts the rendezvous and is node 0)
+port=$((port + 1))
+start=$(date +%s)
+for k in 0 1; do
+    node "$k" "$tag-n$k" env PYTHON=/usr/bin/python3 "$run" --nnodes=2 --nproc_per_node=1 \
+        --rdzv_id=100 --rdzv_backend=c10d --rdzv_endpoint="$master:$port" \
+        "$src/tests/integration/torchrun/ddp_tutorial.py"
+    eval "p$k=\$!"
+done
+wait "$p0"
+c0=$?
+wait "$p1"
+c1=$?
+if [ "$c0" = 0 ] && [ "$c1" = 0 ]; then ok; else bad "c10d on 2 hosts: codes $c0 $c1: $(tail -5 "$tmp/node0.err") | $(tail -5 "$tmp/node1.err")"; fi
+if grep -q "node rank 0 of 2 (c10d rendezvous at $master:$port, hosted here)" "$tmp/node0.err" && grep -q "node rank 1 of 2 (c10d rendezvous at $master:$port)" "$tmp/node1.err"; then ok; else bad "c10d node ranks: $(cat "$tmp/node0.err" "$tmp/node1.err")"; fi
+echo "c10d DDP tutorial on 2 hosts: $(($(date +%s) - start)) s"
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

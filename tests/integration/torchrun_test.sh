@@ -103,5 +103,43 @@ kill $holder 2>/dev/null
 wait $holder 2>/dev/null
 if [ "$code" = 1 ] && grep -q "master port $port is in use on this machine" "$tmp/err"; then ok; else bad "port in use: code $code: $(cat "$tmp/err")"; fi
 
+# 10. two launchers of one job meet at a c10d endpoint (both on this machine: the first to bind
+# it hosts), as torchrun's agents do, without --node-rank: node ranks and the workers' port
+# come from the host. A rank that fails outside any collective on one node stops the other
+# node's workers 5 s later (not at their timeout), and with a restart left both start again.
+port=$(free_port)
+two() { # two launchers with the given options and command, both waited for: codes in c0, c1
+    for k in 0 1; do
+        "$run" --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" \
+            "$@" >"$tmp/l$k.out" 2>"$tmp/l$k.err" &
+        eval "p$k=\$!"
+    done
+    wait "$p0"
+    c0=$?
+    wait "$p1"
+    c1=$?
+    elapsed=$(($(date +%s) - start))
+}
+start=$(date +%s)
+two --max-restarts 1 --no-python sh -c 'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+    [ "$RANK" = 3 ] && exit 3; exec sleep 120; fi; echo "rank $RANK of $WORLD_SIZE at $MASTER_PORT"'
+if [ "$c0" = 0 ] && [ "$c1" = 0 ]; then ok; else bad "c10d restart: codes $c0 $c1: $(cat "$tmp/l0.err" "$tmp/l1.err")"; fi
+if [ "$elapsed" -lt 60 ]; then ok; else bad "c10d: the other node's workers ran on for $elapsed s"; fi
+if [ "$(cat "$tmp/l0.out" "$tmp/l1.out" | sed 's/ at [0-9]*$//' | sort | tr '\n' '|')" = "rank 0 of 4|rank 1 of 4|rank 2 of 4|rank 3 of 4|" ]; then ok; else bad "c10d ranks: $(cat "$tmp/l0.out" "$tmp/l1.out")"; fi
+if [ "$(cat "$tmp/l0.out" "$tmp/l1.out" | grep -o 'at [0-9]*$' | sort -u | wc -l)" = 1 ] && ! grep -q "at $port\$" "$tmp/l0.out"; then ok; else bad "c10d: the workers' MASTER_PORT: $(cat "$tmp/l0.out" "$tmp/l1.out")"; fi
+if grep -q "node 1: rank 3 (local 1, pid [0-9]*) failed with exit code 3 (5 s ago); stopping this node's workers" "$tmp/l0.err" "$tmp/l1.err"; then ok; else bad "c10d stop message: $(cat "$tmp/l0.err" "$tmp/l1.err")"; fi
+# launchers that disagree on the run id: refused on both at once, saying so
+port=$(free_port)
+for k in 0 1; do
+    "$run" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "job-$k" \
+        --no-python true >/dev/null 2>"$tmp/l$k.err" &
+    eval "p$k=\$!"
+done
+wait "$p0"
+c0=$?
+wait "$p1"
+c1=$?
+if [ "$c0" = 1 ] && [ "$c1" = 1 ] && [ "$(grep -l 'give every node the same --rdzv-id' "$tmp/l0.err" "$tmp/l1.err" | wc -l)" = 2 ]; then ok; else bad "c10d run ids: codes $c0 $c1: $(cat "$tmp/l0.err" "$tmp/l1.err")"; fi
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
