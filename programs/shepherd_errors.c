@@ -12,15 +12,14 @@
 
 enum { MAX_ERROR_FILE = 1 << 20 };
 
-/* The error files' path below jobdir ("work/.torchelastic"), or "" when the processes do not
- * run in jobdir/work. */
+/* The error files' path below jobdir: in its work directory ("work/.torchelastic") when the
+ * job has one of its own, else in jobdir itself; "" for one launching process (its ranks are
+ * its own children: torchrun's error file is a rank's). */
 static void relative_dir(const td_launch_config *c, const char *jobdir, char *out, size_t len) {
-    size_t n = strlen(jobdir);
+    (void)jobdir;
     out[0] = 0;
-    if (c->launch_self || !c->cwd || strncmp(c->cwd, jobdir, n) != 0 || c->cwd[n] != '/' ||
-        strcmp(c->cwd + n + 1, "work") != 0)
-        return;
-    snprintf(out, len, "work/.torchelastic");
+    if (c->launch_self) return;
+    snprintf(out, len, "%s", c->user && c->user->drop ? "work/.torchelastic" : ".torchelastic");
 }
 
 void shepherd_errors_prepare(td_launch_config *c, int attempt, const char *jobdir, char *dir) {
@@ -45,7 +44,7 @@ void shepherd_errors_prepare(td_launch_config *c, int attempt, const char *jobdi
     }
     close(jfd);
     if (!made) return;
-    snprintf(dir, PATH_MAX, "%s/%s", c->cwd, ".torchelastic");
+    snprintf(dir, PATH_MAX, "%s/%s", jobdir, rel);
     c->error_dir = dir;
 }
 

@@ -55,6 +55,7 @@
 #include "service/td_appender.h"
 #include "service/td_buf.h"
 #include "service/td_cgroup.h"
+#include "service/td_jobfs.h"
 #include "service/td_launch.h"
 #include "service/td_metric_patterns.h"
 #include "service/td_shepherd.h"
@@ -99,6 +100,8 @@ typedef struct spec {
      * directory below dir where its SummaryWriter writes ("": none) */
     td_metric_patterns *patterns;
     char tensorboard_dir[256];
+    bool dir_as_job; /* "dir_as_job": dir is the job's choice, entered as the job */
+    int dir_fd;      /* it, open (-1: dir entered by its name) */
 } spec;
 
 __attribute__((format(printf, 1, 2), noreturn)) static void fail_spec(const char *fmt, ...) {
@@ -245,6 +248,11 @@ static void read_spec(spec *s, const char *path) {
         c->cgroup = s->ranks_cgroup;
     }
     c->max_file_bytes = integer(o, "max_file_bytes", 0, 0, LONG_MAX, false, path);
+    bool as_job = false;
+    if (td_json_bool(o, "", "dir_as_job", false, &as_job, &err) != 0)
+        fail_spec("%s: %s", path, err.msg);
+    s->dir_as_job = as_job;
+    s->dir_fd = -1;
     json_t *metrics = json_object_get(o, "metrics");
     json_t *patterns = json_object_get(metrics, "patterns");
     int bad;
@@ -578,6 +586,26 @@ static bool waits_for_space(const shepherd *h) {
     return false;
 }
 
+/* The directory the job chose to start in ("cwd"), opened as the job: beneath its directory
+ * when it is below it (made there when missing), else as the job would open it. */
+static void open_job_dir(spec *s, const char *jobdir, char *error, size_t len) {
+    const td_identity *who = s->launch.user && s->launch.user->drop ? s->launch.user : NULL;
+    td_err err = {{0}};
+    size_t n = strlen(jobdir);
+    if (strncmp(s->dir, jobdir, n) == 0 && s->dir[n] == '/') {
+        int jfd = open(jobdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        s->dir_fd = jfd < 0 ? -1 : td_jobfs_mkdirs(who, jfd, s->dir + n + 1, 0700, &err);
+        if (jfd >= 0) close(jfd);
+    } else {
+        s->dir_fd = td_jobfs_open_path(who, jobdir, s->dir, O_RDONLY | O_DIRECTORY, &err);
+    }
+    if (s->dir_fd < 0)
+        snprintf(error, len, "cannot enter the job's cwd %.300s: %.600s", s->dir,
+                 err.msg[0] ? err.msg : strerror(errno));
+    else
+        s->launch.cwd_fd = &s->dir_fd;
+}
+
 /* ---- the status file ------------------------------------------------------------------------ */
 
 static void write_status(shepherd *h, const char *start_error) {
@@ -779,6 +807,8 @@ int main(int argc, char **argv) {
     static char jobdir[PATH_MAX], error_dir[PATH_MAX];
     snprintf(jobdir, sizeof jobdir, "%s", h.s.status_path);
     if (strrchr(jobdir, '/')) *strrchr(jobdir, '/') = 0;
+    if (!start_error[0] && h.s.dir_as_job)
+        open_job_dir(&h.s, jobdir, start_error, sizeof start_error);
     if (!start_error[0]) shepherd_errors_prepare(&h.s.launch, h.s.attempt, jobdir, error_dir);
     /* what is there already belongs to an earlier attempt: noted before this one starts */
     if (!start_error[0] && h.out.fd >= 0)

@@ -168,7 +168,9 @@ static void scan(shepherd_tboard *t, bool baseline) {
 
 shepherd_tboard *shepherd_tboard_new(const td_launch_config *c, const char *dir) {
     if (!dir[0] || !c->cwd) return NULL;
-    int cwd_fd = open(c->cwd, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    /* the directory the workers start in: as they entered it */
+    int cwd_fd = c->cwd_fd ? fcntl(*c->cwd_fd, F_DUPFD_CLOEXEC, 3)
+                           : open(c->cwd, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (cwd_fd < 0) return NULL;
     shepherd_tboard *t = td_calloc(1, sizeof *t);
     t->who = c->user && c->user->drop ? c->user : NULL;

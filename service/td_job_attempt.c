@@ -37,6 +37,7 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
         jb->launch_self = s->launch_self;
         jb->metrics = s->metrics;
         s->metrics = NULL;
+        jb->cwd = s->cwd[0] ? td_str_dup(s->cwd) : NULL;
         s->argv = s->env = NULL;
         return 0;
     }
@@ -154,6 +155,8 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     td_identity who = td_jobs_identity(j, jb);
     char cwd[PATH_MAX + 16];
     if (ok && td_jobs_work_dir(&who, jb->dir, cwd, sizeof cwd, &err) != 0) ok = 0;
+    char start[PATH_MAX + 16];
+    td_jobs_start_dir(cwd, jb->cwd, start, sizeof start);
     size_t n_env = 0;
     while (jb->env[n_env]) n_env++;
     char *env[n_env + 8], *own_env[4] = {NULL};
@@ -182,7 +185,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
                             .argv = jb->argv,
                             .local_rank_arg = jb->local_rank_arg,
                             .launch_self = jb->launch_self,
-                            .cwd = cwd,
+                            .cwd = start,
                             .extra_env = env,
                             .user = &who,
                             .max_file_bytes = jb->disk_bytes};
@@ -210,6 +213,8 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
             td_jobs_shepherd_spec(j, &cfg, a->attempt, logs, devices, td_jobs_deadline(jb));
         if (cgroup[0]) json_object_set_new(spec, "cgroup", json_string(cgroup));
         if (jb->metrics) json_object_set(spec, "metrics", jb->metrics);
+        /* a directory the job chose: the shepherd enters it as the job */
+        if (jb->cwd) json_object_set_new(spec, "dir_as_job", json_true());
         json_object_set_new(
             spec, "daemon",
             json_pack("{s:I, s:i, s:o, s:o, s:O, s:s}", "job", (json_int_t)jb->row.id, "attempt",

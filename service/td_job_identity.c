@@ -118,6 +118,15 @@ static int give_group(const char *path, gid_t gid, mode_t mode, td_err *err) {
     return rc;
 }
 
+void td_jobs_start_dir(const char *work, const char *spec_cwd, char *out, size_t len) {
+    if (!spec_cwd || !spec_cwd[0])
+        snprintf(out, len, "%s", work);
+    else if (spec_cwd[0] == '/')
+        snprintf(out, len, "%s", spec_cwd);
+    else
+        snprintf(out, len, "%s/%s", work, spec_cwd);
+}
+
 int td_jobs_work_dir(const td_identity *who, const char *dir, char *cwd, size_t len, td_err *err) {
     td_jobs_cwd_of(who, dir, cwd, len);
     if (!who->drop) return 0;

@@ -289,8 +289,10 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         td_fail(&err, "the order has no command to run");
         ok = false;
     }
-    char cwd[PATH_MAX + 16];
+    char cwd[PATH_MAX + 16], start[PATH_MAX + 16];
     if (ok && td_jobs_work_dir(&who, g->dir, cwd, sizeof cwd, &err) != 0) ok = false;
+    const char *spec_cwd = order_string(o, "cwd");
+    td_jobs_start_dir(cwd, spec_cwd, start, sizeof start);
     json_t *order_env = json_object_get(o, "env");
     size_t n_env = json_is_array(order_env) ? json_array_size(order_env) : 0;
     env = td_strv_new((int)n_env + 7);
@@ -342,7 +344,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
                             .argv = argv,
                             .local_rank_arg = order_string(o, "local_rank_arg"),
                             .launch_self = self,
-                            .cwd = ok ? cwd : g->dir,
+                            .cwd = ok ? start : g->dir,
                             .extra_env = env,
                             .user = &who,
                             .max_file_bytes = g->disk_bytes};
@@ -352,6 +354,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
         json_t *spec =
             td_jobs_shepherd_spec(j, &cfg, order_int(o, "restart_count"), logs, devices, 0);
         if (g->node_rank != 0) json_object_set_new(spec, "output", json_null());
+        if (spec_cwd && spec_cwd[0]) json_object_set_new(spec, "dir_as_job", json_true());
         json_t *metrics = json_object_get(o, "metrics");
         if (metrics && g->node_rank == 0) json_object_set(spec, "metrics", metrics);
         if (g->cgroup[0]) json_object_set_new(spec, "cgroup", json_string(g->cgroup));

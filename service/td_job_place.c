@@ -372,6 +372,7 @@ static json_t *order(job *jb, const part *p) {
     json_object_set_new(o, "uid", json_integer((json_int_t)jb->row.uid));
     if (jb->metrics && p->node_rank == 0) /* rank 0's lines are the metrics */
         json_object_set(o, "metrics", jb->metrics);
+    if (jb->cwd) json_object_set_new(o, "cwd", json_string(jb->cwd));
     json_object_set_new(
         o, "limits",
         json_pack("{s:I, s:I, s:i, s:I}", "memory_bytes", (json_int_t)jb->cg_limits.memory_bytes,

@@ -388,6 +388,7 @@ void td_jobs_free_job(job *jb) {
     free(jb->log_start);
     td_strv_free(jb->argv);
     json_decref(jb->metrics);
+    free(jb->cwd);
     td_strv_free(jb->env);
     free(jb->json);
     free(jb->devices);

@@ -247,6 +247,7 @@ static int rebuild_run(td_jobs *j, job *jb, td_err *err) {
     jb->env = s.env;
     jb->metrics = s.metrics;
     s.metrics = NULL;
+    jb->cwd = s.cwd[0] ? td_str_dup(s.cwd) : NULL;
     snprintf(jb->local_rank_arg, sizeof jb->local_rank_arg, "%s", s.local_rank_arg);
     s.argv = s.env = NULL;
     td_submission_free(&s);

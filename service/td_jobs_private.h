@@ -92,6 +92,7 @@ typedef struct job {
                                  job record's size is the daemon's memory per job kept) */
     char **argv, **env;       /* what an attempt runs */
     char waiting[320];        /* while queued: what it waits for, in words (its reason) */
+    char *cwd;                /* a command's "cwd" (td_submission), or NULL: its work directory */
     json_t *metrics;          /* a command's metrics (patterns, tensorboard_dir), for rank 0's
                                  shepherd; NULL for a train job */
     char local_rank_arg[16];  /* a command's --local_rank option (td_launch_config); "": none */
@@ -362,6 +363,9 @@ void td_jobs_files_for(const td_jobs *j, long id, long uid, td_job_files *out);
 /* The directory an attempt's processes run in, made ready for who (cwd: dir, or dir/work when
  * they run as another user than the daemon). */
 int td_jobs_work_dir(const td_identity *who, const char *dir, char *cwd, size_t len, td_err *err);
+/* Where the processes start: spec_cwd (a command's "cwd") when absolute, work/spec_cwd when
+ * relative, else the work directory `work`. */
+void td_jobs_start_dir(const char *work, const char *spec_cwd, char *out, size_t len);
 /* That directory's name alone (what a relative path a job prints is relative to). */
 void td_jobs_cwd_of(const td_identity *who, const char *dir, char *cwd, size_t len);
 /* Makes the cgroup of attempt `attempt` of job id on node rank node_rank with lim (td_cgroup.h):

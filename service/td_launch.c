@@ -105,7 +105,8 @@ static void exec_worker(const td_launch_config *cfg, int r, const char *program,
     if (cpus) (void)sched_setaffinity(0, sizeof *cpus, cpus); /* a failure only costs speed */
     if (cfg->stdout_fds && cfg->stdout_fds[r] >= 0) dup2(cfg->stdout_fds[r], STDOUT_FILENO);
     if (cfg->stderr_fds && cfg->stderr_fds[r] >= 0) dup2(cfg->stderr_fds[r], STDERR_FILENO);
-    if (cfg->cwd && chdir(cfg->cwd) != 0) CHILD_FAIL("traind: cannot enter the job directory\n");
+    if (cfg->cwd_fd ? fchdir(*cfg->cwd_fd) != 0 : cfg->cwd && chdir(cfg->cwd) != 0)
+        CHILD_FAIL("traind: cannot enter the job directory\n");
     drop_privileges(cfg, cs);
     /* after the switch: a change of user clears the parent-death signal */
     prctl(PR_SET_PDEATHSIG, SIGKILL);

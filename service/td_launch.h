@@ -38,7 +38,11 @@ typedef struct td_launch_config {
     volatile sig_atomic_t *stop_signal;
 
     /* for the daemon; zero values keep traind-run's behaviour */
-    const char *cwd;        /* the workers' directory; NULL: inherit */
+    const char *cwd; /* the workers' directory; NULL: inherit */
+    /* non-NULL: the workers enter this directory, open already (fchdir), not cwd by its name
+     * (a directory the job chose, opened as the job: entering it by name as root could reach
+     * what the job may not) */
+    const int *cwd_fd;
     const int *stdout_fds;  /* [processes started] dup'ed onto each one's stdout; NULL: inherit */
     const int *stderr_fds;  /* likewise for stderr */
     char *const *extra_env; /* "NAME=value" entries added for every worker; NULL-terminated */

@@ -105,7 +105,7 @@ static int keys_in(json_t *obj, const char *path, const char *const *const *list
 
 static const char *const SERVICE_KEYS[] = {"resources", "restart", "priority", NULL};
 static const char *const COMMAND_KEYS[] = {"name",   "command", "env", "local_rank_arg",
-                                           "launch", "metrics", NULL};
+                                           "launch", "metrics", "cwd", NULL};
 
 /* resources.memory_gb, pids, cpu_weight and disk_gb, within what the daemon allows. */
 static int parse_limits(td_submission *s, json_t *r, const td_submit_rules *rules,
@@ -331,6 +331,30 @@ static int parse_metrics(td_submission *s, json_t *m, td_reply_error *e) {
     return 0;
 }
 
+/* cwd: inside a data root (absolute: every node sees the same files there) or below the job's
+ * work directory (relative: each node its own). */
+static int parse_cwd(td_submission *s, json_t *cwd, const td_submit_rules *rules,
+                     td_reply_error *e) {
+    if (!cwd) return 0;
+    const char *v = json_string_value(cwd);
+    if (!v || !*v || strlen(v) >= sizeof s->cwd)
+        return td_reply_fail(e, 400, "invalid_spec", "cwd",
+                             "cwd: expected a directory path of at most %zu bytes",
+                             sizeof s->cwd - 1);
+    if (v[0] == '/' && !td_path_inside_roots(v, rules->data_roots, rules->n_roots))
+        return td_reply_fail(e, 400, "invalid_spec", "cwd",
+                             "cwd: %s is not inside a data root (the daemon's --data-root): "
+                             "an absolute cwd must be on storage every node shares",
+                             v);
+    if (v[0] != '/' && !plain_relative(v))
+        return td_reply_fail(e, 400, "invalid_spec", "cwd",
+                             "cwd: \"%s\": a relative cwd is below the job's work directory, "
+                             "made of plain names (no \"..\")",
+                             v);
+    snprintf(s->cwd, sizeof s->cwd, "%s", v);
+    return 0;
+}
+
 static int parse_command(td_submission *s, json_t *root, const td_submit_rules *rules,
                          td_reply_error *e) {
     const char *const *lists[] = {COMMAND_KEYS, SERVICE_KEYS, NULL};
@@ -406,6 +430,7 @@ static int parse_command(td_submission *s, json_t *root, const td_submit_rules *
                              "local_rank_arg: a job with launch \"self\" starts one process per "
                              "node, which gives its own processes their ranks; leave it out");
     if (parse_metrics(s, json_object_get(root, "metrics"), e) != 0) return -1;
+    if (parse_cwd(s, json_object_get(root, "cwd"), rules, e) != 0) return -1;
     if (!s->name[0]) {
         const char *base = strrchr(s->argv[n > 1 ? 1 : 0], '/');
         snprintf(s->name, sizeof s->name, "%s", base ? base + 1 : s->argv[n > 1 ? 1 : 0]);

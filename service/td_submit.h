@@ -54,6 +54,10 @@ typedef struct td_submission {
     char **nodes;            /* resources.nodes: the only nodes it may run on; NULL: any */
     int priority;            /* higher first; then submission order */
     double time_limit_s;     /* resources.time_limit_s; 0: none */
+    /* command jobs: "cwd", where every node's processes start: an absolute path inside a data
+     * root (the same on every node: shared storage), or a relative one below each node's work
+     * directory; "": the work directory */
+    char cwd[1024];
     char local_rank_arg[16]; /* command jobs: "--local_rank" or "--local-rank" appended =N to
                                 each process's arguments; "": none */
     int gpus_per_proc;       /* resources.gpus_per_proc: slots (GPUs) each process holds */

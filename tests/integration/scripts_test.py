@@ -266,6 +266,51 @@ class ScriptsTest(daemon_test.DaemonTest):
             "bad", ["true"], 1, metrics={"tensorboard_dir": "../other"}))
         self.assertEqual((status, body["error"]["field"]), (400, "metrics.tensorboard_dir"))
 
+    def test_e5_cwd(self):
+        """cwd: a command starts where the job says (in a data root: the same files on every
+        node), so a script that resumes from its own snapshot finds it after a restart; a cwd
+        outside the data roots, or climbing out of the work directory, is refused; one the job
+        may not enter fails its start, saying so."""
+        root = self.new_state_dir()
+        os.chmod(root, 0o755)
+        shared = os.path.join(root, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)  # jobs run as uids of their own
+        d = self.start_daemon("--slots", "1", "--data-root", root)
+        code = ("import json, os\n"
+                "if os.path.exists('snapshot'):\n"
+                "    print(json.dumps({'event': 'resumed', 'step': 1,"
+                " 'epoch': int(open('snapshot').read()), 'cwd': os.getcwd()}))\n"
+                "else:\n"
+                "    open('snapshot', 'w').write('7')\n"
+                "    raise SystemExit(1)\n")
+        _, metrics = self.run_job(d, command("resume", ["/usr/bin/python3", "-c", code], 1,
+                                             cwd=shared, restart={"max_restarts": 1}))
+        resumed = [m for m in metrics if m["event"] == "resumed"]
+        self.assertEqual([(m["epoch"], m["cwd"]) for m in resumed], [(7, shared)])
+        # relative: below the job's own work directory, made for it
+        _, metrics = self.run_job(d, command("rel", ["/usr/bin/python3", "-c",
+                                                     "import json, os\n"
+                                                     "print(json.dumps({'event': 'at', "
+                                                     "'cwd': os.getcwd()}))\n"], 1,
+                                             cwd="runs/a"))
+        (at,) = [m["cwd"] for m in metrics if m["event"] == "at"]
+        self.assertTrue(at.endswith("/work/runs/a") or at.endswith("/runs/a"), at)
+        for bad, words in (("/etc", "is not inside a data root"),
+                           ("../x", "plain names"), ("", "expected a directory path")):
+            status, _, body = d.json("POST", "/v1/jobs", command("bad", ["true"], 1, cwd=bad))
+            self.assertEqual((status, body["error"]["field"]), (400, "cwd"), body)
+            self.assertIn(words, body["error"]["message"])
+        # inside a data root, but not the job's to enter: the start fails, naming it
+        closed = os.path.join(root, "closed")
+        os.mkdir(closed, 0o700)
+        status, _, job = d.json("POST", "/v1/jobs", command("closed", ["true"], 1, cwd=closed))
+        self.assertEqual(status, 201, job)
+        self.assertEqual(d.follow(job["id"])[-1].data["state"], "failed")
+        job = d.json("GET", f"/v1/jobs/{job['id']}")[2]
+        if os.geteuid() == 0:  # (a daemon that runs jobs as itself may enter it)
+            self.assertIn(f"cannot enter the job's cwd {closed}", job["reason"])
+
     def test_f_gpus_per_proc(self):
         d = self.start_daemon("--gpus", "0,1,2,3")
         # each process writes what it was given as a metric line of rank 0's stdout and in its log
