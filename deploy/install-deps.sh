@@ -14,7 +14,7 @@ packages="
   libsystemd-dev libprotobuf-c-dev protobuf-c-compiler libisal-dev libpcre2-dev lintian
   prometheus python3-prometheus-client help2man bash-completion python3-jsonschema libjs-dygraphs chromium chromium-driver python3-selenium firefox-esr
   dataset-fashion-mnist
-  python3 python3-numpy python3-torch python3-torchvision python3-pip python3-setuptools
+  python3 python3-numpy python3-torch python3-torchvision python3-pip python3-setuptools python3-venv
 "
 
 missing=""

@@ -56,12 +56,19 @@ if(TRAIND_HAVE_CUDA) # every package carries its own copyright and changelog
     DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/traind-cuda COMPONENT cuda)
 endif()
 
+# The Python client, where Debian's python3 finds modules: a package of its own
+# (python3-traind-client), for machines that only submit jobs
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/clients/python/traind_client
+  DESTINATION lib/python3/dist-packages COMPONENT python FILES_MATCHING PATTERN "*.py")
+install(FILES ${PROJECT_SOURCE_DIR}/deploy/debian/copyright ${CMAKE_BINARY_DIR}/changelog.gz
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/python3-traind-client COMPONENT python)
+
 # ---- CPack -----------------------------------------------------------------------------------
 
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
-set(CPACK_COMPONENTS_ALL traind)
+set(CPACK_COMPONENTS_ALL traind python)
 if(TRAIND_HAVE_CUDA)
   list(APPEND CPACK_COMPONENTS_ALL cuda)
 endif()
@@ -111,4 +118,14 @@ libtraind_gpu.so: traind-worker's CUDA kernels and its cuBLAS, cuDNN and NCCL
 calls, loaded only by GPU jobs. It needs the NVIDIA driver and the CUDA 13
 runtime libraries (cuBLAS, cuDNN 9, NCCL 2) on the library path, as NVIDIA's
 repository installs them.")
+# the python3-traind-client package: pure Python, the standard library alone
+set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-traind-client)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_ARCHITECTURE all)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "python3 (>= 3.9)")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SHLIBDEPS OFF)
+set(CPACK_COMPONENT_PYTHON_DESCRIPTION "Python client of the traind training service
+traind_client: submit jobs to a traind daemon over its HTTP API v1, follow
+their events (resuming a dropped stream), read metrics and logs, download
+checkpoints, cancel and delete jobs. Standard library only.")
 include(CPack)

@@ -651,6 +651,13 @@ static int serve(daemon_options *o, int argc, char **argv, const char *state, co
                   slots == 1 ? "" : "s", state, o->worker);
     const char *scheme = cert_pem ? "https" : "http";
     td_log_notice(log, "listening on %s://%s:%d", scheme, host, td_api_port(api));
+    if (!cert_pem && !loopback(host))
+        td_log_warn(log,
+                    "serving plain HTTP on %s, a network address: API tokens, the "
+                    "dashboard's session cookie and the jobs' data cross the network "
+                    "unencrypted; give --tls-cert and --tls-key (deploy/make-certs.sh makes "
+                    "them), or listen on 127.0.0.1",
+                    host);
     if (metrics_fd >= 0) {
         struct sockaddr_in a;
         socklen_t alen = sizeof a;

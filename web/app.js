@@ -163,6 +163,22 @@ function jobsPage() {
 
 /* ---- Job --------------------------------------------------------------------------------------- */
 
+/* The series colours, in app.css too (.legend .s0 ...): the page's CSP refuses the inline styles
+ * dygraphs writes into its legend, so the legend names each series by class. */
+const COLORS = ["#2457c5", "#c2410c", "#177245", "#7c3aed", "#b42318", "#0e7490"];
+
+function legend(data) { // dygraphs' legendFormatter: classes, no style attributes
+  const shown = (data.series || []).map((s, i) => [s, i]).filter(([s]) => s.isVisible);
+  const name = ([s, i]) => `<span class="s${i % COLORS.length}">${s.labelHTML}</span>`;
+  if (data.x === undefined) return shown.map(name).join("&nbsp; "); // nothing hovered: the names
+  const values = shown.filter(([s]) => s.yHTML !== undefined).map((p) => `${name(p)}: ${p[0].yHTML}`);
+  return [`step ${data.xHTML}`, ...values].join("&nbsp; ");
+}
+
+/* Fields of a train or eval line that have charts of their own, or are not metrics to chart. */
+const NOT_EXTRA = new Set(["event", "step", "epoch", "epochs", "total_steps", "loss", "lr",
+  "samples_per_s", "step_ms", "val_loss", "val_acc", "world", "time", "wall_time", "ranks"]);
+
 function chart(id, title, labels, ylabel) {
   const box = el("div", { class: "chart", id, "data-points": "0" },
     el("p", { class: "muted" }, "No points yet.")); // (the chart replaces it)
@@ -182,6 +198,21 @@ function jobPage(id) {
     sps: chart("chart-sps", "Samples per second", ["step", "samples/s"]),
   };
   const restarts = []; // steps at which the job restarted: marked on every chart
+  const chartsBox = el("div", { class: "charts", id: "charts" });
+  let nExtra = 0;
+  function extras(d) { // any other number the job reports gets a chart of its own, made on sight
+    for (const [k, v] of Object.entries(d)) {
+      if (NOT_EXTRA.has(k) || typeof v !== "number" || typeof d.step !== "number") continue;
+      if (!charts["x:" + k]) {
+        if (nExtra >= 24) continue; // a page of charts at most
+        const c = chart(`chart-extra-${nExtra++}`, k, ["step", k]);
+        c.box.setAttribute("data-metric", k);
+        charts["x:" + k] = c;
+        chartsBox.append(c.card);
+      }
+      charts["x:" + k].data.push([d.step, v]);
+    }
+  }
   const ckpts = el("tbody", { id: "checkpoints" });
   const rank = el("select", { id: "log-rank", "aria-label": "Rank" });
   const follow = el("input", { type: "checkbox", id: "log-follow", checked: true });
@@ -189,13 +220,14 @@ function jobPage(id) {
   const error = el("div", { class: "error", hidden: true, role: "alert", id: "job-error" });
   show(el("div", { class: "toolbar" }, el("a", { href: "#/jobs" }, "← Jobs")), head, error,
     el("div", { class: "grid2" }, el("div", { class: "card" }, facts, attempts), placement),
-    el("h2", {}, "Metrics"), el("div", { class: "charts" }, Object.values(charts).map((c) => c.card)),
+    el("h2", {}, "Metrics"), chartsBox,
     el("h2", {}, "Log"), el("div", { class: "toolbar" }, el("label", { for: "log-rank" }, "Rank"),
        rank, el("label", {}, follow, " follow")), log,
     el("h2", {}, "Checkpoints"),
     el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {},
        ["Step", "Size", "Written", "Files"].map((h) => el("th", {}, h)))), ckpts)));
 
+  chartsBox.append(...Object.values(charts).map((c) => c.card));
   let job = null, lastStep = 0, pending = false, loading = false, again = false;
   let ckptTimer = null;
   cleanups.push(() => clearTimeout(ckptTimer));
@@ -204,6 +236,11 @@ function jobPage(id) {
     for (const c of Object.values(charts)) {
       if (!c.data.length || typeof Dygraph === "undefined") continue;
       const opts = { file: c.data, labels: c.labels, connectSeparatedPoints: true, legend: "always",
+        colors: COLORS, legendFormatter: legend,
+        drawPoints: c.data.length < 50, pointSize: 2.5, // one evaluation is a point, not nothing
+        // one step only (a single evaluation): a window around it, not a point on the axis
+        dateWindow: c.data.every((r) => r[0] === c.data[0][0]) ? [c.data[0][0] - 1, c.data[0][0] + 1] : null,
+        axes: { y: { axisLabelFormatter: (v) => +v.toPrecision(6) } }, // no "0.05 0.05 0.05"
         underlayCallback: (ctx, area, g) => { // a dashed line where each restart happened
           ctx.save(); ctx.strokeStyle = "#b42318"; ctx.setLineDash([4, 3]);
           for (const s of restarts) {
@@ -221,6 +258,7 @@ function jobPage(id) {
 
   function onEvent(name, d) {
     if (typeof d.step === "number") lastStep = d.step;
+    if (name === "train" || name === "eval") extras(d); // a SummaryWriter's tags, a pattern's groups
     if (name === "train") { // (a job prints what it likes: only numbers are plotted)
       const latest = document.getElementById("latest-step");
       if (latest) latest.textContent = d.step;

@@ -164,6 +164,58 @@ class DashboardTest(daemon_test.DaemonTest):
         self.assertEqual(self.text("latest-step"), "5")
         b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-odd-metrics.png"))
 
+    def test_e_unmodified_scripts_metrics(self):
+        """What a script reports without printing JSON lines: its SummaryWriter tags and the
+        groups of a metrics pattern each get a chart; a single evaluation is a drawn point; the
+        legend's names keep their colours under the page's CSP (by class); a finished job's
+        Cancel button looks disabled; the page has an icon (no /favicon.ico 404)."""
+        b, d = self.b, self.d
+        code = ("try:\n"
+                "    from torch.utils.tensorboard import SummaryWriter\n"
+                "except ImportError:  # Debian 12 has no tensorboard package\n"
+                "    from summary_writer import SummaryWriter\n"
+                "w = SummaryWriter()\n"
+                "for s in range(5):\n"
+                "    w.add_scalar('Loss/train', 1.0 / (s + 1), s)\n"
+                "w.close()\n"
+                "for e in range(1, 4):\n"
+                "    print(f'Epoch {e} accuracy {0.5 + e / 10:.2f}', flush=True)\n"
+                "print('[eval] val_loss 0.75', flush=True)\n")
+        spec = {"name": "unmodified", "command": ["/usr/bin/python3", "-c", code],
+                "env": {"PYTHONPATH": HERE},
+                "metrics": {"patterns": [r"Epoch (?<epoch>\d+) accuracy (?<accuracy>[\d.]+)",
+                                         {"regex": r"^\[eval\] val_loss (?<val_loss>[\d.]+)",
+                                          "event": "eval"}]}}
+        jid = d.json("POST", "/v1/jobs", spec)[2]["id"]
+        b.get(f"{self.url}#/job/{jid}")
+        self.sign_in(d.token)
+        self.until(lambda: self.text("job-state") == "succeeded", "the job's end")
+
+        def chart_of(metric):
+            for box in b.find_elements(By.CSS_SELECTOR, "[data-metric]"):
+                if box.get_attribute("data-metric") == metric:
+                    return box
+            return None
+        self.until(lambda: chart_of("Loss/train") is not None
+                   and int(chart_of("Loss/train").get_attribute("data-points")) == 5,
+                   "a chart of the SummaryWriter's tag with its 5 points")
+        self.until(lambda: chart_of("accuracy") is not None
+                   and int(chart_of("accuracy").get_attribute("data-points")) == 3,
+                   "a chart of the pattern's group")
+        self.assertIsNone(chart_of("epoch"), "an epoch count is not a metric to chart")
+        self.until(lambda: self.points() == 1, "the one val_loss point")
+        legend = b.find_element(By.CSS_SELECTOR, "#chart-loss .dygraph-legend span.s1")
+        self.assertEqual(legend.text, "val_loss")
+        self.assertEqual(legend.value_of_css_property("color"), "rgba(194, 65, 12, 1)",
+                         "the legend's colour is the series' own")
+        cancel = b.find_element(By.ID, "cancel")
+        self.assertFalse(cancel.is_enabled())
+        self.assertEqual(cancel.value_of_css_property("opacity"), "0.45")
+        icon = b.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
+        self.assertEqual(d.request("GET", "/ui/favicon.svg", token=False)[0], 200, icon)
+        b.execute_script("document.getElementById('charts').scrollIntoView()")
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-unmodified-script.png"))
+
     def test_b_session_cookie_and_csrf(self):
         d = self.d
         conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=TIMEOUT)
@@ -323,7 +375,8 @@ def main():
     suite = unittest.TestSuite(DashboardTest(n) for n in
                                ("test_a_sign_in_submit_charts_logs_cancel",
                                 "test_b_session_cookie_and_csrf",
-                                "test_d_metric_values_a_job_chose"))
+                                "test_d_metric_values_a_job_chose",
+                                "test_e_unmodified_scripts_metrics"))
     suite.addTest(FirefoxTest("test_c_firefox"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)

@@ -95,6 +95,21 @@ class PackageTest(daemon_test.DaemonTest):
             print(f"[package] {os.path.basename(cuda)}: {os.path.getsize(cuda)} bytes; "
                   f"Depends: {cuda_depends}", file=sys.stderr)
 
+    def test_a2_the_python_client_package(self):
+        deb = self.debs["python3-traind-client"]
+        self.assertEqual(os.path.basename(deb), f"python3-traind-client_{VERSION}_all.deb")
+        self.assertEqual(self.field(deb, "Architecture"), "all")
+        self.assertIn("python3", self.field(deb, "Depends"))
+        files = set(line.split()[-1] for line in run(["dpkg-deb", "-c", deb]).splitlines())
+        self.assertIn("./usr/lib/python3/dist-packages/traind_client/__init__.py", files)
+        self.assertIn("./usr/share/doc/python3-traind-client/copyright", files)
+        root = os.path.join(self.out, "python-root")
+        run(["dpkg-deb", "-x", deb, root])
+        lib = os.path.join(root, "usr/lib/python3/dist-packages")
+        out = run(["/usr/bin/python3", "-c", "import traind_client; print(traind_client.__file__)"],
+                  env=dict(os.environ, PYTHONPATH=lib))
+        self.assertTrue(out.strip().startswith(lib), out)
+
     def test_b_lintian_finds_no_error(self):
         for name, deb in sorted(self.debs.items()):
             p = subprocess.run(["lintian", "--fail-on", "error", "--tag-display-limit", "0", deb],

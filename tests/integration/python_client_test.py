@@ -1,14 +1,16 @@
 #!/usr/bin/python3
 """The Python client (clients/python) against a real traind: every method, an API error raised
 as an exception, and an event stream that resumes across a kill -9 and restart of the daemon
-with nothing missed or repeated. The client is first installed with pip (offline:
---no-build-isolation, into a temporary directory) and imported from there.
+with nothing missed or repeated. The client is first installed as a user installs it (pip install ./clients/python into a fresh
+virtual environment, offline) and imported from there; Client.local() finds the daemon as
+trainctl does.
 
     /usr/bin/python3 tests/integration/python_client_test.py TRAIND_BINARY SOURCE_DIR
 
 Daemons are started by daemon_test.py's harness (a fresh state directory each, killed at the
 end, no surviving processes)."""
 import atexit
+import json
 import os
 import shutil
 import struct
@@ -103,6 +105,31 @@ class PythonClientTest(daemon_test.DaemonTest):
             self.client(d, token="0" * 64).jobs()
         self.assertEqual((e.exception.status, e.exception.code), (401, "unauthorized"))
 
+    def test_d_local_finds_the_daemon_as_trainctl_does(self):
+        """Client.local(): TRAIND_URL and TRAIND_TOKEN first, then trainctl's config file
+        (url, token, token_file), then the local daemon's token file; a missing token says
+        where it looked."""
+        d = self.start_daemon("--slots", "1")
+        url = f"http://127.0.0.1:{d.port}"
+        home = self.new_state_dir()
+        with _Env(TRAIND_URL=url, TRAIND_TOKEN=d.token, XDG_CONFIG_HOME=home,
+                  XDG_STATE_HOME=home, HOME=home):
+            self.assertEqual(traind_client.Client.local().version()["api"], "v1")
+        os.makedirs(os.path.join(home, "traind"))
+        token_file = os.path.join(home, "token-here")
+        with open(token_file, "w") as f:
+            f.write(d.token + "\n")
+        with open(os.path.join(home, "traind", "client.json"), "w") as f:
+            json.dump({"url": url, "token_file": token_file}, f)
+        with _Env(TRAIND_URL=None, TRAIND_TOKEN=None, XDG_CONFIG_HOME=home,
+                  XDG_STATE_HOME=home, HOME=home):
+            c = traind_client.Client.local()
+            self.assertEqual((c.port, c.version()["api"]), (d.port, "v1"))
+            os.remove(os.path.join(home, "traind", "client.json"))
+            with self.assertRaises(ValueError) as e:
+                traind_client.Client.local(url)
+            self.assertIn(os.path.join(home, "traind", "token"), str(e.exception))
+
     def test_c_events_resume_across_a_daemon_restart(self):
         state = self.new_state_dir()
         d1 = self.start_daemon("--slots", "1", state_dir=state)
@@ -126,6 +153,27 @@ class PythonClientTest(daemon_test.DaemonTest):
         self.assertEqual((seen[-1].event, seen[-1].data["state"]), ("state", "succeeded"))
 
 
+class _Env:
+    """os.environ with some variables set (None: removed) while it is open."""
+    def __init__(self, **values):
+        self.values, self.saved = values, {}
+
+    def __enter__(self):
+        for k, v in self.values.items():
+            self.saved[k] = os.environ.get(k)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main():
     global traind_client
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
@@ -137,17 +185,24 @@ def main():
     src = os.path.join(target, "src")
     shutil.copytree(os.path.join(daemon_test.SOURCE_DIR, "clients", "python"), src,
                     ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation",
-                    "--no-deps", "--no-index", "--target", os.path.join(target, "lib"), src],
-                   check=True, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_ROOT_USER_ACTION="ignore"))
-    sys.path.insert(0, os.path.join(target, "lib"))
+    # as a user installs it: `pip install ./clients/python` into a fresh virtual environment,
+    # offline (--no-index: nothing may be fetched; the build backend is in the tree)
+    venv = os.path.join(target, "venv")
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    subprocess.run([os.path.join(venv, "bin", "pip"), "install", "--quiet", "--no-index", src],
+                   check=True, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1",
+                                        PIP_ROOT_USER_ACTION="ignore"))
+    lib = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
+                          "import os, traind_client; "
+                          "print(os.path.dirname(os.path.dirname(traind_client.__file__)))"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    sys.path.insert(0, lib)
     import traind_client as tc
     traind_client = tc
-    if not tc.__file__.startswith(os.path.join(target, "lib")):
-        raise SystemExit(f"imported {tc.__file__}, not the installed copy in {target}")
-    suite = unittest.TestSuite(PythonClientTest(name) for name in
-                               ("test_a_every_method", "test_b_cancel_and_errors",
-                                "test_c_events_resume_across_a_daemon_restart"))
+    if not tc.__file__.startswith(lib):
+        raise SystemExit(f"imported {tc.__file__}, not the installed copy in {lib}")
+    suite = unittest.TestSuite(PythonClientTest(name) for name in sorted(vars(PythonClientTest))
+                               if name.startswith("test_"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
 

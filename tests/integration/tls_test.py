@@ -97,6 +97,7 @@ class TLSTest(daemon_test.DaemonTest):
                                  capture_output=True, text=True, timeout=60, env=env)
         self.assertEqual(refused.returncode, 3, refused.stdout + refused.stderr)
         self.assertRegex(refused.stderr, "(?i)certificate|SSL")
+        self.assertIn("--cacert", refused.stderr, "the hint names the option that fixes it")
 
         # the Python client
         sys.path.insert(0, os.path.join(daemon_test.SOURCE_DIR, "clients/python"))
@@ -147,11 +148,47 @@ class TLSTest(daemon_test.DaemonTest):
         self.assertEqual(master.follow(job["id"])[-1].data["state"], "succeeded")
 
 
+class MakeCertsTest(daemon_test.DaemonTest):
+    def test_deploy_make_certs(self):
+        """deploy/make-certs.sh as the README's cluster section uses it: a CA, then a node's
+        certificate for its address, which a daemon serves and a client verifies; run again,
+        it keeps the CA and adds a node."""
+        pki = self.new_state_dir()
+        script = os.path.join(daemon_test.SOURCE_DIR, "deploy", "make-certs.sh")
+        p = subprocess.run(["sh", script, pki, "master=127.0.0.1"], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(pki, "ca.pem")) as f:
+            ca = f.read()
+        self.assertEqual(os.stat(os.path.join(pki, "master.key")).st_mode & 0o777, 0o600)
+        d = daemon_test.Daemon(self.new_state_dir(), ("--tls-cert", os.path.join(pki, "master.pem"),
+                                                      "--tls-key", os.path.join(pki, "master.key")))
+        d.ssl_context = ssl.create_default_context(cafile=os.path.join(pki, "ca.pem"))
+        self.addCleanup(self._stop_daemon, d)
+        d.start()
+        ok = subprocess.run(["curl", "-sS", "--max-time", "30", "--cacert",
+                             os.path.join(pki, "ca.pem"), "-H", f"Authorization: Bearer {d.token}",
+                             f"https://127.0.0.1:{d.port}/v1/nodes"],
+                            capture_output=True, text=True, timeout=60)
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+        self.assertIn('"nodes"', ok.stdout)
+        p = subprocess.run(["sh", script, pki, "n1=node1.example"], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(pki, "ca.pem")) as f:
+            self.assertEqual(f.read(), ca, "the CA is kept")
+        p = subprocess.run(["sh", script, pki, "noaddress"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("expected NAME=ADDRESS", p.stderr)
+
+
 def main():
     daemon_test.TRAIND = os.path.abspath(sys.argv[1])
     daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
     names = sorted(k for k in vars(TLSTest) if k.startswith("test_"))
     suite = unittest.TestSuite(TLSTest(k) for k in names)
+    suite.addTest(MakeCertsTest("test_deploy_make_certs"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
 

@@ -61,15 +61,55 @@ class Client:
         self.tls = (ssl.create_default_context(cafile=cafile) if u.scheme == "https" else None)
 
     @classmethod
-    def local(cls, url: str = "http://127.0.0.1:8470", state_dir: str | None = None) -> "Client":
-        """The daemon on this machine, with the token from its state directory (traind's
-        default: ~/.local/state/traind, /var/lib/traind for root)."""
-        if state_dir is None:
-            state_dir = ("/var/lib/traind" if os.getuid() == 0 else
-                         os.path.join(os.environ.get("XDG_STATE_HOME") or
-                                      os.path.expanduser("~/.local/state"), "traind"))
-        with open(os.path.join(state_dir, "token")) as f:
-            return cls(url, f.read().strip())
+    def local(cls, url: str | None = None, state_dir: str | None = None,
+              timeout: float = 60.0) -> "Client":
+        """The daemon trainctl would talk to, found as trainctl finds it: the url given, else
+        $TRAIND_URL, else "url" in the client config file ($XDG_CONFIG_HOME/traind/client.json,
+        else ~/.config/traind/client.json), else http://127.0.0.1:8470; the token from
+        $TRAIND_TOKEN, else the config's "token" or "token_file", else the local daemon's state
+        directory (state_dir, or ~/.local/state/traind, or /var/lib/traind); the CA from
+        $TRAIND_CACERT or the config's "cacert" for an https:// url."""
+        config_dir = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+        config_path = os.path.join(config_dir, "traind", "client.json")
+        config: dict[str, Any] = {}
+        if os.path.exists(config_path):
+            with open(config_path) as f:
+                try:
+                    config = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{config_path}: {e}") from None
+            if not isinstance(config, dict):
+                raise ValueError(f"{config_path}: expected a JSON object")
+        url = url or os.environ.get("TRAIND_URL") or config.get("url") or "http://127.0.0.1:8470"
+        if "://" not in url:
+            url = "http://" + url
+        cafile = os.environ.get("TRAIND_CACERT") or config.get("cacert") or None
+        if not url.startswith("https://"):
+            cafile = None
+        token = os.environ.get("TRAIND_TOKEN") or config.get("token")
+        if not token:
+            tried = []
+            files = [config["token_file"]] if config.get("token_file") else []
+            if state_dir is not None:
+                files.append(os.path.join(state_dir, "token"))
+            elif not files:
+                files += [os.path.join(os.environ.get("XDG_STATE_HOME") or
+                                       os.path.expanduser("~/.local/state"), "traind", "token"),
+                          "/var/lib/traind/token"]
+            for path in files:
+                try:
+                    with open(path) as f:
+                        token = f.readline().strip()
+                except OSError as e:
+                    tried.append(f"{path} ({e.strerror})")
+                    continue
+                if token:
+                    break
+                tried.append(f"{path} (empty)")
+            if not token:
+                raise ValueError("no API token: set TRAIND_TOKEN, or \"token\" in "
+                                 f"{config_path}; looked in {'; '.join(tried)}")
+        return cls(url.rstrip("/"), token, timeout=timeout, cafile=cafile)
 
     # -- plumbing
 
