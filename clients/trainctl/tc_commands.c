@@ -9,148 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- options -------------------------------------------------------------------------------- */
-
-/* argv[*i] is --name (value in the next argument) or --name=value: the value, else NULL. Sets
- * *bad when the value is missing. */
-static const char *value_of(int argc, char **argv, int *i, const char *name, bool *bad) {
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0) return NULL;
-    if (a[n] == '=') return a + n + 1;
-    if (a[n] != 0) return NULL;
-    if (*i + 1 >= argc) {
-        *bad = true;
-        tc_error("%s needs a value", name);
-        return NULL;
-    }
-    return argv[++*i];
-}
-
-static bool long_arg(const char *text, long min, long max, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < min || v > max) return false;
-    *out = v;
-    return true;
-}
-
-/* The first positional argument's slot, for commands that take one (ID or NODE). */
-typedef struct args {
-    const char *pos[4];
-    int n_pos;
-    bool json, csv, follow, cancel_on_interrupt, help, quiet;
-    const char *name, *state, *out, *file;
-    long nproc, nnodes, limit, rank, step;
-    const char *sets[64];
-    int n_sets;
-} args;
-
-/* Parses what every subcommand may take; allowed lists the option names the command accepts.
- * Returns 0, or an exit status after a message. */
-static int parse(int argc, char **argv, const char *allowed, int max_pos, args *a) {
-    *a = (args){.nproc = -1, .nnodes = -1, .limit = -1, .rank = 0, .step = -1};
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i], *v;
-        bool bad = false;
-        char opt[64];
-        snprintf(opt, sizeof opt, "%.*s", (int)strcspn(s, "="), s);
-        if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
-            a->help = true;
-            continue;
-        }
-        if (s[0] == '-' && s[1] != 0) {
-            char key[70];
-            snprintf(key, sizeof key, " %s ",
-                     strcmp(opt, "-f") == 0   ? "--follow"
-                     : strcmp(opt, "-o") == 0 ? "--output"
-                     : strcmp(opt, "-q") == 0 ? "--quiet"
-                                              : opt);
-            if (!strstr(allowed, key)) {
-                tc_error("%s: unknown option %s", argv[0], opt);
-                return tc_usage(argv[0], true);
-            }
-        }
-        if (strcmp(s, "--json") == 0)
-            a->json = true;
-        else if (strcmp(s, "--csv") == 0)
-            a->csv = true;
-        else if (strcmp(s, "--follow") == 0 || strcmp(s, "-f") == 0)
-            a->follow = true;
-        else if (strcmp(s, "--cancel-on-interrupt") == 0)
-            a->cancel_on_interrupt = true;
-        else if (strcmp(s, "--quiet") == 0 || strcmp(s, "-q") == 0)
-            a->quiet = true;
-        else if ((v = value_of(argc, argv, &i, "--name", &bad)))
-            a->name = v;
-        else if ((v = value_of(argc, argv, &i, "--state", &bad)))
-            a->state = v;
-        else if ((v = value_of(argc, argv, &i, "--output", &bad)) ||
-                 (v = value_of(argc, argv, &i, "-o", &bad)))
-            a->out = v;
-        else if ((v = value_of(argc, argv, &i, "--file", &bad)))
-            a->file = v;
-        else if ((v = value_of(argc, argv, &i, "--set", &bad))) {
-            if (a->n_sets == 64) return tc_error("at most 64 --set");
-            a->sets[a->n_sets++] = v;
-        } else if ((v = value_of(argc, argv, &i, "--nproc", &bad))) {
-            if (!long_arg(v, 1, 4096, &a->nproc))
-                return tc_error("--nproc \"%s\": expected an integer in [1, 4096]", v);
-        } else if ((v = value_of(argc, argv, &i, "--nnodes", &bad))) {
-            if (!long_arg(v, 1, 4096, &a->nnodes))
-                return tc_error("--nnodes \"%s\": expected an integer in [1, 4096]", v);
-        } else if ((v = value_of(argc, argv, &i, "--limit", &bad))) {
-            if (!long_arg(v, 1, 500, &a->limit))
-                return tc_error("--limit \"%s\": expected an integer in [1, 500]", v);
-        } else if ((v = value_of(argc, argv, &i, "--rank", &bad))) {
-            if (!long_arg(v, 0, 1 << 20, &a->rank))
-                return tc_error("--rank \"%s\": expected a rank (0, 1, ...)", v);
-        } else if ((v = value_of(argc, argv, &i, "--step", &bad))) {
-            if (!long_arg(v, 0, 1L << 40, &a->step))
-                return tc_error("--step \"%s\": expected a step (an integer >= 0)", v);
-        } else if (bad) {
-            return TC_EXIT_ERROR;
-        } else if (s[0] == '-' && s[1] != 0) {
-            return tc_error("%s: unknown option %s", argv[0], s);
-        } else if (a->n_pos < max_pos) {
-            a->pos[a->n_pos++] = s;
-        } else {
-            tc_error("%s: unexpected argument \"%s\"", argv[0], s);
-            return tc_usage(argv[0], true);
-        }
-    }
-    if (a->help) {
-        tc_usage(argv[0], false);
-        return -1; /* (exit 0) */
-    }
-    return 0;
-}
-
-#define PARSE(allowed, max_pos, want_pos)                                                          \
-    args a;                                                                                        \
-    int parsed_ = parse(argc, argv, allowed, max_pos, &a);                                         \
-    if (parsed_ == -1) return 0;                                                                   \
-    if (parsed_ != 0) return parsed_;                                                              \
-    if (a.n_pos < (want_pos)) {                                                                    \
-        tc_error("%s: missing argument", argv[0]);                                                 \
-        return tc_usage(argv[0], true);                                                            \
-    }
-
-static void print_json(json_t *o) {
-    char *text = json_dumps(o, JSON_INDENT(2));
-    if (text) printf("%s\n", text);
-    free(text);
-}
-
-static const char *str(json_t *o, const char *key, const char *def) {
-    const char *s = json_string_value(json_object_get(o, key));
-    return s ? s : def;
-}
-
-/* ---- submit -----------------------------------------------------------------------------------
- */
-
 /* --set PATH=VALUE on spec: PATH as the API's error messages write it (train.optimizer.lr,
  * data.train.files[2]); VALUE is JSON when it parses as JSON, else a string. */
 static int set_path(json_t *spec, const char *arg) {
@@ -226,7 +84,7 @@ static int set_path(json_t *spec, const char *arg) {
 }
 
 int tc_cmd_submit(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --name --nproc --nnodes --set --follow --json --quiet --cancel-on-interrupt ", 1, 1);
+    TC_PARSE(" --name --nproc --nnodes --set --follow --json --quiet --cancel-on-interrupt ", 1, 1);
     const char *from = a.pos[0];
     json_error_t je;
     json_t *spec = strcmp(from, "-") == 0 ? json_loadf(stdin, JSON_REJECT_DUPLICATES, &je)
@@ -260,7 +118,7 @@ int tc_cmd_submit(const tc_conn *c, int argc, char **argv) {
         }
     }
     for (int i = 0; i < a.n_sets && rc == 0; i++) rc = set_path(spec, a.sets[i]);
-    char *body = rc == 0 ? json_dumps(spec, JSON_COMPACT) : NULL;
+    char *body = rc == 0 ? json_dumps(spec, JSON_COMPACT | JSON_REAL_PRECISION(15)) : NULL;
     json_decref(spec);
     if (rc != 0) return rc;
     tc_reply r;
@@ -276,11 +134,12 @@ int tc_cmd_submit(const tc_conn *c, int argc, char **argv) {
     tc_reply_free(&r);
     long id = (long)json_integer_value(json_object_get(job, "id"));
     if (a.json && !a.follow)
-        print_json(job);
+        tc_print_json(job);
     else if (a.quiet) /* for id=$(trainctl submit -q spec.json) */
         printf("%ld\n", id);
     else if (!a.json)
-        printf("job %ld submitted: %s, %s\n", id, str(job, "name", "?"), str(job, "state", "?"));
+        printf("job %ld submitted: %s, %s\n", id, tc_str(job, "name", "?"),
+               tc_str(job, "state", "?"));
     fflush(stdout);
     json_decref(job);
     if (!a.follow) return 0;
@@ -295,7 +154,7 @@ static json_t *latest_field(json_t *job, const char *which, const char *key) {
 }
 
 int tc_cmd_ls(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --state --limit --json ", 0, 0);
+    TC_PARSE(" --state --limit --json ", 0, 0);
     char path[256];
     snprintf(path, sizeof path, "/v1/jobs?limit=%ld%s%s", a.limit > 0 ? a.limit : 50,
              a.state ? "&state=" : "", a.state ? a.state : "");
@@ -307,7 +166,7 @@ int tc_cmd_ls(const tc_conn *c, int argc, char **argv) {
     json_t *o = tc_get_json(c, path);
     if (!o) return TC_EXIT_ERROR;
     if (a.json) {
-        print_json(o);
+        tc_print_json(o);
         json_decref(o);
         return 0;
     }
@@ -326,16 +185,16 @@ int tc_cmd_ls(const tc_conn *c, int argc, char **argv) {
         if (l) snprintf(loss, sizeof loss, "%.4f", json_number_value(l));
         if (va) snprintf(acc, sizeof acc, "%.4f", json_number_value(va));
         printf("%-6lld %-24.24s %-10s %-7s %-7s %9s %9s %8s  %.19s\n",
-               (long long)json_integer_value(json_object_get(j, "id")), str(j, "name", ""),
-               str(j, "state", ""), str(j, "kind", ""), procs, step, loss, acc,
-               str(j, "created_at", ""));
+               (long long)json_integer_value(json_object_get(j, "id")), tc_str(j, "name", ""),
+               tc_str(j, "state", ""), tc_str(j, "kind", ""), procs, step, loss, acc,
+               tc_str(j, "created_at", ""));
     }
     json_decref(o);
     return 0;
 }
 
 int tc_cmd_show(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --json ", 1, 1);
+    TC_PARSE(" --json ", 1, 1);
     long id = tc_job_id(a.pos[0]);
     if (id < 0) return TC_EXIT_ERROR;
     char path[64];
@@ -343,19 +202,19 @@ int tc_cmd_show(const tc_conn *c, int argc, char **argv) {
     json_t *j = tc_get_json(c, path);
     if (!j) return TC_EXIT_ERROR;
     if (a.json) {
-        print_json(j);
+        tc_print_json(j);
         json_decref(j);
         return 0;
     }
     printf("job %lld  %s  (%s)\n", (long long)json_integer_value(json_object_get(j, "id")),
-           str(j, "name", ""), str(j, "kind", ""));
-    printf("  state       %s%s%s\n", str(j, "state", ""),
-           json_is_string(json_object_get(j, "reason")) ? ": " : "", str(j, "reason", ""));
+           tc_str(j, "name", ""), tc_str(j, "kind", ""));
+    printf("  state       %s%s%s\n", tc_str(j, "state", ""),
+           json_is_string(json_object_get(j, "reason")) ? ": " : "", tc_str(j, "reason", ""));
     printf("  processes   %lld node(s) x %lld\n",
            (long long)json_integer_value(json_object_get(j, "nnodes")),
            (long long)json_integer_value(json_object_get(j, "nproc")));
-    printf("  created     %s\n  started     %s\n  finished    %s\n", str(j, "created_at", "-"),
-           str(j, "started_at", "-"), str(j, "finished_at", "-"));
+    printf("  created     %s\n  started     %s\n  finished    %s\n", tc_str(j, "created_at", "-"),
+           tc_str(j, "started_at", "-"), tc_str(j, "finished_at", "-"));
     json_t *t = json_object_get(json_object_get(j, "latest"), "train");
     json_t *e = json_object_get(json_object_get(j, "latest"), "eval");
     if (json_is_object(t))
@@ -378,8 +237,8 @@ int tc_cmd_show(const tc_conn *c, int argc, char **argv) {
     json_array_foreach(json_object_get(j, "attempts"), i, x)
         printf("  attempt %lld  %s -> %s%s%s\n",
                (long long)json_integer_value(json_object_get(x, "attempt")),
-               str(x, "started_at", "-"), str(x, "finished_at", "running"),
-               json_is_string(json_object_get(x, "reason")) ? ": " : "", str(x, "reason", ""));
+               tc_str(x, "started_at", "-"), tc_str(x, "finished_at", "running"),
+               json_is_string(json_object_get(x, "reason")) ? ": " : "", tc_str(x, "reason", ""));
     json_t *pl = json_object_get(j, "placement");
     json_array_foreach(json_object_get(pl, "nodes"), i, x) {
         json_t *ranks = json_object_get(x, "ranks");
@@ -387,23 +246,23 @@ int tc_cmd_show(const tc_conn *c, int argc, char **argv) {
         char gpus[512] = "";
         size_t k;
         json_t *p;
-        json_array_foreach(json_object_get(x, "processes"), k, p) if (str(p, "devices", "")[0])
+        json_array_foreach(json_object_get(x, "processes"), k, p) if (tc_str(p, "devices", "")[0])
             snprintf(gpus + strlen(gpus), sizeof gpus - strlen(gpus), "%s%s", k ? " | " : "",
-                     str(p, "devices", ""));
-        if (!gpus[0]) snprintf(gpus, sizeof gpus, "%s", str(x, "devices", ""));
+                     tc_str(p, "devices", ""));
+        if (!gpus[0]) snprintf(gpus, sizeof gpus, "%s", tc_str(x, "devices", ""));
         char which[64];
         tc_rank_range(ranks, which, sizeof which);
-        printf("  node %-12s node rank %lld, %s%s%s%s%s\n", str(x, "node", "?"),
+        printf("  node %-12s node rank %lld, %s%s%s%s%s\n", tc_str(x, "node", "?"),
                (long long)json_integer_value(json_object_get(x, "node_rank")), which,
                gpus[0] ? ", GPUs " : "", gpus, json_object_get(x, "state") ? ", " : "",
-               str(x, "state", ""));
+               tc_str(x, "state", ""));
     }
     json_decref(j);
     return 0;
 }
 
 int tc_cmd_follow(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --json --cancel-on-interrupt ", 1, 1);
+    TC_PARSE(" --json --cancel-on-interrupt ", 1, 1);
     long id = tc_job_id(a.pos[0]);
     if (id < 0) return TC_EXIT_ERROR;
     tc_follow_options fo = {.json = a.json, .cancel_on_interrupt = a.cancel_on_interrupt};
@@ -411,7 +270,7 @@ int tc_cmd_follow(const tc_conn *c, int argc, char **argv) {
 }
 
 int tc_cmd_cancel(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --json ", 1, 1);
+    TC_PARSE(" --json ", 1, 1);
     long id = tc_job_id(a.pos[0]);
     if (id < 0) return TC_EXIT_ERROR;
     char path[64], err[512] = "";
@@ -421,8 +280,8 @@ int tc_cmd_cancel(const tc_conn *c, int argc, char **argv) {
     json_t *j = r.status == 200 ? tc_reply_json(&r) : NULL;
     int rc = j ? 0 : tc_fail_reply(c, &r, err);
     tc_reply_free(&r);
-    if (j && a.json) print_json(j);
-    if (j && !a.json) printf("job %ld %s\n", id, str(j, "state", "?"));
+    if (j && a.json) tc_print_json(j);
+    if (j && !a.json) printf("job %ld %s\n", id, tc_str(j, "state", "?"));
     json_decref(j);
     return rc;
 }
@@ -430,7 +289,7 @@ int tc_cmd_cancel(const tc_conn *c, int argc, char **argv) {
 /* ---- logs, metrics, download ------------------------------------------------------------- */
 
 int tc_cmd_logs(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --rank --follow ", 1, 1);
+    TC_PARSE(" --rank --follow ", 1, 1);
     long id = tc_job_id(a.pos[0]);
     if (id < 0) return TC_EXIT_ERROR;
     char path[96];
@@ -454,7 +313,7 @@ static void csv_field(const char *s) {
 }
 
 int tc_cmd_metrics(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --csv --json ", 1, 1);
+    TC_PARSE(" --csv --json ", 1, 1);
     long id = tc_job_id(a.pos[0]);
     if (id < 0) return TC_EXIT_ERROR;
     char path[64];
@@ -462,7 +321,7 @@ int tc_cmd_metrics(const tc_conn *c, int argc, char **argv) {
     json_t *m = tc_get_json(c, path);
     if (!m) return TC_EXIT_ERROR;
     if (a.json) {
-        print_json(m);
+        tc_print_json(m);
         json_decref(m);
         return 0;
     }
@@ -516,7 +375,7 @@ int tc_cmd_metrics(const tc_conn *c, int argc, char **argv) {
 }
 
 int tc_cmd_download(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --step --output --file ", 1, 1);
+    TC_PARSE(" --step --output --file ", 1, 1);
     long id = tc_job_id(a.pos[0]);
     if (id < 0) return TC_EXIT_ERROR;
     char path[512];
@@ -541,7 +400,7 @@ int tc_cmd_download(const tc_conn *c, int argc, char **argv) {
     }
     json_t *file = NULL, *f;
     json_array_foreach(json_object_get(pick, "files"), i, f) {
-        const char *name = str(f, "name", "");
+        const char *name = tc_str(f, "name", "");
         if (a.file ? strcmp(name, a.file) == 0 : strcmp(name, "model.safetensors") == 0) file = f;
     }
     if (!file && !a.file) file = json_array_get(json_object_get(pick, "files"), 0);
@@ -551,13 +410,13 @@ int tc_cmd_download(const tc_conn *c, int argc, char **argv) {
         json_decref(list);
         return rc;
     }
-    const char *name = str(file, "name", "file"), *slash = strrchr(name, '/');
+    const char *name = tc_str(file, "name", "file"), *slash = strrchr(name, '/');
     char out[1024];
     if (a.out)
         snprintf(out, sizeof out, "%s", a.out);
     else
         snprintf(out, sizeof out, "job%ld-step%ld-%s", id, step, slash ? slash + 1 : name);
-    rc = tc_download(c, str(file, "url", ""), out,
+    rc = tc_download(c, tc_str(file, "url", ""), out,
                      (long long)json_integer_value(json_object_get(file, "size")),
                      isatty(STDERR_FILENO), &tc_interrupted);
     json_decref(list);
@@ -568,11 +427,11 @@ int tc_cmd_download(const tc_conn *c, int argc, char **argv) {
  */
 
 int tc_cmd_nodes(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --json ", 0, 0);
+    TC_PARSE(" --json ", 0, 0);
     json_t *o = tc_get_json(c, "/v1/nodes");
     if (!o) return TC_EXIT_ERROR;
     if (a.json) {
-        print_json(o);
+        tc_print_json(o);
         json_decref(o);
         return 0;
     }
@@ -597,18 +456,19 @@ int tc_cmd_nodes(const tc_conn *c, int argc, char **argv) {
                          (double)json_integer_value(mem) / 1073741824.0);
             snprintf(gpus + at, sizeof gpus - at, "%s%lld%s%s%s%s", g ? "; " : "",
                      (long long)json_integer_value(json_object_get(gpu, "index")),
-                     json_is_string(json_object_get(gpu, "name")) ? " " : "", str(gpu, "name", ""),
-                     size, "");
+                     json_is_string(json_object_get(gpu, "name")) ? " " : "",
+                     tc_str(gpu, "name", ""), size, "");
         }
-        printf("%-16s %-7s %-9s %-16s %-9s %-10s %s\n", str(n, "name", ""), str(n, "role", ""),
-               str(n, "state", ""), str(n, "address", ""), used, beat, gpus);
+        printf("%-16s %-7s %-9s %-16s %-9s %-10s %s\n", tc_str(n, "name", ""),
+               tc_str(n, "role", ""), tc_str(n, "state", ""), tc_str(n, "address", ""), used, beat,
+               gpus);
     }
     json_decref(o);
     return 0;
 }
 
 int tc_cmd_drain(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --json ", 1, 1);
+    TC_PARSE(" --json ", 1, 1);
     char path[256], err[512] = "";
     for (const char *p = a.pos[0]; *p; p++)
         if (!isalnum((unsigned char)*p) && !strchr("._-", *p))
@@ -620,14 +480,14 @@ int tc_cmd_drain(const tc_conn *c, int argc, char **argv) {
     json_t *n = r.status == 200 ? tc_reply_json(&r) : NULL;
     int rc = n ? 0 : tc_fail_reply(c, &r, err);
     tc_reply_free(&r);
-    if (n && a.json) print_json(n);
-    if (n && !a.json) printf("node %s: %s\n", a.pos[0], str(n, "state", "?"));
+    if (n && a.json) tc_print_json(n);
+    if (n && !a.json) printf("node %s: %s\n", a.pos[0], tc_str(n, "state", "?"));
     json_decref(n);
     return rc;
 }
 
 int tc_cmd_version(const tc_conn *c, int argc, char **argv) {
-    PARSE(" --json ", 0, 0);
+    TC_PARSE(" --json ", 0, 0);
     tc_reply r;
     char err[512] = "";
     tc_request(c, "GET", "/v1/version", NULL, &r, err, sizeof err);
@@ -635,7 +495,8 @@ int tc_cmd_version(const tc_conn *c, int argc, char **argv) {
     printf("trainctl %s\n", TC_VERSION);
     int rc = 0;
     if (v)
-        printf("traind %s (API %s) at %s\n", str(v, "version", "?"), str(v, "api", "?"), c->url);
+        printf("traind %s (API %s) at %s\n", tc_str(v, "version", "?"), tc_str(v, "api", "?"),
+               c->url);
     else
         rc = tc_fail_reply(c, &r, err);
     json_decref(v);

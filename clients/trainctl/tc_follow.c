@@ -219,7 +219,7 @@ static void show_event(view *v, const char *event, json_t *d) {
             say(v, "job %ld %s%s%s", v->job, state, reason ? ": " : "", reason ? reason : "");
         }
     } else {
-        char *text = json_dumps(d, JSON_COMPACT);
+        char *text = json_dumps(d, JSON_COMPACT | JSON_REAL_PRECISION(15)); /* (as it came) */
         say(v, "%s %.300s", event, text ? text : "");
         free(text);
     }
@@ -231,7 +231,7 @@ static bool on_event(void *ctx, long id, const char *event, const char *data) {
     if (v->json) {
         json_t *o = json_pack("{s:I, s:s, s:o}", "id", (json_int_t)id, "event", event, "data",
                               d ? json_incref(d) : json_string(data));
-        char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        char *text = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15)) : NULL;
         if (text) printf("%s\n", text);
         fflush(stdout);
         free(text);

@@ -26,6 +26,8 @@ static const char MAIN_HELP[] =
     "  cancel ID          stop a job\n"
     "  metrics ID         a job's metrics as a table, --csv or --json\n"
     "  download ID        download a checkpoint's file (resumes a partial one)\n"
+    "  tensorboard ID     download the job's TensorBoard event files (a tar archive)\n"
+    "  delete ID          remove a finished job and its files\n"
     "  nodes              the cluster's nodes, their slots and GPUs\n"
     "  drain NODE         stop placing jobs on a node (running ones finish)\n"
     "  undrain NODE       place jobs on it again\n"
@@ -120,6 +122,16 @@ static const command COMMANDS[] = {
      "(model.safetensors) unless --file, to jobID-stepS-NAME unless -o. A partial FILE is\n"
      "resumed where it stopped (HTTP Range); the size is checked at the end. A progress bar\n"
      "on a terminal.\n"},
+    {"tensorboard", tc_cmd_tensorboard,
+     "Usage: trainctl tensorboard ID [-o FILE]\n"
+     "\n"
+     "Downloads the job's TensorBoard event files as a tar archive (to job-ID-tensorboard.tar\n"
+     "unless -o), for tensorboard --logdir once unpacked; of a running job, a snapshot.\n"},
+    {"delete", tc_cmd_delete,
+     "Usage: trainctl delete ID\n"
+     "\n"
+     "Removes a finished job with its records, metrics, logs and checkpoints (those in a\n"
+     "checkpoint.dir of its own elsewhere stay); a job not finished is refused.\n"},
     {"nodes", tc_cmd_nodes,
      "Usage: trainctl nodes [--json]\n"
      "\n"

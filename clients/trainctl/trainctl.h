@@ -93,6 +93,34 @@ typedef struct tc_follow_options {
  * 130 after Ctrl-C (or the cancelled status with cancel_on_interrupt). */
 int tc_follow(const tc_conn *c, long job, const tc_follow_options *o);
 
+/* ---- tc_args.c: what the subcommands share ---- */
+/* The options any subcommand may take (each says which, in parse's `allowed`). */
+typedef struct tc_args {
+    const char *pos[4]; /* positional arguments (ID, NODE) */
+    int n_pos;
+    bool json, csv, follow, cancel_on_interrupt, help, quiet;
+    const char *name, *state, *out, *file;
+    long nproc, nnodes, limit, rank, step;
+    const char *sets[64];
+    int n_sets;
+} tc_args;
+/* Parses argv; allowed lists the option names the command accepts (" --json --follow ").
+ * 0, -1 after --help (exit 0), or an exit status after a message. */
+int tc_parse(int argc, char **argv, const char *allowed, int max_pos, tc_args *a);
+#define TC_PARSE(allowed, max_pos, want_pos)                                                       \
+    tc_args a;                                                                                     \
+    int parsed_ = tc_parse(argc, argv, allowed, max_pos, &a);                                      \
+    if (parsed_ == -1) return 0;                                                                   \
+    if (parsed_ != 0) return parsed_;                                                              \
+    if (a.n_pos < (want_pos)) {                                                                    \
+        tc_error("%s: missing argument", argv[0]);                                                 \
+        return tc_usage(argv[0], true);                                                            \
+    }
+/* The API's JSON as it prints for scripts (--json). */
+void tc_print_json(json_t *o);
+/* A string member of o, or def. */
+const char *tc_str(json_t *o, const char *key, const char *def);
+
 /* ---- tc_commands.c: the subcommands; argv[0] is the subcommand ---- */
 int tc_cmd_submit(const tc_conn *c, int argc, char **argv);
 int tc_cmd_ls(const tc_conn *c, int argc, char **argv);
@@ -105,6 +133,9 @@ int tc_cmd_download(const tc_conn *c, int argc, char **argv);
 int tc_cmd_nodes(const tc_conn *c, int argc, char **argv);
 int tc_cmd_drain(const tc_conn *c, int argc, char **argv); /* drain and undrain */
 int tc_cmd_version(const tc_conn *c, int argc, char **argv);
+/* ---- tc_files.c ---- */
+int tc_cmd_tensorboard(const tc_conn *c, int argc, char **argv);
+int tc_cmd_delete(const tc_conn *c, int argc, char **argv);
 
 /* ---- tc_main.c ---- */
 extern volatile sig_atomic_t tc_interrupted; /* set by SIGINT/SIGTERM */

@@ -282,10 +282,13 @@ class TrainctlTest(daemon_test.DaemonTest):
 
     def test_e_rough_edges(self):
         """What a newcomer tripped on: submit -q prints the id alone; an eval line without
-        val_loss shows none (no invented 0.0000); one rank is "rank 0", not "ranks 0-0";
-        cancelling a finished job says it ended; a TLS failure points at --cacert."""
+        val_loss shows none (no invented 0.0000); numbers print as the job printed them (not
+        with 17 digits); one rank is "rank 0", not "ranks 0-0";
+        cancelling a finished job says it ended; tensorboard and delete exist; a TLS failure
+        points at --cacert."""
         d = self.start_daemon("--slots", "1", "--node-name", "solo")
         code = ("import json\n"
+                "print(json.dumps({'event': 'train', 'step': 2, 'loss': 2.26932275}))\n"
                 "print(json.dumps({'event': 'eval', 'step': 3, 'val_acc': 0.5}))\n")
         rc, out, err = self.run_ctl(d, "submit", "-q", self.spec_file(
             {"name": "evalonly", "command": ["/usr/bin/python3", "-c", code]}))
@@ -300,9 +303,23 @@ class TrainctlTest(daemon_test.DaemonTest):
         self.assertNotIn("val_loss", out)
         self.assertIn("node rank 0, rank 0", out)
         self.assertNotIn("ranks 0-0", out)
+        rc, out, err = self.run_ctl(d, "metrics", jid, "--json")
+        self.assertIn("2.26932275", out, "a number as the job printed it")
+        self.assertNotIn("2.2693227500000002", out)
         rc, out, err = self.run_ctl(d, "cancel", jid)
         self.assertNotEqual(rc, 0)
         self.assertIn(f"job {jid} has already ended (succeeded): there is nothing to cancel", err)
+        # tensorboard and delete
+        tar = os.path.join(self.new_state_dir(), "tb.tar")
+        rc, out, err = self.run_ctl(d, "tensorboard", jid, "-o", tar)
+        self.assertEqual(rc, 0, err)
+        import tarfile
+        with tarfile.open(tar) as t:
+            self.assertTrue(any("tfevents" in n for n in t.getnames()), t.getnames())
+        rc, out, err = self.run_ctl(d, "delete", jid)
+        self.assertEqual((rc, out), (0, f"job {jid} deleted\n"), err)
+        rc, out, err = self.run_ctl(d, "show", jid)
+        self.assertNotEqual(rc, 0)
         env = self.env(d)
         env["TRAIND_URL"] = f"https://127.0.0.1:{d.port}"  # plain HTTP behind an https URL
         rc, out, err = self.run_ctl(d, "ls", env=env)
