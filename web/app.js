@@ -67,6 +67,14 @@ async function api(method, path, body) {
 function stateBadge(state) { return el("span", { class: `state ${state}` }, state); }
 function fmt(x, digits = 4) { return typeof x === "number" ? x.toFixed(digits) : "–"; }
 function when(iso) { return iso ? iso.replace("T", " ").replace(/\.\d+Z$/, "") : "–"; }
+function duration(job) { // started to finished (or now): "2 h 05 min", "3 min 20 s", "12 s"
+  if (!job.started_at) return "–";
+  const end = job.finished_at ? Date.parse(job.finished_at) : Date.now();
+  const s = Math.max(0, Math.round((end - Date.parse(job.started_at)) / 1000));
+  if (s >= 3600) return `${Math.floor(s / 3600)} h ${String(Math.floor(s / 60) % 60).padStart(2, "0")} min`;
+  if (s >= 60) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, "0")} s`;
+  return `${s} s`;
+}
 function bytes(n) {
   if (typeof n !== "number") return "–";
   const u = ["B", "kB", "MB", "GB", "TB"];
@@ -135,7 +143,7 @@ function jobsPage() {
   const error = el("div", { class: "error", hidden: true, role: "alert" });
   const table = el("table", { id: "jobs" },
     el("thead", {}, el("tr", {}, ["ID", "Name", "State", "Kind", "Processes", "Step", "Loss",
-                                  "val_acc", "Submitted"].map((h) => el("th", {}, h)))), body);
+                                  "val_acc", "Submitted", "Duration"].map((h) => el("th", {}, h)))), body);
   show(el("h1", {}, "Jobs"), el("div", { class: "toolbar" }, el("label", { for: "state-filter" },
        "Show"), filter, el("a", { href: "#/submit" }, "Submit a job")), error, table);
   async function refresh() {
@@ -150,9 +158,10 @@ function jobsPage() {
           el("td", {}, el("a", { href: `#/job/${j.id}` }, j.name)), el("td", {}, stateBadge(j.state)),
           el("td", {}, j.kind), el("td", {}, `${j.nnodes} × ${j.nproc}`),
           el("td", { class: "num" }, t.step ?? "–"), el("td", { class: "num" }, fmt(t.loss)),
-          el("td", { class: "num" }, fmt(e.val_acc)), el("td", {}, when(j.created_at)));
+          el("td", { class: "num" }, fmt(e.val_acc)), el("td", {}, when(j.created_at)),
+          el("td", { class: "num" }, duration(j)));
       }));
-      if (!r.jobs.length) body.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No jobs.")));
+      if (!r.jobs.length) body.append(el("tr", {}, el("td", { colspan: 10, class: "muted" }, "No jobs.")));
     } catch (e) {
       if (e.status !== 401) { error.hidden = false; error.textContent = e.message; }
     }
@@ -217,18 +226,20 @@ function jobPage(id) {
   const rank = el("select", { id: "log-rank", "aria-label": "Rank" });
   const follow = el("input", { type: "checkbox", id: "log-follow", checked: true });
   const log = el("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Log" });
+  const logUrl = () => `/v1/jobs/${id}/logs?rank=${rank.value || 0}&csrf=${csrf}`;
+  const saveLog = el("a", { id: "log-download", href: "#", download: `job-${id}-rank.log` }, "Download");
   const error = el("div", { class: "error", hidden: true, role: "alert", id: "job-error" });
   show(el("div", { class: "toolbar" }, el("a", { href: "#/jobs" }, "← Jobs")), head, error,
     el("div", { class: "grid2" }, el("div", { class: "card" }, facts, attempts), placement),
     el("h2", {}, "Metrics"), chartsBox,
     el("h2", {}, "Log"), el("div", { class: "toolbar" }, el("label", { for: "log-rank" }, "Rank"),
-       rank, el("label", {}, follow, " follow")), log,
+       rank, el("label", {}, follow, " follow"), saveLog), log,
     el("h2", {}, "Checkpoints"),
     el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {},
        ["Step", "Size", "Written", "Files"].map((h) => el("th", {}, h)))), ckpts)));
 
   chartsBox.append(...Object.values(charts).map((c) => c.card));
-  let job = null, lastStep = 0, pending = false, loading = false, again = false;
+  let job = null, lastStep = 0, pending = false, loading = false, again = false, failedShown = false;
   let ckptTimer = null;
   cleanups.push(() => clearTimeout(ckptTimer));
   function draw() {
@@ -330,6 +341,13 @@ function jobPage(id) {
       rank.replaceChildren(...logged.map((r) => el("option", { value: r }, step > 1 ? `node ${r / step} (ranks ${r}–${r + step - 1})` : `rank ${r}`)));
       if (!logStarted) startLog();
     }
+    // a failed job's log shows the rank that failed, once: its reason names it ("rank 3 (...")
+    const failed = job.state === "failed" && !failedShown && /\brank (\d+) \(/.exec(job.reason || "");
+    if (failed && logged.includes(+failed[1] - (+failed[1] % step))) {
+      failedShown = true;
+      rank.value = String(+failed[1] - (+failed[1] % step));
+      startLog();
+    }
     if (final) loadCheckpoints();
   }
 
@@ -354,6 +372,7 @@ function jobPage(id) {
     logAbort = abort;
     log.textContent = "";
     const q = `rank=${rank.value || 0}${follow.checked ? "&follow=1" : ""}`;
+    saveLog.href = logUrl();
     try {
       const r = await fetch(`/v1/jobs/${id}/logs?${q}`, { credentials: "same-origin", signal: abort.signal,
                                                         headers: { "X-CSRF-Token": csrf } });
@@ -369,6 +388,7 @@ function jobPage(id) {
     } catch (_) { /* aborted: another rank was chosen, or the page left */ }
   }
   rank.addEventListener("change", startLog);
+  rank.addEventListener("change", () => { saveLog.href = logUrl(); });
   follow.addEventListener("change", startLog);
   cleanups.push(() => { if (logAbort) logAbort.abort(); });
 
@@ -414,6 +434,8 @@ function submitPage() {
     text.value = await r.text();
   });
   const go = el("button", { class: "primary", type: "submit", id: "submit" }, "Submit");
+  const nodes = el("input", { type: "number", min: "1", max: "4096", id: "spec-nodes", placeholder: "as the spec", class: "count" });
+  const procs = el("input", { type: "number", min: "1", max: "4096", id: "spec-procs", placeholder: "as the spec", class: "count" });
   const form = el("form", { onsubmit: async (ev) => {
     ev.preventDefault();
     error.hidden = true;
@@ -423,16 +445,28 @@ function submitPage() {
       error.replaceChildren("The spec is not JSON: ", e.message);
       return;
     }
+    if (body && typeof body === "object" && (nodes.value || procs.value)) { // as trainctl's --nnodes/--nproc
+      const r = body.resources = body.resources && typeof body.resources === "object" ? body.resources : {};
+      const across = +nodes.value > 1 || r.nnodes > 1 || "nproc_per_node" in r;
+      if (nodes.value) r.nnodes = +nodes.value;
+      if (procs.value) {
+        delete r.nproc; delete r.nproc_per_node;
+        r[across ? "nproc_per_node" : "nproc"] = +procs.value;
+      } else if (across && "nproc" in r) { r.nproc_per_node = r.nproc; delete r.nproc; }
+    }
     try {
       const job = await api("POST", "/v1/jobs", body);
       location.hash = `#/job/${job.id}`;
     } catch (e) {
       error.hidden = false;
       // the field at fault, by its JSON path, then what is wrong with it
-      error.replaceChildren(...(e.field ? ["At ", el("code", { id: "error-field" }, e.field), ": "] : []), e.message);
+      // (the daemon's message starts with the path itself: said once)
+      const msg = e.field && e.message.startsWith(`${e.field}: `) ? e.message.slice(e.field.length + 2) : e.message;
+      error.replaceChildren(...(e.field ? ["At ", el("code", { id: "error-field" }, e.field), ": "] : []), msg);
     }
   } }, el("div", { class: "toolbar" }, example, el("label", { for: "spec-file" }, "or upload"), file),
-  text, error, el("div", { class: "toolbar" }, go));
+  text, error, el("div", { class: "toolbar" }, el("label", { for: "spec-nodes" }, "Nodes"), nodes,
+    el("label", { for: "spec-procs" }, "Processes per node"), procs, go));
   show(el("h1", {}, "Submit a job"),
     el("p", { class: "muted" }, "A job spec as traind-worker takes it, or a command job; see api/README.md."), form);
 }

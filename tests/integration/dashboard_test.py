@@ -29,6 +29,7 @@ from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402,E501
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -216,6 +217,56 @@ class DashboardTest(daemon_test.DaemonTest):
         b.execute_script("document.getElementById('charts').scrollIntoView()")
         b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-unmodified-script.png"))
 
+    def test_f_keyboard_submit_fields_failed_rank(self):
+        """The page by keyboard alone: Tab reaches the navigation with a visible focus ring,
+        Enter follows a link; on Submit, the nodes and processes fields set the spec's
+        resources, an error names the field once; a failed job's log opens on the failing
+        rank, offers a download, and the Jobs list shows each job's duration."""
+        b = self.b
+        d = self.start_daemon("--slots", "2", "--grace", "2")  # two ranks, one of them failing
+        b.get(f"http://127.0.0.1:{d.port}/")
+        self.sign_in(d.token)
+        self.find("#jobs")
+        body = b.find_element(By.TAG_NAME, "body")
+        seen = []
+        for _ in range(8):
+            body.send_keys(Keys.TAB)
+            f = b.switch_to.active_element
+            seen.append(f.text or f.get_attribute("id"))
+            if f.text == "Submit":
+                self.assertNotEqual(f.value_of_css_property("outline-style"), "none",
+                                    "a visible focus ring")
+                f.send_keys(Keys.ENTER)
+                break
+        self.assertIn("Jobs", seen)
+        self.until(lambda: "#/submit" in b.current_url, f"Enter on Submit (focus went {seen})")
+        area = self.find("#spec")
+        code = '[ "$RANK" = 1 ] && { echo "rank 1 fails" >&2; exit 3; }; echo "rank $RANK ok"'
+        spec = {"name": "by-keyboard", "command": ["sh", "-c", code]}
+        b.execute_script("arguments[0].value = arguments[1];", area,
+                         json.dumps(dict(spec, resources={"nproc": 0})))
+        b.find_element(By.ID, "submit").click()
+        alert = self.find("#submit-error")
+        self.until(lambda: alert.text != "", "the error")
+        self.assertEqual(self.find("#error-field").text, "resources.nproc")
+        self.assertEqual(alert.text.count("resources.nproc"), 1, alert.text)
+        b.execute_script("arguments[0].value = arguments[1];", area, json.dumps(spec))
+        b.find_element(By.ID, "spec-procs").send_keys("2")
+        b.find_element(By.ID, "submit").click()
+        self.until(lambda: self.text("job-state") == "failed", "the job's failure")
+        jid = int(b.current_url.rsplit("/", 1)[1])
+        self.assertEqual(d.json("GET", f"/v1/jobs/{jid}")[2]["nproc"], 2, "Processes: 2")
+        self.until(lambda: b.find_element(By.ID, "log-rank").get_attribute("value") == "1",
+                   "the log opens on the failing rank")
+        self.until(lambda: "rank 1 fails" in self.text("log"), "rank 1's log")
+        link = b.find_element(By.ID, "log-download").get_attribute("href")
+        self.assertIn(f"/v1/jobs/{jid}/logs?rank=1", link)
+        b.find_element(By.CSS_SELECTOR, "#nav a[data-page=jobs]").click()
+        row = self.find(f"#jobs-body tr[data-job='{jid}']")
+        self.until(lambda: row.find_elements(By.TAG_NAME, "td")[-1].text.endswith(" s"),
+                   "a duration")
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-jobs-durations.png"))
+
     def test_b_session_cookie_and_csrf(self):
         d = self.d
         conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=TIMEOUT)
@@ -376,7 +427,8 @@ def main():
                                ("test_a_sign_in_submit_charts_logs_cancel",
                                 "test_b_session_cookie_and_csrf",
                                 "test_d_metric_values_a_job_chose",
-                                "test_e_unmodified_scripts_metrics"))
+                                "test_e_unmodified_scripts_metrics",
+                                "test_f_keyboard_submit_fields_failed_rank"))
     suite.addTest(FirefoxTest("test_c_firefox"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
