@@ -321,6 +321,16 @@ static enum MHD_Result checkpoint(const call *k) {
     return td_api_checkpoint(k->api, k->c, k->id, k->tail);
 }
 
+static enum MHD_Result spec(const call *k) {
+    td_reply_error e;
+    td_buf out = {0};
+    if (td_jobs_spec(k->api->jobs, k->id, &k->rq->who, &out, &e) != 0) {
+        td_buf_free(&out);
+        return td_api_error(k->c, &e, NULL);
+    }
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
+}
+
 static enum MHD_Result tensorboard(const call *k) {
     return td_api_tensorboard(k->api, k->c, k->id);
 }
@@ -462,6 +472,7 @@ static const route JOB_ROUTES[] = {
     {"/checkpoints", "GET", checkpoints, false, false, R, R},
     {"/checkpoints/", "GET", checkpoint, true, false, R, R},
     {"/tensorboard", "GET", tensorboard, false, false, R, R},
+    {"/spec", "GET", spec, false, false, R, R},
 };
 #undef R
 #undef S
@@ -491,7 +502,8 @@ static const char *route_label(const route *table, const route *r) {
                                       "/v1/jobs/{id}/logs",
                                       "/v1/jobs/{id}/checkpoints",
                                       "/v1/jobs/{id}/checkpoints/{file}",
-                                      "/v1/jobs/{id}/tensorboard"};
+                                      "/v1/jobs/{id}/tensorboard",
+                                      "/v1/jobs/{id}/spec"};
     _Static_assert(sizeof TOP / sizeof TOP[0] == sizeof ROUTES / sizeof ROUTES[0],
                    "a label for each route, in the route table's order");
     _Static_assert(sizeof JOB / sizeof JOB[0] == sizeof JOB_ROUTES / sizeof JOB_ROUTES[0],

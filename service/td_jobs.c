@@ -359,6 +359,15 @@ int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e) {
     return jb ? 0 : not_found(e, id);
 }
 
+int td_jobs_spec(td_jobs *j, long id, const td_principal *who, td_buf *out, td_reply_error *e) {
+    td_jobs_lock(j);
+    job *jb = td_jobs_find(j, id);
+    int rc = !jb ? not_found(e, id) : owner_check(jb, who, "read the spec of", e);
+    if (rc == 0) td_buf_puts(out, jb->row.spec);
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e) {
     td_jobs_lock(j);
     job *jb = td_jobs_find(j, id);

@@ -102,6 +102,9 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
                    const td_tokens_limits *limits, td_buf *out, long *id, td_reply_error *e);
 /* The job's JSON; -1 with 404 when there is no such job. */
 int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e);
+/* GET /v1/jobs/{id}/spec: the job as it was submitted (its env may hold what only its owner
+ * should read: for the token that submitted it, and admins). */
+int td_jobs_spec(td_jobs *j, long id, const td_principal *who, td_buf *out, td_reply_error *e);
 /* states: a bit per td_jobs_state_bit (0: all). */
 void td_jobs_list(td_jobs *j, unsigned states, int limit, int offset, td_buf *out);
 unsigned td_jobs_state_bit(const char *state);  /* 0: not a state */

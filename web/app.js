@@ -296,6 +296,14 @@ function jobPage(id) {
       catch (e) { error.hidden = false; error.textContent = e.message; }
     } }, "Cancel job");
 
+  const clone = el("button", { id: "clone", type: "button", onclick: async () => {
+    try { // its spec, to change and submit again (the Submit page picks it up)
+      const spec = await api("GET", `/v1/jobs/${id}/spec`);
+      sessionStorage.setItem("traind-clone", JSON.stringify({ from: id, spec }));
+      location.hash = "#/submit";
+    } catch (e) { error.hidden = false; error.textContent = e.message; }
+  } }, "Clone");
+
   async function loadJob() { // one at a time, the latest wins: replays bring many events
     if (loading) { again = true; return; }
     loading = true;
@@ -311,7 +319,7 @@ function jobPage(id) {
     if (left) return;
     const final = ["succeeded", "failed", "cancelled"].includes(job.state);
     cancel.disabled = final; // the same button throughout: a click never lands on a replaced one
-    head.replaceChildren(el("h1", {}, `Job ${job.id}: ${job.name}`), stateBadge(job.state), cancel);
+    head.replaceChildren(el("h1", {}, `Job ${job.id}: ${job.name}`), stateBadge(job.state), cancel, clone);
     head.querySelector(".state").id = "job-state";
     const t = (job.latest && job.latest.train) || {};
     facts.replaceChildren(
@@ -467,8 +475,13 @@ function submitPage() {
   } }, el("div", { class: "toolbar" }, example, el("label", { for: "spec-file" }, "or upload"), file),
   text, error, el("div", { class: "toolbar" }, el("label", { for: "spec-nodes" }, "Nodes"), nodes,
     el("label", { for: "spec-procs" }, "Processes per node"), procs, go));
+  const cloned = JSON.parse(sessionStorage.getItem("traind-clone") || "null");
+  sessionStorage.removeItem("traind-clone");
+  if (cloned) text.value = JSON.stringify(cloned.spec, null, 2);
   show(el("h1", {}, "Submit a job"),
-    el("p", { class: "muted" }, "A job spec as traind-worker takes it, or a command job; see api/README.md."), form);
+    el("p", { class: "muted", id: "submit-note" }, cloned
+      ? `A copy of job ${cloned.from}: change what you like and submit it.`
+      : "A job spec as traind-worker takes it, or a command job; see api/README.md."), form);
 }
 
 /* ---- Nodes ------------------------------------------------------------------------------------- */

@@ -221,7 +221,8 @@ class DashboardTest(daemon_test.DaemonTest):
         """The page by keyboard alone: Tab reaches the navigation with a visible focus ring,
         Enter follows a link; on Submit, the nodes and processes fields set the spec's
         resources, an error names the field once; a failed job's log opens on the failing
-        rank, offers a download, and the Jobs list shows each job's duration."""
+        rank, offers a download; Clone brings its spec back to Submit; the Jobs list shows
+        each job's duration."""
         b = self.b
         d = self.start_daemon("--slots", "2", "--grace", "2")  # two ranks, one of them failing
         b.get(f"http://127.0.0.1:{d.port}/")
@@ -261,6 +262,12 @@ class DashboardTest(daemon_test.DaemonTest):
         self.until(lambda: "rank 1 fails" in self.text("log"), "rank 1's log")
         link = b.find_element(By.ID, "log-download").get_attribute("href")
         self.assertIn(f"/v1/jobs/{jid}/logs?rank=1", link)
+        # Clone: the Submit page with the job's spec, to change and submit again
+        b.find_element(By.ID, "clone").click()
+        self.until(lambda: "#/submit" in b.current_url, "the Submit page")
+        self.assertEqual(json.loads(self.find("#spec").get_attribute("value")),
+                         dict(spec, resources={"nproc": 2}))
+        self.assertIn(f"A copy of job {jid}", self.text("submit-note"))
         b.find_element(By.CSS_SELECTOR, "#nav a[data-page=jobs]").click()
         row = self.find(f"#jobs-body tr[data-job='{jid}']")
         self.until(lambda: row.find_elements(By.TAG_NAME, "td")[-1].text.endswith(" s"),

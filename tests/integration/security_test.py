@@ -66,6 +66,13 @@ class SecurityTest(daemon_test.DaemonTest):
         self.assertEqual(mine["owner"], {"token": alice["id"], "name": "alice"})
         self.assert_error(d.json("POST", f"/v1/jobs/{mine['id']}/cancel", token=bob["token"]),
                           403, "forbidden", what="bob cancels alice's job")
+        # a job's spec (its env may hold secrets): its owner's and admins' to read, no one else's
+        status, _, spec = d.json("GET", f"/v1/jobs/{mine['id']}/spec", token=alice["token"])
+        self.assertEqual((status, spec), (200, sleeper("alices")))
+        self.assertEqual(d.json("GET", f"/v1/jobs/{mine['id']}/spec")[0], 200, "an admin's")
+        for who in (bob, reader):
+            self.assert_error(d.json("GET", f"/v1/jobs/{mine['id']}/spec", token=who["token"]),
+                              403, "forbidden", what=f"{who['name']} reads alice's spec")
         self.assert_error(d.json("POST", f"/v1/jobs/{job['id']}/cancel", token=alice["token"]),
                           403, "forbidden", what="alice cancels the admin's job")
         self.assert_error(d.json("POST", "/v1/tokens", {"name": "x", "scope": "admin"},
