@@ -213,6 +213,9 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
     } else if (strcmp(type, TD_EVENT_EVAL) == 0) {
         json_decref(jb->latest_eval);
         jb->latest_eval = json_incref(o);
+    } else if (strcmp(type, TD_EVENT_DONE) == 0) {
+        json_decref(jb->latest_done);
+        jb->latest_done = json_incref(o);
     }
     bool metric = strcmp(type, TD_EVENT_CHECKPOINT) != 0;
     if (metric) jb->last_metric_at = td_clock_wall();

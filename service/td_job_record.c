@@ -66,6 +66,10 @@ const char *td_jobs_render(job *jb) {
                                                                       : jb->row.reason),
         "attempts", attempts, "latest", "train", jb->latest_train ? jb->latest_train : json_null(),
         "eval", jb->latest_eval ? jb->latest_eval : json_null(), "checkpoints", jb->n_checkpoints);
+    /* the run's summary line, when it printed one (its final val_acc may be there alone) */
+    if (o)
+        json_object_set(json_object_get(o, "latest"), "done",
+                        jb->latest_done ? jb->latest_done : json_null());
     if (o) {
         json_object_set_new(o, "nnodes", json_integer(jb->nnodes > 0 ? jb->nnodes : 1));
         json_object_set_new(o, "gpus_per_proc",
@@ -375,6 +379,7 @@ void td_jobs_free_job(job *jb) {
     free(jb->attempts);
     json_decref(jb->latest_train);
     json_decref(jb->latest_eval);
+    json_decref(jb->latest_done);
     free(jb->ckpt_path);
     free(jb->ckpt_dir);
     free(jb->cgroup);

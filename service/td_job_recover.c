@@ -55,6 +55,8 @@ static void replay_event(void *ctx, long seq, const char *type, const char *data
         json_decref(jb->latest_train), jb->latest_train = o, o = NULL;
     } else if (strcmp(type, TD_EVENT_EVAL) == 0) {
         json_decref(jb->latest_eval), jb->latest_eval = o, o = NULL;
+    } else if (strcmp(type, TD_EVENT_DONE) == 0) {
+        json_decref(jb->latest_done), jb->latest_done = o, o = NULL;
     } else if (strcmp(type, TD_EVENT_CHECKPOINT) == 0 && json_object_get(o, "size")) {
         jb->n_checkpoints++;
         const char *path = json_string_value(json_object_get(o, "path"));

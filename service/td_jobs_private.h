@@ -79,7 +79,7 @@ typedef struct job {
     int state;
     td_db_attempt *attempts;
     int n_attempts, cap_attempts;
-    json_t *latest_train, *latest_eval;
+    json_t *latest_train, *latest_eval, *latest_done;
     int n_checkpoints;
     long last_step;        /* of rank 0's latest event with a step; given to events without one */
     double last_metric_at; /* wall clock of rank 0's latest metric in this daemon's life; 0: none */

@@ -152,7 +152,8 @@ function jobsPage() {
       const r = await api("GET", `/v1/jobs?limit=100${q}`);
       error.hidden = true;
       body.replaceChildren(...r.jobs.map((j) => {
-        const t = (j.latest && j.latest.train) || {}, e = (j.latest && j.latest.eval) || {};
+        const t = (j.latest && j.latest.train) || {};
+        const e = (j.latest && (j.latest.eval || j.latest.done)) || {}; // (a summary's val_acc alone)
         return el("tr", { "data-job": j.id },
           el("td", {}, el("a", { href: `#/job/${j.id}` }, j.id)),
           el("td", {}, el("a", { href: `#/job/${j.id}` }, j.name)), el("td", {}, stateBadge(j.state)),

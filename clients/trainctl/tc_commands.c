@@ -181,6 +181,7 @@ int tc_cmd_ls(const tc_conn *c, int argc, char **argv) {
                  (long long)json_integer_value(json_object_get(j, "nproc")));
         json_t *s = latest_field(j, "train", "step"), *l = latest_field(j, "train", "loss"),
                *va = latest_field(j, "eval", "val_acc");
+        if (!va) va = latest_field(j, "done", "val_acc"); /* a run's summary may have it alone */
         if (s) snprintf(step, sizeof step, "%lld", (long long)json_integer_value(s));
         if (l) snprintf(loss, sizeof loss, "%.4f", json_number_value(l));
         if (va) snprintf(acc, sizeof acc, "%.4f", json_number_value(va));

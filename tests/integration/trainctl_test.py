@@ -309,6 +309,14 @@ class TrainctlTest(daemon_test.DaemonTest):
         rc, out, err = self.run_ctl(d, "cancel", jid)
         self.assertNotEqual(rc, 0)
         self.assertIn(f"job {jid} has already ended (succeeded): there is nothing to cancel", err)
+        # ls: a run whose summary line alone has val_acc shows it
+        done = "import json\nprint(json.dumps({'event': 'done', 'step': 1, 'val_acc': 0.75}))\n"
+        rc, out, err = self.run_ctl(d, "submit", "-q", self.spec_file(
+            {"name": "doneonly", "command": ["/usr/bin/python3", "-c", done]}))
+        self.assertEqual(self.run_ctl(d, "follow", out.strip())[0], 0)
+        rc, out, err = self.run_ctl(d, "ls")
+        (row,) = [line for line in out.splitlines() if "doneonly" in line]
+        self.assertIn("0.7500", row)
         # tensorboard and delete
         tar = os.path.join(self.new_state_dir(), "tb.tar")
         rc, out, err = self.run_ctl(d, "tensorboard", jid, "-o", tar)
