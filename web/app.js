@@ -144,8 +144,15 @@ function jobsPage() {
   const table = el("table", { id: "jobs" },
     el("thead", {}, el("tr", {}, ["ID", "Name", "State", "Kind", "Processes", "Step", "Loss",
                                   "val_acc", "Submitted", "Duration"].map((h) => el("th", {}, h)))), body);
+  const picked = new Set(); // jobs ticked for comparison
+  const compare = el("a", { id: "compare", href: "#/jobs", hidden: true }, "Compare");
+  function showCompare() {
+    compare.hidden = picked.size < 2;
+    compare.href = `#/compare/${[...picked].sort((a, b) => a - b).join(",")}`;
+    compare.textContent = `Compare ${picked.size} jobs`;
+  }
   show(el("h1", {}, "Jobs"), el("div", { class: "toolbar" }, el("label", { for: "state-filter" },
-       "Show"), filter, el("a", { href: "#/submit" }, "Submit a job")), error, table);
+       "Show"), filter, el("a", { href: "#/submit" }, "Submit a job"), compare), error, table);
   async function refresh() {
     try {
       const q = filter.value ? `&state=${filter.value}` : "";
@@ -154,8 +161,11 @@ function jobsPage() {
       body.replaceChildren(...r.jobs.map((j) => {
         const t = (j.latest && j.latest.train) || {};
         const e = (j.latest && (j.latest.eval || j.latest.done)) || {}; // (a summary's val_acc alone)
+        const pick = el("input", { type: "checkbox", class: "pick", "aria-label": `Compare job ${j.id}`,
+                                   checked: picked.has(j.id) });
+        pick.addEventListener("change", () => { pick.checked ? picked.add(j.id) : picked.delete(j.id); showCompare(); });
         return el("tr", { "data-job": j.id },
-          el("td", {}, el("a", { href: `#/job/${j.id}` }, j.id)),
+          el("td", {}, pick, " ", el("a", { href: `#/job/${j.id}` }, j.id)),
           el("td", {}, el("a", { href: `#/job/${j.id}` }, j.name)), el("td", {}, stateBadge(j.state)),
           el("td", {}, j.kind), el("td", {}, `${j.nnodes} × ${j.nproc}`),
           el("td", { class: "num" }, t.step ?? "–"), el("td", { class: "num" }, fmt(t.loss)),
@@ -184,6 +194,9 @@ function legend(data) { // dygraphs' legendFormatter: classes, no style attribut
   const values = shown.filter(([s]) => s.yHTML !== undefined).map((p) => `${name(p)}: ${p[0].yHTML}`);
   return [`step ${data.xHTML}`, ...values].join("&nbsp; ");
 }
+
+/* What is no metric to compare. */
+const NOT_CHARTED = new Set(["step", "epoch", "epochs", "total_steps", "world", "time", "wall_time"]);
 
 /* Fields of a train or eval line that have charts of their own, or are not metrics to chart. */
 const NOT_EXTRA = new Set(["event", "step", "epoch", "epochs", "total_steps", "loss", "lr",
@@ -229,12 +242,21 @@ function jobPage(id) {
   const log = el("pre", { class: "log", id: "log", tabindex: "0", "aria-label": "Log" });
   const logUrl = () => `/v1/jobs/${id}/logs?rank=${rank.value || 0}&csrf=${csrf}`;
   const saveLog = el("a", { id: "log-download", href: "#", download: `job-${id}-rank.log` }, "Download");
+  const find = el("input", { type: "search", id: "log-find", placeholder: "find in the log", "aria-label": "Find in the log" });
+  let logAll = ""; // the log as received; shown whole, or only its lines with what find holds
+  function showLog() {
+    const q = find.value;
+    const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    log.textContent = q ? logAll.split("\n").filter((l) => l.includes(q)).join("\n") : logAll;
+    if (atEnd || q) log.scrollTop = log.scrollHeight;
+  }
+  find.addEventListener("input", showLog);
   const error = el("div", { class: "error", hidden: true, role: "alert", id: "job-error" });
   show(el("div", { class: "toolbar" }, el("a", { href: "#/jobs" }, "← Jobs")), head, error,
     el("div", { class: "grid2" }, el("div", { class: "card" }, facts, attempts), placement),
     el("h2", {}, "Metrics"), chartsBox,
     el("h2", {}, "Log"), el("div", { class: "toolbar" }, el("label", { for: "log-rank" }, "Rank"),
-       rank, el("label", {}, follow, " follow"), saveLog), log,
+       rank, el("label", {}, follow, " follow"), find, saveLog), log,
     el("h2", {}, "Checkpoints"),
     el("div", { class: "scroll" }, el("table", {}, el("thead", {}, el("tr", {},
        ["Step", "Size", "Written", "Files"].map((h) => el("th", {}, h)))), ckpts)));
@@ -380,6 +402,7 @@ function jobPage(id) {
     const abort = new AbortController();
     logAbort = abort;
     log.textContent = "";
+    logAll = "";
     const q = `rank=${rank.value || 0}${follow.checked ? "&follow=1" : ""}`;
     saveLog.href = logUrl();
     try {
@@ -390,9 +413,15 @@ function jobPage(id) {
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
-        const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
-        log.append(dec.decode(value, { stream: true }));
-        if (atEnd) log.scrollTop = log.scrollHeight;
+        const chunk = dec.decode(value, { stream: true });
+        logAll += chunk;
+        if (logAll.length > 4e6) { logAll = logAll.slice(-3e6); showLog(); } // the last 3 MB: Download has all
+        else if (find.value) showLog();
+        else { // (as it comes, without redrawing what is there)
+          const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+          log.append(chunk);
+          if (atEnd) log.scrollTop = log.scrollHeight;
+        }
       }
     } catch (_) { /* aborted: another rank was chosen, or the page left */ }
   }
@@ -485,6 +514,50 @@ function submitPage() {
       : "A job spec as traind-worker takes it, or a command job; see api/README.md."), form);
 }
 
+/* ---- Compare: several jobs' curves on one chart ------------------------------------------------ */
+
+function comparePage(ids) {
+  const which = el("select", { id: "compare-metric", "aria-label": "Metric" });
+  const box = el("div", { class: "chart", id: "chart-compare", "data-points": "0" });
+  const error = el("div", { class: "error", hidden: true, role: "alert" });
+  show(el("div", { class: "toolbar" }, el("a", { href: "#/jobs" }, "← Jobs")),
+    el("h1", {}, `Jobs ${ids.join(", ")}`), error,
+    el("div", { class: "toolbar" }, el("label", { for: "compare-metric" }, "Metric"), which),
+    el("div", { class: "card" }, box));
+  let series = []; // per job: {name, points: {metric: [[step, value]]}}
+  function draw() {
+    const metric = which.value, steps = new Map();
+    series.forEach((s, i) => (s.points[metric] || []).forEach(([x, y]) => {
+      if (!steps.has(x)) steps.set(x, new Array(series.length).fill(null));
+      steps.get(x)[i] = y;
+    }));
+    const data = [...steps.entries()].sort((a, b) => a[0] - b[0]).map(([x, ys]) => [x, ...ys]);
+    box.setAttribute("data-points", String(data.length));
+    if (!data.length || typeof Dygraph === "undefined") { box.textContent = "No points."; return; }
+    box.textContent = "";
+    new Dygraph(box, data, { labels: ["step", ...series.map((s) => s.name)], colors: COLORS,
+      connectSeparatedPoints: true, legend: "always", legendFormatter: legend,
+      drawPoints: data.length < 50, axes: { y: { axisLabelFormatter: (v) => +v.toPrecision(6) } } });
+  }
+  (async () => {
+    try {
+      series = await Promise.all(ids.map(async (id) => {
+        const [job, metrics] = await Promise.all([api("GET", `/v1/jobs/${id}`), api("GET", `/v1/jobs/${id}/metrics`)]);
+        const points = {};
+        for (const m of metrics) for (const [k, v] of Object.entries(m))
+          if (typeof v === "number" && typeof m.step === "number" && !NOT_CHARTED.has(k))
+            (points[k] = points[k] || []).push([m.step, v]);
+        return { name: `${job.id} ${job.name}`, points };
+      }));
+    } catch (e) { error.hidden = false; error.textContent = e.message; return; }
+    const names = [...new Set(series.flatMap((s) => Object.keys(s.points)))].sort();
+    which.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
+    if (names.includes("loss")) which.value = "loss";
+    draw();
+  })();
+  which.addEventListener("change", draw);
+}
+
 /* ---- Nodes ------------------------------------------------------------------------------------- */
 
 function nodesPage() {
@@ -512,10 +585,12 @@ function route() {
   document.getElementById("nav").hidden = false;
   const hash = location.hash || "#/jobs";
   const m = hash.match(/^#\/job\/(\d+)$/);
-  const page = m ? "jobs" : hash.slice(2);
+  const cmp = hash.match(/^#\/compare\/([\d,]+)$/);
+  const page = m || cmp ? "jobs" : hash.slice(2);
   for (const a of document.querySelectorAll("#nav a"))
     a.toggleAttribute("aria-current", a.dataset.page === page) && a.setAttribute("aria-current", "page");
   if (m) jobPage(Number(m[1]));
+  else if (cmp) comparePage(cmp[1].split(",").map(Number).slice(0, 8));
   else if (hash === "#/submit") submitPage();
   else if (hash === "#/nodes") nodesPage();
   else jobsPage();

@@ -274,6 +274,39 @@ class DashboardTest(daemon_test.DaemonTest):
                    "a duration")
         b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-jobs-durations.png"))
 
+    def test_g_compare_and_find(self):
+        """Two jobs ticked on the Jobs page, compared on one chart (a curve each); the log's
+        find box shows only the lines that hold what it is given."""
+        b, d = self.b, self.d
+        ids = []
+        for name, scale in (("first", 1.0), ("second", 2.0)):
+            code = ("import json\n"
+                    f"for s in range(1, 6): print(json.dumps({{'event': 'train', 'step': s, "
+                    f"'loss': {scale} / s}}), flush=True)\n"
+                    "print('needle in the log', flush=True)\n")
+            jid = d.json("POST", "/v1/jobs", {"name": name,
+                                              "command": ["/usr/bin/python3", "-c", code]})[2]["id"]
+            ids.append(jid)
+            daemon_test.wait_for(lambda: d.json("GET", f"/v1/jobs/{jid}")[2]["state"] ==
+                                 "succeeded", f"job {jid}", TIMEOUT)
+        b.get(self.url)
+        self.sign_in(d.token)
+        for jid in ids:
+            self.find(f"#jobs-body tr[data-job='{jid}'] input.pick").click()
+        link = self.find("#compare")
+        self.until(lambda: link.is_displayed(), "the Compare link")
+        link.click()
+        self.until(lambda: self.points("chart-compare") == 5, "5 steps, two jobs")
+        self.assertEqual(self.find("#compare-metric").get_attribute("value"), "loss")
+        legend = b.find_element(By.CSS_SELECTOR, "#chart-compare .dygraph-legend").text
+        self.assertIn(f"{ids[0]} first", legend)
+        self.assertIn(f"{ids[1]} second", legend)
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-compare.png"))
+        b.get(f"{self.url}#/job/{ids[0]}")
+        self.until(lambda: "needle" in self.text("log"), "the log")
+        self.find("#log-find").send_keys("needle")
+        self.until(lambda: self.text("log") == "needle in the log", "only the matching line")
+
     def test_b_session_cookie_and_csrf(self):
         d = self.d
         conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=TIMEOUT)
@@ -435,7 +468,8 @@ def main():
                                 "test_b_session_cookie_and_csrf",
                                 "test_d_metric_values_a_job_chose",
                                 "test_e_unmodified_scripts_metrics",
-                                "test_f_keyboard_submit_fields_failed_rank"))
+                                "test_f_keyboard_submit_fields_failed_rank",
+                                "test_g_compare_and_find"))
     suite.addTest(FirefoxTest("test_c_firefox"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
