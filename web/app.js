@@ -448,7 +448,11 @@ function jobPage(id) {
       if (name === "state" && ["succeeded", "failed", "cancelled"].includes(d.state)) es.close();
     });
   cleanups.push(() => es.close());
-  loadJob();
+  // what no event announces (a node's part going from starting to running, its GPUs, the
+  // disk it uses): the job again every 5 s while it is not over
+  every(5000, () => {
+    if (!job || !["succeeded", "failed", "cancelled"].includes(job.state)) loadJob();
+  });
   loadCheckpoints();
 }
 
