@@ -1,0 +1,16 @@
+/* The submission parser's own (td_submit.c, td_submit_command.c). */
+#ifndef TD_SUBMIT_PRIVATE_H
+#define TD_SUBMIT_PRIVATE_H
+
+#include "service/td_submit.h"
+
+/* What every job may have besides its kind's own keys: resources, restart, priority. */
+extern const char *const TD_SUBMIT_SERVICE_KEYS[];
+/* Refuses a member of obj (at path) in none of lists, naming it; note ends the message. */
+int td_submit_keys_in(json_t *obj, const char *path, const char *const *const *lists,
+                      const char *note, td_reply_error *e);
+/* A command job's members into s (command, env, local_rank_arg, launch, metrics, cwd). */
+int td_submit_parse_command(td_submission *s, json_t *root, const td_submit_rules *rules,
+                            td_reply_error *e);
+
+#endif
