@@ -692,6 +692,29 @@ static void write_status(shepherd *h, const char *start_error) {
 
 /* ---- the loop ------------------------------------------------------------------------------- */
 
+/* Starts the attempt's processes: in the directory the job chose (entered as the job), with
+ * their error files' directories made, after noting the SummaryWriter files already there
+ * (an earlier attempt's); the socket interface chosen goes first into rank 0's log. */
+static void start_group(shepherd *h, char *start_error, size_t len) {
+    static char jobdir[PATH_MAX], error_dir[PATH_MAX];
+    snprintf(jobdir, sizeof jobdir, "%s", h->s.status_path);
+    if (strrchr(jobdir, '/')) *strrchr(jobdir, '/') = 0;
+    if (h->s.dir_as_job) open_job_dir(&h->s, jobdir, start_error, len);
+    if (start_error[0]) return;
+    shepherd_errors_prepare(&h->s.launch, h->s.attempt, jobdir, error_dir);
+    if (h->out.fd >= 0) h->tboard = shepherd_tboard_new(&h->s.launch, h->s.tensorboard_dir);
+    td_err err = {{0}};
+    if (td_group_start(&h->g, &h->s.launch, h->s.attempt, &err) != 0) {
+        snprintf(start_error, len, "%s", err.msg);
+        return;
+    }
+    if (h->g.env_note[0] && h->logs[0].fd >= 0) {
+        char note[sizeof h->g.env_note + 16];
+        int k = snprintf(note, sizeof note, "[traind] %s\n", h->g.env_note);
+        td_appender_write(&h->logs[0], note, (size_t)k);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: traind-shepherd SPEC.json (started by traind, one per attempt "
@@ -804,22 +827,7 @@ int main(int argc, char **argv) {
     }
     h.s.launch.stdout_fds = out_fds;
     h.s.launch.stderr_fds = err_fds;
-    static char jobdir[PATH_MAX], error_dir[PATH_MAX];
-    snprintf(jobdir, sizeof jobdir, "%s", h.s.status_path);
-    if (strrchr(jobdir, '/')) *strrchr(jobdir, '/') = 0;
-    if (!start_error[0] && h.s.dir_as_job)
-        open_job_dir(&h.s, jobdir, start_error, sizeof start_error);
-    if (!start_error[0]) shepherd_errors_prepare(&h.s.launch, h.s.attempt, jobdir, error_dir);
-    /* what is there already belongs to an earlier attempt: noted before this one starts */
-    if (!start_error[0] && h.out.fd >= 0)
-        h.tboard = shepherd_tboard_new(&h.s.launch, h.s.tensorboard_dir);
-    if (!start_error[0] && td_group_start(&h.g, &h.s.launch, h.s.attempt, &err) != 0)
-        snprintf(start_error, sizeof start_error, "%s", err.msg);
-    if (!start_error[0] && h.g.env_note[0] && h.logs[0].fd >= 0) { /* the job's log shows it */
-        char note[sizeof h.g.env_note + 16];
-        int k = snprintf(note, sizeof note, "[traind] %s\n", h.g.env_note);
-        td_appender_write(&h.logs[0], note, (size_t)k);
-    }
+    if (!start_error[0]) start_group(&h, start_error, sizeof start_error);
     if (pipefd[1] >= 0) close(pipefd[1]);
     for (int i = 0; i < procs; i++)
         if (err_fds[i] >= 0) close(err_fds[i]);
