@@ -27,10 +27,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum { MAX_NODES = 1024, LINE = 1024, STOP_DELAY_S = 5 };
+enum { MAX_NODES = 1024, LINE = 1024, STOP_DELAY_S = 5, JOIN_IDLE_S = 30, LINES_A_WATCH = 64 };
 
 typedef struct peer {
     int fd, node_rank, want_rank, nproc;
+    double since; /* monotonic: when it connected (one that never joins is dropped) */
     bool joined, done, host_side; /* host_side: the host's own launcher */
     char run_id[64];
     char buf[LINE];
@@ -44,6 +45,7 @@ typedef struct host {
     peer peers[MAX_NODES];
     int n_peers;
     int failed_attempt_told; /* the last attempt whose failure was passed on */
+    char refused[LINE];      /* why the last launcher was refused, for the host's own */
     pthread_t thread;
 } host;
 
@@ -70,7 +72,8 @@ static void send_line(int fd, const char *fmt, ...) {
     if (k < 0) return;
     if (k > (int)sizeof line - 2) k = (int)sizeof line - 2;
     line[k++] = '\n';
-    (void)!send(fd, line, (size_t)k, MSG_NOSIGNAL);
+    /* never blocks: a peer that does not read loses what it would not take */
+    (void)!send(fd, line, (size_t)k, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 /* Whether a line ends in p's buffer: returns it (NUL-terminated, removed), else NULL. */
@@ -111,20 +114,19 @@ static int free_port(void) {
     return port;
 }
 
-/* Every node has joined: node ranks (the asked-for ones, the host's 0, the rest in join order)
- * and the workers' port, or an error for all. */
+/* Every node has joined: connections that have not are dropped, then node ranks (the asked-for
+ * ones, the host's 0, the rest in join order) and the workers' port, or an error for all. */
 static bool host_start(host *h) {
+    for (int i = h->n_peers - 1; i >= 0; i--)
+        if (!h->peers[i].joined) {
+            close(h->peers[i].fd);
+            h->peers[i] = h->peers[--h->n_peers];
+        }
     bool used[MAX_NODES] = {false};
-    char text[LINE];
     for (int i = 0; i < h->n_peers; i++) {
         peer *p = &h->peers[i];
         if (p->want_rank < 0) continue;
-        if (used[p->want_rank]) {
-            snprintf(text, sizeof text, "two launchers were given --node-rank %d", p->want_rank);
-            host_error_all(h, text);
-            return false;
-        }
-        used[p->want_rank] = true;
+        used[p->want_rank] = true; /* (each at most once: host_join refused a second) */
         p->node_rank = p->want_rank;
     }
     for (int pass = 0; pass < 2; pass++) /* the host's own launcher first: it runs rank 0 */
@@ -146,36 +148,48 @@ static bool host_start(host *h) {
     return true;
 }
 
-/* A joining launcher's "join RUN_ID NODE_RANK NPROC [host]"; false: it was refused. */
+/* Whether a joined launcher asked for node rank r already. */
+static bool rank_taken(const host *h, int r) {
+    for (int i = 0; i < h->n_peers; i++)
+        if (h->peers[i].joined && h->peers[i].want_rank == r) return true;
+    return false;
+}
+
+/* A joining launcher's "join RUN_ID NODE_RANK NPROC [host]"; false: it was refused. Anyone may
+ * connect (as to torchrun's c10d store): one that does not fit is refused alone, and the host's
+ * own launcher is told, so the job's nodes go on joining. */
 static bool host_join(host *h, peer *p, const char *line) {
     char run_id[64] = "", role[16] = "";
     int want = -1, nproc = 0;
     char text[LINE];
-    if (sscanf(line, "join %63s %d %d %15s", run_id, &want, &nproc, role) < 3 ||
+    if (sscanf(line, "join %63s %d %d %15s", run_id, &want, &nproc, role) < 3 || want < -1 ||
         want >= h->nnodes) {
         snprintf(text, sizeof text,
-                 "expected \"join RUN_ID NODE_RANK NPROC\" with a node rank "
-                 "below %d",
-                 h->nnodes);
+                 "expected \"join RUN_ID NODE_RANK NPROC\" with a node rank below %d", h->nnodes);
     } else if (strcmp(run_id, h->run_id) != 0) {
         snprintf(text, sizeof text,
                  "a launcher of run \"%s\" joined the host of run \"%s\": give every node the "
                  "same --rdzv-id, or none",
                  run_id, h->run_id);
-        host_error_all(h, text);
     } else if (nproc != h->nproc) {
         snprintf(text, sizeof text,
                  "a launcher with --nproc-per-node %d joined a host with %d: give every node "
                  "the same",
                  nproc, h->nproc);
-        host_error_all(h, text);
+    } else if (want >= 0 && rank_taken(h, want)) {
+        snprintf(text, sizeof text, "another launcher was given --node-rank %d already", want);
     } else {
         p->joined = true;
         p->want_rank = want;
         p->host_side = strcmp(role, "host") == 0;
+        if (p->host_side && h->refused[0]) /* one came before the host's own launcher */
+            send_line(p->fd, "note refused a launcher: %s", h->refused);
         return true;
     }
     send_line(p->fd, "error %s", text);
+    snprintf(h->refused, sizeof h->refused, "%s", text);
+    for (int i = 0; i < h->n_peers; i++)
+        if (h->peers[i].host_side) send_line(h->peers[i].fd, "note refused a launcher: %s", text);
     return false;
 }
 
@@ -223,15 +237,18 @@ static void *host_main(void *arg) {
     struct pollfd fds[MAX_NODES + 1];
     for (;;) {
         if (started && h->n_peers == 0) break;
-        fds[0] = (struct pollfd){started ? -1 : h->listen_fd, POLLIN, 0};
+        /* (full: no accepting, and no polling for it either) */
+        fds[0] = (struct pollfd){started || h->n_peers == MAX_NODES ? -1 : h->listen_fd, POLLIN, 0};
         for (int i = 0; i < h->n_peers; i++)
             fds[1 + i] = (struct pollfd){h->peers[i].fd, POLLIN, 0};
-        if (poll(fds, (nfds_t)h->n_peers + 1, -1) < 0 && errno != EINTR) break;
+        if (poll(fds, (nfds_t)h->n_peers + 1, 1000) < 0 && errno != EINTR) break;
         int polled = h->n_peers; /* fds[1 + i] is peer i's for i below this */
+        double now = td_clock_now();
         if (fds[0].revents && h->n_peers < MAX_NODES) {
             int fd = accept4(h->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-            if (fd >= 0) h->peers[h->n_peers++] = (peer){.fd = fd, .want_rank = -1};
+            if (fd >= 0) h->peers[h->n_peers++] = (peer){.fd = fd, .want_rank = -1, .since = now};
         }
+
         /* downwards: a dropped peer's place takes the last one, already seen (or new) */
         for (int i = polled - 1; i >= 0; i--) {
             if (i >= h->n_peers || !fds[1 + i].revents) continue;
@@ -244,6 +261,11 @@ static void *host_main(void *arg) {
                 keep = host_line(h, i, line, &started);
             if (!keep && i < h->n_peers) host_drop(h, i, started);
         }
+        for (int i = h->n_peers - 1; i >= 0; i--) /* connected but silent: its place goes back */
+            if (!h->peers[i].joined && now - h->peers[i].since > JOIN_IDLE_S) {
+                close(h->peers[i].fd);
+                h->peers[i] = h->peers[--h->n_peers];
+            }
     }
     close(h->listen_fd);
     return NULL;
@@ -318,10 +340,25 @@ static int read_line(run_rendezvous *r, char *out, size_t len, double deadline) 
     }
 }
 
+/* --rdzv-conf's join_timeout (seconds, 1 to a day), torchrun's default 600 otherwise. */
 static double join_timeout(const run_options *o) {
-    const char *c = o->rdzv_conf ? strstr(o->rdzv_conf, "join_timeout=") : NULL;
-    double v = c ? strtod(c + 13, NULL) : 0;
-    return v > 0 ? v : 600;
+    char conf[512];
+    snprintf(conf, sizeof conf, "%s", o->rdzv_conf ? o->rdzv_conf : "");
+    char *save = NULL;
+    for (char *kv = strtok_r(conf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        if (strncmp(kv, "join_timeout=", 13) != 0) continue;
+        char *end;
+        double v = strtod(kv + 13, &end);
+        if (*end || !(v >= 1 && v <= 86400)) {
+            fprintf(stderr,
+                    "traind-run: --rdzv-conf join_timeout=%s: expected seconds, 1 to "
+                    "86400\n",
+                    kv + 13);
+            exit(2);
+        }
+        return v;
+    }
+    return 600;
 }
 
 static void fail(run_rendezvous *r, const char *fmt, ...)
@@ -346,8 +383,9 @@ static bool watch(void *arg, int attempt, const td_group *g, char *why, size_t l
     }
     if (r->stop_at > 0 && r->stop_attempt != -1 && r->stop_attempt != attempt) r->stop_at = 0;
     char line[LINE];
-    int got;
-    while (!r->host_gone && (got = read_line(r, line, sizeof line, td_clock_now())) != -1) {
+    int got, lines = 0; /* (a bounded number each call: the workers are watched meanwhile) */
+    while (!r->host_gone && lines++ < LINES_A_WATCH &&
+           (got = read_line(r, line, sizeof line, td_clock_now())) != -1) {
         int a = -1, at = 0;
         const char *what = line;
         if (got == 0) {
@@ -372,6 +410,13 @@ static bool watch(void *arg, int attempt, const td_group *g, char *why, size_t l
 run_rendezvous *run_rendezvous_join(run_options *o, FILE *log) {
     td_launch_config *c = &o->launch;
     if (!o->rdzv_backend || strcmp(o->rdzv_backend, "c10d") != 0 || c->nnodes < 2) return NULL;
+    if (c->nnodes > MAX_NODES || strchr(c->master_addr, ':')) {
+        fprintf(stderr,
+                "traind-run: the c10d rendezvous across nodes takes up to %d nodes at an "
+                "IPv4 address or a host name (--nnodes %d, --rdzv-endpoint %s)\n",
+                MAX_NODES, c->nnodes, c->master_addr);
+        exit(2);
+    }
     run_rendezvous *r = td_calloc(1, sizeof *r);
     r->failed_said = -1;
     snprintf(r->endpoint, sizeof r->endpoint, "%s:%d", c->master_addr, c->master_port);
@@ -399,7 +444,9 @@ run_rendezvous *run_rendezvous_join(run_options *o, FILE *log) {
     send_line(r->fd, "join %s %d %d%s", c->run_id, o->node_rank_given ? c->node_rank : -1,
               c->nproc_per_node, r->h ? " host" : "");
     char line[LINE];
-    int got = read_line(r, line, sizeof line, deadline);
+    int got;
+    while ((got = read_line(r, line, sizeof line, deadline)) == 1 && strncmp(line, "note ", 5) == 0)
+        fprintf(log, "[traind-run] the rendezvous host %s\n", line + 5);
     int node_rank, port;
     if (got < 0)
         fail(r, "not every node joined within join_timeout %g s (--nnodes %d)", timeout, c->nnodes);

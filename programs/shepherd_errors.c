@@ -38,7 +38,8 @@ void shepherd_errors_prepare(td_launch_config *c, int attempt, const char *jobdi
         if (fd < 0) {
             fprintf(stderr, "traind-shepherd: no error files for the ranks: %s\n", err.msg);
             made = false;
-        } else {
+        } else { /* one left from an attempt of this number before (a requeue) is not ours */
+            (void)unlinkat(fd, "error.json", 0);
             close(fd);
         }
     }

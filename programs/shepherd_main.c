@@ -62,6 +62,7 @@
 #include "service/td_strv.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
@@ -590,6 +591,15 @@ static bool waits_for_space(const shepherd *h) {
  * when it is below it (made there when missing), else as the job would open it. */
 static void open_job_dir(spec *s, const char *jobdir, char *error, size_t len) {
     const td_identity *who = s->launch.user && s->launch.user->drop ? s->launch.user : NULL;
+    td_identity with_groups; /* a run_as user's groups, as its processes will have them */
+    if (who && who->lookup_groups) {
+        with_groups = *who;
+        int n = TD_IDENTITY_GROUPS;
+        if (getgrouplist(who->name, who->gid, with_groups.groups, &n) < 0) n = 0;
+        with_groups.n_groups = n;
+        with_groups.lookup_groups = false;
+        who = &with_groups;
+    }
     td_err err = {{0}};
     size_t n = strlen(jobdir);
     if (strncmp(s->dir, jobdir, n) == 0 && s->dir[n] == '/') {
@@ -691,6 +701,18 @@ static void write_status(shepherd *h, const char *start_error) {
 }
 
 /* ---- the loop ------------------------------------------------------------------------------- */
+
+/* The lines metrics.patterns had no time for, in rank 0's log where the job's owner looks. */
+static void say_patterns_skipped(shepherd *h) {
+    long n = td_metric_patterns_skipped(h->s.patterns);
+    if (n <= 0 || h->procs < 1 || h->logs[0].fd < 0) return;
+    char note[256];
+    int k = snprintf(note, sizeof note,
+                     "[traind] metrics.patterns: %ld lines were not matched: matching them took "
+                     "more than a fifth of the time (simpler patterns, or fewer lines)\n",
+                     n);
+    td_appender_write(&h->logs[0], note, (size_t)k);
+}
 
 /* Starts the attempt's processes: in the directory the job chose (entered as the job), with
  * their error files' directories made, after noting the SummaryWriter files already there
@@ -914,6 +936,7 @@ int main(int argc, char **argv) {
         lines_to(&h.logs[0], &h.tee_line, NULL, 0, true);
         lines_to(&h.logs[0], &h.err_line, NULL, 0, true);
     }
+    say_patterns_skipped(&h);
     if (h.tboard) {
         shepherd_tboard_poll(h.tboard, &h.out);
         say(&h, "out %lld", h.out.size);

@@ -16,12 +16,25 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { MAX_FILES = 256, MAX_DEPTH = 4, READ_PER_POLL = 4 << 20, RECENT_STEPS = 64 };
+/* Bounds on what a job's files cost the shepherd each poll: files watched, directory depth and
+ * entries looked at, bytes read (all files together), steps kept, tags a step and a tag's
+ * length. */
+enum {
+    MAX_FILES = 256,
+    MAX_DEPTH = 4,
+    MAX_ENTRIES = 4096,
+    READ_PER_POLL = 4 << 20,
+    RECENT_STEPS = 64,
+    MAX_TAGS = 256,
+    MAX_TAG_LEN = 128
+};
 
 typedef struct watched {
     char *rel; /* below the working directory */
+    dev_t dev; /* the file itself: a hard link to one already read is not read twice */
+    ino_t ino;
     long long offset;
-    bool refused; /* not an event file: not read again */
+    bool refused; /* not an event file (or a second name of one): not read again */
 } watched;
 
 /* The scalars of one step so far: the daemon keeps one train line a step (a later one replaces
@@ -43,6 +56,9 @@ struct shepherd_tboard {
     step_line recent[RECENT_STEPS]; /* the latest steps seen, by step */
     int n_recent;
     td_appender *out; /* during a poll */
+    long long budget; /* bytes this poll may still read, all files together */
+    int entries;      /* directory entries this poll has looked at */
+    bool warned_tags;
 };
 
 static watched *find(shepherd_tboard *t, const char *rel) {
@@ -67,7 +83,8 @@ static void write_line(shepherd_tboard *t, step_line *l) {
 /* A scalar into its step's line (the oldest step making room, written first if it must be). */
 static void add_scalar(void *arg, const char *tag, long step, double value) {
     shepherd_tboard *t = arg;
-    if (!isfinite(value)) return; /* JSON has no NaN */
+    if (!isfinite(value) || strlen(tag) > MAX_TAG_LEN) return;         /* JSON has no NaN */
+    if (strcmp(tag, "event") == 0 || strcmp(tag, "step") == 0) return; /* the line's own */
     int i = 0;
     while (i < t->n_recent && t->recent[i].step != step) i++;
     if (i == t->n_recent) {
@@ -82,9 +99,18 @@ static void add_scalar(void *arg, const char *tag, long step, double value) {
         i = t->n_recent++;
         t->recent[i] = (step_line){.step = step, .fields = json_object()};
     }
+    json_t *fields = t->recent[i].fields;
+    if (json_object_size(fields) >= MAX_TAGS && !json_object_get(fields, tag)) {
+        if (!t->warned_tags)
+            fprintf(stderr,
+                    "traind-shepherd: more than %d tags at one step below %s: the "
+                    "others are not read\n",
+                    MAX_TAGS, t->dir);
+        t->warned_tags = true;
+        return;
+    }
     /* (a tag that is not UTF-8 is refused as a key: nothing to write) */
-    if (json_object_set_new(t->recent[i].fields, tag, json_real(value)) == 0)
-        t->recent[i].dirty = true;
+    if (json_object_set_new(fields, tag, json_real(value)) == 0) t->recent[i].dirty = true;
 }
 
 /* The steps that gained scalars, in step order. */
@@ -124,12 +150,23 @@ static void read_file(shepherd_tboard *t, int dirfd, const char *name, const cha
         if (fd >= 0) close(fd);
         return; /* gone, or not a file of the job's: nothing to read */
     }
-    if (baseline) {
+    if (w->ino == 0) { /* first seen: a second name of a file already watched is not read */
+        w->dev = st.st_dev, w->ino = st.st_ino;
+        for (int k = 0; k < t->n; k++)
+            if (&t->files[k] != w && t->files[k].ino == st.st_ino && t->files[k].dev == st.st_dev)
+                w->refused = true;
+    }
+    long long before = w->offset;
+    if (w->refused) {
+        /* (a link to one already read) */
+    } else if (baseline) {
         w->offset = (long long)st.st_size;
-    } else if (td_tboard_read_scalars(fd, &w->offset, READ_PER_POLL, add_scalar, t, &err) != 0) {
+    } else if (t->budget > 0 &&
+               td_tboard_read_scalars(fd, &w->offset, t->budget, add_scalar, t, &err) != 0) {
         fprintf(stderr, "traind-shepherd: %s: %s; not read further\n", rel, err.msg);
         w->refused = true;
     }
+    if (!baseline && w->offset > before) t->budget -= w->offset - before;
     close(fd);
 }
 
@@ -141,7 +178,7 @@ static void walk(shepherd_tboard *t, int dirfd, const char *rel, int depth, bool
         return;
     }
     struct dirent *e;
-    while ((e = readdir(d))) {
+    while ((e = readdir(d)) && t->entries++ < MAX_ENTRIES) {
         if (e->d_name[0] == '.') continue;
         char child[4096];
         snprintf(child, sizeof child, "%s/%s", rel, e->d_name);
@@ -177,6 +214,7 @@ shepherd_tboard *shepherd_tboard_new(const td_launch_config *c, const char *dir)
     t->owner = t->who ? t->who->uid : TD_JOBFS_ANY_OWNER;
     t->cwd_fd = cwd_fd;
     snprintf(t->dir, sizeof t->dir, "%s", dir);
+    t->entries = 0;
     scan(t, true);
     return t;
 }
@@ -184,6 +222,8 @@ shepherd_tboard *shepherd_tboard_new(const td_launch_config *c, const char *dir)
 void shepherd_tboard_poll(shepherd_tboard *t, td_appender *out) {
     if (!t) return;
     t->out = out;
+    t->budget = READ_PER_POLL;
+    t->entries = 0;
     scan(t, false);
     write_dirty(t);
 }

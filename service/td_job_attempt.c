@@ -156,7 +156,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     char cwd[PATH_MAX + 16];
     if (ok && td_jobs_work_dir(&who, jb->dir, cwd, sizeof cwd, &err) != 0) ok = 0;
     char start[PATH_MAX + 16];
-    td_jobs_start_dir(cwd, jb->cwd, start, sizeof start);
+    td_jobs_start_dir(jb->dir, cwd, jb->cwd, start, sizeof start);
     size_t n_env = 0;
     while (jb->env[n_env]) n_env++;
     char *env[n_env + 8], *own_env[4] = {NULL};

@@ -118,13 +118,14 @@ static int give_group(const char *path, gid_t gid, mode_t mode, td_err *err) {
     return rc;
 }
 
-void td_jobs_start_dir(const char *work, const char *spec_cwd, char *out, size_t len) {
+void td_jobs_start_dir(const char *dir, const char *work, const char *spec_cwd, char *out,
+                       size_t len) {
     if (!spec_cwd || !spec_cwd[0])
         snprintf(out, len, "%s", work);
     else if (spec_cwd[0] == '/')
         snprintf(out, len, "%s", spec_cwd);
-    else
-        snprintf(out, len, "%s/%s", work, spec_cwd);
+    else /* below work/ even for a job of the daemon's identity: never among the daemon's files */
+        snprintf(out, len, "%s/work/%s", dir, spec_cwd);
 }
 
 int td_jobs_work_dir(const td_identity *who, const char *dir, char *cwd, size_t len, td_err *err) {

@@ -292,7 +292,7 @@ static void start_guest(td_jobs *j, json_t *o, bool remote) {
     char cwd[PATH_MAX + 16], start[PATH_MAX + 16];
     if (ok && td_jobs_work_dir(&who, g->dir, cwd, sizeof cwd, &err) != 0) ok = false;
     const char *spec_cwd = order_string(o, "cwd");
-    td_jobs_start_dir(cwd, spec_cwd, start, sizeof start);
+    td_jobs_start_dir(g->dir, cwd, spec_cwd, start, sizeof start);
     json_t *order_env = json_object_get(o, "env");
     size_t n_env = json_is_array(order_env) ? json_array_size(order_env) : 0;
     env = td_strv_new((int)n_env + 7);

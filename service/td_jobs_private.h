@@ -363,9 +363,10 @@ void td_jobs_files_for(const td_jobs *j, long id, long uid, td_job_files *out);
 /* The directory an attempt's processes run in, made ready for who (cwd: dir, or dir/work when
  * they run as another user than the daemon). */
 int td_jobs_work_dir(const td_identity *who, const char *dir, char *cwd, size_t len, td_err *err);
-/* Where the processes start: spec_cwd (a command's "cwd") when absolute, work/spec_cwd when
+/* Where the processes start: spec_cwd (a command's "cwd") when absolute, DIR/work/spec_cwd when
  * relative, else the work directory `work`. */
-void td_jobs_start_dir(const char *work, const char *spec_cwd, char *out, size_t len);
+void td_jobs_start_dir(const char *dir, const char *work, const char *spec_cwd, char *out,
+                       size_t len);
 /* That directory's name alone (what a relative path a job prints is relative to). */
 void td_jobs_cwd_of(const td_identity *who, const char *dir, char *cwd, size_t len);
 /* Makes the cgroup of attempt `attempt` of job id on node rank node_rank with lim (td_cgroup.h):

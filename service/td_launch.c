@@ -42,10 +42,15 @@ int td_launch_free_port(int *port, td_err *err) {
 }
 
 /* execvp's PATH search, done before fork (it allocates). */
-static int resolve_program(const char *name, char *out, size_t len, td_err *err) {
-    if (strchr(name, '/')) {
-        if (access(name, X_OK) != 0)
-            return td_fail(err, "cannot run %s: %s", name, strerror(errno));
+static int resolve_program(const td_launch_config *cfg, const char *name, char *out, size_t len,
+                           td_err *err) {
+    if (strchr(name, '/')) { /* a relative one is the workers' cwd's, where they exec it */
+        char full[4096];
+        snprintf(full, sizeof full, "%s/%s", cfg->cwd ? cfg->cwd : ".", name);
+        bool ok = name[0] == '/' ? access(name, X_OK) == 0
+                  : cfg->cwd_fd  ? faccessat(*cfg->cwd_fd, name, X_OK, 0) == 0
+                                 : access(full, X_OK) == 0;
+        if (!ok) return td_fail(err, "cannot run %s: %s", name, strerror(errno));
         snprintf(out, len, "%s", name);
         return 0;
     }
@@ -54,8 +59,10 @@ static int resolve_program(const char *name, char *out, size_t len, td_err *err)
     for (const char *p = path; *p;) {
         const char *colon = strchr(p, ':');
         size_t dl = colon ? (size_t)(colon - p) : strlen(p);
-        snprintf(out, len, "%.*s/%s", (int)dl, dl ? p : ".", name);
-        if (access(out, X_OK) == 0) return 0;
+        /* only absolute entries: a relative one ("", ".") would be each worker's cwd, which
+         * command_jobs' check (td_submit_command.c) cannot see */
+        snprintf(out, len, "%.*s/%s", (int)dl, p, name);
+        if (dl > 0 && p[0] == '/' && access(out, X_OK) == 0) return 0;
         p += dl + (colon ? 1 : 0);
     }
     return td_fail(err, "cannot run %s: not found in PATH (%s)", name, path);
@@ -176,7 +183,7 @@ int td_group_start(td_group *g, const td_launch_config *cfg, int attempt, td_err
     td_launch_shared shared;
     td_launch_shared_init(cfg, &shared, g->env_note, sizeof g->env_note);
     char program[4096];
-    if (resolve_program(cfg->argv[0], program, sizeof program, err) != 0) return -1;
+    if (resolve_program(cfg, cfg->argv[0], program, sizeof program, err) != 0) return -1;
     char **envs[n], **argvs[n];
     int argc = 0;
     while (cfg->argv[argc]) argc++;

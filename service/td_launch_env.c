@@ -146,7 +146,7 @@ void td_launch_shared_init(const td_launch_config *cfg, td_launch_shared *sh, ch
     }
     snprintf(sh->socket_ifname, sizeof sh->socket_ifname, "%s", ifname);
     snprintf(note, note_len,
-             "GLOO_SOCKET_IFNAME=%s NCCL_SOCKET_IFNAME=%s: the interface of the route to "
+             "GLOO_SOCKET_IFNAME=%s NCCL_SOCKET_IFNAME==%s: the interface of the route to "
              "MASTER_ADDR %.64s (%s); set either to choose another",
              ifname, ifname, cfg->master_addr, addr);
 }
@@ -198,7 +198,10 @@ char **td_launch_worker_env(const td_launch_config *cfg, const td_launch_shared 
         if (!user_set(cfg, DEFAULTS[i][0])) env[k++] = entry(DEFAULTS[i][0], DEFAULTS[i][1]);
     if (sh->socket_ifname[0]) {
         env[k++] = entry("GLOO_SOCKET_IFNAME", sh->socket_ifname);
-        env[k++] = entry("NCCL_SOCKET_IFNAME", sh->socket_ifname);
+        /* NCCL takes a name as a prefix (eth1 would match eth10): "=" asks for it exactly */
+        char exact[sizeof sh->socket_ifname + 1];
+        snprintf(exact, sizeof exact, "=%s", sh->socket_ifname);
+        env[k++] = entry("NCCL_SOCKET_IFNAME", exact);
     }
     if (cfg->devices) env[k++] = entry("CUDA_VISIBLE_DEVICES", cfg->devices[r]);
     /* as torchrun: one OpenMP thread per process unless the user chose otherwise */

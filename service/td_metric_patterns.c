@@ -10,8 +10,15 @@
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-enum { MAX_LINE = 4096, MATCH_LIMIT = 100000, DEPTH_LIMIT = 10000 };
+/* PCRE2's match limit counts again at each start position in the line, so one match may take
+ * about MAX_LINE × MATCH_LIMIT steps (some 0.3 s at worst); over time, matching may take at most
+ * BUDGET_SHARE of the shepherd's time (bursts of BUDGET_BURST_S): lines beyond it are not matched,
+ * and the shepherd stays free to supervise the job. */
+enum { MAX_LINE = 1024, MATCH_LIMIT = 10000, DEPTH_LIMIT = 2000, HEAP_LIMIT_KIB = 4096 };
+#define BUDGET_SHARE   0.2
+#define BUDGET_BURST_S 0.5
 
 typedef struct pattern {
     pcre2_code *code;
@@ -24,7 +31,15 @@ struct td_metric_patterns {
     pattern p[TD_METRIC_PATTERNS_MAX];
     int n;
     pcre2_match_context *limits;
+    double budget_s, refilled_at; /* matching time left, and when it was last topped up */
+    long skipped;                 /* lines not matched for want of it */
 };
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
 
 /* The regex and event of entry v. */
 static int entry_parts(const json_t *v, const char **regex, const char **event, td_err *err) {
@@ -83,6 +98,9 @@ td_metric_patterns *td_metric_patterns_new(const json_t *list, int *bad, td_err 
     m->limits = pcre2_match_context_create(NULL);
     pcre2_set_match_limit(m->limits, MATCH_LIMIT);
     pcre2_set_depth_limit(m->limits, DEPTH_LIMIT);
+    pcre2_set_heap_limit(m->limits, HEAP_LIMIT_KIB);
+    m->budget_s = BUDGET_BURST_S;
+    m->refilled_at = now_s();
     for (size_t i = 0; i < json_array_size(list); i++) {
         const char *regex = NULL;
         pattern *p = &m->p[m->n++];
@@ -158,13 +176,28 @@ static char *metric_line(pattern *p, const char *line) {
 char *td_metric_patterns_match(td_metric_patterns *m, const char *line, size_t len) {
     while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
     if (!m || len == 0 || len > MAX_LINE) return NULL;
+    double t = now_s();
+    m->budget_s += (t - m->refilled_at) * BUDGET_SHARE;
+    if (m->budget_s > BUDGET_BURST_S) m->budget_s = BUDGET_BURST_S;
+    m->refilled_at = t;
     /* a line of any bytes: checked as UTF-8 by PCRE2, which refuses a bad one (no match) */
     for (int i = 0; i < m->n; i++) {
+        if (m->budget_s <= 0) {
+            m->skipped++;
+            return NULL;
+        }
         pattern *p = &m->p[i];
-        if (pcre2_match(p->code, (PCRE2_SPTR)line, len, 0, 0, p->data, m->limits) > 0)
-            return metric_line(p, line);
+        int rc = pcre2_match(p->code, (PCRE2_SPTR)line, len, 0, 0, p->data, m->limits);
+        double after = now_s();
+        m->budget_s -= after - t;
+        t = after;
+        if (rc > 0) return metric_line(p, line);
     }
     return NULL;
+}
+
+long td_metric_patterns_skipped(const td_metric_patterns *m) {
+    return m ? m->skipped : 0;
 }
 
 void td_metric_patterns_free(td_metric_patterns *m) {

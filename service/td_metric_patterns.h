@@ -6,8 +6,9 @@
  *   "metrics": {"patterns": ["Epoch (?<epoch>\\d+) .* loss (?<loss>[\\d.]+)",
  *                            {"regex": "val loss (?<val_loss>[\\d.]+)", "event": "eval"}]}
  * A job's own regex runs in traind-shepherd on what the job prints: each match is bounded
- * (PCRE2's match and depth limits; a line over 4 KiB is not matched), so no pattern can make the
- * shepherd spin. */
+ * (PCRE2's match, depth and heap limits; a line over 1 KiB is not matched), and matching as a
+ * whole may take at most a fifth of the shepherd's time (lines beyond are not matched, and
+ * counted), so no pattern can keep the shepherd from supervising the job. */
 #ifndef TD_METRIC_PATTERNS_H
 #define TD_METRIC_PATTERNS_H
 
@@ -26,6 +27,8 @@ typedef struct td_metric_patterns td_metric_patterns;
 td_metric_patterns *td_metric_patterns_new(const json_t *list, int *bad, td_err *err);
 /* The metric line (JSON and a newline, allocated) that line[0..len) makes, or NULL. */
 char *td_metric_patterns_match(td_metric_patterns *p, const char *line, size_t len);
+/* How many lines were not matched because matching had used its share of the time. */
+long td_metric_patterns_skipped(const td_metric_patterns *p);
 void td_metric_patterns_free(td_metric_patterns *p);
 
 #endif

@@ -15,13 +15,16 @@
 static const char *const COMMAND_KEYS[] = {"name",   "command", "env", "local_rank_arg",
                                            "launch", "metrics", "cwd", NULL};
 
-/* Where execvp would find prog with PATH path_env: the resolved file in out, or false. */
+/* Where the launcher will find prog with PATH path_env: the resolved file in out, or false.
+ * Relative names are found by no one: the processes resolve them in their own cwd, not where
+ * this check ran (the launcher skips relative PATH entries too, td_launch.c). */
 static bool find_program(const char *prog, const char *path_env, char *out) {
-    if (strchr(prog, '/')) return realpath(prog, out) != NULL;
+    if (strchr(prog, '/')) return prog[0] == '/' && realpath(prog, out) != NULL;
     char dirs[8192];
     snprintf(dirs, sizeof dirs, "%s", path_env ? path_env : "/usr/local/bin:/usr/bin:/bin");
     char *save = NULL;
     for (char *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        if (d[0] != '/') continue;
         char cand[PATH_MAX * 2];
         snprintf(cand, sizeof cand, "%s/%s", *d ? d : ".", prog);
         if (access(cand, X_OK) == 0 && realpath(cand, out)) return true;
@@ -51,6 +54,12 @@ static int command_allowed(const td_submission *s, const char *policy, td_reply_
         }
     }
     char found[PATH_MAX];
+    if (strchr(s->argv[0], '/') && s->argv[0][0] != '/')
+        return td_reply_fail(e, 403, "forbidden", "command[0]",
+                             "command[0] \"%s\": a relative path names a different program in "
+                             "each cwd; while command_jobs limits which programs may run, give "
+                             "an absolute path or a name found on PATH",
+                             s->argv[0]);
     if (!find_program(s->argv[0], path_env, found))
         return td_reply_fail(e, 403, "forbidden", "command[0]",
                              "command[0] \"%s\": no such executable here, and this traind runs "

@@ -172,7 +172,7 @@ static void check_files_path(const char *path) {
     if (n > 1 && rel[n - 1] == '/' && rel[n - 2] != '/') return;
     for (int writing = 0; writing < 2; writing++) {
         td_job_files files;
-        int rc = td_jobs_file_path(jobs, job, rel, writing, where, sizeof where, &files, &e);
+        int rc = td_jobs_file_path(jobs, job, rel, writing, NULL, where, sizeof where, &files, &e);
         bool want = relative_reference(rel);
         /* no job exists: a good path is a 404, a bad one a 400 */
         FUZZ_CHECK(rc != 0 && e.status == (want ? 404 : 400), "\"%s\": %d, expected %d", rel,

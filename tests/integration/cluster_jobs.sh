@@ -210,7 +210,7 @@ p1=$(env_of "$g1" | grep -o 'MASTER_PORT=[0-9]*')
 p2=$(env_of "$g2" | grep -o 'MASTER_PORT=[0-9]*')
 if [ -n "$p1" ] && [ "$p1" != "$p2" ]; then ok; else bad "two jobs on the same nodes: $p1 and $p2"; fi
 echo "two jobs at once: $p1, $p2"
-want="GLOO_SOCKET_IFNAME=eth0 GROUP_RANK=0 GROUP_WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=$net.2 $p1 NCCL_SOCKET_IFNAME=eth0 RANK=0 ROLE_NAME=default ROLE_RANK=0 ROLE_WORLD_SIZE=2 TORCHELASTIC_MAX_RESTARTS=0 TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=traind-job-$g1 WORLD_SIZE=2"
+want="GLOO_SOCKET_IFNAME=eth0 GROUP_RANK=0 GROUP_WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=$net.2 $p1 NCCL_SOCKET_IFNAME==eth0 RANK=0 ROLE_NAME=default ROLE_RANK=0 ROLE_WORLD_SIZE=2 TORCHELASTIC_MAX_RESTARTS=0 TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=traind-job-$g1 WORLD_SIZE=2"
 without_gpu() { env_of "$1" | sed 's/^CUDA_VISIBLE_DEVICES=[0-9]* //'; }
 if [ "$(without_gpu "$g1")" = "$want" ]; then ok; else bad "rank 0's environment: $(env_of "$g1"), expected $want"; fi
 # each job's rank got one of its node's GPUs, the two jobs different ones: rank 0 on n1 (0, 1),
@@ -458,8 +458,9 @@ if resumed_in "$k6" "$tmp/nodedisk/master9"; then ok; else bad "master kill -9: 
 # its disk: its SHA-256 no longer matches what was uploaded) fails its part after the node
 # timeout, saying why, instead of waiting for ever; the job ends under its restart policy.
 # The job is frozen (SIGSTOP) once it has a checkpoint, and damaged once the master holds every
-# checkpoint rank 0 wrote: none comes after the damage, and the job cannot end meanwhile.
-lenet damaged 16 3000 | python3 -c '
+# checkpoint rank 0 wrote: none comes after the damage, and the job cannot end meanwhile. It is
+# long (30,000 steps, about a minute here) so that it cannot end before it is frozen either.
+lenet damaged 16 30000 | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 j["checkpoint"]["every_steps"] = 400

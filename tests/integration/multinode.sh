@@ -155,7 +155,7 @@ c1=$?
 if [ "$c0" = 0 ] && [ "$c1" = 0 ]; then ok; else bad "DDP tutorial on 2 hosts: codes $c0 $c1: $(tail -5 "$tmp/node0.err") | $(tail -5 "$tmp/node1.err")"; fi
 for k in 0 1; do
     if grep -q "finished one DDP step, weights agree" "$tmp/node$k.out"; then ok; else bad "DDP tutorial, node $k: $(cat "$tmp/node$k.out")"; fi
-    if grep -q "GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0: the interface of the route to MASTER_ADDR $master ($net.$((k + 1)))" "$tmp/node$k.err"; then ok; else bad "DDP tutorial, node $k's interface: $(cat "$tmp/node$k.err")"; fi
+    if grep -q "GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME==eth0: the interface of the route to MASTER_ADDR $master ($net.$((k + 1)))" "$tmp/node$k.err"; then ok; else bad "DDP tutorial, node $k's interface: $(cat "$tmp/node$k.err")"; fi
 done
 echo "DDP tutorial on 2 hosts: $(($(date +%s) - start)) s"
 

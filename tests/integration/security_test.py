@@ -185,6 +185,14 @@ class SecurityTest(daemon_test.DaemonTest):
         self.assert_error(d.json("POST", "/v1/jobs", {"name": "no", "command": ["true"],
                                                       "env": {"PATH": fake}}),
                           403, "forbidden", field="command[0]", what="a PATH of the job's")
+        # a relative path is another program in each cwd: "usr/bin/python3" with a cwd of the
+        # job's would be its own file, though it resolves to an allowed one from "/"
+        reply = d.json("POST", "/v1/jobs", {"name": "no", "command": ["usr/bin/python3"],
+                                            "cwd": "mine"})
+        self.assert_error(reply, 403, "forbidden", field="command[0]",
+                          what="a relative program path")
+        self.assertIn("a relative path names a different program in each cwd",
+                      reply[2]["error"]["message"])
         # training jobs are not command jobs
         t, _ = d.submit(train_spec("train", epochs=1))
         self.assert_final(d, t["id"], d.follow(t["id"]), "succeeded")

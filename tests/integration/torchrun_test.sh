@@ -128,11 +128,12 @@ if [ "$elapsed" -lt 60 ]; then ok; else bad "c10d: the other node's workers ran 
 if [ "$(cat "$tmp/l0.out" "$tmp/l1.out" | sed 's/ at [0-9]*$//' | sort | tr '\n' '|')" = "rank 0 of 4|rank 1 of 4|rank 2 of 4|rank 3 of 4|" ]; then ok; else bad "c10d ranks: $(cat "$tmp/l0.out" "$tmp/l1.out")"; fi
 if [ "$(cat "$tmp/l0.out" "$tmp/l1.out" | grep -o 'at [0-9]*$' | sort -u | wc -l)" = 1 ] && ! grep -q "at $port\$" "$tmp/l0.out"; then ok; else bad "c10d: the workers' MASTER_PORT: $(cat "$tmp/l0.out" "$tmp/l1.out")"; fi
 if grep -q "node 1: rank 3 (local 1, pid [0-9]*) failed with exit code 3 (5 s ago); stopping this node's workers" "$tmp/l0.err" "$tmp/l1.err"; then ok; else bad "c10d stop message: $(cat "$tmp/l0.err" "$tmp/l1.err")"; fi
-# launchers that disagree on the run id: refused on both at once, saying so
+# launchers that disagree on the run id: the one that joins is refused, saying so; the host says
+# it refused one and, with no other, gives up at join_timeout
 port=$(free_port)
 for k in 0 1; do
     "$run" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "job-$k" \
-        --no-python true >/dev/null 2>"$tmp/l$k.err" &
+        --rdzv-conf join_timeout=5 --no-python true >/dev/null 2>"$tmp/l$k.err" &
     eval "p$k=\$!"
 done
 wait "$p0"
@@ -140,6 +141,32 @@ c0=$?
 wait "$p1"
 c1=$?
 if [ "$c0" = 1 ] && [ "$c1" = 1 ] && [ "$(grep -l 'give every node the same --rdzv-id' "$tmp/l0.err" "$tmp/l1.err" | wc -l)" = 2 ]; then ok; else bad "c10d run ids: codes $c0 $c1: $(cat "$tmp/l0.err" "$tmp/l1.err")"; fi
+
+# a stranger connected to the endpoint without a word takes no node's place
+port=$(free_port)
+"$run" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-conf join_timeout=30 \
+    --no-python sh -c 'echo "rank $RANK"' >"$tmp/l0.out" 2>"$tmp/l0.err" &
+p0=$!
+"$py" -c 'import signal, socket, sys, time
+end = time.time() + 30
+while True:  # the host is up once it takes a connection (polled, bounded)
+    try:
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)
+        break
+    except OSError:
+        if time.time() > end: sys.exit(1)
+        time.sleep(0.05)
+print("connected", flush=True)
+signal.pause()' "$port" >"$tmp/silent" &
+silent=$!
+until grep -q connected "$tmp/silent" 2>/dev/null || ! kill -0 $silent 2>/dev/null; do sleep 0.05; done
+"$run" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --no-python sh -c 'echo "rank $RANK"' >"$tmp/l1.out" 2>"$tmp/l1.err"
+c1=$?
+wait "$p0"
+c0=$?
+kill $silent 2>/dev/null
+wait $silent 2>/dev/null
+if [ "$c0" = 0 ] && [ "$c1" = 0 ] && [ "$(cat "$tmp/l0.out" "$tmp/l1.out" | sort | tr '\n' '|')" = "rank 0|rank 1|" ]; then ok; else bad "a silent stranger: codes $c0 $c1: $(cat "$tmp/l0.err" "$tmp/l1.err")"; fi
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
