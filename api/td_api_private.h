@@ -6,6 +6,7 @@
  *   td_api_web.c         the dashboard's files and browser sessions (cookie and CSRF token)
  *   td_api_metrics.c     GET /metrics for Prometheus, and the HTTP figures it shows
  *   td_api_audit.c       the audit log: a JSON line per mutating request
+ *   td_api_https_guard.c with TLS, the listeners' door: plain HTTP is told to use https://
  * Every reply goes out through td_api_respond, so each carries its content type and headers the
  * same way, and every error is td_api_error's JSON object. */
 #ifndef TD_API_PRIVATE_H
@@ -92,10 +93,20 @@ struct td_api {
     td_jobs *jobs;
     struct MHD_Daemon *daemon;
     struct MHD_Daemon *metrics_daemon; /* the separate metrics listener; NULL: none */
+    /* with TLS, the listeners' doors (td_api_https_guard.c); NULL: plain HTTP */
+    struct td_api_https_guard *guard, *metrics_guard;
     int port;
     td_api_stats stats;
     atomic_size_t max_body; /* cfg.max_body, then what a reload sets (td_api_set_max_body) */
 };
+
+/* With TLS, accepts listen_fd's connections in a thread of its own: a TLS client's goes to
+ * daemon (started with MHD_USE_NO_LISTEN_SOCKET), a plain HTTP request gets a 400 that says to
+ * use https:// (td_api_https_guard.c). Stopping it closes listen_fd. */
+typedef struct td_api_https_guard td_api_https_guard;
+int td_api_https_guard_start(td_api_https_guard **out, int listen_fd, struct MHD_Daemon *daemon,
+                             td_log *log, td_err *err);
+void td_api_https_guard_stop(td_api_https_guard *g);
 
 /* GET /metrics (td_api_metrics.c). */
 enum MHD_Result td_api_metrics(td_api *api, struct MHD_Connection *c);

@@ -196,6 +196,46 @@ static enum MHD_Result handle_metrics(void *cls, struct MHD_Connection *c, const
     return td_api_metrics(cls, c);
 }
 
+/* One libmicrohttpd server on listen_fd with the options both listeners share. With TLS it has
+ * no listen socket of its own: a guard accepts for it (td_api_https_guard.c), so that plain HTTP
+ * on the HTTPS port gets an answer, not a closed connection. */
+static int start_server(td_api *api, int listen_fd, MHD_AccessHandlerCallback handler,
+                        const struct MHD_OptionItem *limits, struct MHD_Daemon **daemon,
+                        td_api_https_guard **guard, td_err *err) {
+    const td_api_config *cfg = &api->cfg;
+    bool tls = cfg->tls_cert_pem && cfg->tls_key_pem;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (tls) flags |= MHD_USE_TLS | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    /* the logger first (libmicrohttpd's advice: messages about later options use it) */
+    struct MHD_OptionItem options[16] = {
+        {MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)mhd_log, api},
+        {MHD_OPTION_ARRAY, 0, (void *)limits},
+    };
+    int n = 2;
+    if (tls) {
+        options[n++] =
+            (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)cfg->tls_cert_pem};
+        options[n++] =
+            (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)cfg->tls_key_pem};
+    } else {
+        options[n++] = (struct MHD_OptionItem){MHD_OPTION_LISTEN_SOCKET, listen_fd, NULL};
+    }
+    options[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    *daemon = MHD_start_daemon(flags, 0, NULL, NULL, handler, api, MHD_OPTION_ARRAY, options,
+                               MHD_OPTION_END);
+    if (!*daemon)
+        return td_fail(err, "cannot start the HTTP%s server (libmicrohttpd) on port %d%s",
+                       tls ? "S" : "", api->port,
+                       tls ? ": is the key the certificate's, and both PEM?" : "");
+    if (tls && td_api_https_guard_start(guard, listen_fd, *daemon, cfg->log, err) != 0) {
+        MHD_stop_daemon(*daemon);
+        *daemon = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *err) {
     td_api *api = td_calloc(1, sizeof *api);
     api->cfg = *cfg;
@@ -209,51 +249,39 @@ int td_api_start(td_api **out, const td_api_config *cfg, td_jobs *jobs, td_err *
     socklen_t len = sizeof addr;
     api->port =
         getsockname(cfg->listen_fd, (struct sockaddr *)&addr, &len) == 0 ? ntohs(addr.sin_port) : 0;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    bool tls = cfg->tls_cert_pem && cfg->tls_key_pem;
-    if (tls) flags |= MHD_USE_TLS;
-    /* the TLS options last: MHD_OPTION_END in their place ends the list for plain HTTP */
-    /* the logger first (libmicrohttpd's advice: messages about later options use it) */
-    /* the logger first (libmicrohttpd's advice: messages about later options use it); the TLS
-     * options last: MHD_OPTION_END in their place ends the list for plain HTTP */
-    api->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, handle, api, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, api,
-        MHD_OPTION_LISTEN_SOCKET, cfg->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, completed, api,
-        MHD_OPTION_URI_LOG_CALLBACK, begin, api,
+    const struct MHD_OptionItem api_limits[] = {
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, api},
+        {MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)begin, api},
         /* a connection that says nothing this long (or never finishes its headers) goes: a
          * thousand half-open connections do not hold the server for ever */
-        MHD_OPTION_CONNECTION_TIMEOUT,
-        cfg->connection_timeout_s > 0 ? (unsigned)cfg->connection_timeout_s : 30u,
+        {MHD_OPTION_CONNECTION_TIMEOUT,
+         cfg->connection_timeout_s > 0 ? (unsigned)cfg->connection_timeout_s : 30u, NULL},
         /* past the limit a connection is closed at once: the default (its select() size) is a
          * thousand, which event streams alone reach; and one address holds at most its share */
-        MHD_OPTION_CONNECTION_LIMIT,
-        cfg->max_connections ? cfg->max_connections : (unsigned)FD_SETSIZE - 4,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-        cfg->max_connections_per_ip ? cfg->max_connections_per_ip : 128u,
-        tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cfg->tls_cert_pem,
-        MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
-    if (!api->daemon) {
-        int port = api->port;
+        {MHD_OPTION_CONNECTION_LIMIT,
+         cfg->max_connections ? cfg->max_connections : (unsigned)FD_SETSIZE - 4, NULL},
+        {MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+         cfg->max_connections_per_ip ? cfg->max_connections_per_ip : 128u, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (start_server(api, cfg->listen_fd, handle, api_limits, &api->daemon, &api->guard, err)) {
         td_api_stats_free(&api->stats);
         free(api->sessions);
         free(api);
-        return td_fail(err, "cannot start the HTTP%s server (libmicrohttpd) on port %d%s",
-                       tls ? "S" : "", port,
-                       tls ? ": is the key the certificate's, and both PEM?" : "");
+        return -1;
     }
-    if (cfg->metrics_listen_fd >= 0) {
-        /* plain HTTP, or HTTPS with the API's certificate: a scraper is configured either way */
-        api->metrics_daemon = MHD_start_daemon(
-            flags, 0, NULL, NULL, handle_metrics, api, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, api,
-            MHD_OPTION_LISTEN_SOCKET, cfg->metrics_listen_fd, MHD_OPTION_CONNECTION_TIMEOUT,
-            (unsigned)30, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-            /* no token: bounded */ tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
-            cfg->tls_cert_pem, MHD_OPTION_HTTPS_MEM_KEY, cfg->tls_key_pem, MHD_OPTION_END);
-        if (!api->metrics_daemon) {
-            td_api_stop(api);
-            return td_fail(err, "cannot start the metrics listener (libmicrohttpd)");
-        }
+    /* plain HTTP, or HTTPS with the API's certificate: a scraper is configured either way; no
+     * token there, so its connections are few */
+    const struct MHD_OptionItem metrics_limits[] = {
+        {MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
+        {MHD_OPTION_CONNECTION_LIMIT, 64, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    if (cfg->metrics_listen_fd >= 0 &&
+        start_server(api, cfg->metrics_listen_fd, handle_metrics, metrics_limits,
+                     &api->metrics_daemon, &api->metrics_guard, err)) {
+        td_api_stop(api);
+        return td_fail_prefix(err, "the metrics listener");
     }
     *out = api;
     return 0;
@@ -269,6 +297,9 @@ int td_api_port(const td_api *api) {
 
 void td_api_stop(td_api *api) {
     if (!api) return;
+    /* the guards first: nothing is handed to a server that is gone */
+    td_api_https_guard_stop(api->metrics_guard);
+    td_api_https_guard_stop(api->guard);
     if (api->metrics_daemon) MHD_stop_daemon(api->metrics_daemon);
     MHD_stop_daemon(api->daemon);
     td_api_stats_free(&api->stats);

@@ -279,8 +279,17 @@ class OperationsTest(daemon_test.DaemonTest):
                               ssl_context=ssl.create_default_context(cafile=settings["tls_ca"]))
         self.wait_log(d, "agents join with --join", "the cluster secret from the file")
         self.wait_log(d, "listening on https://", "HTTPS from tls_cert and tls_key")
-        self.wait_log(d, r"metrics \(GET /metrics, no token\) on https://127\.0\.0\.1:\d+",
-                      "the metrics listener from the file, HTTPS as the API")
+        line = self.wait_log(d, r"metrics \(GET /metrics, no token\) on https://127\.0\.0\.1:\d+",
+                             "the metrics listener from the file, HTTPS as the API")
+        mport = int(re.search(r"https://127\.0\.0\.1:(\d+)", line).group(1))
+        scrape = subprocess.run(["curl", "-sS", "--max-time", "30", "--cacert", settings["tls_ca"],
+                                 f"https://127.0.0.1:{mport}/metrics"],
+                                capture_output=True, text=True, timeout=60)
+        self.assertIn("traind_", scrape.stdout, scrape.stderr)
+        plain = subprocess.run(["curl", "-sS", "--max-time", "30",
+                                f"http://127.0.0.1:{mport}/metrics"],
+                               capture_output=True, text=True, timeout=60)
+        self.assertIn("https_required", plain.stdout, "a scraper set to http:// is told why")
         node = d.get_ok("/v1/nodes")["nodes"][0]
         self.assertEqual(node["name"], "from-the-file")
         self.assertEqual([g["index"] for g in node["gpus"]], [0, 1])

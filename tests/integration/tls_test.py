@@ -6,7 +6,9 @@ plain HTTP; an agent joins the master over TLS when it holds the CA (--tls-ca) a
 holds another; the session cookie is Secure.
 
     /usr/bin/python3 tests/integration/tls_test.py TRAIND SOURCE_DIR"""
+import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -77,8 +79,8 @@ class TLSTest(daemon_test.DaemonTest):
             bad = self.curl(*args, "-H", auth, f"{url}/v1/jobs")
             self.assertEqual(bad.returncode, 60, f"{what}: {bad.stderr}")  # peer not verified
         plain = self.curl("-H", auth, f"http://127.0.0.1:{d.port}/v1/jobs")
-        self.assertNotEqual(plain.returncode, 0, "plain HTTP is not served")
-        self.assertNotIn('"jobs"', plain.stdout)
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        self.assertNotIn('"jobs"', plain.stdout, "plain HTTP is not served")
 
         # trainctl: --cacert, and TRAIND_CACERT
         trainctl = os.path.join(os.path.dirname(daemon_test.TRAIND), "trainctl")
@@ -112,6 +114,46 @@ class TLSTest(daemon_test.DaemonTest):
         status, headers, _ = d.request("POST", "/v1/session", {"token": d.token}, token=False)
         self.assertEqual(status, 200)
         self.assertIn("; Secure", headers["set-cookie"])
+
+    def test_plain_http_on_the_https_port(self):
+        d = self.start_tls()
+        # a silent connection first: the door waits for its first byte without holding others
+        silent = socket.create_connection(("127.0.0.1", d.port))
+        self.addCleanup(silent.close)
+        plain = self.curl("-i", "-H", f"Authorization: Bearer {d.token}",
+                          f"http://127.0.0.1:{d.port}/v1/jobs")
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        self.assertRegex(plain.stdout, r"^HTTP/1.1 400 ")
+        body = json.loads(plain.stdout.split("\n\n", 1)[1])  # text mode: \r\n read as \n
+        self.assertEqual(body["error"]["code"], "https_required")
+        self.assertIn(f"use https://127.0.0.1:{d.port}/", body["error"]["message"])
+        self.assertNotIn(d.token, plain.stdout)
+        # TLS goes on as before, beside the silent one, from the same address
+        ok = self.curl("--cacert", self.ca, "-H", f"Authorization: Bearer {d.token}",
+                       f"https://127.0.0.1:{d.port}/v1/jobs")
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+        self.assertIn('"jobs"', ok.stdout)
+        # one address keeps at most 8 connections waiting for their first byte: the next ones
+        # are closed at once, and a garbage first byte goes to the TLS handshake, which ends it
+        held = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(10)]
+        for s in held:
+            self.addCleanup(s.close)
+        s = held[-1]
+        s.settimeout(20)
+        self.assertEqual(s.recv(1), b"", "the connection over the share is closed")
+        g = socket.create_connection(("127.0.0.1", d.port))
+        self.addCleanup(g.close)
+        for s in held[:-1]:
+            s.close()
+        g.settimeout(60)
+        g.sendall(b"\x00\x01garbage\r\n\r\n")
+        try:
+            got = g.recv(100)
+        except ConnectionResetError:
+            got = b""
+        self.assertNotIn(b"HTTP/1.1", got)
+        self._stop_daemon(d)
+        self.assertIn("a client sent plain HTTP to the HTTPS port", d.stderr_tail(400))
 
     def test_an_agent_joins_over_tls(self):
         secret = os.path.join(self.pki, "cluster.secret")
