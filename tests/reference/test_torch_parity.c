@@ -1,7 +1,8 @@
 /* The engine against PyTorch: the same small conv net (conv, relu, maxpool, strided conv, gelu,
  * 1x1 conv with a residual add, avgpool with padding, flatten, linear) with PyTorch's weights on
- * PyTorch's input must give the same logits, loss and gradients within 1e-4 relative error.
- * The reference comes from tests/torch_parity.py, run by the ctest fixture before this test. */
+ * PyTorch's input must give the same logits, loss and gradients within 1e-4 relative error; and
+ * so must a one-block GPT as nanoGPT writes it (embeddings, LayerNorm, causal attention, MLP).
+ * The references come from reference/torch_parity.py, run by the ctest fixture before this. */
 #include "core/td_loss.h"
 #include "test_util.h"
 
@@ -54,23 +55,42 @@ static void expect_close(const char *what, const float *got, const float *want, 
     cr_expect(rel <= 1e-4, "%s: relative error %.3g exceeds 1e-4", what, rel);
 }
 
-Test(torch_parity, small_convnet_forward_and_backward) {
+/* stem.json and stem.bin of the fixture's directory */
+static reference ref_load(const char *stem) {
     const char *dir = getenv("TRAIND_PARITY_DIR");
     cr_assert(dir, "TRAIND_PARITY_DIR is not set (ctest sets it)");
     char path[1024];
-    snprintf(path, sizeof path, "%s/parity.json", dir);
+    snprintf(path, sizeof path, "%s/%s.json", dir, stem);
     json_error_t jerr;
     reference ref = {.index = json_load_file(path, 0, &jerr)};
     cr_assert(ref.index, "%s: %s (did the torch_reference fixture run?)", path, jerr.text);
-    snprintf(path, sizeof path, "%s/parity.bin", dir);
+    snprintf(path, sizeof path, "%s/%s.bin", dir, stem);
     ref.data = (float *)test_read_file(path);
+    return ref;
+}
+
+static void load_params(td_model *m, const reference *ref) {
+    for (int p = 0; p < m->n_params; p++)
+        memcpy(m->params[p].data, ref_get(ref, m->params[p].name, m->params[p].size),
+               m->params[p].size * sizeof(float));
+}
+
+static void expect_param_grads(const td_model *m, const reference *ref) {
+    for (int p = 0; p < m->n_params; p++) {
+        char name[256];
+        snprintf(name, sizeof name, "%s.grad", m->params[p].name);
+        expect_close(name, m->params[p].grad, ref_get(ref, name, m->params[p].size),
+                     m->params[p].size);
+    }
+}
+
+Test(torch_parity, small_convnet_forward_and_backward) {
+    reference ref = ref_load("parity");
 
     const int n = 4;
     td_model m;
     test_build_model(&m, PARITY_NODES, td_shape_image(3, 12, 12), n, 1);
-    for (int p = 0; p < m.n_params; p++)
-        memcpy(m.params[p].data, ref_get(&ref, m.params[p].name, m.params[p].size),
-               m.params[p].size * sizeof(float));
+    load_params(&m, &ref);
     const float *x = ref_get(&ref, "input", (size_t)n * 3 * 12 * 12);
     const float *yf = ref_get(&ref, "labels", n);
     int32_t labels[4];
@@ -84,12 +104,47 @@ Test(torch_parity, small_convnet_forward_and_backward) {
     float l = (float)(td_loss_compute(&loss, logits, labels, n, 5, dlogits, 1.0f, NULL) / n);
     expect_close("loss", &l, ref_get(&ref, "loss", 1), 1);
     td_model_backward(&m, dlogits, &run);
-    for (int p = 0; p < m.n_params; p++) {
-        char name[256];
-        snprintf(name, sizeof name, "%s.grad", m.params[p].name);
-        expect_close(name, m.params[p].grad, ref_get(&ref, name, m.params[p].size),
-                     m.params[p].size);
-    }
+    expect_param_grads(&m, &ref);
+    td_model_free(&m);
+    json_decref(ref.index);
+    free(ref.data);
+}
+
+#define GPT_BLOCK "transformer.h.0."
+static const char *GPT_NODES =
+    "[{\"name\":\"transformer.wte\",\"op\":\"embedding\",\"num_embeddings\":11,"
+    "\"embedding_dim\":8},"
+    " {\"name\":\"transformer.wpe\",\"op\":\"position_embedding\",\"block_size\":8},"
+    " {\"name\":\"" GPT_BLOCK "ln_1\",\"op\":\"layernorm\"},"
+    " {\"name\":\"" GPT_BLOCK "attn.c_attn\",\"op\":\"linear\",\"out_features\":24},"
+    " {\"name\":\"" GPT_BLOCK "attn.core\",\"op\":\"causal_attention\",\"n_head\":2},"
+    " {\"name\":\"" GPT_BLOCK "attn.c_proj\",\"op\":\"linear\",\"out_features\":8},"
+    " {\"name\":\"" GPT_BLOCK "res_1\",\"op\":\"add\",\"inputs\":[\"" GPT_BLOCK
+    "attn.c_proj\",\"transformer.wpe\"]},"
+    " {\"name\":\"" GPT_BLOCK "ln_2\",\"op\":\"layernorm\"},"
+    " {\"name\":\"" GPT_BLOCK "mlp.c_fc\",\"op\":\"linear\",\"out_features\":32},"
+    " {\"name\":\"" GPT_BLOCK "mlp.gelu\",\"op\":\"gelu\"},"
+    " {\"name\":\"" GPT_BLOCK "mlp.c_proj\",\"op\":\"linear\",\"out_features\":8},"
+    " {\"name\":\"" GPT_BLOCK "res_2\",\"op\":\"add\",\"inputs\":[\"" GPT_BLOCK
+    "mlp.c_proj\",\"" GPT_BLOCK "res_1\"]},"
+    " {\"name\":\"transformer.ln_f\",\"op\":\"layernorm\"},"
+    " {\"name\":\"lm_head\",\"op\":\"linear\",\"out_features\":11,\"bias\":false}]";
+
+/* Parameters named and shaped as nanoGPT's state_dict, PyTorch's weights, the same tokens: the
+ * same logits and gradients. The positions' table is longer than the sequences (8 against 6):
+ * its last rows get zero gradients in both. */
+Test(torch_parity, gpt_block_forward_and_backward) {
+    reference ref = ref_load("gpt_parity");
+    const int n = 3, t = 6, vocab = 11;
+    td_model m;
+    test_build_model(&m, GPT_NODES, td_shape_flat(t), n, 1);
+    load_params(&m, &ref);
+    td_run run = {.n = n, .training = true};
+    const float *logits = td_model_forward(&m, ref_get(&ref, "input", (size_t)n * t), &run);
+    size_t outs = (size_t)n * t * vocab;
+    expect_close("logits", logits, ref_get(&ref, "logits", outs), outs);
+    td_model_backward(&m, ref_get(&ref, "dlogits", outs), &run);
+    expect_param_grads(&m, &ref);
     td_model_free(&m);
     json_decref(ref.index);
     free(ref.data);

@@ -1,9 +1,12 @@
-"""Reference for tests/test_torch_parity.c: a small conv net in PyTorch, its weights, one input
-batch, and its logits, loss and every gradient, written as raw float32 with a JSON index.
+"""Reference for tests/reference/test_torch_parity.c: a small conv net in PyTorch, its weights,
+one input batch, and its logits, loss and every gradient; and a one-block GPT as nanoGPT's
+model.py writes it (our own code, nanoGPT's architecture), its outputs and gradients. Each is
+written as raw float32 with a JSON index (parity.*, gpt_parity.*).
 
 usage: /usr/bin/python3 torch_parity.py OUTDIR
-The net must match PARITY_NODES in test_torch_parity.c node for node.
+The nets must match PARITY_NODES and GPT_NODES in test_torch_parity.c node for node.
 """
+import math
 import json
 import os
 import sys
@@ -31,9 +34,82 @@ class Net(nn.Module):
         return self.fc2(F.relu(self.fc1(x)))
 
 
-def main():
-    out = sys.argv[1]
-    os.makedirs(out, exist_ok=True)
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention without flash (PyTorch 1.13 has no scaled_dot_product_attention)."""
+
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head = n_head
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size))
+                             .view(1, 1, block_size, block_size), persistent=False)
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd, n_head, block_size):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, block_size)
+        self.ln_2 = nn.LayerNorm(n_embd)
+        self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(n_embd, 4 * n_embd),
+                                      c_proj=nn.Linear(4 * n_embd, n_embd)))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
+
+
+class TinyGPT(nn.Module):
+    """One block; the head is its own Linear here (weight tying is the GPT preset's)."""
+
+    def __init__(self, vocab=11, block_size=8, n_embd=8, n_head=2):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab, n_embd), wpe=nn.Embedding(block_size, n_embd),
+            h=nn.ModuleList([Block(n_embd, n_head, block_size)]), ln_f=nn.LayerNorm(n_embd)))
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+
+    def forward(self, idx):
+        t = idx.size(1)
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+class Writer:
+    def __init__(self):
+        self.index, self.blobs, self.offset = {}, [], 0
+
+    def put(self, name, t):
+        t = t.detach().contiguous().float()
+        self.index[name] = {"offset": self.offset, "shape": list(t.shape)}
+        self.blobs.append(t.numpy().tobytes())
+        self.offset += t.numel()
+
+    def params(self, net):
+        for name, p in net.named_parameters():
+            self.put(name, p)
+            self.put(name + ".grad", p.grad)
+
+    def save(self, out, stem):
+        with open(os.path.join(out, stem + ".bin"), "wb") as f:
+            f.write(b"".join(self.blobs))
+        with open(os.path.join(out, stem + ".json"), "w") as f:
+            json.dump(self.index, f)
+
+
+def convnet(out):
     torch.manual_seed(1234)
     net = Net()
     x = torch.randn(4, 3, 12, 12)
@@ -41,28 +117,38 @@ def main():
     logits = net(x)
     loss = F.cross_entropy(logits, y, label_smoothing=0.1)
     loss.backward()
+    w = Writer()
+    w.put("input", x.permute(0, 2, 3, 1))  # NHWC, as traind stores activations
+    w.put("labels", y.float())
+    w.put("logits", logits)
+    w.put("loss", loss.reshape(1))
+    w.params(net)
+    w.save(out, "parity")
 
-    index, blobs, offset = {}, [], 0
 
-    def put(name, t):
-        nonlocal offset
-        t = t.detach().contiguous().float()
-        index[name] = {"offset": offset, "shape": list(t.shape)}
-        blobs.append(t.numpy().tobytes())
-        offset += t.numel()
+def gpt(out):
+    """Logits of 3 sequences of 6 tokens, and the gradients of sum(logits · r) for a fixed r."""
+    torch.manual_seed(4321)
+    net = TinyGPT()
+    for p in net.parameters():  # away from the init's symmetries (LayerNorm's ones and zeros)
+        p.data.add_(0.1 * torch.randn_like(p))
+    idx = torch.randint(0, 11, (3, 6))
+    logits = net(idx)
+    r = torch.randn_like(logits)
+    (logits * r).sum().backward()
+    w = Writer()
+    w.put("input", idx.float())
+    w.put("logits", logits)
+    w.put("dlogits", r)
+    w.params(net)
+    w.save(out, "gpt_parity")
 
-    # NHWC, as traind stores activations
-    put("input", x.permute(0, 2, 3, 1))
-    put("labels", y.float())
-    put("logits", logits)
-    put("loss", loss.reshape(1))
-    for name, p in net.named_parameters():
-        put(name, p)
-        put(name + ".grad", p.grad)
-    with open(os.path.join(out, "parity.bin"), "wb") as f:
-        f.write(b"".join(blobs))
-    with open(os.path.join(out, "parity.json"), "w") as f:
-        json.dump(index, f)
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    convnet(out)
+    gpt(out)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ static void compare(check *c, const char *what, float *v, const float *g, size_t
     }
 }
 
-static void run_check_warm(const char *nodes, td_shape input, bool training, int warm) {
+/* vocab > 0: the input is token ids in [0, vocab) (an embedding's), which have no gradient */
+static void run_check_full(const char *nodes, td_shape input, bool training, int warm, int vocab) {
     check c = {.training = training};
     test_build_model(&c.model, nodes, input, N, 11);
     c.in_size = td_shape_size(input);
@@ -57,7 +58,9 @@ static void run_check_warm(const char *nodes, td_shape input, bool training, int
     c.r = malloc(N * c.out_size * sizeof(float));
     td_rng data;
     td_rng_seed(&data, 3);
-    for (size_t i = 0; i < N * c.in_size; i++) c.x[i] = 2.0f * td_rng_uniform(&data) - 1.0f;
+    for (size_t i = 0; i < N * c.in_size; i++)
+        c.x[i] = vocab ? (float)td_rng_below(&data, (uint64_t)vocab)
+                       : 2.0f * td_rng_uniform(&data) - 1.0f;
     for (size_t i = 0; i < N * c.out_size; i++) c.r[i] = 2.0f * td_rng_uniform(&data) - 1.0f;
     /* training forwards on other data first, so running statistics are not the initial ones */
     for (int w = 0; w < warm; w++) {
@@ -81,12 +84,16 @@ static void run_check_warm(const char *nodes, td_shape input, bool training, int
         td_param *par = &c.model.params[p];
         compare(&c, par->name, par->data, pg + par->offset, par->size);
     }
-    compare(&c, "input", c.x, xg, N * c.in_size);
+    if (!vocab) compare(&c, "input", c.x, xg, N * c.in_size);
     free(pg);
     free(xg);
     free(c.x);
     free(c.r);
     td_model_free(&c.model);
+}
+
+static void run_check_warm(const char *nodes, td_shape input, bool training, int warm) {
+    run_check_full(nodes, input, training, warm, 0);
 }
 
 static void run_check(const char *nodes, td_shape input, bool training) {
@@ -275,6 +282,54 @@ Test(gradcheck, conv_bn_gelu_residual) {
               " {\"name\":\"f\",\"op\":\"flatten\"},"
               " {\"name\":\"i\",\"op\":\"identity\"}]",
               td_shape_image(3, 4, 4), true);
+}
+
+/* -- a transformer's ops, on sequences [T, C] */
+
+Test(gradcheck, linear_at_every_position) {
+    run_check("[{\"name\":\"fc\",\"op\":\"linear\",\"out_features\":3}]", td_shape_seq(4, 5), true);
+}
+
+Test(gradcheck, layernorm_flat_and_sequence) {
+    run_check("[{\"name\":\"ln\",\"op\":\"layernorm\"}]", td_shape_flat(6), true);
+    run_check("[{\"name\":\"ln\",\"op\":\"layernorm\",\"bias\":false,\"eps\":0.001}]",
+              td_shape_seq(3, 5), true);
+}
+
+Test(gradcheck, causal_attention) {
+    /* T = 5, C = 4 in 2 heads of 2: the input is [5, 12] */
+    run_check("[{\"name\":\"a\",\"op\":\"causal_attention\",\"n_head\":2}]", td_shape_seq(5, 12),
+              true);
+}
+
+Test(gradcheck, position_embedding) {
+    run_check("[{\"name\":\"wpe\",\"op\":\"position_embedding\",\"block_size\":6}]",
+              td_shape_seq(4, 3), true);
+}
+
+Test(gradcheck, embedding) {
+    run_check_full("[{\"name\":\"wte\",\"op\":\"embedding\",\"num_embeddings\":7,"
+                   "\"embedding_dim\":3}]",
+                   td_shape_flat(5), true, 0, 7);
+}
+
+/* One GPT block as nanoGPT's Block is, on a two-token vocabulary's worth of embeddings: ln_1,
+ * c_attn, attention, c_proj and the residual; ln_2, the MLP (4x, GELU) and the residual. */
+Test(gradcheck, gpt_block) {
+    run_check_full(
+        "[{\"name\":\"wte\",\"op\":\"embedding\",\"num_embeddings\":5,\"embedding_dim\":4},"
+        " {\"name\":\"wpe\",\"op\":\"position_embedding\",\"block_size\":8},"
+        " {\"name\":\"ln_1\",\"op\":\"layernorm\"},"
+        " {\"name\":\"c_attn\",\"op\":\"linear\",\"out_features\":12},"
+        " {\"name\":\"attn\",\"op\":\"causal_attention\",\"n_head\":2},"
+        " {\"name\":\"c_proj\",\"op\":\"linear\",\"out_features\":4},"
+        " {\"name\":\"r1\",\"op\":\"add\",\"inputs\":[\"c_proj\",\"wpe\"]},"
+        " {\"name\":\"ln_2\",\"op\":\"layernorm\"},"
+        " {\"name\":\"c_fc\",\"op\":\"linear\",\"out_features\":16},"
+        " {\"name\":\"gelu\",\"op\":\"gelu\",\"approximate\":\"tanh\"},"
+        " {\"name\":\"mlp_proj\",\"op\":\"linear\",\"out_features\":4},"
+        " {\"name\":\"r2\",\"op\":\"add\",\"inputs\":[\"mlp_proj\",\"r1\"]}]",
+        td_shape_flat(6), true, 0, 5);
 }
 
 Test(batchnorm, running_statistics_by_hand) {

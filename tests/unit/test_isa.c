@@ -101,6 +101,22 @@ Test(isa, residual_block_on_every_instruction_set_equals_baseline) {
     compare_paths("residual", RESIDUAL, td_shape_image(3, 12, 12), 4);
 }
 
+/* A transformer block on sequences: LayerNorm, causal attention, linear at every position. */
+static const char *TRANSFORMER =
+    "[{\"name\":\"wpe\",\"op\":\"position_embedding\",\"block_size\":24},"
+    " {\"name\":\"ln_1\",\"op\":\"layernorm\"},"
+    " {\"name\":\"c_attn\",\"op\":\"linear\",\"out_features\":48},"
+    " {\"name\":\"attn\",\"op\":\"causal_attention\",\"n_head\":2},"
+    " {\"name\":\"c_proj\",\"op\":\"linear\",\"out_features\":16},"
+    " {\"name\":\"sum\",\"op\":\"add\",\"inputs\":[\"c_proj\",\"wpe\"]},"
+    " {\"name\":\"ln_f\",\"op\":\"layernorm\"},"
+    " {\"name\":\"c_fc\",\"op\":\"linear\",\"out_features\":64},"
+    " {\"name\":\"gelu\",\"op\":\"gelu\",\"approximate\":\"tanh\"}]";
+
+Test(isa, transformer_block_on_every_instruction_set_equals_baseline) {
+    compare_paths("transformer", TRANSFORMER, td_shape_seq(20, 16), 3);
+}
+
 /* Max pooling's NaN rule (a NaN in the window wins, as in PyTorch) and its argmax, on 6 and 13
  * channels (one and two vectors of 8, partial), with padding and overlapping windows: the same
  * NaNs, values and gradient routing on every instruction set. */

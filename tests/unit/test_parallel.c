@@ -4,8 +4,10 @@
  * path: the single-channel and im2col convolutions (forward chunks, weight-gradient shares,
  * col2im), the 1x1 direct one and the linear layer (split GEMMs), Winograd (several chunks:
  * its forward per thread, its weight gradient shared), BatchNorm (partial sums), ReLU, GELU, Add,
- * pooling. Batches of 7 and 9 leave the threads uneven shares. The optimizer's update is
- * elementwise and so must match bit for bit; the split GEMM must equal OpenBLAS's own. */
+ * pooling; a transformer block's positions, LayerNorm (partial sums), causal attention (its
+ * (sample, head) pairs) and learned positions (split columns). Batches of 7 and 9 leave the threads
+ * uneven shares. The optimizer's update is elementwise and so must match bit for bit; the split
+ * GEMM must equal OpenBLAS's own. */
 #include "core/td_optim.h"
 #include "core/td_parallel.h"
 #include "test_util.h"
@@ -88,6 +90,21 @@ Test(parallel, strided_and_pointwise_convolutions_on_several_threads_equal_one) 
         " {\"name\":\"bn\",\"op\":\"batchnorm1d\"},"
         " {\"name\":\"fc\",\"op\":\"linear\",\"out_features\":7}]";
     compare_threads("strided", nodes, td_shape_image(8, 20, 20), 7);
+}
+
+Test(parallel, transformer_block_on_several_threads_equals_one) {
+    const char *block = "[{\"name\":\"wpe\",\"op\":\"position_embedding\",\"block_size\":96},"
+                        " {\"name\":\"ln_1\",\"op\":\"layernorm\"},"
+                        " {\"name\":\"c_attn\",\"op\":\"linear\",\"out_features\":192},"
+                        " {\"name\":\"attn\",\"op\":\"causal_attention\",\"n_head\":4},"
+                        " {\"name\":\"c_proj\",\"op\":\"linear\",\"out_features\":64},"
+                        " {\"name\":\"r1\",\"op\":\"add\",\"inputs\":[\"c_proj\",\"wpe\"]},"
+                        " {\"name\":\"ln_2\",\"op\":\"layernorm\",\"bias\":false},"
+                        " {\"name\":\"c_fc\",\"op\":\"linear\",\"out_features\":256},"
+                        " {\"name\":\"gelu\",\"op\":\"gelu\"},"
+                        " {\"name\":\"mlp_proj\",\"op\":\"linear\",\"out_features\":64},"
+                        " {\"name\":\"r2\",\"op\":\"add\",\"inputs\":[\"mlp_proj\",\"r1\"]}]";
+    compare_threads("transformer block", block, td_shape_seq(80, 64), 7);
 }
 
 Test(parallel, optimizer_update_is_bitwise_the_same_on_every_thread_count) {

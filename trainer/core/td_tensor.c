@@ -11,10 +11,15 @@ td_shape td_shape_image(int c, int h, int w) {
 td_shape td_shape_flat(int features) {
     return (td_shape){features, 1, 1, false};
 }
+td_shape td_shape_seq(int positions, int features) {
+    return (td_shape){features, positions, 1, false};
+}
 
 void td_shape_format(td_shape s, char *buf, size_t len) {
     if (s.spatial)
         snprintf(buf, len, "[%d, %d, %d]", s.c, s.h, s.w);
+    else if (s.h > 1)
+        snprintf(buf, len, "[%d, %d]", s.h, s.c);
     else
         snprintf(buf, len, "[%d]", s.c);
 }

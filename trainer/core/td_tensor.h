@@ -12,7 +12,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* The shape of one sample. spatial: an image stored [H, W, C]; otherwise c features (h = w = 1). */
+/* The shape of one sample. spatial: an image stored [H, W, C]; otherwise c features per position
+ * of h positions (w = 1): h = 1 is a flat vector, h > 1 a sequence [T, C] (a transformer's
+ * tokens), stored row by row as PyTorch stores [N, T, C]. */
 typedef struct td_shape {
     int c, h, w;
     bool spatial;
@@ -23,7 +25,12 @@ static inline size_t td_shape_size(td_shape s) {
 }
 td_shape td_shape_image(int c, int h, int w);
 td_shape td_shape_flat(int features);
-/* "[1, 28, 28]" (C, H, W as PyTorch users write it) or "[784]". */
+td_shape td_shape_seq(int positions, int features);
+/* A sequence of positions (h > 1, not an image). */
+static inline bool td_shape_is_seq(td_shape s) {
+    return !s.spatial && s.h > 1;
+}
+/* "[1, 28, 28]" (C, H, W as PyTorch users write it), "[64, 128]" (T, C) or "[784]". */
 void td_shape_format(td_shape s, char *buf, size_t len);
 
 #define TD_MAX_DIMS 4

@@ -66,12 +66,16 @@ static void column_sums(const td_node *node, const td_run *run, const float *x, 
 
 static int bn_build_common(td_model *model, td_node *node, td_err *err, bool spatial) {
     td_shape in = node->in_shape[0];
-    if (in.spatial != spatial) {
+    /* BatchNorm1d on [N, T, C] would normalise over T's axis in PyTorch (it reads [N, C, L]):
+     * a transformer wants layernorm, so a sequence is refused rather than guessed at */
+    if (in.spatial != spatial || td_shape_is_seq(in)) {
         char buf[64];
         td_shape_format(in, buf, sizeof buf);
         return td_fail(err, "expects %s input but its input has shape %s%s",
                        spatial ? "an image [C, H, W]" : "flat [C]", buf,
-                       spatial ? "; use batchnorm1d for flat features" : "; use batchnorm2d");
+                       spatial               ? "; use batchnorm1d for flat features"
+                       : td_shape_is_seq(in) ? "; a sequence [T, C] is normalised with layernorm"
+                                             : "; use batchnorm2d");
     }
     int c = in.c;
     if (node->args[ARG_AFFINE]) {

@@ -1,4 +1,5 @@
-/* Linear: y = x W^T + b, W [out, in] as in torch.nn.Linear. */
+/* Linear: y = x W^T + b, W [out, in] as in torch.nn.Linear; on a sequence [T, in], at every
+ * position (PyTorch's Linear on [N, T, in]): the N·T positions are the GEMM's rows. */
 #include "core/td_model.h"
 #include "core/td_parallel.h"
 #include "ops/td_gemm.h"
@@ -49,14 +50,15 @@ static int linear_build(td_model *model, td_node *node, td_err *err) {
     td_model_add_param(model, node, "weight", 2, (int[]){out, in.c}, td_init_uniform(bound));
     if (node->args[ARG_BIAS])
         td_model_add_param(model, node, "bias", 1, (int[]){out}, td_init_uniform(bound));
-    node->out_shape = td_shape_flat(out);
+    node->out_shape = in;
+    node->out_shape.c = out;
     /* the skinny forward's transposed weight */
     if (skinny_outputs(out)) node->scratch_floats = 16 * (size_t)in.c;
     return 0;
 }
 
 static void linear_forward(td_node *node, const td_run *run) {
-    int n = run->n, in = node->in_shape[0].c, out = node->out_shape.c;
+    int n = run->n * node->in_shape[0].h, in = node->in_shape[0].c, out = node->out_shape.c;
     const float *w = node->params[0]->data;
     const float *b = node->n_params > 1 ? node->params[1]->data : NULL;
     if (skinny(node) && td_skinny_nt(n, out, in, node->in[0], w, node->out, run->scratch)) {
@@ -72,7 +74,7 @@ static void linear_forward(td_node *node, const td_run *run) {
 }
 
 static void linear_backward(td_node *node, const td_run *run) {
-    int n = run->n, in = node->in_shape[0].c, out = node->out_shape.c;
+    int n = run->n * node->in_shape[0].h, in = node->in_shape[0].c, out = node->out_shape.c;
     const float *dy = node->grad, *w = node->params[0]->data;
     float *dw = node->params[0]->grad;
     /* dW [out, in] = dy^T [out, n] x [n, in] */

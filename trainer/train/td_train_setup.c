@@ -71,6 +71,14 @@ static int setup_model(trainer *t, td_err *err) {
                        "model: the last node outputs an image [%d, %d, %d]; expected logits "
                        "[classes] (end with a linear node)",
                        out.c, out.h, out.w);
+    /* a sequence of logits [T, V] (a GPT's) needs a loss at every position, which the
+     * per-sample labels of these data formats do not give: refused, never read as [V] */
+    if (td_shape_is_seq(out))
+        return td_fail(err,
+                       "model: the last node outputs a sequence [%d, %d]; the data's one label "
+                       "per sample needs logits [classes] (a language model's loss at every "
+                       "position is not supported yet)",
+                       out.h, out.c);
     t->classes = out.c;
     if (job->model.num_classes && job->model.num_classes != out.c)
         return td_fail(err, "model: the last node outputs %d values but num_classes is %d", out.c,
