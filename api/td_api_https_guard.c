@@ -7,15 +7,19 @@
  * with a byte below 0x20 (22, a handshake); an HTTP request with a method's capital letter. TLS
  * goes on to libmicrohttpd (MHD_add_connection) untouched; HTTP gets the answer and is closed.
  *
- * Every waiting connection is bounded: at most GUARD_PENDING_MAX wait for their first byte (then
- * the listen queue holds the rest), at most GUARD_PENDING_PER_ADDRESS of one address, each for at
- * most GUARD_FIRST_BYTE_S; one that says nothing is closed, as libmicrohttpd's own timeout would.
- * Only poll() and non-blocking calls here: one silent client never holds the others. */
+ * Every waiting connection is bounded: at most GUARD_PENDING_MAX wait for their first byte, at
+ * most GUARD_PENDING_PER_ADDRESS of one address, each for at most GUARD_FIRST_BYTE_S (or the
+ * configured connection timeout, if shorter); one that says nothing is closed, as
+ * libmicrohttpd's own timeout would. The listen queue is always drained: a full list makes room
+ * by closing its oldest connection, so silent connections from a few addresses cannot keep new
+ * ones in the kernel's queue. Only poll() and non-blocking calls here: one silent client never
+ * holds the others. When descriptors run out, accepting pauses briefly instead of spinning. */
 #define _GNU_SOURCE /* accept4, pipe2, strcasestr */
 #include "api/td_api_private.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -26,7 +30,8 @@
 
 #define GUARD_PENDING_MAX         64
 #define GUARD_PENDING_PER_ADDRESS 8
-#define GUARD_FIRST_BYTE_S        10.0
+#define GUARD_FIRST_BYTE_S        5.0 /* a TLS client's hello comes one round trip after connect */
+#define GUARD_PAUSE_S             0.5 /* accepting waits this long when descriptors run out */
 #define GUARD_LINGER_S            2.0 /* after the answer: its request read and dropped */
 #define GUARD_LOG_EVERY_S         60.0
 
@@ -42,6 +47,9 @@ struct td_api_https_guard {
     struct MHD_Daemon *daemon;
     td_log *log;
     int listen_fd, wake[2];
+    double first_byte_s; /* GUARD_FIRST_BYTE_S, or the connection timeout if shorter */
+    double paused_until; /* monotonic: accepting stops till then (out of descriptors) */
+    double last_trouble; /* the last log line about accept or poll failing */
     pthread_t thread;
     guard_conn pending[GUARD_PENDING_MAX];
     int n;
@@ -55,12 +63,25 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+/* The same host: the address alone, never the port (nor IPv6's flow label) */
 static bool same_address(const guard_conn *a, const struct sockaddr_storage *b, socklen_t len) {
-    if (a->addr_len != len || a->addr.ss_family != b->ss_family) return false;
+    (void)len;
+    if (a->addr.ss_family != b->ss_family) return false;
     if (b->ss_family == AF_INET)
         return ((const struct sockaddr_in *)&a->addr)->sin_addr.s_addr ==
                ((const struct sockaddr_in *)b)->sin_addr.s_addr;
-    return memcmp(&a->addr, b, len) == 0;
+    if (b->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)&a->addr)->sin6_addr,
+                      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+/* At most one line a minute about the listener's own trouble (accept or poll failing). */
+static void trouble(td_api_https_guard *g, const char *what, int e) {
+    double t = now_s();
+    if (t - g->last_trouble < GUARD_LOG_EVERY_S) return;
+    g->last_trouble = t;
+    td_log_warn(g->log, "HTTP server: the HTTPS port's listener: %s: %s", what, strerror(e));
 }
 
 static void drop(td_api_https_guard *g, int i) {
@@ -68,20 +89,37 @@ static void drop(td_api_https_guard *g, int i) {
     g->pending[i] = g->pending[--g->n];
 }
 
-/* A new connection waits for its first byte, unless its address already has its share waiting. */
-static void accept_one(td_api_https_guard *g) {
+/* A new connection waits for its first byte, unless its address already has its share waiting;
+ * a full list first closes its oldest. false: nothing more to accept now. */
+static bool accept_one(td_api_https_guard *g) {
     guard_conn c = {.addr_len = sizeof c.addr};
     c.fd = accept4(g->listen_fd, (struct sockaddr *)&c.addr, &c.addr_len,
                    SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (c.fd < 0) return; /* EAGAIN, a client gone already, or out of descriptors: poll again */
+    if (c.fd < 0) {
+        /* out of descriptors or memory: the connection stays queued and poll() would return at
+         * once for as long as that lasts, so accepting pauses (as libmicrohttpd's at_limit) */
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            g->paused_until = now_s() + GUARD_PAUSE_S;
+            trouble(g, "accept (paused)", errno);
+            return false;
+        }
+        return errno == ECONNABORTED || errno == EINTR; /* else EAGAIN: the queue is empty */
+    }
     int same = 0;
     for (int i = 0; i < g->n; i++) same += same_address(&g->pending[i], &c.addr, c.addr_len);
     if (same >= GUARD_PENDING_PER_ADDRESS) {
         close(c.fd);
-        return;
+        return true;
     }
-    c.deadline = now_s() + GUARD_FIRST_BYTE_S;
+    if (g->n == GUARD_PENDING_MAX) {
+        int oldest = 0;
+        for (int i = 1; i < g->n; i++)
+            if (g->pending[i].deadline < g->pending[oldest].deadline) oldest = i;
+        drop(g, oldest);
+    }
+    c.deadline = now_s() + g->first_byte_s;
     g->pending[g->n++] = c;
+    return true;
 }
 
 /* The Host header's value as sent, when it is a plain host[:port] (nothing to escape in JSON). */
@@ -115,10 +153,15 @@ static void answer_plain_http(td_api_https_guard *g, guard_conn *c, const char *
         char more[64] = "";
         if (g->unlogged)
             snprintf(more, sizeof more, " (and %lu more since the last such line)", g->unlogged);
+        char who[INET6_ADDRSTRLEN] = "?";
+        const void *a = c->addr.ss_family == AF_INET6
+                            ? (const void *)&((const struct sockaddr_in6 *)&c->addr)->sin6_addr
+                            : (const void *)&((const struct sockaddr_in *)&c->addr)->sin_addr;
+        inet_ntop(c->addr.ss_family, a, who, sizeof who);
         td_log_warn(g->log,
-                    "HTTP server: a client sent plain HTTP to the HTTPS port; it was told to use "
-                    "https://%s",
-                    more);
+                    "HTTP server: a client (%s) sent plain HTTP to the HTTPS port; it was told "
+                    "to use https://%s",
+                    who, more);
         g->unlogged = 0;
         g->last_logged = t;
     } else {
@@ -162,6 +205,7 @@ static bool readable(td_api_https_guard *g, int i) {
 
 static int poll_timeout_ms(const td_api_https_guard *g, double t) {
     double soonest = t + 60.0;
+    if (g->paused_until > t) soonest = g->paused_until;
     for (int i = 0; i < g->n; i++)
         if (g->pending[i].deadline < soonest) soonest = g->pending[i].deadline;
     double ms = (soonest - t) * 1000.0 + 1.0;
@@ -172,29 +216,42 @@ static void *guard_main(void *arg) {
     td_api_https_guard *g = arg;
     struct pollfd fds[GUARD_PENDING_MAX + 2];
     for (;;) {
+        double t = now_s();
         fds[0] = (struct pollfd){.fd = g->wake[0], .events = POLLIN};
-        /* a full list stops accepting: the kernel's listen queue holds the next ones */
-        fds[1] =
-            (struct pollfd){.fd = g->n < GUARD_PENDING_MAX ? g->listen_fd : -1, .events = POLLIN};
+        fds[1] = (struct pollfd){.fd = t >= g->paused_until ? g->listen_fd : -1, .events = POLLIN};
         int n = g->n;
         for (int i = 0; i < n; i++) fds[i + 2] = (struct pollfd){g->pending[i].fd, POLLIN, 0};
-        int r = poll(fds, (nfds_t)n + 2, poll_timeout_ms(g, now_s()));
-        if (r < 0 && errno != EINTR) break;
+        int r = poll(fds, (nfds_t)n + 2, poll_timeout_ms(g, t));
+        if (r < 0) {
+            /* only the wake pipe ends this thread: anything else (ENOMEM) waits and retries,
+             * or the HTTPS port would stop accepting without a word */
+            if (errno != EINTR) {
+                trouble(g, "poll", errno);
+                nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+            }
+            continue;
+        }
         if (fds[0].revents) break;
         /* backwards: drop() moves the last entry into the hole, which was already seen */
         for (int i = n - 1; i >= 0; i--)
             if (fds[i + 2].revents) readable(g, i);
-        double t = now_s();
+        t = now_s();
         for (int i = g->n - 1; i >= 0; i--)
             if (g->pending[i].deadline <= t) drop(g, i);
-        if (fds[1].revents & POLLIN) accept_one(g);
+        /* a burst at a time: the queue drains even while clients keep connecting */
+        if (fds[1].revents & POLLIN)
+            for (int k = 0; k < GUARD_PENDING_MAX && accept_one(g); k++) continue;
     }
     return NULL;
 }
 
 int td_api_https_guard_start(td_api_https_guard **out, int listen_fd, struct MHD_Daemon *daemon,
-                             td_log *log, td_err *err) {
+                             double connection_timeout_s, td_log *log, td_err *err) {
     td_api_https_guard *g = td_calloc(1, sizeof *g);
+    g->first_byte_s = connection_timeout_s > 0 && connection_timeout_s < GUARD_FIRST_BYTE_S
+                          ? connection_timeout_s
+                          : GUARD_FIRST_BYTE_S;
+    g->last_trouble = -GUARD_LOG_EVERY_S;
     g->daemon = daemon;
     g->log = log;
     g->listen_fd = listen_fd;

@@ -105,7 +105,7 @@ struct td_api {
  * use https:// (td_api_https_guard.c). Stopping it closes listen_fd. */
 typedef struct td_api_https_guard td_api_https_guard;
 int td_api_https_guard_start(td_api_https_guard **out, int listen_fd, struct MHD_Daemon *daemon,
-                             td_log *log, td_err *err);
+                             double connection_timeout_s, td_log *log, td_err *err);
 void td_api_https_guard_stop(td_api_https_guard *g);
 
 /* GET /metrics (td_api_metrics.c). */

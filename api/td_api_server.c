@@ -224,13 +224,17 @@ static int start_server(td_api *api, int listen_fd, MHD_AccessHandlerCallback ha
     options[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     *daemon = MHD_start_daemon(flags, 0, NULL, NULL, handler, api, MHD_OPTION_ARRAY, options,
                                MHD_OPTION_END);
-    if (!*daemon)
+    if (!*daemon) {
+        if (tls) close(listen_fd); /* the guard would have owned it: nobody else closes it */
         return td_fail(err, "cannot start the HTTP%s server (libmicrohttpd) on port %d%s",
                        tls ? "S" : "", api->port,
                        tls ? ": is the key the certificate's, and both PEM?" : "");
-    if (tls && td_api_https_guard_start(guard, listen_fd, *daemon, cfg->log, err) != 0) {
+    }
+    if (tls && td_api_https_guard_start(guard, listen_fd, *daemon, cfg->connection_timeout_s,
+                                        cfg->log, err) != 0) {
         MHD_stop_daemon(*daemon);
         *daemon = NULL;
+        close(listen_fd);
         return -1;
     }
     return 0;

@@ -152,8 +152,22 @@ class TLSTest(daemon_test.DaemonTest):
         except ConnectionResetError:
             got = b""
         self.assertNotIn(b"HTTP/1.1", got)
+        # 64 silent connections from 8 addresses fill the waiting list: the next client still
+        # gets through (the oldest silent one makes room), promptly and over TLS
+        crowd = []
+        for a in range(2, 10):
+            for _ in range(8):
+                s = socket.socket()
+                self.addCleanup(s.close)
+                s.bind((f"127.0.0.{a}", 0))
+                s.connect(("127.0.0.1", d.port))
+                crowd.append(s)
+        ok = self.curl("--cacert", self.ca, "-H", f"Authorization: Bearer {d.token}",
+                       "--max-time", "4", f"https://127.0.0.1:{d.port}/v1/jobs")
+        self.assertEqual(ok.returncode, 0, f"a full waiting list keeps new clients out: {ok.stderr}")
+        self.assertIn('"jobs"', ok.stdout)
         self._stop_daemon(d)
-        self.assertIn("a client sent plain HTTP to the HTTPS port", d.stderr_tail(400))
+        self.assertIn("a client (127.0.0.1) sent plain HTTP to the HTTPS port", d.stderr_tail(400))
 
     def test_an_agent_joins_over_tls(self):
         secret = os.path.join(self.pki, "cluster.secret")
