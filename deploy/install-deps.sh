@@ -11,7 +11,7 @@ packages="
   openssl
   libopenblas-dev zlib1g-dev libjansson-dev libcriterion-dev
   libmicrohttpd-dev libsqlite3-dev libarchive-dev libcurl4-openssl-dev libssl-dev curl wrk
-  libsystemd-dev libprotobuf-c-dev protobuf-c-compiler libisal-dev libpcre2-dev lintian
+  libsystemd-dev libprotobuf-c-dev protobuf-c-compiler libisal-dev libpcre2-dev libicu-dev lintian
   prometheus python3-prometheus-client help2man bash-completion python3-jsonschema libjs-dygraphs chromium chromium-driver python3-selenium firefox-esr
   dataset-fashion-mnist
   python3 python3-numpy python3-torch python3-torchvision python3-pip python3-setuptools python3-venv

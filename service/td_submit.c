@@ -239,10 +239,11 @@ static int check_path(const char *path, const char *field, const td_submit_rules
                          field, path, roots);
 }
 
-static int check_split(const td_split_spec *sp, const char *where, const td_submit_rules *rules,
-                       td_reply_error *e) {
+/* one_file: csv and text, whose split is {"path": ...} (kept in images) */
+static int check_split(const td_split_spec *sp, const char *where, bool one_file,
+                       const td_submit_rules *rules, td_reply_error *e) {
     char field[64];
-    snprintf(field, sizeof field, "data.%s.images", where);
+    snprintf(field, sizeof field, "data.%s.%s", where, one_file ? "path" : "images");
     if (check_path(sp->images, field, rules, e) != 0) return -1;
     snprintf(field, sizeof field, "data.%s.labels", where);
     if (check_path(sp->labels, field, rules, e) != 0) return -1;
@@ -281,9 +282,6 @@ static void field_of_file(const td_split_spec *sp, const char *where, const char
 
 /* Reads what is cheap to read of a split (headers, sizes, labels) and checks it as the worker
  * would at its start: the files exist and are what the format says, labels match the samples
- * one to one and lie within the model's classes. */
-/* Reads what is cheap to read of a split (headers, sizes, labels) and checks it as the worker
- * would at its start: the files exist and are what the format says, labels match the samples
  * one to one and lie within the model's classes. 1: nothing on disk to check (synthetic). */
 static int check_data(const td_data_spec *d, int num_classes, const td_split_spec *sp,
                       const char *where, td_data_probe *p, td_reply_error *e) {
@@ -293,7 +291,9 @@ static int check_data(const td_data_spec *d, int num_classes, const td_split_spe
     char field[128];
     if (rc != 0) {
         field_of_file(sp, where, err.msg, field, sizeof field);
-        if (d->format == TD_DATA_CSV) snprintf(field, sizeof field, "data.%s.path", where);
+        if (d->format == TD_DATA_CSV || d->format == TD_DATA_TEXT)
+            snprintf(field, sizeof field, "data.%s.path",
+                     sp == &d->val && d->val_from_train ? "train" : where);
         return td_reply_fail(e, 400, "invalid_data", field, "%s: %s", field, err.msg);
     }
     if (num_classes > 0 && p->max_label >= num_classes) {
@@ -358,8 +358,10 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     int rc = td_job_load_string(&job, text, &err);
     free(text);
     if (rc != 0) return spec_error(e, &err);
-    rc = check_split(&job.data.train, "train", rules, e);
-    if (rc == 0 && job.data.val.present) rc = check_split(&job.data.val, "val", rules, e);
+    bool one_file = job.data.format == TD_DATA_CSV || job.data.format == TD_DATA_TEXT;
+    rc = check_split(&job.data.train, "train", one_file, rules, e);
+    if (rc == 0 && job.data.val.present && !job.data.val_from_train)
+        rc = check_split(&job.data.val, "val", one_file, rules, e);
     if (rc == 0) rc = check_path(job.model.init_from, "model.init_from", rules, e);
     if (rc == 0) rc = check_path(job.checkpoint.dir, "checkpoint.dir", rules, e);
     if (rc == 0 && strcmp(job.checkpoint.resume_from, "latest") != 0)

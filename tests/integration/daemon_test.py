@@ -1555,6 +1555,19 @@ class DaemonTest(unittest.TestCase):
             return {"name": "bad", "model": {"preset": preset, "num_classes": classes},
                     "data": data_, "train": {"epochs": 1, "batch_size": 8, "threads": 1,
                                              "optimizer": {"type": "sgd", "lr": 0.01}}}
+        bad_text, short_text = os.path.join(data, "bad.txt"), os.path.join(data, "short.txt")
+        with open(bad_text, "wb") as f:
+            f.write(b"To be,\nor \xffnot to be" * 4)
+        with open(short_text, "wb") as f:
+            f.write(b"To be")
+
+        def text_spec(path):
+            return {"name": "bad", "model": {"nodes": [
+                {"name": "wte", "op": "embedding", "num_embeddings": 16, "embedding_dim": 4},
+                {"name": "head", "op": "linear", "out_features": 16}]},
+                "data": {"format": "text", "train": {"path": path}, "block_size": 8},
+                "train": {"max_steps": 1, "batch_size": 2, "threads": 1,
+                          "optimizer": {"type": "sgd", "lr": 0.01}}}
         missing = os.path.join(data, "missing.idx")
         cases = [
             ("a missing file", spec({"images": missing, "labels": labels}),
@@ -1577,6 +1590,10 @@ class DaemonTest(unittest.TestCase):
             ("npy labels that do not match the samples",
              spec({"images": npy_x, "labels": npy_y}, fmt="npy", preset="mlp"),
              "data.train", "3 labels"),
+            ("a text that is not UTF-8", text_spec(bad_text), "data.train.path",
+             "line 2, column 4"),
+            ("a text shorter than a window", text_spec(short_text), "data.train.path",
+             "block_size"),
         ]
         for what, body, field, text in cases:
             err = self.assert_error(d.json("POST", "/v1/jobs", body), 400, "invalid_data",
@@ -1587,6 +1604,21 @@ class DaemonTest(unittest.TestCase):
         self.assertEqual(d.get_ok("/v1/jobs")["jobs"], [], "no rejected request created a job")
         job, _ = d.submit(spec({"images": images, "labels": labels}))  # the positive control
         self.assert_final(d, job["id"], d.follow(job["id"]), "succeeded")
+        # and a text one: 18 characters, a language model's loss at every position
+        good_text = os.path.join(data, "good.txt")
+        with open(good_text, "w") as f:
+            f.write("To be, or not to be: that is the question.\n" * 20)
+        body = text_spec(good_text)
+        body["model"]["nodes"][0]["num_embeddings"] = 8
+        job, _ = d.submit(body)  # found when the worker has read the text: a failed job
+        self.assert_final(d, job["id"], d.follow(job["id"]), "failed")
+        self.assertIn("vocabulary has 18 tokens", d.job(job["id"])["reason"])
+        body["model"]["nodes"][0]["num_embeddings"] = 18
+        body["model"]["nodes"][1]["out_features"] = 18
+        job, _ = d.submit(body)
+        self.assert_final(d, job["id"], d.follow(job["id"]), "succeeded")
+        done = [m for m in d.metrics(job["id"]) if m.get("event") == "done"]
+        self.assertTrue(done and done[0]["val_loss"] > 0, "the text's last 10% validates")
 
     def test_10b_run_time_failure_reason(self):
         d = self.start_daemon("--slots", "1")

@@ -35,7 +35,25 @@ typedef struct td_dataset {
     float *values;           /* n × shape size, float data (pixels is NULL then) */
     int32_t *labels;         /* class indices */
     uint64_t synthetic_seed; /* synthetic samples are a pure function of (seed, index) */
+    /* text (td_text.c): the split's token ids; sample i is the window at i · stride, with a
+     * label per position (td_dataset_positions) */
+    int32_t *tokens;
+    size_t n_tokens;
+    int stride;
 } td_dataset;
+
+/* Labels per sample: a text window's block_size, else 1. */
+static inline int td_dataset_positions(const td_dataset *ds) {
+    return ds->tokens ? ds->shape.c : 1;
+}
+
+/* The text format's tokenizers (td_tokenizer.c). */
+typedef enum td_tokenizer_kind { TD_TOKENIZER_CHAR, TD_TOKENIZER_BYTE } td_tokenizer_kind;
+typedef struct td_tokenizer {
+    td_tokenizer_kind kind;
+    int vocab_size;
+    uint32_t *chars; /* char: the code points in order, id = index; NULL for byte */
+} td_tokenizer;
 
 #define TD_PATH_MAX 1024 /* a path in a spec */
 
@@ -44,14 +62,15 @@ typedef enum td_data_format {
     TD_DATA_SYNTHETIC,
     TD_DATA_NPY,
     TD_DATA_CIFAR10,
-    TD_DATA_CSV
+    TD_DATA_CSV,
+    TD_DATA_TEXT
 } td_data_format;
 
 #define TD_MAX_FILES 16
 
 typedef struct td_split_spec {
     bool present;
-    char images[TD_PATH_MAX], labels[TD_PATH_MAX]; /* idx, npy; csv: images is the file */
+    char images[TD_PATH_MAX], labels[TD_PATH_MAX]; /* idx, npy; csv, text: images is the file */
     int n_files;                                   /* cifar10 */
     char files[TD_MAX_FILES][TD_PATH_MAX];
     int size; /* synthetic */
@@ -70,6 +89,11 @@ typedef struct td_data_spec {
     bool csv_header;
     int num_workers; /* data.num_workers: loader threads, 0: none (the training thread
                       * loads), TD_WORKERS_AUTO: td_train picks */
+    /* text */
+    td_tokenizer_kind tokenizer;
+    int block_size;      /* tokens a window feeds the model (its labels are the next ones) */
+    double val_fraction; /* without data.val: the training file's last part validates */
+    bool val_from_train; /* val.present, and it is that last part (val.images is empty) */
 } td_data_spec;
 
 /* Split sp of d: loaded whole, or probed (td_data_probe_split below) as far as is cheap. The one
@@ -109,6 +133,27 @@ int td_dataset_probe_csv(const char *path, int label_column, bool header, td_dat
 int td_data_probe_split(const td_data_spec *d, const td_split_spec *sp, td_data_probe *p,
                         td_err *err);
 
+/* The text format (td_text.c, td_tokenizer.c). The tokenizer of a job's text files (the char
+ * vocabulary from all of them); a split's windows; sample i's input ids (as floats, what an
+ * embedding reads) and its labels, the next token at every position. */
+int td_text_tokenizer(const td_data_spec *d, td_tokenizer *tk, td_err *err);
+int td_dataset_load_text(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp,
+                         const td_tokenizer *tk, td_err *err);
+void td_dataset_window(const td_dataset *ds, int i, float *x, int32_t *labels);
+/* The submit check: the file opens, is not too small and (char) its first 64 MiB are UTF-8. */
+int td_dataset_probe_text(const td_data_spec *d, const td_split_spec *sp, td_data_probe *p,
+                          td_err *err);
+int td_utf8_check(const uint8_t *text, size_t len, const char *what, td_err *err);
+/* texts[i] of lens[i] bytes, named names[i] in errors; char: their characters' sorted set */
+int td_tokenizer_build(td_tokenizer *tk, td_tokenizer_kind kind, const uint8_t *const *texts,
+                       const size_t *lens, const char *const *names, int n_texts, td_err *err);
+int td_tokenizer_encode(const td_tokenizer *tk, const uint8_t *text, size_t len, const char *what,
+                        int32_t **ids, size_t *n, td_err *err);
+/* ids as UTF-8 into out (NUL-terminated, at most cap bytes with it); returns the bytes written */
+size_t td_tokenizer_decode(const td_tokenizer *tk, const int32_t *ids, size_t n, char *out,
+                           size_t cap);
+void td_tokenizer_free(td_tokenizer *tk);
+
 /* A deterministic synthetic dataset of the given shape and size, for benchmarks. */
 void td_dataset_synthetic(td_dataset *ds, td_shape shape, int num_classes, int size, uint64_t seed);
 void td_dataset_free(td_dataset *ds);
@@ -129,7 +174,7 @@ void td_sampler_indices(int n, bool shuffle, uint64_t seed, int epoch, int rank,
 typedef struct td_batch {
     int n;
     float *x;        /* [n, H, W, C] normalised */
-    int32_t *labels; /* [n] */
+    int32_t *labels; /* [n] (text: [n, block_size], a label per position) */
 } td_batch;
 
 typedef struct td_loader td_loader;

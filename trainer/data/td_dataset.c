@@ -18,6 +18,7 @@ void td_dataset_free(td_dataset *ds) {
     free(ds->pixels);
     free(ds->values);
     free(ds->labels);
+    free(ds->tokens);
     memset(ds, 0, sizeof *ds);
 }
 

@@ -88,9 +88,14 @@ static void fill(td_loader *ld, int batch_index, slot *s) {
     bool augment = ds->shape.spatial && (ld->augment.crop_padding > 0 || ld->augment.hflip);
     int first = batch_index * ld->cfg.batch_size;
     int n = ld->n_order - first < ld->cfg.batch_size ? ld->n_order - first : ld->cfg.batch_size;
+    int positions = td_dataset_positions(ds);
     for (int i = 0; i < n; i++) {
         int idx = ld->order[first + i];
         float *x = s->batch.x + (size_t)i * size;
+        if (ds->tokens) {
+            td_dataset_window(ds, idx, x, s->batch.labels + (size_t)i * positions);
+            continue;
+        }
         if (!augment) {
             s->batch.labels[i] = td_dataset_sample(ds, idx, &ld->norm, x);
             continue;
@@ -152,7 +157,8 @@ td_loader *td_loader_create(const td_dataset *ds, const td_normalize *norm,
     ld->slots = td_calloc((size_t)ld->n_slots, sizeof *ld->slots);
     for (int i = 0; i < ld->n_slots; i++) {
         ld->slots[i].batch.x = td_aligned_alloc((size_t)batch_size * size * sizeof(float));
-        ld->slots[i].batch.labels = td_malloc((size_t)batch_size * sizeof(int32_t));
+        ld->slots[i].batch.labels =
+            td_malloc((size_t)batch_size * td_dataset_positions(ds) * sizeof(int32_t));
         ld->slots[i].raw = td_malloc(size * sizeof(float));
     }
     TD_ASSERT(pthread_mutex_init(&ld->lock, NULL) == 0, "pthread_mutex_init failed");

@@ -19,6 +19,14 @@ int td_data_load_split(const td_data_spec *d, const td_split_spec *sp, int num_c
     }
     case TD_DATA_CSV:
         return td_dataset_load_csv(ds, sp->images, d->label_column, d->csv_header, err);
+    case TD_DATA_TEXT: {
+        (void)num_classes; /* the vocabulary's size */
+        td_tokenizer tk;
+        if (td_text_tokenizer(d, &tk, err) != 0) return -1;
+        int rc = td_dataset_load_text(ds, d, sp, &tk, err);
+        td_tokenizer_free(&tk);
+        return rc;
+    }
     }
     return td_fail(err, "unknown data format");
 }
@@ -39,6 +47,8 @@ int td_data_probe_split(const td_data_spec *d, const td_split_spec *sp, td_data_
     }
     case TD_DATA_CSV:
         return td_dataset_probe_csv(sp->images, d->label_column, d->csv_header, p, err);
+    case TD_DATA_TEXT:
+        return td_dataset_probe_text(d, sp, p, err);
     }
     return td_fail(err, "unknown data format");
 }

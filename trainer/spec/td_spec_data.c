@@ -19,7 +19,7 @@ static int parse_split(const json_t *d, td_data_format format, const char *key, 
     char path[32];
     snprintf(path, sizeof path, "data.%s", key);
     split->present = true;
-    if (format == TD_DATA_CSV) {
+    if (format == TD_DATA_CSV || format == TD_DATA_TEXT) {
         static const char *const keys[] = {"path", NULL};
         if (td_json_check_keys(s, path, keys, err) != 0) return -1;
         return td_json_string(s, path, "path", true, "", split->images, sizeof split->images, err);
@@ -93,6 +93,24 @@ static int parse_float_list(const json_t *obj, const char *path, const char *key
     return 0;
 }
 
+/* data.format "text": the tokenizer, the window (nanoGPT's block_size) and, without data.val, the
+ * training file's last part that validates (nanoGPT's 10%). */
+static int parse_text(const json_t *d, td_data_spec *data, td_err *err) {
+    static const char *const keys[] = {"format",     "train",        "val",         "tokenizer",
+                                       "block_size", "val_fraction", "num_workers", NULL};
+    int tokenizer;
+    long block;
+    if (td_json_check_keys(d, "data", keys, err) != 0 ||
+        td_json_choice(d, "data", "tokenizer", false, "char", "char|byte", &tokenizer, err) != 0 ||
+        td_json_int(d, "data", "block_size", true, 0, 1, 1 << 16, &block, err) != 0 ||
+        td_json_number(d, "data", "val_fraction", false, 0.1, 0, 0.9, &data->val_fraction, err) !=
+            0)
+        return -1;
+    data->tokenizer = tokenizer == 1 ? TD_TOKENIZER_BYTE : TD_TOKENIZER_CHAR;
+    data->block_size = (int)block;
+    return 0;
+}
+
 /* data.num_workers: "auto" (-1) or DataLoader's num_workers: 0 loads in the training thread,
  * N in N loader threads that overlap the step. */
 static int parse_num_workers(const json_t *d, int *out, td_err *err) {
@@ -109,7 +127,7 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
     json_t *d;
     if (td_json_object(root, "", "data", true, &d, err) != 0) return -1;
     int format;
-    if (td_json_choice(d, "data", "format", true, "", "idx|synthetic|npy|cifar10|csv", &format,
+    if (td_json_choice(d, "data", "format", true, "", "idx|synthetic|npy|cifar10|csv|text", &format,
                        err) != 0)
         return -1;
     job->data.format = (td_data_format)format;
@@ -142,6 +160,9 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
         job->data.label_column = (int)col;
         break;
     }
+    case TD_DATA_TEXT:
+        if (parse_text(d, &job->data, err) != 0) return -1;
+        break;
     case TD_DATA_SYNTHETIC: {
         static const char *const keys[] = {"format",  "shape",       "num_classes",
                                            "size",    "val_size",    "normalize",
@@ -185,6 +206,8 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
         (parse_split(d, job->data.format, "train", true, &job->data.train, err) != 0 ||
          parse_split(d, job->data.format, "val", false, &job->data.val, err) != 0))
         return -1;
+    if (job->data.format == TD_DATA_TEXT && !job->data.val.present && job->data.val_fraction > 0)
+        job->data.val.present = job->data.val_from_train = true;
     if (parse_augment(d, job, err) != 0) return -1;
     json_t *norm;
     if (td_json_object(d, "data", "normalize", false, &norm, err) != 0) return -1;

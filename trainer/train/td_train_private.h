@@ -38,6 +38,7 @@ typedef struct trainer {
     td_loader *train_loader, *val_loader;
     float *dlogits;
     int classes;
+    int positions; /* labels per sample: text's block_size (a loss at every position), else 1 */
     td_train_state state; /* position, RNG and open logging interval: what a checkpoint saves */
     long last_saved_step;
     double group_loss;   /* the CPU's loss over the open gradient-accumulation group */

@@ -5,6 +5,8 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "train/td_train_private.h"
 
+#include "ops/td_ops.h"
+
 #include "core/td_blas.h"
 #include "core/td_isa.h"
 #include "core/td_clock.h"
@@ -71,15 +73,31 @@ static int setup_model(trainer *t, td_err *err) {
                        "model: the last node outputs an image [%d, %d, %d]; expected logits "
                        "[classes] (end with a linear node)",
                        out.c, out.h, out.w);
-    /* a sequence of logits [T, V] (a GPT's) needs a loss at every position, which the
-     * per-sample labels of these data formats do not give: refused, never read as [V] */
-    if (td_shape_is_seq(out))
+    /* logits at every position [T, V] need a label at every position (text), and one label per
+     * sample logits [classes]: never one read as the other */
+    t->positions = td_dataset_positions(&t->train);
+    if (out.h != t->positions && t->positions > 1)
+        return td_fail(err,
+                       "model: the last node outputs [%d, %d] per sample; text data has a label "
+                       "at each of its %d positions, so the model must end in logits "
+                       "[block_size, vocab] (a linear node after the last sequence node)",
+                       out.h, out.c, t->positions);
+    if (out.h != t->positions)
         return td_fail(err,
                        "model: the last node outputs a sequence [%d, %d]; the data's one label "
-                       "per sample needs logits [classes] (a language model's loss at every "
-                       "position is not supported yet)",
+                       "per sample needs logits [classes]",
                        out.h, out.c);
     t->classes = out.c;
+    /* token ids past an embedding's table would read NaN rows: the vocabulary must fit */
+    for (int i = 0; t->train.tokens && i < t->model.n_nodes; i++) {
+        const td_node *nd = &t->model.nodes[i];
+        int rows = nd->op == &td_op_embedding ? (int)td_node_arg(nd, "num_embeddings") : 0;
+        if (rows && nd->inputs[0] == TD_INPUT_NODE && rows < t->train.num_classes)
+            return td_fail(err,
+                           "model.nodes[%d] (\"%s\", embedding): num_embeddings is %d but the "
+                           "text's vocabulary has %d tokens",
+                           i, nd->name, rows, t->train.num_classes);
+    }
     if (job->model.num_classes && job->model.num_classes != out.c)
         return td_fail(err, "model: the last node outputs %d values but num_classes is %d", out.c,
                        job->model.num_classes);
@@ -95,7 +113,7 @@ static int setup_model(trainer *t, td_err *err) {
     }
     td_optim_init(&t->optim, &job->train.optim, t->model.param_floats);
     t->optim.threads = t->model.threads;
-    t->dlogits = td_aligned_alloc((size_t)max_n * t->classes * sizeof(float));
+    t->dlogits = td_aligned_alloc((size_t)max_n * t->positions * t->classes * sizeof(float));
     t->state.seed = job->train.seed;
     td_rng_seed_for(&t->state.dropout_rng, job->train.seed, "dropout", 0);
     t->last_saved_step = -1;
@@ -113,6 +131,9 @@ static int resolve_device(trainer *t, td_err *err) {
                           why, local_rank, getenv("CUDA_VISIBLE_DEVICES"), &t->device, err) != 0)
         return -1;
     t->graph_off = !job->train.cuda_graph;
+    if (t->device.device == TD_DEVICE_CUDA && job->data.format == TD_DATA_TEXT)
+        return td_fail(err, "train.device: text data (a loss at every position) trains on the CPU "
+                            "only for now; set \"device\": \"cpu\"");
     return 0;
 }
 

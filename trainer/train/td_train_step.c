@@ -56,9 +56,11 @@ int td_train_cpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
     td_train_phase(t, &t->phase.forward, &t0);
     if (micro == 0) t->group_loss = 0; /* a group's first batch opens its sum */
     /* each batch of a group carries 1/group of the step's gradient */
-    t->group_loss += td_loss_compute(&job->train.loss, logits, b->labels, b->n, t->classes,
+    /* a text batch's rows are its positions: the mean over every predicted token */
+    int rows = b->n * t->positions;
+    t->group_loss += td_loss_compute(&job->train.loss, logits, b->labels, rows, t->classes,
                                      t->dlogits, 1.0f / (float)group, NULL) /
-                     b->n;
+                     rows;
     td_train_phase(t, &t->phase.loss, &t0);
     /* no_sync for all but the group's last batch; on the last, buckets of gradients are
      * all-reduced while backward goes on, the loss riding with them */
@@ -194,11 +196,11 @@ int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *er
     while (!t->gpu && td_loader_next(t->val_loader, &b)) {
         run.n = b.n;
         const float *logits = td_model_forward(&t->model, b.x, &run);
-        int hits;
-        loss +=
-            td_loss_compute(&t->job->train.loss, logits, b.labels, b.n, t->classes, NULL, 1, &hits);
+        int hits, rows = b.n * t->positions; /* text: every position's prediction counts */
+        loss += td_loss_compute(&t->job->train.loss, logits, b.labels, rows, t->classes, NULL, 1,
+                                &hits);
         correct += hits;
-        seen += b.n;
+        seen += rows;
     }
     t->model.profile = profile;
     /* every validation sample counted once, over all ranks */

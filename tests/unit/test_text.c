@@ -1,0 +1,142 @@
+/* The text format: the char and byte tokenizers (nanoGPT's sorted(set(text)) vocabulary, UTF-8
+ * with the place of a bad byte), the split into windows and their next-token labels, the
+ * validation part of one file, the spec's fields, and a loader's batch with a label per
+ * position. */
+#include "data/td_data.h"
+#include "spec/td_spec.h"
+#include "test_util.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int build(td_tokenizer *tk, td_tokenizer_kind kind, const char *text, td_err *err) {
+    const uint8_t *texts[1] = {(const uint8_t *)text};
+    size_t lens[1] = {strlen(text)};
+    const char *names[1] = {"t.txt"};
+    return td_tokenizer_build(tk, kind, texts, lens, names, 1, err);
+}
+
+Test(text, char_vocabulary_is_the_sorted_set_of_characters) {
+    td_tokenizer tk;
+    td_err err;
+    /* "é" (U+00E9) sorts after every ASCII letter, as Python's sorted() orders code points */
+    cr_assert_eq(build(&tk, TD_TOKENIZER_CHAR, "hello\nwörld é", &err), 0, "%s", err.msg);
+    const uint32_t want[] = {'\n', ' ', 'd', 'e', 'h', 'l', 'o', 'r', 'w', 0xE9, 0xF6};
+    cr_assert_eq(tk.vocab_size, 11);
+    for (int i = 0; i < 11; i++)
+        cr_expect_eq(tk.chars[i], want[i], "id %d: U+%04X", i, tk.chars[i]);
+    int32_t *ids;
+    size_t n;
+    const char *s = "wörld";
+    cr_assert_eq(td_tokenizer_encode(&tk, (const uint8_t *)s, strlen(s), "s", &ids, &n, &err), 0);
+    cr_expect_eq(n, 5u, "five characters, six bytes");
+    cr_expect_eq(ids[0], 8, "w");
+    cr_expect_eq(ids[1], 10, "ö");
+    char back[32];
+    cr_expect_eq(td_tokenizer_decode(&tk, ids, n, back, sizeof back), strlen(s));
+    cr_expect_str_eq(back, s);
+    free(ids);
+    /* a character the vocabulary lacks */
+    cr_expect_neq(td_tokenizer_encode(&tk, (const uint8_t *)"x", 1, "val.txt", &ids, &n, &err), 0);
+    cr_expect(strstr(err.msg, "val.txt") && strstr(err.msg, "U+0078"), "%s", err.msg);
+    td_tokenizer_free(&tk);
+}
+
+Test(text, bad_utf8_is_placed_by_line_and_column) {
+    td_tokenizer tk;
+    td_err err;
+    cr_assert_neq(build(&tk, TD_TOKENIZER_CHAR, "ab\ncé\xff!", &err), 0);
+    cr_expect(strstr(err.msg, "t.txt: line 2, column 3") && strstr(err.msg, "0xff"), "%s", err.msg);
+    cr_expect(strstr(err.msg, "byte"), "the message names the byte tokenizer: %s", err.msg);
+    /* the byte tokenizer takes any bytes, and gives them back */
+    cr_assert_eq(build(&tk, TD_TOKENIZER_BYTE, "ab\xff", &err), 0);
+    cr_expect_eq(tk.vocab_size, 256);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(td_tokenizer_encode(&tk, (const uint8_t *)"a\xff", 2, "s", &ids, &n, &err), 0);
+    cr_expect(n == 2 && ids[0] == 'a' && ids[1] == 0xff);
+    free(ids);
+    td_tokenizer_free(&tk);
+}
+
+static td_job load_spec(const char *path, const char *extra) {
+    char spec[2048];
+    snprintf(spec, sizeof spec,
+             "{\"model\": {\"nodes\": [{\"name\": \"wte\", \"op\": \"embedding\", "
+             "\"num_embeddings\": 10, \"embedding_dim\": 4}, {\"name\": \"head\", \"op\": "
+             "\"linear\", \"out_features\": 10}]},"
+             " \"data\": {\"format\": \"text\", \"train\": {\"path\": \"%s\"}%s},"
+             " \"train\": {\"batch_size\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+             path, extra);
+    td_job job;
+    td_err err;
+    cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+    return job;
+}
+
+Test(text, windows_and_their_next_tokens_and_the_validation_tail) {
+    const char *path = test_write_file("ten.txt", "abcdefghij", 10);
+    td_job job = load_spec(path, ", \"block_size\": 3, \"val_fraction\": 0.5");
+    cr_assert(job.data.val.present && job.data.val_from_train, "the file's tail validates");
+    td_dataset train, val;
+    td_err err;
+    cr_assert_eq(td_data_load_split(&job.data, &job.data.train, 0, 1, &train, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(td_data_load_split(&job.data, &job.data.val, 0, 1, &val, &err), 0, "%s", err.msg);
+    /* train "abcde": windows at 0 and 1 (stride 1); val "fghij": one window (stride 3) */
+    cr_expect_eq(train.n, 2);
+    cr_expect_eq(val.n, 1);
+    cr_expect_eq(train.num_classes, 10, "ten characters in the file");
+    cr_expect_eq(td_dataset_positions(&train), 3);
+    float x[3];
+    int32_t y[3];
+    td_dataset_window(&train, 1, x, y);
+    cr_expect(x[0] == 1 && x[1] == 2 && x[2] == 3, "b c d");
+    cr_expect(y[0] == 2 && y[1] == 3 && y[2] == 4, "c d e");
+    td_dataset_window(&val, 0, x, y);
+    cr_expect(x[0] == 5 && y[2] == 8, "f.. and ..i");
+
+    /* a loader's batch: both windows, a label per position */
+    td_normalize norm = {.channels = 1, .mean = {0}, .std = {1}};
+    td_loader_config cfg = {.batch_size = 2, .world = 1, .pad = true, .seed = 3};
+    td_loader *ld = td_loader_create(&train, &norm, NULL, &cfg);
+    td_loader_start_epoch(ld, 0, 0);
+    td_batch b;
+    cr_assert(td_loader_next(ld, &b));
+    cr_expect_eq(b.n, 2);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 3; k++)
+            cr_expect_eq(b.labels[i * 3 + k], (int32_t)b.x[i * 3 + k] + 1, "next token");
+    td_loader_destroy(ld);
+    td_dataset_free(&train);
+    td_dataset_free(&val);
+
+    /* too short for a window and its next token: the split and the field are named */
+    job = load_spec(path, ", \"block_size\": 5, \"val_fraction\": 0.5");
+    cr_expect_neq(td_data_load_split(&job.data, &job.data.val, 0, 1, &val, &err), 0);
+    cr_expect(strstr(err.msg, "data.val: 5 tokens") && strstr(err.msg, "block_size"), "%s",
+              err.msg);
+}
+
+Test(text, spec_fields_are_checked) {
+    const char *path = test_write_file("one.txt", "abc", 3);
+    const char *bad[][2] = {
+        {"", "data.block_size"},
+        {", \"block_size\": 2, \"tokenizer\": \"bpe\"", "data.tokenizer"},
+        {", \"block_size\": 2, \"val_fraction\": 1", "data.val_fraction"},
+        {", \"block_size\": 2, \"normalize\": {\"mean\": [0], \"std\": [1]}", "normalize"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char spec[1024];
+        snprintf(spec, sizeof spec,
+                 "{\"model\": {\"preset\": \"mlp\", \"num_classes\": 3},"
+                 " \"data\": {\"format\": \"text\", \"train\": {\"path\": \"%s\"}%s}}",
+                 path, bad[i][0]);
+        td_job job;
+        td_err err;
+        cr_expect_neq(td_job_load_string(&job, spec, &err), 0, "%s is refused", bad[i][1]);
+        cr_expect(strstr(err.msg, bad[i][1]), "%s: %s", bad[i][1], err.msg);
+    }
+}
