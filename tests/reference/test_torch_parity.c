@@ -128,11 +128,13 @@ static const char *GPT_NODES =
     " {\"name\":\"" GPT_BLOCK "res_2\",\"op\":\"add\",\"inputs\":[\"" GPT_BLOCK
     "mlp.c_proj\",\"" GPT_BLOCK "res_1\"]},"
     " {\"name\":\"transformer.ln_f\",\"op\":\"layernorm\"},"
-    " {\"name\":\"lm_head\",\"op\":\"linear\",\"out_features\":11,\"bias\":false}]";
+    " {\"name\":\"lm_head\",\"op\":\"linear\",\"out_features\":11,\"bias\":false,"
+    "\"weight_from\":\"transformer.wte\"}]";
 
 /* Parameters named and shaped as nanoGPT's state_dict, PyTorch's weights, the same tokens: the
  * same logits and gradients. The positions' table is longer than the sequences (8 against 6):
- * its last rows get zero gradients in both. */
+ * its last rows get zero gradients in both. lm_head's weight is the token embedding's: one
+ * tensor whose gradient sums both uses, which PyTorch lists once, under its first name. */
 Test(torch_parity, gpt_block_forward_and_backward) {
     reference ref = ref_load("gpt_parity");
     const int n = 3, t = 6, vocab = 11;
@@ -145,6 +147,9 @@ Test(torch_parity, gpt_block_forward_and_backward) {
     expect_close("logits", logits, ref_get(&ref, "logits", outs), outs);
     td_model_backward(&m, ref_get(&ref, "dlogits", outs), &run);
     expect_param_grads(&m, &ref);
+    cr_expect_eq(m.n_aliases, 1);
+    cr_expect_eq(td_model_find_param(&m, "lm_head.weight"),
+                 td_model_find_param(&m, "transformer.wte.weight"), "one tensor, two names");
     td_model_free(&m);
     json_decref(ref.index);
     free(ref.data);

@@ -70,7 +70,7 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """One block; the head is its own Linear here (weight tying is the GPT preset's)."""
+    """One block; the head's weight is the token embedding's, as nanoGPT ties them."""
 
     def __init__(self, vocab=11, block_size=8, n_embd=8, n_head=2):
         super().__init__()
@@ -78,6 +78,7 @@ class TinyGPT(nn.Module):
             wte=nn.Embedding(vocab, n_embd), wpe=nn.Embedding(block_size, n_embd),
             h=nn.ModuleList([Block(n_embd, n_head, block_size)]), ln_f=nn.LayerNorm(n_embd)))
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
 
     def forward(self, idx):
         t = idx.size(1)

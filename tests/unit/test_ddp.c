@@ -307,8 +307,10 @@ Test(ddp, gradient_accumulation_equals_the_larger_batch, .timeout = 120) {
     for (int r = 0; r < 2; r++) free(runs[r].metrics);
 }
 
-/* A one-block GPT on text (a loss at every position, windows drawn by DistributedSampler): two
- * ranks of 4 windows end with the weights of one process of 8, and report the same losses. SGD,
+/* A one-block GPT on text (a loss at every position, windows drawn by DistributedSampler), its
+ * head tied to its embedding: two ranks of 4 windows (the reducer sends the tied weight once its
+ * second use is in) end with the weights of one process of 8 (whose optimizer steps each node's
+ * parameters inside backward, the tied one after its last use), and report the same losses. SGD,
  * not Adam: the key projection's bias has a zero gradient (softmax ignores a shift shared by a
  * row's scores), and Adam divides that gradient's float noise by its own size, so the bias
  * wanders by the learning rate whatever the reduction order, in PyTorch as here. */
@@ -327,12 +329,11 @@ static char *gpt_spec(const char *text, int batch, const char *ckdir) {
              "{\"name\": \"res\", \"op\": \"add\", \"inputs\": [\"c_proj\", \"wpe\"]},"
              "{\"name\": \"ln_f\", \"op\": \"layernorm\"},"
              "{\"name\": \"lm_head\", \"op\": \"linear\", \"out_features\": 12, "
-             "\"bias\": false}]},"
+             "\"bias\": false, \"weight_from\": \"wte\"}]},"
              " \"data\": {\"format\": \"text\", \"train\": {\"path\": \"%s\"}, "
              "\"block_size\": 8},"
              " \"train\": {\"max_steps\": 6, \"batch_size\": %d, \"seed\": 5,"
-             "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.3, \"momentum\": 0.9},"
-             "   \"clip_grad_norm\": 1.0},"
+             "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.3, \"momentum\": 0.9}},"
              " \"checkpoint\": {\"dir\": \"%s\"}, \"log\": {\"every_steps\": 2}}",
              text, batch, ckdir);
     return s;
@@ -362,6 +363,22 @@ Test(ddp, gpt_on_text_world_2_equals_one_process_with_the_global_batch, .timeout
         cr_expect(fabs(a[i] - b[i]) <= 1e-4 * fmax(1.0, fabs(a[i])),
                   "value %d: one process %.9g, two ranks %.9g", i, a[i], b[i]);
     expect_same_weights_at(one_dir, two_dir, 6, 1e-5);
+    /* the tied weight under both names, as nanoGPT's state_dict has it */
+    char model_path[600];
+    snprintf(model_path, sizeof model_path, "%s/step-00000006/model.safetensors", one_dir);
+    td_safetensors st;
+    td_err err = {{0}};
+    cr_assert_eq(td_safetensors_read(&st, model_path, &err), 0, "%s", err.msg);
+    const td_st_tensor *wte = td_safetensors_find(&st, "wte.weight");
+    const td_st_tensor *head = td_safetensors_find(&st, "lm_head.weight");
+    cr_assert(wte && head && wte->count == head->count, "both names are in the checkpoint");
+    float *va = malloc(wte->count * sizeof(float)), *vb = malloc(head->count * sizeof(float));
+    td_safetensors_to_float(wte, va);
+    td_safetensors_to_float(head, vb);
+    cr_expect(memcmp(va, vb, wte->count * sizeof(float)) == 0, "one tensor under two names");
+    free(va);
+    free(vb);
+    td_safetensors_free(&st);
     free(single);
     free(single_spec);
     free(ddp_spec);

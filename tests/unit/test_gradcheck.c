@@ -332,6 +332,52 @@ Test(gradcheck, gpt_block) {
         td_shape_flat(6), true, 0, 5);
 }
 
+/* The head's weight is the embedding's (weight_from): one tensor, whose gradient sums the
+ * lookup's and the head's, against a finite difference that moves both at once. */
+Test(gradcheck, tied_embedding_and_head) {
+    run_check_full("[{\"name\":\"wte\",\"op\":\"embedding\",\"num_embeddings\":6,"
+                   "\"embedding_dim\":4},"
+                   " {\"name\":\"ln\",\"op\":\"layernorm\"},"
+                   " {\"name\":\"head\",\"op\":\"linear\",\"out_features\":6,\"bias\":false,"
+                   "\"weight_from\":\"wte\"}]",
+                   td_shape_flat(5), true, 0, 6);
+}
+
+Test(model, weight_from_is_checked) {
+    const char *bad[][2] = {
+        {"[{\"name\":\"a\",\"op\":\"linear\",\"out_features\":3,\"weight_from\":\"b\"},"
+         " {\"name\":\"b\",\"op\":\"linear\",\"out_features\":3}]",
+         "no earlier node \"b\""},
+        {"[{\"name\":\"a\",\"op\":\"linear\",\"out_features\":3,\"bias\":false},"
+         " {\"name\":\"b\",\"op\":\"linear\",\"out_features\":4,\"weight_from\":\"a\"}]",
+         "another shape"},
+        {"[{\"name\":\"a\",\"op\":\"linear\",\"out_features\":3},"
+         " {\"name\":\"b\",\"op\":\"linear\",\"out_features\":3,\"weight_from\":\"a\"}]",
+         "no other parameter"},
+        {"[{\"name\":\"a\",\"op\":\"linear\",\"out_features\":3,\"bias\":false},"
+         " {\"name\":\"b\",\"op\":\"relu\",\"weight_from\":\"a\"}]",
+         "no weight to share"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char spec[2048];
+        snprintf(spec, sizeof spec,
+                 "{\"model\": {\"nodes\": %s}, \"data\": {\"format\": \"synthetic\", \"shape\": "
+                 "[1, 1, 3], \"num_classes\": 3, \"size\": 4}, \"train\": {\"batch_size\": 2, "
+                 "\"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+                 bad[i][0]);
+        td_job job;
+        td_err err;
+        cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+        td_model m;
+        cr_expect_neq(td_model_build(&m, job.model.nodes, job.model.n_nodes, td_shape_flat(3), 2, 1,
+                                     1, 0, &err),
+                      0);
+        cr_expect(strstr(err.msg, bad[i][1]) && strstr(err.msg, "weight_from"), "%zu: %s", i,
+                  err.msg);
+        td_job_free(&job);
+    }
+}
+
 Test(batchnorm, running_statistics_by_hand) {
     /* x = [[1, 2], [3, 6]]: batch mean [2, 4], unbiased variance [2, 8]; momentum 0.1:
      * running_mean = 0.9·0 + 0.1·mean = [0.2, 0.4], running_var = 0.9·1 + 0.1·var = [1.1, 1.7];

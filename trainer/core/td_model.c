@@ -37,6 +37,17 @@ static td_param *add_tensor(td_param **list, int *count, size_t *floats, size_t 
 td_param *td_model_add_param(td_model *model, td_node *node, const char *suffix, int ndim,
                              const int *dims, td_init init) {
     TD_ASSERT(node->n_params < TD_MAX_NODE_PARAMS, "raise TD_MAX_NODE_PARAMS");
+    if (node->weight_from_param >= 0 && strcmp(suffix, "weight") == 0) {
+        td_param *t = &model->params[node->weight_from_param];
+        bool same = t->ndim == ndim;
+        for (int d = 0; same && d < ndim; d++) same = t->dims[d] == dims[d];
+        if (same) { /* the earlier node's own: no second tensor, one gradient */
+            node->param_ids[node->n_params++] = node->weight_from_param;
+            node->tie_state = 1;
+            return t;
+        }
+        node->tie_state = 2; /* another shape: td_model_tie_check says so */
+    }
     td_param *p = add_tensor(&model->params, &model->n_params, &model->param_floats, TD_PARAM_ALIGN,
                              node, suffix, ndim, dims, init, TD_F32);
     model->param_count += p->size;
@@ -58,6 +69,9 @@ const td_param *td_model_find_param(const td_model *model, const char *name) {
         if (strcmp(model->params[i].name, name) == 0) return &model->params[i];
     for (int i = 0; i < model->n_buffers; i++)
         if (strcmp(model->buffers[i].name, name) == 0) return &model->buffers[i];
+    for (int i = 0; i < model->n_aliases; i++) /* a tied weight's second name */
+        if (strcmp(model->aliases[i].name, name) == 0)
+            return &model->params[model->aliases[i].param];
     return NULL;
 }
 
@@ -117,7 +131,9 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
         node->max_n = model->max_n;
         node->threads = model->threads;
         node->segment = -1;
+        node->index = i;
         memcpy(node->args, s->args, sizeof node->args);
+        if (td_model_tie_resolve(model, s, node, err) != 0) return -1;
         if (s->n_inputs == 0) {
             node->n_inputs = 1;
             node->inputs[0] = i - 1; /* the previous node, or the batch (-1) for the first */
@@ -143,6 +159,7 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
                                     : model->nodes[node->inputs[j]].out_shape;
         if (node->impl->build(model, node, err) != 0)
             return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s)", i, node->name, s->op->name);
+        if (td_model_tie_check(model, s, node, err) != 0) return -1;
         if (node->scratch_floats > model->scratch_floats)
             model->scratch_floats = node->scratch_floats;
     }
@@ -401,6 +418,7 @@ int td_model_build(td_model *model, const td_node_spec *specs, int n_specs, td_s
         for (int j = 0; j < node->n_buffers; j++)
             node->buffers[j] = &model->buffers[node->buffer_ids[j]];
     }
+    td_model_tie_finish(model);
     model->param_block = td_aligned_alloc(model->param_floats * sizeof(float));
     model->grad_block = td_aligned_alloc(model->param_floats * sizeof(float));
     model->buffer_block = td_aligned_alloc(model->buffer_floats * sizeof(float));
@@ -449,6 +467,7 @@ void td_model_free(td_model *model) {
     free(model->params);
     free(model->buffers);
     free(model->segments);
+    free(model->aliases);
     free(model->buffer_block);
     free(model->param_block);
     free(model->grad_block);
@@ -550,7 +569,13 @@ void td_model_backward(td_model *model, const float *dlogits, const td_run *run)
             recompute_segment(model, &model->segments[node->segment], &r);
         if (!td_node_runs_backward(node) || node->out_fused) continue;
         double t0 = model->profile ? seconds() : 0;
-        node->impl->backward(node, &r);
+        if (node->grads_add) { /* a tied weight whose gradient a later node began */
+            td_run add = r;
+            add.accumulate_grads = true;
+            node->impl->backward(node, &add);
+        } else {
+            node->impl->backward(node, &r);
+        }
         if (model->profile) model->profile[2 * i + 1] += seconds() - t0;
         if (r.node_done && node->n_params > 0) r.node_done(r.node_done_ctx, node);
     }

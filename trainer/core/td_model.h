@@ -136,6 +136,13 @@ struct td_node {
     /* On a GPU (td_gpu.h): the op's device plan (descriptors, chosen algorithms); the pointers
      * above then address device memory of the compute precision's element type. */
     void *gpu;
+    int index; /* in model->nodes */
+    /* Weight tying (td_model_tie.c): the earlier param this node's "weight" is (-1: none), and
+     * whether its backward adds into parameter gradients a later node (earlier in backward)
+     * already wrote. */
+    int weight_from_param;
+    int tie_state; /* 0: no tie or not yet; 1: the weight was taken; 2: shapes differ */
+    bool grads_add;
 };
 
 /* How a node is described before the model is built (from JSON or a preset). */
@@ -148,6 +155,12 @@ typedef struct td_node_spec {
     /* Activation checkpointing: nodes with the same number > 0 form one segment (consecutive
      * nodes; see td_segments_assign); 0: none. */
     int segment;
+    /* Weight tying: this node's "weight" is that earlier node's (GPT's lm_head and wte, as
+     * nanoGPT ties them); empty: its own. */
+    char weight_from[TD_NAME_MAX];
+    /* > 0: the node's weight starts normal(0, init_std) and its bias at 0 (GPT-2's init) instead
+     * of the op's PyTorch default. */
+    double init_std;
 } td_node_spec;
 
 /* A run of consecutive nodes [first, last] recomputed in backward. Forward keeps only what
@@ -190,7 +203,23 @@ struct td_model {
     size_t scratch_floats;
     td_arena arena;
     float *scratch;
+
+    /* Tied weights' second names ("lm_head.weight" for "transformer.wte.weight"): checkpoints
+     * write both, as PyTorch's state_dict does, and loading accepts both. */
+    int n_aliases;
+    struct td_alias {
+        char name[TD_NAME_MAX + 32];
+        int param;
+    } * aliases;
 };
+
+/* Weight tying and init_std (td_model_tie.c), called by td_model_build. */
+int td_model_tie_resolve(td_model *model, const td_node_spec *spec, td_node *node, td_err *err);
+int td_model_tie_check(td_model *model, const td_node_spec *spec, td_node *node, td_err *err);
+void td_model_tie_finish(td_model *model);
+/* Whether node finishes p's gradient in backward: the last node (in backward order, the first
+ * in the model) that uses it. DDP's reducer and the fused optimizer wait for that one. */
+bool td_node_finishes(const td_node *node, const td_param *p);
 
 /* td_model_build flags. INPUT_GRAD: backward also produces the gradient with respect to the
  * batch itself, in model->input_grad ([max_n, input size]), for gradient checks. */

@@ -71,6 +71,7 @@ typedef struct td_param {
     float *dev_data, *dev_grad;
     td_init init;
     td_dtype dtype;
+    int final_node; /* the node whose backward finishes its gradient (td_node_finishes) */
 } td_param;
 
 /* A bump allocator over one 64-byte aligned block. With base == NULL it only counts, so a

@@ -153,6 +153,7 @@ void td_reducer_stop(td_reducer *r, td_model *model) {
 static void node_done(void *ctx, const td_node *node) {
     td_reducer *r = ctx;
     for (int j = 0; j < node->n_params; j++) {
+        if (!td_node_finishes(node, node->params[j])) continue; /* a tied weight: not yet */
         int i = r->plan.bucket_of[node->param_ids[j]];
         bucket *b = &r->buckets[i];
         if (--b->pending == 0 && i + 1 < r->n_buckets) submit(r, &b->op);

@@ -121,11 +121,16 @@ static void remove_stale(const char *root, int keep) {
 
 int td_checkpoint_save_weights(const char *path, const td_model *m, td_err *err) {
     int n = m->n_params + m->n_buffers;
-    td_st_out *out = td_calloc((size_t)n, sizeof *out);
+    td_st_out *out = td_calloc((size_t)(n + m->n_aliases), sizeof *out);
     for (int i = 0; i < n; i++) {
         const td_param *p = i < m->n_params ? &m->params[i] : &m->buffers[i - m->n_params];
         out[i] = (td_st_out){p->name, p->dtype == TD_I64 ? TD_ST_I64 : TD_ST_F32, p->ndim, p->dims,
                              p->data};
+    }
+    /* a tied weight under its second name too, as PyTorch's state_dict holds both */
+    for (int i = 0; i < m->n_aliases; i++) {
+        const td_param *p = &m->params[m->aliases[i].param];
+        out[n++] = (td_st_out){m->aliases[i].name, TD_ST_F32, p->ndim, p->dims, p->data};
     }
     int rc = td_safetensors_write(path, out, n, "{\"format\":\"pt\"}", err);
     free(out);

@@ -24,8 +24,8 @@ static int parse_node(const json_t *v, int index, td_node_spec *s, td_err *err) 
     if (!s->op)
         return td_fail(err, "%s.op: unknown op \"%s\"; expected one of: %s", path, op_name,
                        td_op_names());
-    const char *allowed[TD_MAX_OP_ARGS + 4] = {"name", "op", "inputs"};
-    int n_allowed = 3;
+    const char *allowed[TD_MAX_OP_ARGS + 6] = {"name", "op", "inputs", "weight_from", "init_std"};
+    int n_allowed = 5;
     for (int i = 0; s->op->args[i].name; i++) allowed[n_allowed++] = s->op->args[i].name;
     allowed[n_allowed] = NULL;
     if (td_json_check_keys(v, path, allowed, err) != 0) return -1;
@@ -61,6 +61,10 @@ static int parse_node(const json_t *v, int index, td_node_spec *s, td_err *err) 
         }
         }
     }
+    if (td_json_string(v, path, "weight_from", false, "", s->weight_from, sizeof s->weight_from,
+                       err) != 0 ||
+        td_json_number(v, path, "init_std", false, 0, 0, 10, &s->init_std, err) != 0)
+        return -1;
     json_t *inputs = json_object_get(v, "inputs");
     if (inputs) {
         char where[96];

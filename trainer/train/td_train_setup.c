@@ -67,6 +67,9 @@ static int setup_model(trainer *t, td_err *err) {
     if (td_model_build(&t->model, job->model.nodes, job->model.n_nodes, t->train.shape, max_n,
                        threads, job->train.seed, flags, err) != 0)
         return -1;
+    if (t->model.n_aliases && t->device.device == TD_DEVICE_CUDA)
+        return td_fail(err, "model: weight_from (tied weights) trains on the CPU only for now; set "
+                            "train.device to \"cpu\"");
     td_shape out = td_model_output_shape(&t->model);
     if (out.spatial)
         return td_fail(err,

@@ -32,6 +32,7 @@ static void step_node(void *ctx, const td_node *node) {
     double t0 = t->profiling ? td_clock_now() : 0;
     for (int i = 0; i < node->n_params; i++) {
         const td_param *p = node->params[i];
+        if (!td_node_finishes(node, p)) continue; /* a tied weight: its other node steps it */
         td_optim_step_part(&t->optim, t->model.param_block, t->model.grad_block, f->lr, p->offset,
                            p->offset + p->size);
     }
