@@ -70,13 +70,14 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """One block; the head's weight is the token embedding's, as nanoGPT ties them."""
+    """nanoGPT's GPT (one block by default); the head's weight is the token embedding's."""
 
-    def __init__(self, vocab=11, block_size=8, n_embd=8, n_head=2):
+    def __init__(self, vocab=11, block_size=8, n_embd=8, n_head=2, n_layer=1):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab, n_embd), wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList([Block(n_embd, n_head, block_size)]), ln_f=nn.LayerNorm(n_embd)))
+            h=nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)]),
+            ln_f=nn.LayerNorm(n_embd)))
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.transformer.wte.weight = self.lm_head.weight
 

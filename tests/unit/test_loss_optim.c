@@ -81,6 +81,35 @@ Test(optim, sgd_momentum_weight_decay) {
     EXPECT_NEAR(run_optim(c, g, 2), 0.8266, 1e-6);
 }
 
+/* nanoGPT's groups (decay "matrices"): the ranges without decay keep their values under a zero
+ * gradient, the others shrink by 1 - lr·wd each step; split into parts or whole, the same. */
+Test(optim, adamw_without_decay_on_given_ranges) {
+    td_optim_config c = {.kind = TD_OPTIM_ADAMW,
+                         .lr = 0.1f,
+                         .weight_decay = 0.5f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.99f,
+                         .eps = 1e-8f,
+                         .decay_matrices = true};
+    const size_t ranges[2][2] = {{1, 3}, {5, 6}};
+    for (int parts = 1; parts <= 2; parts++) {
+        td_optim opt;
+        td_optim_init(&opt, &c, 7);
+        td_optim_set_no_decay(&opt, ranges, 2);
+        float p[7] = {1, 1, 1, 1, 1, 1, 1}, g[7] = {0};
+        if (parts == 1) {
+            td_optim_step(&opt, p, g, c.lr);
+        } else { /* as the fused step hands it over: [0, 2) then [2, 7) */
+            td_optim_step_part(&opt, p, g, c.lr, 0, 2);
+            td_optim_step_part(&opt, p, g, c.lr, 2, 7);
+            td_optim_step_end(&opt);
+        }
+        const float want[7] = {0.95f, 1, 1, 0.95f, 0.95f, 1, 0.95f};
+        for (int i = 0; i < 7; i++) EXPECT_NEAR(p[i], want[i], 1e-7);
+        td_optim_free(&opt);
+    }
+}
+
 Test(optim, sgd_plain_and_dampening) {
     td_optim_config c = {.kind = TD_OPTIM_SGD, .lr = 0.5f};
     float g[2] = {0.2f, 0.4f};

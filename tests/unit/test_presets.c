@@ -51,8 +51,9 @@ static void expect_state_dict(const td_model *m, const char *fixture) {
         cr_expect_str_eq(ours, shape, "%s: shape [%s], torchvision [%s]", name, ours, shape);
     }
     fclose(f);
-    cr_expect_eq(m->n_params + m->n_buffers, lines, "the preset has %d tensors, torchvision %d",
-                 m->n_params + m->n_buffers, lines);
+    /* a tied weight is one tensor with two names, as in PyTorch's state_dict */
+    int tensors = m->n_params + m->n_buffers + m->n_aliases;
+    cr_expect_eq(tensors, lines, "the preset has %d tensors, PyTorch %d", tensors, lines);
 }
 
 Test(presets, resnet18_matches_torchvision) {
@@ -130,4 +131,79 @@ Test(presets, cifar_net_is_the_tutorial_net) {
     cr_expect(c1->dims[0] == 6 && c1->dims[1] == 3 && c1->dims[2] == 5);
     cr_expect_eq(m.param_count, 62006u, "the tutorial net has 62,006 parameters");
     td_model_free(&m);
+}
+
+/* The gpt preset against nanoGPT's architecture written in PyTorch: every state_dict name and
+ * shape (lm_head.weight is transformer.wte.weight), and GPT-2's initialisation. */
+Test(presets, gpt_matches_nanogpt) {
+    td_model m;
+    build_preset(&m,
+                 "{\"preset\": \"gpt\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 32, "
+                 "\"block_size\": 64, \"vocab_size\": 65}",
+                 td_shape_flat(16));
+    expect_state_dict(&m, "gpt-2layer.state_dict.txt");
+    cr_expect_eq(td_model_find_param(&m, "lm_head.weight"),
+                 td_model_find_param(&m, "transformer.wte.weight"));
+    /* wte 65·32, wpe 64·32, 2 blocks of (2 LayerNorms 4·32, c_attn 32·96 + 96, c_proj 32·32 +
+     * 32, c_fc 32·128 + 128, mlp c_proj 128·32 + 32), ln_f 2·32; the head is wte */
+    cr_expect_eq(m.param_count, 29600u, "%zu parameters", m.param_count);
+    const struct {
+        const char *name;
+        double mean, std;
+    } want[] = {{"transformer.wte.weight", 0, 0.02},
+                {"transformer.h.0.attn.c_attn.weight", 0, 0.02},
+                {"transformer.h.1.mlp.c_proj.weight", 0, 0.02 / 2}, /* / sqrt(2 · n_layer) */
+                {"transformer.h.0.attn.c_proj.weight", 0, 0.02 / 2},
+                {"transformer.h.0.attn.c_attn.bias", 0, 0},
+                {"transformer.ln_f.weight", 1, 0}};
+    for (size_t k = 0; k < sizeof want / sizeof *want; k++) {
+        const td_param *p = td_model_find_param(&m, want[k].name);
+        cr_assert(p, "%s", want[k].name);
+        double sum = 0, sq = 0;
+        for (size_t i = 0; i < p->size; i++) sum += p->data[i];
+        double mean = sum / (double)p->size;
+        for (size_t i = 0; i < p->size; i++) sq += (p->data[i] - mean) * (p->data[i] - mean);
+        double std = sqrt(sq / (double)p->size);
+        cr_expect(fabs(mean - want[k].mean) < 0.1 * want[k].std + 1e-6 &&
+                      fabs(std - want[k].std) < 0.1 * want[k].std + 1e-6,
+                  "%s: mean %.4g std %.4g, GPT-2's %.4g and %.4g", want[k].name, mean, std,
+                  want[k].mean, want[k].std);
+    }
+    td_model_free(&m);
+}
+
+/* GPT-2 small has its published size (the head tied: counted once); medium (354,823,168) is
+ * the same formula at 24 layers of 1024, left out for the 1.4 GB it would take to check. */
+Test(presets, gpt2_size, .timeout = 240) {
+    const struct {
+        const char *json;
+        size_t params;
+    } sizes[] = {{"{\"preset\": \"gpt2\"}", 124439808u}};
+    for (int k = 0; k < 1; k++) {
+        td_model m;
+        build_preset(&m, sizes[k].json, td_shape_flat(4));
+        cr_expect_eq(m.param_count, sizes[k].params, "%s: %zu parameters", sizes[k].json,
+                     m.param_count);
+        td_model_free(&m);
+    }
+}
+
+Test(presets, gpt_refusals_name_the_field) {
+    const char *bad[][2] = {
+        {"{\"preset\": \"gpt\", \"n_embd\": 100, \"n_head\": 3}", "model.n_embd"},
+        {"{\"preset\": \"gpt\", \"dropout\": 0.1}", "model.dropout"},
+        {"{\"preset\": \"gpt\", \"num_classes\": 10}", "num_classes"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char spec[1024];
+        snprintf(spec, sizeof spec,
+                 "{\"model\": %s, \"data\": {\"format\": \"idx\", \"train\": {\"images\": "
+                 "\"x\", \"labels\": \"y\"}}, \"train\": {\"batch_size\": 1, \"optimizer\": "
+                 "{\"type\": \"sgd\", \"lr\": 0.1}}}",
+                 bad[i][0]);
+        td_job job;
+        td_err err = {{0}};
+        cr_expect_neq(td_job_load_string(&job, spec, &err), 0, "%s", bad[i][0]);
+        cr_expect(strstr(err.msg, bad[i][1]), "%s: %s", bad[i][1], err.msg);
+    }
 }

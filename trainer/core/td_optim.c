@@ -19,9 +19,17 @@ void td_optim_init(td_optim *opt, const td_optim_config *cfg, size_t n_params) {
     if (cfg->kind != TD_OPTIM_SGD) opt->v = td_aligned_alloc(n_params * sizeof(float));
 }
 
+void td_optim_set_no_decay(td_optim *opt, const size_t (*ranges)[2], int n) {
+    free(opt->no_decay);
+    opt->no_decay = n ? td_malloc((size_t)n * sizeof *opt->no_decay) : NULL;
+    if (n) memcpy(opt->no_decay, ranges, (size_t)n * sizeof *opt->no_decay);
+    opt->n_no_decay = n;
+}
+
 void td_optim_free(td_optim *opt) {
     free(opt->m);
     free(opt->v);
+    free(opt->no_decay);
     memset(opt, 0, sizeof *opt);
 }
 
@@ -33,10 +41,10 @@ void td_optim_free(td_optim *opt) {
  * same functions (OpenMP's outlined loop bodies lose restrict, and with it the vectorising). */
 static inline __attribute__((always_inline)) void sgd_body(const td_optim *opt, float *restrict p,
                                                            const float *restrict g,
-                                                           float *restrict m, float lr, size_t lo,
-                                                           size_t hi) {
+                                                           float *restrict m, float lr, float wd,
+                                                           size_t lo, size_t hi) {
     const td_optim_config *c = &opt->cfg;
-    const float wd = c->weight_decay, mom = c->momentum, damp = 1.0f - c->dampening;
+    const float mom = c->momentum, damp = 1.0f - c->dampening;
     if (mom == 0.0f) {
         for (size_t i = lo; i < hi; i++) p[i] -= lr * (g[i] + wd * p[i]);
     } else if (opt->steps == 0) { /* the buffer starts as the first gradient */
@@ -62,13 +70,12 @@ static inline __attribute__((always_inline)) void sgd_body(const td_optim *opt, 
 }
 
 /* Adam and AdamW, restrict-qualified and without a branch in the loop, as sgd_body. */
-static inline __attribute__((always_inline)) void adam_body(const td_optim *opt, float *restrict p,
-                                                            const float *restrict g,
-                                                            float *restrict m, float *restrict v,
-                                                            float lr, size_t lo, size_t hi) {
+static inline __attribute__((always_inline)) void
+adam_body(const td_optim *opt, float *restrict p, const float *restrict g, float *restrict m,
+          float *restrict v, float lr, float wd, size_t lo, size_t hi) {
     const td_optim_config *c = &opt->cfg;
     long t = opt->steps + 1;
-    const float b1 = c->beta1, b2 = c->beta2, wd = c->weight_decay, eps = c->eps;
+    const float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
     const float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
     const float step_size = lr / bc1, bc2_sqrt = sqrtf(bc2), keep = 1.0f - lr * wd;
     if (c->kind == TD_OPTIM_ADAMW) { /* decoupled weight decay */
@@ -96,35 +103,36 @@ static inline __attribute__((always_inline)) void adam_body(const td_optim *opt,
  * AVX-512 Xeon and one on an AVX2-only EPYC stay identical). Half the instructions: the SSE2
  * loop was bound by its arithmetic rather than by memory (MLP: 0.275 ms a step). */
 static void sgd_run(const td_optim *opt, float *restrict p, const float *restrict g,
-                    float *restrict m, float lr, size_t lo, size_t hi) {
-    sgd_body(opt, p, g, m, lr, lo, hi);
+                    float *restrict m, float lr, float wd, size_t lo, size_t hi) {
+    sgd_body(opt, p, g, m, lr, wd, lo, hi);
 }
 
 static void adam_run(const td_optim *opt, float *restrict p, const float *restrict g,
-                     float *restrict m, float *restrict v, float lr, size_t lo, size_t hi) {
-    adam_body(opt, p, g, m, v, lr, lo, hi);
+                     float *restrict m, float *restrict v, float lr, float wd, size_t lo,
+                     size_t hi) {
+    adam_body(opt, p, g, m, v, lr, wd, lo, hi);
 }
 
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) static void sgd_run_avx2(const td_optim *opt, float *restrict p,
                                                          const float *restrict g, float *restrict m,
-                                                         float lr, size_t lo, size_t hi) {
-    sgd_body(opt, p, g, m, lr, lo, hi);
+                                                         float lr, float wd, size_t lo, size_t hi) {
+    sgd_body(opt, p, g, m, lr, wd, lo, hi);
 }
 
-__attribute__((target("avx2"))) static void adam_run_avx2(const td_optim *opt, float *restrict p,
-                                                          const float *restrict g,
-                                                          float *restrict m, float *restrict v,
-                                                          float lr, size_t lo, size_t hi) {
-    adam_body(opt, p, g, m, v, lr, lo, hi);
+__attribute__((target("avx2"))) static void
+adam_run_avx2(const td_optim *opt, float *restrict p, const float *restrict g, float *restrict m,
+              float *restrict v, float lr, float wd, size_t lo, size_t hi) {
+    adam_body(opt, p, g, m, v, lr, wd, lo, hi);
 }
 #else /* td_isa_active() is always baseline there */
 #define sgd_run_avx2  sgd_run
 #define adam_run_avx2 adam_run
 #endif
 
-void td_optim_step_part(td_optim *opt, float *params, const float *grads, float lr, size_t lo,
-                        size_t hi) {
+static void step_range(td_optim *opt, float *params, const float *grads, float lr, float wd,
+                       size_t lo, size_t hi) {
+    if (hi <= lo) return;
     const int threads = td_par_threads_for(opt->threads, hi - lo);
     const bool avx2 = td_isa_active() != TD_ISA_BASELINE;
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -132,11 +140,28 @@ void td_optim_step_part(td_optim *opt, float *params, const float *grads, float 
         size_t a, b;
         td_par_range(hi - lo, omp_get_num_threads(), omp_get_thread_num(), 16, &a, &b);
         if (opt->cfg.kind == TD_OPTIM_SGD)
-            (avx2 ? sgd_run_avx2 : sgd_run)(opt, params, grads, opt->m, lr, lo + a, lo + b);
+            (avx2 ? sgd_run_avx2 : sgd_run)(opt, params, grads, opt->m, lr, wd, lo + a, lo + b);
         else
-            (avx2 ? adam_run_avx2 : adam_run)(opt, params, grads, opt->m, opt->v, lr, lo + a,
+            (avx2 ? adam_run_avx2 : adam_run)(opt, params, grads, opt->m, opt->v, lr, wd, lo + a,
                                               lo + b);
     }
+}
+
+/* [lo, hi) in runs with and without weight decay (the no_decay ranges) */
+void td_optim_step_part(td_optim *opt, float *params, const float *grads, float lr, size_t lo,
+                        size_t hi) {
+    const float wd = opt->cfg.weight_decay;
+    size_t at = lo;
+    for (int k = 0; k < opt->n_no_decay && at < hi; k++) {
+        size_t a = opt->no_decay[k][0], b = opt->no_decay[k][1];
+        if (b <= at) continue;
+        if (a >= hi) break;
+        if (a > at) step_range(opt, params, grads, lr, wd, at, a);
+        size_t from = a > at ? a : at, to = b < hi ? b : hi;
+        step_range(opt, params, grads, lr, 0.0f, from, to);
+        at = to;
+    }
+    step_range(opt, params, grads, lr, wd, at, hi);
 }
 
 void td_optim_step_end(td_optim *opt) {

@@ -6,6 +6,8 @@
  * eps)
  *  - adamw: p *= 1 - lr·wd (decoupled), then Adam without the L2 term.
  * Global-norm clipping matches torch.nn.utils.clip_grad_norm_ (coefficient max/(norm+1e-6)).
+ * decay_matrices: weight decay only on parameters of two or more dimensions (matrices and
+ * embeddings), none on biases and norms' scales: nanoGPT's two parameter groups.
  */
 #ifndef TD_OPTIM_H
 #define TD_OPTIM_H
@@ -22,6 +24,7 @@ typedef struct td_optim_config {
     bool nesterov;
     float weight_decay;
     float beta1, beta2, eps;
+    bool decay_matrices; /* train.optimizer.decay "matrices" (td_optim_set_no_decay) */
 } td_optim_config;
 
 /* fp16's dynamic loss scaling: torch.cuda.amp.GradScaler's state_dict ("scale",
@@ -41,10 +44,15 @@ typedef struct td_optim {
     long steps;   /* optimizer steps taken */
     td_grad_scaler scaler;
     int threads; /* the update is split over (core/td_parallel.h); td_optim_init sets 1 */
+    /* [lo, hi) ranges of the block without weight decay, in order (decay_matrices) */
+    int n_no_decay;
+    size_t (*no_decay)[2];
 } td_optim;
 
 void td_optim_init(td_optim *opt, const td_optim_config *cfg, size_t n_params);
 void td_optim_free(td_optim *opt);
+/* The block's ranges that take no weight decay (sorted, disjoint), copied. */
+void td_optim_set_no_decay(td_optim *opt, const size_t (*ranges)[2], int n);
 /* One update of params from grads at learning rate lr (the schedule's value for this step). */
 void td_optim_step(td_optim *opt, float *params, const float *grads, float lr);
 /* The same update in parts: td_optim_step_part for [lo, hi) of the block, as each part's

@@ -21,6 +21,9 @@ typedef struct td_model_spec {
     int num_classes;
     char init_from[TD_PATH_MAX]; /* a safetensors file of weights, or empty */
     bool init_strict;
+    /* the gpt preset without vocab_size: the text data's vocabulary sets it (td_train_setup,
+     * td_preset_gpt_vocab) */
+    bool vocab_from_data;
 } td_model_spec;
 
 typedef struct td_train_spec {
@@ -113,5 +116,14 @@ int td_preset_resnet(int depth, int num_classes, td_resnet_stem stem, bool zero_
 /* flatten, then fc1..fcK (hidden sizes, each followed by the activation and optional dropout),
  * then fc{K+1} -> classes */
 int td_preset_mlp(const td_mlp_options *opt, int num_classes, td_node_spec **out, int *n_out);
+
+/* GPT-2's decoder as nanoGPT writes it (td_preset_gpt.c): vocab_size 0 leaves the token table and
+ * the head to td_preset_gpt_vocab, once the data's vocabulary is known. */
+typedef struct td_gpt_options {
+    int n_layer, n_head, n_embd, block_size, vocab_size;
+    bool bias;
+} td_gpt_options;
+int td_preset_gpt(const td_gpt_options *opt, td_node_spec **out, int *n_out);
+void td_preset_gpt_vocab(td_node_spec *nodes, int n, int vocab);
 
 #endif

@@ -83,6 +83,40 @@ static int parse_node(const json_t *v, int index, td_node_spec *s, td_err *err) 
     return 0;
 }
 
+/* "gpt" (sizes given, GPT-2 small's by default, the vocabulary from the data unless
+ * vocab_size), and GPT-2's published sizes "gpt2" (124M) and "gpt2-medium" (350M). */
+static int parse_gpt(const json_t *m, const char *name, td_job *job, td_err *err) {
+    static const char *const keys[] = {"preset",     "n_layer",    "n_head", "n_embd",
+                                       "block_size", "vocab_size", "bias",   "dropout",
+                                       "init_from",  "strict",     NULL};
+    if (td_json_check_keys(m, "model", keys, err) != 0) return -1;
+    bool medium = strcmp(name, "gpt2-medium") == 0, named = strcmp(name, "gpt") != 0;
+    long layer, head, embd, block, vocab;
+    double dropout;
+    td_gpt_options o = {0};
+    if (td_json_int(m, "model", "n_layer", false, medium ? 24 : 12, 1, 1024, &layer, err) != 0 ||
+        td_json_int(m, "model", "n_head", false, medium ? 16 : 12, 1, 1024, &head, err) != 0 ||
+        td_json_int(m, "model", "n_embd", false, medium ? 1024 : 768, 1, 1 << 16, &embd, err) !=
+            0 ||
+        td_json_int(m, "model", "block_size", false, 1024, 1, 1 << 16, &block, err) != 0 ||
+        td_json_int(m, "model", "vocab_size", false, named ? 50257 : 0, 1, 1 << 24, &vocab, err) !=
+            0 ||
+        td_json_bool(m, "model", "bias", true, &o.bias, err) != 0 ||
+        td_json_number(m, "model", "dropout", false, 0, 0, 0.999, &dropout, err) != 0)
+        return -1;
+    if (embd % head != 0)
+        return td_fail(err, "model.n_embd: %ld is not a multiple of n_head %ld", embd, head);
+    if (dropout > 0)
+        return td_fail(err,
+                       "model.dropout: %g; dropout inside attention is not supported yet "
+                       "(0 trains as nanoGPT's CPU recipe does)",
+                       dropout);
+    o.n_layer = (int)layer, o.n_head = (int)head, o.n_embd = (int)embd;
+    o.block_size = (int)block, o.vocab_size = (int)vocab;
+    job->model.vocab_from_data = vocab == 0;
+    return td_preset_gpt(&o, &job->model.nodes, &job->model.n_nodes);
+}
+
 int td_spec_parse_model(const json_t *root, td_job *job, td_err *err) {
     json_t *m;
     if (td_json_object(root, "", "model", true, &m, err) != 0) return -1;
@@ -94,8 +128,11 @@ int td_spec_parse_model(const json_t *root, td_job *job, td_err *err) {
                        sizeof job->model.init_from, err) != 0 ||
         td_json_bool(m, "model", "strict", true, &job->model.init_strict, err) != 0)
         return -1;
+    /* a language model's classes are its vocabulary: no num_classes */
+    bool gpt = json_is_string(preset) && strncmp(json_string_value(preset), "gpt", 3) == 0;
     long classes;
-    if (td_json_int(m, "model", "num_classes", preset != NULL, 0, 1, 1 << 20, &classes, err) != 0)
+    if (td_json_int(m, "model", "num_classes", preset != NULL && !gpt, 0, 1, 1 << 20, &classes,
+                    err) != 0)
         return -1;
     job->model.num_classes = (int)classes;
     if (nodes) {
@@ -113,8 +150,10 @@ int td_spec_parse_model(const json_t *root, td_job *job, td_err *err) {
     if (!preset) return td_fail(err, "model: missing; expected \"preset\" or \"nodes\"");
     int which;
     if (td_json_choice(m, "model", "preset", true, "",
-                       "lenet5|mlp|cifar_net|resnet18|resnet34|resnet50", &which, err) != 0)
+                       "lenet5|mlp|cifar_net|resnet18|resnet34|resnet50|gpt|gpt2|gpt2-medium",
+                       &which, err) != 0)
         return -1;
+    if (which >= 6) return parse_gpt(m, json_string_value(preset), job, err);
     if (which == 0 || which == 2) {
         static const char *const keys[] = {"preset", "num_classes", "init_from", "strict", NULL};
         if (td_json_check_keys(m, "model", keys, err) != 0) return -1;

@@ -27,9 +27,13 @@ static int parse_optimizer(const json_t *t, td_job *job, td_err *err) {
                        &wd, err) != 0)
         return -1;
     c->weight_decay = (float)wd;
+    /* "matrices": nanoGPT's groups, decay on parameters of 2 or more dimensions only */
+    int decay;
+    if (td_json_choice(o, p, "decay", false, "all", "all|matrices", &decay, err) != 0) return -1;
+    c->decay_matrices = decay == 1;
     if (c->kind == TD_OPTIM_SGD) {
-        static const char *const keys[] = {
-            "type", "lr", "weight_decay", "momentum", "dampening", "nesterov", NULL};
+        static const char *const keys[] = {"type",      "lr",       "weight_decay", "momentum",
+                                           "dampening", "nesterov", "decay",        NULL};
         if (td_json_check_keys(o, p, keys, err) != 0) return -1;
         if (td_json_number(o, p, "momentum", false, 0, 0, 1, &v, err) != 0) return -1;
         c->momentum = (float)v;
@@ -41,7 +45,7 @@ static int parse_optimizer(const json_t *t, td_job *job, td_err *err) {
                                 "(as in PyTorch)");
         return 0;
     }
-    static const char *const keys[] = {"type", "lr", "weight_decay", "betas", "eps", NULL};
+    static const char *const keys[] = {"type", "lr", "weight_decay", "betas", "eps", "decay", NULL};
     if (td_json_check_keys(o, p, keys, err) != 0) return -1;
     c->beta1 = 0.9f;
     c->beta2 = 0.999f;

@@ -53,6 +53,24 @@ static int setup_data(trainer *t, td_err *err) {
     return 0;
 }
 
+/* The spec's nodes, with the gpt preset's vocabulary from the text data when it gave none. */
+static int build_model(trainer *t, int max_n, int threads, unsigned flags, td_err *err) {
+    const td_job *job = t->job;
+    td_node_spec *nodes = job->model.nodes;
+    if (job->model.vocab_from_data) {
+        if (!t->train.tokens)
+            return td_fail(err, "model.vocab_size: needed unless data.format is \"text\" (whose "
+                                "tokenizer gives the vocabulary)");
+        nodes = td_malloc((size_t)job->model.n_nodes * sizeof *nodes);
+        memcpy(nodes, job->model.nodes, (size_t)job->model.n_nodes * sizeof *nodes);
+        td_preset_gpt_vocab(nodes, job->model.n_nodes, t->train.num_classes);
+    }
+    int rc = td_model_build(&t->model, nodes, job->model.n_nodes, t->train.shape, max_n, threads,
+                            job->train.seed, flags, err);
+    if (nodes != job->model.nodes) free(nodes);
+    return rc;
+}
+
 static int setup_model(trainer *t, td_err *err) {
     const td_job *job = t->job;
     int max_n = job->train.batch_size > job->train.eval_batch_size ? job->train.batch_size
@@ -64,9 +82,7 @@ static int setup_model(trainer *t, td_err *err) {
     if (fuse && strcmp(fuse, "0") == 0) flags |= TD_MODEL_UNFUSED;
     /* on a GPU the host threads only feed it: the model's own work is the device's */
     int threads = t->device.device == TD_DEVICE_CUDA ? 1 : job->train.threads;
-    if (td_model_build(&t->model, job->model.nodes, job->model.n_nodes, t->train.shape, max_n,
-                       threads, job->train.seed, flags, err) != 0)
-        return -1;
+    if (build_model(t, max_n, threads, flags, err) != 0) return -1;
     if (t->model.n_aliases && t->device.device == TD_DEVICE_CUDA)
         return td_fail(err, "model: weight_from (tied weights) trains on the CPU only for now; set "
                             "train.device to \"cpu\"");
@@ -116,6 +132,23 @@ static int setup_model(trainer *t, td_err *err) {
     }
     td_optim_init(&t->optim, &job->train.optim, t->model.param_floats);
     t->optim.threads = t->model.threads;
+    if (job->train.optim.decay_matrices) {
+        if (t->device.device == TD_DEVICE_CUDA)
+            return td_fail(err, "train.optimizer.decay: \"matrices\" is CPU only for now");
+        /* biases and norms' scales (fewer than 2 dimensions) take no decay; params are in
+         * block order, so the ranges come sorted */
+        size_t(*ranges)[2] = td_malloc((size_t)t->model.n_params * sizeof *ranges);
+        int n = 0;
+        for (int i = 0; i < t->model.n_params; i++) {
+            const td_param *p = &t->model.params[i];
+            if (p->ndim >= 2) continue;
+            ranges[n][0] = p->offset;
+            ranges[n][1] = p->offset + p->size;
+            n++;
+        }
+        td_optim_set_no_decay(&t->optim, (const size_t(*)[2])ranges, n);
+        free(ranges);
+    }
     t->dlogits = td_aligned_alloc((size_t)max_n * t->positions * t->classes * sizeof(float));
     t->state.seed = job->train.seed;
     td_rng_seed_for(&t->state.dropout_rng, job->train.seed, "dropout", 0);

@@ -1,0 +1,95 @@
+/* The GPT preset: GPT-2's decoder as nanoGPT's model.py writes it, node for node and name for
+ * name (transformer.wte, transformer.wpe, transformer.h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2,
+ * mlp.c_fc, mlp.c_proj}, transformer.ln_f, lm_head tied to wte), so that its checkpoints load
+ * into nanoGPT's GPT with strict=True. Pre-LayerNorm blocks, exact GELU (nn.GELU()), GPT-2's
+ * initialisation: normal(0, 0.02) for every Linear and Embedding weight, zero biases, and the
+ * residual projections (c_proj) at 0.02 / sqrt(2 · n_layer). */
+#include "spec/td_spec.h"
+
+#include "ops/td_ops.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static td_node_spec *add(td_node_spec *nodes, int *n, const char *name, const td_op *op,
+                         const char *input) {
+    td_node_spec *s = &nodes[(*n)++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->op = op;
+    for (int i = 0; op->args[i].name; i++) s->args[i] = op->args[i].def;
+    if (input) {
+        s->n_inputs = 1;
+        snprintf(s->inputs[0], sizeof s->inputs[0], "%s", input);
+    }
+    return s;
+}
+
+static td_node_spec *linear(td_node_spec *nodes, int *n, const char *name, int out, bool bias,
+                            double std) {
+    td_node_spec *s = add(nodes, n, name, &td_op_linear, NULL);
+    s->args[0] = out, s->args[1] = bias;
+    s->init_std = std;
+    return s;
+}
+
+/* Block l reading `input`: x + attn(ln_1(x)), then + mlp(ln_2(x)); its output's name in out. */
+static void block(td_node_spec *nodes, int *n, const td_gpt_options *o, int l, const char *input,
+                  char *out, size_t out_len) {
+    char p[48], name[TD_NAME_MAX], res_1[TD_NAME_MAX];
+    snprintf(p, sizeof p, "transformer.h.%d.", l);
+    double proj_std = 0.02 / sqrt(2.0 * o->n_layer);
+    snprintf(name, sizeof name, "%sln_1", p);
+    add(nodes, n, name, &td_op_layernorm, input)->args[1] = o->bias;
+    snprintf(name, sizeof name, "%sattn.c_attn", p);
+    linear(nodes, n, name, 3 * o->n_embd, o->bias, 0.02);
+    snprintf(name, sizeof name, "%sattn.attention", p);
+    add(nodes, n, name, &td_op_causal_attention, NULL)->args[0] = o->n_head;
+    snprintf(name, sizeof name, "%sattn.c_proj", p);
+    linear(nodes, n, name, o->n_embd, o->bias, proj_std);
+    snprintf(res_1, sizeof res_1, "%sresidual_1", p);
+    td_node_spec *r = add(nodes, n, res_1, &td_op_add, NULL);
+    r->n_inputs = 2;
+    snprintf(r->inputs[0], sizeof r->inputs[0], "%s", name);
+    snprintf(r->inputs[1], sizeof r->inputs[1], "%s", input);
+    snprintf(name, sizeof name, "%sln_2", p);
+    add(nodes, n, name, &td_op_layernorm, NULL)->args[1] = o->bias;
+    snprintf(name, sizeof name, "%smlp.c_fc", p);
+    linear(nodes, n, name, 4 * o->n_embd, o->bias, 0.02);
+    snprintf(name, sizeof name, "%smlp.gelu", p);
+    add(nodes, n, name, &td_op_gelu, NULL);
+    snprintf(name, sizeof name, "%smlp.c_proj", p);
+    linear(nodes, n, name, o->n_embd, o->bias, proj_std);
+    snprintf(out, out_len, "%sresidual_2", p);
+    r = add(nodes, n, out, &td_op_add, NULL);
+    r->n_inputs = 2;
+    snprintf(r->inputs[0], sizeof r->inputs[0], "%s", name);
+    snprintf(r->inputs[1], sizeof r->inputs[1], "%s", res_1);
+}
+
+int td_preset_gpt(const td_gpt_options *o, td_node_spec **out, int *n_out) {
+    td_node_spec *nodes = td_calloc((size_t)o->n_layer * 10 + 4, sizeof *nodes);
+    int n = 0;
+    td_node_spec *s = add(nodes, &n, "transformer.wte", &td_op_embedding, NULL);
+    s->args[0] = o->vocab_size, s->args[1] = o->n_embd;
+    s->init_std = 0.02;
+    s = add(nodes, &n, "transformer.wpe", &td_op_position_embedding, NULL);
+    s->args[0] = o->block_size;
+    s->init_std = 0.02;
+    char input[TD_NAME_MAX] = "transformer.wpe";
+    for (int l = 0; l < o->n_layer; l++) block(nodes, &n, o, l, input, input, sizeof input);
+    add(nodes, &n, "transformer.ln_f", &td_op_layernorm, input)->args[1] = o->bias;
+    s = linear(nodes, &n, "lm_head", o->vocab_size, false, 0.02);
+    snprintf(s->weight_from, sizeof s->weight_from, "transformer.wte");
+    *out = nodes;
+    *n_out = n;
+    return 0;
+}
+
+void td_preset_gpt_vocab(td_node_spec *nodes, int n, int vocab) {
+    for (int i = 0; i < n; i++)
+        if ((nodes[i].op == &td_op_embedding || nodes[i].op == &td_op_linear) &&
+            nodes[i].args[0] == 0)
+            nodes[i].args[0] = vocab;
+}
