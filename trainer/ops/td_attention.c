@@ -4,11 +4,15 @@
  * output [T, C] holds the heads side by side, as y.transpose(1, 2).view(B, T, C) does.
  *
  * The score matrix is never stored: forward keeps one number per query, the log of its softmax's
- * denominator (logsumexp), and backward recomputes each row's probabilities from it, as fused
- * ("flash") attention kernels do. Memory is N·H·T floats instead of N·H·T². Every (sample, head)
- * pair is independent, writing only its own columns: the threads split the pairs. */
+ * denominator (logsumexp), and backward recomputes the probabilities from it, as fused
+ * ("flash") attention kernels do. Memory is N·H·T floats instead of N·H·T², plus a thread's two
+ * [T, T] tiles of scratch. Each (sample, head) pair is five GEMMs on its tile (QK^T and PV
+ * forward; QK^T again, dY V^T, and dS K, dS^T Q, P^T dY backward): the work is the GEMM kernels',
+ * not dot products. The pairs are independent, each writing its own columns: the threads split
+ * the pairs. */
 #include "core/td_model.h"
 #include "core/td_parallel.h"
+#include "ops/td_gemm.h"
 #include "ops/td_ops_isa.h"
 
 #include <math.h>
@@ -34,7 +38,7 @@ static int attention_build(td_model *model, td_node *node, td_err *err) {
     }
     node->out_shape = td_shape_seq(in.h, in.c / 3);
     node->saved_bytes = (size_t)model->max_n * heads * in.h * sizeof(float);
-    node->scratch_floats = (size_t)in.h * model->threads;
+    node->scratch_floats = 2 * (size_t)in.h * in.h * model->threads; /* a thread's two tiles */
     return 0;
 }
 
@@ -51,32 +55,36 @@ static head_view view_of(const td_node *node, const float *qkv, int i, int h) {
     return (head_view){t_len, hs, 3 * c, base, base + c, base + 2 * c, 1.0f / sqrtf((float)hs)};
 }
 
-static float dot(const float *restrict a, const float *restrict b, int n) {
-    float s = 0;
-    for (int k = 0; k < n; k++) s += a[k] * b[k];
-    return s;
+/* p [T, T]: row t's causal softmax of the raw scores s (s · scale, keys j <= t; 0 past t): with
+ * each row's logsumexp written to lse_out, or computed from the saved lse_in (backward). */
+static void softmax_rows(const head_view *hv, const float *s, float *p, float *lse_out,
+                         const float *lse_in) {
+    int t_len = hv->t_len;
+    for (int t = 0; t < t_len; t++) {
+        const float *st = s + (size_t)t * t_len;
+        float *pt = p + (size_t)t * t_len;
+        if (lse_in) {
+            for (int j = 0; j <= t; j++) pt[j] = expf(st[j] * hv->scale - lse_in[t]);
+        } else {
+            float m = -INFINITY, sum = 0;
+            for (int j = 0; j <= t; j++) m = fmaxf(m, st[j] * hv->scale);
+            for (int j = 0; j <= t; j++) sum += (pt[j] = expf(st[j] * hv->scale - m));
+            float inv = 1.0f / sum;
+            for (int j = 0; j <= t; j++) pt[j] *= inv;
+            lse_out[t] = m + logf(sum);
+        }
+        for (int j = t + 1; j < t_len; j++) pt[j] = 0.0f;
+    }
 }
 
-/* One (sample, head): y's columns of the head, and each query's logsumexp. */
-static void head_forward(const head_view *hv, float *y, int y_stride, float *lse, float *p) {
-    for (int t = 0; t < hv->t_len; t++) {
-        const float *q = hv->q + (size_t)t * hv->stride;
-        float m = -INFINITY;
-        for (int j = 0; j <= t; j++) {
-            p[j] = dot(q, hv->k + (size_t)j * hv->stride, hv->hs) * hv->scale;
-            if (p[j] > m) m = p[j];
-        }
-        float sum = 0;
-        for (int j = 0; j <= t; j++) sum += (p[j] = expf(p[j] - m));
-        float *yt = y + (size_t)t * y_stride, inv = 1.0f / sum;
-        memset(yt, 0, (size_t)hv->hs * sizeof(float));
-        for (int j = 0; j <= t; j++) {
-            const float *vj = hv->v + (size_t)j * hv->stride;
-            float pj = p[j] * inv;
-            for (int k = 0; k < hv->hs; k++) yt[k] += pj * vj[k];
-        }
-        lse[t] = m + logf(sum);
-    }
+/* One (sample, head) as three GEMMs on a [T, T] tile in scratch: S = Q K^T, P = softmax, Y = P V
+ * (y: this head's columns of the output, rows y_stride apart). */
+static void head_forward(const head_view *hv, float *y, int y_stride, float *lse, float *tile) {
+    int t_len = hv->t_len, hs = hv->hs;
+    td_sgemm(1, false, true, t_len, t_len, hs, hv->q, hv->stride, hv->k, hv->stride, tile, t_len,
+             false);
+    softmax_rows(hv, tile, tile, lse, NULL);
+    td_sgemm(1, false, false, t_len, hs, t_len, tile, t_len, hv->v, hv->stride, y, y_stride, false);
 }
 
 static void attention_forward(td_node *node, const td_run *run) {
@@ -89,41 +97,34 @@ static void attention_forward(td_node *node, const td_run *run) {
         head_view hv = view_of(node, node->in[0], i, h);
         float *y = node->out + (size_t)i * t_len * c + (size_t)h * hv.hs;
         float *lse = (float *)node->saved + (size_t)ih * t_len;
-        head_forward(&hv, y, c, lse, run->scratch + (size_t)omp_get_thread_num() * t_len);
+        float *tile = run->scratch + (size_t)omp_get_thread_num() * 2 * t_len * t_len;
+        head_forward(&hv, y, c, lse, tile);
     }
 }
 
-/* One (sample, head) backward. With p the recomputed probabilities of query t, dp_j = dy_t · v_j
- * and D_t = Σ_j p_j dp_j = dy_t · y_t: ds_j = p_j (dp_j - D_t); dq_t = scale Σ_j ds_j k_j,
- * dk_j += scale ds_j q_t, dv_j += p_j dy_t. dq, dk, dv: this head's columns of the input's
- * gradient, zeroed first unless they add. */
-static void head_backward(const head_view *hv, const float *y, const float *dy, int y_stride,
-                          const float *lse, float *dq, bool add) {
-    float *dk = dq + (y_stride), *dv = dq + 2 * (size_t)y_stride;
-    int hs = hv->hs;
-    size_t st = (size_t)hv->stride;
-    if (!add)
-        for (int t = 0; t < hv->t_len; t++) {
-            memset(dq + t * st, 0, (size_t)hs * sizeof(float));
-            memset(dk + t * st, 0, (size_t)hs * sizeof(float));
-            memset(dv + t * st, 0, (size_t)hs * sizeof(float));
-        }
-    for (int t = 0; t < hv->t_len; t++) {
-        const float *q = hv->q + t * st, *dyt = dy + (size_t)t * y_stride;
-        float d = dot(dyt, y + (size_t)t * y_stride, hs);
-        float *dqt = dq + t * st;
-        for (int j = 0; j <= t; j++) {
-            const float *kj = hv->k + j * st, *vj = hv->v + j * st;
-            float p = expf(dot(q, kj, hs) * hv->scale - lse[t]);
-            float ds = p * (dot(dyt, vj, hs) - d) * hv->scale;
-            float *dkj = dk + j * st, *dvj = dv + j * st;
-            for (int k = 0; k < hs; k++) {
-                dqt[k] += ds * kj[k];
-                dkj[k] += ds * q[k];
-                dvj[k] += p * dyt[k];
-            }
-        }
+/* One (sample, head) backward, the probabilities P recomputed from the saved logsumexp:
+ * dP = dY V^T, dS = P ∘ (dP - rowsum(P ∘ dP)) · scale, dQ = dS K, dK = dS^T Q, dV = P^T dY.
+ * dq: this head's query columns of the input's gradient (keys c, values 2c further on), written
+ * or, where add, added to. tile: 2 · T · T floats. */
+static void head_backward(const head_view *hv, const float *dy, int c, const float *lse, float *dq,
+                          bool add, float *tile) {
+    int t_len = hv->t_len, hs = hv->hs;
+    float *p = tile, *ds = tile + (size_t)t_len * t_len;
+    td_sgemm(1, false, true, t_len, t_len, hs, hv->q, hv->stride, hv->k, hv->stride, p, t_len,
+             false);
+    softmax_rows(hv, p, p, NULL, lse);
+    td_sgemm(1, false, true, t_len, t_len, hs, dy, c, hv->v, hv->stride, ds, t_len, false);
+    for (int t = 0; t < t_len; t++) {
+        float *pt = p + (size_t)t * t_len, *dt = ds + (size_t)t * t_len, d = 0;
+        for (int j = 0; j <= t; j++) d += pt[j] * dt[j];
+        for (int j = 0; j <= t; j++) dt[j] = pt[j] * (dt[j] - d) * hv->scale;
+        for (int j = t + 1; j < t_len; j++) dt[j] = 0.0f;
     }
+    td_sgemm(1, false, false, t_len, hs, t_len, ds, t_len, hv->k, hv->stride, dq, hv->stride, add);
+    td_sgemm(1, true, false, t_len, hs, t_len, ds, t_len, hv->q, hv->stride, dq + c, hv->stride,
+             add);
+    td_sgemm(1, true, false, t_len, hs, t_len, p, t_len, dy, c, dq + 2 * (size_t)c, hv->stride,
+             add);
 }
 
 static void attention_backward(td_node *node, const td_run *run) {
@@ -137,8 +138,9 @@ static void attention_backward(td_node *node, const td_run *run) {
         head_view hv = view_of(node, node->in[0], i, h);
         size_t y_at = (size_t)i * t_len * c + (size_t)h * hv.hs;
         float *dq = node->in_grad[0] + (size_t)i * t_len * 3 * c + (size_t)h * hv.hs;
-        head_backward(&hv, node->out + y_at, node->grad + y_at, c,
-                      (const float *)node->saved + (size_t)ih * t_len, dq, node->in_grad_add[0]);
+        float *tile = run->scratch + (size_t)omp_get_thread_num() * 2 * t_len * t_len;
+        head_backward(&hv, node->grad + y_at, c, (const float *)node->saved + (size_t)ih * t_len,
+                      dq, node->in_grad_add[0], tile);
     }
 }
 
