@@ -65,41 +65,80 @@ static void relu_backward(td_node *node, const td_run *run) {
 #define INV_SQRT_2PI   0.3989422804014327f
 #define GELU_TANH_C    0.044715f
 
-static void gelu_forward(td_node *node, const td_run *run) {
-    size_t n = (size_t)run->n * td_shape_size(node->out_shape);
-    const float *x = node->in[0];
-    float *y = node->out;
-    int threads = td_par_threads_for(node->threads, n);
-    if (node->args[0] == 1) {
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-        for (size_t i = 0; i < n; i++) {
+#if defined(__x86_64__) && defined(__GLIBC__)
+/* glibc's libmvec (2.35 on) has erff, expf and tanhf for SSE2, AVX2 and AVX-512; math.h declares
+ * them vectorisable only under -ffast-math, so they are declared so here. GCC then calls
+ * _ZGV?N?v_erff on 4, 8 or 16 values at once (libm's own vector code, within a few ulp of the
+ * scalar erff, as PyTorch's Sleef functions are) instead of the scalar erff at 3.5 ns a value:
+ * the exact GELU was 15 of 95 ms a step of a small GPT. libm.so pulls libmvec in as needed. */
+#pragma omp declare simd notinbranch
+extern float erff(float);
+#pragma omp declare simd notinbranch
+extern float expf(float);
+#pragma omp declare simd notinbranch
+extern float tanhf(float);
+#endif
+
+/* One thread's run of each pass, restrict-qualified with a simd loop, as relu_run. */
+static void gelu_run(float *restrict y, const float *restrict x, bool approx, size_t lo,
+                     size_t hi) {
+    if (approx) {
+#pragma omp simd
+        for (size_t i = lo; i < hi; i++) {
             float v = x[i];
             y[i] = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v)));
         }
     } else {
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-        for (size_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT_2));
+#pragma omp simd
+        for (size_t i = lo; i < hi; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT_2));
+    }
+}
+
+/* GELU's derivative at v, both forms */
+#pragma omp declare simd notinbranch
+static inline float gelu_grad(float v, bool approx) {
+    if (approx) {
+        float t = tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v));
+        return 0.5f * (1.0f + t) +
+               0.5f * v * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_TANH_C * v * v);
+    }
+    return 0.5f * (1.0f + erff(v * INV_SQRT_2)) + v * INV_SQRT_2PI * expf(-0.5f * v * v);
+}
+
+/* written or added: never 0 · dx, which an uninitialised NaN would survive */
+static void gelu_grad_run(float *restrict dx, const float *restrict x, const float *restrict dy,
+                          bool add, bool approx, size_t lo, size_t hi) {
+    if (add) {
+#pragma omp simd
+        for (size_t i = lo; i < hi; i++) dx[i] += dy[i] * gelu_grad(x[i], approx);
+    } else {
+#pragma omp simd
+        for (size_t i = lo; i < hi; i++) dx[i] = dy[i] * gelu_grad(x[i], approx);
+    }
+}
+
+static void gelu_forward(td_node *node, const td_run *run) {
+    size_t n = (size_t)run->n * td_shape_size(node->out_shape);
+    bool approx = node->args[0] == 1;
+    int threads = td_par_threads_for(node->threads, n);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        size_t lo, hi;
+        td_par_range(n, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+        gelu_run(node->out, node->in[0], approx, lo, hi);
     }
 }
 
 static void gelu_backward(td_node *node, const td_run *run) {
-    float *dx = node->in_grad[0];
-    if (!dx) return;
+    if (!node->in_grad[0]) return;
     size_t n = (size_t)run->n * td_shape_size(node->out_shape);
-    const float *x = node->in[0], *dy = node->grad;
     bool add = node->in_grad_add[0], approx = node->args[0] == 1;
     int threads = td_par_threads_for(node->threads, n);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i], d;
-        if (approx) {
-            float t = tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v));
-            d = 0.5f * (1.0f + t) +
-                0.5f * v * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_TANH_C * v * v);
-        } else {
-            d = 0.5f * (1.0f + erff(v * INV_SQRT_2)) + v * INV_SQRT_2PI * expf(-0.5f * v * v);
-        }
-        dx[i] = (add ? dx[i] : 0.0f) + dy[i] * d;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        size_t lo, hi;
+        td_par_range(n, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+        gelu_grad_run(node->in_grad[0], node->in[0], node->grad, add, approx, lo, hi);
     }
 }
 
