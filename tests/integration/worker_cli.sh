@@ -33,7 +33,7 @@ printf '{"model": {"preset": "lenet5", "num_classes": 10},\n "data": [}' >"$tmp/
 expect "JSON syntax error with line" 1 "bad.json:2:" -- "$worker" "$tmp/bad.json"
 expect "example spec is valid" 0 "valid" -- "$worker" --check "$src/examples/fmnist-lenet.json"
 sed 's/"lenet5"/"lenet6"/' "$src/examples/fmnist-lenet.json" >"$tmp/preset.json"
-expect "unknown preset" 1 'model.preset: expected one of lenet5/mlp/cifar_net/resnet18/resnet34/resnet50, found "lenet6"' -- \
+expect "unknown preset" 1 'model.preset: expected one of lenet5/mlp/cifar_net/resnet18/resnet34/resnet50/gpt/gpt2/gpt2-medium, found "lenet6"' -- \
     "$worker" "$tmp/preset.json"
 sed 's|train-images-idx3-ubyte.gz|train-labels-idx1-ubyte.gz|' "$src/examples/fmnist-lenet.json" \
     >"$tmp/magic.json"

@@ -140,3 +140,38 @@ Test(text, spec_fields_are_checked) {
         cr_expect(strstr(err.msg, bad[i][1]), "%s: %s", bad[i][1], err.msg);
     }
 }
+
+/* A GPT on text with a validation pass every 2 steps (nanoGPT's eval_interval): eval lines at
+ * steps 2 and 4, the loss at every position falling, and the done line's own at step 6. */
+Test(text, a_gpt_trains_and_validates_every_n_steps) {
+    char text[2000];
+    for (int i = 0; i < 1999; i++) text[i] = "to be or not to be\n"[i % 19];
+    text[1999] = 0;
+    const char *path = test_write_file("be.txt", text, strlen(text));
+    char spec[1024];
+    snprintf(
+        spec, sizeof spec,
+        "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 1, \"n_head\": 2, \"n_embd\": 16, "
+        "\"block_size\": 16},"
+        " \"data\": {\"format\": \"text\", \"train\": {\"path\": \"%s\"}, \"block_size\": 16},"
+        " \"train\": {\"max_steps\": 6, \"eval_every_steps\": 2, \"batch_size\": 8, \"seed\": 2,"
+        "   \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, \"decay\": \"matrices\"}},"
+        " \"log\": {\"every_steps\": 1}}",
+        path);
+    char *metrics = test_run_job(spec, NULL, NULL);
+    cr_assert(metrics);
+    int evals = 0;
+    for (const char *p = metrics; (p = strstr(p, "\"event\":\"eval\"")); p++) evals++;
+    cr_expect_eq(evals, 2, "eval lines at steps 2 and 4: %s", metrics);
+    cr_expect(strstr(metrics, "\"event\":\"done\"") && strstr(metrics, "\"val_loss\""), "%s",
+              metrics);
+    double first = 0, last = 0;
+    const char *p = strstr(metrics, "\"loss\":");
+    if (p) first = strtod(p + 7, NULL);
+    for (const char *q = metrics; (q = strstr(q, "\"event\":\"train\"")); q++) {
+        const char *l = strstr(q, "\"loss\":");
+        if (l) last = strtod(l + 7, NULL);
+    }
+    cr_expect(first > 0 && last < first, "the loss falls: %g then %g\n%s", first, last, metrics);
+    free(metrics);
+}

@@ -28,7 +28,8 @@ typedef struct td_model_spec {
 
 typedef struct td_train_spec {
     int epochs;
-    long max_steps; /* 0: no limit */
+    long max_steps;        /* 0: no limit */
+    long eval_every_steps; /* 0: validation after each epoch (and at the end) only */
     int batch_size, eval_batch_size;
     uint64_t seed;
     int threads;

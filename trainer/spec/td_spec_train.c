@@ -165,14 +165,28 @@ static int parse_recompute(const json_t *t, td_job *job, td_err *err) {
 int td_spec_parse_train(const json_t *root, td_job *job, td_err *err) {
     json_t *t;
     if (td_json_object(root, "", "train", true, &t, err) != 0) return -1;
-    static const char *const keys[] = {
-        "epochs",          "max_steps",     "batch_size",
-        "eval_batch_size", "seed",          "threads",
-        "shuffle",         "drop_last",     "optimizer",
-        "schedule",        "loss",          "clip_grad_norm",
-        "sync_bn",         "grad_accum",    "device",
-        "precision",       "cuda_graph",    "activation_checkpointing",
-        "cudnn_benchmark", "deterministic", NULL};
+    static const char *const keys[] = {"epochs",
+                                       "max_steps",
+                                       "batch_size",
+                                       "eval_batch_size",
+                                       "seed",
+                                       "threads",
+                                       "shuffle",
+                                       "drop_last",
+                                       "optimizer",
+                                       "schedule",
+                                       "loss",
+                                       "clip_grad_norm",
+                                       "sync_bn",
+                                       "grad_accum",
+                                       "device",
+                                       "precision",
+                                       "cuda_graph",
+                                       "activation_checkpointing",
+                                       "cudnn_benchmark",
+                                       "deterministic",
+                                       "eval_every_steps",
+                                       NULL};
     if (td_json_check_keys(t, "train", keys, err) != 0) return -1;
     int choice;
     if (td_json_choice(t, "train", "device", false, "auto", "auto|cpu|cuda", &choice, err) != 0)
@@ -191,6 +205,9 @@ int td_spec_parse_train(const json_t *root, td_job *job, td_err *err) {
     job->train.epochs = (int)l;
     if (td_json_int(t, "train", "max_steps", false, 0, 0, 1L << 40, &l, err) != 0) return -1;
     job->train.max_steps = l;
+    /* nanoGPT's eval_interval: a validation pass every N optimizer steps, besides each epoch's */
+    if (td_json_int(t, "train", "eval_every_steps", false, 0, 0, 1L << 40, &l, err) != 0) return -1;
+    job->train.eval_every_steps = l;
     if (td_json_int(t, "train", "batch_size", true, 0, 1, 1 << 20, &l, err) != 0) return -1;
     job->train.batch_size = (int)l;
     if (td_json_int(t, "train", "eval_batch_size", false, job->train.batch_size, 1, 1 << 20, &l,

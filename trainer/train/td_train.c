@@ -18,6 +18,7 @@ typedef struct loop {
     long total, stop;           /* the run's steps; where this process stops (--stop-after) */
     double t_start, t_interval; /* this process's start, the open logging interval's */
     long interval_samples, interval_steps, total_samples, steps;
+    long val_step; /* the step of the last validation pass; -1: none yet */
 } loop;
 
 static bool profile_requested(void) {
@@ -28,7 +29,7 @@ static bool profile_requested(void) {
 /* The run's extent and the model's training settings, before the first batch. */
 static int start(trainer *t, loop *L, td_run *run, td_err *err) {
     const td_job *job = t->job;
-    *L = (loop){.sched = job->train.schedule};
+    *L = (loop){.sched = job->train.schedule, .val_step = -1};
     /* an optimizer step every grad_accum batches (the last group of an epoch may be short) */
     L->batches = td_loader_batches(&t->train, &t->train_cfg);
     int steps_per_epoch = (L->batches + job->train.grad_accum - 1) / job->train.grad_accum;
@@ -106,15 +107,17 @@ static int log_train(trainer *t, loop *L, float lr, td_train_result *res, td_err
     return 0;
 }
 
-/* After an epoch (t->state.epoch counts it done): evaluation, its line, and one for people. */
-static int evaluate_epoch(trainer *t, loop *L, td_train_result *res, td_err *err) {
+/* After an epoch (t->state.epoch counts it done) or every train.eval_every_steps: evaluation,
+ * its line, and one for people. */
+static int evaluate(trainer *t, loop *L, td_train_result *res, td_err *err) {
     double t0 = td_clock_now();
     if (td_train_eval_pass(t, &res->val_loss, &res->val_acc, err) != 0) return -1;
     res->has_val = true;
+    L->val_step = t->state.step;
     if (t->rank0)
         td_metrics_eval(t->metrics, t->state.epoch, t->state.step, res->val_loss, res->val_acc);
-    fprintf(t->log, "[traind] epoch %d: val_loss %.4f, val_acc %.4f (eval %.2fs)\n", t->state.epoch,
-            res->val_loss, res->val_acc, td_clock_now() - t0);
+    fprintf(t->log, "[traind] epoch %d, step %ld: val_loss %.4f, val_acc %.4f (eval %.2fs)\n",
+            t->state.epoch, t->state.step, res->val_loss, res->val_acc, td_clock_now() - t0);
     L->t_interval += td_clock_now() - t0; /* evaluation time is not training throughput */
     return 0;
 }
@@ -131,7 +134,8 @@ static int finish(trainer *t, loop *L, td_train_result *res, td_err *err) {
         return td_train_save(t, err);
     }
     if (td_train_save(t, err) != 0) return -1;
-    if (t->job->data.val.present && !res->has_val) {
+    /* the end's own evaluation, unless the last pass was at this very step */
+    if (t->job->data.val.present && L->val_step != st->step) {
         if (td_train_eval_pass(t, &res->val_loss, &res->val_acc, err) != 0) return -1;
         res->has_val = true;
     }
@@ -190,6 +194,10 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
             if ((st->step % job->log.every_steps == 0 || st->step == L.total) &&
                 log_train(t, &L, lr, res, err) != 0)
                 return -1;
+            if (job->train.eval_every_steps > 0 && job->data.val.present &&
+                st->step % job->train.eval_every_steps == 0 && st->step < L.total &&
+                evaluate(t, &L, res, err) != 0)
+                return -1;
             if (job->checkpoint.every_steps > 0 && st->step % job->checkpoint.every_steps == 0 &&
                 td_train_save(t, err) != 0)
                 return -1;
@@ -200,7 +208,8 @@ static int train_loop(trainer *t, td_train_result *res, td_err *err) {
         st->epoch = epoch + 1;
         st->batch = 0;
         res->epochs_done = epoch + 1;
-        if (job->data.val.present && evaluate_epoch(t, &L, res, err) != 0) return -1;
+        if (job->data.val.present && L.val_step != st->step && evaluate(t, &L, res, err) != 0)
+            return -1;
         if (job->checkpoint.every_epochs > 0 && (epoch + 1) % job->checkpoint.every_epochs == 0 &&
             td_train_save(t, err) != 0)
             return -1;
