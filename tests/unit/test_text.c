@@ -156,6 +156,7 @@ Test(text, a_gpt_trains_and_validates_every_n_steps) {
         " \"data\": {\"format\": \"text\", \"train\": {\"path\": \"%s\"}, \"block_size\": 16},"
         " \"train\": {\"max_steps\": 6, \"eval_every_steps\": 2, \"batch_size\": 8, \"seed\": 2,"
         "   \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01, \"decay\": \"matrices\"}},"
+        " \"sample\": {\"prompt\": \"to \", \"tokens\": 24, \"top_k\": 3, \"seed\": 4},"
         " \"log\": {\"every_steps\": 1}}",
         path);
     char *metrics = test_run_job(spec, NULL, NULL);
@@ -173,5 +174,26 @@ Test(text, a_gpt_trains_and_validates_every_n_steps) {
         if (l) last = strtod(l + 7, NULL);
     }
     cr_expect(first > 0 && last < first, "the loss falls: %g then %g\n%s", first, last, metrics);
+    /* a sample at each evaluation and at the end: 24 characters of the text's own */
+    int samples = 0;
+    for (const char *q = metrics; (q = strstr(q, "\"event\":\"sample\"")); q++) {
+        samples++;
+        const char *txt = strstr(q, "\"text\":\"");
+        cr_assert(txt, "%s", q);
+        int chars = 0;
+        for (txt += 8; *txt && *txt != '"'; txt++, chars++) {
+            if (*txt == '\\') txt++; /* "\n" is one character */
+            cr_expect(strchr("to ben\n", *txt) || *txt == 'r', "a character of the text: %c", *txt);
+        }
+        cr_expect_eq(chars, 24, "24 tokens: %.80s", q);
+    }
+    cr_expect_eq(samples, 3, "%s", metrics);
+    cr_expect(strstr(metrics, "\"prompt\":\"to \""), "%s", metrics);
+    /* seeded by (seed, step): the same run writes the same text */
+    char *again = test_run_job(spec, NULL, NULL);
+    const char *a = strstr(metrics, "\"event\":\"sample\"");
+    const char *b = strstr(again, "\"event\":\"sample\"");
+    cr_expect(a && b && strncmp(a, b, 60) == 0, "%.80s\n%.80s", a, b);
+    free(again);
     free(metrics);
 }

@@ -153,6 +153,9 @@ int td_tokenizer_encode(const td_tokenizer *tk, const uint8_t *text, size_t len,
 size_t td_tokenizer_decode(const td_tokenizer *tk, const int32_t *ids, size_t n, char *out,
                            size_t cap);
 void td_tokenizer_free(td_tokenizer *tk);
+/* in's n bytes as UTF-8 into out (NUL-terminated, cap bytes with it): each byte that starts no
+ * valid sequence becomes U+FFFD (a byte tokenizer's sample may cut a character). */
+size_t td_utf8_repair(const char *in, size_t n, char *out, size_t cap);
 
 /* A deterministic synthetic dataset of the given shape and size, for benchmarks. */
 void td_dataset_synthetic(td_dataset *ds, td_shape shape, int num_classes, int size, uint64_t seed);

@@ -172,3 +172,23 @@ void td_tokenizer_free(td_tokenizer *tk) {
     free(tk->chars);
     memset(tk, 0, sizeof *tk);
 }
+
+size_t td_utf8_repair(const char *in, size_t n, char *out, size_t cap) {
+    const uint8_t *s = (const uint8_t *)in;
+    int32_t len = n < (size_t)INT32_MAX ? (int32_t)n : INT32_MAX, i = 0;
+    size_t w = 0;
+    while (i < len) {
+        int32_t at = i;
+        UChar32 c;
+        U8_NEXT(s, i, len, c);
+        const uint8_t *src = s + at;
+        int32_t bytes = i - at;
+        uint8_t sub[3] = {0xEF, 0xBF, 0xBD}; /* U+FFFD */
+        if (c < 0) src = sub, bytes = 3;
+        if (w + (size_t)bytes + 1 > cap) break;
+        memcpy(out + w, src, (size_t)bytes);
+        w += (size_t)bytes;
+    }
+    if (cap) out[w] = 0;
+    return w;
+}

@@ -39,8 +39,32 @@ static int parse_checkpoint(const json_t *root, td_job *job, td_err *err) {
     return 0;
 }
 
-const char *const td_job_keys[] = {"name",       "model",       "data",        "train", "log",
-                                   "checkpoint", "resume_from", "distributed", NULL};
+const char *const td_job_keys[] = {"name",       "model",  "data",        "train",       "log",
+                                   "checkpoint", "sample", "resume_from", "distributed", NULL};
+
+/* "sample": text data only (the tokenizer that reads the prompt and writes the text is its) */
+static int parse_sample(const json_t *root, td_job *job, td_err *err) {
+    json_t *s;
+    if (td_json_object(root, "", "sample", false, &s, err) != 0) return -1;
+    if (!s) return 0;
+    static const char *const keys[] = {"prompt", "tokens", "temperature", "top_k", "seed", NULL};
+    td_sample_spec *o = &job->sample;
+    long tokens, top_k, seed;
+    if (td_json_check_keys(s, "sample", keys, err) != 0 ||
+        td_json_string(s, "sample", "prompt", false, "\n", o->prompt, sizeof o->prompt, err) != 0 ||
+        td_json_int(s, "sample", "tokens", false, 200, 1, 100000, &tokens, err) != 0 ||
+        td_json_number(s, "sample", "temperature", false, 0.8, 1e-3, 100, &o->temperature, err) !=
+            0 ||
+        td_json_int(s, "sample", "top_k", false, 200, 0, 1 << 24, &top_k, err) != 0 ||
+        td_json_int(s, "sample", "seed", false, 1337, 0, (long)(~0ul >> 1), &seed, err) != 0)
+        return -1;
+    if (job->data.format != TD_DATA_TEXT)
+        return td_fail(err, "sample: needs data.format \"text\" (its tokenizer reads the prompt "
+                            "and writes the text)");
+    o->present = true;
+    o->tokens = (int)tokens, o->top_k = (int)top_k, o->seed = (uint64_t)seed;
+    return 0;
+}
 
 static int parse_job(const json_t *root, td_job *job, td_err *err) {
     memset(job, 0, sizeof *job);
@@ -51,7 +75,7 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
     if (td_spec_parse_model(root, job, err) != 0 || td_spec_parse_data(root, job, err) != 0 ||
         td_spec_parse_train(root, job, err) != 0)
         return -1;
-    if (parse_checkpoint(root, job, err) != 0) return -1;
+    if (parse_checkpoint(root, job, err) != 0 || parse_sample(root, job, err) != 0) return -1;
     json_t *log;
     long l;
     if (td_json_object(root, "", "log", false, &log, err) != 0) return -1;

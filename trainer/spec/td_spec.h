@@ -72,6 +72,16 @@ typedef struct td_log_spec {
     int every_steps;
 } td_log_spec;
 
+/* A language model's text at each evaluation, as nanoGPT's sample.py makes it: `tokens` tokens
+ * after `prompt`, from the softmax of the logits / temperature over the top_k most likely. */
+typedef struct td_sample_spec {
+    bool present;
+    char prompt[1024];
+    int tokens, top_k; /* top_k 0: every token */
+    double temperature;
+    uint64_t seed;
+} td_sample_spec;
+
 typedef struct td_job {
     char name[128];
     td_model_spec model;
@@ -80,6 +90,7 @@ typedef struct td_job {
     td_distributed_spec distributed;
     td_checkpoint_spec checkpoint;
     td_log_spec log;
+    td_sample_spec sample;
 } td_job;
 
 /* Parses and validates a spec from a file or a string. On error returns -1 with err set. */

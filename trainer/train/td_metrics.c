@@ -123,6 +123,16 @@ void td_metrics_checkpoint(FILE *out, long step, const char *path) {
     write_line(out, o);
 }
 
+void td_metrics_sample(FILE *out, long step, const char *prompt, const char *text) {
+    json_t *o = event(TD_EVENT_SAMPLE);
+    put_int(o, "step", step);
+    json_t *p = json_string(prompt), *t = json_string(text);
+    if (!p || !t) td_die(__FILE__, __LINE__, "out of memory, or a sample not in UTF-8", text);
+    put(o, "prompt", p);
+    put(o, "text", t);
+    write_line(out, o);
+}
+
 void td_metrics_done(FILE *out, const td_metric_done *m) {
     json_t *o = event(TD_EVENT_DONE);
     put_int(o, "step", m->step);

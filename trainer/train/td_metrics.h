@@ -14,6 +14,7 @@
 #define TD_EVENT_EVAL       "eval"  /* after an epoch (and for --eval) when there is data.val */
 #define TD_EVENT_CHECKPOINT "checkpoint" /* a checkpoint saved: its step and directory */
 #define TD_EVENT_DONE       "done"       /* the run finished (not when stopped early) */
+#define TD_EVENT_SAMPLE     "sample"     /* a language model's text at an evaluation */
 
 typedef struct td_metric_train {
     long step;
@@ -45,5 +46,8 @@ void td_metrics_eval(FILE *out, int epoch, long step, double val_loss, double va
 /* path: the checkpoint's directory (UTF-8, as the spec it came from) */
 void td_metrics_checkpoint(FILE *out, long step, const char *path);
 void td_metrics_done(FILE *out, const td_metric_done *m);
+/* prompt and text: UTF-8 (the tokenizer's output; a byte tokenizer's invalid bytes are
+ * replaced by U+FFFD first) */
+void td_metrics_sample(FILE *out, long step, const char *prompt, const char *text);
 
 #endif

@@ -116,6 +116,7 @@ static int evaluate(trainer *t, loop *L, td_train_result *res, td_err *err) {
     L->val_step = t->state.step;
     if (t->rank0)
         td_metrics_eval(t->metrics, t->state.epoch, t->state.step, res->val_loss, res->val_acc);
+    td_train_sample(t);
     fprintf(t->log, "[traind] epoch %d, step %ld: val_loss %.4f, val_acc %.4f (eval %.2fs)\n",
             t->state.epoch, t->state.step, res->val_loss, res->val_acc, td_clock_now() - t0);
     L->t_interval += td_clock_now() - t0; /* evaluation time is not training throughput */
@@ -138,6 +139,7 @@ static int finish(trainer *t, loop *L, td_train_result *res, td_err *err) {
     if (t->job->data.val.present && L->val_step != st->step) {
         if (td_train_eval_pass(t, &res->val_loss, &res->val_acc, err) != 0) return -1;
         res->has_val = true;
+        td_train_sample(t);
     }
     double elapsed = td_clock_now() - L->t_start;
     if (!t->rank0) return 0;

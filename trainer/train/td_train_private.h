@@ -33,6 +33,10 @@ typedef struct trainer {
     FILE *metrics, *log;
     td_dataset train, val;
     td_normalize norm;
+    /* the spec's "sample" (td_train_sample.c): the text's tokenizer and the prompt's ids */
+    td_tokenizer tokenizer;
+    int32_t *prompt_ids;
+    size_t n_prompt;
     td_model model;
     td_optim optim;
     td_loader *train_loader, *val_loader;
@@ -114,6 +118,11 @@ int td_train_gpu_seek_dropout(trainer *t, long batches, td_err *err);
 int td_train_diverged(td_err *err, double loss, long step, int epoch);
 /* Loss and accuracy over data.val, every sample counted once over all ranks. */
 int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *err);
+/* The spec's "sample" (td_train_sample.c): the tokenizer and the prompt, checked at setup; rank 0
+ * writes a sample line at each evaluation. */
+int td_train_sample_setup(trainer *t, td_err *err);
+void td_train_sample(trainer *t);
+void td_train_sample_release(trainer *t);
 
 /* td_train_checkpoint.c */
 int td_train_restore(trainer *t, td_err *err); /* model.init_from, then resume_from */

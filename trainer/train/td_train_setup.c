@@ -307,7 +307,8 @@ static void log_banner(const trainer *t) {
 int td_train_setup(trainer *t, td_err *err) {
     /* train.threads is the model's own team (core/td_parallel.h); OpenBLAS runs inside it */
     td_par_blas_single();
-    if (setup_data(t, err) != 0 || resolve_device(t, err) != 0 || setup_model(t, err) != 0)
+    if (setup_data(t, err) != 0 || resolve_device(t, err) != 0 || setup_model(t, err) != 0 ||
+        td_train_sample_setup(t, err) != 0)
         return -1;
     if (td_train_restore(t, err) != 0 || setup_gpu(t, err) != 0) return -1;
     if (t->rank0) log_banner(t);
@@ -331,4 +332,5 @@ void td_train_release(trainer *t) {
     td_model_free(&t->model);
     td_dataset_free(&t->train);
     td_dataset_free(&t->val);
+    td_train_sample_release(t);
 }

@@ -1,0 +1,100 @@
+/* A language model's text at each evaluation, as nanoGPT's sample.py writes it: from the prompt,
+ * one token at a time, the logits of the last position divided by the temperature, all but the
+ * top_k most likely set aside, a draw from their softmax. No KV cache: each token is a forward
+ * pass over the last block_size tokens (the model's input is fixed at block_size: shorter
+ * contexts are padded after their end, which causal attention never reads). Rank 0 alone, from
+ * a generator seeded by (sample.seed, step), so a resumed run writes the same text. */
+#include "train/td_train_private.h"
+
+#include "core/td_rng.h"
+#include "train/td_metrics.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int td_train_sample_setup(trainer *t, td_err *err) {
+    const td_sample_spec *s = &t->job->sample;
+    if (!s->present) return 0;
+    if (td_text_tokenizer(&t->job->data, &t->tokenizer, err) != 0) return -1;
+    if (td_tokenizer_encode(&t->tokenizer, (const uint8_t *)s->prompt, strlen(s->prompt),
+                            "sample.prompt", &t->prompt_ids, &t->n_prompt, err) != 0)
+        return -1;
+    if (t->n_prompt == 0)
+        return td_fail(err, "sample.prompt: empty; give at least one character (nanoGPT starts "
+                            "from \"\\n\")");
+    return 0;
+}
+
+void td_train_sample_release(trainer *t) {
+    td_tokenizer_free(&t->tokenizer);
+    free(t->prompt_ids);
+    t->prompt_ids = NULL;
+}
+
+/* The next token from one position's logits (scratch: vocab floats). */
+static int32_t draw(const td_sample_spec *s, const float *logits, int vocab, float *scratch,
+                    td_rng *rng) {
+    float threshold = -INFINITY;
+    if (s->top_k > 0 && s->top_k < vocab) { /* the k-th largest: below it, never drawn */
+        memcpy(scratch, logits, (size_t)vocab * sizeof *scratch);
+        for (int k = 0; k < s->top_k; k++) { /* partial selection: k is small beside vocab */
+            int best = k;
+            for (int j = k + 1; j < vocab; j++)
+                if (scratch[j] > scratch[best]) best = j;
+            float tmp = scratch[k];
+            scratch[k] = scratch[best];
+            scratch[best] = tmp;
+        }
+        threshold = scratch[s->top_k - 1];
+    }
+    float max = -INFINITY;
+    for (int j = 0; j < vocab; j++)
+        if (logits[j] >= threshold && logits[j] > max) max = logits[j];
+    double sum = 0;
+    for (int j = 0; j < vocab; j++) {
+        scratch[j] = logits[j] >= threshold ? expf((logits[j] - max) / (float)s->temperature) : 0;
+        sum += scratch[j];
+    }
+    double u = td_rng_uniform(rng) * sum, acc = 0;
+    for (int j = 0; j < vocab; j++) {
+        acc += scratch[j];
+        if (u < acc && scratch[j] > 0) return j;
+    }
+    for (int j = vocab - 1; j >= 0; j--) /* rounding left u at the very end */
+        if (scratch[j] > 0) return j;
+    return 0;
+}
+
+void td_train_sample(trainer *t) {
+    const td_sample_spec *s = &t->job->sample;
+    if (!s->present || !t->rank0) return;
+    int block = t->train.shape.c, vocab = t->classes;
+    size_t len = t->n_prompt, cap = t->n_prompt + (size_t)s->tokens;
+    int32_t *ids = td_malloc(cap * sizeof *ids);
+    memcpy(ids, t->prompt_ids, len * sizeof *ids);
+    float *x = td_calloc((size_t)block, sizeof *x), *scratch = td_malloc((size_t)vocab * 4);
+    td_rng rng;
+    td_rng_seed_for(&rng, s->seed, "sample", (uint64_t)t->state.step);
+    double *profile = t->model.profile; /* not training time */
+    t->model.profile = NULL;
+    td_run run = {.n = 1, .training = false, .rng = &t->state.dropout_rng};
+    while (len < cap) {
+        size_t ctx = len < (size_t)block ? len : (size_t)block;
+        for (size_t k = 0; k < ctx; k++) x[k] = (float)ids[len - ctx + k];
+        const float *logits = td_model_forward(&t->model, x, &run);
+        ids[len] = draw(s, logits + (ctx - 1) * (size_t)vocab, vocab, scratch, &rng);
+        len++;
+    }
+    t->model.profile = profile;
+    size_t bytes = (size_t)s->tokens * 4 + 1; /* a character is at most 4 bytes of UTF-8 */
+    char *raw = td_malloc(bytes), *text = td_malloc(3 * bytes);
+    size_t n = td_tokenizer_decode(&t->tokenizer, ids + t->n_prompt, (size_t)s->tokens, raw, bytes);
+    td_utf8_repair(raw, n, text, 3 * bytes); /* U+FFFD is 3 bytes for each bad one */
+    td_metrics_sample(t->metrics, t->state.step, s->prompt, text);
+    free(raw);
+    free(text);
+    free(x);
+    free(scratch);
+    free(ids);
+}
