@@ -134,6 +134,22 @@ static const char *str(json_t *o, const char *key, const char *def) {
     return s ? s : def;
 }
 
+/* A job's own text for the terminal: at most len - 1 bytes, control characters (C0 but newline
+ * and tab, DEL, and C1's UTF-8 forms, which some terminals obey as escapes) shown as '?'. */
+static void printable(const char *s, char *out, size_t len) {
+    size_t w = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && w + 1 < len; p++) {
+        bool c1 = p[0] == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F;
+        if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7F || c1) {
+            out[w++] = '?';
+            p += c1;
+        } else {
+            out[w++] = (char)*p;
+        }
+    }
+    out[w] = 0;
+}
+
 static void show_event(view *v, const char *event, json_t *d) {
     if (strcmp(event, "train") == 0) {
         v->have_train = true;
@@ -202,6 +218,12 @@ static void show_event(view *v, const char *event, json_t *d) {
             say(v, "done  step %ld  loss %.4f  %.0f samples/s  %s",
                 (long)json_integer_value(json_object_get(d, "step")), num(d, "loss"),
                 num(d, "samples_per_s"), t);
+    } else if (strcmp(event, "sample") == 0) {
+        char prompt[80], text[4096];
+        printable(str(d, "prompt", ""), prompt, sizeof prompt);
+        printable(str(d, "text", ""), text, sizeof text);
+        say(v, "sample  step %ld, after \"%s\":\n%s",
+            (long)json_integer_value(json_object_get(d, "step")), prompt, text);
     } else if (strcmp(event, "state") == 0) {
         const char *state = str(d, "state", "?");
         const char *reason = str(d, "reason", NULL);

@@ -1619,6 +1619,42 @@ class DaemonTest(unittest.TestCase):
         self.assert_final(d, job["id"], d.follow(job["id"]), "succeeded")
         done = [m for m in d.metrics(job["id"]) if m.get("event") == "done"]
         self.assertTrue(done and done[0]["val_loss"] > 0, "the text's last 10% validates")
+        # the gpt preset with samples, over the event stream and in trainctl; the text holds a
+        # terminal escape, which the prompt uses: trainctl must not pass it to the terminal
+        with open(good_text, "w") as f:
+            f.write("To be, or not to be:\x1b[31m that is the question.\n" * 20)
+        gpt = {"name": "gpt", "model": {"preset": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 8,
+                                        "block_size": 8},
+               "data": {"format": "text", "train": {"path": good_text}, "block_size": 8},
+               "train": {"max_steps": 4, "eval_every_steps": 2, "batch_size": 4, "threads": 1,
+                         "optimizer": {"type": "adamw", "lr": 0.01}},
+               "sample": {"prompt": "To\x1b[31m", "tokens": 16}}
+        job, _ = d.submit(gpt)
+        events = d.follow(job["id"])
+        self.assert_final(d, job["id"], events, "succeeded")
+        samples = [e for e in events if e.event == "sample"]
+        self.assertEqual(len(samples), 2, f"steps 2 and 4: {events}")
+        trainctl = os.path.join(os.path.dirname(TRAIND), "trainctl")
+        # on a terminal (a pty): trainctl's human view, where the escape would act
+        import pty
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([trainctl, "--url", f"http://127.0.0.1:{d.port}", "--token",
+                                 d.token, "follow", str(job["id"])], stdout=slave,
+                                stderr=subprocess.PIPE, env=dict(os.environ, HOME=d.state_dir))
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: trainctl exited and closed its side
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(master)
+        proc.wait(timeout=60)
+        self.assertIn(b'sample  step 2, after "To?[31m":', out, out + proc.stderr.read())
+        self.assertNotIn(b"\x1b[31m", out, "a job's escape never reaches the terminal")
 
     def test_10b_run_time_failure_reason(self):
         d = self.start_daemon("--slots", "1")
