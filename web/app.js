@@ -236,6 +236,17 @@ function jobPage(id) {
       charts["x:" + k].data.push([d.step, v]);
     }
   }
+  // a language model's samples (sample events): the latest three, newest first, as text
+  const samplesHead = el("h2", { hidden: true }, "Samples");
+  const samples = el("div", { id: "samples", hidden: true });
+  const sampleList = [];
+  function addSample(d) {
+    sampleList.unshift(el("figure", { class: "sample" },
+      el("figcaption", {}, `step ${d.step}`), el("pre", {}, d.text)));
+    sampleList.length = Math.min(sampleList.length, 3);
+    samples.replaceChildren(...sampleList);
+    samples.hidden = samplesHead.hidden = false;
+  }
   const ckpts = el("tbody", { id: "checkpoints" });
   const rank = el("select", { id: "log-rank", "aria-label": "Rank" });
   const follow = el("input", { type: "checkbox", id: "log-follow", checked: true });
@@ -254,7 +265,7 @@ function jobPage(id) {
   const error = el("div", { class: "error", hidden: true, role: "alert", id: "job-error" });
   show(el("div", { class: "toolbar" }, el("a", { href: "#/jobs" }, "← Jobs")), head, error,
     el("div", { class: "grid2" }, el("div", { class: "card" }, facts, attempts), placement),
-    el("h2", {}, "Metrics"), chartsBox,
+    el("h2", {}, "Metrics"), chartsBox, samplesHead, samples,
     el("h2", {}, "Log"), el("div", { class: "toolbar" }, el("label", { for: "log-rank" }, "Rank"),
        rank, el("label", {}, follow, " follow"), find, saveLog), log,
     el("h2", {}, "Checkpoints"),
@@ -302,6 +313,8 @@ function jobPage(id) {
     } else if (name === "eval") {
       if (typeof d.val_loss === "number") charts.loss.data.push([d.step, null, d.val_loss]);
       if (typeof d.val_acc === "number") charts.acc.data.push([d.step, d.val_acc]);
+    } else if (name === "sample" && typeof d.text === "string") {
+      addSample(d);
     } else if (name === "restart") {
       restarts.push(d.resume_from && typeof d.resume_from.step === "number" ? d.resume_from.step : lastStep);
     } else if (name === "checkpoint") { // (a replay brings many at once: one reload for them)
@@ -440,7 +453,7 @@ function jobPage(id) {
           error.textContent = "The job's event stream ended; reload the page to follow it again."; }
     catch (_) { /* api() has shown the sign-in page */ }
   };
-  for (const name of ["train", "eval", "checkpoint", "restart", "state", "placement", "done"])
+  for (const name of ["train", "eval", "sample", "checkpoint", "restart", "state", "placement", "done"])
     es.addEventListener(name, (ev) => {
       let d = {};
       try { d = JSON.parse(ev.data); } catch (_) { /* a command's odd line */ }

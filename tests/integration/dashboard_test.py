@@ -307,6 +307,29 @@ class DashboardTest(daemon_test.DaemonTest):
         self.find("#log-find").send_keys("needle")
         self.until(lambda: self.text("log") == "needle in the log", "only the matching line")
 
+    def test_h_samples(self):
+        """A language model's sample events: the latest three under the charts, newest first,
+        as text (markup in a sample stays text)."""
+        b, d = self.b, self.d
+        lines = [{"event": "sample", "step": s, "prompt": "\n",
+                  "text": f"ROMEO{s}:\nWhat light <img src=x onerror=alert(1)> breaks?"}
+                 for s in (250, 500, 750, 1000)]
+        code = "".join(f"print({json.dumps(json.dumps(x))}, flush=True)\n" for x in lines)
+        jid = d.json("POST", "/v1/jobs", {"name": "samples",
+                                          "command": ["/usr/bin/python3", "-c", code]})[2]["id"]
+        b.get(f"{self.url}#/job/{jid}")
+        self.sign_in(d.token)
+        self.until(lambda: self.text("job-state") == "succeeded", "the job's end")
+        self.until(lambda: len(b.find_elements(By.CSS_SELECTOR, "#samples figure")) == 3,
+                   "the latest three samples")
+        figs = b.find_elements(By.CSS_SELECTOR, "#samples figure")
+        self.assertEqual(figs[0].find_element(By.TAG_NAME, "figcaption").text, "step 1000")
+        self.assertIn("<img src=x onerror=alert(1)>",
+                      figs[0].find_element(By.TAG_NAME, "pre").text, "markup stays text")
+        self.assertEqual(b.find_elements(By.CSS_SELECTOR, "#samples img"), [])
+        b.execute_script("document.getElementById('samples').scrollIntoView()")
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-samples.png"))
+
     def test_b_session_cookie_and_csrf(self):
         d = self.d
         conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=TIMEOUT)
@@ -469,7 +492,8 @@ def main():
                                 "test_d_metric_values_a_job_chose",
                                 "test_e_unmodified_scripts_metrics",
                                 "test_f_keyboard_submit_fields_failed_rank",
-                                "test_g_compare_and_find"))
+                                "test_g_compare_and_find",
+                                "test_h_samples"))
     suite.addTest(FirefoxTest("test_c_firefox"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
