@@ -1653,7 +1653,9 @@ class DaemonTest(unittest.TestCase):
             out += chunk
         os.close(master)
         proc.wait(timeout=60)
-        self.assertIn(b'sample  step 2, after "To?[31m":', out, out + proc.stderr.read())
+        err = proc.stderr.read()
+        proc.stderr.close()
+        self.assertIn(b'sample  step 2, after "To?[31m":', out, out + err)
         self.assertNotIn(b"\x1b[31m", out, "a job's escape never reaches the terminal")
 
     def test_10b_run_time_failure_reason(self):

@@ -112,12 +112,14 @@ Test(text, windows_and_their_next_tokens_and_the_validation_tail) {
     td_loader_destroy(ld);
     td_dataset_free(&train);
     td_dataset_free(&val);
+    td_job_free(&job);
 
     /* too short for a window and its next token: the split and the field are named */
     job = load_spec(path, ", \"block_size\": 5, \"val_fraction\": 0.5");
     cr_expect_neq(td_data_load_split(&job.data, &job.data.val, 0, 1, &val, &err), 0);
     cr_expect(strstr(err.msg, "data.val: 5 tokens") && strstr(err.msg, "block_size"), "%s",
               err.msg);
+    td_job_free(&job);
 }
 
 Test(text, spec_fields_are_checked) {
