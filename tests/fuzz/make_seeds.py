@@ -33,7 +33,8 @@ def compact(o):
 def specs():
     """Specs covering every section, preset, op, optimizer, schedule and data format."""
     out = {}
-    for name in ("examples/fmnist-lenet.json", "tests/fixtures/resnet18-tiny.json"):
+    for name in ("examples/fmnist-lenet.json", "tests/fixtures/resnet18-tiny.json",
+                 "examples/shakespeare-gpt.json"):
         with open(os.path.join(ROOT, name)) as f:
             out[os.path.basename(name)[:-5]] = json.load(f)
     synth = {"format": "synthetic", "shape": [3, 8, 8], "num_classes": 4, "size": 16,
@@ -100,6 +101,22 @@ def specs():
                  "layout": "NHWC"},
         "train": dict(train, schedule={"type": "linear", "end_factor": 0.1}, precision="fp16",
                       device="cuda")}
+    out["gpt-nodes"] = {
+        "model": {"nodes": [
+            {"name": "wte", "op": "embedding", "num_embeddings": 65, "embedding_dim": 8,
+             "init_std": 0.02},
+            {"name": "wpe", "op": "position_embedding", "block_size": 16},
+            {"name": "ln", "op": "layernorm", "eps": 1e-5, "bias": False},
+            {"name": "qkv", "op": "linear", "out_features": 24},
+            {"name": "attn", "op": "causal_attention", "n_head": 2},
+            {"name": "res", "op": "add", "inputs": ["attn", "wpe"]},
+            {"name": "head", "op": "linear", "out_features": 65, "bias": False,
+             "weight_from": "wte"}]},
+        "data": {"format": "text", "train": {"path": "input.txt"}, "val": {"path": "val.txt"},
+                 "tokenizer": "byte", "block_size": 16, "val_fraction": 0.1, "num_workers": 0},
+        "train": dict(train, max_steps=4, eval_every_steps=2,
+                      optimizer={"type": "adamw", "lr": 1e-3, "decay": "matrices"}),
+        "sample": {"prompt": "\n", "tokens": 8, "temperature": 0.8, "top_k": 4, "seed": 1}}
     out["resnet50"] = {"model": {"preset": "resnet50", "num_classes": 100, "stem": "imagenet"},
                        "data": dict(synth, shape=[3, 32, 32], num_classes=100),
                        "train": dict(train, batch_size=2),
