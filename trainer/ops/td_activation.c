@@ -65,7 +65,16 @@ static void relu_backward(td_node *node, const td_run *run) {
 #define INV_SQRT_2PI   0.3989422804014327f
 #define GELU_TANH_C    0.044715f
 
-#if defined(__x86_64__) && defined(__GLIBC__)
+/* GCC vectorises these loops through libmvec's variants below. clang (the fuzzing build) knows
+ * no vector erff without -fveclib, and fails a build whose "omp simd" loop it cannot vectorise:
+ * plain loops there. */
+#if defined(__clang__)
+#define SIMD_LOOP
+#else
+#define SIMD_LOOP _Pragma("omp simd")
+#endif
+
+#if defined(__x86_64__) && defined(__GLIBC__) && !defined(__clang__)
 /* glibc's libmvec (2.35 on) has erff, expf and tanhf for SSE2, AVX2 and AVX-512; math.h declares
  * them vectorisable only under -ffast-math, so they are declared so here. GCC then calls
  * _ZGV?N?v_erff on 4, 8 or 16 values at once (libm's own vector code, within a few ulp of the
@@ -83,13 +92,13 @@ extern float tanhf(float);
 static void gelu_run(float *restrict y, const float *restrict x, bool approx, size_t lo,
                      size_t hi) {
     if (approx) {
-#pragma omp simd
+        SIMD_LOOP
         for (size_t i = lo; i < hi; i++) {
             float v = x[i];
             y[i] = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v)));
         }
     } else {
-#pragma omp simd
+        SIMD_LOOP
         for (size_t i = lo; i < hi; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT_2));
     }
 }
@@ -109,10 +118,10 @@ static inline float gelu_grad(float v, bool approx) {
 static void gelu_grad_run(float *restrict dx, const float *restrict x, const float *restrict dy,
                           bool add, bool approx, size_t lo, size_t hi) {
     if (add) {
-#pragma omp simd
+        SIMD_LOOP
         for (size_t i = lo; i < hi; i++) dx[i] += dy[i] * gelu_grad(x[i], approx);
     } else {
-#pragma omp simd
+        SIMD_LOOP
         for (size_t i = lo; i < hi; i++) dx[i] = dy[i] * gelu_grad(x[i], approx);
     }
 }
