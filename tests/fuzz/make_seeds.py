@@ -311,6 +311,13 @@ def data_seeds():
                               ("bad-cell", 0, "0,1,x\n"),
                               ("ragged", 0, "0,1,2\n1,2\n")):
         put("csv", name, bytes([flags]) + text.encode())
+    for name, flags, text in (("char", 2 * 3, "First Citizen:\nBefore we proceed any further"),
+                              ("unicode", 2 * 1, "na\u00efve \u00e9t\u00e9 \u2014 \U0001f600 ok\n"),
+                              ("byte", 1 + 2 * 7, "\u00ff\u00fe bytes, any of them"),
+                              ("no-val", 16, "to be or not to be"),
+                              ("bad-utf8", 0, None), ("short", 2 * 7, "abc")):
+        data = text.encode() if text is not None else b"ok\nthen \xc3\x28 here"
+        put("text", name, bytes([flags]) + data)
     rec = bytes([3]) + bytes((i * 7) % 256 for i in range(3072))
     put("cifar", "two-records", rec + bytes([9]) + rec[1:])
     put("cifar", "cifar100-label", bytes([42]) + rec[1:])

@@ -87,8 +87,9 @@ int td_tokenizer_build(td_tokenizer *tk, td_tokenizer_kind kind, const uint8_t *
     }
     /* ids in code point order: sorted(set(text)) */
     tk->chars = td_malloc((size_t)set.count * sizeof *tk->chars);
-    for (uint32_t c = 0; c < 0x110000; c++)
-        if (set.seen[c >> 3] & (1u << (c & 7))) tk->chars[tk->vocab_size++] = c;
+    for (uint32_t byte = 0; byte < 0x110000 / 8; byte++) /* a byte at a time: most are 0 */
+        for (uint32_t bit = 0; set.seen[byte] && bit < 8; bit++)
+            if (set.seen[byte] & (1u << bit)) tk->chars[tk->vocab_size++] = byte * 8 + bit;
     free(set.seen);
     return 0;
 }
