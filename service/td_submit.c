@@ -291,7 +291,7 @@ static int check_data(const td_data_spec *d, int num_classes, const td_split_spe
     char field[128];
     if (rc != 0) {
         field_of_file(sp, where, err.msg, field, sizeof field);
-        if (d->format == TD_DATA_CSV || d->format == TD_DATA_TEXT)
+        if (d->format == TD_DATA_CSV || d->format == TD_DATA_TEXT || d->format == TD_DATA_TOKENS)
             snprintf(field, sizeof field, "data.%s.path",
                      sp == &d->val && d->val_from_train ? "train" : where);
         return td_reply_fail(e, 400, "invalid_data", field, "%s: %s", field, err.msg);
@@ -358,7 +358,8 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     int rc = td_job_load_string(&job, text, &err);
     free(text);
     if (rc != 0) return spec_error(e, &err);
-    bool one_file = job.data.format == TD_DATA_CSV || job.data.format == TD_DATA_TEXT;
+    bool one_file = job.data.format == TD_DATA_CSV || job.data.format == TD_DATA_TEXT ||
+                    job.data.format == TD_DATA_TOKENS;
     rc = check_split(&job.data.train, "train", one_file, rules, e);
     if (rc == 0 && job.data.val.present && !job.data.val_from_train)
         rc = check_split(&job.data.val, "val", one_file, rules, e);

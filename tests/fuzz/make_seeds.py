@@ -117,6 +117,11 @@ def specs():
         "train": dict(train, max_steps=4, eval_every_steps=2,
                       optimizer={"type": "adamw", "lr": 1e-3, "decay": "matrices"}),
         "sample": {"prompt": "\n", "tokens": 8, "temperature": 0.8, "top_k": 4, "seed": 1}}
+    out["gpt2-tokens"] = {
+        "model": {"preset": "gpt2", "n_layer": 2, "bias": False, "dropout": 0},
+        "data": {"format": "tokens", "train": {"path": "train.bin"}, "val": {"path": "val.bin"},
+                 "vocab_size": 50257, "block_size": 1024},
+        "train": dict(train, max_steps=2)}
     out["resnet50"] = {"model": {"preset": "resnet50", "num_classes": 100, "stem": "imagenet"},
                        "data": dict(synth, shape=[3, 32, 32], num_classes=100),
                        "train": dict(train, batch_size=2),

@@ -459,11 +459,13 @@ if resumed_in "$k6" "$tmp/nodedisk/master9"; then ok; else bad "master kill -9: 
 # timeout, saying why, instead of waiting for ever; the job ends under its restart policy.
 # The job is frozen (SIGSTOP) once it has a checkpoint, and damaged once the master holds every
 # checkpoint rank 0 wrote: none comes after the damage, and the job cannot end meanwhile. It is
-# long (30,000 steps, about a minute here) so that it cannot end before it is frozen either.
+# long (30,000 steps over many epochs, minutes here) so that it cannot end before it is frozen
+# either: with one epoch it ended at step 938, which a loaded machine reached before the freeze.
 lenet damaged 16 30000 | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 j["checkpoint"]["every_steps"] = 400
+j["train"]["epochs"] = 100  # one epoch is 938 steps here: max_steps must be what ends it
 j["resources"] = {"nnodes": 2, "nproc_per_node": 2, "nodes": ["n1", "n2"]}
 j["restart"] = {"max_restarts": 1}
 print(json.dumps(j))' >"$tmp/damaged.json"

@@ -199,3 +199,66 @@ Test(text, a_gpt_trains_and_validates_every_n_steps) {
     free(again);
     free(metrics);
 }
+
+/* The tokens format: nanoGPT's .bin of little-endian uint16 ids, windowed as text is; an id past
+ * data.vocab_size, an odd size or a file shorter than a window is refused naming the file. */
+Test(text, tokens_bin_as_nanogpt_writes_it) {
+    uint8_t bin[2 * 40];
+    for (int i = 0; i < 40; i++) {
+        int id = i % 7 == 0 ? 300 : i % 5; /* 300: past a byte, so both halves matter */
+        bin[2 * i] = (uint8_t)(id & 0xff);
+        bin[2 * i + 1] = (uint8_t)(id >> 8);
+    }
+    const char *path = test_write_file("train.bin", bin, sizeof bin);
+    char spec[1024];
+    snprintf(spec, sizeof spec,
+             "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 1, \"n_head\": 1, \"n_embd\": 4, "
+             "\"block_size\": 4},"
+             " \"data\": {\"format\": \"tokens\", \"train\": {\"path\": \"%s\"}, \"block_size\": 4,"
+             " \"vocab_size\": 301, \"val_fraction\": 0.25},"
+             " \"train\": {\"max_steps\": 2, \"batch_size\": 2,"
+             "   \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+             path);
+    td_job job;
+    td_err err;
+    cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+    td_dataset train, val;
+    cr_assert_eq(td_data_load_split(&job.data, &job.data.train, 0, 1, &train, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(td_data_load_split(&job.data, &job.data.val, 0, 1, &val, &err), 0, "%s", err.msg);
+    cr_expect_eq(train.n_tokens, 30u, "the first 75%%");
+    cr_expect_eq(val.n_tokens, 10u);
+    cr_expect_eq(train.num_classes, 301);
+    float x[4];
+    int32_t y[4];
+    td_dataset_window(&train, 7, x, y);
+    cr_expect(x[0] == 300 && y[0] == 3 && x[1] == 3, "ids 7 and 8: 300 then 8 %% 5");
+    td_dataset_free(&train);
+    td_dataset_free(&val);
+    char *metrics = test_run_job(spec, NULL, NULL);
+    cr_expect(metrics && strstr(metrics, "\"event\":\"done\""), "%s", metrics);
+    free(metrics);
+    td_job_free(&job);
+
+    const struct {
+        size_t len;
+        const char *vocab, *words;
+    } bad[] = {{sizeof bin, "300", "past data.vocab_size 300"},
+               {sizeof bin - 1, "301", "not a whole number of uint16"},
+               {8, "301", "fewer than data.block_size + 1"}};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        path = test_write_file("bad.bin", bin, bad[k].len);
+        snprintf(
+            spec, sizeof spec,
+            "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 1, \"n_head\": 1, \"n_embd\": 4},"
+            " \"data\": {\"format\": \"tokens\", \"train\": {\"path\": \"%s\"}, "
+            "\"block_size\": 4, \"vocab_size\": %s},"
+            " \"train\": {\"batch_size\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+            path, bad[k].vocab);
+        cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+        cr_expect_neq(td_data_load_split(&job.data, &job.data.train, 0, 1, &train, &err), 0);
+        cr_expect(strstr(err.msg, bad[k].words) && strstr(err.msg, "bad.bin"), "%zu: %s", k,
+                  err.msg);
+        td_job_free(&job);
+    }
+}

@@ -63,7 +63,8 @@ typedef enum td_data_format {
     TD_DATA_NPY,
     TD_DATA_CIFAR10,
     TD_DATA_CSV,
-    TD_DATA_TEXT
+    TD_DATA_TEXT,
+    TD_DATA_TOKENS
 } td_data_format;
 
 #define TD_MAX_FILES 16
@@ -89,8 +90,9 @@ typedef struct td_data_spec {
     bool csv_header;
     int num_workers; /* data.num_workers: loader threads, 0: none (the training thread
                       * loads), TD_WORKERS_AUTO: td_train picks */
-    /* text */
+    /* text and tokens */
     td_tokenizer_kind tokenizer;
+    int vocab_size;      /* tokens: the ids' range (text: the tokenizer's) */
     int block_size;      /* tokens a window feeds the model (its labels are the next ones) */
     double val_fraction; /* without data.val: the training file's last part validates */
     bool val_from_train; /* val.present, and it is that last part (val.images is empty) */
@@ -140,6 +142,15 @@ int td_text_tokenizer(const td_data_spec *d, td_tokenizer *tk, td_err *err);
 int td_dataset_load_text(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp,
                          const td_tokenizer *tk, td_err *err);
 void td_dataset_window(const td_dataset *ds, int i, float *x, int32_t *labels);
+/* ids (n, taken over) as split sp's windows: the validation tail cut when val_from_train, the
+ * windows' count and stride, vocab as the classes (td_text.c; the tokens format's too) */
+int td_dataset_windows(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp, int32_t *ids,
+                       size_t n, int vocab, td_err *err);
+/* The tokens format (td_tokens.c): nanoGPT's and llm.c's .bin of uint16 ids. */
+int td_dataset_load_tokens(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp,
+                           td_err *err);
+int td_dataset_probe_tokens(const td_data_spec *d, const td_split_spec *sp, td_data_probe *p,
+                            td_err *err);
 /* The submit check: the file opens, is not too small and (char) its first 64 MiB are UTF-8. */
 int td_dataset_probe_text(const td_data_spec *d, const td_split_spec *sp, td_data_probe *p,
                           td_err *err);

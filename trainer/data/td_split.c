@@ -27,6 +27,8 @@ int td_data_load_split(const td_data_spec *d, const td_split_spec *sp, int num_c
         td_tokenizer_free(&tk);
         return rc;
     }
+    case TD_DATA_TOKENS:
+        return td_dataset_load_tokens(ds, d, sp, err);
     }
     return td_fail(err, "unknown data format");
 }
@@ -49,6 +51,8 @@ int td_data_probe_split(const td_data_spec *d, const td_split_spec *sp, td_data_
         return td_dataset_probe_csv(sp->images, d->label_column, d->csv_header, p, err);
     case TD_DATA_TEXT:
         return td_dataset_probe_text(d, sp, p, err);
+    case TD_DATA_TOKENS:
+        return td_dataset_probe_tokens(d, sp, p, err);
     }
     return td_fail(err, "unknown data format");
 }

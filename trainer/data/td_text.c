@@ -15,6 +15,7 @@
 #include "data/td_data.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,34 +94,27 @@ int td_text_tokenizer(const td_data_spec *d, td_tokenizer *tk, td_err *err) {
     return rc;
 }
 
-/* The token range of split sp: a file of its own, or its part of the training file. */
+/* Split sp's tokens: a file of its own, or the training file's (cut in td_dataset_windows). */
 static int split_tokens(const td_data_spec *d, const td_split_spec *sp, const td_tokenizer *tk,
                         int32_t **ids, size_t *n, td_err *err) {
     text_files f;
     if (read_files(d, &f, err) != 0) return -1;
-    bool own = sp == &d->val && !d->val_from_train;
-    int which = own ? 1 : 0;
+    int which = sp == &d->val && !d->val_from_train ? 1 : 0;
     int rc = td_tokenizer_encode(tk, f.data[which], f.len[which], f.name[which], ids, n, err);
     text_files_free(&f);
-    if (rc != 0 || !d->val_from_train) return rc;
-    /* one file: the first 1 - val_fraction trains, the rest validates, cut at a token */
-    size_t cut = (size_t)((double)*n * (1.0 - d->val_fraction));
-    if (sp == &d->val) {
-        memmove(*ids, *ids + cut, (*n - cut) * sizeof **ids);
-        *n -= cut;
-    } else {
-        *n = cut;
-    }
-    return 0;
+    return rc;
 }
 
-int td_dataset_load_text(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp,
-                         const td_tokenizer *tk, td_err *err) {
+int td_dataset_windows(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp, int32_t *ids,
+                       size_t n, int vocab, td_err *err) {
     memset(ds, 0, sizeof *ds);
-    int32_t *ids;
-    size_t n;
-    if (split_tokens(d, sp, tk, &ids, &n, err) != 0) return -1;
-    const char *what = sp == &d->val ? "data.val" : "data.train";
+    bool val = sp == &d->val;
+    if (d->val_from_train) { /* one file: the first 1 - val_fraction trains, the rest validates */
+        size_t cut = (size_t)((double)n * (1.0 - d->val_fraction));
+        if (val) memmove(ids, ids + cut, (n - cut) * sizeof *ids);
+        n = val ? n - cut : cut;
+    }
+    const char *what = val ? "data.val" : "data.train";
     int block = d->block_size;
     if (n < (size_t)block + 1) {
         free(ids);
@@ -129,13 +123,25 @@ int td_dataset_load_text(td_dataset *ds, const td_data_spec *d, const td_split_s
                        "next token)",
                        what, n, block + 1);
     }
+    if (n - (size_t)block > (size_t)INT32_MAX) {
+        free(ids);
+        return td_fail(err, "%s: %zu tokens; at most 2^31 windows are supported for now", what, n);
+    }
     ds->tokens = ids;
     ds->n_tokens = n;
-    ds->stride = sp == &d->val ? block : 1;
+    ds->stride = val ? block : 1;
     ds->n = (int)((n - 1 - (size_t)block) / (size_t)ds->stride + 1);
     ds->shape = td_shape_flat(block);
-    ds->num_classes = tk->vocab_size;
+    ds->num_classes = vocab;
     return 0;
+}
+
+int td_dataset_load_text(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp,
+                         const td_tokenizer *tk, td_err *err) {
+    int32_t *ids;
+    size_t n;
+    if (split_tokens(d, sp, tk, &ids, &n, err) != 0) return -1;
+    return td_dataset_windows(ds, d, sp, ids, n, tk->vocab_size, err);
 }
 
 void td_dataset_window(const td_dataset *ds, int i, float *x, int32_t *labels) {

@@ -19,7 +19,7 @@ static int parse_split(const json_t *d, td_data_format format, const char *key, 
     char path[32];
     snprintf(path, sizeof path, "data.%s", key);
     split->present = true;
-    if (format == TD_DATA_CSV || format == TD_DATA_TEXT) {
+    if (format == TD_DATA_CSV || format == TD_DATA_TEXT || format == TD_DATA_TOKENS) {
         static const char *const keys[] = {"path", NULL};
         if (td_json_check_keys(s, path, keys, err) != 0) return -1;
         return td_json_string(s, path, "path", true, "", split->images, sizeof split->images, err);
@@ -98,15 +98,22 @@ static int parse_float_list(const json_t *obj, const char *path, const char *key
 static int parse_text(const json_t *d, td_data_spec *data, td_err *err) {
     static const char *const keys[] = {"format",     "train",        "val",         "tokenizer",
                                        "block_size", "val_fraction", "num_workers", NULL};
-    int tokenizer;
-    long block;
-    if (td_json_check_keys(d, "data", keys, err) != 0 ||
-        td_json_choice(d, "data", "tokenizer", false, "char", "char|byte", &tokenizer, err) != 0 ||
+    /* tokens: ids already made, so no tokenizer but the vocabulary they come from */
+    static const char *const tkeys[] = {"format",     "train",        "val",         "vocab_size",
+                                        "block_size", "val_fraction", "num_workers", NULL};
+    bool ids = data->format == TD_DATA_TOKENS;
+    int tokenizer = 0;
+    long block, vocab = 0;
+    if (td_json_check_keys(d, "data", ids ? tkeys : keys, err) != 0 ||
+        (ids ? td_json_int(d, "data", "vocab_size", true, 0, 1, 65536, &vocab, err)
+             : td_json_choice(d, "data", "tokenizer", false, "char", "char|byte", &tokenizer,
+                              err)) != 0 ||
         td_json_int(d, "data", "block_size", true, 0, 1, 1 << 16, &block, err) != 0 ||
         td_json_number(d, "data", "val_fraction", false, 0.1, 0, 0.9, &data->val_fraction, err) !=
             0)
         return -1;
     data->tokenizer = tokenizer == 1 ? TD_TOKENIZER_BYTE : TD_TOKENIZER_CHAR;
+    data->vocab_size = (int)vocab;
     data->block_size = (int)block;
     return 0;
 }
@@ -127,8 +134,8 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
     json_t *d;
     if (td_json_object(root, "", "data", true, &d, err) != 0) return -1;
     int format;
-    if (td_json_choice(d, "data", "format", true, "", "idx|synthetic|npy|cifar10|csv|text", &format,
-                       err) != 0)
+    if (td_json_choice(d, "data", "format", true, "", "idx|synthetic|npy|cifar10|csv|text|tokens",
+                       &format, err) != 0)
         return -1;
     job->data.format = (td_data_format)format;
     switch (job->data.format) {
@@ -161,6 +168,7 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
         break;
     }
     case TD_DATA_TEXT:
+    case TD_DATA_TOKENS:
         if (parse_text(d, &job->data, err) != 0) return -1;
         break;
     case TD_DATA_SYNTHETIC: {
@@ -206,7 +214,8 @@ int td_spec_parse_data(const json_t *root, td_job *job, td_err *err) {
         (parse_split(d, job->data.format, "train", true, &job->data.train, err) != 0 ||
          parse_split(d, job->data.format, "val", false, &job->data.val, err) != 0))
         return -1;
-    if (job->data.format == TD_DATA_TEXT && !job->data.val.present && job->data.val_fraction > 0)
+    if ((job->data.format == TD_DATA_TEXT || job->data.format == TD_DATA_TOKENS) &&
+        !job->data.val.present && job->data.val_fraction > 0)
         job->data.val.present = job->data.val_from_train = true;
     if (parse_augment(d, job, err) != 0) return -1;
     json_t *norm;

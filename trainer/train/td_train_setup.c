@@ -167,7 +167,8 @@ static int resolve_device(trainer *t, td_err *err) {
                           why, local_rank, getenv("CUDA_VISIBLE_DEVICES"), &t->device, err) != 0)
         return -1;
     t->graph_off = !job->train.cuda_graph;
-    if (t->device.device == TD_DEVICE_CUDA && job->data.format == TD_DATA_TEXT)
+    if (t->device.device == TD_DEVICE_CUDA &&
+        (job->data.format == TD_DATA_TEXT || job->data.format == TD_DATA_TOKENS))
         return td_fail(err, "train.device: text data (a loss at every position) trains on the CPU "
                             "only for now; set \"device\": \"cpu\"");
     return 0;

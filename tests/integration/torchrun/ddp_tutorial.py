@@ -1,6 +1,7 @@
 """PyTorch's "Getting Started with DDP" elastic example as its tutorial runs it under torchrun
 (a toy model, DDP, one optimizer step per rank), with gloo on the CPU in place of nccl."""
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,7 @@ class ToyModel(nn.Module):
 def demo_basic():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    print(f"Start running basic DDP example on rank {rank}.")
+    sys.stdout.write(f"Start running basic DDP example on rank {rank}.\n")  # one write: ranks share stdout
     torch.manual_seed(0)
     model = ToyModel()
     ddp_model = DDP(model)
@@ -39,7 +40,7 @@ def demo_basic():
     gathered = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, flat)
     assert all(torch.equal(g, flat) for g in gathered), "ranks disagree after one DDP step"
-    print(f"rank {rank}: finished one DDP step, weights agree")
+    sys.stdout.write(f"rank {rank}: finished one DDP step, weights agree\n")
     dist.destroy_process_group()
 
 

@@ -23,8 +23,10 @@ def main():
     parser.add_argument("--fail", action="store_true")
     parser.add_argument("--touch-dir")
     args = parser.parse_args()
-    for name in NAMES:
-        print(f"{name}={os.environ[name]}")
+    # one write for all the lines: two ranks share the launcher's stdout, and line by line
+    # (unbuffered, as under PYTHONUNBUFFERED) their lines would interleave mid-line
+    sys.stdout.write("".join(f"{name}={os.environ[name]}\n" for name in NAMES))
+    sys.stdout.flush()
     if args.fail and os.environ["RANK"] == "1":
         atexit.register(lambda: print("env_script: exiting", file=sys.stderr))
         raise RuntimeError("rank 1 was asked to fail")

@@ -3,6 +3,7 @@ with the rank and world size torchrun's environment gives: each rank contributes
 vector, and the all-reduced sum must be all ones."""
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,7 @@ def main():
     dist.all_reduce(one_hot)
     if one_hot.tolist() != [1] * world:
         raise RuntimeError(f"all-reduce of one-hot vectors gave {one_hot.tolist()}")
-    print(f"rank {dist.get_rank()} of {world}: init method {args.init_method} works")
+    sys.stdout.write(f"rank {dist.get_rank()} of {world}: init method {args.init_method} works\n")
     dist.destroy_process_group()
 
 
