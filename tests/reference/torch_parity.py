@@ -6,7 +6,6 @@ written as raw float32 with a JSON index (parity.*, gpt_parity.*).
 usage: /usr/bin/python3 torch_parity.py OUTDIR
 The nets must match PARITY_NODES and GPT_NODES in test_torch_parity.c node for node.
 """
-import math
 import json
 import os
 import sys
@@ -14,6 +13,8 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gpt_reference import GPT
 
 
 class Net(nn.Module):
@@ -34,59 +35,8 @@ class Net(nn.Module):
         return self.fc2(F.relu(self.fc1(x)))
 
 
-class CausalSelfAttention(nn.Module):
-    """nanoGPT's attention without flash (PyTorch 1.13 has no scaled_dot_product_attention)."""
-
-    def __init__(self, n_embd, n_head, block_size):
-        super().__init__()
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.c_proj = nn.Linear(n_embd, n_embd)
-        self.n_head = n_head
-        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size))
-                             .view(1, 1, block_size, block_size), persistent=False)
-
-    def forward(self, x):
-        b, t, c = x.size()
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
-        y = F.softmax(att, dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head, block_size):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head, block_size)
-        self.ln_2 = nn.LayerNorm(n_embd)
-        self.mlp = nn.ModuleDict(dict(c_fc=nn.Linear(n_embd, 4 * n_embd),
-                                      c_proj=nn.Linear(4 * n_embd, n_embd)))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
-
-
-class TinyGPT(nn.Module):
-    """nanoGPT's GPT (one block by default); the head's weight is the token embedding's."""
-
-    def __init__(self, vocab=11, block_size=8, n_embd=8, n_head=2, n_layer=1):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, n_embd), wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)]),
-            ln_f=nn.LayerNorm(n_embd)))
-        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight
-
-    def forward(self, idx):
-        t = idx.size(1)
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
-        for block in self.transformer.h:
-            x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
+# nanoGPT's GPT (one block by default); the head's weight is the token embedding's
+TinyGPT = GPT
 
 
 class Writer:
