@@ -302,6 +302,49 @@ Test(gradcheck, causal_attention) {
               true);
 }
 
+Test(gradcheck, causal_attention_dropout_training) {
+    run_check("[{\"name\":\"a\",\"op\":\"causal_attention\",\"n_head\":2,\"dropout\":0.4}]",
+              td_shape_seq(5, 12), true);
+}
+
+/* Attention dropout as nn.Dropout on nanoGPT's att: with equal scores every row's probabilities
+ * are 1/(t+1), and with values of 1 a head's output is the kept share times 1/(1-p). Over many
+ * rows about p of them are dropped and the mean output stays 1 (inverted dropout is unbiased);
+ * in evaluation nothing is dropped. */
+Test(gradcheck, attention_dropout_drops_p_of_the_probabilities) {
+    enum { T = 64, C = 4 };
+    td_model m;
+    test_build_model(&m,
+                     "[{\"name\":\"a\",\"op\":\"causal_attention\",\"n_head\":1,"
+                     "\"dropout\":0.25}]",
+                     td_shape_seq(T, 3 * C), 8, 1);
+    float *x = calloc(8 * T * 3 * C, sizeof(float));
+    for (int i = 0; i < 8 * T; i++)
+        for (int k = 0; k < C; k++) x[(size_t)i * 3 * C + 2 * C + k] = 1.0f; /* v = 1, q = k = 0 */
+    td_rng rng;
+    td_rng_seed(&rng, 5);
+    td_run run = {.n = 8, .training = true, .rng = &rng};
+    const float *y = td_model_forward(&m, x, &run);
+    double sum = 0, kept = 0, slots = 0;
+    for (int i = 0; i < 8; i++)
+        for (int t = 0; t < T; t++) {
+            double v = y[((size_t)i * T + t) * C];
+            sum += v;
+            kept += v * 0.75 * (t + 1); /* kept probabilities in this row */
+            slots += t + 1;
+        }
+    cr_expect(fabs(sum / (8 * T) - 1.0) < 0.05, "mean output %.4f, expected about 1",
+              sum / (8 * T));
+    cr_expect(fabs(kept / slots - 0.75) < 0.02, "kept %.4f of the probabilities, expected 0.75",
+              kept / slots);
+    run.training = false;
+    y = td_model_forward(&m, x, &run);
+    for (int i = 0; i < 8 * T; i++)
+        cr_assert_float_eq(y[(size_t)i * C], 1.0f, 1e-5, "evaluation drops nothing (row %d)", i);
+    free(x);
+    td_model_free(&m);
+}
+
 Test(gradcheck, position_embedding) {
     run_check("[{\"name\":\"wpe\",\"op\":\"position_embedding\",\"block_size\":6}]",
               td_shape_seq(4, 3), true);

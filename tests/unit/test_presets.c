@@ -1,5 +1,6 @@
 /* Presets against torchvision: parameter counts, and every state_dict name, dtype and shape
  * against fixtures written once by tests/fixtures/make_fixtures.py. */
+#include "ops/td_ops.h"
 #include "spec/td_spec.h"
 #include "test_util.h"
 
@@ -188,10 +189,49 @@ Test(presets, gpt2_size, .timeout = 240) {
     }
 }
 
+/* nanoGPT's dropouts: after the embeddings, in the attention, after each c_proj; none at 0 */
+Test(presets, gpt_dropout_where_nanogpt_has_it) {
+    for (int with = 0; with < 2; with++) {
+        char spec[512];
+        snprintf(
+            spec, sizeof spec,
+            "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, "
+            "\"n_embd\": 8, \"block_size\": 8, \"vocab_size\": 11, \"dropout\": %s},"
+            " \"data\": {\"format\": \"tokens\", \"train\": {\"path\": \"x.bin\"},"
+            " \"vocab_size\": 11, \"block_size\": 8},"
+            " \"train\": {\"batch_size\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+            with ? "0.2" : "0");
+        td_job job;
+        td_err err;
+        cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+        char names[1024] = "";
+        int attention = 0;
+        for (int i = 0; i < job.model.n_nodes; i++) {
+            const td_node_spec *s = &job.model.nodes[i];
+            if (s->op == &td_op_dropout) {
+                cr_expect_float_eq(s->args[0], 0.2, 1e-12);
+                strcat(names, s->name);
+                strcat(names, " ");
+            }
+            if (s->op == &td_op_causal_attention) {
+                cr_expect_float_eq(s->args[1], with ? 0.2 : 0.0, 1e-12, "%s", s->name);
+                attention++;
+            }
+        }
+        cr_expect_eq(attention, 2);
+        cr_expect_str_eq(names, with ? "transformer.drop transformer.h.0.attn.resid_dropout "
+                                       "transformer.h.0.mlp.dropout "
+                                       "transformer.h.1.attn.resid_dropout "
+                                       "transformer.h.1.mlp.dropout "
+                                     : "");
+        td_job_free(&job);
+    }
+}
+
 Test(presets, gpt_refusals_name_the_field) {
     const char *bad[][2] = {
         {"{\"preset\": \"gpt\", \"n_embd\": 100, \"n_head\": 3}", "model.n_embd"},
-        {"{\"preset\": \"gpt\", \"dropout\": 0.1}", "model.dropout"},
+        {"{\"preset\": \"gpt\", \"dropout\": 1.0}", "model.dropout"},
         {"{\"preset\": \"gpt\", \"num_classes\": 10}", "num_classes"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

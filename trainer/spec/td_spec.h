@@ -134,6 +134,7 @@ int td_preset_mlp(const td_mlp_options *opt, int num_classes, td_node_spec **out
 typedef struct td_gpt_options {
     int n_layer, n_head, n_embd, block_size, vocab_size;
     bool bias;
+    double dropout; /* nanoGPT's: after the embeddings, on attention, after each c_proj */
 } td_gpt_options;
 int td_preset_gpt(const td_gpt_options *opt, td_node_spec **out, int *n_out);
 void td_preset_gpt_vocab(td_node_spec *nodes, int n, int vocab);

@@ -106,13 +106,8 @@ static int parse_gpt(const json_t *m, const char *name, td_job *job, td_err *err
         return -1;
     if (embd % head != 0)
         return td_fail(err, "model.n_embd: %ld is not a multiple of n_head %ld", embd, head);
-    if (dropout > 0)
-        return td_fail(err,
-                       "model.dropout: %g; dropout inside attention is not supported yet "
-                       "(0 trains as nanoGPT's CPU recipe does)",
-                       dropout);
     o.n_layer = (int)layer, o.n_head = (int)head, o.n_embd = (int)embd;
-    o.block_size = (int)block, o.vocab_size = (int)vocab;
+    o.block_size = (int)block, o.vocab_size = (int)vocab, o.dropout = dropout;
     job->model.vocab_from_data = vocab == 0;
     return td_preset_gpt(&o, &job->model.nodes, &job->model.n_nodes);
 }
