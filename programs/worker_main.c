@@ -22,6 +22,8 @@ static void usage(FILE *out) {
     fprintf(
         out,
         "usage: traind-worker [options] JOB.json\n"
+        "       traind-worker sample CHECKPOINT [--prompt TEXT] [--tokens N]\n"
+        "                     [--temperature T] [--top-k K] [--seed S] [--threads N]\n"
         "\n"
         "Trains the job described by JOB.json and prints one JSON object per line on\n"
         "stdout: {\"event\":\"train\",...} every log.every_steps steps, {\"event\":\"eval\",...}\n"
@@ -38,6 +40,12 @@ static void usage(FILE *out) {
         "  --help            this text\n"
         "  --version         print the version\n"
         "\n"
+        "sample: text from a checkpoint of a run on text (its directory or its\n"
+        "model.safetensors, which holds the spec and the tokenizer): the prompt and N more\n"
+        "tokens. Unset options are the spec's \"sample\" settings (then the text is the run's\n"
+        "sample line at that step), else nanoGPT's sample.py defaults: --prompt \"\\n\"\n"
+        "--tokens 500 --temperature 0.8 --top-k 200 --seed 1337; --threads 1.\n"
+        "\n"
         "Environment: TRAIND_PROFILE=1 prints per-node times per step at the end.\n"
         "TRAIND_ISA=baseline|avx2|avx512 forces the kernels' instruction set (default: the\n"
         "best this CPU supports).\n"
@@ -45,8 +53,65 @@ static void usage(FILE *out) {
         "See README.md for the spec's fields.\n");
 }
 
+/* traind-worker sample CHECKPOINT [options] */
+static int sample_main(int argc, char **argv) {
+    td_generate_options opt = {NULL, -1, -1, -1.0, -1, 1};
+    const char *checkpoint = NULL;
+    for (int i = 2; i < argc; i++) {
+        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        long number = 0;
+        bool ok = true;
+        if (flag[0] != '-') {
+            if (checkpoint) {
+                fprintf(stderr, "traind-worker sample: one checkpoint expected, got %s and %s\n",
+                        checkpoint, flag);
+                return 2;
+            }
+            checkpoint = flag;
+            continue;
+        }
+        if (!value) {
+            fprintf(stderr, "traind-worker sample: %s needs a value\n", flag);
+            return 2;
+        }
+        if (strcmp(flag, "--prompt") == 0)
+            opt.prompt = value;
+        else if (strcmp(flag, "--tokens") == 0)
+            ok = td_parse_long(value, 1, 1 << 20, &opt.tokens);
+        else if (strcmp(flag, "--top-k") == 0)
+            ok = td_parse_long(value, 0, 1 << 24, &opt.top_k);
+        else if (strcmp(flag, "--seed") == 0)
+            ok = td_parse_long(value, 0, LONG_MAX, &number), opt.seed = number;
+        else if (strcmp(flag, "--threads") == 0)
+            ok = td_parse_long(value, 1, 1024, &number), opt.threads = (int)number;
+        else if (strcmp(flag, "--temperature") == 0)
+            ok = td_parse_double(value, 1e-6, 100, &opt.temperature);
+        else {
+            fprintf(stderr, "traind-worker sample: unknown option %s\n", flag);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "traind-worker sample: %s %s: not a number in its range\n", flag,
+                    value);
+            return 2;
+        }
+        i++;
+    }
+    if (!checkpoint) {
+        usage(stderr);
+        return 2;
+    }
+    td_err err = {{0}};
+    if (td_isa_select(NULL, &err) != 0 || td_train_generate(checkpoint, &opt, stdout, &err) != 0) {
+        fprintf(stderr, "traind-worker sample: error: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     td_blas_fix_kernel(argv);
+    if (argc > 1 && strcmp(argv[1], "sample") == 0) return sample_main(argc, argv);
     const char *path = NULL;
     bool check_only = false, eval_only = false;
     td_train_options opt = {0};

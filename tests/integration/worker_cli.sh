@@ -64,5 +64,29 @@ sed 's|"checkpoint"|"resume_from": "latest", "checkpoint"|' "$tmp/small.json" >"
 expect "evaluate the latest checkpoint" 0 '{"event":"eval","epoch":1,"step":4,' -- \
     "$worker" --eval "$tmp/eval.json"
 
+# sample: text from a checkpoint of a run on text, and what it says when it cannot
+expect "sample needs a checkpoint" 2 "usage: traind-worker" -- "$worker" sample
+expect "sample's numbers are checked" 2 "--tokens 0: not a number in its range" -- \
+    "$worker" sample "$tmp/ck" --tokens 0
+expect "sample's options are known" 2 "unknown option --length" -- \
+    "$worker" sample "$tmp/ck" --length 5
+expect "sample of a missing checkpoint" 1 "/nonexistent/ck: no such checkpoint" -- \
+    "$worker" sample /nonexistent/ck
+expect "sample of a model not trained on text" 1 "the model was not trained on text" -- \
+    "$worker" sample "$tmp/ck/step-00000004"
+head -c 3000 "$src/examples/data/tinyshakespeare.txt" >"$tmp/play.txt"
+cat >"$tmp/gpt.json" <<JSON
+{"model": {"preset": "gpt", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
+ "data": {"format": "text", "train": {"path": "$tmp/play.txt"}, "block_size": 16},
+ "train": {"max_steps": 2, "batch_size": 4, "optimizer": {"type": "adamw", "lr": 0.01}},
+ "checkpoint": {"dir": "$tmp/gpt-ck"}}
+JSON
+expect "a GPT on text with a checkpoint" 0 '"event":"checkpoint","step":2' -- \
+    "$worker" "$tmp/gpt.json"
+expect "sample from its checkpoint" 0 "First Citizen:" -- \
+    "$worker" sample "$tmp/gpt-ck/step-00000002" --prompt "First Citizen:" --tokens 20
+expect "a prompt outside the vocabulary" 1 "--prompt: character U+0040 is not in the vocabulary" -- \
+    "$worker" sample "$tmp/gpt-ck/step-00000002" --prompt "@"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

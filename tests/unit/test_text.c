@@ -5,6 +5,7 @@
 #include "data/td_data.h"
 #include "spec/td_spec.h"
 #include "test_util.h"
+#include "train/td_train.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -259,6 +260,161 @@ Test(text, tokens_bin_as_nanogpt_writes_it) {
         cr_expect_neq(td_data_load_split(&job.data, &job.data.train, 0, 1, &train, &err), 0);
         cr_expect(strstr(err.msg, bad[k].words) && strstr(err.msg, "bad.bin"), "%zu: %s", k,
                   err.msg);
+        td_job_free(&job);
+    }
+}
+
+/* The tokenizer travels with each checkpoint: as JSON and back, the same ids. */
+Test(text, a_tokenizer_as_json_and_back) {
+    td_tokenizer tk, back;
+    td_err err = {{0}};
+    cr_assert_eq(build(&tk, TD_TOKENIZER_CHAR, "héllo wörld ☃\n", &err), 0, "%s", err.msg);
+    char *json = td_tokenizer_to_json(&tk);
+    cr_assert_eq(td_tokenizer_from_json(&back, json, "meta", &err), 0, "%s: %s", json, err.msg);
+    cr_expect_eq(back.vocab_size, tk.vocab_size);
+    cr_expect(memcmp(back.chars, tk.chars, (size_t)tk.vocab_size * 4) == 0, "%s", json);
+    free(json);
+    td_tokenizer_free(&back);
+    td_tokenizer_free(&tk);
+    cr_expect_eq(td_tokenizer_from_json(&back, "{\"type\":\"words\"}", "meta", &err), -1);
+    cr_expect(strstr(err.msg, "meta: not a tokenizer description"), "%s", err.msg);
+}
+
+/* traind-worker sample of a run's last checkpoint, with the spec's own settings, writes the
+ * prompt and the text of the run's last sample line: the spec, the tokenizer and the step come
+ * from model.safetensors alone. */
+Test(text, a_checkpoint_samples_what_the_run_sampled) {
+    char text[2000];
+    for (int i = 0; i < 1999; i++) text[i] = "to be or not to be, "[i % 20];
+    text[1999] = 0;
+    const char *path = test_write_file("be.txt", text, strlen(text));
+    char dir[600], spec[1400];
+    snprintf(dir, sizeof dir, "%s/ck", test_tmpdir());
+    snprintf(spec, sizeof spec,
+             "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 1, \"n_head\": 2, \"n_embd\": 16, "
+             "\"block_size\": 16},"
+             " \"data\": {\"format\": \"text\", \"train\": {\"path\": \"%s\"}, \"block_size\": 16},"
+             " \"train\": {\"max_steps\": 4, \"batch_size\": 8, \"seed\": 2,"
+             "   \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}},"
+             " \"sample\": {\"prompt\": \"to \", \"tokens\": 30, \"top_k\": 5, \"seed\": 4},"
+             " \"checkpoint\": {\"dir\": \"%s\"}}",
+             path, dir);
+    char *metrics = test_run_job(spec, NULL, NULL);
+    const char *last = NULL;
+    for (const char *q = metrics; (q = strstr(q, "\"event\":\"sample\"")); q++) last = q;
+    cr_assert(last, "%s", metrics);
+    const char *t = strstr(last, "\"text\":\"") + 8;
+    char want[64] = "to ";
+    memcpy(want + 3, t, 30);
+    want[33] = '\n';
+    char ck[700], *got = NULL;
+    size_t len = 0;
+    snprintf(ck, sizeof ck, "%s/step-00000004", dir);
+    FILE *out = open_memstream(&got, &len);
+    td_generate_options opt = {NULL, -1, -1, -1.0, -1, 1};
+    td_err err = {{0}};
+    cr_assert_eq(td_train_generate(ck, &opt, out, &err), 0, "%s", err.msg);
+    fclose(out);
+    cr_expect_eq(len, 34, "the prompt, 30 characters and a newline: \"%s\"", got);
+    cr_expect(strncmp(got, want, 34) == 0, "sample: \"%s\", the run's line: \"%.34s\"", got, want);
+    free(got);
+    /* other settings draw other text, still of the text's characters */
+    opt.seed = 99, opt.tokens = 50, opt.prompt = "be";
+    out = open_memstream(&got, &len);
+    cr_assert_eq(td_train_generate(ck, &opt, out, &err), 0, "%s", err.msg);
+    fclose(out);
+    cr_expect_eq(len, 53, "\"%s\"", got);
+    cr_expect(strncmp(got, "be", 2) == 0 && strspn(got, "tobenr, \n") == len, "\"%s\"", got);
+    free(got);
+    /* a prompt outside the vocabulary, and a file that is not a checkpoint of text */
+    opt.prompt = "xyz";
+    cr_expect_eq(td_train_generate(ck, &opt, stdout, &err), -1);
+    cr_expect(strstr(err.msg, "--prompt: character U+0078 is not in the vocabulary"), "%s",
+              err.msg);
+    cr_expect_eq(td_train_generate(dir, &opt, stdout, &err), -1);
+    cr_expect(strstr(err.msg, "model.safetensors"), "%s", err.msg);
+    free(metrics);
+}
+
+/* Tokens as numpy saves them (np.save of an int32 or uint16 array): the same windows as the .bin;
+ * a 2-D array, floats, and an id past the vocabulary are refused naming the file. */
+static const char *write_npy(const char *name, const char *descr, const char *shape,
+                             const void *data, size_t bytes) {
+    char header[128];
+    int len = snprintf(header, sizeof header,
+                       "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    while ((10 + len + 1) % 64) header[len++] = ' '; /* numpy pads the header to 64 bytes */
+    header[len++] = '\n';
+    uint8_t *file = malloc(10 + (size_t)len + bytes);
+    memcpy(file, "\x93NUMPY\x01\x00", 8);
+    file[8] = (uint8_t)len, file[9] = 0;
+    memcpy(file + 10, header, (size_t)len);
+    memcpy(file + 10 + len, data, bytes);
+    const char *path = test_write_file(name, file, 10 + (size_t)len + bytes);
+    free(file);
+    return path;
+}
+
+Test(text, tokens_npy_as_numpy_saves_it) {
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = i % 7 == 0 ? 300 : i % 5;
+    const char *path = write_npy("train.npy", "<i4", "(40,)", ids, sizeof ids);
+    char spec[1024];
+    snprintf(spec, sizeof spec,
+             "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 1, \"n_head\": 1, \"n_embd\": 4},"
+             " \"data\": {\"format\": \"tokens\", \"train\": {\"path\": \"%s\"}, \"block_size\": 4,"
+             " \"vocab_size\": 301, \"val_fraction\": 0.25},"
+             " \"train\": {\"max_steps\": 2, \"batch_size\": 2,"
+             " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+             path);
+    td_job job;
+    td_err err;
+    cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+    td_dataset train;
+    cr_assert_eq(td_data_load_split(&job.data, &job.data.train, 0, 1, &train, &err), 0, "%s",
+                 err.msg);
+    cr_expect_eq(train.n_tokens, 30u, "the first 75%%");
+    float x[4];
+    int32_t y[4];
+    td_dataset_window(&train, 7, x, y);
+    cr_expect(x[0] == 300 && y[0] == 3 && x[1] == 3, "ids 7 and 8: 300 then 8 %% 5");
+    td_dataset_free(&train);
+    td_job_free(&job);
+
+    uint16_t small[40];
+    for (int i = 0; i < 40; i++) small[i] = (uint16_t)ids[i];
+    float floats[40] = {0};
+    ids[9] = 301;
+    const struct {
+        const char *descr, *shape, *words;
+        const void *data;
+        size_t bytes;
+    } cases[] = {{"<u2", "(40,)", NULL, small, sizeof small},
+                 {"<i4", "(40,)", "token 9 is id 301, past data.vocab_size 301", ids, sizeof ids},
+                 {"<i4", "(4, 10)", "expected a 1-D array of integer token ids", ids, sizeof ids},
+                 {"<f4", "(40,)", "found '<f4'", floats, sizeof floats},
+                 {"<i4", "(3,)", "3 tokens, fewer than data.block_size + 1", ids, 12}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        path = write_npy("case.npy", cases[k].descr, cases[k].shape, cases[k].data, cases[k].bytes);
+        snprintf(
+            spec, sizeof spec,
+            "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 1, \"n_head\": 1, \"n_embd\": 4},"
+            " \"data\": {\"format\": \"tokens\", \"train\": {\"path\": \"%s\"},"
+            " \"block_size\": 4, \"vocab_size\": 301},"
+            " \"train\": {\"batch_size\": 2, \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1}}}",
+            path);
+        cr_assert_eq(td_job_load_string(&job, spec, &err), 0, "%s", err.msg);
+        td_data_probe probe;
+        int rc = td_data_probe_split(&job.data, &job.data.train, &probe, &err);
+        if (rc == 0) rc = td_data_load_split(&job.data, &job.data.train, 0, 1, &train, &err);
+        if (!cases[k].words) {
+            cr_expect_eq(rc, 0, "%s %s: %s", cases[k].descr, cases[k].shape, err.msg);
+            if (rc == 0) td_dataset_free(&train);
+        } else {
+            cr_expect_eq(rc, -1, "%s %s is refused", cases[k].descr, cases[k].shape);
+            cr_expect(strstr(err.msg, cases[k].words) && strstr(err.msg, "case.npy"), "%s",
+                      err.msg);
+        }
         td_job_free(&job);
     }
 }

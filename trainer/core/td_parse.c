@@ -1,6 +1,8 @@
 #include "core/td_parse.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 bool td_parse_long_n(const char *text, size_t n, long min, long max, long *out) {
@@ -25,4 +27,16 @@ bool td_parse_long_n(const char *text, size_t n, long min, long max, long *out) 
 
 bool td_parse_long(const char *text, long min, long max, long *out) {
     return td_parse_long_n(text, strlen(text), min, max, out);
+}
+
+bool td_parse_double(const char *text, double min, double max, double *out) {
+    /* strtod reads "nan", "inf" and hex floats too: a plain decimal number is all that is meant */
+    for (const char *c = text; *c; c++)
+        if (!strchr("0123456789+-.eE", *c)) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (!text[0] || *end || errno != 0 || !(v >= min && v <= max)) return false;
+    *out = v;
+    return true;
 }

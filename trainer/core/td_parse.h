@@ -11,5 +11,7 @@
 bool td_parse_long(const char *text, long min, long max, long *out);
 /* The same over the n characters at text (which need not end there). */
 bool td_parse_long_n(const char *text, size_t n, long min, long max, long *out);
+/* A decimal number (digits, sign, point, exponent; no nan, inf or hex) in [min, max]. */
+bool td_parse_double(const char *text, double min, double max, double *out);
 
 #endif

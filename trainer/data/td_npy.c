@@ -277,3 +277,34 @@ out:
     if (rc != 0) td_dataset_free(ds);
     return rc;
 }
+
+int td_npy_tokens(const char *path, bool header_only, int vocab, int32_t **ids, size_t *n,
+                  td_err *err) {
+    npy_array a;
+    if (npy_read(path, &a, header_only, err) != 0) return -1;
+    bool integer = strcmp(a.descr, "<f4") != 0;
+    if (a.ndim != 1 || !integer) {
+        free(a.data);
+        return td_fail(err,
+                       "%s: expected a 1-D array of integer token ids (uint16 '<u2', int32 '<i4', "
+                       "int64 '<i8'), found '%s' with %d dimensions",
+                       path, a.descr, a.ndim);
+    }
+    *n = a.count;
+    if (header_only) return 0;
+    *ids = td_malloc((a.count ? a.count : 1) * sizeof **ids);
+    for (size_t i = 0; i < a.count; i++) {
+        long v = npy_int(&a, i);
+        if (v < 0 || v >= vocab) {
+            free(a.data);
+            free(*ids);
+            *ids = NULL;
+            return td_fail(err,
+                           "%s: token %zu is id %ld, past data.vocab_size %d (ids are 0 to %d)",
+                           path, i, v, vocab, vocab - 1);
+        }
+        (*ids)[i] = (int32_t)v;
+    }
+    free(a.data);
+    return 0;
+}

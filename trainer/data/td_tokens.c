@@ -1,7 +1,8 @@
 /* The tokens format: token ids as nanoGPT's prepare.py and llm.c write them, a .bin file of
  * little-endian uint16 without a header (data.vocab_size says which ids may occur: GPT-2's is
- * 50257). Windows, next-token labels and the validation part are the text format's
- * (td_dataset_windows in td_text.c); there is no tokenizer, so no samples. */
+ * 50257), or numpy's own .npy of a 1-D integer array (td_npy.c reads it). Windows, next-token
+ * labels and the validation part are the text format's (td_dataset_windows in td_text.c); there is
+ * no tokenizer, so no samples. */
 #include "data/td_data.h"
 
 #include <errno.h>
@@ -30,9 +31,23 @@ static int checked_size(const td_data_spec *d, const char *path, FILE *f, size_t
     return 0;
 }
 
+static bool is_npy(const char *path) {
+    size_t len = strlen(path);
+    return len >= 4 && strcmp(path + len - 4, ".npy") == 0;
+}
+
+static int load_npy(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp,
+                    const char *path, td_err *err) {
+    int32_t *ids;
+    size_t n;
+    if (td_npy_tokens(path, false, d->vocab_size, &ids, &n, err) != 0) return -1;
+    return td_dataset_windows(ds, d, sp, ids, n, d->vocab_size, err);
+}
+
 int td_dataset_load_tokens(td_dataset *ds, const td_data_spec *d, const td_split_spec *sp,
                            td_err *err) {
     const char *path = path_of(d, sp);
+    if (is_npy(path)) return load_npy(ds, d, sp, path, err);
     FILE *f = fopen(path, "rb");
     if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
     size_t size = 0;
@@ -69,12 +84,20 @@ int td_dataset_load_tokens(td_dataset *ds, const td_data_spec *d, const td_split
 int td_dataset_probe_tokens(const td_data_spec *d, const td_split_spec *sp, td_data_probe *p,
                             td_err *err) {
     const char *path = path_of(d, sp);
-    FILE *f = fopen(path, "rb");
-    if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
-    size_t size = 0;
-    int rc = checked_size(d, path, f, &size, err);
-    fclose(f);
-    if (rc != 0) return -1;
+    if (is_npy(path)) {
+        size_t n = 0;
+        if (td_npy_tokens(path, true, d->vocab_size, NULL, &n, err) != 0) return -1;
+        if (n < (size_t)d->block_size + 1)
+            return td_fail(err, "%s: %zu tokens, fewer than data.block_size + 1 = %d", path, n,
+                           d->block_size + 1);
+    } else {
+        FILE *f = fopen(path, "rb");
+        if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
+        size_t size = 0;
+        int rc = checked_size(d, path, f, &size, err);
+        fclose(f);
+        if (rc != 0) return -1;
+    }
     p->n = 0; /* windows: known once split */
     p->shape = td_shape_flat(d->block_size);
     p->max_label = -1; /* the ids are checked against vocab_size by the loader */

@@ -119,7 +119,8 @@ static void remove_stale(const char *root, int keep) {
     free(steps);
 }
 
-int td_checkpoint_save_weights(const char *path, const td_model *m, td_err *err) {
+int td_checkpoint_save_weights(const char *path, const td_model *m, const char *metadata,
+                               td_err *err) {
     int n = m->n_params + m->n_buffers;
     td_st_out *out = td_calloc((size_t)(n + m->n_aliases), sizeof *out);
     for (int i = 0; i < n; i++) {
@@ -132,7 +133,7 @@ int td_checkpoint_save_weights(const char *path, const td_model *m, td_err *err)
         const td_param *p = &m->params[m->aliases[i].param];
         out[n++] = (td_st_out){m->aliases[i].name, TD_ST_F32, p->ndim, p->dims, p->data};
     }
-    int rc = td_safetensors_write(path, out, n, "{\"format\":\"pt\"}", err);
+    int rc = td_safetensors_write(path, out, n, metadata ? metadata : "{\"format\":\"pt\"}", err);
     free(out);
     return rc;
 }
@@ -212,14 +213,14 @@ static int write_state(const char *path, const td_train_state *s, const td_optim
 }
 
 int td_checkpoint_save(const char *root, const td_model *model, const td_optim *optim,
-                       const td_train_state *state, int keep, char *out, size_t out_len,
-                       td_err *err) {
+                       const td_train_state *state, int keep, const char *metadata, char *out,
+                       size_t out_len, td_err *err) {
     if (mkdir_p(root, err) != 0) return td_fail_prefix(err, "checkpoint.dir");
     char tmp[4096], path[4200], final[4096];
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08ld-XXXXXX", root, state->step);
     if (!mkdtemp(tmp)) return td_fail(err, "%s: cannot create: %s", tmp, strerror(errno));
     snprintf(path, sizeof path, "%s/%s", tmp, FILES[0]);
-    if (td_checkpoint_save_weights(path, model, err) != 0) goto fail;
+    if (td_checkpoint_save_weights(path, model, metadata, err) != 0) goto fail;
     /* tests: a writer killed with the save half done (core/td_fault.h) */
     td_fault_at(TD_FAULT_CHECKPOINT);
     snprintf(path, sizeof path, "%s/%s", tmp, FILES[1]);

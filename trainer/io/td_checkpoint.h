@@ -35,10 +35,11 @@ typedef struct td_train_state {
 } td_train_state;
 
 /* Saves into root/step-NNNNNNNN, keeping the newest `keep` (0: all). Writes the directory's path
- * to out. Tests kill a save halfway with TRAIND_FAULT=checkpoint:N (core/td_fault.h). */
+ * to out. metadata: model.safetensors' __metadata__ (a JSON object of strings; NULL:
+ * {"format":"pt"}). Tests kill a save halfway with TRAIND_FAULT=checkpoint:N (core/td_fault.h). */
 int td_checkpoint_save(const char *root, const td_model *model, const td_optim *optim,
-                       const td_train_state *state, int keep, char *out, size_t out_len,
-                       td_err *err);
+                       const td_train_state *state, int keep, const char *metadata, char *out,
+                       size_t out_len, td_err *err);
 
 /* "latest" (the newest complete checkpoint under root) or a checkpoint directory, checked to
  * hold the three files. */
@@ -55,8 +56,10 @@ int td_checkpoint_load(const char *dir, td_model *model, td_optim *optim, td_tra
 int td_checkpoint_parse_state(const char *text, size_t len, const char *name,
                               td_train_state *state, td_optim *optim, td_err *err);
 
-/* Writes every parameter and buffer of the model to a safetensors file by state_dict name. */
-int td_checkpoint_save_weights(const char *path, const td_model *model, td_err *err);
+/* Writes every parameter and buffer of the model to a safetensors file by state_dict name, with
+ * metadata as td_checkpoint_save's. */
+int td_checkpoint_save_weights(const char *path, const td_model *model, const char *metadata,
+                               td_err *err);
 
 /* Loads weights (parameters and buffers) from a safetensors file by name. strict: missing,
  * unexpected and shape-mismatched names are one error listing them all; otherwise matching

@@ -112,6 +112,10 @@ static int parse_job(const json_t *root, td_job *job, td_err *err) {
 
 static int finish(json_t *root, td_job *job, td_err *err) {
     int rc = parse_job(root, job, err);
+    if (rc == 0) {
+        job->json = json_dumps(root, JSON_COMPACT | JSON_ENSURE_ASCII);
+        TD_CHECK_ALLOC(job->json, "for the spec's text");
+    }
     json_decref(root);
     if (rc != 0) td_job_free(job);
     return rc;
@@ -139,6 +143,8 @@ int td_job_load_string(td_job *job, const char *text, td_err *err) {
 }
 
 void td_job_free(td_job *job) {
+    free(job->json);
+    job->json = NULL;
     free(job->model.nodes);
     job->model.nodes = NULL;
     job->model.n_nodes = 0;

@@ -91,6 +91,7 @@ typedef struct td_job {
     td_checkpoint_spec checkpoint;
     td_log_spec log;
     td_sample_spec sample;
+    char *json; /* the spec as parsed, compact JSON (kept with checkpoints; td_job_free) */
 } td_job;
 
 /* Parses and validates a spec from a file or a string. On error returns -1 with err set. */

@@ -37,5 +37,21 @@ int td_train_run(const td_job *job, const td_train_options *opt, FILE *metrics, 
 /* Evaluates the weights of resume_from / init_from on data.val and prints the eval line. */
 int td_train_evaluate(const td_job *job, FILE *metrics, FILE *log, td_train_result *result,
                       td_err *err);
+/* traind-worker sample's settings: each left unset (NULL, or below 0) is the checkpoint's spec's
+ * "sample" value, or without one nanoGPT's sample.py default. */
+typedef struct td_generate_options {
+    const char *prompt; /* "\n" */
+    long tokens;        /* 500 */
+    long top_k;         /* 200; 0: every token */
+    double temperature; /* 0.8 */
+    long long seed;     /* 1337 */
+    int threads;        /* 1 */
+} td_generate_options;
+
+/* Text from a checkpoint of a run on text (its directory or its model.safetensors): the prompt
+ * and `tokens` more, as the run's sample line at that step draws them with the same settings,
+ * written to out (td_train_generate.c). */
+int td_train_generate(const char *checkpoint, const td_generate_options *opt, FILE *out,
+                      td_err *err);
 
 #endif

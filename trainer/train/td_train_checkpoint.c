@@ -4,6 +4,9 @@
 
 #include "train/td_metrics.h"
 
+#include <jansson.h>
+#include <stdlib.h>
+
 /* Weights from init_from, then everything from resume_from. */
 int td_train_restore(trainer *t, td_err *err) {
     const td_job *job = t->job;
@@ -29,6 +32,26 @@ int td_train_restore(trainer *t, td_err *err) {
     return 0;
 }
 
+/* model.safetensors' __metadata__: "format": "pt" as PyTorch's writers put it, and what makes the
+ * file usable alone (traind-worker sample): the spec it was trained by, the text's tokenizer and
+ * the step. Values are strings, as the format requires. */
+static char *weights_metadata(const trainer *t) {
+    char step[24];
+    snprintf(step, sizeof step, "%ld", t->state.step);
+    json_t *meta = json_pack("{ss ss ss}", "format", "pt", "traind.step", step, "traind.job",
+                             t->job->json ? t->job->json : "{}");
+    TD_CHECK_ALLOC(meta, "for the checkpoint's metadata");
+    if (t->tokenizer.vocab_size > 0) {
+        char *tokenizer = td_tokenizer_to_json(&t->tokenizer);
+        json_object_set_new(meta, "traind.tokenizer", json_string(tokenizer));
+        free(tokenizer);
+    }
+    char *text = json_dumps(meta, JSON_COMPACT | JSON_ENSURE_ASCII);
+    TD_CHECK_ALLOC(text, "for the checkpoint's metadata");
+    json_decref(meta);
+    return text;
+}
+
 int td_train_save(trainer *t, td_err *err) {
     if (!t->job->checkpoint.dir[0] || t->last_saved_step == t->state.step) return 0;
     /* the open logging interval's loss is part of the state: fetch it from the device */
@@ -39,9 +62,11 @@ int td_train_save(trainer *t, td_err *err) {
     }
     if (t->gpu && t->gpu_api->download(t->gpu, &t->model, &t->optim, err) != 0) return -1;
     char path[TD_PATH_MAX + 32];
-    if (td_checkpoint_save(t->job->checkpoint.dir, &t->model, &t->optim, &t->state,
-                           t->job->checkpoint.keep, path, sizeof path, err) != 0)
-        return -1;
+    char *metadata = weights_metadata(t);
+    int rc = td_checkpoint_save(t->job->checkpoint.dir, &t->model, &t->optim, &t->state,
+                                t->job->checkpoint.keep, metadata, path, sizeof path, err);
+    free(metadata);
+    if (rc != 0) return -1;
     t->last_saved_step = t->state.step;
     td_metrics_checkpoint(t->metrics, t->state.step, path);
     /* no rank races into the next collective while the save is under way */

@@ -123,6 +123,12 @@ int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *er
 int td_train_sample_setup(trainer *t, td_err *err);
 void td_train_sample(trainer *t);
 void td_train_sample_release(trainer *t);
+/* prompt and s->tokens more, drawn as sample.py does from a generator seeded by (s->seed,
+ * stream); the model's input is block token ids, its output [block, vocab] (malloc'd ids) */
+int32_t *td_generate(td_model *model, int block, int vocab, const td_sample_spec *s,
+                     const int32_t *prompt, size_t n_prompt, uint64_t stream);
+/* the ids' text, bytes that are not UTF-8 as U+FFFD (malloc'd) */
+char *td_generate_text(const td_tokenizer *tk, const int32_t *ids, size_t n);
 
 /* td_train_checkpoint.c */
 int td_train_restore(trainer *t, td_err *err); /* model.init_from, then resume_from */

@@ -3,7 +3,8 @@
  * top_k most likely set aside, a draw from their softmax. No KV cache: each token is a forward
  * pass over the last block_size tokens (the model's input is fixed at block_size: shorter
  * contexts are padded after their end, which causal attention never reads). Rank 0 alone, from
- * a generator seeded by (sample.seed, step), so a resumed run writes the same text. */
+ * a generator seeded by (sample.seed, step), so a resumed run writes the same text, and
+ * `traind-worker sample` of that step's checkpoint with the same settings too. */
 #include "train/td_train_private.h"
 
 #include "core/td_rng.h"
@@ -15,8 +16,10 @@
 
 int td_train_sample_setup(trainer *t, td_err *err) {
     const td_sample_spec *s = &t->job->sample;
-    if (!s->present) return 0;
+    if (t->job->data.format != TD_DATA_TEXT) return 0;
+    /* the tokenizer is kept with every checkpoint, sample or not */
     if (td_text_tokenizer(&t->job->data, &t->tokenizer, err) != 0) return -1;
+    if (!s->present) return 0;
     if (td_tokenizer_encode(&t->tokenizer, (const uint8_t *)s->prompt, strlen(s->prompt),
                             "sample.prompt", &t->prompt_ids, &t->n_prompt, err) != 0)
         return -1;
@@ -66,35 +69,47 @@ static int32_t draw(const td_sample_spec *s, const float *logits, int vocab, flo
     return 0;
 }
 
-void td_train_sample(trainer *t) {
-    const td_sample_spec *s = &t->job->sample;
-    if (!s->present || !t->rank0) return;
-    int block = t->train.shape.c, vocab = t->classes;
-    size_t len = t->n_prompt, cap = t->n_prompt + (size_t)s->tokens;
+int32_t *td_generate(td_model *model, int block, int vocab, const td_sample_spec *s,
+                     const int32_t *prompt, size_t n_prompt, uint64_t stream) {
+    size_t len = n_prompt, cap = n_prompt + (size_t)s->tokens;
     int32_t *ids = td_malloc(cap * sizeof *ids);
-    memcpy(ids, t->prompt_ids, len * sizeof *ids);
+    memcpy(ids, prompt, len * sizeof *ids);
     float *x = td_calloc((size_t)block, sizeof *x), *scratch = td_malloc((size_t)vocab * 4);
-    td_rng rng;
-    td_rng_seed_for(&rng, s->seed, "sample", (uint64_t)t->state.step);
-    double *profile = t->model.profile; /* not training time */
-    t->model.profile = NULL;
-    td_run run = {.n = 1, .training = false, .rng = &t->state.dropout_rng};
+    td_rng rng, unused;
+    td_rng_seed_for(&rng, s->seed, "sample", stream);
+    td_rng_seed(&unused, 0);          /* evaluation draws no dropout masks */
+    double *profile = model->profile; /* not training time */
+    model->profile = NULL;
+    td_run run = {.n = 1, .training = false, .rng = &unused};
     while (len < cap) {
         size_t ctx = len < (size_t)block ? len : (size_t)block;
         for (size_t k = 0; k < ctx; k++) x[k] = (float)ids[len - ctx + k];
-        const float *logits = td_model_forward(&t->model, x, &run);
+        const float *logits = td_model_forward(model, x, &run);
         ids[len] = draw(s, logits + (ctx - 1) * (size_t)vocab, vocab, scratch, &rng);
         len++;
     }
-    t->model.profile = profile;
-    size_t bytes = (size_t)s->tokens * 4 + 1; /* a character is at most 4 bytes of UTF-8 */
-    char *raw = td_malloc(bytes), *text = td_malloc(3 * bytes);
-    size_t n = td_tokenizer_decode(&t->tokenizer, ids + t->n_prompt, (size_t)s->tokens, raw, bytes);
-    td_utf8_repair(raw, n, text, 3 * bytes); /* U+FFFD is 3 bytes for each bad one */
-    td_metrics_sample(t->metrics, t->state.step, s->prompt, text);
-    free(raw);
-    free(text);
+    model->profile = profile;
     free(x);
     free(scratch);
+    return ids;
+}
+
+char *td_generate_text(const td_tokenizer *tk, const int32_t *ids, size_t n) {
+    size_t bytes = n * (size_t)td_tokenizer_max_bytes(tk) + 1;
+    char *raw = td_malloc(bytes), *text = td_malloc(3 * bytes);
+    size_t len = td_tokenizer_decode(tk, ids, n, raw, bytes);
+    td_utf8_repair(raw, len, text, 3 * bytes); /* U+FFFD is 3 bytes for each bad one */
+    free(raw);
+    return text;
+}
+
+void td_train_sample(trainer *t) {
+    const td_sample_spec *s = &t->job->sample;
+    if (!s->present || !t->rank0) return;
+    int32_t *ids = td_generate(&t->model, t->train.shape.c, t->classes, s, t->prompt_ids,
+                               t->n_prompt, (uint64_t)t->state.step);
+    char *text = td_generate_text(&t->tokenizer, ids + t->n_prompt, (size_t)s->tokens);
+    td_metrics_sample(t->metrics, t->state.step, s->prompt, text);
+    free(text);
     free(ids);
 }
