@@ -108,7 +108,7 @@ def specs():
             {"name": "wpe", "op": "position_embedding", "block_size": 16},
             {"name": "ln", "op": "layernorm", "eps": 1e-5, "bias": False},
             {"name": "qkv", "op": "linear", "out_features": 24},
-            {"name": "attn", "op": "causal_attention", "n_head": 2},
+            {"name": "attn", "op": "causal_attention", "n_head": 2, "dropout": 0.1},
             {"name": "res", "op": "add", "inputs": ["attn", "wpe"]},
             {"name": "head", "op": "linear", "out_features": 65, "bias": False,
              "weight_from": "wte"}]},
@@ -122,6 +122,18 @@ def specs():
         "data": {"format": "tokens", "train": {"path": "train.bin"}, "val": {"path": "val.bin"},
                  "vocab_size": 50257, "block_size": 1024},
         "train": dict(train, max_steps=2)}
+    out["gpt-bpe"] = {
+        "model": {"preset": "gpt", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32,
+                  "bias": False, "dropout": 0.2},
+        "data": {"format": "text", "train": {"path": "input.txt"}, "tokenizer": "gpt2",
+                 "block_size": 32, "val_fraction": 0.05},
+        "train": dict(train, max_steps=3, eval_every_steps=1, eval_iters=2),
+        "sample": {"prompt": "Hello", "tokens": 4, "top_k": 5}}
+    out["tokens-npy"] = {
+        "model": {"preset": "gpt", "n_layer": 1, "n_head": 1, "n_embd": 8},
+        "data": {"format": "tokens", "train": {"path": "train.npy"}, "vocab_size": 50257,
+                 "block_size": 8},
+        "train": dict(train, max_steps=1)}
     out["resnet50"] = {"model": {"preset": "resnet50", "num_classes": 100, "stem": "imagenet"},
                        "data": dict(synth, shape=[3, 32, 32], num_classes=100),
                        "train": dict(train, batch_size=2),
@@ -320,7 +332,9 @@ def data_seeds():
                               ("unicode", 2 * 1, "na\u00efve \u00e9t\u00e9 \u2014 \U0001f600 ok\n"),
                               ("byte", 1 + 2 * 7, "\u00ff\u00fe bytes, any of them"),
                               ("no-val", 16, "to be or not to be"),
-                              ("bad-utf8", 0, None), ("short", 2 * 7, "abc")):
+                              ("bad-utf8", 0, None), ("short", 2 * 7, "abc"),
+                              ("gpt2", 32, "Don't stop: 12,345 étés 日本  \n\n  ok"),
+                              ("gpt2-bad-utf8", 32, None)):
         data = text.encode() if text is not None else b"ok\nthen \xc3\x28 here"
         put("text", name, bytes([flags]) + data)
     rec = bytes([3]) + bytes((i * 7) % 256 for i in range(3072))

@@ -8,6 +8,7 @@
 #include "train/td_train.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -417,4 +418,40 @@ Test(text, tokens_npy_as_numpy_saves_it) {
         }
         td_job_free(&job);
     }
+}
+
+/* train.eval_iters caps a validation pass at its first N batches: with batches of 2 windows, one
+ * batch of a longer validation text gives the loss of those 2 windows alone. */
+Test(text, eval_iters_reads_the_first_batches_of_the_validation_split) {
+    char text[2000];
+    for (int i = 0; i < 1999; i++) text[i] = "to be or not to be, "[i % 20];
+    text[1999] = 0;
+    const char *train = test_write_file("train.txt", text, strlen(text));
+    char train_path[600], short_path[600]; /* copies: the next write reuses the storage */
+    snprintf(train_path, sizeof train_path, "%s", train);
+    /* 2 windows of 8 and the next token; the long file goes on after them */
+    const char *two = "be or not to be, to";
+    snprintf(short_path, sizeof short_path, "%s", test_write_file("short.txt", two, 17));
+    char long_path[600];
+    snprintf(long_path, sizeof long_path, "%s",
+             test_write_file("long.txt", "be or not to be, to not be or be", 32));
+    double val[2];
+    for (int k = 0; k < 2; k++) {
+        char spec[2400];
+        snprintf(spec, sizeof spec,
+                 "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 1, \"n_head\": 1, \"n_embd\": 8,"
+                 " \"block_size\": 8},"
+                 " \"data\": {\"format\": \"text\", \"train\": {\"path\": \"%s\"},"
+                 " \"val\": {\"path\": \"%s\"}, \"block_size\": 8},"
+                 " \"train\": {\"max_steps\": 2, \"batch_size\": 4, \"eval_batch_size\": 2,"
+                 " \"seed\": 3, %s \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}}}",
+                 train_path, k ? long_path : short_path, k ? "\"eval_iters\": 1," : "");
+        char *metrics = test_run_job(spec, NULL, NULL);
+        const char *done = strstr(metrics, "\"event\":\"done\"");
+        cr_assert(done && strstr(done, "\"val_loss\":"), "%s", metrics);
+        val[k] = strtod(strstr(done, "\"val_loss\":") + 11, NULL);
+        free(metrics);
+    }
+    cr_expect(fabs(val[0] - val[1]) <= 1e-6 * val[0],
+              "the first batch of the long text %.9g, the short text whole %.9g", val[1], val[0]);
 }

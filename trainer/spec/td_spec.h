@@ -30,6 +30,7 @@ typedef struct td_train_spec {
     int epochs;
     long max_steps;        /* 0: no limit */
     long eval_every_steps; /* 0: validation after each epoch (and at the end) only */
+    long eval_iters;       /* batches of data.val per rank in a pass; 0: the whole split */
     int batch_size, eval_batch_size;
     uint64_t seed;
     int threads;

@@ -186,6 +186,7 @@ int td_spec_parse_train(const json_t *root, td_job *job, td_err *err) {
                                        "cudnn_benchmark",
                                        "deterministic",
                                        "eval_every_steps",
+                                       "eval_iters",
                                        NULL};
     if (td_json_check_keys(t, "train", keys, err) != 0) return -1;
     int choice;
@@ -208,6 +209,10 @@ int td_spec_parse_train(const json_t *root, td_job *job, td_err *err) {
     /* nanoGPT's eval_interval: a validation pass every N optimizer steps, besides each epoch's */
     if (td_json_int(t, "train", "eval_every_steps", false, 0, 0, 1L << 40, &l, err) != 0) return -1;
     job->train.eval_every_steps = l;
+    /* nanoGPT's eval_iters (Lightning's limit_val_batches): a pass reads at most this many
+     * batches of data.val per rank; 0: all of it */
+    if (td_json_int(t, "train", "eval_iters", false, 0, 0, 1L << 40, &l, err) != 0) return -1;
+    job->train.eval_iters = l;
     if (td_json_int(t, "train", "batch_size", true, 0, 1, 1 << 20, &l, err) != 0) return -1;
     job->train.batch_size = (int)l;
     if (td_json_int(t, "train", "eval_batch_size", false, job->train.batch_size, 1, 1 << 20, &l,

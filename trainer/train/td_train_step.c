@@ -178,12 +178,12 @@ int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *er
     double *profile = t->model.profile; /* only training steps are profiled */
     t->model.profile = NULL;
     double loss = 0;
-    long correct = 0, seen = 0;
+    long correct = 0, seen = 0, batches = 0, cap = t->job->train.eval_iters;
     td_loader_start_epoch(t->val_loader, 0, 0);
     td_batch b;
     if (t->gpu) { /* the training loss pending on the device must not mix with these sums */
         if (td_train_gpu_flush_loss(t, err) != 0) return -1;
-        while (td_loader_next(t->val_loader, &b)) {
+        while ((!cap || batches++ < cap) && td_loader_next(t->val_loader, &b)) {
             run.n = b.n;
             if (t->gpu_api->set_batch(t->gpu, &t->model, b.x, b.labels, b.n, err) != 0) return -1;
             t->gpu_api->forward(t->gpu, &t->model, &run);
@@ -194,7 +194,7 @@ int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *er
         if (t->gpu_api->take_totals(t->gpu, &loss, &hits, err) != 0) return -1;
         correct = (long)hits;
     }
-    while (!t->gpu && td_loader_next(t->val_loader, &b)) {
+    while (!t->gpu && (!cap || batches++ < cap) && td_loader_next(t->val_loader, &b)) {
         run.n = b.n;
         const float *logits = td_model_forward(&t->model, b.x, &run);
         int hits, rows = b.n * t->positions; /* text: every position's prediction counts */
