@@ -2,7 +2,10 @@
 # GPT training speed on the CPU: traind-worker against PyTorch (Debian's python3-torch 1.13) on
 # nanoGPT's Shakespeare recipe (4 layers, 4 heads, 128 wide, context 64, batch 12, AdamW, clip
 # 1.0) at 1 and 2 threads, in one run: the median step after warm-up as tokens/s, the ratio,
-# and each process's peak RSS. PyTorch runs nanoGPT's architecture as tests/reference/
+# each process's peak RSS, and the share of the core's FLOP ceiling each reaches: the model's
+# FLOPs per token as nanoGPT's estimate_mfu counts them (6 per parameter, plus 12·L·T·C for
+# attention) against the best sgemm rate OpenBLAS reaches here (a 1024² product timed through
+# PyTorch at the same threads: the practical ceiling, not a datasheet's). PyTorch runs nanoGPT's architecture as tests/reference/
 # torch_parity.py writes it (non-flash attention, what 1.13 has). Each figure is the best of
 # ROUNDS (default 3) runs, the two contenders interleaved (on a shared VM other tenants only
 # slow a run down).
@@ -55,8 +58,20 @@ def torch_run(n):
     line = [l for l in out.splitlines() if l.startswith("{")][0]
     return json.loads(line)["step_ms"], rss
 
+def ceiling_gflops(n):
+    code = ("import time,torch;torch.set_num_threads(%d);a=torch.randn(1024,1024);b=torch.randn(1024,1024)\n"
+            "best=1e9\nfor _ in range(20):\n t=time.perf_counter();a@b;best=min(best,time.perf_counter()-t)\n"
+            "print(2*1024**3/best/1e9)" % n)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n))
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env=env, check=True).stdout)
+
+L, C, V = 4, 128, 65
+params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C  # with biases, as both run it
+flops_per_token = 6 * params + 12 * L * T * C
 print(f"nanoGPT Shakespeare recipe (4x4x128, context {T}, batch {B}), {steps} steps, best of {rounds}")
-print(f"{'threads':>7} {'traind tok/s':>13} {'PyTorch tok/s':>14} {'ratio':>6} {'RSS traind':>11} {'RSS PyTorch':>12}")
+print(f"{flops_per_token / 1e6:.1f} MFLOP per token (nanoGPT's estimate_mfu)")
+print(f"{'threads':>7} {'traind tok/s':>13} {'PyTorch tok/s':>14} {'ratio':>6} {'RSS traind':>11} {'RSS PyTorch':>12} {'ceiling GFLOP/s':>16} {'traind':>7} {'PyTorch':>8}")
 for n in map(int, threads):
     best = {"traind": (1e9, 0), "torch": (1e9, 0)}
     for _ in range(rounds):
@@ -65,5 +80,7 @@ for n in map(int, threads):
             if ms < best[name][0]:
                 best[name] = (ms, rss)
     tt, tp = B * T / (best["traind"][0] / 1000), B * T / (best["torch"][0] / 1000)
-    print(f"{n:>7} {tt:>13.0f} {tp:>14.0f} {tt / tp:>5.2f}x {best['traind'][1]:>9.0f} MB {best['torch'][1]:>10.0f} MB")
+    peak = ceiling_gflops(n)
+    ft, fp = tt * flops_per_token / 1e9 / peak, tp * flops_per_token / 1e9 / peak
+    print(f"{n:>7} {tt:>13.0f} {tp:>14.0f} {tt / tp:>5.2f}x {best['traind'][1]:>9.0f} MB {best['torch'][1]:>10.0f} MB {peak:>16.1f} {ft:>6.0%} {fp:>7.0%}")
 PY
