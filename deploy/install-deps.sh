@@ -17,7 +17,6 @@ packages="
   prometheus python3-prometheus-client help2man bash-completion python3-jsonschema libjs-dygraphs chromium chromium-driver python3-selenium firefox-esr
   dataset-fashion-mnist
   python3 python3-numpy python3-torch python3-torchvision python3-pip python3-setuptools python3-venv
-  npm
 "
 
 missing=""
@@ -26,6 +25,12 @@ for p in $packages; do
         missing="$missing $p"
     fi
 done
+
+# npm: Debian's package, unless an npm is there already (NodeSource's nodejs carries its own and
+# conflicts with Debian's npm package)
+if ! command -v npm >/dev/null 2>&1; then
+    missing="$missing npm"
+fi
 
 if [ -z "$missing" ]; then
     echo "install-deps: all packages present" >&2
