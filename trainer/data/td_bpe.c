@@ -100,24 +100,26 @@ static int load_encoder(td_bpe *b, const char *path, td_err *err) {
     }
     const char *key;
     json_t *value;
+    int rc = 0;
+    /* (messages are made before the object goes: key is its memory) */
     json_object_foreach(root, key, value) {
         json_int_t id = json_is_integer(value) ? json_integer_value(value) : -1;
         if (id < 0 || id >= (json_int_t)n || b->text[id]) {
-            json_decref(root);
-            return td_fail(err, "%s: token \"%.40s\": id %lld is not a new id in 0..%zu", path, key,
-                           (long long)id, n - 1);
+            rc = td_fail(err, "%s: token \"%.40s\": id %lld is not a new id in 0..%zu", path, key,
+                         (long long)id, n - 1);
+            break;
         }
         b->text[id] = td_strdup(key);
         b->bytes[id] = td_malloc(strlen(key) + 1);
         b->n_bytes[id] = to_bytes(b, key, b->bytes[id]);
         ENTRY e = {b->text[id], (void *)(intptr_t)(id + 1)}, *found;
         if (b->n_bytes[id] <= 0 || !hsearch_r(e, ENTER, &found, &b->ids)) {
-            json_decref(root);
-            return td_fail(err, "%s: token \"%.40s\" is not in GPT-2's byte alphabet", path, key);
+            rc = td_fail(err, "%s: token \"%.40s\" is not in GPT-2's byte alphabet", path, key);
+            break;
         }
     }
     json_decref(root);
-    return 0;
+    return rc;
 }
 
 /* vocab.bpe: "#version: 0.2", then a merge "LEFT RIGHT" a line, best first (rank = order). */
