@@ -263,8 +263,8 @@ Test(checkpoint, grad_scaler_round_trip) {
         opt.scaler = with ? (td_grad_scaler){131072.0f, 17, 3} : (td_grad_scaler){0.0f, 0, 0};
         back.scaler = (td_grad_scaler){5.0f, 5, 5};
         st.step = 7 + with;
-        cr_assert_eq(td_checkpoint_save(dir, &m, &opt, &st, 0, NULL, saved, sizeof saved, &err), 0, "%s",
-                     err.msg);
+        cr_assert_eq(td_checkpoint_save(dir, &m, &opt, &st, 0, NULL, saved, sizeof saved, &err), 0,
+                     "%s", err.msg);
         cr_assert_eq(td_checkpoint_load(saved, &m, &back, &st_back, &err), 0, "%s", err.msg);
         cr_expect_float_eq(back.scaler.scale, opt.scaler.scale, 0);
         cr_expect_eq(back.scaler.growth_tracker, opt.scaler.growth_tracker);

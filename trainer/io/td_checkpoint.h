@@ -53,8 +53,8 @@ int td_checkpoint_load(const char *dir, td_model *model, td_optim *optim, td_tra
 /* state.json's text (len bytes, named `name` in messages) into state and the optimizer's step
  * count and loss scaler (nothing else of optim is touched): what td_checkpoint_load reads from
  * the file, and the fuzzer's entry (tests/fuzz). */
-int td_checkpoint_parse_state(const char *text, size_t len, const char *name,
-                              td_train_state *state, td_optim *optim, td_err *err);
+int td_checkpoint_parse_state(const char *text, size_t len, const char *name, td_train_state *state,
+                              td_optim *optim, td_err *err);
 
 /* Writes every parameter and buffer of the model to a safetensors file by state_dict name, with
  * metadata as td_checkpoint_save's. */
