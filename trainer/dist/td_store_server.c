@@ -52,7 +52,7 @@ struct td_store_server {
     member *ranks; /* [world] who joined as each rank (rank -1: no one yet) */
     bool *ready;   /* [world] */
     int n_ready;
-    int waiting; /* GETs waiting or answering: server_stop lets them answer before it closes */
+    int waiting; /* requests being handled or answered: server_stop lets them answer first */
 };
 
 /* ---- server -------------------------------------------------------------------------- */
@@ -140,7 +140,6 @@ typedef struct answer {
     size_t len;
     bool silent;  /* no reply (the server is stopping) */
     bool hang_up; /* close the connection after the reply */
-    bool waited;  /* counted in s->waiting until the reply is out */
 } answer;
 
 static void say(answer *a, uint8_t status, const char *text) {
@@ -274,8 +273,6 @@ static void abort_rendezvous(server *s, conn *c, const char *ns, const uint8_t *
 
 static void get(server *s, const char *key, answer *a) {
     entry *e;
-    s->waiting++;
-    a->waited = true;
     while (!(e = find(s, key)) && !s->failed[0] && !s->stopping)
         pthread_cond_wait(&s->changed, &s->lock);
     if (e) {
@@ -354,17 +351,19 @@ static void *serve_client(void *p) {
         value = td_realloc(value, vlen);
         if (td_net_recv_all(fd, value, vlen, forever, NULL) != 0) break;
         answer a = {0};
+        /* counted until the reply is out: a failure this request causes (a misfit) makes
+         * rank 0 stop the server, which must not shut this connection before its answer says
+         * why */
         pthread_mutex_lock(&s->lock);
+        s->waiting++;
         handle(s, &c, op, key, value, vlen, &a);
         pthread_mutex_unlock(&s->lock);
         int rc = a.silent ? 0 : reply(fd, a.status, a.data, a.len);
         free(a.data);
-        if (a.waited) {
-            pthread_mutex_lock(&s->lock);
-            s->waiting--;
-            pthread_cond_broadcast(&s->changed);
-            pthread_mutex_unlock(&s->lock);
-        }
+        pthread_mutex_lock(&s->lock);
+        s->waiting--;
+        pthread_cond_broadcast(&s->changed);
+        pthread_mutex_unlock(&s->lock);
         if (rc != 0 || a.hang_up) break;
     }
     pthread_mutex_lock(&s->lock);
@@ -417,8 +416,8 @@ void td_store_server_stop(server *s) {
                     s->ranks[0].rank == 0 ? who(&s->ranks[0]).s : "rank 0");
     s->stopping = true;
     pthread_cond_broadcast(&s->changed);
-    /* the ranks waiting in a GET answer with why before their connections go (bounded: one may
-     * be stuck sending to a rank that stopped reading) */
+    /* the requests in hand (a GET waiting, a misfit saying why) answer before their connections
+     * go (bounded: one may be stuck sending to a rank that stopped reading) */
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 2;
