@@ -448,3 +448,59 @@ Test(text, eval_iters_reads_the_first_batches_of_the_validation_split) {
     cr_expect(fabs(val[0] - val[1]) <= 1e-6 * val[0],
               "the first batch of the long text %.9g, the short text whole %.9g", val[1], val[0]);
 }
+
+/* The eval line of a language model: the training loss estimated on eval_iters random batches of
+ * training windows (nanoGPT's estimate_loss) and the perplexity exp(val_loss); the estimate's
+ * windows come from a stream of their own, so the training lines are those of a run without it. */
+Test(text, eval_line_estimates_the_training_loss_and_leaves_training_as_it_was) {
+    char text[3000];
+    for (int i = 0; i < 2999; i++) text[i] = "to be or not to be, that is the question; "[i % 42];
+    text[2999] = 0;
+    char train_path[600];
+    snprintf(train_path, sizeof train_path, "%s", test_write_file("q.txt", text, strlen(text)));
+    char *runs[2];
+    for (int k = 0; k < 2; k++) {
+        char spec[2400];
+        snprintf(spec, sizeof spec,
+                 "{\"model\": {\"preset\": \"gpt\", \"n_layer\": 1, \"n_head\": 2, \"n_embd\": 8,"
+                 " \"block_size\": 8},"
+                 " \"data\": {\"format\": \"text\", \"train\": {\"path\": \"%s\"},"
+                 " \"val_fraction\": 0.1, \"block_size\": 8},"
+                 " \"log\": {\"every_steps\": 1},"
+                 " \"train\": {\"max_steps\": 7, \"batch_size\": 4, \"eval_every_steps\": 3,"
+                 " \"seed\": 5, %s \"optimizer\": {\"type\": \"adamw\", \"lr\": 0.01}}}",
+                 train_path, k ? "\"eval_iters\": 3," : "");
+        runs[k] = test_run_job(spec, NULL, NULL);
+    }
+    /* the estimate's run: eval lines with both, the perplexity exp(val_loss) */
+    int evals = 0;
+    double first = 0;
+    for (const char *e = runs[1]; (e = strstr(e, "\"event\":\"eval\"")); e++, evals++) {
+        const char *l = strstr(e, "\"loss\":"), *v = strstr(e, "\"val_loss\":"),
+                   *p = strstr(e, "\"perplexity\":"), *end = strchr(e, '\n');
+        cr_assert(l && v && p && p < end, "an eval line with loss and perplexity: %s", e);
+        double loss = strtod(l + 7, NULL), val = strtod(v + 11, NULL), ppl = strtod(p + 13, NULL);
+        cr_expect(loss > 0 && isfinite(loss), "%s", e);
+        cr_expect(fabs(ppl - exp(val)) <= 1e-6 * ppl, "perplexity %.9g, val_loss %.9g", ppl, val);
+        if (evals == 0) first = loss;
+        else cr_expect(loss < first, "training lowers the estimate: %.6f then %.6f", first, loss);
+    }
+    cr_expect_eq(evals, 2, "steps 3 and 6 (the end's evaluation has no line): %s", runs[1]);
+    /* without eval_iters: no estimate, still the perplexity */
+    const char *e0 = strstr(runs[0], "\"event\":\"eval\"");
+    cr_assert(e0, "%s", runs[0]);
+    const char *e0_end = strchr(e0, '\n'), *l0 = strstr(e0, "\"loss\":");
+    cr_expect(strstr(e0, "\"perplexity\":") < e0_end && l0 > e0_end, "%s", e0);
+    /* the same training lines, step by step (the timings apart) */
+    for (int step = 1; step <= 7; step++) {
+        char key[48];
+        snprintf(key, sizeof key, "\"event\":\"train\",\"step\":%d,", step);
+        const char *a = strstr(runs[0], key), *b = strstr(runs[1], key);
+        cr_assert(a && b, "step %d's train line", step);
+        const char *la = strstr(a, "\"loss\":"), *lb = strstr(b, "\"loss\":");
+        cr_expect(strtod(la + 7, NULL) == strtod(lb + 7, NULL), "step %d: %.9g and %.9g", step,
+                  strtod(la + 7, NULL), strtod(lb + 7, NULL));
+    }
+    free(runs[0]);
+    free(runs[1]);
+}

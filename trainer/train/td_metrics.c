@@ -27,6 +27,7 @@ static const struct {
     {"lr", "%.9g"},
     {"val_loss", "%.9g"},
     {"val_acc", "%.6f"},
+    {"perplexity", "%.9g"},
     {"samples_per_s", "%.1f"},
     {"step_ms", "%.4f"},
     {"elapsed_s", "%.3f"},
@@ -103,12 +104,14 @@ void td_metrics_train(FILE *out, const td_metric_train *m) {
     write_line(out, o);
 }
 
-void td_metrics_eval(FILE *out, int epoch, long step, double val_loss, double val_acc) {
+void td_metrics_eval(FILE *out, const td_metric_eval *m) {
     json_t *o = event(TD_EVENT_EVAL);
-    put_int(o, "epoch", epoch);
-    put_int(o, "step", step);
-    put_real(o, "val_loss", val_loss);
-    put_real(o, "val_acc", val_acc);
+    put_int(o, "epoch", m->epoch);
+    put_int(o, "step", m->step);
+    if (m->language_model && !isnan(m->loss)) put_real(o, "loss", m->loss);
+    put_real(o, "val_loss", m->val_loss);
+    put_real(o, "val_acc", m->val_acc);
+    if (m->language_model) put_real(o, "perplexity", exp(m->val_loss)); /* inf: null */
     write_line(out, o);
 }
 

@@ -32,6 +32,17 @@ typedef struct td_metric_train {
     long skipped_steps;
 } td_metric_train;
 
+typedef struct td_metric_eval {
+    int epoch; /* epochs completed */
+    long step;
+    double val_loss, val_acc;
+    /* a language model's (text and tokens data): perplexity = exp(val_loss), and, when
+     * train.eval_iters is set, loss: the training loss estimated on eval_iters random batches of
+     * training windows (nanoGPT's estimate_loss); NaN: not estimated */
+    bool language_model;
+    double loss;
+} td_metric_eval;
+
 typedef struct td_metric_done {
     long step;
     int epochs;   /* epochs completed */
@@ -42,7 +53,7 @@ typedef struct td_metric_done {
 } td_metric_done;
 
 void td_metrics_train(FILE *out, const td_metric_train *m);
-void td_metrics_eval(FILE *out, int epoch, long step, double val_loss, double val_acc);
+void td_metrics_eval(FILE *out, const td_metric_eval *m);
 /* path: the checkpoint's directory (UTF-8, as the spec it came from) */
 void td_metrics_checkpoint(FILE *out, long step, const char *path);
 void td_metrics_done(FILE *out, const td_metric_done *m);

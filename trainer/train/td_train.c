@@ -107,18 +107,33 @@ static int log_train(trainer *t, loop *L, float lr, td_train_result *res, td_err
     return 0;
 }
 
+/* What an eval line says: data.val's loss and accuracy, and a language model's estimated
+ * training loss and perplexity. */
+static int eval_line(trainer *t, td_metric_eval *e, td_err *err) {
+    *e = (td_metric_eval){.epoch = t->state.epoch,
+                          .step = t->state.step,
+                          .language_model = t->positions > 1};
+    if (td_train_eval_pass(t, &e->val_loss, &e->val_acc, err) != 0) return -1;
+    return td_train_estimate_loss(t, &e->loss, err);
+}
+
 /* After an epoch (t->state.epoch counts it done) or every train.eval_every_steps: evaluation,
  * its line, and one for people. */
 static int evaluate(trainer *t, loop *L, td_train_result *res, td_err *err) {
     double t0 = td_clock_now();
-    if (td_train_eval_pass(t, &res->val_loss, &res->val_acc, err) != 0) return -1;
+    td_metric_eval e;
+    if (eval_line(t, &e, err) != 0) return -1;
+    res->val_loss = e.val_loss;
+    res->val_acc = e.val_acc;
     res->has_val = true;
     L->val_step = t->state.step;
-    if (t->rank0)
-        td_metrics_eval(t->metrics, t->state.epoch, t->state.step, res->val_loss, res->val_acc);
+    if (t->rank0) td_metrics_eval(t->metrics, &e);
     td_train_sample(t);
-    fprintf(t->log, "[traind] epoch %d, step %ld: val_loss %.4f, val_acc %.4f (eval %.2fs)\n",
-            t->state.epoch, t->state.step, res->val_loss, res->val_acc, td_clock_now() - t0);
+    char estimate[48] = "";
+    if (!isnan(e.loss)) snprintf(estimate, sizeof estimate, "loss %.4f (estimated), ", e.loss);
+    fprintf(t->log, "[traind] epoch %d, step %ld: %sval_loss %.4f, val_acc %.4f (eval %.2fs)\n",
+            t->state.epoch, t->state.step, estimate, res->val_loss, res->val_acc,
+            td_clock_now() - t0);
     L->t_interval += td_clock_now() - t0; /* evaluation time is not training throughput */
     return 0;
 }
@@ -255,13 +270,14 @@ int td_train_evaluate(const td_job *job, FILE *metrics, FILE *log, td_train_resu
     else
         rc = td_train_setup(&t, err);
     if (rc == 0) {
-        rc = td_train_eval_pass(&t, &result->val_loss, &result->val_acc, err);
+        td_metric_eval e;
+        rc = eval_line(&t, &e, err);
+        result->val_loss = e.val_loss;
+        result->val_acc = e.val_acc;
         result->has_val = true;
         result->steps = t.state.step;
         result->epochs_done = t.state.epoch;
-        if (rc == 0)
-            td_metrics_eval(t.metrics, t.state.epoch, t.state.step, result->val_loss,
-                            result->val_acc);
+        if (rc == 0) td_metrics_eval(t.metrics, &e);
     }
     td_train_release(&t);
     return rc;

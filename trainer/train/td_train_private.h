@@ -40,6 +40,8 @@ typedef struct trainer {
     td_model model;
     td_optim optim;
     td_loader *train_loader, *val_loader;
+    /* a language model's training windows for the eval line's loss estimate (NULL: none) */
+    td_loader *estimate_loader;
     float *dlogits;
     int classes;
     int positions; /* labels per sample: text's block_size (a loss at every position), else 1 */
@@ -118,6 +120,11 @@ int td_train_gpu_seek_dropout(trainer *t, long batches, td_err *err);
 int td_train_diverged(td_err *err, double loss, long step, int epoch);
 /* Loss and accuracy over data.val, every sample counted once over all ranks. */
 int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *err);
+/* A language model's training loss, estimated as nanoGPT's estimate_loss does: the mean over
+ * train.eval_iters batches per rank of random training windows (seeded by train.seed and the
+ * step, apart from the training batches' stream, which it leaves as it was). NaN without
+ * train.eval_iters, or for data that is not text or tokens. */
+int td_train_estimate_loss(trainer *t, double *loss, td_err *err);
 /* The spec's "sample" (td_train_sample.c): the tokenizer and the prompt, checked at setup; rank 0
  * writes a sample line at each evaluation. */
 int td_train_sample_setup(trainer *t, td_err *err);

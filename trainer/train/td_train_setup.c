@@ -317,6 +317,17 @@ int td_train_setup(trainer *t, td_err *err) {
     if (td_train_join(t, err) != 0) return -1;
     if (t->job->data.val.present)
         t->val_loader = td_loader_create(&t->val, &t->norm, NULL, &t->val_cfg);
+    if (t->job->data.val.present && t->positions > 1 && t->job->train.eval_iters > 0) {
+        /* random training windows of a stream of their own: the training batches stay as they
+         * would be without evaluations (nanoGPT's estimate_loss draws from the global RNG and
+         * shifts them: traind differs there, and says so in README) */
+        td_loader_config c = t->train_cfg;
+        c.pad = c.drop_last = false;
+        c.shuffle = true;
+        c.seed ^= 0x65737469ull; /* "esti" */
+        c.workers = 0;
+        t->estimate_loader = td_loader_create(&t->train, &t->norm, NULL, &c);
+    }
     return 0;
 }
 
@@ -328,6 +339,7 @@ void td_train_release(trainer *t) {
     if (t->own_store) td_store_close(t->store);
     td_loader_destroy(t->train_loader);
     td_loader_destroy(t->val_loader);
+    td_loader_destroy(t->estimate_loader);
     free(t->dlogits);
     td_optim_free(&t->optim);
     td_model_free(&t->model);

@@ -5,6 +5,7 @@
 #include "ops/td_ops.h"
 
 #include <math.h>
+#include <stdint.h>
 
 int td_train_diverged(td_err *err, double loss, long step, int epoch) {
     return td_fail(err,
@@ -173,17 +174,18 @@ int td_train_gpu_seek_dropout(trainer *t, long batches, td_err *err) {
     return t->gpu_api->seek_dropout(t->gpu, (unsigned long long)(batches * nodes), err);
 }
 
-int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *err) {
+/* Sums over the first `cap` batches (0: all) of the loader's epoch, on this rank: the loss, the
+ * correct predictions and the predictions made (a text sample makes one per position). */
+static int pass_sums(trainer *t, td_loader *ld, long cap, float sums[3], td_err *err) {
     td_run run = {.training = false, .rng = &t->state.dropout_rng};
     double *profile = t->model.profile; /* only training steps are profiled */
     t->model.profile = NULL;
     double loss = 0;
-    long correct = 0, seen = 0, batches = 0, cap = t->job->train.eval_iters;
-    td_loader_start_epoch(t->val_loader, 0, 0);
+    long correct = 0, seen = 0, batches = 0;
     td_batch b;
     if (t->gpu) { /* the training loss pending on the device must not mix with these sums */
         if (td_train_gpu_flush_loss(t, err) != 0) return -1;
-        while ((!cap || batches++ < cap) && td_loader_next(t->val_loader, &b)) {
+        while ((!cap || batches++ < cap) && td_loader_next(ld, &b)) {
             run.n = b.n;
             if (t->gpu_api->set_batch(t->gpu, &t->model, b.x, b.labels, b.n, err) != 0) return -1;
             t->gpu_api->forward(t->gpu, &t->model, &run);
@@ -194,7 +196,7 @@ int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *er
         if (t->gpu_api->take_totals(t->gpu, &loss, &hits, err) != 0) return -1;
         correct = (long)hits;
     }
-    while (!t->gpu && (!cap || batches++ < cap) && td_loader_next(t->val_loader, &b)) {
+    while (!t->gpu && (!cap || batches++ < cap) && td_loader_next(ld, &b)) {
         run.n = b.n;
         const float *logits = td_model_forward(&t->model, b.x, &run);
         int hits, rows = b.n * t->positions; /* text: every position's prediction counts */
@@ -204,10 +206,31 @@ int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *er
         seen += rows;
     }
     t->model.profile = profile;
+    sums[0] = (float)loss;
+    sums[1] = (float)correct;
+    sums[2] = (float)seen;
+    return 0;
+}
+
+int td_train_eval_pass(trainer *t, double *val_loss, double *val_acc, td_err *err) {
+    float sums[3];
+    td_loader_start_epoch(t->val_loader, 0, 0);
+    if (pass_sums(t, t->val_loader, t->job->train.eval_iters, sums, err) != 0) return -1;
     /* every validation sample counted once, over all ranks */
-    float sums[3] = {(float)loss, (float)correct, (float)seen};
     if (td_train_allreduce(t, sums, 3, false, err) != 0) return -1;
     *val_loss = sums[0] / sums[2];
     *val_acc = sums[1] / sums[2];
+    return 0;
+}
+
+int td_train_estimate_loss(trainer *t, double *loss, td_err *err) {
+    *loss = NAN;
+    if (!t->estimate_loader) return 0;
+    /* the epoch is the step: other windows at each evaluation, the same ones after a resume */
+    float sums[3];
+    td_loader_start_epoch(t->estimate_loader, (int)(t->state.step % INT32_MAX), 0);
+    if (pass_sums(t, t->estimate_loader, t->job->train.eval_iters, sums, err) != 0) return -1;
+    if (td_train_allreduce(t, sums, 3, false, err) != 0) return -1;
+    *loss = sums[0] / sums[2];
     return 0;
 }
