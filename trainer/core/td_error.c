@@ -1,9 +1,11 @@
 #include "core/td_error.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 int td_fail(td_err *err, const char *fmt, ...) {
     if (err) {
@@ -66,10 +68,20 @@ char *td_strdup_checked(const char *s, const char *file, int line) {
     return memcpy(td_malloc_checked(n, file, line), s, n);
 }
 
+/* A block of 2 MiB or more (a model's parameters, gradients, optimizer state, activations) is
+ * aligned to 2 MiB and asked for transparent huge pages: the kernel then maps it 2 MiB at a time,
+ * 512 times fewer page faults than 4 KiB pages (GPT-2 124M's 6 GB took 35 s to fault in on a VM
+ * where each fault is a trap to the hypervisor; with huge pages, a few), and fewer TLB misses in
+ * the GEMMs. Where THP is off (never), madvise fails and the block is ordinary memory. */
+enum { HUGE_PAGE = 2 << 20 };
+
 void *td_aligned_alloc_checked(size_t size, const char *file, int line) {
-    size_t rounded = (size + 63) / 64 * 64;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    bool huge = size >= HUGE_PAGE;
+    size_t align = huge ? HUGE_PAGE : 64;
+    size_t rounded = size ? (size + align - 1) / align * align : 64;
+    void *p = aligned_alloc(align, rounded);
     if (!p) td_die(file, line, "out of memory", "reduce train.batch_size or the model size");
-    memset(p, 0, rounded ? rounded : 64);
+    if (huge) (void)madvise(p, rounded, MADV_HUGEPAGE); /* a hint: its failure changes nothing */
+    memset(p, 0, rounded);
     return p;
 }
