@@ -1,6 +1,8 @@
 """The PyTorch side of bench/gpt.sh: nanoGPT's GPT (tests/reference/torch_parity.py writes its
 architecture: non-flash attention, as PyTorch 1.13 has no scaled_dot_product_attention) trained
-with AdamW on random windows of a text's characters, the batch and sizes of the traind run.
+with AdamW on random windows of a text's characters (or, with --vocab, of random token ids: GPT-2
+124M's row, where what the ids say does not change the work), the batch and sizes of the traind
+run.
 Prints one JSON line: milliseconds per step (best interval after warm-up) and tokens/s.
 
 Run with /usr/bin/python3 (Debian's python3-torch); threads come from the caller.
@@ -21,7 +23,9 @@ import torch_parity  # noqa: E402
 
 def main():
     a = argparse.ArgumentParser()
-    a.add_argument("--text", required=True)
+    a.add_argument("--text")
+    a.add_argument("--vocab", type=int, help="random ids below this instead of --text's characters")
+    a.add_argument("--bias", type=int, default=1)
     a.add_argument("--layers", type=int, default=4)
     a.add_argument("--heads", type=int, default=4)
     a.add_argument("--embd", type=int, default=128)
@@ -32,10 +36,15 @@ def main():
     o = a.parse_args()
     torch.set_num_threads(o.threads)
     torch.manual_seed(1337)
-    text = open(o.text, encoding="utf-8").read()
-    chars = sorted(set(text))
-    ids = torch.tensor([chars.index(c) for c in text[:200000]], dtype=torch.long)
-    model = torch_parity.TinyGPT(len(chars), o.block, o.embd, o.heads, o.layers)
+    if o.vocab:
+        vocab = o.vocab
+        ids = torch.randint(vocab, (200000,))
+    else:
+        text = open(o.text, encoding="utf-8").read()
+        chars = sorted(set(text))
+        vocab = len(chars)
+        ids = torch.tensor([chars.index(c) for c in text[:200000]], dtype=torch.long)
+    model = torch_parity.TinyGPT(vocab, o.block, o.embd, o.heads, o.layers, bias=bool(o.bias))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
     times = []
     for step in range(o.steps):
