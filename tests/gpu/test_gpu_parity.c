@@ -153,9 +153,12 @@ static const pcase CASES[] = {
     {"batchnorm+relu, output read twice", "conv2d out_channels=4 kernel_size=1 bias=0; batchnorm2d "
      "name=bn; relu name=r; add inputs=r,bn" FLAT_CLASSES, IMG(3, 5, 5), TRAIN, CE_FUSED(0)},
     {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}, 0, 0},
-    /* A transformer's ops. They have no GPU side yet (td_gpu_op_embedding and the rest are not
-     * written): on a GPU this case fails at attach, naming the first, until they are. Its input
-     * is random floats, not token ids: the ids it needs come with the GPU side. */
+    {"layernorm", "linear out_features=16; layernorm" TO_CLASSES, FLAT(24), TRAIN, CE},
+    {"layernorm -bias", "linear out_features=40 bias=0; layernorm bias=0" TO_CLASSES, FLAT(24),
+     TRAIN, CE},
+    /* A transformer's other ops. They have no GPU side yet (td_gpu_op_embedding and the rest are
+     * not written): on a GPU this case fails at attach, naming the first, until they are. Its
+     * input is random floats, not token ids: the ids it needs come with the GPU side. */
     {"gpt block (no GPU side yet)", "embedding num_embeddings=16 embedding_dim=8; "
      "position_embedding block_size=8; layernorm; linear out_features=24; causal_attention "
      "n_head=2; linear out_features=8; flatten" TO_CLASSES, FLAT(6), TRAIN, CE},
