@@ -482,8 +482,10 @@ Test(text, eval_line_estimates_the_training_loss_and_leaves_training_as_it_was) 
         double loss = strtod(l + 7, NULL), val = strtod(v + 11, NULL), ppl = strtod(p + 13, NULL);
         cr_expect(loss > 0 && isfinite(loss), "%s", e);
         cr_expect(fabs(ppl - exp(val)) <= 1e-6 * ppl, "perplexity %.9g, val_loss %.9g", ppl, val);
-        if (evals == 0) first = loss;
-        else cr_expect(loss < first, "training lowers the estimate: %.6f then %.6f", first, loss);
+        if (evals == 0)
+            first = loss;
+        else
+            cr_expect(loss < first, "training lowers the estimate: %.6f then %.6f", first, loss);
     }
     cr_expect_eq(evals, 2, "steps 3 and 6 (the end's evaluation has no line): %s", runs[1]);
     /* without eval_iters: no estimate, still the perplexity */

@@ -23,16 +23,11 @@
 static const struct {
     const char *key, *format;
 } REAL_FORMATS[] = {
-    {"loss", "%.9g"},
-    {"lr", "%.9g"},
-    {"val_loss", "%.9g"},
-    {"val_acc", "%.6f"},
-    {"perplexity", "%.9g"},
-    {"samples_per_s", "%.1f"},
-    {"step_ms", "%.4f"},
-    {"elapsed_s", "%.3f"},
-    {"gpu_mem_mb", "%.1f"},
-    {"gpu_mem_peak_mb", "%.1f"},
+    {"loss", "%.9g"},       {"lr", "%.9g"},
+    {"val_loss", "%.9g"},   {"val_acc", "%.6f"},
+    {"perplexity", "%.9g"}, {"samples_per_s", "%.1f"},
+    {"step_ms", "%.4f"},    {"elapsed_s", "%.3f"},
+    {"gpu_mem_mb", "%.1f"}, {"gpu_mem_peak_mb", "%.1f"},
     {"loss_scale", "%g"},
 };
 

@@ -110,9 +110,8 @@ static int log_train(trainer *t, loop *L, float lr, td_train_result *res, td_err
 /* What an eval line says: data.val's loss and accuracy, and a language model's estimated
  * training loss and perplexity. */
 static int eval_line(trainer *t, td_metric_eval *e, td_err *err) {
-    *e = (td_metric_eval){.epoch = t->state.epoch,
-                          .step = t->state.step,
-                          .language_model = t->positions > 1};
+    *e = (td_metric_eval){
+        .epoch = t->state.epoch, .step = t->state.step, .language_model = t->positions > 1};
     if (td_train_eval_pass(t, &e->val_loss, &e->val_acc, err) != 0) return -1;
     return td_train_estimate_loss(t, &e->loss, err);
 }
