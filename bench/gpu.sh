@@ -7,7 +7,8 @@
 # with torch.compile; both search cuDNN's algorithms first with the same freedom (PyTorch's
 # cudnn.benchmark with its default cudnn.deterministic = False; traind's train.cudnn_benchmark
 # with train.deterministic false); then what DDP over a world of one (NCCL, bucketed
-# all-reduce) costs on the ResNet-18 for both (traind through TRAIND_FORCE_DDP=1).
+# all-reduce) costs on the ResNet-18 for both (traind through TRAIND_FORCE_DDP=1); and GPT-2
+# 124M's training tokens/s in bf16 against PyTorch with scaled_dot_product_attention.
 #
 #   bench/gpu.sh [BUILD_DIR]        (default: build)
 #
@@ -18,8 +19,8 @@
 # A progress line per figure goes to stderr as it is measured, so a run cut short still shows
 # what it had.
 # Environment: PYTHON (default python3, with torch and torchvision), BENCH_COMPILE=0 skips
-# torch.compile, BENCH_MODELS (comma list of resnet50, resnet18_cifar, lenet5, mlp, ddp; default
-# all) picks rows, BENCH_TIMEOUT (default 300) bounds each traind-worker and PyTorch process in
+# torch.compile, BENCH_MODELS (comma list of resnet50, resnet18_cifar, lenet5, mlp, ddp, gpt2;
+# default all) picks rows, BENCH_TIMEOUT (default 300) bounds each traind-worker and PyTorch process in
 # seconds (a hung one reads "failed"), TRAIND_LD_LIBRARY_PATH (for traind-worker alone;
 # tests/gpu/run.sh sets it).
 set -eu
@@ -29,7 +30,7 @@ worker=$build/traind-worker
 [ -x "$worker" ] || { echo "bench: $worker not found; build first" >&2; exit 1; }
 py=${PYTHON:-python3}
 compile=${BENCH_COMPILE:-1}
-models=${BENCH_MODELS:-resnet50,resnet18_cifar,lenet5,mlp,ddp}
+models=${BENCH_MODELS:-resnet50,resnet18_cifar,lenet5,mlp,ddp,gpt2}
 limit=${BENCH_TIMEOUT:-300}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -131,11 +132,50 @@ if want ddp; then
     echo "bench: ResNet-18-cifar bf16: PyTorch plain $tplain, DDP $tddp img/s" >&2
 fi
 
+# GPT-2 124M (context 1024, batch 16, AdamW, clip 1.0) in bf16: tokens/s, traind on random token
+# ids read from a .bin file, PyTorch on random ids already on the GPU, with SDPA (flash attention)
+gpt_ours=skipped gpt_eager=skipped gpt_compile=skipped
+if want gpt2; then
+    $py -c 'import sys, random; random.seed(1)
+open(sys.argv[1], "wb").write(bytes(b for _ in range(400000)
+    for b in random.randrange(50257).to_bytes(2, "little")))' "$tmp/ids.bin"
+    cat >"$tmp/gpt.json" <<JSON
+{"name": "bench-gpt2", "model": {"preset": "gpt2"},
+ "data": {"format": "tokens", "train": {"path": "$tmp/ids.bin"}, "vocab_size": 50257,
+          "block_size": 1024, "val_fraction": 0},
+ "train": {"max_steps": 30, "batch_size": 16, "seed": 1, "device": "cuda", "precision": "bf16",
+           "optimizer": {"type": "adamw", "lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1,
+                         "decay": "matrices"}, "clip_grad_norm": 1.0},
+ "log": {"every_steps": 5}}
+JSON
+    gpt_ours=$(
+        if [ -n "${TRAIND_LD_LIBRARY_PATH:-}" ]; then
+            LD_LIBRARY_PATH=$TRAIND_LD_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+            export LD_LIBRARY_PATH
+        fi
+        timeout -k 5 "$limit" "$worker" "$tmp/gpt.json" 2>"$tmp/gpt.err" | $py -c '
+import json, sys
+ms = [json.loads(l)["step_ms"] for l in sys.stdin if "\"event\":\"train\"" in l]
+print(16 * 1024 * 1000.0 / (sum(ms[1:]) / len(ms[1:])) if len(ms) > 1 else "nan")' || echo nan)
+    echo "bench: GPT-2 124M bf16: traind $gpt_ours tok/s ($(tail -1 "$tmp/gpt.err"))" >&2
+    for mode in eager compile; do
+        [ "$mode" = compile ] && [ "$compile" = 0 ] && continue
+        r=$(timeout -k 5 "$limit" $py "$here/torch_gpu_peer.py" --model gpt2 --batch 16 \
+            --precision bf16 --mode $mode --steps 20 --warmup 5 2>"$tmp/torch.err" | $py -c '
+import json, sys
+print([json.loads(l)["tok_per_s"] for l in sys.stdin if l.startswith("{")][-1])' 2>/dev/null ||
+            echo nan)
+        echo "bench: GPT-2 124M bf16: PyTorch $mode $r tok/s" >&2
+        if [ "$mode" = eager ]; then gpt_eager=$r; else gpt_compile=$r; fi
+    done
+fi
+
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 torch_version=$($py -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "not found")
-$py - "$results" "$plain" "$ddp" "$tplain" "$tddp" "${gpu:-the GPU}" "$torch_version" <<'PY'
+$py - "$results" "$plain" "$ddp" "$tplain" "$tddp" "${gpu:-the GPU}" "$torch_version" \
+    "$gpt_ours" "$gpt_eager" "$gpt_compile" <<'PY'
 import math, sys
-results, plain, ddp, tplain, tddp, gpu, torch_version = sys.argv[1:]
+results, plain, ddp, tplain, tddp, gpu, torch_version, gpt_ours, gpt_eager, gpt_compile = sys.argv[1:]
 def f(x):  # "skipped" (BENCH_COMPILE=0) reads as a missing figure
     try:
         return float(x)
@@ -168,4 +208,11 @@ for who, p, d in (("traind", f(plain), f(ddp)), ("PyTorch eager AMP", f(tplain),
     ok = math.isfinite(p) and math.isfinite(d) and p > 0
     cost = f"{(1 - d / p) * 100:.1f}%" if ok else "-"
     print(f"| {who:<17} | {num(p, 11)} | {num(d, 9)} | {cost:>8} |")
+print()
+print("GPT-2 124M, context 1024, batch 16, bf16, AdamW: training tokens/s (PyTorch with SDPA)")
+print()
+print("| traind tok/s | PyTorch eager |  ratio | PyTorch compile |  ratio |")
+print("|--------------|---------------|--------|-----------------|--------|")
+a, b, c = f(gpt_ours), f(gpt_eager), f(gpt_compile)
+print(f"| {num(a, 12)} | {num(b, 13)} | {ratio(a, b)} | {num(c, 15)} | {ratio(a, c)} |")
 PY

@@ -3,6 +3,7 @@ momentum 0.9) as the traind-worker run, on synthetic data of the same shape on t
 prints one JSON line with img/s.
 
   python3 torch_gpu_peer.py --model resnet50 --batch 256 --precision bf16 --mode eager [--ddp]
+  python3 torch_gpu_peer.py --model gpt2 --batch 16 --precision bf16 --mode eager   (tokens/s)
 
 bf16 is AMP as PyTorch users run it: torch.autocast(bfloat16) around forward and loss, fp32
 weights and optimizer (traind's bf16 keeps fp32 masters too), channels_last for the
@@ -34,6 +35,73 @@ def resnet(name):
     return m
 
 
+class GPT(nn.Module):
+    """nanoGPT's GPT (bias on, the head tied to the token table) with PyTorch's fused
+    scaled_dot_product_attention (flash attention where the GPU has it), as nanoGPT runs on
+    PyTorch 2."""
+
+    def __init__(self, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768):
+        super().__init__()
+        self.n_head = n_head
+        self.wte, self.wpe = nn.Embedding(vocab, n_embd), nn.Embedding(block, n_embd)
+        self.h = nn.ModuleList(nn.ModuleDict(dict(
+            ln_1=nn.LayerNorm(n_embd), c_attn=nn.Linear(n_embd, 3 * n_embd),
+            c_proj=nn.Linear(n_embd, n_embd), ln_2=nn.LayerNorm(n_embd),
+            c_fc=nn.Linear(n_embd, 4 * n_embd), mlp_proj=nn.Linear(4 * n_embd, n_embd)))
+            for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for blk in self.h:
+            q, k, v = blk["c_attn"](blk["ln_1"](x)).split(x.size(-1), dim=2)
+            q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + blk["c_proj"](y.transpose(1, 2).contiguous().view(b, t, -1))
+            x = x + blk["mlp_proj"](F.gelu(blk["c_fc"](blk["ln_2"](x))))
+        return self.lm_head(self.ln_f(x))
+
+
+def gpt2_main(args):
+    """GPT-2 124M, context 1024, AdamW (nanoGPT's settings, fused), random token ids on the GPU:
+    prints tokens/s."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    if args.precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    model = GPT().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=True)
+    run = torch.compile(model) if args.mode == "compile" else model
+    pool = [torch.randint(0, 50257, (args.batch, 1025), device=dev) for _ in range(4)]
+
+    def step(i):
+        ids = pool[i % len(pool)]
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            logits = run(ids[:, :-1])
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), ids[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for i in range(args.warmup):
+        step(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        step(i)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    print(json.dumps({"impl": "pytorch", "model": "gpt2", "batch": args.batch,
+                      "precision": args.precision, "mode": args.mode,
+                      "tok_per_s": args.steps * args.batch * 1024 / dt,
+                      "torch": torch.__version__, "device": torch.cuda.get_device_name(0)}))
+
+
 # model: (builder, sample shape, classes, convolutional)
 MODELS = {
     "resnet50": (lambda: resnet("resnet50"), (3, 224, 224), 1000, True),
@@ -51,7 +119,7 @@ def free_port():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=sorted(MODELS), required=True)
+    ap.add_argument("--model", choices=sorted(MODELS) + ["gpt2"], required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--precision", choices=["fp32", "bf16"], required=True)
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
@@ -60,6 +128,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--lr", type=float, default=0.01)
     args = ap.parse_args()
+    if args.model == "gpt2":
+        return gpt2_main(args)
 
     build, shape, classes, conv = MODELS[args.model]
     dev = torch.device("cuda")

@@ -10,6 +10,8 @@
 #               (its sums then go through NCCL too)
 #   c) fmnist   Fashion-MNIST LeNet-5 in bf16 reaches val_acc >= 0.90, with cuDNN's algorithms
 #               timed (train.cudnn_benchmark)
+#   c2) gpt     nanoGPT's Shakespeare example: 30 steps in fp32 on the GPU within 1e-3 of the
+#               CPU's losses, then 200 steps in bf16 that learn and write a sample
 #   d) resume   N steps straight against N/2, stop, resume (checkpoint bytes, loss lines): fp32
 #               with BatchNorm (resume), whose straight run must also equal the same job with
 #               CUDA graphs off (graph-eq), and, separately, with dropout (resume-d); fp16 with its
@@ -37,7 +39,7 @@
 #                  resume-d and recompute should pass there; the rest fail)
 # Staging, for machines that limit one command's time (the device tool: 10 minutes a command;
 # BUILD_DIR stays between calls while the machine is warm):
-#   ONLY=a,b,...   only these items: build parity ddp1 fmnist resume resume-d resume-fp16
+#   ONLY=a,b,...   only these items: build parity ddp1 fmnist gpt resume resume-d resume-fp16
 #                  recompute bench. Without build in the list the existing BUILD_DIR is reused.
 #   SKIP_BUILD=1   reuse BUILD_DIR as it is (same as leaving build out of ONLY)
 #   KEEP_BUILD=1   configure and build in BUILD_DIR without removing it first (continues a
@@ -79,7 +81,7 @@ case $budget in
     exit 2
     ;;
 esac
-all_items="build parity ddp1 fmnist resume resume-d resume-fp16 recompute bench"
+all_items="build parity ddp1 fmnist gpt resume resume-d resume-fp16 recompute bench"
 for i in ${only//,/ }; do
     case " $all_items " in
     *" $i "*) ;;
@@ -600,6 +602,62 @@ $out/fmnist.err)" $((SECONDS - t0)) yes
 timed" $((SECONDS - t0)) yes
         else
             record fmnist FAIL "val_acc $acc < 0.90 after 10 epochs, bf16" $((SECONDS - t0)) yes
+        fi
+    fi
+fi
+
+# ---- c2) a GPT (nanoGPT's Shakespeare example) on the GPU against the CPU ------------------------
+
+if begin gpt; then
+    t0=$SECONDS
+    rm -f "$out"/gpt-*.json "$out"/gpt-*.out "$out"/gpt-*.err
+    # 30 steps with a loss line each: fp32 on the GPU against the CPU (1e-3 relative, the
+    # kernels' sums run in another order), then bf16 on the GPU with an evaluation and a sample
+    if ! $py -c 'import json, sys
+job = json.load(open(sys.argv[1]))
+job["data"]["train"]["path"] = sys.argv[2]
+job["log"] = {"every_steps": 1}
+for dev, prec, steps in (("cpu", "fp32", 30), ("cuda", "fp32", 30), ("cuda", "bf16", 200)):
+    j = json.loads(json.dumps(job))
+    j["train"].update(device=dev, precision=prec, max_steps=steps, eval_every_steps=100,
+                      eval_iters=5)
+    j["train"].pop("threads", None)
+    json.dump(j, open("%s/gpt-%s-%s.json" % (sys.argv[3], dev, prec), "w"), indent=1)' \
+        "$top/examples/shakespeare-gpt.json" "$top/examples/data/tinyshakespeare.txt" "$out"; then
+        record gpt FAIL "could not write the GPT jobs with $py" $((SECONDS - t0)) yes
+    else
+        rc=0
+        for run in cpu-fp32 "$device"-fp32 "$device"-bf16; do
+            [ -f "$out/gpt-$run.out" ] && continue
+            td timeout -k 10 "$(tmo 900)" "$worker" "$out/gpt-$run.json" >"$out/gpt-$run.out" \
+                2>"$out/gpt-$run.err" || rc=$?
+        done
+        verdict=$($py -c 'import json, sys
+def lines(path, event):
+    return [json.loads(l) for l in open(path) if "\"event\":\"%s\"" % event in l]
+cpu = [l["loss"] for l in lines(sys.argv[1], "train")]
+gpu = [l["loss"] for l in lines(sys.argv[2], "train")]
+if len(cpu) != 30 or len(gpu) != 30:
+    print("FAIL %d CPU and %d GPU loss lines, expected 30 each" % (len(cpu), len(gpu))); sys.exit()
+worst = max(abs(a - b) / abs(a) for a, b in zip(cpu, gpu))
+bf = [l["loss"] for l in lines(sys.argv[3], "train")]
+samples = lines(sys.argv[3], "sample")
+if worst > 1e-3:
+    print("FAIL fp32 GPU losses differ from the CPU by %.2e relative (bound 1e-3)" % worst)
+elif len(bf) != 200 or not bf[-1] < bf[0] - 1.0:
+    print("FAIL bf16: %d loss lines, first %s, last %s" % (len(bf), bf[:1], bf[-1:]))
+elif not samples:
+    print("FAIL bf16: no sample line")
+else:
+    print("PASS fp32 losses within %.1e of the CPU over 30 steps; bf16 loss %.3f -> %.3f in 200 "
+          "steps, sample: %r" % (worst, bf[0], bf[-1], samples[-1]["text"][:40]))' \
+            "$out/gpt-cpu-fp32.out" "$out/gpt-$device-fp32.out" "$out/gpt-$device-bf16.out" \
+            2>&1 | tail -1)
+        if [ $rc -ne 0 ]; then
+            record gpt FAIL "worker $(why $rc): $(tail -1 "$out/gpt-$device-bf16.err")" \
+                $((SECONDS - t0)) yes
+        else
+            record gpt "${verdict%% *}" "${verdict#* }" $((SECONDS - t0)) yes
         fi
     fi
 fi

@@ -52,6 +52,9 @@ typedef struct pcase {
     int fused;         /* ReLUs the GPU plan must fuse into the BatchNorm or Add before (unless
                           TRAIND_GPU_FUSION=0) */
     double bf16_bound; /* 0: BF16_BOUND */
+    /* a language model's case: the input is c token ids below vocab, the model ends in a
+     * sequence [c, classes] of logits, and every position has a label (0: an ordinary case) */
+    int vocab;
 } pcase;
 
 /* bf16's bound on the relative error, and a looser one for two conv + training-mode BatchNorm
@@ -68,13 +71,16 @@ typedef struct pcase {
 #define FLAT_CLASSES "; flatten; linear out_features=5"
 #define IMG(c, h, w) c, h, w
 #define FLAT(f)      f, 0, 0
+#define TOKENS(t)    t, 0, 0 /* t token ids (the case's vocab says how many there are) */
 #define TRAIN        true, false
 #define EVAL         false, false
 #define EVAL_WARM    false, true
 /* cross-entropy, and how many ReLUs the GPU must fuse into the op before */
-#define CE                {TD_LOSS_CROSS_ENTROPY, 0.0f}, 0, 0
-#define CE_FUSED(k)       {TD_LOSS_CROSS_ENTROPY, 0.0f}, k, 0
-#define CE_FUSED_CHAIN(k) {TD_LOSS_CROSS_ENTROPY, 0.0f}, k, BF16_CHAIN_BOUND
+#define CE                {TD_LOSS_CROSS_ENTROPY, 0.0f}, 0, 0, 0
+#define CE_FUSED(k)       {TD_LOSS_CROSS_ENTROPY, 0.0f}, k, 0, 0
+#define CE_FUSED_CHAIN(k) {TD_LOSS_CROSS_ENTROPY, 0.0f}, k, BF16_CHAIN_BOUND, 0
+/* a language model's: the input is token ids below v, a label at every position */
+#define CE_TOKENS(v) {TD_LOSS_CROSS_ENTROPY, 0.0f}, 0, 0, v
 
 /* A convolution or linear layer right before a training-mode BatchNorm has no bias, as in
  * PyTorch's ResNets: that bias's gradient is zero in exact arithmetic (the normalisation removes
@@ -124,7 +130,7 @@ static const pcase CASES[] = {
     {"dropout eval", "linear out_features=16; dropout p=0.5" TO_CLASSES, FLAT(24), EVAL, CE},
     {"identity", "linear out_features=16; identity" TO_CLASSES, FLAT(24), TRAIN, CE},
     {"loss cross_entropy ls=0.1", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN,
-     {TD_LOSS_CROSS_ENTROPY, 0.1f}, 0, 0},
+     {TD_LOSS_CROSS_ENTROPY, 0.1f}, 0, 0, 0},
     {"activation checkpointing", "conv2d out_channels=6 kernel_size=3 padding=1 bias=0 seg=1; "
      "batchnorm2d seg=1; relu seg=1; conv2d out_channels=6 kernel_size=3 padding=1 bias=0 seg=2; "
      "batchnorm2d seg=2; relu seg=2" FLAT_CLASSES, IMG(3, 8, 8), TRAIN, CE_FUSED_CHAIN(2)},
@@ -152,16 +158,22 @@ static const pcase CASES[] = {
      FLAT_CLASSES, IMG(3, 6, 6), TRAIN, CE_FUSED_CHAIN(2)},
     {"batchnorm+relu, output read twice", "conv2d out_channels=4 kernel_size=1 bias=0; batchnorm2d "
      "name=bn; relu name=r; add inputs=r,bn" FLAT_CLASSES, IMG(3, 5, 5), TRAIN, CE_FUSED(0)},
-    {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}, 0, 0},
+    {"loss mse", "linear out_features=16; gelu" TO_CLASSES, FLAT(24), TRAIN, {TD_LOSS_MSE, 0.0f}, 0, 0, 0},
     {"layernorm", "linear out_features=16; layernorm" TO_CLASSES, FLAT(24), TRAIN, CE},
     {"layernorm -bias", "linear out_features=40 bias=0; layernorm bias=0" TO_CLASSES, FLAT(24),
      TRAIN, CE},
-    /* A transformer's other ops. They have no GPU side yet (td_gpu_op_embedding and the rest are
-     * not written): on a GPU this case fails at attach, naming the first, until they are. Its
-     * input is random floats, not token ids: the ids it needs come with the GPU side. */
-    {"gpt block (no GPU side yet)", "embedding num_embeddings=16 embedding_dim=8; "
-     "position_embedding block_size=8; layernorm; linear out_features=24; causal_attention "
-     "n_head=2; linear out_features=8; flatten" TO_CLASSES, FLAT(6), TRAIN, CE},
+    /* A GPT block on token ids, as the gpt preset builds it (pre-LayerNorm attention and MLP,
+     * both residual, the head tied to the token table): every position's loss, the tied weight's
+     * gradient from both its nodes. Six positions of a context of 8, heads of 4 and of 16. */
+    {"gpt block (tokens, tied head)", "embedding name=wte num_embeddings=16 embedding_dim=8; "
+     "position_embedding name=pos block_size=8; layernorm; linear out_features=24; "
+     "causal_attention n_head=2; linear name=attn out_features=8; add name=res inputs=attn,pos; "
+     "layernorm; linear out_features=32; gelu approximate=tanh; linear name=mlp out_features=8; "
+     "add inputs=mlp,res; layernorm; linear out_features=16 bias=0 weight_from=wte", TOKENS(6),
+     TRAIN, CE_TOKENS(16)},
+    {"causal attention, head size 16", "embedding num_embeddings=16 embedding_dim=32; "
+     "linear out_features=96; causal_attention n_head=2; linear out_features=5", TOKENS(8), TRAIN,
+     CE_TOKENS(16)},
 };
 /* clang-format on */
 
@@ -258,15 +270,21 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
         return -1;
     }
     size_t in_elems = (size_t)BATCH * td_shape_size(input_shape(c));
+    /* rows of logits: a sample each, or a language model's position each */
+    td_shape out = cm.nodes[cm.n_nodes - 1].out_shape;
+    int classes = out.c, rows = BATCH * (c->vocab ? out.h : 1);
     float *x = malloc(in_elems * sizeof(float));
-    float *dlogits = malloc((size_t)BATCH * CLASSES * sizeof(float));
+    float *dlogits = malloc((size_t)rows * classes * sizeof(float));
     float *grads = malloc((cm.param_floats + 1) * sizeof(float));
-    int32_t y[BATCH];
+    int32_t *y = malloc((size_t)rows * sizeof(int32_t));
     td_rng rng, drop_rng;
     td_rng_seed(&rng, SEED);
     td_rng_seed(&drop_rng, SEED + 1);
-    parity_fill_input(x, in_elems, &rng);
-    parity_fill_labels(y, BATCH, &rng);
+    if (c->vocab)
+        parity_fill_ids(x, in_elems, c->vocab, &rng);
+    else
+        parity_fill_input(x, in_elems, &rng);
+    parity_fill_labels(y, rows, &rng);
     td_run run = {.n = BATCH, .training = true, .rng = &drop_rng};
     int rc = -1;
     if (!fused_as_expected(&gm, c->fused, r)) goto done;
@@ -281,7 +299,7 @@ static int run_case(td_gpu *g, const pcase *c, td_precision prec, result *r) {
     if (compare_outputs(g, &cm, &gm, r, &err) != 0) goto done;
 
     int hits = 0;
-    double loss = td_loss_compute(&c->loss, logits, y, BATCH, CLASSES, dlogits, 1.0f, &hits);
+    double loss = td_loss_compute(&c->loss, logits, y, rows, classes, dlogits, 1.0f, &hits);
     td_model_backward(&cm, dlogits, &run);
     gpu->loss(g, &gm, &c->loss, BATCH, 1.0f, true, 1.0f);
     gpu->backward(g, &gm, &run);
@@ -316,6 +334,7 @@ done:
     if (rc != 0 && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", err.msg);
     gpu->check(g, &err); /* leave no failure behind for the next case */
     free(x);
+    free(y);
     free(dlogits);
     free(grads);
     free_pair(g, &cm, &gm);

@@ -28,6 +28,8 @@ double parity_rel_err(const float *want, const float *got, size_t n);
 void parity_note(result *r, double *slot, double e, const char *what, const char *name);
 float parity_to_bf16(float x);
 void parity_fill_input(float *x, size_t n, td_rng *rng);
+/* Token ids: integers in [0, vocab), as a text batch carries them (floats). */
+void parity_fill_ids(float *x, size_t n, int vocab, td_rng *rng);
 void parity_fill_labels(int32_t *y, int n, td_rng *rng);
 int parity_parse_nodes(const char *text, td_node_spec *specs, int *n, td_err *err);
 bool parity_row(const char *name, td_precision prec, const result *r, int rc, double tol);

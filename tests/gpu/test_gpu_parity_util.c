@@ -61,6 +61,10 @@ void parity_fill_input(float *x, size_t n, td_rng *rng) {
     for (size_t i = 0; i < n; i++) x[i] = (float)(2 * perm[i % 256] - 255) / 512.0f;
 }
 
+void parity_fill_ids(float *x, size_t n, int vocab, td_rng *rng) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)td_rng_below(rng, (uint64_t)vocab);
+}
+
 void parity_fill_labels(int32_t *y, int n, td_rng *rng) {
     for (int i = 0; i < n; i++) y[i] = (int32_t)td_rng_below(rng, CLASSES);
 }
@@ -100,6 +104,8 @@ static int parse_node(char *text, int index, td_node_spec *s, td_err *err) {
         const char *value = eq + 1;
         if (strcmp(word, "name") == 0) {
             snprintf(s->name, sizeof s->name, "%s", value);
+        } else if (strcmp(word, "weight_from") == 0) {
+            snprintf(s->weight_from, sizeof s->weight_from, "%s", value);
         } else if (strcmp(word, "seg") == 0) {
             s->segment = atoi(value);
         } else if (strcmp(word, "inputs") == 0) {

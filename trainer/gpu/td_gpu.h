@@ -96,9 +96,10 @@ typedef struct td_gpu_api {
                      td_err *err);
     /* The model on the batch set last; run->scratch, rng and sync are not used on the device. */
     void (*forward)(td_gpu *g, td_model *m, const td_run *run);
-    /* The loss of the batch set last: its sum over the samples × total_weight and the argmax
-     * hits are added to the device's accumulators, and (when backward) the gradient of (mean
-     * loss × grad_scale × loss scale) goes into the last node's gradient, ready for backward. */
+    /* The loss of the batch set last: its sum over the rows × total_weight and the argmax hits
+     * are added to the device's accumulators, and (when backward) the gradient of (mean loss ×
+     * grad_scale × loss scale) goes into the last node's gradient, ready for backward. A row is
+     * a sample, or a language model's position (its n samples are n·T rows). */
     void (*loss)(td_gpu *g, td_model *m, const td_loss *loss, int n, float grad_scale,
                  bool backward, float total_weight);
     void (*backward)(td_gpu *g, td_model *m, const td_run *run);

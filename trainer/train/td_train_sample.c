@@ -32,7 +32,9 @@ int td_train_sample_setup(trainer *t, td_err *err) {
 void td_train_sample_release(trainer *t) {
     td_tokenizer_free(&t->tokenizer);
     free(t->prompt_ids);
+    free(t->sample_logits);
     t->prompt_ids = NULL;
+    t->sample_logits = NULL;
 }
 
 /* The next token from one position's logits (scratch: vocab floats). */
@@ -69,29 +71,64 @@ static int32_t draw(const td_sample_spec *s, const float *logits, int vocab, flo
     return 0;
 }
 
-int32_t *td_generate(td_model *model, int block, int vocab, const td_sample_spec *s,
-                     const int32_t *prompt, size_t n_prompt, uint64_t stream) {
+int32_t *td_generate_with(td_logits_fn logits_of, void *ctx, int block, int vocab,
+                          const td_sample_spec *s, const int32_t *prompt, size_t n_prompt,
+                          uint64_t stream, td_err *err) {
     size_t len = n_prompt, cap = n_prompt + (size_t)s->tokens;
     int32_t *ids = td_malloc(cap * sizeof *ids);
     memcpy(ids, prompt, len * sizeof *ids);
     float *x = td_calloc((size_t)block, sizeof *x), *scratch = td_malloc((size_t)vocab * 4);
-    td_rng rng, unused;
+    td_rng rng;
     td_rng_seed_for(&rng, s->seed, "sample", stream);
-    td_rng_seed(&unused, 0);          /* evaluation draws no dropout masks */
-    double *profile = model->profile; /* not training time */
-    model->profile = NULL;
-    td_run run = {.n = 1, .training = false, .rng = &unused};
     while (len < cap) {
-        size_t ctx = len < (size_t)block ? len : (size_t)block;
-        for (size_t k = 0; k < ctx; k++) x[k] = (float)ids[len - ctx + k];
-        const float *logits = td_model_forward(model, x, &run);
-        ids[len] = draw(s, logits + (ctx - 1) * (size_t)vocab, vocab, scratch, &rng);
+        size_t ctx_len = len < (size_t)block ? len : (size_t)block;
+        for (size_t k = 0; k < ctx_len; k++) x[k] = (float)ids[len - ctx_len + k];
+        const float *logits = logits_of(ctx, x, err);
+        if (!logits) {
+            free(ids);
+            ids = NULL;
+            break;
+        }
+        ids[len] = draw(s, logits + (ctx_len - 1) * (size_t)vocab, vocab, scratch, &rng);
         len++;
     }
-    model->profile = profile;
     free(x);
     free(scratch);
     return ids;
+}
+
+/* The CPU model's logits; evaluation draws no dropout masks and is not training time. */
+static const float *cpu_logits(void *ctx, const float *x, td_err *err) {
+    (void)err;
+    td_model *model = ctx;
+    td_rng unused;
+    td_rng_seed(&unused, 0);
+    double *profile = model->profile;
+    model->profile = NULL;
+    td_run run = {.n = 1, .training = false, .rng = &unused};
+    const float *logits = td_model_forward(model, x, &run);
+    model->profile = profile;
+    return logits;
+}
+
+int32_t *td_generate(td_model *model, int block, int vocab, const td_sample_spec *s,
+                     const int32_t *prompt, size_t n_prompt, uint64_t stream) {
+    td_err unused;
+    return td_generate_with(cpu_logits, model, block, vocab, s, prompt, n_prompt, stream, &unused);
+}
+
+/* On a GPU: the sample as a batch of one, its logits read back (the host model has no
+ * activations of its own there). */
+static const float *gpu_logits(void *ctx, const float *x, td_err *err) {
+    trainer *t = ctx;
+    const td_node *last = &t->model.nodes[t->model.n_nodes - 1];
+    size_t elems = td_shape_size(last->out_shape);
+    if (!t->sample_logits) t->sample_logits = td_malloc(elems * sizeof(float));
+    td_run run = {.n = 1, .training = false, .rng = &t->state.dropout_rng};
+    if (t->gpu_api->set_batch(t->gpu, &t->model, x, NULL, 1, err) != 0) return NULL;
+    t->gpu_api->forward(t->gpu, &t->model, &run);
+    if (t->gpu_api->read(t->gpu, last->out, elems, t->sample_logits, err) != 0) return NULL;
+    return t->sample_logits;
 }
 
 char *td_generate_text(const td_tokenizer *tk, const int32_t *ids, size_t n) {
@@ -106,8 +143,16 @@ char *td_generate_text(const td_tokenizer *tk, const int32_t *ids, size_t n) {
 void td_train_sample(trainer *t) {
     const td_sample_spec *s = &t->job->sample;
     if (!s->present || !t->rank0) return;
-    int32_t *ids = td_generate(&t->model, t->train.shape.c, t->classes, s, t->prompt_ids,
-                               t->n_prompt, (uint64_t)t->state.step);
+    td_err err;
+    int32_t *ids = t->gpu
+                       ? td_generate_with(gpu_logits, t, t->train.shape.c, t->classes, s,
+                                          t->prompt_ids, t->n_prompt, (uint64_t)t->state.step, &err)
+                       : td_generate(&t->model, t->train.shape.c, t->classes, s, t->prompt_ids,
+                                     t->n_prompt, (uint64_t)t->state.step);
+    if (!ids) { /* the device failed: the training step after this reports it */
+        fprintf(t->log, "[traind] step %ld: no sample: %s\n", t->state.step, err.msg);
+        return;
+    }
     char *text = td_generate_text(&t->tokenizer, ids + t->n_prompt, (size_t)s->tokens);
     td_metrics_sample(t->metrics, t->state.step, s->prompt, text);
     free(text);

@@ -83,9 +83,6 @@ static int setup_model(trainer *t, td_err *err) {
     /* on a GPU the host threads only feed it: the model's own work is the device's */
     int threads = t->device.device == TD_DEVICE_CUDA ? 1 : job->train.threads;
     if (build_model(t, max_n, threads, flags, err) != 0) return -1;
-    if (t->model.n_aliases && t->device.device == TD_DEVICE_CUDA)
-        return td_fail(err, "model: weight_from (tied weights) trains on the CPU only for now; set "
-                            "train.device to \"cpu\"");
     td_shape out = td_model_output_shape(&t->model);
     if (out.spatial)
         return td_fail(err,
@@ -133,8 +130,6 @@ static int setup_model(trainer *t, td_err *err) {
     td_optim_init(&t->optim, &job->train.optim, t->model.param_floats);
     t->optim.threads = t->model.threads;
     if (job->train.optim.decay_matrices) {
-        if (t->device.device == TD_DEVICE_CUDA)
-            return td_fail(err, "train.optimizer.decay: \"matrices\" is CPU only for now");
         /* biases and norms' scales (fewer than 2 dimensions) take no decay; params are in
          * block order, so the ranges come sorted */
         size_t(*ranges)[2] = td_malloc((size_t)t->model.n_params * sizeof *ranges);

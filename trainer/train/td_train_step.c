@@ -132,8 +132,9 @@ int td_train_gpu_batch(trainer *t, const td_batch *b, td_run *run, float lr, int
         t->gpu_api->ddp_broadcast_params(t->gpu, &t->model, true, err) != 0)
         return td_train_collective_failed(t, err);
     t->gpu_api->forward(t->gpu, &t->model, run);
+    /* the totals weigh each row: a language model's mean is over every position */
     t->gpu_api->loss(t->gpu, &t->model, &job->train.loss, b->n, 1.0f / (float)group, true,
-                     1.0f / ((float)b->n * (float)group));
+                     1.0f / ((float)b->n * (float)t->positions * (float)group));
     if (last && t->gpu_ddp) t->gpu_api->ddp_begin(t->gpu, run);
     t->gpu_api->backward(t->gpu, &t->model, run);
     if (last && t->gpu_ddp && t->gpu_api->ddp_finish(t->gpu, err) != 0)
@@ -190,7 +191,7 @@ static int pass_sums(trainer *t, td_loader *ld, long cap, float sums[3], td_err 
             if (t->gpu_api->set_batch(t->gpu, &t->model, b.x, b.labels, b.n, err) != 0) return -1;
             t->gpu_api->forward(t->gpu, &t->model, &run);
             t->gpu_api->loss(t->gpu, &t->model, &t->job->train.loss, b.n, 1.0f, false, 1.0f);
-            seen += b.n;
+            seen += (long)b.n * t->positions; /* text: every position's prediction counts */
         }
         double hits;
         if (t->gpu_api->take_totals(t->gpu, &loss, &hits, err) != 0) return -1;

@@ -19,7 +19,7 @@ static void queue_step(td_gpu *g, td_model *m, const td_gpu_step_args *a) {
     if (a->ddp && m->buffer_floats && !td_gpu_ddp_syncs_batchnorm(g))
         td_gpu_ddp_broadcast_params(g, m, true, &ignored);
     td_gpu_forward(g, m, &run);
-    td_gpu_loss(g, m, a->loss, a->n, 1.0f, true, 1.0f / (float)a->n);
+    td_gpu_loss(g, m, a->loss, a->n, 1.0f, true, 1.0f / ((float)a->n * (float)g->positions));
     if (a->ddp) td_gpu_ddp_begin(g, &run);
     td_gpu_backward(g, m, &run);
     if (a->ddp) td_gpu_ddp_finish(g, &ignored);

@@ -77,10 +77,15 @@ struct td_gpu {
     // The batch travels host -> device on its own stream, into input_next / labels_next, while
     // the previous step still computes; its step then takes it over (a device copy, or the
     // conversion to 16 bits) into input / labels, which the step alone reads.
-    void *input;              // [max_n, input size] in the compute precision
-    int32_t *labels;          // [max_n]
+    void *input;     // [max_n, input size] in the compute precision
+    int32_t *labels; // [max_n, positions]
+    int positions;   // labels per sample: a sequence's length (a language model), else 1
+    // A model whose first node is an embedding: the batch's token ids as int32, taken from the
+    // fp32 input_next before any 16-bit conversion could round them (td_gpu_embedding.cu)
+    int32_t *ids; // [max_n, input size]; NULL: none
+    int ids_vocab;
     float *input_next;        // the next batch as copied in, fp32
-    int32_t *labels_next;     // [max_n]
+    int32_t *labels_next;     // [max_n, positions]
     float *input_staging;     // pinned host copy of the batch, fp32
     int32_t *labels_staging;  // pinned
     cudaStream_t copy_stream; // host -> device copies of batches
@@ -105,6 +110,8 @@ struct td_gpu {
     td_optim_config optim;
     bool optim_ready;
     float *m, *v;
+    uint32_t *no_decay; // decay "matrices": a bit per parameter without weight decay; or NULL
+    size_t no_decay_words;
     long long *optim_steps; // steps taken (not skipped), for Adam's bias correction
     float *lr;              // device scalar a captured step reads (td_gpu_optim_set_lr)
     double *norm_sq;        // clipping's squared global norm
@@ -174,6 +181,10 @@ extern "C" {
 #define TD_OP(name) extern const td_gpu_op td_gpu_op_##name;
 #include "ops/td_ops.def"
 }
+
+// The batch's token ids, from its fp32 copy x (n values) into g->ids, on `stream`; nothing for a
+// model without an embedding first.
+void td_gpu_take_ids(td_gpu *g, const float *x, size_t n, cudaStream_t stream);
 
 // Records the first failure: "file:line: what: detail (hint)".
 void td_gpu_fail(td_gpu *g, const char *file, int line, const char *what, const char *detail,

@@ -32,9 +32,9 @@ static __device__ __forceinline__ float warp_sum(float v) {
 
 template <typename T>
 static __global__ void __launch_bounds__(LN_THREADS)
-    layernorm_forward_kernel(const T *__restrict__ x, T *__restrict__ y,
-                             float *__restrict__ stats, const float *__restrict__ w,
-                             const float *__restrict__ b, size_t rows, int c, float eps) {
+    layernorm_forward_kernel(const T *__restrict__ x, T *__restrict__ y, float *__restrict__ stats,
+                             const float *__restrict__ w, const float *__restrict__ b, size_t rows,
+                             int c, float eps) {
     size_t r = (size_t)blockIdx.x * LN_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (r >= rows) return;
@@ -153,8 +153,8 @@ template <typename T> static void ln_bwd(td_gpu *g, td_node *node, const td_gpu_
     }
     dim3 grid((unsigned)((c + LN_COLS - 1) / LN_COLS), LN_GROUPS);
     float *part = (float *)g->workspace;
-    layernorm_param_partials_kernel<T><<<grid, LN_THREADS, 0, run->stream>>>(x, dy, stats, part,
-                                                                             rows, c);
+    layernorm_param_partials_kernel<T>
+        <<<grid, LN_THREADS, 0, run->stream>>>(x, dy, stats, part, rows, c);
     TD_LAUNCHED(g);
     float *db = node->n_params > 1 ? node->params[1]->dev_grad : NULL;
     layernorm_param_grads_kernel<<<(unsigned)((c + 255) / 256), 256, 0, run->stream>>>(

@@ -52,7 +52,8 @@ typedef struct lin_slot {
 
 typedef struct lin_plan {
     td_gpu *g;
-    int in, out, max_n;
+    int in, out, max_n; // max_n: rows of a full batch
+    int per_sample;     // rows a sample: a sequence's positions (each [T, in] row alike), else 1
     bool bias;
     cudaDataType_t type;
     cublasLtMatmulDesc_t desc[PASS_COUNT];
@@ -66,7 +67,8 @@ typedef struct lin_plan {
 
 // db[o] (+)= sum over rows of dy[r, o]. Threads of a warp take consecutive columns (coalesced);
 // the 32 row groups are then summed in a fixed order, so the result is the same at every run
-// (no atomics). A linear's rows are the batch, small enough for one level.
+// (no atomics). A linear's rows are the batch (a sequence's: batch × positions, a few thousand:
+// one level still).
 #define COLSUM_ROWS 32
 template <typename T>
 __global__ void lin_colsum(const T *__restrict__ dy, int rows, int cols, float *__restrict__ db,
@@ -282,7 +284,9 @@ static int lin_plan_node(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     p->g = g;
     p->in = node->in_shape[0].c;
     p->out = node->out_shape.c;
-    p->max_n = node->max_n;
+    // a sequence [T, in] is T rows of the same product, as nn.Linear applies to the last dim
+    p->per_sample = td_shape_is_seq(node->in_shape[0]) ? node->in_shape[0].h : 1;
+    p->max_n = node->max_n * p->per_sample;
     p->bias = node->n_params > 1;
     p->type = td_gpu_cuda_type(g->prec);
     if (lin_build(p) != 0) return td_fail(err, "%s", g->msg);
@@ -293,7 +297,8 @@ static int lin_plan_node(td_gpu *g, td_model *m, td_node *node, td_err *err) {
 
 static void lin_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     lin_plan *p = (lin_plan *)node->gpu;
-    lin_slot *s = slot_for(p, run->n);
+    int rows = run->n * p->per_sample;
+    lin_slot *s = slot_for(p, rows);
     if (!s) return;
     const void *w = td_gpu_weight(g, node->params[0]);
     const void *b = p->bias ? td_gpu_weight(g, node->params[1]) : NULL;
@@ -311,7 +316,7 @@ static void lin_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     TD_CUBLAS(g, cublasLtMatmul(g->lt, desc, &one, w, p->w, x, s->x, &zero, y, s->y, y, s->y,
                                 &al->algo, ws, al->ws, run->stream));
     if (p->bias && !al->fused_bias) {
-        size_t total = (size_t)run->n * p->out;
+        size_t total = (size_t)rows * p->out;
         const float *b32 = node->params[1]->dev_data;
         TD_GPU_DISPATCH(g->prec, T, launch_add_bias<T>(y, b32, total, p->out, run->stream));
         TD_LAUNCHED(g);
@@ -320,7 +325,8 @@ static void lin_forward(td_gpu *g, td_node *node, const td_gpu_run *run) {
 
 static void lin_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
     lin_plan *p = (lin_plan *)node->gpu;
-    lin_slot *s = slot_for(p, run->n);
+    int rows = run->n * p->per_sample;
+    lin_slot *s = slot_for(p, rows);
     if (!s) return;
     const void *x = node->in[0], *dy = node->grad;
     float *dw = node->params[0]->dev_grad;
@@ -335,9 +341,8 @@ static void lin_backward(td_gpu *g, td_node *node, const td_gpu_run *run) {
                                 p->dw, dw, p->dw, &al->algo, ws, al->ws, run->stream));
     if (p->bias) {
         float *db = node->params[1]->dev_grad;
-        TD_GPU_DISPATCH(
-            g->prec, T,
-            launch_colsum<T>(dy, run->n, p->out, db, run->accumulate_grads, run->stream));
+        TD_GPU_DISPATCH(g->prec, T,
+                        launch_colsum<T>(dy, rows, p->out, db, run->accumulate_grads, run->stream));
         TD_LAUNCHED(g);
     }
     void *dx = node->in_grad[0];

@@ -40,6 +40,21 @@ static size_t input_elems(const td_model *m) {
     return (size_t)m->max_n * td_shape_size(m->input_shape);
 }
 
+// Labels of a full batch: one per sample, or a language model's one per position (its logits
+// are a sequence [T, vocabulary]).
+static size_t label_count(const td_model *m) {
+    td_shape out = m->nodes[m->n_nodes - 1].out_shape;
+    return (size_t)m->max_n * (td_shape_is_seq(out) ? out.h : 1);
+}
+
+// The embedding that reads the batch (its token ids), or NULL.
+static const td_node *ids_reader(const td_model *m) {
+    for (int i = 0; i < m->n_nodes; i++)
+        if (m->nodes[i].op == &td_op_embedding && m->nodes[i].inputs[0] == TD_INPUT_NODE)
+            return &m->nodes[i];
+    return NULL;
+}
+
 td_node *td_gpu_fused_relu(const td_gpu *g, td_model *m, const td_node *node) {
     if (!g->fusion || (node->op != &td_op_batchnorm2d && node->op != &td_op_batchnorm1d &&
                        node->op != &td_op_add))
@@ -104,12 +119,17 @@ static int alloc_blocks(td_gpu *g, td_model *m, td_err *err) {
     g->workspace = m->scratch;
     g->workspace_bytes = m->scratch_floats * sizeof(float);
 
-    size_t in = input_elems(m);
+    size_t in = input_elems(m), labels = label_count(m);
+    g->positions = (int)(labels / (size_t)m->max_n);
     g->input = td_gpu_malloc(g, in * elem, "the input batch");
     g->input_next = (float *)td_gpu_malloc(g, in * sizeof(float), "the next input batch");
-    g->labels = (int32_t *)td_gpu_malloc(g, (size_t)m->max_n * sizeof(int32_t), "labels");
-    g->labels_next =
-        (int32_t *)td_gpu_malloc(g, (size_t)m->max_n * sizeof(int32_t), "the next labels");
+    g->labels = (int32_t *)td_gpu_malloc(g, labels * sizeof(int32_t), "labels");
+    g->labels_next = (int32_t *)td_gpu_malloc(g, labels * sizeof(int32_t), "the next labels");
+    const td_node *first = ids_reader(m);
+    if (first) {
+        g->ids = (int32_t *)td_gpu_malloc(g, in * sizeof(int32_t), "the batch's token ids");
+        g->ids_vocab = first->params[0]->dims[0];
+    }
     g->totals = (double *)td_gpu_malloc(g, 2 * sizeof(double), "loss totals");
     g->rng_slots = 2 + (size_t)m->n_segments;
     g->rng_offset = (unsigned long long *)td_gpu_malloc(
@@ -119,7 +139,7 @@ static int alloc_blocks(td_gpu *g, td_model *m, td_err *err) {
     if (take_failure(g, err) != 0) return -1;
     TD_CUDA_RET(g, cudaMallocHost((void **)&g->input_staging, in * sizeof(float)),
                 take_failure(g, err));
-    TD_CUDA_RET(g, cudaMallocHost((void **)&g->labels_staging, (size_t)m->max_n * sizeof(int32_t)),
+    TD_CUDA_RET(g, cudaMallocHost((void **)&g->labels_staging, labels * sizeof(int32_t)),
                 take_failure(g, err));
     TD_CUDA_RET(g, cudaMemsetAsync(g->totals, 0, 2 * sizeof(double), g->stream),
                 take_failure(g, err));
@@ -174,10 +194,12 @@ extern "C" void td_gpu_detach(td_gpu *g, td_model *m) {
     for (int i = 0; i < m->n_params; i++) m->params[i].dev_data = m->params[i].dev_grad = NULL;
     for (int i = 0; i < m->n_buffers; i++) m->buffers[i].dev_data = NULL;
     size_t in = input_elems(m), pbytes = m->param_floats * sizeof(float);
+    size_t labels = label_count(m);
     td_gpu_free(g, g->input_next, in * sizeof(float));
     td_gpu_free(g, g->input, in * td_gpu_elem(g->prec));
-    td_gpu_free(g, g->labels_next, (size_t)m->max_n * sizeof(int32_t));
-    td_gpu_free(g, g->labels, (size_t)m->max_n * sizeof(int32_t));
+    td_gpu_free(g, g->ids, in * sizeof(int32_t));
+    td_gpu_free(g, g->labels_next, labels * sizeof(int32_t));
+    td_gpu_free(g, g->labels, labels * sizeof(int32_t));
     td_gpu_free(g, g->totals, 2 * sizeof(double));
     td_gpu_free(g, g->rng_offset, g->rng_slots * sizeof(unsigned long long));
     if (g->input_staging) cudaFreeHost(g->input_staging);
@@ -190,7 +212,7 @@ extern "C" void td_gpu_detach(td_gpu *g, td_model *m) {
     free(g->ops);
     g->ops = NULL;
     g->input = g->input_next = g->input_staging = NULL;
-    g->labels = g->labels_next = g->labels_staging = NULL;
+    g->labels = g->labels_next = g->labels_staging = g->ids = NULL;
     g->totals = NULL;
     g->rng_offset = g->recompute_offset = g->segment_offsets = NULL;
     g->rng_slots = 0;
@@ -304,7 +326,7 @@ extern "C" int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const in
     if (n <= 0 || n > m->max_n)
         return td_fail(err, "td_gpu_set_batch: %d samples, the model holds 1..%d", n, m->max_n);
     size_t elems = (size_t)n * td_shape_size(m->input_shape);
-    size_t label_bytes = (size_t)n * sizeof(int32_t);
+    size_t label_bytes = (size_t)n * g->positions * sizeof(int32_t);
     // the previous batch's copy must have left the pinned buffers before they are refilled
     if (td_gpu_ddp_wait_event(g, g->staging_free, err) != 0) return -1;
     memcpy(g->input_staging, x, elems * sizeof(float));
@@ -331,6 +353,7 @@ extern "C" int td_gpu_set_batch(td_gpu *g, td_model *m, const float *x, const in
                     take_failure(g, err));
     else
         td_gpu_convert_in(g, g->input_next, g->input, elems, g->stream);
+    td_gpu_take_ids(g, g->input_next, elems, g->stream);
     if (labels)
         TD_CUDA_RET(g,
                     cudaMemcpyAsync(g->labels, g->labels_next, label_bytes,
@@ -388,7 +411,10 @@ extern "C" void td_gpu_loss(td_gpu *g, td_model *m, const td_loss *loss, int n, 
                             bool backward, float total_weight) {
     td_node *last = &m->nodes[m->n_nodes - 1];
     const float *loss_scale = g->prec == TD_PREC_FP16 ? td_gpu_loss_scale_ptr(g) : NULL;
-    td_gpu_loss_run(g, loss, last->out, g->labels, n, last->out_shape.c,
+    // a language model's loss is the mean over every position: rows of logits, a label each
+    // (total_weight then weighs each row's loss: the trainer counts rows, not samples)
+    int rows = n * g->positions;
+    td_gpu_loss_run(g, loss, last->out, g->labels, rows, last->out_shape.c,
                     backward ? (void *)last->grad : NULL, grad_scale, loss_scale, total_weight,
                     g->stream);
 }
@@ -400,7 +426,13 @@ extern "C" void td_gpu_backward(td_gpu *g, td_model *m, const td_run *run) {
         if (node->segment >= 0 && m->segments[node->segment].last == i)
             recompute_segment(g, m, node->segment, &r);
         if (!td_node_runs_backward(node)) continue;
-        g->ops[i]->backward(g, node, &r);
+        if (node->grads_add) { // a tied weight whose gradient a later node began (the LM head's)
+            td_gpu_run add = r;
+            add.accumulate_grads = true;
+            g->ops[i]->backward(g, node, &add);
+        } else {
+            g->ops[i]->backward(g, node, &r);
+        }
         if (r.node_done && node->n_params > 0) r.node_done(r.node_done_ctx, node);
     }
 }

@@ -35,7 +35,10 @@ static void launch_ready(td_gpu_ddp *d) {
 // Backward's hook after each node with parameters, whose gradients are then queued.
 static void node_done(void *ctx, const td_node *node) {
     td_gpu_ddp *d = (td_gpu_ddp *)ctx;
-    for (int j = 0; j < node->n_params; j++) d->pending[d->plan.bucket_of[node->param_ids[j]]]--;
+    // a tied weight counts once, at the node that finishes its gradient (the last in backward)
+    for (int j = 0; j < node->n_params; j++)
+        if (td_node_finishes(node, node->params[j]))
+            d->pending[d->plan.bucket_of[node->param_ids[j]]]--;
     launch_ready(d);
 }
 

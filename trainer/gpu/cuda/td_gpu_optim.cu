@@ -151,6 +151,7 @@ typedef struct update_args {
     bool scaler;         // fp16: unscale, skip on inf/nan, update the scale
     const float *lr_ptr; // the device lr (captured graphs), or NULL: lr_value
     float lr_value;
+    const uint32_t *no_decay; // a bit per element: no weight decay (decay "matrices"); or NULL
     bool vec;
 } update_args;
 
@@ -196,14 +197,21 @@ static __device__ update_coef update_coef_of(const update_args &a) {
     return k;
 }
 
+// Element i's weight decay: none where the mask says so (biases and norms' scales, as the CPU's
+// td_optim_set_no_decay ranges), else the configured one.
+static __device__ __forceinline__ float decay_at(const update_coef &k, const uint32_t *no_decay,
+                                                 size_t i) {
+    return no_decay && (no_decay[i >> 5] >> (i & 31) & 1u) ? 0.0f : k.wd;
+}
+
 // One parameter, td_optim.c's expressions in its order.
-static __device__ __forceinline__ void update_one(const update_coef &k, float &p, float grad,
-                                                  float &m, float &v) {
+static __device__ __forceinline__ void update_one(const update_coef &k, float wd, float &p,
+                                                  float grad, float &m, float &v) {
     float d = grad;
     if (k.unscale) d *= k.inv_scale;
     if (k.clipping) d *= k.clip;
     if (k.sgd) {
-        d += k.wd * p;
+        d += wd * p;
         if (k.mom != 0.0f) {
             float buf = k.first ? d : k.mom * m + k.damp * d;
             m = buf;
@@ -213,9 +221,9 @@ static __device__ __forceinline__ void update_one(const update_coef &k, float &p
         return;
     }
     if (k.decoupled)
-        p *= 1.0f - k.lr * k.wd;
+        p *= 1.0f - k.lr * wd;
     else
-        d += k.wd * p;
+        d += wd * p;
     m = k.b1 * m + (1.0f - k.b1) * d;
     v = k.b2 * v + (1.0f - k.b2) * d * d;
     float denom = sqrtf(v) / k.bc2_sqrt + k.eps;
@@ -240,10 +248,11 @@ static __global__ void __launch_bounds__(OPT_THREADS) update_kernel(update_args 
                 float4 m = make_float4(0, 0, 0, 0), v = m;
                 if (a.m) m = reinterpret_cast<float4 *>(a.m)[it];
                 if (a.v) v = reinterpret_cast<float4 *>(a.v)[it];
-                update_one(k, p.x, g.x, m.x, v.x);
-                update_one(k, p.y, g.y, m.y, v.y);
-                update_one(k, p.z, g.z, m.z, v.z);
-                update_one(k, p.w, g.w, m.w, v.w);
+                size_t i0 = it * 4;
+                update_one(k, decay_at(k, a.no_decay, i0), p.x, g.x, m.x, v.x);
+                update_one(k, decay_at(k, a.no_decay, i0 + 1), p.y, g.y, m.y, v.y);
+                update_one(k, decay_at(k, a.no_decay, i0 + 2), p.z, g.z, m.z, v.z);
+                update_one(k, decay_at(k, a.no_decay, i0 + 3), p.w, g.w, m.w, v.w);
                 reinterpret_cast<float4 *>(a.p)[it] = p;
                 if (a.m) reinterpret_cast<float4 *>(a.m)[it] = m;
                 if (a.v) reinterpret_cast<float4 *>(a.v)[it] = v;
@@ -258,7 +267,7 @@ static __global__ void __launch_bounds__(OPT_THREADS) update_kernel(update_args 
             } else {
                 size_t i = n4 * 4 + (it - n4);
                 float p = a.p[i], m = a.m ? a.m[i] : 0.0f, v = a.v ? a.v[i] : 0.0f;
-                update_one(k, p, a.g[i], m, v);
+                update_one(k, decay_at(k, a.no_decay, i), p, a.g[i], m, v);
                 a.p[i] = p;
                 if (a.m) a.m[i] = m;
                 if (a.v) a.v[i] = v;
@@ -332,6 +341,7 @@ static void optim_queue(td_gpu *g, size_t n, float max_norm, cudaStream_t stream
     a.scaler = scaler;
     a.lr_ptr = lr_ptr;
     a.lr_value = lr_value;
+    a.no_decay = g->no_decay;
     void *half = g->prec == TD_PREC_FP32 ? NULL : g->params_half;
     a.vec = aligned16(a.p, a.g, a.m, a.v) && (uintptr_t)half % 8 == 0;
     if (!half)
@@ -379,6 +389,9 @@ void td_gpu_optim_free(td_gpu *g) {
     td_gpu_free(g, g->m, bytes);
     td_gpu_free(g, g->v, bytes);
     td_gpu_free(g, g->norm_sq, sizeof(optim_state));
+    td_gpu_free(g, g->no_decay, g->no_decay_words * sizeof(uint32_t));
+    g->no_decay = NULL;
+    g->no_decay_words = 0;
     g->m = g->v = NULL;
     g->norm_sq = NULL;
     g->optim_steps = NULL;
@@ -423,6 +436,25 @@ int td_gpu_optim_alloc(td_gpu *g, size_t n, td_err *err) {
     return 0;
 }
 
+// The elements without weight decay (td_optim_set_no_decay's ranges) as a bit mask on the device.
+static int upload_no_decay(td_gpu *g, const td_optim *opt, td_err *err) {
+    if (opt->n_no_decay == 0) return 0;
+    size_t words = (opt->n + 31) / 32;
+    uint32_t *mask = (uint32_t *)td_calloc(words, sizeof *mask);
+    for (int r = 0; r < opt->n_no_decay; r++)
+        for (size_t i = opt->no_decay[r][0]; i < opt->no_decay[r][1] && i < opt->n; i++)
+            mask[i >> 5] |= 1u << (i & 31);
+    g->no_decay = (uint32_t *)td_gpu_malloc(g, words * sizeof *mask, "the weight decay mask");
+    g->no_decay_words = g->no_decay ? words : 0;
+    cudaError_t e =
+        g->no_decay ? cudaMemcpy(g->no_decay, mask, words * sizeof *mask, cudaMemcpyHostToDevice)
+                    : cudaSuccess;
+    free(mask);
+    if (e != cudaSuccess)
+        return td_fail(err, "copying the weight decay mask: %s", cudaGetErrorString(e));
+    return take_failure(g, err);
+}
+
 extern "C" int td_gpu_optim_init(td_gpu *g, td_model *m, const td_optim *opt, td_err *err) {
     if (g->model != m)
         return td_fail(err, "td_gpu_optim_init: the model is not attached to this GPU");
@@ -432,6 +464,7 @@ extern "C" int td_gpu_optim_init(td_gpu *g, td_model *m, const td_optim *opt, td
     g->optim = opt->cfg;
     if (td_gpu_optim_alloc(g, m->param_floats, err) != 0) return -1;
     g->optim_ready = true;
+    if (upload_no_decay(g, opt, err) != 0) return -1;
     return td_gpu_optim_upload(g, opt, err);
 }
 
@@ -538,51 +571,4 @@ extern "C" void td_gpu_scaler_state(td_gpu *g, float *scale, long *skipped) {
 float *td_gpu_loss_scale_ptr(td_gpu *g) {
     // fp32 and bf16 need no loss scaling: NULL tells the loss kernel to multiply by nothing
     return g->prec == TD_PREC_FP16 && g->optim_ready ? g->scaler.scale : NULL;
-}
-
-// ---- precision conversions --------------------------------------------------------------------
-
-template <typename T>
-static __global__ void __launch_bounds__(OPT_THREADS)
-    narrow_kernel(const float *__restrict__ src, T *__restrict__ dst, size_t n, bool vec) {
-    size_t n4 = vec ? n / 4 : 0, items = n4 + (n - n4 * 4);
-    TD_GRID_STRIDE(it, items) {
-        if (it < n4) {
-            float4 q = reinterpret_cast<const float4 *>(src)[it];
-            pack4<T> h;
-            h.e[0] = td_from_float<T>(q.x);
-            h.e[1] = td_from_float<T>(q.y);
-            h.e[2] = td_from_float<T>(q.z);
-            h.e[3] = td_from_float<T>(q.w);
-            reinterpret_cast<pack4<T> *>(dst)[it] = h;
-        } else {
-            size_t i = n4 * 4 + (it - n4);
-            dst[i] = td_from_float<T>(src[i]);
-        }
-    }
-}
-
-template <typename T>
-static void narrow(td_gpu *g, const float *src, void *dst, size_t n, cudaStream_t stream) {
-    bool vec = (uintptr_t)src % 16 == 0 && (uintptr_t)dst % (4 * sizeof(T)) == 0;
-    size_t n4 = vec ? n / 4 : 0, items = n4 + (n - n4 * 4);
-    narrow_kernel<T>
-        <<<td_gpu_blocks(items, OPT_THREADS), OPT_THREADS, 0, stream>>>(src, (T *)dst, n, vec);
-    TD_LAUNCHED(g);
-}
-
-// fp32 -> the compute precision, src and dst both device memory (the fp32 batch as copied).
-void td_gpu_convert_in(td_gpu *g, const float *src, void *dst, size_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    if (g->prec == TD_PREC_FP32) {
-        if ((const void *)src != dst)
-            TD_CUDA(g, cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDefault, stream));
-        return;
-    }
-    TD_GPU_DISPATCH(g->prec, T, narrow<T>(g, src, dst, n, stream));
-}
-
-void td_gpu_refresh_half(td_gpu *g, size_t n, cudaStream_t stream) {
-    if (g->prec == TD_PREC_FP32 || !g->params_half || n == 0) return;
-    TD_GPU_DISPATCH(g->prec, T, narrow<T>(g, g->params, g->params_half, n, stream));
 }
