@@ -10,9 +10,13 @@ reference trains on the same batches. It checks:
   - every step's loss within 1e-4 relative, and the learning rate of every step;
   - traind's last checkpoint loads into the reference with strict=True, and its loss over the
     validation split (the text's last 10%, windows of block_size side by side) is traind's;
-  - a run stopped after step 20 and resumed ends with the same bytes as the run straight through.
+  - a run stopped after step 20 and resumed ends with the same bytes as the run straight through;
+  - two data-parallel ranks of batch B/2 (traind-run --nproc-per-node 2) train as one process
+    of batch B: the sampler gives rank r windows kB + r, kB + r + 2, ..., the two halves of
+    step k's batch, and DDP averages the halves' gradients, so every step's loss is again
+    PyTorch's within 1e-4, and the final weights are the one process's within 1e-5.
 
-usage: /usr/bin/python3 gpt_equivalence.py TRAIND_WORKER TEXT OUTDIR
+usage: /usr/bin/python3 gpt_equivalence.py TRAIND_WORKER TEXT OUTDIR [TRAIND_RUN]
 """
 import json
 import math
@@ -201,8 +205,40 @@ def resume_is_exact(worker, text, out, bias, straight):
         check(a.read() == b.read(), "resume: state.json differs from the run straight through")
 
 
+def two_ranks(run, worker, text, out, bias, losses, one_process):
+    """The no-bias model on two ranks of BATCH / 2: PyTorch's losses (the one-process batch)
+    and the one process's final weights."""
+    ckdir = os.path.join(out, "ranks-ck")
+    shutil.rmtree(ckdir, ignore_errors=True)
+    job = spec(text, os.path.join(out, "no-bias-init.safetensors"), ckdir, bias)
+    job["train"]["batch_size"] = BATCH // 2
+    path = os.path.join(out, "ranks.json")
+    with open(path, "w") as f:
+        json.dump(job, f)
+    done = subprocess.run([run, "--nproc-per-node", "2", "--", worker, path], capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode != 0:
+        sys.exit(f"traind-run, 2 ranks: exit {done.returncode}\n{done.stderr}")
+    trains = [json.loads(l) for l in done.stdout.splitlines()
+              if l.startswith('{"event":"train"')]
+    check(len(trains) == STEPS, f"2 ranks: {len(trains)} train lines, expected {STEPS}")
+    worst = 0.0
+    for line, want in zip(trains, losses):
+        rel = abs(line["loss"] - want) / abs(want)
+        worst = max(worst, rel)
+        check(rel <= 1e-4, f"2 ranks, step {line['step']}: loss {line['loss']:.9g}, PyTorch "
+                           f"{want:.9g} (relative {rel:.2g})")
+    a = read_safetensors(os.path.join(ckdir, f"step-{STEPS:08d}", "model.safetensors"))
+    b = read_safetensors(one_process)
+    diff = max((a[k] - b[k]).abs().max().item() for k in b)
+    check(diff <= 1e-5, f"2 ranks: final weights differ from one process's by {diff:.2g}")
+    print(f"2 ranks x batch {BATCH // 2}: losses within {worst:.2g} of PyTorch's batch {BATCH}, "
+          f"final weights within {diff:.2g} of one process's")
+
+
 def main():
     worker, text, out = sys.argv[1:4]
+    run = sys.argv[4] if len(sys.argv) > 4 else None
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(1)
     with open(text, encoding="utf-8") as f:
@@ -213,6 +249,12 @@ def main():
     for bias in (True, False):
         final = compare(bias, worker, text, out, ids[:cut], ids[cut:], len(vocab))
     resume_is_exact(worker, text, out, False, final)
+    if run:
+        torch.manual_seed(1234)
+        model = GPT(vocab=len(vocab), block_size=BLOCK, bias=False, **SIZES)
+        model.load_state_dict(read_safetensors(os.path.join(out, "no-bias-init.safetensors")))
+        losses, _ = reference_losses(model, ids[:cut])
+        two_ranks(run, worker, text, out, False, losses, final)
     if failures:
         sys.exit(f"{len(failures)} checks failed")
     print("gpt equivalence: all checks passed")
