@@ -171,8 +171,9 @@ static void show_event(view *v, const char *event, json_t *d) {
                          (int)json_integer_value(json_object_get(d, "epoch")));
         k += snprintf(line + k, sizeof line - (size_t)k, "step %ld",
                       (long)json_integer_value(json_object_get(d, "step")));
-        const char *names[] = {"val_loss", "val_acc"};
-        for (int n = 0; n < 2 && k > 0 && (size_t)k < sizeof line; n++)
+        /* a language model's also: the training loss estimate and the perplexity */
+        const char *names[] = {"loss", "val_loss", "val_acc", "perplexity"};
+        for (int n = 0; n < 4 && k > 0 && (size_t)k < sizeof line; n++)
             if (json_is_number(json_object_get(d, names[n])))
                 k += snprintf(line + k, sizeof line - (size_t)k, "  %s %.4f", names[n],
                               num(d, names[n]));
