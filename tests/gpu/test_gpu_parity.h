@@ -30,7 +30,8 @@ float parity_to_bf16(float x);
 void parity_fill_input(float *x, size_t n, td_rng *rng);
 /* Token ids: integers in [0, vocab), as a text batch carries them (floats). */
 void parity_fill_ids(float *x, size_t n, int vocab, td_rng *rng);
-void parity_fill_labels(int32_t *y, int n, td_rng *rng);
+/* Labels in [0, classes). */
+void parity_fill_labels(int32_t *y, int n, int classes, td_rng *rng);
 int parity_parse_nodes(const char *text, td_node_spec *specs, int *n, td_err *err);
 bool parity_row(const char *name, td_precision prec, const result *r, int rc, double tol);
 

@@ -65,8 +65,8 @@ void parity_fill_ids(float *x, size_t n, int vocab, td_rng *rng) {
     for (size_t i = 0; i < n; i++) x[i] = (float)td_rng_below(rng, (uint64_t)vocab);
 }
 
-void parity_fill_labels(int32_t *y, int n, td_rng *rng) {
-    for (int i = 0; i < n; i++) y[i] = (int32_t)td_rng_below(rng, CLASSES);
+void parity_fill_labels(int32_t *y, int n, int classes, td_rng *rng) {
+    for (int i = 0; i < n; i++) y[i] = (int32_t)td_rng_below(rng, (uint64_t)classes);
 }
 
 static int find_arg(const td_op *op, const char *key) {

@@ -37,7 +37,7 @@ typedef struct trainer {
     td_tokenizer tokenizer;
     int32_t *prompt_ids;
     size_t n_prompt;
-    float *sample_logits; /* on a GPU: the logits read back for sampling (NULL until then) */
+    float *sample_logits; /* on a GPU: the position's logits read back for sampling (or NULL) */
     td_model model;
     td_optim optim;
     td_loader *train_loader, *val_loader;
@@ -133,9 +133,9 @@ void td_train_sample(trainer *t);
 void td_train_sample_release(trainer *t);
 /* prompt and s->tokens more, drawn as sample.py does from a generator seeded by (s->seed,
  * stream); the model's input is block token ids, its output [block, vocab] (malloc'd ids) */
-/* The logits [block_size, vocab] of one sample x (block_size token ids as floats), valid until
+/* The logits [vocab] at `position` of one sample x (block_size token ids as floats), valid until
  * the next call; NULL when the device failed (err says why). */
-typedef const float *(*td_logits_fn)(void *ctx, const float *x, td_err *err);
+typedef const float *(*td_logits_fn)(void *ctx, const float *x, size_t position, td_err *err);
 int32_t *td_generate_with(td_logits_fn logits, void *ctx, int block, int vocab,
                           const td_sample_spec *s, const int32_t *prompt, size_t n_prompt,
                           uint64_t stream, td_err *err);

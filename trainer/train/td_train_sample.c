@@ -83,13 +83,13 @@ int32_t *td_generate_with(td_logits_fn logits_of, void *ctx, int block, int voca
     while (len < cap) {
         size_t ctx_len = len < (size_t)block ? len : (size_t)block;
         for (size_t k = 0; k < ctx_len; k++) x[k] = (float)ids[len - ctx_len + k];
-        const float *logits = logits_of(ctx, x, err);
+        const float *logits = logits_of(ctx, x, ctx_len - 1, err);
         if (!logits) {
             free(ids);
             ids = NULL;
             break;
         }
-        ids[len] = draw(s, logits + (ctx_len - 1) * (size_t)vocab, vocab, scratch, &rng);
+        ids[len] = draw(s, logits, vocab, scratch, &rng);
         len++;
     }
     free(x);
@@ -98,7 +98,7 @@ int32_t *td_generate_with(td_logits_fn logits_of, void *ctx, int block, int voca
 }
 
 /* The CPU model's logits; evaluation draws no dropout masks and is not training time. */
-static const float *cpu_logits(void *ctx, const float *x, td_err *err) {
+static const float *cpu_logits(void *ctx, const float *x, size_t position, td_err *err) {
     (void)err;
     td_model *model = ctx;
     td_rng unused;
@@ -108,7 +108,7 @@ static const float *cpu_logits(void *ctx, const float *x, td_err *err) {
     td_run run = {.n = 1, .training = false, .rng = &unused};
     const float *logits = td_model_forward(model, x, &run);
     model->profile = profile;
-    return logits;
+    return logits + position * (size_t)td_model_output_shape(model).c;
 }
 
 int32_t *td_generate(td_model *model, int block, int vocab, const td_sample_spec *s,
@@ -117,17 +117,19 @@ int32_t *td_generate(td_model *model, int block, int vocab, const td_sample_spec
     return td_generate_with(cpu_logits, model, block, vocab, s, prompt, n_prompt, stream, &unused);
 }
 
-/* On a GPU: the sample as a batch of one, its logits read back (the host model has no
- * activations of its own there). */
-static const float *gpu_logits(void *ctx, const float *x, td_err *err) {
+/* On a GPU: the sample as a batch of one, the one position's logits read back (the host model
+ * has no activations of its own there; GPT-2's whole [T, V] would be 100 MB a token). */
+static const float *gpu_logits(void *ctx, const float *x, size_t position, td_err *err) {
     trainer *t = ctx;
     const td_node *last = &t->model.nodes[t->model.n_nodes - 1];
-    size_t elems = td_shape_size(last->out_shape);
-    if (!t->sample_logits) t->sample_logits = td_malloc(elems * sizeof(float));
+    size_t vocab = (size_t)last->out_shape.c;
+    if (!t->sample_logits) t->sample_logits = td_malloc(vocab * sizeof(float));
     td_run run = {.n = 1, .training = false, .rng = &t->state.dropout_rng};
     if (t->gpu_api->set_batch(t->gpu, &t->model, x, NULL, 1, err) != 0) return NULL;
     t->gpu_api->forward(t->gpu, &t->model, &run);
-    if (t->gpu_api->read(t->gpu, last->out, elems, t->sample_logits, err) != 0) return NULL;
+    const char *row =
+        (const char *)last->out + position * vocab * td_precision_bytes(t->device.precision);
+    if (t->gpu_api->read(t->gpu, row, vocab, t->sample_logits, err) != 0) return NULL;
     return t->sample_logits;
 }
 

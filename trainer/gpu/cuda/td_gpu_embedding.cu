@@ -47,26 +47,28 @@ static int embedding_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     return 0;
 }
 
+// (ids were checked against the first embedding's table; `vocab` is this table's, which a
+// second embedding of the batch may have smaller)
 template <typename T>
 static __global__ void embedding_forward_kernel(const int32_t *__restrict__ ids,
                                                 const float *__restrict__ w, T *__restrict__ y,
-                                                size_t rows, int dim) {
+                                                size_t rows, int dim, int vocab) {
     size_t i = (size_t)blockIdx.x * EMB_THREADS + threadIdx.x;
     if (i >= rows * dim) return;
     size_t r = i / dim;
     int k = (int)(i % dim), id = ids[r];
-    y[i] = td_from_float<T>(id >= 0 ? w[(size_t)id * dim + k] : NAN);
+    y[i] = td_from_float<T>(id >= 0 && id < vocab ? w[(size_t)id * dim + k] : NAN);
 }
 
 template <typename T>
 static __global__ void embedding_backward_kernel(const int32_t *__restrict__ ids,
                                                  const T *__restrict__ dy, float *__restrict__ dw,
-                                                 size_t rows, int dim) {
+                                                 size_t rows, int dim, int vocab) {
     int k = blockIdx.x * EMB_THREADS + threadIdx.x;
     if (k >= dim) return;
     for (size_t r = 0; r < rows; r++) {
         int id = ids[r];
-        if (id >= 0) dw[(size_t)id * dim + k] += td_to_float(dy[r * dim + k]);
+        if (id >= 0 && id < vocab) dw[(size_t)id * dim + k] += td_to_float(dy[r * dim + k]);
     }
 }
 
@@ -79,7 +81,7 @@ template <typename T> static void emb_fwd(td_gpu *g, td_node *node, const td_gpu
     int dim = node->out_shape.c;
     if (rows == 0) return;
     embedding_forward_kernel<T><<<blocks_for(rows * dim), EMB_THREADS, 0, run->stream>>>(
-        g->ids, node->params[0]->dev_data, (T *)node->out, rows, dim);
+        g->ids, node->params[0]->dev_data, (T *)node->out, rows, dim, node->params[0]->dims[0]);
     TD_LAUNCHED(g);
 }
 
@@ -92,7 +94,7 @@ template <typename T> static void emb_bwd(td_gpu *g, td_node *node, const td_gpu
                                    run->stream));
     if (rows == 0) return;
     embedding_backward_kernel<T><<<blocks_for((size_t)dim), EMB_THREADS, 0, run->stream>>>(
-        g->ids, (const T *)node->grad, p->dev_grad, rows, dim);
+        g->ids, (const T *)node->grad, p->dev_grad, rows, dim, p->dims[0]);
     TD_LAUNCHED(g);
     // the ids have no gradient (the batch's input needs none: nothing to write)
 }
@@ -149,6 +151,12 @@ template <typename T> static void pos_fwd(td_gpu *g, td_node *node, const td_gpu
 
 template <typename T> static void pos_bwd(td_gpu *g, td_node *node, const td_gpu_run *run) {
     size_t per = td_shape_size(node->out_shape);
+    const td_param *p = node->params[0];
+    // the table's rows past T have no gradient: zero, as the CPU writes them (the kernel below
+    // writes the first T rows)
+    if (!run->accumulate_grads && p->size > per)
+        TD_CUDA(
+            g, cudaMemsetAsync(p->dev_grad + per, 0, (p->size - per) * sizeof(float), run->stream));
     if (run->n == 0) return;
     position_backward_kernel<T><<<blocks_for(per), EMB_THREADS, 0, run->stream>>>(
         (const T *)node->grad, node->params[0]->dev_grad, (T *)node->in_grad[0], run->n, per,

@@ -446,9 +446,11 @@ static int upload_no_decay(td_gpu *g, const td_optim *opt, td_err *err) {
             mask[i >> 5] |= 1u << (i & 31);
     g->no_decay = (uint32_t *)td_gpu_malloc(g, words * sizeof *mask, "the weight decay mask");
     g->no_decay_words = g->no_decay ? words : 0;
-    cudaError_t e =
-        g->no_decay ? cudaMemcpy(g->no_decay, mask, words * sizeof *mask, cudaMemcpyHostToDevice)
-                    : cudaSuccess;
+    // in-stream, then waited for: the host mask is pageable and freed right after
+    cudaError_t e = g->no_decay ? cudaMemcpyAsync(g->no_decay, mask, words * sizeof *mask,
+                                                  cudaMemcpyHostToDevice, g->stream)
+                                : cudaSuccess;
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
     free(mask);
     if (e != cudaSuccess)
         return td_fail(err, "copying the weight decay mask: %s", cudaGetErrorString(e));
