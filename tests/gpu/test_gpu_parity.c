@@ -174,6 +174,9 @@ static const pcase CASES[] = {
      "layernorm; linear out_features=32; gelu approximate=tanh; linear name=mlp out_features=8; "
      "add inputs=mlp,res; layernorm; linear out_features=16 bias=0 weight_from=wte", TOKENS(6),
      TRAIN, CE_TOKENS_CHAIN(16)},
+    /* 4 × 1100 rows of logits: the loss's many-rows path (past td_gpu_loss.cu's 4096) */
+    {"loss over 4400 positions", "embedding num_embeddings=16 embedding_dim=8; linear "
+     "out_features=12", TOKENS(1100), TRAIN, CE_TOKENS(16)},
     {"causal attention, head size 16", "embedding num_embeddings=16 embedding_dim=32; "
      "linear out_features=96; causal_attention n_head=2; linear out_features=5", TOKENS(8), TRAIN,
      CE_TOKENS(16)},

@@ -95,6 +95,10 @@ struct td_gpu {
 
     // Per-batch accumulators (evaluation and metrics): loss sum and argmax hits, in double.
     double *totals; // [2]
+    // The loss's per-row scratch for batches of many rows (td_gpu_loss.cu); NULL: none needed.
+    double *loss_rows;
+    int *loss_row_hits;
+    size_t loss_max_rows;
 
     // Dropout: counter-based random numbers keyed by (seed, offset); the offset lives on the
     // device and advances in-stream, so a captured graph draws fresh masks at every replay.
@@ -406,7 +410,7 @@ void td_gpu_refresh_half(td_gpu *g, size_t n, cudaStream_t stream);
 void td_gpu_convert_in(td_gpu *g, const float *src, void *dst, size_t n, cudaStream_t stream);
 
 // Loss scratch (td_gpu_loss.cu), sized for batches of up to max_n.
-int td_gpu_loss_alloc(td_gpu *g, int max_n, td_err *err);
+int td_gpu_loss_alloc(td_gpu *g, size_t max_rows, td_err *err);
 void td_gpu_loss_free(td_gpu *g);
 // Optimizer state between host and device (td_gpu_optim.cu). Synchronise.
 int td_gpu_optim_download(td_gpu *g, td_optim *opt, td_err *err);

@@ -5,7 +5,8 @@
 // One block of one kernel does it all: a warp per row (rows strided over the warps), each warp's
 // partial kept by its lane 0 in row order, the warps' partials summed in warp order. The sums
 // are thus the same at every run (no atomics), and no scratch memory is needed: batches of a few
-// thousand rows are still a handful of rows per warp.
+// thousand rows are still a handful of rows per warp. A language model's many rows take a wider
+// path (loss_launch).
 #include "gpu/cuda/td_gpu_internal.h"
 
 #include <limits.h>
@@ -143,10 +144,70 @@ static __global__ void __launch_bounds__(LOSS_THREADS)
     }
 }
 
+// Many rows (a language model's batch × positions × a vocabulary: GPT-2's 16384 × 50257) would
+// keep the one block above busy for most of a step: a warp a row over the whole GPU instead,
+// each row's loss and hit into scratch, then one block adds them up in a fixed order (thread i
+// takes rows i, i + LOSS_THREADS, ..., thread 0 the threads' sums in order), so the totals are
+// again the same at every run. Batches of up to LOSS_ONE_BLOCK_ROWS rows keep the one-block
+// kernel and its sums to the bit.
+#define LOSS_ONE_BLOCK_ROWS 4096
+#define ROW_WARPS           8
+
+template <typename T>
+static __global__ void __launch_bounds__(ROW_WARPS * 32)
+    loss_rows_kernel(loss_args a, const T *__restrict__ logits, T *__restrict__ dlogits,
+                     double *__restrict__ row_loss, int *__restrict__ row_hit) {
+    int r = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= a.n) return; // a whole warp leaves together
+    double grad_mult = (double)a.scale * (a.ls ? (double)*a.ls : 1.0);
+    const T *z = logits + (size_t)r * a.classes;
+    T *dz = dlogits ? dlogits + (size_t)r * a.classes : NULL;
+    int label = a.labels[r], at;
+    float zmax = row_argmax(z, a.classes, lane, &at);
+    double loss = a.mse ? mse_row(a, z, label, dz, lane, grad_mult)
+                        : cross_entropy_row(a, z, label, dz, lane, zmax, grad_mult);
+    if (lane == 0) {
+        row_loss[r] = loss;
+        row_hit[r] = at == label;
+    }
+}
+
+static __global__ void __launch_bounds__(LOSS_THREADS)
+    loss_sum_kernel(loss_args a, const double *__restrict__ row_loss,
+                    const int *__restrict__ row_hit) {
+    __shared__ double part[LOSS_THREADS];
+    __shared__ long long part_hits[LOSS_THREADS];
+    double sum = 0.0;
+    long long hits = 0;
+    for (int r = threadIdx.x; r < a.n; r += LOSS_THREADS) {
+        sum += row_loss[r];
+        hits += row_hit[r];
+    }
+    part[threadIdx.x] = sum;
+    part_hits[threadIdx.x] = hits;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int i = 1; i < LOSS_THREADS; i++) {
+        sum += part[i];
+        hits += part_hits[i];
+    }
+    a.totals[0] += sum * a.weight;
+    a.totals[1] += (double)hits;
+}
+
 template <typename T>
 static void loss_launch(td_gpu *g, const loss_args &a, const void *logits, void *dlogits,
                         cudaStream_t stream) {
-    loss_kernel<T><<<1, LOSS_THREADS, 0, stream>>>(a, (const T *)logits, (T *)dlogits);
+    if (a.n <= LOSS_ONE_BLOCK_ROWS || !g->loss_rows) {
+        loss_kernel<T><<<1, LOSS_THREADS, 0, stream>>>(a, (const T *)logits, (T *)dlogits);
+        TD_LAUNCHED(g);
+        return;
+    }
+    unsigned blocks = (unsigned)((a.n + ROW_WARPS - 1) / ROW_WARPS);
+    loss_rows_kernel<T><<<blocks, ROW_WARPS * 32, 0, stream>>>(a, (const T *)logits, (T *)dlogits,
+                                                               g->loss_rows, g->loss_row_hits);
+    TD_LAUNCHED(g);
+    loss_sum_kernel<<<1, LOSS_THREADS, 0, stream>>>(a, g->loss_rows, g->loss_row_hits);
     TD_LAUNCHED(g);
 }
 
@@ -168,12 +229,22 @@ void td_gpu_loss_run(td_gpu *g, const td_loss *loss, const void *logits, const i
     TD_GPU_DISPATCH(g->prec, T, loss_launch<T>(g, a, logits, dlogits, stream));
 }
 
-// The single-block kernel needs no scratch; these keep the context's attach and detach uniform.
-int td_gpu_loss_alloc(td_gpu *g, int max_n, td_err *err) {
-    (void)g, (void)max_n, (void)err;
+// The many-rows path's scratch: a row's loss and hit each (none for batches the one block
+// handles).
+int td_gpu_loss_alloc(td_gpu *g, size_t max_rows, td_err *err) {
+    g->loss_max_rows = 0;
+    if (max_rows <= LOSS_ONE_BLOCK_ROWS) return 0;
+    g->loss_rows = (double *)td_gpu_malloc(g, max_rows * sizeof(double), "the loss's row sums");
+    g->loss_row_hits = (int *)td_gpu_malloc(g, max_rows * sizeof(int), "the loss's row hits");
+    if (g->failed) return td_fail(err, "%s", g->msg);
+    g->loss_max_rows = max_rows;
     return 0;
 }
 
 void td_gpu_loss_free(td_gpu *g) {
-    (void)g;
+    td_gpu_free(g, g->loss_rows, g->loss_max_rows * sizeof(double));
+    td_gpu_free(g, g->loss_row_hits, g->loss_max_rows * sizeof(int));
+    g->loss_rows = NULL;
+    g->loss_row_hits = NULL;
+    g->loss_max_rows = 0;
 }

@@ -146,7 +146,7 @@ static int alloc_blocks(td_gpu *g, td_model *m, td_err *err) {
     TD_CUDA_RET(
         g, cudaMemsetAsync(g->rng_offset, 0, g->rng_slots * sizeof(unsigned long long), g->stream),
         take_failure(g, err));
-    return td_gpu_loss_alloc(g, m->max_n, err);
+    return td_gpu_loss_alloc(g, labels, err);
 }
 
 extern "C" void td_gpu_set_deterministic(td_gpu *g, bool on) {
