@@ -54,26 +54,30 @@ static int attention_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     return 0;
 }
 
-static __device__ __forceinline__ float att_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // The dot product of two rows of hs values (every lane gets it).
 template <typename T>
 static __device__ __forceinline__ float row_dot(const T *a, const T *b, int hs, int lane) {
     float s = 0;
     for (int d = lane; d < hs; d += 32) s += td_to_float(a[d]) * td_to_float(b[d]);
-    return att_warp_sum(s);
+    return td_warp_sum(s);
 }
 
-// The warp's (pair, row) from its global index; false past the end.
-static __device__ __forceinline__ bool warp_row(size_t total, size_t *ih, int *t, int t_len) {
+// Where a warp works: its (sample, head) pair ih and position t, the offset of the pair's head
+// in the input's rows (its query at t: in + t · 3C; key + C; value + 2C) and of its position's
+// output row (another position u's: out + (u - t) · C).
+typedef struct att_row {
+    size_t ih, in, out;
+    int t;
+} att_row;
+
+static __device__ __forceinline__ bool att_row_of(const att_shape &s, size_t total, att_row *r) {
     size_t w = (size_t)blockIdx.x * ATT_WARPS + threadIdx.x / 32;
-    if (w >= total) return false;
-    *ih = w / (size_t)t_len;
-    *t = (int)(w % (size_t)t_len);
+    if (w >= total) return false; // a whole warp leaves together
+    r->ih = w / (size_t)s.t_len;
+    r->t = (int)(w % (size_t)s.t_len);
+    size_t i = r->ih / s.heads, h = r->ih % s.heads;
+    r->in = i * s.t_len * 3 * s.c + h * s.hs;
+    r->out = (i * s.t_len + r->t) * s.c + h * s.hs;
     return true;
 }
 
@@ -81,13 +85,11 @@ template <typename T>
 static __global__ void __launch_bounds__(ATT_THREADS)
     attention_forward_kernel(const T *__restrict__ qkv, T *__restrict__ y, float *__restrict__ lse,
                              att_shape s, size_t total) {
-    size_t ih;
-    int t, lane = threadIdx.x % 32;
-    if (!warp_row(total, &ih, &t, s.t_len)) return;
-    size_t i = ih / s.heads;
-    int h = (int)(ih % s.heads), stride = 3 * s.c;
-    const T *base = qkv + i * s.t_len * stride + (size_t)h * s.hs;
-    const T *q = base + (size_t)t * stride;
+    att_row r;
+    int lane = threadIdx.x % 32, stride = 3 * s.c;
+    if (!att_row_of(s, total, &r)) return;
+    int t = r.t;
+    const T *base = qkv + r.in, *q = base + (size_t)t * stride;
     float acc[ATT_MAX_PER_LANE] = {0}, m = -INFINITY, l = 0;
     for (int j = 0; j <= t; j++) {
         const T *kj = base + s.c + (size_t)j * stride, *vj = base + 2 * s.c + (size_t)j * stride;
@@ -101,13 +103,13 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         }
         m = m_new;
     }
-    T *yt = y + (i * s.t_len + t) * s.c + (size_t)h * s.hs;
+    T *yt = y + r.out;
 #pragma unroll
     for (int e = 0; e < ATT_MAX_PER_LANE; e++) {
         int d = lane + 32 * e;
         if (d < s.hs) yt[d] = td_from_float<T>(acc[e] / l);
     }
-    if (lane == 0) lse[ih * s.t_len + t] = m + logf(l);
+    if (lane == 0) lse[r.ih * s.t_len + t] = m + logf(l);
 }
 
 // Query-major: D_t, then dq_t (written, or added when `add`).
@@ -117,17 +119,13 @@ static __global__ void __launch_bounds__(ATT_THREADS)
                         const T *__restrict__ dy, const float *__restrict__ lse,
                         float *__restrict__ dsum, T *__restrict__ dqkv, att_shape s, size_t total,
                         bool add) {
-    size_t ih;
-    int t, lane = threadIdx.x % 32;
-    if (!warp_row(total, &ih, &t, s.t_len)) return;
-    size_t i = ih / s.heads;
-    int h = (int)(ih % s.heads), stride = 3 * s.c;
-    const T *base = qkv + i * s.t_len * stride + (size_t)h * s.hs;
-    const T *q = base + (size_t)t * stride;
-    size_t out_row = (i * s.t_len + t) * s.c + (size_t)h * s.hs;
-    const T *dyt = dy + out_row;
-    float d_t = row_dot(dyt, y + out_row, s.hs, lane), lse_t = lse[ih * s.t_len + t];
-    if (lane == 0) dsum[ih * s.t_len + t] = d_t;
+    att_row r;
+    int lane = threadIdx.x % 32, stride = 3 * s.c;
+    if (!att_row_of(s, total, &r)) return;
+    int t = r.t;
+    const T *base = qkv + r.in, *q = base + (size_t)t * stride, *dyt = dy + r.out;
+    float d_t = row_dot(dyt, y + r.out, s.hs, lane), lse_t = lse[r.ih * s.t_len + t];
+    if (lane == 0) dsum[r.ih * s.t_len + t] = d_t;
     float dq[ATT_MAX_PER_LANE] = {0};
     for (int j = 0; j <= t; j++) {
         const T *kj = base + s.c + (size_t)j * stride, *vj = base + 2 * s.c + (size_t)j * stride;
@@ -139,7 +137,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
             if (d < s.hs) dq[e] += ds * td_to_float(kj[d]);
         }
     }
-    T *dqt = dqkv + (i * s.t_len + t) * stride + (size_t)h * s.hs;
+    T *dqt = dqkv + r.in + (size_t)t * stride;
 #pragma unroll
     for (int e = 0; e < ATT_MAX_PER_LANE; e++) {
         int d = lane + 32 * e;
@@ -156,19 +154,18 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     attention_dkv_kernel(const T *__restrict__ qkv, const T *__restrict__ dy,
                          const float *__restrict__ lse, const float *__restrict__ dsum,
                          T *__restrict__ dqkv, att_shape s, size_t total, bool add) {
-    size_t ih;
-    int j, lane = threadIdx.x % 32;
-    if (!warp_row(total, &ih, &j, s.t_len)) return;
-    size_t i = ih / s.heads;
-    int h = (int)(ih % s.heads), stride = 3 * s.c;
-    const T *base = qkv + i * s.t_len * stride + (size_t)h * s.hs;
+    att_row r;
+    int lane = threadIdx.x % 32, stride = 3 * s.c;
+    if (!att_row_of(s, total, &r)) return;
+    int j = r.t;
+    const T *base = qkv + r.in;
     const T *kj = base + s.c + (size_t)j * stride, *vj = base + 2 * s.c + (size_t)j * stride;
     float dk[ATT_MAX_PER_LANE] = {0}, dv[ATT_MAX_PER_LANE] = {0};
     for (int t = j; t < s.t_len; t++) {
         const T *qt = base + (size_t)t * stride;
-        const T *dyt = dy + (i * s.t_len + t) * s.c + (size_t)h * s.hs;
-        float p = expf(row_dot(qt, kj, s.hs, lane) * s.scale - lse[ih * s.t_len + t]);
-        float ds = p * (row_dot(dyt, vj, s.hs, lane) - dsum[ih * s.t_len + t]);
+        const T *dyt = dy + r.out + (size_t)(t - j) * s.c;
+        float p = expf(row_dot(qt, kj, s.hs, lane) * s.scale - lse[r.ih * s.t_len + t]);
+        float ds = p * (row_dot(dyt, vj, s.hs, lane) - dsum[r.ih * s.t_len + t]);
 #pragma unroll
         for (int e = 0; e < ATT_MAX_PER_LANE; e++) {
             int d = lane + 32 * e;
@@ -178,7 +175,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
             }
         }
     }
-    T *row = dqkv + (i * s.t_len + j) * stride + (size_t)h * s.hs;
+    T *row = dqkv + r.in + (size_t)j * stride;
 #pragma unroll
     for (int e = 0; e < ATT_MAX_PER_LANE; e++) {
         int d = lane + 32 * e;

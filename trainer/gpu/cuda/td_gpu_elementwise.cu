@@ -107,7 +107,7 @@ static int add_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     return 0;
 }
 
-static int plain_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
+int td_gpu_plain_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     (void)g, (void)m, (void)err;
     node->gpu = NULL;
     node->saved_bytes = 0;
@@ -535,14 +535,16 @@ static void fused_pass(td_gpu *g, td_node *node, const td_gpu_run *run) {
 
 // ---- the table entries ------------------------------------------------------------------------
 
-const td_gpu_op td_gpu_op_fused = {&td_op_relu, plain_plan, fused_pass, fused_pass, NULL};
+const td_gpu_op td_gpu_op_fused = {&td_op_relu, td_gpu_plain_plan, fused_pass, fused_pass, NULL};
 
-const td_gpu_op td_gpu_op_relu = {&td_op_relu, plain_plan, relu_forward, relu_backward, NULL};
-const td_gpu_op td_gpu_op_gelu = {&td_op_gelu, plain_plan, gelu_forward, gelu_backward, NULL};
+const td_gpu_op td_gpu_op_relu = {&td_op_relu, td_gpu_plain_plan, relu_forward, relu_backward,
+                                  NULL};
+const td_gpu_op td_gpu_op_gelu = {&td_op_gelu, td_gpu_plain_plan, gelu_forward, gelu_backward,
+                                  NULL};
 const td_gpu_op td_gpu_op_add = {&td_op_add, add_plan, add_forward, add_backward, NULL};
 const td_gpu_op td_gpu_op_dropout = {&td_op_dropout, dropout_plan, dropout_forward,
                                      dropout_backward, NULL};
-const td_gpu_op td_gpu_op_flatten = {&td_op_flatten, plain_plan, flatten_forward, flatten_backward,
-                                     NULL};
-const td_gpu_op td_gpu_op_identity = {&td_op_identity, plain_plan, identity_forward,
+const td_gpu_op td_gpu_op_flatten = {&td_op_flatten, td_gpu_plain_plan, flatten_forward,
+                                     flatten_backward, NULL};
+const td_gpu_op td_gpu_op_identity = {&td_op_identity, td_gpu_plain_plan, identity_forward,
                                       identity_backward, NULL};

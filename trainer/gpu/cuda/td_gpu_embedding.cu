@@ -105,14 +105,6 @@ TD_GPU_TYPED_ENTRY(embedding_backward, emb_bwd)
 
 // ---- position_embedding -----------------------------------------------------------------------
 
-static int position_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
-    (void)g, (void)m, (void)err;
-    node->gpu = NULL;
-    node->saved_bytes = 0;
-    node->scratch_floats = 0;
-    return 0;
-}
-
 // y = x + P over each sample's T·C values (the table's first T rows, flat)
 template <typename T>
 static __global__ void position_forward_kernel(const T *__restrict__ x, const float *__restrict__ p,
@@ -170,5 +162,5 @@ TD_GPU_TYPED_ENTRY(position_backward, pos_bwd)
 
 const td_gpu_op td_gpu_op_embedding = {&td_op_embedding, embedding_plan, embedding_forward,
                                        embedding_backward, NULL};
-const td_gpu_op td_gpu_op_position_embedding = {&td_op_position_embedding, position_plan,
+const td_gpu_op td_gpu_op_position_embedding = {&td_op_position_embedding, td_gpu_plain_plan,
                                                 position_forward, position_backward, NULL};

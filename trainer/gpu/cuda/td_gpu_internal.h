@@ -170,6 +170,10 @@ struct td_gpu_op {
 // the node has no full-batch plan, -1 with the failure recorded.
 int td_gpu_conv_benchmark(td_gpu *g, td_node *node);
 
+// The plan of an op that needs nothing but its forward and backward: no device plan, no saved
+// state, no workspace.
+int td_gpu_plain_plan(td_gpu *g, td_model *m, td_node *node, td_err *err);
+
 // A node whose forward and backward run inside another node's kernels (a ReLU fused into the
 // BatchNorm or Add before it): nothing to plan or queue.
 extern "C" const td_gpu_op td_gpu_op_fused;
@@ -264,6 +268,15 @@ template <> __device__ __forceinline__ __nv_bfloat16 td_from_float<__nv_bfloat16
 }
 template <> __device__ __forceinline__ __half td_from_float<__half>(float v) {
     return __float2half_rn(v);
+}
+
+// A warp's sum, every lane getting it: a butterfly, so every lane adds the same pairs (in swapped
+// order, which addition ignores) and all lanes end with bit-identical sums. All 32 lanes take
+// part.
+template <typename V> __device__ __forceinline__ V td_warp_sum(V v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 // ReLU as torch.relu: a NaN passes through (fmaxf would turn it into 0 and hide it from the loss

@@ -24,12 +24,6 @@ static int layernorm_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
     return 0;
 }
 
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <typename T>
 static __global__ void __launch_bounds__(LN_THREADS)
     layernorm_forward_kernel(const T *__restrict__ x, T *__restrict__ y, float *__restrict__ stats,
@@ -42,12 +36,12 @@ static __global__ void __launch_bounds__(LN_THREADS)
     T *yr = y + r * c;
     float sum = 0;
     for (int k = lane; k < c; k += 32) sum += td_to_float(xr[k]);
-    float mean = warp_sum(sum) / (float)c, sq = 0;
+    float mean = td_warp_sum(sum) / (float)c, sq = 0;
     for (int k = lane; k < c; k += 32) {
         float d = td_to_float(xr[k]) - mean;
         sq += d * d;
     }
-    float rstd = rsqrtf(warp_sum(sq) / (float)c + eps);
+    float rstd = rsqrtf(td_warp_sum(sq) / (float)c + eps);
     for (int k = lane; k < c; k += 32)
         yr[k] = td_from_float<T>((td_to_float(xr[k]) - mean) * rstd * w[k] + (b ? b[k] : 0.0f));
     if (lane == 0) {
@@ -73,7 +67,7 @@ static __global__ void __launch_bounds__(LN_THREADS)
         sg += gk;
         sgx += gk * (td_to_float(xr[k]) - mean) * rstd;
     }
-    float mg = warp_sum(sg) / (float)c, mgx = warp_sum(sgx) / (float)c;
+    float mg = td_warp_sum(sg) / (float)c, mgx = td_warp_sum(sgx) / (float)c;
     for (int k = lane; k < c; k += 32) {
         float xhat = (td_to_float(xr[k]) - mean) * rstd;
         float v = rstd * (td_to_float(dyr[k]) * w[k] - mg - xhat * mgx);

@@ -27,13 +27,6 @@ typedef struct loss_args {
     double *totals;
 } loss_args;
 
-static __device__ __forceinline__ double warp_sum(double v) {
-    // butterfly: every lane adds the same pairs (in swapped order, which addition ignores), so all
-    // lanes end with bit-identical sums
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
-}
-
 // The row's argmax as td_loss.c's argmax() finds it: the first index of the largest value,
 // where a NaN never wins unless it is element 0 (which then stays). Returns the maximum (the
 // CPU's `max` of the log-sum-exp, NaN when z[0] is) and the index in *at.
@@ -71,7 +64,7 @@ static __device__ double cross_entropy_row(const loss_args &a, const T *z, int l
                                            int lane, float zmax, double grad_mult) {
     double sum = 0.0;
     for (int c = lane; c < a.classes; c += 32) sum += exp((double)(td_to_float(z[c]) - zmax));
-    sum = warp_sum(sum);
+    sum = td_warp_sum(sum);
     double log_sum = log(sum);
     bool valid = label >= 0 && label < a.classes;
     // -log p_label = log_sum - (z_label - zmax); a label outside the classes poisons the loss
@@ -90,7 +83,7 @@ static __device__ double cross_entropy_row(const loss_args &a, const T *z, int l
         }
     }
     if (a.eps <= 0.0f) return nll;
-    double mean_nll = warp_sum(nll_sum) / a.classes;
+    double mean_nll = td_warp_sum(nll_sum) / a.classes;
     return (1.0 - eps) * nll + eps * mean_nll;
 }
 
@@ -104,7 +97,7 @@ static __device__ double mse_row(const loss_args &a, const T *z, int label, T *d
         sum += d * d;
         if (dz) dz[c] = td_from_float<T>((float)(2.0 * d * grad_mult));
     }
-    return warp_sum(sum) / a.classes;
+    return td_warp_sum(sum) / a.classes;
 }
 
 template <typename T>

@@ -208,14 +208,6 @@ static __global__ void __launch_bounds__(POOL_THREADS)
     }
 }
 
-static int plain_plan(td_gpu *g, td_model *m, td_node *node, td_err *err) {
-    (void)g, (void)m, (void)err;
-    node->gpu = NULL;
-    node->saved_bytes = 0;
-    node->scratch_floats = 0;
-    return 0;
-}
-
 template <typename T> static void avgpool_fwd(td_gpu *g, td_node *node, const td_gpu_run *run) {
     pool_geom q = pool_geom_of(node, true);
     size_t total = (size_t)run->n * td_shape_size(node->out_shape);
@@ -299,9 +291,9 @@ TD_GPU_TYPED_ENTRY(gap_backward, gap_bwd)
 
 const td_gpu_op td_gpu_op_maxpool2d = {&td_op_maxpool2d, maxpool_plan, maxpool_forward,
                                        maxpool_backward, NULL};
-const td_gpu_op td_gpu_op_avgpool2d = {&td_op_avgpool2d, plain_plan, avgpool_forward,
+const td_gpu_op td_gpu_op_avgpool2d = {&td_op_avgpool2d, td_gpu_plain_plan, avgpool_forward,
                                        avgpool_backward, NULL};
-const td_gpu_op td_gpu_op_global_avgpool = {&td_op_global_avgpool, plain_plan, gap_forward,
+const td_gpu_op td_gpu_op_global_avgpool = {&td_op_global_avgpool, td_gpu_plain_plan, gap_forward,
                                             gap_backward, NULL};
-const td_gpu_op td_gpu_op_adaptive_avgpool2d = {&td_op_adaptive_avgpool2d, plain_plan, gap_forward,
-                                                gap_backward, NULL};
+const td_gpu_op td_gpu_op_adaptive_avgpool2d = {&td_op_adaptive_avgpool2d, td_gpu_plain_plan,
+                                                gap_forward, gap_backward, NULL};
