@@ -263,11 +263,6 @@ int td_tboard_scalar(td_tboard *w, const char *tag, long step, double wall_time,
     return rc;
 }
 
-int td_tboard_flush(td_tboard *w, td_err *err) {
-    if (fdatasync(w->fd) != 0) return td_fail(err, "cannot sync %s: %s", w->path, strerror(errno));
-    return 0;
-}
-
 void td_tboard_close(td_tboard *w) {
     if (!w) return;
     close(w->fd); /* nothing is buffered: every record was written whole or cut off */

@@ -32,10 +32,6 @@ int td_tboard_open(td_tboard **out, const char *dir, const char *host, double wa
 int td_tboard_scalar(td_tboard *w, const char *tag, long step, double wall_time, double value,
                      td_err *err);
 
-/* Makes what was written durable (fdatasync): records reach the file at once without it, but
- * might not survive a power loss. For the end of a job or a checkpoint, not for every record. */
-int td_tboard_flush(td_tboard *w, td_err *err);
-
 /* Closes the file; w may be NULL. */
 void td_tboard_close(td_tboard *w);
 

@@ -2,16 +2,8 @@
 
 #include <stdio.h>
 
-const char *td_device_name(td_device_kind kind) {
-    return kind == TD_DEVICE_CUDA ? "cuda" : kind == TD_DEVICE_CPU ? "cpu" : "auto";
-}
-
 const char *td_precision_name(td_precision prec) {
     return prec == TD_PREC_BF16 ? "bf16" : prec == TD_PREC_FP16 ? "fp16" : "fp32";
-}
-
-const char *td_backend_name(td_backend backend) {
-    return backend == TD_BACKEND_NCCL ? "nccl" : backend == TD_BACKEND_CPU ? "cpu" : "auto";
 }
 
 size_t td_precision_bytes(td_precision prec) {

@@ -27,9 +27,7 @@ typedef enum td_precision { TD_PREC_FP32, TD_PREC_BF16, TD_PREC_FP16 } td_precis
 /* distributed.backend: "auto" is NCCL when training on GPUs, the CPU ring otherwise. */
 typedef enum td_backend { TD_BACKEND_AUTO, TD_BACKEND_NCCL, TD_BACKEND_CPU } td_backend;
 
-const char *td_device_name(td_device_kind kind);
 const char *td_precision_name(td_precision prec);
-const char *td_backend_name(td_backend backend);
 /* Bytes per activation element: 4 for fp32, 2 for bf16 and fp16. */
 size_t td_precision_bytes(td_precision prec);
 

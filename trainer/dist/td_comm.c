@@ -10,13 +10,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-int td_comm_rank(const td_comm *c) {
-    return c->rank;
-}
-int td_comm_world(const td_comm *c) {
-    return c->world;
-}
-
 const char *td_comm_who(const td_comm *c, int p) {
     return c->who && p >= 0 && p < c->world && c->who[p][0] ? c->who[p] : "host unknown";
 }

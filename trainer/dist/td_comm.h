@@ -30,8 +30,6 @@ void td_comm_close(td_comm *c);
 /* After a failure: shuts the ring connections down at once, so the neighbours fail now rather
  * than at their timeout. Later collectives fail. */
 void td_comm_abort(td_comm *c);
-int td_comm_rank(const td_comm *c);
-int td_comm_world(const td_comm *c);
 
 int td_comm_allreduce(td_comm *c, float *buf, size_t n, bool average, td_err *err);
 int td_comm_broadcast(td_comm *c, float *buf, size_t n, int root, td_err *err);
