@@ -1,172 +1,209 @@
-/* traind --help: what each option does, in words. Kept apart from the option table
- * (daemon_config.c) only because it is long; every option in the table has its lines here. */
+/* traind --help and the settings' reference (docs/settings.md), both written from the settings'
+ * table (daemon_settings.def): a setting added there is in both, and neither can say a default
+ * the daemon does not use. */
 #include "daemon_config.h"
 
+#include <ctype.h>
+#include <string.h>
+
+/* The sections, in order. */
+static const struct {
+    const char *title, *intro;
+} SECTIONS[] = {
+#define SECTION(title, intro) {title, intro},
+#define SETTING(...)
+#include "daemon_settings.def"
+#undef SETTING
+#undef SECTION
+};
+
+/* The settings, in order. */
+static const struct {
+    const char *key, *flag, *value, *def, *help, *kind;
+    double min, max;
+    daemon_apply reload;
+} ROWS[] = {
+#define SECTION(title, intro)
+#define SETTING(id, key, ctype, dims, flag, value, kind, min, max, choices, reload, def, help)     \
+    {#key, flag, value, def, help, #kind, min, max, DAEMON_##reload},
+#include "daemon_settings.def"
+#undef SETTING
+#undef SECTION
+};
+
+/* Which section each row is in: the order of SECTION and SETTING lines in the table. The
+ * preprocessor cannot count, so a third expansion lists them as they come. */
+static const int ORDER[] = {
+#define SECTION(title, intro) -1,
+#define SETTING(...)          1,
+#include "daemon_settings.def"
+#undef SETTING
+#undef SECTION
+};
+
+static int section_of(int row) {
+    int section = -1, seen = 0;
+    for (size_t i = 0; i < sizeof ORDER / sizeof ORDER[0]; i++) {
+        if (ORDER[i] < 0)
+            section++;
+        else if (seen++ == row)
+            return section;
+    }
+    return section;
+}
+
+/* text from column `at` on, wrapped at `width`, its later lines indented to `indent`. Written by
+ * hand: a dozen lines, and no Debian library wraps text for C. */
+static void wrap(FILE *out, const char *text, int at, int indent, int width) {
+    int col = at;
+    bool first = true;
+    for (const char *w = text; *w;) {
+        int n = (int)strcspn(w, " ");
+        bool fits = col + (first ? 0 : 1) + n <= width;
+        if (!fits && col > indent) {
+            fprintf(out, "\n%*s", indent, "");
+            col = indent;
+        } else if (!first) {
+            fputc(' ', out);
+            col++;
+        }
+        fprintf(out, "%.*s", n, w);
+        col += n;
+        first = false;
+        for (w += n; *w == ' ';) w++;
+    }
+    fputc('\n', out);
+}
+
+static void synopsis(FILE *out) {
+    const char *start = "usage: traind";
+    int col = (int)strlen(start);
+    fputs(start, out);
+    char item[96];
+    const char *fixed[] = {"[--config FILE]", "[--print-config]"};
+    for (size_t i = 0; i < 2 + sizeof ROWS / sizeof ROWS[0]; i++) {
+        if (i < 2)
+            snprintf(item, sizeof item, "%s", fixed[i]);
+        else
+            snprintf(item, sizeof item, "[%s %s]%s", ROWS[i - 2].flag, ROWS[i - 2].value,
+                     strcmp(ROWS[i - 2].key, "data_roots") == 0 ? "..." : "");
+        if (col + 1 + (int)strlen(item) > 80) {
+            fprintf(out, "\n%14s", "");
+            col = 14;
+        } else {
+            fputc(' ', out);
+            col++;
+        }
+        fputs(item, out);
+        col += (int)strlen(item);
+    }
+    fputc('\n', out);
+}
+
+/* "  --flag VALUE" and its help from column 22 (or after two spaces, when the flag is long). */
+static void option(FILE *out, const char *flag, const char *value, const char *help,
+                   const char *def) {
+    char head[96], text[1024];
+    int n = snprintf(head, sizeof head, "  %s%s%s", flag, value[0] ? " " : "", value);
+    size_t len = strlen(help);
+    if (!def || !def[0])
+        snprintf(text, sizeof text, "%s", help);
+    else if (len > 0 && help[len - 1] == ')') /* "(...; default X)", not "(...) (default X)" */
+        snprintf(text, sizeof text, "%.*s; default %s)", (int)len - 1, help, def);
+    else
+        snprintf(text, sizeof text, "%s (default %s)", help, def);
+    fputs(head, out);
+    if (n < 21) {
+        fprintf(out, "%*s", 22 - n, "");
+        n = 22;
+    } else {
+        fputs("  ", out);
+        n += 2;
+    }
+    wrap(out, text, n, 22, 80);
+}
+
 void daemon_config_usage(FILE *out) {
-    fprintf(
-        out,
-        "usage: traind [--config FILE] [--print-config] [--listen ADDR:PORT]\n"
-        "              [--state-dir DIR] [--slots N] [--gpus LIST] [--data-root DIR]...\n"
-        "              [--grace S] [--max-body BYTES] [--worker PATH] [--web-root DIR]\n"
-        "              [--log-format text|json] [--log-level LEVEL]\n"
-        "              [--cluster-secret-file FILE] [--join ADDR:PORT] [--node-name NAME]\n"
-        "              [--advertise ADDR] [--heartbeat S] [--node-timeout S]\n"
-        "              [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]\n"
-        "              [--keep-jobs-on-stop true|false] [--orphan-timeout S] [--shepherd PATH]\n"
-        "              [--metrics-listen ADDR:PORT] [--run-as USER]\n"
-        "              [--command-jobs any|none|PATH[:PATH...]] [--rate-limit N]\n"
-        "              [--max-streams N] [--max-queued N] [--audit-log FILE]\n"
-        "              [--keep-finished-for S] [--keep-finished-jobs N]\n"
-        "              [--max-connections N] [--max-connections-per-ip N]\n"
-        "              [--connection-timeout S] [--max-sessions-per-token N]\n"
-        "              [--max-job-bytes-per-token N] [--job-uids FIRST-LAST]\n"
-        "              [--job-groups G[,G...]] [--job-memory-gb N] [--max-job-memory-gb N]\n"
-        "              [--job-pids N] [--max-job-pids N] [--job-disk-gb N] [--max-job-disk-gb N]\n"
-        "              [--max-checkpoint-files N] [--max-log-bytes N] [--max-events-per-s N]\n"
-        "              [--insecure-cluster true|false]\n"
-        "\n"
-        "The traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
-        "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
-        "\n"
-        "  --config FILE       the config file (default " DAEMON_CONFIG_DEFAULT ", read when it\n"
-        "                      exists): a JSON object whose keys are the options' names\n"
-        "                      below with '_' for '-' (listen, state_dir, ...; data_roots\n"
-        "                      is an array, grace_s, max_body_bytes, heartbeat_s and\n"
-        "                      node_timeout_s are numbers). The command line wins over it;\n"
-        "                      an unknown key is an error. \"--config ''\": no file.\n"
-        "                      Without --config, $TRAIND_CONFIG names the file when set\n"
-        "                      (empty: none), as the tests set it.\n"
-        "  --print-config      print every setting, its value and where it came from\n"
-        "                      (command line, file, default), and exit\n"
-        "  --listen ADDR:PORT  where to serve (default 127.0.0.1:8470; port 0: any free\n"
-        "                      port). Loopback by default; serving other hosts, give it\n"
-        "                      --tls-cert and --tls-key\n"
-        "  --metrics-listen ADDR:PORT  also serve GET /metrics alone there, without the\n"
-        "                      token, for a Prometheus that holds none (default: none;\n"
-        "                      GET /metrics on --listen always needs the token)\n"
-        "  --tls-cert FILE     HTTPS: this node's certificate (PEM, the chain after it)\n"
-        "  --tls-key FILE      and its private key (PEM); the API, the dashboard and the\n"
-        "                      agents' calls are then HTTPS only (a renewed certificate\n"
-        "                      takes a restart: a reload does not read these files)\n"
-        "  --tls-ca FILE       (agent) the CA certificates (PEM) the master's certificate\n"
-        "                      must chain to: the agent speaks HTTPS to its master and\n"
-        "                      checks its name against --join's host\n"
-        "  --state-dir DIR     jobs, logs, checkpoints, the database (state.db) and the API\n"
-        "                      token (default: $STATE_DIRECTORY, /var/lib/traind for root,\n"
-        "                      else $XDG_STATE_HOME/traind or ~/.local/state/traind)\n"
-        "  --slots N           job processes at once when there is no GPU (default: the\n"
-        "                      core count); with GPUs, one slot per GPU\n"
-        "  --gpus LIST         the GPUs jobs may use, as CUDA ordinals (e.g. 0,1,2,3)\n"
-        "                      instead of every one the driver finds; on a machine\n"
-        "                      without GPUs, declared ones are placed as if they were\n"
-        "                      there (each process gets its CUDA_VISIBLE_DEVICES). In the\n"
-        "                      file: an array of ordinals or of {\"index\", \"name\",\n"
-        "                      \"memory_gib\"}\n"
-        "  --data-root DIR     a directory job specs may read from (repeatable; default\n"
-        "                      /usr/share/datasets); the state directory always is one\n"
-        "  --grace S           seconds between SIGTERM and SIGKILL when stopping a job\n"
-        "                      (default 10)\n"
-        "  --max-body BYTES    the largest request body (default 1048576)\n"
-        "  --max-connections N the API's connections at once (default 4096); an event\n"
-        "                      stream holds one for as long as it follows\n"
-        "  --max-connections-per-ip N  connections from one address at once (default\n"
-        "                      128): past it, that address's new ones are closed at once\n"
-        "  --connection-timeout S  a connection that sends nothing (or never finishes its\n"
-        "                      headers) this long is closed (default 30)\n"
-        "  --worker PATH       traind-worker (default: next to traind)\n"
-        "  --web-root DIR      the dashboard's files, served at / (default:\n"
-        "                      PREFIX/share/traind/web when installed, else " TRAIND_WEB_ROOT ")\n"
-        "  --log-format FMT    text (default: \"traind: \" and a sentence per line) or json\n"
-        "                      (one object per line: time, level, msg, and job, node, rank\n"
-        "                      where they apply)\n"
-        "  --log-level LEVEL   error, warning, info (default) or debug\n"
-        "\n"
-        "Restarts. Each attempt's processes belong to a traind-shepherd, not to traind:\n"
-        "a daemon that crashes, is killed or restarts finds its jobs running and goes on\n"
-        "with them (no rank restarted, no metric lost or repeated).\n"
-        "  --keep-jobs-on-stop true|false  SIGTERM (systemctl stop, restart, a package\n"
-        "                      upgrade) leaves the jobs running for the next start\n"
-        "                      (true), or stops them with the grace period (false, the\n"
-        "                      default); the next start resumes those from checkpoints\n"
-        "  --orphan-timeout S  how long a job runs on without a daemon before its\n"
-        "                      shepherd stops it (default 600), so a removed traind\n"
-        "                      leaves nothing running for ever\n"
-        "  --shepherd PATH     traind-shepherd (default: next to traind, else\n"
-        "                      PREFIX/lib/traind)\n"
-        "\n"
-        "Retention. A finished job (its rows, logs, metrics, the checkpoints in its\n"
-        "directory) is removed, as DELETE /v1/jobs/ID would, once either limit says so:\n"
-        "  --keep-finished-for S   seconds after it finished (default 2592000: 30 days;\n"
-        "                      0: no time limit)\n"
-        "  --keep-finished-jobs N  only the N most recently finished jobs are kept\n"
-        "                      (default 10000; 0: no count limit)\n"
-        "                      On a node that runs parts of a master's jobs, a part's\n"
-        "                      directory goes by the same limits once it ended here.\n"
-        "\n"
-        "A cluster: one traind is the master (the default), the others join it.\n"
-        "  --cluster-secret-file FILE  the cluster's shared secret (the same file on\n"
-        "                      every node, mode 0600); a master without one accepts no\n"
-        "                      agents\n"
-        "  --join ADDR:PORT    become an agent of the master serving there\n"
-        "  --node-name NAME    this node's name in the cluster (default: the hostname)\n"
-        "  --advertise ADDR    the address other nodes reach this one at (default: the\n"
-        "                      --listen address on a master, on an agent the address it\n"
-        "                      reaches the master from)\n"
-        "  --heartbeat S       (master) seconds between agents' heartbeats (default 2)\n"
-        "  --node-timeout S    (master) seconds of silence before a node is lost\n"
-        "                      (default 10)\n"
-        "  --insecure-cluster true|false  let cluster traffic (the secret, jobs' files)\n"
-        "                      cross a network in clear (default false: a master serving\n"
-        "                      beyond loopback needs --tls-cert, an agent joining one\n"
-        "                      beyond loopback --tls-ca)\n"
-        "\n"
-        "Security.\n"
-        "  --run-as WHO        (a daemon running as root) who job processes run as:\n"
-        "                      dynamic (the default): a uid and gid of its own for each\n"
-        "                      job, from --job-uids; a user's name: that user for every\n"
-        "                      job (not isolated from each other); root (said in the log)\n"
-        "  --job-uids A-B      the uids (and gids) jobs get (default\n"
-        "                      1879048192-1879113727); the last is the data probes'\n"
-        "  --job-groups G,...  supplementary groups every job gets (e.g. one that may read\n"
-        "                      a data set); default none\n"
-        "  --job-memory-gb N, --max-job-memory-gb N  memory of a job's processes on a node\n"
-        "                      (its cgroup's memory.max, GiB) unless it sets\n"
-        "                      resources.memory_gb, and the most it may set (0, the\n"
-        "                      default: the node's memory less 1 GiB)\n"
-        "  --job-pids N, --max-job-pids N  processes and threads of a job on a node\n"
-        "                      (pids.max; defaults 16384 and 65536)\n"
-        "  --job-disk-gb N, --max-job-disk-gb N  a job's files and logs in the state\n"
-        "                      directory (GiB; defaults 100 and 1000): over it, it fails\n"
-        "  --max-checkpoint-files N  files one checkpoint may hold (default 10000)\n"
-        "  --max-log-bytes N   one rank's log before it is rotated (default 1 GiB)\n"
-        "  --max-events-per-s N  a job's metric lines stored per second, in bursts of ten\n"
-        "                      seconds' worth (default 200; 0: no limit); the rest are\n"
-        "                      counted and dropped\n"
-        "  --command-jobs P    which programs command jobs may run: any (default), none,\n"
-        "                      or absolute paths joined by ':' (in the file: \"any\",\n"
-        "                      \"none\" or an array); any other is refused with 403\n"
-        "  --rate-limit N      requests per second per token (default 200, bursts of\n"
-        "                      twice that; 0: no limit); beyond, 429 with Retry-After\n"
-        "  --max-streams N     event streams open at once per token (default 64; 0: no\n"
-        "                      limit)\n"
-        "  --max-queued N      queued jobs per token (default 1000; 0: no limit)\n"
-        "  --max-job-bytes-per-token N  bytes of job specs a token's jobs hold until\n"
-        "                      deleted or expired (default 64 MiB; 0: no limit)\n"
-        "  --max-sessions-per-token N  dashboard sessions per token (default 16): a new\n"
-        "                      one ends that token's oldest\n"
-        "  --audit-log FILE    one JSON line per mutating request: who, what, when, the\n"
-        "                      result (default STATE_DIR/audit.log)\n"
-        "\n"
-        "On its first start traind writes a random admin API token to STATE_DIR/token\n"
-        "(mode 0600; it is never printed); every endpoint but GET /v1/health needs\n"
-        "\"Authorization: Bearer TOKEN\". Admins make tokens scoped read, submit or admin\n"
-        "with POST /v1/tokens (the database keeps their SHA-256 only) and revoke them with\n"
-        "DELETE /v1/tokens/ID. Once it serves it prints\n"
-        "\"traind: listening on http://ADDR:PORT\" to stderr (and tells systemd it is\n"
-        "ready when started as a Type=notify service). SIGHUP re-reads the config file:\n"
-        "data roots, grace, body limit and logging change at once; a change to another\n"
-        "setting is reported and waits for a restart. SIGTERM or SIGINT stops it (see\n"
-        "--keep-jobs-on-stop for its jobs).\n"
-        "One traind per state directory (it holds a lock on STATE_DIR/traind.pid) and per\n"
-        "address: a second one on either exits with status 1 and touches nothing.\n");
+    synopsis(out);
+    fputs("\nThe traind daemon: accepts training jobs over HTTP (API v1, see api/README.md),\n"
+          "runs them on this node's slots, streams their metrics, stores their checkpoints.\n"
+          "Every setting below is also a key of the config file (docs/settings.md).\n\n",
+          out);
+    option(out, "--config", "FILE",
+           "the config file (default " DAEMON_CONFIG_DEFAULT ", read when it exists): a JSON "
+           "object whose keys are the settings' names (listen, state_dir, data_roots, ...; "
+           "traind --settings-reference lists them). The command line wins over it; an unknown "
+           "key is an error. \"--config ''\": no file. Without --config, $TRAIND_CONFIG names the "
+           "file when set (empty: none), as the tests set it.",
+           NULL);
+    option(out, "--print-config", "",
+           "print every setting, its value and where it came from (command line, file, "
+           "default), and exit",
+           NULL);
+    option(out, "--settings-reference", "",
+           "print every setting's reference in Markdown (docs/settings.md), and exit", NULL);
+    int last = -1;
+    for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++) {
+        int s = section_of((int)i);
+        if (s != last) {
+            char intro[1024];
+            snprintf(intro, sizeof intro, "%s. %s", SECTIONS[s].title, SECTIONS[s].intro);
+            fputc('\n', out);
+            wrap(out, intro, 0, 0, 80);
+            last = s;
+        }
+        option(out, ROWS[i].flag, ROWS[i].value, ROWS[i].help, ROWS[i].def);
+    }
+    fputs("\nOn its first start traind writes a random admin API token to STATE_DIR/token\n"
+          "(mode 0600; it is never printed); every endpoint but GET /v1/health needs\n"
+          "\"Authorization: Bearer TOKEN\". Admins make tokens scoped read, submit or admin\n"
+          "with POST /v1/tokens (the database keeps their SHA-256 only) and revoke them with\n"
+          "DELETE /v1/tokens/ID. Once it serves it prints\n"
+          "\"traind: listening on http://ADDR:PORT\" to stderr (and tells systemd it is\n"
+          "ready when started as a Type=notify service). SIGHUP re-reads the config file:\n"
+          "the settings marked live in docs/settings.md change at once; a change to another\n"
+          "setting is reported and waits for a restart. SIGTERM or SIGINT stops it (see\n"
+          "--keep-jobs-on-stop for its jobs).\n"
+          "One traind per state directory (it holds a lock on STATE_DIR/traind.pid) and per\n"
+          "address: a second one on either exits with status 1 and touches nothing.\n",
+          out);
+}
+
+/* What a reload does with each part's settings, in the reference's words. */
+static const char *on_reload(daemon_apply part) {
+    return part == DAEMON_RESTART ? "takes a restart" : "live: a reload (SIGHUP) applies it";
+}
+
+void daemon_config_reference(FILE *out) {
+    fputs("# traind's settings\n\n"
+          "<!-- Generated: traind --settings-reference > docs/settings.md. The table is\n"
+          "     programs/daemon_settings.def; a test fails when this file differs from it. -->\n\n"
+          "Each setting is a command-line option of `traind` and a key of its config file\n"
+          "(`--config FILE`, default `" DAEMON_CONFIG_DEFAULT "`: one JSON object). The command\n"
+          "line wins over the file, the file over the defaults; `traind --print-config` shows\n"
+          "every value and where it came from. `SIGHUP` (`systemctl reload traind`) reads the\n"
+          "file again: a live setting changes at once, any other change is logged and waits\n"
+          "for a restart. An unknown key, or a value out of its range, stops the daemon at\n"
+          "start (exit status 2) with the file, the key and what was expected; a reload with\n"
+          "one keeps the settings it runs with.\n",
+          out);
+    int last = -1;
+    for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++) {
+        int s = section_of((int)i);
+        if (s != last) {
+            fprintf(out, "\n## %s\n\n%s\n", SECTIONS[s].title, SECTIONS[s].intro);
+            last = s;
+        }
+        fprintf(out, "\n### `%s`\n\n`%s %s`", ROWS[i].key, ROWS[i].flag, ROWS[i].value);
+        if (ROWS[i].def && ROWS[i].def[0]) fprintf(out, " · default `%s`", ROWS[i].def);
+        const char *kind = ROWS[i].kind;
+        if (!strcmp(kind, "K_INT") || !strcmp(kind, "K_LONG") || !strcmp(kind, "K_SECONDS") ||
+            !strcmp(kind, "K_NUMBER"))
+            fprintf(out, " · from %.15g to %.15g", ROWS[i].min, ROWS[i].max);
+        fprintf(out, " · %s\n\n", on_reload(ROWS[i].reload));
+        char help[1024]; /* a sentence: capitalised, with its full stop */
+        snprintf(help, sizeof help, "%c%s.", toupper((unsigned char)ROWS[i].help[0]),
+                 ROWS[i].help + 1);
+        wrap(out, help, 0, 0, 100);
+    }
 }
