@@ -9,7 +9,7 @@ set -eu
 
 packages="
   build-essential cmake pkg-config git ca-certificates procps iproute2 util-linux mount systemd
-  clang libclang-rt-14-dev libomp-14-dev
+  clang libclang-rt-14-dev libomp-14-dev clang-format universal-ctags
   openssl
   libopenblas-dev zlib1g-dev libjansson-dev libcriterion-dev
   libmicrohttpd-dev libsqlite3-dev libarchive-dev libcurl4-openssl-dev libssl-dev curl wrk

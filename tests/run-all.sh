@@ -1,5 +1,8 @@
 #!/bin/sh
 # Builds traind three times and runs every CPU test in each build:
+#   style        the code's shape (tests/style): no function over 120 lines, no .c over 600, no
+#                drift from .clang-format, and no include cycle between modules or upward
+#                between layers; first, as it takes seconds
 #   build/       Release, CUDA sources on when nvcc is found (as shipped)
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer, CUDA off (-DTRAIND_CUDA=OFF), the
 #                op kernels forced to their baseline x86-64 variant (TRAIND_ISA=baseline): it
@@ -19,6 +22,11 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # each stage's minutes, printed at the end: the suite must stay under 20 minutes on 2 cores
 start=$(date +%s) last=$start times=""
 lap() { now=$(date +%s); times="$times$1 $((now - last)) s; "; last=$now; }
+
+echo "== style (sizes, format, the include graph) =="
+tests/style/check_sizes.sh
+python3 tests/style/include_graph.py --quiet
+lap "style"
 
 echo "== build (Release, CUDA auto) =="
 cmake -S . -B build -DBUILD_TESTING=ON
