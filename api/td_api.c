@@ -3,8 +3,8 @@
  * files. */
 #include "api/td_api_private.h"
 
-#include "core/td_clock.h"
-#include "core/td_parse.h"
+#include "base/td_clock.h"
+#include "base/td_parse.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

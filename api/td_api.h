@@ -7,7 +7,7 @@
 #ifndef TD_API_H
 #define TD_API_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "service/td_cluster.h"
 #include "service/td_jobs.h"
 

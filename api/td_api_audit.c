@@ -8,8 +8,8 @@
  * gives it without the query, where a browser's CSRF token may travel. */
 #include "api/td_api_private.h"
 
-#include "core/td_clock.h"
-#include "service/td_strv.h"
+#include "base/td_clock.h"
+#include "base/td_strv.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -12,7 +12,7 @@
 
 #include "service/td_cluster.h"
 #include "service/td_jobfs.h"
-#include "service/td_sha256.h"
+#include "base/td_sha256.h"
 
 #include <errno.h>
 #include <fcntl.h>

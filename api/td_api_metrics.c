@@ -5,7 +5,7 @@
  * C client library for it. */
 #include "api/td_api_private.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 #include <jansson.h>
 #include <stdlib.h>

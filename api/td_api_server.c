@@ -4,7 +4,7 @@
  * one, a token checked before any body is read (td_api_admit), a body over its route's limit. */
 #include "api/td_api_private.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

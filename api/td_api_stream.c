@@ -3,7 +3,7 @@
  * never polling faster than the job changes. */
 #include "api/td_api_private.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -13,7 +13,7 @@
  * inline script, no eval), and forbids framing. */
 #include "api/td_api_private.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 #include <errno.h>
 #include <fcntl.h>

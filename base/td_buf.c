@@ -1,6 +1,6 @@
-#include "service/td_buf.h"
+#include "base/td_buf.h"
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

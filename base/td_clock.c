@@ -1,4 +1,4 @@
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 static double seconds(clockid_t clock) {
     struct timespec t;

@@ -1,4 +1,4 @@
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

@@ -1,5 +1,5 @@
 /* The JSON accessor kit (td_json.h). */
-#include "core/td_json.h"
+#include "base/td_json.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
 #ifndef TD_JSON_H
 #define TD_JSON_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <jansson.h>
 #include <stdbool.h>

@@ -1,6 +1,6 @@
-#include "service/td_log.h"
+#include "base/td_log.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <jansson.h>
 #include <stdarg.h>

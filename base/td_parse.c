@@ -1,4 +1,4 @@
-#include "core/td_parse.h"
+#include "base/td_parse.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,5 +1,5 @@
 /* SHA-256 (td_sha256.h) over OpenSSL's EVP interface. */
-#include "service/td_sha256.h"
+#include "base/td_sha256.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 #ifndef TD_SHA256_H
 #define TD_SHA256_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stddef.h>
 

@@ -1,6 +1,6 @@
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdbool.h>
 #include <stdlib.h>

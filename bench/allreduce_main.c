@@ -1,7 +1,7 @@
 /* traind-bench-allreduce: times all-reduces of one buffer size on the CPU ring. Run it under
  * traind-run; rank 0 prints one JSON line.  usage: traind-bench-allreduce MEGABYTES [REPEATS] */
 #include "bench_rank.h"
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
  * prints one JSON line.
  *   usage: traind-bench-lockstep MFLOP_PER_STEP STEPS */
 #include "bench_rank.h"
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /* traind's options: the command line, the config file and the defaults, from one table. */
 #include "daemon_config.h"
 
-#include "core/td_json.h"
-#include "core/td_parse.h"
+#include "base/td_json.h"
+#include "base/td_parse.h"
 #include "service/td_shepherd.h"
 
 #include <errno.h>

@@ -2,8 +2,8 @@
  * under the state directory, and runs jobs on this node's slots. */
 #define _GNU_SOURCE /* getrandom's header, strsignal */
 #include "api/td_api.h"
-#include "core/td_json.h"
-#include "core/td_parse.h"
+#include "base/td_json.h"
+#include "base/td_parse.h"
 #include "gpu/td_gpu.h"
 #include "service/td_agent.h"
 #include "service/td_cluster.h"
@@ -11,9 +11,9 @@
 #include "service/td_gpus.h"
 #include "service/td_jobs.h"
 #include "service/td_identity.h"
-#include "service/td_log.h"
+#include "base/td_log.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 #include "daemon_config.h"
 #include "daemon_private.h"
 

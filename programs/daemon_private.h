@@ -6,7 +6,7 @@
 #include "api/td_api.h"
 #include "daemon_config.h"
 #include "service/td_jobs.h"
-#include "service/td_log.h"
+#include "base/td_log.h"
 #include "service/td_tokens.h"
 
 #include <stdbool.h>

@@ -3,7 +3,7 @@
 #define _GNU_SOURCE
 #include "daemon_private.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * traind-worker) runs as it is: every command line torchrun accepts means the same here. */
 #include "programs/run_options.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <fcntl.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 #define _GNU_SOURCE /* pipe2 */
 #include "programs/run_options.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,7 @@
  * each attempt's files: run_files.c; the process group: service/td_launch.c. */
 #include "programs/run_options.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

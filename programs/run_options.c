@@ -1,7 +1,7 @@
 /* traind-run's options: one table (name, value, help), read by the parser and the help text. */
 #include "programs/run_options.h"
 
-#include "core/td_parse.h"
+#include "base/td_parse.h"
 #include "gpu/td_gpu.h"
 #include "service/td_launch.h"
 

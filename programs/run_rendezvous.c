@@ -8,8 +8,8 @@
 #define _GNU_SOURCE
 #include "programs/run_options.h"
 
-#include "core/td_clock.h"
-#include "service/td_strv.h"
+#include "base/td_clock.h"
+#include "base/td_strv.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

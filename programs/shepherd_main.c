@@ -50,16 +50,16 @@
 #include "programs/shepherd_errors.h"
 #include "programs/shepherd_tboard.h"
 
-#include "core/td_clock.h"
-#include "core/td_json.h"
+#include "base/td_clock.h"
+#include "base/td_json.h"
 #include "service/td_appender.h"
-#include "service/td_buf.h"
+#include "base/td_buf.h"
 #include "service/td_cgroup.h"
 #include "service/td_jobfs.h"
 #include "service/td_launch.h"
 #include "service/td_metric_patterns.h"
 #include "service/td_shepherd.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <grp.h>

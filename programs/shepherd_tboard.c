@@ -3,7 +3,7 @@
 #include "programs/shepherd_tboard.h"
 
 #include "service/td_jobfs.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 #include "service/td_tboard.h"
 
 #include <dirent.h>

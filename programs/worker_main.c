@@ -3,7 +3,7 @@
  * error, 2 on usage. */
 #include "core/td_blas.h"
 #include "core/td_isa.h"
-#include "core/td_parse.h"
+#include "base/td_parse.h"
 #include "io/td_checkpoint.h"
 #include "spec/td_spec.h"
 #include "train/td_train.h"

@@ -1,15 +1,15 @@
 /* The agent thread (td_agent.h): register, heartbeat, retry, over libcurl. */
 #include "service/td_agent.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 #include "dist/td_net.h"
-#include "service/td_buf.h"
-#include "service/td_log.h"
+#include "base/td_buf.h"
+#include "base/td_log.h"
 #include "service/td_ckpt.h"
 #include "service/td_cluster.h" /* TD_CLUSTER_PROTOCOL */
 #include "service/td_jobfs.h"
 #include "service/td_jobs.h"
-#include "service/td_sha256.h"
+#include "base/td_sha256.h"
 
 #include <curl/curl.h>
 #include <jansson.h>

@@ -10,10 +10,10 @@
 #ifndef TD_AGENT_H
 #define TD_AGENT_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include "service/td_gpus.h"
-#include "service/td_log.h"
+#include "base/td_log.h"
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 #include "service/td_appender.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -9,8 +9,8 @@
 #ifndef TD_APPENDER_H
 #define TD_APPENDER_H
 
-#include "core/td_error.h"
-#include "service/td_buf.h"
+#include "base/td_error.h"
+#include "base/td_buf.h"
 
 #include <stdbool.h>
 #include <stddef.h>

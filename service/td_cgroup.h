@@ -16,7 +16,7 @@
 #ifndef TD_CGROUP_H
 #define TD_CGROUP_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <limits.h>
 #include <stdbool.h>

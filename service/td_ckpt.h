@@ -11,8 +11,8 @@
 #ifndef TD_CKPT_H
 #define TD_CKPT_H
 
-#include "core/td_error.h"
-#include "service/td_buf.h"
+#include "base/td_error.h"
+#include "base/td_buf.h"
 #include "service/td_jobfs.h"
 
 #include <stdbool.h>

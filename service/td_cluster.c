@@ -1,9 +1,9 @@
 /* The master's node registry (td_cluster.h): joins, heartbeats, losses, the node listing. */
 #include "service/td_cluster_private.h"
 
-#include "core/td_clock.h"
-#include "core/td_json.h"
-#include "service/td_log.h"
+#include "base/td_clock.h"
+#include "base/td_json.h"
+#include "base/td_log.h"
 
 #include <errno.h>
 #include <jansson.h>

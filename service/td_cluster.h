@@ -15,11 +15,11 @@
 #ifndef TD_CLUSTER_H
 #define TD_CLUSTER_H
 
-#include "core/td_error.h"
-#include "service/td_buf.h"
+#include "base/td_error.h"
+#include "base/td_buf.h"
 #include "service/td_db.h"
 #include "service/td_gpus.h"
-#include "service/td_log.h"
+#include "base/td_log.h"
 #include "service/td_submit.h" /* td_reply_error */
 
 #include <stdbool.h>

@@ -2,8 +2,8 @@
  * credential it is given then signs its calls, and what a registration claims is checked. */
 #include "service/td_cluster_private.h"
 
-#include "core/td_clock.h"
-#include "service/td_log.h"
+#include "base/td_clock.h"
+#include "base/td_log.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>

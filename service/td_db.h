@@ -7,7 +7,7 @@
 #ifndef TD_DB_H
 #define TD_DB_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,8 +1,8 @@
 /* A node's GPU inventory (td_gpus.h). */
 #include "service/td_gpus.h"
 
-#include "core/td_json.h"
-#include "core/td_parse.h"
+#include "base/td_json.h"
+#include "base/td_parse.h"
 
 #include <stdio.h>
 #include <string.h>

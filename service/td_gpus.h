@@ -6,7 +6,7 @@
 #ifndef TD_GPUS_H
 #define TD_GPUS_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <jansson.h>
 #include <stdbool.h>

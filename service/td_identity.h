@@ -17,7 +17,7 @@
 #ifndef TD_IDENTITY_H
 #define TD_IDENTITY_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdbool.h>
 #include <sys/types.h>

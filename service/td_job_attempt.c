@@ -4,9 +4,9 @@
 #define _GNU_SOURCE /* pipe2, signalfd */
 #include "service/td_jobs_private.h"
 
-#include "service/td_buf.h"
+#include "base/td_buf.h"
 #include "service/td_launch.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <signal.h>

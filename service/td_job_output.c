@@ -3,12 +3,12 @@
  * registers a checkpoint. (Every line is in rank 0's log too: the shepherd writes it there.) */
 #include "service/td_jobs_private.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 
 #include "train/td_metrics.h"
 
 #include "service/td_ckpt.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <fcntl.h>

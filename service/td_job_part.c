@@ -11,7 +11,7 @@
 #define _GNU_SOURCE /* pipe2 */
 #include "service/td_jobs_private.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 #include "train/td_metrics.h"
 
 #include <dirent.h>

@@ -12,9 +12,9 @@
  * node is lost). The first failure stops every other part and names its node and rank. */
 #include "service/td_jobs_private.h"
 
-#include "service/td_buf.h"
+#include "base/td_buf.h"
 #include "service/td_cluster.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <fcntl.h>

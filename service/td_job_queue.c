@@ -2,8 +2,8 @@
  * where the head of the queue cannot be delayed) and which slots (GPUs) it holds while it runs. */
 #include "service/td_jobs_private.h"
 
-#include "service/td_buf.h"
-#include "service/td_strv.h"
+#include "base/td_buf.h"
+#include "base/td_strv.h"
 
 #include <stdlib.h>
 #include <string.h>

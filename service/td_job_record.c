@@ -5,7 +5,7 @@
 
 #include "service/td_tboard.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
 
 #include "train/td_metrics.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <dirent.h>
 #include <limits.h>

@@ -12,8 +12,8 @@
 #include "service/td_jobs_private.h"
 
 #include "service/td_ckpt.h"
-#include "service/td_sha256.h"
-#include "service/td_strv.h"
+#include "base/td_sha256.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <fcntl.h>

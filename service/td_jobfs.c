@@ -1,7 +1,7 @@
 #define _GNU_SOURCE /* O_PATH, syscall, fdopendir */
 #include "service/td_jobfs.h"
 
-#include "service/td_sha256.h"
+#include "base/td_sha256.h"
 
 #include <dirent.h>
 #include <errno.h>

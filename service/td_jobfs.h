@@ -17,7 +17,7 @@
 #ifndef TD_JOBFS_H
 #define TD_JOBFS_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "service/td_identity.h"
 
 #include <limits.h>

@@ -3,7 +3,7 @@
 #define _GNU_SOURCE /* signalfd */
 #include "service/td_jobs_private.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <ftw.h>

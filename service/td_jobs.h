@@ -8,13 +8,13 @@
 #ifndef TD_JOBS_H
 #define TD_JOBS_H
 
-#include "service/td_buf.h"
+#include "base/td_buf.h"
 #include "service/td_cgroup.h"
 #include "service/td_ckpt.h"
 #include "service/td_identity.h"
 #include "service/td_db.h"
 #include "service/td_launch.h"
-#include "service/td_log.h"
+#include "base/td_log.h"
 #include "service/td_submit.h"
 #include "service/td_tokens.h"
 

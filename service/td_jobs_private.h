@@ -15,7 +15,7 @@
 #ifndef TD_JOBS_PRIVATE_H
 #define TD_JOBS_PRIVATE_H
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 #include "service/td_jobs.h"
 #include "service/td_launch.h"
 #include "service/td_shepherd.h"

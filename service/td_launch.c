@@ -4,7 +4,7 @@
 #include "dist/td_dist.h"
 #include "dist/td_store.h"
 #include "service/td_cgroup.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -15,8 +15,8 @@
 #ifndef TD_LAUNCH_H
 #define TD_LAUNCH_H
 
-#include "core/td_clock.h"
-#include "core/td_error.h"
+#include "base/td_clock.h"
+#include "base/td_error.h"
 #include "service/td_identity.h"
 
 #include <signal.h>

@@ -3,7 +3,7 @@
 #define _GNU_SOURCE /* environ */
 #include "dist/td_net.h"
 #include "service/td_launch_private.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

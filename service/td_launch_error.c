@@ -3,8 +3,8 @@
  * "Traceback ...", "timestamp": "1700000000"}}}) and the "Root Cause (first observed failure)"
  * summary torchrun prints from it. The file is the job's: any bytes at all, read within a size. */
 #include "service/td_launch_private.h"
-#include "service/td_buf.h"
-#include "service/td_strv.h"
+#include "base/td_buf.h"
+#include "base/td_strv.h"
 
 #include <jansson.h>
 #include <stdio.h>

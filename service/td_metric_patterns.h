@@ -12,7 +12,7 @@
 #ifndef TD_METRIC_PATTERNS_H
 #define TD_METRIC_PATTERNS_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <jansson.h>
 #include <stddef.h>

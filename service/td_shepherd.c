@@ -3,7 +3,7 @@
 #define _GNU_SOURCE /* getrandom's header */
 #include "service/td_shepherd.h"
 
-#include "core/td_json.h"
+#include "base/td_json.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -20,7 +20,7 @@
 #ifndef TD_SHEPHERD_H
 #define TD_SHEPHERD_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -1,10 +1,10 @@
 #include "service/td_submit.h"
 
-#include "core/td_json.h"
+#include "base/td_json.h"
 #include "data/td_data.h"
 #include "spec/td_spec.h"
 #include "service/td_submit_private.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -3,7 +3,7 @@
 #include "service/td_submit_private.h"
 
 #include "service/td_metric_patterns.h"
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 
 #include <limits.h>
 #include <stdio.h>

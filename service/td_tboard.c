@@ -15,7 +15,7 @@
 #define _POSIX_C_SOURCE 200809L /* O_CLOEXEC, O_NOFOLLOW, pread, ftruncate, fdatasync */
 #include "service/td_tboard.h"
 
-#include "service/td_strv.h"
+#include "base/td_strv.h"
 #include "td_tboard.pb-c.h"
 
 #include <errno.h>

@@ -13,7 +13,7 @@
 #ifndef TD_TBOARD_H
 #define TD_TBOARD_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 typedef struct td_tboard td_tboard;
 

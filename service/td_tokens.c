@@ -3,9 +3,9 @@
  * only cost every request time; passwords need those because people choose them. */
 #include "service/td_tokens.h"
 
-#include "core/td_clock.h"
-#include "core/td_json.h"
-#include "service/td_sha256.h"
+#include "base/td_clock.h"
+#include "base/td_json.h"
+#include "base/td_sha256.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -13,9 +13,9 @@
 #ifndef TD_TOKENS_H
 #define TD_TOKENS_H
 
-#include "service/td_buf.h"
+#include "base/td_buf.h"
 #include "service/td_db.h"
-#include "service/td_log.h"
+#include "base/td_log.h"
 #include "service/td_submit.h" /* td_reply_error */
 
 #include <stdbool.h>

@@ -10,7 +10,7 @@
 #include "fuzz_util.h"
 
 #include "api/td_api_private.h"
-#include "core/td_parse.h"
+#include "base/td_parse.h"
 #include "service/td_ckpt.h"
 #include "service/td_jobs.h"
 

@@ -1,7 +1,7 @@
 /* The one integer parser of options, environment variables and HTTP parameters: the whole text,
  * in range, no wrap-around; and the monotonic clock and its condition-variable deadlines. */
-#include "core/td_clock.h"
-#include "core/td_parse.h"
+#include "base/td_clock.h"
+#include "base/td_parse.h"
 
 #include <criterion/criterion.h>
 #include <limits.h>

@@ -11,7 +11,7 @@
 #ifndef TD_DEVICE_H
 #define TD_DEVICE_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

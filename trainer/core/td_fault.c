@@ -1,7 +1,7 @@
 #include "core/td_fault.h"
 
-#include "core/td_error.h"
-#include "core/td_parse.h"
+#include "base/td_error.h"
+#include "base/td_parse.h"
 
 #include <limits.h>
 #include <pthread.h>

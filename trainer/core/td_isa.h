@@ -10,7 +10,7 @@
 #ifndef TD_ISA_H
 #define TD_ISA_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdbool.h>
 

@@ -9,7 +9,7 @@
 #ifndef TD_MODEL_H
 #define TD_MODEL_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "core/td_rng.h"
 #include "core/td_tensor.h"
 

@@ -1,6 +1,6 @@
 #include "core/td_optim.h"
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "core/td_isa.h"
 #include "core/td_parallel.h"
 

@@ -1,6 +1,6 @@
 #include "core/td_tensor.h"
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -9,7 +9,7 @@
 #ifndef TD_DATA_H
 #define TD_DATA_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "core/td_tensor.h"
 
 #include <stdbool.h>

@@ -21,7 +21,7 @@
 #ifndef TD_BUCKETS_H
 #define TD_BUCKETS_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "core/td_tensor.h"
 
 /* PyTorch's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES). */

@@ -11,7 +11,7 @@
 #ifndef TD_COMM_H
 #define TD_COMM_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "dist/td_store.h"
 
 #include <stdbool.h>

@@ -1,7 +1,7 @@
 #define _GNU_SOURCE /* getifaddrs, getaddrinfo */
 #include "dist/td_dist.h"
 
-#include "core/td_parse.h"
+#include "base/td_parse.h"
 #include "dist/td_net.h"
 
 #include <arpa/inet.h>

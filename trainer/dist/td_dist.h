@@ -5,7 +5,7 @@
 #ifndef TD_DIST_H
 #define TD_DIST_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

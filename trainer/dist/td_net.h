@@ -4,8 +4,8 @@
 #ifndef TD_NET_H
 #define TD_NET_H
 
-#include "core/td_clock.h" /* deadlines are td_clock_now() times */
-#include "core/td_error.h"
+#include "base/td_clock.h" /* deadlines are td_clock_now() times */
+#include "base/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -16,7 +16,7 @@
 #ifndef TD_STORE_H
 #define TD_STORE_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -18,7 +18,7 @@
 #define TD_GPU_H
 
 #include "core/td_device.h"
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "core/td_loss.h"
 #include "core/td_model.h"
 #include "core/td_optim.h"

@@ -7,7 +7,7 @@
 #ifndef TD_SAFETENSORS_H
 #define TD_SAFETENSORS_H
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "core/td_tensor.h"
 
 #include <stddef.h>

@@ -2,7 +2,7 @@
  * JSON path at fault: "train.optimizer.lr: expected a number > 0, found \"fast\"". */
 #include "spec/td_spec_private.h"
 
-#include "core/td_json.h"
+#include "base/td_json.h"
 #include "dist/td_buckets.h"
 #include "ops/td_ops.h"
 

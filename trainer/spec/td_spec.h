@@ -6,7 +6,7 @@
 
 #include "data/td_data.h"
 #include "core/td_device.h"
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "core/td_loss.h"
 #include "core/td_model.h"
 #include "core/td_optim.h"

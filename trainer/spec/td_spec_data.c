@@ -2,7 +2,7 @@
  * the loader's threads. */
 #include "spec/td_spec_private.h"
 
-#include "core/td_json.h"
+#include "base/td_json.h"
 #include "ops/td_ops.h"
 
 #include <jansson.h>

@@ -2,7 +2,7 @@
  * ops/td_ops.def with its arguments, named as PyTorch's state_dict would name it. */
 #include "spec/td_spec_private.h"
 
-#include "core/td_json.h"
+#include "base/td_json.h"
 #include "ops/td_ops.h"
 
 #include <jansson.h>

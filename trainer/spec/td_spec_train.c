@@ -2,7 +2,7 @@
  * the loss, precision and device, gradient accumulation and activation checkpointing. */
 #include "spec/td_spec_private.h"
 
-#include "core/td_json.h"
+#include "base/td_json.h"
 #include "ops/td_ops.h"
 
 #include <jansson.h>

@@ -14,7 +14,7 @@
  * whole line unparsable. */
 #include "train/td_metrics.h"
 
-#include "core/td_error.h"
+#include "base/td_error.h"
 
 #include <jansson.h>
 #include <math.h>

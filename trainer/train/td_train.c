@@ -3,7 +3,7 @@
  * they fall due. The parts it calls, and the file of each, are listed in td_train_private.h. */
 #include "train/td_train_private.h"
 
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 #include "train/td_metrics.h"
 
 #include <math.h>

@@ -17,7 +17,7 @@
 #include "core/td_device.h"
 #include "data/td_data.h"
 #include "dist/td_comm.h"
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 #include "dist/td_reducer.h"
 #include "gpu/td_gpu.h"
 #include "io/td_checkpoint.h"

@@ -9,7 +9,7 @@
 
 #include "core/td_blas.h"
 #include "core/td_isa.h"
-#include "core/td_clock.h"
+#include "base/td_clock.h"
 #include "core/td_parallel.h"
 
 #include <cblas.h>

@@ -26,7 +26,7 @@
 #include "gpu/cuda/td_gpu_nccl.h"
 
 extern "C" {
-#include "core/td_error.h"
+#include "base/td_error.h"
 #include "dist/td_store.h"
 }
 

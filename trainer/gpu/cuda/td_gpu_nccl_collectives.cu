@@ -5,7 +5,7 @@
 #include "gpu/cuda/td_gpu_nccl.h"
 
 extern "C" {
-#include "core/td_error.h"
+#include "base/td_error.h"
 }
 
 #include <string.h>
