@@ -86,7 +86,7 @@ unset MASTER_ADDR MASTER_PORT WORLD_SIZE TRAIND_TIMEOUT_S
 if [ "$c0" = 1 ] && grep -q "peer rank 2" "$tmp/rank0"; then ok; else bad "rank 0: code $c0: $(cat "$tmp/rank0")"; fi
 if [ "$c1" = 1 ] && grep -q "peer rank 2" "$tmp/rank1"; then ok; else bad "rank 1: code $c1: $(cat "$tmp/rank1")"; fi
 
-# 8-11. two "nodes" on this host, each a traind-run started as README shows. Their ring
+# 8-11. two "nodes" on this host, each a traind-run started as docs/training.md shows. Their ring
 # addresses are this host's loopback (TRAIND_HOST); every wait is bounded by TRAIND_TIMEOUT_S.
 sed "s|$tmp/ck|$tmp/ck2|" "$tmp/job.json" >"$tmp/job2.json"
 export TRAIND_HOST=127.0.0.1

@@ -206,7 +206,7 @@ class TLSTest(daemon_test.DaemonTest):
 
 class MakeCertsTest(daemon_test.DaemonTest):
     def test_deploy_make_certs(self):
-        """deploy/make-certs.sh as the README's cluster section uses it: a CA, then a node's
+        """deploy/make-certs.sh as docs/cluster.md uses it: a CA, then a node's
         certificate for its address, which a daemon serves and a client verifies; run again,
         it keeps the CA and adds a node."""
         pki = self.new_state_dir()

@@ -313,7 +313,7 @@ int td_train_setup(trainer *t, td_err *err) {
     if (t->job->data.val.present && t->positions > 1 && t->job->train.eval_iters > 0) {
         /* random training windows of a stream of their own: the training batches stay as they
          * would be without evaluations (nanoGPT's estimate_loss draws from the global RNG and
-         * shifts them: traind differs there, and says so in README) */
+         * shifts them: traind differs there, and says so in docs/job-spec.md) */
         td_loader_config c = t->train_cfg;
         c.pad = c.drop_last = false;
         c.shuffle = true;
