@@ -45,6 +45,9 @@ install(FILES ${PROJECT_SOURCE_DIR}/api/README.md DESTINATION ${TRAIND_DOC} RENA
   COMPONENT traind)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/deploy/debian/copyright
   DESTINATION ${TRAIND_DOC} COMPONENT traind)
+# the pages the README links to (docs/settings.md among them), beside it as in the source tree
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${TRAIND_DOC}/docs COMPONENT traind
+  FILES_MATCHING PATTERN "*.md")
 # Debian's changelog, gzipped (a native package's is changelog.gz)
 add_custom_command(OUTPUT ${CMAKE_BINARY_DIR}/changelog.gz
   COMMAND ${GZIP} -9nc ${PROJECT_SOURCE_DIR}/deploy/debian/changelog > ${CMAKE_BINARY_DIR}/changelog.gz

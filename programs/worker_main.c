@@ -50,7 +50,7 @@ static void usage(FILE *out) {
         "TRAIND_ISA=baseline|avx2|avx512 forces the kernels' instruction set (default: the\n"
         "best this CPU supports).\n"
         "OPENBLAS_NUM_THREADS is overridden by train.threads.\n"
-        "See README.md for the spec's fields.\n");
+        "See docs/job-spec.md for the spec's fields.\n");
 }
 
 /* traind-worker sample CHECKPOINT [options] */
