@@ -53,14 +53,10 @@ class TLSTest(harness.DaemonTest):
         self.other_ca = make_ca(self.pki, "other")
         self.cert, self.key = make_cert(self.pki, "good", "master")
 
-    def start_tls(self, *args, **kw):
-        d = harness.Daemon(kw.pop("state_dir", None) or self.new_state_dir(),
-                           ("--tls-cert", self.cert, "--tls-key", self.key) + args,
-                           kw.pop("env", None))
-        d.ssl_context = ssl.create_default_context(cafile=self.ca)
-        self.addCleanup(self._stop_daemon, d)
-        d.start()
-        return d
+    def start_tls(self, *args, state_dir=None, env=None):
+        return self.start_daemon("--tls-cert", self.cert, "--tls-key", self.key, *args,
+                                 state_dir=state_dir, env=env,
+                                 ssl_context=ssl.create_default_context(cafile=self.ca))
 
     def curl(self, *args):
         return subprocess.run(["curl", "-sS", "--max-time", "30", *args], capture_output=True,
@@ -177,16 +173,12 @@ class TLSTest(harness.DaemonTest):
         master = self.start_tls("--cluster-secret-file", secret, "--node-name", "master")
         join = f"127.0.0.1:{master.port}"
         # one agent with the CA: it joins; one with another CA: it never does
-        agent = harness.Daemon(self.new_state_dir(), (
+        agent = self.start_daemon(
             "--join", join, "--tls-ca", self.ca, "--cluster-secret-file", secret,
-            "--node-name", "agent-ok", "--advertise", "127.0.0.1"))
-        self.addCleanup(self._stop_daemon, agent)
-        agent.start()
-        stranger = harness.Daemon(self.new_state_dir(), (
+            "--node-name", "agent-ok", "--advertise", "127.0.0.1")
+        stranger = self.start_daemon(
             "--join", join, "--tls-ca", self.other_ca, "--cluster-secret-file", secret,
-            "--node-name", "agent-bad", "--advertise", "127.0.0.1"))
-        self.addCleanup(self._stop_daemon, stranger)
-        stranger.start()
+            "--node-name", "agent-bad", "--advertise", "127.0.0.1")
 
         def names():
             return {n["name"]: n["state"] for n in master.get_ok("/v1/nodes")["nodes"]}
@@ -217,11 +209,10 @@ class MakeCertsTest(harness.DaemonTest):
         with open(os.path.join(pki, "ca.pem")) as f:
             ca = f.read()
         self.assertEqual(os.stat(os.path.join(pki, "master.key")).st_mode & 0o777, 0o600)
-        d = harness.Daemon(self.new_state_dir(), ("--tls-cert", os.path.join(pki, "master.pem"),
-                                                  "--tls-key", os.path.join(pki, "master.key")))
-        d.ssl_context = ssl.create_default_context(cafile=os.path.join(pki, "ca.pem"))
-        self.addCleanup(self._stop_daemon, d)
-        d.start()
+        d = self.start_daemon("--tls-cert", os.path.join(pki, "master.pem"),
+                              "--tls-key", os.path.join(pki, "master.key"),
+                              ssl_context=ssl.create_default_context(
+                                  cafile=os.path.join(pki, "ca.pem")))
         ok = subprocess.run(["curl", "-sS", "--max-time", "30", "--cacert",
                              os.path.join(pki, "ca.pem"), "-H", f"Authorization: Bearer {d.token}",
                              f"https://127.0.0.1:{d.port}/v1/nodes"],
