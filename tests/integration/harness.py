@@ -11,8 +11,9 @@ What it offers:
   their shepherds; request()/json()/get_ok()/submit()/job()/metrics()/logs() over HTTP,
   events()/follow() over SSE (EventStream, Event).
 - DaemonTest: a unittest.TestCase base with no tests of its own: new_state_dir(),
-  start_daemon() (stopped at cleanup, which fails the test if a process of its jobs outlived
-  it; TRAIND_TEST_KEEP=1 keeps a failed test's state directories), and the API's assertions
+  start_daemon() (a daemon_class, Daemon unless a test class names a subclass; stopped at
+  cleanup, which fails the test if a process of its jobs outlived it; TRAIND_TEST_KEEP=1 keeps
+  a failed test's state directories), and the API's assertions
   (assert_job, assert_error, assert_healthy, assert_consecutive, assert_final).
 - Job specs and data: train_spec (LeNet-5 on synthetic data), expected_log_steps, write_idx,
   write_npy.
@@ -645,6 +646,9 @@ class EventStream:
 
 class DaemonTest(unittest.TestCase):
     maxDiff = 4000
+    # what start_daemon makes: a test class that needs more of each daemon (security_http_test's
+    # RawDaemon keeps stderr as bytes) names its Daemon subclass here
+    daemon_class = Daemon
 
     # -- fixtures
 
@@ -663,7 +667,7 @@ class DaemonTest(unittest.TestCase):
     def start_daemon(self, *args, state_dir=None, env=None, ssl_context=None):
         if state_dir is None:
             state_dir = self.new_state_dir()
-        d = Daemon(state_dir, args, env)
+        d = self.daemon_class(state_dir, args, env)
         d.ssl_context = ssl_context  # for a daemon given --tls-cert
         self.addCleanup(self._stop_daemon, d)
         d.start()

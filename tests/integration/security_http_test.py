@@ -297,17 +297,9 @@ def send_raw_requests(port, clients, deadline_s):
 
 
 class SecurityHttpTest(harness.DaemonTest):
-    # -- fixtures
+    daemon_class = RawDaemon  # start_daemon's daemons keep their stderr as bytes too
 
-    def start_daemon(self, *args, state_dir=None, env=None, ssl_context=None):
-        """DaemonTest.start_daemon, with a RawDaemon (its stderr kept as bytes too)."""
-        if state_dir is None:
-            state_dir = self.new_state_dir()
-        d = RawDaemon(state_dir, args, env)
-        d.ssl_context = ssl_context
-        self.addCleanup(self._stop_daemon, d)
-        d.start()
-        return d
+    # -- fixtures
 
     def make_token(self, d, name, scope="submit"):
         status, _, obj = d.json("POST", "/v1/tokens", {"name": name, "scope": scope})
