@@ -245,14 +245,11 @@ class Cluster:
         return subprocess.run(["sh", "-c", '. "$0"; "$@"', NETNS_SH, func] + list(args)).returncode
 
     def up(self):
-        rc = self.netns("netns_up", self.tag, NET, "3", os.path.join(self.tmp, "netns.err"))
-        if rc == 77:
-            with open(os.path.join(self.tmp, "netns.err")) as f:
-                log("SKIP: cannot create a network namespace: " + f.read().strip())
-            sys.exit(77)
+        # netns_hosts prints the shell tests' SKIP (and why) or FAIL line and exits 77 or 1
+        rc = self.netns("netns_hosts", self.tag, NET, "3", "the three nodes' namespaces",
+                        os.path.join(self.tmp, "netns.err"))
         if rc != 0:
-            log("FAIL: cannot build the three nodes' namespaces")
-            sys.exit(1)
+            sys.exit(rc)
         self.ns_ino = {k: os.stat("/run/netns/%s-n%d" % (self.tag, k)).st_ino for k in range(3)}
 
     def down(self):

@@ -23,7 +23,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 
 from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402,E501
@@ -46,7 +46,7 @@ def browser():
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
 
 
-class DashboardTest(daemon_test.DaemonTest):
+class DashboardTest(harness.DaemonTest):
     def setUp(self):
         self.d = self.start_daemon("--slots", "1", "--grace", "2")
         self.url = f"http://127.0.0.1:{self.d.port}/"
@@ -64,7 +64,7 @@ class DashboardTest(daemon_test.DaemonTest):
         self.b.find_element(By.ID, "signin").click()
 
     def until(self, f, what):
-        return daemon_test.wait_for(f, what, TIMEOUT)
+        return harness.wait_for(f, what, TIMEOUT)
 
     def text(self, element_id):
         """An element's text, "" while the page is replacing it (it re-renders as events come)."""
@@ -93,7 +93,7 @@ class DashboardTest(daemon_test.DaemonTest):
 
         # submit from the Submit page: a job long enough to watch its charts grow
         b.find_element(By.CSS_SELECTOR, "#nav a[data-page=submit]").click()
-        spec = daemon_test.train_spec("from-the-page", epochs=60)
+        spec = harness.train_spec("from-the-page", epochs=60)
         area = self.find("#spec")
         b.execute_script("arguments[0].value = arguments[1];", area, json.dumps(spec))
         # an error first: shown at its JSON path
@@ -131,8 +131,8 @@ class DashboardTest(daemon_test.DaemonTest):
         b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-jobs.png"))
 
         # cancel from the page, after confirming
-        long_id = d.json("POST", "/v1/jobs", daemon_test.train_spec("to-cancel", epochs=100000,
-                                                                    checkpoint=False))[2]["id"]
+        long_id = d.json("POST", "/v1/jobs", harness.train_spec("to-cancel", epochs=100000,
+                                                                checkpoint=False))[2]["id"]
         b.get(f"{self.url}#/job/{long_id}")
         self.until(lambda: self.text("job-state") == "running", "running")
         b.find_element(By.ID, "cancel").click()
@@ -287,8 +287,8 @@ class DashboardTest(daemon_test.DaemonTest):
             jid = d.json("POST", "/v1/jobs", {"name": name,
                                               "command": ["/usr/bin/python3", "-c", code]})[2]["id"]
             ids.append(jid)
-            daemon_test.wait_for(lambda: d.json("GET", f"/v1/jobs/{jid}")[2]["state"] ==
-                                 "succeeded", f"job {jid}", TIMEOUT)
+            harness.wait_for(lambda: d.json("GET", f"/v1/jobs/{jid}")[2]["state"] ==
+                             "succeeded", f"job {jid}", TIMEOUT)
         b.get(self.url)
         self.sign_in(d.token)
         for jid in ids:
@@ -357,7 +357,7 @@ class DashboardTest(daemon_test.DaemonTest):
             self.assertIn(attr, cookie)
         session = cookie.split(";")[0]
         csrf = json.loads(body)["csrf"]
-        spec = json.dumps(daemon_test.train_spec("csrf", epochs=1))
+        spec = json.dumps(harness.train_spec("csrf", epochs=1))
         self.assertEqual(call("GET", "/v1/jobs")[0], 401, "no cookie, no token")
         # the cookie alone is worth nothing (browsers send it to every port of the host): reads
         # need the CSRF token too, as a header or, where a browser cannot set one, ?csrf=
@@ -443,7 +443,7 @@ class Marionette:
         return self.call("WebDriver:ExecuteScript", {"script": source, "args": list(args)})["value"]
 
 
-class FirefoxTest(daemon_test.DaemonTest):
+class FirefoxTest(harness.DaemonTest):
     def test_c_firefox(self):
         firefox = shutil.which("firefox-esr") or shutil.which("firefox")
         if not firefox:
@@ -461,11 +461,11 @@ class FirefoxTest(daemon_test.DaemonTest):
                                 env=dict(os.environ, HOME=profile, MOZ_CRASHREPORTER_DISABLE="1"))
         self.addCleanup(lambda: (proc.kill(), proc.wait()))
         m = Marionette(port)
-        jid = d.json("POST", "/v1/jobs", daemon_test.train_spec("firefox", epochs=3))[2]["id"]
+        jid = d.json("POST", "/v1/jobs", harness.train_spec("firefox", epochs=3))[2]["id"]
         m.call("WebDriver:Navigate", {"url": f"http://127.0.0.1:{d.port}/#/job/{jid}"})
 
         def until(source, what):
-            daemon_test.wait_for(lambda: m.script(source), f"Firefox: {what}", TIMEOUT)
+            harness.wait_for(lambda: m.script(source), f"Firefox: {what}", TIMEOUT)
         until("return !!document.getElementById('token')", "the sign-in form")
         m.script("document.getElementById('token').value = arguments[0];"
                  "document.getElementById('signin').click();", d.token)
@@ -481,8 +481,8 @@ class FirefoxTest(daemon_test.DaemonTest):
 
 def main():
     global ARTIFACTS
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     ARTIFACTS = os.environ.get("TRAIND_ARTIFACTS") or tempfile.mkdtemp(prefix="traind-dashboard-")
     os.makedirs(ARTIFACTS, exist_ok=True)
     print(f"[dashboard] screenshots in {ARTIFACTS}", file=sys.stderr)

@@ -24,11 +24,11 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
-from daemon_test import train_spec, wait_for  # noqa: E402
+import harness  # noqa: E402
+from harness import train_spec, wait_for  # noqa: E402
 
 
-class DiskFullTest(daemon_test.DaemonTest):
+class DiskFullTest(harness.DaemonTest):
     def small_state_dir(self, mib=24):
         path = os.path.realpath(tempfile.mkdtemp(prefix="traind-diskfull-"))
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0755", "tmpfs", path],
@@ -222,7 +222,7 @@ class DiskFullTest(daemon_test.DaemonTest):
         self.assertEqual(d.stop(), [], "nothing outlived the first daemon")
         filler = self.fill(state)
         try:
-            run = subprocess.run([daemon_test.TRAIND, "--config", "", "--state-dir", state,
+            run = subprocess.run([harness.TRAIND, "--config", "", "--state-dir", state,
                                   "--listen", "127.0.0.1:0"], capture_output=True, text=True,
                                  timeout=60, stdin=subprocess.DEVNULL)
         finally:
@@ -235,8 +235,8 @@ class DiskFullTest(daemon_test.DaemonTest):
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     if os.geteuid() != 0:
         print("diskfull_test: skipped: mounting a tmpfs needs root")
         sys.exit(77)

@@ -17,13 +17,13 @@ import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 
 METHODS = ("get", "put", "post", "delete")
 
 
 def load_doc():
-    with open(os.path.join(daemon_test.SOURCE_DIR, "api", "openapi.json")) as f:
+    with open(os.path.join(harness.SOURCE_DIR, "api", "openapi.json")) as f:
         return json.load(f)
 
 
@@ -39,7 +39,7 @@ def resolve(doc, node):
 
 def served_routes():
     """(method, path template) of the daemon's route tables in api/td_api.c."""
-    with open(os.path.join(daemon_test.SOURCE_DIR, "api", "td_api.c")) as f:
+    with open(os.path.join(harness.SOURCE_DIR, "api", "td_api.c")) as f:
         src = f.read()
     routes = set()
     for table, prefix in (("ROUTES", ""), ("JOB_ROUTES", "/v1/jobs/{id}")):
@@ -50,7 +50,7 @@ def served_routes():
     return routes
 
 
-class OpenAPITest(daemon_test.DaemonTest):
+class OpenAPITest(harness.DaemonTest):
     def validator(self, doc, schema):
         resolver = jsonschema.RefResolver.from_schema(doc)
         return jsonschema.Draft202012Validator(schema, resolver=resolver)
@@ -105,7 +105,7 @@ class OpenAPITest(daemon_test.DaemonTest):
         self.check(doc, "/v1/version", "get", *d.json("GET", "/v1/version")[::2])
         self.check(doc, "/v1/nodes", "get", *d.json("GET", "/v1/nodes")[::2])
 
-        status, _, job = d.json("POST", "/v1/jobs", daemon_test.train_spec("lenet", nproc=2))
+        status, _, job = d.json("POST", "/v1/jobs", harness.train_spec("lenet", nproc=2))
         self.check(doc, "/v1/jobs", "post", status, job)
         jid = job["id"]
         events = d.follow(jid)
@@ -131,7 +131,7 @@ class OpenAPITest(daemon_test.DaemonTest):
         self.check(doc, "/v1/nodes/{name}/undrain", "post",
                    *d.json("POST", "/v1/nodes/solo/undrain")[::2])
         # errors, each as its operation documents it
-        bad = daemon_test.train_spec("bad")
+        bad = harness.train_spec("bad")
         bad["train"]["batch_size"] = 0
         self.check(doc, "/v1/jobs", "post", *d.json("POST", "/v1/jobs", bad)[::2])
         self.check(doc, "/v1/jobs", "get", *d.json("GET", "/v1/jobs", token="0" * 64)[::2])
@@ -157,8 +157,8 @@ class OpenAPITest(daemon_test.DaemonTest):
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     suite = unittest.TestSuite(OpenAPITest(n) for n in ("test_a_the_document",
                                                         "test_b_real_responses"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)

@@ -30,7 +30,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 import tls_test  # noqa: E402
 import tfevents  # noqa: E402
 
@@ -63,7 +63,7 @@ class NotifySocket:
         fields = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
         return pid, fields
 
-    def until(self, key, timeout=daemon_test.TIMEOUT):
+    def until(self, key, timeout=harness.TIMEOUT):
         """Messages up to and including the first that has key; AssertionError on timeout."""
         seen = []
         deadline = time.monotonic() + timeout
@@ -81,7 +81,7 @@ class NotifySocket:
             pass
 
 
-class OperationsTest(daemon_test.DaemonTest):
+class OperationsTest(harness.DaemonTest):
     def notify_socket(self):
         path = os.path.join(self.new_state_dir(), "notify")
         n = NotifySocket(path)
@@ -90,8 +90,8 @@ class OperationsTest(daemon_test.DaemonTest):
 
     def run_traind(self, *args):
         """(exit status, stderr, stdout) of a traind that is expected to exit by itself."""
-        p = subprocess.run([daemon_test.TRAIND, *args], capture_output=True, text=True,
-                           timeout=daemon_test.TIMEOUT, stdin=subprocess.DEVNULL)
+        p = subprocess.run([harness.TRAIND, *args], capture_output=True, text=True,
+                           timeout=harness.TIMEOUT, stdin=subprocess.DEVNULL)
         return p.returncode, p.stderr, p.stdout
 
     def wait_log(self, d, pattern, what, drain=None):
@@ -104,7 +104,7 @@ class OperationsTest(daemon_test.DaemonTest):
             return next((ln for ln in d.stderr_tail(100000).splitlines() if rx.search(ln)),
                         None)
         try:
-            return daemon_test.wait_for(find, what)
+            return harness.wait_for(find, what)
         except AssertionError as e:
             raise AssertionError(f"{e}; the daemon's stderr:\n{d.stderr_tail()}") from None
 
@@ -143,8 +143,8 @@ class OperationsTest(daemon_test.DaemonTest):
         self.assertFalse(got and "READY" in got[1], f"a daemon that cannot serve said {got}")
 
     def run_traind_env(self, env, *args):
-        p = subprocess.run([daemon_test.TRAIND, *args], capture_output=True, text=True,
-                           timeout=daemon_test.TIMEOUT, stdin=subprocess.DEVNULL,
+        p = subprocess.run([harness.TRAIND, *args], capture_output=True, text=True,
+                           timeout=harness.TIMEOUT, stdin=subprocess.DEVNULL,
                            env=dict(os.environ, **env))
         return p.returncode, p.stderr, p.stdout
 
@@ -203,8 +203,8 @@ class OperationsTest(daemon_test.DaemonTest):
             "data_roots": roots,
             "grace_s": 2.5,
             "max_body_bytes": 5000,
-            "worker": os.path.join(os.path.dirname(daemon_test.TRAIND), "traind-worker"),
-            "web_root": os.path.join(daemon_test.SOURCE_DIR, "web"),
+            "worker": os.path.join(os.path.dirname(harness.TRAIND), "traind-worker"),
+            "web_root": os.path.join(harness.SOURCE_DIR, "web"),
             "log_format": "text",
             "log_level": "debug",
             "cluster_secret_file": secret,
@@ -218,7 +218,7 @@ class OperationsTest(daemon_test.DaemonTest):
             "tls_ca": ca,
             "keep_jobs_on_stop": True,
             "orphan_timeout_s": 42,
-            "shepherd": os.path.join(os.path.dirname(daemon_test.TRAIND), "traind-shepherd"),
+            "shepherd": os.path.join(os.path.dirname(harness.TRAIND), "traind-shepherd"),
             "metrics_listen": "127.0.0.1:0",
             "run_as": "nobody",
             "command_jobs": ["/bin/true", "/usr/bin/python3"],
@@ -342,7 +342,7 @@ class OperationsTest(daemon_test.DaemonTest):
         config = os.path.join(state, "traind.json")
         a, b = self.new_state_dir(), self.new_state_dir()  # outside the state directory
         images, labels = os.path.join(b, "images"), os.path.join(b, "labels")
-        daemon_test.write_idx(images, labels)
+        harness.write_idx(images, labels)
         os.chmod(b, 0o755)  # a root daemon's jobs run as run_as, which must read the data
         settings = {"data_roots": [a], "max_body_bytes": 100000}
         with open(config, "w") as f:
@@ -422,14 +422,14 @@ class OperationsTest(daemon_test.DaemonTest):
 
     def test_tensorboard_event_files_match_the_metrics(self):
         d = self.start_daemon()
-        job, _ = d.submit(daemon_test.train_spec("tb", epochs=1, checkpoint=False))
+        job, _ = d.submit(harness.train_spec("tb", epochs=1, checkpoint=False))
         self.assertEqual(d.follow(job["id"])[-1].data["state"], "succeeded")
         metrics = d.metrics(job["id"])
         got = self.tensorboard_scalars(d, job["id"])
         want = self.expected_scalars(metrics)
         self.assertTrue({"loss", "lr", "samples_per_s"} <= set(want), want.keys())
         self.assertEqual(got, want)
-        self.assertEqual([s for s, _ in got["loss"]], daemon_test.expected_log_steps(32))
+        self.assertEqual([s for s, _ in got["loss"]], harness.expected_log_steps(32))
 
         # a command's own lines: eval's val_loss and val_acc, any number it prints
         code = ("import json\n"
@@ -467,7 +467,7 @@ class OperationsTest(daemon_test.DaemonTest):
         started = None
         for line in lines:
             o = json.loads(line)  # every line is one object
-            self.assertRegex(o["time"], daemon_test.ISO_RE)
+            self.assertRegex(o["time"], harness.ISO_RE)
             self.assertIn(o["level"], ("error", "warning", "notice", "info", "debug"))
             self.assertIsInstance(o["msg"], str)
             if re.match(rf"job {job['id']} attempt \d+ started", o["msg"]):
@@ -478,9 +478,9 @@ class OperationsTest(daemon_test.DaemonTest):
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
-    # only this file's tests, not the ones daemon_test's classes bring along
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    # OperationsTest's own tests (harness.DaemonTest has none, tls_test's classes are not run)
     names = sorted(k for k in vars(OperationsTest) if k.startswith("test_"))
     if "-k" in sys.argv:
         names = [k for k in names if sys.argv[sys.argv.index("-k") + 1] in k]

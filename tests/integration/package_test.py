@@ -18,7 +18,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 
 BUILD = None
 SOURCE = None
@@ -32,7 +32,7 @@ def run(argv, **kw):
     return p.stdout
 
 
-class PackageTest(daemon_test.DaemonTest):
+class PackageTest(harness.DaemonTest):
     @classmethod
     def setUpClass(cls):
         cls.out = tempfile.mkdtemp(prefix="traind-package-")
@@ -122,7 +122,7 @@ class PackageTest(daemon_test.DaemonTest):
     def test_c_the_unpacked_tree_runs_a_job(self):
         traind = os.path.join(self.root, "usr/bin/traind")
         self.assertEqual(run([traind, "--version"]).strip(), f"traind {VERSION}")
-        daemon_test.TRAIND = traind
+        harness.TRAIND = traind
         d = self.start_daemon("--config", "")  # not the host's /etc/traind
         log = "\n".join(d.stderr_tail().splitlines())
         self.assertIn(f"worker {os.path.join(self.root, 'usr/bin/traind-worker')}", log,
@@ -130,8 +130,8 @@ class PackageTest(daemon_test.DaemonTest):
         status, headers, body = d.request("GET", "/", token=False)
         self.assertEqual(status, 200)
         self.assertIn(b"traind", body, "the packaged dashboard")
-        job, _ = d.submit(daemon_test.train_spec("from-the-package", max_steps=10,
-                                                 checkpoint=False))
+        job, _ = d.submit(harness.train_spec("from-the-package", max_steps=10,
+                                             checkpoint=False))
         self.assertEqual(d.follow(job["id"])[-1].data["state"], "succeeded")
         if os.geteuid() == 0:  # as the unit runs it: the job under a uid of its own
             ident = d.get_ok(f"/v1/jobs/{job['id']}")["identity"]
@@ -156,7 +156,7 @@ def main():
     global BUILD, SOURCE
     BUILD = os.path.abspath(sys.argv[1])
     SOURCE = os.path.abspath(sys.argv[2])
-    daemon_test.SOURCE_DIR = SOURCE
+    harness.SOURCE_DIR = SOURCE
     names = sorted(k for k in vars(PackageTest) if k.startswith("test_"))
     suite = unittest.TestSuite(PackageTest(k) for k in names)
     result = unittest.TextTestRunner(verbosity=2).run(suite)

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 
 
 def samples(text):
@@ -32,7 +32,7 @@ def value(got, metric, **labels):
     return got.get((metric, frozenset(labels.items())))
 
 
-class PrometheusTest(daemon_test.DaemonTest):
+class PrometheusTest(harness.DaemonTest):
     def scrape(self, d):
         status, headers, body = d.request("GET", "/metrics")
         self.assertEqual(status, 200, body)
@@ -93,7 +93,7 @@ class PrometheusTest(daemon_test.DaemonTest):
             now = self.scrape(d)[1]
             return all(value(now, m, route=r, method=k, **({"code": c} if c else {})) == n
                        for (m, r, k, c), n in want.items())
-        daemon_test.wait_for(counted, f"the requests counted: {want}")
+        harness.wait_for(counted, f"the requests counted: {want}")
         self.assertNotIn("FROB", self.scrape(d)[0])
         db = sum(os.path.getsize(os.path.join(d.state_dir, f))
                  for f in ("state.db", "state.db-wal")
@@ -110,8 +110,8 @@ class PrometheusTest(daemon_test.DaemonTest):
         self.assertEqual(value(got, "traind_queue_length"), 0)
         self.assertIsNone(value(got, "traind_job_step", **labels), "only running jobs")
         # d.follow's streams ended with their jobs; a's own was closed by the client
-        daemon_test.wait_for(lambda: value(self.scrape(d)[1], "traind_sse_clients") == 0,
-                             "every event stream to be counted closed")
+        harness.wait_for(lambda: value(self.scrape(d)[1], "traind_sse_clients") == 0,
+                         "every event stream to be counted closed")
         status, _, _ = d.request("GET", "/metrics", token=False)
         self.assertEqual(status, 401)
 
@@ -121,13 +121,13 @@ class PrometheusTest(daemon_test.DaemonTest):
         port still asks for it, and the metrics port serves nothing else."""
         d = self.start_daemon("--metrics-listen", "127.0.0.1:0")
         rx = re.compile(r"metrics \(GET /metrics, no token\) on http://127\.0\.0\.1:(\d+)/metrics")
-        port = daemon_test.wait_for(
+        port = harness.wait_for(
             lambda: next((int(m.group(1)) for m in map(rx.search, d.stderr_lines) if m), None),
             "the metrics listener's line")
         self.assertNotEqual(port, d.port)
 
         def get(method, path):
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=daemon_test.TIMEOUT)
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=harness.TIMEOUT)
             try:
                 c.request(method, path)
                 r = c.getresponse()
@@ -153,8 +153,8 @@ class PrometheusTest(daemon_test.DaemonTest):
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     suite = unittest.TestSuite([PrometheusTest("test_metrics_match_the_api"),
                                 PrometheusTest("test_metrics_listener_without_token")])
     result = unittest.TextTestRunner(verbosity=2).run(suite)

@@ -7,7 +7,7 @@ trainctl does.
 
     /usr/bin/python3 tests/integration/python_client_test.py TRAIND_BINARY SOURCE_DIR
 
-Daemons are started by daemon_test.py's harness (a fresh state directory each, killed at the
+Daemons are started by the harness (harness.py: a fresh state directory each, killed at the
 end, no surviving processes)."""
 import atexit
 import json
@@ -21,13 +21,12 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402  (the harness: Daemon, train_spec)
+import harness  # noqa: E402  (the harness: Daemon, train_spec)
 
 traind_client = None  # imported from the pip-installed copy in main()
 
 
-class PythonClientTest(daemon_test.DaemonTest):
-    # only this class's tests, not the inherited daemon tests
+class PythonClientTest(harness.DaemonTest):
     def client(self, d, token=None):
         return traind_client.Client(f"http://127.0.0.1:{d.port}", token or d.token)
 
@@ -37,7 +36,7 @@ class PythonClientTest(daemon_test.DaemonTest):
         self.assertEqual(c.version()["api"], "v1")
         self.assertEqual([(n["name"], n["state"]) for n in c.nodes()], [("solo", "ready")])
 
-        job = c.submit(daemon_test.train_spec("lenet", epochs=1), nproc=2)
+        job = c.submit(harness.train_spec("lenet", epochs=1), nproc=2)
         self.assertEqual(job.data["nproc"], 2, "keyword arguments go to resources")
         events = list(job.events())
         ids = [e.id for e in events]
@@ -87,14 +86,14 @@ class PythonClientTest(daemon_test.DaemonTest):
     def test_b_cancel_and_errors(self):
         d = self.start_daemon("--slots", "1", "--grace", "2")
         c = self.client(d)
-        job = c.submit(daemon_test.train_spec("long", epochs=1000, checkpoint=False))
+        job = c.submit(harness.train_spec("long", epochs=1000, checkpoint=False))
         for ev in job.events():
             if ev.event == "state" and ev.data["state"] == "running":
                 break
         self.assertEqual(job.cancel().state, "cancelled")
         self.assertEqual(job.wait(), "cancelled")
 
-        bad = daemon_test.train_spec("bad")
+        bad = harness.train_spec("bad")
         bad["train"]["batch_size"] = 0
         with self.assertRaises(traind_client.APIError) as e:
             c.submit(bad)
@@ -135,7 +134,7 @@ class PythonClientTest(daemon_test.DaemonTest):
         d1 = self.start_daemon("--slots", "1", state_dir=state)
         port = d1.port
         c = self.client(d1)
-        job = c.submit(daemon_test.train_spec("resume", epochs=3))
+        job = c.submit(harness.train_spec("resume", epochs=3))
         stream = job.events()
         seen = []
         for ev in stream:
@@ -176,14 +175,14 @@ class _Env:
 
 def main():
     global traind_client
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     target = tempfile.mkdtemp(prefix="traind-client-")
     atexit.register(shutil.rmtree, target, True)
     # built from a copy: setuptools builds in the directory it is given (build/, egg-info) and
     # would reuse what an earlier build left there
     src = os.path.join(target, "src")
-    shutil.copytree(os.path.join(daemon_test.SOURCE_DIR, "clients", "python"), src,
+    shutil.copytree(os.path.join(harness.SOURCE_DIR, "clients", "python"), src,
                     ignore=shutil.ignore_patterns("build", "*.egg-info"))
     # as a user installs it: `pip install ./clients/python` into a fresh virtual environment,
     # offline (--no-index: nothing may be fetched; the build backend is in the tree)

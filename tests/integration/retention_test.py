@@ -16,8 +16,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
-from daemon_test import wait_for  # noqa: E402
+import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 # a command job that prints one metric line and ends: something in every table
 METRIC = '{"event": "train", "step": 1, "loss": 0.5}'
@@ -27,7 +27,7 @@ def quick(name):
     return {"name": name, "command": ["/bin/sh", "-c", f"echo '{METRIC}'"]}
 
 
-class RetentionTest(daemon_test.DaemonTest):
+class RetentionTest(harness.DaemonTest):
     def run_job(self, d, name):
         job, _ = d.submit(quick(name))
         events = d.follow(job["id"])
@@ -143,8 +143,8 @@ class RetentionTest(daemon_test.DaemonTest):
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     names = sys.argv[3:] or [n for n in dir(RetentionTest)  # not the inherited harness's
                              if n.startswith("test_") and n in RetentionTest.__dict__]
     suite = unittest.TestSuite([RetentionTest(n) for n in names])

@@ -21,7 +21,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 
 
 def command(name, argv, nproc, **extra):
@@ -31,7 +31,7 @@ def command(name, argv, nproc, **extra):
     return spec
 
 
-class ScriptsTest(daemon_test.DaemonTest):
+class ScriptsTest(harness.DaemonTest):
     def run_job(self, d, spec):
         status, _, job = d.json("POST", "/v1/jobs", spec)
         self.assertEqual(status, 201, job)
@@ -82,7 +82,7 @@ class ScriptsTest(daemon_test.DaemonTest):
         got = {}
         for jid in (a, b):
             for r in (0, 1):
-                got[(jid, r)] = daemon_test.wait_for(lambda: seen(jid, r), f"job {jid} rank {r}")
+                got[(jid, r)] = harness.wait_for(lambda: seen(jid, r), f"job {jid} rank {r}")
         ids = sorted(got.values())
         self.assertEqual(ids, ["0", "1", "2", "3"], "disjoint, one GPU a process")
         # GET /v1/nodes says which process holds each GPU, as the processes saw it
@@ -144,9 +144,9 @@ class ScriptsTest(daemon_test.DaemonTest):
             status, _, body = d.json("POST", f"/v1/jobs/{job['id']}/cancel")
             self.assertEqual(status, 200, body)
             self.assertEqual(d.follow(job["id"])[-1].data["state"], "cancelled")
-            daemon_test.wait_for(lambda: not any(alive(p) for p in children),
-                                 f"the children {children} to end (stuck: {ignore})",
-                                 timeout=10)
+            harness.wait_for(lambda: not any(alive(p) for p in children),
+                             f"the children {children} to end (stuck: {ignore})",
+                             timeout=10)
 
     def test_e_dataparallel_cpu(self):
         d = self.start_daemon("--slots", "2")
@@ -165,7 +165,7 @@ class ScriptsTest(daemon_test.DaemonTest):
         TORCHELASTIC_ERROR_FILE, becomes the job's and the attempt's reason (the rank's last
         log line is another)."""
         d = self.start_daemon("--slots", "2")
-        script = os.path.join(daemon_test.SOURCE_DIR, "tests/integration/torchrun/env_script.py")
+        script = os.path.join(harness.SOURCE_DIR, "tests/integration/torchrun/env_script.py")
         status, _, job = d.json("POST", "/v1/jobs", command("env", ["/usr/bin/python3", script], 2))
         self.assertEqual(status, 201, job)
         self.assertEqual(d.follow(job["id"])[-1].data["state"], "succeeded",
@@ -355,7 +355,7 @@ class ScriptsTest(daemon_test.DaemonTest):
                                                                          "gpus_per_proc": 3}))
         self.assertEqual((status, body["error"]["field"]), (400, "resources.gpus_per_proc"), body)
         self.assertIn("need 6 slots, but this node has 4", body["error"]["message"])
-        status, _, body = d.json("POST", "/v1/jobs", daemon_test.train_spec("t", epochs=1) |
+        status, _, body = d.json("POST", "/v1/jobs", harness.train_spec("t", epochs=1) |
                                  {"resources": {"gpus_per_proc": 2}})
         self.assertEqual((status, body["error"]["field"]), (400, "resources.gpus_per_proc"), body)
 
@@ -402,8 +402,8 @@ def alive(pid):
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     names = sys.argv[3:] or sorted(n for n in vars(ScriptsTest) if n.startswith("test_"))
     suite = unittest.TestSuite(ScriptsTest(n) for n in names)
     result = unittest.TextTestRunner(verbosity=2).run(suite)

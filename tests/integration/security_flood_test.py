@@ -58,7 +58,7 @@ import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 from operations_test import NotifySocket  # noqa: E402
 
 PY = "/usr/bin/python3"
@@ -142,7 +142,7 @@ class LatencyProbe(threading.Thread):
             if self.sample is not None:
                 self.sample()
             if took > MAX_S or (len(self.samples) >= MIN_SAMPLES and self.jobs and
-                                all(s in daemon_test.FINAL_STATES for s in self.jobs.values())):
+                                all(s in harness.FINAL_STATES for s in self.jobs.values())):
                 self.settled.set()
             self._halt.wait(PROBE_EVERY_S)  # the measurement's pace
         self.ended_at = time.monotonic()
@@ -196,7 +196,7 @@ class WatchdogReader(threading.Thread):
         return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-class SecurityFloodTest(daemon_test.DaemonTest):
+class SecurityFloodTest(harness.DaemonTest):
     # -- fixtures
 
     def daemon(self, *args, env=None):
@@ -621,10 +621,10 @@ class SecurityFloodTest(daemon_test.DaemonTest):
             problems.append(f"SIGTERM did not stop the daemon within {SIGTERM_S} s")
             d.kill()  # the harness then removes what its jobs left
         else:
-            left = [p for p in daemon_test.wait_exited(sorted(procs)) if daemon_test.lingering(p)]
+            left = [p for p in harness.wait_exited(sorted(procs)) if harness.lingering(p)]
             if left:
                 problems.append("processes outlived the stopped daemon: "
-                                + daemon_test.describe_procs(left))
+                                + harness.describe_procs(left))
         stopped = time.monotonic() - t0
         if problems:
             counted = collections.Counter(problems)
@@ -638,9 +638,9 @@ NAMES = sorted(n for n in vars(SecurityFloodTest) if n.startswith("test_"))
 
 def main():
     global P99_S, MAX_S, PROBE_TIMEOUT_S, RSS_LIMIT
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
-    with open(daemon_test.TRAIND, "rb") as f:
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    with open(harness.TRAIND, "rb") as f:
         if b"__asan_init" in f.read():
             # the sanitizers' build (build-asan) runs several times slower and keeps shadow
             # memory: the bounds that hold the shipped daemon are loosened, not dropped (a

@@ -40,7 +40,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 
 MIB = 1 << 20
 ATTACKER_ADDR = "127.0.0.2"  # the slowloris's source address (any 127/8 address is loopback)
@@ -66,7 +66,7 @@ def padded(name, size, command=("/bin/true",)):
 def sanitized():
     """Whether the traind under test is built with AddressSanitizer (build-asan): its memory and
     its speed are then not the shipped daemon's, so the figures below are not asserted."""
-    with open(daemon_test.TRAIND, "rb") as f:
+    with open(harness.TRAIND, "rb") as f:
         return b"__asan_init" in f.read()
 
 
@@ -96,8 +96,8 @@ def bad_log_bytes(raw):
     return None
 
 
-class RawDaemon(daemon_test.Daemon):
-    """daemon_test's Daemon that also keeps each stderr line as the bytes the daemon wrote (the
+class RawDaemon(harness.Daemon):
+    """harness.Daemon that also keeps each stderr line as the bytes the daemon wrote (the
     harness's own lines are decoded with errors="replace" and lose a trailing '\\r')."""
 
     def __init__(self, *a, **kw):
@@ -113,7 +113,7 @@ class RawDaemon(daemon_test.Daemon):
         every audit record of a request it answered, is then there to check."""
         survivors = self.stop()
         if self._drainer is not None:
-            self._drainer.join(timeout=daemon_test.TIMEOUT)
+            self._drainer.join(timeout=harness.TIMEOUT)
         if survivors:
             raise AssertionError(f"processes outlived the stopped daemon: {survivors}")
 
@@ -296,18 +296,10 @@ def send_raw_requests(port, clients, deadline_s):
             s.close()
 
 
-class SecurityHttpTest(daemon_test.DaemonTest):
-    # -- fixtures
+class SecurityHttpTest(harness.DaemonTest):
+    daemon_class = RawDaemon  # start_daemon's daemons keep their stderr as bytes too
 
-    def start_daemon(self, *args, state_dir=None, env=None, ssl_context=None):
-        """DaemonTest.start_daemon, with a RawDaemon (its stderr kept as bytes too)."""
-        if state_dir is None:
-            state_dir = self.new_state_dir()
-        d = RawDaemon(state_dir, args, env)
-        d.ssl_context = ssl_context
-        self.addCleanup(self._stop_daemon, d)
-        d.start()
-        return d
+    # -- fixtures
 
     def make_token(self, d, name, scope="submit"):
         status, _, obj = d.json("POST", "/v1/tokens", {"name": name, "scope": scope})
@@ -399,14 +391,14 @@ class SecurityHttpTest(daemon_test.DaemonTest):
                                    b"GET /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
         self.assert_served_promptly(d, user, f"{n} unfinished connections from {ATTACKER_ADDR}")
         self.assertTrue(d.alive(), "the daemon died under the attack")
-        daemon_test.wait_for(lambda: attack.open_count() <= 128,
-                             "the daemon to keep at most 128 connections of one address",
-                             timeout=20)
+        harness.wait_for(lambda: attack.open_count() <= 128,
+                         "the daemon to keep at most 128 connections of one address",
+                         timeout=20)
         self.assert_served_promptly(d, user, "the attack still on")
         attack.close()
         # the attacker's address is served again once its connections are gone
-        daemon_test.wait_for(lambda: self.served_from(d, ATTACKER_ADDR, user),
-                             f"a GET from {ATTACKER_ADDR} after the attack ended")
+        harness.wait_for(lambda: self.served_from(d, ATTACKER_ADDR, user),
+                         f"a GET from {ATTACKER_ADDR} after the attack ended")
 
     def test_slowloris_per_ip_limit(self):
         """--max-connections-per-ip 32: of 1,000 unfinished connections from 127.0.0.2 the daemon
@@ -419,9 +411,9 @@ class SecurityHttpTest(daemon_test.DaemonTest):
         attack = self.flock().open(1000, ATTACKER_ADDR, d.port,
                                    b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
         self.assert_served_promptly(d, user, f"1000 unfinished connections from {ATTACKER_ADDR}")
-        daemon_test.wait_for(lambda: attack.open_count() <= 32,
-                             "the daemon to keep at most 32 connections from one address",
-                             timeout=20)
+        harness.wait_for(lambda: attack.open_count() <= 32,
+                         "the daemon to keep at most 32 connections from one address",
+                         timeout=20)
         self.assertGreater(attack.open_count(), 0,
                            "a limit of 32 per address, not none: some stay until the timeout")
         # one more from the attacker's address is not served while it holds its 32
@@ -432,8 +424,8 @@ class SecurityHttpTest(daemon_test.DaemonTest):
         self.assertNotEqual(status, 200, f"a 33rd connection from {ATTACKER_ADDR} was served")
         self.assert_served_promptly(d, user, "the attack still on")
         attack.close()
-        daemon_test.wait_for(lambda: self.served_from(d, ATTACKER_ADDR, user),
-                             f"a GET from {ATTACKER_ADDR} after the attack ended")
+        harness.wait_for(lambda: self.served_from(d, ATTACKER_ADDR, user),
+                         f"a GET from {ATTACKER_ADDR} after the attack ended")
 
     def test_connection_timeout(self):
         """--connection-timeout 3: connections that stop in the middle of their headers (and some
@@ -577,7 +569,7 @@ class SecurityHttpTest(daemon_test.DaemonTest):
             events = d.follow(job["id"])
         except (OSError, http.client.HTTPException):
             events = []
-        if not events or events[-1].data.get("state") not in daemon_test.FINAL_STATES:
+        if not events or events[-1].data.get("state") not in harness.FINAL_STATES:
             try:  # the stream ended early: was it the daemon's end?
                 rc = d.proc.wait(timeout=5)
                 self.fail(f"the daemon died (status {rc}); its log:\n{d.stderr_tail(20)}")
@@ -690,7 +682,7 @@ class SecurityHttpTest(daemon_test.DaemonTest):
         jid = job["id"]
         with d.events(jid) as s:  # the admin's stream
             s.until(lambda e: e.event == "state" and e.data.get("state") == "running", "running")
-        daemon_test.wait_for(lambda: "started" in d.logs(jid)[1], "the job's first log line")
+        harness.wait_for(lambda: "started" in d.logs(jid)[1], "the job's first log line")
         follow = f"/v1/jobs/{jid}/logs?rank=0&follow=1"
         held = []
         self.addCleanup(lambda: [c.close() for c, _ in held])
@@ -722,7 +714,7 @@ class SecurityHttpTest(daemon_test.DaemonTest):
             conn, resp = self.open_stream(d, f"/v1/jobs/{jid}/events", user)
             conn.close()
             return resp.status == 200
-        daemon_test.wait_for(admitted, "the stream's place given back", timeout=30)
+        harness.wait_for(admitted, "the stream's place given back", timeout=30)
 
     # -- finding 10: what one token holds
 
@@ -874,8 +866,8 @@ ALL = ["test_slowloris_defaults", "test_slowloris_per_ip_limit", "test_connectio
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     names = sys.argv[3:] or ALL
     suite = unittest.TestSuite([SecurityHttpTest(n) for n in names])
     result = unittest.TextTestRunner(verbosity=2).run(suite)

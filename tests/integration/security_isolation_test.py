@@ -37,8 +37,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
-from daemon_test import wait_for  # noqa: E402
+import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 JOB_UIDS = range(1879048192, 1879113727 + 1)  # job_uids' default (design-42: Identity of jobs)
 # A daemon that is not root but may switch users, as a unit with User= and
@@ -61,15 +61,15 @@ def result_of(log):
 def marked(marker):
     """Pids of the live (non-zombie) processes whose command line holds marker."""
     out = []
-    for pid in daemon_test.all_pids():
+    for pid in harness.all_pids():
         if pid == os.getpid():
             continue
-        if any(marker in a for a in daemon_test.cmdline(pid)) and daemon_test.lingering(pid):
+        if any(marker in a for a in harness.cmdline(pid)) and harness.lingering(pid):
             out.append(pid)
     return out
 
 
-class CapabilityDaemon(daemon_test.Daemon):
+class CapabilityDaemon(harness.Daemon):
     """traind run as DAEMON_UID with DAEMON_CAPS (ambient, so they survive its exec), through
     setpriv: what the packaged setup looks like when traind is not root."""
 
@@ -78,16 +78,16 @@ class CapabilityDaemon(daemon_test.Daemon):
         self.wrapper = wrapper
 
     def start(self, token=None):
-        real = daemon_test.TRAIND
-        daemon_test.TRAIND = self.wrapper  # Daemon.start reads the module's TRAIND
+        real = harness.TRAIND
+        harness.TRAIND = self.wrapper  # Daemon.start reads the module's TRAIND
         try:
             return super().start(token)
         finally:
-            daemon_test.TRAIND = real
+            harness.TRAIND = real
 
 
 @unittest.skipUnless(os.geteuid() == 0, "jobs under identities of their own need a root daemon")
-class SecurityIsolationTest(daemon_test.DaemonTest):
+class SecurityIsolationTest(harness.DaemonTest):
     # -- helpers
 
     def make_token(self, d, name, scope="submit"):
@@ -107,7 +107,7 @@ class SecurityIsolationTest(daemon_test.DaemonTest):
             return s.rest()
 
     def stream(self, d, jid, within=STREAM_S):
-        return daemon_test.EventStream(d, f"/v1/jobs/{jid}/events", {}, deadline=within)
+        return harness.EventStream(d, f"/v1/jobs/{jid}/events", {}, deadline=within)
 
     def run_to_end(self, d, jid, state="succeeded"):
         return self.assert_final(d, jid, self.follow(d, jid), state)
@@ -216,7 +216,7 @@ class SecurityIsolationTest(daemon_test.DaemonTest):
         vid = victim["id"]
         with self.stream(d, vid) as s:
             s.until(lambda e: e.event == "checkpoint" or
-                    (e.event == "state" and e.data.get("state") in daemon_test.FINAL_STATES),
+                    (e.event == "state" and e.data.get("state") in harness.FINAL_STATES),
                     "the victim's checkpoint")
         self.assertEqual(d.job(vid)["state"], "running", "the victim runs")
         paths = result_of(d.logs(vid)[1])
@@ -264,7 +264,7 @@ class SecurityIsolationTest(daemon_test.DaemonTest):
         self.run_to_end(d, attacker["id"])
         log = d.logs(attacker["id"])[1]
         res = result_of(log)
-        state = daemon_test.proc_stat(vpid)
+        state = harness.proc_stat(vpid)
         st = state[0] if state else None
         if st == "T":
             resume()
@@ -384,7 +384,7 @@ class SecurityIsolationTest(daemon_test.DaemonTest):
                 f.write("#!/bin/sh\n" + " ".join(shlex.quote(a) for a in (
                     "exec", setpriv, f"--reuid={DAEMON_UID}", f"--regid={DAEMON_UID}",
                     "--clear-groups", f"--inh-caps={caps}", f"--ambient-caps={caps}", "--",
-                    daemon_test.TRAIND)) + ' "$@"\n')
+                    harness.TRAIND)) + ' "$@"\n')
             os.chmod(wrapper, 0o755)
             state = self.new_state_dir()
             os.chown(state, DAEMON_UID, DAEMON_UID)
@@ -410,7 +410,7 @@ class SecurityIsolationTest(daemon_test.DaemonTest):
         left = marked(marker)  # at once: the job must not be reported ended before they are gone
         self.assertEqual(left, [], f"{name}: job {job['id']} ended "
                                    f"({events[-1].data if events else None}) while its escaped "
-                                   f"processes run: {daemon_test.describe_procs(left)}")
+                                   f"processes run: {harness.describe_procs(left)}")
         # legitimate use: the job's own process ran to its end and said so
         self.assert_final(d, job["id"], events, "succeeded")
         self.assertIn("parent done", d.logs(job["id"])[1])
@@ -451,14 +451,14 @@ class SecurityIsolationTest(daemon_test.DaemonTest):
         jid = job["id"]
         # only /proc shows it: the sleep itself (the shell's own command line names it too)
         escaped = wait_for(lambda: [p for p in marked(marker)
-                                    if daemon_test.cmdline(p)[:1] == ["sleep"]],
+                                    if harness.cmdline(p)[:1] == ["sleep"]],
                            "the escaped child")
         sid = os.getsid(escaped[0])
         self.assertEqual(d.job(jid)["state"], "running")
         status, _, obj = d.json("POST", f"/v1/jobs/{jid}/cancel", token=token)
         left = marked(marker)  # the reply comes once no process of the job is left
         self.assertEqual(left, [], f"job {jid} cancelled ({status} {obj}) while its escaped child "
-                                   f"(session {sid}) runs: {daemon_test.describe_procs(left)}")
+                                   f"(session {sid}) runs: {harness.describe_procs(left)}")
         self.assertEqual((status, obj.get("state")), (200, "cancelled"), obj)
         events = self.follow(d, jid)
         self.assertEqual(marked(marker), [])
@@ -491,7 +491,7 @@ class SecurityIsolationTest(daemon_test.DaemonTest):
         self.addCleanup(free)
         with self.stream(d, fid) as s:
             s.until(lambda e: e.event == "written" or
-                    (e.event == "state" and e.data.get("state") in daemon_test.FINAL_STATES),
+                    (e.event == "state" and e.data.get("state") in harness.FINAL_STATES),
                     "the filler's writes")
         healthy = self.submit_as(d, alice, {
             "name": "healthy", "command": [
@@ -557,8 +557,8 @@ NAMES = ["test_jobs_run_under_identities_of_their_own", "test_job_cannot_reach_a
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     names = sys.argv[3:] or NAMES
     suite = unittest.TestSuite([SecurityIsolationTest(n) for n in names])
     result = unittest.TextTestRunner(verbosity=2).run(suite)

@@ -16,8 +16,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
-from daemon_test import train_spec  # noqa: E402
+import harness  # noqa: E402
+from harness import train_spec  # noqa: E402
 
 
 def sleeper(name, seconds=60):
@@ -25,7 +25,7 @@ def sleeper(name, seconds=60):
     return {"name": name, "command": ["/bin/sleep", str(seconds)]}
 
 
-class SecurityTest(daemon_test.DaemonTest):
+class SecurityTest(harness.DaemonTest):
     def make_token(self, d, name, scope, token=True):
         status, headers, obj = d.json("POST", "/v1/tokens", {"name": name, "scope": scope},
                                       token=token)
@@ -156,7 +156,7 @@ class SecurityTest(daemon_test.DaemonTest):
         self.assert_error(d.json("GET", "/v1/jobs"), 401, "unauthorized",
                           what="the first-start token once revoked")
         d.stop()
-        d2 = daemon_test.Daemon(d.state_dir, ("--slots", "1"))
+        d2 = harness.Daemon(d.state_dir, ("--slots", "1"))
         self.addCleanup(self._stop_daemon, d2)
         d2.start(token=admin["token"])
         self.assertFalse(os.path.exists(os.path.join(d.state_dir, "token")),
@@ -247,8 +247,8 @@ class SecurityTest(daemon_test.DaemonTest):
         for jid in (queued["id"], running["id"]):
             d.json("POST", f"/v1/jobs/{jid}/cancel")
         # the stream's end is seen once the server notices its connection closed: polled
-        daemon_test.wait_for(lambda: d.request("GET", path, token=watcher["token"])[0] == 200,
-                             "the stream slot given back")
+        harness.wait_for(lambda: d.request("GET", path, token=watcher["token"])[0] == 200,
+                         "the stream slot given back")
 
     @unittest.skipUnless(os.geteuid() == 0, "run_as needs a root daemon")
     def test_jobs_run_as(self):
@@ -315,8 +315,8 @@ class SecurityTest(daemon_test.DaemonTest):
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     names = sys.argv[3:] or ["test_scopes", "test_revocation_is_immediate",
                              "test_command_allow_list", "test_limits", "test_jobs_run_as",
                              "test_checkpoint_of_the_daemons_files_refused"]

@@ -18,7 +18,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 
 SHEPHERD = None
 TIMEOUT = 60.0
@@ -32,7 +32,7 @@ def alive(pid):
         return False
 
 
-wait_for = daemon_test.wait_for  # polls f every 50 ms; AssertionError naming what
+wait_for = harness.wait_for  # polls f every 50 ms; AssertionError naming what
 
 
 TOKEN = "0123456789abcdef-test-token"

@@ -16,7 +16,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402
+import harness  # noqa: E402
 
 
 def openssl(*args, cwd):
@@ -46,21 +46,17 @@ def make_cert(d, ca, name, ip="127.0.0.1"):
     return os.path.join(d, f"{name}.pem"), os.path.join(d, f"{name}.key")
 
 
-class TLSTest(daemon_test.DaemonTest):
+class TLSTest(harness.DaemonTest):
     def setUp(self):
         self.pki = self.new_state_dir()
         self.ca = make_ca(self.pki, "good")
         self.other_ca = make_ca(self.pki, "other")
         self.cert, self.key = make_cert(self.pki, "good", "master")
 
-    def start_tls(self, *args, **kw):
-        d = daemon_test.Daemon(kw.pop("state_dir", None) or self.new_state_dir(),
-                               ("--tls-cert", self.cert, "--tls-key", self.key) + args,
-                               kw.pop("env", None))
-        d.ssl_context = ssl.create_default_context(cafile=self.ca)
-        self.addCleanup(self._stop_daemon, d)
-        d.start()
-        return d
+    def start_tls(self, *args, state_dir=None, env=None):
+        return self.start_daemon("--tls-cert", self.cert, "--tls-key", self.key, *args,
+                                 state_dir=state_dir, env=env,
+                                 ssl_context=ssl.create_default_context(cafile=self.ca))
 
     def curl(self, *args):
         return subprocess.run(["curl", "-sS", "--max-time", "30", *args], capture_output=True,
@@ -83,7 +79,7 @@ class TLSTest(daemon_test.DaemonTest):
         self.assertNotIn('"jobs"', plain.stdout, "plain HTTP is not served")
 
         # trainctl: --cacert, and TRAIND_CACERT
-        trainctl = os.path.join(os.path.dirname(daemon_test.TRAIND), "trainctl")
+        trainctl = os.path.join(os.path.dirname(harness.TRAIND), "trainctl")
         env = dict(os.environ, HOME=self.new_state_dir())
         run = subprocess.run([trainctl, "--url", url, "--token", d.token, "--cacert", self.ca,
                               "submit", "-", "--name", "over-tls"],
@@ -102,7 +98,7 @@ class TLSTest(daemon_test.DaemonTest):
         self.assertIn("--cacert", refused.stderr, "the hint names the option that fixes it")
 
         # the Python client
-        sys.path.insert(0, os.path.join(daemon_test.SOURCE_DIR, "clients/python"))
+        sys.path.insert(0, os.path.join(harness.SOURCE_DIR, "clients/python"))
         from traind_client import Client
         c = Client(url, d.token, cafile=self.ca)
         job = [j for j in c.jobs() if j.data["name"] == "over-tls"][0]
@@ -177,22 +173,18 @@ class TLSTest(daemon_test.DaemonTest):
         master = self.start_tls("--cluster-secret-file", secret, "--node-name", "master")
         join = f"127.0.0.1:{master.port}"
         # one agent with the CA: it joins; one with another CA: it never does
-        agent = daemon_test.Daemon(self.new_state_dir(), (
+        agent = self.start_daemon(
             "--join", join, "--tls-ca", self.ca, "--cluster-secret-file", secret,
-            "--node-name", "agent-ok", "--advertise", "127.0.0.1"))
-        self.addCleanup(self._stop_daemon, agent)
-        agent.start()
-        stranger = daemon_test.Daemon(self.new_state_dir(), (
+            "--node-name", "agent-ok", "--advertise", "127.0.0.1")
+        stranger = self.start_daemon(
             "--join", join, "--tls-ca", self.other_ca, "--cluster-secret-file", secret,
-            "--node-name", "agent-bad", "--advertise", "127.0.0.1"))
-        self.addCleanup(self._stop_daemon, stranger)
-        stranger.start()
+            "--node-name", "agent-bad", "--advertise", "127.0.0.1")
 
         def names():
             return {n["name"]: n["state"] for n in master.get_ok("/v1/nodes")["nodes"]}
-        daemon_test.wait_for(lambda: names().get("agent-ok") == "ready",
-                             "the agent with the CA to join over TLS")
-        daemon_test.wait_for(
+        harness.wait_for(lambda: names().get("agent-ok") == "ready",
+                         "the agent with the CA to join over TLS")
+        harness.wait_for(
             lambda: any("certificate" in ln.lower() or "ssl" in ln.lower()
                         for ln in stranger.stderr_tail(1000).splitlines()),
             "the agent with another CA to say why it cannot reach its master")
@@ -204,24 +196,23 @@ class TLSTest(daemon_test.DaemonTest):
         self.assertEqual(master.follow(job["id"])[-1].data["state"], "succeeded")
 
 
-class MakeCertsTest(daemon_test.DaemonTest):
+class MakeCertsTest(harness.DaemonTest):
     def test_deploy_make_certs(self):
         """deploy/make-certs.sh as docs/cluster.md uses it: a CA, then a node's
         certificate for its address, which a daemon serves and a client verifies; run again,
         it keeps the CA and adds a node."""
         pki = self.new_state_dir()
-        script = os.path.join(daemon_test.SOURCE_DIR, "deploy", "make-certs.sh")
+        script = os.path.join(harness.SOURCE_DIR, "deploy", "make-certs.sh")
         p = subprocess.run(["sh", script, pki, "master=127.0.0.1"], capture_output=True,
                            text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
         with open(os.path.join(pki, "ca.pem")) as f:
             ca = f.read()
         self.assertEqual(os.stat(os.path.join(pki, "master.key")).st_mode & 0o777, 0o600)
-        d = daemon_test.Daemon(self.new_state_dir(), ("--tls-cert", os.path.join(pki, "master.pem"),
-                                                      "--tls-key", os.path.join(pki, "master.key")))
-        d.ssl_context = ssl.create_default_context(cafile=os.path.join(pki, "ca.pem"))
-        self.addCleanup(self._stop_daemon, d)
-        d.start()
+        d = self.start_daemon("--tls-cert", os.path.join(pki, "master.pem"),
+                              "--tls-key", os.path.join(pki, "master.key"),
+                              ssl_context=ssl.create_default_context(
+                                  cafile=os.path.join(pki, "ca.pem")))
         ok = subprocess.run(["curl", "-sS", "--max-time", "30", "--cacert",
                              os.path.join(pki, "ca.pem"), "-H", f"Authorization: Bearer {d.token}",
                              f"https://127.0.0.1:{d.port}/v1/nodes"],
@@ -240,8 +231,8 @@ class MakeCertsTest(daemon_test.DaemonTest):
 
 
 def main():
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
     names = sorted(k for k in vars(TLSTest) if k.startswith("test_"))
     suite = unittest.TestSuite(TLSTest(k) for k in names)
     suite.addTest(MakeCertsTest("test_deploy_make_certs"))

@@ -7,7 +7,7 @@ a kill -9 and restart of the daemon with nothing missed or repeated, Ctrl-C with
 
     /usr/bin/python3 tests/integration/trainctl_test.py TRAIND TRAINCTL SOURCE_DIR
 
-Daemons come from daemon_test.py's harness (a fresh state directory each, killed at the end)."""
+Daemons come from the harness (harness.py: a fresh state directory each, killed at the end)."""
 import json
 import os
 import pty
@@ -20,13 +20,13 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import daemon_test  # noqa: E402  (the harness: Daemon, train_spec)
+import harness  # noqa: E402  (the harness: Daemon, train_spec)
 
 TRAINCTL = None
 TIMEOUT = 120
 
 
-class TrainctlTest(daemon_test.DaemonTest):
+class TrainctlTest(harness.DaemonTest):
     def env(self, d, token=None):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIND_")}
         env.update(TRAIND_URL=f"http://127.0.0.1:{d.port}", TRAIND_TOKEN=token or d.token,
@@ -59,7 +59,7 @@ class TrainctlTest(daemon_test.DaemonTest):
         self.assertEqual(out.split("\n")[1].split()[:3], ["solo", "master", "ready"])
 
         # submit with every override; follow off a terminal gives JSON lines
-        spec = daemon_test.train_spec("lenet", epochs=1)
+        spec = harness.train_spec("lenet", epochs=1)
         rc, out, err = self.run_ctl(d, "submit", self.spec_file(spec), "--name", "renamed",
                                     "--nproc", "2", "--set", "train.optimizer.lr=0.02",
                                     "--set", "log.every_steps=4", "--follow")
@@ -72,7 +72,7 @@ class TrainctlTest(daemon_test.DaemonTest):
         self.assertEqual(ids, list(range(ids[0], ids[0] + len(ids))), "ids +1 each, no gap")
         self.assertEqual((events[-1]["event"], events[-1]["data"]["state"]), ("state", "succeeded"))
         train = [e["data"] for e in events if e["event"] == "train"]
-        self.assertEqual([t["step"] for t in train], daemon_test.expected_log_steps(16, 4))
+        self.assertEqual([t["step"] for t in train], harness.expected_log_steps(16, 4))
         self.assertEqual(train[-1]["total_steps"], 16, "the run's total steps, for the bar")
         job = d.json("GET", f"/v1/jobs/{jid}")[2]
         self.assertEqual((job["name"], job["nproc"]), ("renamed", 2))
@@ -153,7 +153,7 @@ class TrainctlTest(daemon_test.DaemonTest):
         self.assertEqual((rc, out), (0, "node solo: draining\n"))
         rc, out, _ = self.run_ctl(d, "undrain", "solo")
         self.assertEqual((rc, out), (0, "node solo: ready\n"))
-        bad = daemon_test.train_spec("bad")
+        bad = harness.train_spec("bad")
         rc, _, err = self.run_ctl(d, "submit", self.spec_file(bad), "--set", "train.batch_size=0")
         self.assertEqual(rc, 3)
         self.assertIn("train.batch_size:", err)
@@ -209,7 +209,7 @@ class TrainctlTest(daemon_test.DaemonTest):
 
     def test_b_follow_on_a_terminal(self):
         d = self.start_daemon("--slots", "1", "--grace", "2")
-        spec = self.spec_file(daemon_test.train_spec("tty", epochs=2))
+        spec = self.spec_file(harness.train_spec("tty", epochs=2))
         rc, out, first = self.pty_run(d, "submit", spec, "--follow")
         self.assertEqual(rc, 0, out)
         redraws = out.count("\r\x1b[Kepoch ")
@@ -226,7 +226,7 @@ class TrainctlTest(daemon_test.DaemonTest):
         self.assertRegex(out, r"job \d+ failed[^\n]*boom")
 
         # Ctrl-C: following stops, the job goes on; with --cancel-on-interrupt it is cancelled
-        long_spec = self.spec_file(daemon_test.train_spec("long", epochs=1000, checkpoint=False))
+        long_spec = self.spec_file(harness.train_spec("long", epochs=1000, checkpoint=False))
         for cancel in (False, True):
             sent = []
 
@@ -257,7 +257,7 @@ class TrainctlTest(daemon_test.DaemonTest):
         state = self.new_state_dir()
         d1 = self.start_daemon("--slots", "1", state_dir=state)
         port = d1.port
-        jid = self.submit(d1, daemon_test.train_spec("resume", epochs=3))
+        jid = self.submit(d1, harness.train_spec("resume", epochs=3))
         proc = subprocess.Popen([TRAINCTL, "follow", str(jid)], env=self.env(d1),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         seen = []
@@ -337,7 +337,7 @@ class TrainctlTest(daemon_test.DaemonTest):
 
 class CompletionAndManual(unittest.TestCase):
     def test_d_bash_completion_and_man_page(self):
-        script = os.path.join(daemon_test.SOURCE_DIR, "clients", "trainctl",
+        script = os.path.join(harness.SOURCE_DIR, "clients", "trainctl",
                               "trainctl.bash-completion")
 
         def complete(*words):
@@ -358,9 +358,9 @@ class CompletionAndManual(unittest.TestCase):
 
 def main():
     global TRAINCTL
-    daemon_test.TRAIND = os.path.abspath(sys.argv[1])
+    harness.TRAIND = os.path.abspath(sys.argv[1])
     TRAINCTL = os.path.abspath(sys.argv[2])
-    daemon_test.SOURCE_DIR = os.path.abspath(sys.argv[3])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[3])
     suite = unittest.TestSuite(TrainctlTest(name) for name in sorted(vars(TrainctlTest))
                                if name.startswith("test_"))
     suite.addTest(CompletionAndManual("test_d_bash_completion_and_man_page"))
