@@ -33,10 +33,10 @@ typedef struct td_shepherd {
     size_t in_len;
 } td_shepherd;
 
-/* Writes spec (an object in shepherd_main.c's format; the paths, the token and the connection
- * are filled in here, and "output": null means process 0's stdout goes to its log, for a node
- * without global rank 0) to BASE.json and starts program on it, connected. -1 when it could not be
- * started (nothing runs then). */
+/* Writes spec (an object in the spec's format, td_shepherd_protocol.h; the paths, the token and
+ * the connection are filled in here (td_shepherd_spec_fill), and "output": null means process 0's
+ * stdout goes to its log, for a node without global rank 0) to BASE.json and starts program on it,
+ * connected. -1 when it could not be started (nothing runs then). */
 int td_shepherd_start(td_shepherd *s, const char *program, const char *base, json_t *spec,
                       td_err *err);
 /* The control socket at path, bound (mode 0600) and listening: the daemon makes it before the
