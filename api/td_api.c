@@ -1,94 +1,15 @@
-/* The HTTP server: libmicrohttpd with one thread per connection, bearer-token checks, body limits
- * and the route table that sends each request to its handler. td_api_private.h lists the other
- * files. */
+/* The HTTP API's routes: the user's and the jobs' handlers, the route table that sends each
+ * request to its handler, and the admission of a request on its headers (bearer-token checks,
+ * body limits, rates). td_api_private.h lists the other files. */
 #include "api/td_api_private.h"
 
 #include "base/td_clock.h"
 #include "base/td_parse.h"
 
-#include <arpa/inet.h>
-#include <ctype.h>
-#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
-#include <netinet/in.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-const char TD_API_JSON[] = "application/json";
-
-/* ---- replies ------------------------------------------------------------------------------- */
-
-enum MHD_Result td_api_respond(struct MHD_Connection *c, unsigned status, struct MHD_Response *r,
-                               const char *type, ...) {
-    if (!r) return MHD_NO;
-    if (type) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    va_list ap;
-    va_start(ap, type);
-    for (const char *name; (name = va_arg(ap, const char *));) {
-        const char *value = va_arg(ap, const char *);
-        MHD_add_response_header(r, name, value);
-    }
-    va_end(ap);
-    enum MHD_Result ok = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ok;
-}
-
-/* The body of a reply built in memory, handed to libmicrohttpd to free. */
-static struct MHD_Response *from_buf(td_buf *b) {
-    size_t len = b->len;
-    char *data = td_buf_take(b);
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
-    if (!r) free(data);
-    return r;
-}
-
-enum MHD_Result td_api_reply_buf(struct MHD_Connection *c, unsigned status, td_buf *b) {
-    return td_api_respond(c, status, from_buf(b), TD_API_JSON, NULL);
-}
-
-enum MHD_Result td_api_error(struct MHD_Connection *c, const td_reply_error *e, const char *allow) {
-    char retry[32] = "";
-    if (e->retry_after_s > 0) /* whole seconds, rounded up (RFC 9110) */
-        snprintf(retry, sizeof retry, "%ld", (long)e->retry_after_s + 1);
-    json_t *o = json_pack("{s:{s:s, s:s, s:o}}", "error", "code", e->code, "message", e->message,
-                          "field", e->field[0] ? json_string(e->field) : json_null());
-    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    td_buf b = {0};
-    td_buf_puts(&b, text ? text
-                         : "{\"error\":{\"code\":\"internal\",\"message\":\"?\",\"field\":null}}");
-    free(text);
-    struct MHD_Response *r = from_buf(&b);
-    if (r && allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
-    if (r && retry[0]) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, retry);
-    if (r && e->status == 401 && strcmp(e->code, "unauthorized") == 0) /* not the cluster's */
-        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"traind\"");
-    return td_api_respond(c, (unsigned)e->status, r, TD_API_JSON, NULL);
-}
-
-enum MHD_Result td_api_fail(struct MHD_Connection *c, int status, const char *code,
-                            const char *field, const char *message) {
-    td_reply_error e;
-    td_reply_fail(&e, status, code, field, "%s", message);
-    return td_api_error(c, &e, NULL);
-}
-
-bool td_api_parse_id(const char *s, size_t n, long *out) {
-    return n > 0 && s[0] != '-' && s[0] != '+' && td_parse_long_n(s, n, 0, LONG_MAX, out);
-}
-
-bool td_api_query_long(struct MHD_Connection *c, const char *name, long min, long max, long *out,
-                       bool *bad) {
-    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
-    if (!v) return false;
-    if (!td_parse_long(v, min, max, out)) *bad = true;
-    return !*bad;
-}
 
 /* The bearer token's owner (td_tokens compares digests in constant time). */
 static bool bearer(const td_api *api, struct MHD_Connection *c, td_principal *who) {
@@ -99,32 +20,22 @@ static bool bearer(const td_api *api, struct MHD_Connection *c, td_principal *wh
 
 /* ---- the handlers ---------------------------------------------------------------------------- */
 
-/* What a handler is given: the request and, under /v1/jobs/{id}, the job's id. */
-typedef struct call {
-    td_api *api;
-    struct MHD_Connection *c;
-    const char *method, *url;
-    td_api_request *rq;
-    long id;
-    const char *tail; /* after a prefix route's path */
-} call;
-
 static bool is(const char *a, const char *b) {
     return strcmp(a, b) == 0;
 }
 
-static enum MHD_Result health(const call *k) {
+static enum MHD_Result health(const td_api_call *k) {
     td_buf b = {0};
     td_buf_puts(&b, "{\"status\":\"ok\"}\n");
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &b);
 }
 
 /* GET /metrics: Prometheus's view (td_api_metrics.c); token-protected like every route */
-static enum MHD_Result prometheus(const call *k) {
+static enum MHD_Result prometheus(const td_api_call *k) {
     return td_api_metrics(k->api, k->c);
 }
 
-static enum MHD_Result version(const call *k) {
+static enum MHD_Result version(const td_api_call *k) {
     td_buf b = {0};
     td_buf_printf(&b, "{\"version\":\"%s\",\"api\":\"v1\"}\n", k->api->cfg.version);
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &b);
@@ -134,13 +45,13 @@ static enum MHD_Result version(const call *k) {
 extern const char td_api_openapi[];
 extern const size_t td_api_openapi_len;
 
-static enum MHD_Result openapi(const call *k) {
+static enum MHD_Result openapi(const td_api_call *k) {
     td_buf b = {0};
     td_buf_append(&b, td_api_openapi, td_api_openapi_len);
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &b);
 }
 
-static enum MHD_Result session(const call *k) {
+static enum MHD_Result session(const td_api_call *k) {
     td_principal who = {0};
     bool has_bearer = bearer(k->api, k->c, &who);
     return td_api_session_route(k->api, k->c, k->method, k->rq->body.data, k->rq->body.len,
@@ -148,7 +59,7 @@ static enum MHD_Result session(const call *k) {
 }
 
 /* GET /v1/whoami: the request's token, so clients and the dashboard know what they may do. */
-static enum MHD_Result whoami(const call *k) {
+static enum MHD_Result whoami(const td_api_call *k) {
     td_buf b = {0};
     json_t *o = json_pack("{s:I, s:s, s:s}", "token", (json_int_t)k->rq->who.id, "name",
                           k->rq->who.name, "scope", td_scope_name(k->rq->who.scope));
@@ -162,7 +73,7 @@ static enum MHD_Result whoami(const call *k) {
 }
 
 /* GET and POST /v1/tokens, DELETE /v1/tokens/{id}: admins only (the route table says so). */
-static enum MHD_Result tokens(const call *k) {
+static enum MHD_Result tokens(const td_api_call *k) {
     td_buf out = {0};
     if (is(k->method, "POST")) {
         td_reply_error e;
@@ -172,14 +83,14 @@ static enum MHD_Result tokens(const call *k) {
                              k->rq->body.len, &k->rq->who, &out, &e) != 0)
             return td_api_error(k->c, &e, NULL);
         /* the secret is in this reply only: no cache may keep it */
-        return td_api_respond(k->c, MHD_HTTP_CREATED, from_buf(&out), TD_API_JSON, "Cache-Control",
-                              "no-store", NULL);
+        return td_api_respond(k->c, MHD_HTTP_CREATED, td_api_from_buf(&out), TD_API_JSON,
+                              "Cache-Control", "no-store", NULL);
     }
     td_tokens_list(k->api->cfg.tokens, &out);
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 
-static enum MHD_Result token_revoke(const call *k) {
+static enum MHD_Result token_revoke(const td_api_call *k) {
     long id;
     if (!td_api_parse_id(k->tail, strlen(k->tail), &id) || id == 0)
         return td_api_fail(k->c, 400, "bad_request", "id", "a token id is a positive integer");
@@ -191,7 +102,7 @@ static enum MHD_Result token_revoke(const call *k) {
                           NULL);
 }
 
-static enum MHD_Result submit(const call *k) {
+static enum MHD_Result submit(const td_api_call *k) {
     td_reply_error e;
     if (k->rq->too_large) {
         td_reply_fail(&e, 413, "body_too_large", NULL,
@@ -208,7 +119,7 @@ static enum MHD_Result submit(const call *k) {
     k->rq->job = id;
     char location[64];
     snprintf(location, sizeof location, "/v1/jobs/%ld", id);
-    return td_api_respond(k->c, MHD_HTTP_CREATED, from_buf(&out), TD_API_JSON,
+    return td_api_respond(k->c, MHD_HTTP_CREATED, td_api_from_buf(&out), TD_API_JSON,
                           MHD_HTTP_HEADER_LOCATION, location, NULL);
 }
 
@@ -243,11 +154,11 @@ static enum MHD_Result jobs_list(td_api *api, struct MHD_Connection *c) {
     return td_api_reply_buf(c, MHD_HTTP_OK, &out);
 }
 
-static enum MHD_Result jobs(const call *k) {
+static enum MHD_Result jobs(const td_api_call *k) {
     return is(k->method, "POST") ? submit(k) : jobs_list(k->api, k->c);
 }
 
-static enum MHD_Result job(const call *k) {
+static enum MHD_Result job(const td_api_call *k) {
     td_reply_error e;
     td_buf out = {0};
     if (is(k->method, "DELETE")) {
@@ -261,7 +172,7 @@ static enum MHD_Result job(const call *k) {
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 
-static enum MHD_Result cancel(const call *k) {
+static enum MHD_Result cancel(const td_api_call *k) {
     td_reply_error e;
     td_buf out = {0};
     if (td_jobs_cancel(k->api->jobs, k->id, &k->rq->who, &out, &e) != 0)
@@ -269,7 +180,7 @@ static enum MHD_Result cancel(const call *k) {
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 
-static enum MHD_Result metrics(const call *k) {
+static enum MHD_Result metrics(const td_api_call *k) {
     long since = -1;
     bool bad = false;
     td_api_query_long(k->c, "since", -1, LONG_MAX / 2, &since, &bad);
@@ -285,7 +196,7 @@ static enum MHD_Result metrics(const call *k) {
 
 /* One of the token's streams (events, a followed log) for as long as the request lasts; false
  * with a 429 answered when it holds its limit of them. */
-static bool take_stream(const call *k, enum MHD_Result *answer) {
+static bool take_stream(const td_api_call *k, enum MHD_Result *answer) {
     if (!k->rq->who.id || td_tokens_stream_begin(k->api->cfg.tokens, k->rq->who.id)) {
         k->rq->stream = k->rq->who.id != 0; /* given back when the request completes */
         return true;
@@ -300,28 +211,28 @@ static bool take_stream(const call *k, enum MHD_Result *answer) {
     return false;
 }
 
-static enum MHD_Result events(const call *k) {
+static enum MHD_Result events(const td_api_call *k) {
     enum MHD_Result answer;
     if (!take_stream(k, &answer)) return answer;
     return td_api_events(k->api, k->c, k->id);
 }
 
-static enum MHD_Result logs(const call *k) {
+static enum MHD_Result logs(const td_api_call *k) {
     const char *follow = MHD_lookup_connection_value(k->c, MHD_GET_ARGUMENT_KIND, "follow");
     enum MHD_Result answer;
     if (follow && strcmp(follow, "1") == 0 && !take_stream(k, &answer)) return answer;
     return td_api_logs(k->api, k->c, k->id);
 }
 
-static enum MHD_Result checkpoints(const call *k) {
+static enum MHD_Result checkpoints(const td_api_call *k) {
     return td_api_checkpoints(k->api, k->c, k->id);
 }
 
-static enum MHD_Result checkpoint(const call *k) {
+static enum MHD_Result checkpoint(const td_api_call *k) {
     return td_api_checkpoint(k->api, k->c, k->id, k->tail);
 }
 
-static enum MHD_Result spec(const call *k) {
+static enum MHD_Result spec(const td_api_call *k) {
     td_reply_error e;
     td_buf out = {0};
     if (td_jobs_spec(k->api->jobs, k->id, &k->rq->who, &out, &e) != 0) {
@@ -331,102 +242,8 @@ static enum MHD_Result spec(const call *k) {
     return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 
-static enum MHD_Result tensorboard(const call *k) {
+static enum MHD_Result tensorboard(const td_api_call *k) {
     return td_api_tensorboard(k->api, k->c, k->id);
-}
-
-/* ---- the cluster ---------------------------------------------------------------------------- */
-
-void td_api_peer(struct MHD_Connection *c, char *out, size_t len) {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    snprintf(out, len, "?");
-    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)ci->client_addr)->sin_addr, out,
-                  (socklen_t)len);
-}
-
-/* POST /v1/cluster/register and /heartbeat: agents, with the cluster secret (not a user token). */
-/* An agent keeps no cluster state: the cluster's routes are the master's. */
-static enum MHD_Result not_master(const call *k) {
-    td_reply_error e;
-    td_reply_fail(&e, 409, "not_master", NULL,
-                  "this traind is an agent of the master at %s: ask the master", k->api->master);
-    return td_api_error(k->c, &e, NULL);
-}
-
-/* Registering takes the cluster secret; a heartbeat, the node's own credential (given at its
- * registration), and it speaks for that node only. */
-static enum MHD_Result cluster_call(const call *k, bool reg) {
-    if (!k->api->cfg.cluster) return not_master(k);
-    td_reply_error e;
-    char peer[64], from[64] = "";
-    td_api_peer(k->c, peer, sizeof peer);
-    const char *auth =
-        MHD_lookup_connection_value(k->c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (reg ? !td_cluster_authorized(k->api->cfg.cluster, auth, peer, &e)
-            : !td_cluster_node_authorized(k->api->cfg.cluster, auth, peer, from, &e))
-        return td_api_error(k->c, &e, NULL);
-    if (k->rq->too_large)
-        return td_api_fail(k->c, 413, "body_too_large", NULL, "the request body is over the limit");
-    td_buf out = {0};
-    const char *body = k->rq->body.data ? k->rq->body.data : "";
-    int rc = reg ? td_cluster_register(k->api->cfg.cluster, body, k->rq->body.len, td_clock_now(),
-                                       peer, &out, &e)
-                 : td_cluster_heartbeat(k->api->cfg.cluster, from, body, k->rq->body.len,
-                                        td_clock_now(), &out, &e);
-    if (rc != 0) {
-        td_buf_free(&out);
-        return td_api_error(k->c, &e, NULL);
-    }
-    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
-}
-
-static enum MHD_Result cluster_register(const call *k) {
-    return cluster_call(k, true);
-}
-
-static enum MHD_Result cluster_heartbeat(const call *k) {
-    return cluster_call(k, false);
-}
-
-/* GET /v1/cluster/files/{job}/{path} (PUT streams through handle) */
-static enum MHD_Result cluster_file(const call *k) {
-    return td_api_file_get(k->api, k->c, k->url);
-}
-
-static enum MHD_Result nodes(const call *k) {
-    if (!k->api->cfg.cluster) return not_master(k);
-    td_buf out = {0};
-    json_t *users = td_jobs_gpu_users(k->api->jobs);
-    td_cluster_list(k->api->cfg.cluster, td_clock_now(), td_jobs_slots_used(k->api->jobs), users,
-                    &out);
-    json_decref(users);
-    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
-}
-
-/* POST /v1/nodes/{name}/drain and /undrain */
-static enum MHD_Result node_action(const call *k) {
-    if (!k->api->cfg.cluster) return not_master(k);
-    const char *slash = strchr(k->tail, '/');
-    char name[64];
-    bool drain = slash && strcmp(slash, "/drain") == 0;
-    if (!slash || (!drain && strcmp(slash, "/undrain") != 0) || slash == k->tail ||
-        (size_t)(slash - k->tail) >= sizeof name) {
-        td_reply_error e;
-        td_reply_fail(&e, 404, "not_found", NULL,
-                      "no route %s (POST /v1/nodes/NAME/drain or /undrain)", k->url);
-        return td_api_error(k->c, &e, NULL);
-    }
-    snprintf(name, sizeof name, "%.*s", (int)(slash - k->tail), k->tail);
-    td_reply_error e;
-    td_buf out = {0};
-    if (td_cluster_drain(k->api->cfg.cluster, name, drain, td_clock_now(),
-                         td_jobs_slots_used(k->api->jobs), &out, &e) != 0) {
-        td_buf_free(&out);
-        return td_api_error(k->c, &e, NULL);
-    }
-    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
 }
 
 /* ---- the route table ----------------------------------------------------------------------- */
@@ -434,8 +251,8 @@ static enum MHD_Result node_action(const call *k) {
 typedef struct route {
     const char *path;    /* the whole URL, or (job routes) what follows /v1/jobs/{id} */
     const char *methods; /* for the Allow header of a 405; HEAD goes wherever GET does */
-    enum MHD_Result (*handler)(const call *k);
-    bool prefix; /* path is a prefix; the rest is call.tail */
+    enum MHD_Result (*handler)(const td_api_call *k);
+    bool prefix; /* path is a prefix; the rest is td_api_call.tail */
     bool open;   /* no user token needed (health; the cluster's routes check their own secret) */
     /* the scope a token needs to read (GET, HEAD) and to change (any other method); a job's
      * owner is checked by the job's own functions */
@@ -453,13 +270,13 @@ static const route ROUTES[] = {
     {"/v1/whoami", "GET", whoami, false, false, R, R},
     {"/v1/jobs", "GET, POST", jobs, false, false, R, S},
     {"/v1/jobs/", "GET, POST", jobs, false, false, R, S},
-    {"/v1/nodes", "GET", nodes, false, false, R, A},
-    {"/v1/nodes/", "POST", node_action, true, false, R, A},
+    {"/v1/nodes", "GET", td_api_nodes, false, false, R, A},
+    {"/v1/nodes/", "POST", td_api_node_action, true, false, R, A},
     {"/v1/tokens", "GET, POST", tokens, false, false, A, A},
     {"/v1/tokens/", "DELETE", token_revoke, true, false, A, A},
-    {"/v1/cluster/register", "POST", cluster_register, false, true, R, R},
-    {"/v1/cluster/heartbeat", "POST", cluster_heartbeat, false, true, R, R},
-    {"/v1/cluster/files/", "GET, PUT", cluster_file, true, true, R, R},
+    {"/v1/cluster/register", "POST", td_api_cluster_register, false, true, R, R},
+    {"/v1/cluster/heartbeat", "POST", td_api_cluster_heartbeat, false, true, R, R},
+    {"/v1/cluster/files/", "GET, PUT", td_api_cluster_file, true, true, R, R},
     {"/metrics", "GET", prometheus, false, false, R, R},
 };
 
@@ -531,7 +348,7 @@ static bool allowed(const char *methods, const char *method) {
     return false;
 }
 
-static enum MHD_Result dispatch(const route *r, call *k) {
+static enum MHD_Result dispatch(const route *r, td_api_call *k) {
     if (!allowed(r->methods, k->method)) {
         td_reply_error e;
         td_reply_fail(&e, 405, "method_not_allowed", NULL, "%s is not allowed on %s; allowed: %s",
@@ -580,44 +397,14 @@ static const route *route_of(const char *url, long *id, const char **tail, const
     return r;
 }
 
-/* Whether the path as the client sent it (before unescaping) is one a route may be found for:
- * no NUL, no encoded '/' (which unescaped would split a segment in two), no control character
- * raw or encoded. *why: what is wrong. */
-bool td_api_raw_path_ok(const char *raw, const char **why) {
-    size_t n = strcspn(raw, "?");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)raw[i];
-        if (ch < 0x20 || ch == 0x7f) return *why = "a control character", false;
-        if (ch != '%') continue;
-        int hi = i + 2 < n ? raw[i + 1] : 0, lo = i + 2 < n ? raw[i + 2] : 0;
-        if (!isxdigit(hi) || !isxdigit(lo)) continue;
-        int v = (isdigit(hi) ? hi - '0' : (tolower(hi) - 'a' + 10)) * 16 +
-                (isdigit(lo) ? lo - '0' : (tolower(lo) - 'a' + 10));
-        if (v == 0) return *why = "an encoded NUL (%00)", false;
-        if (v == '/') return *why = "an encoded '/' (%2F)", false;
-        if (v < 0x20 || v == 0x7f) return *why = "an encoded control character", false;
-    }
-    return true;
-}
-
 enum { OPEN_BODY_MAX = 64 * 1024 }; /* what a request without a user's token may send */
-
-bool td_api_path_refused(struct MHD_Connection *c, const char *raw, enum MHD_Result *answer) {
-    const char *why;
-    if (td_api_raw_path_ok(raw, &why)) return false;
-    td_reply_error e;
-    td_reply_fail(&e, 400, "bad_request", NULL,
-                  "the path holds %s: no route has one (paths are plain segments)", why);
-    *answer = td_api_error(c, &e, NULL);
-    return true;
-}
 
 /* A registration's secret or a heartbeat's node credential, on the headers: a stranger's body
  * is never read (the handler checks again, and reads who the node is). */
 static bool cluster_admit(td_api *api, struct MHD_Connection *c, const route *r,
                           enum MHD_Result *answer) {
-    bool reg = r->handler == cluster_register;
-    if ((!reg && r->handler != cluster_heartbeat) || !api->cfg.cluster) return true;
+    bool reg = r->handler == td_api_cluster_register;
+    if ((!reg && r->handler != td_api_cluster_heartbeat) || !api->cfg.cluster) return true;
     td_reply_error e;
     char peer[64], from[64];
     td_api_peer(c, peer, sizeof peer);
@@ -675,7 +462,7 @@ bool td_api_admit(td_api *api, struct MHD_Connection *c, const char *url, const 
 
 enum MHD_Result td_api_route(td_api *api, struct MHD_Connection *c, const char *url,
                              const char *method, td_api_request *rq) {
-    call k = {api, c, method, url, rq, 0, ""};
+    td_api_call k = {api, c, method, url, rq, 0, ""};
     bool read = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     if (read && (strcmp(url, "/") == 0 || strncmp(url, "/ui", 3) == 0))
         return td_api_web_file(api, c, url);

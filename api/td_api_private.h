@@ -1,5 +1,8 @@
 /* Inside the HTTP API (td_api.h), shared by its files:
- *   td_api.c             the server, authentication, the route table, the job routes
+ *   td_api.c             the route table, the user's and the job routes, admission
+ *   td_api_reply.c       replies and errors, and the small readers of a request
+ *   td_api_path.c        whether a path as sent may be routed at all
+ *   td_api_cluster.c     the cluster's routes (agents, nodes), the master's only
  *   td_api_stream.c      the responses that stay open: Server-Sent Events and followed logs
  *   td_api_checkpoint.c  checkpoint listings, files with Range, and whole checkpoints as tar
  *   td_api_files.c       a job's files between its master and its nodes (cluster secret)
@@ -70,6 +73,24 @@ typedef struct td_api_request {
     bool audit;                   /* a mutating request: the audit log gets it once answered */
 } td_api_request;
 
+/* What a route's handler is given: the request and, under /v1/jobs/{id}, the job's id. */
+typedef struct td_api_call {
+    td_api *api;
+    struct MHD_Connection *c;
+    const char *method, *url;
+    td_api_request *rq;
+    long id;
+    const char *tail; /* after a prefix route's path */
+} td_api_call;
+
+/* The cluster's routes (td_api_cluster.c): POST /v1/cluster/register and /heartbeat, GET and
+ * PUT /v1/cluster/files/..., GET /v1/nodes, POST /v1/nodes/{name}/drain and /undrain. */
+enum MHD_Result td_api_cluster_register(const td_api_call *k);
+enum MHD_Result td_api_cluster_heartbeat(const td_api_call *k);
+enum MHD_Result td_api_cluster_file(const td_api_call *k);
+enum MHD_Result td_api_nodes(const td_api_call *k);
+enum MHD_Result td_api_node_action(const td_api_call *k);
+
 /* Whether a request whose headers are in may go on (its body read, then routed): its path as
  * sent is a path, its token is known and under its rate (open routes need none). false: it was
  * answered (*answer), and libmicrohttpd reads no body. rq->max_body: its route's limit. */
@@ -117,6 +138,8 @@ extern const char TD_API_JSON[]; /* "application/json" */
  * it. r NULL (out of memory) drops the connection: nothing else is left to do. */
 enum MHD_Result td_api_respond(struct MHD_Connection *c, unsigned status, struct MHD_Response *r,
                                const char *type, ...);
+/* The body of a reply built in memory, handed to libmicrohttpd to free (b is emptied). */
+struct MHD_Response *td_api_from_buf(td_buf *b);
 /* b's bytes as the body (b is emptied). */
 enum MHD_Result td_api_reply_buf(struct MHD_Connection *c, unsigned status, td_buf *b);
 /* {"error": {"code", "message", "field"}} with e's status; Allow when given. */

@@ -1,5 +1,6 @@
-/* The daemon's side of traind-shepherd: starting one, connecting to one again, its line protocol
- * and its status file (td_shepherd.h). */
+/* The daemon's side of traind-shepherd: starting one, connecting to one again, reading what it
+ * says and asking it to stop (td_shepherd.h); the lines and files themselves are encoded and
+ * decoded in td_shepherd_protocol.c. */
 #define _GNU_SOURCE /* getrandom's header */
 #include "service/td_shepherd.h"
 
@@ -138,18 +139,8 @@ int td_shepherd_start(td_shepherd *s, const char *program, const char *base, jso
     unlink(log_path); /* its existence says a shepherd ran (td_shepherd_ran) */
     path_of(path, sizeof path, s, "status");
     unlink(path);
-    json_object_set_new(spec, "status", json_string(path));
-    path_of(path, sizeof path, s, "out");
-    if (!json_is_null(json_object_get(spec, "output"))) /* null: no rank 0 here */
-        json_object_set_new(spec, "output", json_string(path));
-    else
-        json_object_del(spec, "output");
+    td_shepherd_spec_fill(spec, s->base, token, boot);
     path_of(path, sizeof path, s, "sock");
-    json_object_set_new(spec, "socket", json_string(path));
-    json_object_set_new(spec, "token", json_string(token));
-    json_object_set_new(spec, "boot_id", json_string(boot));
-    json_object_set_new(spec, "daemon_fd", json_integer(3));
-    json_object_set_new(spec, "listen_fd", json_integer(4));
     path_of(spec_path, sizeof spec_path, s, "json");
 
     int pair[2] = {-1, -1}, listener = td_shepherd_listen(path, err);
@@ -163,8 +154,8 @@ int td_shepherd_start(td_shepherd *s, const char *program, const char *base, jso
      * the listener, nor one onto 4 the connection */
     int fds[3] = {listener, pair[0], pair[1]};
     for (int i = 0; i < 3; i++)
-        if (fds[i] <= 4) {
-            int moved = fcntl(fds[i], F_DUPFD_CLOEXEC, 5);
+        if (fds[i] <= TD_SHEPHERD_LISTEN_FD) {
+            int moved = fcntl(fds[i], F_DUPFD_CLOEXEC, TD_SHEPHERD_LISTEN_FD + 1);
             if (moved >= 0) close(fds[i]), fds[i] = moved;
         }
     listener = fds[0], pair[0] = fds[1], pair[1] = fds[2];
@@ -182,8 +173,9 @@ int td_shepherd_start(td_shepherd *s, const char *program, const char *base, jso
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, log_path, O_WRONLY | O_CREAT | O_APPEND, 0640);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    posix_spawn_file_actions_adddup2(&fa, pair[1], 3); /* dup2 clears close-on-exec */
-    posix_spawn_file_actions_adddup2(&fa, listener, 4);
+    /* dup2 clears close-on-exec */
+    posix_spawn_file_actions_adddup2(&fa, pair[1], TD_SHEPHERD_DAEMON_FD);
+    posix_spawn_file_actions_adddup2(&fa, listener, TD_SHEPHERD_LISTEN_FD);
     /* the daemon blocks SIGCHLD (its signalfd) and ignores SIGPIPE: neither is the shepherd's */
     sigset_t none, all;
     sigemptyset(&none);
@@ -279,7 +271,7 @@ int td_shepherd_attach(td_shepherd *s, const char *base, td_err *err) {
         return td_fail(err, "cannot connect to %s: %s", path, strerror(e));
     }
     char hello[160]; /* it answers with its pid and out lines */
-    int n = snprintf(hello, sizeof hello, "hello %s\n", token);
+    int n = td_shepherd_hello_line(hello, sizeof hello, token);
     if (send(fd, hello, (size_t)n, MSG_NOSIGNAL) != n) {
         close(fd);
         return 1; /* it went away as we came */
@@ -287,27 +279,6 @@ int td_shepherd_attach(td_shepherd *s, const char *base, td_err *err) {
     fcntl(fd, F_SETFL, O_NONBLOCK);
     s->fd = fd;
     return 0;
-}
-
-static void handle_line(td_shepherd *s, const char *line) {
-    long long size;
-    int pgid, live, rank, code, used = 0;
-    double at;
-    if (sscanf(line, "out %lld", &size) == 1 && size >= s->out_size) s->out_size = size;
-    /* the group is killed with killpg(pgid) once the shepherd is gone: 1 would be every process
-     * the daemon may signal, 0 or less no group at all; such a line is not the shepherd's
-     * (found by fuzzing: "pid -1 0" was taken) */
-    else if (sscanf(line, "pid %d %d", &pgid, &live) == 2 && pgid > 1 && live >= 0)
-        s->pgid = (pid_t)pgid, s->live = live;
-    else if (strcmp(line, "over") == 0)
-        s->over = true;
-    else if (sscanf(line, "failed %d %d %lf %n", &rank, &code, &at, &used) == 3 && used > 0) {
-        s->failed = true;
-        s->failed_rank = rank;
-        s->failed_code = code;
-        s->failed_at = at;
-        snprintf(s->failed_reason, sizeof s->failed_reason, "%s", line + used);
-    }
 }
 
 void td_shepherd_read(td_shepherd *s) {
@@ -324,7 +295,7 @@ void td_shepherd_read(td_shepherd *s) {
         char *start = s->in, *nl;
         while ((nl = strchr(start, '\n'))) {
             *nl = 0;
-            handle_line(s, start);
+            td_shepherd_said(s, start);
             start = nl + 1;
         }
         size_t rest = s->in_len - (size_t)(start - s->in);
@@ -337,43 +308,11 @@ void td_shepherd_read(td_shepherd *s) {
 bool td_shepherd_stop(td_shepherd *s, int sig, double grace_s, const char *reason) {
     if (s->fd < 0 || s->stop_sent) return false;
     char line[700];
-    int n = snprintf(line, sizeof line, "stop %d %.3f %.600s", sig, grace_s, reason);
-    for (char *p = line; *p; p++)
-        if (*p == '\n' || *p == '\r') *p = ' ';
-    line[n++] = '\n';
+    int n = td_shepherd_stop_line(line, sizeof line, sig, grace_s, reason);
     /* a few hundred bytes into an empty socket buffer: it does not block */
     if (send(s->fd, line, (size_t)n, MSG_NOSIGNAL) != n) return false;
     s->stop_sent = true;
     return true;
-}
-
-int td_shepherd_end_read(const char *base, td_shepherd_end *end, td_err *err) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s.status", base);
-    memset(end, 0, sizeof *end);
-    end->failed_rank = -1;
-    json_error_t je;
-    json_t *o = json_load_file(path, 0, &je);
-    if (!o) {
-        if (access(path, F_OK) != 0 && errno == ENOENT) return 0;
-        return td_fail(err, "%s:%d: %s", path, je.line, je.text);
-    }
-    end->exit_code = (int)json_integer_value(json_object_get(o, "exit_code"));
-    end->failed = json_is_true(json_object_get(o, "failed"));
-    json_t *rank = json_object_get(o, "failed_rank");
-    end->failed_rank = json_is_integer(rank) ? (int)json_integer_value(rank) : -1;
-    const char *t;
-    if ((t = json_string_value(json_object_get(o, "reason"))))
-        snprintf(end->reason, sizeof end->reason, "%s", t);
-    if ((t = json_string_value(json_object_get(o, "stopped_by"))))
-        snprintf(end->stopped_by, sizeof end->stopped_by, "%s", t);
-    if ((t = json_string_value(json_object_get(o, "stop_reason"))))
-        snprintf(end->stop_reason, sizeof end->stop_reason, "%s", t);
-    if ((t = json_string_value(json_object_get(o, "grace_note"))))
-        snprintf(end->grace_note, sizeof end->grace_note, "%s", t);
-    end->output_bytes = (long long)json_integer_value(json_object_get(o, "output_bytes"));
-    json_decref(o);
-    return 1;
 }
 
 void td_shepherd_last_words(const char *base, char *out, size_t len) {

@@ -1,35 +1,18 @@
 /* The daemon's side of traind-shepherd (programs/shepherd_main.c): the process that owns one
  * attempt's processes on one node, so that they outlive a daemon that crashes, is killed or is
- * restarted, and that a daemon started later finds again.
- *
- * An attempt's files share one base path, DIR/attempt-A.node-R, in the job's directory:
- *   BASE.json    what the shepherd runs (0600: it holds the token); the daemon keeps its own
- *                notes about the attempt in its "daemon" member, which the shepherd ignores.
- *                Removed once the daemon has handled the attempt's end (td_shepherd_forget):
- *                one that is left is an attempt some daemon still has to look at
- *   BASE.sock    the shepherd's control socket (while it runs)
- *   BASE.out     rank 0's stdout, appended and synced by the shepherd: the daemon reads it by
- *                offset, so one that comes back neither misses nor repeats a line
- *   BASE.status  how the attempt ended (written atomically, once, as the shepherd exits)
- *   BASE.log     the shepherd's own messages
- * A daemon starts a shepherd with a connection already made (a socketpair) and BASE.sock already
- * listening; a later one connects to BASE.sock and proves it is the daemon with the token
- * ("hello TOKEN"). The
- * connection ending is the attempt's end: BASE.status says how, and without one the shepherd
- * died (kill -9) and the daemon kills what is left of the process group itself. */
+ * restarted, and that a daemon started later finds again. Starting one, connecting to one
+ * again, reading what it says; what the two exchange (the attempt's files, the spec, the
+ * socket's lines, the status file) is td_shepherd_protocol.h's. */
 #ifndef TD_SHEPHERD_H
 #define TD_SHEPHERD_H
 
 #include "base/td_error.h"
+#include "service/td_shepherd_protocol.h"
 
 #include <jansson.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <sys/types.h>
-
-/* The event of the output file's last line once it reached max_log_bytes (the shepherd writes
- * it; the daemon takes it past max_events_per_s, once an attempt). */
-#define TD_EVENT_OUTPUT_CAPPED "output_capped"
 
 typedef struct td_shepherd {
     char base[PATH_MAX - 16];
@@ -50,22 +33,10 @@ typedef struct td_shepherd {
     size_t in_len;
 } td_shepherd;
 
-/* How an attempt's processes ended, from BASE.status. */
-typedef struct td_shepherd_end {
-    int exit_code;          /* the first failure's status, else what stopped processes ended with */
-    bool failed;            /* a process failed (exited non-zero or was killed) before any stop */
-    int failed_rank;        /* its global rank; -1: none */
-    char reason[512];       /* the failure (or why it could not start) in words */
-    char stopped_by[32];    /* "request", "deadline", "orphaned", "signal"; "": not stopped */
-    char stop_reason[512];  /* the words of the stop request, or the shepherd's own */
-    char grace_note[256];   /* which process needed SIGKILL after the grace period */
-    long long output_bytes; /* BASE.out's size at the end */
-} td_shepherd_end;
-
-/* Writes spec (an object in shepherd_main.c's format; the paths, the token and the connection
- * are filled in here, and "output": null means process 0's stdout goes to its log, for a node
- * without global rank 0) to BASE.json and starts program on it, connected. -1 when it could not be
- * started (nothing runs then). */
+/* Writes spec (an object in the spec's format, td_shepherd_protocol.h; the paths, the token and
+ * the connection are filled in here (td_shepherd_spec_fill), and "output": null means process 0's
+ * stdout goes to its log, for a node without global rank 0) to BASE.json and starts program on it,
+ * connected. -1 when it could not be started (nothing runs then). */
 int td_shepherd_start(td_shepherd *s, const char *program, const char *base, json_t *spec,
                       td_err *err);
 /* The control socket at path, bound (mode 0600) and listening: the daemon makes it before the
@@ -83,8 +54,6 @@ void td_shepherd_read(td_shepherd *s);
 /* Asks it to stop the group: sig now, SIGKILL after grace_s; reason is what BASE.status will
  * say. Once per attempt; false when there is no connection. */
 bool td_shepherd_stop(td_shepherd *s, int sig, double grace_s, const char *reason);
-/* 1 with *end filled from BASE.status, 0 when there is none, -1 when it is unreadable. */
-int td_shepherd_end_read(const char *base, td_shepherd_end *end, td_err *err);
 /* Whether a shepherd was ever started on BASE (BASE.log is made as it starts): a daemon that
  * died between writing BASE.json and starting it left nothing running. */
 bool td_shepherd_ran(const char *base);

@@ -30,18 +30,12 @@ static const char *dict_value(const char *header, const char *key) {
     return p;
 }
 
-/* The header, and the array too unless header_only (then only the file's size is checked). */
-static int npy_read(const char *path, npy_array *a, bool header_only, td_err *err) {
-    memset(a, 0, sizeof *a);
-    FILE *f = fopen(path, "rb");
-    if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
+/* The magic, the format version's header length and the header's text (*header: the caller's
+ * to free, also when this fails). */
+static int npy_read_header(FILE *f, const char *path, char **header, td_err *err) {
     uint8_t pre[12];
-    int rc = -1;
-    char *header = NULL;
-    if (fread(pre, 1, 8, f) != 8 || memcmp(pre, "\x93NUMPY", 6) != 0) {
-        td_fail(err, "%s: not a .npy file (no \\x93NUMPY magic)", path);
-        goto out;
-    }
+    if (fread(pre, 1, 8, f) != 8 || memcmp(pre, "\x93NUMPY", 6) != 0)
+        return td_fail(err, "%s: not a .npy file (no \\x93NUMPY magic)", path);
     size_t hlen;
     if (pre[6] == 1) {
         if (fread(pre + 8, 1, 2, f) != 2) goto truncated;
@@ -50,22 +44,26 @@ static int npy_read(const char *path, npy_array *a, bool header_only, td_err *er
         if (fread(pre + 8, 1, 4, f) != 4) goto truncated;
         hlen = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
     } else {
-        td_fail(err, "%s: .npy format version %d.%d is not supported (1, 2 or 3 expected)", path,
-                pre[6], pre[7]);
-        goto out;
+        return td_fail(err, "%s: .npy format version %d.%d is not supported (1, 2 or 3 expected)",
+                       path, pre[6], pre[7]);
     }
-    if (hlen > (1u << 20)) {
-        td_fail(err, "%s: .npy header of %zu bytes is implausible", path, hlen);
-        goto out;
-    }
-    header = td_malloc(hlen + 1);
-    if (fread(header, 1, hlen, f) != hlen) goto truncated;
-    header[hlen] = 0;
+    if (hlen > (1u << 20))
+        return td_fail(err, "%s: .npy header of %zu bytes is implausible", path, hlen);
+    *header = td_malloc(hlen + 1);
+    if (fread(*header, 1, hlen, f) != hlen) goto truncated;
+    (*header)[hlen] = 0;
+    return 0;
+truncated:
+    return td_fail(err, "%s: file is truncated inside the .npy header", path);
+}
+
+/* The header dict's descr, fortran_order and shape into a (its count and item size). */
+static int npy_parse_header(const char *header, const char *path, npy_array *a, td_err *err) {
     const char *d = dict_value(header, "descr"), *fo = dict_value(header, "fortran_order"),
                *sh = dict_value(header, "shape");
     if (!d || !fo || !sh || *d != '\'' || *sh != '(') {
         td_fail(err, "%s: .npy header lacks descr, fortran_order or shape: %.80s", path, header);
-        goto out;
+        return -1;
     }
     size_t dl = strcspn(d + 1, "'");
     snprintf(a->descr, sizeof a->descr, "%.*s", (int)(dl < 15 ? dl : 15), d + 1);
@@ -74,7 +72,7 @@ static int npy_read(const char *path, npy_array *a, bool header_only, td_err *er
                 "%s: Fortran-ordered arrays are not supported; save with "
                 "numpy.ascontiguousarray",
                 path);
-        goto out;
+        return -1;
     }
     const char *p = sh + 1;
     a->count = 1;
@@ -88,7 +86,7 @@ static int npy_read(const char *path, npy_array *a, bool header_only, td_err *er
         if (end == p || v < 0 || v > INT_MAX || a->ndim == 8 ||
             (v && a->count > ((size_t)1 << 40) / (size_t)v)) {
             td_fail(err, "%s: .npy shape is not a tuple of sizes: %.60s", path, sh);
-            goto out;
+            return -1;
         }
         a->dims[a->ndim++] = v;
         a->count *= (size_t)v;
@@ -105,29 +103,47 @@ static int npy_read(const char *path, npy_array *a, bool header_only, td_err *er
                 "%s: .npy dtype '%s' is not supported (expected uint8 '|u1' or float32 "
                 "'<f4' images, integer labels)",
                 path, a->descr);
-        goto out;
+        return -1;
     }
+    return 0;
+}
+
+/* The file's size against what the header declares, the file at the array's start. */
+static int npy_check_size(FILE *f, const char *path, const npy_array *a, td_err *err) {
     /* the file's size against the header's before anything is allocated: a header over a
      * short file is a truncated file, not an allocation of what it claims */
     long at = ftell(f);
     struct stat st;
     if (at < 0 || fstat(fileno(f), &st) != 0) {
         td_fail(err, "%s: %s", path, strerror(errno));
-        goto out;
+        return -1;
     }
     long long want = (long long)at + (long long)(a->count * a->item);
     if (S_ISREG(st.st_mode) && (long long)st.st_size < want) {
         td_fail(err, "%s: file is truncated: the array needs %zu bytes but only %lld are there",
                 path, a->count * a->item, (long long)st.st_size - at);
-        goto out;
+        return -1;
     }
     if (S_ISREG(st.st_mode) && (long long)st.st_size > want) {
         td_fail(err,
                 "%s: has data after the array its header declares (%zu bytes; the file has "
                 "%lld after its header)",
                 path, a->count * a->item, (long long)st.st_size - at);
-        goto out;
+        return -1;
     }
+    return 0;
+}
+
+/* The header, and the array too unless header_only (then only the file's size is checked). */
+static int npy_read(const char *path, npy_array *a, bool header_only, td_err *err) {
+    memset(a, 0, sizeof *a);
+    FILE *f = fopen(path, "rb");
+    if (!f) return td_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    int rc = -1;
+    char *header = NULL;
+    if (npy_read_header(f, path, &header, err) != 0 ||
+        npy_parse_header(header, path, a, err) != 0 || npy_check_size(f, path, a, err) != 0)
+        goto out;
     if (header_only) {
         rc = 0;
         goto out;
@@ -145,8 +161,6 @@ static int npy_read(const char *path, npy_array *a, bool header_only, td_err *er
     }
     rc = 0;
     goto out;
-truncated:
-    td_fail(err, "%s: file is truncated inside the .npy header", path);
 out:
     free(header);
     fclose(f);
