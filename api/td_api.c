@@ -251,6 +251,7 @@ static enum MHD_Result tensorboard(const td_api_call *k) {
 typedef struct route {
     const char *path;    /* the whole URL, or (job routes) what follows /v1/jobs/{id} */
     const char *methods; /* for the Allow header of a 405; HEAD goes wherever GET does */
+    const char *label;   /* what GET /metrics counts its requests under, whatever their ids */
     enum MHD_Result (*handler)(const td_api_call *k);
     bool prefix; /* path is a prefix; the rest is td_api_call.tail */
     bool open;   /* no user token needed (health; the cluster's routes check their own secret) */
@@ -263,70 +264,40 @@ typedef struct route {
 #define S TD_SCOPE_SUBMIT
 #define A TD_SCOPE_ADMIN
 static const route ROUTES[] = {
-    {"/v1/health", "GET", health, false, true, R, R},
-    {"/v1/version", "GET", version, false, false, R, R},
-    {"/v1/openapi.json", "GET", openapi, false, true, R, R},
-    {"/v1/session", "GET, POST, DELETE", session, false, true, R, R},
-    {"/v1/whoami", "GET", whoami, false, false, R, R},
-    {"/v1/jobs", "GET, POST", jobs, false, false, R, S},
-    {"/v1/jobs/", "GET, POST", jobs, false, false, R, S},
-    {"/v1/nodes", "GET", td_api_nodes, false, false, R, A},
-    {"/v1/nodes/", "POST", td_api_node_action, true, false, R, A},
-    {"/v1/tokens", "GET, POST", tokens, false, false, A, A},
-    {"/v1/tokens/", "DELETE", token_revoke, true, false, A, A},
-    {"/v1/cluster/register", "POST", td_api_cluster_register, false, true, R, R},
-    {"/v1/cluster/heartbeat", "POST", td_api_cluster_heartbeat, false, true, R, R},
-    {"/v1/cluster/files/", "GET, PUT", td_api_cluster_file, true, true, R, R},
-    {"/metrics", "GET", prometheus, false, false, R, R},
+    {"/v1/health", "GET", "/v1/health", health, false, true, R, R},
+    {"/v1/version", "GET", "/v1/version", version, false, false, R, R},
+    {"/v1/openapi.json", "GET", "/v1/openapi.json", openapi, false, true, R, R},
+    {"/v1/session", "GET, POST, DELETE", "/v1/session", session, false, true, R, R},
+    {"/v1/whoami", "GET", "/v1/whoami", whoami, false, false, R, R},
+    {"/v1/jobs", "GET, POST", "/v1/jobs", jobs, false, false, R, S},
+    {"/v1/jobs/", "GET, POST", "/v1/jobs/", jobs, false, false, R, S},
+    {"/v1/nodes", "GET", "/v1/nodes", td_api_nodes, false, false, R, A},
+    {"/v1/nodes/", "POST", "/v1/nodes/{name}/{action}", td_api_node_action, true, false, R, A},
+    {"/v1/tokens", "GET, POST", "/v1/tokens", tokens, false, false, A, A},
+    {"/v1/tokens/", "DELETE", "/v1/tokens/{id}", token_revoke, true, false, A, A},
+    {"/v1/cluster/register", "POST", "/v1/cluster/register", td_api_cluster_register, false, true,
+     R, R},
+    {"/v1/cluster/heartbeat", "POST", "/v1/cluster/heartbeat", td_api_cluster_heartbeat, false,
+     true, R, R},
+    {"/v1/cluster/files/", "GET, PUT", "/v1/cluster/files/{path}", td_api_cluster_file, true, true,
+     R, R},
+    {"/metrics", "GET", "/metrics", prometheus, false, false, R, R},
 };
 
 static const route JOB_ROUTES[] = {
-    {"", "GET, DELETE", job, false, false, R, S},
-    {"/cancel", "POST", cancel, false, false, R, S},
-    {"/metrics", "GET", metrics, false, false, R, R},
-    {"/events", "GET", events, false, false, R, R},
-    {"/logs", "GET", logs, false, false, R, R},
-    {"/checkpoints", "GET", checkpoints, false, false, R, R},
-    {"/checkpoints/", "GET", checkpoint, true, false, R, R},
-    {"/tensorboard", "GET", tensorboard, false, false, R, R},
-    {"/spec", "GET", spec, false, false, R, R},
+    {"", "GET, DELETE", "/v1/jobs/{id}", job, false, false, R, S},
+    {"/cancel", "POST", "/v1/jobs/{id}/cancel", cancel, false, false, R, S},
+    {"/metrics", "GET", "/v1/jobs/{id}/metrics", metrics, false, false, R, R},
+    {"/events", "GET", "/v1/jobs/{id}/events", events, false, false, R, R},
+    {"/logs", "GET", "/v1/jobs/{id}/logs", logs, false, false, R, R},
+    {"/checkpoints", "GET", "/v1/jobs/{id}/checkpoints", checkpoints, false, false, R, R},
+    {"/checkpoints/", "GET", "/v1/jobs/{id}/checkpoints/{file}", checkpoint, true, false, R, R},
+    {"/tensorboard", "GET", "/v1/jobs/{id}/tensorboard", tensorboard, false, false, R, R},
+    {"/spec", "GET", "/v1/jobs/{id}/spec", spec, false, false, R, R},
 };
 #undef R
 #undef S
 #undef A
-
-/* The pattern GET /metrics counts a request under: one per route, whatever its ids. */
-static const char *route_label(const route *table, const route *r) {
-    static const char *const TOP[] = {"/v1/health",
-                                      "/v1/version",
-                                      "/v1/openapi.json",
-                                      "/v1/session",
-                                      "/v1/whoami",
-                                      "/v1/jobs",
-                                      "/v1/jobs/",
-                                      "/v1/nodes",
-                                      "/v1/nodes/{name}/{action}",
-                                      "/v1/tokens",
-                                      "/v1/tokens/{id}",
-                                      "/v1/cluster/register",
-                                      "/v1/cluster/heartbeat",
-                                      "/v1/cluster/files/{path}",
-                                      "/metrics"};
-    static const char *const JOB[] = {"/v1/jobs/{id}",
-                                      "/v1/jobs/{id}/cancel",
-                                      "/v1/jobs/{id}/metrics",
-                                      "/v1/jobs/{id}/events",
-                                      "/v1/jobs/{id}/logs",
-                                      "/v1/jobs/{id}/checkpoints",
-                                      "/v1/jobs/{id}/checkpoints/{file}",
-                                      "/v1/jobs/{id}/tensorboard",
-                                      "/v1/jobs/{id}/spec"};
-    _Static_assert(sizeof TOP / sizeof TOP[0] == sizeof ROUTES / sizeof ROUTES[0],
-                   "a label for each route, in the route table's order");
-    _Static_assert(sizeof JOB / sizeof JOB[0] == sizeof JOB_ROUTES / sizeof JOB_ROUTES[0],
-                   "a label for each job route, in the table's order");
-    return table == ROUTES ? TOP[r - ROUTES] : JOB[r - table];
-}
 
 static const route *find_route(const route *table, size_t n, const char *path, const char **tail) {
     for (size_t i = 0; i < n; i++) {
@@ -386,14 +357,14 @@ static const route *route_of(const char *url, long *id, const char **tail, const
     *id = -1;
     const route *r = find_route(ROUTES, sizeof ROUTES / sizeof ROUTES[0], url, tail);
     if (r) {
-        *label = route_label(ROUTES, r);
+        *label = r->label;
         return r;
     }
     if (strncmp(url, "/v1/jobs/", 9) != 0) return NULL;
     const char *num = url + 9, *slash = strchr(num, '/');
     if (!td_api_parse_id(num, slash ? (size_t)(slash - num) : strlen(num), id)) *id = 0;
     r = find_route(JOB_ROUTES, sizeof JOB_ROUTES / sizeof JOB_ROUTES[0], slash ? slash : "", tail);
-    if (r) *label = route_label(JOB_ROUTES, r);
+    if (r) *label = r->label;
     return r;
 }
 
