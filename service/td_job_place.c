@@ -261,11 +261,6 @@ static int try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *ca
     return TRY_STARTED;
 }
 
-static bool runs_before(const job *a, const job *b) {
-    return a->row.priority != b->row.priority ? a->row.priority > b->row.priority
-                                              : a->row.id < b->row.id;
-}
-
 void td_jobs_schedule_cluster(td_jobs *j) {
     td_cluster_node *nodes;
     int n = td_cluster_snapshot(j->cluster, &nodes);
@@ -282,7 +277,7 @@ void td_jobs_schedule_cluster(td_jobs *j) {
         job *jb = j->live[i];
         if (jb->state != QUEUED) continue;
         int k = n_queue++;
-        for (; k > restarts && runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
+        for (; k > restarts && td_jobs_runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
         queue[k] = jb;
     }
     const job *head = NULL;
