@@ -6,8 +6,9 @@
  *   td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
  *   td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
  *   td_job_recover.c     loading the table at start, recovering jobs a daemon left running
- *   td_job_place.c       the cluster's master: placing jobs on nodes, each node's orders,
- *                        what its parts report (exits, rank 0's lines, logs), lost nodes
+ *   td_job_place.c       the cluster's master: placing jobs on nodes
+ *   td_job_sync.c        the cluster's master: each node's orders, what its parts report
+ *                        (exits, rank 0's lines, logs), lost nodes
  *   td_job_part.c        any node: running the parts its master orders (a "guest" group each)
  *                        and reporting on them
  *   td_job_tboard.c      a job's TensorBoard event files, from its metric events
@@ -430,13 +431,15 @@ void td_jobs_wake(td_jobs *j);      /* any thread, without the lock */
 bool td_jobs_clustered(td_jobs *j);              /* a master with agents, or a job placed on them */
 void td_jobs_schedule_cluster(td_jobs *j);       /* td_jobs_schedule's policy over every node */
 void td_jobs_parts_release(td_jobs *j, job *jb); /* frees the placement and its slots */
-void td_jobs_parts_tick(td_jobs *j);             /* the master's own node's sync, time limits */
 int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
 json_t *td_jobs_placement_json(const job *jb);
-/* The node rank of jb's running attempt on node, -1 when it runs no part there (now). */
-int td_jobs_part_rank_on(job *jb, const char *node);
 json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
                                const char *devices, const char *proc_devices);
+
+/* ---- td_job_sync.c ---- */
+void td_jobs_parts_tick(td_jobs *j); /* the master's own node's sync, time limits */
+/* The node rank of jb's running attempt on node, -1 when it runs no part there (now). */
+int td_jobs_part_rank_on(job *jb, const char *node);
 void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,
                               json_t *reply);
 
