@@ -1,5 +1,8 @@
 /* Inside the jobs module (td_jobs.h): the job record and the table, shared by its files:
- *   td_jobs.c            the API side (submit, get, list, cancel, delete, wait), open and close
+ *   td_jobs.c            the API side (get, list, cancel, delete, wait, logs, files)
+ *   td_job_submit.c      submitting a job, with its token's quotas
+ *   td_job_lifecycle.c   open, start, stop (the jobs too) and close; a reload's settings
+ *   td_job_figures.c     every job in figures: GPU users, slots used, Prometheus series
  *   td_job_record.c      the table, rendering, state changes and events
  *   td_job_queue.c       which waiting job starts next, and the slots it holds
  *   td_job_attempt.c     what a job runs, its attempts and the restart policy
@@ -268,6 +271,12 @@ static inline void td_jobs_lock(td_jobs *j) {
     atomic_fetch_sub(&j->waiting, 1);
 }
 
+/* ---- td_jobs.c ---- */
+/* Takes the job at index `at` out of the table and frees it (its rows already deleted): its
+ * directory is moved to jobs/.deleted-ID, to be removed without the lock (true), or was not
+ * there. The caller wakes its streams. */
+bool td_jobs_forget_locked(td_jobs *j, int at);
+
 /* ---- td_job_record.c ---- */
 json_t *td_jobs_code_json(int code);
 json_t *td_jobs_reason_json(const char *r);
@@ -492,10 +501,6 @@ void td_jobs_quota_words(long long used, long long max, long entries, char *out,
 void *td_jobs_janitor(void *arg); /* the thread */
 /* A job finished: the janitor looks at the count (keep_finished_jobs) soon. */
 void td_jobs_janitor_poke(td_jobs *j);
-/* Takes the job at index `at` out of the table and frees it (its rows already deleted): its
- * directory is moved to jobs/.deleted-ID, to be removed without the lock (true), or was not
- * there. The caller wakes its streams. */
-bool td_jobs_forget_locked(td_jobs *j, int at);
 /* Removes a directory tree (without the lock); false, with a log line, when some is left. */
 bool td_jobs_remove_tree(td_jobs *j, long id, const char *path);
 
