@@ -2,7 +2,7 @@
  * placement because it is the other half of a node's heartbeat, what the master hears and says.
  *
  * Each node learns what to run from the reply to its heartbeat (td_cluster.c), and reports on
- * its parts in the next one (td_job_part.c): the master applies rank 0's lines in sequence,
+ * its parts in the next one (td_job_part_report.c): the master applies rank 0's lines in sequence,
  * appends the log bytes at their offsets, and ends the attempt once every part has ended (or its
  * node is lost). The first failure stops every other part and names its node and rank. The
  * master's own node takes part in-process, every supervisor turn (td_jobs_parts_tick). */
@@ -159,7 +159,7 @@ static void part_failed(td_jobs *j, job *jb, part *p, int code, const char *reas
 }
 
 /* Rank 0's lines its node dropped (a gap in their numbers): over max_events_per_s there, or more
- * than it holds for its master (td_job_part.c); counted as the master counts its own. */
+ * than it holds for its master (td_job_part_report.c); counted as the master counts its own. */
 static void lines_dropped(job *jb, long n) {
     jb->events_dropped += n;
     jb->dropped_unsaid += n;
