@@ -1,6 +1,7 @@
 /* The jobs module's life (td_jobs.h): opening, starting its threads, stopping (and the jobs
- * with it, without keep_jobs_on_stop) and closing, and the settings a reload changes; apart from
- * what the API asks of jobs (td_jobs.c), which runs only between an open and a close. */
+ * with it, without keep_jobs_on_stop) and closing, and the settings a reload changes. Apart from
+ * the API calls (td_jobs.c): the daemon makes these at start, reload and stop, and they own the
+ * module's threads, descriptors and condition variables. */
 #define _GNU_SOURCE /* signalfd */
 #include "service/td_jobs_private.h"
 
