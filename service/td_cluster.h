@@ -98,7 +98,7 @@ bool td_cluster_drained(td_cluster *c, const char *name);
 /* Whether name is the master's own node. */
 bool td_cluster_is_master(const td_cluster *c, const char *name);
 
-/* The jobs' side of the protocol (td_jobs, td_job_place.c). sync: after a register or heartbeat
+/* The jobs' side of the protocol (td_jobs, td_job_sync.c). sync: after a register or heartbeat
  * is accepted: msg is the node's message (its "parts": what it runs for the master, their exits
  * and output), reply the object about to be sent, to which the jobs add the node's orders.
  * lost: a node was marked lost (why in words). Both are called without the registry's lock. */

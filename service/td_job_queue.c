@@ -65,8 +65,9 @@ double td_jobs_deadline(const job *jb) {
                : 0;
 }
 
-/* Queue order: higher priority first, then submission order. */
-static bool runs_before(const job *a, const job *b) {
+/* Queue order: higher priority first, then submission order (placement on a cluster keeps it
+ * too: td_job_place.c). */
+bool td_jobs_runs_before(const job *a, const job *b) {
     return a->row.priority != b->row.priority ? a->row.priority > b->row.priority
                                               : a->row.id < b->row.id;
 }
@@ -154,7 +155,7 @@ void td_jobs_schedule(td_jobs *j) {
         job *jb = j->live[i];
         if (jb->state != QUEUED) continue;
         int k = n++;
-        for (; k > 0 && runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
+        for (; k > 0 && td_jobs_runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
         queue[k] = jb;
     }
     const job *head = NULL;

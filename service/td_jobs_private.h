@@ -1,15 +1,26 @@
 /* Inside the jobs module (td_jobs.h): the job record and the table, shared by its files:
- *   td_jobs.c            the API side (submit, get, list, cancel, delete, wait), open and close
+ *   td_jobs.c            the API side (get, list, cancel, delete, wait, logs, files)
+ *   td_job_submit.c      submitting a job, with its token's quotas
+ *   td_job_lifecycle.c   open, start, stop (the jobs too) and close; a reload's settings
+ *   td_job_figures.c     every job in figures: GPU users, slots used, Prometheus series
  *   td_job_record.c      the table, rendering, state changes and events
  *   td_job_queue.c       which waiting job starts next, and the slots it holds
  *   td_job_attempt.c     what a job runs, its attempts and the restart policy
  *   td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
  *   td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
  *   td_job_recover.c     loading the table at start, recovering jobs a daemon left running
- *   td_job_place.c       the cluster's master: placing jobs on nodes, each node's orders,
- *                        what its parts report (exits, rank 0's lines, logs), lost nodes
- *   td_job_part.c        any node: running the parts its master orders (a "guest" group each)
- *                        and reporting on them
+ *   td_job_place.c       the cluster's master: placing jobs on nodes
+ *   td_job_sync.c        the cluster's master: each node's orders, what its parts report
+ *                        (exits, rank 0's lines, logs), lost nodes
+ *   td_job_part.c        any node: the parts its master orders (a "guest" group each): the
+ *                        orders applied, each part followed to its end
+ *   td_job_part_start.c  any node: starting a part, in steps
+ *   td_job_part_recover.c  any node: the parts a previous daemon left, at start
+ *   td_job_part_report.c any node: what it reports of its parts (rank 0's lines, logs, failures)
+ *   td_job_resume.c      the cluster's master: the checkpoint an attempt across nodes resumes from
+ *   td_job_identity.c    who a job runs as, its directories, limits and cgroups
+ *   td_job_quota.c       the thread that keeps jobs within their disk quota
+ *   td_job_retention.c   the thread that removes finished jobs past their retention
  *   td_job_tboard.c      a job's TensorBoard event files, from its metric events
  * Every function here runs with j->mu held unless it says otherwise. */
 #ifndef TD_JOBS_PRIVATE_H
@@ -267,6 +278,12 @@ static inline void td_jobs_lock(td_jobs *j) {
     atomic_fetch_sub(&j->waiting, 1);
 }
 
+/* ---- td_jobs.c ---- */
+/* Takes the job at index `at` out of the table and frees it (its rows already deleted): its
+ * directory is moved to jobs/.deleted-ID, to be removed without the lock (true), or was not
+ * there. The caller wakes its streams. */
+bool td_jobs_forget_locked(td_jobs *j, int at);
+
 /* ---- td_job_record.c ---- */
 json_t *td_jobs_code_json(int code);
 json_t *td_jobs_reason_json(const char *r);
@@ -285,11 +302,6 @@ int td_jobs_recent_events(const job *jb, long after, int limit, td_db_event_fn f
 void td_jobs_wake_streams(td_jobs *j, long id);
 job *td_jobs_new_job(td_jobs *j, const td_db_job *row);
 void td_jobs_free_job(job *jb);
-
-/* td_job_tboard.c: a metric event's numbers into the job's TensorBoard event file; closing it
- * (durably) when the job ends or goes. */
-void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step);
-void td_jobs_tboard_close(td_jobs *j, job *jb);
 td_db_attempt *td_jobs_new_attempt(job *jb);
 void td_jobs_set_state(job *jb, int state);
 bool td_jobs_final_state(int s);
@@ -303,8 +315,17 @@ void td_jobs_emit_state(td_jobs *j, job *jb);
 void td_jobs_save_attempt(td_jobs *j, job *jb, const td_db_attempt *a);
 void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason);
 
+/* ---- td_job_tboard.c ---- */
+/* A metric event's numbers into the job's TensorBoard event file; closing it (durably) when the
+ * job ends or goes. */
+void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step);
+void td_jobs_tboard_close(td_jobs *j, job *jb);
+
 /* ---- td_job_queue.c ---- */
 double td_jobs_deadline(const job *jb); /* the time limit's end, or 0 */
+/* Whether a starts before b in the queue (one node's and the cluster's alike): higher priority
+ * first, then submission order. */
+bool td_jobs_runs_before(const job *a, const job *b);
 /* The slots (GPUs on a GPU node) a job holds on each of its nodes: every rank's GPUs, whether
  * the daemon starts the ranks or one launching process does. */
 static inline int td_jobs_slots(const job *jb) {
@@ -346,6 +367,20 @@ json_t *td_jobs_sizes_json(const long long *v, int n);
  * caller's). */
 json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
                               char **devices, double deadline);
+/* Whether process group pgid is still a job's: its leader runs in the job's directory dir (an
+ * id saved before a restart may be another process's by now). */
+bool td_jobs_group_of(pid_t pgid, const char *dir);
+/* The connection to a local attempt's shepherd ended (or none could be made at start): reads
+ * the rest of rank 0's output, and ends the attempt as its status file says; without one the
+ * shepherd died and what is left of its process group is killed. A shepherd that dropped a
+ * slow daemon is connected to again instead. */
+void td_jobs_shepherd_gone(td_jobs *j, job *jb);
+void td_jobs_resume_note(const job *jb, char *out, size_t len);
+json_t *td_jobs_resume_json(const job *jb);
+/* The failing rank's own words from its log (traind-worker's "error:" line, or a command's last
+ * line that is not a metric), from offset `from` of dir/rank-R.log. */
+void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
+                          size_t len);
 
 /* ---- td_job_identity.c ---- */
 /* Who job id (of uid, when it has one of its own) runs as. */
@@ -381,16 +416,6 @@ void td_jobs_cgroups_tidy(td_jobs *j);
 /* USER, LOGNAME, HOME and TMPDIR for a job of its own identity, appended to env at *n (4 at
  * most). */
 void td_jobs_identity_env(const td_identity *who, const char *cwd, char **env, size_t *n);
-/* Whether process group pgid is still a job's: its leader runs in the job's directory dir (an
- * id saved before a restart may be another process's by now). */
-bool td_jobs_group_of(pid_t pgid, const char *dir);
-/* The connection to a local attempt's shepherd ended (or none could be made at start): reads
- * the rest of rank 0's output, and ends the attempt as its status file says; without one the
- * shepherd died and what is left of its process group is killed. A shepherd that dropped a
- * slow daemon is connected to again instead. */
-void td_jobs_shepherd_gone(td_jobs *j, job *jb);
-void td_jobs_resume_note(const job *jb, char *out, size_t len);
-json_t *td_jobs_resume_json(const job *jb);
 
 /* ---- td_job_output.c ---- */
 /* Reads rank 0's output file on to what its shepherd said it holds; final: the attempt is over,
@@ -418,6 +443,9 @@ void td_jobs_say_dropped(td_jobs *j, job *jb);
 /* Opens path for td_jobs_read_file (-1 and a log line when it cannot). */
 int td_jobs_open_output(td_jobs *j, long job_id, const char *path);
 void td_jobs_set_checkpoint(job *jb, long step, const char *path);
+/* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */
+/* true when the line became an event (stored with the job row) */
+bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, json_t *files);
 
 /* ---- td_job_supervisor.c ---- */
 void *td_jobs_supervise(void *arg); /* the thread */
@@ -427,13 +455,15 @@ void td_jobs_wake(td_jobs *j);      /* any thread, without the lock */
 bool td_jobs_clustered(td_jobs *j);              /* a master with agents, or a job placed on them */
 void td_jobs_schedule_cluster(td_jobs *j);       /* td_jobs_schedule's policy over every node */
 void td_jobs_parts_release(td_jobs *j, job *jb); /* frees the placement and its slots */
-void td_jobs_parts_tick(td_jobs *j);             /* the master's own node's sync, time limits */
 int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
 json_t *td_jobs_placement_json(const job *jb);
-/* The node rank of jb's running attempt on node, -1 when it runs no part there (now). */
-int td_jobs_part_rank_on(job *jb, const char *node);
 json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
                                const char *devices, const char *proc_devices);
+
+/* ---- td_job_sync.c ---- */
+void td_jobs_parts_tick(td_jobs *j); /* the master's own node's sync, time limits */
+/* The node rank of jb's running attempt on node, -1 when it runs no part there (now). */
+int td_jobs_part_rank_on(job *jb, const char *node);
 void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,
                               json_t *reply);
 
@@ -455,27 +485,41 @@ json_t *td_jobs_resume_order(const job *jb);
 void td_jobs_resume_forget(job *jb); /* a new checkpoint: what was known of the last goes */
 
 /* ---- td_job_part.c ---- */
-json_t *td_jobs_guests_report(td_jobs *j, bool remote); /* the "parts" member of a message */
 void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote);
 void td_jobs_guests_poll(td_jobs *j, struct pollfd *fds, int *n, int max, guest **owner);
-void td_jobs_guests_read(td_jobs *j, guest *g); /* its shepherd said something */
 void td_jobs_guests_tick(td_jobs *j);
 /* Frees the guests; their shepherds go on (they stop their groups after orphan_timeout_s unless
  * a daemon comes back for them). */
 void td_jobs_guests_free(td_jobs *j);
-/* The guests a previous daemon left (attempt files with a "guest" note under jobs/), at start:
- * running ones re-attached, ended ones reported as they ended. */
-void td_jobs_guests_recover(td_jobs *j);
 /* Asks every running guest's shepherd to stop (the daemon stops and keeps no job). */
 void td_jobs_guests_stop_for_exit(td_jobs *j, const char *why);
 bool td_jobs_guests_connected(const td_jobs *j); /* a guest's shepherd is still connected */
-/* The failing rank's own words from its log (traind-worker's "error:" line, or a command's last
- * line that is not a metric), from offset `from` of dir/rank-R.log. */
-void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
-                          size_t len);
-/* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */
-/* true when the line became an event (stored with the job row) */
-bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, json_t *files);
+guest *td_jobs_find_guest(td_jobs *j, long job_id, int attempt); /* NULL: none here */
+/* g has ended (code, reason: what its report says): its GPUs and slots are free. */
+void td_jobs_guest_end(td_jobs *j, guest *g, int code, const char *reason);
+/* A member of an order (or of an attempt file's notes): "" or 0 when it is not there. */
+const char *td_jobs_order_string(json_t *o, const char *key);
+int td_jobs_order_int(json_t *o, const char *key);
+
+/* ---- td_job_part_start.c ---- */
+/* Starts the part order o describes (remote: the order came from another node), listed in
+ * j->guests even when it cannot start: then ended, with why. */
+void td_jobs_guest_start(td_jobs *j, json_t *o, bool remote);
+
+/* ---- td_job_part_recover.c ---- */
+/* The guests a previous daemon left (attempt files with a "guest" note under jobs/), at start:
+ * running ones re-attached, ended ones reported as they ended. */
+void td_jobs_guests_recover(td_jobs *j);
+
+/* ---- td_job_part_report.c ---- */
+json_t *td_jobs_guests_report(td_jobs *j, bool remote); /* the "parts" member of a message */
+void td_jobs_guests_read(td_jobs *j, guest *g);         /* its shepherd said something */
+/* Rank 0's output on to what the shepherd said (final: to until, < 0 the file's end). */
+void td_jobs_guest_output(td_jobs *j, guest *g, bool final, long long until);
+/* A failure of rank `rank` (what: the shepherd's words) as the master shows it: naming this
+ * node, with the rank's own error line from its log. */
+void td_jobs_guest_failure(td_jobs *j, const guest *g, int rank, const char *what, char *out,
+                           size_t len);
 
 /* ---- td_job_quota.c ---- */
 void *td_jobs_quota_keeper(void *arg); /* the thread */
@@ -486,10 +530,6 @@ void td_jobs_quota_words(long long used, long long max, long entries, char *out,
 void *td_jobs_janitor(void *arg); /* the thread */
 /* A job finished: the janitor looks at the count (keep_finished_jobs) soon. */
 void td_jobs_janitor_poke(td_jobs *j);
-/* Takes the job at index `at` out of the table and frees it (its rows already deleted): its
- * directory is moved to jobs/.deleted-ID, to be removed without the lock (true), or was not
- * there. The caller wakes its streams. */
-bool td_jobs_forget_locked(td_jobs *j, int at);
 /* Removes a directory tree (without the lock); false, with a log line, when some is left. */
 bool td_jobs_remove_tree(td_jobs *j, long id, const char *path);
 

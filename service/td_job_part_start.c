@@ -1,0 +1,322 @@
+/* Starting a part a master orders (td_job_part.c applies the orders): its directory, uid and
+ * fetched checkpoint checked, what it runs, its environment, GPUs, logs and cgroup, then its
+ * shepherd, in named steps. Apart from the rest of a part's life because it is the one place
+ * that turns an order into processes; a part that cannot start is reported as ended, with why. */
+#include "service/td_jobs_private.h"
+
+#include "base/td_strv.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Checkpoints in root (a directory of the job's: its checkpoints/ or its checkpoint.dir) newer
+ * than the one this attempt resumes from were never registered by the master (written as the
+ * last attempt ended): resuming from one would put this node's ranks ahead of the others'. They
+ * are removed as the job would remove them (td_jobfs.h: its rights, no link followed). */
+static void remove_newer_checkpoints(const td_job_files *f, const char *root, long resume_step) {
+    td_err err = {{0}};
+    int dfd = td_jobfs_open_path(&f->who, f->dir, root, O_RDONLY | O_DIRECTORY, &err);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!d) {
+        if (dfd >= 0) close(dfd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long step;
+        char extra;
+        if (sscanf(e->d_name, "step-%ld%c", &step, &extra) != 1 || step <= resume_step) continue;
+        td_identity_saved saved;
+        if (td_identity_become(&f->who, &saved, &err) != 0) break;
+        (void)td_jobfs_remove(dirfd(d), e->d_name, &err);
+        td_identity_return(&saved);
+    }
+    closedir(d);
+}
+
+static char **order_strv(json_t *a) {
+    size_t n = json_is_array(a) ? json_array_size(a) : 0;
+    char **v = td_strv_new((int)n);
+    for (size_t i = 0; i < n; i++) {
+        const char *s = json_string_value(json_array_get(a, i));
+        v[i] = td_str_dup(s ? s : "");
+    }
+    return v;
+}
+
+/* The order's numbers into a new guest, listed in j->guests at once: a part that cannot start
+ * is reported as ended all the same. */
+static guest *new_guest(td_jobs *j, json_t *o) {
+    guest *g = td_calloc(1, sizeof *g);
+    g->job = (long)json_integer_value(json_object_get(o, "job"));
+    g->attempt = td_jobs_order_int(o, "attempt");
+    g->node_rank = td_jobs_order_int(o, "node_rank");
+    g->nnodes = td_jobs_order_int(o, "nnodes");
+    g->nproc = td_jobs_order_int(o, "nproc");
+    g->out_fd = -1;
+    g->sh.fd = -1;
+    snprintf(g->kind, sizeof g->kind, "%s", td_jobs_order_string(o, "kind"));
+    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
+    j->guests = td_realloc(j->guests, (size_t)(j->n_guests + 1) * sizeof *j->guests);
+    j->guests[j->n_guests++] = g;
+    return g;
+}
+
+/* What the order gives the part: its uid and limits, its processes and slots (held here on an
+ * agent; on a master, placement holds them); it runs from now on. */
+static void take_order(td_jobs *j, guest *g, json_t *o, bool self, int per_proc) {
+    g->uid = (long)json_integer_value(json_object_get(o, "uid"));
+    json_t *lim = json_object_get(o, "limits");
+    g->cg_limits.memory_bytes = (long long)json_integer_value(json_object_get(lim, "memory_bytes"));
+    g->cg_limits.pids = (long)json_integer_value(json_object_get(lim, "pids"));
+    g->cg_limits.cpu_weight = (int)json_integer_value(json_object_get(lim, "cpu_weight"));
+    g->disk_bytes = (long long)json_integer_value(json_object_get(lim, "disk_bytes"));
+    g->procs = self ? 1 : g->nproc;
+    g->see_all_gpus = json_is_true(json_object_get(o, "see_all_gpus"));
+    g->slots = g->nproc * per_proc;
+    g->holds_slots = !j->cluster;
+    if (g->holds_slots) j->used_slots += g->slots;
+    g->running = true;
+}
+
+/* Whether the part may start here: its directory made, its uid one of this node's, and no
+ * error fetching its checkpoint (the agent's, in the order). */
+static bool may_start(td_jobs *j, guest *g, json_t *o, td_err *err) {
+    bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
+              (td_fail(err, "cannot create %s: %s", g->dir, strerror(errno)), false);
+    /* the master gives the job's uid: one of this node's job_uids too, or the part fails */
+    if (ok && !td_jobs_uid_ok(j, g->uid))
+        ok = (td_fail(err,
+                      "the master gives the job uid %ld, which is not one of this node's job_uids "
+                      "(give every node the same job_uids)",
+                      g->uid),
+              false);
+    const char *fetch_error = json_string_value(json_object_get(o, "fetch_error"));
+    if (ok && fetch_error) ok = (td_fail(err, "%s", fetch_error), false);
+    return ok;
+}
+
+/* Where the ranks look for the checkpoint they resume from (the agent fetched it there), into
+ * root: the job's checkpoints/, or a train job's own checkpoint.dir; what is newer there than
+ * the master registered goes (ok: the part may start). The base name of the checkpoint it
+ * resumes from, or NULL. */
+static const char *checkpoint_root(guest *g, json_t *o, const td_job_files *files, bool ok,
+                                   char *root, size_t len) {
+    json_t *resume =
+        json_is_object(json_object_get(o, "resume")) ? json_object_get(o, "resume") : NULL;
+    long resume_step = resume ? (long)json_integer_value(json_object_get(resume, "step")) : -1;
+    const char *rdir = json_string_value(json_object_get(o, "checkpoint_dir"));
+    const char *rbase = resume ? json_string_value(json_object_get(resume, "base")) : NULL;
+    snprintf(root, len, "%s%s%s", rdir && rdir[0] == '/' ? "" : g->dir,
+             rdir && rdir[0] == '/' ? "" : "/", rdir ? rdir : "checkpoints");
+    /* a job's own checkpoint.dir is left as it is at its first start (it may hold what the user
+     * means it to resume from); on a restart, what is newer than the master registered goes */
+    bool custom = rdir && rdir[0] == '/';
+    if (ok && (!custom || resume || td_jobs_order_int(o, "restart_count") > 0))
+        remove_newer_checkpoints(files, root, resume_step);
+    return rbase;
+}
+
+/* What the part's processes run: a command's argv, or traind-worker on the job's spec (an
+ * agent writes the order's); NULL when the part already cannot start (*ok false). */
+static char **order_argv(td_jobs *j, guest *g, json_t *o, bool remote, const char *ckpt_root,
+                         bool *ok, td_err *err) {
+    char **argv = NULL;
+    if (*ok && strcmp(g->kind, "command") == 0) {
+        argv = order_strv(json_object_get(o, "argv"));
+    } else if (*ok) {
+        char spec[PATH_MAX + 16];
+        snprintf(spec, sizeof spec, "%s/spec.json", g->dir);
+        /* a checkpoint.dir the master made relative is the job directory's here (the ranks
+         * may run in another, dir/work, as run_as) */
+        json_t *ck = json_object_get(json_object_get(o, "spec"), "checkpoint");
+        const char *cdir = json_string_value(json_object_get(ck, "dir"));
+        if (remote && cdir && cdir[0] != '/')
+            json_object_set_new(ck, "dir", json_string(ckpt_root));
+        if (remote && json_dump_file(json_object_get(o, "spec"), spec, JSON_INDENT(2)) != 0) {
+            td_fail(err, "cannot write %s: %s", spec, strerror(errno));
+            *ok = false;
+        }
+        argv = td_strv_new(2);
+        argv[0] = td_str_dup(j->cfg.worker);
+        argv[1] = td_str_dup(spec);
+    }
+    if (*ok && !argv[0]) {
+        td_fail(err, "the order has no command to run");
+        *ok = false;
+    }
+    return argv;
+}
+
+/* The environment the part's processes get besides the launcher's: the order's, the job's id,
+ * a command's latest checkpoint, and (ok) who they run as in cwd. */
+static char **guest_env(guest *g, json_t *o, const char *ckpt_root, const char *rbase,
+                        const td_identity *who, const char *cwd, bool ok) {
+    json_t *order_env = json_object_get(o, "env");
+    size_t n_env = json_is_array(order_env) ? json_array_size(order_env) : 0;
+    char **env = td_strv_new((int)n_env + 7);
+    for (size_t i = 0; i < n_env; i++) {
+        const char *s = json_string_value(json_array_get(order_env, i));
+        env[i] = td_str_dup(s ? s : "");
+    }
+    char var[PATH_MAX + 64];
+    snprintf(var, sizeof var, "TRAIND_JOB_ID=%ld", g->job);
+    env[n_env] = td_str_dup(var);
+    if (rbase && strcmp(g->kind, "command") == 0) {
+        snprintf(var, sizeof var, "TRAIND_LATEST_CHECKPOINT=%s/%s", ckpt_root, rbase);
+        env[n_env + 1] = td_str_dup(var);
+    }
+    size_t n_set = 0;
+    while (env[n_set]) n_set++;
+    if (ok) td_jobs_identity_env(who, cwd, env, &n_set);
+    return env;
+}
+
+/* The part's GPU slots: the first free ones, all of them or none (*ok false); each of its n
+ * processes' CUDA_VISIBLE_DEVICES. */
+static char **take_gpus(td_jobs *j, guest *g, int n, bool *ok, td_err *err) {
+    char **devices = NULL;
+    g->devices = td_calloc((size_t)g->slots, sizeof *g->devices);
+    int k = 0;
+    for (int i = 0; i < j->cfg.gpus && k < g->slots; i++)
+        if (!j->gpu_used[i]) j->gpu_used[i] = true, g->devices[k++] = i;
+    if (k < g->slots) {
+        for (int r = 0; r < k; r++) j->gpu_used[g->devices[r]] = false;
+        free(g->devices);
+        g->devices = NULL;
+        td_fail(err, "%d GPUs asked for, %d free on this node", g->slots, k);
+        *ok = false;
+    } else {
+        devices = td_jobs_devices_strv(j, g->devices, g->slots, n, g->see_all_gpus);
+    }
+    return devices;
+}
+
+/* Each of the n processes' log (rank-R.log, by global rank), and its size now: where the
+ * report's log bytes start. */
+static char **log_paths(guest *g, int n) {
+    char **logs = td_strv_new(n);
+    for (int r = 0; r < n; r++) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, g->node_rank * g->nproc + r);
+        logs[r] = td_str_dup(path);
+        struct stat st;
+        if (stat(path, &st) == 0) g->log_start[r] = (long long)st.st_size;
+    }
+    return logs;
+}
+
+/* Starts the part's shepherd on cfg; false (err) when it cannot be. */
+static bool start_shepherd(td_jobs *j, guest *g, json_t *o, const td_launch_config *cfg,
+                           char **logs, char **devices, const char *spec_cwd, td_err *err) {
+    int n = g->procs;
+    json_t *spec =
+        td_jobs_shepherd_spec(j, cfg, td_jobs_order_int(o, "restart_count"), logs, devices, 0);
+    if (g->node_rank != 0) json_object_set_new(spec, "output", json_null());
+    if (spec_cwd && spec_cwd[0]) json_object_set_new(spec, "dir_as_job", json_true());
+    json_t *metrics = json_object_get(o, "metrics");
+    if (metrics && g->node_rank == 0) json_object_set(spec, "metrics", metrics);
+    if (g->cgroup[0]) json_object_set_new(spec, "cgroup", json_string(g->cgroup));
+    json_t *slots = td_jobs_ints_json(g->devices, g->slots);
+    json_t *starts = td_jobs_sizes_json(g->log_start, n);
+    /* what a restarted daemon needs to report this part again (td_jobs_guests_recover) */
+    json_object_set_new(spec, "daemon",
+                        json_pack("{s:b, s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:o, "
+                                  "s:o, s:I, s:s}",
+                                  "guest", 1, "job", (json_int_t)g->job, "attempt", g->attempt,
+                                  "node_rank", g->node_rank, "nnodes", g->nnodes, "nproc", g->nproc,
+                                  "procs", g->procs, "slots", g->slots, "see_all_gpus",
+                                  g->see_all_gpus, "kind", g->kind, "devices", slots, "log_start",
+                                  starts, "uid", (json_int_t)g->uid, "cgroup", g->cgroup));
+    char base[sizeof g->sh.base];
+    snprintf(base, sizeof base, "%s", g->sh.base);
+    bool started = td_shepherd_start(&g->sh, j->cfg.shepherd, base, spec, err) == 0;
+    snprintf(g->sh.base, sizeof g->sh.base, "%s", base);
+    json_decref(spec);
+    return started;
+}
+
+/* Says in the log that the part started, or ends it at once with why it could not. */
+static void say_started(td_jobs *j, guest *g, bool ok, const td_err *err,
+                        const td_launch_config *cfg) {
+    int n = g->procs;
+    if (!ok) {
+        char why[sizeof g->reason];
+        snprintf(why, sizeof why, "could not start on node %s: %.400s", j->node_name, err->msg);
+        td_jobs_guest_end(j, g, 1, why);
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job), "job %ld attempt %d: %s", g->job,
+                  g->attempt, why);
+        return;
+    }
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
+              "job %ld attempt %d: node rank %d of %d started here: %d process%s, shepherd pid "
+              "%d, rendezvous at %s:%d",
+              g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es", (int)g->sh.pid,
+              cfg->master_addr, cfg->master_port);
+}
+
+/* The steps in order: a step that can fail does nothing once one has (ok false), and err says
+ * the first failure, which the part ends with. */
+void td_jobs_guest_start(td_jobs *j, json_t *o, bool remote) {
+    int per_proc =
+        td_jobs_order_int(o, "gpus_per_proc") > 0 ? td_jobs_order_int(o, "gpus_per_proc") : 1;
+    bool self = json_is_true(json_object_get(o, "launch_self"));
+    guest *g = new_guest(j, o);
+    if (g->nproc < 1 || g->nproc > 4096 || per_proc > 64 || g->nnodes < 1 || g->node_rank < 0 ||
+        g->node_rank >= g->nnodes) {
+        g->ended = true, g->exit_code = 1;
+        snprintf(g->reason, sizeof g->reason, "node %s: the master's order is malformed",
+                 j->node_name);
+        return;
+    }
+    take_order(j, g, o, self, per_proc);
+    int n = g->procs;
+    td_err err = {{0}};
+    td_shepherd_base(g->sh.base, sizeof g->sh.base, g->dir, g->attempt, g->node_rank);
+    g->log_start = td_calloc((size_t)n, sizeof *g->log_start);
+    g->log_sent = td_calloc((size_t)n, sizeof *g->log_sent);
+    bool ok = may_start(j, g, o, &err);
+    td_identity who = td_jobs_identity_of(j, g->job, g->uid);
+    td_job_files files;
+    td_jobs_files_for(j, g->job, g->uid, &files);
+    char ckpt_root[PATH_MAX + 16];
+    const char *rbase = checkpoint_root(g, o, &files, ok, ckpt_root, sizeof ckpt_root);
+    char **argv = order_argv(j, g, o, remote, ckpt_root, &ok, &err);
+    char cwd[PATH_MAX + 16], start[PATH_MAX + 16];
+    if (ok && td_jobs_work_dir(&who, g->dir, cwd, sizeof cwd, &err) != 0) ok = false;
+    const char *spec_cwd = td_jobs_order_string(o, "cwd");
+    td_jobs_start_dir(g->dir, cwd, spec_cwd, start, sizeof start);
+    char **env = guest_env(g, o, ckpt_root, rbase, &who, cwd, ok);
+    char **devices = NULL;
+    if (ok && j->cfg.gpus > 0) devices = take_gpus(j, g, n, &ok, &err);
+    char **logs = log_paths(g, n);
+    if (ok && td_jobs_attempt_cgroup(j, g->job, g->attempt, g->node_rank, &g->cg_limits, g->cgroup,
+                                     sizeof g->cgroup, &err) != 0)
+        ok = false;
+    td_launch_config cfg = {.nproc_per_node = g->nproc,
+                            .nnodes = g->nnodes,
+                            .node_rank = g->node_rank,
+                            .master_port = td_jobs_order_int(o, "master_port"),
+                            .max_restarts = td_jobs_order_int(o, "max_restarts"),
+                            .grace_s = j->cfg.grace_s,
+                            .argv = argv,
+                            .local_rank_arg = td_jobs_order_string(o, "local_rank_arg"),
+                            .launch_self = self,
+                            .cwd = ok ? start : g->dir,
+                            .extra_env = env,
+                            .user = &who,
+                            .max_file_bytes = g->disk_bytes};
+    snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", td_jobs_order_string(o, "master_addr"));
+    snprintf(cfg.run_id, sizeof cfg.run_id, "traind-job-%ld", g->job);
+    if (ok) ok = start_shepherd(j, g, o, &cfg, logs, devices, spec_cwd, &err);
+    td_strv_free(argv);
+    td_strv_free(env);
+    td_strv_free(devices);
+    td_strv_free(logs);
+    say_started(j, g, ok, &err, &cfg);
+}
