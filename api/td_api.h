@@ -8,8 +8,8 @@
 #define TD_API_H
 
 #include "base/td_error.h"
-#include "service/td_cluster.h"
-#include "service/td_jobs.h"
+#include "service/cluster/td_cluster.h"
+#include "service/jobs/td_jobs.h"
 
 #include <stddef.h>
 
@@ -17,7 +17,7 @@ typedef struct td_api td_api;
 
 typedef struct td_api_config {
     int listen_fd;     /* from td_api_listen; the server owns it from td_api_start on */
-    td_tokens *tokens; /* who may do what (service/td_tokens.h); the caller keeps it */
+    td_tokens *tokens; /* who may do what (service/store/td_tokens.h); the caller keeps it */
     /* every mutating request, one JSON line each (who, what, when, result); NULL: none */
     const char *audit_log;
     size_t max_body;

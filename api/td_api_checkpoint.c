@@ -1,10 +1,10 @@
 /* A job's checkpoints over HTTP: the listing with every file of each one (as it is on disk now),
- * one file with Range, and a whole checkpoint streamed as a tar (service/td_ckpt.c). */
+ * one file with Range, and a whole checkpoint streamed as a tar (service/run/td_ckpt.c). */
 #include "api/td_api_private.h"
 
 #include "io/td_checkpoint.h"
-#include "service/td_ckpt.h"
-#include "service/td_jobfs.h"
+#include "service/run/td_ckpt.h"
+#include "service/run/td_jobfs.h"
 
 #include <fcntl.h>
 

@@ -10,8 +10,8 @@
 #define _GNU_SOURCE /* mkstemp's O_CLOEXEC via mkostemp */
 #include "api/td_api_private.h"
 
-#include "service/td_cluster.h"
-#include "service/td_jobfs.h"
+#include "service/cluster/td_cluster.h"
+#include "service/run/td_jobfs.h"
 #include "base/td_sha256.h"
 
 #include <errno.h>

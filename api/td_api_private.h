@@ -16,7 +16,7 @@
 #define TD_API_PRIVATE_H
 
 #include "api/td_api.h"
-#include "service/td_jobfs.h"
+#include "service/run/td_jobfs.h"
 
 #include <microhttpd.h>
 #include <pthread.h>

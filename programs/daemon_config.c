@@ -3,7 +3,7 @@
 
 #include "base/td_json.h"
 #include "base/td_parse.h"
-#include "service/td_shepherd.h"
+#include "service/run/td_shepherd.h"
 
 #include <errno.h>
 #include <jansson.h>

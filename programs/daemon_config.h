@@ -6,7 +6,7 @@
 #ifndef DAEMON_CONFIG_H
 #define DAEMON_CONFIG_H
 
-#include "service/td_gpus.h"
+#include "service/run/td_gpus.h"
 
 #include <limits.h>
 #include <stdbool.h>

@@ -5,9 +5,9 @@
 
 #include "api/td_api.h"
 #include "daemon_config.h"
-#include "service/td_jobs.h"
+#include "service/jobs/td_jobs.h"
 #include "base/td_log.h"
-#include "service/td_tokens.h"
+#include "service/store/td_tokens.h"
 
 #include <stdbool.h>
 #include <stddef.h>

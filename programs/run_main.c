@@ -2,7 +2,7 @@
  * or a program with torchrun's environment, stops them all when one fails and says why as
  * torchrun does, restarts the group while restarts remain, forwards SIGINT and SIGTERM, and
  * exits with the failing worker's status. Options: run_options.c; the command: run_command.c;
- * each attempt's files: run_files.c; the process group: service/td_launch.c. */
+ * each attempt's files: run_files.c; the process group: service/run/td_launch.c. */
 #include "programs/run_options.h"
 
 #include "base/td_strv.h"

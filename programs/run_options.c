@@ -3,7 +3,7 @@
 
 #include "base/td_parse.h"
 #include "gpu/td_gpu.h"
-#include "service/td_launch.h"
+#include "service/run/td_launch.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 #ifndef RUN_OPTIONS_H
 #define RUN_OPTIONS_H
 
-#include "service/td_launch.h"
+#include "service/run/td_launch.h"
 
 #include <stdbool.h>
 #include <stdio.h>

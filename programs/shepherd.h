@@ -1,15 +1,15 @@
 /* traind-shepherd's own state, shared by its parts (programs/shepherd_*.c): the spec it runs
  * and the shepherd's state while the group lives. Private to the program; what it exchanges
- * with the daemon is service/td_shepherd_protocol.h's. */
+ * with the daemon is service/run/td_shepherd_protocol.h's. */
 #ifndef SHEPHERD_H
 #define SHEPHERD_H
 
 #include "programs/shepherd_tboard.h"
 
-#include "service/td_appender.h"
+#include "service/run/td_appender.h"
 #include "base/td_buf.h"
-#include "service/td_launch.h"
-#include "service/td_metric_patterns.h"
+#include "service/run/td_launch.h"
+#include "service/run/td_metric_patterns.h"
 
 #include <limits.h>
 #include <stdbool.h>

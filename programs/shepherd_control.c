@@ -1,12 +1,12 @@
 /* traind-shepherd's end of the control socket: who may talk to it (the daemon's user, with the
  * token), what the daemon asks and what the shepherd tells it. The lines themselves are
- * service/td_shepherd_protocol.c's; this is the program's transport (one daemon at a time, one
+ * service/run/td_shepherd_protocol.c's; this is the program's transport (one daemon at a time, one
  * that does not read is dropped, never waited for). */
 #define _GNU_SOURCE /* accept4, struct ucred */
 #include "programs/shepherd.h"
 
 #include "base/td_clock.h"
-#include "service/td_shepherd_protocol.h"
+#include "service/run/td_shepherd_protocol.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -1,7 +1,7 @@
 /* TORCHELASTIC_ERROR_FILE for a job's ranks, and what the failing one wrote there. */
 #include "programs/shepherd_errors.h"
 
-#include "service/td_jobfs.h"
+#include "service/run/td_jobfs.h"
 
 #include <fcntl.h>
 #include <limits.h>

@@ -6,7 +6,7 @@
 #ifndef SHEPHERD_ERRORS_H
 #define SHEPHERD_ERRORS_H
 
-#include "service/td_launch.h"
+#include "service/run/td_launch.h"
 
 #include <stddef.h>
 

@@ -6,7 +6,7 @@
 
 #include "programs/shepherd_errors.h"
 
-#include "service/td_jobfs.h"
+#include "service/run/td_jobfs.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,7 @@
  *   traind-shepherd SPEC.json
  *
  * What it exchanges with the daemon (the spec, the control socket's lines, the files it writes,
- * how a daemon attaches again) is service/td_shepherd_protocol.h's. The shepherd:
+ * how a daemon attaches again) is service/run/td_shepherd_protocol.h's. The shepherd:
  *   - starts the group in a process group of its own and reaps it (a child subreaper: what the
  *     ranks leave behind is reaped here too), with td_group's rules: the first failure stops
  *     the rest, SIGTERM then SIGKILL after the grace period (shepherd_group.c,
@@ -21,7 +21,7 @@
  *     holds each line once, whatever daemons come and go; every process's stderr (and stdout)
  *     reaches its log through a pipe to the shepherd too, so that a full disk loses no line:
  *     what a file cannot take waits in memory, in order, and goes in once it can
- *     (service/td_appender.h, shepherd_output.c);
+ *     (service/run/td_appender.h, shepherd_output.c);
  *   - when the group is over, writes the status file (JSON: exit code, failed rank, reason,
  *     why it was stopped) atomically, tells the connected daemon, and exits 0
  *     (shepherd_status.c).
@@ -31,8 +31,8 @@
 #include "programs/shepherd.h"
 
 #include "base/td_clock.h"
-#include "service/td_cgroup.h"
-#include "service/td_shepherd.h"
+#include "service/run/td_cgroup.h"
+#include "service/run/td_shepherd.h"
 
 #include <errno.h>
 #include <fcntl.h>

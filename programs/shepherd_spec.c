@@ -1,4 +1,4 @@
-/* traind-shepherd's spec (SPEC.json, written by the daemon: service/td_shepherd_protocol.h)
+/* traind-shepherd's spec (SPEC.json, written by the daemon: service/run/td_shepherd_protocol.h)
  * read into what it runs. Apart from the program's running parts: a spec it cannot use ends it
  * before anything starts (exit status 2, said on stderr). */
 #include "programs/shepherd.h"

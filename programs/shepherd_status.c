@@ -1,12 +1,12 @@
 /* traind-shepherd's status file: how the attempt ended, written once as it exits, whole or
  * not at all, after the output it counts (a full disk is waited out). Apart from the rest: the
  * last thing the shepherd does, and the daemon's only account of an attempt whose shepherd it
- * never talked to again. Its members are service/td_shepherd_protocol.c's. */
+ * never talked to again. Its members are service/run/td_shepherd_protocol.c's. */
 #include "programs/shepherd.h"
 
 #include "programs/shepherd_errors.h"
 
-#include "service/td_shepherd_protocol.h"
+#include "service/run/td_shepherd_protocol.h"
 
 #include <errno.h>
 #include <fcntl.h>

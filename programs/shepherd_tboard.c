@@ -2,9 +2,9 @@
 #define _GNU_SOURCE /* O_PATH, fdopendir */
 #include "programs/shepherd_tboard.h"
 
-#include "service/td_jobfs.h"
+#include "service/run/td_jobfs.h"
 #include "base/td_strv.h"
-#include "service/td_tboard.h"
+#include "service/run/td_tboard.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -11,8 +11,8 @@
 #ifndef SHEPHERD_TBOARD_H
 #define SHEPHERD_TBOARD_H
 
-#include "service/td_appender.h"
-#include "service/td_launch.h"
+#include "service/run/td_appender.h"
+#include "service/run/td_launch.h"
 
 typedef struct shepherd_tboard shepherd_tboard;
 

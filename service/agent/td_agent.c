@@ -1,12 +1,12 @@
 /* The agent thread (td_agent.h): register, heartbeat, retry, over libcurl
  * (td_agent_http.c); the checkpoints a node's parts need move on a thread of their own
  * (td_agent_mover.c). */
-#include "service/td_agent_private.h"
+#include "service/agent/td_agent_private.h"
 
 #include "base/td_clock.h"
 #include "dist/td_net.h"
 #include "base/td_log.h"
-#include "service/td_cluster.h" /* TD_CLUSTER_PROTOCOL */
+#include "service/cluster/td_cluster.h" /* TD_CLUSTER_PROTOCOL */
 
 #include <curl/curl.h>
 #include <jansson.h>

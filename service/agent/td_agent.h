@@ -12,7 +12,7 @@
 
 #include "base/td_error.h"
 
-#include "service/td_gpus.h"
+#include "service/run/td_gpus.h"
 #include "base/td_log.h"
 
 #include <stdbool.h>

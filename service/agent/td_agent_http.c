@@ -1,7 +1,7 @@
 /* The agent's requests to its master, over libcurl: a JSON POST (register, heartbeat) and a
  * file's transfer either way, each with the master's TLS CA and the node's credential. Apart
  * from the threads that make them: how a request goes, not when. */
-#include "service/td_agent_private.h"
+#include "service/agent/td_agent_private.h"
 
 #include <curl/curl.h>
 #include <stdio.h>

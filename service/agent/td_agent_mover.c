@@ -2,11 +2,11 @@
  * those a part resumes from come down before it starts, every file as the job, checked by
  * size and SHA-256. Apart from the agent thread so that heartbeats never wait for a transfer (a
  * node whose heartbeats stopped for a big checkpoint would be marked lost). */
-#include "service/td_agent_private.h"
+#include "service/agent/td_agent_private.h"
 
 #include "base/td_clock.h"
-#include "service/td_ckpt.h"
-#include "service/td_jobfs.h"
+#include "service/run/td_ckpt.h"
+#include "service/run/td_jobfs.h"
 #include "base/td_log.h"
 #include "base/td_sha256.h"
 

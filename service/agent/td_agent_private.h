@@ -5,10 +5,10 @@
 #ifndef TD_AGENT_PRIVATE_H
 #define TD_AGENT_PRIVATE_H
 
-#include "service/td_agent.h"
+#include "service/agent/td_agent.h"
 
 #include "base/td_buf.h"
-#include "service/td_jobs.h"
+#include "service/jobs/td_jobs.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /* The master's node registry (td_cluster.h): joins, heartbeats, losses, the node listing. */
-#include "service/td_cluster_private.h"
+#include "service/cluster/td_cluster_private.h"
 
 #include "base/td_clock.h"
 #include "base/td_json.h"

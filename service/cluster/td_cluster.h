@@ -17,10 +17,10 @@
 
 #include "base/td_error.h"
 #include "base/td_buf.h"
-#include "service/td_db.h"
-#include "service/td_gpus.h"
+#include "service/store/td_db.h"
+#include "service/run/td_gpus.h"
 #include "base/td_log.h"
-#include "service/td_submit.h" /* td_reply_error */
+#include "service/submit/td_submit.h" /* td_reply_error */
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 /* Who may speak to the master (td_cluster.h): the cluster secret admits a node, the
  * credential it is given then signs its calls, and what a registration claims is checked. */
-#include "service/td_cluster_private.h"
+#include "service/cluster/td_cluster_private.h"
 
 #include "base/td_clock.h"
 #include "base/td_log.h"

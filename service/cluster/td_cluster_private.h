@@ -3,7 +3,7 @@
 #ifndef TD_CLUSTER_PRIVATE_H
 #define TD_CLUSTER_PRIVATE_H
 
-#include "service/td_cluster.h"
+#include "service/cluster/td_cluster.h"
 
 #include <pthread.h>
 

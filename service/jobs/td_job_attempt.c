@@ -2,10 +2,10 @@
  * attempt's process group, and deciding what comes after it: success, a restart from the latest
  * checkpoint, or the end, recorded with the failing rank's own words. */
 #define _GNU_SOURCE /* pipe2, signalfd */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "base/td_buf.h"
-#include "service/td_launch.h"
+#include "service/run/td_launch.h"
 #include "base/td_strv.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* The jobs in figures, for others to show: which process holds each GPU and the slots used (the
  * cluster's node listing, heartbeats) and the jobs' Prometheus series (GET /metrics). Apart from
  * the API on single jobs (td_jobs.c): these read every live job at once. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include <string.h>
 

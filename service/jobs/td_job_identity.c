@@ -13,7 +13,7 @@
  * The job's processes work in jobs/ID/work and write checkpoints in jobs/ID/checkpoints, both
  * the job's own (0700). */
 #define _GNU_SOURCE /* O_PATH */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include <errno.h>
 #include <fcntl.h>

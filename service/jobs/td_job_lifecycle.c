@@ -3,7 +3,7 @@
  * the API calls (td_jobs.c): the daemon makes these at start, reload and stop, and they own the
  * module's threads, descriptors and condition variables. */
 #define _GNU_SOURCE /* signalfd */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "base/td_strv.h"
 

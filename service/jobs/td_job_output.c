@@ -1,13 +1,13 @@
 /* Rank 0's stdout, read from the file its shepherd appends it to: JSON objects with an "event"
  * become the job's events and metrics (api/README.md, "Metric lines") and a checkpoint line
  * registers a checkpoint. (Every line is in rank 0's log too: the shepherd writes it there.) */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "base/td_clock.h"
 
 #include "train/td_metrics.h"
 
-#include "service/td_ckpt.h"
+#include "service/run/td_ckpt.h"
 #include "base/td_strv.h"
 
 #include <errno.h>

@@ -11,7 +11,7 @@
  * stopped at once. A part's lines carry sequence numbers within the attempt and logs their byte
  * offsets, so resending after a drop can neither lose nor repeat anything. */
 #define _GNU_SOURCE /* pipe2 */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "base/td_strv.h"
 

@@ -2,7 +2,7 @@
  * attempt files' "guest" notes: re-attached when their shepherds still run, else reported as
  * they ended. Apart from starting a part (td_job_part_start.c): nothing is started here, what the
  * notes say is taken as it is. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include <dirent.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * uploaded first), the new bytes of every rank's log, and each part's state and first failure
  * in words. Apart from running the parts because it is the message, bounded in what it holds
  * and sends, and resent from sequence numbers and offsets after a drop. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "base/td_strv.h"
 #include "train/td_metrics.h"

@@ -2,7 +2,7 @@
  * fetched checkpoint checked, what it runs, its environment, GPUs, logs and cgroup, then its
  * shepherd, in named steps. Apart from the rest of a part's life because it is the one place
  * that turns an order into processes; a part that cannot start is reported as ended, with why. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "base/td_strv.h"
 

@@ -7,9 +7,9 @@
  * one-node job that fits on the master's own node runs there exactly as without a cluster.
  *
  * Following the parts once they are placed (orders out, reports in) is td_job_sync.c's. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
-#include "service/td_cluster.h"
+#include "service/cluster/td_cluster.h"
 #include "base/td_strv.h"
 
 #include <errno.h>

@@ -10,9 +10,9 @@
  * not restarted (it would only fill it again). A node's parts are measured likewise and fail
  * with the same words. Many small files written faster than a turn can still overshoot by what
  * they write in that time: filesystem quotas would be exact, and are the operator's to add. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
-#include "service/td_jobfs.h"
+#include "service/run/td_jobfs.h"
 
 #include <errno.h>
 #include <stdlib.h>

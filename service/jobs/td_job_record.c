@@ -1,9 +1,9 @@
 /* The job table and what it says: lookup by id, rendering a job as the API's JSON, state changes
  * and events, each committed to the database before it is announced to the streams. Everything
  * here runs under the jobs' mutex. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
-#include "service/td_tboard.h"
+#include "service/run/td_tboard.h"
 
 #include "base/td_strv.h"
 

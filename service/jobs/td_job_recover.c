@@ -2,7 +2,7 @@
  * event log, and the ones a previous daemon left running taken up: re-attached to their
  * shepherds, ended as their shepherds' status files say, or (without a shepherd) restarted from
  * their latest checkpoints, not charged to their restart budget. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "train/td_metrics.h"
 

@@ -9,9 +9,9 @@
  * Hashing and copying a checkpoint of gigabytes takes seconds, so a thread of its own does it
  * with the jobs' lock released (td_jobs_resumer): the supervisor, the API and the heartbeats
  * never wait for it, and the attempt starts once it is done. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
-#include "service/td_ckpt.h"
+#include "service/run/td_ckpt.h"
 #include "base/td_sha256.h"
 #include "base/td_strv.h"
 

@@ -13,7 +13,7 @@
  * directory goes once no part of it runs here and it was last changed keep_finished_for_s ago
  * (or, with only a count, when more of them than the count are older than an hour). */
 #define _GNU_SOURCE
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include <dirent.h>
 #include <errno.h>

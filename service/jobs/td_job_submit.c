@@ -1,7 +1,7 @@
 /* Submitting a job (td_jobs_submit): the spec parsed as a job would read its files, the
  * token's limits (queued jobs, bytes of specs), the new row stored. Apart from the other API
  * calls (td_jobs.c) because it alone makes a job, and holds the per-token quotas. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * job's stdout pipe; it reaps processes, enforces grace periods and time limits, and schedules.
  * The mutex is let go only while it waits. */
 #define _GNU_SOURCE /* pipe2, signalfd */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "core/td_fault.h"
 

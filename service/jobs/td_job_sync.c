@@ -6,10 +6,10 @@
  * appends the log bytes at their offsets, and ends the attempt once every part has ended (or its
  * node is lost). The first failure stops every other part and names its node and rank. The
  * master's own node takes part in-process, every supervisor turn (td_jobs_parts_tick). */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include "base/td_buf.h"
-#include "service/td_cluster.h"
+#include "service/cluster/td_cluster.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>

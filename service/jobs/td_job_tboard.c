@@ -5,9 +5,9 @@
  * draws the same curves as GET /v1/jobs/{id}/metrics (less the done event, a summary that
  * repeats the last values). The events are written after the database
  * has them: a daemon killed in between loses a point from the file, never duplicates one. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
-#include "service/td_tboard.h"
+#include "service/run/td_tboard.h"
 
 #include <string.h>
 #include <sys/stat.h>

@@ -2,7 +2,7 @@
  * delete, wait for events, its logs, metrics, checkpoints and files. Submitting one is
  * td_job_submit.c's, opening and closing the module td_job_lifecycle.c's, figures over all jobs
  * td_job_figures.c's; td_jobs_private.h lists the other files. */
-#include "service/td_jobs_private.h"
+#include "service/jobs/td_jobs_private.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -9,14 +9,14 @@
 #define TD_JOBS_H
 
 #include "base/td_buf.h"
-#include "service/td_cgroup.h"
-#include "service/td_ckpt.h"
-#include "service/td_identity.h"
-#include "service/td_db.h"
-#include "service/td_launch.h"
+#include "service/run/td_cgroup.h"
+#include "service/run/td_ckpt.h"
+#include "service/run/td_identity.h"
+#include "service/store/td_db.h"
+#include "service/run/td_launch.h"
 #include "base/td_log.h"
-#include "service/td_submit.h"
-#include "service/td_tokens.h"
+#include "service/submit/td_submit.h"
+#include "service/store/td_tokens.h"
 
 #include <jansson.h>
 #include <stdbool.h>

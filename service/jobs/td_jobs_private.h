@@ -27,9 +27,9 @@
 #define TD_JOBS_PRIVATE_H
 
 #include "base/td_clock.h"
-#include "service/td_jobs.h"
-#include "service/td_launch.h"
-#include "service/td_shepherd.h"
+#include "service/jobs/td_jobs.h"
+#include "service/run/td_launch.h"
+#include "service/run/td_shepherd.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -1,4 +1,4 @@
-#include "service/td_appender.h"
+#include "service/run/td_appender.h"
 
 #include "base/td_strv.h"
 

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* O_PATH */
-#include "service/td_cgroup.h"
+#include "service/run/td_cgroup.h"
 
 #include <dirent.h>
 #include <errno.h>

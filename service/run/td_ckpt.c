@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* O_DIRECTORY, O_NOFOLLOW with openat */
-#include "service/td_ckpt.h"
+#include "service/run/td_ckpt.h"
 
 #include <archive.h>
 #include <archive_entry.h>

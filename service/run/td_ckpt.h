@@ -13,7 +13,7 @@
 
 #include "base/td_error.h"
 #include "base/td_buf.h"
-#include "service/td_jobfs.h"
+#include "service/run/td_jobfs.h"
 
 #include <stdbool.h>
 #include <sys/types.h>

@@ -1,5 +1,5 @@
 /* A node's GPU inventory (td_gpus.h). */
-#include "service/td_gpus.h"
+#include "service/run/td_gpus.h"
 
 #include "base/td_json.h"
 #include "base/td_parse.h"

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* syscall */
-#include "service/td_identity.h"
+#include "service/run/td_identity.h"
 
 #include <errno.h>
 #include <grp.h>

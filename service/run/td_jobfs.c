@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* O_PATH, syscall, fdopendir */
-#include "service/td_jobfs.h"
+#include "service/run/td_jobfs.h"
 
 #include "base/td_sha256.h"
 

@@ -18,7 +18,7 @@
 #define TD_JOBFS_H
 
 #include "base/td_error.h"
-#include "service/td_identity.h"
+#include "service/run/td_identity.h"
 
 #include <limits.h>
 #include <stdbool.h>

@@ -1,9 +1,9 @@
 #define _GNU_SOURCE /* prctl, sigtimedwait, pthread_timedjoin_np */
-#include "service/td_launch_private.h"
+#include "service/run/td_launch_private.h"
 
 #include "dist/td_dist.h"
 #include "dist/td_store.h"
-#include "service/td_cgroup.h"
+#include "service/run/td_cgroup.h"
 #include "base/td_strv.h"
 
 #include <arpa/inet.h>

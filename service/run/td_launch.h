@@ -17,7 +17,7 @@
 
 #include "base/td_clock.h"
 #include "base/td_error.h"
-#include "service/td_identity.h"
+#include "service/run/td_identity.h"
 
 #include <signal.h>
 #include <stdbool.h>

@@ -2,7 +2,7 @@
  * whatever else the worker inherits or the daemon adds. */
 #define _GNU_SOURCE /* environ */
 #include "dist/td_net.h"
-#include "service/td_launch_private.h"
+#include "service/run/td_launch_private.h"
 #include "base/td_strv.h"
 
 #include <arpa/inet.h>

@@ -2,7 +2,7 @@
  * (TORCHELASTIC_ERROR_FILE: {"message": {"message": "Type: text", "extraInfo": {"py_callstack":
  * "Traceback ...", "timestamp": "1700000000"}}}) and the "Root Cause (first observed failure)"
  * summary torchrun prints from it. The file is the job's: any bytes at all, read within a size. */
-#include "service/td_launch_private.h"
+#include "service/run/td_launch_private.h"
 #include "base/td_buf.h"
 #include "base/td_strv.h"
 

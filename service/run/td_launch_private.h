@@ -3,7 +3,7 @@
 #ifndef TD_LAUNCH_PRIVATE_H
 #define TD_LAUNCH_PRIVATE_H
 
-#include "service/td_launch.h"
+#include "service/run/td_launch.h"
 
 /* What every worker of one attempt shares, worked out once before the workers are made. */
 typedef struct td_launch_shared {

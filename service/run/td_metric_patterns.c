@@ -1,7 +1,7 @@
 /* metrics.patterns: PCRE2 for the regular expressions (Debian's libpcre2: named groups and
  * bounded matching, which POSIX regex has neither of). */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "service/td_metric_patterns.h"
+#include "service/run/td_metric_patterns.h"
 
 #include "base/td_strv.h"
 

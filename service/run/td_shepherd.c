@@ -2,7 +2,7 @@
  * says and asking it to stop (td_shepherd.h); the lines and files themselves are encoded and
  * decoded in td_shepherd_protocol.c. */
 #define _GNU_SOURCE /* getrandom's header */
-#include "service/td_shepherd.h"
+#include "service/run/td_shepherd.h"
 
 #include "base/td_json.h"
 

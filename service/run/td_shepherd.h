@@ -7,7 +7,7 @@
 #define TD_SHEPHERD_H
 
 #include "base/td_error.h"
-#include "service/td_shepherd_protocol.h"
+#include "service/run/td_shepherd_protocol.h"
 
 #include <jansson.h>
 #include <limits.h>

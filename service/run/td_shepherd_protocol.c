@@ -2,9 +2,9 @@
  * (td_shepherd_protocol.h documents it): the spec's own members, the socket's lines each way and
  * the status file. Apart from td_shepherd.c (the daemon's process handling) and the shepherd
  * program so that a line is written and read in one place. */
-#include "service/td_shepherd_protocol.h"
+#include "service/run/td_shepherd_protocol.h"
 
-#include "service/td_shepherd.h"
+#include "service/run/td_shepherd.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,5 +1,5 @@
 /* The protocol between the daemon and traind-shepherd, both halves: what each writes and how
- * the other reads it. The daemon's side is service/td_shepherd.c (starting a shepherd, finding
+ * the other reads it. The daemon's side is service/run/td_shepherd.c (starting a shepherd, finding
  * it again), the shepherd's is programs/shepherd_*.c; what they exchange is encoded and decoded
  * only here, so that neither half can change a line or a member without the other seeing it.
  *
@@ -24,7 +24,7 @@
  *                shepherd ran
  *
  * The spec (BASE.json, a JSON object) says what to run and where: the torchrun environment and
- * the processes as td_launch starts them (service/td_launch.h), each process's log file, the
+ * the processes as td_launch starts them (service/run/td_launch.h), each process's log file, the
  * output file, the control socket, the status file, the job's deadline and how long the
  * shepherd waits for a daemon that went away (orphan_timeout_s). The daemon's job code writes
  * the job's members; td_shepherd_spec_fill adds the protocol's own (the paths, the token, this

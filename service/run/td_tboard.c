@@ -13,7 +13,7 @@
  * rotation plus a constant (TensorFlow's crc32c.h, after LevelDB) so that a CRC stored in data
  * that is checksummed again does not make that second CRC degenerate. */
 #define _POSIX_C_SOURCE 200809L /* O_CLOEXEC, O_NOFOLLOW, pread, ftruncate, fdatasync */
-#include "service/td_tboard.h"
+#include "service/run/td_tboard.h"
 
 #include "base/td_strv.h"
 #include "td_tboard.pb-c.h"

@@ -1,6 +1,6 @@
 /* The state database opened (td_db.h): its schema, the columns later releases added, and
  * whether its disk is full. td_db_private.h lists the other files. */
-#include "service/td_db_private.h"
+#include "service/store/td_db_private.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -40,7 +40,7 @@ static const char SCHEMA[] =
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), step INTEGER NOT NULL, path TEXT NOT NULL,"
     "  size INTEGER NOT NULL, created_at REAL NOT NULL, PRIMARY KEY (job_id, step));"
     "CREATE TABLE IF NOT EXISTS drained_nodes (name TEXT PRIMARY KEY, since REAL NOT NULL);"
-    /* API tokens: only their SHA-256 (service/td_tokens.c says why a plain hash is enough) */
+    /* API tokens: only their SHA-256 (service/store/td_tokens.c says why a plain hash is enough) */
     "CREATE TABLE IF NOT EXISTS tokens ("
     "  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, scope TEXT NOT NULL,"
     "  hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL, created_by INTEGER NOT NULL,"

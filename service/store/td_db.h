@@ -101,7 +101,7 @@ int td_db_set_drained(td_db *db, const char *name, bool drained, td_err *err);
 typedef void (*td_db_name_fn)(void *ctx, const char *name);
 int td_db_drained_nodes(td_db *db, td_db_name_fn fn, void *ctx, td_err *err);
 
-/* API tokens (service/td_tokens.h): each one's hash, never the token itself. */
+/* API tokens (service/store/td_tokens.h): each one's hash, never the token itself. */
 typedef struct td_db_token {
     long id;
     char name[64];

@@ -2,7 +2,7 @@
  * metrics and checkpoints they carry (one transaction with the job's row), and deleting a job's
  * rows for retention. Apart from reading them back (td_db_read.c): every change here is
  * committed before the caller announces it. */
-#include "service/td_db_private.h"
+#include "service/store/td_db_private.h"
 
 #include <stdio.h>
 #include <stdlib.h>

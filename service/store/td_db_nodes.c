@@ -1,6 +1,6 @@
 /* The cluster's drained nodes in the state database: a drain outlives a master's restart.
  * Apart from the jobs' rows: they are the cluster's. */
-#include "service/td_db_private.h"
+#include "service/store/td_db_private.h"
 
 #include <stdio.h>
 #include <stdlib.h>

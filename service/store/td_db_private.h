@@ -9,7 +9,7 @@
 #ifndef TD_DB_PRIVATE_H
 #define TD_DB_PRIVATE_H
 
-#include "service/td_db.h"
+#include "service/store/td_db.h"
 
 #include <pthread.h>
 #include <sqlite3.h>

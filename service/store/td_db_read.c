@@ -1,7 +1,7 @@
 /* Reading the state database back: every job as the daemon starts, and a job's events, metrics
  * and checkpoints as the API asks. Apart from the writes (td_db_jobs.c): nothing here changes a
  * row. */
-#include "service/td_db_private.h"
+#include "service/store/td_db_private.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The API's tokens in the state database: stored as digests, revoked, loaded as the daemon
  * starts (td_tokens.h keeps them in memory). Apart from the jobs' rows: they are the API's. */
-#include "service/td_db_private.h"
+#include "service/store/td_db_private.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* The token registry (td_tokens.h). Tokens are kept as SHA-256 digests: a token is 32 random bytes,
  * so nobody can search its digest backwards, and a slow password hash (bcrypt, scrypt) would
  * only cost every request time; passwords need those because people choose them. */
-#include "service/td_tokens.h"
+#include "service/store/td_tokens.h"
 
 #include "base/td_clock.h"
 #include "base/td_json.h"

@@ -14,9 +14,9 @@
 #define TD_TOKENS_H
 
 #include "base/td_buf.h"
-#include "service/td_db.h"
+#include "service/store/td_db.h"
 #include "base/td_log.h"
-#include "service/td_submit.h" /* td_reply_error */
+#include "service/submit/td_submit.h" /* td_reply_error */
 
 #include <stdbool.h>
 

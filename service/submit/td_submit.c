@@ -1,9 +1,9 @@
-#include "service/td_submit.h"
+#include "service/submit/td_submit.h"
 
 #include "base/td_json.h"
 #include "data/td_data.h"
 #include "spec/td_spec.h"
-#include "service/td_submit_private.h"
+#include "service/submit/td_submit_private.h"
 #include "base/td_strv.h"
 
 #include <errno.h>

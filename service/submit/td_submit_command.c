@@ -1,8 +1,8 @@
 /* A command job's part of a submission (td_submit.h): its program, which may run it, its
  * environment, local_rank_arg, launch, metrics and cwd. */
-#include "service/td_submit_private.h"
+#include "service/submit/td_submit_private.h"
 
-#include "service/td_metric_patterns.h"
+#include "service/run/td_metric_patterns.h"
 #include "base/td_strv.h"
 
 #include <limits.h>

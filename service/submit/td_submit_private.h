@@ -2,7 +2,7 @@
 #ifndef TD_SUBMIT_PRIVATE_H
 #define TD_SUBMIT_PRIVATE_H
 
-#include "service/td_submit.h"
+#include "service/submit/td_submit.h"
 
 /* What every job may have besides its kind's own keys: resources, restart, priority. */
 extern const char *const TD_SUBMIT_SERVICE_KEYS[];

@@ -1,4 +1,4 @@
-/* Feeds: a conversation of agents with a master's node registry (service/td_cluster.c): messages
+/* Feeds: a conversation of agents with a master's node registry (service/cluster/td_cluster.c): messages
  * separated by NUL bytes, each one letter then its body:
  *   R{json}  POST /v1/cluster/register      H{json}  POST /v1/cluster/heartbeat
  *   A text   an Authorization header         D name / U name  drain / undrain a node
@@ -10,7 +10,7 @@
  * passed in, without a database, one per input. */
 #include "fuzz_util.h"
 
-#include "service/td_cluster.h"
+#include "service/cluster/td_cluster.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -11,8 +11,8 @@
 
 #include "api/td_api_private.h"
 #include "base/td_parse.h"
-#include "service/td_ckpt.h"
-#include "service/td_jobs.h"
+#include "service/run/td_ckpt.h"
+#include "service/jobs/td_jobs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -168,7 +168,7 @@ static void check_files_path(const char *path) {
     td_reply_error e = {0};
     size_t n = strlen(rel);
     /* "a/" ends in an empty segment, which the rule refuses, but td_jobs_file_path (relative_ok
-     * in service/td_jobs.c) takes it: harmless (no file is named by it; an upload fails to
+     * in service/jobs/td_jobs.c) takes it: harmless (no file is named by it; an upload fails to
      * rename onto the directory) and proposed to the lead as a fix; not compared here until
      * then (the input is corpus/http_path/crash-trailing-slash) */
     if (n > 1 && rel[n - 1] == '/' && rel[n - 2] != '/') return;

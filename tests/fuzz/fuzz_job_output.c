@@ -7,9 +7,9 @@
  * supervision. */
 #include "fuzz_util.h"
 
-#include "service/td_launch.h"
-#include "service/td_metric_patterns.h"
-#include "service/td_tboard.h"
+#include "service/run/td_launch.h"
+#include "service/run/td_metric_patterns.h"
+#include "service/run/td_tboard.h"
 
 #include <jansson.h>
 #include <stdlib.h>

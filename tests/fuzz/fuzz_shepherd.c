@@ -1,5 +1,5 @@
 /* Feeds: what a restarted daemon reads back about an attempt that a traind-shepherd runs
- * (service/td_shepherd.c): the attempt file BASE.json (its token, boot id and the daemon's own
+ * (service/run/td_shepherd.c): the attempt file BASE.json (its token, boot id and the daemon's own
  * notes), the status file BASE.status, and the shepherd's lines on its socket ("pid", "out",
  * "failed", "over"). The input is the three, in that order, separated by "\n--status--\n" and
  * "\n--lines--\n". Why: a daemon that comes back after a crash, a kill -9 or a reboot finds these
@@ -7,7 +7,7 @@
  * BASE lies in the scratch directory; no shepherd runs, so attaching finds no socket. */
 #include "fuzz_util.h"
 
-#include "service/td_shepherd.h"
+#include "service/run/td_shepherd.h"
 
 #include <fcntl.h>
 #include <limits.h>

@@ -1,4 +1,4 @@
-/* Feeds: a POST /v1/jobs body to td_submission_parse (service/td_submit.c), the daemon's check of
+/* Feeds: a POST /v1/jobs body to td_submission_parse (service/submit/td_submit.c), the daemon's check of
  * a submission: its own members (resources, restart, priority, a command job's command and env),
  * the spec through the worker's validator, every path against the data roots, and the data files
  * through their probes. Why: it is the first thing any user's bytes reach, and it opens files.
@@ -12,7 +12,7 @@
 #include "fuzz_data_files.h"
 #include "fuzz_util.h"
 
-#include "service/td_submit.h"
+#include "service/submit/td_submit.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -81,7 +81,7 @@ static void check(const char *body, size_t len, bool cluster, const char *comman
     FUZZ_CHECK(s.max_restarts >= 0 && s.time_limit_s >= 0, "max_restarts %d time_limit_s %g",
                s.max_restarts, s.time_limit_s);
     /* a command job's name comes from its program's base name, empty for "u /" or an empty
-     * second argument (corpus/submit/crash-empty-command-name): a fix in service/td_submit.c is
+     * second argument (corpus/submit/crash-empty-command-name): a fix in service/submit/td_submit.c is
      * proposed to the lead; until it is in, only train jobs are held to having one */
     FUZZ_CHECK(s.name[0] || s.command, "a job without a name");
     if (s.command)

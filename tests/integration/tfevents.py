@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reads TensorBoard event files, the ones traind writes for a job's scalars (service/td_tboard.c),
+"""Reads TensorBoard event files, the ones traind writes for a job's scalars (service/run/td_tboard.c),
 with the standard library only: tests check what the daemon wrote without TensorFlow, TensorBoard
 or the protobuf package, and check it strictly (every CRC, every byte of the wire format), where
 TensorBoard would quietly stop at a bad record.
@@ -10,7 +10,7 @@ A file is a sequence of TFRecords:
 
 little-endian, mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8, each data one serialized
 tensorboard.Event; the field numbers read here are those of TensorBoard's
-tensorboard/compat/proto/event.proto and summary.proto (service/td_tboard.proto says which).
+tensorboard/compat/proto/event.proto and summary.proto (service/run/td_tboard.proto says which).
 
     /usr/bin/python3 tests/integration/tfevents.py DIR     prints the scalars of DIR"""
 import glob

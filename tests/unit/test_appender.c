@@ -1,9 +1,9 @@
-/* td_appender (service/td_appender.h) over a FIFO whose reader the test controls: a full pipe
+/* td_appender (service/run/td_appender.h) over a FIFO whose reader the test controls: a full pipe
  * refuses writes as a full disk does (EAGAIN there, ENOSPC here: the appender treats any failed
  * write alike), and reading it makes room. What waits goes in first and in order, nothing is
  * lost below the limit, and past it one gap is left with a note where it is. */
 #define _GNU_SOURCE
-#include "service/td_appender.h"
+#include "service/run/td_appender.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
-/* The master's node registry (service/td_cluster.h): joining, the secret, refusals, heartbeats,
+/* The master's node registry (service/cluster/td_cluster.h): joining, the secret, refusals, heartbeats,
  * losses and the listing, with times passed in instead of waited for. */
-#include "service/td_cluster.h"
+#include "service/cluster/td_cluster.h"
 
 #include "test_util.h"
 

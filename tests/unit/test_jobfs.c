@@ -1,4 +1,4 @@
-/* service/td_jobfs.h, the one way into a job's files: nothing below a job's directory is reached
+/* service/run/td_jobfs.h, the one way into a job's files: nothing below a job's directory is reached
  * through a symbolic link, above its start, or by opening a FIFO; what a job names outside its
  * directory is opened with the job's rights only; trees of any depth are removed without
  * following a link. Each case runs with openat2 and again one component at a time (the
@@ -6,7 +6,7 @@
 #define _GNU_SOURCE
 #include "test_util.h"
 
-#include "service/td_jobfs.h"
+#include "service/run/td_jobfs.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>

@@ -4,9 +4,9 @@
  * brought up to date) and a process group's record of how its processes ended. */
 #include "test_util.h"
 
-#include "service/td_db.h"
-#include "service/td_launch.h"
-#include "service/td_submit.h"
+#include "service/store/td_db.h"
+#include "service/run/td_launch.h"
+#include "service/submit/td_submit.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>

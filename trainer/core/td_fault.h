@@ -20,7 +20,7 @@
 /* an all-reduce after its first ring step, or its shared-memory sum (dist/td_comm.c,
  * td_comm_shm.c): the peers must fail cleanly, naming this rank */
 #define TD_FAULT_ALLREDUCE "allreduce"
-/* a turn of the daemon's supervisor loop (service/td_job_supervisor.c), where the thread hangs
+/* a turn of the daemon's supervisor loop (service/jobs/td_job_supervisor.c), where the thread hangs
  * instead of dying (td_fault_hang_at): the watchdog pings must stop, so systemd restarts a
  * daemon whose supervisor is stuck */
 #define TD_FAULT_SUPERVISOR "supervisor"

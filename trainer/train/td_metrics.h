@@ -1,6 +1,6 @@
 /* Metric lines: what a training process reports, one compact JSON object a line on its metrics
  * stream (traind-worker's stdout), each flushed as it is written so a reader sees it at once.
- * The daemon reads them (service/td_job_output.c, td_job_recover.c), as do users' scripts and
+ * The daemon reads them (service/jobs/td_job_output.c, td_job_recover.c), as do users' scripts and
  * the tests (api/README.md, "Metric lines"). Their event names are these constants: the writer
  * and every reader compare with them. Keys come in a fixed order and numbers in fixed formats
  * (td_metrics.c): readers may compare lines as text. */
