@@ -1,15 +1,16 @@
 /* The cluster's master: placing jobs on nodes.
  *
  * Placement is gang placement: a job starts only when nnodes nodes each have nproc_per_node free
- * slots, all at once, and nothing is held before that. The queue keeps one node's policy
- * (priority, then submission order); a job behind a blocked head starts only where the head
- * would still fit once every running job has ended, so backfilling never delays the head. A
- * one-node job that fits on the master's own node runs there exactly as without a cluster.
+ * slots, all at once, and nothing is held before that. The scheduler (td_scheduler.h) is one
+ * node's too: restarts, then priority, then submission order, and backfilling (time limits
+ * included) that never delays the head. A one-node job that fits on the master's own node runs
+ * there exactly as without a cluster.
  *
  * Following the parts once they are placed (orders out, reports in) is td_job_sync.c's. */
 #include "service/jobs/td_jobs_private.h"
 
 #include "service/cluster/td_cluster.h"
+#include "service/jobs/td_scheduler.h"
 #include "base/td_strv.h"
 
 #include <errno.h>
@@ -37,13 +38,6 @@ bool td_jobs_clustered(td_jobs *j) {
     return agents;
 }
 
-static bool pinned_to(const job *jb, const char *node) {
-    if (!jb->pin) return true;
-    for (int i = 0; jb->pin[i]; i++)
-        if (strcmp(jb->pin[i], node) == 0) return true;
-    return false;
-}
-
 /* Slots each node has free now: its total less what placement holds there (and, for an agent,
  * less what it says it still uses: a part of an attempt the master ended may still be stopping). */
 static void free_slots(td_jobs *j, const td_cluster_node *nodes, int n, int *free_now) {
@@ -61,36 +55,6 @@ static void free_slots(td_jobs *j, const td_cluster_node *nodes, int n, int *fre
         free_now[i] =
             nodes[i].slots - (held > nodes[i].reported_used ? held : nodes[i].reported_used);
     }
-}
-
-/* Picks nnodes nodes with room for the job (indexes into nodes, node rank order) from cap;
- * false when they are not there. The fullest nodes that fit go first, to keep whole nodes free
- * for wide jobs; the master's own node, when chosen, is node rank 0 (its address is known to
- * every agent). */
-static bool pick_nodes(const job *jb, const td_cluster_node *nodes, int n, const int *cap,
-                       int *picked) {
-    int m = 0;
-    int order[n];
-    for (int i = 0; i < n; i++) {
-        if (nodes[i].lost || nodes[i].stale || nodes[i].drained || cap[i] < td_jobs_slots(jb) ||
-            !pinned_to(jb, nodes[i].name))
-            continue;
-        int k = m++;
-        for (; k > 0 && (cap[order[k - 1]] > cap[i] ||
-                         (cap[order[k - 1]] == cap[i] && !nodes[i].master &&
-                          strcmp(nodes[order[k - 1]].name, nodes[i].name) > 0));
-             k--)
-            order[k] = order[k - 1];
-        order[k] = i;
-    }
-    if (m < jb->nnodes) return false;
-    for (int i = 0; i < jb->nnodes; i++) picked[i] = order[i];
-    for (int i = 1; i < jb->nnodes; i++)
-        if (nodes[picked[i]].master) {
-            int t = picked[0];
-            picked[0] = picked[i], picked[i] = t;
-        }
-    return true;
 }
 
 static int reserve_port(td_jobs *j, const char *node) {
@@ -193,19 +157,6 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
     memset(&jb->end, 0, sizeof jb->end);
 }
 
-/* Where the job would go on cap: the master's own node alone (a one-node job that fits there
- * runs as without a cluster; *local), or the nodes picked. */
-static bool choose(const job *jb, const td_cluster_node *nodes, int n, const int *cap, int *picked,
-                   bool *local) {
-    *local = jb->nnodes == 1 && !jb->pin && !nodes[0].drained && !nodes[0].lost &&
-             cap[0] >= td_jobs_slots(jb);
-    if (*local) {
-        picked[0] = 0;
-        return true;
-    }
-    return pick_nodes(jb, nodes, n, cap, picked);
-}
-
 /* Why jb fits on too few nodes now: how many it needs, with how many free slots, how many have
  * them. */
 static void say_nodes_wait(job *jb, const td_cluster_node *nodes, int n, const int *cap) {
@@ -225,87 +176,118 @@ static void say_nodes_wait(job *jb, const td_cluster_node *nodes, int n, const i
                   have == 1 ? "s" : "ve", drained ? " (drained nodes take none)" : "");
 }
 
-/* What try_start did: nothing (it waits), started the job, or ended it (its checkpoint cannot
- * be had: failed, out of the queue, holding nothing). */
-enum { TRY_WAITS, TRY_STARTED, TRY_ENDED };
+/* One pass of the scheduler over the cluster's nodes (td_scheduler.h): its queue's jobs by
+ * index, and the nodes as the registry listed them. */
+typedef struct cluster_pass {
+    td_jobs *j;
+    job **jobs; /* parallel to queue */
+    const td_sched_job *queue;
+    const td_cluster_node *nodes;
+    int n_nodes;
+} cluster_pass;
 
-/* Places (or starts locally) one job on cap. */
-static int try_start(td_jobs *j, job *jb, td_cluster_node *nodes, int n, int *cap) {
-    int picked[jb->nnodes];
-    bool local;
-    if (!choose(jb, nodes, n, cap, picked, &local)) {
-        say_nodes_wait(jb, nodes, n, cap);
-        return TRY_WAITS;
-    }
-    if (local) {
-        if (!td_jobs_reserve_slots(j, jb)) return TRY_WAITS;
-        cap[0] -= td_jobs_slots(jb);
+/* Starts a placed job: on the master's own node as without a cluster, or as parts on the nodes
+ * picked once its checkpoint can reach them. */
+static td_sched_outcome start_placed(void *ctx, const td_sched_job *sj, const td_sched_start *w) {
+    cluster_pass *p = ctx;
+    td_jobs *j = p->j;
+    job *jb = p->jobs[sj - p->queue];
+    if (w->local) {
+        if (!td_jobs_reserve_slots(j, jb)) return TD_SCHED_WAITS;
         td_jobs_start_attempt(j, jb);
-        return TRY_STARTED;
+    } else {
+        bool on_master = false;
+        for (int i = 0; i < jb->nnodes; i++) on_master |= p->nodes[w->nodes[i]].master;
+        int resume = td_jobs_resume_ready(j, jb, on_master);
+        if (resume == TD_RESUME_WAIT)
+            td_jobs_waits(jb, "waits for its checkpoint to reach the nodes it was placed on");
+        if (resume != TD_RESUME_READY)
+            return resume == TD_RESUME_FAILED ? TD_SCHED_ENDED : TD_SCHED_WAITS;
+        start_parts(j, jb, p->nodes, w->nodes);
+        if (!jb->parts) return TD_SCHED_WAITS;
     }
-    bool on_master = false;
-    for (int i = 0; i < jb->nnodes; i++) on_master |= nodes[picked[i]].master;
-    int resume = td_jobs_resume_ready(j, jb, on_master);
-    if (resume == TD_RESUME_WAIT)
-        td_jobs_waits(jb, "waits for its checkpoint to reach the nodes it was placed on");
-    if (resume != TD_RESUME_READY) return resume == TD_RESUME_FAILED ? TRY_ENDED : TRY_WAITS;
-    start_parts(j, jb, nodes, picked);
-    if (!jb->parts) return TRY_WAITS;
-    for (int i = 0; i < jb->nnodes; i++) cap[picked[i]] -= td_jobs_slots(jb);
-    return TRY_STARTED;
+    if (w->ahead_of)
+        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                  "job %ld starts ahead of job %ld (backfill: %s)", jb->row.id, w->ahead_of->id,
+                  w->in_time ? "its time limit ends before that job could start"
+                             : "it uses slots that job would leave free");
+    return TD_SCHED_STARTED;
+}
+
+static void waits_placed(void *ctx, const td_sched_job *sj, td_sched_reason why,
+                         const td_sched_job *head, bool room_now) {
+    cluster_pass *p = ctx;
+    job *jb = p->jobs[sj - p->queue];
+    if (why == TD_SCHED_BEHIND) {
+        const job *first = p->jobs[head - p->queue];
+        td_jobs_waits(jb,
+                      "waits behind job %ld, first in the queue (%s): it starts first only "
+                      "where it cannot delay that job",
+                      first->row.id,
+                      first->state == RESTARTING                ? "a restart: it was running"
+                      : first->row.priority != jb->row.priority ? "a higher priority"
+                                                                : "submitted earlier");
+        return;
+    }
+    if (room_now) return; /* start_placed said why (its checkpoint, its GPUs) */
+    int cap[p->n_nodes + 1];
+    free_slots(p->j, p->nodes, p->n_nodes, cap);
+    say_nodes_wait(jb, p->nodes, p->n_nodes, cap);
+}
+
+/* What running jobs hold on each node, and until when: parts where they were placed, jobs that
+ * run on the master's own node as without a cluster there. */
+static int holds_of(td_jobs *j, const td_cluster_node *nodes, int n, td_sched_hold *holds) {
+    int n_holds = 0;
+    for (int k = 0; k < j->n_jobs; k++) {
+        const job *jb = j->jobs[k];
+        for (int p = 0; p < jb->n_parts; p++)
+            for (int i = 0; i < n; i++)
+                if (strcmp(jb->parts[p].node, nodes[i].name) == 0)
+                    holds[n_holds++] = (td_sched_hold){
+                        .node = i, .slots = td_jobs_slots(jb), .ends = td_jobs_deadline(jb)};
+        if (!jb->parts && jb->active && n > 0 && nodes[0].master)
+            holds[n_holds++] = (td_sched_hold){
+                .node = 0, .slots = td_jobs_slots(jb), .ends = td_jobs_deadline(jb)};
+    }
+    return n_holds;
 }
 
 void td_jobs_schedule_cluster(td_jobs *j) {
     td_cluster_node *nodes;
     int n = td_cluster_snapshot(j->cluster, &nodes);
-    int cap[n];
+    int cap[n + 1], max_holds = 1;
     free_slots(j, nodes, n, cap);
-    int n_queue = 0;
-    job *queue[j->n_live + 1];
-    for (int i = 0; i < j->n_live; i++) { /* restarts first: they were running */
-        job *jb = j->live[i];
-        if (jb->state == RESTARTING && !jb->active) queue[n_queue++] = jb;
-    }
-    int restarts = n_queue;
+    td_sched_node sched_nodes[n + 1];
+    for (int i = 0; i < n; i++)
+        sched_nodes[i] =
+            (td_sched_node){.name = nodes[i].name,
+                            .slots = nodes[i].slots,
+                            .free = cap[i],
+                            .usable = !nodes[i].lost && !nodes[i].stale && !nodes[i].drained,
+                            .master = nodes[i].master};
+    for (int k = 0; k < j->n_jobs; k++) max_holds += j->jobs[k]->n_parts + 1;
+    td_sched_hold *holds = td_calloc((size_t)max_holds, sizeof *holds);
+    int n_holds = holds_of(j, nodes, n, holds), n_queue = 0;
+    job *jobs[j->n_live + 1];
+    td_sched_job queue[j->n_live + 1];
     for (int i = 0; i < j->n_live; i++) {
         job *jb = j->live[i];
-        if (jb->state != QUEUED) continue;
-        int k = n_queue++;
-        for (; k > restarts && td_jobs_runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
-        queue[k] = jb;
+        bool restart = jb->state == RESTARTING && !jb->active;
+        if (!restart && jb->state != QUEUED) continue;
+        jobs[n_queue] = jb;
+        queue[n_queue++] = (td_sched_job){.id = jb->row.id,
+                                          .priority = jb->row.priority,
+                                          .restart = restart,
+                                          .nnodes = jb->nnodes,
+                                          .slots = td_jobs_slots(jb),
+                                          .time_limit_s = jb->row.time_limit_s,
+                                          .pin = (const char *const *)jb->pin};
     }
-    const job *head = NULL;
-    int after[n]; /* the head's room once every running job has ended, less backfilled jobs */
-    for (int i = 0; i < n_queue; i++) {
-        job *jb = queue[i];
-        if (!head) {
-            if (try_start(j, jb, nodes, n, cap) != TRY_WAITS) continue;
-            head = jb;
-            for (int k = 0; k < n; k++) after[k] = nodes[k].slots;
-            continue;
-        }
-        /* backfill only where the head still fits when everything running now has ended */
-        td_jobs_waits(jb,
-                      "waits behind job %ld, first in the queue (%s): it starts first only "
-                      "where it cannot delay that job",
-                      head->row.id,
-                      head->row.priority != jb->row.priority ? "a higher priority"
-                                                             : "submitted earlier");
-        int trial[n], picked_head[head->nnodes > 0 ? head->nnodes : 1];
-        int picked[jb->nnodes];
-        bool local;
-        if (!choose(jb, nodes, n, cap, picked, &local)) continue;
-        memcpy(trial, after, sizeof trial);
-        for (int k = 0; k < jb->nnodes; k++) trial[picked[k]] -= td_jobs_slots(jb);
-        if (!pick_nodes(head, nodes, n, trial, picked_head)) continue;
-        if (try_start(j, jb, nodes, n, cap) == TRY_STARTED) {
-            memcpy(after, trial, sizeof after);
-            td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
-                      "job %ld starts ahead of job %ld (backfill: it uses slots that job "
-                      "would leave free)",
-                      jb->row.id, head->row.id);
-        }
-    }
+    cluster_pass p = {j, jobs, queue, nodes, n};
+    td_sched_calls calls = {.start = start_placed, .waits = waits_placed, .ctx = &p};
+    td_sched_run(sched_nodes, n, holds, n_holds, queue, n_queue, td_clock_wall(), &calls);
+    free(holds);
     free(nodes);
 }
 

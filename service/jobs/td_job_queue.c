@@ -1,6 +1,7 @@
 /* The queue and the slots: which waiting job starts next (priority, then age, backfilling only
  * where the head of the queue cannot be delayed) and which slots (GPUs) it holds while it runs. */
 #include "service/jobs/td_jobs_private.h"
+#include "service/jobs/td_scheduler.h"
 
 #include "base/td_buf.h"
 #include "base/td_strv.h"
@@ -65,40 +66,6 @@ double td_jobs_deadline(const job *jb) {
                : 0;
 }
 
-/* Queue order: higher priority first, then submission order (placement on a cluster keeps it
- * too: td_job_place.c). */
-bool td_jobs_runs_before(const job *a, const job *b) {
-    return a->row.priority != b->row.priority ? a->row.priority > b->row.priority
-                                              : a->row.id < b->row.id;
-}
-
-/* The earliest time the blocked job `head` could start, assuming each running job ends at its
- * time limit or, without one, at any moment (now): its "shadow" time, and how many slots would
- * be left over then. Backfilling into those spare slots, or with a job whose own limit ends
- * before the shadow time, cannot delay the head (EASY backfilling, as Slurm's backfill). */
-static void head_shadow(td_jobs *j, const job *head, double now, double *shadow, int *spare) {
-    int n = 0;
-    double ends[j->n_live + 1]; /* + 1: never a VLA of 0 */
-    int slots[j->n_live + 1];
-    for (int i = 0; i < j->n_live; i++) {
-        const job *jb = j->live[i];
-        if (!jb->active) continue;
-        double end = td_jobs_deadline(jb);
-        int k = n++;
-        for (; k > 0 && ends[k - 1] > (end > 0 ? end : now); k--)
-            ends[k] = ends[k - 1], slots[k] = slots[k - 1];
-        ends[k] = end > 0 ? end : now;
-        slots[k] = td_jobs_slots(jb);
-    }
-    int free_slots = j->cfg.slots - j->used_slots;
-    *shadow = now;
-    for (int i = 0; i < n && free_slots < td_jobs_slots(head); i++) {
-        free_slots += slots[i];
-        *shadow = ends[i];
-    }
-    *spare = free_slots - td_jobs_slots(head);
-}
-
 /* Why the queue's first job does not start on this node. */
 static void say_head_waits(td_jobs *j, job *jb) {
     int need = td_jobs_slots(jb), free_slots = j->cfg.slots - j->used_slots, running = 0;
@@ -119,16 +86,50 @@ static void say_head_waits(td_jobs *j, job *jb) {
 /* Why a job behind the queue's first did not start ahead of it. */
 static void say_behind(td_jobs *j, job *jb, const job *head) {
     int need = td_jobs_slots(jb), free_slots = j->cfg.slots - j->used_slots;
-    td_jobs_waits(
-        jb, "waits behind job %ld, first in the queue (%s); %s", head->row.id,
-        head->row.priority != jb->row.priority ? "a higher priority" : "submitted earlier",
-        free_slots < need ? "and for free slots"
-                          : "starting now could delay that job (it could start first with a "
-                            "time_limit_s that ends before that job can start)");
+    td_jobs_waits(jb, "waits behind job %ld, first in the queue (%s); %s", head->row.id,
+                  head->state == RESTARTING                ? "a restart: it was running"
+                  : head->row.priority != jb->row.priority ? "a higher priority"
+                                                           : "submitted earlier",
+                  free_slots < need
+                      ? "and for free slots"
+                      : "starting now could delay that job (it could start first with a "
+                        "time_limit_s that ends before that job can start)");
 }
 
-/* Recovered jobs first (they were running), then the queue by priority and age. The first job
- * that does not fit holds its place: a later one starts only where it cannot delay it. */
+/* One pass of the scheduler over this node (td_scheduler.h): its queue's jobs by index. */
+typedef struct node_pass {
+    td_jobs *j;
+    job **jobs; /* parallel to queue */
+    const td_sched_job *queue;
+} node_pass;
+
+static td_sched_outcome start_here(void *ctx, const td_sched_job *sj, const td_sched_start *w) {
+    node_pass *p = ctx;
+    job *jb = p->jobs[sj - p->queue];
+    if (!td_jobs_reserve_slots(p->j, jb)) return TD_SCHED_WAITS; /* GPUs a stopping job holds */
+    if (w->ahead_of)
+        td_log_at(p->j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
+                  "job %ld starts ahead of job %ld (backfill: %s)", jb->row.id, w->ahead_of->id,
+                  w->in_time ? "its time limit ends before that job could start"
+                             : "it uses slots that job would leave free");
+    td_jobs_start_attempt(p->j, jb);
+    return TD_SCHED_STARTED;
+}
+
+static void waits_here(void *ctx, const td_sched_job *sj, td_sched_reason why,
+                       const td_sched_job *head, bool room_now) {
+    (void)room_now;
+    node_pass *p = ctx;
+    job *jb = p->jobs[sj - p->queue];
+    if (why == TD_SCHED_NO_ROOM)
+        say_head_waits(p->j, jb);
+    else
+        say_behind(p->j, jb, p->jobs[head - p->queue]);
+}
+
+/* This node alone, a cluster of one: restarts first (they were running), then the queue by
+ * priority and age; the first job that does not fit holds its place, and a later one starts
+ * only where it cannot delay it (td_scheduler.h). */
 void td_jobs_schedule(td_jobs *j) {
     if (td_jobs_clustered(j)) {
         td_jobs_schedule_cluster(j);
@@ -143,47 +144,31 @@ void td_jobs_schedule(td_jobs *j) {
                               j->node_name, j->node_name);
         return;
     }
+    int n = 0, n_holds = 0;
+    job *jobs[j->n_live + 1];
+    td_sched_job queue[j->n_live + 1];
+    td_sched_hold holds[j->n_live + 1];
     for (int i = 0; i < j->n_live; i++) {
         job *jb = j->live[i];
-        if (jb->state != RESTARTING || jb->active) continue;
-        if (!td_jobs_reserve_slots(j, jb)) return;
-        td_jobs_start_attempt(j, jb);
+        if (jb->active)
+            holds[n_holds++] = (td_sched_hold){
+                .node = 0, .slots = td_jobs_slots(jb), .ends = td_jobs_deadline(jb)};
+        bool restart = jb->state == RESTARTING && !jb->active;
+        if (!restart && jb->state != QUEUED) continue;
+        jobs[n] = jb;
+        queue[n++] = (td_sched_job){.id = jb->row.id,
+                                    .priority = jb->row.priority,
+                                    .restart = restart,
+                                    .nnodes = 1,
+                                    .slots = td_jobs_slots(jb),
+                                    .time_limit_s = jb->row.time_limit_s};
     }
-    int n = 0;
-    job *queue[j->n_live + 1];
-    for (int i = 0; i < j->n_live; i++) {
-        job *jb = j->live[i];
-        if (jb->state != QUEUED) continue;
-        int k = n++;
-        for (; k > 0 && td_jobs_runs_before(jb, queue[k - 1]); k--) queue[k] = queue[k - 1];
-        queue[k] = jb;
-    }
-    const job *head = NULL;
-    double shadow = 0, now = td_clock_wall();
-    int spare = 0;
-    for (int i = 0; i < n; i++) {
-        job *jb = queue[i];
-        if (!head) {
-            if (td_jobs_reserve_slots(j, jb)) {
-                td_jobs_start_attempt(j, jb);
-                continue;
-            }
-            head = jb;
-            say_head_waits(j, jb);
-            head_shadow(j, head, now, &shadow, &spare);
-            continue;
-        }
-        say_behind(j, jb, head); /* unless it starts below */
-        if (j->cfg.slots - j->used_slots < td_jobs_slots(jb)) continue;
-        bool ends_in_time =
-            jb->row.time_limit_s > 0 && shadow > now && now + jb->row.time_limit_s <= shadow;
-        if (!ends_in_time && td_jobs_slots(jb) > spare) continue;
-        if (!td_jobs_reserve_slots(j, jb)) continue; /* its GPUs are not all free yet */
-        if (!ends_in_time) spare -= td_jobs_slots(jb);
-        td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
-                  "job %ld starts ahead of job %ld (backfill: %s)", jb->row.id, head->row.id,
-                  ends_in_time ? "its time limit ends before that job could start"
-                               : "it uses slots that job would leave free");
-        td_jobs_start_attempt(j, jb);
-    }
+    td_sched_node node = {.name = j->node_name,
+                          .slots = j->cfg.slots,
+                          .free = j->cfg.slots - j->used_slots,
+                          .usable = true,
+                          .master = true};
+    node_pass p = {j, jobs, queue};
+    td_sched_calls calls = {.start = start_here, .waits = waits_here, .ctx = &p};
+    td_sched_run(&node, 1, holds, n_holds, queue, n, td_clock_wall(), &calls);
 }

@@ -323,9 +323,6 @@ void td_jobs_tboard_close(td_jobs *j, job *jb);
 
 /* ---- td_job_queue.c ---- */
 double td_jobs_deadline(const job *jb); /* the time limit's end, or 0 */
-/* Whether a starts before b in the queue (one node's and the cluster's alike): higher priority
- * first, then submission order. */
-bool td_jobs_runs_before(const job *a, const job *b);
 /* The slots (GPUs on a GPU node) a job holds on each of its nodes: every rank's GPUs, whether
  * the daemon starts the ranks or one launching process does. */
 static inline int td_jobs_slots(const job *jb) {

@@ -52,32 +52,33 @@ bool td_sched_place(const td_sched_job *job, const td_sched_node *nodes, int n_n
     return true;
 }
 
-static int by_time(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The head's shadow time and the room each node has then (*after): the first moment it could be
- * placed if every hold ended at its time limit, one without a limit at any moment (now). A head
- * that fits at no such moment gets now and the nodes' whole slots: then only a job after which
- * it would still fit on a node's whole room may pass it. */
+/* The head's shadow time and the room each node has then (*after): running jobs are taken to end
+ * one at a time, the earliest first (at its time limit; one without a limit at any moment, now),
+ * until the head can be placed. Only those: a job without a limit counts as ending now, but
+ * not all of them at once, or a backfill could take the room the head needs of the ones that do
+ * not end. A head that fits at no such moment gets now and the nodes' whole slots: then only a
+ * job after which it would still fit on a node's whole room may pass it. */
 static double head_shadow(const td_sched_job *head, const td_sched_node *nodes, int n_nodes,
                           const td_sched_hold *holds, int n_holds, const int *room, double now,
                           int *after) {
-    double times[n_holds + 1];
-    int n_times = 0;
-    times[n_times++] = now;
-    for (int h = 0; h < n_holds; h++)
-        if (holds[h].ends > now) times[n_times++] = holds[h].ends;
-    qsort(times, (size_t)n_times, sizeof times[0], by_time);
+    int order[n_holds + 1];
+    for (int h = 0; h < n_holds; h++) { /* insertion sort by end: stable, and short */
+        double end = holds[h].ends > now ? holds[h].ends : now;
+        int k = h;
+        for (; k > 0 && (holds[order[k - 1]].ends > now ? holds[order[k - 1]].ends : now) > end;
+             k--)
+            order[k] = order[k - 1];
+        order[k] = h;
+    }
     int picked[head->nnodes > 0 ? head->nnodes : 1];
     bool local;
-    for (int t = 0; t < n_times; t++) {
-        if (t > 0 && times[t] == times[t - 1]) continue;
-        memcpy(after, room, sizeof(int) * (size_t)n_nodes);
-        for (int h = 0; h < n_holds; h++)
-            if (holds[h].ends <= times[t]) after[holds[h].node] += holds[h].slots;
-        if (td_sched_place(head, nodes, n_nodes, after, picked, &local)) return times[t];
+    memcpy(after, room, sizeof(int) * (size_t)n_nodes);
+    if (td_sched_place(head, nodes, n_nodes, after, picked, &local)) return now;
+    for (int i = 0; i < n_holds; i++) {
+        const td_sched_hold *h = &holds[order[i]];
+        after[h->node] += h->slots;
+        if (td_sched_place(head, nodes, n_nodes, after, picked, &local))
+            return h->ends > now ? h->ends : now;
     }
     for (int k = 0; k < n_nodes; k++) after[k] = nodes[k].slots;
     return now;

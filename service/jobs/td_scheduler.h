@@ -4,11 +4,12 @@
  * The queue's order: restarts first (they were running), then higher priority, then the earlier
  * submission. The first job that cannot start is the head: it keeps its place, and a later job
  * starts before it only where that cannot delay it (EASY backfilling, as Slurm's backfill):
- *  - the head's shadow time is the first moment it could start if every running job ended at
- *    its time limit, a job without one at any moment (now);
+ *  - the head's shadow time is the first moment it could start if running jobs ended one at a
+ *    time, the earliest first, each at its time limit, one without a limit at any moment (now);
  *  - a later job starts if its own time limit ends before the shadow time, or if the head can
  *    still be placed at the shadow time on what the later job leaves free then.
- * Without time limits that is: the head must still fit once everything running now has ended.
+ * Without time limits that is: the head must still fit once the fewest running jobs that make
+ * room for it have ended, the later job's slots taken.
  *
  * Placement: a job takes `nnodes` nodes with `slots` free slots each. A one-node job that names
  * no node runs on the first node when it is the master's own and has room (it then runs as it

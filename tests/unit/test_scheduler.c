@@ -196,3 +196,15 @@ Test(scheduler, this_pass_starts_count_in_the_shadow) {
     cr_expect(r.in_time[1], "job 1's own limit set the head's shadow time");
     cr_expect(!started(&r, 4));
 }
+
+Test(scheduler, jobs_without_limits_end_one_at_a_time) {
+    /* 3 slots, two running jobs of 1 without a limit: the head (2) needs one of them to end.
+     * Counting both as ended would let a 1-slot job pass it, and then the head would wait for
+     * two of the three to end */
+    td_sched_node node = one_node(3, 1);
+    td_sched_hold held[] = {{.node = 0, .slots = 1}, {.node = 0, .slots = 1}};
+    td_sched_job q[] = {{.id = 2, .nnodes = 1, .slots = 2}, {.id = 4, .nnodes = 1, .slots = 1}};
+    record r = run(&node, 1, held, 2, q, 2, 0, 0);
+    cr_expect_eq(r.n_started, 0, "the idle slot stays idle: using it could delay the head");
+    cr_expect_eq(r.why[1], TD_SCHED_BEHIND);
+}
