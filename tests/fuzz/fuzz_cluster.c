@@ -1,13 +1,12 @@
-/* Feeds: a conversation of agents with a master's node registry (service/cluster/td_cluster.c): messages
- * separated by NUL bytes, each one letter then its body:
- *   R{json}  POST /v1/cluster/register      H{json}  POST /v1/cluster/heartbeat
- *   A text   an Authorization header         D name / U name  drain / undrain a node
- *   S digits the sweeper, that many seconds later
- * Every message moves the clock half a second; the registry's listing (GET /v1/nodes) closes the
- * conversation. Why: any host that reaches the master's port can send these, before the secret
- * is even checked by the route (td_cluster_authorized is fuzzed with the rest), and what a
- * registration stores is rendered later for every user. The registry is opened in-process, times
- * passed in, without a database, one per input. */
+/* Feeds: a conversation of agents with a master's node registry (service/cluster/td_cluster.c):
+ * messages separated by NUL bytes, each one letter then its body: R{json}  POST
+ * /v1/cluster/register      H{json}  POST /v1/cluster/heartbeat A text   an Authorization header D
+ * name / U name  drain / undrain a node S digits the sweeper, that many seconds later Every message
+ * moves the clock half a second; the registry's listing (GET /v1/nodes) closes the conversation.
+ * Why: any host that reaches the master's port can send these, before the secret is even checked by
+ * the route (td_cluster_authorized is fuzzed with the rest), and what a registration stores is
+ * rendered later for every user. The registry is opened in-process, times passed in, without a
+ * database, one per input. */
 #include "fuzz_util.h"
 
 #include "service/cluster/td_cluster.h"

@@ -1,7 +1,8 @@
-/* Feeds: a POST /v1/jobs body to td_submission_parse (service/submit/td_submit.c), the daemon's check of
- * a submission: its own members (resources, restart, priority, a command job's command and env),
- * the spec through the worker's validator, every path against the data roots, and the data files
- * through their probes. Why: it is the first thing any user's bytes reach, and it opens files.
+/* Feeds: a POST /v1/jobs body to td_submission_parse (service/submit/td_submit.c), the daemon's
+ * check of a submission: its own members (resources, restart, priority, a command job's command and
+ * env), the spec through the worker's validator, every path against the data roots, and the data
+ * files through their probes. Why: it is the first thing any user's bytes reach, and it opens
+ * files.
  *
  * The data roots are two directories of this process's scratch directory: the daemon's state
  * directory (always a root) and one holding a small valid file of each format
@@ -81,8 +82,8 @@ static void check(const char *body, size_t len, bool cluster, const char *comman
     FUZZ_CHECK(s.max_restarts >= 0 && s.time_limit_s >= 0, "max_restarts %d time_limit_s %g",
                s.max_restarts, s.time_limit_s);
     /* a command job's name comes from its program's base name, empty for "u /" or an empty
-     * second argument (corpus/submit/crash-empty-command-name): a fix in service/submit/td_submit.c is
-     * proposed to the lead; until it is in, only train jobs are held to having one */
+     * second argument (corpus/submit/crash-empty-command-name): a fix in service/submit/td_submit.c
+     * is proposed to the lead; until it is in, only train jobs are held to having one */
     FUZZ_CHECK(s.name[0] || s.command, "a job without a name");
     if (s.command)
         FUZZ_CHECK(s.argv && s.argv[0] && s.argv[0][0] && s.env, "a command job without argv");

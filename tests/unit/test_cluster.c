@@ -1,5 +1,5 @@
-/* The master's node registry (service/cluster/td_cluster.h): joining, the secret, refusals, heartbeats,
- * losses and the listing, with times passed in instead of waited for. */
+/* The master's node registry (service/cluster/td_cluster.h): joining, the secret, refusals,
+ * heartbeats, losses and the listing, with times passed in instead of waited for. */
 #include "service/cluster/td_cluster.h"
 
 #include "test_util.h"

@@ -1,6 +1,6 @@
-/* service/run/td_jobfs.h, the one way into a job's files: nothing below a job's directory is reached
- * through a symbolic link, above its start, or by opening a FIFO; what a job names outside its
- * directory is opened with the job's rights only; trees of any depth are removed without
+/* service/run/td_jobfs.h, the one way into a job's files: nothing below a job's directory is
+ * reached through a symbolic link, above its start, or by opening a FIFO; what a job names outside
+ * its directory is opened with the job's rights only; trees of any depth are removed without
  * following a link. Each case runs with openat2 and again one component at a time (the
  * fallback for kernels without it). The cases that act as another user need root. */
 #define _GNU_SOURCE
