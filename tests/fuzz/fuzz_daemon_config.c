@@ -36,13 +36,14 @@ static bool terminated(const char *s, size_t n) {
 }
 
 static void check_accepted(const daemon_options *o) {
-    FUZZ_CHECK(o->n_roots >= 0 && o->n_roots <= DAEMON_MAX_ROOTS, "%d roots", o->n_roots);
+    FUZZ_CHECK(o->n_data_roots >= 0 && o->n_data_roots <= DAEMON_MAX_ROOTS, "%d roots",
+               o->n_data_roots);
     FUZZ_CHECK(o->n_gpus >= 0 && o->n_gpus <= TD_GPUS_MAX, "%d GPUs", o->n_gpus);
     FUZZ_CHECK(o->slots >= 0 && o->slots <= 4096, "slots %d", o->slots);
-    FUZZ_CHECK(o->max_body >= 1, "max_body %ld", o->max_body);
+    FUZZ_CHECK(o->max_body_bytes >= 1, "max_body_bytes %ld", o->max_body_bytes);
     FUZZ_CHECK(o->grace_s >= 0 && o->grace_s <= 3600, "grace %g", o->grace_s);
-    FUZZ_CHECK(o->heartbeat_s > 0 && o->heartbeat_s * 2 <= o->timeout_s, "heartbeat %g timeout %g",
-               o->heartbeat_s, o->timeout_s);
+    FUZZ_CHECK(o->heartbeat_s > 0 && o->heartbeat_s * 2 <= o->node_timeout_s,
+               "heartbeat %g timeout %g", o->heartbeat_s, o->node_timeout_s);
     FUZZ_CHECK(o->orphan_timeout_s >= 1, "orphan timeout %g", o->orphan_timeout_s);
     FUZZ_CHECK(o->listen[0] && o->state_dir[0] && o->worker[0] && o->shepherd[0],
                "an empty required setting");
@@ -53,7 +54,8 @@ static void check_accepted(const daemon_options *o) {
                    terminated(o->advertise, sizeof o->advertise) &&
                    terminated(o->metrics_listen, sizeof o->metrics_listen),
                "unterminated text");
-    for (int i = 0; i < o->n_roots; i++) FUZZ_CHECK(o->roots[i][0], "data root %d is empty", i);
+    for (int i = 0; i < o->n_data_roots; i++)
+        FUZZ_CHECK(o->data_roots[i][0], "data root %d is empty", i);
     for (int i = 0; i < o->n_gpus; i++) {
         FUZZ_CHECK(o->gpus[i].index >= 0, "GPU %d has ordinal %d", i, o->gpus[i].index);
         for (int k = 0; k < i; k++)
