@@ -276,13 +276,7 @@ void td_jobs_schedule_cluster(td_jobs *j) {
         bool restart = jb->state == RESTARTING && !jb->active;
         if (!restart && jb->state != QUEUED) continue;
         jobs[n_queue] = jb;
-        queue[n_queue++] = (td_sched_job){.id = jb->row.id,
-                                          .priority = jb->row.priority,
-                                          .restart = restart,
-                                          .nnodes = jb->nnodes,
-                                          .slots = td_jobs_slots(jb),
-                                          .time_limit_s = jb->row.time_limit_s,
-                                          .pin = (const char *const *)jb->pin};
+        queue[n_queue++] = td_jobs_sched_job(jb);
     }
     cluster_pass p = {j, jobs, queue, nodes, n};
     td_sched_calls calls = {.start = start_placed, .waits = waits_placed, .ctx = &p};

@@ -66,6 +66,16 @@ double td_jobs_deadline(const job *jb) {
                : 0;
 }
 
+td_sched_job td_jobs_sched_job(const job *jb) {
+    return (td_sched_job){.id = jb->row.id,
+                          .priority = jb->row.priority,
+                          .restart = jb->state == RESTARTING && !jb->active,
+                          .nnodes = jb->nnodes,
+                          .slots = td_jobs_slots(jb),
+                          .time_limit_s = jb->row.time_limit_s,
+                          .pin = (const char *const *)jb->pin};
+}
+
 /* Why the queue's first job does not start on this node. */
 static void say_head_waits(td_jobs *j, job *jb) {
     int need = td_jobs_slots(jb), free_slots = j->cfg.slots - j->used_slots, running = 0;
@@ -156,12 +166,9 @@ void td_jobs_schedule(td_jobs *j) {
         bool restart = jb->state == RESTARTING && !jb->active;
         if (!restart && jb->state != QUEUED) continue;
         jobs[n] = jb;
-        queue[n++] = (td_sched_job){.id = jb->row.id,
-                                    .priority = jb->row.priority,
-                                    .restart = restart,
-                                    .nnodes = 1,
-                                    .slots = td_jobs_slots(jb),
-                                    .time_limit_s = jb->row.time_limit_s};
+        queue[n] = td_jobs_sched_job(jb);
+        queue[n].nnodes = 1; /* this node alone: a job names no other */
+        queue[n++].pin = NULL;
     }
     td_sched_node node = {.name = j->node_name,
                           .slots = j->cfg.slots,

@@ -28,6 +28,7 @@
 
 #include "base/td_clock.h"
 #include "service/jobs/td_jobs.h"
+#include "service/jobs/td_scheduler.h"
 #include "service/run/td_launch.h"
 #include "service/run/td_shepherd.h"
 
@@ -323,6 +324,9 @@ void td_jobs_tboard_close(td_jobs *j, job *jb);
 
 /* ---- td_job_queue.c ---- */
 double td_jobs_deadline(const job *jb); /* the time limit's end, or 0 */
+/* A waiting job as the scheduler sees it (its nodes, slots, limit, pin); restart: it was
+ * running. Points into jb (its pin). */
+td_sched_job td_jobs_sched_job(const job *jb);
 /* The slots (GPUs on a GPU node) a job holds on each of its nodes: every rank's GPUs, whether
  * the daemon starts the ranks or one launching process does. */
 static inline int td_jobs_slots(const job *jb) {
