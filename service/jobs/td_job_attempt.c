@@ -61,57 +61,6 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
     return 0;
 }
 
-static json_t *strv_json(char *const *v) {
-    json_t *a = json_array();
-    for (int i = 0; v && v[i]; i++) json_array_append_new(a, json_string(v[i]));
-    return a;
-}
-
-json_t *td_jobs_ints_json(const int *v, int n) {
-    if (!v) return json_null();
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
-    return a;
-}
-
-json_t *td_jobs_sizes_json(const long long *v, int n) {
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
-    return a;
-}
-
-json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
-                              char **devices, double deadline) {
-    json_t *o = json_pack(
-        "{s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, "
-        "s:i, s:f, s:f, s:f, s:b}",
-        "argv", strv_json(c->argv), "env", strv_json(c->extra_env), "devices",
-        devices ? strv_json(devices) : json_null(), "logs", strv_json(logs), "dir", c->cwd,
-        "master_addr", c->master_addr, "run_id", c->run_id, "local_rank_arg",
-        c->local_rank_arg ? c->local_rank_arg : "", "nproc", c->nproc_per_node, "nnodes", c->nnodes,
-        "node_rank", c->node_rank, "master_port", c->master_port, "max_restarts", c->max_restarts,
-        "attempt", attempt, "grace_s", j->cfg.grace_s, "deadline", deadline, "orphan_timeout_s",
-        j->cfg.orphan_timeout_s > 0 ? j->cfg.orphan_timeout_s : 600.0, "launch_self",
-        c->launch_self);
-    TD_ASSERT(o, "json_pack of a shepherd's spec failed");
-    const td_identity *u = c->user;
-    if (u && u->drop) {
-        json_t *groups = json_array();
-        for (int i = 0; i < u->n_groups; i++)
-            json_array_append_new(groups, json_integer((json_int_t)u->groups[i]));
-        json_object_set_new(o, "user",
-                            json_pack("{s:s, s:I, s:I, s:o, s:b}", "name", u->name, "uid",
-                                      (json_int_t)u->uid, "gid", (json_int_t)u->gid, "groups",
-                                      groups, "lookup_groups", u->lookup_groups));
-    }
-    if (j->cfg.max_log_bytes > 0)
-        json_object_set_new(o, "max_log_bytes", json_integer((json_int_t)j->cfg.max_log_bytes));
-    if (c->max_file_bytes > 0)
-        json_object_set_new(o, "max_file_bytes", json_integer((json_int_t)c->max_file_bytes));
-    return o;
-}
-
-/* Starts the job's next attempt on slots already reserved: its shepherd starts the processes. */
 /* Where a one-node attempt runs, as a placement across nodes shows it: which GPUs each of its n
  * processes has (devices: their CUDA_VISIBLE_DEVICES). */
 static void set_local_placement(td_jobs *j, job *jb, char **devices, int n, int master_port) {
@@ -128,73 +77,37 @@ static void set_local_placement(td_jobs *j, job *jb, char **devices, int n, int 
     td_buf_free(&each);
 }
 
-void td_jobs_start_attempt(td_jobs *j, job *jb) {
-    int n = td_jobs_procs(jb);
-    td_db_attempt *a = td_jobs_new_attempt(jb);
-    a->started_at = td_clock_wall();
-    char **devices =
-        jb->devices ? td_jobs_devices_strv(j, jb->devices, td_jobs_slots(jb), n, jb->see_all_gpus)
-                    : NULL;
-    td_err err = {{0}};
-    int ok = 1;
-    char **logs = td_strv_new(n);
-    free(jb->log_start);
-    jb->log_start = td_calloc((size_t)n, sizeof *jb->log_start);
-    for (int r = 0; r < n; r++) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/rank-%d.log", jb->dir, r);
-        logs[r] = td_str_dup(path);
-        struct stat st;
-        if (stat(path, &st) == 0)
-            jb->log_start[r] = (long long)st.st_size; /* its lines start here */
-    }
-    char run_id[64], job_var[64], ckpt_var[PATH_MAX + 32];
-    snprintf(run_id, sizeof run_id, "traind-job-%ld", jb->row.id);
-    snprintf(job_var, sizeof job_var, "TRAIND_JOB_ID=%ld", jb->row.id);
-    if (td_jobs_allocate_uid(j, &jb->row.uid, &err) != 0) ok = 0;
-    td_identity who = td_jobs_identity(j, jb);
-    char cwd[PATH_MAX + 16];
-    if (ok && td_jobs_work_dir(&who, jb->dir, cwd, sizeof cwd, &err) != 0) ok = 0;
-    char start[PATH_MAX + 16];
-    td_jobs_start_dir(jb->dir, cwd, jb->cwd, start, sizeof start);
-    size_t n_env = 0;
-    while (jb->env[n_env]) n_env++;
-    char *env[n_env + 8], *own_env[4] = {NULL};
-    for (size_t i = 0; i < n_env; i++) env[i] = jb->env[i];
-    env[n_env++] = job_var;
-    /* a command restarts from its beginning: where its own latest checkpoint is lets a script
-     * resume (traind-worker finds its checkpoints in checkpoint.dir itself) */
-    if (jb->ckpt_path && strcmp(jb->row.kind, "command") == 0) {
-        snprintf(ckpt_var, sizeof ckpt_var, "TRAIND_LATEST_CHECKPOINT=%s", jb->ckpt_path);
-        env[n_env++] = ckpt_var;
-    }
-    size_t n_own = 0;
-    td_jobs_identity_env(&who, cwd, own_env, &n_own);
-    for (size_t i = 0; i < n_own; i++) env[n_env++] = own_env[i];
-    env[n_env] = NULL;
-    char cgroup[PATH_MAX] = "";
-    if (ok && td_jobs_attempt_cgroup(j, jb->row.id, a->attempt, 0, &jb->cg_limits, cgroup,
-                                     sizeof cgroup, &err) != 0)
-        ok = 0;
-    free(jb->cgroup);
-    jb->cgroup = cgroup[0] ? td_str_dup(cgroup) : NULL;
-    td_launch_config cfg = {.nproc_per_node = jb->row.nproc,
-                            .nnodes = 1,
-                            .max_restarts = jb->row.max_restarts,
-                            .grace_s = j->cfg.grace_s,
-                            .argv = jb->argv,
-                            .local_rank_arg = jb->local_rank_arg,
-                            .launch_self = jb->launch_self,
-                            .cwd = start,
-                            .extra_env = env,
-                            .user = &who,
-                            .max_file_bytes = jb->disk_bytes};
-    snprintf(cfg.master_addr, sizeof cfg.master_addr, "127.0.0.1");
-    snprintf(cfg.run_id, sizeof cfg.run_id, "%s", run_id);
-    if (td_launch_free_port(&cfg.master_port, &err) != 0) ok = 0;
-    if (jb->row.started_at <= 0) jb->row.started_at = a->started_at;
-    /* recorded before the shepherd starts: a daemon that dies in between finds the attempt
-     * without its file and restarts it; one that dies after finds the file and re-attaches */
+/* What the job's attempt runs here, as the runner takes it (td_job_run.c): node rank 0 of 1. */
+static node_run local_run(const job *jb, const td_db_attempt *a) {
+    bool command = strcmp(jb->row.kind, "command") == 0;
+    return (node_run){.job = jb->row.id,
+                      .uid = jb->row.uid,
+                      .kind = jb->row.kind,
+                      .attempt = a->attempt,
+                      .node_rank = 0,
+                      .nnodes = 1,
+                      .nproc = jb->row.nproc,
+                      .procs = td_jobs_procs(jb),
+                      .dir = jb->dir,
+                      .argv = jb->argv,
+                      .env = jb->env,
+                      .latest_checkpoint = command ? jb->ckpt_path : NULL,
+                      .spec_cwd = jb->cwd,
+                      .local_rank_arg = jb->local_rank_arg,
+                      .launch_self = jb->launch_self,
+                      .see_all_gpus = jb->see_all_gpus,
+                      .slots = jb->devices,
+                      .n_slots = td_jobs_slots(jb),
+                      .master_addr = "127.0.0.1",
+                      .max_restarts = jb->row.max_restarts,
+                      .limits = jb->cg_limits,
+                      .disk_bytes = jb->disk_bytes,
+                      .metrics = jb->metrics,
+                      .deadline = td_jobs_deadline(jb)};
+}
+
+/* A new attempt's record: rank 0's output read from its start, no end yet. */
+static void attempt_begins(job *jb) {
     jb->row.out_offset = 0;
     jb->out_read = 0;
     jb->line.len = 0;
@@ -203,32 +116,43 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     jb->left = false;
     memset(&jb->end, 0, sizeof jb->end);
     jb->row.pgid = 0; /* the previous attempt's; the shepherd says the new one */
+}
+
+/* Starts the job's next attempt on slots already reserved, through the runner. */
+void td_jobs_start_attempt(td_jobs *j, job *jb) {
+    td_db_attempt *a = td_jobs_new_attempt(jb);
+    a->started_at = td_clock_wall();
+    td_err err = {{0}};
+    int ok = td_jobs_allocate_uid(j, &jb->row.uid, &err) == 0;
+    node_run r = local_run(jb, a);
+    if (ok && td_launch_free_port(&r.master_port, &err) != 0) ok = 0;
+    free(jb->log_start);
+    jb->log_start = td_calloc((size_t)r.procs, sizeof *jb->log_start);
+    char **logs = td_jobs_run_logs(&r, jb->log_start);
+    if (jb->row.started_at <= 0) jb->row.started_at = a->started_at;
+    /* recorded before the shepherd starts: a daemon that dies in between finds the attempt
+     * without its file and restarts it; one that dies after finds the file and re-attaches */
+    attempt_begins(jb);
     td_jobs_save_attempt(j, jb, a);
     if (td_db_update_job(j->db, &jb->row, &err) != 0) ok = 0; /* out_offset 0 */
-    char base[PATH_MAX - 16];
-    td_shepherd_base(base, sizeof base, jb->dir, a->attempt, 0);
-    if (ok) set_local_placement(j, jb, devices, n, cfg.master_port);
+    char cgroup[PATH_MAX] = "";
     if (ok) {
-        json_t *spec =
-            td_jobs_shepherd_spec(j, &cfg, a->attempt, logs, devices, td_jobs_deadline(jb));
-        if (cgroup[0]) json_object_set_new(spec, "cgroup", json_string(cgroup));
-        if (jb->metrics) json_object_set(spec, "metrics", jb->metrics);
-        /* a directory the job chose: the shepherd enters it as the job */
-        if (jb->cwd) json_object_set_new(spec, "dir_as_job", json_true());
-        json_object_set_new(
-            spec, "daemon",
-            json_pack("{s:I, s:i, s:o, s:o, s:O, s:s}", "job", (json_int_t)jb->row.id, "attempt",
-                      a->attempt, "slots", td_jobs_ints_json(jb->devices, td_jobs_slots(jb)),
-                      "log_start", td_jobs_sizes_json(jb->log_start, n), "placement",
-                      jb->last_placement ? jb->last_placement : json_null(), "cgroup", cgroup));
-        if (td_shepherd_start(&jb->sh, j->cfg.shepherd, base, spec, &err) != 0) ok = 0;
-        json_decref(spec);
+        char **devices =
+            r.slots ? td_jobs_devices_strv(j, r.slots, r.n_slots, r.procs, r.see_all_gpus) : NULL;
+        set_local_placement(j, jb, devices, r.procs, r.master_port);
+        td_strv_free(devices);
+        json_t *notes =
+            json_pack("{s:O}", "placement", jb->last_placement ? jb->last_placement : json_null());
+        ok = td_jobs_run_start(j, &r, jb->log_start, logs, notes, &jb->sh, cgroup, sizeof cgroup,
+                               &err) == 0;
+        json_decref(notes);
+    } else {
+        td_shepherd_base(jb->sh.base, sizeof jb->sh.base, jb->dir, a->attempt, 0);
     }
+    free(jb->cgroup);
+    jb->cgroup = cgroup[0] ? td_str_dup(cgroup) : NULL;
     td_strv_free(logs);
-    td_strv_free(devices);
-    for (size_t i = 0; i < n_own; i++) free(own_env[i]);
     if (!ok) {
-        snprintf(jb->sh.base, sizeof jb->sh.base, "%s", base);
         a->finished_at = td_clock_wall();
         snprintf(a->reason, sizeof a->reason, "could not start: %.480s", err.msg);
         td_jobs_save_attempt(j, jb, a);
@@ -240,7 +164,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     td_jobs_emit_state(j, jb);
     td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
               "job %ld attempt %d started: %d process%s, shepherd pid %d", jb->row.id, a->attempt,
-              n, n == 1 ? "" : "es", (int)jb->sh.pid);
+              r.procs, r.procs == 1 ? "" : "es", (int)jb->sh.pid);
 }
 
 /* What a restarted attempt starts from, in words, for the restart event and the job's reason:

@@ -19,7 +19,7 @@ static void recover_guest(td_jobs *j, const char *base, json_t *n) {
     g->nnodes = td_jobs_order_int(n, "nnodes");
     g->nproc = td_jobs_order_int(n, "nproc");
     g->procs = td_jobs_order_int(n, "procs");
-    g->slots = td_jobs_order_int(n, "slots");
+    g->slots = td_jobs_notes_n_slots(n, 0);
     g->see_all_gpus = json_is_true(json_object_get(n, "see_all_gpus"));
     snprintf(g->kind, sizeof g->kind, "%s", td_jobs_order_string(n, "kind"));
     snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
@@ -34,7 +34,7 @@ static void recover_guest(td_jobs *j, const char *base, json_t *n) {
     json_t *starts = json_object_get(n, "log_start");
     for (int r = 0; r < g->procs; r++)
         g->log_start[r] = (long long)json_integer_value(json_array_get(starts, (size_t)r));
-    g->devices = td_jobs_hold_gpus(j, json_object_get(n, "devices"), g->slots);
+    g->devices = td_jobs_hold_gpus(j, td_jobs_notes_gpu_slots(n), g->slots);
     /* counted here on a master too: no placement of its knows this part until it ends */
     g->holds_slots = true;
     j->used_slots += g->slots;

@@ -1,7 +1,8 @@
 /* Starting a part a master orders (td_job_part.c applies the orders): its directory, uid and
- * fetched checkpoint checked, what it runs, its environment, GPUs, logs and cgroup, then its
- * shepherd, in named steps. Apart from the rest of a part's life because it is the one place
- * that turns an order into processes; a part that cannot start is reported as ended, with why. */
+ * fetched checkpoint checked, what it runs and its GPUs, then the runner every attempt on a node
+ * starts through (td_job_run.c), in named steps. Apart from the rest of a part's life because it
+ * turns an order into what the runner takes; a part that cannot start is reported as ended, with
+ * why. */
 #include "service/jobs/td_jobs_private.h"
 
 #include "base/td_strv.h"
@@ -153,34 +154,8 @@ static char **order_argv(td_jobs *j, guest *g, json_t *o, bool remote, const cha
     return argv;
 }
 
-/* The environment the part's processes get besides the launcher's: the order's, the job's id,
- * a command's latest checkpoint, and (ok) who they run as in cwd. */
-static char **guest_env(guest *g, json_t *o, const char *ckpt_root, const char *rbase,
-                        const td_identity *who, const char *cwd, bool ok) {
-    json_t *order_env = json_object_get(o, "env");
-    size_t n_env = json_is_array(order_env) ? json_array_size(order_env) : 0;
-    char **env = td_strv_new((int)n_env + 7);
-    for (size_t i = 0; i < n_env; i++) {
-        const char *s = json_string_value(json_array_get(order_env, i));
-        env[i] = td_str_dup(s ? s : "");
-    }
-    char var[PATH_MAX + 64];
-    snprintf(var, sizeof var, "TRAIND_JOB_ID=%ld", g->job);
-    env[n_env] = td_str_dup(var);
-    if (rbase && strcmp(g->kind, "command") == 0) {
-        snprintf(var, sizeof var, "TRAIND_LATEST_CHECKPOINT=%s/%s", ckpt_root, rbase);
-        env[n_env + 1] = td_str_dup(var);
-    }
-    size_t n_set = 0;
-    while (env[n_set]) n_set++;
-    if (ok) td_jobs_identity_env(who, cwd, env, &n_set);
-    return env;
-}
-
-/* The part's GPU slots: the first free ones, all of them or none (*ok false); each of its n
- * processes' CUDA_VISIBLE_DEVICES. */
-static char **take_gpus(td_jobs *j, guest *g, int n, bool *ok, td_err *err) {
-    char **devices = NULL;
+/* The part's GPU slots: the first free ones, all of them or none (*ok false). */
+static void take_gpus(td_jobs *j, guest *g, bool *ok, td_err *err) {
     g->devices = td_calloc((size_t)g->slots, sizeof *g->devices);
     int k = 0;
     for (int i = 0; i < j->cfg.gpus && k < g->slots; i++)
@@ -191,59 +166,12 @@ static char **take_gpus(td_jobs *j, guest *g, int n, bool *ok, td_err *err) {
         g->devices = NULL;
         td_fail(err, "%d GPUs asked for, %d free on this node", g->slots, k);
         *ok = false;
-    } else {
-        devices = td_jobs_devices_strv(j, g->devices, g->slots, n, g->see_all_gpus);
     }
-    return devices;
-}
-
-/* Each of the n processes' log (rank-R.log, by global rank), and its size now: where the
- * report's log bytes start. */
-static char **log_paths(guest *g, int n) {
-    char **logs = td_strv_new(n);
-    for (int r = 0; r < n; r++) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, g->node_rank * g->nproc + r);
-        logs[r] = td_str_dup(path);
-        struct stat st;
-        if (stat(path, &st) == 0) g->log_start[r] = (long long)st.st_size;
-    }
-    return logs;
-}
-
-/* Starts the part's shepherd on cfg; false (err) when it cannot be. */
-static bool start_shepherd(td_jobs *j, guest *g, json_t *o, const td_launch_config *cfg,
-                           char **logs, char **devices, const char *spec_cwd, td_err *err) {
-    int n = g->procs;
-    json_t *spec =
-        td_jobs_shepherd_spec(j, cfg, td_jobs_order_int(o, "restart_count"), logs, devices, 0);
-    if (g->node_rank != 0) json_object_set_new(spec, "output", json_null());
-    if (spec_cwd && spec_cwd[0]) json_object_set_new(spec, "dir_as_job", json_true());
-    json_t *metrics = json_object_get(o, "metrics");
-    if (metrics && g->node_rank == 0) json_object_set(spec, "metrics", metrics);
-    if (g->cgroup[0]) json_object_set_new(spec, "cgroup", json_string(g->cgroup));
-    json_t *slots = td_jobs_ints_json(g->devices, g->slots);
-    json_t *starts = td_jobs_sizes_json(g->log_start, n);
-    /* what a restarted daemon needs to report this part again (td_jobs_guests_recover) */
-    json_object_set_new(spec, "daemon",
-                        json_pack("{s:b, s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:s, s:o, "
-                                  "s:o, s:I, s:s}",
-                                  "guest", 1, "job", (json_int_t)g->job, "attempt", g->attempt,
-                                  "node_rank", g->node_rank, "nnodes", g->nnodes, "nproc", g->nproc,
-                                  "procs", g->procs, "slots", g->slots, "see_all_gpus",
-                                  g->see_all_gpus, "kind", g->kind, "devices", slots, "log_start",
-                                  starts, "uid", (json_int_t)g->uid, "cgroup", g->cgroup));
-    char base[sizeof g->sh.base];
-    snprintf(base, sizeof base, "%s", g->sh.base);
-    bool started = td_shepherd_start(&g->sh, j->cfg.shepherd, base, spec, err) == 0;
-    snprintf(g->sh.base, sizeof g->sh.base, "%s", base);
-    json_decref(spec);
-    return started;
 }
 
 /* Says in the log that the part started, or ends it at once with why it could not. */
-static void say_started(td_jobs *j, guest *g, bool ok, const td_err *err,
-                        const td_launch_config *cfg) {
+static void say_started(td_jobs *j, guest *g, bool ok, const td_err *err, const char *master_addr,
+                        int master_port) {
     int n = g->procs;
     if (!ok) {
         char why[sizeof g->reason];
@@ -257,7 +185,36 @@ static void say_started(td_jobs *j, guest *g, bool ok, const td_err *err,
               "job %ld attempt %d: node rank %d of %d started here: %d process%s, shepherd pid "
               "%d, rendezvous at %s:%d",
               g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es", (int)g->sh.pid,
-              cfg->master_addr, cfg->master_port);
+              master_addr, master_port);
+}
+
+/* What the part runs here, as the runner takes it (td_job_run.c). */
+static node_run order_run(const guest *g, json_t *o, char **argv, const char *latest) {
+    return (node_run){.job = g->job,
+                      .uid = g->uid,
+                      .kind = g->kind,
+                      .attempt = g->attempt,
+                      .node_rank = g->node_rank,
+                      .nnodes = g->nnodes,
+                      .nproc = g->nproc,
+                      .procs = g->procs,
+                      .dir = g->dir,
+                      .argv = argv,
+                      .env = NULL,
+                      .latest_checkpoint = latest,
+                      .spec_cwd = td_jobs_order_string(o, "cwd"),
+                      .local_rank_arg = td_jobs_order_string(o, "local_rank_arg"),
+                      .launch_self = json_is_true(json_object_get(o, "launch_self")),
+                      .see_all_gpus = g->see_all_gpus,
+                      .slots = g->devices,
+                      .n_slots = g->slots,
+                      .master_addr = td_jobs_order_string(o, "master_addr"),
+                      .master_port = td_jobs_order_int(o, "master_port"),
+                      .max_restarts = td_jobs_order_int(o, "max_restarts"),
+                      .limits = g->cg_limits,
+                      .disk_bytes = g->disk_bytes,
+                      .metrics = json_object_get(o, "metrics"),
+                      .deadline = 0 /* the master keeps the time limit */};
 }
 
 /* The steps in order: a step that can fail does nothing once one has (ok false), and err says
@@ -275,48 +232,31 @@ void td_jobs_guest_start(td_jobs *j, json_t *o, bool remote) {
         return;
     }
     take_order(j, g, o, self, per_proc);
-    int n = g->procs;
     td_err err = {{0}};
     td_shepherd_base(g->sh.base, sizeof g->sh.base, g->dir, g->attempt, g->node_rank);
-    g->log_start = td_calloc((size_t)n, sizeof *g->log_start);
-    g->log_sent = td_calloc((size_t)n, sizeof *g->log_sent);
+    g->log_start = td_calloc((size_t)g->procs, sizeof *g->log_start);
+    g->log_sent = td_calloc((size_t)g->procs, sizeof *g->log_sent);
     bool ok = may_start(j, g, o, &err);
-    td_identity who = td_jobs_identity_of(j, g->job, g->uid);
     td_job_files files;
     td_jobs_files_for(j, g->job, g->uid, &files);
-    char ckpt_root[PATH_MAX + 16];
+    char ckpt_root[PATH_MAX + 16], latest[2 * PATH_MAX + 32];
     const char *rbase = checkpoint_root(g, o, &files, ok, ckpt_root, sizeof ckpt_root);
+    bool command = strcmp(g->kind, "command") == 0;
+    snprintf(latest, sizeof latest, "%s/%s", ckpt_root, rbase ? rbase : "");
     char **argv = order_argv(j, g, o, remote, ckpt_root, &ok, &err);
-    char cwd[PATH_MAX + 16], start[PATH_MAX + 16];
-    if (ok && td_jobs_work_dir(&who, g->dir, cwd, sizeof cwd, &err) != 0) ok = false;
-    const char *spec_cwd = td_jobs_order_string(o, "cwd");
-    td_jobs_start_dir(g->dir, cwd, spec_cwd, start, sizeof start);
-    char **env = guest_env(g, o, ckpt_root, rbase, &who, cwd, ok);
-    char **devices = NULL;
-    if (ok && j->cfg.gpus > 0) devices = take_gpus(j, g, n, &ok, &err);
-    char **logs = log_paths(g, n);
-    if (ok && td_jobs_attempt_cgroup(j, g->job, g->attempt, g->node_rank, &g->cg_limits, g->cgroup,
-                                     sizeof g->cgroup, &err) != 0)
-        ok = false;
-    td_launch_config cfg = {.nproc_per_node = g->nproc,
-                            .nnodes = g->nnodes,
-                            .node_rank = g->node_rank,
-                            .master_port = td_jobs_order_int(o, "master_port"),
-                            .max_restarts = td_jobs_order_int(o, "max_restarts"),
-                            .grace_s = j->cfg.grace_s,
-                            .argv = argv,
-                            .local_rank_arg = td_jobs_order_string(o, "local_rank_arg"),
-                            .launch_self = self,
-                            .cwd = ok ? start : g->dir,
-                            .extra_env = env,
-                            .user = &who,
-                            .max_file_bytes = g->disk_bytes};
-    snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", td_jobs_order_string(o, "master_addr"));
-    snprintf(cfg.run_id, sizeof cfg.run_id, "traind-job-%ld", g->job);
-    if (ok) ok = start_shepherd(j, g, o, &cfg, logs, devices, spec_cwd, &err);
+    if (ok && j->cfg.gpus > 0) take_gpus(j, g, &ok, &err);
+    node_run r = order_run(g, o, argv, rbase && command ? latest : NULL);
+    char **env = order_strv(json_object_get(o, "env"));
+    r.env = env;
+    char **logs = td_jobs_run_logs(&r, g->log_start);
+    if (ok) {
+        json_t *notes = json_pack("{s:b}", "guest", 1);
+        ok = td_jobs_run_start(j, &r, g->log_start, logs, notes, &g->sh, g->cgroup,
+                               sizeof g->cgroup, &err) == 0;
+        json_decref(notes);
+    }
     td_strv_free(argv);
     td_strv_free(env);
-    td_strv_free(devices);
     td_strv_free(logs);
-    say_started(j, g, ok, &err, &cfg);
+    say_started(j, g, ok, &err, r.master_addr, r.master_port);
 }

@@ -139,7 +139,7 @@ static void take_up(td_jobs *j, job *jb) {
         td_jobs_recover(j, jb, "the daemon restarted while the job ran");
         return;
     }
-    hold_slots(j, jb, json_object_get(notes, "slots"));
+    hold_slots(j, jb, td_jobs_notes_gpu_slots(notes));
     const char *cgroup = json_string_value(json_object_get(notes, "cgroup"));
     free(jb->cgroup);
     jb->cgroup = cgroup && cgroup[0] ? td_str_dup(cgroup) : NULL;

@@ -6,6 +6,9 @@
  *   td_job_record.c      the table, rendering, state changes and events
  *   td_job_queue.c       which waiting job starts next, and the slots it holds
  *   td_job_attempt.c     what a job runs, its attempts and the restart policy
+ *   td_job_run.c         one runner for what this node runs of an attempt (a job's own, or a
+ *                        part its master orders): logs, work directory, environment, cgroup,
+ *                        the shepherd and its notes
  *   td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
  *   td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
  *   td_job_recover.c     loading the table at start, recovering jobs a daemon left running
@@ -361,13 +364,6 @@ void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ende
 #define TD_JOBS_STOP_DAEMON     "daemon_stop: "
 #define TD_JOBS_STOP_DAEMON_WORDS                                                                  \
     TD_JOBS_STOP_DAEMON "traind stopped and stopped its jobs (keep_jobs_on_stop is false)"
-/* The attempt file's notes: GPU slots (null without GPUs), log offsets. */
-json_t *td_jobs_ints_json(const int *v, int n);
-json_t *td_jobs_sizes_json(const long long *v, int n);
-/* The shepherd's spec for td_launch_config c (td_shepherd.h; its "daemon" notes are the
- * caller's). */
-json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
-                              char **devices, double deadline);
 /* Whether process group pgid is still a job's: its leader runs in the job's directory dir (an
  * id saved before a restart may be another process's by now). */
 bool td_jobs_group_of(pid_t pgid, const char *dir);
@@ -382,6 +378,54 @@ json_t *td_jobs_resume_json(const job *jb);
  * line that is not a metric), from offset `from` of dir/rank-R.log. */
 void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
                           size_t len);
+
+/* ---- td_job_run.c ---- */
+/* What this node runs of one attempt: a job's own (node rank 0 of 1) or a part its master orders;
+ * one runner starts both. The pointers are the caller's, for the call. */
+typedef struct node_run {
+    long job, uid;
+    const char *kind;                      /* "train" or "command" */
+    int attempt, node_rank, nnodes, nproc; /* nproc: ranks on this node */
+    int procs;                             /* processes started: nproc, or 1 (launch "self") */
+    const char *dir;                       /* the job's directory here */
+    char **argv, **env;                    /* what the processes run, the job's environment */
+    const char *latest_checkpoint;         /* a command's TRAIND_LATEST_CHECKPOINT, or NULL */
+    const char *spec_cwd;                  /* a command's "cwd" (NULL or "": its work dir) */
+    const char *local_rank_arg;            /* a command's --local_rank option, or NULL */
+    bool launch_self, see_all_gpus;
+    const int *slots; /* its GPU slots here, n_slots of them (NULL: no GPUs) */
+    int n_slots;      /* slots held, GPUs or not: nproc x gpus_per_proc */
+    const char *master_addr;
+    int master_port, max_restarts;
+    td_cgroup_limits limits;
+    long long disk_bytes;
+    json_t *metrics; /* a command's metric patterns for rank 0's shepherd, or NULL */
+    double deadline; /* the time limit's end, kept by the shepherd; 0: none, or the master's */
+} node_run;
+/* Each started process's log (DIR/rank-R.log by global rank), and its size now into
+ * log_start[procs]: where the attempt's lines start. */
+char **td_jobs_run_logs(const node_run *r, long long *log_start);
+/* Starts r's processes under a new shepherd (sh): the work directory made ready for who the job
+ * runs as, its environment and cgroup (its path into cgroup, "" for none), and the shepherd's
+ * spec with the notes (the caller's, completed by td_jobs_run_notes). -1 (err) when it cannot:
+ * nothing runs then. */
+int td_jobs_run_start(td_jobs *j, const node_run *r, const long long *log_start, char **logs,
+                      json_t *notes, td_shepherd *sh, char *cgroup, size_t len, td_err *err);
+/* What a restarted daemon reads of an attempt it finds (td_shepherd_notes), added to notes: the
+ * job, attempt, node rank, processes, slots ("n_slots", "gpu_slots"), log offsets, uid, cgroup. */
+void td_jobs_run_notes(const node_run *r, const char *cgroup, const long long *log_start,
+                       json_t *notes);
+/* The GPU slots an attempt's notes list (an older traind wrote "slots" for a job's own attempt
+ * and "devices" for a part), and how many slots it holds. */
+json_t *td_jobs_notes_gpu_slots(json_t *notes);
+int td_jobs_notes_n_slots(json_t *notes, int otherwise);
+/* The attempt file's notes: GPU slots (null without GPUs), log offsets. */
+json_t *td_jobs_ints_json(const int *v, int n);
+json_t *td_jobs_sizes_json(const long long *v, int n);
+/* The shepherd's spec for td_launch_config c (td_shepherd.h; its "daemon" notes are the
+ * caller's). */
+json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
+                              char **devices, double deadline);
 
 /* ---- td_job_identity.c ---- */
 /* Who job id (of uid, when it has one of its own) runs as. */
