@@ -81,7 +81,7 @@ static void *agent_loop(void *arg) {
                                       "address", a->address, "slots", a->cfg.slots, "gpus",
                                       td_gpus_json(a->gpu, a->cfg.gpus), "version", a->version);
         if (msg) json_object_set_new(msg, "slots_used", json_integer(td_jobs_slots_used(a->jobs)));
-        if (msg) json_object_set_new(msg, "parts", td_jobs_guests_report_locked(a->jobs));
+        if (msg) json_object_set_new(msg, "parts", td_jobs_node_parts_report_locked(a->jobs));
         char *text = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
         json_decref(msg);
         if (text)
@@ -120,7 +120,7 @@ static void *agent_loop(void *arg) {
                           a->master);
             joined = ever = true, unreachable = false, backoff = 1;
             td_buf_free(&reply);
-            bool busy = td_jobs_guests_running(a->jobs);
+            bool busy = td_jobs_node_parts_running(a->jobs);
             if (pause_for(a, busy && BUSY_INTERVAL_S < heartbeat_s ? BUSY_INTERVAL_S : heartbeat_s))
                 break;
             continue;
@@ -157,17 +157,17 @@ static void *agent_loop(void *arg) {
         unreachable = true;
         joined = false; /* a master back from a restart knows no node: register */
         td_buf_free(&reply);
-        if (td_clock_now() - last_ok >= timeout_s && td_jobs_guests_running(a->jobs)) {
+        if (td_clock_now() - last_ok >= timeout_s && td_jobs_node_parts_running(a->jobs)) {
             char stop_why[160];
             snprintf(stop_why, sizeof stop_why,
                      "this node has not reached its master for %.0f s (the node timeout): the "
                      "master has ended the attempt",
                      td_clock_now() - last_ok);
-            td_jobs_guests_stop_all(a->jobs, stop_why);
+            td_jobs_node_parts_stop_all(a->jobs, stop_why);
         }
         /* cut off while running parts: try again soon, to stop them within the timeout */
         double wait = backoff;
-        if (td_jobs_guests_running(a->jobs) && wait > timeout_s / 4) wait = timeout_s / 4;
+        if (td_jobs_node_parts_running(a->jobs) && wait > timeout_s / 4) wait = timeout_s / 4;
         if (pause_for(a, wait)) break;
         backoff = backoff * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : backoff * 2;
     }

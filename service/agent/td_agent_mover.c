@@ -69,7 +69,7 @@ static bool upload_checkpoints(td_agent *a) {
     int attempt;
     char path[4096];
     td_job_files f;
-    while (td_jobs_guests_next_upload(a->jobs, &job, &attempt, &seq, path, sizeof path, &f)) {
+    while (td_jobs_node_parts_next_upload(a->jobs, &job, &attempt, &seq, path, sizeof path, &f)) {
         const char *slash = strrchr(path, '/');
         const char *base = slash ? slash + 1 : path;
         json_t *files = json_array();
@@ -101,7 +101,7 @@ static bool upload_checkpoints(td_agent *a) {
             json_decref(files);
             return false;
         }
-        td_jobs_guests_uploaded(a->jobs, job, attempt, seq, files);
+        td_jobs_node_parts_uploaded(a->jobs, job, attempt, seq, files);
         json_decref(files);
     }
     return true;
@@ -219,7 +219,7 @@ void td_agent_take_orders(td_agent *a, json_t *orders) {
         int attempt = (int)json_integer_value(json_object_get(o, "attempt"));
         json_t *resume = json_object_get(o, "resume");
         if (!json_is_true(json_object_get(o, "stop")) && json_is_object(resume) &&
-            !td_jobs_guest_known(a->jobs, job, attempt)) {
+            !td_jobs_node_part_known(a->jobs, job, attempt)) {
             char key[48];
             snprintf(key, sizeof key, "%ld/%d", job, attempt);
             pthread_mutex_lock(&a->mu);
@@ -254,7 +254,7 @@ void td_agent_take_orders(td_agent *a, json_t *orders) {
         }
         json_array_append(ready, o);
     }
-    td_jobs_guests_apply_locked(a->jobs, ready);
+    td_jobs_node_parts_apply_locked(a->jobs, ready);
     json_decref(ready);
     /* fetches of parts that started, or that the master no longer orders, are done with */
     pthread_mutex_lock(&a->mu);

@@ -82,7 +82,7 @@ int td_jobs_start(td_jobs *j, td_err *err) {
     td_cgroups_sweep(&j->cfg.cgroups); /* what attempts that ended while no daemon ran left */
     /* the parts a previous daemon ran here for its master (after td_jobs_set_cluster: whose slots
      * they hold depends on it), before an agent tells its master what runs here */
-    td_jobs_guests_recover(j);
+    td_jobs_node_parts_recover(j);
     j->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sigset_t chld;
     sigemptyset(&chld);
@@ -115,7 +115,7 @@ void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_t
 static bool shepherds_connected(const td_jobs *j) {
     for (int i = 0; i < j->n_live; i++)
         if (j->live[i]->active && !j->live[i]->parts && j->live[i]->sh.fd >= 0) return true;
-    return td_jobs_guests_connected(j);
+    return td_jobs_node_parts_connected(j);
 }
 
 /* Without keep_jobs_on_stop: every shepherd stops its group (SIGTERM, SIGKILL after the grace
@@ -137,8 +137,8 @@ static void stop_every_job(td_jobs *j) {
             n += td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, why);
         }
     }
-    td_jobs_guests_stop_for_exit(j, why);
-    if (n > 0 || td_jobs_guests_connected(j))
+    td_jobs_node_parts_stop_for_exit(j, why);
+    if (n > 0 || td_jobs_node_parts_connected(j))
         td_log_notice(j->log,
                       "stopping the jobs running here (keep_jobs_on_stop is false; "
                       "SIGKILL after %g s)",
@@ -187,7 +187,7 @@ void td_jobs_close(td_jobs *j) {
     /* what still runs is its shepherds': the next daemon re-attaches to it, and without one
      * it stops after orphan_timeout_s */
     for (int i = 0; i < j->n_jobs; i++) td_jobs_free_job(j->jobs[i]);
-    td_jobs_guests_free(j);
+    td_jobs_node_parts_free(j);
     for (int i = 0; i < j->n_cg_ended; i++) free(j->cg_ended[i]);
     free(j->cg_ended);
     free(j->jobs);

@@ -1,4 +1,4 @@
-/* The parts this node runs for its master (a "guest" each: one node's group of a job's attempt),
+/* The parts this node runs for its master (a node_part each: one node's group of an attempt),
  * on an agent and on the master's own node alike. The master's orders say which parts should run
  * (td_job_sync.c builds them); this file applies them: it has what is missing started
  * (td_job_part_start.c), stops what is no longer wanted or told to stop, and follows each part's
@@ -22,13 +22,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-guest *td_jobs_find_guest(td_jobs *j, long job_id, int attempt) {
-    for (int i = 0; i < j->n_guests; i++)
-        if (j->guests[i]->job == job_id && j->guests[i]->attempt == attempt) return j->guests[i];
+node_part *td_jobs_find_node_part(td_jobs *j, long job_id, int attempt) {
+    for (int i = 0; i < j->n_node_parts; i++)
+        if (j->node_parts[i]->job == job_id && j->node_parts[i]->attempt == attempt)
+            return j->node_parts[i];
     return NULL;
 }
 
-static void free_guest(guest *g) {
+static void free_node_part(node_part *g) {
     for (int i = 0; i < g->n_lines; i++) {
         free(g->lines[i].text);
         free(g->lines[i].ckpt);
@@ -44,14 +45,15 @@ static void free_guest(guest *g) {
     free(g);
 }
 
-void td_jobs_guests_free(td_jobs *j) {
-    for (int i = 0; i < j->n_guests; i++) free_guest(j->guests[i]); /* their shepherds go on */
-    free(j->guests);
-    j->guests = NULL;
-    j->n_guests = 0;
+void td_jobs_node_parts_free(td_jobs *j) {
+    for (int i = 0; i < j->n_node_parts; i++)
+        free_node_part(j->node_parts[i]); /* their shepherds go on */
+    free(j->node_parts);
+    j->node_parts = NULL;
+    j->n_node_parts = 0;
 }
 
-void td_jobs_guest_end(td_jobs *j, guest *g, int code, const char *reason) {
+void td_jobs_node_part_end(td_jobs *j, node_part *g, int code, const char *reason) {
     g->running = false;
     g->ended = true;
     g->exit_code = code;
@@ -76,35 +78,35 @@ int td_jobs_order_int(json_t *o, const char *key) {
 
 /* ---- applying orders ------------------------------------------------------------------------- */
 
-static void stop_guest(td_jobs *j, guest *g) {
-    if (g->running && !g->stop) /* (without a connection now: td_jobs_guests_tick, later) */
+static void stop_node_part(td_jobs *j, node_part *g) {
+    if (g->running && !g->stop) /* (without a connection now: td_jobs_node_parts_tick, later) */
         td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s,
                          g->cut_off[0] ? g->cut_off : "the master stopped this part");
     g->stop = true;
 }
 
-void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
+void td_jobs_node_parts_apply(td_jobs *j, json_t *orders, bool remote) {
     size_t n = json_is_array(orders) ? json_array_size(orders) : 0;
-    bool wanted[j->n_guests + 1];
-    for (int i = 0; i < j->n_guests; i++) wanted[i] = false;
-    int before = j->n_guests;
+    bool wanted[j->n_node_parts + 1];
+    for (int i = 0; i < j->n_node_parts; i++) wanted[i] = false;
+    int before = j->n_node_parts;
     for (size_t k = 0; k < n; k++) {
         json_t *o = json_array_get(orders, k);
         long id = (long)json_integer_value(json_object_get(o, "job"));
         int attempt = td_jobs_order_int(o, "attempt");
-        guest *g = td_jobs_find_guest(j, id, attempt);
+        node_part *g = td_jobs_find_node_part(j, id, attempt);
         if (!g) {
             if (json_is_true(json_object_get(o, "stop"))) continue;
             /* an earlier attempt of the job still stopping here holds its slots and port */
             bool busy = false;
-            for (int i = 0; i < j->n_guests; i++)
-                busy |= j->guests[i]->job == id && j->guests[i]->running;
-            if (!busy) td_jobs_guest_start(j, o, remote);
+            for (int i = 0; i < j->n_node_parts; i++)
+                busy |= j->node_parts[i]->job == id && j->node_parts[i]->running;
+            if (!busy) td_jobs_node_part_start(j, o, remote);
             continue;
         }
         for (int i = 0; i < before; i++)
-            if (j->guests[i] == g) wanted[i] = true;
-        if (json_is_true(json_object_get(o, "stop"))) stop_guest(j, g);
+            if (j->node_parts[i] == g) wanted[i] = true;
+        if (json_is_true(json_object_get(o, "stop"))) stop_node_part(j, g);
         /* the master has what it acknowledges: forget it */
         long acked = (long)json_integer_value(json_object_get(o, "acked_lines"));
         int drop = 0;
@@ -128,7 +130,7 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
     }
     /* what the master no longer wants: stopped, and forgotten once it has ended */
     for (int i = 0; i < before; i++) {
-        guest *g = j->guests[i];
+        node_part *g = j->node_parts[i];
         if (!wanted[i]) {
             if (g->running) {
                 if (!g->stop)
@@ -136,33 +138,33 @@ void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote) {
                               "job %ld attempt %d is no longer this node's to run (the "
                               "master ended it or does not know it): stopping its processes",
                               g->job, g->attempt);
-                stop_guest(j, g);
+                stop_node_part(j, g);
             }
             if (!g->running) {
                 td_shepherd_forget(g->sh.base); /* the master knows how it ended */
                 td_jobs_cgroup_ended(j, g->cgroup);
-                free_guest(g);
-                j->guests[i] = NULL;
+                free_node_part(g);
+                j->node_parts[i] = NULL;
             }
         }
     }
     int k = 0;
-    for (int i = 0; i < j->n_guests; i++)
-        if (j->guests[i]) j->guests[k++] = j->guests[i];
-    j->n_guests = k;
+    for (int i = 0; i < j->n_node_parts; i++)
+        if (j->node_parts[i]) j->node_parts[k++] = j->node_parts[i];
+    j->n_node_parts = k;
 }
 
 /* An agent cut off from its master: nothing of its must train on (the master has ended those
  * attempts, or will); the parts are stopped and forgotten. */
-void td_jobs_guests_stop_all(td_jobs *j, const char *why) {
+void td_jobs_node_parts_stop_all(td_jobs *j, const char *why) {
     td_jobs_lock(j);
-    for (int i = 0; i < j->n_guests; i++) {
-        guest *g = j->guests[i];
+    for (int i = 0; i < j->n_node_parts; i++) {
+        node_part *g = j->node_parts[i];
         if (g->running && !g->stop) {
             td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job),
                       "job %ld attempt %d: stopping its processes here: %s", g->job, g->attempt,
                       why);
-            stop_guest(j, g);
+            stop_node_part(j, g);
             /* not the master's order: if the master still waits for this part, it failed */
             snprintf(g->cut_off, sizeof g->cut_off, "node %s: %s", j->node_name, why);
         }
@@ -173,23 +175,23 @@ void td_jobs_guests_stop_all(td_jobs *j, const char *why) {
 
 /* ---- the supervisor's side ------------------------------------------------------------------- */
 
-void td_jobs_guests_poll(td_jobs *j, struct pollfd *fds, int *n, int max, guest **owner) {
-    for (int i = 0; i < j->n_guests && *n < max; i++)
-        if (j->guests[i]->running && j->guests[i]->sh.fd >= 0) {
-            owner[*n] = j->guests[i];
-            fds[(*n)++] = (struct pollfd){j->guests[i]->sh.fd, POLLIN, 0};
+void td_jobs_node_parts_poll(td_jobs *j, struct pollfd *fds, int *n, int max, node_part **owner) {
+    for (int i = 0; i < j->n_node_parts && *n < max; i++)
+        if (j->node_parts[i]->running && j->node_parts[i]->sh.fd >= 0) {
+            owner[*n] = j->node_parts[i];
+            fds[(*n)++] = (struct pollfd){j->node_parts[i]->sh.fd, POLLIN, 0};
         }
 }
 
-bool td_jobs_guests_connected(const td_jobs *j) {
-    for (int i = 0; i < j->n_guests; i++)
-        if (j->guests[i]->running && j->guests[i]->sh.fd >= 0) return true;
+bool td_jobs_node_parts_connected(const td_jobs *j) {
+    for (int i = 0; i < j->n_node_parts; i++)
+        if (j->node_parts[i]->running && j->node_parts[i]->sh.fd >= 0) return true;
     return false;
 }
 
-void td_jobs_guests_stop_for_exit(td_jobs *j, const char *why) {
-    for (int i = 0; i < j->n_guests; i++) {
-        guest *g = j->guests[i];
+void td_jobs_node_parts_stop_for_exit(td_jobs *j, const char *why) {
+    for (int i = 0; i < j->n_node_parts; i++) {
+        node_part *g = j->node_parts[i];
         if (!g->running) continue;
         g->sh.stop_sent = false; /* this stop's words are the ones that count */
         td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s, why);
@@ -198,12 +200,12 @@ void td_jobs_guests_stop_for_exit(td_jobs *j, const char *why) {
 
 /* Its shepherd's connection ended: the part is over (or the shepherd died, or dropped a slow
  * daemon: connected to again). */
-static void guest_gone(td_jobs *j, guest *g) {
+static void node_part_gone(td_jobs *j, node_part *g) {
     td_err err = {{0}};
     if (!g->sh.over) {
         td_shepherd again;
         if (td_shepherd_attach(&again, g->sh.base, &err) == 0) {
-            /* a stop it was sent may be among what it dropped: td_jobs_guests_tick sends it
+            /* a stop it was sent may be among what it dropped: td_jobs_node_parts_tick sends it
              * again (the shepherd keeps the first reason it got) */
             again.pid = g->sh.pid;
             g->sh = again;
@@ -212,7 +214,7 @@ static void guest_gone(td_jobs *j, guest *g) {
     }
     td_shepherd_end e;
     int rc = td_shepherd_end_read(g->sh.base, &e, &err);
-    td_jobs_guest_output(j, g, true, rc == 1 ? e.output_bytes : -1);
+    td_jobs_node_part_output(j, g, true, rc == 1 ? e.output_bytes : -1);
     if (g->out_fd >= 0) close(g->out_fd);
     g->out_fd = -1;
     char reason[sizeof g->reason] = "";
@@ -231,7 +233,7 @@ static void guest_gone(td_jobs *j, guest *g) {
                  j->node_name, g->node_rank, words[0] ? ": " : "", words);
     } else if (e.failed) {
         code = e.exit_code ? e.exit_code : 1;
-        td_jobs_guest_failure(j, g, e.failed_rank, e.reason, reason, sizeof reason);
+        td_jobs_node_part_failure(j, g, e.failed_rank, e.reason, reason, sizeof reason);
     } else if (g->cut_off[0]) {
         code = 1;
         snprintf(reason, sizeof reason, "%s", g->cut_off);
@@ -248,17 +250,17 @@ static void guest_gone(td_jobs *j, guest *g) {
         code = e.exit_code;
     }
     g->sh.fd = -1;
-    td_jobs_guest_end(j, g, code, reason);
+    td_jobs_node_part_end(j, g, code, reason);
     td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
               "job %ld attempt %d: node rank %d ended here%s%s", g->job, g->attempt, g->node_rank,
               reason[0] ? ": " : "", reason);
     pthread_cond_broadcast(&j->changed); /* a stopping daemon waits for its shepherds */
 }
 
-void td_jobs_guests_tick(td_jobs *j) {
-    for (int i = 0; i < j->n_guests; i++) {
-        guest *g = j->guests[i];
-        if (g->running && g->sh.fd < 0) guest_gone(j, g);
+void td_jobs_node_parts_tick(td_jobs *j) {
+    for (int i = 0; i < j->n_node_parts; i++) {
+        node_part *g = j->node_parts[i];
+        if (g->running && g->sh.fd < 0) node_part_gone(j, g);
         /* a stop not sent (no connection then), or dropped with a connection since */
         if (!g->running || g->sh.fd < 0 || g->sh.stop_sent) continue;
         if (j->stopping_jobs)
@@ -288,30 +290,30 @@ int td_jobs_order_files(td_jobs *j, long id, long uid, td_job_files *out, td_err
     return rc;
 }
 
-bool td_jobs_guest_known(td_jobs *j, long job_id, int attempt) {
+bool td_jobs_node_part_known(td_jobs *j, long job_id, int attempt) {
     td_jobs_lock(j);
-    bool known = td_jobs_find_guest(j, job_id, attempt) != NULL;
+    bool known = td_jobs_find_node_part(j, job_id, attempt) != NULL;
     pthread_mutex_unlock(&j->mu);
     return known;
 }
 
-json_t *td_jobs_guests_report_locked(td_jobs *j) {
+json_t *td_jobs_node_parts_report_locked(td_jobs *j) {
     td_jobs_lock(j);
-    json_t *r = td_jobs_guests_report(j, true);
+    json_t *r = td_jobs_node_parts_report(j, true);
     pthread_mutex_unlock(&j->mu);
     return r;
 }
 
-void td_jobs_guests_apply_locked(td_jobs *j, json_t *orders) {
+void td_jobs_node_parts_apply_locked(td_jobs *j, json_t *orders) {
     td_jobs_lock(j);
-    td_jobs_guests_apply(j, orders, true);
+    td_jobs_node_parts_apply(j, orders, true);
     pthread_mutex_unlock(&j->mu);
     td_jobs_wake(j);
 }
 
-bool td_jobs_guests_running(td_jobs *j) {
+bool td_jobs_node_parts_running(td_jobs *j) {
     td_jobs_lock(j);
-    bool any = j->n_guests > 0;
+    bool any = j->n_node_parts > 0;
     pthread_mutex_unlock(&j->mu);
     return any;
 }

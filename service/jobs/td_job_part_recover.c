@@ -1,5 +1,5 @@
 /* The parts a previous daemon left running here for its master, found at start from their
- * attempt files' "guest" notes: re-attached when their shepherds still run, else reported as
+ * attempt files' "part" notes: re-attached when their shepherds still run, else reported as
  * they ended. Apart from starting a part (td_job_part_start.c): nothing is started here, what the
  * notes say is taken as it is. */
 #include "service/jobs/td_jobs_private.h"
@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One guest from its attempt file's notes (a previous daemon's part). */
-static void recover_guest(td_jobs *j, const char *base, json_t *n) {
-    guest *g = td_calloc(1, sizeof *g);
+/* One node part from its attempt file's notes (a previous daemon's part). */
+static void recover_node_part(td_jobs *j, const char *base, json_t *n) {
+    node_part *g = td_calloc(1, sizeof *g);
     g->out_fd = -1;
     g->sh.fd = -1;
     g->job = (long)json_integer_value(json_object_get(n, "job"));
@@ -24,26 +24,21 @@ static void recover_guest(td_jobs *j, const char *base, json_t *n) {
     snprintf(g->kind, sizeof g->kind, "%s", td_jobs_order_string(n, "kind"));
     snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
     g->uid = (long)json_integer_value(json_object_get(n, "uid"));
-    snprintf(g->cgroup, sizeof g->cgroup, "%s", td_jobs_order_string(n, "cgroup"));
     if (g->procs < 1 || g->procs > 4096 || g->slots < 0 || g->slots > 4096 * 64) {
         free(g);
         return;
     }
     g->log_start = td_calloc((size_t)g->procs, sizeof *g->log_start);
     g->log_sent = td_calloc((size_t)g->procs, sizeof *g->log_sent);
-    json_t *starts = json_object_get(n, "log_start");
-    for (int r = 0; r < g->procs; r++)
-        g->log_start[r] = (long long)json_integer_value(json_array_get(starts, (size_t)r));
-    g->devices = td_jobs_hold_gpus(j, td_jobs_notes_gpu_slots(n), g->slots);
     /* counted here on a master too: no placement of its knows this part until it ends */
     g->holds_slots = true;
-    j->used_slots += g->slots;
     g->running = true;
     td_err err = {{0}};
-    int rc = td_shepherd_attach(&g->sh, base, &err);
-    snprintf(g->sh.base, sizeof g->sh.base, "%.*s", (int)sizeof g->sh.base - 1, base);
-    j->guests = td_realloc(j->guests, (size_t)(j->n_guests + 1) * sizeof *j->guests);
-    j->guests[j->n_guests++] = g;
+    int rc = td_jobs_run_attach(j, base, n, g->procs, g->slots, &g->devices, g->log_start,
+                                g->cgroup, sizeof g->cgroup, &g->sh, &err);
+    j->node_parts =
+        td_realloc(j->node_parts, (size_t)(j->n_node_parts + 1) * sizeof *j->node_parts);
+    j->node_parts[j->n_node_parts++] = g;
     td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job), "job %ld attempt %d: node rank %d %s",
               g->job, g->attempt, g->node_rank,
               rc == 0   ? "still runs here: re-attached (reported to the master as it is)"
@@ -51,10 +46,10 @@ static void recover_guest(td_jobs *j, const char *base, json_t *n) {
                         : "left an attempt file that cannot be read; reported as ended");
     if (rc < 0)
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job), "job %ld: %s", g->job, err.msg);
-    /* rc 1 or -1: ended in the supervisor's first turn (td_jobs_guests_tick) */
+    /* rc 1 or -1: ended in the supervisor's first turn (td_jobs_node_parts_tick) */
 }
 
-void td_jobs_guests_recover(td_jobs *j) {
+void td_jobs_node_parts_recover(td_jobs *j) {
     char root[PATH_MAX];
     snprintf(root, sizeof root, "%s/jobs", j->cfg.state_dir);
     DIR *d = opendir(root);
@@ -74,7 +69,7 @@ void td_jobs_guests_recover(td_jobs *j) {
             char base[PATH_MAX - 16];
             snprintf(base, sizeof base, "%s/attempt-%d.node-%d", dir, attempt, node_rank);
             json_t *notes = td_shepherd_notes(base);
-            if (json_is_true(json_object_get(notes, "guest"))) recover_guest(j, base, notes);
+            if (td_jobs_notes_of_part(notes)) recover_node_part(j, base, notes);
             json_decref(notes);
         }
         if (sub) closedir(sub);

@@ -23,14 +23,14 @@ enum {
     REPORT_BUDGET = 384 * 1024,
     /* rank 0's lines a node holds for its master at most (bytes): minutes of any real job's
      * metrics; a flood beyond it waits in no memory */
-    GUEST_BACKLOG_BYTES = 16 * 1024 * 1024
+    NODE_PART_BACKLOG_BYTES = 16 * 1024 * 1024
 };
 
 /* ---- output ---------------------------------------------------------------------------------- */
 
 /* A line of rank 0: kept until the master acknowledges it. On an agent a checkpoint line waits
  * for its files to be uploaded first (td_agent.c), so the master registers only what it has. */
-static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
+static void keep_line(td_jobs *j, node_part *g, const char *line, size_t n) {
     /* (rank 0's log has it already: the shepherd writes every line there) */
     json_t *o = json_loadb(line, n, 0, NULL);
     const char *ev = json_string_value(json_object_get(o, "event"));
@@ -40,7 +40,7 @@ static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
     /* held here until the master has it: bounded as the master bounds what it stores, and in
      * bytes, so a job printing faster than the master takes its lines cannot fill this node's
      * memory (the master is told how many were dropped) */
-    bool keep = done || (g->backlog_bytes + (long long)n <= GUEST_BACKLOG_BYTES &&
+    bool keep = done || (g->backlog_bytes + (long long)n <= NODE_PART_BACKLOG_BYTES &&
                          td_jobs_rate_admit(j, checkpoint ? &g->checkpoint_rate : &g->metric_rate));
     long seq = g->next_seq++;
     if (!keep) {
@@ -51,8 +51,8 @@ static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
         g->cap_lines = g->cap_lines ? 2 * g->cap_lines : 64;
         g->lines = td_realloc(g->lines, (size_t)g->cap_lines * sizeof *g->lines);
     }
-    struct guest_line *l = &g->lines[g->n_lines++];
-    *l = (struct guest_line){.seq = seq};
+    struct node_part_line *l = &g->lines[g->n_lines++];
+    *l = (struct node_part_line){.seq = seq};
     l->text = td_malloc(n + 1);
     memcpy(l->text, line, n);
     l->text[n] = 0;
@@ -68,40 +68,40 @@ static void keep_line(td_jobs *j, guest *g, const char *line, size_t n) {
     json_decref(o);
 }
 
-typedef struct guest_ctx {
+typedef struct node_part_ctx {
     td_jobs *j;
-    guest *g;
-} guest_ctx;
+    node_part *g;
+} node_part_ctx;
 
-static bool guest_line(void *ctx, char *line, size_t n, long long end) {
+static bool node_part_line(void *ctx, char *line, size_t n, long long end) {
     (void)end; /* a line's place is its sequence number: the lines of BASE.out from its start */
-    guest_ctx *c = ctx;
+    node_part_ctx *c = ctx;
     keep_line(c->j, c->g, line, n);
     return true;
 }
 
 /* Rank 0's output on to what the shepherd said (final: to until, < 0 the file's end). */
-void td_jobs_guest_output(td_jobs *j, guest *g, bool final, long long until) {
+void td_jobs_node_part_output(td_jobs *j, node_part *g, bool final, long long until) {
     if (g->node_rank != 0) return;
     if (g->out_fd < 0) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s.out", g->sh.base);
         g->out_fd = td_jobs_open_output(j, g->job, path);
     }
-    guest_ctx ctx = {j, g};
+    node_part_ctx ctx = {j, g};
     td_jobs_read_file(g->out_fd, &g->out_read, final ? until : g->sh.out_size, final, 0, &g->line,
-                      guest_line, &ctx);
+                      node_part_line, &ctx);
 }
 
-void td_jobs_guests_read(td_jobs *j, guest *g) {
+void td_jobs_node_parts_read(td_jobs *j, node_part *g) {
     td_shepherd_read(&g->sh);
-    td_jobs_guest_output(j, g, false, 0);
+    td_jobs_node_part_output(j, g, false, 0);
 }
 
 /* A failure of rank `rank` (what: the shepherd's words) as the master shows it: naming this
  * node, with the rank's own error line from its log. */
-void td_jobs_guest_failure(td_jobs *j, const guest *g, int rank, const char *what, char *out,
-                           size_t len) {
+void td_jobs_node_part_failure(td_jobs *j, const node_part *g, int rank, const char *what,
+                               char *out, size_t len) {
     char own[340]; /* (a cascade's error ends with the job's first failure: keep it whole) */
     int local = rank - g->node_rank * g->nproc;
     td_jobs_rank_message(g->dir, rank, local >= 0 && local < g->procs ? g->log_start[local] : 0,
@@ -113,7 +113,7 @@ void td_jobs_guest_failure(td_jobs *j, const guest *g, int rank, const char *wha
 
 /* ---- the report ------------------------------------------------------------------------------ */
 
-static json_t *log_chunk(const guest *g, int r, bool *whole, size_t *budget) {
+static json_t *log_chunk(const node_part *g, int r, bool *whole, size_t *budget) {
     char path[PATH_MAX + 32];
     int rank = g->node_rank * g->nproc + r;
     snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, rank);
@@ -145,16 +145,16 @@ static json_t *log_chunk(const guest *g, int r, bool *whole, size_t *budget) {
     return o;
 }
 
-json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
+json_t *td_jobs_node_parts_report(td_jobs *j, bool remote) {
     json_t *list = json_array();
     size_t budget = REPORT_BUDGET;
-    for (int i = 0; i < j->n_guests; i++) {
-        guest *g = j->guests[i];
+    for (int i = 0; i < j->n_node_parts; i++) {
+        node_part *g = j->node_parts[i];
         bool whole = !g->running && g->out_fd < 0;
         json_t *lines = json_array();
         int k = 0;
         for (; k < g->n_lines && k < REPORT_LINES; k++) {
-            struct guest_line *l = &g->lines[k];
+            struct node_part_line *l = &g->lines[k];
             if (l->ckpt && remote) break; /* its files first */
             size_t size = strlen(l->text) + 64;
             if (remote && size > budget && k > 0) break;
@@ -196,8 +196,8 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
              * grace period ends last, though its failure came first) */
             char words[sizeof g->reason];
             if (g->running)
-                td_jobs_guest_failure(j, g, g->sh.failed_rank, g->sh.failed_reason, words,
-                                      sizeof words);
+                td_jobs_node_part_failure(j, g, g->sh.failed_rank, g->sh.failed_reason, words,
+                                          sizeof words);
             json_object_set_new(e, "failure",
                                 json_pack("{s:i, s:s, s:f}", "exit_code",
                                           g->sh.failed_code ? g->sh.failed_code : 1, "reason",
@@ -210,12 +210,12 @@ json_t *td_jobs_guests_report(td_jobs *j, bool remote) {
 
 /* ---- checkpoint uploads (an agent's) --------------------------------------------------------- */
 
-bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
-                                size_t len, td_job_files *files) {
+bool td_jobs_node_parts_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
+                                    size_t len, td_job_files *files) {
     td_jobs_lock(j);
     bool found = false;
-    for (int i = 0; i < j->n_guests && !found; i++) {
-        guest *g = j->guests[i];
+    for (int i = 0; i < j->n_node_parts && !found; i++) {
+        node_part *g = j->node_parts[i];
         for (int k = 0; k < g->n_lines && !found; k++)
             if (g->lines[k].ckpt && g->stop) { /* an ended attempt's: never into the job's store */
                 free(g->lines[k].ckpt);
@@ -231,9 +231,9 @@ bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *se
     return found;
 }
 
-void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files) {
+void td_jobs_node_parts_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files) {
     td_jobs_lock(j);
-    guest *g = td_jobs_find_guest(j, job_id, attempt);
+    node_part *g = td_jobs_find_node_part(j, job_id, attempt);
     int k = 0;
     while (g && k < g->n_lines && g->lines[k].seq != seq) k++;
     if (g && k < g->n_lines) {

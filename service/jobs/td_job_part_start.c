@@ -50,10 +50,10 @@ static char **order_strv(json_t *a) {
     return v;
 }
 
-/* The order's numbers into a new guest, listed in j->guests at once: a part that cannot start
- * is reported as ended all the same. */
-static guest *new_guest(td_jobs *j, json_t *o) {
-    guest *g = td_calloc(1, sizeof *g);
+/* The order's numbers into a new node part, listed in j->node parts at once: a part that cannot
+ * start is reported as ended all the same. */
+static node_part *new_node_part(td_jobs *j, json_t *o) {
+    node_part *g = td_calloc(1, sizeof *g);
     g->job = (long)json_integer_value(json_object_get(o, "job"));
     g->attempt = td_jobs_order_int(o, "attempt");
     g->node_rank = td_jobs_order_int(o, "node_rank");
@@ -63,14 +63,15 @@ static guest *new_guest(td_jobs *j, json_t *o) {
     g->sh.fd = -1;
     snprintf(g->kind, sizeof g->kind, "%s", td_jobs_order_string(o, "kind"));
     snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
-    j->guests = td_realloc(j->guests, (size_t)(j->n_guests + 1) * sizeof *j->guests);
-    j->guests[j->n_guests++] = g;
+    j->node_parts =
+        td_realloc(j->node_parts, (size_t)(j->n_node_parts + 1) * sizeof *j->node_parts);
+    j->node_parts[j->n_node_parts++] = g;
     return g;
 }
 
 /* What the order gives the part: its uid and limits, its processes and slots (held here on an
  * agent; on a master, placement holds them); it runs from now on. */
-static void take_order(td_jobs *j, guest *g, json_t *o, bool self, int per_proc) {
+static void take_order(td_jobs *j, node_part *g, json_t *o, bool self, int per_proc) {
     g->uid = (long)json_integer_value(json_object_get(o, "uid"));
     json_t *lim = json_object_get(o, "limits");
     g->cg_limits.memory_bytes = (long long)json_integer_value(json_object_get(lim, "memory_bytes"));
@@ -87,7 +88,7 @@ static void take_order(td_jobs *j, guest *g, json_t *o, bool self, int per_proc)
 
 /* Whether the part may start here: its directory made, its uid one of this node's, and no
  * error fetching its checkpoint (the agent's, in the order). */
-static bool may_start(td_jobs *j, guest *g, json_t *o, td_err *err) {
+static bool may_start(td_jobs *j, node_part *g, json_t *o, td_err *err) {
     bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
               (td_fail(err, "cannot create %s: %s", g->dir, strerror(errno)), false);
     /* the master gives the job's uid: one of this node's job_uids too, or the part fails */
@@ -106,7 +107,7 @@ static bool may_start(td_jobs *j, guest *g, json_t *o, td_err *err) {
  * root: the job's checkpoints/, or a train job's own checkpoint.dir; what is newer there than
  * the master registered goes (ok: the part may start). The base name of the checkpoint it
  * resumes from, or NULL. */
-static const char *checkpoint_root(guest *g, json_t *o, const td_job_files *files, bool ok,
+static const char *checkpoint_root(node_part *g, json_t *o, const td_job_files *files, bool ok,
                                    char *root, size_t len) {
     json_t *resume =
         json_is_object(json_object_get(o, "resume")) ? json_object_get(o, "resume") : NULL;
@@ -125,7 +126,7 @@ static const char *checkpoint_root(guest *g, json_t *o, const td_job_files *file
 
 /* What the part's processes run: a command's argv, or traind-worker on the job's spec (an
  * agent writes the order's); NULL when the part already cannot start (*ok false). */
-static char **order_argv(td_jobs *j, guest *g, json_t *o, bool remote, const char *ckpt_root,
+static char **order_argv(td_jobs *j, node_part *g, json_t *o, bool remote, const char *ckpt_root,
                          bool *ok, td_err *err) {
     char **argv = NULL;
     if (*ok && strcmp(g->kind, "command") == 0) {
@@ -155,7 +156,7 @@ static char **order_argv(td_jobs *j, guest *g, json_t *o, bool remote, const cha
 }
 
 /* The part's GPU slots: the first free ones, all of them or none (*ok false). */
-static void take_gpus(td_jobs *j, guest *g, bool *ok, td_err *err) {
+static void take_gpus(td_jobs *j, node_part *g, bool *ok, td_err *err) {
     g->devices = td_calloc((size_t)g->slots, sizeof *g->devices);
     int k = 0;
     for (int i = 0; i < j->cfg.gpus && k < g->slots; i++)
@@ -170,13 +171,13 @@ static void take_gpus(td_jobs *j, guest *g, bool *ok, td_err *err) {
 }
 
 /* Says in the log that the part started, or ends it at once with why it could not. */
-static void say_started(td_jobs *j, guest *g, bool ok, const td_err *err, const char *master_addr,
-                        int master_port) {
+static void say_started(td_jobs *j, node_part *g, bool ok, const td_err *err,
+                        const char *master_addr, int master_port) {
     int n = g->procs;
     if (!ok) {
         char why[sizeof g->reason];
         snprintf(why, sizeof why, "could not start on node %s: %.400s", j->node_name, err->msg);
-        td_jobs_guest_end(j, g, 1, why);
+        td_jobs_node_part_end(j, g, 1, why);
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job), "job %ld attempt %d: %s", g->job,
                   g->attempt, why);
         return;
@@ -189,7 +190,7 @@ static void say_started(td_jobs *j, guest *g, bool ok, const td_err *err, const 
 }
 
 /* What the part runs here, as the runner takes it (td_job_run.c). */
-static node_run order_run(const guest *g, json_t *o, char **argv, const char *latest) {
+static node_run order_run(const node_part *g, json_t *o, char **argv, const char *latest) {
     return (node_run){.job = g->job,
                       .uid = g->uid,
                       .kind = g->kind,
@@ -219,11 +220,11 @@ static node_run order_run(const guest *g, json_t *o, char **argv, const char *la
 
 /* The steps in order: a step that can fail does nothing once one has (ok false), and err says
  * the first failure, which the part ends with. */
-void td_jobs_guest_start(td_jobs *j, json_t *o, bool remote) {
+void td_jobs_node_part_start(td_jobs *j, json_t *o, bool remote) {
     int per_proc =
         td_jobs_order_int(o, "gpus_per_proc") > 0 ? td_jobs_order_int(o, "gpus_per_proc") : 1;
     bool self = json_is_true(json_object_get(o, "launch_self"));
-    guest *g = new_guest(j, o);
+    node_part *g = new_node_part(j, o);
     if (g->nproc < 1 || g->nproc > 4096 || per_proc > 64 || g->nnodes < 1 || g->node_rank < 0 ||
         g->node_rank >= g->nnodes) {
         g->ended = true, g->exit_code = 1;
@@ -250,7 +251,7 @@ void td_jobs_guest_start(td_jobs *j, json_t *o, bool remote) {
     r.env = env;
     char **logs = td_jobs_run_logs(&r, g->log_start);
     if (ok) {
-        json_t *notes = json_pack("{s:b}", "guest", 1);
+        json_t *notes = json_pack("{s:b}", "part", 1);
         ok = td_jobs_run_start(j, &r, g->log_start, logs, notes, &g->sh, g->cgroup,
                                sizeof g->cgroup, &err) == 0;
         json_decref(notes);

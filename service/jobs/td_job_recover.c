@@ -104,24 +104,6 @@ static bool attempt_file(const job *jb) {
     return access(path, F_OK) == 0;
 }
 
-/* Holds the slots (and the very GPUs) an attempt that runs on was given. */
-int *td_jobs_hold_gpus(td_jobs *j, json_t *slots, int n) {
-    if (j->cfg.gpus <= 0 || !json_is_array(slots)) return NULL;
-    int *devices = td_calloc((size_t)n, sizeof(int));
-    for (int i = 0; i < n; i++) {
-        int d = (int)json_integer_value(json_array_get(slots, (size_t)i));
-        devices[i] = d >= 0 && d < j->cfg.gpus ? d : 0;
-        if (d >= 0 && d < j->cfg.gpus) j->gpu_used[d] = true;
-    }
-    return devices;
-}
-
-static void hold_slots(td_jobs *j, job *jb, json_t *slots) {
-    j->used_slots += td_jobs_slots(jb);
-    jb->active = true;
-    jb->devices = td_jobs_hold_gpus(j, slots, td_jobs_slots(jb));
-}
-
 /* A job whose latest attempt had not ended when the previous daemon stopped: its shepherd
  * still runs it (re-attached: nothing is restarted, no event added), or ended it meanwhile (the
  * supervisor reads the rest of its output and its status at once); an attempt without a
@@ -131,24 +113,24 @@ static void take_up(td_jobs *j, job *jb) {
     char base[PATH_MAX - 16];
     td_shepherd_base(base, sizeof base, jb->dir, a->attempt, 0);
     json_t *notes = td_shepherd_notes(base);
-    if (!notes || json_is_true(json_object_get(notes, "guest"))) {
-        /* placed across nodes (its parts are guests, td_job_part.c), or never started */
+    if (!notes || td_jobs_notes_of_part(notes)) {
+        /* placed across nodes (its parts run as node parts, td_job_part.c), or never started */
         if (!notes && jb->row.pgid > 0 && td_jobs_group_of((pid_t)jb->row.pgid, jb->dir))
             killpg((pid_t)jb->row.pgid, SIGKILL); /* an older traind's group, without a shepherd */
         json_decref(notes);
         td_jobs_recover(j, jb, "the daemon restarted while the job ran");
         return;
     }
-    hold_slots(j, jb, td_jobs_notes_gpu_slots(notes));
-    const char *cgroup = json_string_value(json_object_get(notes, "cgroup"));
-    free(jb->cgroup);
-    jb->cgroup = cgroup && cgroup[0] ? td_str_dup(cgroup) : NULL;
-    json_t *starts = json_object_get(notes, "log_start");
     int n = td_jobs_procs(jb);
     free(jb->log_start);
     jb->log_start = td_calloc((size_t)n, sizeof *jb->log_start);
-    for (int r = 0; r < n; r++)
-        jb->log_start[r] = (long long)json_integer_value(json_array_get(starts, (size_t)r));
+    char cgroup[PATH_MAX];
+    td_err err = {{0}};
+    jb->active = true;
+    int rc = td_jobs_run_attach(j, base, notes, n, td_jobs_slots(jb), &jb->devices, jb->log_start,
+                                cgroup, sizeof cgroup, &jb->sh, &err);
+    free(jb->cgroup);
+    jb->cgroup = cgroup[0] ? td_str_dup(cgroup) : NULL;
     json_t *placement = json_object_get(notes, "placement");
     if (json_is_object(placement)) {
         json_decref(jb->last_placement);
@@ -157,8 +139,6 @@ static void take_up(td_jobs *j, job *jb) {
     json_decref(notes);
     jb->out_read = jb->row.out_offset;
     jb->line.len = 0;
-    td_err err = {{0}};
-    int rc = td_shepherd_attach(&jb->sh, base, &err);
     if (rc == 1) jb->sh.pgid = (pid_t)jb->row.pgid; /* what its processes left, if any */
     if (rc < 0) {
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,

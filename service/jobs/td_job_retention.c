@@ -135,9 +135,9 @@ static int by_mtime(const void *a, const void *b) {
     return x->mtime < y->mtime ? -1 : x->mtime > y->mtime;
 }
 
-static bool guest_of(const td_jobs *j, long id) {
-    for (int i = 0; i < j->n_guests; i++)
-        if (j->guests[i]->job == id) return true;
+static bool node_part_of(const td_jobs *j, long id) {
+    for (int i = 0; i < j->n_node_parts; i++)
+        if (j->node_parts[i]->job == id) return true;
     return false;
 }
 
@@ -171,7 +171,7 @@ static int expire_orphans(td_jobs *j, double now, long *ids, bool *moved) {
     td_jobs_lock(j);
     int n = 0;
     for (int i = 0; i < n_dirs; i++) /* keep those without a row or part here */
-        if (!td_jobs_find(j, dirs[i].id) && !guest_of(j, dirs[i].id)) dirs[n++] = dirs[i];
+        if (!td_jobs_find(j, dirs[i].id) && !node_part_of(j, dirs[i].id)) dirs[n++] = dirs[i];
     double keep_for = j->cfg.keep_finished_for_s;
     long keep_n = j->cfg.keep_finished_jobs;
     pthread_mutex_unlock(&j->mu);
@@ -191,7 +191,7 @@ static int expire_orphans(td_jobs *j, double now, long *ids, bool *moved) {
         double age = now - dirs[i].mtime;
         bool expired = (keep_for > 0 && age >= keep_for) || (i < over && age >= ORPHAN_MIN_AGE_S);
         /* a part may have started meanwhile (its orders came while the lock was let go) */
-        if (!expired || td_jobs_find(j, dirs[i].id) || guest_of(j, dirs[i].id)) continue;
+        if (!expired || td_jobs_find(j, dirs[i].id) || node_part_of(j, dirs[i].id)) continue;
         char from[PATH_MAX + 32], to[PATH_MAX + 32];
         snprintf(from, sizeof from, "%s/jobs/%ld", j->cfg.state_dir, dirs[i].id);
         snprintf(to, sizeof to, "%s/jobs/.deleted-%ld", j->cfg.state_dir, dirs[i].id);

@@ -177,3 +177,36 @@ int td_jobs_notes_n_slots(json_t *notes, int otherwise) {
     if (!n) n = json_object_get(notes, "slots"); /* an older traind's part: the count */
     return json_is_integer(n) ? (int)json_integer_value(n) : otherwise;
 }
+
+bool td_jobs_notes_of_part(json_t *notes) {
+    return json_is_true(json_object_get(notes, "part")) ||
+           json_is_true(json_object_get(notes, "guest")); /* an older traind's word */
+}
+
+int *td_jobs_hold_gpus(td_jobs *j, json_t *slots, int n) {
+    if (j->cfg.gpus <= 0 || !json_is_array(slots)) return NULL;
+    int *devices = td_calloc((size_t)n, sizeof(int));
+    for (int i = 0; i < n; i++) {
+        int d = (int)json_integer_value(json_array_get(slots, (size_t)i));
+        devices[i] = d >= 0 && d < j->cfg.gpus ? d : 0;
+        if (d >= 0 && d < j->cfg.gpus) j->gpu_used[d] = true;
+    }
+    return devices;
+}
+
+int td_jobs_run_attach(td_jobs *j, const char *base, json_t *notes, int procs, int n_slots,
+                       int **devices, long long *log_start, char *cgroup, size_t len,
+                       td_shepherd *sh, td_err *err) {
+    j->used_slots += n_slots;
+    *devices = td_jobs_hold_gpus(j, td_jobs_notes_gpu_slots(notes), n_slots);
+    json_t *starts = json_object_get(notes, "log_start");
+    for (int p = 0; p < procs; p++)
+        log_start[p] = (long long)json_integer_value(json_array_get(starts, (size_t)p));
+    const char *path = json_string_value(json_object_get(notes, "cgroup"));
+    snprintf(cgroup, len, "%s", path ? path : "");
+    char at[sizeof sh->base];
+    snprintf(at, sizeof at, "%s", base);
+    int rc = td_shepherd_attach(sh, at, err);
+    snprintf(sh->base, sizeof sh->base, "%s", at);
+    return rc;
+}

@@ -59,10 +59,10 @@ void *td_jobs_supervise(void *arg) {
          * keeps a hundred thousand finished jobs */
         int n = 0, n_active = 0;
         for (int i = 0; i < j->n_live; i++) n_active += j->live[i]->active;
-        int max = 2 + n_active + j->n_guests;
+        int max = 2 + n_active + j->n_node_parts;
         struct pollfd fds[max];
         job *owner[max];
-        guest *guest_owner[max];
+        node_part *part_owner[max];
         fds[n++] = (struct pollfd){j->wake_fd, POLLIN, 0};
         fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
         bool ticking = false, due = false, behind = false;
@@ -80,10 +80,10 @@ void *td_jobs_supervise(void *arg) {
             behind |= jb->out_behind;     /* its output is read a slice a turn */
             ticking |= jb->parts != NULL; /* the master's own parts sync every turn */
         }
-        int first_guest = n;
-        for (int i = 0; i < n; i++) guest_owner[i] = NULL;
-        td_jobs_guests_poll(j, fds, &n, max, guest_owner);
-        for (int i = first_guest; i < n; i++) owner[i] = NULL;
+        int first_part = n;
+        for (int i = 0; i < n; i++) part_owner[i] = NULL;
+        td_jobs_node_parts_poll(j, fds, &n, max, part_owner);
+        for (int i = first_part; i < n; i++) owner[i] = NULL;
         /* time limits are the only things without a file descriptor to wake us (a shepherd
          * keeps its group's grace periods) */
         /* a job read a slice at a time: on at once (those waiting for the lock first) */
@@ -126,25 +126,25 @@ void *td_jobs_supervise(void *arg) {
             }
         }
         reap();
-        for (int i = 2; i < first_guest; i++) {
+        for (int i = 2; i < first_part; i++) {
             job *jb = owner[i];
             if ((!fds[i].revents && !jb->out_behind) || jb->sh.fd < 0) continue;
             if (fds[i].revents) td_shepherd_read(&jb->sh);
             if (jb->sh.pgid > 0) jb->row.pgid = jb->sh.pgid;
             if (jb->sh.fd >= 0) td_jobs_read_output(j, jb, false, 0);
         }
-        for (int i = first_guest; i < n; i++) {
-            guest *g = guest_owner[i];
+        for (int i = first_part; i < n; i++) {
+            node_part *g = part_owner[i];
             bool still = false; /* a part may have been forgotten by now */
-            for (int k = 0; k < j->n_guests; k++) still |= j->guests[k] == g;
-            if (fds[i].revents && still && g->sh.fd >= 0) td_jobs_guests_read(j, g);
+            for (int k = 0; k < j->n_node_parts; k++) still |= j->node_parts[k] == g;
+            if (fds[i].revents && still && g->sh.fd >= 0) td_jobs_node_parts_read(j, g);
         }
         for (int i = 0; i < j->n_live; i++) {
             job *jb = j->live[i];
             if (jb->n_pending == 0 || !td_jobs_store_pending(j, jb)) continue;
             if (jb->active && jb->sh.fd >= 0) td_jobs_read_output(j, jb, false, 0); /* on */
         }
-        td_jobs_guests_tick(j);
+        td_jobs_node_parts_tick(j);
         td_jobs_parts_tick(j);
         td_jobs_cgroups_tidy(j);
         for (int i = 0; i < j->n_live; i++) {

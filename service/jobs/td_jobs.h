@@ -157,21 +157,21 @@ struct td_cluster;
 void td_jobs_set_cluster(td_jobs *j, struct td_cluster *cluster, const char *node_name);
 /* An agent's side of the exchange with its master (td_agent.c): the report of the parts this
  * node runs (a JSON array), applying the master's orders (the reply's "parts"), the checkpoint
- * files rank 0 wrote here that still have to be uploaded (then td_jobs_guests_uploaded with
+ * files rank 0 wrote here that still have to be uploaded (then td_jobs_node_parts_uploaded with
  * their manifest), whether a part is known, whether any runs, and stopping them all (cut off
  * from the master). */
-json_t *td_jobs_guests_report_locked(td_jobs *j);
-void td_jobs_guests_apply_locked(td_jobs *j, json_t *orders);
-bool td_jobs_guests_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
-                                size_t len, td_job_files *files);
-void td_jobs_guests_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files);
-bool td_jobs_guest_known(td_jobs *j, long job_id, int attempt);
+json_t *td_jobs_node_parts_report_locked(td_jobs *j);
+void td_jobs_node_parts_apply_locked(td_jobs *j, json_t *orders);
+bool td_jobs_node_parts_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
+                                    size_t len, td_job_files *files);
+void td_jobs_node_parts_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files);
+bool td_jobs_node_part_known(td_jobs *j, long job_id, int attempt);
 /* The files of job id as a master's order gives it (its uid): the job's directory made ready
  * for it here (the job's checkpoints/ and work/), so that a checkpoint can be fetched into it
  * before its part starts. -1 with err for a uid this node does not give jobs. */
 int td_jobs_order_files(td_jobs *j, long id, long uid, td_job_files *out, td_err *err);
-bool td_jobs_guests_running(td_jobs *j);
-void td_jobs_guests_stop_all(td_jobs *j, const char *why);
+bool td_jobs_node_parts_running(td_jobs *j);
+void td_jobs_node_parts_stop_all(td_jobs *j, const char *why);
 /* A file of job id's checkpoints for a node (going up or coming down): rel is checked (under
  * checkpoints/, segments of [A-Za-z0-9._-], none starting with '.'); 400 or 404 in e otherwise.
  * writing: the job's checkpoints/ is made ready for it (the job's own); reading: the latest

@@ -15,7 +15,7 @@
  *   td_job_place.c       the cluster's master: placing jobs on nodes
  *   td_job_sync.c        the cluster's master: each node's orders, what its parts report
  *                        (exits, rank 0's lines, logs), lost nodes
- *   td_job_part.c        any node: the parts its master orders (a "guest" group each): the
+ *   td_job_part.c        any node: the parts its master orders (a node_part each): the
  *                        orders applied, each part followed to its end
  *   td_job_part_start.c  any node: starting a part, in steps
  *   td_job_part_recover.c  any node: the parts a previous daemon left, at start
@@ -176,7 +176,7 @@ typedef struct part {
 } part;
 
 /* One group this node runs for its master (td_job_part.c): the node-side twin of a part. */
-typedef struct guest {
+typedef struct node_part {
     long job;
     long uid;                   /* the job's (td_job_identity.c), as the master's order says */
     td_cgroup_limits cg_limits; /* and its limits */
@@ -202,7 +202,7 @@ typedef struct guest {
      * among the lines of the output file (from 0), so a line dropped here leaves a gap that the
      * master counts as dropped, and a daemon that reads the file again after a restart numbers
      * every line as before */
-    struct guest_line {
+    struct node_part_line {
         long seq;
         char *text;
         char *ckpt;    /* a checkpoint line's path until its files are uploaded; else NULL */
@@ -211,11 +211,11 @@ typedef struct guest {
     int n_lines, cap_lines;
     long next_seq; /* the next line's */
     /* what this node holds of them is bounded: lines over max_events_per_s (as the master's
-     * td_job_output.c cuts them) or beyond GUEST_BACKLOG_BYTES are dropped here */
+     * td_job_output.c cuts them) or beyond NODE_PART_BACKLOG_BYTES are dropped here */
     td_rate_bucket metric_rate, checkpoint_rate;
     long long backlog_bytes;
     long long *log_start, *log_sent; /* [procs] per process it started */
-} guest;
+} node_part;
 
 struct td_jobs {
     td_jobs_config cfg;
@@ -271,8 +271,8 @@ struct td_jobs {
     /* the cluster */
     struct td_cluster *cluster; /* on the master: the registry placement reads; else NULL */
     char node_name[64];         /* this node's */
-    guest **guests;             /* the parts this node runs for its master */
-    int n_guests;
+    node_part **node_parts;     /* the parts this node runs for its master */
+    int n_node_parts;
 };
 
 /* Takes the jobs' lock as any thread but the supervisor does (counted in j->waiting). */
@@ -419,6 +419,18 @@ void td_jobs_run_notes(const node_run *r, const char *cgroup, const long long *l
  * and "devices" for a part), and how many slots it holds. */
 json_t *td_jobs_notes_gpu_slots(json_t *notes);
 int td_jobs_notes_n_slots(json_t *notes, int otherwise);
+/* Whether the notes are a part's a master ordered ("part"; an older traind's "guest"). */
+bool td_jobs_notes_of_part(json_t *notes);
+/* An attempt a previous daemon started here (BASE, its notes), found again: its procs processes'
+ * log offsets, its n_slots slots held again (and the very GPUs, into *devices: NULL without
+ * them), its cgroup, and its shepherd attached (td_shepherd_attach: 0 it still runs, 1 it ended,
+ * -1 its file cannot be read). */
+int td_jobs_run_attach(td_jobs *j, const char *base, json_t *notes, int procs, int n_slots,
+                       int **devices, long long *log_start, char *cgroup, size_t len,
+                       td_shepherd *sh, td_err *err);
+/* The GPU slots an attempt file's notes list (n of them), marked used again; NULL without GPUs
+ * (a node without them, or notes without a list). */
+int *td_jobs_hold_gpus(td_jobs *j, json_t *slots, int n);
 /* The attempt file's notes: GPU slots (null without GPUs), log offsets. */
 json_t *td_jobs_ints_json(const int *v, int n);
 json_t *td_jobs_sizes_json(const long long *v, int n);
@@ -530,41 +542,41 @@ json_t *td_jobs_resume_order(const job *jb);
 void td_jobs_resume_forget(job *jb); /* a new checkpoint: what was known of the last goes */
 
 /* ---- td_job_part.c ---- */
-void td_jobs_guests_apply(td_jobs *j, json_t *orders, bool remote);
-void td_jobs_guests_poll(td_jobs *j, struct pollfd *fds, int *n, int max, guest **owner);
-void td_jobs_guests_tick(td_jobs *j);
-/* Frees the guests; their shepherds go on (they stop their groups after orphan_timeout_s unless
+void td_jobs_node_parts_apply(td_jobs *j, json_t *orders, bool remote);
+void td_jobs_node_parts_poll(td_jobs *j, struct pollfd *fds, int *n, int max, node_part **owner);
+void td_jobs_node_parts_tick(td_jobs *j);
+/* Frees the node parts; their shepherds go on (they stop their groups after orphan_timeout_s unless
  * a daemon comes back for them). */
-void td_jobs_guests_free(td_jobs *j);
-/* Asks every running guest's shepherd to stop (the daemon stops and keeps no job). */
-void td_jobs_guests_stop_for_exit(td_jobs *j, const char *why);
-bool td_jobs_guests_connected(const td_jobs *j); /* a guest's shepherd is still connected */
-guest *td_jobs_find_guest(td_jobs *j, long job_id, int attempt); /* NULL: none here */
+void td_jobs_node_parts_free(td_jobs *j);
+/* Asks every running node part's shepherd to stop (the daemon stops and keeps no job). */
+void td_jobs_node_parts_stop_for_exit(td_jobs *j, const char *why);
+bool td_jobs_node_parts_connected(const td_jobs *j); /* a node part's shepherd is still connected */
+node_part *td_jobs_find_node_part(td_jobs *j, long job_id, int attempt); /* NULL: none here */
 /* g has ended (code, reason: what its report says): its GPUs and slots are free. */
-void td_jobs_guest_end(td_jobs *j, guest *g, int code, const char *reason);
+void td_jobs_node_part_end(td_jobs *j, node_part *g, int code, const char *reason);
 /* A member of an order (or of an attempt file's notes): "" or 0 when it is not there. */
 const char *td_jobs_order_string(json_t *o, const char *key);
 int td_jobs_order_int(json_t *o, const char *key);
 
 /* ---- td_job_part_start.c ---- */
 /* Starts the part order o describes (remote: the order came from another node), listed in
- * j->guests even when it cannot start: then ended, with why. */
-void td_jobs_guest_start(td_jobs *j, json_t *o, bool remote);
+ * j->node_parts even when it cannot start: then ended, with why. */
+void td_jobs_node_part_start(td_jobs *j, json_t *o, bool remote);
 
 /* ---- td_job_part_recover.c ---- */
-/* The guests a previous daemon left (attempt files with a "guest" note under jobs/), at start:
+/* The node parts a previous daemon left (attempt files with a "part" note under jobs/), at start:
  * running ones re-attached, ended ones reported as they ended. */
-void td_jobs_guests_recover(td_jobs *j);
+void td_jobs_node_parts_recover(td_jobs *j);
 
 /* ---- td_job_part_report.c ---- */
-json_t *td_jobs_guests_report(td_jobs *j, bool remote); /* the "parts" member of a message */
-void td_jobs_guests_read(td_jobs *j, guest *g);         /* its shepherd said something */
+json_t *td_jobs_node_parts_report(td_jobs *j, bool remote); /* the "parts" member of a message */
+void td_jobs_node_parts_read(td_jobs *j, node_part *g);     /* its shepherd said something */
 /* Rank 0's output on to what the shepherd said (final: to until, < 0 the file's end). */
-void td_jobs_guest_output(td_jobs *j, guest *g, bool final, long long until);
+void td_jobs_node_part_output(td_jobs *j, node_part *g, bool final, long long until);
 /* A failure of rank `rank` (what: the shepherd's words) as the master shows it: naming this
  * node, with the rank's own error line from its log. */
-void td_jobs_guest_failure(td_jobs *j, const guest *g, int rank, const char *what, char *out,
-                           size_t len);
+void td_jobs_node_part_failure(td_jobs *j, const node_part *g, int rank, const char *what,
+                               char *out, size_t len);
 
 /* ---- td_job_quota.c ---- */
 void *td_jobs_quota_keeper(void *arg); /* the thread */
@@ -580,9 +592,6 @@ bool td_jobs_remove_tree(td_jobs *j, long id, const char *path);
 
 /* ---- td_job_recover.c ---- */
 int td_jobs_load(td_jobs *j, td_err *err);
-/* The GPU slots an attempt file's notes list (n of them), marked used again; NULL without GPUs
- * (a node without them, or notes without a list). */
-int *td_jobs_hold_gpus(td_jobs *j, json_t *slots, int n);
 /* The job's attempt ended because no daemon ran (why: in words): it restarts from its latest
  * checkpoint, not charged to its restart budget. Its slots are free. */
 void td_jobs_recover(td_jobs *j, job *jb, const char *why);

@@ -278,8 +278,9 @@ def shepherd_seeds():
             "token": "00112233445566778899aabbccddeeff", "boot_id": "7f0c5e0e-boot",
             "daemon_fd": 3, "listen_fd": 4, "grace_s": 10, "deadline": 0,
             "orphan_timeout_s": 600, "launch_self": False, "no_cpu_bind": False,
-            "daemon": {"job": 1, "attempt": 1, "slots": [0], "out_offset": 0,
-                       "guest": False, "devices": [0], "log_start": [0]}}
+            "daemon": {"job": 1, "attempt": 1, "node_rank": 0, "nnodes": 1, "nproc": 1,
+                       "procs": 1, "n_slots": 1, "gpu_slots": [0], "see_all_gpus": False,
+                       "kind": "train", "log_start": [0], "uid": 0, "cgroup": ""}}
     status = {"attempt": 1, "exit_code": 0, "failed": False, "failed_rank": -1,
               "reason": "", "stopped_by": "request", "stop_reason": "cancelled by the user",
               "grace_expired": False, "grace_note": "", "output_bytes": 1234}
