@@ -127,7 +127,7 @@ typedef struct follower {
 
 /* Whether the log was rotated (its name is another file now, and fd's is read to its end):
  * the follower goes on with the new one. The log is the daemon's, in a directory the job
- * cannot change (td_job_identity.c), so the name is not the job's to plant. */
+ * cannot change (td_job_uid.c), so the name is not the job's to plant. */
 static bool rotated(follower *f, uint64_t pos) {
     struct stat now, old;
     if (stat(f->path, &now) != 0 || fstat(f->fd, &old) != 0) return false;

@@ -47,7 +47,7 @@ static int parse_groups(const daemon_options *o, gid_t *out) {
  * isolated. */
 void daemon_resolve_run_as(const daemon_options *o, td_log *log, td_jobs_config *jc) {
     if (!td_identity_can_switch()) {
-        jc->run_as = TD_RUN_AS_SELF;
+        jc->runner.run_as = TD_RUN_AS_SELF;
         td_log_warn(log,
                     "warning: traind is not root: jobs run as its own user (uid %ld), so they "
                     "can read its token and state and each other's files (run it as root, as "
@@ -57,21 +57,21 @@ void daemon_resolve_run_as(const daemon_options *o, td_log *log, td_jobs_config 
         return;
     }
     const char *name = o->run_as[0] ? o->run_as : "dynamic";
-    jc->n_job_groups = parse_groups(o, jc->job_groups);
+    jc->runner.n_job_groups = parse_groups(o, jc->runner.job_groups);
     if (strcmp(name, "dynamic") == 0) {
-        jc->run_as = TD_RUN_AS_DYNAMIC;
-        parse_uid_range(o, &jc->job_uid_first, &jc->job_uid_last);
+        jc->runner.run_as = TD_RUN_AS_DYNAMIC;
+        parse_uid_range(o, &jc->runner.job_uid_first, &jc->runner.job_uid_last);
         td_log_info(log, "jobs run as users of their own: uids (and gids) %u to %u (job_uids)",
-                    (unsigned)jc->job_uid_first, (unsigned)jc->job_uid_last - 1);
+                    (unsigned)jc->runner.job_uid_first, (unsigned)jc->runner.job_uid_last - 1);
         return;
     }
-    jc->run_as = TD_RUN_AS_USER;
+    jc->runner.run_as = TD_RUN_AS_USER;
     if (strcmp(name, "root") == 0) {
         td_log_warn(log,
                     "warning: jobs run as root (run_as \"root\", %s): every job can do "
                     "anything on this host",
                     daemon_config_source(o, OPT_RUN_AS));
-        jc->run_as = TD_RUN_AS_SELF;
+        jc->runner.run_as = TD_RUN_AS_SELF;
         return;
     }
     struct passwd *pw = getpwnam(name);
@@ -81,7 +81,7 @@ void daemon_resolve_run_as(const daemon_options *o, td_log *log, td_jobs_config 
                    name, daemon_config_source(o, OPT_RUN_AS), name);
     if (pw->pw_uid == 0)
         daemon_die("run_as \"%s\": that user is root (uid 0); say \"root\" if that is meant", name);
-    td_identity *u = &jc->run_as_user;
+    td_identity *u = &jc->runner.run_as_user;
     *u = (td_identity){.drop = true, .uid = pw->pw_uid, .gid = pw->pw_gid, .lookup_groups = true};
     snprintf(u->name, sizeof u->name, "%s", name);
     td_log_warn(log,

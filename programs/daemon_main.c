@@ -264,22 +264,22 @@ static int open_agent(daemon_run *d, td_err *err) {
 static void jobs_config(daemon_run *d, td_jobs_config *jc) {
     const daemon_options *o = d->o;
     jc->worker = o->worker;
-    jc->shepherd = o->shepherd;
-    jc->orphan_timeout_s = o->orphan_timeout_s;
+    jc->runner.shepherd = o->shepherd;
+    jc->runner.orphan_timeout_s = o->orphan_timeout_s;
     jc->keep_jobs_on_stop = o->keep_jobs_on_stop;
-    jc->slots = d->slots;
-    jc->gpus = d->gpus;
-    jc->gpu_ids = d->gpu_ids;
-    jc->grace_s = o->grace_s;
+    jc->runner.slots = d->slots;
+    jc->runner.gpus = d->gpus;
+    jc->runner.gpu_ids = d->gpu_ids;
+    jc->runner.grace_s = o->grace_s;
     jc->rules = (td_submit_rules){.data_roots = d->roots,
                                   .n_roots = d->n_roots,
                                   .slots = d->slots,
                                   .state_dir = d->state,
                                   .command_jobs = o->command_jobs};
     jc->limits = daemon_job_limits(o);
-    jc->max_checkpoint_files = (int)o->max_checkpoint_files;
+    jc->runner.max_checkpoint_files = (int)o->max_checkpoint_files;
     jc->max_events_per_s = o->max_events_per_s;
-    jc->max_log_bytes = o->max_log_bytes;
+    jc->runner.max_log_bytes = o->max_log_bytes;
     jc->keep_finished_for_s = o->keep_finished_for_s;
     jc->keep_finished_jobs = o->keep_finished_jobs;
     jc->on_turn = d->dog.every_s > 0 ? watchdog_ping : NULL;
@@ -287,7 +287,7 @@ static void jobs_config(daemon_run *d, td_jobs_config *jc) {
     jc->turn_every_s = d->dog.every_s / 4;
     char cgroup_note[1024], hint[17];
     snprintf(hint, sizeof hint, "%.16s", d->node_id); /* this state directory's, for good */
-    td_cgroups_setup(&jc->cgroups, hint, cgroup_note, sizeof cgroup_note);
+    td_cgroups_setup(&jc->runner.cgroups, hint, cgroup_note, sizeof cgroup_note);
     td_log_notice(d->log, "%s", cgroup_note);
 }
 
@@ -321,10 +321,10 @@ static int open_services(daemon_run *d, td_err *err) {
     char db_path[PATH_MAX + 16], token_path[PATH_MAX + 16];
     snprintf(db_path, sizeof db_path, "%s/state.db", d->state);
     snprintf(token_path, sizeof token_path, "%s/token", d->state);
-    td_jobs_config jc = {.state_dir = d->state};
+    td_jobs_config jc = {.runner = {.state_dir = d->state}};
     daemon_resolve_run_as(o, d->log, &jc);
     if (td_db_open(&d->db, db_path, err) != 0) return -1;
-    daemon_open_for_jobs(d->state, db_path, jc.run_as != TD_RUN_AS_SELF, d->log);
+    daemon_open_for_jobs(d->state, db_path, jc.runner.run_as != TD_RUN_AS_SELF, d->log);
     if (td_tokens_open(&d->tokens, d->db, token_path, d->log, err) != 0) return -1;
     td_tokens_limits limits = daemon_token_limits(o);
     td_tokens_set_limits(d->tokens, &limits);

@@ -66,7 +66,7 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
 static void set_local_placement(td_jobs *j, job *jb, char **devices, int n, int master_port) {
     td_buf all = {0}, each = {0};
     for (int i = 0; jb->devices && i < td_jobs_slots(jb); i++)
-        td_buf_printf(&all, "%s%d", i ? "," : "", td_jobs_gpu_id(j, jb->devices[i]));
+        td_buf_printf(&all, "%s%d", i ? "," : "", td_runner_gpu_id(&j->runner, jb->devices[i]));
     for (int r = 0; devices && r < n; r++) td_buf_printf(&each, "%s%s", r ? ";" : "", devices[r]);
     json_t *node = td_jobs_placement_node(jb, j->node_name, "127.0.0.1", 0,
                                           all.data ? all.data : "", each.data ? each.data : "");
@@ -77,33 +77,34 @@ static void set_local_placement(td_jobs *j, job *jb, char **devices, int n, int 
     td_buf_free(&each);
 }
 
-/* What the job's attempt runs here, as the runner takes it (td_job_run.c): node rank 0 of 1. */
-static node_run local_run(const job *jb, const td_db_attempt *a) {
+/* What the job's attempt runs here, as the runner takes it (service/run/td_runner_start.c): node
+ * rank 0 of 1. */
+static td_runner_attempt local_run(const job *jb, const td_db_attempt *a) {
     bool command = strcmp(jb->row.kind, "command") == 0;
-    return (node_run){.job = jb->row.id,
-                      .uid = jb->row.uid,
-                      .kind = jb->row.kind,
-                      .attempt = a->attempt,
-                      .node_rank = 0,
-                      .nnodes = 1,
-                      .nproc = jb->row.nproc,
-                      .procs = td_jobs_procs(jb),
-                      .dir = jb->dir,
-                      .argv = jb->argv,
-                      .env = jb->env,
-                      .latest_checkpoint = command ? jb->ckpt_path : NULL,
-                      .spec_cwd = jb->cwd,
-                      .local_rank_arg = jb->local_rank_arg,
-                      .launch_self = jb->launch_self,
-                      .see_all_gpus = jb->see_all_gpus,
-                      .slots = jb->devices,
-                      .n_slots = td_jobs_slots(jb),
-                      .master_addr = "127.0.0.1",
-                      .max_restarts = jb->row.max_restarts,
-                      .limits = jb->cg_limits,
-                      .disk_bytes = jb->disk_bytes,
-                      .metrics = jb->metrics,
-                      .deadline = td_jobs_deadline(jb)};
+    return (td_runner_attempt){.job = jb->row.id,
+                               .uid = jb->row.uid,
+                               .kind = jb->row.kind,
+                               .attempt = a->attempt,
+                               .node_rank = 0,
+                               .nnodes = 1,
+                               .nproc = jb->row.nproc,
+                               .procs = td_jobs_procs(jb),
+                               .dir = jb->dir,
+                               .argv = jb->argv,
+                               .env = jb->env,
+                               .latest_checkpoint = command ? jb->ckpt_path : NULL,
+                               .spec_cwd = jb->cwd,
+                               .local_rank_arg = jb->local_rank_arg,
+                               .launch_self = jb->launch_self,
+                               .see_all_gpus = jb->see_all_gpus,
+                               .slots = jb->devices,
+                               .n_slots = td_jobs_slots(jb),
+                               .master_addr = "127.0.0.1",
+                               .max_restarts = jb->row.max_restarts,
+                               .limits = jb->cg_limits,
+                               .disk_bytes = jb->disk_bytes,
+                               .metrics = jb->metrics,
+                               .deadline = td_jobs_deadline(jb)};
 }
 
 /* A new attempt's record: rank 0's output read from its start, no end yet. */
@@ -124,11 +125,11 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     a->started_at = td_clock_wall();
     td_err err = {{0}};
     int ok = td_jobs_allocate_uid(j, &jb->row.uid, &err) == 0;
-    node_run r = local_run(jb, a);
+    td_runner_attempt r = local_run(jb, a);
     if (ok && td_launch_free_port(&r.master_port, &err) != 0) ok = 0;
     free(jb->log_start);
     jb->log_start = td_calloc((size_t)r.procs, sizeof *jb->log_start);
-    char **logs = td_jobs_run_logs(&r, jb->log_start);
+    char **logs = td_runner_logs(&r, jb->log_start);
     if (jb->row.started_at <= 0) jb->row.started_at = a->started_at;
     /* recorded before the shepherd starts: a daemon that dies in between finds the attempt
      * without its file and restarts it; one that dies after finds the file and re-attaches */
@@ -137,14 +138,15 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
     if (td_db_update_job(j->db, &jb->row, &err) != 0) ok = 0; /* out_offset 0 */
     char cgroup[PATH_MAX] = "";
     if (ok) {
-        char **devices =
-            r.slots ? td_jobs_devices_strv(j, r.slots, r.n_slots, r.procs, r.see_all_gpus) : NULL;
+        char **devices = r.slots ? td_runner_devices_strv(&j->runner, r.slots, r.n_slots, r.procs,
+                                                          r.see_all_gpus)
+                                 : NULL;
         set_local_placement(j, jb, devices, r.procs, r.master_port);
         td_strv_free(devices);
         json_t *notes =
             json_pack("{s:O}", "placement", jb->last_placement ? jb->last_placement : json_null());
-        ok = td_jobs_run_start(j, &r, jb->log_start, logs, notes, &jb->sh, cgroup, sizeof cgroup,
-                               &err) == 0;
+        ok = td_runner_start(&j->runner, &r, jb->log_start, logs, notes, &jb->sh, cgroup,
+                             sizeof cgroup, &err) == 0;
         json_decref(notes);
     } else {
         td_shepherd_base(jb->sh.base, sizeof jb->sh.base, jb->dir, a->attempt, 0);
@@ -303,7 +305,7 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
      * the status again, td_job_recover.c) */
     char base[sizeof jb->sh.base];
     snprintf(base, sizeof base, "%s", placed ? "" : jb->sh.base);
-    if (!placed) td_jobs_cgroup_ended(j, jb->cgroup);
+    if (!placed) td_runner_cgroup_ended(&j->runner, jb->cgroup);
     if (jb->cancel_requested) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, CANCELLED, code, reason);
@@ -380,7 +382,7 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
          * group (and cgroup) goes now */
         if (sh->pgid > 0 && !gone_with && td_jobs_group_of(sh->pgid, jb->dir))
             killpg(sh->pgid, SIGKILL);
-        td_jobs_cgroup_ended(j, jb->cgroup);
+        td_runner_cgroup_ended(&j->runner, jb->cgroup);
         char words[300];
         td_shepherd_last_words(sh->base, words, sizeof words);
         memset(e, 0, sizeof *e);
@@ -421,7 +423,7 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     }
     if (absent) {
         td_shepherd_forget(sh->base);
-        td_jobs_cgroup_ended(j, jb->cgroup);
+        td_runner_cgroup_ended(&j->runner, jb->cgroup);
         if (jb->out_fd >= 0) close(jb->out_fd);
         jb->out_fd = -1;
         td_jobs_release_slots(j, jb);

@@ -118,7 +118,7 @@ void td_jobs_prometheus(td_jobs *j, double now, td_buf *out) {
 
 int td_jobs_slots_used(td_jobs *j) {
     td_jobs_lock(j);
-    int used = j->used_slots;
+    int used = j->runner.used_slots;
     pthread_mutex_unlock(&j->mu);
     return used;
 }

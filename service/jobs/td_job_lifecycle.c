@@ -38,7 +38,7 @@ void td_jobs_set_limits(td_jobs *j, const char *const *roots, int n_roots, doubl
     j->roots = fresh;
     j->cfg.rules.data_roots = (const char *const *)fresh;
     j->cfg.rules.n_roots = n_roots;
-    j->cfg.grace_s = grace_s;
+    j->cfg.runner.grace_s = grace_s;
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -63,9 +63,9 @@ int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *lo
     pthread_cond_init(&j->quota_wake, &ca);
     for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_init(&j->stream_cv[i], &ca);
     pthread_condattr_destroy(&ca);
-    if (cfg->gpus > 0) j->gpu_used = td_calloc((size_t)cfg->gpus, sizeof(bool));
+    td_runner_init(&j->runner, &j->cfg.runner);
     char jobs_dir[PATH_MAX];
-    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", cfg->state_dir);
+    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", cfg->runner.state_dir);
     if (mkdir(jobs_dir, 0750) != 0 && errno != EEXIST) {
         td_fail(err, "cannot create %s: %s", jobs_dir, strerror(errno));
         goto fail;
@@ -79,7 +79,8 @@ fail:
 }
 
 int td_jobs_start(td_jobs *j, td_err *err) {
-    td_cgroups_sweep(&j->cfg.cgroups); /* what attempts that ended while no daemon ran left */
+    td_cgroups_sweep(
+        &j->cfg.runner.cgroups); /* what attempts that ended while no daemon ran left */
     /* the parts a previous daemon ran here for its master (after td_jobs_set_cluster: whose slots
      * they hold depends on it), before an agent tells its master what runs here */
     td_jobs_node_parts_recover(j);
@@ -108,7 +109,7 @@ int td_jobs_start(td_jobs *j, td_err *err) {
 void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_timeout_s) {
     td_jobs_lock(j);
     j->cfg.keep_jobs_on_stop = keep_jobs_on_stop;
-    j->cfg.orphan_timeout_s = orphan_timeout_s;
+    j->cfg.runner.orphan_timeout_s = orphan_timeout_s;
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -134,7 +135,7 @@ static void stop_every_job(td_jobs *j) {
         job *jb = j->live[i];
         if (jb->active && !jb->parts && jb->sh.fd >= 0) {
             jb->sh.stop_sent = false; /* a cancel's stop may be on its way: this one says why */
-            n += td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, why);
+            n += td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s, why);
         }
     }
     td_jobs_node_parts_stop_for_exit(j, why);
@@ -142,9 +143,10 @@ static void stop_every_job(td_jobs *j) {
         td_log_notice(j->log,
                       "stopping the jobs running here (keep_jobs_on_stop is false; "
                       "SIGKILL after %g s)",
-                      j->cfg.grace_s);
+                      j->cfg.runner.grace_s);
     struct timespec until;
-    td_clock_deadline(&until, j->cfg.grace_s + 10.0); /* the shepherds keep the grace period */
+    td_clock_deadline(&until,
+                      j->cfg.runner.grace_s + 10.0); /* the shepherds keep the grace period */
     while (shepherds_connected(j) &&
            pthread_cond_timedwait(&j->changed, &j->mu, &until) != ETIMEDOUT) {
     }
@@ -188,11 +190,9 @@ void td_jobs_close(td_jobs *j) {
      * it stops after orphan_timeout_s */
     for (int i = 0; i < j->n_jobs; i++) td_jobs_free_job(j->jobs[i]);
     td_jobs_node_parts_free(j);
-    for (int i = 0; i < j->n_cg_ended; i++) free(j->cg_ended[i]);
-    free(j->cg_ended);
     free(j->jobs);
     free(j->live);
-    free(j->gpu_used);
+    td_runner_free(&j->runner);
     td_strv_free(j->roots);
     for (int i = 0; i < j->n_retired_roots; i++) td_strv_free(j->retired_roots[i]);
     free(j->retired_roots);

@@ -30,7 +30,7 @@ void td_jobs_set_checkpoint(job *jb, long step, const char *path) {
 static bool uploaded(td_jobs *j, const job *jb, json_t *files) {
     if (!json_is_array(files) || json_array_size(files) == 0) return false;
     td_job_files f;
-    td_jobs_files_for(j, jb->row.id, jb->row.uid, &f);
+    td_runner_files_for(&j->runner, jb->row.id, jb->row.uid, &f);
     size_t i;
     json_t *file;
     json_array_foreach(files, i, file) {
@@ -58,7 +58,7 @@ static bool uploaded(td_jobs *j, const job *jb, json_t *files) {
 static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *size, int *walked) {
     td_job_files f;
     *walked = 0;
-    td_jobs_files_for(j, jb->row.id, jb->row.uid, &f);
+    td_runner_files_for(&j->runner, jb->row.id, jb->row.uid, &f);
     char real[PATH_MAX];
     td_err err = {{0}};
     if (!path || !*path) return false;
@@ -177,7 +177,7 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
         } else if (path) {
             char cwd[PATH_MAX];
             td_identity who = td_jobs_identity(j, jb);
-            td_jobs_cwd_of(&who, jb->dir, cwd, sizeof cwd);
+            td_runner_cwd_of(&who, jb->dir, cwd, sizeof cwd);
             snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd,
                      path[0] == '/' ? "" : "/", path);
             path = full;

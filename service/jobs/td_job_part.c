@@ -59,9 +59,9 @@ void td_jobs_node_part_end(td_jobs *j, node_part *g, int code, const char *reaso
     g->exit_code = code;
     snprintf(g->reason, sizeof g->reason, "%s", reason);
     td_str_utf8_repair(g->reason); /* cut at a byte count; JSON carries only whole characters */
-    if (g->devices)
-        for (int i = 0; i < g->slots; i++) j->gpu_used[g->devices[i]] = false;
-    if (g->holds_slots) j->used_slots -= g->slots; /* else the master's placement holds them */
+    td_runner_give_back_gpus(&j->runner, g->devices, g->slots);
+    if (g->holds_slots)
+        j->runner.used_slots -= g->slots; /* else the master's placement holds them */
     g->holds_slots = false;
     free(g->devices);
     g->devices = NULL;
@@ -80,7 +80,7 @@ int td_jobs_order_int(json_t *o, const char *key) {
 
 static void stop_node_part(td_jobs *j, node_part *g) {
     if (g->running && !g->stop) /* (without a connection now: td_jobs_node_parts_tick, later) */
-        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s,
+        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s,
                          g->cut_off[0] ? g->cut_off : "the master stopped this part");
     g->stop = true;
 }
@@ -142,7 +142,7 @@ void td_jobs_node_parts_apply(td_jobs *j, json_t *orders, bool remote) {
             }
             if (!g->running) {
                 td_shepherd_forget(g->sh.base); /* the master knows how it ended */
-                td_jobs_cgroup_ended(j, g->cgroup);
+                td_runner_cgroup_ended(&j->runner, g->cgroup);
                 free_node_part(g);
                 j->node_parts[i] = NULL;
             }
@@ -194,7 +194,7 @@ void td_jobs_node_parts_stop_for_exit(td_jobs *j, const char *why) {
         node_part *g = j->node_parts[i];
         if (!g->running) continue;
         g->sh.stop_sent = false; /* this stop's words are the ones that count */
-        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s, why);
+        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s, why);
     }
 }
 
@@ -223,7 +223,7 @@ static void node_part_gone(td_jobs *j, node_part *g) {
         /* what its processes left (they die with it); only a group still this part's: an id
          * from before a restart may be another's by now */
         if (g->sh.pgid > 0 && td_jobs_group_of(g->sh.pgid, g->dir)) killpg(g->sh.pgid, SIGKILL);
-        td_jobs_cgroup_ended(j, g->cgroup);
+        td_runner_cgroup_ended(&j->runner, g->cgroup);
         char words[200];
         td_shepherd_last_words(g->sh.base, words, sizeof words);
         code = -1;
@@ -264,9 +264,9 @@ void td_jobs_node_parts_tick(td_jobs *j) {
         /* a stop not sent (no connection then), or dropped with a connection since */
         if (!g->running || g->sh.fd < 0 || g->sh.stop_sent) continue;
         if (j->stopping_jobs)
-            td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
+            td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
         else if (g->stop)
-            td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s,
+            td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s,
                              g->cut_off[0] ? g->cut_off : "the master stopped this part");
     }
 }
@@ -276,16 +276,16 @@ void td_jobs_node_parts_tick(td_jobs *j) {
 int td_jobs_order_files(td_jobs *j, long id, long uid, td_job_files *out, td_err *err) {
     td_jobs_lock(j);
     int rc = 0;
-    if (!td_jobs_uid_ok(j, uid))
+    if (!td_runner_uid_ok(&j->runner, uid))
         rc = td_fail(err,
                      "the master gives job %ld uid %ld, which is not one of this node's "
                      "job_uids (give every node the same job_uids)",
                      id, uid);
-    td_jobs_files_for(j, id, uid, out);
+    td_runner_files_for(&j->runner, id, uid, out);
     char cwd[PATH_MAX + 16];
     if (rc == 0 && mkdir(out->dir, 0750) != 0 && errno != EEXIST)
         rc = td_fail(err, "cannot create %s: %s", out->dir, strerror(errno));
-    if (rc == 0) rc = td_jobs_work_dir(&out->who, out->dir, cwd, sizeof cwd, err);
+    if (rc == 0) rc = td_runner_work_dir(&out->who, out->dir, cwd, sizeof cwd, err);
     pthread_mutex_unlock(&j->mu);
     return rc;
 }

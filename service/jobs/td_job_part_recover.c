@@ -19,10 +19,10 @@ static void recover_node_part(td_jobs *j, const char *base, json_t *n) {
     g->nnodes = td_jobs_order_int(n, "nnodes");
     g->nproc = td_jobs_order_int(n, "nproc");
     g->procs = td_jobs_order_int(n, "procs");
-    g->slots = td_jobs_notes_n_slots(n, 0);
+    g->slots = td_runner_notes_n_slots(n, 0);
     g->see_all_gpus = json_is_true(json_object_get(n, "see_all_gpus"));
     snprintf(g->kind, sizeof g->kind, "%s", td_jobs_order_string(n, "kind"));
-    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
+    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.runner.state_dir, g->job);
     g->uid = (long)json_integer_value(json_object_get(n, "uid"));
     if (g->procs < 1 || g->procs > 4096 || g->slots < 0 || g->slots > 4096 * 64) {
         free(g);
@@ -34,8 +34,8 @@ static void recover_node_part(td_jobs *j, const char *base, json_t *n) {
     g->holds_slots = true;
     g->running = true;
     td_err err = {{0}};
-    int rc = td_jobs_run_attach(j, base, n, g->procs, g->slots, &g->devices, g->log_start,
-                                g->cgroup, sizeof g->cgroup, &g->sh, &err);
+    int rc = td_runner_attach(&j->runner, base, n, g->procs, g->slots, &g->devices, g->log_start,
+                              g->cgroup, sizeof g->cgroup, &g->sh, &err);
     j->node_parts =
         td_realloc(j->node_parts, (size_t)(j->n_node_parts + 1) * sizeof *j->node_parts);
     j->node_parts[j->n_node_parts++] = g;
@@ -51,7 +51,7 @@ static void recover_node_part(td_jobs *j, const char *base, json_t *n) {
 
 void td_jobs_node_parts_recover(td_jobs *j) {
     char root[PATH_MAX];
-    snprintf(root, sizeof root, "%s/jobs", j->cfg.state_dir);
+    snprintf(root, sizeof root, "%s/jobs", j->cfg.runner.state_dir);
     DIR *d = opendir(root);
     struct dirent *e;
     while (d && (e = readdir(d))) {
@@ -69,7 +69,7 @@ void td_jobs_node_parts_recover(td_jobs *j) {
             char base[PATH_MAX - 16];
             snprintf(base, sizeof base, "%s/attempt-%d.node-%d", dir, attempt, node_rank);
             json_t *notes = td_shepherd_notes(base);
-            if (td_jobs_notes_of_part(notes)) recover_node_part(j, base, notes);
+            if (td_runner_notes_of_part(notes)) recover_node_part(j, base, notes);
             json_decref(notes);
         }
         if (sub) closedir(sub);

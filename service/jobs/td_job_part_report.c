@@ -59,8 +59,8 @@ static void keep_line(td_jobs *j, node_part *g, const char *line, size_t n) {
     g->backlog_bytes += (long long)n;
     if (!j->cluster && checkpoint && path) { /* an agent: its files go up first */
         char full[2 * PATH_MAX], cwd[PATH_MAX];
-        td_identity who = td_jobs_identity_of(j, g->job, g->uid);
-        td_jobs_cwd_of(&who, g->dir, cwd, sizeof cwd);
+        td_identity who = td_runner_identity_of(&j->runner, g->job, g->uid);
+        td_runner_cwd_of(&who, g->dir, cwd, sizeof cwd);
         snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd, path[0] == '/' ? "" : "/",
                  path);
         l->ckpt = td_str_dup(full);
@@ -175,11 +175,11 @@ json_t *td_jobs_node_parts_report(td_jobs *j, bool remote) {
         char devices[128] = "";
         for (int r = 0; g->devices && r < g->slots; r++)
             snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%d",
-                     r ? "," : "", td_jobs_gpu_id(j, g->devices[r]));
+                     r ? "," : "", td_runner_gpu_id(&j->runner, g->devices[r]));
         json_t *each = json_array();
-        char **per = g->devices
-                         ? td_jobs_devices_strv(j, g->devices, g->slots, g->procs, g->see_all_gpus)
-                         : NULL;
+        char **per = g->devices ? td_runner_devices_strv(&j->runner, g->devices, g->slots, g->procs,
+                                                         g->see_all_gpus)
+                                : NULL;
         for (int p = 0; per && per[p]; p++) json_array_append_new(each, json_string(per[p]));
         td_strv_free(per);
         json_t *e =
@@ -223,7 +223,7 @@ bool td_jobs_node_parts_next_upload(td_jobs *j, long *job_id, int *attempt, long
             } else if (g->lines[k].ckpt) {
                 *job_id = g->job, *attempt = g->attempt, *seq = g->lines[k].seq;
                 snprintf(path, len, "%s", g->lines[k].ckpt);
-                td_jobs_files_for(j, g->job, g->uid, files);
+                td_runner_files_for(&j->runner, g->job, g->uid, files);
                 found = true;
             }
     }

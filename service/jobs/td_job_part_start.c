@@ -1,8 +1,8 @@
 /* Starting a part a master orders (td_job_part.c applies the orders): its directory, uid and
  * fetched checkpoint checked, what it runs and its GPUs, then the runner every attempt on a node
- * starts through (td_job_run.c), in named steps. Apart from the rest of a part's life because it
- * turns an order into what the runner takes; a part that cannot start is reported as ended, with
- * why. */
+ * starts through (service/run/td_runner_start.c), in named steps. Apart from the rest of a part's
+ * life because it turns an order into what the runner takes; a part that cannot start is reported
+ * as ended, with why. */
 #include "service/jobs/td_jobs_private.h"
 
 #include "base/td_strv.h"
@@ -50,7 +50,7 @@ static char **order_strv(json_t *a) {
     return v;
 }
 
-/* The order's numbers into a new node part, listed in j->node parts at once: a part that cannot
+/* The order's numbers into a new node part, listed in j->runner parts at once: a part that cannot
  * start is reported as ended all the same. */
 static node_part *new_node_part(td_jobs *j, json_t *o) {
     node_part *g = td_calloc(1, sizeof *g);
@@ -62,7 +62,7 @@ static node_part *new_node_part(td_jobs *j, json_t *o) {
     g->out_fd = -1;
     g->sh.fd = -1;
     snprintf(g->kind, sizeof g->kind, "%s", td_jobs_order_string(o, "kind"));
-    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.state_dir, g->job);
+    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.runner.state_dir, g->job);
     j->node_parts =
         td_realloc(j->node_parts, (size_t)(j->n_node_parts + 1) * sizeof *j->node_parts);
     j->node_parts[j->n_node_parts++] = g;
@@ -82,7 +82,7 @@ static void take_order(td_jobs *j, node_part *g, json_t *o, bool self, int per_p
     g->see_all_gpus = json_is_true(json_object_get(o, "see_all_gpus"));
     g->slots = g->nproc * per_proc;
     g->holds_slots = !j->cluster;
-    if (g->holds_slots) j->used_slots += g->slots;
+    if (g->holds_slots) j->runner.used_slots += g->slots;
     g->running = true;
 }
 
@@ -92,7 +92,7 @@ static bool may_start(td_jobs *j, node_part *g, json_t *o, td_err *err) {
     bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
               (td_fail(err, "cannot create %s: %s", g->dir, strerror(errno)), false);
     /* the master gives the job's uid: one of this node's job_uids too, or the part fails */
-    if (ok && !td_jobs_uid_ok(j, g->uid))
+    if (ok && !td_runner_uid_ok(&j->runner, g->uid))
         ok = (td_fail(err,
                       "the master gives the job uid %ld, which is not one of this node's job_uids "
                       "(give every node the same job_uids)",
@@ -157,15 +157,10 @@ static char **order_argv(td_jobs *j, node_part *g, json_t *o, bool remote, const
 
 /* The part's GPU slots: the first free ones, all of them or none (*ok false). */
 static void take_gpus(td_jobs *j, node_part *g, bool *ok, td_err *err) {
-    g->devices = td_calloc((size_t)g->slots, sizeof *g->devices);
-    int k = 0;
-    for (int i = 0; i < j->cfg.gpus && k < g->slots; i++)
-        if (!j->gpu_used[i]) j->gpu_used[i] = true, g->devices[k++] = i;
-    if (k < g->slots) {
-        for (int r = 0; r < k; r++) j->gpu_used[g->devices[r]] = false;
-        free(g->devices);
-        g->devices = NULL;
-        td_fail(err, "%d GPUs asked for, %d free on this node", g->slots, k);
+    int free_now = td_runner_gpus_free(&j->runner);
+    g->devices = td_runner_take_gpus(&j->runner, g->slots);
+    if (!g->devices) {
+        td_fail(err, "%d GPUs asked for, %d free on this node", g->slots, free_now);
         *ok = false;
     }
 }
@@ -189,33 +184,33 @@ static void say_started(td_jobs *j, node_part *g, bool ok, const td_err *err,
               master_addr, master_port);
 }
 
-/* What the part runs here, as the runner takes it (td_job_run.c). */
-static node_run order_run(const node_part *g, json_t *o, char **argv, const char *latest) {
-    return (node_run){.job = g->job,
-                      .uid = g->uid,
-                      .kind = g->kind,
-                      .attempt = g->attempt,
-                      .node_rank = g->node_rank,
-                      .nnodes = g->nnodes,
-                      .nproc = g->nproc,
-                      .procs = g->procs,
-                      .dir = g->dir,
-                      .argv = argv,
-                      .env = NULL,
-                      .latest_checkpoint = latest,
-                      .spec_cwd = td_jobs_order_string(o, "cwd"),
-                      .local_rank_arg = td_jobs_order_string(o, "local_rank_arg"),
-                      .launch_self = json_is_true(json_object_get(o, "launch_self")),
-                      .see_all_gpus = g->see_all_gpus,
-                      .slots = g->devices,
-                      .n_slots = g->slots,
-                      .master_addr = td_jobs_order_string(o, "master_addr"),
-                      .master_port = td_jobs_order_int(o, "master_port"),
-                      .max_restarts = td_jobs_order_int(o, "max_restarts"),
-                      .limits = g->cg_limits,
-                      .disk_bytes = g->disk_bytes,
-                      .metrics = json_object_get(o, "metrics"),
-                      .deadline = 0 /* the master keeps the time limit */};
+/* What the part runs here, as the runner takes it (service/run/td_runner_start.c). */
+static td_runner_attempt order_run(const node_part *g, json_t *o, char **argv, const char *latest) {
+    return (td_runner_attempt){.job = g->job,
+                               .uid = g->uid,
+                               .kind = g->kind,
+                               .attempt = g->attempt,
+                               .node_rank = g->node_rank,
+                               .nnodes = g->nnodes,
+                               .nproc = g->nproc,
+                               .procs = g->procs,
+                               .dir = g->dir,
+                               .argv = argv,
+                               .env = NULL,
+                               .latest_checkpoint = latest,
+                               .spec_cwd = td_jobs_order_string(o, "cwd"),
+                               .local_rank_arg = td_jobs_order_string(o, "local_rank_arg"),
+                               .launch_self = json_is_true(json_object_get(o, "launch_self")),
+                               .see_all_gpus = g->see_all_gpus,
+                               .slots = g->devices,
+                               .n_slots = g->slots,
+                               .master_addr = td_jobs_order_string(o, "master_addr"),
+                               .master_port = td_jobs_order_int(o, "master_port"),
+                               .max_restarts = td_jobs_order_int(o, "max_restarts"),
+                               .limits = g->cg_limits,
+                               .disk_bytes = g->disk_bytes,
+                               .metrics = json_object_get(o, "metrics"),
+                               .deadline = 0 /* the master keeps the time limit */};
 }
 
 /* The steps in order: a step that can fail does nothing once one has (ok false), and err says
@@ -239,21 +234,21 @@ void td_jobs_node_part_start(td_jobs *j, json_t *o, bool remote) {
     g->log_sent = td_calloc((size_t)g->procs, sizeof *g->log_sent);
     bool ok = may_start(j, g, o, &err);
     td_job_files files;
-    td_jobs_files_for(j, g->job, g->uid, &files);
+    td_runner_files_for(&j->runner, g->job, g->uid, &files);
     char ckpt_root[PATH_MAX + 16], latest[2 * PATH_MAX + 32];
     const char *rbase = checkpoint_root(g, o, &files, ok, ckpt_root, sizeof ckpt_root);
     bool command = strcmp(g->kind, "command") == 0;
     snprintf(latest, sizeof latest, "%s/%s", ckpt_root, rbase ? rbase : "");
     char **argv = order_argv(j, g, o, remote, ckpt_root, &ok, &err);
-    if (ok && j->cfg.gpus > 0) take_gpus(j, g, &ok, &err);
-    node_run r = order_run(g, o, argv, rbase && command ? latest : NULL);
+    if (ok && j->cfg.runner.gpus > 0) take_gpus(j, g, &ok, &err);
+    td_runner_attempt r = order_run(g, o, argv, rbase && command ? latest : NULL);
     char **env = order_strv(json_object_get(o, "env"));
     r.env = env;
-    char **logs = td_jobs_run_logs(&r, g->log_start);
+    char **logs = td_runner_logs(&r, g->log_start);
     if (ok) {
         json_t *notes = json_pack("{s:b}", "part", 1);
-        ok = td_jobs_run_start(j, &r, g->log_start, logs, notes, &g->sh, g->cgroup,
-                               sizeof g->cgroup, &err) == 0;
+        ok = td_runner_start(&j->runner, &r, g->log_start, logs, notes, &g->sh, g->cgroup,
+                             sizeof g->cgroup, &err) == 0;
         json_decref(notes);
     }
     td_strv_free(argv);

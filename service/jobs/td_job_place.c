@@ -43,7 +43,7 @@ bool td_jobs_clustered(td_jobs *j) {
 static void free_slots(td_jobs *j, const td_cluster_node *nodes, int n, int *free_now) {
     for (int i = 0; i < n; i++) {
         if (nodes[i].master) {
-            free_now[i] = j->cfg.slots - j->used_slots;
+            free_now[i] = j->cfg.runner.slots - j->runner.used_slots;
             continue;
         }
         int held = 0;
@@ -83,7 +83,7 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
         snprintf(p->address, sizeof p->address, "%s", nd->address);
         p->node_rank = i;
         p->local = nd->master;
-        if (p->local) j->used_slots += td_jobs_slots(jb);
+        if (p->local) j->runner.used_slots += td_jobs_slots(jb);
     }
     jb->master_port = port;
     json_decref(jb->resume_order);
@@ -146,7 +146,7 @@ void td_jobs_parts_release(td_jobs *j, job *jb) {
     json_decref(jb->last_placement);
     jb->last_placement = td_jobs_placement_json(jb); /* shown after the attempt too */
     for (int i = 0; i < jb->n_parts; i++)
-        if (jb->parts[i].local) j->used_slots -= td_jobs_slots(jb);
+        if (jb->parts[i].local) j->runner.used_slots -= td_jobs_slots(jb);
     for (int i = 0; i < jb->n_parts; i++) free(jb->parts[i].proc_devices);
     free(jb->parts);
     jb->parts = NULL;

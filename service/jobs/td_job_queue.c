@@ -9,29 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-char **td_jobs_devices_strv(const td_jobs *j, const int *devices, int n_slots, int procs,
-                            bool all) {
-    char **out = td_strv_new(procs);
-    int each = all ? n_slots : procs > 0 ? n_slots / procs : 0;
-    for (int p = 0; p < procs; p++) {
-        td_buf b = {0};
-        for (int i = 0; i < each; i++)
-            td_buf_printf(&b, "%s%d", i ? "," : "",
-                          td_jobs_gpu_id(j, devices[all ? i : p * each + i]));
-        out[p] = td_str_dup(b.data ? b.data : "");
-        td_buf_free(&b);
-    }
-    return out;
-}
-
 void td_jobs_release_slots(td_jobs *j, job *jb) {
     if (jb->parts) {
         td_jobs_parts_release(j, jb);
         return;
     }
-    j->used_slots -= td_jobs_slots(jb);
-    if (jb->devices)
-        for (int i = 0; i < td_jobs_slots(jb); i++) j->gpu_used[jb->devices[i]] = false;
+    j->runner.used_slots -= td_jobs_slots(jb);
+    td_runner_give_back_gpus(&j->runner, jb->devices, td_jobs_slots(jb));
     free(jb->devices);
     jb->devices = NULL;
     jb->active = false;
@@ -39,19 +23,13 @@ void td_jobs_release_slots(td_jobs *j, job *jb) {
 
 bool td_jobs_reserve_slots(td_jobs *j, job *jb) {
     int need = td_jobs_slots(jb);
-    if (j->cfg.slots - j->used_slots < need) return false;
-    j->used_slots += need;
+    if (j->cfg.runner.slots - j->runner.used_slots < need) return false;
+    j->runner.used_slots += need;
     jb->active = true;
-    if (j->cfg.gpus > 0) {
-        jb->devices = td_calloc((size_t)need, sizeof(int));
-        int k = 0;
-        for (int i = 0; i < j->cfg.gpus && k < need; i++)
-            if (!j->gpu_used[i]) j->gpu_used[i] = true, jb->devices[k++] = i;
-        if (k < need) { /* GPUs held outside the slot count (a part still stopping): wait */
-            for (int i = 0; i < k; i++) j->gpu_used[jb->devices[i]] = false;
-            free(jb->devices);
-            jb->devices = NULL;
-            j->used_slots -= need;
+    if (j->cfg.runner.gpus > 0) {
+        jb->devices = td_runner_take_gpus(&j->runner, need);
+        if (!jb->devices) { /* GPUs held outside the slot count (a part still stopping): wait */
+            j->runner.used_slots -= need;
             jb->active = false;
             return false;
         }
@@ -78,9 +56,10 @@ td_sched_job td_jobs_sched_job(const job *jb) {
 
 /* Why the queue's first job does not start on this node. */
 static void say_head_waits(td_jobs *j, job *jb) {
-    int need = td_jobs_slots(jb), free_slots = j->cfg.slots - j->used_slots, running = 0;
+    int need = td_jobs_slots(jb), free_slots = j->cfg.runner.slots - j->runner.used_slots,
+        running = 0;
     for (int i = 0; i < j->n_live; i++) running += j->live[i]->active;
-    const char *what = j->cfg.gpus > 0 ? "GPUs" : "slots";
+    const char *what = j->cfg.runner.gpus > 0 ? "GPUs" : "slots";
     if (free_slots >= need)
         td_jobs_waits(jb,
                       "waits for its %d GPUs: %d are free by count, but a job that is stopping "
@@ -90,12 +69,13 @@ static void say_head_waits(td_jobs *j, job *jb) {
         td_jobs_waits(jb,
                       "waits for %d free %s: %d of %d are free, the rest held by %d running "
                       "job%s",
-                      need, what, free_slots, j->cfg.slots, running, running == 1 ? "" : "s");
+                      need, what, free_slots, j->cfg.runner.slots, running,
+                      running == 1 ? "" : "s");
 }
 
 /* Why a job behind the queue's first did not start ahead of it. */
 static void say_behind(td_jobs *j, job *jb, const job *head) {
-    int need = td_jobs_slots(jb), free_slots = j->cfg.slots - j->used_slots;
+    int need = td_jobs_slots(jb), free_slots = j->cfg.runner.slots - j->runner.used_slots;
     td_jobs_waits(jb, "waits behind job %ld, first in the queue (%s); %s", head->row.id,
                   head->state == RESTARTING                ? "a restart: it was running"
                   : head->row.priority != jb->row.priority ? "a higher priority"
@@ -171,8 +151,8 @@ void td_jobs_schedule(td_jobs *j) {
         queue[n++].pin = NULL;
     }
     td_sched_node node = {.name = j->node_name,
-                          .slots = j->cfg.slots,
-                          .free = j->cfg.slots - j->used_slots,
+                          .slots = j->cfg.runner.slots,
+                          .free = j->cfg.runner.slots - j->runner.used_slots,
                           .usable = true,
                           .master = true};
     node_pass p = {j, jobs, queue};

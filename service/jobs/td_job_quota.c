@@ -85,7 +85,7 @@ static void over(td_jobs *j, const measured *m) {
                   m->job, m->attempt, why);
         snprintf(g->cut_off, sizeof g->cut_off, "node %.60s: %.180s", j->node_name, why);
         g->stop = true;
-        if (g->sh.fd >= 0) td_shepherd_stop(&g->sh, SIGTERM, j->cfg.grace_s, g->cut_off);
+        if (g->sh.fd >= 0) td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s, g->cut_off);
     }
 }
 

@@ -226,7 +226,7 @@ job *td_jobs_new_job(td_jobs *j, const td_db_job *row) {
     for (int s = 0; s < N_STATES; s++)
         if (strcmp(row->state, td_jobs_state_names[s]) == 0) jb->state = s;
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/jobs/%ld", j->cfg.state_dir, row->id);
+    snprintf(dir, sizeof dir, "%s/jobs/%ld", j->cfg.runner.state_dir, row->id);
     jb->dir = td_str_dup(dir);
     jb->stored_seq = row->last_seq;
     return jb;

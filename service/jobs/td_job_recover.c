@@ -113,7 +113,7 @@ static void take_up(td_jobs *j, job *jb) {
     char base[PATH_MAX - 16];
     td_shepherd_base(base, sizeof base, jb->dir, a->attempt, 0);
     json_t *notes = td_shepherd_notes(base);
-    if (!notes || td_jobs_notes_of_part(notes)) {
+    if (!notes || td_runner_notes_of_part(notes)) {
         /* placed across nodes (its parts run as node parts, td_job_part.c), or never started */
         if (!notes && jb->row.pgid > 0 && td_jobs_group_of((pid_t)jb->row.pgid, jb->dir))
             killpg((pid_t)jb->row.pgid, SIGKILL); /* an older traind's group, without a shepherd */
@@ -127,8 +127,8 @@ static void take_up(td_jobs *j, job *jb) {
     char cgroup[PATH_MAX];
     td_err err = {{0}};
     jb->active = true;
-    int rc = td_jobs_run_attach(j, base, notes, n, td_jobs_slots(jb), &jb->devices, jb->log_start,
-                                cgroup, sizeof cgroup, &jb->sh, &err);
+    int rc = td_runner_attach(&j->runner, base, notes, n, td_jobs_slots(jb), &jb->devices,
+                              jb->log_start, cgroup, sizeof cgroup, &jb->sh, &err);
     free(jb->cgroup);
     jb->cgroup = cgroup[0] ? td_str_dup(cgroup) : NULL;
     json_t *placement = json_object_get(notes, "placement");
@@ -171,7 +171,7 @@ static void stop_what_runs(td_jobs *j, job *jb, const char *why) {
     td_shepherd sh;
     td_err err = {{0}};
     if (td_shepherd_attach(&sh, base, &err) == 0) {
-        td_shepherd_stop(&sh, SIGTERM, j->cfg.grace_s, why);
+        td_shepherd_stop(&sh, SIGTERM, j->cfg.runner.grace_s, why);
         td_shepherd_close(&sh);
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
                   "job %ld: its running processes are told to stop: %s", jb->row.id, why);

@@ -190,12 +190,12 @@ static bool prepare_one(td_jobs *j) {
     snprintf(dst, sizeof dst, "%s%s%s", dir[0] == '/' ? "" : jb->dir, dir[0] == '/' ? "" : "/",
              dir);
     td_job_files f;
-    td_jobs_files_for(j, id, jb->row.uid, &f);
+    td_runner_files_for(&j->runner, id, jb->row.uid, &f);
     td_identity who = td_jobs_identity(j, jb);
     char cwd[PATH_MAX + 16];
     td_err place_err = {{0}}, read_err = {{0}};
     /* its checkpoints/ (and work/) made the job's, as an attempt makes them */
-    bool ready = td_jobs_work_dir(&who, jb->dir, cwd, sizeof cwd, &place_err) == 0;
+    bool ready = td_runner_work_dir(&who, jb->dir, cwd, sizeof cwd, &place_err) == 0;
     jb->resume_busy = true; /* td_jobs_delete waits: the copy may go into the job's directory */
     pthread_mutex_unlock(&j->mu);
     if (ready && dir[0] == '/') ready = td_jobfs_mkdir_path(&who, dst, &place_err) == 0;

@@ -144,7 +144,7 @@ static bool node_part_of(const td_jobs *j, long id) {
 /* The numeric entries of jobs/ that are directories, read without the lock. */
 static dir_entry *list_job_dirs(const td_jobs *j, int *count) {
     char root[PATH_MAX];
-    snprintf(root, sizeof root, "%s/jobs", j->cfg.state_dir);
+    snprintf(root, sizeof root, "%s/jobs", j->cfg.runner.state_dir);
     *count = 0;
     DIR *d = opendir(root);
     if (!d) return NULL;
@@ -178,7 +178,7 @@ static int expire_orphans(td_jobs *j, double now, long *ids, bool *moved) {
     int kept = 0;
     for (int i = 0; i < n; i++) {
         char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/jobs/%ld", j->cfg.state_dir, dirs[i].id);
+        snprintf(path, sizeof path, "%s/jobs/%ld", j->cfg.runner.state_dir, dirs[i].id);
         struct stat st;
         if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
             dirs[kept++] = (dir_entry){dirs[i].id, (double)st.st_mtime};
@@ -193,8 +193,8 @@ static int expire_orphans(td_jobs *j, double now, long *ids, bool *moved) {
         /* a part may have started meanwhile (its orders came while the lock was let go) */
         if (!expired || td_jobs_find(j, dirs[i].id) || node_part_of(j, dirs[i].id)) continue;
         char from[PATH_MAX + 32], to[PATH_MAX + 32];
-        snprintf(from, sizeof from, "%s/jobs/%ld", j->cfg.state_dir, dirs[i].id);
-        snprintf(to, sizeof to, "%s/jobs/.deleted-%ld", j->cfg.state_dir, dirs[i].id);
+        snprintf(from, sizeof from, "%s/jobs/%ld", j->cfg.runner.state_dir, dirs[i].id);
+        snprintf(to, sizeof to, "%s/jobs/.deleted-%ld", j->cfg.runner.state_dir, dirs[i].id);
         ids[out] = dirs[i].id;
         moved[out] = rename(from, to) == 0;
         if (moved[out]) out++;
@@ -220,7 +220,7 @@ bool td_jobs_remove_tree(td_jobs *j, long id, const char *path) {
 /* What an interrupted removal (a crash, a kill) left: jobs/.deleted-* whose rows are gone. */
 static void remove_leftovers(td_jobs *j) {
     char root[PATH_MAX];
-    snprintf(root, sizeof root, "%s/jobs", j->cfg.state_dir);
+    snprintf(root, sizeof root, "%s/jobs", j->cfg.runner.state_dir);
     DIR *d = opendir(root);
     if (!d) return;
     struct dirent *e;
@@ -242,7 +242,7 @@ static void remove_moved(td_jobs *j, const long *ids, const bool *moved, int n, 
     for (int k = 0; k < n; k++) {
         if (!moved[k]) continue;
         char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/jobs/.deleted-%ld", j->cfg.state_dir, ids[k]);
+        snprintf(path, sizeof path, "%s/jobs/.deleted-%ld", j->cfg.runner.state_dir, ids[k]);
         td_jobs_remove_tree(j, ids[k], path);
     }
     for (int k = 0; k < n; k++) {

@@ -36,7 +36,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
     pthread_mutex_unlock(&j->mu);
     /* the spec's files are read as a job would read them, not as the daemon (td_identity.h):
      * a path naming the daemon's own files, or another job's, is a 400 like a missing one */
-    td_identity probe = td_jobs_probe_identity(j);
+    td_identity probe = td_runner_probe_identity(&j->runner);
     td_identity_saved saved;
     td_err as_err = {{0}};
     if (td_identity_become(&probe, &saved, &as_err) != 0)
@@ -105,7 +105,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
             td_reply_fail(e, 507, "insufficient_storage", NULL,
                           "the job cannot be stored: the filesystem of traind's state directory "
                           "%s is full (running jobs go on; free space there and submit again)",
-                          j->cfg.state_dir);
+                          j->cfg.runner.state_dir);
             e->retry_after_s = 30;
             return -1;
         }

@@ -37,15 +37,15 @@ static void stop_if_due(td_jobs *j, job *jb) {
     char quota_stop[sizeof jb->quota_reason + 16];
     snprintf(quota_stop, sizeof quota_stop, TD_JOBS_STOP_QUOTA "%s", jb->quota_reason);
     if (jb->cancel_requested && !jb->sh.stop_sent)
-        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s,
                          TD_JOBS_STOP_CANCEL "cancelled by request");
     else if (jb->over_quota && !jb->sh.stop_sent)
-        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, quota_stop);
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s, quota_stop);
     else if (jb->timed_out && !jb->sh.stop_sent)
-        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s,
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s,
                          TD_JOBS_STOP_TIME_LIMIT "the job reached its time limit");
     else if (j->stopping_jobs && !jb->sh.stop_sent) /* connected again meanwhile */
-        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
     if (jb->sh.fd < 0) td_jobs_shepherd_gone(j, jb);
 }
 
@@ -96,7 +96,7 @@ void *td_jobs_supervise(void *arg) {
         for (int i = 0; i < j->n_live; i++) /* events the database refused: tried every second */
             if (j->live[i]->n_pending > 0 && (timeout_ms < 0 || timeout_ms > 1000))
                 timeout_ms = 1000;
-        if (j->n_cg_ended > 0 && (timeout_ms < 0 || timeout_ms > 1000)) timeout_ms = 1000;
+        if (j->runner.n_cg_ended > 0 && (timeout_ms < 0 || timeout_ms > 1000)) timeout_ms = 1000;
         if (j->cfg.on_turn && j->cfg.turn_every_s > 0) {
             int every = (int)(j->cfg.turn_every_s * 1000.0);
             if (every < 1) every = 1;
@@ -146,7 +146,7 @@ void *td_jobs_supervise(void *arg) {
         }
         td_jobs_node_parts_tick(j);
         td_jobs_parts_tick(j);
-        td_jobs_cgroups_tidy(j);
+        td_runner_cgroups_tidy(&j->runner);
         for (int i = 0; i < j->n_live; i++) {
             job *jb = j->live[i];
             if (jb->active && !jb->parts && !jb->left) stop_if_due(j, jb);

@@ -109,7 +109,7 @@ int td_jobs_cancel(td_jobs *j, long id, const td_principal *who, td_buf *out, td
         jb->cancel_requested = true;
         td_jobs_wake(j);
         struct timespec until;
-        td_clock_deadline(&until, j->cfg.grace_s + 30.0);
+        td_clock_deadline(&until, j->cfg.runner.grace_s + 30.0);
         while (!td_jobs_final_state(jb->state) && !j->stopping &&
                pthread_cond_timedwait(&j->changed, &j->mu, &until) != ETIMEDOUT) {
         }
@@ -268,7 +268,7 @@ int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error 
     pthread_cond_broadcast(&j->changed); /* its streams end */
     pthread_mutex_unlock(&j->mu);
     char doomed[PATH_MAX + 32];
-    snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.state_dir, id);
+    snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.runner.state_dir, id);
     if (moved) td_jobs_remove_tree(j, id, doomed);
     td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(id), "job %ld deleted", id);
     return 0;
@@ -280,7 +280,7 @@ bool td_jobs_forget_locked(td_jobs *j, int at) {
     /* out of the way at once (a rename), removed after the lock is let go: a job's files can
      * be gigabytes of checkpoints */
     char doomed[PATH_MAX + 32];
-    snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.state_dir, id);
+    snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.runner.state_dir, id);
     bool moved = rename(jb->dir, doomed) == 0;
     if (!moved && errno != ENOENT)
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: cannot move %s aside: %s", id,
@@ -337,7 +337,7 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, const 
                            writing ? "send" : "fetch");
     if (jb) {
         snprintf(path, len, "%s/%s", jb->dir, rel);
-        td_jobs_files_for(j, id, jb->row.uid, files);
+        td_runner_files_for(&j->runner, id, jb->row.uid, files);
     }
     /* the latest checkpoint, listed as checkpoints/BASE/... (td_job_resume.c), may lie where the
      * master's own rank 0 wrote it: a train job's checkpoint.dir outside the job's directory */
@@ -351,7 +351,7 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, const 
     if (jb && rc == 0 && writing) { /* its checkpoints/ is the job's, as an attempt here makes it */
         td_err err = {{0}};
         char cwd[PATH_MAX + 16];
-        if (td_jobs_work_dir(&files->who, jb->dir, cwd, sizeof cwd, &err) != 0)
+        if (td_runner_work_dir(&files->who, jb->dir, cwd, sizeof cwd, &err) != 0)
             rc = td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
     }
     pthread_mutex_unlock(&j->mu);

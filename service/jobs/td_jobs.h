@@ -17,6 +17,7 @@
 #include "base/td_log.h"
 #include "service/submit/td_submit.h"
 #include "service/store/td_tokens.h"
+#include "service/run/td_runner.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -24,47 +25,22 @@
 
 typedef struct td_jobs td_jobs;
 
-/* Who jobs run as (td_identity.h). */
-typedef enum {
-    TD_RUN_AS_SELF,    /* the daemon's own user: it is not root (jobs are not isolated) */
-    TD_RUN_AS_USER,    /* one user for every job (run_as NAME, or "root") */
-    TD_RUN_AS_DYNAMIC, /* a uid and gid of its own for each job, from job_uids */
-} td_run_as;
-
 typedef struct td_jobs_config {
-    const char *state_dir; /* jobs/<id>/ lives here */
-    const char *worker;    /* traind-worker's path */
-    const char *shepherd;  /* traind-shepherd's path: it runs each attempt (td_shepherd.h) */
-    /* how long a shepherd waits for a daemon that went away before it stops its job */
-    double orphan_timeout_s;
+    td_runner_config runner; /* the node's: slots, GPUs, who jobs run as, cgroups, shepherds */
+    const char *worker;      /* traind-worker's path */
     /* a stopping daemon leaves its jobs running for the next one to re-attach to (else it
      * stops them, with the grace period, and the next start resumes them from checkpoints) */
     bool keep_jobs_on_stop;
-    int slots;             /* GPUs, or CPU slots when there are none */
-    int gpus;              /* > 0: slot i is GPU gpu_ids[i] (CUDA_VISIBLE_DEVICES) */
-    const int *gpu_ids;    /* the gpus CUDA ordinals (NULL: 0 to gpus - 1); kept, not copied */
-    double grace_s;        /* SIGTERM to SIGKILL */
-    td_submit_rules rules; /* its data roots are copied */
-    /* Called by the supervisor thread (without the jobs' mutex) on every turn of its loop, at
-     * least every turn_every_s (when > 0): the daemon's watchdog ping, so a stuck supervisor
-     * stops the pings. */
-    /* who jobs run as: run_as_user for TD_RUN_AS_USER; each its own uid of job_uid_first to
-     * job_uid_last - 1 for TD_RUN_AS_DYNAMIC (job_uid_last, never a job's, is the identity the
-     * data probes run as at submit); supplementary groups job_groups */
-    td_run_as run_as;
-    td_identity run_as_user;
-    uid_t job_uid_first, job_uid_last;
-    gid_t job_groups[TD_IDENTITY_GROUPS];
-    int n_job_groups;
-    td_cgroups cgroups;       /* where attempts' cgroups go (subtree "": none) */
-    td_job_limits limits;     /* resources' defaults and ceilings */
-    int max_checkpoint_files; /* files one checkpoint may hold */
-    double max_events_per_s;  /* a job's metric lines stored per second (0: no limit) */
-    long long max_log_bytes;  /* a rank's log before it is rotated (td_appender.h) */
+    td_submit_rules rules;   /* its data roots are copied */
+    td_job_limits limits;    /* resources' defaults and ceilings */
+    double max_events_per_s; /* a job's metric lines stored per second (0: no limit) */
     /* retention: a finished job is removed (rows and directory) this long after it finished,
      * and beyond the newest keep_finished_jobs finished ones (0: no limit of that kind) */
     double keep_finished_for_s;
     long keep_finished_jobs;
+    /* Called by the supervisor thread (without the jobs' mutex) on every turn of its loop, at
+     * least every turn_every_s (when > 0): the daemon's watchdog ping, so a stuck supervisor
+     * stops the pings. */
     void (*on_turn)(void *ctx);
     void *turn_ctx;
     double turn_every_s;
@@ -184,10 +160,6 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, const 
 /* Job id's files (td_jobfs.h: its directory, its identity, whose files count): for opening what
  * it wrote. 404 in e for no such job. */
 int td_jobs_files_of(td_jobs *j, long id, td_job_files *out, td_reply_error *e);
-/* The identity the data probes of a submission run as: the job's rights and nothing of any
- * job's (td_jobs_config.job_uid_last), or the daemon's own when jobs run as it. */
-td_identity td_jobs_probe_identity(const td_jobs *j);
-
 /* Whether job id exists (404 otherwise). */
 int td_jobs_exists(td_jobs *j, long id, td_reply_error *e);
 

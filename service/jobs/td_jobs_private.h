@@ -6,9 +6,6 @@
  *   td_job_record.c      the table, rendering, state changes and events
  *   td_job_queue.c       which waiting job starts next, and the slots it holds
  *   td_job_attempt.c     what a job runs, its attempts and the restart policy
- *   td_job_run.c         one runner for what this node runs of an attempt (a job's own, or a
- *                        part its master orders): logs, work directory, environment, cgroup,
- *                        the shepherd and its notes
  *   td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
  *   td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
  *   td_job_recover.c     loading the table at start, recovering jobs a daemon left running
@@ -21,7 +18,7 @@
  *   td_job_part_recover.c  any node: the parts a previous daemon left, at start
  *   td_job_part_report.c any node: what it reports of its parts (rank 0's lines, logs, failures)
  *   td_job_resume.c      the cluster's master: the checkpoint an attempt across nodes resumes from
- *   td_job_identity.c    who a job runs as, its directories, limits and cgroups
+ *   td_job_uid.c         a job's uid and limits (who a uid runs as is the node's)
  *   td_job_quota.c       the thread that keeps jobs within their disk quota
  *   td_job_retention.c   the thread that removes finished jobs past their retention
  *   td_job_tboard.c      a job's TensorBoard event files, from its metric events
@@ -32,6 +29,7 @@
 #include "base/td_clock.h"
 #include "service/jobs/td_jobs.h"
 #include "service/jobs/td_scheduler.h"
+#include "service/run/td_runner.h"
 #include "service/run/td_launch.h"
 #include "service/run/td_shepherd.h"
 
@@ -178,7 +176,7 @@ typedef struct part {
 /* One group this node runs for its master (td_job_part.c): the node-side twin of a part. */
 typedef struct node_part {
     long job;
-    long uid;                   /* the job's (td_job_identity.c), as the master's order says */
+    long uid;                   /* the job's (td_job_uid.c), as the master's order says */
     td_cgroup_limits cg_limits; /* and its limits */
     long long disk_bytes;
     char cgroup[PATH_MAX];                 /* its cgroup here (td_cgroup.h); "": none */
@@ -249,18 +247,13 @@ struct td_jobs {
      * at the supervisor's next turn (td_jobs_live_compact) */
     job **live;
     int n_live, cap_live;
-    int used_slots;
+    td_runner runner; /* this node's slots, GPUs, ended attempts' cgroups; what starts attempts */
     long long restarts_total; /* attempts restarted since this daemon started (GET /metrics) */
-    bool *gpu_used;
     int wake_fd, sig_fd;
     pthread_t thread;
     bool started, stopping;
     /* td_jobs_stop asked every shepherd to stop: their ends are left for the next start */
     bool stopping_jobs;
-    /* cgroups of attempts that ended, removed once their shepherds have gone (td_cgroup.h) */
-    char **cg_ended;
-    int n_cg_ended;
-    double cg_tried; /* the last try (monotonic) */
     pthread_t quota; /* td_jobs_quota_keeper */
     bool quota_started;
     pthread_cond_t quota_wake; /* stop (monotonic clock) */
@@ -339,14 +332,6 @@ static inline int td_jobs_slots(const job *jb) {
 static inline int td_jobs_procs(const job *jb) {
     return jb->launch_self ? 1 : jb->row.nproc;
 }
-/* The CUDA ordinal of GPU slot `slot` (td_jobs_config.gpu_ids). */
-static inline int td_jobs_gpu_id(const td_jobs *j, int slot) {
-    return j->cfg.gpu_ids ? j->cfg.gpu_ids[slot] : slot;
-}
-/* Each started process's CUDA_VISIBLE_DEVICES: devices (slots, n_slots of them) shared out in
- * order, n_slots / procs each, or all of them to every process (all: "visible_gpus": "job"); a
- * NULL-terminated list for td_launch_config.devices. */
-char **td_jobs_devices_strv(const td_jobs *j, const int *devices, int n_slots, int procs, bool all);
 bool td_jobs_reserve_slots(td_jobs *j, job *jb);
 void td_jobs_release_slots(td_jobs *j, job *jb);
 void td_jobs_schedule(td_jobs *j);
@@ -379,100 +364,13 @@ json_t *td_jobs_resume_json(const job *jb);
 void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
                           size_t len);
 
-/* ---- td_job_run.c ---- */
-/* What this node runs of one attempt: a job's own (node rank 0 of 1) or a part its master orders;
- * one runner starts both. The pointers are the caller's, for the call. */
-typedef struct node_run {
-    long job, uid;
-    const char *kind;                      /* "train" or "command" */
-    int attempt, node_rank, nnodes, nproc; /* nproc: ranks on this node */
-    int procs;                             /* processes started: nproc, or 1 (launch "self") */
-    const char *dir;                       /* the job's directory here */
-    char **argv, **env;                    /* what the processes run, the job's environment */
-    const char *latest_checkpoint;         /* a command's TRAIND_LATEST_CHECKPOINT, or NULL */
-    const char *spec_cwd;                  /* a command's "cwd" (NULL or "": its work dir) */
-    const char *local_rank_arg;            /* a command's --local_rank option, or NULL */
-    bool launch_self, see_all_gpus;
-    const int *slots; /* its GPU slots here, n_slots of them (NULL: no GPUs) */
-    int n_slots;      /* slots held, GPUs or not: nproc x gpus_per_proc */
-    const char *master_addr;
-    int master_port, max_restarts;
-    td_cgroup_limits limits;
-    long long disk_bytes;
-    json_t *metrics; /* a command's metric patterns for rank 0's shepherd, or NULL */
-    double deadline; /* the time limit's end, kept by the shepherd; 0: none, or the master's */
-} node_run;
-/* Each started process's log (DIR/rank-R.log by global rank), and its size now into
- * log_start[procs]: where the attempt's lines start. */
-char **td_jobs_run_logs(const node_run *r, long long *log_start);
-/* Starts r's processes under a new shepherd (sh): the work directory made ready for who the job
- * runs as, its environment and cgroup (its path into cgroup, "" for none), and the shepherd's
- * spec with the notes (the caller's, completed by td_jobs_run_notes). -1 (err) when it cannot:
- * nothing runs then. */
-int td_jobs_run_start(td_jobs *j, const node_run *r, const long long *log_start, char **logs,
-                      json_t *notes, td_shepherd *sh, char *cgroup, size_t len, td_err *err);
-/* What a restarted daemon reads of an attempt it finds (td_shepherd_notes), added to notes: the
- * job, attempt, node rank, processes, slots ("n_slots", "gpu_slots"), log offsets, uid, cgroup. */
-void td_jobs_run_notes(const node_run *r, const char *cgroup, const long long *log_start,
-                       json_t *notes);
-/* The GPU slots an attempt's notes list (an older traind wrote "slots" for a job's own attempt
- * and "devices" for a part), and how many slots it holds. */
-json_t *td_jobs_notes_gpu_slots(json_t *notes);
-int td_jobs_notes_n_slots(json_t *notes, int otherwise);
-/* Whether the notes are a part's a master ordered ("part"; an older traind's "guest"). */
-bool td_jobs_notes_of_part(json_t *notes);
-/* An attempt a previous daemon started here (BASE, its notes), found again: its procs processes'
- * log offsets, its n_slots slots held again (and the very GPUs, into *devices: NULL without
- * them), its cgroup, and its shepherd attached (td_shepherd_attach: 0 it still runs, 1 it ended,
- * -1 its file cannot be read). */
-int td_jobs_run_attach(td_jobs *j, const char *base, json_t *notes, int procs, int n_slots,
-                       int **devices, long long *log_start, char *cgroup, size_t len,
-                       td_shepherd *sh, td_err *err);
-/* The GPU slots an attempt file's notes list (n of them), marked used again; NULL without GPUs
- * (a node without them, or notes without a list). */
-int *td_jobs_hold_gpus(td_jobs *j, json_t *slots, int n);
-/* The attempt file's notes: GPU slots (null without GPUs), log offsets. */
-json_t *td_jobs_ints_json(const int *v, int n);
-json_t *td_jobs_sizes_json(const long long *v, int n);
-/* The shepherd's spec for td_launch_config c (td_shepherd.h; its "daemon" notes are the
- * caller's). */
-json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
-                              char **devices, double deadline);
-
-/* ---- td_job_identity.c ---- */
-/* Who job id (of uid, when it has one of its own) runs as. */
-td_identity td_jobs_identity_of(const td_jobs *j, long id, long uid);
-td_identity td_jobs_identity(const td_jobs *j, const job *jb);
+/* ---- td_job_uid.c ---- */
+td_identity td_jobs_identity(const td_jobs *j, const job *jb); /* who jb runs as */
 /* A uid of its own into *uid when jobs get one and it has none yet (-1: none is free). */
 int td_jobs_allocate_uid(td_jobs *j, long *uid, td_err *err);
 /* jb's limits: what it asked for (0: not given), else the daemon's defaults d. */
 void td_jobs_limit_job(job *jb, const td_job_limits *d, double memory_gb, long pids, int cpu_weight,
                        double disk_gb);
-/* Whether uid may be a job's here (in job_uids, when jobs get their own). */
-bool td_jobs_uid_ok(const td_jobs *j, long uid);
-/* Job id's files (td_jobfs.h), for a job of uid. */
-void td_jobs_files_for(const td_jobs *j, long id, long uid, td_job_files *out);
-/* The directory an attempt's processes run in, made ready for who (cwd: dir, or dir/work when
- * they run as another user than the daemon). */
-int td_jobs_work_dir(const td_identity *who, const char *dir, char *cwd, size_t len, td_err *err);
-/* Where the processes start: spec_cwd (a command's "cwd") when absolute, DIR/work/spec_cwd when
- * relative, else the work directory `work`. */
-void td_jobs_start_dir(const char *dir, const char *work, const char *spec_cwd, char *out,
-                       size_t len);
-/* That directory's name alone (what a relative path a job prints is relative to). */
-void td_jobs_cwd_of(const td_identity *who, const char *dir, char *cwd, size_t len);
-/* Makes the cgroup of attempt `attempt` of job id on node rank node_rank with lim (td_cgroup.h):
- * its path in out, "" when there are no cgroups here. */
-int td_jobs_attempt_cgroup(td_jobs *j, long id, int attempt, int node_rank,
-                           const td_cgroup_limits *lim, char *out, size_t len, td_err *err);
-/* An attempt's cgroup (path; NULL or "": none) whose attempt is over: its processes are killed
- * (what its shepherd did not end, a shepherd that died) and it goes once it is empty. */
-void td_jobs_cgroup_ended(td_jobs *j, const char *path);
-/* Removes what can go of those (every second at most): the supervisor's turn. */
-void td_jobs_cgroups_tidy(td_jobs *j);
-/* USER, LOGNAME, HOME and TMPDIR for a job of its own identity, appended to env at *n (4 at
- * most). */
-void td_jobs_identity_env(const td_identity *who, const char *cwd, char **env, size_t *n);
 
 /* ---- td_job_output.c ---- */
 /* Reads rank 0's output file on to what its shepherd said it holds; final: the attempt is over,

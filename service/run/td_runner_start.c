@@ -2,10 +2,12 @@
  * a daemon without agents (node rank 0 of 1) and a part its master orders (td_job_part_start.c)
  * start their processes the same way: each process's log, the work directory made ready for who
  * the job runs as, its environment, its cgroup, then traind-shepherd on a spec that carries the
- * notes a restarted daemon reads to find the attempt again (td_jobs_run_notes). A node is a
+ * notes a restarted daemon reads to find the attempt again (td_runner_notes). A node is a
  * cluster of one: the callers differ in where the numbers come from (the job's record, or the
  * master's order), not in how the processes start. */
-#include "service/jobs/td_jobs_private.h"
+#include "service/run/td_runner.h"
+
+#include "base/td_error.h"
 
 #include "base/td_strv.h"
 
@@ -19,21 +21,21 @@ static json_t *strv_json(char *const *v) {
     return a;
 }
 
-json_t *td_jobs_ints_json(const int *v, int n) {
+static json_t *ints_json(const int *v, int n) {
     if (!v) return json_null();
     json_t *a = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
     return a;
 }
 
-json_t *td_jobs_sizes_json(const long long *v, int n) {
+static json_t *sizes_json(const long long *v, int n) {
     json_t *a = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
     return a;
 }
 
-json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt, char **logs,
-                              char **devices, double deadline) {
+json_t *td_runner_shepherd_spec(const td_runner *n, const td_launch_config *c, int attempt,
+                                char **logs, char **devices, double deadline) {
     json_t *o = json_pack(
         "{s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, "
         "s:i, s:f, s:f, s:f, s:b}",
@@ -42,8 +44,8 @@ json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt
         "master_addr", c->master_addr, "run_id", c->run_id, "local_rank_arg",
         c->local_rank_arg ? c->local_rank_arg : "", "nproc", c->nproc_per_node, "nnodes", c->nnodes,
         "node_rank", c->node_rank, "master_port", c->master_port, "max_restarts", c->max_restarts,
-        "attempt", attempt, "grace_s", j->cfg.grace_s, "deadline", deadline, "orphan_timeout_s",
-        j->cfg.orphan_timeout_s > 0 ? j->cfg.orphan_timeout_s : 600.0, "launch_self",
+        "attempt", attempt, "grace_s", n->cfg->grace_s, "deadline", deadline, "orphan_timeout_s",
+        n->cfg->orphan_timeout_s > 0 ? n->cfg->orphan_timeout_s : 600.0, "launch_self",
         c->launch_self);
     TD_ASSERT(o, "json_pack of a shepherd's spec failed");
     const td_identity *u = c->user;
@@ -56,14 +58,14 @@ json_t *td_jobs_shepherd_spec(td_jobs *j, const td_launch_config *c, int attempt
                                       (json_int_t)u->uid, "gid", (json_int_t)u->gid, "groups",
                                       groups, "lookup_groups", u->lookup_groups));
     }
-    if (j->cfg.max_log_bytes > 0)
-        json_object_set_new(o, "max_log_bytes", json_integer((json_int_t)j->cfg.max_log_bytes));
+    if (n->cfg->max_log_bytes > 0)
+        json_object_set_new(o, "max_log_bytes", json_integer((json_int_t)n->cfg->max_log_bytes));
     if (c->max_file_bytes > 0)
         json_object_set_new(o, "max_file_bytes", json_integer((json_int_t)c->max_file_bytes));
     return o;
 }
 
-char **td_jobs_run_logs(const node_run *r, long long *log_start) {
+char **td_runner_logs(const td_runner_attempt *r, long long *log_start) {
     char **logs = td_strv_new(r->procs);
     for (int p = 0; p < r->procs; p++) {
         char path[PATH_MAX + 32];
@@ -77,7 +79,7 @@ char **td_jobs_run_logs(const node_run *r, long long *log_start) {
 
 /* The environment the processes get besides the launcher's: the job's own, its id, a command's
  * latest checkpoint, and who they run as in cwd. */
-static char **run_env(const node_run *r, const td_identity *who, const char *cwd) {
+static char **run_env(const td_runner_attempt *r, const td_identity *who, const char *cwd) {
     int n_env = 0;
     while (r->env && r->env[n_env]) n_env++;
     char **env = td_strv_new(n_env + 6);
@@ -92,19 +94,18 @@ static char **run_env(const node_run *r, const td_identity *who, const char *cwd
         env[n_env++] = td_str_dup(var);
     }
     size_t n_set = (size_t)n_env;
-    td_jobs_identity_env(who, cwd, env, &n_set);
+    td_runner_identity_env(who, cwd, env, &n_set);
     return env;
 }
 
-void td_jobs_run_notes(const node_run *r, const char *cgroup, const long long *log_start,
-                       json_t *notes) {
+void td_runner_notes(const td_runner_attempt *r, const char *cgroup, const long long *log_start,
+                     json_t *notes) {
     json_t *common = json_pack(
         "{s:I, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:b, s:s, s:o, s:I, s:s}", "job",
         (json_int_t)r->job, "attempt", r->attempt, "node_rank", r->node_rank, "nnodes", r->nnodes,
         "nproc", r->nproc, "procs", r->procs, "n_slots", r->n_slots, "gpu_slots",
-        td_jobs_ints_json(r->slots, r->n_slots), "see_all_gpus", r->see_all_gpus, "kind", r->kind,
-        "log_start", td_jobs_sizes_json(log_start, r->procs), "uid", (json_int_t)r->uid, "cgroup",
-        cgroup);
+        ints_json(r->slots, r->n_slots), "see_all_gpus", r->see_all_gpus, "kind", r->kind,
+        "log_start", sizes_json(log_start, r->procs), "uid", (json_int_t)r->uid, "cgroup", cgroup);
     TD_ASSERT(common, "json_pack of an attempt's notes failed");
     json_object_update(notes, common);
     json_decref(common);
@@ -112,9 +113,9 @@ void td_jobs_run_notes(const node_run *r, const char *cgroup, const long long *l
 
 /* The shepherd's spec for r, which runs cfg: rank 0's output and metrics where node rank 0 runs,
  * its cgroup, and the notes. */
-static json_t *run_spec(td_jobs *j, const node_run *r, const td_launch_config *cfg, char **logs,
-                        char **devices, const char *cgroup, json_t *notes) {
-    json_t *spec = td_jobs_shepherd_spec(j, cfg, r->attempt, logs, devices, r->deadline);
+static json_t *run_spec(const td_runner *n, const td_runner_attempt *r, const td_launch_config *cfg,
+                        char **logs, char **devices, const char *cgroup, json_t *notes) {
+    json_t *spec = td_runner_shepherd_spec(n, cfg, r->attempt, logs, devices, r->deadline);
     if (r->node_rank != 0) json_object_set_new(spec, "output", json_null());
     if (r->metrics && r->node_rank == 0) json_object_set(spec, "metrics", r->metrics);
     /* a directory the job chose: the shepherd enters it as the job */
@@ -124,28 +125,30 @@ static json_t *run_spec(td_jobs *j, const node_run *r, const td_launch_config *c
     return spec;
 }
 
-int td_jobs_run_start(td_jobs *j, const node_run *r, const long long *log_start, char **logs,
-                      json_t *notes, td_shepherd *sh, char *cgroup, size_t len, td_err *err) {
+int td_runner_start(td_runner *n, const td_runner_attempt *r, const long long *log_start,
+                    char **logs, json_t *notes, td_shepherd *sh, char *cgroup, size_t len,
+                    td_err *err) {
     cgroup[0] = 0;
     char base[sizeof sh->base];
     td_shepherd_base(base, sizeof base, r->dir, r->attempt, r->node_rank);
     snprintf(sh->base, sizeof sh->base, "%s", base);
-    td_identity who = td_jobs_identity_of(j, r->job, r->uid);
+    td_identity who = td_runner_identity_of(n, r->job, r->uid);
     char cwd[PATH_MAX + 16], start[PATH_MAX + 16];
-    if (td_jobs_work_dir(&who, r->dir, cwd, sizeof cwd, err) != 0) return -1;
-    td_jobs_start_dir(r->dir, cwd, r->spec_cwd, start, sizeof start);
-    if (td_jobs_attempt_cgroup(j, r->job, r->attempt, r->node_rank, &r->limits, cgroup, len, err) !=
-        0)
+    if (td_runner_work_dir(&who, r->dir, cwd, sizeof cwd, err) != 0) return -1;
+    td_runner_start_dir(r->dir, cwd, r->spec_cwd, start, sizeof start);
+    if (td_runner_attempt_cgroup(n, r->job, r->attempt, r->node_rank, &r->limits, cgroup, len,
+                                 err) != 0)
         return -1;
     char **env = run_env(r, &who, cwd);
     char **devices =
-        r->slots ? td_jobs_devices_strv(j, r->slots, r->n_slots, r->procs, r->see_all_gpus) : NULL;
+        r->slots ? td_runner_devices_strv(n, r->slots, r->n_slots, r->procs, r->see_all_gpus)
+                 : NULL;
     td_launch_config cfg = {.nproc_per_node = r->nproc,
                             .nnodes = r->nnodes,
                             .node_rank = r->node_rank,
                             .master_port = r->master_port,
                             .max_restarts = r->max_restarts,
-                            .grace_s = j->cfg.grace_s,
+                            .grace_s = n->cfg->grace_s,
                             .argv = r->argv,
                             .local_rank_arg = r->local_rank_arg,
                             .launch_self = r->launch_self,
@@ -155,9 +158,9 @@ int td_jobs_run_start(td_jobs *j, const node_run *r, const long long *log_start,
                             .max_file_bytes = r->disk_bytes};
     snprintf(cfg.master_addr, sizeof cfg.master_addr, "%s", r->master_addr);
     snprintf(cfg.run_id, sizeof cfg.run_id, "traind-job-%ld", r->job);
-    td_jobs_run_notes(r, cgroup, log_start, notes);
-    json_t *spec = run_spec(j, r, &cfg, logs, devices, cgroup, notes);
-    int rc = td_shepherd_start(sh, j->cfg.shepherd, base, spec, err);
+    td_runner_notes(r, cgroup, log_start, notes);
+    json_t *spec = run_spec(n, r, &cfg, logs, devices, cgroup, notes);
+    int rc = td_shepherd_start(sh, n->cfg->shepherd, base, spec, err);
     snprintf(sh->base, sizeof sh->base, "%s", base);
     json_decref(spec);
     td_strv_free(env);
@@ -165,40 +168,31 @@ int td_jobs_run_start(td_jobs *j, const node_run *r, const long long *log_start,
     return rc;
 }
 
-json_t *td_jobs_notes_gpu_slots(json_t *notes) {
+/* The GPU slots an attempt's notes list (an older traind wrote "slots" for a job's own attempt
+ * and "devices" for a part). */
+static json_t *notes_gpu_slots(json_t *notes) {
     json_t *s = json_object_get(notes, "gpu_slots");
     if (s) return s;
     s = json_object_get(notes, "slots");
     return json_is_array(s) ? s : json_object_get(notes, "devices");
 }
 
-int td_jobs_notes_n_slots(json_t *notes, int otherwise) {
+int td_runner_notes_n_slots(json_t *notes, int otherwise) {
     json_t *n = json_object_get(notes, "n_slots");
     if (!n) n = json_object_get(notes, "slots"); /* an older traind's part: the count */
     return json_is_integer(n) ? (int)json_integer_value(n) : otherwise;
 }
 
-bool td_jobs_notes_of_part(json_t *notes) {
+bool td_runner_notes_of_part(json_t *notes) {
     return json_is_true(json_object_get(notes, "part")) ||
            json_is_true(json_object_get(notes, "guest")); /* an older traind's word */
 }
 
-int *td_jobs_hold_gpus(td_jobs *j, json_t *slots, int n) {
-    if (j->cfg.gpus <= 0 || !json_is_array(slots)) return NULL;
-    int *devices = td_calloc((size_t)n, sizeof(int));
-    for (int i = 0; i < n; i++) {
-        int d = (int)json_integer_value(json_array_get(slots, (size_t)i));
-        devices[i] = d >= 0 && d < j->cfg.gpus ? d : 0;
-        if (d >= 0 && d < j->cfg.gpus) j->gpu_used[d] = true;
-    }
-    return devices;
-}
-
-int td_jobs_run_attach(td_jobs *j, const char *base, json_t *notes, int procs, int n_slots,
-                       int **devices, long long *log_start, char *cgroup, size_t len,
-                       td_shepherd *sh, td_err *err) {
-    j->used_slots += n_slots;
-    *devices = td_jobs_hold_gpus(j, td_jobs_notes_gpu_slots(notes), n_slots);
+int td_runner_attach(td_runner *n, const char *base, json_t *notes, int procs, int n_slots,
+                     int **devices, long long *log_start, char *cgroup, size_t len, td_shepherd *sh,
+                     td_err *err) {
+    n->used_slots += n_slots;
+    *devices = td_runner_hold_gpus(n, notes_gpu_slots(notes), n_slots);
     json_t *starts = json_object_get(notes, "log_start");
     for (int p = 0; p < procs; p++)
         log_start[p] = (long long)json_integer_value(json_array_get(starts, (size_t)p));

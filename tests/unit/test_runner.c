@@ -1,0 +1,124 @@
+/* The runner (service/run/td_runner.h) without a shepherd: GPU slots taken all or none and given
+ * back, each process's CUDA_VISIBLE_DEVICES, the notes an attempt's file carries, and an attempt
+ * found again from its notes, in this traind's words and in an older one's (a daemon upgraded
+ * under running jobs re-attaches to what the old one started). */
+#include "service/run/td_runner.h"
+
+#include "base/td_strv.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+static td_runner_config four_gpus = {.state_dir = "/nonexistent", .slots = 4, .gpus = 4};
+
+Test(runner, gpus_are_taken_all_or_none_and_given_back) {
+    td_runner n;
+    td_runner_init(&n, &four_gpus);
+    int *a = td_runner_take_gpus(&n, 3);
+    cr_assert(a);
+    cr_assert_eq(a[0] + a[1] + a[2], 0 + 1 + 2);
+    cr_assert_eq(td_runner_gpus_free(&n), 1);
+    cr_assert_null(td_runner_take_gpus(&n, 2), "two asked for, one free: none taken");
+    cr_assert_eq(td_runner_gpus_free(&n), 1, "a refused take holds nothing");
+    td_runner_give_back_gpus(&n, a, 3);
+    cr_assert_eq(td_runner_gpus_free(&n), 4);
+    free(a);
+    td_runner_free(&n);
+}
+
+Test(runner, devices_are_shared_out_by_process_or_all_to_each) {
+    int ids[] = {7, 5, 3, 1};
+    td_runner_config cfg = four_gpus;
+    cfg.gpu_ids = ids;
+    td_runner n;
+    td_runner_init(&n, &cfg);
+    int slots[] = {0, 1, 2, 3};
+    char **each = td_runner_devices_strv(&n, slots, 4, 2, false);
+    cr_assert_str_eq(each[0], "7,5");
+    cr_assert_str_eq(each[1], "3,1");
+    cr_assert_null(each[2]);
+    char **all = td_runner_devices_strv(&n, slots, 4, 2, true);
+    cr_assert_str_eq(all[0], "7,5,3,1");
+    cr_assert_str_eq(all[1], "7,5,3,1");
+    td_strv_free(each);
+    td_strv_free(all);
+    td_runner_free(&n);
+}
+
+/* The notes the runner writes for a part of 2 processes with GPU slots 2 and 3, read back. */
+Test(runner, notes_found_again) {
+    td_runner n;
+    td_runner_init(&n, &four_gpus);
+    int slots[] = {2, 3};
+    long long starts[] = {10, 20};
+    td_runner_attempt r = {.job = 9,
+                           .uid = 61000,
+                           .kind = "command",
+                           .attempt = 1,
+                           .node_rank = 1,
+                           .nnodes = 2,
+                           .nproc = 2,
+                           .procs = 2,
+                           .dir = "/nonexistent/jobs/9",
+                           .slots = slots,
+                           .n_slots = 2};
+    json_t *notes = json_pack("{s:b}", "part", 1);
+    td_runner_notes(&r, "/sys/fs/cgroup/traind/job-9", starts, notes);
+    cr_assert(td_runner_notes_of_part(notes));
+    cr_assert_eq(td_runner_notes_n_slots(notes, -1), 2);
+    int *devices = NULL;
+    long long found[2] = {0};
+    char cgroup[256];
+    td_shepherd sh;
+    td_err err = {{0}};
+    int rc = td_runner_attach(&n, "/nonexistent/jobs/9/attempt-1.node-1", notes, 2, 2, &devices,
+                              found, cgroup, sizeof cgroup, &sh, &err);
+    cr_assert_eq(rc, -1, "no attempt file: %s", err.msg);
+    cr_assert(devices);
+    cr_assert_eq(devices[0], 2);
+    cr_assert_eq(devices[1], 3);
+    cr_assert_eq(n.used_slots, 2);
+    cr_assert_eq(td_runner_gpus_free(&n), 2, "the very GPUs are held again");
+    cr_assert_eq(found[0], 10);
+    cr_assert_eq(found[1], 20);
+    cr_assert_str_eq(cgroup, "/sys/fs/cgroup/traind/job-9");
+    free(devices);
+    json_decref(notes);
+    td_runner_free(&n);
+}
+
+/* An older traind's notes: a part said "guest", its slot count "slots" and its GPUs "devices"; a
+ * job's own attempt listed its GPUs in "slots". */
+Test(runner, an_older_traind_s_notes_are_read) {
+    td_runner n;
+    td_runner_init(&n, &four_gpus);
+    json_t *part = json_loads("{\"guest\": true, \"slots\": 2, \"devices\": [1, 3], "
+                              "\"log_start\": [5, 6], \"cgroup\": \"\"}",
+                              0, NULL);
+    cr_assert(td_runner_notes_of_part(part));
+    cr_assert_eq(td_runner_notes_n_slots(part, -1), 2);
+    int *devices = NULL;
+    long long found[2] = {0};
+    char cgroup[64];
+    td_shepherd sh;
+    td_err err = {{0}};
+    td_runner_attach(&n, "/nonexistent/a", part, 2, 2, &devices, found, cgroup, sizeof cgroup, &sh,
+                     &err);
+    cr_assert(devices);
+    cr_assert_eq(devices[0], 1);
+    cr_assert_eq(devices[1], 3);
+    cr_assert_eq(found[1], 6);
+    free(devices);
+    json_t *own = json_loads("{\"slots\": [0], \"log_start\": [0]}", 0, NULL);
+    cr_assert_not(td_runner_notes_of_part(own));
+    cr_assert_eq(td_runner_notes_n_slots(own, 1), 1, "a list is not a count");
+    td_runner_attach(&n, "/nonexistent/b", own, 1, 1, &devices, found, cgroup, sizeof cgroup, &sh,
+                     &err);
+    cr_assert(devices);
+    cr_assert_eq(devices[0], 0);
+    cr_assert_eq(td_runner_gpus_free(&n), 1);
+    free(devices);
+    json_decref(part);
+    json_decref(own);
+    td_runner_free(&n);
+}
