@@ -1,9 +1,10 @@
 /* A job's checkpoints over HTTP: the listing with every file of each one (as it is on disk now),
- * one file with Range, and a whole checkpoint streamed as a tar (service/run/td_ckpt.c). */
+ * one file with Range, and a whole checkpoint streamed as a tar
+ * (service/run/td_checkpoint_files.c). */
 #include "api/td_api_private.h"
 
 #include "io/td_checkpoint.h"
-#include "service/run/td_ckpt.h"
+#include "service/run/td_checkpoint_files.h"
 #include "service/run/td_jobfs.h"
 
 #include <fcntl.h>
@@ -65,26 +66,26 @@ static json_t *url_json(long job, long step, const char *name) {
  * megabytes nor a request that walks them all. */
 enum { PAGE_DEFAULT = 100, PAGE_MAX = 1000, MAX_LISTED = 1000, PAGE_FILES = 2000 };
 
-typedef struct ckpt_ctx {
+typedef struct checkpoint_ctx {
     long job;
     json_t *list;
     td_job_files files; /* whose they are, and how to reach them (td_jobfs.h) */
     long offset, limit, seen;
     int files_left; /* of the page's PAGE_FILES: the rest of its checkpoints list none */
-} ckpt_ctx;
+} checkpoint_ctx;
 
 /* One checkpoint as the API shows it: its files as they are on disk now (checkpoint.keep may
  * have removed it since), each with its download URL, and the URL of the whole as a tar. */
 static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
-    ckpt_ctx *ctx = cls;
+    checkpoint_ctx *ctx = cls;
     long at = ctx->seen++;
     if (at < ctx->offset || at >= ctx->offset + ctx->limit) return; /* another page's */
-    td_ckpt_file *files = NULL;
+    td_checkpoint_file *files = NULL;
     int n = 0, listed = 0;
     td_err err = {{0}};
     bool on_disk, walked = ctx->files_left > 0;
     if (walked) {
-        on_disk = td_ckpt_list(&ctx->files, c->path, &files, &n, &err) == 0;
+        on_disk = td_checkpoint_list(&ctx->files, c->path, &files, &n, &err) == 0;
         listed = n < MAX_LISTED ? n : MAX_LISTED;
         if (listed > ctx->files_left) listed = ctx->files_left;
         ctx->files_left -= n; /* what the walk cost */
@@ -103,7 +104,7 @@ static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
             model = url_json(ctx->job, c->step, files[i].name);
         }
     }
-    td_ckpt_files_free(files, n);
+    td_checkpoint_files_free(files, n);
     char when[64], archive[96];
     time_t t = (time_t)c->created_at;
     struct tm tm;
@@ -121,7 +122,7 @@ static void checkpoint_json(void *cls, const td_db_checkpoint *c) {
 /* GET .../checkpoints (step < 0: a page of them) or .../checkpoints/{step}. */
 static enum MHD_Result listing(td_api *api, struct MHD_Connection *c, long id, long step) {
     td_reply_error e;
-    ckpt_ctx ctx = {
+    checkpoint_ctx ctx = {
         .job = id, .list = json_array(), .limit = PAGE_DEFAULT, .files_left = PAGE_FILES};
     bool bad = false;
     td_api_query_long(c, "limit", 1, PAGE_MAX, &ctx.limit, &bad);
@@ -185,8 +186,8 @@ static enum MHD_Result range_not_satisfiable(struct MHD_Connection *c, const cha
 /* GET .../checkpoints/{step}/{name}: one file of a checkpoint, with Range, and If-Range against
  * its Last-Modified: a client resuming a download of a file that has since been written again
  * (a restarted job saving the same step) gets the whole new file instead of a splice. */
-static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, long id, long step,
-                                       const char *name) {
+static enum MHD_Result send_checkpoint_file(td_api *api, struct MHD_Connection *c, long id,
+                                            long step, const char *name) {
     char path[PATH_MAX];
     td_reply_error e;
     td_job_files files;
@@ -196,7 +197,7 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
     int fd;
     long long size;
     td_err err = {{0}};
-    if (td_ckpt_open(&files, path, name, &fd, &size, &err) != 0) {
+    if (td_checkpoint_open(&files, path, name, &fd, &size, &err) != 0) {
         td_reply_fail(&e, 404, "not_found", NULL,
                       "checkpoint of step %ld: %s (the list at /v1/jobs/%ld/checkpoints/%ld names "
                       "its files; checkpoint.keep removes older checkpoints)",
@@ -235,7 +236,7 @@ static enum MHD_Result checkpoint_file(td_api *api, struct MHD_Connection *c, lo
 }
 
 typedef struct tar_stream {
-    td_ckpt_tar *tar;
+    td_checkpoint_tar *tar;
     td_api_pending out;
     bool done;
     td_log *log;
@@ -252,7 +253,7 @@ static ssize_t read_tar(void *cls, uint64_t pos, char *buf, size_t max) {
         td_err err = {{0}};
         /* a file that went away mid-download: cut the response, never a short archive that
          * looks complete (the chunked encoding then lacks its end) */
-        if (td_ckpt_tar_next(s->tar, &s->out.buf, &s->done, &err) != 0) {
+        if (td_checkpoint_tar_next(s->tar, &s->out.buf, &s->done, &err) != 0) {
             td_log_at(s->log, TD_LOG_WARNING, TD_LOG_JOB(s->job), "job %ld: checkpoint archive: %s",
                       s->job, err.msg);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -262,7 +263,7 @@ static ssize_t read_tar(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void free_tar(void *cls) {
     tar_stream *s = cls;
-    td_ckpt_tar_close(s->tar);
+    td_checkpoint_tar_close(s->tar);
     td_buf_free(&s->out.buf);
     free(s);
 }
@@ -278,7 +279,7 @@ static enum MHD_Result send_tar(td_api *api, struct MHD_Connection *c, long id,
     s->log = api->cfg.log;
     s->job = id;
     td_err err = {{0}};
-    if (td_ckpt_tar_open(&s->tar, files, path, top, &err) != 0) {
+    if (td_checkpoint_tar_open(&s->tar, files, path, top, &err) != 0) {
         free(s);
         td_reply_error e;
         td_reply_fail(&e, 404, "not_found", NULL, "%s is no longer on disk (%s)", what, err.msg);
@@ -335,7 +336,8 @@ enum MHD_Result td_api_checkpoints(td_api *api, struct MHD_Connection *c, long i
     return listing(api, c, id, -1);
 }
 
-td_api_ckpt_route td_api_parse_checkpoint_tail(const char *tail, long *step, const char **name) {
+td_api_checkpoint_route td_api_parse_checkpoint_tail(const char *tail, long *step,
+                                                     const char **name) {
     size_t digits = strspn(tail, "0123456789");
     *name = NULL;
     if (!td_api_parse_id(tail, digits, step)) return TD_API_CKPT_BAD_STEP;
@@ -365,7 +367,7 @@ enum MHD_Result td_api_checkpoint(td_api *api, struct MHD_Connection *c, long id
     case TD_API_CKPT_TAR:
         return checkpoint_tar(api, c, id, step);
     case TD_API_CKPT_FILE:
-        return checkpoint_file(api, c, id, step, name);
+        return send_checkpoint_file(api, c, id, step, name);
     case TD_API_CKPT_NO_ROUTE:
         break;
     }

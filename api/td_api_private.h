@@ -167,8 +167,9 @@ typedef enum {
     TD_API_CKPT_TAR,
     TD_API_CKPT_FILE,
     TD_API_CKPT_NO_ROUTE
-} td_api_ckpt_route;
-td_api_ckpt_route td_api_parse_checkpoint_tail(const char *tail, long *step, const char **name);
+} td_api_checkpoint_route;
+td_api_checkpoint_route td_api_parse_checkpoint_tail(const char *tail, long *step,
+                                                     const char **name);
 /* /v1/cluster/files/{job}/{rel}: the job's id and the path within its directory (unchecked:
  * td_jobs_file_path checks it). */
 bool td_api_file_route_split(const char *url, long *job, const char **rel);

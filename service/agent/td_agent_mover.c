@@ -5,7 +5,7 @@
 #include "service/agent/td_agent_private.h"
 
 #include "base/td_clock.h"
-#include "service/run/td_ckpt.h"
+#include "service/run/td_checkpoint_files.h"
 #include "service/run/td_jobfs.h"
 #include "base/td_log.h"
 #include "base/td_sha256.h"
@@ -19,16 +19,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Uploads file `name` of f's checkpoint at ckpt as rel; its manifest entry in files. The file is
- * opened as the job, without following a link (td_ckpt_open), and hashed and sent from that one
- * descriptor: what the job swaps in under the name meanwhile is never read. */
-static int upload_file(td_agent *a, long job, const td_job_files *f, const char *ckpt,
+/* Uploads file `name` of f's checkpoint at checkpoint as rel; its manifest entry in files. The file
+ * is opened as the job, without following a link (td_checkpoint_open), and hashed and sent from
+ * that one descriptor: what the job swaps in under the name meanwhile is never read. */
+static int upload_file(td_agent *a, long job, const td_job_files *f, const char *checkpoint,
                        const char *name, const char *rel, json_t *files) {
     char hex[TD_SHA256_HEX], why[512] = "";
     long long size = 0;
     int fd = -1;
     td_err err = {{0}};
-    if (td_ckpt_open(f, ckpt, name, &fd, &size, &err) != 0 ||
+    if (td_checkpoint_open(f, checkpoint, name, &fd, &size, &err) != 0 ||
         td_sha256_fd(fd, name, hex, &size, &err) != 0) {
         td_log_at(a->cfg.log, TD_LOG_WARNING, TD_LOG_JOB(job),
                   "job %ld: cannot upload its checkpoint: %s", job, err.msg);
@@ -73,10 +73,10 @@ static bool upload_checkpoints(td_agent *a) {
         const char *slash = strrchr(path, '/');
         const char *base = slash ? slash + 1 : path;
         json_t *files = json_array();
-        td_ckpt_file *list = NULL;
+        td_checkpoint_file *list = NULL;
         int n = 0;
         td_err err = {{0}};
-        int rc = td_ckpt_list(&f, path, &list, &n, &err);
+        int rc = td_checkpoint_list(&f, path, &list, &n, &err);
         bool single = rc == 0 && n == 1 && strcmp(list[0].name, base) == 0;
         if (rc != 0) { /* gone, or not the job's own: announced without files (registers
                         * nothing), never tried again: a job could hold its lines for ever */
@@ -91,7 +91,7 @@ static bool upload_checkpoints(td_agent *a) {
                      single ? "" : list[i].name);
             rc = upload_file(a, job, &f, path, list[i].name, rel, files);
         }
-        td_ckpt_files_free(list, n);
+        td_checkpoint_files_free(list, n);
         if (rc != 0 && rc != -1) { /* announced without files: not registered */
             json_decref(files);
             files = json_array();

@@ -92,7 +92,7 @@ static td_runner_attempt local_run(const job *jb, const td_db_attempt *a) {
                                .dir = jb->dir,
                                .argv = jb->argv,
                                .env = jb->env,
-                               .latest_checkpoint = command ? jb->ckpt_path : NULL,
+                               .latest_checkpoint = command ? jb->checkpoint_path : NULL,
                                .spec_cwd = jb->cwd,
                                .local_rank_arg = jb->local_rank_arg,
                                .launch_self = jb->launch_self,
@@ -174,7 +174,7 @@ void td_jobs_start_attempt(td_jobs *j, job *jb) {
  * and gets its latest registered checkpoint in TRAIND_LATEST_CHECKPOINT. */
 void td_jobs_resume_note(const job *jb, char *out, size_t len) {
     bool command = strcmp(jb->row.kind, "command") == 0;
-    if (!jb->ckpt_path)
+    if (!jb->checkpoint_path)
         snprintf(out, len, "%s",
                  command ? "the command starts again from its beginning in the same working "
                            "directory (it registered no checkpoint with traind; whatever it "
@@ -184,16 +184,16 @@ void td_jobs_resume_note(const job *jb, char *out, size_t len) {
         snprintf(out, len,
                  "the command starts again from its beginning; its latest checkpoint (step %ld) "
                  "is given to it as TRAIND_LATEST_CHECKPOINT",
-                 jb->ckpt_step);
+                 jb->checkpoint_step);
     else
         snprintf(out, len, "resuming from its newest checkpoint (the latest registered: step %ld)",
-                 jb->ckpt_step);
+                 jb->checkpoint_step);
 }
 
 json_t *td_jobs_resume_json(const job *jb) {
-    return jb->ckpt_path
-               ? json_pack("{s:I, s:s}", "step", (json_int_t)jb->ckpt_step, "path", jb->ckpt_path)
-               : json_null();
+    return jb->checkpoint_path ? json_pack("{s:I, s:s}", "step", (json_int_t)jb->checkpoint_step,
+                                           "path", jb->checkpoint_path)
+                               : json_null();
 }
 
 /* The failing rank's own words, from its log lines of this attempt (from `from` on):

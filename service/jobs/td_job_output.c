@@ -7,7 +7,7 @@
 
 #include "train/td_metrics.h"
 
-#include "service/run/td_ckpt.h"
+#include "service/run/td_checkpoint_files.h"
 #include "base/td_strv.h"
 
 #include <errno.h>
@@ -18,11 +18,11 @@
 #include <unistd.h>
 
 void td_jobs_set_checkpoint(job *jb, long step, const char *path) {
-    free(jb->ckpt_path);
-    jb->ckpt_path = td_str_dup(path);
-    jb->ckpt_step = step;
+    free(jb->checkpoint_path);
+    jb->checkpoint_path = td_str_dup(path);
+    jb->checkpoint_step = step;
     td_jobs_resume_forget(jb); /* listed when a node needs it (td_job_resume.c) */
-    jb->ckpt_gen++;
+    jb->checkpoint_gen++;
 }
 
 /* Whether every file a node uploaded for a checkpoint is in the job's directory with its size
@@ -54,8 +54,9 @@ static bool uploaded(td_jobs *j, const job *jb, json_t *files) {
  * one file (a command's torch.save), through links as the job resolves them (a "latest" link
  * names its target: resolved with the job's own rights, td_jobfs.h). Registered with its total
  * size, under that real path, when it exists and holds only the job's own files, at most
- * max_checkpoint_files of them (td_ckpt.h); one refused is said in the log. */
-static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *size, int *walked) {
+ * max_checkpoint_files of them (td_checkpoint_files.h); one refused is said in the log. */
+static bool measure_checkpoint(td_jobs *j, const job *jb, char *path, long long *size,
+                               int *walked) {
     td_job_files f;
     *walked = 0;
     td_runner_files_for(&j->runner, jb->row.id, jb->row.uid, &f);
@@ -68,9 +69,9 @@ static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *si
         return false;
     }
     snprintf(path, PATH_MAX, "%s", real);
-    td_ckpt_file *files = NULL;
+    td_checkpoint_file *files = NULL;
     int n = 0;
-    if (td_ckpt_list(&f, path, &files, &n, &err) != 0) {
+    if (td_checkpoint_list(&f, path, &files, &n, &err) != 0) {
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(jb->row.id),
                   "job %ld: checkpoint %s not registered: %s", jb->row.id, path, err.msg);
         *walked = f.max_files; /* as many as it may have walked before it gave up */
@@ -79,7 +80,7 @@ static bool checkpoint_size(td_jobs *j, const job *jb, char *path, long long *si
     *walked = n;
     *size = 0;
     for (int i = 0; i < n; i++) *size += files[i].size;
-    td_ckpt_files_free(files, n);
+    td_checkpoint_files_free(files, n);
     return true;
 }
 
@@ -158,7 +159,7 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
         return false;
     }
     td_jobs_say_dropped(j, jb); /* before the line it precedes */
-    const char *ckpt = NULL;
+    const char *checkpoint = NULL;
     long long size = 0;
     char full[2 * PATH_MAX];
     if (strcmp(type, TD_EVENT_CHECKPOINT) == 0) {
@@ -187,7 +188,7 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
             path = full;
         }
         int walked = 0;
-        bool registered = checkpoint_size(j, jb, full, &size, &walked);
+        bool registered = measure_checkpoint(j, jb, full, &size, &walked);
         /* the walk's cost: a hundred files are a line's worth (never below -burst, so a job
          * is held back, not locked out) */
         if (j->cfg.max_events_per_s > 0) {
@@ -198,13 +199,13 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
         }
         if (registered) {
             path = full;
-            ckpt = path;
+            checkpoint = path;
             json_object_set_new(o, "path", json_string(path));
             json_object_set_new(o, "size", json_integer(size));
             changed = true;
             jb->n_checkpoints++;
             td_jobs_set_checkpoint(jb, step, path);
-            if (remote) jb->ckpt_files = json_incref(files);
+            if (remote) jb->checkpoint_files = json_incref(files);
         }
     }
     if (strcmp(type, TD_EVENT_TRAIN) == 0) {
@@ -221,7 +222,7 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
     if (metric) jb->last_metric_at = td_clock_wall();
     /* kept as written unless it changed or holds a CR (which would break an SSE record) */
     bool raw = !changed && !memchr(line, '\r', n);
-    td_jobs_emit(j, jb, type, o, raw ? line : NULL, step, metric, ckpt, size);
+    td_jobs_emit(j, jb, type, o, raw ? line : NULL, step, metric, checkpoint, size);
     /* done repeats the last values as a summary: not a point of its own */
     if (metric && strcmp(type, TD_EVENT_DONE) != 0) td_jobs_tboard_event(j, jb, o, step);
     json_decref(o);

@@ -32,7 +32,7 @@ node_part *td_jobs_find_node_part(td_jobs *j, long job_id, int attempt) {
 static void free_node_part(node_part *g) {
     for (int i = 0; i < g->n_lines; i++) {
         free(g->lines[i].text);
-        free(g->lines[i].ckpt);
+        free(g->lines[i].checkpoint);
         json_decref(g->lines[i].files);
     }
     free(g->lines);
@@ -116,7 +116,7 @@ void td_jobs_node_parts_apply(td_jobs *j, json_t *orders, bool remote) {
         for (int i = 0; i < drop; i++) {
             g->backlog_bytes -= (long long)strlen(g->lines[i].text);
             free(g->lines[i].text);
-            free(g->lines[i].ckpt);
+            free(g->lines[i].checkpoint);
             json_decref(g->lines[i].files);
         }
         if (drop > 0) /* lines is NULL before the first line */

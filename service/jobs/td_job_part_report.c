@@ -63,7 +63,7 @@ static void keep_line(td_jobs *j, node_part *g, const char *line, size_t n) {
         td_runner_cwd_of(&who, g->dir, cwd, sizeof cwd);
         snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd, path[0] == '/' ? "" : "/",
                  path);
-        l->ckpt = td_str_dup(full);
+        l->checkpoint = td_str_dup(full);
     }
     json_decref(o);
 }
@@ -155,7 +155,7 @@ json_t *td_jobs_node_parts_report(td_jobs *j, bool remote) {
         int k = 0;
         for (; k < g->n_lines && k < REPORT_LINES; k++) {
             struct node_part_line *l = &g->lines[k];
-            if (l->ckpt && remote) break; /* its files first */
+            if (l->checkpoint && remote) break; /* its files first */
             size_t size = strlen(l->text) + 64;
             if (remote && size > budget && k > 0) break;
             budget = size > budget ? 0 : budget - size;
@@ -217,12 +217,13 @@ bool td_jobs_node_parts_next_upload(td_jobs *j, long *job_id, int *attempt, long
     for (int i = 0; i < j->n_node_parts && !found; i++) {
         node_part *g = j->node_parts[i];
         for (int k = 0; k < g->n_lines && !found; k++)
-            if (g->lines[k].ckpt && g->stop) { /* an ended attempt's: never into the job's store */
-                free(g->lines[k].ckpt);
-                g->lines[k].ckpt = NULL;
-            } else if (g->lines[k].ckpt) {
+            if (g->lines[k].checkpoint &&
+                g->stop) { /* an ended attempt's: never into the job's store */
+                free(g->lines[k].checkpoint);
+                g->lines[k].checkpoint = NULL;
+            } else if (g->lines[k].checkpoint) {
                 *job_id = g->job, *attempt = g->attempt, *seq = g->lines[k].seq;
-                snprintf(path, len, "%s", g->lines[k].ckpt);
+                snprintf(path, len, "%s", g->lines[k].checkpoint);
                 td_runner_files_for(&j->runner, g->job, g->uid, files);
                 found = true;
             }
@@ -237,8 +238,8 @@ void td_jobs_node_parts_uploaded(td_jobs *j, long job_id, int attempt, long seq,
     int k = 0;
     while (g && k < g->n_lines && g->lines[k].seq != seq) k++;
     if (g && k < g->n_lines) {
-        free(g->lines[k].ckpt);
-        g->lines[k].ckpt = NULL;
+        free(g->lines[k].checkpoint);
+        g->lines[k].checkpoint = NULL;
         json_decref(g->lines[k].files);
         g->lines[k].files = json_incref(files);
     }

@@ -107,8 +107,8 @@ static bool may_start(td_jobs *j, node_part *g, json_t *o, td_err *err) {
  * root: the job's checkpoints/, or a train job's own checkpoint.dir; what is newer there than
  * the master registered goes (ok: the part may start). The base name of the checkpoint it
  * resumes from, or NULL. */
-static const char *checkpoint_root(node_part *g, json_t *o, const td_job_files *files, bool ok,
-                                   char *root, size_t len) {
+static const char *resume_root(node_part *g, json_t *o, const td_job_files *files, bool ok,
+                               char *root, size_t len) {
     json_t *resume =
         json_is_object(json_object_get(o, "resume")) ? json_object_get(o, "resume") : NULL;
     long resume_step = resume ? (long)json_integer_value(json_object_get(resume, "step")) : -1;
@@ -126,8 +126,8 @@ static const char *checkpoint_root(node_part *g, json_t *o, const td_job_files *
 
 /* What the part's processes run: a command's argv, or traind-worker on the job's spec (an
  * agent writes the order's); NULL when the part already cannot start (*ok false). */
-static char **order_argv(td_jobs *j, node_part *g, json_t *o, bool remote, const char *ckpt_root,
-                         bool *ok, td_err *err) {
+static char **order_argv(td_jobs *j, node_part *g, json_t *o, bool remote,
+                         const char *checkpoint_root, bool *ok, td_err *err) {
     char **argv = NULL;
     if (*ok && strcmp(g->kind, "command") == 0) {
         argv = order_strv(json_object_get(o, "argv"));
@@ -139,7 +139,7 @@ static char **order_argv(td_jobs *j, node_part *g, json_t *o, bool remote, const
         json_t *ck = json_object_get(json_object_get(o, "spec"), "checkpoint");
         const char *cdir = json_string_value(json_object_get(ck, "dir"));
         if (remote && cdir && cdir[0] != '/')
-            json_object_set_new(ck, "dir", json_string(ckpt_root));
+            json_object_set_new(ck, "dir", json_string(checkpoint_root));
         if (remote && json_dump_file(json_object_get(o, "spec"), spec, JSON_INDENT(2)) != 0) {
             td_fail(err, "cannot write %s: %s", spec, strerror(errno));
             *ok = false;
@@ -235,11 +235,11 @@ void td_jobs_node_part_start(td_jobs *j, json_t *o, bool remote) {
     bool ok = may_start(j, g, o, &err);
     td_job_files files;
     td_runner_files_for(&j->runner, g->job, g->uid, &files);
-    char ckpt_root[PATH_MAX + 16], latest[2 * PATH_MAX + 32];
-    const char *rbase = checkpoint_root(g, o, &files, ok, ckpt_root, sizeof ckpt_root);
+    char checkpoint_root[PATH_MAX + 16], latest[2 * PATH_MAX + 32];
+    const char *rbase = resume_root(g, o, &files, ok, checkpoint_root, sizeof checkpoint_root);
     bool command = strcmp(g->kind, "command") == 0;
-    snprintf(latest, sizeof latest, "%s/%s", ckpt_root, rbase ? rbase : "");
-    char **argv = order_argv(j, g, o, remote, ckpt_root, &ok, &err);
+    snprintf(latest, sizeof latest, "%s/%s", checkpoint_root, rbase ? rbase : "");
+    char **argv = order_argv(j, g, o, remote, checkpoint_root, &ok, &err);
     if (ok && j->cfg.runner.gpus > 0) take_gpus(j, g, &ok, &err);
     td_runner_attempt r = order_run(g, o, argv, rbase && command ? latest : NULL);
     char **env = order_strv(json_object_get(o, "env"));

@@ -88,16 +88,16 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
     jb->master_port = port;
     json_decref(jb->resume_order);
     jb->resume_order = td_jobs_resume_order(jb); /* fixed for the attempt */
-    char ckpt_dir[PATH_MAX];
-    td_jobs_resume_dir(jb, ckpt_dir, sizeof ckpt_dir);
-    free(jb->ckpt_dir);
-    jb->ckpt_dir = td_str_dup(ckpt_dir);
+    char checkpoint_dir[PATH_MAX];
+    td_jobs_resume_dir(jb, checkpoint_dir, sizeof checkpoint_dir);
+    free(jb->checkpoint_dir);
+    jb->checkpoint_dir = td_str_dup(checkpoint_dir);
     jb->active = true;
     jb->parts_stopping = false;
     jb->parts_code = 0;
     jb->parts_reason[0] = 0;
     jb->lines_in = 0;
-    jb->last_step = jb->ckpt_step > 0 ? jb->ckpt_step : jb->last_step;
+    jb->last_step = jb->checkpoint_step > 0 ? jb->checkpoint_step : jb->last_step;
     int world = jb->nnodes * jb->row.nproc;
     free(jb->log_start);
     jb->log_start = td_calloc((size_t)world, sizeof *jb->log_start);

@@ -221,7 +221,7 @@ job *td_jobs_new_job(td_jobs *j, const td_db_job *row) {
     jb->row = *row;
     jb->out_fd = -1;
     jb->sh.fd = -1;
-    jb->ckpt_step = -1;
+    jb->checkpoint_step = -1;
     jb->state = QUEUED;
     for (int s = 0; s < N_STATES; s++)
         if (strcmp(row->state, td_jobs_state_names[s]) == 0) jb->state = s;
@@ -256,7 +256,7 @@ bool td_jobs_final_state(int s) {
 /* Appends an event (and the job row) to the database, then wakes the streams. */
 /* raw: the event's text as the worker wrote it (kept byte for byte), or NULL to encode data */
 void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const char *raw, long step,
-                  bool metric, const char *ckpt_path, long long ckpt_size) {
+                  bool metric, const char *checkpoint_path, long long checkpoint_size) {
     char *text = raw ? td_strdup(raw) : data ? json_dumps(data, JSON_COMPACT) : NULL;
     if (!text) { /* a text that is not UTF-8 slipped into it: the event still happens */
         td_log_at(j->log, TD_LOG_ERROR, TD_LOG_JOB(jb->row.id),
@@ -274,9 +274,9 @@ void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const cha
                         .step = step,
                         .type = td_strdup(type),
                         .text = text,
-                        .ckpt_path = ckpt_path ? td_strdup(ckpt_path) : NULL,
+                        .checkpoint_path = checkpoint_path ? td_strdup(checkpoint_path) : NULL,
                         .metric = metric,
-                        .ckpt_size = ckpt_size,
+                        .checkpoint_size = checkpoint_size,
                         .out_offset = jb->row.out_offset};
     /* a burst of rank 0's lines is stored in one transaction by its reader (td_job_output.c) */
     if (!jb->batching) td_jobs_store_pending(j, jb);
@@ -287,7 +287,7 @@ void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const cha
 static void free_pending(pending_event *p) {
     free(p->type);
     free(p->text);
-    free(p->ckpt_path);
+    free(p->checkpoint_path);
 }
 
 enum { STORE_BATCH = 512 }; /* events in one transaction at most */
@@ -300,8 +300,9 @@ bool td_jobs_store_pending(td_jobs *j, job *jb) {
         td_db_event evs[STORE_BATCH];
         for (int i = 0; i < n; i++) {
             pending_event *p = &jb->pending[done + i];
-            evs[i] = (td_db_event){jb->row.id, p->seq,    p->type,      p->text,
-                                   p->step,    p->metric, p->ckpt_path, p->ckpt_size};
+            evs[i] = (td_db_event){
+                jb->row.id,        p->seq, p->type, p->text, p->step, p->metric, p->checkpoint_path,
+                p->checkpoint_size};
         }
         /* the row as it was with the batch's last event: a daemon that dies before the next one
          * is stored reads the output on from that event's line, not from a later one */
@@ -380,8 +381,8 @@ void td_jobs_free_job(job *jb) {
     json_decref(jb->latest_train);
     json_decref(jb->latest_eval);
     json_decref(jb->latest_done);
-    free(jb->ckpt_path);
-    free(jb->ckpt_dir);
+    free(jb->checkpoint_path);
+    free(jb->checkpoint_dir);
     free(jb->cgroup);
     free(jb->dir);
     td_jobs_resume_forget(jb);

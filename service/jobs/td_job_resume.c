@@ -11,7 +11,7 @@
  * never wait for it, and the attempt starts once it is done. */
 #include "service/jobs/td_jobs_private.h"
 
-#include "service/run/td_ckpt.h"
+#include "service/run/td_checkpoint_files.h"
 #include "base/td_sha256.h"
 #include "base/td_strv.h"
 
@@ -42,11 +42,11 @@ static const char *base_of(const char *path) {
 }
 
 /* f's checkpoint at path as [{path: checkpoints/BASE[/NAME], size, sha256}]; NULL with err.
- * Every file is read through td_ckpt_open (as the job, no link followed). */
+ * Every file is read through td_checkpoint_open (as the job, no link followed). */
 static json_t *manifest(const td_job_files *f, const char *path, td_err *err) {
-    td_ckpt_file *list = NULL;
+    td_checkpoint_file *list = NULL;
     int n = 0;
-    if (td_ckpt_list(f, path, &list, &n, err) != 0) return NULL; /* (a file: itself) */
+    if (td_checkpoint_list(f, path, &list, &n, err) != 0) return NULL; /* (a file: itself) */
     bool single = n == 1 && strcmp(list[0].name, base_of(path)) == 0;
     json_t *files = json_array();
     for (int i = 0; i < n && files; i++) {
@@ -55,7 +55,7 @@ static json_t *manifest(const td_job_files *f, const char *path, td_err *err) {
         int fd;
         snprintf(rel, sizeof rel, "checkpoints/%s%s%s", base_of(path), single ? "" : "/",
                  single ? "" : list[i].name);
-        int rc = td_ckpt_open(f, path, list[i].name, &fd, &expected, err);
+        int rc = td_checkpoint_open(f, path, list[i].name, &fd, &expected, err);
         if (rc == 0) {
             rc = td_sha256_fd(fd, list[i].name, hex, &size, err);
             close(fd);
@@ -68,7 +68,7 @@ static json_t *manifest(const td_job_files *f, const char *path, td_err *err) {
         json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", rel, "size",
                                                (json_int_t)size, "sha256", hex));
     }
-    td_ckpt_files_free(list, n);
+    td_checkpoint_files_free(list, n);
     return files;
 }
 
@@ -137,7 +137,7 @@ static int place(const td_job_files *f, const char *src, const char *dst_root, j
         const char *name = strchr(below, '/') ? strchr(below, '/') + 1 : below;
         int fd;
         long long size;
-        if (td_ckpt_open(f, src, name, &fd, &size, err) != 0) {
+        if (td_checkpoint_open(f, src, name, &fd, &size, err) != 0) {
             rc = -1;
             break;
         }
@@ -152,16 +152,16 @@ static int place(const td_job_files *f, const char *src, const char *dst_root, j
 static int fail(td_jobs *j, job *jb, const char *what, const char *why) {
     char reason[800];
     snprintf(reason, sizeof reason, "could not start: its latest checkpoint (step %ld) %s: %.560s",
-             jb->ckpt_step, what, why);
+             jb->checkpoint_step, what, why);
     td_jobs_finish(j, jb, FAILED, -1, reason);
     return TD_RESUME_FAILED;
 }
 
 int td_jobs_resume_ready(td_jobs *j, job *jb, bool on_master) {
-    if (!jb->ckpt_path) return TD_RESUME_READY;
+    if (!jb->checkpoint_path) return TD_RESUME_READY;
     if (jb->resume_error) return fail(j, jb, "cannot be read", jb->resume_error);
-    if (jb->ckpt_files && jb->ckpt_placed) return TD_RESUME_READY;
-    if (jb->ckpt_files && jb->place_error) /* only the master's own ranks need that copy */
+    if (jb->checkpoint_files && jb->checkpoint_placed) return TD_RESUME_READY;
+    if (jb->checkpoint_files && jb->place_error) /* only the master's own ranks need that copy */
         return on_master ? fail(j, jb, "cannot be put where this node's ranks look for it",
                                 jb->place_error)
                          : TD_RESUME_READY;
@@ -180,12 +180,12 @@ static bool prepare_one(td_jobs *j) {
         if (j->jobs[i]->resume_wanted) jb = j->jobs[i];
     if (!jb) return false;
     jb->resume_wanted = false;
-    if (!jb->ckpt_path || jb->resume_error ||
-        (jb->ckpt_files && (jb->ckpt_placed || jb->place_error)))
+    if (!jb->checkpoint_path || jb->resume_error ||
+        (jb->checkpoint_files && (jb->checkpoint_placed || jb->place_error)))
         return true;
-    long id = jb->row.id, gen = jb->ckpt_gen;
-    char *path = td_str_dup(jb->ckpt_path), dir[PATH_MAX], dst[2 * PATH_MAX + 8];
-    json_t *files = jb->ckpt_files ? json_incref(jb->ckpt_files) : NULL;
+    long id = jb->row.id, gen = jb->checkpoint_gen;
+    char *path = td_str_dup(jb->checkpoint_path), dir[PATH_MAX], dst[2 * PATH_MAX + 8];
+    json_t *files = jb->checkpoint_files ? json_incref(jb->checkpoint_files) : NULL;
     td_jobs_resume_dir(jb, dir, sizeof dir);
     snprintf(dst, sizeof dst, "%s%s%s", dir[0] == '/' ? "" : jb->dir, dir[0] == '/' ? "" : "/",
              dir);
@@ -208,8 +208,8 @@ static bool prepare_one(td_jobs *j) {
     pthread_cond_broadcast(&j->changed);
     /* only what is still the job's latest checkpoint: a newer one may have been registered
      * meanwhile, even under the same path */
-    if (jb && jb->ckpt_path && jb->ckpt_gen == gen) {
-        if (made && !jb->ckpt_files) jb->ckpt_files = json_incref(made);
+    if (jb && jb->checkpoint_path && jb->checkpoint_gen == gen) {
+        if (made && !jb->checkpoint_files) jb->checkpoint_files = json_incref(made);
         if (!files && !made) {
             jb->resume_error = td_str_dup(read_err.msg);
             td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: its checkpoint %s: %s", id,
@@ -219,7 +219,7 @@ static bool prepare_one(td_jobs *j) {
             td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: its checkpoint %s: %s", id,
                       path, place_err.msg);
         } else {
-            jb->ckpt_placed = true;
+            jb->checkpoint_placed = true;
         }
     }
     json_decref(made);
@@ -243,17 +243,17 @@ void *td_jobs_resumer(void *arg) {
 }
 
 json_t *td_jobs_resume_order(const job *jb) {
-    if (!jb->ckpt_path || !jb->ckpt_files) return NULL;
+    if (!jb->checkpoint_path || !jb->checkpoint_files) return NULL;
     char dir[PATH_MAX];
     td_jobs_resume_dir(jb, dir, sizeof dir);
-    return json_pack("{s:I, s:O, s:s, s:s}", "step", (json_int_t)jb->ckpt_step, "files",
-                     jb->ckpt_files, "dir", dir, "base", base_of(jb->ckpt_path));
+    return json_pack("{s:I, s:O, s:s, s:s}", "step", (json_int_t)jb->checkpoint_step, "files",
+                     jb->checkpoint_files, "dir", dir, "base", base_of(jb->checkpoint_path));
 }
 
 void td_jobs_resume_forget(job *jb) {
-    json_decref(jb->ckpt_files);
-    jb->ckpt_files = NULL;
-    jb->ckpt_placed = false;
+    json_decref(jb->checkpoint_files);
+    jb->checkpoint_files = NULL;
+    jb->checkpoint_placed = false;
     free(jb->resume_error);
     jb->resume_error = NULL;
     free(jb->place_error);

@@ -63,8 +63,8 @@ static json_t *order(job *jb, const part *p) {
         "max_restarts", jb->row.max_restarts, "kind", jb->row.kind, "argv", argv, "local_rank_arg",
         jb->local_rank_arg, "env", env, "spec", command || !starting ? json_null() : order_spec(jb),
         "resume", resume, "checkpoint_dir",
-        starting ? json_string(jb->ckpt_dir ? jb->ckpt_dir : "") : json_null(), "stop", stop,
-        "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
+        starting ? json_string(jb->checkpoint_dir ? jb->checkpoint_dir : "") : json_null(), "stop",
+        stop, "acked_lines", (json_int_t)jb->lines_in, "acked_logs", logs);
     TD_ASSERT(o, "json_pack of a part's order failed");
     /* who its processes are on every node, and what they may use */
     json_object_set_new(o, "uid", json_integer((json_int_t)jb->row.uid));

@@ -341,13 +341,13 @@ int td_jobs_file_path(td_jobs *j, long id, const char *rel, bool writing, const 
     }
     /* the latest checkpoint, listed as checkpoints/BASE/... (td_job_resume.c), may lie where the
      * master's own rank 0 wrote it: a train job's checkpoint.dir outside the job's directory */
-    const char *base = jb && jb->ckpt_path ? strrchr(jb->ckpt_path, '/') : NULL;
+    const char *base = jb && jb->checkpoint_path ? strrchr(jb->checkpoint_path, '/') : NULL;
     size_t n = base ? strlen(base + 1) : 0;
     char ours[PATH_MAX + 16];
     if (jb) snprintf(ours, sizeof ours, "%s/checkpoints/", jb->dir);
-    if (!writing && base && strncmp(jb->ckpt_path, ours, strlen(ours)) != 0 &&
+    if (!writing && base && strncmp(jb->checkpoint_path, ours, strlen(ours)) != 0 &&
         strncmp(rel + 12, base + 1, n) == 0 && (rel[12 + n] == '/' || rel[12 + n] == 0))
-        snprintf(path, len, "%s%s", jb->ckpt_path, rel + 12 + n);
+        snprintf(path, len, "%s%s", jb->checkpoint_path, rel + 12 + n);
     if (jb && rc == 0 && writing) { /* its checkpoints/ is the job's, as an attempt here makes it */
         td_err err = {{0}};
         char cwd[PATH_MAX + 16];

@@ -10,7 +10,7 @@
 
 #include "base/td_buf.h"
 #include "service/run/td_cgroup.h"
-#include "service/run/td_ckpt.h"
+#include "service/run/td_checkpoint_files.h"
 #include "service/run/td_identity.h"
 #include "service/store/td_db.h"
 #include "service/run/td_launch.h"

@@ -58,9 +58,9 @@ typedef struct td_rate_bucket {
 
 typedef struct pending_event {
     long seq, step;
-    char *type, *text, *ckpt_path;
+    char *type, *text, *checkpoint_path;
     bool metric;
-    long long ckpt_size, out_offset; /* out_offset: the row's when the event was made */
+    long long checkpoint_size, out_offset; /* out_offset: the row's when the event was made */
 } pending_event;
 
 typedef struct job {
@@ -96,8 +96,8 @@ typedef struct job {
     int n_checkpoints;
     long last_step;        /* of rank 0's latest event with a step; given to events without one */
     double last_metric_at; /* wall clock of rank 0's latest metric in this daemon's life; 0: none */
-    long ckpt_step;        /* the latest registered checkpoint's step, -1: none */
-    char *ckpt_path;       /* and where it is (NULL: none) */
+    long checkpoint_step;  /* the latest registered checkpoint's step, -1: none */
+    char *checkpoint_path; /* and where it is (NULL: none) */
     struct td_tboard *tboard; /* its TensorBoard event file, open from its first metric on */
     bool tboard_failed;       /* it could not be opened: said once, not tried again */
     bool tboard_warned;       /* a write failed and was logged; cleared by the next success */
@@ -133,22 +133,22 @@ typedef struct job {
     char **pin;         /* resources.nodes, or NULL */
     struct part *parts; /* the running attempt's nodes, or NULL (not placed, or run locally) */
     int n_parts;
-    int master_port;        /* reserved on parts[0]'s node */
-    bool parts_stopping;    /* every part told to stop */
-    int parts_code;         /* the first failure's status; 0: none */
-    char parts_reason[640]; /* its words, naming node and rank */
-    long lines_in;          /* rank 0's lines of this attempt applied so far */
-    json_t *last_placement; /* the placement of its latest attempt, for the job's JSON */
-    json_t *ckpt_files;     /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
-                               yet listed */
-    bool ckpt_placed;       /* and it is where the ranks look on the master's node */
-    long ckpt_gen;          /* counts registered checkpoints: which one the above are about */
-    bool resume_busy;       /* the resumer works on its files now (a delete waits) */
-    bool resume_wanted;     /* an attempt waits for that (td_jobs_resume_prepare) */
-    char *resume_error;     /* why it cannot be read; NULL: none */
-    char *place_error;      /* why the master's node cannot have it where its ranks look */
-    json_t *resume_order;   /* what the running attempt's parts resume from; NULL: nothing */
-    char *ckpt_dir;         /* td_jobs_resume_dir, for the running attempt's parts; NULL */
+    int master_port;          /* reserved on parts[0]'s node */
+    bool parts_stopping;      /* every part told to stop */
+    int parts_code;           /* the first failure's status; 0: none */
+    char parts_reason[640];   /* its words, naming node and rank */
+    long lines_in;            /* rank 0's lines of this attempt applied so far */
+    json_t *last_placement;   /* the placement of its latest attempt, for the job's JSON */
+    json_t *checkpoint_files; /* the latest checkpoint's files [{path, size, sha256}]; NULL: not
+                           yet listed */
+    bool checkpoint_placed;   /* and it is where the ranks look on the master's node */
+    long checkpoint_gen;      /* counts registered checkpoints: which one the above are about */
+    bool resume_busy;         /* the resumer works on its files now (a delete waits) */
+    bool resume_wanted;       /* an attempt waits for that (td_jobs_resume_prepare) */
+    char *resume_error;       /* why it cannot be read; NULL: none */
+    char *place_error;        /* why the master's node cannot have it where its ranks look */
+    json_t *resume_order;     /* what the running attempt's parts resume from; NULL: nothing */
+    char *checkpoint_dir;     /* td_jobs_resume_dir, for the running attempt's parts; NULL */
 
     /* limits (resources.*, or the daemon's defaults) */
     td_cgroup_limits cg_limits; /* memory, pids, cpu weight of its attempts' cgroups */
@@ -203,8 +203,8 @@ typedef struct node_part {
     struct node_part_line {
         long seq;
         char *text;
-        char *ckpt;    /* a checkpoint line's path until its files are uploaded; else NULL */
-        json_t *files; /* the uploaded files' manifest */
+        char *checkpoint; /* a checkpoint line's path until its files are uploaded; else NULL */
+        json_t *files;    /* the uploaded files' manifest */
     } * lines;
     int n_lines, cap_lines;
     long next_seq; /* the next line's */
@@ -307,7 +307,7 @@ bool td_jobs_final_state(int s);
 /* Stores jb's pending events, oldest first; false when the database still refuses them. */
 bool td_jobs_store_pending(td_jobs *j, job *jb);
 void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const char *raw, long step,
-                  bool metric, const char *ckpt_path, long long ckpt_size);
+                  bool metric, const char *checkpoint_path, long long checkpoint_size);
 void td_jobs_emit_state(td_jobs *j, job *jb);
 void td_jobs_save_attempt(td_jobs *j, job *jb, const td_db_attempt *a);
 void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason);

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* O_DIRECTORY, O_NOFOLLOW with openat */
-#include "service/run/td_ckpt.h"
+#include "service/run/td_checkpoint_files.h"
 
 #include <archive.h>
 #include <archive_entry.h>
@@ -19,7 +19,7 @@
 #define ENTRIES_PER_FILE 4
 
 typedef struct file_list {
-    td_ckpt_file *v;
+    td_checkpoint_file *v;
     int n, cap, max;
     long seen; /* entries of any kind: links and directories cost a walk as much as files */
     uid_t owner;
@@ -85,7 +85,7 @@ static int walk(int fd, const char *prefix, int depth, file_list *l, td_err *err
 }
 
 static int by_name(const void *a, const void *b) {
-    return strcmp(((const td_ckpt_file *)a)->name, ((const td_ckpt_file *)b)->name);
+    return strcmp(((const td_checkpoint_file *)a)->name, ((const td_checkpoint_file *)b)->name);
 }
 
 static const char *base_of(const char *path) {
@@ -93,8 +93,8 @@ static const char *base_of(const char *path) {
     return slash ? slash + 1 : path;
 }
 
-int td_ckpt_list(const td_job_files *f, const char *path, td_ckpt_file **files, int *n,
-                 td_err *err) {
+int td_checkpoint_list(const td_job_files *f, const char *path, td_checkpoint_file **files, int *n,
+                       td_err *err) {
     *files = NULL;
     *n = 0;
     int fd = td_jobfs_open_path(&f->who, f->dir, path, O_RDONLY, err);
@@ -111,7 +111,7 @@ int td_ckpt_list(const td_job_files *f, const char *path, td_ckpt_file **files, 
         add_file(&l, base_of(path), (long long)st.st_size);
     } else { /* a directory (td_jobfs opens nothing else) */
         if (walk(fd, "", 0, &l, err) != 0) {
-            td_ckpt_files_free(l.v, l.n);
+            td_checkpoint_files_free(l.v, l.n);
             return td_fail_prefix(err, "%s", path);
         }
         if (l.n) qsort(l.v, (size_t)l.n, sizeof *l.v, by_name);
@@ -121,13 +121,13 @@ int td_ckpt_list(const td_job_files *f, const char *path, td_ckpt_file **files, 
     return 0;
 }
 
-void td_ckpt_files_free(td_ckpt_file *files, int n) {
+void td_checkpoint_files_free(td_checkpoint_file *files, int n) {
     for (int i = 0; i < n; i++) free(files[i].name);
     free(files);
 }
 
-int td_ckpt_open(const td_job_files *f, const char *path, const char *name, int *fd,
-                 long long *size, td_err *err) {
+int td_checkpoint_open(const td_job_files *f, const char *path, const char *name, int *fd,
+                       long long *size, td_err *err) {
     int root = td_jobfs_open_path(&f->who, f->dir, path, O_RDONLY, err);
     if (root < 0) return td_fail_prefix(err, "the checkpoint is no longer there");
     struct stat st;
@@ -159,32 +159,32 @@ int td_ckpt_open(const td_job_files *f, const char *path, const char *name, int 
 
 /* ---- tar ------------------------------------------------------------------------------------ */
 
-struct td_ckpt_tar {
+struct td_checkpoint_tar {
     struct archive *a;
     char *path, *top;
     td_job_files files_of;
-    td_ckpt_file *files;
+    td_checkpoint_file *files;
     int n, next; /* files[next] is the one to begin after the current */
     int fd;      /* the member being written, -1: between members */
     long long left;
     const char *member;
-    td_buf *out; /* where libarchive's output goes during td_ckpt_tar_next */
+    td_buf *out; /* where libarchive's output goes during td_checkpoint_tar_next */
     bool closed;
 };
 
 static la_ssize_t to_buffer(struct archive *a, void *cls, const void *data, size_t len) {
     (void)a;
-    td_ckpt_tar *t = cls;
+    td_checkpoint_tar *t = cls;
     td_buf_append(t->out, (const char *)data, len);
     return (la_ssize_t)len;
 }
 
-int td_ckpt_tar_open(td_ckpt_tar **out, const td_job_files *f, const char *path, const char *top,
-                     td_err *err) {
-    td_ckpt_tar *t = td_calloc(1, sizeof *t);
+int td_checkpoint_tar_open(td_checkpoint_tar **out, const td_job_files *f, const char *path,
+                           const char *top, td_err *err) {
+    td_checkpoint_tar *t = td_calloc(1, sizeof *t);
     t->fd = -1;
     t->files_of = *f;
-    if (td_ckpt_list(f, path, &t->files, &t->n, err) != 0) {
+    if (td_checkpoint_list(f, path, &t->files, &t->n, err) != 0) {
         free(t);
         return -1;
     }
@@ -197,16 +197,16 @@ int td_ckpt_tar_open(td_ckpt_tar **out, const td_job_files *f, const char *path,
         archive_write_set_bytes_per_block(t->a, 0) != ARCHIVE_OK ||
         archive_write_open2(t->a, t, NULL, to_buffer, NULL, NULL) != ARCHIVE_OK) {
         td_fail(err, "tar: %s", archive_error_string(t->a));
-        td_ckpt_tar_close(t);
+        td_checkpoint_tar_close(t);
         return -1;
     }
     *out = t;
     return 0;
 }
 
-static int begin_member(td_ckpt_tar *t, td_err *err) {
-    const td_ckpt_file *f = &t->files[t->next++];
-    if (td_ckpt_open(&t->files_of, t->path, f->name, &t->fd, &t->left, err) != 0)
+static int begin_member(td_checkpoint_tar *t, td_err *err) {
+    const td_checkpoint_file *f = &t->files[t->next++];
+    if (td_checkpoint_open(&t->files_of, t->path, f->name, &t->fd, &t->left, err) != 0)
         return td_fail_prefix(err, "checkpoint %s", t->path);
     char name[2 * PATH_MAX];
     snprintf(name, sizeof name, "%s%s", t->top, f->name);
@@ -225,7 +225,7 @@ static int begin_member(td_ckpt_tar *t, td_err *err) {
     return 0;
 }
 
-int td_ckpt_tar_next(td_ckpt_tar *t, td_buf *out, bool *done, td_err *err) {
+int td_checkpoint_tar_next(td_checkpoint_tar *t, td_buf *out, bool *done, td_err *err) {
     t->out = out;
     *done = false;
     char chunk[65536];
@@ -254,14 +254,14 @@ int td_ckpt_tar_next(td_ckpt_tar *t, td_buf *out, bool *done, td_err *err) {
     return 0;
 }
 
-void td_ckpt_tar_close(td_ckpt_tar *t) {
+void td_checkpoint_tar_close(td_checkpoint_tar *t) {
     if (!t) return;
     if (t->fd >= 0) close(t->fd);
     td_buf scratch = {0}; /* freeing closes too: what that writes goes nowhere */
     t->out = &scratch;
     if (t->a) archive_write_free(t->a);
     td_buf_free(&scratch);
-    td_ckpt_files_free(t->files, t->n);
+    td_checkpoint_files_free(t->files, t->n);
     free(t->path);
     free(t->top);
     free(t);

@@ -1,7 +1,8 @@
 /* Feeds: a request's URL (path, then ?query) to the API's parsers of what a client names:
  *   - a job id (/v1/jobs/{id}, td_api_parse_id) and Last-Event-ID (td_api_parse_last_event_id),
- *   - a checkpoint's route (td_api_parse_checkpoint_tail) and the file it names (td_ckpt_open,
- *     against a checkpoint in the scratch directory, with links that point out of it),
+ *   - a checkpoint's route (td_api_parse_checkpoint_tail) and the file it names
+ * (td_checkpoint_open, against a checkpoint in the scratch directory, with links that point out of
+ * it),
  *   - the cluster files route (td_api_file_route_split, td_jobs_file_path on a job service
  *     opened once over an empty database in the scratch directory),
  *   - query values as integers (td_parse_long, trainer/core) and job states.
@@ -11,7 +12,7 @@
 
 #include "api/td_api_private.h"
 #include "base/td_parse.h"
-#include "service/run/td_ckpt.h"
+#include "service/run/td_checkpoint_files.h"
 #include "service/jobs/td_jobs.h"
 
 #include <errno.h>
@@ -24,8 +25,8 @@
 #include <unistd.h>
 
 static td_jobs *jobs;
-static char ckpt_dir[PATH_MAX], ckpt_file[PATH_MAX];
-/* the regular files inside the checkpoint: the only ones td_ckpt_open may open */
+static char checkpoint_dir[PATH_MAX], checkpoint_file[PATH_MAX];
+/* the regular files inside the checkpoint: the only ones td_checkpoint_open may open */
 static ino_t inside[8];
 static int n_inside;
 
@@ -38,19 +39,19 @@ static void put(const char *path, bool counts) {
 
 static void setup(void) {
     char p[PATH_MAX], outside[PATH_MAX];
-    fuzz_path(ckpt_dir, sizeof ckpt_dir, "step-00000001");
+    fuzz_path(checkpoint_dir, sizeof checkpoint_dir, "step-00000001");
     fuzz_path(outside, sizeof outside, "outside");
-    snprintf(p, sizeof p, "%s/sub", ckpt_dir);
-    if (mkdir(ckpt_dir, 0700) || mkdir(outside, 0700) || mkdir(p, 0700)) abort();
-    snprintf(p, sizeof p, "%s/model.safetensors", ckpt_dir), put(p, true);
-    snprintf(p, sizeof p, "%s/state.json", ckpt_dir), put(p, true);
-    snprintf(p, sizeof p, "%s/sub/rank-0.pt", ckpt_dir), put(p, true);
+    snprintf(p, sizeof p, "%s/sub", checkpoint_dir);
+    if (mkdir(checkpoint_dir, 0700) || mkdir(outside, 0700) || mkdir(p, 0700)) abort();
+    snprintf(p, sizeof p, "%s/model.safetensors", checkpoint_dir), put(p, true);
+    snprintf(p, sizeof p, "%s/state.json", checkpoint_dir), put(p, true);
+    snprintf(p, sizeof p, "%s/sub/rank-0.pt", checkpoint_dir), put(p, true);
     snprintf(p, sizeof p, "%s/secret", outside), put(p, false);
-    fuzz_path(ckpt_file, sizeof ckpt_file, "model.pt"), put(ckpt_file, true);
+    fuzz_path(checkpoint_file, sizeof checkpoint_file, "model.pt"), put(checkpoint_file, true);
     /* what a job could leave in its checkpoint to reach out of it */
-    snprintf(p, sizeof p, "%s/link", ckpt_dir);
+    snprintf(p, sizeof p, "%s/link", checkpoint_dir);
     if (symlink("../outside/secret", p) != 0) abort();
-    snprintf(p, sizeof p, "%s/linkdir", ckpt_dir);
+    snprintf(p, sizeof p, "%s/linkdir", checkpoint_dir);
     if (symlink("../outside", p) != 0) abort();
 
     char state[PATH_MAX], db_path[PATH_MAX];
@@ -134,7 +135,7 @@ static void check_open(const char *path, const char *name) {
     /* below the fuzz's directory, as the daemon reaches a job's own (td_jobfs.h) */
     td_job_files files = {.owner = TD_JOBFS_ANY_OWNER, .max_files = 100};
     snprintf(files.dir, sizeof files.dir, "%.*s", (int)(strrchr(path, '/') - path), path);
-    if (td_ckpt_open(&files, path, name, &fd, &size, &err) != 0) {
+    if (td_checkpoint_open(&files, path, name, &fd, &size, &err) != 0) {
         FUZZ_CHECK(err.msg[0], "a refusal without a message");
         return;
     }
@@ -152,11 +153,11 @@ static void check_job_path(const char *path) {
     if (!rest || strncmp(rest, "/checkpoints/", 13) != 0) return;
     long step;
     const char *name;
-    td_api_ckpt_route r = td_api_parse_checkpoint_tail(rest + 13, &step, &name);
+    td_api_checkpoint_route r = td_api_parse_checkpoint_tail(rest + 13, &step, &name);
     if (r == TD_API_CKPT_FILE) {
         FUZZ_CHECK(name && name[0], "a file route without a name");
-        check_open(ckpt_dir, name);
-        check_open(ckpt_file, name);
+        check_open(checkpoint_dir, name);
+        check_open(checkpoint_file, name);
     }
 }
 
