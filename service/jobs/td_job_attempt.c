@@ -199,53 +199,12 @@ json_t *td_jobs_resume_json(const job *jb) {
 /* The failing rank's own words, from its log lines of this attempt (from `from` on):
  * traind-worker's first "error:" line, or else (any program, e.g. Python's exception line) the
  * last line that is not a metric. Empty when there is none (a process killed by a signal). */
-void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
-                          size_t len) {
-    static const char PREFIX[] = "traind-worker: error: ";
-    out[0] = 0;
-    if (rank < 0) return;
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/rank-%d.log", dir, rank);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        if (fd >= 0) close(fd);
-        return;
-    }
-    const long long cap = 1 << 20; /* the attempt's last MiB holds its end */
-    long long size = (long long)st.st_size;
-    if (size - from > cap) from = size - cap;
-    if (size <= from) {
-        close(fd);
-        return;
-    }
-    char *text = td_malloc((size_t)(size - from) + 1);
-    ssize_t got = pread(fd, text, (size_t)(size - from), (off_t)from);
-    close(fd);
-    text[got > 0 ? got : 0] = 0;
-    const char *last = NULL;
-    size_t last_len = 0;
-    for (char *line = text, *next; *line; line = next) {
-        char *nl = strchr(line, '\n');
-        next = nl ? nl + 1 : line + strlen(line);
-        size_t n = (size_t)(next - line) - (nl ? 1 : 0);
-        while (n && (line[n - 1] == '\r' || line[n - 1] == ' ')) n--;
-        if (n > sizeof PREFIX - 1 && strncmp(line, PREFIX, sizeof PREFIX - 1) == 0) {
-            snprintf(out, len, "%.*s", (int)(n - (sizeof PREFIX - 1)), line + sizeof PREFIX - 1);
-            free(text);
-            return;
-        }
-        if (n && line[0] != '{') last = line, last_len = n;
-    }
-    if (last && command) snprintf(out, len, "%.*s", (int)last_len, last);
-    free(text);
-}
 
 static void worker_message(const job *jb, int rank, char *out, size_t len) {
     out[0] = 0;
     if (!jb->log_start || rank < 0 || rank >= td_jobs_procs(jb)) return;
-    td_jobs_rank_message(jb->dir, rank, jb->log_start[rank], strcmp(jb->row.kind, "command") == 0,
-                         out, len);
+    td_runner_rank_message(jb->dir, rank, jb->log_start[rank], strcmp(jb->row.kind, "command") == 0,
+                           out, len);
 }
 
 /* The attempt's processes are all gone (jb->end says how): decide what comes next. */
@@ -380,7 +339,7 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     if (rc != 1) {
         /* its processes die with it (their parent death signal); what they left in their
          * group (and cgroup) goes now */
-        if (sh->pgid > 0 && !gone_with && td_jobs_group_of(sh->pgid, jb->dir))
+        if (sh->pgid > 0 && !gone_with && td_runner_group_of(sh->pgid, jb->dir))
             killpg(sh->pgid, SIGKILL);
         td_runner_cgroup_ended(&j->runner, jb->cgroup);
         char words[300];
@@ -437,14 +396,4 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
         return;
     }
     td_jobs_attempt_over(j, jb);
-}
-
-bool td_jobs_group_of(pid_t pgid, const char *dir) {
-    char link[64], cwd[PATH_MAX];
-    snprintf(link, sizeof link, "/proc/%d/cwd", (int)pgid);
-    ssize_t n = readlink(link, cwd, sizeof cwd - 1);
-    if (n <= 0) return false;
-    cwd[n] = 0;
-    size_t len = strlen(dir);
-    return strncmp(cwd, dir, len) == 0 && (cwd[len] == 0 || cwd[len] == '/');
 }

@@ -237,59 +237,6 @@ int td_jobs_open_output(td_jobs *j, long job_id, const char *path) {
     return fd;
 }
 
-/* The whole lines in line (the file read up to read_to) to fn; false when fn said to stop (what
- * follows stays in line for the next call). */
-static bool hand_lines(td_buf *line, long long read_to, td_jobs_line_fn fn, void *ctx) {
-    char *start = line->data, *nl;
-    bool go_on = true;
-    while (go_on && line->len &&
-           (nl = memchr(start, '\n', line->len - (size_t)(start - line->data)))) {
-        *nl = 0;
-        /* the offset just past this line: what remains in the buffer after it is unread */
-        long long end = read_to - (long long)(line->len - (size_t)(nl + 1 - line->data));
-        go_on = fn(ctx, start, (size_t)(nl - start), end);
-        start = nl + 1;
-    }
-    size_t rest = line->len - (size_t)(start - line->data);
-    if (line->len) memmove(line->data, start, rest);
-    line->len = rest;
-    if (line->data) line->data[rest] = 0;
-    /* a runaway line: the log has it (the shepherd wrote it there); not the memory */
-    if (go_on && rest > (1u << 20)) line->len = 0;
-    return go_on;
-}
-
-bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, long long budget,
-                       td_buf *line, td_jobs_line_fn fn, void *ctx) {
-    char buf[65536];
-    if (final && until < 0) {
-        struct stat st;
-        until = fd >= 0 && fstat(fd, &st) == 0 ? (long long)st.st_size : *read_to;
-    }
-    /* what an earlier call left when it was told to stop, first */
-    if (!hand_lines(line, *read_to, fn, ctx)) return true;
-    long long stop = budget > 0 && until - *read_to > budget ? *read_to + budget : until;
-    while (fd >= 0 && *read_to < stop) {
-        size_t want =
-            stop - *read_to < (long long)sizeof buf ? (size_t)(stop - *read_to) : sizeof buf;
-        ssize_t k = pread(fd, buf, want, (off_t)*read_to);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) { /* shorter than said: a disk that filled up; what is there is read */
-            stop = until = *read_to;
-            break;
-        }
-        td_buf_append(line, buf, (size_t)k);
-        *read_to += k;
-        if (!hand_lines(line, *read_to, fn, ctx)) return true;
-    }
-    bool more = fd >= 0 && *read_to < until;
-    if (final && !more && line->len) {
-        fn(ctx, line->data, line->len, *read_to);
-        line->len = 0;
-    }
-    return more;
-}
-
 typedef struct output_ctx {
     td_jobs *j;
     job *jb;
@@ -324,8 +271,8 @@ bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
     }
     output_ctx ctx = {j, jb, false, td_clock_now() + READ_TIME_S};
     jb->batching = true;
-    bool more = td_jobs_read_file(jb->out_fd, &jb->out_read, final ? until : jb->sh.out_size, final,
-                                  READ_BUDGET, &jb->line, output_line, &ctx);
+    bool more = td_runner_read_lines(jb->out_fd, &jb->out_read, final ? until : jb->sh.out_size,
+                                     final, READ_BUDGET, &jb->line, output_line, &ctx);
     if (final && !more) td_jobs_say_dropped(j, jb); /* what the attempt's end leaves unsaid */
     jb->batching = false;
     td_jobs_store_pending(j, jb);

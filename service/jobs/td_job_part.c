@@ -222,7 +222,7 @@ static void node_part_gone(td_jobs *j, node_part *g) {
     if (rc != 1) {
         /* what its processes left (they die with it); only a group still this part's: an id
          * from before a restart may be another's by now */
-        if (g->sh.pgid > 0 && td_jobs_group_of(g->sh.pgid, g->dir)) killpg(g->sh.pgid, SIGKILL);
+        if (g->sh.pgid > 0 && td_runner_group_of(g->sh.pgid, g->dir)) killpg(g->sh.pgid, SIGKILL);
         td_runner_cgroup_ended(&j->runner, g->cgroup);
         char words[200];
         td_shepherd_last_words(g->sh.base, words, sizeof words);

@@ -89,8 +89,8 @@ void td_jobs_node_part_output(td_jobs *j, node_part *g, bool final, long long un
         g->out_fd = td_jobs_open_output(j, g->job, path);
     }
     node_part_ctx ctx = {j, g};
-    td_jobs_read_file(g->out_fd, &g->out_read, final ? until : g->sh.out_size, final, 0, &g->line,
-                      node_part_line, &ctx);
+    td_runner_read_lines(g->out_fd, &g->out_read, final ? until : g->sh.out_size, final, 0,
+                         &g->line, node_part_line, &ctx);
 }
 
 void td_jobs_node_parts_read(td_jobs *j, node_part *g) {
@@ -104,8 +104,8 @@ void td_jobs_node_part_failure(td_jobs *j, const node_part *g, int rank, const c
                                char *out, size_t len) {
     char own[340]; /* (a cascade's error ends with the job's first failure: keep it whole) */
     int local = rank - g->node_rank * g->nproc;
-    td_jobs_rank_message(g->dir, rank, local >= 0 && local < g->procs ? g->log_start[local] : 0,
-                         strcmp(g->kind, "command") == 0, own, sizeof own);
+    td_runner_rank_message(g->dir, rank, local >= 0 && local < g->procs ? g->log_start[local] : 0,
+                           strcmp(g->kind, "command") == 0, own, sizeof own);
     if (own[0] && strstr(what, own)) own[0] = 0; /* its error file said it already */
     snprintf(out, len, "node %s: %.100s%s%s", j->node_name, what, own[0] ? ": " : "", own);
     td_str_utf8_repair(out); /* cut at a byte count; JSON carries only whole characters */

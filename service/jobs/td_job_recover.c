@@ -115,7 +115,7 @@ static void take_up(td_jobs *j, job *jb) {
     json_t *notes = td_shepherd_notes(base);
     if (!notes || td_runner_notes_of_part(notes)) {
         /* placed across nodes (its parts run as node parts, td_job_part.c), or never started */
-        if (!notes && jb->row.pgid > 0 && td_jobs_group_of((pid_t)jb->row.pgid, jb->dir))
+        if (!notes && jb->row.pgid > 0 && td_runner_group_of((pid_t)jb->row.pgid, jb->dir))
             killpg((pid_t)jb->row.pgid, SIGKILL); /* an older traind's group, without a shepherd */
         json_decref(notes);
         td_jobs_recover(j, jb, "the daemon restarted while the job ran");

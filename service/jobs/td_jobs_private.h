@@ -349,9 +349,6 @@ void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ende
 #define TD_JOBS_STOP_DAEMON     "daemon_stop: "
 #define TD_JOBS_STOP_DAEMON_WORDS                                                                  \
     TD_JOBS_STOP_DAEMON "traind stopped and stopped its jobs (keep_jobs_on_stop is false)"
-/* Whether process group pgid is still a job's: its leader runs in the job's directory dir (an
- * id saved before a restart may be another process's by now). */
-bool td_jobs_group_of(pid_t pgid, const char *dir);
 /* The connection to a local attempt's shepherd ended (or none could be made at start): reads
  * the rest of rank 0's output, and ends the attempt as its status file says; without one the
  * shepherd died and what is left of its process group is killed. A shepherd that dropped a
@@ -359,10 +356,6 @@ bool td_jobs_group_of(pid_t pgid, const char *dir);
 void td_jobs_shepherd_gone(td_jobs *j, job *jb);
 void td_jobs_resume_note(const job *jb, char *out, size_t len);
 json_t *td_jobs_resume_json(const job *jb);
-/* The failing rank's own words from its log (traind-worker's "error:" line, or a command's last
- * line that is not a metric), from offset `from` of dir/rank-R.log. */
-void td_jobs_rank_message(const char *dir, int rank, long long from, bool command, char *out,
-                          size_t len);
 
 /* ---- td_job_uid.c ---- */
 td_identity td_jobs_identity(const td_jobs *j, const job *jb); /* who jb runs as */
@@ -379,15 +372,6 @@ void td_jobs_limit_job(job *jb, const td_job_limits *d, double memory_gb, long p
  * slice a call: true when more is left (read on at once; a final read is final only once it
  * returns false). */
 bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until);
-/* Reads *fd from *read_to up to `until` into line and hands each whole line to fn
- * (NUL-terminated in place) with the file offset just after it; final: the last partial line
- * too, once everything is read. budget > 0: at most that many bytes this call (true: more is
- * left); fn returning false stops it too (true: what follows is read at the next call). A line over
- * 1 MiB is skipped (the shepherd wrote it to rank 0's log, where every line of rank 0's stdout is).
- * Rank 0's output is read so for a local job and a node's part alike. */
-typedef bool (*td_jobs_line_fn)(void *ctx, char *line, size_t n, long long end);
-bool td_jobs_read_file(int fd, long long *read_to, long long until, bool final, long long budget,
-                       td_buf *line, td_jobs_line_fn fn, void *ctx);
 /* Whether events of this type are the daemon's own (state, restart, placement, dropped): a job
  * printing one has it in its log, never in its events, where clients would believe it. */
 bool td_jobs_event_is_daemons(const char *type);
@@ -395,7 +379,7 @@ bool td_jobs_event_is_daemons(const char *type);
 bool td_jobs_rate_admit(td_jobs *j, td_rate_bucket *b);
 /* A "dropped" event for the metric lines max_events_per_s refused since the last one. */
 void td_jobs_say_dropped(td_jobs *j, job *jb);
-/* Opens path for td_jobs_read_file (-1 and a log line when it cannot). */
+/* Opens path for td_runner_read_lines (-1 and a log line when it cannot). */
 int td_jobs_open_output(td_jobs *j, long job_id, const char *path);
 void td_jobs_set_checkpoint(job *jb, long step, const char *path);
 /* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */

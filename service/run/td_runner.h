@@ -8,6 +8,7 @@
 #ifndef TD_RUNNER_H
 #define TD_RUNNER_H
 
+#include "base/td_buf.h"
 #include "base/td_error.h"
 #include "service/run/td_cgroup.h"
 #include "service/run/td_identity.h"
@@ -18,6 +19,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* Who jobs run as (td_identity.h says why each job gets a uid of its own). */
 typedef enum td_run_as {
@@ -164,5 +166,23 @@ int td_runner_notes_n_slots(json_t *notes, int otherwise);
  * caller's). */
 json_t *td_runner_shepherd_spec(const td_runner *n, const td_launch_config *c, int attempt,
                                 char **logs, char **devices, double deadline);
+
+/* ---- following an attempt (td_runner_follow.c) ---- */
+/* Reads fd from *read_to up to `until` into line and hands each whole line to fn
+ * (NUL-terminated in place) with the file offset just after it; final: the last partial line
+ * too, once everything is read. budget > 0: at most that many bytes this call (true: more is
+ * left); fn returning false stops it too (true: what follows is read at the next call). A line
+ * over 1 MiB is skipped (the shepherd wrote it to rank 0's log, where every line of rank 0's
+ * stdout is). Rank 0's output is read so for a job's own attempt and a node's part alike. */
+typedef bool (*td_runner_line_fn)(void *ctx, char *line, size_t n, long long end);
+bool td_runner_read_lines(int fd, long long *read_to, long long until, bool final, long long budget,
+                          td_buf *line, td_runner_line_fn fn, void *ctx);
+/* The failing rank's own words from its log (traind-worker's "error:" line, or a command's last
+ * line that is not a metric), from offset `from` of dir/rank-R.log. */
+void td_runner_rank_message(const char *dir, int rank, long long from, bool command, char *out,
+                            size_t len);
+/* Whether process group pgid is still an attempt's: its leader runs in the job's directory dir
+ * (an id saved before a restart may be another process's by now). */
+bool td_runner_group_of(pid_t pgid, const char *dir);
 
 #endif

@@ -1,13 +1,18 @@
 /* The runner (service/run/td_runner.h) without a shepherd: GPU slots taken all or none and given
- * back, each process's CUDA_VISIBLE_DEVICES, the notes an attempt's file carries, and an attempt
+ * back, each process's CUDA_VISIBLE_DEVICES, the notes an attempt's file carries, an attempt
  * found again from its notes, in this traind's words and in an older one's (a daemon upgraded
- * under running jobs re-attaches to what the old one started). */
+ * under running jobs re-attaches to what the old one started), rank 0's output read by whole
+ * lines, and a failed rank's own words from its log. */
 #include "service/run/td_runner.h"
 
+#include "base/td_buf.h"
 #include "base/td_strv.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static td_runner_config four_gpus = {.state_dir = "/nonexistent", .slots = 4, .gpus = 4};
 
@@ -121,4 +126,76 @@ Test(runner, an_older_traind_s_notes_are_read) {
     json_decref(part);
     json_decref(own);
     td_runner_free(&n);
+}
+
+typedef struct seen {
+    char lines[8][32];
+    long long ends[8];
+    int n, stop_after; /* fn says stop after this many (0: never) */
+} seen;
+
+static bool take(void *ctx, char *line, size_t n, long long end) {
+    seen *s = ctx;
+    snprintf(s->lines[s->n], sizeof s->lines[s->n], "%.*s", (int)n, line);
+    s->ends[s->n++] = end;
+    return !(s->stop_after && s->n == s->stop_after);
+}
+
+static int temp_file(const char *text) {
+    char path[] = "/tmp/test_runner.XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    unlink(path);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    return fd;
+}
+
+/* Whole lines with the offset after each; a stop keeps the rest for the next call; the last
+ * partial line only when final. */
+Test(runner, output_is_read_by_whole_lines) {
+    int fd = temp_file("a\nbb\nccc\ntail");
+    long long at = 0;
+    td_buf line = {0};
+    seen s = {.stop_after = 2};
+    cr_assert(td_runner_read_lines(fd, &at, 13, false, 0, &line, take, &s), "stopped: more left");
+    cr_assert_eq(s.n, 2);
+    cr_assert_str_eq(s.lines[1], "bb");
+    cr_assert_eq(s.ends[1], 5);
+    s.stop_after = 0;
+    cr_assert_not(td_runner_read_lines(fd, &at, 13, false, 0, &line, take, &s));
+    cr_assert_eq(s.n, 3, "\"tail\" has no newline yet");
+    cr_assert_str_eq(s.lines[2], "ccc");
+    cr_assert_eq(s.ends[2], 9);
+    cr_assert_not(td_runner_read_lines(fd, &at, -1, true, 0, &line, take, &s));
+    cr_assert_eq(s.n, 4);
+    cr_assert_str_eq(s.lines[3], "tail");
+    cr_assert_eq(s.ends[3], 13);
+    td_buf_free(&line);
+    close(fd);
+}
+
+/* A failed rank's words: traind-worker's error line, else a command's last line that is not a
+ * metric; only what this attempt wrote (from its offset). */
+Test(runner, a_failed_rank_s_own_words) {
+    char dir[] = "/tmp/test_runner_dir.XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char path[sizeof dir + 16];
+    snprintf(path, sizeof path, "%s/rank-1.log", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs("old: ignore me\ntraind-worker: error: data.train.path: no such file\n"
+          "Traceback\nValueError: bad lr\n{\"event\": \"train\"}\n",
+          f);
+    fclose(f);
+    char out[128];
+    td_runner_rank_message(dir, 1, 0, false, out, sizeof out);
+    cr_assert_str_eq(out, "data.train.path: no such file");
+    td_runner_rank_message(dir, 1, 67, true, out, sizeof out);
+    cr_assert_str_eq(out, "ValueError: bad lr");
+    td_runner_rank_message(dir, 1, 67, false, out, sizeof out);
+    cr_assert_str_eq(out, "", "a worker without its error line says nothing");
+    td_runner_rank_message(dir, 0, 0, true, out, sizeof out);
+    cr_assert_str_eq(out, "", "no log");
+    unlink(path);
+    rmdir(dir);
 }
