@@ -355,7 +355,7 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     TD_CHECK_ALLOC(text, "checking a spec");
     td_job job;
     td_err err = {{0}};
-    int rc = td_job_load_string(&job, text, &err);
+    int rc = td_job_parse_string(&job, text, &err);
     free(text);
     if (rc != 0) return spec_error(e, &err);
     bool one_file = job.data.format == TD_DATA_CSV || job.data.format == TD_DATA_TEXT ||

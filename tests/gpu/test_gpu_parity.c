@@ -497,7 +497,7 @@ static int ops_without_a_case(void) {
             if (parity_parse_nodes(CASES[i].nodes, specs, &n, &err) != 0) continue;
             for (int j = 0; j < n; j++) found = found || specs[j].op == ops[k];
         }
-        if (!found) fprintf(stderr, "traind-gpu-parity: no case uses op %s\n", ops[k]->name);
+        if (!found) fprintf(stderr, "traind-gpu-parity: no case uses op %s\n", ops[k]->sig->name);
         missing += !found;
     }
     return missing;

@@ -70,8 +70,8 @@ void parity_fill_labels(int32_t *y, int n, int classes, td_rng *rng) {
 }
 
 static int find_arg(const td_op *op, const char *key) {
-    for (int i = 0; op->args[i].name; i++)
-        if (strcmp(op->args[i].name, key) == 0) return i;
+    for (int i = 0; op->sig->args[i].name; i++)
+        if (strcmp(op->sig->args[i].name, key) == 0) return i;
     return -1;
 }
 
@@ -96,7 +96,7 @@ static int parse_node(char *text, int index, td_node_spec *s, td_err *err) {
     s->op = td_op_find(word);
     if (!s->op) return td_fail(err, "node %d: unknown op %s", index, word);
     snprintf(s->name, sizeof s->name, "n%d", index);
-    for (int i = 0; s->op->args[i].name; i++) s->args[i] = s->op->args[i].def;
+    for (int i = 0; s->op->sig->args[i].name; i++) s->args[i] = s->op->sig->args[i].def;
     while ((word = strtok_r(NULL, " \t", &save))) {
         char *eq = strchr(word, '=');
         if (!eq) return td_fail(err, "node %d: %s is not key=value", index, word);
@@ -117,8 +117,9 @@ static int parse_node(char *text, int index, td_node_spec *s, td_err *err) {
         } else {
             int a = find_arg(s->op, word);
             if (a < 0)
-                return td_fail(err, "node %d: %s has no argument %s", index, s->op->name, word);
-            const td_op_arg *arg = &s->op->args[a];
+                return td_fail(err, "node %d: %s has no argument %s", index, s->op->sig->name,
+                               word);
+            const td_op_arg *arg = &s->op->sig->args[a];
             char *end;
             double v = strtod(value, &end);
             if (*end && arg->type == TD_ARG_CHOICE) v = choice_index(arg->choices, value);

@@ -457,6 +457,7 @@ Test(gradcheck, lenet5_whole) {
     td_node_spec *nodes;
     int n;
     td_preset_lenet5(10, &nodes, &n);
+    td_spec_resolve_ops(nodes, n);
     td_err err;
     cr_assert_eq(td_model_build(&m, nodes, n, td_shape_image(1, 28, 28), 4, 1, 1, 0, &err), 0, "%s",
                  err.msg);

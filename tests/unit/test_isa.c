@@ -28,7 +28,7 @@ static test_pass run_model(td_isa isa, const char *nodes, td_shape in, int n) {
     test_build_model(&m, nodes, in, n, 7);
     for (int i = 0; i < m.n_nodes; i++) {
         const td_node *node = &m.nodes[i];
-        cr_assert(node->op->variants, "%s has no variants", node->op->name);
+        cr_assert(node->op->variants, "%s has no variants", node->op->sig->name);
         cr_assert_eq(node->impl, node->op->variants[isa], "node %s does not run the %s kernels",
                      node->name, td_isa_name(isa));
     }

@@ -126,6 +126,7 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
             if (strcmp(model->nodes[j].name, s->name) == 0)
                 return td_fail(err, "model.nodes[%d].name: \"%s\" is already used by nodes[%d]", i,
                                s->name, j);
+        TD_ASSERT(s->op, "td_model_build: a node without its op's code (td_spec_resolve_ops)");
         node->op = s->op;
         node->impl = s->op->variants ? s->op->variants[td_isa_active()] : s->op;
         node->max_n = model->max_n;
@@ -149,16 +150,17 @@ static int link_nodes(td_model *model, const td_node_spec *specs, int n, td_err 
                 node->inputs[j] = k;
             }
         }
-        if (node->n_inputs < s->op->min_inputs || node->n_inputs > s->op->max_inputs)
+        const td_op_sig *sig = s->op->sig;
+        if (node->n_inputs < sig->min_inputs || node->n_inputs > sig->max_inputs)
             return td_fail(err, "model.nodes[%d] (\"%s\"): op %s takes %d to %d inputs, found %d",
-                           i, node->name, s->op->name, s->op->min_inputs, s->op->max_inputs,
+                           i, node->name, sig->name, sig->min_inputs, sig->max_inputs,
                            node->n_inputs);
         for (int j = 0; j < node->n_inputs; j++)
             node->in_shape[j] = node->inputs[j] == TD_INPUT_NODE
                                     ? model->input_shape
                                     : model->nodes[node->inputs[j]].out_shape;
         if (node->impl->build(model, node, err) != 0)
-            return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s)", i, node->name, s->op->name);
+            return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s)", i, node->name, sig->name);
         if (td_model_tie_check(model, s, node, err) != 0) return -1;
         if (node->scratch_floats > model->scratch_floats)
             model->scratch_floats = node->scratch_floats;
@@ -233,68 +235,6 @@ static void push_segment(td_arena *arena, td_model *model, const td_segment *seg
                          size_t elem_bytes) {
     for (int i = seg->first; i <= seg->last; i++)
         push_recomputed(arena, &model->nodes[i], out_bytes(model, &model->nodes[i], elem_bytes));
-}
-
-static bool in_module(const char *name, const char *prefix) {
-    size_t len = strlen(prefix);
-    return strncmp(name, prefix, len) == 0 && (name[len] == '\0' || name[len] == '.');
-}
-
-static int spec_index(const td_node_spec *specs, int n, const char *name) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(specs[i].name, name) == 0) return i;
-    return -1;
-}
-
-int td_segments_assign(td_node_spec *specs, int n_specs, const td_segment_name *names, int n_names,
-                       td_err *err) {
-    for (int i = 0; i < n_specs; i++) specs[i].segment = 0;
-    for (int k = 0; k < n_names; k++) {
-        const td_segment_name *e = &names[k];
-        int first, last;
-        if (e->last[0]) {
-            first = spec_index(specs, n_specs, e->first);
-            last = spec_index(specs, n_specs, e->last);
-            if (first < 0 || last < 0)
-                return td_fail(err, "[%d].%s: no node is named \"%s\"", k,
-                               first < 0 ? "first" : "last", first < 0 ? e->first : e->last);
-            if (first > last)
-                return td_fail(err,
-                               "[%d]: first (\"%s\", nodes[%d]) comes after last (\"%s\", "
-                               "nodes[%d]); expected first at or before last",
-                               k, e->first, first, e->last, last);
-        } else {
-            first = last = -1;
-            for (int i = 0; i < n_specs; i++) {
-                if (!in_module(specs[i].name, e->first)) continue;
-                if (first < 0) first = i;
-                last = i;
-            }
-            if (first < 0)
-                return td_fail(err,
-                               "[%d]: no node is named \"%s\" or \"%s.<name>\"; expected a "
-                               "module prefix such as \"layer1.0\", or {\"first\": node, "
-                               "\"last\": node}",
-                               k, e->first, e->first);
-            for (int i = first; i <= last; i++)
-                if (!in_module(specs[i].name, e->first))
-                    return td_fail(err,
-                                   "[%d] (\"%s\"): its nodes are not consecutive: nodes[%d] "
-                                   "(\"%s\") lies between nodes[%d] (\"%s\") and nodes[%d] "
-                                   "(\"%s\"); a segment is a run of consecutive nodes",
-                                   k, e->first, i, specs[i].name, first, specs[first].name, last,
-                                   specs[last].name);
-        }
-        for (int i = first; i <= last; i++) {
-            if (specs[i].segment)
-                return td_fail(err,
-                               "[%d]: overlaps entry [%d] at nodes[%d] (\"%s\"); segments "
-                               "must not share nodes",
-                               k, specs[i].segment - 1, i, specs[i].name);
-            specs[i].segment = k + 1;
-        }
-    }
-    return 0;
 }
 
 /* Carves activations, gradients and saved state out of one arena; decides which input
@@ -446,8 +386,8 @@ void td_model_layout(td_model *model, td_arena *arena, size_t elem_bytes) {
 }
 
 double td_node_arg(const td_node *node, const char *name) {
-    for (int i = 0; node->op->args[i].name; i++)
-        if (strcmp(node->op->args[i].name, name) == 0) return node->args[i];
+    for (int i = 0; node->op->sig->args[i].name; i++)
+        if (strcmp(node->op->sig->args[i].name, name) == 0) return node->args[i];
     td_die(__FILE__, __LINE__, name, "td_node_arg: the op has no argument of this name");
 }
 
@@ -514,8 +454,8 @@ void td_model_print_profile(const td_model *model, long steps, FILE *out) {
         char name[2 * TD_NAME_MAX + 8], op[64];
         const td_node *relu = node->relu_in ? &model->nodes[node->inputs[0]] : NULL;
         snprintf(name, sizeof name, "%s%s%s", relu ? relu->name : "", relu ? "+" : "", node->name);
-        snprintf(op, sizeof op, "%s%s%s", relu ? relu->op->name : "", relu ? "+" : "",
-                 node->op->name);
+        snprintf(op, sizeof op, "%s%s%s", relu ? relu->op->sig->name : "", relu ? "+" : "",
+                 node->op->sig->name);
         fprintf(out, "[traind]   %-20s %-14s %8.3f = %8.3f + %8.3f\n", name, op,
                 rows[i].total * 1e3 / (double)steps, model->profile[2 * k] * 1e3 / (double)steps,
                 model->profile[2 * k + 1] * 1e3 / (double)steps);

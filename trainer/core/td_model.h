@@ -63,11 +63,18 @@ typedef struct td_op_arg {
     const char *choices; /* for TD_ARG_CHOICE: "none|tanh"; the value is the index */
 } td_op_arg;
 
-/* What every op provides; the ops themselves, and the table of them, are ops/ (ops/td_ops.h). */
-typedef struct td_op {
+/* What a spec may say of an op: its name, how many inputs, its arguments. One per op, with no
+ * code (ops/td_op_sigs.c): the spec's validator needs nothing else, so the daemon links no
+ * kernel. */
+typedef struct td_op_sig {
     const char *name; /* as written in the spec: "conv2d" */
     int min_inputs, max_inputs;
     const td_op_arg *args; /* terminated by an entry with name == NULL */
+} td_op_sig;
+
+/* What every op provides; the ops themselves, and the table of them, are ops/ (ops/td_ops.h). */
+typedef struct td_op {
+    const td_op_sig *sig; /* its name, inputs and arguments */
     /* From the input shapes (already set): the output shape, parameters, saved-state and scratch
      * needs. Returns -1 with a message when the shapes do not fit the op. */
     int (*build)(td_model *model, td_node *node, td_err *err);
@@ -90,7 +97,7 @@ struct td_node {
     char name[TD_NAME_MAX];
     const td_op *op;   /* what the node is (&td_op_conv2d): compare ops with this */
     const td_op *impl; /* the code that runs it: op's variant for the active instruction set */
-    double args[TD_MAX_OP_ARGS]; /* in the order of op->args */
+    double args[TD_MAX_OP_ARGS]; /* in the order of op->sig->args */
 
     int n_inputs;
     int inputs[TD_MAX_INPUTS]; /* node indices, TD_INPUT_NODE for the batch */
@@ -148,6 +155,9 @@ struct td_node {
 /* How a node is described before the model is built (from JSON or a preset). */
 typedef struct td_node_spec {
     char name[TD_NAME_MAX];
+    const td_op_sig *sig; /* the op the spec names */
+    /* the code that runs it: set from sig before the model is built (td_spec_resolve_ops), or by
+     * hand */
     const td_op *op;
     double args[TD_MAX_OP_ARGS];
     int n_inputs; /* 0: the previous node (or the batch, for the first) */

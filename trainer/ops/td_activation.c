@@ -7,12 +7,6 @@
 #include <math.h>
 #include <omp.h>
 
-static const td_op_arg relu_args[] = {{0}};
-static const td_op_arg gelu_args[] = {
-    {"approximate", TD_ARG_CHOICE, false, 0, 0, 0, "none|tanh"},
-    {0},
-};
-
 static int same_shape_build(td_model *model, td_node *node, td_err *err) {
     (void)model;
     (void)err;
@@ -151,9 +145,7 @@ static void gelu_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op TD_ISA_SYM(td_op_relu) = {
-    "relu",    1, 1, relu_args, same_shape_build, relu_forward, relu_backward, TD_OP_VARIANTS(relu),
-    TD_OP_RELU};
-const td_op TD_ISA_SYM(td_op_gelu) = {
-    "gelu", 1, 1, gelu_args, same_shape_build, gelu_forward, gelu_backward, TD_OP_VARIANTS(gelu),
-    0};
+const td_op TD_ISA_SYM(td_op_relu) = {&td_op_sig_relu, same_shape_build,     relu_forward,
+                                      relu_backward,   TD_OP_VARIANTS(relu), TD_OP_RELU};
+const td_op TD_ISA_SYM(td_op_gelu) = {&td_op_sig_gelu, same_shape_build,     gelu_forward,
+                                      gelu_backward,   TD_OP_VARIANTS(gelu), 0};

@@ -7,8 +7,6 @@
 #include <omp.h>
 #include <string.h>
 
-static const td_op_arg add_args[] = {{0}};
-
 static int add_build(td_model *model, td_node *node, td_err *err) {
     (void)model;
     td_shape a = node->in_shape[0];
@@ -68,6 +66,5 @@ static void add_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op TD_ISA_SYM(td_op_add) = {"add",     2,           TD_MAX_INPUTS, add_args,
-                                     add_build, add_forward, add_backward,  TD_OP_VARIANTS(add),
-                                     0};
+const td_op TD_ISA_SYM(td_op_add) = {&td_op_sig_add, add_build,           add_forward,
+                                     add_backward,   TD_OP_VARIANTS(add), 0};

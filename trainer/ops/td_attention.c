@@ -27,12 +27,6 @@
 #include <string.h>
 
 enum { ARG_N_HEAD, ARG_DROPOUT };
-static const td_op_arg attention_args[] = {
-    {"n_head", TD_ARG_INT, true, 0, 1, 1 << 12, NULL},
-    {"dropout", TD_ARG_FLOAT, false, 0, 0, 0.999, NULL},
-    {0},
-};
-
 /* saved: the dropout key (8 bytes), then one logsumexp per (sample, head, query) */
 #define LSE_OFFSET sizeof(uint64_t)
 
@@ -191,10 +185,7 @@ static void attention_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op TD_ISA_SYM(td_op_causal_attention) = {"causal_attention",
-                                                  1,
-                                                  1,
-                                                  attention_args,
+const td_op TD_ISA_SYM(td_op_causal_attention) = {&td_op_sig_causal_attention,
                                                   attention_build,
                                                   attention_forward,
                                                   attention_backward,

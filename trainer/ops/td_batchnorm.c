@@ -19,16 +19,6 @@
 
 enum { ARG_EPS, ARG_MOMENTUM, ARG_AFFINE, ARG_TRACK, ARG_ZERO_INIT };
 
-static const td_op_arg bn_args[] = {
-    {"eps", TD_ARG_FLOAT, false, 1e-5, 0, 1, NULL},
-    {"momentum", TD_ARG_FLOAT, false, 0.1, 0, 1, NULL},
-    {"affine", TD_ARG_BOOL, false, 1, 0, 1, NULL},
-    {"track_running_stats", TD_ARG_BOOL, false, 1, 0, 1, NULL},
-    /* weight starts at 0 instead of 1 (torchvision's zero_init_residual) */
-    {"zero_init", TD_ARG_BOOL, false, 0, 0, 1, NULL},
-    {0},
-};
-
 /* The scratch every thread shares (see bn_build_common), rounded to a whole double. */
 static size_t shared_floats(int c) {
     return (9 * (size_t)c + 2) & ~(size_t)1;
@@ -248,21 +238,7 @@ static void bn_backward(td_node *node, const td_run *run) {
         }
 }
 
-const td_op TD_ISA_SYM(td_op_batchnorm2d) = {"batchnorm2d",
-                                             1,
-                                             1,
-                                             bn_args,
-                                             bn2d_build,
-                                             bn_forward,
-                                             bn_backward,
-                                             TD_OP_VARIANTS(batchnorm2d),
-                                             0};
-const td_op TD_ISA_SYM(td_op_batchnorm1d) = {"batchnorm1d",
-                                             1,
-                                             1,
-                                             bn_args,
-                                             bn1d_build,
-                                             bn_forward,
-                                             bn_backward,
-                                             TD_OP_VARIANTS(batchnorm1d),
-                                             0};
+const td_op TD_ISA_SYM(td_op_batchnorm2d) = {
+    &td_op_sig_batchnorm2d, bn2d_build, bn_forward, bn_backward, TD_OP_VARIANTS(batchnorm2d), 0};
+const td_op TD_ISA_SYM(td_op_batchnorm1d) = {
+    &td_op_sig_batchnorm1d, bn1d_build, bn_forward, bn_backward, TD_OP_VARIANTS(batchnorm1d), 0};

@@ -27,18 +27,6 @@
 enum { ARG_OUT_CHANNELS, ARG_KERNEL, ARG_STRIDE, ARG_PADDING, ARG_BIAS, ARG_INIT, ARG_ALGO };
 enum { ALGO_AUTO, ALGO_IM2COL, ALGO_WINOGRAD };
 
-static const td_op_arg conv_args[] = {
-    {"out_channels", TD_ARG_INT, true, 0, 1, 1 << 16, NULL},
-    {"kernel_size", TD_ARG_INT, true, 0, 1, 64, NULL},
-    {"stride", TD_ARG_INT, false, 1, 1, 64, NULL},
-    {"padding", TD_ARG_INT, false, 0, 0, 64, NULL},
-    {"bias", TD_ARG_BOOL, false, 1, 0, 1, NULL},
-    {"init", TD_ARG_CHOICE, false, 0, 0, 0, "default|kaiming_normal_fan_out"},
-    /* auto: Winograd (td_winograd.h) where it fits, else im2col + GEMM */
-    {"algorithm", TD_ARG_CHOICE, false, 0, 0, 0, "auto|im2col|winograd"},
-    {0},
-};
-
 /* About 256 KiB of Col per chunk: it stays in L2 between im2col and the GEMM that reads it.
  * But never fewer than CONV_CHUNK_ROWS rows: OpenBLAS packs the whole weight for every call, and
  * deep layers (ResNet's layer4: 16 pixels per image, a 512x4608 weight) would repack 9 MB of
@@ -445,4 +433,4 @@ static void conv_backward(td_node *node, const td_run *run) {
 }
 
 const td_op TD_ISA_SYM(td_op_conv2d) = {
-    "conv2d", 1, 1, conv_args, conv_build, conv_forward, conv_backward, TD_OP_VARIANTS(conv2d), 0};
+    &td_op_sig_conv2d, conv_build, conv_forward, conv_backward, TD_OP_VARIANTS(conv2d), 0};

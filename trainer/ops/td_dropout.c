@@ -7,11 +7,6 @@
 #include <stdint.h>
 #include <string.h>
 
-static const td_op_arg dropout_args[] = {
-    {"p", TD_ARG_FLOAT, false, 0.5, 0, 1, NULL},
-    {0},
-};
-
 static int dropout_build(td_model *model, td_node *node, td_err *err) {
     (void)err;
     node->out_shape = node->in_shape[0];
@@ -51,12 +46,6 @@ static void dropout_backward(td_node *node, const td_run *run) {
     for (size_t i = 0; i < n; i++) dx[i] = (add ? dx[i] : 0.0f) + (mask[i] ? dy[i] * scale : 0.0f);
 }
 
-const td_op TD_ISA_SYM(td_op_dropout) = {"dropout",
-                                         1,
-                                         1,
-                                         dropout_args,
-                                         dropout_build,
-                                         dropout_forward,
-                                         dropout_backward,
-                                         TD_OP_VARIANTS(dropout),
-                                         0};
+const td_op TD_ISA_SYM(td_op_dropout) = {&td_op_sig_dropout,      dropout_build,
+                                         dropout_forward,         dropout_backward,
+                                         TD_OP_VARIANTS(dropout), 0};

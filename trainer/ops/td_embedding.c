@@ -18,18 +18,7 @@
 #include <string.h>
 
 enum { ARG_NUM_EMBEDDINGS, ARG_EMBEDDING_DIM };
-static const td_op_arg embedding_args[] = {
-    {"num_embeddings", TD_ARG_INT, true, 0, 1, 1 << 24, NULL},
-    {"embedding_dim", TD_ARG_INT, true, 0, 1, 1 << 20, NULL},
-    {0},
-};
-
 enum { ARG_BLOCK_SIZE };
-static const td_op_arg position_args[] = {
-    {"block_size", TD_ARG_INT, true, 0, 1, 1 << 20, NULL},
-    {0},
-};
-
 static int embedding_build(td_model *model, td_node *node, td_err *err) {
     td_shape in = node->in_shape[0];
     if (in.spatial || in.h != 1) {
@@ -139,20 +128,11 @@ static void position_backward(td_node *node, const td_run *run) {
         memcpy(dx, node->grad, all * sizeof(float));
 }
 
-const td_op TD_ISA_SYM(td_op_embedding) = {"embedding",
-                                           1,
-                                           1,
-                                           embedding_args,
-                                           embedding_build,
-                                           embedding_forward,
-                                           embedding_backward,
-                                           TD_OP_VARIANTS(embedding),
-                                           0};
+const td_op TD_ISA_SYM(td_op_embedding) = {&td_op_sig_embedding,      embedding_build,
+                                           embedding_forward,         embedding_backward,
+                                           TD_OP_VARIANTS(embedding), 0};
 
-const td_op TD_ISA_SYM(td_op_position_embedding) = {"position_embedding",
-                                                    1,
-                                                    1,
-                                                    position_args,
+const td_op TD_ISA_SYM(td_op_position_embedding) = {&td_op_sig_position_embedding,
                                                     position_build,
                                                     position_forward,
                                                     position_backward,

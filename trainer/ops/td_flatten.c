@@ -5,8 +5,6 @@
 
 #include <string.h>
 
-static const td_op_arg flatten_args[] = {{0}};
-
 static int flatten_build(td_model *model, td_node *node, td_err *err) {
     (void)model;
     (void)err;
@@ -47,12 +45,6 @@ static void flatten_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op TD_ISA_SYM(td_op_flatten) = {"flatten",
-                                         1,
-                                         1,
-                                         flatten_args,
-                                         flatten_build,
-                                         flatten_forward,
-                                         flatten_backward,
-                                         TD_OP_VARIANTS(flatten),
-                                         0};
+const td_op TD_ISA_SYM(td_op_flatten) = {&td_op_sig_flatten,      flatten_build,
+                                         flatten_forward,         flatten_backward,
+                                         TD_OP_VARIANTS(flatten), 0};

@@ -5,8 +5,6 @@
 
 #include <string.h>
 
-static const td_op_arg no_args[] = {{0}};
-
 static int identity_build(td_model *model, td_node *node, td_err *err) {
     (void)model, (void)err;
     node->out_shape = node->in_shape[0];
@@ -27,12 +25,6 @@ static void identity_backward(td_node *node, const td_run *run) {
         memcpy(dx, node->grad, n * sizeof(float));
 }
 
-const td_op TD_ISA_SYM(td_op_identity) = {"identity",
-                                          1,
-                                          1,
-                                          no_args,
-                                          identity_build,
-                                          identity_forward,
-                                          identity_backward,
-                                          TD_OP_VARIANTS(identity),
-                                          0};
+const td_op TD_ISA_SYM(td_op_identity) = {&td_op_sig_identity,      identity_build,
+                                          identity_forward,         identity_backward,
+                                          TD_OP_VARIANTS(identity), 0};

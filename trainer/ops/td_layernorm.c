@@ -14,12 +14,6 @@
 #include <string.h>
 
 enum { ARG_EPS, ARG_BIAS };
-static const td_op_arg layernorm_args[] = {
-    {"eps", TD_ARG_FLOAT, false, 1e-5, 1e-12, 1.0, NULL},
-    {"bias", TD_ARG_BOOL, false, 1, 0, 1, NULL},
-    {0},
-};
-
 static size_t rows_of(const td_node *node, int n) {
     return (size_t)n * node->in_shape[0].h;
 }
@@ -120,12 +114,6 @@ static void layernorm_backward(td_node *node, const td_run *run) {
     }
 }
 
-const td_op TD_ISA_SYM(td_op_layernorm) = {"layernorm",
-                                           1,
-                                           1,
-                                           layernorm_args,
-                                           layernorm_build,
-                                           layernorm_forward,
-                                           layernorm_backward,
-                                           TD_OP_VARIANTS(layernorm),
-                                           0};
+const td_op TD_ISA_SYM(td_op_layernorm) = {&td_op_sig_layernorm,      layernorm_build,
+                                           layernorm_forward,         layernorm_backward,
+                                           TD_OP_VARIANTS(layernorm), 0};

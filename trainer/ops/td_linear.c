@@ -11,12 +11,6 @@
 
 enum { ARG_OUT_FEATURES, ARG_BIAS };
 
-static const td_op_arg linear_args[] = {
-    {"out_features", TD_ARG_INT, true, 0, 1, 1 << 24, NULL},
-    {"bias", TD_ARG_BOOL, false, 1, 0, 1, NULL},
-    {0},
-};
-
 /* A classifier's last layer (10 outputs from 512) leaves OpenBLAS's register tiles mostly empty:
  * about 30 GFLOP/s on an AVX2 EPYC, against 50-75 for the skinny kernels (ops/td_skinny.h). The
  * AVX-512 variant keeps OpenBLAS until this is measured on a CPU that has AVX-512. */
@@ -94,12 +88,5 @@ static void linear_backward(td_node *node, const td_run *run) {
                  node->in_grad_add[0]);
 }
 
-const td_op TD_ISA_SYM(td_op_linear) = {"linear",
-                                        1,
-                                        1,
-                                        linear_args,
-                                        linear_build,
-                                        linear_forward,
-                                        linear_backward,
-                                        TD_OP_VARIANTS(linear),
-                                        0};
+const td_op TD_ISA_SYM(td_op_linear) = {&td_op_sig_linear, linear_build,           linear_forward,
+                                        linear_backward,   TD_OP_VARIANTS(linear), 0};

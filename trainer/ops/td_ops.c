@@ -2,6 +2,7 @@
  * (ops/td_ops_isa.h). */
 #include "ops/td_ops.h"
 
+#include "ops/td_op_sigs.h"
 #include "ops/td_ops_isa.h"
 
 #include <stdio.h>
@@ -26,21 +27,12 @@ static const td_op *const all_ops[] = {
 #endif
 #include "ops/td_ops.def"
 
-const td_op *td_op_find(const char *name) {
-    for (size_t i = 0; i < N_OPS; i++)
-        if (strcmp(all_ops[i]->name, name) == 0) return all_ops[i];
+const td_op *td_op_of(const td_op_sig *sig) {
+    for (size_t i = 0; sig && i < N_OPS; i++)
+        if (all_ops[i]->sig == sig) return all_ops[i];
     return NULL;
 }
 
-const char *td_op_names(void) {
-    /* Built from the table so the message can never drift from what is accepted. The buffer is
-     * constant after first use; every caller would write the same bytes. */
-    static char names[256];
-    if (!names[0]) {
-        size_t used = 0;
-        for (size_t i = 0; i < N_OPS; i++)
-            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
-                                     all_ops[i]->name);
-    }
-    return names;
+const td_op *td_op_find(const char *name) {
+    return td_op_of(td_op_sig_find(name));
 }

@@ -1,6 +1,7 @@
-/* The op registry: every op of this folder by name, as td_ops.def lists them. The op interface
- * (td_op) is core's (core/td_model.h); which ops exist is this layer's, so core never depends on
- * ops. Specs find ops here by name; presets and the trainer name them directly (&td_op_relu). */
+/* The op registry: every op of this folder, as td_ops.def lists them. The op interface (td_op) is
+ * core's (core/td_model.h); which ops exist is this layer's, so core never depends on ops. A
+ * spec's nodes name their ops' signatures (td_op_sigs.h); td_op_of gives each its code when a
+ * model is to be built (spec/td_spec_ops.c); the trainer names ops directly (&td_op_relu). */
 #ifndef TD_OPS_H
 #define TD_OPS_H
 
@@ -12,7 +13,7 @@
 
 /* The op a spec names ("conv2d"); NULL if there is none. */
 const td_op *td_op_find(const char *name);
-/* "linear, conv2d, ..." for error messages. */
-const char *td_op_names(void);
+/* The op of a signature (ops/td_op_sigs.h); NULL for NULL. */
+const td_op *td_op_of(const td_op_sig *sig);
 
 #endif

@@ -12,6 +12,7 @@
 #define TD_OPS_ISA_H
 
 #include "core/td_isa.h"
+#include "ops/td_op_sigs.h"
 #include "ops/td_ops.h"
 
 #define TD_ISA_PASTE2(a, b) a##_##b

@@ -12,21 +12,6 @@
 enum { ARG_KERNEL, ARG_STRIDE, ARG_PADDING, ARG_COUNT_INCLUDE_PAD };
 
 /* stride 0 stands for "same as kernel_size", PyTorch's default */
-static const td_op_arg maxpool_args[] = {
-    {"kernel_size", TD_ARG_INT, true, 0, 1, 64, NULL},
-    {"stride", TD_ARG_INT, false, 0, 1, 64, NULL},
-    {"padding", TD_ARG_INT, false, 0, 0, 32, NULL},
-    {0},
-};
-
-static const td_op_arg avgpool_args[] = {
-    {"kernel_size", TD_ARG_INT, true, 0, 1, 64, NULL},
-    {"stride", TD_ARG_INT, false, 0, 1, 64, NULL},
-    {"padding", TD_ARG_INT, false, 0, 0, 32, NULL},
-    {"count_include_pad", TD_ARG_BOOL, false, 1, 0, 1, NULL},
-    {0},
-};
-
 typedef struct pool_geom {
     int c, h, w, oh, ow, k, s, p;
 } pool_geom;
@@ -355,8 +340,6 @@ static void avgpool_backward(td_node *node, const td_run *run) {
     }
 }
 
-static const td_op_arg no_args[] = {{0}};
-
 static int gap_build(td_model *model, td_node *node, td_err *err) {
     (void)model;
     td_shape in = node->in_shape[0];
@@ -398,50 +381,24 @@ static void gap_backward(td_node *node, const td_run *run) {
 
 /* AdaptiveAvgPool2d(1): the global average kept as a 1x1 image, so a following flatten gives
  * [C] as in torchvision's ResNets. Only output_size 1 is supported. */
-static const td_op_arg adaptive_args[] = {
-    {"output_size", TD_ARG_INT, false, 1, 1, 1, NULL},
-    {0},
-};
-
 static int adaptive_build(td_model *model, td_node *node, td_err *err) {
     if (gap_build(model, node, err) != 0) return -1;
     node->out_shape = td_shape_image(node->in_shape[0].c, 1, 1);
     return 0;
 }
 
-const td_op TD_ISA_SYM(td_op_maxpool2d) = {"maxpool2d",
-                                           1,
-                                           1,
-                                           maxpool_args,
-                                           maxpool_build,
-                                           maxpool_forward,
-                                           maxpool_backward,
-                                           TD_OP_VARIANTS(maxpool2d),
-                                           TD_OP_ABSORBS_RELU};
-const td_op TD_ISA_SYM(td_op_avgpool2d) = {"avgpool2d",
-                                           1,
-                                           1,
-                                           avgpool_args,
-                                           avgpool_build,
-                                           avgpool_forward,
-                                           avgpool_backward,
-                                           TD_OP_VARIANTS(avgpool2d),
-                                           0};
-const td_op TD_ISA_SYM(td_op_adaptive_avgpool2d) = {"adaptive_avgpool2d",
-                                                    1,
-                                                    1,
-                                                    adaptive_args,
+const td_op TD_ISA_SYM(td_op_maxpool2d) = {&td_op_sig_maxpool2d,      maxpool_build,
+                                           maxpool_forward,           maxpool_backward,
+                                           TD_OP_VARIANTS(maxpool2d), TD_OP_ABSORBS_RELU};
+const td_op TD_ISA_SYM(td_op_avgpool2d) = {&td_op_sig_avgpool2d,      avgpool_build,
+                                           avgpool_forward,           avgpool_backward,
+                                           TD_OP_VARIANTS(avgpool2d), 0};
+const td_op TD_ISA_SYM(td_op_adaptive_avgpool2d) = {&td_op_sig_adaptive_avgpool2d,
                                                     adaptive_build,
                                                     gap_forward,
                                                     gap_backward,
                                                     TD_OP_VARIANTS(adaptive_avgpool2d),
                                                     0};
-const td_op TD_ISA_SYM(td_op_global_avgpool) = {"global_avgpool",
-                                                1,
-                                                1,
-                                                no_args,
-                                                gap_build,
-                                                gap_forward,
-                                                gap_backward,
-                                                TD_OP_VARIANTS(global_avgpool),
-                                                0};
+const td_op TD_ISA_SYM(td_op_global_avgpool) = {
+    &td_op_sig_global_avgpool,      gap_build, gap_forward, gap_backward,
+    TD_OP_VARIANTS(global_avgpool), 0};

@@ -1,16 +1,16 @@
 #include "spec/td_spec.h"
-#include "ops/td_ops.h"
+#include "ops/td_op_sigs.h"
 
 #include <stdio.h>
 #include <string.h>
 
-static td_node_spec *add(td_node_spec *nodes, int *n, const char *name, const td_op *op) {
+static td_node_spec *add(td_node_spec *nodes, int *n, const char *name, const td_op_sig *sig) {
     td_node_spec *s = &nodes[(*n)++];
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", name);
-    s->op = op;
+    s->sig = sig;
     /* defaults from the op's table, so presets and JSON nodes agree */
-    for (int i = 0; op->args[i].name; i++) s->args[i] = op->args[i].def;
+    for (int i = 0; sig->args[i].name; i++) s->args[i] = sig->args[i].def;
     return s;
 }
 
@@ -18,24 +18,24 @@ int td_preset_lenet5(int num_classes, td_node_spec **out, int *n_out) {
     td_node_spec *nodes = td_calloc(16, sizeof *nodes);
     int n = 0;
     td_node_spec *s;
-    s = add(nodes, &n, "conv1", &td_op_conv2d);
+    s = add(nodes, &n, "conv1", &td_op_sig_conv2d);
     s->args[0] = 6, s->args[1] = 5;
-    add(nodes, &n, "relu1", &td_op_relu);
-    s = add(nodes, &n, "pool1", &td_op_maxpool2d);
+    add(nodes, &n, "relu1", &td_op_sig_relu);
+    s = add(nodes, &n, "pool1", &td_op_sig_maxpool2d);
     s->args[0] = 2;
-    s = add(nodes, &n, "conv2", &td_op_conv2d);
+    s = add(nodes, &n, "conv2", &td_op_sig_conv2d);
     s->args[0] = 16, s->args[1] = 5;
-    add(nodes, &n, "relu2", &td_op_relu);
-    s = add(nodes, &n, "pool2", &td_op_maxpool2d);
+    add(nodes, &n, "relu2", &td_op_sig_relu);
+    s = add(nodes, &n, "pool2", &td_op_sig_maxpool2d);
     s->args[0] = 2;
-    add(nodes, &n, "flatten", &td_op_flatten);
-    s = add(nodes, &n, "fc1", &td_op_linear);
+    add(nodes, &n, "flatten", &td_op_sig_flatten);
+    s = add(nodes, &n, "fc1", &td_op_sig_linear);
     s->args[0] = 120;
-    add(nodes, &n, "relu3", &td_op_relu);
-    s = add(nodes, &n, "fc2", &td_op_linear);
+    add(nodes, &n, "relu3", &td_op_sig_relu);
+    s = add(nodes, &n, "fc2", &td_op_sig_linear);
     s->args[0] = 84;
-    add(nodes, &n, "relu4", &td_op_relu);
-    s = add(nodes, &n, "fc3", &td_op_linear);
+    add(nodes, &n, "relu4", &td_op_sig_relu);
+    s = add(nodes, &n, "fc3", &td_op_sig_linear);
     s->args[0] = num_classes;
     *out = nodes;
     *n_out = n;
@@ -46,19 +46,19 @@ int td_preset_mlp(const td_mlp_options *opt, int num_classes, td_node_spec **out
     td_node_spec *nodes = td_calloc((size_t)opt->n_hidden * 3 + 2, sizeof *nodes);
     int n = 0;
     char name[32];
-    add(nodes, &n, "flatten", &td_op_flatten);
+    add(nodes, &n, "flatten", &td_op_sig_flatten);
     for (int i = 0; i < opt->n_hidden; i++) {
         snprintf(name, sizeof name, "fc%d", i + 1);
-        add(nodes, &n, name, &td_op_linear)->args[0] = opt->hidden[i];
+        add(nodes, &n, name, &td_op_sig_linear)->args[0] = opt->hidden[i];
         snprintf(name, sizeof name, "act%d", i + 1);
         add(nodes, &n, name, opt->activation);
         if (opt->dropout > 0) {
             snprintf(name, sizeof name, "dropout%d", i + 1);
-            add(nodes, &n, name, &td_op_dropout)->args[0] = opt->dropout;
+            add(nodes, &n, name, &td_op_sig_dropout)->args[0] = opt->dropout;
         }
     }
     snprintf(name, sizeof name, "fc%d", opt->n_hidden + 1);
-    add(nodes, &n, name, &td_op_linear)->args[0] = num_classes;
+    add(nodes, &n, name, &td_op_sig_linear)->args[0] = num_classes;
     *out = nodes;
     *n_out = n;
     return 0;
@@ -71,9 +71,9 @@ int td_preset_cifar_net(int num_classes, td_node_spec **out, int *n_out) {
 }
 
 /* Appends a node reading `input` (NULL: the previous node). */
-static td_node_spec *add_from(td_node_spec *nodes, int *n, const char *name, const td_op *op,
+static td_node_spec *add_from(td_node_spec *nodes, int *n, const char *name, const td_op_sig *sig,
                               const char *input) {
-    td_node_spec *s = add(nodes, n, name, op);
+    td_node_spec *s = add(nodes, n, name, sig);
     if (input) {
         s->n_inputs = 1;
         snprintf(s->inputs[0], sizeof s->inputs[0], "%s", input);
@@ -83,14 +83,14 @@ static td_node_spec *add_from(td_node_spec *nodes, int *n, const char *name, con
 
 static void resnet_conv(td_node_spec *nodes, int *n, const char *name, const char *input, int out,
                         int k, int stride) {
-    td_node_spec *s = add_from(nodes, n, name, &td_op_conv2d, input);
+    td_node_spec *s = add_from(nodes, n, name, &td_op_sig_conv2d, input);
     s->args[0] = out, s->args[1] = k, s->args[2] = stride, s->args[3] = k / 2;
     s->args[4] = 0; /* no bias */
     s->args[5] = 1; /* kaiming_normal_(mode="fan_out", nonlinearity="relu") */
 }
 
 static void resnet_bn(td_node_spec *nodes, int *n, const char *name, bool zero_init) {
-    add(nodes, n, name, &td_op_batchnorm2d)->args[4] = zero_init;
+    add(nodes, n, name, &td_op_sig_batchnorm2d)->args[4] = zero_init;
 }
 
 /* One residual block named prefix ("layer2.0") reading `input`; writes the name of its output
@@ -104,17 +104,17 @@ static void resnet_block(td_node_spec *nodes, int *n, const char *prefix, const 
     if (bottleneck) {
         resnet_conv(nodes, n, NAME("conv1"), input, planes, 1, 1);
         resnet_bn(nodes, n, NAME("bn1"), false);
-        add(nodes, n, NAME("relu1"), &td_op_relu);
+        add(nodes, n, NAME("relu1"), &td_op_sig_relu);
         resnet_conv(nodes, n, NAME("conv2"), NULL, planes, 3, stride);
         resnet_bn(nodes, n, NAME("bn2"), false);
-        add(nodes, n, NAME("relu2"), &td_op_relu);
+        add(nodes, n, NAME("relu2"), &td_op_sig_relu);
         resnet_conv(nodes, n, NAME("conv3"), NULL, out_ch, 1, 1);
         resnet_bn(nodes, n, NAME("bn3"), zero_init);
         snprintf(branch, sizeof branch, "%s.bn3", prefix);
     } else {
         resnet_conv(nodes, n, NAME("conv1"), input, planes, 3, stride);
         resnet_bn(nodes, n, NAME("bn1"), false);
-        add(nodes, n, NAME("relu1"), &td_op_relu);
+        add(nodes, n, NAME("relu1"), &td_op_sig_relu);
         resnet_conv(nodes, n, NAME("conv2"), NULL, planes, 3, 1);
         resnet_bn(nodes, n, NAME("bn2"), zero_init);
         snprintf(branch, sizeof branch, "%s.bn2", prefix);
@@ -125,11 +125,11 @@ static void resnet_block(td_node_spec *nodes, int *n, const char *prefix, const 
         resnet_bn(nodes, n, NAME("downsample.1"), false);
         snprintf(shortcut, sizeof shortcut, "%s.downsample.1", prefix);
     }
-    td_node_spec *sum = add(nodes, n, NAME("add"), &td_op_add);
+    td_node_spec *sum = add(nodes, n, NAME("add"), &td_op_sig_add);
     sum->n_inputs = 2;
     snprintf(sum->inputs[0], sizeof sum->inputs[0], "%s", branch);
     snprintf(sum->inputs[1], sizeof sum->inputs[1], "%s", shortcut);
-    add(nodes, n, bottleneck ? NAME("relu3") : NAME("relu2"), &td_op_relu);
+    add(nodes, n, bottleneck ? NAME("relu3") : NAME("relu2"), &td_op_sig_relu);
     snprintf(out_name, out_len, "%s", name);
 #undef NAME
 }
@@ -149,10 +149,10 @@ int td_preset_resnet(int depth, int num_classes, td_resnet_stem stem, bool zero_
         resnet_conv(nodes, &n, "conv1", NULL, 64, 7, 2);
     }
     resnet_bn(nodes, &n, "bn1", false);
-    add(nodes, &n, "relu", &td_op_relu);
+    add(nodes, &n, "relu", &td_op_sig_relu);
     char prev[TD_NAME_MAX] = "relu";
     if (stem == TD_STEM_IMAGENET) {
-        td_node_spec *pool = add(nodes, &n, "maxpool", &td_op_maxpool2d);
+        td_node_spec *pool = add(nodes, &n, "maxpool", &td_op_sig_maxpool2d);
         pool->args[0] = 3, pool->args[1] = 2, pool->args[2] = 1;
         snprintf(prev, sizeof prev, "maxpool");
     }
@@ -169,9 +169,9 @@ int td_preset_resnet(int depth, int num_classes, td_resnet_stem stem, bool zero_
             snprintf(prev, sizeof prev, "%s", last);
         }
     }
-    add(nodes, &n, "avgpool", &td_op_adaptive_avgpool2d);
-    add(nodes, &n, "flatten", &td_op_flatten);
-    add(nodes, &n, "fc", &td_op_linear)->args[0] = num_classes;
+    add(nodes, &n, "avgpool", &td_op_sig_adaptive_avgpool2d);
+    add(nodes, &n, "flatten", &td_op_sig_flatten);
+    add(nodes, &n, "fc", &td_op_sig_linear)->args[0] = num_classes;
     *out = nodes;
     *n_out = n;
     return 0;

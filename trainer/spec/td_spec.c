@@ -121,7 +121,7 @@ static int finish(json_t *root, td_job *job, td_err *err) {
     return rc;
 }
 
-int td_job_load_file(td_job *job, const char *path, td_err *err) {
+int td_job_parse_file(td_job *job, const char *path, td_err *err) {
     json_error_t jerr;
     memset(job, 0, sizeof *job);
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
@@ -133,7 +133,7 @@ int td_job_load_file(td_job *job, const char *path, td_err *err) {
     return 0;
 }
 
-int td_job_load_string(td_job *job, const char *text, td_err *err) {
+int td_job_parse_string(td_job *job, const char *text, td_err *err) {
     json_error_t jerr;
     memset(job, 0, sizeof *job);
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);

@@ -99,16 +99,25 @@ typedef struct td_job {
 /* The spec's top-level keys, NULL-terminated: the daemon's submit check adds its own to them. */
 extern const char *const td_job_keys[];
 
+/* Parsing checks the spec against the ops' signatures (ops/td_op_sigs.h) and sets each node's
+ * sig: what the daemon does to a submission, without linking a kernel (td_spec.c). Loading
+ * parses and then gives each node its op's code (td_spec_resolve_ops): what the worker and
+ * anything that builds a model from the spec do (td_spec_ops.c). */
+int td_job_parse_file(td_job *job, const char *path, td_err *err);
+int td_job_parse_string(td_job *job, const char *text, td_err *err);
 int td_job_load_file(td_job *job, const char *path, td_err *err);
 int td_job_load_string(td_job *job, const char *text, td_err *err);
 void td_job_free(td_job *job);
+/* Each node's op (its code) from its sig, where not already set (td_spec_ops.c: the worker's;
+ * the validator does not need it). */
+void td_spec_resolve_ops(td_node_spec *nodes, int n);
 
 /* Presets, expanded into nodes (td_preset.c). The caller frees *out. */
 typedef struct td_mlp_options {
     int n_hidden;
     int hidden[16];
-    const td_op *activation; /* &td_op_relu or &td_op_gelu */
-    float dropout;           /* after each hidden activation; 0: none */
+    const td_op_sig *activation; /* &td_op_sig_relu or &td_op_sig_gelu */
+    float dropout;               /* after each hidden activation; 0: none */
 } td_mlp_options;
 
 /* conv1 1->6 5x5, relu, pool 2, conv2 6->16 5x5, relu, pool 2, flatten, fc1 256->120, relu,

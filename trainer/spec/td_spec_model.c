@@ -3,7 +3,7 @@
 #include "spec/td_spec_private.h"
 
 #include "base/td_json.h"
-#include "ops/td_ops.h"
+#include "ops/td_op_sigs.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -20,17 +20,17 @@ static int parse_node(const json_t *v, int index, td_node_spec *s, td_err *err) 
     char op_name[64];
     if (td_json_string(v, path, "name", true, "", s->name, sizeof s->name, err) != 0) return -1;
     if (td_json_string(v, path, "op", true, "", op_name, sizeof op_name, err) != 0) return -1;
-    s->op = td_op_find(op_name);
-    if (!s->op)
+    s->sig = td_op_sig_find(op_name);
+    if (!s->sig)
         return td_fail(err, "%s.op: unknown op \"%s\"; expected one of: %s", path, op_name,
-                       td_op_names());
+                       td_op_sig_names());
     const char *allowed[TD_MAX_OP_ARGS + 6] = {"name", "op", "inputs", "weight_from", "init_std"};
     int n_allowed = 5;
-    for (int i = 0; s->op->args[i].name; i++) allowed[n_allowed++] = s->op->args[i].name;
+    for (int i = 0; s->sig->args[i].name; i++) allowed[n_allowed++] = s->sig->args[i].name;
     allowed[n_allowed] = NULL;
     if (td_json_check_keys(v, path, allowed, err) != 0) return -1;
-    for (int i = 0; s->op->args[i].name; i++) {
-        const td_op_arg *a = &s->op->args[i];
+    for (int i = 0; s->sig->args[i].name; i++) {
+        const td_op_arg *a = &s->sig->args[i];
         long l = 0;
         bool b = false;
         int c = 0;
@@ -195,7 +195,7 @@ int td_spec_parse_model(const json_t *root, td_job *job, td_err *err) {
     int act;
     if (td_json_choice(m, "model", "activation", false, "relu", "relu|gelu", &act, err) != 0)
         return -1;
-    opt.activation = act == 0 ? &td_op_relu : &td_op_gelu;
+    opt.activation = act == 0 ? &td_op_sig_relu : &td_op_sig_gelu;
     double dropout;
     if (td_json_number(m, "model", "dropout", false, 0, 0, 0.999, &dropout, err) != 0) return -1;
     opt.dropout = (float)dropout;

@@ -72,7 +72,7 @@ static int plan_nodes(td_gpu *g, td_model *m, td_err *err) {
         const td_gpu_op *op = gpu_op_for(node->op);
         if (!op)
             return td_fail(err, "model.nodes[%d] (\"%s\"): op %s has no GPU implementation yet", i,
-                           node->name, node->op->name);
+                           node->name, node->op->sig->name);
         // a node fused into the one it reads: that one's plan, earlier, found it its only reader
         int k = node->n_inputs == 1 ? node->inputs[0] : TD_INPUT_NODE;
         if (k != TD_INPUT_NODE && m->nodes[k].out_fused) op = &td_gpu_op_fused;
@@ -82,10 +82,10 @@ static int plan_nodes(td_gpu *g, td_model *m, td_err *err) {
         node->out_fused = false; // until the op's plan says otherwise
         if (op->plan(g, m, node, err) != 0)
             return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s) on the GPU", i, node->name,
-                                  node->op->name);
+                                  node->op->sig->name);
         if (take_failure(g, err) != 0)
             return td_fail_prefix(err, "model.nodes[%d] (\"%s\", %s) on the GPU", i, node->name,
-                                  node->op->name);
+                                  node->op->sig->name);
         if (node->scratch_floats > m->scratch_floats) m->scratch_floats = node->scratch_floats;
     }
     return 0;
