@@ -190,6 +190,7 @@ void td_jobs_close(td_jobs *j) {
      * it stops after orphan_timeout_s */
     for (int i = 0; i < j->n_jobs; i++) td_jobs_free_job(j->jobs[i]);
     td_jobs_node_parts_free(j);
+    td_cgroups_release(&j->cfg.runner.cgroups);
     free(j->jobs);
     free(j->live);
     td_runner_free(&j->runner);

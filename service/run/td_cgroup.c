@@ -290,3 +290,9 @@ void td_cgroups_sweep(const td_cgroups *cg) {
     }
     if (d) closedir(d);
 }
+
+void td_cgroups_release(const td_cgroups *cg) {
+    if (!cg->subtree[0]) return;
+    td_cgroups_sweep(cg);
+    (void)rmdir(cg->subtree); /* EBUSY: an attempt left running keeps it, for the next start */
+}

@@ -51,6 +51,10 @@ bool td_cgroups_remove(const char *path);
 /* Removes every attempt's cgroup of the subtree that nothing is in any more (their attempts
  * are over: a daemon's start, and after attempts end). */
 void td_cgroups_sweep(const td_cgroups *cg);
+/* The daemon stops: the cgroups of attempts that are over go, and its subtree with them once
+ * nothing is left in it (an attempt left running keeps both, for the next start; a subtree made
+ * for every state directory a machine ever had would otherwise stay behind, empty). */
+void td_cgroups_release(const td_cgroups *cg);
 
 /* On one cgroup directory (open, O_PATH is enough): */
 /* Whether a process is still in it (or below it); false when it cannot be read. */

@@ -260,6 +260,23 @@ def wait_exited(pids, timeout=EXIT_TIMEOUT):
     return left
 
 
+def remove_cgroup_tree(path):
+    """Removes a daemon's cgroup subtree left behind (empty cgroups only: rmdir, deepest first);
+    what still holds a process stays."""
+    if not path or not path.startswith("/sys/fs/cgroup"):
+        return
+    for root, dirs, _ in os.walk(path, topdown=False):
+        for d in dirs:
+            try:
+                os.rmdir(os.path.join(root, d))
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 def describe_procs(pids):
     return "; ".join(f"{pid} {proc_stat(pid)} {' '.join(cmdline(pid))}" for pid in pids)
 
@@ -426,6 +443,7 @@ class Daemon:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            remove_cgroup_tree(self.cgroup_subtree())
             return []
         procs = self.job_processes()
         os.kill(self.pid, signal.SIGTERM)
@@ -446,7 +464,24 @@ class Daemon:
                 pass
         if hung:
             return [f"the daemon did not exit within {TIMEOUT} s of SIGTERM. {desc}"]
-        return [desc] if survivors else []
+        if survivors:
+            return [desc]
+        # nothing of it runs: the cgroup subtree it made for its attempts went with it
+        subtree = self.cgroup_subtree()
+        if subtree and os.path.isdir(subtree):
+            remove_cgroup_tree(subtree)
+            return [f"its attempts' cgroup subtree {subtree} was left behind"]
+        return []
+
+    def cgroup_subtree(self):
+        """The cgroup the daemon said its attempts run under (its start-up log), or None."""
+        with self._lock:
+            lines = list(self.stderr_lines)
+        for line in lines:
+            m = re.search(r"each attempt runs in a cgroup of its own under (\S+) ", line)
+            if m:
+                return m.group(1)
+        return None
 
     def workers(self, kind_check=is_traind_worker):
         """[(pid, pgrp, environ)] of its jobs' processes (job_processes) that are traind-worker
