@@ -10,7 +10,7 @@
 #include "service/jobs/td_jobs_private.h"
 
 #include "service/cluster/td_cluster.h"
-#include "service/jobs/td_scheduler.h"
+#include "service/sched/td_scheduler.h"
 #include "base/td_strv.h"
 
 #include <errno.h>

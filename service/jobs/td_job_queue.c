@@ -1,7 +1,7 @@
 /* The queue and the slots: which waiting job starts next (priority, then age, backfilling only
  * where the head of the queue cannot be delayed) and which slots (GPUs) it holds while it runs. */
 #include "service/jobs/td_jobs_private.h"
-#include "service/jobs/td_scheduler.h"
+#include "service/sched/td_scheduler.h"
 
 #include "base/td_buf.h"
 #include "base/td_strv.h"

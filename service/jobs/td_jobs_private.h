@@ -28,7 +28,7 @@
 
 #include "base/td_clock.h"
 #include "service/jobs/td_jobs.h"
-#include "service/jobs/td_scheduler.h"
+#include "service/sched/td_scheduler.h"
 #include "service/run/td_runner.h"
 #include "service/run/td_launch.h"
 #include "service/run/td_shepherd.h"

@@ -1,7 +1,7 @@
 /* The scheduler (td_scheduler.h): the queue's order, placement on nodes, and backfilling that
  * never delays the head of the queue. Pure: what it decides goes out through the caller's
  * start() and waits(). */
-#include "service/jobs/td_scheduler.h"
+#include "service/sched/td_scheduler.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,8 @@
-/* The scheduler (service/jobs/td_scheduler.h) without processes: the queue's order, gang placement
+/* The scheduler (service/sched/td_scheduler.h) without processes: the queue's order, gang placement
  * over nodes, backfilling with and without time limits, drained nodes, GPUs counted as slots,
  * and a start() that refuses. Each case describes nodes, what running jobs hold and a queue,
  * and reads what the scheduler started and why the rest wait. */
-#include "service/jobs/td_scheduler.h"
+#include "service/sched/td_scheduler.h"
 
 #include <criterion/criterion.h>
 #include <string.h>
