@@ -263,7 +263,7 @@ static int open_agent(daemon_run *d, td_err *err) {
 /* The job service's configuration, from the settings and this node. */
 static void jobs_config(daemon_run *d, td_jobs_config *jc) {
     const daemon_options *o = d->o;
-    jc->worker = o->worker;
+    jc->runner.worker = o->worker;
     jc->runner.shepherd = o->shepherd;
     jc->runner.orphan_timeout_s = o->orphan_timeout_s;
     jc->keep_jobs_on_stop = o->keep_jobs_on_stop;
@@ -278,7 +278,7 @@ static void jobs_config(daemon_run *d, td_jobs_config *jc) {
                                   .command_jobs = o->command_jobs};
     jc->limits = daemon_job_limits(o);
     jc->runner.max_checkpoint_files = (int)o->max_checkpoint_files;
-    jc->max_events_per_s = o->max_events_per_s;
+    jc->runner.max_events_per_s = o->max_events_per_s;
     jc->runner.max_log_bytes = o->max_log_bytes;
     jc->keep_finished_for_s = o->keep_finished_for_s;
     jc->keep_finished_jobs = o->keep_finished_jobs;

@@ -19,7 +19,7 @@
 /* A train job runs traind-worker on the spec in its directory, with no extra environment. */
 void td_jobs_set_worker_run(td_jobs *j, job *jb, const char *spec_path) {
     jb->argv = td_strv_new(2);
-    jb->argv[0] = td_str_dup(j->cfg.worker);
+    jb->argv[0] = td_str_dup(j->cfg.runner.worker);
     jb->argv[1] = td_str_dup(spec_path);
     jb->env = td_strv_new(0);
 }
@@ -68,7 +68,7 @@ static void set_local_placement(td_jobs *j, job *jb, char **devices, int n, int 
     for (int i = 0; jb->devices && i < td_jobs_slots(jb); i++)
         td_buf_printf(&all, "%s%d", i ? "," : "", td_runner_gpu_id(&j->runner, jb->devices[i]));
     for (int r = 0; devices && r < n; r++) td_buf_printf(&each, "%s%s", r ? ";" : "", devices[r]);
-    json_t *node = td_jobs_placement_node(jb, j->node_name, "127.0.0.1", 0,
+    json_t *node = td_jobs_placement_node(jb, j->node.name, "127.0.0.1", 0,
                                           all.data ? all.data : "", each.data ? each.data : "");
     json_decref(jb->last_placement);
     jb->last_placement = json_pack("{s:[o], s:s, s:i}", "nodes", node, "master_addr", "127.0.0.1",
@@ -360,20 +360,21 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     bool left = j->stopping_jobs; /* this daemon stops: the next one goes on with the job */
     if (rc == 1 && !e->failed && strcmp(e->stopped_by, "deadline") == 0) jb->timed_out = true;
     if (rc == 1 && !e->failed && strcmp(e->stopped_by, "request") == 0) {
-        if (starts_with(why, TD_JOBS_STOP_CANCEL)) jb->cancel_requested = true;
-        if (starts_with(why, TD_JOBS_STOP_TIME_LIMIT)) jb->timed_out = true;
-        if (starts_with(why, TD_JOBS_STOP_QUOTA)) { /* (a daemon since restarted) */
+        if (starts_with(why, TD_RUNNER_STOP_CANCEL)) jb->cancel_requested = true;
+        if (starts_with(why, TD_RUNNER_STOP_TIME_LIMIT)) jb->timed_out = true;
+        if (starts_with(why, TD_RUNNER_STOP_QUOTA)) { /* (a daemon since restarted) */
             jb->over_quota = true;
             snprintf(jb->quota_reason, sizeof jb->quota_reason, "%.390s",
-                     why + strlen(TD_JOBS_STOP_QUOTA));
+                     why + strlen(TD_RUNNER_STOP_QUOTA));
         }
-        if (starts_with(why, TD_JOBS_STOP_DAEMON)) left = true;
+        if (starts_with(why, TD_RUNNER_STOP_DAEMON)) left = true;
     }
     /* stopped while no daemon was there (orphan_timeout_s), or by a signal to the shepherd
      * itself (a service manager stopping everything): not the job's failure */
-    bool absent = !e->failed && !jb->cancel_requested && !jb->timed_out && !jb->over_quota &&
-                  (strcmp(e->stopped_by, "orphaned") == 0 || strcmp(e->stopped_by, "signal") == 0 ||
-                   strcmp(e->stopped_by, "machine") == 0 || starts_with(why, TD_JOBS_STOP_DAEMON));
+    bool absent =
+        !e->failed && !jb->cancel_requested && !jb->timed_out && !jb->over_quota &&
+        (strcmp(e->stopped_by, "orphaned") == 0 || strcmp(e->stopped_by, "signal") == 0 ||
+         strcmp(e->stopped_by, "machine") == 0 || starts_with(why, TD_RUNNER_STOP_DAEMON));
     sh->fd = -1;
     if (j->stopping_jobs) {
         jb->left = left;
@@ -388,8 +389,8 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
         td_jobs_release_slots(j, jb);
         char note[600];
         const char *words = e->stop_reason[0] ? e->stop_reason : e->stopped_by;
-        if (starts_with(words, TD_JOBS_STOP_DAEMON)) /* the daemon's own words */
-            snprintf(note, sizeof note, "%.500s", words + strlen(TD_JOBS_STOP_DAEMON));
+        if (starts_with(words, TD_RUNNER_STOP_DAEMON)) /* the daemon's own words */
+            snprintf(note, sizeof note, "%.500s", words + strlen(TD_RUNNER_STOP_DAEMON));
         else
             snprintf(note, sizeof note, "its processes were stopped: %.500s", words);
         td_jobs_recover(j, jb, note);

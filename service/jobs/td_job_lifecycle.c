@@ -64,6 +64,7 @@ int td_jobs_open(td_jobs **out, const td_jobs_config *cfg, td_db *db, td_log *lo
     for (int i = 0; i < TD_JOBS_STREAM_CVS; i++) pthread_cond_init(&j->stream_cv[i], &ca);
     pthread_condattr_destroy(&ca);
     td_runner_init(&j->runner, &j->cfg.runner);
+    j->node = (td_node_parts){.runner = &j->runner, .log = log, .ended = &j->changed};
     char jobs_dir[PATH_MAX];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", cfg->runner.state_dir);
     if (mkdir(jobs_dir, 0750) != 0 && errno != EEXIST) {
@@ -83,7 +84,7 @@ int td_jobs_start(td_jobs *j, td_err *err) {
         &j->cfg.runner.cgroups); /* what attempts that ended while no daemon ran left */
     /* the parts a previous daemon ran here for its master (after td_jobs_set_cluster: whose slots
      * they hold depends on it), before an agent tells its master what runs here */
-    td_jobs_node_parts_recover(j);
+    td_node_parts_recover(&j->node);
     j->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     sigset_t chld;
     sigemptyset(&chld);
@@ -116,14 +117,14 @@ void td_jobs_set_stop_policy(td_jobs *j, bool keep_jobs_on_stop, double orphan_t
 static bool shepherds_connected(const td_jobs *j) {
     for (int i = 0; i < j->n_live; i++)
         if (j->live[i]->active && !j->live[i]->parts && j->live[i]->sh.fd >= 0) return true;
-    return td_jobs_node_parts_connected(j);
+    return td_node_parts_connected(&j->node);
 }
 
 /* Without keep_jobs_on_stop: every shepherd stops its group (SIGTERM, SIGKILL after the grace
  * period) while the supervisor still reads what the ranks write, so their last lines (a final
  * checkpoint) are recorded; the jobs stay "running" for the next start to resume. */
 static void stop_every_job(td_jobs *j) {
-    const char *why = TD_JOBS_STOP_DAEMON_WORDS;
+    const char *why = TD_RUNNER_STOP_DAEMON_WORDS;
     td_jobs_lock(j);
     if (j->cfg.keep_jobs_on_stop || !j->started) {
         pthread_mutex_unlock(&j->mu);
@@ -138,8 +139,8 @@ static void stop_every_job(td_jobs *j) {
             n += td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s, why);
         }
     }
-    td_jobs_node_parts_stop_for_exit(j, why);
-    if (n > 0 || td_jobs_node_parts_connected(j))
+    td_node_parts_stop_for_exit(&j->node, why);
+    if (n > 0 || td_node_parts_connected(&j->node))
         td_log_notice(j->log,
                       "stopping the jobs running here (keep_jobs_on_stop is false; "
                       "SIGKILL after %g s)",
@@ -189,7 +190,7 @@ void td_jobs_close(td_jobs *j) {
     /* what still runs is its shepherds': the next daemon re-attaches to it, and without one
      * it stops after orphan_timeout_s */
     for (int i = 0; i < j->n_jobs; i++) td_jobs_free_job(j->jobs[i]);
-    td_jobs_node_parts_free(j);
+    td_node_parts_free(&j->node);
     td_cgroups_release(&j->cfg.runner.cgroups);
     free(j->jobs);
     free(j->live);

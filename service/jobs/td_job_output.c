@@ -84,27 +84,13 @@ static bool measure_checkpoint(td_jobs *j, const job *jb, char *path, long long 
     return true;
 }
 
-/* (one refused is counted by the caller, never silently lost) */
-bool td_jobs_rate_admit(td_jobs *j, td_rate_bucket *b) {
-    double rate = j->cfg.max_events_per_s;
-    if (rate <= 0) return true;
-    double now = td_clock_now(), burst = 10 * rate;
-    if (b->at <= 0) b->tokens = burst; /* its first line */
-    b->tokens += (now - b->at) * rate;
-    if (b->tokens > burst) b->tokens = burst;
-    b->at = now;
-    if (b->tokens < 1) return false;
-    b->tokens -= 1;
-    return true;
-}
-
 void td_jobs_say_dropped(td_jobs *j, job *jb) {
     if (jb->dropped_unsaid <= 0) return;
     char why[200];
     snprintf(why, sizeof why,
              "over max_events_per_s (%g per second, in bursts of %g), or more than a node "
              "holds for its master: the lines are in rank 0's log",
-             j->cfg.max_events_per_s, 10 * j->cfg.max_events_per_s);
+             j->cfg.runner.max_events_per_s, 10 * j->cfg.runner.max_events_per_s);
     json_t *d = json_pack("{s:s, s:I, s:I, s:I, s:s}", "event", TD_JOBS_EVENT_DROPPED, "step",
                           (json_int_t)jb->last_step, "lines", (json_int_t)jb->dropped_unsaid,
                           "total", (json_int_t)jb->events_dropped, "reason", why);
@@ -151,7 +137,8 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
     bool capped_line =
         strcmp(type, TD_EVENT_OUTPUT_CAPPED) == 0 && jb->capped_taken < jb->n_attempts;
     if (capped_line) jb->capped_taken++;
-    if (strcmp(type, TD_EVENT_DONE) != 0 && !capped_line && !td_jobs_rate_admit(j, bucket)) {
+    if (strcmp(type, TD_EVENT_DONE) != 0 && !capped_line &&
+        !td_runner_rate_admit(&j->runner, bucket)) {
         jb->events_dropped++;
         jb->dropped_unsaid++;
         td_jobs_stale(jb);
@@ -191,11 +178,11 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
         bool registered = measure_checkpoint(j, jb, full, &size, &walked);
         /* the walk's cost: a hundred files are a line's worth (never below -burst, so a job
          * is held back, not locked out) */
-        if (j->cfg.max_events_per_s > 0) {
+        if (j->cfg.runner.max_events_per_s > 0) {
             td_rate_bucket *b = &jb->checkpoint_rate;
             b->tokens -= walked / 100.0;
-            if (b->tokens < -10 * j->cfg.max_events_per_s)
-                b->tokens = -10 * j->cfg.max_events_per_s;
+            if (b->tokens < -10 * j->cfg.runner.max_events_per_s)
+                b->tokens = -10 * j->cfg.runner.max_events_per_s;
         }
         if (registered) {
             path = full;
@@ -229,14 +216,6 @@ bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, 
     return true;
 }
 
-int td_jobs_open_output(td_jobs *j, long job_id, const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno != ENOENT) /* absent: nothing written yet (or never started) */
-        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(job_id), "job %ld: cannot read %s: %s", job_id,
-                  path, strerror(errno));
-    return fd;
-}
-
 typedef struct output_ctx {
     td_jobs *j;
     job *jb;
@@ -267,7 +246,7 @@ bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until) {
     if (jb->out_fd < 0) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s.out", jb->sh.base);
-        jb->out_fd = td_jobs_open_output(j, jb->row.id, path);
+        jb->out_fd = td_runner_open_output(j->log, jb->row.id, path);
     }
     output_ctx ctx = {j, jb, false, td_clock_now() + READ_TIME_S};
     jb->batching = true;

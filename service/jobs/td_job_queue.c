@@ -131,7 +131,7 @@ void td_jobs_schedule(td_jobs *j) {
                 td_jobs_waits(j->live[i],
                               "waits for this node (%s) to be undrained (POST "
                               "/v1/nodes/%s/undrain): a drained node starts no job",
-                              j->node_name, j->node_name);
+                              j->node.name, j->node.name);
         return;
     }
     int n = 0, n_holds = 0;
@@ -150,7 +150,7 @@ void td_jobs_schedule(td_jobs *j) {
         queue[n].nnodes = 1; /* this node alone: a job names no other */
         queue[n++].pin = NULL;
     }
-    td_sched_node node = {.name = j->node_name,
+    td_sched_node node = {.name = j->node.name,
                           .slots = j->cfg.runner.slots,
                           .free = j->cfg.runner.slots - j->runner.used_slots,
                           .usable = true,

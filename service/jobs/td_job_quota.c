@@ -46,7 +46,7 @@ void td_jobs_quota_words(long long used, long long max, long entries, char *out,
 
 /* What to measure this turn: every running local job and part with a quota. */
 static measured *collect(td_jobs *j, int *n) {
-    int cap = j->n_live + j->n_node_parts, k = 0;
+    int cap = j->n_live + j->node.n_parts, k = 0;
     measured *m = td_calloc((size_t)cap + 1, sizeof *m);
     for (int i = 0; i < j->n_live; i++) {
         const job *jb = j->live[i];
@@ -54,8 +54,8 @@ static measured *collect(td_jobs *j, int *n) {
         m[k] = (measured){.job = jb->row.id, .attempt = -1, .max = jb->disk_bytes};
         snprintf(m[k++].dir, sizeof m->dir, "%s", jb->dir);
     }
-    for (int i = 0; i < j->n_node_parts; i++) {
-        const node_part *g = j->node_parts[i];
+    for (int i = 0; i < j->node.n_parts; i++) {
+        const td_node_part *g = j->node.parts[i];
         if (!g->running || g->stop || g->disk_bytes <= 0) continue;
         m[k] = (measured){.job = g->job, .attempt = g->attempt, .max = g->disk_bytes};
         snprintf(m[k++].dir, sizeof m->dir, "%s", g->dir);
@@ -78,12 +78,12 @@ static void over(td_jobs *j, const measured *m) {
         td_jobs_wake(j);
         return;
     }
-    for (int i = 0; i < j->n_node_parts; i++) {
-        node_part *g = j->node_parts[i];
+    for (int i = 0; i < j->node.n_parts; i++) {
+        td_node_part *g = j->node.parts[i];
         if (g->job != m->job || g->attempt != m->attempt || !g->running || g->stop) continue;
         td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(m->job), "job %ld attempt %d: %s: stopping it",
                   m->job, m->attempt, why);
-        snprintf(g->cut_off, sizeof g->cut_off, "node %.60s: %.180s", j->node_name, why);
+        snprintf(g->cut_off, sizeof g->cut_off, "node %.60s: %.180s", j->node.name, why);
         g->stop = true;
         if (g->sh.fd >= 0) td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s, g->cut_off);
     }

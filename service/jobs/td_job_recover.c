@@ -114,7 +114,7 @@ static void take_up(td_jobs *j, job *jb) {
     td_shepherd_base(base, sizeof base, jb->dir, a->attempt, 0);
     json_t *notes = td_shepherd_notes(base);
     if (!notes || td_runner_notes_of_part(notes)) {
-        /* placed across nodes (its parts run as node parts, td_job_part.c), or never started */
+        /* placed across nodes (its parts run as node parts, service/node/), or never started */
         if (!notes && jb->row.pgid > 0 && td_runner_group_of((pid_t)jb->row.pgid, jb->dir))
             killpg((pid_t)jb->row.pgid, SIGKILL); /* an older traind's group, without a shepherd */
         json_decref(notes);

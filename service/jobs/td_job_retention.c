@@ -136,8 +136,8 @@ static int by_mtime(const void *a, const void *b) {
 }
 
 static bool node_part_of(const td_jobs *j, long id) {
-    for (int i = 0; i < j->n_node_parts; i++)
-        if (j->node_parts[i]->job == id) return true;
+    for (int i = 0; i < j->node.n_parts; i++)
+        if (j->node.parts[i]->job == id) return true;
     return false;
 }
 

@@ -35,17 +35,17 @@ static void stop_if_due(td_jobs *j, job *jb) {
                   jb->row.time_limit_s);
     }
     char quota_stop[sizeof jb->quota_reason + 16];
-    snprintf(quota_stop, sizeof quota_stop, TD_JOBS_STOP_QUOTA "%s", jb->quota_reason);
+    snprintf(quota_stop, sizeof quota_stop, TD_RUNNER_STOP_QUOTA "%s", jb->quota_reason);
     if (jb->cancel_requested && !jb->sh.stop_sent)
         td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s,
-                         TD_JOBS_STOP_CANCEL "cancelled by request");
+                         TD_RUNNER_STOP_CANCEL "cancelled by request");
     else if (jb->over_quota && !jb->sh.stop_sent)
         td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s, quota_stop);
     else if (jb->timed_out && !jb->sh.stop_sent)
         td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s,
-                         TD_JOBS_STOP_TIME_LIMIT "the job reached its time limit");
+                         TD_RUNNER_STOP_TIME_LIMIT "the job reached its time limit");
     else if (j->stopping_jobs && !jb->sh.stop_sent) /* connected again meanwhile */
-        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s, TD_RUNNER_STOP_DAEMON_WORDS);
     if (jb->sh.fd < 0) td_jobs_shepherd_gone(j, jb);
 }
 
@@ -59,10 +59,10 @@ void *td_jobs_supervise(void *arg) {
          * keeps a hundred thousand finished jobs */
         int n = 0, n_active = 0;
         for (int i = 0; i < j->n_live; i++) n_active += j->live[i]->active;
-        int max = 2 + n_active + j->n_node_parts;
+        int max = 2 + n_active + j->node.n_parts;
         struct pollfd fds[max];
         job *owner[max];
-        node_part *part_owner[max];
+        td_node_part *part_owner[max];
         fds[n++] = (struct pollfd){j->wake_fd, POLLIN, 0};
         fds[n++] = (struct pollfd){j->sig_fd, POLLIN, 0};
         bool ticking = false, due = false, behind = false;
@@ -82,7 +82,7 @@ void *td_jobs_supervise(void *arg) {
         }
         int first_part = n;
         for (int i = 0; i < n; i++) part_owner[i] = NULL;
-        td_jobs_node_parts_poll(j, fds, &n, max, part_owner);
+        td_node_parts_poll(&j->node, fds, &n, max, part_owner);
         for (int i = first_part; i < n; i++) owner[i] = NULL;
         /* time limits are the only things without a file descriptor to wake us (a shepherd
          * keeps its group's grace periods) */
@@ -134,17 +134,17 @@ void *td_jobs_supervise(void *arg) {
             if (jb->sh.fd >= 0) td_jobs_read_output(j, jb, false, 0);
         }
         for (int i = first_part; i < n; i++) {
-            node_part *g = part_owner[i];
+            td_node_part *g = part_owner[i];
             bool still = false; /* a part may have been forgotten by now */
-            for (int k = 0; k < j->n_node_parts; k++) still |= j->node_parts[k] == g;
-            if (fds[i].revents && still && g->sh.fd >= 0) td_jobs_node_parts_read(j, g);
+            for (int k = 0; k < j->node.n_parts; k++) still |= j->node.parts[k] == g;
+            if (fds[i].revents && still && g->sh.fd >= 0) td_node_parts_read(&j->node, g);
         }
         for (int i = 0; i < j->n_live; i++) {
             job *jb = j->live[i];
             if (jb->n_pending == 0 || !td_jobs_store_pending(j, jb)) continue;
             if (jb->active && jb->sh.fd >= 0) td_jobs_read_output(j, jb, false, 0); /* on */
         }
-        td_jobs_node_parts_tick(j);
+        td_node_parts_tick(&j->node, j->stopping_jobs);
         td_jobs_parts_tick(j);
         td_runner_cgroups_tidy(&j->runner);
         for (int i = 0; i < j->n_live; i++) {

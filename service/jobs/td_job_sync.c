@@ -303,7 +303,7 @@ void td_jobs_node_lost(td_jobs *j, const char *node, const char *why) {
 void td_jobs_parts_tick(td_jobs *j) {
     if (!j->cluster) return;
     double now = td_clock_wall();
-    bool any = j->n_node_parts > 0;
+    bool any = j->node.n_parts > 0;
     for (int i = 0; i < j->n_live; i++) {
         job *jb = j->live[i];
         if (!jb->parts) continue;
@@ -319,10 +319,10 @@ void td_jobs_parts_tick(td_jobs *j) {
         if (jb->cancel_requested) jb->parts_stopping = true;
     }
     if (!any) return;
-    json_t *msg = json_pack("{s:o}", "parts", td_jobs_node_parts_report(j, false));
+    json_t *msg = json_pack("{s:o}", "parts", td_node_parts_report(&j->node, false));
     json_t *reply = json_object();
-    td_jobs_node_sync_locked(j, j->node_name, false, msg, reply);
-    td_jobs_node_parts_apply(j, json_object_get(reply, "parts"), false);
+    td_jobs_node_sync_locked(j, j->node.name, false, msg, reply);
+    td_node_parts_apply(&j->node, json_object_get(reply, "parts"), false);
     json_decref(msg);
     json_decref(reply);
 }
@@ -340,7 +340,8 @@ static void lost_hook(void *ctx, const char *node, const char *why) {
 void td_jobs_set_cluster(td_jobs *j, struct td_cluster *cluster, const char *node_name) {
     td_jobs_lock(j);
     j->cluster = cluster;
-    snprintf(j->node_name, sizeof j->node_name, "%s", node_name);
+    snprintf(j->node.name, sizeof j->node.name, "%s", node_name);
+    j->node.on_master = cluster != NULL;
     j->cfg.rules.cluster = cluster != NULL;
     pthread_mutex_unlock(&j->mu);
     if (cluster) td_cluster_on_jobs(cluster, sync_hook, lost_hook, j);

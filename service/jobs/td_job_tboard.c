@@ -31,7 +31,7 @@ void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step) {
         } else {
             /* named after the job's creation, not this start: a daemon that restarts appends
              * to the same file (after cutting off a record it was killed inside) */
-            td_tboard_open(&jb->tboard, dir, j->node_name[0] ? j->node_name : "traind",
+            td_tboard_open(&jb->tboard, dir, j->node.name[0] ? j->node.name : "traind",
                            jb->row.created_at, &err);
         }
         if (!jb->tboard) {

@@ -27,13 +27,11 @@ typedef struct td_jobs td_jobs;
 
 typedef struct td_jobs_config {
     td_runner_config runner; /* the node's: slots, GPUs, who jobs run as, cgroups, shepherds */
-    const char *worker;      /* traind-worker's path */
     /* a stopping daemon leaves its jobs running for the next one to re-attach to (else it
      * stops them, with the grace period, and the next start resumes them from checkpoints) */
     bool keep_jobs_on_stop;
-    td_submit_rules rules;   /* its data roots are copied */
-    td_job_limits limits;    /* resources' defaults and ceilings */
-    double max_events_per_s; /* a job's metric lines stored per second (0: no limit) */
+    td_submit_rules rules; /* its data roots are copied */
+    td_job_limits limits;  /* resources' defaults and ceilings */
     /* retention: a finished job is removed (rows and directory) this long after it finished,
      * and beyond the newest keep_finished_jobs finished ones (0: no limit of that kind) */
     double keep_finished_for_s;

@@ -12,11 +12,7 @@
  *   td_job_place.c       the cluster's master: placing jobs on nodes
  *   td_job_sync.c        the cluster's master: each node's orders, what its parts report
  *                        (exits, rank 0's lines, logs), lost nodes
- *   td_job_part.c        any node: the parts its master orders (a node_part each): the
- *                        orders applied, each part followed to its end
- *   td_job_part_start.c  any node: starting a part, in steps
- *   td_job_part_recover.c  any node: the parts a previous daemon left, at start
- *   td_job_part_report.c any node: what it reports of its parts (rank 0's lines, logs, failures)
+ *   td_job_agent.c       an agent's calls into the parts its node runs (service/node/), locked
  *   td_job_resume.c      the cluster's master: the checkpoint an attempt across nodes resumes from
  *   td_job_uid.c         a job's uid and limits (who a uid runs as is the node's)
  *   td_job_quota.c       the thread that keeps jobs within their disk quota
@@ -28,6 +24,7 @@
 
 #include "base/td_clock.h"
 #include "service/jobs/td_jobs.h"
+#include "service/node/td_node.h"
 #include "service/sched/td_scheduler.h"
 #include "service/run/td_runner.h"
 #include "service/run/td_launch.h"
@@ -51,11 +48,6 @@ enum { TD_JOBS_RECENT = 256, TD_JOBS_STREAM_CVS = 64 };
 extern const char *const td_jobs_state_names[N_STATES];
 
 /* An event the database could not take yet (a full disk): kept, in order, and stored again. */
-/* A token bucket (max_events_per_s): `tokens` left as of `at` (0: never used, starts full). */
-typedef struct td_rate_bucket {
-    double tokens, at;
-} td_rate_bucket;
-
 typedef struct pending_event {
     long seq, step;
     char *type, *text, *checkpoint_path;
@@ -173,48 +165,6 @@ typedef struct part {
     char *proc_devices; /* each process's CUDA_VISIBLE_DEVICES, separated by ';'; NULL: none */
 } part;
 
-/* One group this node runs for its master (td_job_part.c): the node-side twin of a part. */
-typedef struct node_part {
-    long job;
-    long uid;                   /* the job's (td_job_uid.c), as the master's order says */
-    td_cgroup_limits cg_limits; /* and its limits */
-    long long disk_bytes;
-    char cgroup[PATH_MAX];                 /* its cgroup here (td_cgroup.h); "": none */
-    int attempt, node_rank, nnodes, nproc; /* nproc: ranks on this node */
-    int procs, slots;  /* processes it starts (1 for launch "self"), slots (GPUs) it holds */
-    bool see_all_gpus; /* every process sees all of them */
-    bool holds_slots;  /* counted in used_slots (an agent's; on a master, placement counts them,
-                          but not for a part a restarted master found running) */
-    char dir[PATH_MAX];
-    char kind[16];
-    td_shepherd sh; /* its shepherd (sh.base: where its files are) */
-    bool running, ended, stop;
-    int exit_code;
-    char reason[512];
-    char cut_off[256]; /* stopped by this node itself (cut off from the master), why */
-    int *devices;
-    int out_fd;         /* rank 0's output file (node rank 0 only); -1: not open */
-    long long out_read; /* its bytes read so far */
-    td_buf line;
-    /* rank 0's lines not yet acknowledged by the master, in order; a line's seq is its place
-     * among the lines of the output file (from 0), so a line dropped here leaves a gap that the
-     * master counts as dropped, and a daemon that reads the file again after a restart numbers
-     * every line as before */
-    struct node_part_line {
-        long seq;
-        char *text;
-        char *checkpoint; /* a checkpoint line's path until its files are uploaded; else NULL */
-        json_t *files;    /* the uploaded files' manifest */
-    } * lines;
-    int n_lines, cap_lines;
-    long next_seq; /* the next line's */
-    /* what this node holds of them is bounded: lines over max_events_per_s (as the master's
-     * td_job_output.c cuts them) or beyond NODE_PART_BACKLOG_BYTES are dropped here */
-    td_rate_bucket metric_rate, checkpoint_rate;
-    long long backlog_bytes;
-    long long *log_start, *log_sent; /* [procs] per process it started */
-} node_part;
-
 struct td_jobs {
     td_jobs_config cfg;
     td_db *db;
@@ -263,9 +213,8 @@ struct td_jobs {
     bool draining; /* this node is drained: nothing new starts (td_jobs_set_draining) */
     /* the cluster */
     struct td_cluster *cluster; /* on the master: the registry placement reads; else NULL */
-    char node_name[64];         /* this node's */
-    node_part **node_parts;     /* the parts this node runs for its master */
-    int n_node_parts;
+    /* the parts this node runs for its master (service/node/), its name, under this lock */
+    td_node_parts node;
 };
 
 /* Takes the jobs' lock as any thread but the supervisor does (counted in j->waiting). */
@@ -341,14 +290,6 @@ void td_jobs_set_worker_run(td_jobs *j, job *jb, const char *spec_path);
 int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err);
 void td_jobs_start_attempt(td_jobs *j, job *jb); /* on slots already reserved */
 void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ended */
-/* The words a stop request to a shepherd starts with: what a daemon that reads the status file
- * later (after a restart) makes of the stop. */
-#define TD_JOBS_STOP_CANCEL     "cancel: "
-#define TD_JOBS_STOP_TIME_LIMIT "time_limit: "
-#define TD_JOBS_STOP_QUOTA      "quota: "
-#define TD_JOBS_STOP_DAEMON     "daemon_stop: "
-#define TD_JOBS_STOP_DAEMON_WORDS                                                                  \
-    TD_JOBS_STOP_DAEMON "traind stopped and stopped its jobs (keep_jobs_on_stop is false)"
 /* The connection to a local attempt's shepherd ended (or none could be made at start): reads
  * the rest of rank 0's output, and ends the attempt as its status file says; without one the
  * shepherd died and what is left of its process group is killed. A shepherd that dropped a
@@ -375,12 +316,8 @@ bool td_jobs_read_output(td_jobs *j, job *jb, bool final, long long until);
 /* Whether events of this type are the daemon's own (state, restart, placement, dropped): a job
  * printing one has it in its log, never in its events, where clients would believe it. */
 bool td_jobs_event_is_daemons(const char *type);
-/* Whether a line may be taken now from bucket b (max_events_per_s, bursts of ten seconds'). */
-bool td_jobs_rate_admit(td_jobs *j, td_rate_bucket *b);
 /* A "dropped" event for the metric lines max_events_per_s refused since the last one. */
 void td_jobs_say_dropped(td_jobs *j, job *jb);
-/* Opens path for td_runner_read_lines (-1 and a log line when it cannot). */
-int td_jobs_open_output(td_jobs *j, long job_id, const char *path);
 void td_jobs_set_checkpoint(job *jb, long step, const char *path);
 /* Lines of rank 0 read from its stdout: on_line's output handling, shared by both kinds */
 /* true when the line became an event (stored with the job row) */
@@ -422,43 +359,6 @@ void td_jobs_resume_dir(const job *jb, char *out, size_t len);
 /* {"step", "files", "dir", "base"} for the orders of an attempt's parts, or NULL. */
 json_t *td_jobs_resume_order(const job *jb);
 void td_jobs_resume_forget(job *jb); /* a new checkpoint: what was known of the last goes */
-
-/* ---- td_job_part.c ---- */
-void td_jobs_node_parts_apply(td_jobs *j, json_t *orders, bool remote);
-void td_jobs_node_parts_poll(td_jobs *j, struct pollfd *fds, int *n, int max, node_part **owner);
-void td_jobs_node_parts_tick(td_jobs *j);
-/* Frees the node parts; their shepherds go on (they stop their groups after orphan_timeout_s unless
- * a daemon comes back for them). */
-void td_jobs_node_parts_free(td_jobs *j);
-/* Asks every running node part's shepherd to stop (the daemon stops and keeps no job). */
-void td_jobs_node_parts_stop_for_exit(td_jobs *j, const char *why);
-bool td_jobs_node_parts_connected(const td_jobs *j); /* a node part's shepherd is still connected */
-node_part *td_jobs_find_node_part(td_jobs *j, long job_id, int attempt); /* NULL: none here */
-/* g has ended (code, reason: what its report says): its GPUs and slots are free. */
-void td_jobs_node_part_end(td_jobs *j, node_part *g, int code, const char *reason);
-/* A member of an order (or of an attempt file's notes): "" or 0 when it is not there. */
-const char *td_jobs_order_string(json_t *o, const char *key);
-int td_jobs_order_int(json_t *o, const char *key);
-
-/* ---- td_job_part_start.c ---- */
-/* Starts the part order o describes (remote: the order came from another node), listed in
- * j->node_parts even when it cannot start: then ended, with why. */
-void td_jobs_node_part_start(td_jobs *j, json_t *o, bool remote);
-
-/* ---- td_job_part_recover.c ---- */
-/* The node parts a previous daemon left (attempt files with a "part" note under jobs/), at start:
- * running ones re-attached, ended ones reported as they ended. */
-void td_jobs_node_parts_recover(td_jobs *j);
-
-/* ---- td_job_part_report.c ---- */
-json_t *td_jobs_node_parts_report(td_jobs *j, bool remote); /* the "parts" member of a message */
-void td_jobs_node_parts_read(td_jobs *j, node_part *g);     /* its shepherd said something */
-/* Rank 0's output on to what the shepherd said (final: to until, < 0 the file's end). */
-void td_jobs_node_part_output(td_jobs *j, node_part *g, bool final, long long until);
-/* A failure of rank `rank` (what: the shepherd's words) as the master shows it: naming this
- * node, with the rank's own error line from its log. */
-void td_jobs_node_part_failure(td_jobs *j, const node_part *g, int rank, const char *what,
-                               char *out, size_t len);
 
 /* ---- td_job_quota.c ---- */
 void *td_jobs_quota_keeper(void *arg); /* the thread */

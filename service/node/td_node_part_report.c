@@ -1,9 +1,9 @@
-/* What this node says of the parts it runs for its master (td_job_part.c runs them): rank 0's
+/* What this node says of the parts it runs for its master (td_node_parts.c runs them): rank 0's
  * lines, held until the master acknowledges them (on an agent a checkpoint line's files are
  * uploaded first), the new bytes of every rank's log, and each part's state and first failure
  * in words. Apart from running the parts because it is the message, bounded in what it holds
  * and sends, and resent from sequence numbers and offsets after a drop. */
-#include "service/jobs/td_jobs_private.h"
+#include "service/node/td_node_private.h"
 
 #include "base/td_strv.h"
 #include "train/td_metrics.h"
@@ -30,7 +30,7 @@ enum {
 
 /* A line of rank 0: kept until the master acknowledges it. On an agent a checkpoint line waits
  * for its files to be uploaded first (td_agent.c), so the master registers only what it has. */
-static void keep_line(td_jobs *j, node_part *g, const char *line, size_t n) {
+static void keep_line(td_node_parts *np, td_node_part *g, const char *line, size_t n) {
     /* (rank 0's log has it already: the shepherd writes every line there) */
     json_t *o = json_loadb(line, n, 0, NULL);
     const char *ev = json_string_value(json_object_get(o, "event"));
@@ -41,7 +41,8 @@ static void keep_line(td_jobs *j, node_part *g, const char *line, size_t n) {
      * bytes, so a job printing faster than the master takes its lines cannot fill this node's
      * memory (the master is told how many were dropped) */
     bool keep = done || (g->backlog_bytes + (long long)n <= NODE_PART_BACKLOG_BYTES &&
-                         td_jobs_rate_admit(j, checkpoint ? &g->checkpoint_rate : &g->metric_rate));
+                         td_runner_rate_admit(np->runner,
+                                              checkpoint ? &g->checkpoint_rate : &g->metric_rate));
     long seq = g->next_seq++;
     if (!keep) {
         json_decref(o);
@@ -51,15 +52,15 @@ static void keep_line(td_jobs *j, node_part *g, const char *line, size_t n) {
         g->cap_lines = g->cap_lines ? 2 * g->cap_lines : 64;
         g->lines = td_realloc(g->lines, (size_t)g->cap_lines * sizeof *g->lines);
     }
-    struct node_part_line *l = &g->lines[g->n_lines++];
-    *l = (struct node_part_line){.seq = seq};
+    struct td_node_part_line *l = &g->lines[g->n_lines++];
+    *l = (struct td_node_part_line){.seq = seq};
     l->text = td_malloc(n + 1);
     memcpy(l->text, line, n);
     l->text[n] = 0;
     g->backlog_bytes += (long long)n;
-    if (!j->cluster && checkpoint && path) { /* an agent: its files go up first */
+    if (!np->on_master && checkpoint && path) { /* an agent: its files go up first */
         char full[2 * PATH_MAX], cwd[PATH_MAX];
-        td_identity who = td_runner_identity_of(&j->runner, g->job, g->uid);
+        td_identity who = td_runner_identity_of(np->runner, g->job, g->uid);
         td_runner_cwd_of(&who, g->dir, cwd, sizeof cwd);
         snprintf(full, sizeof full, "%s%s%s", path[0] == '/' ? "" : cwd, path[0] == '/' ? "" : "/",
                  path);
@@ -68,52 +69,52 @@ static void keep_line(td_jobs *j, node_part *g, const char *line, size_t n) {
     json_decref(o);
 }
 
-typedef struct node_part_ctx {
-    td_jobs *j;
-    node_part *g;
-} node_part_ctx;
+typedef struct part_ctx {
+    td_node_parts *np;
+    td_node_part *g;
+} part_ctx;
 
 static bool node_part_line(void *ctx, char *line, size_t n, long long end) {
     (void)end; /* a line's place is its sequence number: the lines of BASE.out from its start */
-    node_part_ctx *c = ctx;
-    keep_line(c->j, c->g, line, n);
+    part_ctx *c = ctx;
+    keep_line(c->np, c->g, line, n);
     return true;
 }
 
 /* Rank 0's output on to what the shepherd said (final: to until, < 0 the file's end). */
-void td_jobs_node_part_output(td_jobs *j, node_part *g, bool final, long long until) {
+void td_node_part_output(td_node_parts *np, td_node_part *g, bool final, long long until) {
     if (g->node_rank != 0) return;
     if (g->out_fd < 0) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s.out", g->sh.base);
-        g->out_fd = td_jobs_open_output(j, g->job, path);
+        g->out_fd = td_runner_open_output(np->log, g->job, path);
     }
-    node_part_ctx ctx = {j, g};
+    part_ctx ctx = {np, g};
     td_runner_read_lines(g->out_fd, &g->out_read, final ? until : g->sh.out_size, final, 0,
                          &g->line, node_part_line, &ctx);
 }
 
-void td_jobs_node_parts_read(td_jobs *j, node_part *g) {
+void td_node_parts_read(td_node_parts *np, td_node_part *g) {
     td_shepherd_read(&g->sh);
-    td_jobs_node_part_output(j, g, false, 0);
+    td_node_part_output(np, g, false, 0);
 }
 
 /* A failure of rank `rank` (what: the shepherd's words) as the master shows it: naming this
  * node, with the rank's own error line from its log. */
-void td_jobs_node_part_failure(td_jobs *j, const node_part *g, int rank, const char *what,
-                               char *out, size_t len) {
+void td_node_part_failure(td_node_parts *np, const td_node_part *g, int rank, const char *what,
+                          char *out, size_t len) {
     char own[340]; /* (a cascade's error ends with the job's first failure: keep it whole) */
     int local = rank - g->node_rank * g->nproc;
     td_runner_rank_message(g->dir, rank, local >= 0 && local < g->procs ? g->log_start[local] : 0,
                            strcmp(g->kind, "command") == 0, own, sizeof own);
     if (own[0] && strstr(what, own)) own[0] = 0; /* its error file said it already */
-    snprintf(out, len, "node %s: %.100s%s%s", j->node_name, what, own[0] ? ": " : "", own);
+    snprintf(out, len, "node %s: %.100s%s%s", np->name, what, own[0] ? ": " : "", own);
     td_str_utf8_repair(out); /* cut at a byte count; JSON carries only whole characters */
 }
 
 /* ---- the report ------------------------------------------------------------------------------ */
 
-static json_t *log_chunk(const node_part *g, int r, bool *whole, size_t *budget) {
+static json_t *log_chunk(const td_node_part *g, int r, bool *whole, size_t *budget) {
     char path[PATH_MAX + 32];
     int rank = g->node_rank * g->nproc + r;
     snprintf(path, sizeof path, "%s/rank-%d.log", g->dir, rank);
@@ -145,16 +146,16 @@ static json_t *log_chunk(const node_part *g, int r, bool *whole, size_t *budget)
     return o;
 }
 
-json_t *td_jobs_node_parts_report(td_jobs *j, bool remote) {
+json_t *td_node_parts_report(td_node_parts *np, bool remote) {
     json_t *list = json_array();
     size_t budget = REPORT_BUDGET;
-    for (int i = 0; i < j->n_node_parts; i++) {
-        node_part *g = j->node_parts[i];
+    for (int i = 0; i < np->n_parts; i++) {
+        td_node_part *g = np->parts[i];
         bool whole = !g->running && g->out_fd < 0;
         json_t *lines = json_array();
         int k = 0;
         for (; k < g->n_lines && k < REPORT_LINES; k++) {
-            struct node_part_line *l = &g->lines[k];
+            struct td_node_part_line *l = &g->lines[k];
             if (l->checkpoint && remote) break; /* its files first */
             size_t size = strlen(l->text) + 64;
             if (remote && size > budget && k > 0) break;
@@ -175,9 +176,9 @@ json_t *td_jobs_node_parts_report(td_jobs *j, bool remote) {
         char devices[128] = "";
         for (int r = 0; g->devices && r < g->slots; r++)
             snprintf(devices + strlen(devices), sizeof devices - strlen(devices), "%s%d",
-                     r ? "," : "", td_runner_gpu_id(&j->runner, g->devices[r]));
+                     r ? "," : "", td_runner_gpu_id(np->runner, g->devices[r]));
         json_t *each = json_array();
-        char **per = g->devices ? td_runner_devices_strv(&j->runner, g->devices, g->slots, g->procs,
+        char **per = g->devices ? td_runner_devices_strv(np->runner, g->devices, g->slots, g->procs,
                                                          g->see_all_gpus)
                                 : NULL;
         for (int p = 0; per && per[p]; p++) json_array_append_new(each, json_string(per[p]));
@@ -196,8 +197,8 @@ json_t *td_jobs_node_parts_report(td_jobs *j, bool remote) {
              * grace period ends last, though its failure came first) */
             char words[sizeof g->reason];
             if (g->running)
-                td_jobs_node_part_failure(j, g, g->sh.failed_rank, g->sh.failed_reason, words,
-                                          sizeof words);
+                td_node_part_failure(np, g, g->sh.failed_rank, g->sh.failed_reason, words,
+                                     sizeof words);
             json_object_set_new(e, "failure",
                                 json_pack("{s:i, s:s, s:f}", "exit_code",
                                           g->sh.failed_code ? g->sh.failed_code : 1, "reason",
@@ -210,12 +211,11 @@ json_t *td_jobs_node_parts_report(td_jobs *j, bool remote) {
 
 /* ---- checkpoint uploads (an agent's) --------------------------------------------------------- */
 
-bool td_jobs_node_parts_next_upload(td_jobs *j, long *job_id, int *attempt, long *seq, char *path,
-                                    size_t len, td_job_files *files) {
-    td_jobs_lock(j);
+bool td_node_parts_next_upload(td_node_parts *np, long *job_id, int *attempt, long *seq, char *path,
+                               size_t len, td_job_files *files) {
     bool found = false;
-    for (int i = 0; i < j->n_node_parts && !found; i++) {
-        node_part *g = j->node_parts[i];
+    for (int i = 0; i < np->n_parts && !found; i++) {
+        td_node_part *g = np->parts[i];
         for (int k = 0; k < g->n_lines && !found; k++)
             if (g->lines[k].checkpoint &&
                 g->stop) { /* an ended attempt's: never into the job's store */
@@ -224,17 +224,15 @@ bool td_jobs_node_parts_next_upload(td_jobs *j, long *job_id, int *attempt, long
             } else if (g->lines[k].checkpoint) {
                 *job_id = g->job, *attempt = g->attempt, *seq = g->lines[k].seq;
                 snprintf(path, len, "%s", g->lines[k].checkpoint);
-                td_runner_files_for(&j->runner, g->job, g->uid, files);
+                td_runner_files_for(np->runner, g->job, g->uid, files);
                 found = true;
             }
     }
-    pthread_mutex_unlock(&j->mu);
     return found;
 }
 
-void td_jobs_node_parts_uploaded(td_jobs *j, long job_id, int attempt, long seq, json_t *files) {
-    td_jobs_lock(j);
-    node_part *g = td_jobs_find_node_part(j, job_id, attempt);
+void td_node_parts_uploaded(td_node_parts *np, long job_id, int attempt, long seq, json_t *files) {
+    td_node_part *g = td_node_part_find(np, job_id, attempt);
     int k = 0;
     while (g && k < g->n_lines && g->lines[k].seq != seq) k++;
     if (g && k < g->n_lines) {
@@ -243,5 +241,4 @@ void td_jobs_node_parts_uploaded(td_jobs *j, long job_id, int attempt, long seq,
         json_decref(g->lines[k].files);
         g->lines[k].files = json_incref(files);
     }
-    pthread_mutex_unlock(&j->mu);
 }

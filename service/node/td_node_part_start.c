@@ -1,9 +1,9 @@
-/* Starting a part a master orders (td_job_part.c applies the orders): its directory, uid and
+/* Starting a part a master orders (td_node_parts.c applies the orders): its directory, uid and
  * fetched checkpoint checked, what it runs and its GPUs, then the runner every attempt on a node
  * starts through (service/run/td_runner_start.c), in named steps. Apart from the rest of a part's
  * life because it turns an order into what the runner takes; a part that cannot start is reported
  * as ended, with why. */
-#include "service/jobs/td_jobs_private.h"
+#include "service/node/td_node_private.h"
 
 #include "base/td_strv.h"
 
@@ -50,28 +50,26 @@ static char **order_strv(json_t *a) {
     return v;
 }
 
-/* The order's numbers into a new node part, listed in j->runner parts at once: a part that cannot
+/* The order's numbers into a new node part, listed in np->parts at once: a part that cannot
  * start is reported as ended all the same. */
-static node_part *new_node_part(td_jobs *j, json_t *o) {
-    node_part *g = td_calloc(1, sizeof *g);
+static td_node_part *new_node_part(td_node_parts *np, json_t *o) {
+    td_node_part *g = td_calloc(1, sizeof *g);
     g->job = (long)json_integer_value(json_object_get(o, "job"));
-    g->attempt = td_jobs_order_int(o, "attempt");
-    g->node_rank = td_jobs_order_int(o, "node_rank");
-    g->nnodes = td_jobs_order_int(o, "nnodes");
-    g->nproc = td_jobs_order_int(o, "nproc");
+    g->attempt = td_node_order_int(o, "attempt");
+    g->node_rank = td_node_order_int(o, "node_rank");
+    g->nnodes = td_node_order_int(o, "nnodes");
+    g->nproc = td_node_order_int(o, "nproc");
     g->out_fd = -1;
     g->sh.fd = -1;
-    snprintf(g->kind, sizeof g->kind, "%s", td_jobs_order_string(o, "kind"));
-    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", j->cfg.runner.state_dir, g->job);
-    j->node_parts =
-        td_realloc(j->node_parts, (size_t)(j->n_node_parts + 1) * sizeof *j->node_parts);
-    j->node_parts[j->n_node_parts++] = g;
+    snprintf(g->kind, sizeof g->kind, "%s", td_node_order_string(o, "kind"));
+    snprintf(g->dir, sizeof g->dir, "%s/jobs/%ld", np->runner->cfg->state_dir, g->job);
+    td_node_parts_add(np, g);
     return g;
 }
 
 /* What the order gives the part: its uid and limits, its processes and slots (held here on an
  * agent; on a master, placement holds them); it runs from now on. */
-static void take_order(td_jobs *j, node_part *g, json_t *o, bool self, int per_proc) {
+static void take_order(td_node_parts *np, td_node_part *g, json_t *o, bool self, int per_proc) {
     g->uid = (long)json_integer_value(json_object_get(o, "uid"));
     json_t *lim = json_object_get(o, "limits");
     g->cg_limits.memory_bytes = (long long)json_integer_value(json_object_get(lim, "memory_bytes"));
@@ -81,18 +79,18 @@ static void take_order(td_jobs *j, node_part *g, json_t *o, bool self, int per_p
     g->procs = self ? 1 : g->nproc;
     g->see_all_gpus = json_is_true(json_object_get(o, "see_all_gpus"));
     g->slots = g->nproc * per_proc;
-    g->holds_slots = !j->cluster;
-    if (g->holds_slots) j->runner.used_slots += g->slots;
+    g->holds_slots = !np->on_master;
+    if (g->holds_slots) np->runner->used_slots += g->slots;
     g->running = true;
 }
 
 /* Whether the part may start here: its directory made, its uid one of this node's, and no
  * error fetching its checkpoint (the agent's, in the order). */
-static bool may_start(td_jobs *j, node_part *g, json_t *o, td_err *err) {
+static bool may_start(td_node_parts *np, td_node_part *g, json_t *o, td_err *err) {
     bool ok = (mkdir(g->dir, 0750) == 0 || errno == EEXIST) ||
               (td_fail(err, "cannot create %s: %s", g->dir, strerror(errno)), false);
     /* the master gives the job's uid: one of this node's job_uids too, or the part fails */
-    if (ok && !td_runner_uid_ok(&j->runner, g->uid))
+    if (ok && !td_runner_uid_ok(np->runner, g->uid))
         ok = (td_fail(err,
                       "the master gives the job uid %ld, which is not one of this node's job_uids "
                       "(give every node the same job_uids)",
@@ -107,7 +105,7 @@ static bool may_start(td_jobs *j, node_part *g, json_t *o, td_err *err) {
  * root: the job's checkpoints/, or a train job's own checkpoint.dir; what is newer there than
  * the master registered goes (ok: the part may start). The base name of the checkpoint it
  * resumes from, or NULL. */
-static const char *resume_root(node_part *g, json_t *o, const td_job_files *files, bool ok,
+static const char *resume_root(td_node_part *g, json_t *o, const td_job_files *files, bool ok,
                                char *root, size_t len) {
     json_t *resume =
         json_is_object(json_object_get(o, "resume")) ? json_object_get(o, "resume") : NULL;
@@ -119,14 +117,14 @@ static const char *resume_root(node_part *g, json_t *o, const td_job_files *file
     /* a job's own checkpoint.dir is left as it is at its first start (it may hold what the user
      * means it to resume from); on a restart, what is newer than the master registered goes */
     bool custom = rdir && rdir[0] == '/';
-    if (ok && (!custom || resume || td_jobs_order_int(o, "restart_count") > 0))
+    if (ok && (!custom || resume || td_node_order_int(o, "restart_count") > 0))
         remove_newer_checkpoints(files, root, resume_step);
     return rbase;
 }
 
 /* What the part's processes run: a command's argv, or traind-worker on the job's spec (an
  * agent writes the order's); NULL when the part already cannot start (*ok false). */
-static char **order_argv(td_jobs *j, node_part *g, json_t *o, bool remote,
+static char **order_argv(td_node_parts *np, td_node_part *g, json_t *o, bool remote,
                          const char *checkpoint_root, bool *ok, td_err *err) {
     char **argv = NULL;
     if (*ok && strcmp(g->kind, "command") == 0) {
@@ -145,7 +143,7 @@ static char **order_argv(td_jobs *j, node_part *g, json_t *o, bool remote,
             *ok = false;
         }
         argv = td_strv_new(2);
-        argv[0] = td_str_dup(j->cfg.worker);
+        argv[0] = td_str_dup(np->runner->cfg->worker);
         argv[1] = td_str_dup(spec);
     }
     if (*ok && !argv[0]) {
@@ -156,9 +154,9 @@ static char **order_argv(td_jobs *j, node_part *g, json_t *o, bool remote,
 }
 
 /* The part's GPU slots: the first free ones, all of them or none (*ok false). */
-static void take_gpus(td_jobs *j, node_part *g, bool *ok, td_err *err) {
-    int free_now = td_runner_gpus_free(&j->runner);
-    g->devices = td_runner_take_gpus(&j->runner, g->slots);
+static void take_gpus(td_node_parts *np, td_node_part *g, bool *ok, td_err *err) {
+    int free_now = td_runner_gpus_free(np->runner);
+    g->devices = td_runner_take_gpus(np->runner, g->slots);
     if (!g->devices) {
         td_fail(err, "%d GPUs asked for, %d free on this node", g->slots, free_now);
         *ok = false;
@@ -166,18 +164,18 @@ static void take_gpus(td_jobs *j, node_part *g, bool *ok, td_err *err) {
 }
 
 /* Says in the log that the part started, or ends it at once with why it could not. */
-static void say_started(td_jobs *j, node_part *g, bool ok, const td_err *err,
+static void say_started(td_node_parts *np, td_node_part *g, bool ok, const td_err *err,
                         const char *master_addr, int master_port) {
     int n = g->procs;
     if (!ok) {
         char why[sizeof g->reason];
-        snprintf(why, sizeof why, "could not start on node %s: %.400s", j->node_name, err->msg);
-        td_jobs_node_part_end(j, g, 1, why);
-        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job), "job %ld attempt %d: %s", g->job,
+        snprintf(why, sizeof why, "could not start on node %s: %.400s", np->name, err->msg);
+        td_node_part_end(np, g, 1, why);
+        td_log_at(np->log, TD_LOG_WARNING, TD_LOG_JOB(g->job), "job %ld attempt %d: %s", g->job,
                   g->attempt, why);
         return;
     }
-    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
+    td_log_at(np->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
               "job %ld attempt %d: node rank %d of %d started here: %d process%s, shepherd pid "
               "%d, rendezvous at %s:%d",
               g->job, g->attempt, g->node_rank, g->nnodes, n, n == 1 ? "" : "es", (int)g->sh.pid,
@@ -185,7 +183,8 @@ static void say_started(td_jobs *j, node_part *g, bool ok, const td_err *err,
 }
 
 /* What the part runs here, as the runner takes it (service/run/td_runner_start.c). */
-static td_runner_attempt order_run(const node_part *g, json_t *o, char **argv, const char *latest) {
+static td_runner_attempt order_run(const td_node_part *g, json_t *o, char **argv,
+                                   const char *latest) {
     return (td_runner_attempt){.job = g->job,
                                .uid = g->uid,
                                .kind = g->kind,
@@ -198,15 +197,15 @@ static td_runner_attempt order_run(const node_part *g, json_t *o, char **argv, c
                                .argv = argv,
                                .env = NULL,
                                .latest_checkpoint = latest,
-                               .spec_cwd = td_jobs_order_string(o, "cwd"),
-                               .local_rank_arg = td_jobs_order_string(o, "local_rank_arg"),
+                               .spec_cwd = td_node_order_string(o, "cwd"),
+                               .local_rank_arg = td_node_order_string(o, "local_rank_arg"),
                                .launch_self = json_is_true(json_object_get(o, "launch_self")),
                                .see_all_gpus = g->see_all_gpus,
                                .slots = g->devices,
                                .n_slots = g->slots,
-                               .master_addr = td_jobs_order_string(o, "master_addr"),
-                               .master_port = td_jobs_order_int(o, "master_port"),
-                               .max_restarts = td_jobs_order_int(o, "max_restarts"),
+                               .master_addr = td_node_order_string(o, "master_addr"),
+                               .master_port = td_node_order_int(o, "master_port"),
+                               .max_restarts = td_node_order_int(o, "max_restarts"),
                                .limits = g->cg_limits,
                                .disk_bytes = g->disk_bytes,
                                .metrics = json_object_get(o, "metrics"),
@@ -215,44 +214,43 @@ static td_runner_attempt order_run(const node_part *g, json_t *o, char **argv, c
 
 /* The steps in order: a step that can fail does nothing once one has (ok false), and err says
  * the first failure, which the part ends with. */
-void td_jobs_node_part_start(td_jobs *j, json_t *o, bool remote) {
+void td_node_part_start(td_node_parts *np, json_t *o, bool remote) {
     int per_proc =
-        td_jobs_order_int(o, "gpus_per_proc") > 0 ? td_jobs_order_int(o, "gpus_per_proc") : 1;
+        td_node_order_int(o, "gpus_per_proc") > 0 ? td_node_order_int(o, "gpus_per_proc") : 1;
     bool self = json_is_true(json_object_get(o, "launch_self"));
-    node_part *g = new_node_part(j, o);
+    td_node_part *g = new_node_part(np, o);
     if (g->nproc < 1 || g->nproc > 4096 || per_proc > 64 || g->nnodes < 1 || g->node_rank < 0 ||
         g->node_rank >= g->nnodes) {
         g->ended = true, g->exit_code = 1;
-        snprintf(g->reason, sizeof g->reason, "node %s: the master's order is malformed",
-                 j->node_name);
+        snprintf(g->reason, sizeof g->reason, "node %s: the master's order is malformed", np->name);
         return;
     }
-    take_order(j, g, o, self, per_proc);
+    take_order(np, g, o, self, per_proc);
     td_err err = {{0}};
     td_shepherd_base(g->sh.base, sizeof g->sh.base, g->dir, g->attempt, g->node_rank);
     g->log_start = td_calloc((size_t)g->procs, sizeof *g->log_start);
     g->log_sent = td_calloc((size_t)g->procs, sizeof *g->log_sent);
-    bool ok = may_start(j, g, o, &err);
+    bool ok = may_start(np, g, o, &err);
     td_job_files files;
-    td_runner_files_for(&j->runner, g->job, g->uid, &files);
+    td_runner_files_for(np->runner, g->job, g->uid, &files);
     char checkpoint_root[PATH_MAX + 16], latest[2 * PATH_MAX + 32];
     const char *rbase = resume_root(g, o, &files, ok, checkpoint_root, sizeof checkpoint_root);
     bool command = strcmp(g->kind, "command") == 0;
     snprintf(latest, sizeof latest, "%s/%s", checkpoint_root, rbase ? rbase : "");
-    char **argv = order_argv(j, g, o, remote, checkpoint_root, &ok, &err);
-    if (ok && j->cfg.runner.gpus > 0) take_gpus(j, g, &ok, &err);
+    char **argv = order_argv(np, g, o, remote, checkpoint_root, &ok, &err);
+    if (ok && np->runner->cfg->gpus > 0) take_gpus(np, g, &ok, &err);
     td_runner_attempt r = order_run(g, o, argv, rbase && command ? latest : NULL);
     char **env = order_strv(json_object_get(o, "env"));
     r.env = env;
     char **logs = td_runner_logs(&r, g->log_start);
     if (ok) {
         json_t *notes = json_pack("{s:b}", "part", 1);
-        ok = td_runner_start(&j->runner, &r, g->log_start, logs, notes, &g->sh, g->cgroup,
+        ok = td_runner_start(np->runner, &r, g->log_start, logs, notes, &g->sh, g->cgroup,
                              sizeof g->cgroup, &err) == 0;
         json_decref(notes);
     }
     td_strv_free(argv);
     td_strv_free(env);
     td_strv_free(logs);
-    say_started(j, g, ok, &err, r.master_addr, r.master_port);
+    say_started(np, g, ok, &err, r.master_addr, r.master_port);
 }

@@ -1,17 +1,7 @@
-/* The parts this node runs for its master (a node_part each: one node's group of an attempt),
- * on an agent and on the master's own node alike. The master's orders say which parts should run
- * (td_job_sync.c builds them); this file applies them: it has what is missing started
- * (td_job_part_start.c), stops what is no longer wanted or told to stop, and follows each part's
- * shepherd to its end. Each part is reported (td_job_part_report.c): running or ended (with its
- * first failure in words), rank 0's lines not yet acknowledged, and, from an agent, the tail of
- * every rank's log. The parts a previous daemon left are td_job_part_recover.c's.
- *
- * Orders are the whole wanted state, not commands: a lost reply, a master restart or a node back
- * from a partition converges on the next exchange, and a part the master no longer knows is
- * stopped at once. A part's lines carry sequence numbers within the attempt and logs their byte
- * offsets, so resending after a drop can neither lose nor repeat anything. */
+/* The parts this node runs for its master (td_node.h says what a part is and how orders work):
+ * the orders applied, each part followed to its shepherd's end, an order's files made ready. */
 #define _GNU_SOURCE /* pipe2 */
-#include "service/jobs/td_jobs_private.h"
+#include "service/node/td_node_private.h"
 
 #include "base/td_strv.h"
 
@@ -22,14 +12,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-node_part *td_jobs_find_node_part(td_jobs *j, long job_id, int attempt) {
-    for (int i = 0; i < j->n_node_parts; i++)
-        if (j->node_parts[i]->job == job_id && j->node_parts[i]->attempt == attempt)
-            return j->node_parts[i];
+td_node_part *td_node_part_find(td_node_parts *np, long job_id, int attempt) {
+    for (int i = 0; i < np->n_parts; i++)
+        if (np->parts[i]->job == job_id && np->parts[i]->attempt == attempt) return np->parts[i];
     return NULL;
 }
 
-static void free_node_part(node_part *g) {
+void td_node_parts_add(td_node_parts *np, td_node_part *g) {
+    np->parts = td_realloc(np->parts, (size_t)(np->n_parts + 1) * sizeof *np->parts);
+    np->parts[np->n_parts++] = g;
+}
+
+static void free_node_part(td_node_part *g) {
     for (int i = 0; i < g->n_lines; i++) {
         free(g->lines[i].text);
         free(g->lines[i].checkpoint);
@@ -45,68 +39,67 @@ static void free_node_part(node_part *g) {
     free(g);
 }
 
-void td_jobs_node_parts_free(td_jobs *j) {
-    for (int i = 0; i < j->n_node_parts; i++)
-        free_node_part(j->node_parts[i]); /* their shepherds go on */
-    free(j->node_parts);
-    j->node_parts = NULL;
-    j->n_node_parts = 0;
+void td_node_parts_free(td_node_parts *np) {
+    for (int i = 0; i < np->n_parts; i++) free_node_part(np->parts[i]); /* their shepherds go on */
+    free(np->parts);
+    np->parts = NULL;
+    np->n_parts = 0;
 }
 
-void td_jobs_node_part_end(td_jobs *j, node_part *g, int code, const char *reason) {
+void td_node_part_end(td_node_parts *np, td_node_part *g, int code, const char *reason) {
     g->running = false;
     g->ended = true;
     g->exit_code = code;
     snprintf(g->reason, sizeof g->reason, "%s", reason);
     td_str_utf8_repair(g->reason); /* cut at a byte count; JSON carries only whole characters */
-    td_runner_give_back_gpus(&j->runner, g->devices, g->slots);
+    td_runner_give_back_gpus(np->runner, g->devices, g->slots);
     if (g->holds_slots)
-        j->runner.used_slots -= g->slots; /* else the master's placement holds them */
+        np->runner->used_slots -= g->slots; /* else the master's placement holds them */
     g->holds_slots = false;
     free(g->devices);
     g->devices = NULL;
 }
 
-const char *td_jobs_order_string(json_t *o, const char *key) {
+const char *td_node_order_string(json_t *o, const char *key) {
     const char *s = json_string_value(json_object_get(o, key));
     return s ? s : "";
 }
 
-int td_jobs_order_int(json_t *o, const char *key) {
+int td_node_order_int(json_t *o, const char *key) {
     return (int)json_integer_value(json_object_get(o, key));
 }
 
 /* ---- applying orders ------------------------------------------------------------------------- */
 
-static void stop_node_part(td_jobs *j, node_part *g) {
-    if (g->running && !g->stop) /* (without a connection now: td_jobs_node_parts_tick, later) */
-        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s,
+static void stop_node_part(td_node_parts *np, td_node_part *g) {
+    if (g->running && !g->stop) /* (without a connection now: td_node_parts_tick, later) */
+        td_shepherd_stop(&g->sh, SIGTERM, np->runner->cfg->grace_s,
                          g->cut_off[0] ? g->cut_off : "the master stopped this part");
     g->stop = true;
 }
 
-void td_jobs_node_parts_apply(td_jobs *j, json_t *orders, bool remote) {
+void td_node_parts_apply(td_node_parts *np, json_t *orders, bool remote) {
     size_t n = json_is_array(orders) ? json_array_size(orders) : 0;
-    bool wanted[j->n_node_parts + 1];
-    for (int i = 0; i < j->n_node_parts; i++) wanted[i] = false;
-    int before = j->n_node_parts;
+    bool wanted[np->n_parts + 1];
+    for (int i = 0; i < np->n_parts; i++) wanted[i] = false;
+    int before = np->n_parts;
     for (size_t k = 0; k < n; k++) {
         json_t *o = json_array_get(orders, k);
         long id = (long)json_integer_value(json_object_get(o, "job"));
-        int attempt = td_jobs_order_int(o, "attempt");
-        node_part *g = td_jobs_find_node_part(j, id, attempt);
+        int attempt = td_node_order_int(o, "attempt");
+        td_node_part *g = td_node_part_find(np, id, attempt);
         if (!g) {
             if (json_is_true(json_object_get(o, "stop"))) continue;
             /* an earlier attempt of the job still stopping here holds its slots and port */
             bool busy = false;
-            for (int i = 0; i < j->n_node_parts; i++)
-                busy |= j->node_parts[i]->job == id && j->node_parts[i]->running;
-            if (!busy) td_jobs_node_part_start(j, o, remote);
+            for (int i = 0; i < np->n_parts; i++)
+                busy |= np->parts[i]->job == id && np->parts[i]->running;
+            if (!busy) td_node_part_start(np, o, remote);
             continue;
         }
         for (int i = 0; i < before; i++)
-            if (j->node_parts[i] == g) wanted[i] = true;
-        if (json_is_true(json_object_get(o, "stop"))) stop_node_part(j, g);
+            if (np->parts[i] == g) wanted[i] = true;
+        if (json_is_true(json_object_get(o, "stop"))) stop_node_part(np, g);
         /* the master has what it acknowledges: forget it */
         long acked = (long)json_integer_value(json_object_get(o, "acked_lines"));
         int drop = 0;
@@ -130,82 +123,80 @@ void td_jobs_node_parts_apply(td_jobs *j, json_t *orders, bool remote) {
     }
     /* what the master no longer wants: stopped, and forgotten once it has ended */
     for (int i = 0; i < before; i++) {
-        node_part *g = j->node_parts[i];
+        td_node_part *g = np->parts[i];
         if (!wanted[i]) {
             if (g->running) {
                 if (!g->stop)
-                    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
+                    td_log_at(np->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
                               "job %ld attempt %d is no longer this node's to run (the "
                               "master ended it or does not know it): stopping its processes",
                               g->job, g->attempt);
-                stop_node_part(j, g);
+                stop_node_part(np, g);
             }
             if (!g->running) {
                 td_shepherd_forget(g->sh.base); /* the master knows how it ended */
-                td_runner_cgroup_ended(&j->runner, g->cgroup);
+                td_runner_cgroup_ended(np->runner, g->cgroup);
                 free_node_part(g);
-                j->node_parts[i] = NULL;
+                np->parts[i] = NULL;
             }
         }
     }
     int k = 0;
-    for (int i = 0; i < j->n_node_parts; i++)
-        if (j->node_parts[i]) j->node_parts[k++] = j->node_parts[i];
-    j->n_node_parts = k;
+    for (int i = 0; i < np->n_parts; i++)
+        if (np->parts[i]) np->parts[k++] = np->parts[i];
+    np->n_parts = k;
 }
 
 /* An agent cut off from its master: nothing of its must train on (the master has ended those
  * attempts, or will); the parts are stopped and forgotten. */
-void td_jobs_node_parts_stop_all(td_jobs *j, const char *why) {
-    td_jobs_lock(j);
-    for (int i = 0; i < j->n_node_parts; i++) {
-        node_part *g = j->node_parts[i];
+void td_node_parts_stop_all(td_node_parts *np, const char *why) {
+    for (int i = 0; i < np->n_parts; i++) {
+        td_node_part *g = np->parts[i];
         if (g->running && !g->stop) {
-            td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(g->job),
+            td_log_at(np->log, TD_LOG_WARNING, TD_LOG_JOB(g->job),
                       "job %ld attempt %d: stopping its processes here: %s", g->job, g->attempt,
                       why);
-            stop_node_part(j, g);
+            stop_node_part(np, g);
             /* not the master's order: if the master still waits for this part, it failed */
-            snprintf(g->cut_off, sizeof g->cut_off, "node %s: %s", j->node_name, why);
+            snprintf(g->cut_off, sizeof g->cut_off, "node %s: %s", np->name, why);
         }
     }
-    pthread_mutex_unlock(&j->mu);
-    td_jobs_wake(j);
 }
 
 /* ---- the supervisor's side ------------------------------------------------------------------- */
 
-void td_jobs_node_parts_poll(td_jobs *j, struct pollfd *fds, int *n, int max, node_part **owner) {
-    for (int i = 0; i < j->n_node_parts && *n < max; i++)
-        if (j->node_parts[i]->running && j->node_parts[i]->sh.fd >= 0) {
-            owner[*n] = j->node_parts[i];
-            fds[(*n)++] = (struct pollfd){j->node_parts[i]->sh.fd, POLLIN, 0};
+void td_node_parts_poll(td_node_parts *np, struct pollfd *fds, int *n, int max,
+                        td_node_part **owner) {
+    for (int i = 0; i < np->n_parts && *n < max; i++)
+        if (np->parts[i]->running && np->parts[i]->sh.fd >= 0) {
+            owner[*n] = np->parts[i];
+            fds[(*n)++] = (struct pollfd){np->parts[i]->sh.fd, POLLIN, 0};
         }
 }
 
-bool td_jobs_node_parts_connected(const td_jobs *j) {
-    for (int i = 0; i < j->n_node_parts; i++)
-        if (j->node_parts[i]->running && j->node_parts[i]->sh.fd >= 0) return true;
+bool td_node_parts_connected(const td_node_parts *np) {
+    for (int i = 0; i < np->n_parts; i++)
+        if (np->parts[i]->running && np->parts[i]->sh.fd >= 0) return true;
     return false;
 }
 
-void td_jobs_node_parts_stop_for_exit(td_jobs *j, const char *why) {
-    for (int i = 0; i < j->n_node_parts; i++) {
-        node_part *g = j->node_parts[i];
+void td_node_parts_stop_for_exit(td_node_parts *np, const char *why) {
+    for (int i = 0; i < np->n_parts; i++) {
+        td_node_part *g = np->parts[i];
         if (!g->running) continue;
         g->sh.stop_sent = false; /* this stop's words are the ones that count */
-        td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s, why);
+        td_shepherd_stop(&g->sh, SIGTERM, np->runner->cfg->grace_s, why);
     }
 }
 
 /* Its shepherd's connection ended: the part is over (or the shepherd died, or dropped a slow
  * daemon: connected to again). */
-static void node_part_gone(td_jobs *j, node_part *g) {
+static void node_part_gone(td_node_parts *np, td_node_part *g) {
     td_err err = {{0}};
     if (!g->sh.over) {
         td_shepherd again;
         if (td_shepherd_attach(&again, g->sh.base, &err) == 0) {
-            /* a stop it was sent may be among what it dropped: td_jobs_node_parts_tick sends it
+            /* a stop it was sent may be among what it dropped: td_node_parts_tick sends it
              * again (the shepherd keeps the first reason it got) */
             again.pid = g->sh.pid;
             g->sh = again;
@@ -214,7 +205,7 @@ static void node_part_gone(td_jobs *j, node_part *g) {
     }
     td_shepherd_end e;
     int rc = td_shepherd_end_read(g->sh.base, &e, &err);
-    td_jobs_node_part_output(j, g, true, rc == 1 ? e.output_bytes : -1);
+    td_node_part_output(np, g, true, rc == 1 ? e.output_bytes : -1);
     if (g->out_fd >= 0) close(g->out_fd);
     g->out_fd = -1;
     char reason[sizeof g->reason] = "";
@@ -223,17 +214,17 @@ static void node_part_gone(td_jobs *j, node_part *g) {
         /* what its processes left (they die with it); only a group still this part's: an id
          * from before a restart may be another's by now */
         if (g->sh.pgid > 0 && td_runner_group_of(g->sh.pgid, g->dir)) killpg(g->sh.pgid, SIGKILL);
-        td_runner_cgroup_ended(&j->runner, g->cgroup);
+        td_runner_cgroup_ended(np->runner, g->cgroup);
         char words[200];
         td_shepherd_last_words(g->sh.base, words, sizeof words);
         code = -1;
         snprintf(reason, sizeof reason,
                  "node %s: the shepherd of node rank %d ended without a "
                  "status%s%.200s",
-                 j->node_name, g->node_rank, words[0] ? ": " : "", words);
+                 np->name, g->node_rank, words[0] ? ": " : "", words);
     } else if (e.failed) {
         code = e.exit_code ? e.exit_code : 1;
-        td_jobs_node_part_failure(j, g, e.failed_rank, e.reason, reason, sizeof reason);
+        td_node_part_failure(np, g, e.failed_rank, e.reason, reason, sizeof reason);
     } else if (g->cut_off[0]) {
         code = 1;
         snprintf(reason, sizeof reason, "%s", g->cut_off);
@@ -242,78 +233,49 @@ static void node_part_gone(td_jobs *j, node_part *g) {
     } else if (e.stopped_by[0]) { /* without the master's word: its daemon was away, or stops */
         code = e.exit_code ? e.exit_code : 1;
         const char *words = e.stop_reason;
-        if (strncmp(words, TD_JOBS_STOP_DAEMON, strlen(TD_JOBS_STOP_DAEMON)) == 0)
-            words += strlen(TD_JOBS_STOP_DAEMON);
-        snprintf(reason, sizeof reason, "node %s: node rank %d was stopped: %.300s", j->node_name,
+        if (strncmp(words, TD_RUNNER_STOP_DAEMON, strlen(TD_RUNNER_STOP_DAEMON)) == 0)
+            words += strlen(TD_RUNNER_STOP_DAEMON);
+        snprintf(reason, sizeof reason, "node %s: node rank %d was stopped: %.300s", np->name,
                  g->node_rank, words);
     } else {
         code = e.exit_code;
     }
     g->sh.fd = -1;
-    td_jobs_node_part_end(j, g, code, reason);
-    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
+    td_node_part_end(np, g, code, reason);
+    td_log_at(np->log, TD_LOG_INFO, TD_LOG_JOB(g->job),
               "job %ld attempt %d: node rank %d ended here%s%s", g->job, g->attempt, g->node_rank,
               reason[0] ? ": " : "", reason);
-    pthread_cond_broadcast(&j->changed); /* a stopping daemon waits for its shepherds */
+    pthread_cond_broadcast(np->ended); /* a stopping daemon waits for its shepherds */
 }
 
-void td_jobs_node_parts_tick(td_jobs *j) {
-    for (int i = 0; i < j->n_node_parts; i++) {
-        node_part *g = j->node_parts[i];
-        if (g->running && g->sh.fd < 0) node_part_gone(j, g);
+void td_node_parts_tick(td_node_parts *np, bool stopping_jobs) {
+    for (int i = 0; i < np->n_parts; i++) {
+        td_node_part *g = np->parts[i];
+        if (g->running && g->sh.fd < 0) node_part_gone(np, g);
         /* a stop not sent (no connection then), or dropped with a connection since */
         if (!g->running || g->sh.fd < 0 || g->sh.stop_sent) continue;
-        if (j->stopping_jobs)
-            td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s, TD_JOBS_STOP_DAEMON_WORDS);
+        if (stopping_jobs)
+            td_shepherd_stop(&g->sh, SIGTERM, np->runner->cfg->grace_s,
+                             TD_RUNNER_STOP_DAEMON_WORDS);
         else if (g->stop)
-            td_shepherd_stop(&g->sh, SIGTERM, j->cfg.runner.grace_s,
+            td_shepherd_stop(&g->sh, SIGTERM, np->runner->cfg->grace_s,
                              g->cut_off[0] ? g->cut_off : "the master stopped this part");
     }
 }
 
-/* ---- the agent's calls (td_agent.c), with the lock ------------------------------------------- */
+/* ---- an order's files ------------------------------------------------------------------------ */
 
-int td_jobs_order_files(td_jobs *j, long id, long uid, td_job_files *out, td_err *err) {
-    td_jobs_lock(j);
+int td_node_order_files(td_node_parts *np, long id, long uid, td_job_files *out, td_err *err) {
     int rc = 0;
-    if (!td_runner_uid_ok(&j->runner, uid))
+    if (!td_runner_uid_ok(np->runner, uid))
         rc = td_fail(err,
                      "the master gives job %ld uid %ld, which is not one of this node's "
                      "job_uids (give every node the same job_uids)",
                      id, uid);
-    td_runner_files_for(&j->runner, id, uid, out);
+    td_runner_files_for(np->runner, id, uid, out);
     char cwd[PATH_MAX + 16];
     if (rc == 0 && mkdir(out->dir, 0750) != 0 && errno != EEXIST)
         rc = td_fail(err, "cannot create %s: %s", out->dir, strerror(errno));
     if (rc == 0) rc = td_runner_work_dir(&out->who, out->dir, cwd, sizeof cwd, err);
-    pthread_mutex_unlock(&j->mu);
     return rc;
-}
-
-bool td_jobs_node_part_known(td_jobs *j, long job_id, int attempt) {
-    td_jobs_lock(j);
-    bool known = td_jobs_find_node_part(j, job_id, attempt) != NULL;
-    pthread_mutex_unlock(&j->mu);
-    return known;
-}
-
-json_t *td_jobs_node_parts_report_locked(td_jobs *j) {
-    td_jobs_lock(j);
-    json_t *r = td_jobs_node_parts_report(j, true);
-    pthread_mutex_unlock(&j->mu);
-    return r;
-}
-
-void td_jobs_node_parts_apply_locked(td_jobs *j, json_t *orders) {
-    td_jobs_lock(j);
-    td_jobs_node_parts_apply(j, orders, true);
-    pthread_mutex_unlock(&j->mu);
-    td_jobs_wake(j);
-}
-
-bool td_jobs_node_parts_running(td_jobs *j) {
-    td_jobs_lock(j);
-    bool any = j->n_node_parts > 0;
-    pthread_mutex_unlock(&j->mu);
-    return any;
 }

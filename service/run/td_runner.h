@@ -10,6 +10,7 @@
 
 #include "base/td_buf.h"
 #include "base/td_error.h"
+#include "base/td_log.h"
 #include "service/run/td_cgroup.h"
 #include "service/run/td_identity.h"
 #include "service/run/td_jobfs.h"
@@ -32,6 +33,7 @@ typedef enum td_run_as {
 typedef struct td_runner_config {
     const char *state_dir; /* jobs/ID lives here */
     const char *shepherd;  /* traind-shepherd's path: it runs each attempt (td_shepherd.h) */
+    const char *worker;    /* traind-worker's path: what a train job's processes run */
     /* how long a shepherd waits for a daemon that went away before it stops its job */
     double orphan_timeout_s;
     double grace_s;     /* SIGTERM to SIGKILL */
@@ -49,6 +51,7 @@ typedef struct td_runner_config {
     td_cgroups cgroups;       /* where attempts' cgroups go (subtree "": none) */
     int max_checkpoint_files; /* files one checkpoint may hold */
     long long max_log_bytes;  /* a rank's log before it is rotated (td_appender.h) */
+    double max_events_per_s;  /* rank 0's metric lines taken per second of a job (0: no limit) */
 } td_runner_config;
 
 typedef struct td_runner {
@@ -168,6 +171,25 @@ json_t *td_runner_shepherd_spec(const td_runner *n, const td_launch_config *c, i
                                 char **logs, char **devices, double deadline);
 
 /* ---- following an attempt (td_runner_follow.c) ---- */
+/* The words a stop request to a shepherd starts with: what a daemon that reads the status file
+ * later (after a restart) makes of the stop. */
+#define TD_RUNNER_STOP_CANCEL     "cancel: "
+#define TD_RUNNER_STOP_TIME_LIMIT "time_limit: "
+#define TD_RUNNER_STOP_QUOTA      "quota: "
+#define TD_RUNNER_STOP_DAEMON     "daemon_stop: "
+#define TD_RUNNER_STOP_DAEMON_WORDS                                                                \
+    TD_RUNNER_STOP_DAEMON "traind stopped and stopped its jobs (keep_jobs_on_stop is false)"
+/* A token bucket of rank 0's lines (max_events_per_s): `tokens` left as of `at` (0: never used,
+ * starts full). */
+typedef struct td_rate_bucket {
+    double tokens, at;
+} td_rate_bucket;
+/* Whether a line may be taken now from bucket b (max_events_per_s, bursts of ten seconds'); one
+ * refused is counted by the caller, never silently lost. */
+bool td_runner_rate_admit(const td_runner *n, td_rate_bucket *b);
+/* Opens rank 0's output file path for td_runner_read_lines (-1 and a log line when it cannot;
+ * absent is no error: nothing written yet). */
+int td_runner_open_output(td_log *log, long job_id, const char *path);
 /* Reads fd from *read_to up to `until` into line and hands each whole line to fn
  * (NUL-terminated in place) with the file offset just after it; final: the last partial line
  * too, once everything is read. budget > 0: at most that many bytes this call (true: more is

@@ -3,6 +3,7 @@
  * process group saved before a restart is still the attempt's. */
 #include "service/run/td_runner.h"
 
+#include "base/td_clock.h"
 #include "base/td_error.h"
 
 #include <errno.h>
@@ -117,4 +118,25 @@ bool td_runner_group_of(pid_t pgid, const char *dir) {
     cwd[n] = 0;
     size_t len = strlen(dir);
     return strncmp(cwd, dir, len) == 0 && (cwd[len] == 0 || cwd[len] == '/');
+}
+
+bool td_runner_rate_admit(const td_runner *n, td_rate_bucket *b) {
+    double rate = n->cfg->max_events_per_s;
+    if (rate <= 0) return true;
+    double now = td_clock_now(), burst = 10 * rate;
+    if (b->at <= 0) b->tokens = burst; /* its first line */
+    b->tokens += (now - b->at) * rate;
+    if (b->tokens > burst) b->tokens = burst;
+    b->at = now;
+    if (b->tokens < 1) return false;
+    b->tokens -= 1;
+    return true;
+}
+
+int td_runner_open_output(td_log *log, long job_id, const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno != ENOENT) /* absent: nothing written yet (or never started) */
+        td_log_at(log, TD_LOG_WARNING, TD_LOG_JOB(job_id), "job %ld: cannot read %s: %s", job_id,
+                  path, strerror(errno));
+    return fd;
 }

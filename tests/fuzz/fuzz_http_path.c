@@ -67,8 +67,8 @@ static void setup(void) {
                    .shepherd = "/nonexistent/traind-shepherd",
                    .slots = 1,
                    .grace_s = 1,
-                   .orphan_timeout_s = 60},
-        .worker = "/nonexistent/traind-worker",
+                   .orphan_timeout_s = 60,
+                   .worker = "/nonexistent/traind-worker"},
         .rules = {.data_roots = roots, .n_roots = 1, .slots = 1, .state_dir = state}};
     if (!lg || mkdir(state, 0700) != 0 || td_db_open(&db, db_path, &err) != 0 ||
         td_jobs_open(&jobs, &cfg, db, lg, &err) != 0) {
