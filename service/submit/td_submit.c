@@ -14,90 +14,14 @@
 #include <string.h>
 #include <unistd.h>
 
-int td_reply_fail(td_reply_error *e, int status, const char *code, const char *field,
-                  const char *fmt, ...) {
-    e->status = status;
-    e->code = code;
-    e->retry_after_s = 0;
-    snprintf(e->field, sizeof e->field, "%s", field ? field : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static bool under(const char *path, const char *root) {
-    size_t n = strlen(root);
-    if (n == 1 && root[0] == '/') return true;
-    return strncmp(path, root, n) == 0 && (path[n] == 0 || path[n] == '/');
-}
-
-bool td_path_inside_roots(const char *path, const char *const *roots, int n_roots) {
-    if (!path || !*path) return true;
-    char real[PATH_MAX], probe[PATH_MAX];
-    snprintf(probe, sizeof probe, "%s", path);
-    /* a path not there yet (a checkpoint directory): its nearest existing parent decides, and
-     * the part below it must not climb out with ".." */
-    const char *rest = "";
-    while (!realpath(probe, real)) {
-        if (errno != ENOENT) return false;
-        char *slash = strrchr(probe, '/');
-        if (!slash) {
-            if (!getcwd(real, sizeof real)) return false;
-            rest = path;
-            break;
-        }
-        if (strcmp(slash + 1, "..") == 0) return false;
-        rest = path + (slash - probe);
-        if (slash == probe) {
-            snprintf(real, sizeof real, "/");
-            break;
-        }
-        *slash = 0;
-    }
-    if (strstr(rest, "/../") || (strlen(rest) >= 3 && !strcmp(rest + strlen(rest) - 3, "/..")))
-        return false;
-    for (int i = 0; i < n_roots; i++)
-        if (under(real, roots[i])) return true;
-    return false;
-}
-
-/* The field name at the head of a spec error ("train.batch_size: expected ..."), if any. */
-static void field_of(const char *msg, char *field, size_t len) {
-    size_t n = strcspn(msg, ": ");
-    field[0] = 0;
-    if (n == 0 || msg[n] != ':' || n >= len) return;
-    for (size_t i = 0; i < n; i++)
-        if (!(msg[i] == '.' || msg[i] == '_' || msg[i] == '[' || msg[i] == ']' ||
-              (msg[i] >= '0' && msg[i] <= '9') || (msg[i] >= 'a' && msg[i] <= 'z') ||
-              (msg[i] >= 'A' && msg[i] <= 'Z')))
-            return;
-    memcpy(field, msg, n);
-    field[n] = 0;
-}
-
-/* A kit error (td_json.h) as a 400 whose field is the JSON path its message begins with. */
-static int spec_error(td_reply_error *e, const td_err *err) {
-    char field[256];
-    field_of(err->msg, field, sizeof field);
-    return td_reply_fail(e, 400, "invalid_spec", field, "%s", err->msg);
-}
-
 static int int_member(json_t *obj, const char *path, const char *key, long def, long min, long max,
                       int *out, td_reply_error *e) {
     long v;
     td_err err = {{0}};
     if (td_json_int(obj, path, key, false, def, min, max, &v, &err) != 0)
-        return spec_error(e, &err);
+        return td_submit_spec_error(e, &err);
     *out = (int)v;
     return 0;
-}
-
-int td_submit_keys_in(json_t *obj, const char *path, const char *const *const *lists,
-                      const char *note, td_reply_error *e) {
-    td_err err = {{0}};
-    return td_json_check_keys_in(obj, path, lists, note, &err) != 0 ? spec_error(e, &err) : 0;
 }
 
 /* What the daemon adds to a job spec, and what a command job has instead of the worker's. */
@@ -118,7 +42,7 @@ static int parse_limits(td_submission *s, json_t *r, const td_submit_rules *rule
         td_json_number(r, "resources", "disk_gb", false, 0, 1.0 / 1024, max_disk, &s->disk_gb,
                        &err) != 0 ||
         td_json_int(r, "resources", "pids", false, 0, 16, max_pids, &s->pids, &err) != 0)
-        return spec_error(e, &err);
+        return td_submit_spec_error(e, &err);
     return int_member(r, "resources", "cpu_weight", 0, 1, 10000, &s->cpu_weight, e);
 }
 
@@ -135,7 +59,7 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
     if (td_json_object(root, "", "resources", false, &r, &err) != 0 ||
         td_json_object(root, "", "restart", false, &t, &err) != 0 ||
         td_json_string(root, "", "name", false, "", s->name, sizeof s->name, &err) != 0)
-        return spec_error(e, &err);
+        return td_submit_spec_error(e, &err);
     s->nproc = 1;
     s->nnodes = 1;
     s->gpus_per_proc = 1;
@@ -185,7 +109,7 @@ static int parse_resources(td_submission *s, json_t *root, const td_submit_rules
         }
         if (td_json_number(r, "resources", "time_limit_s", false, 0, 1e-3, 1e8, &s->time_limit_s,
                            &err) != 0)
-            return spec_error(e, &err);
+            return td_submit_spec_error(e, &err);
         /* a slot is a GPU on a GPU node (a CPU share elsewhere): a process may hold several */
         if (int_member(r, "resources", "gpus_per_proc", 1, 1, 64, &s->gpus_per_proc, e) != 0)
             return -1;
@@ -357,7 +281,7 @@ static int parse_train(td_submission *s, json_t *root, const td_submit_rules *ru
     td_err err = {{0}};
     int rc = td_job_parse_string(&job, text, &err);
     free(text);
-    if (rc != 0) return spec_error(e, &err);
+    if (rc != 0) return td_submit_spec_error(e, &err);
     bool one_file = job.data.format == TD_DATA_CSV || job.data.format == TD_DATA_TEXT ||
                     job.data.format == TD_DATA_TOKENS;
     rc = check_split(&job.data.train, "train", one_file, rules, e);
