@@ -142,21 +142,6 @@ static void start_parts(td_jobs *j, job *jb, const td_cluster_node *nodes, const
               jb->parts[0].address, port);
 }
 
-void td_jobs_parts_release(td_jobs *j, job *jb) {
-    json_decref(jb->last_placement);
-    jb->last_placement = td_jobs_placement_json(jb); /* shown after the attempt too */
-    for (int i = 0; i < jb->n_parts; i++)
-        if (jb->parts[i].local) j->runner.used_slots -= td_jobs_slots(jb);
-    for (int i = 0; i < jb->n_parts; i++) free(jb->parts[i].proc_devices);
-    free(jb->parts);
-    jb->parts = NULL;
-    jb->n_parts = 0;
-    json_decref(jb->resume_order);
-    jb->resume_order = NULL;
-    jb->active = false;
-    memset(&jb->end, 0, sizeof jb->end);
-}
-
 /* Why jb fits on too few nodes now: how many it needs, with how many free slots, how many have
  * them. */
 static void say_nodes_wait(job *jb, const td_cluster_node *nodes, int n, const int *cap) {
@@ -342,42 +327,12 @@ int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e) {
     return rc;
 }
 
-/* One node of a placement: its ranks, all its GPUs ("devices"), and each process the node
- * starts with the ranks it stands for and its CUDA_VISIBLE_DEVICES (proc_devices: theirs
- * separated by ';'; "" where the node has no GPUs). */
-json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
-                               const char *devices, const char *proc_devices) {
-    json_t *ranks = json_array(), *procs = json_array();
-    for (int r = 0; r < jb->row.nproc; r++)
-        json_array_append_new(ranks, json_integer(node_rank * jb->row.nproc + r));
-    const char *d = proc_devices;
-    for (int p = 0; p < td_jobs_procs(jb); p++) {
-        json_t *mine = json_array();
-        for (int r = 0; r < (jb->launch_self ? jb->row.nproc : 1); r++)
-            json_array_append_new(mine, json_integer(node_rank * jb->row.nproc + p + r));
-        size_t len = strcspn(d, ";");
-        json_array_append_new(procs, json_pack("{s:o, s:s%}", "ranks", mine, "devices", d, len));
-        d += len + (d[len] == ';');
-    }
-    return json_pack("{s:s, s:s, s:i, s:o, s:s, s:o}", "node", node, "address", address,
-                     "node_rank", node_rank, "ranks", ranks, "devices", devices, "processes",
-                     procs);
-}
-
-/* The placement in a job's JSON: each node, its node rank, global ranks and devices. */
-json_t *td_jobs_placement_json(const job *jb) {
-    if (!jb->parts) return jb->last_placement ? json_incref(jb->last_placement) : json_null();
-    json_t *list = json_array();
-    for (int i = 0; i < jb->n_parts; i++) {
-        const part *p = &jb->parts[i];
-        json_t *nd = td_jobs_placement_node(jb, p->node, p->address, p->node_rank, p->devices,
-                                            p->proc_devices ? p->proc_devices : "");
-        json_object_set_new(nd, "state",
-                            json_string(p->state == PART_STARTING  ? "starting"
-                                        : p->state == PART_RUNNING ? "running"
-                                                                   : "ended"));
-        json_array_append_new(list, nd);
-    }
-    return json_pack("{s:o, s:s, s:i}", "nodes", list, "master_addr", jb->parts[0].address,
-                     "master_port", jb->master_port);
+td_sched_job td_jobs_sched_job(const job *jb) {
+    return (td_sched_job){.id = jb->row.id,
+                          .priority = jb->row.priority,
+                          .restart = jb->state == RESTARTING && !jb->active,
+                          .nnodes = jb->nnodes,
+                          .slots = td_jobs_slots(jb),
+                          .time_limit_s = jb->row.time_limit_s,
+                          .pin = (const char *const *)jb->pin};
 }

@@ -1,5 +1,6 @@
-/* The queue and the slots: which waiting job starts next (priority, then age, backfilling only
- * where the head of the queue cannot be delayed) and which slots (GPUs) it holds while it runs. */
+/* The queue: which waiting job starts next (priority, then age, backfilling only where the head
+ * of the queue cannot be delayed), on this node alone (a cluster of one) or, on a master with
+ * agents, on the cluster's nodes (td_job_place.c); the slots it takes are td_job_slots.c's. */
 #include "service/jobs/td_jobs_private.h"
 #include "service/sched/td_scheduler.h"
 
@@ -8,51 +9,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-
-void td_jobs_release_slots(td_jobs *j, job *jb) {
-    if (jb->parts) {
-        td_jobs_parts_release(j, jb);
-        return;
-    }
-    j->runner.used_slots -= td_jobs_slots(jb);
-    td_runner_give_back_gpus(&j->runner, jb->devices, td_jobs_slots(jb));
-    free(jb->devices);
-    jb->devices = NULL;
-    jb->active = false;
-}
-
-bool td_jobs_reserve_slots(td_jobs *j, job *jb) {
-    int need = td_jobs_slots(jb);
-    if (j->cfg.runner.slots - j->runner.used_slots < need) return false;
-    j->runner.used_slots += need;
-    jb->active = true;
-    if (j->cfg.runner.gpus > 0) {
-        jb->devices = td_runner_take_gpus(&j->runner, need);
-        if (!jb->devices) { /* GPUs held outside the slot count (a part still stopping): wait */
-            j->runner.used_slots -= need;
-            jb->active = false;
-            return false;
-        }
-    }
-    return true;
-}
-
-/* When the job's time limit ends (CLOCK_REALTIME seconds), or 0 without one. */
-double td_jobs_deadline(const job *jb) {
-    return jb->row.time_limit_s > 0 && jb->row.started_at > 0
-               ? jb->row.started_at + jb->row.time_limit_s
-               : 0;
-}
-
-td_sched_job td_jobs_sched_job(const job *jb) {
-    return (td_sched_job){.id = jb->row.id,
-                          .priority = jb->row.priority,
-                          .restart = jb->state == RESTARTING && !jb->active,
-                          .nnodes = jb->nnodes,
-                          .slots = td_jobs_slots(jb),
-                          .time_limit_s = jb->row.time_limit_s,
-                          .pin = (const char *const *)jb->pin};
-}
 
 /* Why the queue's first job does not start on this node. */
 static void say_head_waits(td_jobs *j, job *jb) {

@@ -18,8 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define QUOTA_EVERY_S     2.0
-#define QUOTA_MAX_ENTRIES 1000000L /* files a job's directory may hold, counted at most */
+#define QUOTA_EVERY_S 2.0
 
 typedef struct measured {
     long job;
@@ -29,20 +28,6 @@ typedef struct measured {
     long long bytes;
     long entries;
 } measured;
-
-void td_jobs_quota_words(long long used, long long max, long entries, char *out, size_t len) {
-    double gib = 1073741824.0;
-    if (entries > QUOTA_MAX_ENTRIES)
-        snprintf(out, len,
-                 "disk quota exceeded: its directory holds more than %ld files (with %.3f GiB "
-                 "in them so far)",
-                 QUOTA_MAX_ENTRIES, (double)used / gib);
-    else
-        snprintf(out, len,
-                 "disk quota exceeded: its files and logs take %.3f GiB (%lld bytes), over "
-                 "resources.disk_gb %.3f GiB",
-                 (double)used / gib, used, (double)max / gib);
-}
 
 /* What to measure this turn: every running local job and part with a quota. */
 static measured *collect(td_jobs *j, int *n) {
@@ -98,7 +83,8 @@ void *td_jobs_quota_keeper(void *arg) {
         pthread_mutex_unlock(&j->mu);
         for (int i = 0; i < n; i++) {
             td_err err = {{0}};
-            if (td_jobfs_usage(m[i].dir, &m[i].bytes, &m[i].entries, QUOTA_MAX_ENTRIES, &err) != 0)
+            if (td_jobfs_usage(m[i].dir, &m[i].bytes, &m[i].entries, TD_JOBS_QUOTA_MAX_ENTRIES,
+                               &err) != 0)
                 m[i].bytes = -1; /* gone meanwhile */
         }
         td_jobs_lock(j);
@@ -109,7 +95,7 @@ void *td_jobs_quota_keeper(void *arg) {
                 jb->disk_used = m[i].bytes;
                 td_jobs_stale(jb); /* its JSON shows it */
             }
-            if (m[i].bytes > m[i].max || m[i].entries > QUOTA_MAX_ENTRIES) over(j, &m[i]);
+            if (m[i].bytes > m[i].max || m[i].entries > TD_JOBS_QUOTA_MAX_ENTRIES) over(j, &m[i]);
         }
         free(m);
         struct timespec until;

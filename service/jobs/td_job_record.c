@@ -7,7 +7,10 @@
 
 #include "base/td_strv.h"
 
+#include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -357,6 +360,14 @@ void td_jobs_save_attempt(td_jobs *j, job *jb, const td_db_attempt *a) {
                   err.msg);
 }
 
+/* A job finished: the janitor (td_job_retention.c) looks at the count of finished jobs soon (a
+ * time limit it waits for by its deadline). */
+static void wake_janitor(td_jobs *j) {
+    if (j->cfg.keep_finished_jobs <= 0) return;
+    j->janitor_poke = true;
+    pthread_cond_signal(&j->janitor_wake);
+}
+
 void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason) {
     td_jobs_set_state(jb, state);
     td_jobs_tboard_close(j, jb);
@@ -365,7 +376,7 @@ void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason
     jb->row.finished_at = td_clock_wall();
     jb->row.pgid = 0;
     td_jobs_emit_state(j, jb);
-    td_jobs_janitor_poke(j);
+    wake_janitor(j);
     td_log_at(j->log, state == FAILED ? TD_LOG_WARNING : TD_LOG_INFO, TD_LOG_JOB(jb->row.id),
               "job %ld %s%s%s", jb->row.id, td_jobs_state_names[state], reason[0] ? ": " : "",
               reason);
@@ -402,4 +413,87 @@ void td_jobs_free_job(job *jb) {
     td_buf_free(&jb->line);
     if (jb->out_fd >= 0) close(jb->out_fd);
     free(jb);
+}
+
+/* ---- the checkpoint and the placement in the job's JSON ------------------------------------ */
+
+void td_jobs_resume_forget(job *jb) {
+    json_decref(jb->checkpoint_files);
+    jb->checkpoint_files = NULL;
+    jb->checkpoint_placed = false;
+    free(jb->resume_error);
+    jb->resume_error = NULL;
+    free(jb->place_error);
+    jb->place_error = NULL;
+}
+
+/* One node of a placement: its ranks, all its GPUs ("devices"), and each process the node
+ * starts with the ranks it stands for and its CUDA_VISIBLE_DEVICES (proc_devices: theirs
+ * separated by ';'; "" where the node has no GPUs). */
+json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
+                               const char *devices, const char *proc_devices) {
+    json_t *ranks = json_array(), *procs = json_array();
+    for (int r = 0; r < jb->row.nproc; r++)
+        json_array_append_new(ranks, json_integer(node_rank * jb->row.nproc + r));
+    const char *d = proc_devices;
+    for (int p = 0; p < td_jobs_procs(jb); p++) {
+        json_t *mine = json_array();
+        for (int r = 0; r < (jb->launch_self ? jb->row.nproc : 1); r++)
+            json_array_append_new(mine, json_integer(node_rank * jb->row.nproc + p + r));
+        size_t len = strcspn(d, ";");
+        json_array_append_new(procs, json_pack("{s:o, s:s%}", "ranks", mine, "devices", d, len));
+        d += len + (d[len] == ';');
+    }
+    return json_pack("{s:s, s:s, s:i, s:o, s:s, s:o}", "node", node, "address", address,
+                     "node_rank", node_rank, "ranks", ranks, "devices", devices, "processes",
+                     procs);
+}
+
+/* The placement in a job's JSON: each node, its node rank, global ranks and devices. */
+json_t *td_jobs_placement_json(const job *jb) {
+    if (!jb->parts) return jb->last_placement ? json_incref(jb->last_placement) : json_null();
+    json_t *list = json_array();
+    for (int i = 0; i < jb->n_parts; i++) {
+        const part *p = &jb->parts[i];
+        json_t *nd = td_jobs_placement_node(jb, p->node, p->address, p->node_rank, p->devices,
+                                            p->proc_devices ? p->proc_devices : "");
+        json_object_set_new(nd, "state",
+                            json_string(p->state == PART_STARTING  ? "starting"
+                                        : p->state == PART_RUNNING ? "running"
+                                                                   : "ended"));
+        json_array_append_new(list, nd);
+    }
+    return json_pack("{s:o, s:s, s:i}", "nodes", list, "master_addr", jb->parts[0].address,
+                     "master_port", jb->master_port);
+}
+
+void td_jobs_wake(td_jobs *j) {
+    uint64_t one = 1;
+    (void)!write(j->wake_fd, &one, sizeof one);
+}
+
+bool td_jobs_forget_locked(td_jobs *j, int at) {
+    job *jb = j->jobs[at];
+    long id = jb->row.id;
+    /* out of the way at once (a rename), removed after the lock is let go: a job's files can
+     * be gigabytes of checkpoints */
+    char doomed[PATH_MAX + 32];
+    snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.runner.state_dir, id);
+    bool moved = rename(jb->dir, doomed) == 0;
+    if (!moved && errno != ENOENT)
+        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: cannot move %s aside: %s", id,
+                  jb->dir, strerror(errno));
+    memmove(&j->jobs[at], &j->jobs[at + 1], (size_t)(j->n_jobs - at - 1) * sizeof *j->jobs);
+    j->n_jobs--;
+    td_jobs_live_remove(j, jb);
+    td_jobs_wake_streams(j, id); /* they end */
+    td_jobs_free_job(jb);
+    return moved;
+}
+
+/* When the job's time limit ends (CLOCK_REALTIME seconds), or 0 without one. */
+double td_jobs_deadline(const job *jb) {
+    return jb->row.time_limit_s > 0 && jb->row.started_at > 0
+               ? jb->row.started_at + jb->row.time_limit_s
+               : 0;
 }

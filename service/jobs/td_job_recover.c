@@ -73,29 +73,6 @@ static void load_latest(td_jobs *j, job *jb) {
                   err.msg);
 }
 
-void td_jobs_recover(td_jobs *j, job *jb, const char *why) {
-    if (jb->n_attempts > 0 && jb->attempts[jb->n_attempts - 1].finished_at <= 0) {
-        td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
-        a->finished_at = td_clock_wall();
-        snprintf(a->reason, sizeof a->reason, "%s", why);
-        td_jobs_save_attempt(j, jb, a);
-    }
-    jb->row.pgid = 0;
-    td_jobs_set_state(jb, RESTARTING);
-    char note[256];
-    td_jobs_resume_note(jb, note, sizeof note);
-    snprintf(jb->row.reason, sizeof jb->row.reason, "%.600s; %s (not counted against max_restarts)",
-             why, note);
-    json_t *d = json_pack("{s:i, s:i, s:o, s:o}", "attempt", jb->n_attempts, "restarts",
-                          jb->row.restarts, "reason", td_jobs_reason_json(jb->row.reason),
-                          "resume_from", td_jobs_resume_json(jb));
-    td_jobs_emit(j, jb, TD_JOBS_EVENT_RESTART, d, NULL, -1, false, NULL, 0);
-    json_decref(d);
-    td_jobs_emit_state(j, jb);
-    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id), "job %ld: %s: restarting it", jb->row.id,
-              why);
-}
-
 /* Whether the latest attempt's file is still there: a local attempt not yet handled. */
 static bool attempt_file(const job *jb) {
     char base[PATH_MAX - 16], path[PATH_MAX];

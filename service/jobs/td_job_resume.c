@@ -249,13 +249,3 @@ json_t *td_jobs_resume_order(const job *jb) {
     return json_pack("{s:I, s:O, s:s, s:s}", "step", (json_int_t)jb->checkpoint_step, "files",
                      jb->checkpoint_files, "dir", dir, "base", base_of(jb->checkpoint_path));
 }
-
-void td_jobs_resume_forget(job *jb) {
-    json_decref(jb->checkpoint_files);
-    jb->checkpoint_files = NULL;
-    jb->checkpoint_placed = false;
-    free(jb->resume_error);
-    jb->resume_error = NULL;
-    free(jb->place_error);
-    jb->place_error = NULL;
-}

@@ -39,12 +39,6 @@ void td_jobs_set_retention(td_jobs *j, double keep_for_s, long keep_jobs) {
     pthread_mutex_unlock(&j->mu);
 }
 
-void td_jobs_janitor_poke(td_jobs *j) {
-    if (j->cfg.keep_finished_jobs <= 0) return; /* a time limit is waited for by its deadline */
-    j->janitor_poke = true;
-    pthread_cond_signal(&j->janitor_wake);
-}
-
 /* Whether a finished job can be removed now: nothing of it runs or waits to be written. */
 static bool removable(const job *jb) {
     return td_jobs_final_state(jb->state) && !jb->active && !jb->parts && !jb->resume_busy &&

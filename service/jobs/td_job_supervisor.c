@@ -155,8 +155,3 @@ void *td_jobs_supervise(void *arg) {
     pthread_mutex_unlock(&j->mu);
     return NULL;
 }
-
-void td_jobs_wake(td_jobs *j) {
-    uint64_t one = 1;
-    (void)!write(j->wake_fd, &one, sizeof one);
-}

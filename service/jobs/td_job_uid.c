@@ -56,3 +56,17 @@ int td_jobs_files_of(td_jobs *j, long id, td_job_files *out, td_reply_error *e) 
     pthread_mutex_unlock(&j->mu);
     return jb ? 0 : td_reply_fail(e, 404, "not_found", NULL, "there is no job %ld", id);
 }
+
+void td_jobs_quota_words(long long used, long long max, long entries, char *out, size_t len) {
+    double gib = 1073741824.0;
+    if (entries > TD_JOBS_QUOTA_MAX_ENTRIES)
+        snprintf(out, len,
+                 "disk quota exceeded: its directory holds more than %ld files (with %.3f GiB "
+                 "in them so far)",
+                 TD_JOBS_QUOTA_MAX_ENTRIES, (double)used / gib);
+    else
+        snprintf(out, len,
+                 "disk quota exceeded: its files and logs take %.3f GiB (%lld bytes), over "
+                 "resources.disk_gb %.3f GiB",
+                 (double)used / gib, used, (double)max / gib);
+}

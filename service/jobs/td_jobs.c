@@ -274,25 +274,6 @@ int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error 
     return 0;
 }
 
-bool td_jobs_forget_locked(td_jobs *j, int at) {
-    job *jb = j->jobs[at];
-    long id = jb->row.id;
-    /* out of the way at once (a rename), removed after the lock is let go: a job's files can
-     * be gigabytes of checkpoints */
-    char doomed[PATH_MAX + 32];
-    snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.runner.state_dir, id);
-    bool moved = rename(jb->dir, doomed) == 0;
-    if (!moved && errno != ENOENT)
-        td_log_at(j->log, TD_LOG_WARNING, TD_LOG_JOB(id), "job %ld: cannot move %s aside: %s", id,
-                  jb->dir, strerror(errno));
-    memmove(&j->jobs[at], &j->jobs[at + 1], (size_t)(j->n_jobs - at - 1) * sizeof *j->jobs);
-    j->n_jobs--;
-    td_jobs_live_remove(j, jb);
-    td_jobs_wake_streams(j, id); /* they end */
-    td_jobs_free_job(jb);
-    return moved;
-}
-
 /* A node-to-node file name: segments of [A-Za-z0-9._-], none empty or starting with '.', so it
  * can only name something inside the job's directory. */
 static bool relative_ok(const char *rel) {

@@ -1,23 +1,32 @@
-/* Inside the jobs module (td_jobs.h): the job record and the table, shared by its files:
- *   td_jobs.c            the API side (get, list, cancel, delete, wait, logs, files)
- *   td_job_submit.c      submitting a job, with its token's quotas
- *   td_job_lifecycle.c   open, start, stop (the jobs too) and close; a reload's settings
- *   td_job_figures.c     every job in figures: GPU users, slots used, Prometheus series
- *   td_job_record.c      the table, rendering, state changes and events
- *   td_job_queue.c       which waiting job starts next, and the slots it holds
- *   td_job_attempt.c     what a job runs, its attempts and the restart policy
- *   td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
- *   td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
- *   td_job_recover.c     loading the table at start, recovering jobs a daemon left running
- *   td_job_place.c       the cluster's master: placing jobs on nodes
- *   td_job_sync.c        the cluster's master: each node's orders, what its parts report
- *                        (exits, rank 0's lines, logs), lost nodes
- *   td_job_agent.c       an agent's calls into the parts its node runs (service/node/), locked
- *   td_job_resume.c      the cluster's master: the checkpoint an attempt across nodes resumes from
- *   td_job_uid.c         a job's uid and limits (who a uid runs as is the node's)
- *   td_job_quota.c       the thread that keeps jobs within their disk quota
- *   td_job_retention.c   the thread that removes finished jobs past their retention
- *   td_job_tboard.c      a job's TensorBoard event files, from its metric events
+/* Inside the jobs module (td_jobs.h): the job record and the table, shared by its files, lowest
+ * first; a file calls only the ones listed before it (tests/style/call_graph.py checks):
+ *   the table
+ *     td_job_tboard.c      a job's TensorBoard event files, from its metric events
+ *     td_job_record.c      the table, rendering, state changes and events, waking the supervisor
+ *     td_job_uid.c         a job's uid and limits (who a uid runs as is the node's), quota words
+ *   rank 0's output
+ *     td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
+ *   attempts
+ *     td_job_slots.c       the slots an attempt holds, here or as its placement's parts
+ *     td_job_attempt.c     what a job runs, its attempts (run here) and the restart policy
+ *   scheduling and placement
+ *     td_job_resume.c      the cluster's master: the checkpoint an attempt across nodes resumes
+ *                          from, and the thread that lists and places it
+ *     td_job_place.c       the cluster's master: placing jobs on nodes
+ *     td_job_queue.c       which waiting job starts next (this node alone, or the cluster's)
+ *   the master's sync with its nodes
+ *     td_job_sync.c        each node's orders, what its parts report (exits, rank 0's lines,
+ *                          logs), lost nodes
+ *   threads and entry points
+ *     td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
+ *     td_job_quota.c       the thread that keeps jobs within their disk quota
+ *     td_job_retention.c   the thread that removes finished jobs past their retention
+ *     td_job_recover.c     loading the table at start, taking up jobs a daemon left running
+ *     td_job_lifecycle.c   open, start, stop (the jobs too) and close; a reload's settings
+ *     td_job_submit.c      submitting a job, with its token's quotas
+ *     td_jobs.c            the API side (get, list, cancel, delete, wait, logs, files)
+ *     td_job_figures.c     every job in figures: GPU users, slots used, Prometheus series
+ *     td_job_agent.c       an agent's calls into the parts its node runs (service/node/), locked
  * Every function here runs with j->mu held unless it says otherwise. */
 #ifndef TD_JOBS_PRIVATE_H
 #define TD_JOBS_PRIVATE_H
@@ -224,11 +233,7 @@ static inline void td_jobs_lock(td_jobs *j) {
     atomic_fetch_sub(&j->waiting, 1);
 }
 
-/* ---- td_jobs.c ---- */
-/* Takes the job at index `at` out of the table and frees it (its rows already deleted): its
- * directory is moved to jobs/.deleted-ID, to be removed without the lock (true), or was not
- * there. The caller wakes its streams. */
-bool td_jobs_forget_locked(td_jobs *j, int at);
+/* ======== the table ======== */
 
 /* ---- td_job_record.c ---- */
 json_t *td_jobs_code_json(int code);
@@ -260,18 +265,20 @@ void td_jobs_emit(td_jobs *j, job *jb, const char *type, json_t *data, const cha
 void td_jobs_emit_state(td_jobs *j, job *jb);
 void td_jobs_save_attempt(td_jobs *j, job *jb, const td_db_attempt *a);
 void td_jobs_finish(td_jobs *j, job *jb, int state, int code, const char *reason);
-
-/* ---- td_job_tboard.c ---- */
-/* A metric event's numbers into the job's TensorBoard event file; closing it (durably) when the
- * job ends or goes. */
-void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step);
-void td_jobs_tboard_close(td_jobs *j, job *jb);
-
-/* ---- td_job_queue.c ---- */
+void td_jobs_resume_forget(job *jb); /* a new checkpoint: what was known of the last goes */
+/* The placement in a job's JSON: each node, its node rank, global ranks and devices. */
+json_t *td_jobs_placement_json(const job *jb);
+/* One node of a placement: its ranks, all its GPUs ("devices"), and each process the node
+ * starts with the ranks it stands for and its CUDA_VISIBLE_DEVICES (proc_devices: theirs
+ * separated by ';'; "" where the node has no GPUs). */
+json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
+                               const char *devices, const char *proc_devices);
+/* Takes the job at index `at` out of the table and frees it (its rows already deleted): its
+ * directory is moved to jobs/.deleted-ID, to be removed without the lock (true), or was not
+ * there. The caller wakes its streams. */
+bool td_jobs_forget_locked(td_jobs *j, int at);
 double td_jobs_deadline(const job *jb); /* the time limit's end, or 0 */
-/* A waiting job as the scheduler sees it (its nodes, slots, limit, pin); restart: it was
- * running. Points into jb (its pin). */
-td_sched_job td_jobs_sched_job(const job *jb);
+void td_jobs_wake(td_jobs *j);          /* the supervisor; any thread, without the lock */
 /* The slots (GPUs on a GPU node) a job holds on each of its nodes: every rank's GPUs, whether
  * the daemon starts the ranks or one launching process does. */
 static inline int td_jobs_slots(const job *jb) {
@@ -281,30 +288,25 @@ static inline int td_jobs_slots(const job *jb) {
 static inline int td_jobs_procs(const job *jb) {
     return jb->launch_self ? 1 : jb->row.nproc;
 }
-bool td_jobs_reserve_slots(td_jobs *j, job *jb);
-void td_jobs_release_slots(td_jobs *j, job *jb);
-void td_jobs_schedule(td_jobs *j);
 
-/* ---- td_job_attempt.c ---- */
-void td_jobs_set_worker_run(td_jobs *j, job *jb, const char *spec_path);
-int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err);
-void td_jobs_start_attempt(td_jobs *j, job *jb); /* on slots already reserved */
-void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ended */
-/* The connection to a local attempt's shepherd ended (or none could be made at start): reads
- * the rest of rank 0's output, and ends the attempt as its status file says; without one the
- * shepherd died and what is left of its process group is killed. A shepherd that dropped a
- * slow daemon is connected to again instead. */
-void td_jobs_shepherd_gone(td_jobs *j, job *jb);
-void td_jobs_resume_note(const job *jb, char *out, size_t len);
-json_t *td_jobs_resume_json(const job *jb);
+/* ---- td_job_tboard.c ---- */
+/* A metric event's numbers into the job's TensorBoard event file; closing it (durably) when the
+ * job ends or goes. */
+void td_jobs_tboard_event(td_jobs *j, job *jb, json_t *event, long step);
+void td_jobs_tboard_close(td_jobs *j, job *jb);
 
 /* ---- td_job_uid.c ---- */
+#define TD_JOBS_QUOTA_MAX_ENTRIES 1000000L /* files a job's directory may hold, counted at most */
 td_identity td_jobs_identity(const td_jobs *j, const job *jb); /* who jb runs as */
 /* A uid of its own into *uid when jobs get one and it has none yet (-1: none is free). */
 int td_jobs_allocate_uid(td_jobs *j, long *uid, td_err *err);
 /* jb's limits: what it asked for (0: not given), else the daemon's defaults d. */
 void td_jobs_limit_job(job *jb, const td_job_limits *d, double memory_gb, long pids, int cpu_weight,
                        double disk_gb);
+/* "disk quota exceeded: ..." for used bytes over max (entries past the count it looks at). */
+void td_jobs_quota_words(long long used, long long max, long entries, char *out, size_t len);
+
+/* ======== rank 0's output ======== */
 
 /* ---- td_job_output.c ---- */
 /* Reads rank 0's output file on to what its shepherd said it holds; final: the attempt is over,
@@ -323,25 +325,32 @@ void td_jobs_set_checkpoint(job *jb, long step, const char *path);
 /* true when the line became an event (stored with the job row) */
 bool td_jobs_line_apply(td_jobs *j, job *jb, char *line, size_t n, bool remote, json_t *files);
 
-/* ---- td_job_supervisor.c ---- */
-void *td_jobs_supervise(void *arg); /* the thread */
-void td_jobs_wake(td_jobs *j);      /* any thread, without the lock */
+/* ======== attempts ======== */
 
-/* ---- td_job_place.c ---- */
-bool td_jobs_clustered(td_jobs *j);              /* a master with agents, or a job placed on them */
-void td_jobs_schedule_cluster(td_jobs *j);       /* td_jobs_schedule's policy over every node */
-void td_jobs_parts_release(td_jobs *j, job *jb); /* frees the placement and its slots */
-int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
-json_t *td_jobs_placement_json(const job *jb);
-json_t *td_jobs_placement_node(const job *jb, const char *node, const char *address, int node_rank,
-                               const char *devices, const char *proc_devices);
+/* ---- td_job_slots.c ---- */
+/* Take the slots before an attempt starts (false: not free now); give them back (its
+ * placement's too) once it has ended. */
+bool td_jobs_reserve_slots(td_jobs *j, job *jb);
+void td_jobs_release_slots(td_jobs *j, job *jb);
+void td_jobs_parts_release(td_jobs *j, job *jb);
 
-/* ---- td_job_sync.c ---- */
-void td_jobs_parts_tick(td_jobs *j); /* the master's own node's sync, time limits */
-/* The node rank of jb's running attempt on node, -1 when it runs no part there (now). */
-int td_jobs_part_rank_on(job *jb, const char *node);
-void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,
-                              json_t *reply);
+/* ---- td_job_attempt.c ---- */
+void td_jobs_set_worker_run(td_jobs *j, job *jb, const char *spec_path);
+int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err);
+void td_jobs_start_attempt(td_jobs *j, job *jb); /* on slots already reserved */
+void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ended */
+/* The connection to a local attempt's shepherd ended (or none could be made at start): reads
+ * the rest of rank 0's output, and ends the attempt as its status file says; without one the
+ * shepherd died and what is left of its process group is killed. A shepherd that dropped a
+ * slow daemon is connected to again instead. */
+void td_jobs_shepherd_gone(td_jobs *j, job *jb);
+void td_jobs_resume_note(const job *jb, char *out, size_t len);
+json_t *td_jobs_resume_json(const job *jb);
+/* The job's attempt ended because no daemon ran (why: in words): it restarts from its latest
+ * checkpoint, not charged to its restart budget. Its slots are free. */
+void td_jobs_recover(td_jobs *j, job *jb, const char *why);
+
+/* ======== scheduling and placement ======== */
 
 /* ---- td_job_resume.c ---- */
 enum { TD_RESUME_READY, TD_RESUME_WAIT, TD_RESUME_FAILED };
@@ -358,24 +367,41 @@ void *td_jobs_resumer(void *arg);
 void td_jobs_resume_dir(const job *jb, char *out, size_t len);
 /* {"step", "files", "dir", "base"} for the orders of an attempt's parts, or NULL. */
 json_t *td_jobs_resume_order(const job *jb);
-void td_jobs_resume_forget(job *jb); /* a new checkpoint: what was known of the last goes */
+
+/* ---- td_job_place.c ---- */
+/* A waiting job as the scheduler sees it (its nodes, slots, limit, pin); restart: it was
+ * running. Points into jb (its pin). */
+td_sched_job td_jobs_sched_job(const job *jb);
+bool td_jobs_clustered(td_jobs *j);        /* a master with agents, or a job placed on them */
+void td_jobs_schedule_cluster(td_jobs *j); /* td_jobs_schedule's policy over every node */
+int td_jobs_check_fit(td_jobs *j, const td_submission *s, td_reply_error *e);
+
+/* ---- td_job_queue.c ---- */
+void td_jobs_schedule(td_jobs *j); /* this node alone: a cluster of one */
+
+/* ======== the master's sync with its nodes ======== */
+
+/* ---- td_job_sync.c ---- */
+void td_jobs_parts_tick(td_jobs *j); /* the master's own node's sync, time limits */
+/* The node rank of jb's running attempt on node, -1 when it runs no part there (now). */
+int td_jobs_part_rank_on(job *jb, const char *node);
+void td_jobs_node_sync_locked(td_jobs *j, const char *node, bool registered, json_t *report,
+                              json_t *reply);
+
+/* ======== threads and entry points ======== */
+
+/* ---- td_job_supervisor.c ---- */
+void *td_jobs_supervise(void *arg); /* the thread */
 
 /* ---- td_job_quota.c ---- */
 void *td_jobs_quota_keeper(void *arg); /* the thread */
-/* "disk quota exceeded: ..." for used bytes over max (entries past the count it looks at). */
-void td_jobs_quota_words(long long used, long long max, long entries, char *out, size_t len);
 
 /* ---- td_job_retention.c ---- */
 void *td_jobs_janitor(void *arg); /* the thread */
-/* A job finished: the janitor looks at the count (keep_finished_jobs) soon. */
-void td_jobs_janitor_poke(td_jobs *j);
 /* Removes a directory tree (without the lock); false, with a log line, when some is left. */
 bool td_jobs_remove_tree(td_jobs *j, long id, const char *path);
 
 /* ---- td_job_recover.c ---- */
 int td_jobs_load(td_jobs *j, td_err *err);
-/* The job's attempt ended because no daemon ran (why: in words): it restarts from its latest
- * checkpoint, not charged to its restart budget. Its slots are free. */
-void td_jobs_recover(td_jobs *j, job *jb, const char *why);
 
 #endif
