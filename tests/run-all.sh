@@ -26,6 +26,7 @@ lap() { now=$(date +%s); times="$times$1 $((now - last)) s; "; last=$now; }
 echo "== style (sizes, format, the include graph) =="
 tests/style/check_sizes.sh
 python3 tests/style/include_graph.py --quiet
+python3 tests/style/call_graph.py --quiet
 lap "style"
 
 echo "== build (Release, CUDA auto) =="
