@@ -1,16 +1,24 @@
-/* Inside the jobs module (td_jobs.h): the table (the job record is td_job.h), shared by its
- * files, listed lowest first; a file calls only the ones listed before it
- * (tests/style/call_graph.py checks): the table td_job_tboard.c      a job's TensorBoard event
- * files, from its metric events td_job_record.c      the table, rendering, state changes and
- * events, waking the supervisor td_job_uid.c         a job's uid and limits (who a uid runs as is
- * the node's), quota words rank 0's output td_job_output.c      rank 0's stdout: events, metrics
- * and checkpoint lines attempts td_job_slots.c       the slots an attempt holds, here or as its
- * placement's parts td_job_attempt.c     what a job runs, its attempts (run here) and the restart
- * policy scheduling and placement td_job_resume.c      the cluster's master: the checkpoint an
- * attempt across nodes resumes from, and the thread that lists and places it td_job_place.c the
- * cluster's master: placing jobs on nodes td_job_queue.c       which waiting job starts next (this
- * node alone, or the cluster's) the master's sync with its nodes td_job_sync.c        each node's
- * orders, what its parts report (exits, rank 0's lines, logs), lost nodes threads and entry points
+/* Inside the jobs module (td_jobs.h): the table, shared by its files (the job record is
+ * td_job.h). The files, lowest first; each calls only the ones listed before it
+ * (tests/style/call_graph.py checks):
+ *   the table
+ *     td_job_tboard.c      a job's TensorBoard event files, from its metric events
+ *     td_job_record.c      the table, rendering, state changes and events, waking the supervisor
+ *     td_job_uid.c         a job's uid and limits (who a uid runs as is the node's), quota words
+ *   rank 0's output
+ *     td_job_output.c      rank 0's stdout: events, metrics and checkpoint lines
+ *   attempts
+ *     td_job_slots.c       the slots an attempt holds, here or as its placement's parts
+ *     td_job_attempt.c     what a job runs, its attempts (run here) and the restart policy
+ *   scheduling and placement
+ *     td_job_resume.c      the cluster's master: the checkpoint an attempt across nodes resumes
+ *                          from, and the thread that lists and places it
+ *     td_job_place.c       the cluster's master: placing jobs on nodes
+ *     td_job_queue.c       which waiting job starts next (this node alone, or the cluster's)
+ *   the master's sync with its nodes
+ *     td_job_sync.c        each node's orders, what its parts report (exits, rank 0's lines,
+ *                          logs), lost nodes
+ *   threads and entry points
  *     td_job_supervisor.c  the thread that waits on processes, pipes and deadlines
  *     td_job_quota.c       the thread that keeps jobs within their disk quota
  *     td_job_retention.c   the thread that removes finished jobs past their retention
