@@ -3,6 +3,7 @@
 #ifndef TD_CLOCK_H
 #define TD_CLOCK_H
 
+#include <stddef.h>
 #include <time.h>
 
 /* CLOCK_MONOTONIC in seconds: for deadlines, timeouts and rates. */
@@ -12,5 +13,8 @@ double td_clock_wall(void);
 /* The CLOCK_MONOTONIC time s seconds from now, for pthread_cond_timedwait on a condition
  * variable set to that clock. */
 void td_clock_deadline(struct timespec *ts, double s);
+/* A wall-clock time as the API shows it: ISO 8601 in UTC with milliseconds
+ * ("2026-11-29T10:04:05.123Z"); len >= 32. */
+void td_clock_format(double t, char *out, size_t len);
 
 #endif

@@ -21,12 +21,8 @@ const char *const td_jobs_state_names[N_STATES] = {"queued",    "running", "rest
 
 static json_t *time_json(double t) {
     if (t <= 0) return json_null();
-    time_t s = (time_t)t;
-    struct tm tm;
-    gmtime_r(&s, &tm);
     char buf[64];
-    size_t n = strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(buf + n, sizeof buf - n, ".%03dZ", (int)((t - (double)s) * 1000.0));
+    td_clock_format(t, buf, sizeof buf);
     return json_string(buf);
 }
 
@@ -80,6 +76,10 @@ const char *td_jobs_render(job *jb) {
         json_object_set_new(o, "launch", json_string(jb->launch_self ? "self" : "torchrun"));
         json_object_set_new(o, "visible_gpus", json_string(jb->see_all_gpus ? "job" : "own"));
         json_object_set_new(o, "placement", td_jobs_placement_json(jb));
+        if (jb->row.experiment > 0) { /* a trial: GET /v1/experiments/ID has its hparams */
+            json_object_set_new(o, "experiment", json_integer((json_int_t)jb->row.experiment));
+            json_object_set_new(o, "trial", json_integer(jb->row.trial));
+        }
         /* who submitted it: the token's name and id (0 and "": before tokens had scopes) */
         json_object_set_new(o, "owner",
                             json_pack("{s:I, s:s}", "token", (json_int_t)jb->row.owner, "name",
@@ -210,6 +210,8 @@ void td_jobs_live_compact(td_jobs *j) {
 
 void td_jobs_wake_streams(td_jobs *j, long id) {
     pthread_cond_broadcast(&j->stream_cv[(unsigned long)id % TD_JOBS_STREAM_CVS]);
+    job *jb = j->observer ? td_jobs_find(j, id) : NULL;
+    if (jb && jb->row.experiment > 0) j->observer(j->observer_ctx, id); /* a trial's news */
 }
 
 void td_jobs_live_remove(td_jobs *j, const job *jb) {

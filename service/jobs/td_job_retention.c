@@ -70,8 +70,9 @@ static int expire_locked(td_jobs *j, double now, long *ids, bool *moved, double 
     if (keep_for <= 0 && keep_n <= 0) return 0;
     aged *fin = td_calloc((size_t)j->n_jobs + 1, sizeof *fin);
     int n_fin = 0;
+    /* an experiment's trials are neither counted nor removed: they go with their experiment */
     for (int i = 0; i < j->n_jobs; i++)
-        if (td_jobs_final_state(j->jobs[i]->state))
+        if (td_jobs_final_state(j->jobs[i]->state) && j->jobs[i]->row.experiment == 0)
             fin[n_fin++] = (aged){j->jobs[i]->row.finished_at, i};
     qsort(fin, (size_t)n_fin, sizeof *fin, by_age);
     /* the oldest over the count, then any past its time; a job that cannot go yet (its last

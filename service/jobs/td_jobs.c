@@ -251,6 +251,14 @@ int td_jobs_delete(td_jobs *j, long id, const td_principal *who, td_reply_error 
         pthread_mutex_unlock(&j->mu);
         return -1;
     }
+    if (jb->row.experiment > 0) {
+        int rc = td_reply_fail(e, 409, "conflict", NULL,
+                               "job %ld is trial %d of experiment %ld: it goes with its "
+                               "experiment (DELETE /v1/experiments/%ld)",
+                               id, jb->row.trial, jb->row.experiment, jb->row.experiment);
+        pthread_mutex_unlock(&j->mu);
+        return rc;
+    }
     if (!td_jobs_final_state(jb->state)) {
         int rc = td_reply_fail(e, 409, "conflict", NULL,
                                "job %ld is %s: only a finished job can be deleted (cancel it "

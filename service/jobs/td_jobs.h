@@ -74,6 +74,45 @@ void td_jobs_close(td_jobs *j);
  * until deleted or expired) hold more than limits->job_bytes of specs (0: no limit). */
 int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal *who,
                    const td_tokens_limits *limits, td_buf *out, long *id, td_reply_error *e);
+/* ---- an experiment's trials (service/exp/ makes them) ----
+ * A trial is a job like any other (placement, restarts, checkpoints, logs, metrics), stored with
+ * the experiment it belongs to and its number there in the same insert: a daemon that comes back
+ * finds exactly the trials that were made. A trial goes with its experiment (td_jobs_delete
+ * refuses it alone), and retention leaves it to its experiment. */
+typedef struct td_job_trial {
+    long experiment;
+    int trial;
+} td_job_trial;
+/* td_jobs_submit for a trial: its id in *id (no JSON). */
+int td_jobs_submit_trial(td_jobs *j, const char *body, size_t len, const td_principal *who,
+                         const td_tokens_limits *limits, const td_job_trial *trial, long *id,
+                         td_reply_error *e);
+/* Whether body would be taken as a job now (its spec, its files as the job would read them, and
+ * whether it fits the nodes), without making one. */
+int td_jobs_check(td_jobs *j, const char *body, size_t len, const td_principal *who,
+                  const td_tokens_limits *limits, td_reply_error *e);
+/* What a trial's experiment follows of it. */
+typedef struct td_job_status {
+    char state[16]; /* queued, running, restarting, succeeded, failed, cancelled */
+    bool final;     /* it ended */
+    long step;      /* rank 0's latest step (-1: none yet) */
+    char reason[512];
+} td_job_status;
+/* -1 when there is no such job. */
+int td_jobs_status(td_jobs *j, long id, td_job_status *out);
+/* The trials of experiment `experiment` there are: fn(ctx, job id, trial number) each. */
+void td_jobs_trials(td_jobs *j, long experiment, void (*fn)(void *ctx, long id, int trial),
+                    void *ctx);
+/* Stops the job without waiting for its processes to end (td_jobs_cancel waits); 0 when it was
+ * running or queued, 1 when it had already ended. */
+int td_jobs_stop_job(td_jobs *j, long id, const char *why);
+/* Removes every trial of the experiment, as td_jobs_delete removes a job: 409 while one has not
+ * ended. */
+int td_jobs_delete_trials(td_jobs *j, long experiment, td_reply_error *e);
+/* Called (with the jobs' lock held: it must only take note and wake its own thread) when a
+ * trial's state changes or it records an event. */
+void td_jobs_set_observer(td_jobs *j, void (*fn)(void *ctx, long id), void *ctx);
+
 /* The job's JSON; -1 with 404 when there is no such job. */
 int td_jobs_get(td_jobs *j, long id, td_buf *out, td_reply_error *e);
 /* GET /v1/jobs/{id}/spec: the job as it was submitted (its env may hold what only its owner

@@ -28,6 +28,7 @@
  *     td_jobs.c            the API side (get, list, cancel, delete, wait, logs, files)
  *     td_job_figures.c     every job in figures: GPU users, slots used, Prometheus series
  *     td_job_agent.c       an agent's calls into the parts its node runs (service/node/), locked
+ *     td_job_trials.c      the jobs that are an experiment's trials (service/exp/)
  * Every function here runs with j->mu held unless it says otherwise. */
 #ifndef TD_JOBS_PRIVATE_H
 #define TD_JOBS_PRIVATE_H
@@ -94,6 +95,9 @@ struct td_jobs {
     bool resumer_started;
     pthread_cond_t resume_wake; /* a job wants its checkpoint prepared, or stop */
     bool draining; /* this node is drained: nothing new starts (td_jobs_set_draining) */
+    /* told of every change of a trial (td_jobs_set_observer): the experiments' */
+    void (*observer)(void *ctx, long id);
+    void *observer_ctx;
     /* the cluster */
     struct td_cluster *cluster; /* on the master: the registry placement reads; else NULL */
     /* the parts this node runs for its master (service/node/), its name, under this lock */

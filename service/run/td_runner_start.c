@@ -11,9 +11,12 @@
 
 #include "base/td_strv.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static json_t *strv_json(char *const *v) {
     json_t *a = json_array();
@@ -77,12 +80,34 @@ char **td_runner_logs(const td_runner_attempt *r, long long *log_start) {
     return logs;
 }
 
+/* An experiment's trial (service/exp/) has its hyperparameters in TRAIND_HPARAMS: they go in
+ * DIR/hparams.json too (the daemon's file in the daemon's directory, readable by the job's
+ * group as spec.json is), on every node the attempt runs on. Its path into path; "" when the
+ * job is no trial. */
+static int write_hparams(const td_runner_attempt *r, const td_identity *who, char *path, size_t len,
+                         td_err *err) {
+    path[0] = 0;
+    const char *h = NULL;
+    for (char **v = r->env; v && *v && !h; v++)
+        if (strncmp(*v, "TRAIND_HPARAMS=", 15) == 0) h = *v + 15;
+    if (!h) return 0;
+    snprintf(path, len, "%s/hparams.json", r->dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0640);
+    size_t n = strlen(h);
+    bool ok = fd >= 0 && write(fd, h, n) == (ssize_t)n && write(fd, "\n", 1) == 1 &&
+              fchmod(fd, 0640) == 0 && (!who->drop || fchown(fd, 0, who->gid) == 0);
+    int saved = errno;
+    if (fd >= 0) close(fd);
+    return ok ? 0 : td_fail(err, "cannot write %s: %s", path, strerror(saved));
+}
+
 /* The environment the processes get besides the launcher's: the job's own, its id, a command's
- * latest checkpoint, and who they run as in cwd. */
-static char **run_env(const td_runner_attempt *r, const td_identity *who, const char *cwd) {
+ * latest checkpoint, a trial's hyperparameters file, and who they run as in cwd. */
+static char **run_env(const td_runner_attempt *r, const td_identity *who, const char *cwd,
+                      const char *hparams) {
     int n_env = 0;
     while (r->env && r->env[n_env]) n_env++;
-    char **env = td_strv_new(n_env + 6);
+    char **env = td_strv_new(n_env + 7);
     for (int i = 0; i < n_env; i++) env[i] = td_str_dup(r->env[i]);
     char var[PATH_MAX + 64];
     snprintf(var, sizeof var, "TRAIND_JOB_ID=%ld", r->job);
@@ -91,6 +116,10 @@ static char **run_env(const td_runner_attempt *r, const td_identity *who, const 
      * resume (traind-worker finds its checkpoints in checkpoint.dir itself) */
     if (r->latest_checkpoint) {
         snprintf(var, sizeof var, "TRAIND_LATEST_CHECKPOINT=%s", r->latest_checkpoint);
+        env[n_env++] = td_str_dup(var);
+    }
+    if (hparams[0]) {
+        snprintf(var, sizeof var, "TRAIND_HPARAMS_FILE=%s", hparams);
         env[n_env++] = td_str_dup(var);
     }
     size_t n_set = (size_t)n_env;
@@ -139,7 +168,9 @@ int td_runner_start(td_runner *n, const td_runner_attempt *r, const long long *l
     if (td_runner_attempt_cgroup(n, r->job, r->attempt, r->node_rank, &r->limits, cgroup, len,
                                  err) != 0)
         return -1;
-    char **env = run_env(r, &who, cwd);
+    char hparams[PATH_MAX + 16];
+    if (write_hparams(r, &who, hparams, sizeof hparams, err) != 0) return -1;
+    char **env = run_env(r, &who, cwd, hparams);
     char **devices =
         r->slots ? td_runner_devices_strv(n, r->slots, r->n_slots, r->procs, r->see_all_gpus)
                  : NULL;

@@ -44,7 +44,13 @@ static const char SCHEMA[] =
     "CREATE TABLE IF NOT EXISTS tokens ("
     "  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, scope TEXT NOT NULL,"
     "  hash TEXT NOT NULL UNIQUE, created_at REAL NOT NULL, created_by INTEGER NOT NULL,"
-    "  revoked_at REAL);";
+    "  revoked_at REAL);"
+    /* experiments (service/exp/): each one's body and state; its trials are jobs whose
+     * experiment column names it */
+    "CREATE TABLE IF NOT EXISTS experiments ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, spec TEXT NOT NULL,"
+    "  state TEXT NOT NULL, created_at REAL NOT NULL, finished_at REAL, reason TEXT,"
+    "  owner INTEGER NOT NULL, owner_name TEXT NOT NULL);";
 
 bool td_db_full(td_db *db) {
     return atomic_load(&db->full);
@@ -62,6 +68,8 @@ static const struct {
     {"jobs", "owner", "INTEGER NOT NULL DEFAULT 0"},
     {"jobs", "owner_name", "TEXT NOT NULL DEFAULT ''"},
     {"jobs", "uid", "INTEGER NOT NULL DEFAULT 0"},
+    {"jobs", "experiment", "INTEGER NOT NULL DEFAULT 0"},
+    {"jobs", "trial", "INTEGER NOT NULL DEFAULT -1"},
 };
 
 static int has_column(sqlite3 *db, const char *table, const char *column) {

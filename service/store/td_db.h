@@ -35,6 +35,8 @@ typedef struct td_db_job {
     long owner;          /* the id of the API token that submitted it (td_tokens); 0: unknown */
     char owner_name[64]; /* that token's name, kept when the token is revoked */
     long uid;            /* the uid (and gid) it runs as (run_as "dynamic"); 0: none given */
+    long experiment;     /* the experiment it is a trial of (service/exp/); 0: none */
+    int trial;           /* and which trial, from 0; -1: none */
 } td_db_job;
 
 typedef struct td_db_attempt {
@@ -117,6 +119,25 @@ int td_db_revoke_token(td_db *db, long id, double at, td_err *err);
 typedef void (*td_db_token_fn)(void *ctx, const td_db_token *t);
 int td_db_load_tokens(td_db *db, td_db_token_fn fn, void *ctx, td_err *err);
 
+/* Experiments (service/exp/td_experiments.h): a row each; their trials are jobs. */
+typedef struct td_db_experiment {
+    long id;
+    char name[128];
+    char *spec; /* the body as submitted (owned by the row) */
+    char state[16];
+    double created_at, finished_at; /* finished_at 0: not yet */
+    char reason[1024];
+    long owner;
+    char owner_name[64];
+} td_db_experiment;
+/* Inserts e (id assigned into e->id). */
+int td_db_insert_experiment(td_db *db, td_db_experiment *e, td_err *err);
+/* Writes its state, finished_at and reason. */
+int td_db_update_experiment(td_db *db, const td_db_experiment *e, td_err *err);
+int td_db_delete_experiment(td_db *db, long id, td_err *err);
+/* Each experiment, oldest first; the callback owns e->spec. */
+typedef void (*td_db_experiment_fn)(void *ctx, td_db_experiment *e);
+int td_db_load_experiments(td_db *db, td_db_experiment_fn fn, void *ctx, td_err *err);
 /* One checkpoint's path. */
 /* 1 when found (path filled), 0 when not. */
 int td_db_checkpoint_path(td_db *db, long job_id, long step, char *path, size_t len, td_err *err);

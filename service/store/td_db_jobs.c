@@ -31,8 +31,8 @@ int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     int rc = -1;
     sqlite3_stmt *s =
         prepare(db, "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, restarts, state, "
-                    "created_at, priority, time_limit, owner, owner_name, uid) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
+                    "created_at, priority, time_limit, owner, owner_name, uid, experiment, "
+                    "trial) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     if (!s) {
         db_fail(db, err, "preparing a job insert");
         goto out;
@@ -50,6 +50,8 @@ int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     sqlite3_bind_int64(s, 11, job->owner);
     sqlite3_bind_text(s, 12, job->owner_name, -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 13, job->uid);
+    sqlite3_bind_int64(s, 14, job->experiment);
+    sqlite3_bind_int(s, 15, job->experiment > 0 ? job->trial : -1);
     if (step_done(db, s, err, "inserting a job") != 0) goto out;
     job->id = (long)sqlite3_last_insert_rowid(db->db);
     rc = 0;

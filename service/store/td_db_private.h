@@ -5,6 +5,7 @@
  *   td_db_read.c    reading them back: the jobs at start, events, metrics and checkpoints
  *   td_db_tokens.c  the API's tokens
  *   td_db_nodes.c   the drained nodes
+ *   td_db_experiments.c  experiments (their trials are jobs rows)
  * The helpers below are static inline: each file uses only some of them. */
 #ifndef TD_DB_PRIVATE_H
 #define TD_DB_PRIVATE_H

@@ -5,6 +5,8 @@
 #ifndef TD_SUBMIT_H
 #define TD_SUBMIT_H
 
+#include "base/td_error.h"
+
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -18,6 +20,9 @@ typedef struct td_reply_error {
     double retry_after_s; /* > 0: a 429's or 503's Retry-After (td_reply_fail sets 0) */
 } td_reply_error;
 
+/* A JSON kit error (td_json.h) as a 400 "invalid_spec" whose field is the JSON path its message
+ * begins with. */
+int td_submit_spec_error(td_reply_error *e, const td_err *err);
 int td_reply_fail(td_reply_error *e, int status, const char *code, const char *field,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 

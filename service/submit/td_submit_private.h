@@ -4,13 +4,10 @@
 #ifndef TD_SUBMIT_PRIVATE_H
 #define TD_SUBMIT_PRIVATE_H
 
-#include "base/td_error.h"
 #include "service/submit/td_submit.h"
 
 /* What every job may have besides its kind's own keys: resources, restart, priority. */
 extern const char *const TD_SUBMIT_SERVICE_KEYS[];
-/* A JSON kit error (td_json.h) as a 400 whose field is the JSON path its message begins with. */
-int td_submit_spec_error(td_reply_error *e, const td_err *err);
 /* Refuses a member of obj (at path) in none of lists, naming it; note ends the message. */
 int td_submit_keys_in(json_t *obj, const char *path, const char *const *const *lists,
                       const char *note, td_reply_error *e);

@@ -1,0 +1,96 @@
+/* Jobs that are an experiment's trials (service/exp/ makes and follows them): what the
+ * experiment reads of one, the list of an experiment's, stopping one without waiting, and
+ * removing them all with their experiment. Making one is td_jobs_submit_trial
+ * (td_job_submit.c). */
+#include "service/jobs/td_jobs_private.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int td_jobs_status(td_jobs *j, long id, td_job_status *out) {
+    td_jobs_lock(j);
+    job *jb = td_jobs_find(j, id);
+    if (jb) {
+        snprintf(out->state, sizeof out->state, "%s", td_jobs_state_names[jb->state]);
+        out->final = td_jobs_final_state(jb->state);
+        out->step = jb->last_step;
+        snprintf(out->reason, sizeof out->reason, "%.500s", jb->row.reason);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return jb ? 0 : -1;
+}
+
+void td_jobs_trials(td_jobs *j, long experiment, void (*fn)(void *ctx, long id, int trial),
+                    void *ctx) {
+    td_jobs_lock(j);
+    for (int i = 0; i < j->n_jobs; i++)
+        if (j->jobs[i]->row.experiment == experiment)
+            fn(ctx, j->jobs[i]->row.id, j->jobs[i]->row.trial);
+    pthread_mutex_unlock(&j->mu);
+}
+
+int td_jobs_stop_job(td_jobs *j, long id, const char *why) {
+    td_jobs_lock(j);
+    job *jb = td_jobs_find(j, id);
+    int rc = 1;
+    if (jb && !td_jobs_final_state(jb->state)) {
+        rc = 0;
+        jb->cancel_requested = true;
+        if (!jb->active)
+            td_jobs_finish(j, jb, CANCELLED, -1, why);
+        else
+            td_jobs_wake(j); /* the supervisor stops it (td_job_supervisor.c) */
+    }
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+int td_jobs_delete_trials(td_jobs *j, long experiment, td_reply_error *e) {
+    td_jobs_lock(j);
+    int n = 0;
+    long *ids = td_calloc((size_t)j->n_jobs + 1, sizeof *ids);
+    for (int i = 0; i < j->n_jobs; i++) {
+        job *jb = j->jobs[i];
+        if (jb->row.experiment != experiment) continue;
+        if (!td_jobs_final_state(jb->state) || jb->resume_busy) {
+            pthread_mutex_unlock(&j->mu);
+            free(ids);
+            return td_reply_fail(e, 409, "conflict", NULL,
+                                 "trial %d (job %ld) of experiment %ld is %s: cancel the "
+                                 "experiment first (POST /v1/experiments/%ld/cancel)",
+                                 jb->row.trial, jb->row.id, experiment,
+                                 td_jobs_state_names[jb->state], experiment);
+        }
+        ids[n++] = jb->row.id;
+    }
+    td_err err = {{0}};
+    if (n > 0 && td_db_delete_jobs(j->db, ids, n, &err) != 0) {
+        pthread_mutex_unlock(&j->mu);
+        free(ids);
+        return td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
+    }
+    bool *moved = td_calloc((size_t)n + 1, sizeof *moved);
+    for (int k = 0; k < n; k++)
+        for (int i = 0; i < j->n_jobs; i++)
+            if (j->jobs[i]->row.id == ids[k]) {
+                moved[k] = td_jobs_forget_locked(j, i);
+                break;
+            }
+    pthread_cond_broadcast(&j->changed); /* their streams end */
+    pthread_mutex_unlock(&j->mu);
+    for (int k = 0; k < n; k++) {
+        char doomed[PATH_MAX + 32];
+        snprintf(doomed, sizeof doomed, "%s/jobs/.deleted-%ld", j->cfg.runner.state_dir, ids[k]);
+        if (moved[k]) td_jobs_remove_tree(j, ids[k], doomed);
+    }
+    free(moved);
+    free(ids);
+    return 0;
+}
+
+void td_jobs_set_observer(td_jobs *j, void (*fn)(void *ctx, long id), void *ctx) {
+    td_jobs_lock(j);
+    j->observer = fn;
+    j->observer_ctx = ctx;
+    pthread_mutex_unlock(&j->mu);
+}
