@@ -9,6 +9,7 @@
 
 #include "base/td_error.h"
 #include "service/cluster/td_cluster.h"
+#include "service/exp/td_experiments.h"
 #include "service/jobs/td_jobs.h"
 
 #include <stddef.h>
@@ -39,6 +40,7 @@ typedef struct td_api_config {
     unsigned max_connections;
     unsigned max_connections_per_ip; /* of one address at once; 0: 128 */
     double connection_timeout_s;     /* a connection silent this long is closed; 0: 30 */
+    td_experiments *experiments;     /* the experiments' (NULL on an agent: its master has them) */
 } td_api_config;
 
 /* Binds and listens on host:port (port 0: any free port) before anything else starts, so that a

@@ -171,6 +171,7 @@ enum MHD_Result td_api_metrics(td_api *api, struct MHD_Connection *c) {
                   "# TYPE traind_build_info gauge\ntraind_build_info{version=\"%s\"} 1\n",
                   api->cfg.version ? api->cfg.version : "");
     td_jobs_prometheus(api->jobs, td_clock_wall(), &out);
+    if (api->cfg.experiments) td_experiments_prometheus(api->cfg.experiments, &out);
     node_metrics(api, &out);
     database_metrics(api, &out);
     http_metrics(&api->stats, &out);

@@ -3,6 +3,7 @@
  *   td_api_reply.c       replies and errors, and the small readers of a request
  *   td_api_path.c        whether a path as sent may be routed at all
  *   td_api_cluster.c     the cluster's routes (agents, nodes), the master's only
+ *   td_api_experiments.c the experiments' routes
  *   td_api_stream.c      the responses that stay open: Server-Sent Events and followed logs
  *   td_api_checkpoint.c  checkpoint listings, files with Range, and whole checkpoints as tar
  *   td_api_files.c       a job's files between its master and its nodes (cluster secret)
@@ -90,6 +91,11 @@ enum MHD_Result td_api_cluster_heartbeat(const td_api_call *k);
 enum MHD_Result td_api_cluster_file(const td_api_call *k);
 enum MHD_Result td_api_nodes(const td_api_call *k);
 enum MHD_Result td_api_node_action(const td_api_call *k);
+
+/* The experiments' routes (td_api_experiments.c): /v1/experiments and
+ * /v1/experiments/{id}[/cancel]. */
+enum MHD_Result td_api_experiments(const td_api_call *k);
+enum MHD_Result td_api_experiment(const td_api_call *k);
 
 /* Whether a request whose headers are in may go on (its body read, then routed): its path as
  * sent is a path, its token is known and under its rate (open routes need none). false: it was

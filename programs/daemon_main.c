@@ -160,6 +160,7 @@ typedef struct daemon_run {
     td_cluster *cluster; /* a master's registry (a node alone is a master of one) */
     td_agent *agent;     /* an agent's link to its master */
     td_jobs *jobs;
+    td_experiments *experiments; /* NULL on an agent */
     td_api *api;
 } daemon_run;
 
@@ -331,7 +332,11 @@ static int open_services(daemon_run *d, td_err *err) {
     if (!o->join[0] && open_cluster(d, err) != 0) return -1;
     jobs_config(d, &jc);
     if (o->join[0] && open_agent(d, err) != 0) return -1;
-    return start_jobs(d, &jc, err);
+    if (start_jobs(d, &jc, err) != 0) return -1;
+    /* experiments run where jobs are placed: on a master or a daemon alone, never an agent */
+    if (o->join[0]) return 0;
+    if (td_experiments_open(&d->experiments, d->jobs, d->db, d->log, err) != 0) return -1;
+    return td_experiments_start(d->experiments, err);
 }
 
 static int start_api(daemon_run *d, int listen_fd, int metrics_fd, td_err *err) {
@@ -352,7 +357,8 @@ static int start_api(daemon_run *d, int listen_fd, int metrics_fd, td_err *err) 
                         .tls_key_pem = d->key_pem,
                         .max_connections = (unsigned)o->max_connections,
                         .max_connections_per_ip = (unsigned)o->max_connections_per_ip,
-                        .connection_timeout_s = o->connection_timeout_s};
+                        .connection_timeout_s = o->connection_timeout_s,
+                        .experiments = d->experiments};
     return td_api_start(&d->api, &ac, d->jobs, err);
 }
 
@@ -423,6 +429,8 @@ static int wait_for_signals(daemon_run *d, int argc, char **argv) {
 
 static void close_all(daemon_run *d) {
     td_agent_stop(d->agent);
+    /* the experiments first: their thread submits jobs */
+    if (d->experiments) td_experiments_stop(d->experiments);
     /* the jobs stop first (their shepherds, keep_jobs_on_stop false), with the registry still
      * answering agents as it did: an agent must not take a reply without orders for "run
      * nothing" meanwhile */
@@ -431,6 +439,7 @@ static void close_all(daemon_run *d) {
     if (d->cluster) td_cluster_on_jobs(d->cluster, NULL, NULL, NULL);
     td_api_stop(d->api);
     td_cluster_close(d->cluster); /* its sweeper joined before the jobs it calls go */
+    td_experiments_close(d->experiments);
     td_jobs_close(d->jobs);
     td_tokens_close(d->tokens);
     td_db_close(d->db);

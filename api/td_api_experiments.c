@@ -1,0 +1,84 @@
+/* The experiments' routes (service/exp/td_experiments.h): POST and GET /v1/experiments,
+ * GET and DELETE /v1/experiments/{id}, POST /v1/experiments/{id}/cancel. A daemon that runs
+ * no experiments (an agent: its master does) answers 404 with where to go. */
+#include "api/td_api_private.h"
+
+#include "service/exp/td_experiments.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static enum MHD_Result none_here(const td_api_call *k) {
+    td_reply_error e;
+    td_reply_fail(&e, 404, "not_found", NULL,
+                  "this traind runs no experiments: it is an agent; ask its master%s%s",
+                  k->api->master[0] ? " at " : "", k->api->master);
+    return td_api_error(k->c, &e, NULL);
+}
+
+static enum MHD_Result create(const td_api_call *k) {
+    td_reply_error e;
+    if (k->rq->too_large) {
+        td_reply_fail(&e, 413, "body_too_large", NULL,
+                      "the request body is over the limit of %zu bytes",
+                      atomic_load(&k->api->max_body));
+        return td_api_error(k->c, &e, NULL);
+    }
+    td_buf out = {0};
+    long id;
+    td_tokens_limits limits = td_tokens_get_limits(k->api->cfg.tokens);
+    if (td_experiments_create(k->api->cfg.experiments, k->rq->body.data ? k->rq->body.data : "",
+                              k->rq->body.len, &k->rq->who, &limits, &out, &id, &e) != 0)
+        return td_api_error(k->c, &e, NULL);
+    char location[64];
+    snprintf(location, sizeof location, "/v1/experiments/%ld", id);
+    return td_api_respond(k->c, MHD_HTTP_CREATED, td_api_from_buf(&out), TD_API_JSON,
+                          MHD_HTTP_HEADER_LOCATION, location, NULL);
+}
+
+enum MHD_Result td_api_experiments(const td_api_call *k) {
+    if (!k->api->cfg.experiments) return none_here(k);
+    if (strcmp(k->method, "POST") == 0) return create(k);
+    td_buf out = {0};
+    td_experiments_list(k->api->cfg.experiments, &out);
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
+}
+
+enum MHD_Result td_api_experiment(const td_api_call *k) {
+    if (!k->api->cfg.experiments) return none_here(k);
+    td_experiments *x = k->api->cfg.experiments;
+    const char *slash = strchr(k->tail, '/');
+    size_t n = slash ? (size_t)(slash - k->tail) : strlen(k->tail);
+    long id;
+    if (!td_api_parse_id(k->tail, n, &id) || id == 0)
+        return td_api_fail(k->c, 400, "bad_request", "id",
+                           "an experiment id is a positive integer");
+    const char *action = slash ? slash + 1 : "";
+    bool post = strcmp(k->method, "POST") == 0;
+    td_reply_error e;
+    td_buf out = {0};
+    int rc;
+    if (strcmp(action, "cancel") == 0 && post) {
+        rc = td_experiments_cancel(x, id, &k->rq->who, &out, &e);
+    } else if (action[0] || post) {
+        td_buf_free(&out);
+        bool unknown = action[0] && strcmp(action, "cancel") != 0;
+        td_reply_fail(&e, unknown ? 404 : 405, unknown ? "not_found" : "method_not_allowed", NULL,
+                      "%s %s: an experiment has GET, DELETE and POST .../cancel", k->method,
+                      k->url);
+        return td_api_error(k->c, &e, unknown ? NULL : "GET, DELETE");
+    } else if (strcmp(k->method, "DELETE") == 0) {
+        rc = td_experiments_delete(x, id, &k->rq->who, &e);
+        if (rc == 0)
+            return td_api_respond(k->c, MHD_HTTP_NO_CONTENT,
+                                  MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT),
+                                  NULL, NULL);
+    } else {
+        rc = td_experiments_get(x, id, &out, &e);
+    }
+    if (rc != 0) {
+        td_buf_free(&out);
+        return td_api_error(k->c, &e, NULL);
+    }
+    return td_api_reply_buf(k->c, MHD_HTTP_OK, &out);
+}

@@ -1,0 +1,192 @@
+/* The experiments' thread: on every turn (a trial changed, an experiment came or was cancelled,
+ * or two seconds passed) each running experiment's unfinished trials are read (state, steps,
+ * new metric lines), new trials are made up to max_concurrent unfinished ones, a cancelled
+ * experiment's trials are stopped, and an experiment whose trials have all ended is ended. A
+ * trial's job is submitted with the table's lock let go (the submission reads the data files as
+ * the job would): the API never waits for it. */
+#include "service/exp/td_exp_private.h"
+
+#include "base/td_clock.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { TURN_EVERY_S = 2, RETRY_AFTER_S = 30 };
+
+/* Reads what is new of a trial's job: its state, steps and metric lines. */
+static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
+    td_job_status st;
+    if (td_jobs_status(x->jobs, t->job, &st) != 0) {
+        t->final = true;
+        snprintf(t->state, sizeof t->state, "failed");
+        snprintf(t->reason, sizeof t->reason, "its job %ld is gone", t->job);
+        return;
+    }
+    snprintf(t->state, sizeof t->state, "%s", st.state);
+    t->step = st.step;
+    td_buf m = {0};
+    td_reply_error e;
+    if (td_jobs_metrics(x->jobs, t->job, t->metrics_since, &m, &e) == 0 && m.data)
+        td_exp_trial_fold(t, m.data, ex->spec.metric, ex->spec.maximize);
+    td_buf_free(&m);
+    if (st.final) { /* after its last metric lines were read above */
+        t->final = true;
+        snprintf(t->reason, sizeof t->reason, "%s", st.reason);
+    }
+}
+
+static void finish(td_experiments *x, experiment *ex, td_exp_state state, const char *why) {
+    ex->state = state;
+    ex->settled = true;
+    ex->row.finished_at = td_clock_wall();
+    snprintf(ex->row.reason, sizeof ex->row.reason, "%s", why);
+    td_exp_save(x, ex);
+    td_log_at(x->log, state == TD_EXP_FAILED ? TD_LOG_WARNING : TD_LOG_INFO, TD_LOG_NOWHERE,
+              "experiment %ld %s%s%s", ex->row.id, td_exp_state_names[state], why[0] ? ": " : "",
+              why);
+}
+
+/* Makes trial t's job, with the table's lock let go while the job is submitted; false when the
+ * daemon refused for now (a limit, a full disk, a stop): tried again later. */
+static bool make(td_experiments *x, experiment *ex, td_exp_trial *t) {
+    td_reply_error e = {0};
+    char *body = td_exp_trial_body(&ex->spec, ex->row.id, t->trial, t->hparams, &e);
+    td_principal who = ex->owner;
+    td_tokens_limits limits = ex->limits;
+    limits.queued = 0; /* max_concurrent bounds them */
+    td_job_trial trial = {ex->row.id, t->trial};
+    long id = 0;
+    snprintf(t->state, sizeof t->state, "submitting");
+    pthread_mutex_unlock(&x->mu);
+    int rc = body
+                 ? td_jobs_submit_trial(x->jobs, body, strlen(body), &who, &limits, &trial, &id, &e)
+                 : -1;
+    pthread_mutex_lock(&x->mu);
+    free(body);
+    if (rc == 0) {
+        t->made = true;
+        t->job = id;
+        snprintf(t->state, sizeof t->state, "queued");
+        return true;
+    }
+    if (e.status == 429 || e.status == 503 || e.status == 507 || e.status >= 500) {
+        snprintf(t->state, sizeof t->state, "pending");
+        ex->retry_at = td_clock_now() + (e.retry_after_s > 0 ? e.retry_after_s : RETRY_AFTER_S);
+        td_log_at(x->log, TD_LOG_WARNING, TD_LOG_NOWHERE, "experiment %ld: trial %d waits: %s",
+                  ex->row.id, t->trial, e.message);
+        return false;
+    }
+    t->made = t->final = true; /* its body is refused as a job: the trial failed */
+    snprintf(t->state, sizeof t->state, "failed");
+    snprintf(t->reason, sizeof t->reason, "its job was refused: %.480s", e.message);
+    td_log_at(x->log, TD_LOG_WARNING, TD_LOG_NOWHERE, "experiment %ld: trial %d: %s", ex->row.id,
+              t->trial, t->reason);
+    return true;
+}
+
+/* Stops a cancelled experiment's unfinished trials (once each); true when none is left. */
+static bool stop_trials(td_experiments *x, experiment *ex) {
+    bool left = false;
+    for (int k = 0; k < ex->n_trials; k++) {
+        td_exp_trial *t = &ex->trials[k];
+        if (t->job > 0 && !t->final) {
+            left = true;
+            if (strcmp(t->reason, "stopping") != 0) {
+                char why[96];
+                snprintf(why, sizeof why, "experiment %ld was cancelled", ex->row.id);
+                (void)td_jobs_stop_job(x->jobs, t->job, why);
+                snprintf(t->reason, sizeof t->reason, "stopping");
+            }
+        }
+    }
+    return !left;
+}
+
+/* One experiment's turn (x->mu held; let go while a trial's job is submitted). */
+static void drive(td_experiments *x, long id) {
+    experiment *ex = td_exp_find(x, id);
+    if (!ex || ex->settled) return;
+    if (ex->state != TD_EXP_RUNNING) { /* ended before this daemon started: its figures, once */
+        for (int k = 0; k < ex->n_trials; k++)
+            if (ex->trials[k].job > 0) follow(x, ex, &ex->trials[k]);
+        ex->settled = true;
+        return;
+    }
+    for (int k = 0; k < ex->n_trials; k++)
+        if (ex->trials[k].job > 0 && !ex->trials[k].final) follow(x, ex, &ex->trials[k]);
+    if (ex->cancel_requested) {
+        if (stop_trials(x, ex)) finish(x, ex, TD_EXP_CANCELLED, "cancelled by request");
+        return;
+    }
+    bool waiting = false;
+    for (int k = 0; k < ex->n_trials && !ex->cancel_requested; k++) {
+        td_exp_trial *t = &ex->trials[k];
+        if (t->made) continue;
+        if (td_exp_unfinished(ex) >= ex->spec.max_concurrent || td_clock_now() < ex->retry_at) {
+            waiting = true;
+            break;
+        }
+        if (!make(x, ex, t)) {
+            waiting = true;
+            break;
+        }
+    }
+    if (waiting || ex->cancel_requested || td_exp_unfinished(ex) > 0) return;
+    const td_exp_trial *best = td_exp_best(ex);
+    char why[256] = "";
+    if (!best)
+        snprintf(why, sizeof why, "no trial reported %s in its metric lines", ex->spec.metric);
+    finish(x, ex, best ? TD_EXP_SUCCEEDED : TD_EXP_FAILED, why);
+}
+
+static void turn(td_experiments *x) {
+    pthread_mutex_lock(&x->mu);
+    int n = x->n;
+    long *ids = td_calloc((size_t)n + 1, sizeof *ids);
+    for (int i = 0; i < n; i++) ids[i] = x->list[i]->row.id;
+    for (int i = 0; i < n && !x->stopping; i++) drive(x, ids[i]);
+    free(ids);
+    pthread_mutex_unlock(&x->mu);
+}
+
+static void *run(void *arg) {
+    td_experiments *x = arg;
+    for (;;) {
+        pthread_mutex_lock(&x->wake_mu);
+        struct timespec until;
+        td_clock_deadline(&until, TURN_EVERY_S);
+        while (!x->poked && !x->stopping &&
+               pthread_cond_timedwait(&x->wake, &x->wake_mu, &until) != ETIMEDOUT) {
+        }
+        bool stop = x->stopping;
+        x->poked = false;
+        pthread_mutex_unlock(&x->wake_mu);
+        if (stop) return NULL;
+        turn(x);
+    }
+}
+
+static void observed(void *ctx, long id) {
+    (void)id;
+    td_exp_poke(ctx);
+}
+
+int td_experiments_start(td_experiments *x, td_err *err) {
+    td_jobs_set_observer(x->jobs, observed, x);
+    int rc = pthread_create(&x->thread, NULL, run, x);
+    if (rc != 0) return td_fail(err, "cannot start the experiments' thread: %s", strerror(rc));
+    x->started = true;
+    return 0;
+}
+
+void td_experiments_stop(td_experiments *x) {
+    if (!x->started) return;
+    td_jobs_set_observer(x->jobs, NULL, NULL);
+    pthread_mutex_lock(&x->wake_mu);
+    atomic_store(&x->stopping, true);
+    pthread_cond_signal(&x->wake);
+    pthread_mutex_unlock(&x->wake_mu);
+    pthread_join(x->thread, NULL);
+    x->started = false;
+}

@@ -1,0 +1,144 @@
+/* Inside the experiments module (td_experiments.h), shared by its files, lowest first; each
+ * calls only the ones listed before it (tests/style/call_graph.py checks):
+ *   td_exp_spec.c      an experiment's body read and checked: the space, the searcher
+ *   td_exp_search.c    the searchers: how many trials, and each one's hyperparameters
+ *   td_exp_trial.c     a trial's body, what its metric lines say, the best trial
+ *   td_exp_render.c    an experiment's JSON
+ *   td_experiments.c   the table and the API's calls
+ *   td_exp_driver.c    the thread (started, stopped): trials made, followed, the experiment's end
+ * Every function here runs with x->mu held unless it says otherwise. */
+#ifndef TD_EXP_PRIVATE_H
+#define TD_EXP_PRIVATE_H
+
+#include "service/exp/td_experiments.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum {
+    TD_EXP_MAX_TRIALS = 1000,    /* trials of one experiment, at most */
+    TD_EXP_MAX_DIMS = 32,        /* paths in its space */
+    TD_EXP_MAX_VALUES = 1000,    /* values of one grid or choice */
+    TD_EXP_MAX_CONCURRENT = 256, /* unfinished trials at a time, at most */
+    TD_EXP_PATH_MAX = 256,
+};
+
+/* ---- td_exp_spec.c ---- */
+typedef enum { TD_DIM_GRID, TD_DIM_CHOICE, TD_DIM_UNIFORM, TD_DIM_LOG_UNIFORM, TD_DIM_INT } td_dim;
+typedef struct td_exp_dim {
+    char path[TD_EXP_PATH_MAX]; /* "train.optimizer.lr", "model.layers[2].width" */
+    td_dim kind;
+    json_t *values; /* a grid's or a choice's */
+    double lo, hi;  /* a range's (an int's inclusive) */
+} td_exp_dim;
+typedef enum { TD_SEARCH_GRID, TD_SEARCH_RANDOM } td_search;
+typedef struct td_exp_spec {
+    char name[128];
+    json_t *job;      /* the base job */
+    td_exp_dim *dims; /* sorted by path: the order grids are walked and values drawn in */
+    int n_dims;
+    td_search searcher;
+    char metric[64];
+    bool maximize;
+    int max_trials; /* random: how many; grid: a cap on the grid's points (0: none) */
+    int max_concurrent;
+    uint64_t seed;
+    int priority;
+} td_exp_spec;
+/* Reads and checks body; 400 naming the JSON path at fault. */
+int td_exp_spec_parse(td_exp_spec *s, const char *body, size_t len, td_reply_error *e);
+void td_exp_spec_free(td_exp_spec *s);
+extern const char *const td_exp_searcher_names[];
+
+/* ---- td_exp_search.c ---- */
+int td_exp_trial_count(const td_exp_spec *s); /* the trials the searcher makes in all */
+/* Trial t's hyperparameters, {path: value} (new reference): a grid's t-th point (the last path
+ * fastest), or t's draw from the seed (independent of every other trial's). */
+json_t *td_exp_hparams(const td_exp_spec *s, int t);
+
+/* ---- td_exp_trial.c ---- */
+/* Trial t's job body (allocated, compact JSON): the base job with hparams set at their paths,
+ * the experiment's priority, a name of its own, and for a command job TRAIND_EXPERIMENT,
+ * TRAIND_TRIAL and TRAIND_HPARAMS in its env. NULL with e when a path cannot be set. */
+char *td_exp_trial_body(const td_exp_spec *s, long experiment, int t, json_t *hparams,
+                        td_reply_error *e);
+/* What an experiment knows of one trial. */
+typedef struct td_exp_trial {
+    int trial;
+    bool made; /* its job was made (job), or refused (reason says why) */
+    long job;  /* 0: none */
+    json_t *hparams;
+    char state[16];
+    bool final;
+    long step;
+    bool has_latest, has_best;
+    double latest, best;
+    long latest_step, best_step;
+    long metrics_since; /* the step its metric lines were read to */
+    char reason[512];
+} td_exp_trial;
+/* Folds a trial's metric events (a JSON array as td_jobs_metrics gives it) into its latest and
+ * best value of metric. */
+void td_exp_trial_fold(td_exp_trial *t, const char *metrics_json, const char *metric,
+                       bool maximize);
+typedef enum {
+    TD_EXP_RUNNING,
+    TD_EXP_SUCCEEDED,
+    TD_EXP_FAILED,
+    TD_EXP_CANCELLED,
+    TD_EXP_N
+} td_exp_state;
+extern const char *const td_exp_state_names[TD_EXP_N];
+typedef struct experiment {
+    td_db_experiment row;
+    td_exp_spec spec;
+    td_exp_state state;
+    bool cancel_requested;
+    bool settled;       /* ended, and its trials' figures read (after a restart: once) */
+    td_principal owner; /* who its trials are submitted as */
+    td_tokens_limits limits;
+    td_exp_trial *trials; /* [n_trials], by number: trials[t].trial == t */
+    int n_trials;         /* the searcher's count (td_exp_trial_count) */
+    double retry_at;      /* a refused submission (429, 503) is tried again then (monotonic) */
+} experiment;
+/* How many of its trials are unfinished (made, not ended). */
+int td_exp_unfinished(const experiment *ex);
+/* The trial whose best metric is best, or NULL. */
+const td_exp_trial *td_exp_best(const experiment *ex);
+/* Whether a is better than b. */
+static inline bool td_exp_better(double a, double b, bool maximize) {
+    return maximize ? a > b : a < b;
+}
+
+/* ---- td_exp_render.c ---- */
+/* The experiment as the API shows it: its body's choices, every trial (hyperparameters, job,
+ * state, steps, latest and best metric) and the best trial with its checkpoint. */
+void td_exp_render(td_experiments *x, const experiment *ex, td_buf *out);
+/* One line of the list: without its trials. */
+void td_exp_render_summary(const experiment *ex, td_buf *out);
+
+/* ---- td_experiments.c ---- */
+/* Lock order: mu, then the jobs' lock (its calls), then wake_mu: the jobs module tells of a
+ * trial's change under its own lock, so that call takes wake_mu alone. */
+struct td_experiments {
+    td_jobs *jobs;
+    td_db *db;
+    td_log *log;
+    pthread_mutex_t mu;
+    pthread_mutex_t wake_mu;
+    pthread_cond_t wake; /* a trial changed, an experiment came or was cancelled, or stop */
+    bool poked;          /* (with wake_mu) */
+    pthread_t thread;
+    bool started;
+    atomic_bool stopping;
+    experiment **list; /* by id */
+    int n, cap;
+};
+experiment *td_exp_find(td_experiments *x, long id);
+void td_exp_save(td_experiments *x, experiment *ex); /* its row (state, end, reason) */
+void td_exp_poke(td_experiments *x);                 /* wakes the thread (any lock or none held) */
+
+#endif

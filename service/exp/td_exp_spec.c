@@ -1,0 +1,236 @@
+/* An experiment's body read and checked before anything is made: its name, the base job (an
+ * object: the jobs module checks it as a job), the space (each path's values), the searcher and
+ * the limits. Every refusal is a 400 naming the JSON path at fault. */
+#include "service/exp/td_exp_private.h"
+
+#include "base/td_json.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const td_exp_searcher_names[] = {"grid", "random"};
+
+#define fail(e, field, ...) td_reply_fail(e, 400, "invalid_spec", field, __VA_ARGS__)
+
+/* A path into the job: segments of [A-Za-z0-9_-], separated by '.', each with any number of
+ * [N] indexes after it ("model.layers[2].width"). */
+static bool path_ok(const char *p) {
+    if (!*p || strlen(p) >= TD_EXP_PATH_MAX) return false;
+    bool need_name = true;
+    for (const char *c = p; *c;) {
+        if (need_name) {
+            size_t n =
+                strspn(c, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-");
+            if (n == 0) return false;
+            c += n;
+            need_name = false;
+        } else if (*c == '[') {
+            size_t n = strspn(c + 1, "0123456789");
+            if (n == 0 || n > 6 || c[1 + n] != ']') return false;
+            c += n + 2;
+        } else if (*c == '.') {
+            c++;
+            need_name = true;
+        } else {
+            return false;
+        }
+    }
+    return !need_name;
+}
+
+/* Two numbers [lo, hi] of a range: lo < hi (an int's lo <= hi, both integers), lo > 0 for a
+ * log_uniform. */
+static int read_range(td_exp_dim *d, json_t *v, const char *field, td_reply_error *e) {
+    const char *what = d->kind == TD_DIM_INT           ? "two integers [low, high], low <= high"
+                       : d->kind == TD_DIM_LOG_UNIFORM ? "two numbers [low, high], 0 < low < high"
+                                                       : "two numbers [low, high], low < high";
+    if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_number(json_array_get(v, 0)) ||
+        !json_is_number(json_array_get(v, 1)))
+        return fail(e, field, "%s: expected %s", field, what);
+    d->lo = json_number_value(json_array_get(v, 0));
+    d->hi = json_number_value(json_array_get(v, 1));
+    bool ok = isfinite(d->lo) && isfinite(d->hi) && fabs(d->lo) < 1e15 && fabs(d->hi) < 1e15;
+    if (d->kind == TD_DIM_INT)
+        ok = ok && json_is_integer(json_array_get(v, 0)) && json_is_integer(json_array_get(v, 1)) &&
+             d->lo <= d->hi;
+    else
+        ok = ok && d->lo < d->hi && (d->kind != TD_DIM_LOG_UNIFORM || d->lo > 0);
+    return ok ? 0 : fail(e, field, "%s: expected %s", field, what);
+}
+
+/* One path's values: {"grid": [...]}, {"choice": [...]}, {"uniform": [lo, hi]},
+ * {"log_uniform": [lo, hi]} or {"int": [lo, hi]}. */
+static int read_dim(td_exp_dim *d, const char *path, json_t *spec, td_reply_error *e) {
+    static const char *const kinds[] = {"grid", "choice", "uniform", "log_uniform", "int"};
+    char field[TD_EXP_PATH_MAX + 64];
+    snprintf(field, sizeof field, "space.%s", path);
+    if (!path_ok(path))
+        return fail(e, field,
+                    "%s: a path into the job is names of letters, digits, '_' and '-' joined by "
+                    "'.', with [N] after a name for an array's item",
+                    field);
+    snprintf(d->path, sizeof d->path, "%s", path);
+    if (!json_is_object(spec) || json_object_size(spec) != 1)
+        return fail(e, field,
+                    "%s: expected one of {\"grid\": [...]}, {\"choice\": [...]}, {\"uniform\": "
+                    "[low, high]}, {\"log_uniform\": [low, high]}, {\"int\": [low, high]}",
+                    field);
+    const char *kind = json_object_iter_key(json_object_iter(spec));
+    json_t *v = json_object_iter_value(json_object_iter(spec));
+    int k = 0;
+    while (k < 5 && strcmp(kinds[k], kind) != 0) k++;
+    snprintf(field + strlen(field), sizeof field - strlen(field), ".%s", kind);
+    if (k == 5)
+        return fail(e, field,
+                    "%s: unknown kind \"%s\"; expected grid, choice, uniform, "
+                    "log_uniform or int",
+                    field, kind);
+    d->kind = (td_dim)k;
+    if (d->kind == TD_DIM_GRID || d->kind == TD_DIM_CHOICE) {
+        if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > TD_EXP_MAX_VALUES)
+            return fail(e, field, "%s: expected an array of 1 to 1000 values", field);
+        d->values = json_incref(v);
+        return 0;
+    }
+    return read_range(d, v, field, e);
+}
+
+static int by_path(const void *a, const void *b) {
+    return strcmp(((const td_exp_dim *)a)->path, ((const td_exp_dim *)b)->path);
+}
+
+static int read_space(td_exp_spec *s, json_t *space, td_reply_error *e) {
+    if (!json_is_object(space) || json_object_size(space) < 1 ||
+        json_object_size(space) > TD_EXP_MAX_DIMS)
+        return fail(e, "space",
+                    "space: expected an object of 1 to 32 paths into the job, each with its "
+                    "values (\"train.optimizer.lr\": {\"log_uniform\": [1e-4, 0.1]})");
+    s->dims = td_calloc(json_object_size(space), sizeof *s->dims);
+    const char *path;
+    json_t *v;
+    json_object_foreach(space, path, v) {
+        if (read_dim(&s->dims[s->n_dims++], path, v, e) != 0) return -1;
+    }
+    qsort(s->dims, (size_t)s->n_dims, sizeof *s->dims, by_path);
+    return 0;
+}
+
+/* The searcher: its type, metric and mode, and its trials (max_trials). */
+static int read_searcher(td_exp_spec *s, json_t *root, td_reply_error *e) {
+    static const char *const keys[] = {"type", "metric", "mode", "max_trials", NULL};
+    td_err err = {{0}};
+    json_t *o;
+    char type[16];
+    int mode;
+    long max_trials;
+    if (td_json_object(root, "", "searcher", true, &o, &err) != 0 ||
+        td_json_check_keys(o, "searcher", keys, &err) != 0 ||
+        td_json_string(o, "searcher", "type", true, "", type, sizeof type, &err) != 0 ||
+        td_json_string(o, "searcher", "metric", true, "", s->metric, sizeof s->metric, &err) != 0 ||
+        td_json_choice(o, "searcher", "mode", true, "", "min|max", &mode, &err) != 0 ||
+        td_json_int(o, "searcher", "max_trials", false, 0, 1, TD_EXP_MAX_TRIALS, &max_trials,
+                    &err) != 0)
+        return td_submit_spec_error(e, &err);
+    if (!s->metric[0])
+        return fail(e, "searcher.metric",
+                    "searcher.metric: expected the name of a member of the trials' metric lines "
+                    "(loss, val_acc, or a command's own)");
+    s->maximize = mode == 1;
+    s->max_trials = (int)max_trials;
+    if (strcmp(type, "grid") == 0) {
+        s->searcher = TD_SEARCH_GRID;
+    } else if (strcmp(type, "random") == 0) {
+        s->searcher = TD_SEARCH_RANDOM;
+        if (!s->max_trials)
+            return fail(e, "searcher.max_trials",
+                        "searcher.max_trials: a random search needs how many trials to draw (1 "
+                        "to 1000)");
+    } else {
+        return fail(e, "searcher.type",
+                    "searcher.type: \"%s\" is not a searcher this traind has; expected grid or "
+                    "random",
+                    type);
+    }
+    return 0;
+}
+
+/* A grid search walks grids and choices only, and at most TD_EXP_MAX_TRIALS points. */
+static int check_grid(const td_exp_spec *s, td_reply_error *e) {
+    double points = 1;
+    for (int i = 0; i < s->n_dims; i++) {
+        char field[TD_EXP_PATH_MAX + 16];
+        snprintf(field, sizeof field, "space.%s", s->dims[i].path);
+        if (s->dims[i].kind != TD_DIM_GRID && s->dims[i].kind != TD_DIM_CHOICE)
+            return fail(e, field,
+                        "%s: a grid search needs a grid or a choice at every path (use the "
+                        "random searcher to draw from a range)",
+                        field);
+        points *= (double)json_array_size(s->dims[i].values);
+    }
+    if (points > TD_EXP_MAX_TRIALS && !s->max_trials)
+        return fail(e, "space",
+                    "space: the grid has more than 1000 points; make it smaller or give "
+                    "searcher.max_trials");
+    return 0;
+}
+
+static int read_members(td_exp_spec *s, json_t *root, td_reply_error *e) {
+    static const char *const keys[] = {"name",           "job",  "space",    "searcher",
+                                       "max_concurrent", "seed", "priority", NULL};
+    td_err err = {{0}};
+    long max_concurrent, priority;
+    double seed;
+    if (td_json_check_keys(root, "", keys, &err) != 0 ||
+        td_json_string(root, "", "name", false, "experiment", s->name, sizeof s->name, &err) != 0 ||
+        td_json_int(root, "", "max_concurrent", false, 8, 1, TD_EXP_MAX_CONCURRENT, &max_concurrent,
+                    &err) != 0 ||
+        td_json_number(root, "", "seed", false, 0, 0, 9007199254740991.0, &seed, &err) != 0)
+        return td_submit_spec_error(e, &err);
+    if (json_is_number(json_object_get(root, "seed")) &&
+        !json_is_integer(json_object_get(root, "seed")))
+        return fail(e, "seed", "seed: expected an integer");
+    json_t *job = json_object_get(root, "job");
+    if (!json_is_object(job))
+        return fail(e, "job",
+                    "job: expected the base job, an object as POST /v1/jobs takes (a train spec "
+                    "or a command job, with its resources)");
+    long job_priority = json_is_integer(json_object_get(job, "priority"))
+                            ? (long)json_integer_value(json_object_get(job, "priority"))
+                            : 0;
+    if (td_json_int(root, "", "priority", false, job_priority, -1000000, 1000000, &priority,
+                    &err) != 0)
+        return td_submit_spec_error(e, &err);
+    s->job = json_incref(job);
+    s->max_concurrent = (int)max_concurrent;
+    s->seed = (uint64_t)seed;
+    s->priority = (int)priority;
+    return 0;
+}
+
+int td_exp_spec_parse(td_exp_spec *s, const char *body, size_t len, td_reply_error *e) {
+    memset(s, 0, sizeof *s);
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        char line[32];
+        snprintf(line, sizeof line, "%d", jerr.line);
+        return td_reply_fail(e, 400, "invalid_json", NULL, "the body is not JSON: line %s: %s",
+                             line, jerr.text);
+    }
+    int rc = json_is_object(root) ? 0 : fail(e, NULL, "the body: expected an experiment object");
+    if (rc == 0) rc = read_members(s, root, e);
+    if (rc == 0) rc = read_searcher(s, root, e);
+    if (rc == 0) rc = read_space(s, json_object_get(root, "space"), e);
+    if (rc == 0 && s->searcher == TD_SEARCH_GRID) rc = check_grid(s, e);
+    json_decref(root);
+    if (rc != 0) td_exp_spec_free(s);
+    return rc;
+}
+
+void td_exp_spec_free(td_exp_spec *s) {
+    for (int i = 0; i < s->n_dims; i++) json_decref(s->dims[i].values);
+    free(s->dims);
+    json_decref(s->job);
+    memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,162 @@
+/* One trial: its job's body (the base job with the trial's hyperparameters set at their paths),
+ * and what its metric lines say of the searcher's metric. */
+#include "service/exp/td_exp_private.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The next segment of path at *p: a name (into name) or an [index] (*index >= 0). */
+static void segment(const char **p, char *name, size_t len, long *index) {
+    *index = -1;
+    if (**p == '[') {
+        *index = strtol(*p + 1, (char **)p, 10);
+        (*p)++; /* ']' (the path was checked: td_exp_spec.c) */
+    } else {
+        size_t n = strcspn(*p, ".[");
+        snprintf(name, len, "%.*s", (int)n, *p);
+        *p += n;
+    }
+    if (**p == '.') (*p)++;
+}
+
+/* Sets v (a reference taken) at path in job: objects on the way are made when missing; an
+ * array's item must be there. */
+static int set_path(json_t *job, const char *path, json_t *v, td_reply_error *e) {
+    json_t *at = job;
+    const char *p = path;
+    char name[TD_EXP_PATH_MAX];
+    for (;;) {
+        long index;
+        segment(&p, name, sizeof name, &index);
+        bool last = *p == 0;
+        json_t *next = NULL;
+        if (index < 0 && json_is_object(at)) {
+            next = json_object_get(at, name);
+            if (last) return json_object_set(at, name, v) == 0 ? 0 : -1;
+            if (!next && p[0] != '[') { /* made when missing: optional sections */
+                next = json_object();
+                json_object_set_new(at, name, next);
+            }
+        } else if (index >= 0 && json_is_array(at) && (size_t)index < json_array_size(at)) {
+            if (last) return json_array_set(at, (size_t)index, v) == 0 ? 0 : -1;
+            next = json_array_get(at, (size_t)index);
+        }
+        if (!next || (!json_is_object(next) && !json_is_array(next))) {
+            char field[TD_EXP_PATH_MAX + 16];
+            snprintf(field, sizeof field, "space.%s", path);
+            return td_reply_fail(e, 400, "invalid_spec", field,
+                                 "%s: the base job has no object or array on the way to this "
+                                 "path (an array's item must be there)",
+                                 field);
+        }
+        at = next;
+    }
+}
+
+/* A command job's own environment gets the trial (its processes read TRAIND_HPARAMS). */
+static void command_env(json_t *body, long experiment, int t, json_t *hparams) {
+    json_t *env = json_object_get(body, "env");
+    if (!json_is_object(env)) {
+        env = json_object();
+        json_object_set_new(body, "env", env);
+    }
+    char num[32];
+    snprintf(num, sizeof num, "%ld", experiment);
+    json_object_set_new(env, "TRAIND_EXPERIMENT", json_string(num));
+    snprintf(num, sizeof num, "%d", t);
+    json_object_set_new(env, "TRAIND_TRIAL", json_string(num));
+    char *h = json_dumps(hparams, JSON_COMPACT | JSON_SORT_KEYS);
+    json_object_set_new(env, "TRAIND_HPARAMS", json_string(h ? h : "{}"));
+    free(h);
+}
+
+/* A command's environment holds strings: a number drawn for "env.NAME" goes there as its JSON
+ * text (0.0123, 64). */
+static json_t *as_env_value(const char *path, json_t *v) {
+    if (strncmp(path, "env.", 4) != 0 || json_is_string(v)) return json_incref(v);
+    char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_t *s = json_string(text ? text : "");
+    free(text);
+    return s;
+}
+
+char *td_exp_trial_body(const td_exp_spec *s, long experiment, int t, json_t *hparams,
+                        td_reply_error *e) {
+    json_t *body = json_deep_copy(s->job);
+    const char *path;
+    json_t *v;
+    json_object_foreach(hparams, path, v) {
+        json_t *value = as_env_value(path, v);
+        int rc = set_path(body, path, value, e);
+        json_decref(value);
+        if (rc != 0) {
+            json_decref(body);
+            return NULL;
+        }
+    }
+    char name[160];
+    snprintf(name, sizeof name, "%.100s-trial-%d", s->name, t);
+    json_object_set_new(body, "name", json_string(name));
+    json_object_set_new(body, "priority", json_integer(s->priority));
+    if (json_object_get(body, "command")) command_env(body, experiment, t, hparams);
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!text) td_reply_fail(e, 400, "invalid_spec", "space", "the trial's job cannot be encoded");
+    return text;
+}
+
+/* One metric event: its metric value, when it has one, as of its step. */
+static void fold_one(td_exp_trial *t, json_t *ev, const char *metric, bool maximize) {
+    json_t *v = json_object_get(ev, metric);
+    json_t *st = json_object_get(ev, "step");
+    if (!json_is_number(v) || !isfinite(json_number_value(v))) return;
+    double x = json_number_value(v);
+    long step = json_is_integer(st) ? (long)json_integer_value(st) : t->latest_step;
+    t->has_latest = true;
+    t->latest = x;
+    t->latest_step = step;
+    if (!t->has_best || td_exp_better(x, t->best, maximize)) {
+        t->has_best = true;
+        t->best = x;
+        t->best_step = step;
+    }
+}
+
+void td_exp_trial_fold(td_exp_trial *t, const char *metrics_json, const char *metric,
+                       bool maximize) {
+    json_t *a = json_loads(metrics_json, 0, NULL);
+    size_t i;
+    json_t *ev;
+    long newest = -1;
+    json_array_foreach(a, i, ev) {
+        fold_one(t, ev, metric, maximize);
+        json_t *st = json_object_get(ev, "step");
+        if (json_is_integer(st) && (long)json_integer_value(st) > newest)
+            newest = (long)json_integer_value(st);
+    }
+    /* the newest step is read again next time: an evaluation may still come at the step of a
+     * train line already read (a value read twice changes neither latest nor best) */
+    if (newest - 1 > t->metrics_since) t->metrics_since = newest - 1;
+    json_decref(a);
+}
+
+/* ---- the experiment's trials ---- */
+
+const char *const td_exp_state_names[TD_EXP_N] = {"running", "succeeded", "failed", "cancelled"};
+
+int td_exp_unfinished(const experiment *ex) {
+    int n = 0;
+    for (int t = 0; t < ex->n_trials; t++) n += ex->trials[t].job > 0 && !ex->trials[t].final;
+    return n;
+}
+
+const td_exp_trial *td_exp_best(const experiment *ex) {
+    const td_exp_trial *best = NULL;
+    for (int t = 0; t < ex->n_trials; t++) {
+        const td_exp_trial *tr = &ex->trials[t];
+        if (tr->has_best && (!best || td_exp_better(tr->best, best->best, ex->spec.maximize)))
+            best = tr;
+    }
+    return best;
+}

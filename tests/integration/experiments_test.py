@@ -1,0 +1,213 @@
+#!/usr/bin/python3
+"""Experiments under a real traind: a grid over learning rates picks the trial whose job, run
+alone, gives the best metric; a random search draws the same trials for the same seed and never
+has more than max_concurrent trials unfinished; a command job's trials get their hyperparameters
+in TRAIND_HPARAMS and TRAIND_HPARAMS_FILE; a kill -9 of the daemon mid-experiment loses no trial
+and runs none twice; bad spaces and searchers are 400s naming the JSON path; trials go with
+their experiment.
+
+    /usr/bin/python3 tests/integration/experiments_test.py TRAIND SOURCE_DIR"""
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
+
+LRS = [0.003, 0.01, 0.03, 0.1]
+
+
+def small_spec(name="sweep"):
+    """LeNet-5 on synthetic data for 20 steps: a train line (loss) every 5."""
+    return harness.train_spec(name, epochs=1, max_steps=20)
+
+
+def metric_line(value_expr):
+    """A command printing one metric line whose score is the shell expression value_expr."""
+    return ["/bin/sh", "-c",
+            'test "$(cat "$TRAIND_HPARAMS_FILE")" = "$TRAIND_HPARAMS" || exit 3; '
+            f'echo "{{\\"event\\": \\"train\\", \\"step\\": 1, \\"score\\": {value_expr}}}"']
+
+
+class ExperimentsTest(harness.DaemonTest):
+    def create(self, d, body, status=201):
+        got, _, obj = d.json("POST", "/v1/experiments", body)
+        self.assertEqual(got, status, obj)
+        return obj
+
+    def finished(self, d, eid):
+        def done():
+            exp = d.json("GET", f"/v1/experiments/{eid}")[2]
+            return exp if exp["state"] != "running" else None
+        return wait_for(done, f"experiment {eid} to end", timeout=300)
+
+    def best_single_loss(self, d, lr):
+        spec = small_spec(f"alone-{lr}")
+        spec["train"]["optimizer"]["lr"] = lr
+        job, _ = d.submit(spec)
+        events = d.follow(job["id"])
+        self.assertEqual(events[-1].data["state"], "succeeded", events[-1].data)
+        return min(m["loss"] for m in d.metrics(job["id"]) if "loss" in m)
+
+    def test_a_grid_picks_what_single_runs_pick(self):
+        d = self.start_daemon("--slots", "2")
+        exp = self.create(d, {"name": "lr-grid", "job": small_spec(),
+                              "space": {"train.optimizer.lr": {"grid": LRS}},
+                              "searcher": {"type": "grid", "metric": "loss", "mode": "min"},
+                              "max_concurrent": 2})
+        self.assertEqual(exp["trials_total"], 4)
+        self.assertEqual([t["hparams"] for t in exp["trials"]],
+                         [{"train.optimizer.lr": lr} for lr in LRS])
+        exp = self.finished(d, exp["id"])
+        self.assertEqual(exp["state"], "succeeded", exp)
+        self.assertEqual(exp["counts"]["succeeded"], 4, exp["counts"])
+        alone = {lr: self.best_single_loss(d, lr) for lr in LRS}
+        for t in exp["trials"]:
+            lr = t["hparams"]["train.optimizer.lr"]
+            self.assertEqual(t["best"]["value"], alone[lr], f"trial {t['trial']} (lr {lr})")
+            job = d.job(t["job"])
+            self.assertEqual((job["experiment"], job["trial"]), (exp["id"], t["trial"]))
+        best_lr = min(alone, key=alone.get)
+        self.assertEqual(exp["best"]["hparams"], {"train.optimizer.lr": best_lr})
+        self.assertEqual(exp["best"]["value"], alone[best_lr])
+        ck = exp["best"]["checkpoint"]
+        self.assertIsNotNone(ck, "the best trial's checkpoint")
+        status, _, files = d.json("GET", ck["url"])
+        self.assertEqual(status, 200, files)
+        # a trial goes with its experiment, not alone
+        self.assert_error(d.json("DELETE", f"/v1/jobs/{exp['trials'][0]['job']}"), 409,
+                          "conflict")
+        self.assertEqual(d.request("DELETE", f"/v1/experiments/{exp['id']}")[0], 204)
+        self.assertEqual(d.request("GET", f"/v1/jobs/{exp['trials'][0]['job']}")[0], 404)
+        self.assertEqual(d.request("GET", f"/v1/experiments/{exp['id']}")[0], 404)
+
+    def random_body(self, seed):
+        return {"name": "draws", "seed": seed, "max_concurrent": 2,
+                "job": {"name": "c", "command": metric_line("$SCORE")},
+                "space": {"env.SCORE": {"choice": ["1", "2", "3", "4", "5", "6", "7"]},
+                          "env.LR": {"log_uniform": [1e-4, 0.1]},
+                          "env.WIDTH": {"int": [8, 64]}},
+                "searcher": {"type": "random", "metric": "score", "mode": "max",
+                             "max_trials": 6}}
+
+    def test_b_random_is_seeded_and_bounded(self):
+        d = self.start_daemon("--slots", "4")
+        first = self.finished(d, self.create(d, self.random_body(7))["id"])
+        self.assertEqual(first["state"], "succeeded", first)
+        self.assertEqual(len(first["trials"]), 6)
+        for t in first["trials"]:
+            h = t["hparams"]
+            self.assertTrue(1e-4 <= h["env.LR"] <= 0.1, h)
+            self.assertTrue(8 <= h["env.WIDTH"] <= 64 and isinstance(h["env.WIDTH"], int), h)
+            self.assertEqual(t["best"]["value"], int(h["env.SCORE"]), t)
+        self.assertEqual(first["best"]["value"],
+                         max(int(t["hparams"]["env.SCORE"]) for t in first["trials"]))
+        # never more than max_concurrent trials made and not ended at once
+        spans = []
+        for t in first["trials"]:
+            job = d.job(t["job"])
+            spans.append((job["created_at"], job["finished_at"]))
+        for created, _ in spans:
+            open_then = [1 for c, f in spans if c <= created < f]
+            self.assertLessEqual(len(open_then), 2, spans)
+        again = self.finished(d, self.create(d, self.random_body(7))["id"])
+        self.assertEqual([t["hparams"] for t in again["trials"]],
+                         [t["hparams"] for t in first["trials"]], "the same seed, the same draws")
+        other = self.create(d, self.random_body(8))
+        self.assertNotEqual([t["hparams"] for t in other["trials"]],
+                            [t["hparams"] for t in first["trials"]])
+
+    def test_c_bad_spaces_and_searchers_name_the_path(self):
+        d = self.start_daemon("--slots", "1")
+
+        def body(**kw):
+            b = {"job": small_spec(), "space": {"train.optimizer.lr": {"grid": LRS}},
+                 "searcher": {"type": "grid", "metric": "loss", "mode": "min"}}
+            b.update(kw)
+            return b
+
+        cases = [
+            (body(space={"train.optimizer.lr": {"uniform": [1, 0]}}),
+             "space.train.optimizer.lr.uniform"),
+            (body(space={"train.optimizer.lr": {"log_uniform": [0, 1]},}),
+             "space.train.optimizer.lr.log_uniform"),
+            (body(space={"train.optimizer.lr": {"uniform": [0.1, 1]}}), "space.train.optimizer.lr"),
+            (body(space={"train.optimizer.lr": {"gird": [1]}}), "space.train.optimizer.lr.gird"),
+            (body(space={"train..lr": {"grid": [1]}}), "space.train..lr"),
+            (body(space={}), "space"),
+            (body(space={"train.epochs.x": {"grid": [1]}}), "space.train.epochs.x"),
+            (body(searcher={"type": "asha", "metric": "loss", "mode": "min"}), "searcher.type"),
+            (body(searcher={"type": "grid", "mode": "min"}), "searcher.metric"),
+            (body(searcher={"type": "grid", "metric": "loss", "mode": "low"}), "searcher.mode"),
+            (body(searcher={"type": "random", "metric": "loss", "mode": "min"}),
+             "searcher.max_trials"),
+            (body(max_concurrent=0), "max_concurrent"),
+            (body(colour="red"), "colour"),
+            (body(job=dict(small_spec(), train=dict(small_spec()["train"], batch_size=0))),
+             "job.train.batch_size"),
+            (body(job=[1]), "job"),
+        ]
+        for b, field in cases:
+            self.assert_error(d.json("POST", "/v1/experiments", b), 400, "invalid_spec", field,
+                              what=field)
+        self.assert_error(d.json("POST", "/v1/experiments", b"{"), 400, "invalid_json")
+        self.assertEqual(d.json("GET", "/v1/experiments")[2], {"experiments": []}, "nothing made")
+
+    def test_d_killed_daemon_loses_no_trial_and_runs_none_twice(self):
+        gate = tempfile.mkdtemp(prefix="traind-exp-gate-")
+        os.chmod(gate, 0o755)
+        self.addCleanup(lambda: os.path.exists(gate) and os.rmdir(gate))
+        go = os.path.join(gate, "go")
+        self.addCleanup(lambda: os.path.exists(go) and os.unlink(go))
+        # each trial waits for the gate (as a long training step would), then says its score
+        wait = f'until [ -e {go} ]; do sleep 0.05; done; '
+        job = {"name": "gated", "command": ["/bin/sh", "-c", wait + metric_line("$N")[2]]}
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "4", state_dir=state)
+        exp = self.create(d1, {"name": "survivor", "job": job, "max_concurrent": 2,
+                               "space": {"env.N": {"grid": [str(n) for n in range(6)]}},
+                               "searcher": {"type": "grid", "metric": "score", "mode": "max"}})
+        eid = exp["id"]
+        wait_for(lambda: d1.json("GET", f"/v1/experiments/{eid}")[2]["counts"]["running"] == 2,
+                 "two trials running")
+        d1.kill()
+        d2 = self.start_daemon("--slots", "4", state_dir=state)
+        with open(go, "w"):
+            pass
+        exp = self.finished(d2, eid)
+        self.assertEqual(exp["state"], "succeeded", exp)
+        self.assertEqual([t["trial"] for t in exp["trials"]], list(range(6)))
+        jobs = [j for j in d2.json("GET", "/v1/jobs?limit=500")[2]["jobs"] if j.get("experiment") == eid]
+        self.assertEqual(sorted(j["trial"] for j in jobs), list(range(6)),
+                         "one job per trial: none lost, none run twice")
+        self.assertTrue(all(j["state"] == "succeeded" for j in jobs), jobs)
+        self.assertEqual(exp["best"]["trial"], 5)
+
+    def test_e_cancel_stops_trials(self):
+        d = self.start_daemon("--slots", "2", "--grace", "1")
+        job = {"name": "forever", "command": ["/bin/sh", "-c", "exec sleep 1000"]}
+        exp = self.create(d, {"job": job, "max_concurrent": 2,
+                              "space": {"env.N": {"grid": ["1", "2", "3"]}},
+                              "searcher": {"type": "grid", "metric": "score", "mode": "max"}})
+        eid = exp["id"]
+        wait_for(lambda: d.json("GET", f"/v1/experiments/{eid}")[2]["counts"]["running"] == 2,
+                 "two trials running")
+        self.assert_error(d.json("DELETE", f"/v1/experiments/{eid}"), 409, "conflict")
+        status, _, obj = d.json("POST", f"/v1/experiments/{eid}/cancel")
+        self.assertEqual(status, 200, obj)
+        exp = self.finished(d, eid)
+        self.assertEqual(exp["state"], "cancelled", exp)
+        states = sorted(t["state"] for t in exp["trials"])
+        self.assertEqual(states, ["cancelled", "cancelled", "pending"], exp["trials"])
+        self.assert_error(d.json("POST", f"/v1/experiments/{eid}/cancel"), 409, "conflict")
+        self.assertEqual(d.request("DELETE", f"/v1/experiments/{eid}")[0], 204)
+
+
+if __name__ == "__main__":
+    harness.TRAIND = os.path.abspath(sys.argv[1])
+    harness.SOURCE_DIR = os.path.abspath(sys.argv[2])
+    del sys.argv[1:3]
+    unittest.main(verbosity=2)

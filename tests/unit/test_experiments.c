@@ -1,0 +1,167 @@
+/* The experiments' searchers and trials without a daemon (service/exp/td_exp_private.h): the
+ * body's checks and the JSON paths they name, a grid's order, a random search's draws (seeded,
+ * within their ranges, each trial's own), a trial's job body, and a trial's metric read from its
+ * metric lines. */
+#include "service/exp/td_exp_private.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+static const char BASE[] = "\"job\": {\"name\": \"b\", \"model\": {\"preset\": \"lenet5\"},"
+                           " \"train\": {\"epochs\": 1, \"optimizer\": {\"lr\": 0.1}},"
+                           " \"layers\": [{\"w\": 1}, {\"w\": 2}]}";
+
+static int parse(td_exp_spec *s, const char *rest, td_reply_error *e) {
+    char body[2048];
+    snprintf(body, sizeof body, "{%s, %s}", BASE, rest);
+    return td_exp_spec_parse(s, body, strlen(body), e);
+}
+
+static void refused(const char *rest, const char *field) {
+    td_exp_spec s;
+    td_reply_error e = {0};
+    cr_assert_eq(parse(&s, rest, &e), -1, "accepted: %s", rest);
+    cr_assert_eq(e.status, 400);
+    cr_assert_str_eq(e.field, field, "%s: %s", rest, e.message);
+}
+
+static const char GRID_SEARCH[] = "\"searcher\": {\"type\": \"grid\", \"metric\": \"loss\", "
+                                  "\"mode\": \"min\"}";
+
+Test(experiments, refusals_name_the_path) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "\"space\": {\"train.optimizer.lr\": {\"uniform\": [1, 0]}}, %s",
+             GRID_SEARCH);
+    refused(buf, "space.train.optimizer.lr.uniform");
+    snprintf(buf, sizeof buf, "\"space\": {\"train.optimizer.lr\": {\"uniform\": [0, 1]}}, %s",
+             GRID_SEARCH);
+    refused(buf, "space.train.optimizer.lr"); /* a grid search needs grids or choices */
+    snprintf(buf, sizeof buf, "\"space\": {\"a[x]\": {\"grid\": [1]}}, %s", GRID_SEARCH);
+    refused(buf, "space.a[x]");
+    snprintf(buf, sizeof buf, "\"space\": {\"a\": {\"int\": [1.5, 3]}}, %s", GRID_SEARCH);
+    refused(buf, "space.a.int");
+    refused("\"space\": {\"a\": {\"grid\": [1]}}, \"searcher\": {\"type\": \"pbt\", \"metric\": "
+            "\"loss\", \"mode\": \"min\"}",
+            "searcher.type");
+    refused("\"space\": {\"a\": {\"grid\": [1]}}, \"searcher\": {\"type\": \"random\", "
+            "\"metric\": \"loss\", \"mode\": \"min\"}",
+            "searcher.max_trials");
+    refused("\"space\": {\"a\": {\"grid\": [1]}}, \"searcher\": {\"type\": \"grid\", "
+            "\"metric\": \"\", \"mode\": \"min\"}",
+            "searcher.metric");
+}
+
+Test(experiments, a_grid_walks_its_points_last_path_fastest) {
+    td_exp_spec s;
+    td_reply_error e;
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "\"space\": {\"b\": {\"grid\": [10, 20, 30]}, \"a\": {\"choice\": "
+             "[\"x\", \"y\"]}}, %s",
+             GRID_SEARCH);
+    cr_assert_eq(parse(&s, buf, &e), 0, "%s", e.message);
+    cr_assert_eq(td_exp_trial_count(&s), 6);
+    static const char *const want[] = {"{\"a\":\"x\",\"b\":10}", "{\"a\":\"x\",\"b\":20}",
+                                       "{\"a\":\"x\",\"b\":30}", "{\"a\":\"y\",\"b\":10}",
+                                       "{\"a\":\"y\",\"b\":20}", "{\"a\":\"y\",\"b\":30}"};
+    for (int t = 0; t < 6; t++) {
+        json_t *h = td_exp_hparams(&s, t);
+        char *text = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+        cr_assert_str_eq(text, want[t], "trial %d", t);
+        free(text);
+        json_decref(h);
+    }
+    td_exp_spec_free(&s);
+}
+
+Test(experiments, random_draws_are_seeded_within_range_and_each_trials_own) {
+    td_exp_spec s;
+    td_reply_error e;
+    cr_assert_eq(parse(&s,
+                       "\"seed\": 11, \"space\": {\"lr\": {\"log_uniform\": [1e-4, 0.1]}, "
+                       "\"n\": {\"int\": [2, 4]}}, \"searcher\": {\"type\": \"random\", "
+                       "\"metric\": \"loss\", \"mode\": \"min\", \"max_trials\": 200}",
+                       &e),
+                 0, "%s", e.message);
+    cr_assert_eq(td_exp_trial_count(&s), 200);
+    bool seen[5] = {false};
+    double lo = 1, hi = 0;
+    for (int t = 0; t < 200; t++) {
+        json_t *a = td_exp_hparams(&s, t), *b = td_exp_hparams(&s, t);
+        cr_assert(json_equal(a, b), "a trial's draw is a function of the seed and its number");
+        double lr = json_real_value(json_object_get(a, "lr"));
+        long n = (long)json_integer_value(json_object_get(a, "n"));
+        cr_assert(lr >= 1e-4 && lr <= 0.1 && n >= 2 && n <= 4);
+        seen[n] = true;
+        lo = fmin(lo, lr);
+        hi = fmax(hi, lr);
+        json_decref(a);
+        json_decref(b);
+    }
+    cr_assert(seen[2] && seen[3] && seen[4], "an int range is inclusive");
+    cr_assert(lo < 1e-3 && hi > 1e-2, "log-uniform reaches both decades' ends: %g %g", lo, hi);
+    json_t *first = td_exp_hparams(&s, 0);
+    s.seed = 12;
+    json_t *other = td_exp_hparams(&s, 0);
+    cr_assert(!json_equal(first, other), "another seed, other draws");
+    json_decref(first);
+    json_decref(other);
+    td_exp_spec_free(&s);
+}
+
+Test(experiments, a_trials_body_sets_its_paths) {
+    td_exp_spec s;
+    td_reply_error e;
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "\"name\": \"sweep\", \"priority\": 3, \"space\": "
+             "{\"train.optimizer.lr\": {\"grid\": [0.5]}, \"train.schedule.warmup\": {\"grid\": "
+             "[7]}, \"layers[1].w\": {\"grid\": [9]}}, %s",
+             GRID_SEARCH);
+    cr_assert_eq(parse(&s, buf, &e), 0, "%s", e.message);
+    json_t *h = td_exp_hparams(&s, 0);
+    char *text = td_exp_trial_body(&s, 4, 0, h, &e);
+    cr_assert(text, "%s", e.message);
+    json_t *body = json_loads(text, 0, NULL);
+    cr_assert_float_eq(json_real_value(json_object_get(
+                           json_object_get(json_object_get(body, "train"), "optimizer"), "lr")),
+                       0.5, 1e-12);
+    cr_assert_eq(json_integer_value(json_object_get(
+                     json_object_get(json_object_get(body, "train"), "schedule"), "warmup")),
+                 7, "a missing object on the way is made");
+    cr_assert_eq(json_integer_value(
+                     json_object_get(json_array_get(json_object_get(body, "layers"), 1), "w")),
+                 9);
+    cr_assert_str_eq(json_string_value(json_object_get(body, "name")), "sweep-trial-0");
+    cr_assert_eq(json_integer_value(json_object_get(body, "priority")), 3);
+    cr_assert_null(json_object_get(body, "env"), "a train job gets no environment");
+    json_decref(body);
+    free(text);
+    json_decref(h);
+    td_exp_spec_free(&s);
+    snprintf(buf, sizeof buf, "\"space\": {\"train.epochs.x\": {\"grid\": [1]}}, %s", GRID_SEARCH);
+    cr_assert_eq(parse(&s, buf, &e), 0, "%s", e.message);
+    h = td_exp_hparams(&s, 0);
+    cr_assert_null(td_exp_trial_body(&s, 4, 0, h, &e), "a number is no object to go through");
+    cr_assert_str_eq(e.field, "space.train.epochs.x");
+    json_decref(h);
+    td_exp_spec_free(&s);
+}
+
+Test(experiments, a_trials_metric_is_its_latest_and_best_value) {
+    td_exp_trial t = {.metrics_since = -1};
+    td_exp_trial_fold(&t,
+                      "[{\"event\":\"train\",\"step\":5,\"loss\":2.0},"
+                      "{\"event\":\"train\",\"step\":10,\"loss\":1.0},"
+                      "{\"event\":\"train\",\"step\":15,\"loss\":1.5,\"lr\":0.1}]",
+                      "loss", false);
+    cr_assert(t.has_latest && t.has_best);
+    cr_assert_float_eq(t.latest, 1.5, 0);
+    cr_assert_eq(t.latest_step, 15);
+    cr_assert_float_eq(t.best, 1.0, 0);
+    cr_assert_eq(t.best_step, 10);
+    cr_assert_eq(t.metrics_since, 14, "the newest step is read again (an eval may follow)");
+    td_exp_trial_fold(&t, "[{\"event\":\"eval\",\"step\":15,\"val_acc\":0.5}]", "loss", false);
+    cr_assert_float_eq(t.latest, 1.5, 0, "a line without the metric changes nothing");
+}
