@@ -67,7 +67,12 @@ int tc_parse(int argc, char **argv, const char *allowed, int max_pos, tc_args *a
             a->cancel_on_interrupt = true;
         else if (strcmp(s, "--quiet") == 0 || strcmp(s, "-q") == 0)
             a->quiet = true;
-        else if ((v = value_of(argc, argv, &i, "--name", &bad)))
+        else if (strcmp(s, "--download") == 0) /* its DIR, if any, is a positional argument */
+            a->download = true;
+        else if (strncmp(s, "--download=", 11) == 0) {
+            a->download = true;
+            a->dir = s + 11;
+        } else if ((v = value_of(argc, argv, &i, "--name", &bad)))
             a->name = v;
         else if ((v = value_of(argc, argv, &i, "--state", &bad)))
             a->state = v;

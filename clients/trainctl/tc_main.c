@@ -28,6 +28,8 @@ static const char MAIN_HELP[] =
     "  download ID        download a checkpoint's file (resumes a partial one)\n"
     "  tensorboard ID     download the job's TensorBoard event files (a tar archive)\n"
     "  delete ID          remove a finished job and its files\n"
+    "  exp COMMAND        experiments, hyperparameter searches whose trials are jobs:\n"
+    "                     exp create FILE, ls, show ID, best ID, cancel ID, rm ID\n"
     "  nodes              the cluster's nodes, their slots and GPUs\n"
     "  drain NODE         stop placing jobs on a node (running ones finish)\n"
     "  undrain NODE       place jobs on it again\n"
@@ -132,6 +134,60 @@ static const command COMMANDS[] = {
      "\n"
      "Removes a finished job with its records, metrics, logs and checkpoints (those in a\n"
      "checkpoint.dir of its own elsewhere stay); a job not finished is refused.\n"},
+    {"exp", tc_cmd_exp,
+     "Usage: trainctl exp COMMAND [ARGS]\n"
+     "\n"
+     "Experiments: hyperparameter searches whose trials are jobs (api/README.md,\n"
+     "\"Experiments\"). Commands:\n"
+     "  create FILE|-      create one from a JSON file; --follow to watch its trials\n"
+     "  ls                 list experiments, newest first\n"
+     "  show ID            an experiment and its trials, best first\n"
+     "  best ID            its best trial; --download [DIR] its checkpoint's archive\n"
+     "  cancel ID          stop making trials and stop the unfinished ones\n"
+     "  rm ID              remove an ended experiment with its trials' jobs\n"
+     "trainctl exp COMMAND --help gives each one's options.\n"},
+    {"exp create", tc_cmd_exp_create,
+     "Usage: trainctl exp create FILE|- [--follow] [--json] [-q]\n"
+     "\n"
+     "Creates the experiment in FILE (JSON: name, job, space, searcher, max_concurrent, seed,\n"
+     "priority; - reads stdin) and prints \"experiment ID created: ...\".\n"
+     "  --follow      then follow it to its end: on a terminal a table of its trials (trial,\n"
+     "                job, state, steps, best metric, hyperparameters), best first, redrawn\n"
+     "                every second; elsewhere a line for each trial that changes state and\n"
+     "                the table at the end; then the best trial. Ctrl-C stops following (the\n"
+     "                experiment goes on). Exit status: 0 it succeeded, 1 it failed, 2 it was\n"
+     "                cancelled, 3 unreachable; 130 after Ctrl-C.\n"
+     "  --json        print the experiment as JSON (with --follow: as it ended)\n"
+     "  -q, --quiet   print its id alone\n"},
+    {"exp ls", tc_cmd_exp_ls,
+     "Usage: trainctl exp ls [--json]\n"
+     "\n"
+     "Lists experiments, newest first: id, name, state, searcher, trials ended of all,\n"
+     "trials running, the metric and its mode, the best value (and its trial), created.\n"},
+    {"exp show", tc_cmd_exp_show,
+     "Usage: trainctl exp show ID [--json]\n"
+     "\n"
+     "An experiment: state and reason, owner, times, its trials by state, its limits, the\n"
+     "space, the best trial; then every trial (job, state, steps, best metric,\n"
+     "hyperparameters), best first.\n"},
+    {"exp best", tc_cmd_exp_best,
+     "Usage: trainctl exp best ID [--download [DIR]] [--json]\n"
+     "\n"
+     "The best trial: its number, job, metric value and step, hyperparameters (as JSON) and\n"
+     "checkpoint (the one at the step of its best value, else the last before, else the\n"
+     "first after).\n"
+     "  --download [DIR]  download that checkpoint as a tar archive to\n"
+     "                    DIR/exp-ID-best-step-S.tar (DIR: . unless given; made if missing)\n"},
+    {"exp cancel", tc_cmd_exp_cancel,
+     "Usage: trainctl exp cancel ID [--json]\n"
+     "\n"
+     "Stops making trials and stops the unfinished ones; the experiment ends cancelled once\n"
+     "they have. An experiment that has ended is refused.\n"},
+    {"exp rm", tc_cmd_exp_rm,
+     "Usage: trainctl exp rm ID\n"
+     "\n"
+     "Removes an ended experiment with its trials' jobs and their files; a running one is\n"
+     "refused (trainctl exp cancel ID first).\n"},
     {"nodes", tc_cmd_nodes,
      "Usage: trainctl nodes [--json]\n"
      "\n"
@@ -226,6 +282,16 @@ int main(int argc, char **argv) {
         tc_error("unknown command \"%s\"", argv[i]);
         return tc_usage(NULL, true);
     }
+    /* a command of a group ("exp create"): its own entry, named by both words, which is then
+     * its argv[0] (what its messages and --help name) */
+    char both[96];
+    snprintf(both, sizeof both, "%s %s", argv[i], i + 1 < argc ? argv[i + 1] : "");
+    for (int k = 0; k < N_COMMANDS && i + 1 < argc; k++)
+        if (strcmp(COMMANDS[k].name, both) == 0) {
+            cmd = &COMMANDS[k];
+            argv[++i] = (char *)cmd->name;
+            break;
+        }
     tc_conn c;
     char err[1200];
     if (tc_config_resolve(&c, &o, err, sizeof err) != 0) return tc_error("%s", err);

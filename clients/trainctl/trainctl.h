@@ -1,8 +1,9 @@
 /* trainctl: the command-line client of traind's API v1 (api/README.md). One module: where the
  * server and token come from (tc_config.c), requests and downloads (tc_http.c), the job's event
- * stream with its reconnection (tc_events.c), how a followed job is shown (tc_follow.c), and the
- * subcommands (tc_commands.c, tc_main.c). Everything but the subcommands' output goes through
- * these; nothing is global but the interrupt flag a signal handler sets. */
+ * stream with its reconnection (tc_events.c), how a followed job is shown (tc_follow.c), the
+ * subcommands (tc_commands.c, tc_files.c, tc_main.c) and the experiments' (tc_experiments.c).
+ * Everything but the subcommands' output goes through these; nothing is global but the
+ * interrupt flag a signal handler sets. */
 #ifndef TRAINCTL_H
 #define TRAINCTL_H
 
@@ -99,7 +100,8 @@ typedef struct tc_args {
     const char *pos[4]; /* positional arguments (ID, NODE) */
     int n_pos;
     bool json, csv, follow, cancel_on_interrupt, help, quiet;
-    const char *name, *state, *out, *file;
+    bool download; /* --download[=DIR] (exp best) */
+    const char *name, *state, *out, *file, *dir;
     long nproc, nnodes, limit, rank, step;
     const char *sets[64];
     int n_sets;
@@ -136,6 +138,23 @@ int tc_cmd_version(const tc_conn *c, int argc, char **argv);
 /* ---- tc_files.c ---- */
 int tc_cmd_tensorboard(const tc_conn *c, int argc, char **argv);
 int tc_cmd_delete(const tc_conn *c, int argc, char **argv);
+/* ---- tc_experiments.c: `trainctl exp COMMAND`; argv[0] is "exp COMMAND" (tc_main.c) ---- */
+int tc_cmd_exp(const tc_conn *c, int argc, char **argv); /* exp alone, or an unknown command */
+int tc_cmd_exp_create(const tc_conn *c, int argc, char **argv);
+int tc_cmd_exp_ls(const tc_conn *c, int argc, char **argv);
+int tc_cmd_exp_show(const tc_conn *c, int argc, char **argv);
+int tc_cmd_exp_cancel(const tc_conn *c, int argc, char **argv);
+int tc_cmd_exp_rm(const tc_conn *c, int argc, char **argv);
+int tc_cmd_exp_best(const tc_conn *c, int argc, char **argv);
+/* An experiment on screen (tc_exp_view.c): a member as a number (0 when absent), the counts of
+ * its trials in words, its best trial's lines, all its trials as a table, and --follow: the
+ * table redrawn until it ends (its exit status: 0 succeeded, 1 failed, 2 cancelled). */
+long long tc_exp_int(json_t *o, const char *key);
+double tc_exp_num(json_t *o, const char *key);
+void tc_exp_counts_text(json_t *x, char *text, size_t len);
+void tc_exp_best_lines(json_t *x);
+void tc_exp_trials_table(json_t *x);
+int tc_exp_follow(const tc_conn *c, long id, bool json);
 
 /* ---- tc_main.c ---- */
 extern volatile sig_atomic_t tc_interrupted; /* set by SIGINT/SIGTERM */

@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -150,6 +151,65 @@ class PythonClientTest(harness.DaemonTest):
                          "nothing missed or repeated across the restart")
         self.assertNotIn("restart", [e.event for e in seen], "re-attached: nothing restarted")
         self.assertEqual((seen[-1].event, seen[-1].data["state"]), ("state", "succeeded"))
+
+    def test_e_experiments(self):
+        """create_experiment, experiments, experiment; an Experiment's state, trials, best,
+        wait, download_best (the best checkpoint's archive), cancel and delete."""
+        import tarfile
+        d = self.start_daemon("--slots", "2", "--grace", "1")
+        c = self.client(d)
+
+        def body(name, command):
+            return {"name": name, "job": {"name": "c", "command": ["/bin/sh", "-c", command]},
+                    "space": {"env.N": {"grid": ["1", "2"]}},
+                    "searcher": {"type": "grid", "metric": "score", "mode": "max"}}
+        # each trial registers a checkpoint holding its N, then says its score: N
+        exp = c.create_experiment(body("grid", (
+            'mkdir -p ck && echo "$N" > ck/n.txt && '
+            'echo "{\\"event\\": \\"checkpoint\\", \\"step\\": 1, \\"path\\": \\"ck\\"}" && '
+            'echo "{\\"event\\": \\"train\\", \\"step\\": 1, \\"score\\": $N}"')))
+        self.assertEqual(exp.state, "running")
+        self.assertEqual([t["hparams"] for t in exp.trials], [{"env.N": "1"}, {"env.N": "2"}])
+        self.assertEqual(exp.wait(timeout=120, poll_s=0.2), "succeeded")
+        self.assertEqual([t["best"]["value"] for t in exp.trials], [1, 2])
+        best = exp.best
+        self.assertEqual((best["trial"], best["value"], best["hparams"]), (1, 2, {"env.N": "2"}))
+        self.assertEqual(c.job(best["job"]).data["trial"], 1)
+        path = exp.download_best(os.path.join(self.new_state_dir(), "new"))
+        self.assertEqual(os.path.basename(path), f"exp-{exp.id}-best-step-1.tar")
+        with tarfile.open(path) as t:
+            (member,) = [m for m in t.getnames() if m.endswith("n.txt")]
+            self.assertEqual(t.extractfile(member).read(), b"2\n")
+
+        listed = c.experiments()
+        self.assertEqual([e.id for e in listed], [exp.id])
+        self.assertEqual(listed[0].state, "succeeded")
+        self.assertEqual(listed[0].best["hparams"], {"env.N": "2"}, "a summary reads the rest")
+        self.assertEqual(c.experiment(exp.id).trials, exp.trials)
+        with self.assertRaises(traind_client.APIError) as e:
+            exp.cancel()
+        self.assertEqual((e.exception.status, e.exception.code), (409, "conflict"))
+
+        # a running experiment: delete is refused, cancel stops its trials; no best, no download
+        slow = c.create_experiment(body("slow", "exec sleep 1000"))
+        while slow.refresh().data["counts"]["running"] < 2:
+            time.sleep(0.1)
+        with self.assertRaises(TimeoutError):
+            slow.wait(timeout=0)
+        with self.assertRaises(traind_client.APIError) as e:
+            slow.delete()
+        self.assertEqual((e.exception.status, e.exception.code), (409, "conflict"))
+        self.assertEqual(slow.cancel().state, "running", "until its trials have ended")
+        self.assertEqual(slow.wait(timeout=60, poll_s=0.2), "cancelled")
+        self.assertIsNone(slow.best)
+        with self.assertRaises(LookupError):
+            slow.download_best(self.new_state_dir())
+        for x in (exp, slow):
+            x.delete()
+        with self.assertRaises(traind_client.APIError) as e:
+            c.experiment(exp.id)
+        self.assertEqual((e.exception.status, e.exception.code), (404, "not_found"))
+        self.assertEqual(c.experiments(), [])
 
 
 class _Env:

@@ -335,6 +335,151 @@ class TrainctlTest(harness.DaemonTest):
         self.assertIn("--cacert", err)
 
 
+    def experiment_file(self, name, job, n_values=2, mode="max"):
+        """An experiment of len(values) trials of job over env.N (a grid), on "score"."""
+        return self.spec_file({"name": name, "job": job, "max_concurrent": 2,
+                               "space": {"env.N": {"grid": [str(n + 1) for n in range(n_values)]}},
+                               "searcher": {"type": "grid", "metric": "score", "mode": mode}})
+
+    def test_f_experiments(self):
+        """exp create (and --follow off a terminal and on one), ls, show, best (and its
+        checkpoint's archive), cancel, rm; errors say what and where, with status 3."""
+        import tarfile
+        d = self.start_daemon("--slots", "2", "--grace", "1")
+        # each trial registers a checkpoint holding its N, then says its score: N
+        job = {"name": "c", "command": ["/bin/sh", "-c",
+               'mkdir -p ck && echo "$N" > ck/n.txt && '
+               'echo "{\\"event\\": \\"checkpoint\\", \\"step\\": 1, \\"path\\": \\"ck\\"}" && '
+               'echo "{\\"event\\": \\"train\\", \\"step\\": 1, \\"score\\": $N}"']}
+        rc, out, err = self.run_ctl(d, "exp", "create", self.experiment_file("c", job))
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(out, r"^experiment \d+ created: c, 2 trials \(grid search, max score\)\n$")
+        eid = int(out.split()[1])
+
+        # --follow off a terminal: a line per trial change, the table, the end, the best trial
+        rc, out, err = self.run_ctl(d, "exp", "create", self.experiment_file("f", job),
+                                    "--follow")
+        self.assertEqual(rc, 0, out + err)
+        fid = int(out.split()[1])
+        self.assertRegex(out, r"\ntrial 1: succeeded \(job \d+\), best score 2 at step 1")
+        self.assertIn(f"\nexperiment {fid} succeeded\n", out)
+        self.assertRegex(out, rf"experiment {fid}: best trial 1, job \d+\n  score +2 \(max, "
+                              r"at step 1\)\n  env.N +\"2\"\n")
+        table = out[out.index("TRIAL "):].splitlines()
+        self.assertEqual([line.split()[0] for line in table[1:3]], ["1", "0"], "best first")
+        rc, out, err = self.run_ctl(d, "exp", "create", "-q", self.experiment_file("j", job),
+                                    "--follow", "--json")
+        self.assertEqual(rc, 0, err)
+        lines = out.splitlines()
+        self.assertEqual(json.loads("\n".join(lines[1:]))["id"], int(lines[0]))
+
+        harness.wait_for(lambda: d.json("GET", f"/v1/experiments/{eid}")[2]["state"] != "running",
+                         f"experiment {eid} to end")
+        rc, out, err = self.run_ctl(d, "exp", "ls")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.splitlines()[0].split()[:4], ["ID", "NAME", "STATE", "SEARCH"])
+        rows = [line.split() for line in out.splitlines()[1:]]
+        self.assertEqual([r[0] for r in rows], [str(fid + 1), str(fid), str(eid)], "newest first")
+        self.assertEqual(rows[-1][1:8], ["c", "succeeded", "grid", "2/2", "0", "max", "score"])
+        rc, out, err = self.run_ctl(d, "exp", "ls", "--json")
+        self.assertEqual(json.loads(out), d.json("GET", "/v1/experiments")[2])
+        rc, out, err = self.run_ctl(d, "exp", "show", str(eid))
+        self.assertEqual(rc, 0, err)
+        self.assertIn(f"experiment {eid}  c  (grid search of 2 trials, max score)\n", out)
+        self.assertIn("  state       succeeded\n", out)
+        self.assertIn("  trials      2 succeeded\n", out)
+        self.assertIn('  space       env.N {"grid": ["1", "2"]}', out)
+        self.assertRegex(out, r"  best        trial 1 \(job \d+\): score 2 at step 1, with a "
+                              r"checkpoint")
+        trials = out[out.index("TRIAL "):].splitlines()
+        self.assertEqual(trials[0].split(), ["TRIAL", "JOB", "STATE", "STEPS", "BEST", "HPARAMS"])
+        self.assertEqual([r.split()[:1] + r.split()[2:] for r in trials[1:]],
+                         [["1", "succeeded", "1", "2", "env.N=2"],
+                          ["0", "succeeded", "1", "1", "env.N=1"]])
+        rc, out, err = self.run_ctl(d, "exp", "show", str(eid), "--json")
+        self.assertEqual(json.loads(out)["id"], eid)
+
+        # best, and its checkpoint as a tar (into a directory made for it)
+        best = d.json("GET", f"/v1/experiments/{eid}")[2]["best"]
+        rc, out, err = self.run_ctl(d, "exp", "best", str(eid))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, f"experiment {eid}: best trial 1, job {best['job']}\n"
+                              "  score      2 (max, at step 1)\n"
+                              '  env.N      "2"\n'
+                              f"  checkpoint step 1: /v1/jobs/{best['job']}/checkpoints/1.tar\n")
+        rc, out, err = self.run_ctl(d, "exp", "best", str(eid), "--json")
+        self.assertEqual(json.loads(out), best)
+        where = os.path.join(self.new_state_dir(), "got")
+        for _ in range(2):  # the second replaces the first
+            rc, out, err = self.run_ctl(d, "exp", "best", str(eid), "--download", where)
+            self.assertEqual(rc, 0, err)
+        tar = os.path.join(where, f"exp-{eid}-best-step-1.tar")
+        self.assertIn(f"{tar}: the checkpoint of step 1 of trial 1", out)
+        with tarfile.open(tar) as t:
+            (member,) = [m for m in t.getnames() if m.endswith("n.txt")]
+            self.assertEqual(t.extractfile(member).read(), b"2\n")
+        rc, out, err = self.run_ctl(d, "exp", "best", str(eid), "somewhere")
+        self.assertEqual(rc, 3)
+        self.assertIn("unexpected argument \"somewhere\"", err)
+
+        # cancel: an ended experiment is refused; a running one stops, and rm waits for its end
+        rc, out, err = self.run_ctl(d, "exp", "cancel", str(eid))
+        self.assertEqual(rc, 3)
+        self.assertIn(f"experiment {eid} has already ended (succeeded): there is nothing to "
+                      "cancel (HTTP 409)", err)
+        sleeper = {"name": "s", "command": ["/bin/sh", "-c", "exec sleep 1000"]}
+        rc, out, err = self.run_ctl(d, "exp", "create", "-q",
+                                    self.experiment_file("s", sleeper, n_values=3))
+        sid = int(out)
+        harness.wait_for(lambda: d.json("GET", f"/v1/experiments/{sid}")[2]["counts"]["running"]
+                         == 2, "two trials running")
+        rc, out, err = self.run_ctl(d, "exp", "rm", str(sid))
+        self.assertEqual(rc, 3)
+        self.assertIn("cancel it first", err)
+        rc, out, err = self.run_ctl(d, "exp", "cancel", str(sid))
+        self.assertEqual((rc, out), (0, f"experiment {sid}: cancelling (2 unfinished trials "
+                                        "stopping; it ends cancelled once they have)\n"), err)
+        rc, out, err = self.run_ctl(d, "exp", "best", str(sid))
+        self.assertEqual(rc, 3)
+        self.assertIn(f"experiment {sid} has no best trial", err)
+        harness.wait_for(lambda: d.json("GET", f"/v1/experiments/{sid}")[2]["state"]
+                         == "cancelled", f"experiment {sid} cancelled")
+        for x in (eid, sid):
+            rc, out, err = self.run_ctl(d, "exp", "rm", str(x))
+            self.assertEqual((rc, out), (0, f"experiment {x} deleted with its trials\n"), err)
+        rc, out, err = self.run_ctl(d, "exp", "show", str(eid))
+        self.assertEqual(rc, 3)
+        self.assertIn(f"no experiment {eid} (HTTP 404)", err)
+
+        # usage
+        rc, out, _ = self.run_ctl(d, "exp", "--help")
+        self.assertEqual(rc, 0)
+        self.assertIn("Usage: trainctl exp COMMAND", out)
+        rc, out, _ = self.run_ctl(d, "exp", "best", "--help")
+        self.assertEqual(rc, 0)
+        self.assertIn("Usage: trainctl exp best ID [--download [DIR]]", out)
+        rc, _, err = self.run_ctl(d, "exp", "bogus")
+        self.assertEqual(rc, 3)
+        self.assertIn("exp: unknown command \"bogus\"", err)
+        rc, _, err = self.run_ctl(d, "exp", "show", "seven")
+        self.assertEqual(rc, 3)
+        self.assertIn("expected an experiment id", err)
+        rc, _, err = self.run_ctl(d, "exp", "create", "-", stdin="{\"job\": ")
+        self.assertEqual(rc, 3)
+        self.assertIn("(stdin):1:", err)
+        bad = self.experiment_file("bad", job, mode="up")
+        rc, _, err = self.run_ctl(d, "exp", "create", bad)
+        self.assertEqual(rc, 3)
+        self.assertIn("searcher.mode", err)
+
+        # --follow on a terminal: the table redrawn in place, then the end
+        rc, out, _ = self.pty_run(d, "exp", "create", self.experiment_file("t", job), "--follow")
+        self.assertEqual(rc, 0, out)
+        self.assertRegex(out, r"experiment \d+ t: (running|succeeded); 2 trials: ")
+        self.assertIn("TRIAL", out)
+        self.assertRegex(out, r"experiment \d+ succeeded\r?\n")
+
+
 class CompletionAndManual(unittest.TestCase):
     def test_d_bash_completion_and_man_page(self):
         script = os.path.join(harness.SOURCE_DIR, "clients", "trainctl",
@@ -349,11 +494,16 @@ class CompletionAndManual(unittest.TestCase):
         self.assertEqual(complete("su"), ["submit"])
         self.assertEqual(complete("metrics", "1", "--c"), ["--csv"])
         self.assertEqual(complete("ls", "--state", "ru"), ["running"])
+        self.assertEqual(complete("ex"), ["exp"])
+        self.assertEqual(complete("exp", "c"), ["create", "cancel"])
+        self.assertEqual(complete("exp", "best", "1", "--d"), ["--download"])
+        self.assertEqual(complete("exp", "create", "--f"), ["--follow"])
         manual = os.path.join(os.path.dirname(TRAINCTL), "trainctl.1")
         if os.path.exists(manual):  # made when help2man is installed (deploy/install-deps.sh)
             with open(manual) as f:
                 text = f.read()
             self.assertIn("trainctl follow ID", text, "every command's help is in the man page")
+            self.assertIn("trainctl exp best ID", text)
 
 
 def main():

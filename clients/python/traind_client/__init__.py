@@ -8,6 +8,10 @@
         print(ev.event, ev.data)
     print(job.wait(), job.metrics()[-1])
     job.download(job.checkpoints()[-1]["step"], "model.safetensors")
+    exp = c.create_experiment({"job": spec,                # a hyperparameter search
+                               "space": {"train.optimizer.lr": {"grid": [0.01, 0.1]}},
+                               "searcher": {"type": "grid", "metric": "val_acc", "mode": "max"}})
+    print(exp.wait(), exp.best["hparams"], exp.download_best("."))
 
 API errors raise APIError, which carries the HTTP status and the daemon's code, message and
 field (the JSON path at fault).
@@ -23,7 +27,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-__all__ = ["APIError", "Client", "Event", "Job"]
+__all__ = ["APIError", "Client", "Event", "Experiment", "Job"]
 
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
@@ -167,6 +171,23 @@ class Client:
             q["state"] = state if isinstance(state, str) else ",".join(state)
         listing = self._json("GET", "/v1/jobs?" + urllib.parse.urlencode(q))
         return [Job(self, j) for j in listing["jobs"]]
+
+    def create_experiment(self, body: dict) -> "Experiment":
+        """Creates an experiment, a hyperparameter search whose trials are jobs: body is
+        {"name", "job": a job as submit takes it, "space": {path: {"grid": [...]} | {"choice":
+        [...]} | {"uniform": [lo, hi]} | {"log_uniform": [lo, hi]} | {"int": [lo, hi]}},
+        "searcher": {"type": "grid" | "random", "metric", "mode": "min" | "max", "max_trials"},
+        "max_concurrent", "seed", "priority"} (api/README.md, "Experiments")."""
+        return Experiment(self, self._json("POST", "/v1/experiments", body))
+
+    def experiments(self) -> list["Experiment"]:
+        """Experiments newest first, as the list gives them: without their trials (`trials`
+        and `best` read the whole experiment when asked)."""
+        listing = self._json("GET", "/v1/experiments")
+        return [Experiment(self, e) for e in listing["experiments"]]
+
+    def experiment(self, experiment_id: int) -> "Experiment":
+        return Experiment(self, self._json("GET", f"/v1/experiments/{int(experiment_id)}"))
 
     def nodes(self) -> list[dict]:
         """The cluster's nodes as the master sees them (GET /v1/nodes)."""
@@ -312,6 +333,96 @@ class Job:
         conn, resp = self.client._open("DELETE", f"/v1/jobs/{self.id}")
         resp.read()
         conn.close()
+
+
+class Experiment:
+    """An experiment: its id and its last known JSON (data); refresh() reads it again. The API
+    has no event stream for experiments: wait() polls."""
+
+    def __init__(self, client: Client, data: dict):
+        self.client, self.data = client, data
+        self.id: int = data["id"]
+
+    @property
+    def state(self) -> str:
+        """running, then succeeded (some trial reported the metric), failed or cancelled."""
+        return self.data["state"]
+
+    @property
+    def trials(self) -> list[dict]:
+        """Each trial: {"trial", "hparams": {path: value}, "state", "job" (an id, or None before
+        it is made), "latest" and "best" ({"step", "value"} of the metric, or None), "steps",
+        "reason"}, by number."""
+        if "trials" not in self.data:  # a summary from Client.experiments()
+            self.refresh()
+        return self.data["trials"]
+
+    @property
+    def best(self) -> dict | None:
+        """The best trial, {"trial", "job", "hparams", "value", "step", "checkpoint": {"step",
+        "url", "archive_url"} or None}, or None while no trial has reported the metric."""
+        if "trials" not in self.data:
+            self.refresh()
+        return self.data["best"]
+
+    def __repr__(self) -> str:
+        return f"Experiment({self.id}, {self.data.get('name')!r}, {self.state})"
+
+    def refresh(self) -> "Experiment":
+        self.data = self.client._json("GET", f"/v1/experiments/{self.id}")
+        return self
+
+    def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> str:
+        """Polls the experiment every poll_s seconds until it has ended and returns its state
+        (TimeoutError after timeout s)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.refresh().state == "running":
+            if deadline is not None and time.monotonic() + poll_s > deadline:
+                raise TimeoutError(f"experiment {self.id} still running after {timeout} s")
+            time.sleep(poll_s)
+        return self.state
+
+    def cancel(self) -> "Experiment":
+        """Stops making trials and stops the unfinished ones. Returns at once: the experiment
+        stays running until they have ended, then is cancelled (wait() for it)."""
+        self.data = self.client._json("POST", f"/v1/experiments/{self.id}/cancel")
+        return self
+
+    def delete(self) -> None:
+        """Removes an ended experiment with its trials' jobs and their files."""
+        conn, resp = self.client._open("DELETE", f"/v1/experiments/{self.id}")
+        resp.read()
+        conn.close()
+
+    def download_best(self, dest_dir: str = ".") -> str:
+        """Downloads the best trial's checkpoint as a tar archive to
+        dest_dir/exp-ID-best-step-S.tar (dest_dir made if missing) and returns its path. The
+        archive is written under a temporary name and renamed once whole. LookupError when
+        there is no best trial yet or its job registered no checkpoint."""
+        best = self.refresh().best
+        if best is None:
+            raise LookupError(f"experiment {self.id} has no best trial yet: no trial has "
+                              f"reported {self.data['searcher']['metric']}")
+        ck = best["checkpoint"]
+        if ck is None:
+            raise LookupError(f"trial {best['trial']} (job {best['job']}), the best of experiment "
+                              f"{self.id}, has no checkpoint: its job registered none")
+        os.makedirs(dest_dir, exist_ok=True)
+        path = os.path.join(dest_dir, f"exp-{self.id}-best-step-{ck['step']}.tar")
+        part = path + ".part"
+        conn, resp = self.client._open("GET", ck["archive_url"])
+        try:
+            with open(part, "wb") as f:
+                while chunk := resp.read(1 << 16):  # a cut-short archive raises IncompleteRead
+                    f.write(chunk)
+        except BaseException:
+            if os.path.exists(part):
+                os.unlink(part)
+            raise
+        finally:
+            conn.close()
+        os.replace(part, path)
+        return path
 
 
 def _api_error(status: int, raw: bytes) -> APIError:
