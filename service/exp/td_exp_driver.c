@@ -174,6 +174,7 @@ static void observed(void *ctx, long id) {
 
 int td_experiments_start(td_experiments *x, td_err *err) {
     td_jobs_set_observer(x->jobs, observed, x);
+    x->poked = true; /* a first turn at once: what the experiments' trials did meanwhile */
     int rc = pthread_create(&x->thread, NULL, run, x);
     if (rc != 0) return td_fail(err, "cannot start the experiments' thread: %s", strerror(rc));
     x->started = true;

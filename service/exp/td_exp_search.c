@@ -47,12 +47,15 @@ json_t *td_exp_hparams(const td_exp_spec *s, int t) {
             json_object_set_new(h, s->dims[i].path, draw(&s->dims[i], &r));
         return h;
     }
-    /* the grid's point t in mixed radix, the last path fastest */
+    /* the grid's point t in mixed radix, the last path fastest; set in path order */
+    size_t at[TD_EXP_MAX_DIMS];
     long rest = t;
     for (int i = s->n_dims - 1; i >= 0; i--) {
         size_t n = json_array_size(s->dims[i].values);
-        json_object_set(h, s->dims[i].path, json_array_get(s->dims[i].values, (size_t)rest % n));
+        at[i] = (size_t)rest % n;
         rest /= (long)n;
     }
+    for (int i = 0; i < s->n_dims; i++)
+        json_object_set(h, s->dims[i].path, json_array_get(s->dims[i].values, at[i]));
     return h;
 }
