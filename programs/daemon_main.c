@@ -335,7 +335,8 @@ static int open_services(daemon_run *d, td_err *err) {
     if (start_jobs(d, &jc, err) != 0) return -1;
     /* experiments run where jobs are placed: on a master or a daemon alone, never an agent */
     if (o->join[0]) return 0;
-    if (td_experiments_open(&d->experiments, d->jobs, d->db, d->log, err) != 0) return -1;
+    if (td_experiments_open(&d->experiments, d->jobs, d->db, d->tokens, d->log, err) != 0)
+        return -1;
     return td_experiments_start(d->experiments, err);
 }
 

@@ -40,7 +40,7 @@ static void finish(td_experiments *x, experiment *ex, td_exp_state state, const 
     ex->state = state;
     ex->settled = true;
     ex->row.finished_at = td_clock_wall();
-    snprintf(ex->row.reason, sizeof ex->row.reason, "%s", why);
+    if (why != ex->row.reason) snprintf(ex->row.reason, sizeof ex->row.reason, "%s", why);
     td_exp_save(x, ex);
     td_log_at(x->log, state == TD_EXP_FAILED ? TD_LOG_WARNING : TD_LOG_INFO, TD_LOG_NOWHERE,
               "experiment %ld %s%s%s", ex->row.id, td_exp_state_names[state], why[0] ? ": " : "",
@@ -53,8 +53,7 @@ static bool make(td_experiments *x, experiment *ex, td_exp_trial *t) {
     td_reply_error e = {0};
     char *body = td_exp_trial_body(&ex->spec, ex->row.id, t->trial, t->hparams, &e);
     td_principal who = ex->owner;
-    td_tokens_limits limits = ex->limits;
-    limits.queued = 0; /* max_concurrent bounds them */
+    td_tokens_limits limits = td_tokens_get_limits(x->tokens); /* a reload may change them */
     td_job_trial trial = {ex->row.id, t->trial};
     long id = 0;
     snprintf(t->state, sizeof t->state, "submitting");
@@ -115,8 +114,19 @@ static void drive(td_experiments *x, long id) {
     }
     for (int k = 0; k < ex->n_trials; k++)
         if (ex->trials[k].job > 0 && !ex->trials[k].final) follow(x, ex, &ex->trials[k]);
+    td_principal now;
+    if (!ex->cancel_requested && ex->row.owner != 0 &&
+        !td_tokens_live(x->tokens, ex->row.owner, &now)) {
+        ex->cancel_requested = true; /* its trials are that token's jobs: none more */
+        snprintf(ex->row.reason, sizeof ex->row.reason,
+                 "token \"%s\" was revoked: no trial is made for it any more", ex->row.owner_name);
+        td_log_at(x->log, TD_LOG_WARNING, TD_LOG_NOWHERE, "experiment %ld: %s", ex->row.id,
+                  ex->row.reason);
+    }
     if (ex->cancel_requested) {
-        if (stop_trials(x, ex)) finish(x, ex, TD_EXP_CANCELLED, "cancelled by request");
+        if (stop_trials(x, ex))
+            finish(x, ex, TD_EXP_CANCELLED,
+                   ex->row.reason[0] ? ex->row.reason : "cancelled by request");
         return;
     }
     bool waiting = false;

@@ -97,9 +97,8 @@ typedef struct experiment {
     td_exp_spec spec;
     td_exp_state state;
     bool cancel_requested;
-    bool settled;       /* ended, and its trials' figures read (after a restart: once) */
-    td_principal owner; /* who its trials are submitted as */
-    td_tokens_limits limits;
+    bool settled;         /* ended, and its trials' figures read (after a restart: once) */
+    td_principal owner;   /* who its trials are submitted as */
     td_exp_trial *trials; /* [n_trials], by number: trials[t].trial == t */
     int n_trials;         /* the searcher's count (td_exp_trial_count) */
     double retry_at;      /* a refused submission (429, 503) is tried again then (monotonic) */
@@ -125,6 +124,7 @@ void td_exp_render_summary(const experiment *ex, td_buf *out);
  * trial's change under its own lock, so that call takes wake_mu alone. */
 struct td_experiments {
     td_jobs *jobs;
+    td_tokens *tokens;
     td_db *db;
     td_log *log;
     pthread_mutex_t mu;

@@ -93,9 +93,11 @@ static void loaded(void *ctx, td_db_experiment *row) {
     add(x, ex);
 }
 
-int td_experiments_open(td_experiments **out, td_jobs *jobs, td_db *db, td_log *log, td_err *err) {
+int td_experiments_open(td_experiments **out, td_jobs *jobs, td_db *db, td_tokens *tokens,
+                        td_log *log, td_err *err) {
     td_experiments *x = td_calloc(1, sizeof *x);
     x->jobs = jobs;
+    x->tokens = tokens;
     x->db = db;
     x->log = log;
     pthread_mutex_init(&x->mu, NULL);
@@ -165,9 +167,21 @@ int td_experiments_create(td_experiments *x, const char *body, size_t len, const
     ex->row.owner = who->id;
     snprintf(ex->row.owner_name, sizeof ex->row.owner_name, "%s", who->name);
     ex->owner = *who;
-    ex->limits = *limits;
     td_err err = {{0}};
     pthread_mutex_lock(&x->mu);
+    int running = 0;
+    for (int i = 0; i < x->n; i++)
+        running += x->list[i]->state == TD_EXP_RUNNING && x->list[i]->row.owner == who->id;
+    if (who->id != 0 && running >= TD_EXPERIMENTS_PER_TOKEN) {
+        pthread_mutex_unlock(&x->mu);
+        free_experiment(ex);
+        td_reply_fail(e, 429, "too_many_experiments", NULL,
+                      "token \"%s\" already runs %d experiments, the most one token may: create "
+                      "this one when one has ended",
+                      who->name, running);
+        e->retry_after_s = 60;
+        return -1;
+    }
     if (td_db_insert_experiment(x->db, &ex->row, &err) != 0) {
         pthread_mutex_unlock(&x->mu);
         free_experiment(ex);

@@ -31,8 +31,12 @@
 
 typedef struct td_experiments td_experiments;
 
-/* Loads the experiments from db and their trials from jobs. */
-int td_experiments_open(td_experiments **out, td_jobs *jobs, td_db *db, td_log *log, td_err *err);
+enum { TD_EXPERIMENTS_PER_TOKEN = 64 }; /* running experiments of one token, at most */
+
+/* Loads the experiments from db and their trials from jobs. tokens: who may still make trials
+ * (an experiment whose token is revoked is cancelled) and their limits, read at each trial. */
+int td_experiments_open(td_experiments **out, td_jobs *jobs, td_db *db, td_tokens *tokens,
+                        td_log *log, td_err *err);
 /* Starts the thread that makes and follows trials. */
 int td_experiments_start(td_experiments *x, td_err *err);
 /* Stops the thread (before td_jobs_stop: it submits jobs). Running trials go on as jobs do. */
@@ -40,7 +44,9 @@ void td_experiments_stop(td_experiments *x);
 void td_experiments_close(td_experiments *x); /* after td_experiments_stop (NULL: nothing) */
 
 /* POST /v1/experiments: 201 with the experiment's JSON in out and its id in *id; a 400 names the
- * JSON path at fault (the base job's own errors under "job."). who owns it and its trials. */
+ * JSON path at fault (the base job's own errors under "job."), a 429 when who already runs
+ * TD_EXPERIMENTS_PER_TOKEN experiments. who owns it and its trials, which count in its limits
+ * (queued jobs, bytes of specs) as its jobs do. */
 int td_experiments_create(td_experiments *x, const char *body, size_t len, const td_principal *who,
                           const td_tokens_limits *limits, td_buf *out, long *id, td_reply_error *e);
 void td_experiments_list(td_experiments *x, td_buf *out);

@@ -205,6 +205,42 @@ class ExperimentsTest(harness.DaemonTest):
         self.assert_error(d.json("POST", f"/v1/experiments/{eid}/cancel"), 409, "conflict")
         self.assertEqual(d.request("DELETE", f"/v1/experiments/{eid}")[0], 204)
 
+    def gated_body(self, gate):
+        wait = f'until [ -e {gate} ]; do sleep 0.05; done; '
+        return {"job": {"name": "gated", "command": ["/bin/sh", "-c", wait + metric_line("$N")[2]]},
+                "max_concurrent": 1, "space": {"env.N": {"grid": ["1", "2"]}},
+                "searcher": {"type": "grid", "metric": "score", "mode": "max"}}
+
+    def test_f_a_revoked_token_makes_no_more_trials(self):
+        d = self.start_daemon("--slots", "1", "--grace", "1")
+        status, _, tok = d.json("POST", "/v1/tokens", {"name": "sweeper", "scope": "submit"})
+        self.assertEqual(status, 201, tok)
+        gate = os.path.join(self.new_state_dir(), "never")  # never made: the trial waits
+        status, _, exp = d.json("POST", "/v1/experiments", self.gated_body(gate),
+                                token=tok["token"])
+        self.assertEqual(status, 201, exp)
+        eid = exp["id"]
+        wait_for(lambda: d.json("GET", f"/v1/experiments/{eid}")[2]["counts"]["running"] == 1,
+                 "its first trial running")
+        self.assertEqual(d.request("DELETE", f"/v1/tokens/{tok['id']}")[0], 204)
+        exp = self.finished(d, eid)
+        self.assertEqual(exp["state"], "cancelled", exp)
+        self.assertIn("was revoked", exp["reason"])
+        self.assertEqual(sorted(t["state"] for t in exp["trials"]), ["cancelled", "pending"])
+
+    def test_g_running_experiments_per_token_are_limited(self):
+        d = self.start_daemon("--slots", "1", "--grace", "1")
+        gate = os.path.join(self.new_state_dir(), "never")
+        ids = [self.create(d, self.gated_body(gate))["id"] for _ in range(64)]
+        err = self.assert_error(d.json("POST", "/v1/experiments", self.gated_body(gate)), 429,
+                                "too_many_experiments")
+        self.assertIn("64", err["message"])
+        for eid in ids:
+            self.assertEqual(d.json("POST", f"/v1/experiments/{eid}/cancel")[0], 200)
+        for eid in ids:
+            self.assertEqual(self.finished(d, eid)["state"], "cancelled")
+        self.create(d, self.gated_body(gate))  # room again; stopped with the daemon
+
 
 if __name__ == "__main__":
     harness.TRAIND = os.path.abspath(sys.argv[1])
