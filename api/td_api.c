@@ -196,7 +196,7 @@ static enum MHD_Result metrics(const td_api_call *k) {
 
 /* One of the token's streams (events, a followed log) for as long as the request lasts; false
  * with a 429 answered when it holds its limit of them. */
-static bool take_stream(const td_api_call *k, enum MHD_Result *answer) {
+bool td_api_take_stream(const td_api_call *k, enum MHD_Result *answer) {
     if (!k->rq->who.id || td_tokens_stream_begin(k->api->cfg.tokens, k->rq->who.id)) {
         k->rq->stream = k->rq->who.id != 0; /* given back when the request completes */
         return true;
@@ -213,14 +213,14 @@ static bool take_stream(const td_api_call *k, enum MHD_Result *answer) {
 
 static enum MHD_Result events(const td_api_call *k) {
     enum MHD_Result answer;
-    if (!take_stream(k, &answer)) return answer;
+    if (!td_api_take_stream(k, &answer)) return answer;
     return td_api_events(k->api, k->c, k->id);
 }
 
 static enum MHD_Result logs(const td_api_call *k) {
     const char *follow = MHD_lookup_connection_value(k->c, MHD_GET_ARGUMENT_KIND, "follow");
     enum MHD_Result answer;
-    if (follow && strcmp(follow, "1") == 0 && !take_stream(k, &answer)) return answer;
+    if (follow && strcmp(follow, "1") == 0 && !td_api_take_stream(k, &answer)) return answer;
     return td_api_logs(k->api, k->c, k->id);
 }
 

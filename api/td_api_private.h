@@ -92,6 +92,9 @@ enum MHD_Result td_api_cluster_file(const td_api_call *k);
 enum MHD_Result td_api_nodes(const td_api_call *k);
 enum MHD_Result td_api_node_action(const td_api_call *k);
 
+/* One of the token's streams (events, a followed log) for as long as the request lasts; false
+ * with a 429 answered when it holds its limit of them (td_api.c). */
+bool td_api_take_stream(const td_api_call *k, enum MHD_Result *answer);
 /* The experiments' routes (td_api_experiments.c): /v1/experiments and
  * /v1/experiments/{id}[/cancel]. */
 enum MHD_Result td_api_experiments(const td_api_call *k);

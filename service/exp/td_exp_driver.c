@@ -14,8 +14,26 @@
 
 enum { TURN_EVERY_S = 2, RETRY_AFTER_S = 30 };
 
-/* Reads what is new of a trial's job: its state, steps and metric lines. */
+static void say_trial(td_experiments *x, experiment *ex, const td_exp_trial *t) {
+    td_exp_emit(x, ex, "trial", td_exp_trial_json(t));
+}
+
+/* The best trial, when another than the last one said ("best" events). */
+static void say_best(td_experiments *x, experiment *ex) {
+    const td_exp_trial *b = td_exp_best(ex);
+    if (!b || b->trial == ex->best_said) return;
+    ex->best_said = b->trial;
+    td_exp_emit(x, ex, "best",
+                json_pack("{s:i, s:I, s:O, s:f, s:I}", "trial", b->trial, "job", (json_int_t)b->job,
+                          "hparams", b->hparams, "value", b->best, "step",
+                          (json_int_t)b->best_step));
+}
+
+/* Reads what is new of a trial's job: its state, steps and metric lines (a "trial" event when
+ * its state changed). */
 static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
+    char was[sizeof t->state];
+    snprintf(was, sizeof was, "%s", t->state);
     td_job_status st;
     if (td_jobs_status(x->jobs, t->job, &st) != 0) {
         t->final = true;
@@ -34,6 +52,7 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
         t->final = true;
         snprintf(t->reason, sizeof t->reason, "%s", st.reason);
     }
+    if (strcmp(was, t->state) != 0) say_trial(x, ex, t);
 }
 
 static void finish(td_experiments *x, experiment *ex, td_exp_state state, const char *why) {
@@ -42,6 +61,9 @@ static void finish(td_experiments *x, experiment *ex, td_exp_state state, const 
     ex->row.finished_at = td_clock_wall();
     if (why != ex->row.reason) snprintf(ex->row.reason, sizeof ex->row.reason, "%s", why);
     td_exp_save(x, ex);
+    say_best(x, ex);
+    td_exp_emit(x, ex, "state",
+                json_pack("{s:s, s:s}", "state", td_exp_state_names[state], "reason", why));
     td_log_at(x->log, state == TD_EXP_FAILED ? TD_LOG_WARNING : TD_LOG_INFO, TD_LOG_NOWHERE,
               "experiment %ld %s%s%s", ex->row.id, td_exp_state_names[state], why[0] ? ": " : "",
               why);
@@ -67,6 +89,7 @@ static bool make(td_experiments *x, experiment *ex, td_exp_trial *t) {
         t->made = true;
         t->job = id;
         snprintf(t->state, sizeof t->state, "queued");
+        say_trial(x, ex, t);
         return true;
     }
     if (e.status == 429 || e.status == 503 || e.status == 507 || e.status >= 500) {
@@ -81,6 +104,7 @@ static bool make(td_experiments *x, experiment *ex, td_exp_trial *t) {
     snprintf(t->reason, sizeof t->reason, "its job was refused: %.480s", e.message);
     td_log_at(x->log, TD_LOG_WARNING, TD_LOG_NOWHERE, "experiment %ld: trial %d: %s", ex->row.id,
               t->trial, t->reason);
+    say_trial(x, ex, t);
     return true;
 }
 
@@ -110,6 +134,10 @@ static void drive(td_experiments *x, long id) {
         for (int k = 0; k < ex->n_trials; k++)
             if (ex->trials[k].job > 0) follow(x, ex, &ex->trials[k]);
         ex->settled = true;
+        say_best(x, ex);
+        td_exp_emit(x, ex, "state",
+                    json_pack("{s:s, s:s}", "state", td_exp_state_names[ex->state], "reason",
+                              ex->row.reason));
         return;
     }
     for (int k = 0; k < ex->n_trials; k++)
@@ -142,6 +170,7 @@ static void drive(td_experiments *x, long id) {
             break;
         }
     }
+    say_best(x, ex);
     if (waiting || ex->cancel_requested || td_exp_unfinished(ex) > 0) return;
     const td_exp_trial *best = td_exp_best(ex);
     char why[256] = "";
@@ -198,6 +227,9 @@ void td_experiments_stop(td_experiments *x) {
     atomic_store(&x->stopping, true);
     pthread_cond_signal(&x->wake);
     pthread_mutex_unlock(&x->wake_mu);
+    pthread_mutex_lock(&x->mu);
+    pthread_cond_broadcast(&x->changed); /* the streams end */
+    pthread_mutex_unlock(&x->mu);
     pthread_join(x->thread, NULL);
     x->started = false;
 }

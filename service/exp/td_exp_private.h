@@ -3,6 +3,7 @@
  *   td_exp_spec.c      an experiment's body read and checked: the space, the searcher
  *   td_exp_search.c    the searchers: how many trials, and each one's hyperparameters
  *   td_exp_trial.c     a trial's body, what its metric lines say, the best trial
+ *   td_exp_events.c    an experiment's events, for its stream
  *   td_exp_render.c    an experiment's JSON
  *   td_experiments.c   the table and the API's calls
  *   td_exp_driver.c    the thread (started, stopped): trials made, followed, the experiment's end
@@ -102,6 +103,15 @@ typedef struct experiment {
     td_exp_trial *trials; /* [n_trials], by number: trials[t].trial == t */
     int n_trials;         /* the searcher's count (td_exp_trial_count) */
     double retry_at;      /* a refused submission (429, 503) is tried again then (monotonic) */
+    /* its events (trial, best, state) in this daemon's life, for GET .../events */
+    struct td_exp_event {
+        long seq;
+        char type[16];
+        char *data;
+    } * events;
+    int n_events, cap_events;
+    long last_seq;
+    int best_said; /* the best trial the last "best" event named; -1: none */
 } experiment;
 /* How many of its trials are unfinished (made, not ended). */
 int td_exp_unfinished(const experiment *ex);
@@ -112,14 +122,7 @@ static inline bool td_exp_better(double a, double b, bool maximize) {
     return maximize ? a > b : a < b;
 }
 
-/* ---- td_exp_render.c ---- */
-/* The experiment as the API shows it: its body's choices, every trial (hyperparameters, job,
- * state, steps, latest and best metric) and the best trial with its checkpoint. */
-void td_exp_render(td_experiments *x, const experiment *ex, td_buf *out);
-/* One line of the list: without its trials. */
-void td_exp_render_summary(const experiment *ex, td_buf *out);
-
-/* ---- td_experiments.c ---- */
+/* ---- td_exp_events.c ---- */
 /* Lock order: mu, then the jobs' lock (its calls), then wake_mu: the jobs module tells of a
  * trial's change under its own lock, so that call takes wake_mu alone. */
 struct td_experiments {
@@ -129,14 +132,35 @@ struct td_experiments {
     td_log *log;
     pthread_mutex_t mu;
     pthread_mutex_t wake_mu;
-    pthread_cond_t wake; /* a trial changed, an experiment came or was cancelled, or stop */
-    bool poked;          /* (with wake_mu) */
+    pthread_cond_t wake;    /* a trial changed, an experiment came or was cancelled, or stop */
+    pthread_cond_t changed; /* (with mu) an experiment has new events, or stop */
+    long first_seq;         /* this life's first event id */
+    bool poked;             /* (with wake_mu) */
     pthread_t thread;
     bool started;
     atomic_bool stopping;
     experiment **list; /* by id */
     int n, cap;
 };
+/* Appends an event to ex's log (data: a new reference taken over) and wakes its streams. Ids
+ * start at x->first_seq, above every id an earlier daemon gave: a client that comes back with an
+ * id of that life gets this life's events from the first. */
+void td_exp_emit(td_experiments *x, experiment *ex, const char *type, json_t *data);
+/* Its events after `after` (at most limit) to fn; how many. */
+int td_exp_events_after(const experiment *ex, long after, int limit,
+                        void (*fn)(void *ctx, long seq, const char *type, const char *data),
+                        void *ctx);
+void td_exp_free_events(experiment *ex);
+
+/* ---- td_exp_render.c ---- */
+/* The experiment as the API shows it: its body's choices, every trial (hyperparameters, job,
+ * state, steps, latest and best metric) and the best trial with its checkpoint. */
+void td_exp_render(td_experiments *x, const experiment *ex, td_buf *out);
+/* One line of the list: without its trials. */
+void td_exp_render_summary(const experiment *ex, td_buf *out);
+json_t *td_exp_trial_json(const td_exp_trial *t); /* a trial as the API shows it */
+
+/* ---- td_experiments.c ---- */
 experiment *td_exp_find(td_experiments *x, long id);
 void td_exp_save(td_experiments *x, experiment *ex); /* its row (state, end, reason) */
 void td_exp_poke(td_experiments *x);                 /* wakes the thread (any lock or none held) */

@@ -20,7 +20,7 @@ static json_t *value_json(bool has, long step, double v) {
     return has ? json_pack("{s:I, s:f}", "step", (json_int_t)step, "value", v) : json_null();
 }
 
-static json_t *trial_json(const td_exp_trial *t) {
+json_t *td_exp_trial_json(const td_exp_trial *t) {
     json_t *o = json_pack("{s:i, s:O, s:s, s:o, s:o, s:o}", "trial", t->trial, "hparams",
                           t->hparams, "state", t->state, "job",
                           t->job > 0 ? json_integer((json_int_t)t->job) : json_null(), "latest",
@@ -114,7 +114,7 @@ void td_exp_render(td_experiments *x, const experiment *ex, td_buf *out) {
     json_decref(body);
     json_t *trials = json_array();
     for (int t = 0; t < ex->n_trials; t++)
-        json_array_append_new(trials, trial_json(&ex->trials[t]));
+        json_array_append_new(trials, td_exp_trial_json(&ex->trials[t]));
     json_object_set_new(o, "trials", trials);
     json_object_set_new(o, "best", best_json(x, td_exp_best(ex)));
     put(o, out);

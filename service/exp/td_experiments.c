@@ -6,6 +6,7 @@
 
 #include "base/td_clock.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,12 +57,14 @@ static int build(experiment *ex, td_reply_error *e) {
     ex->owner.id = ex->row.owner;
     snprintf(ex->owner.name, sizeof ex->owner.name, "%s", ex->row.owner_name);
     ex->owner.scope = TD_SCOPE_SUBMIT;
+    ex->best_said = -1;
     return 0;
 }
 
 static void free_experiment(experiment *ex) {
     for (int t = 0; t < ex->n_trials; t++) json_decref(ex->trials[t].hparams);
     free(ex->trials);
+    td_exp_free_events(ex);
     td_exp_spec_free(&ex->spec);
     free(ex->row.spec);
     free(ex);
@@ -106,7 +109,10 @@ int td_experiments_open(td_experiments **out, td_jobs *jobs, td_db *db, td_token
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&x->wake, &ca);
+    pthread_cond_init(&x->changed, &ca);
     pthread_condattr_destroy(&ca);
+    /* above any id an earlier daemon gave (ms since 1970, times 1000 events a millisecond) */
+    x->first_seq = (long)(td_clock_wall() * 1000.0) * 1000 + 1;
     if (td_db_load_experiments(db, loaded, x, err) != 0) {
         td_experiments_close(x);
         return -1;
@@ -121,6 +127,7 @@ void td_experiments_close(td_experiments *x) {
     for (int i = 0; i < x->n; i++) free_experiment(x->list[i]);
     free(x->list);
     pthread_cond_destroy(&x->wake);
+    pthread_cond_destroy(&x->changed);
     pthread_mutex_destroy(&x->wake_mu);
     pthread_mutex_destroy(&x->mu);
     free(x);
@@ -271,10 +278,40 @@ int td_experiments_delete(td_experiments *x, long id, const td_principal *who, t
             if (x->list[i] != ex) x->list[k++] = x->list[i];
         x->n = k;
         free_experiment(ex);
+        pthread_cond_broadcast(&x->changed); /* its streams end */
     }
     pthread_mutex_unlock(&x->mu);
     if (rc == 0) td_log_at(x->log, TD_LOG_INFO, TD_LOG_NOWHERE, "experiment %ld deleted", id);
     return rc;
+}
+
+int td_experiments_events(td_experiments *x, long id, long after, int limit,
+                          void (*fn)(void *ctx, long seq, const char *type, const char *data),
+                          void *ctx, td_reply_error *e) {
+    pthread_mutex_lock(&x->mu);
+    experiment *ex = td_exp_find(x, id);
+    if (ex) td_exp_events_after(ex, after, limit, fn, ctx);
+    pthread_mutex_unlock(&x->mu);
+    return ex ? 0 : not_found(e, id);
+}
+
+int td_experiments_wait(td_experiments *x, long id, long after, double timeout_s, long *last,
+                        bool *ended) {
+    struct timespec until;
+    td_clock_deadline(&until, timeout_s);
+    pthread_mutex_lock(&x->mu);
+    experiment *ex;
+    /* found again after each wait: it may have gone meanwhile, which ends the stream */
+    while ((ex = td_exp_find(x, id)) && ex->last_seq <= after && ex->state == TD_EXP_RUNNING &&
+           !atomic_load(&x->stopping) &&
+           pthread_cond_timedwait(&x->changed, &x->mu, &until) != ETIMEDOUT) {
+    }
+    if (ex) {
+        *last = ex->last_seq;
+        *ended = ex->state != TD_EXP_RUNNING || atomic_load(&x->stopping);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return ex ? 0 : -1;
 }
 
 void td_experiments_prometheus(td_experiments *x, td_buf *out) {

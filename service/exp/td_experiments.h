@@ -59,6 +59,16 @@ int td_experiments_cancel(td_experiments *x, long id, const td_principal *who, t
                           td_reply_error *e);
 /* Removes an ended experiment and its trials (their jobs). 409 while it runs. */
 int td_experiments_delete(td_experiments *x, long id, const td_principal *who, td_reply_error *e);
+/* GET /v1/experiments/ID/events: its events after `after` (at most limit) to fn, called under
+ * the table's lock (copy what is kept; call nothing of this module). 404 for no experiment. */
+int td_experiments_events(td_experiments *x, long id, long after, int limit,
+                          void (*fn)(void *ctx, long seq, const char *type, const char *data),
+                          void *ctx, td_reply_error *e);
+/* Waits until experiment id has an event after `after`, has ended, goes, the daemon stops, or
+ * timeout_s passes. -1 when there is no such experiment; *last: its newest event's id; *ended:
+ * it has ended and *last is its last event (or the daemon is stopping). */
+int td_experiments_wait(td_experiments *x, long id, long after, double timeout_s, long *last,
+                        bool *ended);
 /* Experiments by state, in Prometheus's text format. */
 void td_experiments_prometheus(td_experiments *x, td_buf *out);
 

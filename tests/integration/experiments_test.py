@@ -44,6 +44,19 @@ class ExperimentsTest(harness.DaemonTest):
             return exp if exp["state"] != "running" else None
         return wait_for(done, f"experiment {eid} to end", timeout=300)
 
+    def check_events(self, events, n_trials):
+        """trial events in each trial's order of states, best events, and the end."""
+        ids = [e.id for e in events]
+        self.assertEqual(ids, sorted(set(ids)), "ids increase")
+        self.assertEqual((events[-1].event, events[-1].data["state"]), ("state", "succeeded"))
+        order = ["queued", "running", "succeeded"]
+        for t in range(n_trials):
+            seen = [e.data["state"] for e in events if e.event == "trial" and
+                    e.data["trial"] == t]
+            self.assertEqual(seen[0], "queued", f"trial {t}: {seen}")
+            self.assertEqual(seen[-1], "succeeded", f"trial {t}: {seen}")
+            self.assertEqual(seen, sorted(seen, key=order.index), f"trial {t}: {seen}")
+
     def best_single_loss(self, d, lr):
         spec = small_spec(f"alone-{lr}")
         spec["train"]["optimizer"]["lr"] = lr
@@ -61,7 +74,16 @@ class ExperimentsTest(harness.DaemonTest):
         self.assertEqual(exp["trials_total"], 4)
         self.assertEqual([t["hparams"] for t in exp["trials"]],
                          [{"train.optimizer.lr": lr} for lr in LRS])
+        with harness.EventStream(d, f"/v1/experiments/{exp['id']}/events", {}) as stream:
+            events = stream.rest()  # to its end: the stream closes when the experiment ends
+        self.check_events(events, 4)
         exp = self.finished(d, exp["id"])
+        said = [e.data for e in events if e.event == "best"]
+        self.assertTrue(said, "a best event")
+        self.assertEqual(said[-1]["trial"], exp["best"]["trial"], "the last best said")
+        with harness.EventStream(d, f"/v1/experiments/{exp['id']}/events",
+                                 {"Last-Event-ID": str(events[-1].id)}) as stream:
+            self.assertEqual(stream.rest(), [], "nothing after the last event of an ended one")
         self.assertEqual(exp["state"], "succeeded", exp)
         self.assertEqual(exp["counts"]["succeeded"], 4, exp["counts"])
         alone = {lr: self.best_single_loss(d, lr) for lr in LRS}
