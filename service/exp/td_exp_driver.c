@@ -9,10 +9,13 @@
 #include "base/td_clock.h"
 
 #include <errno.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { TURN_EVERY_S = 2, RETRY_AFTER_S = 30 };
+/* a busy cluster's trials poke at every stored batch of lines: turns come this often at most */
+#define TURN_AT_MOST_S 0.2
 
 static void say_trial(td_experiments *x, experiment *ex, const td_exp_trial *t) {
     td_exp_emit(x, ex, "trial", td_exp_trial_json(t));
@@ -43,6 +46,10 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
     }
     snprintf(t->state, sizeof t->state, "%s", st.state);
     t->step = st.step;
+    if (strcmp(st.state, "queued") == 0) { /* nothing printed yet */
+        if (strcmp(was, t->state) != 0) say_trial(x, ex, t);
+        return;
+    }
     td_buf m = {0};
     td_reply_error e;
     if (td_jobs_metrics(x->jobs, t->job, t->metrics_since, &m, &e) == 0 && m.data)
@@ -202,7 +209,13 @@ static void *run(void *arg) {
         x->poked = false;
         pthread_mutex_unlock(&x->wake_mu);
         if (stop) return NULL;
+        double began = td_clock_now();
         turn(x);
+        double took = td_clock_now() - began;
+        if (took < TURN_AT_MOST_S) { /* a pace, not a wait for anything: pokes meanwhile count */
+            struct timespec pause = {0, (long)((TURN_AT_MOST_S - took) * 1e9)};
+            nanosleep(&pause, NULL);
+        }
     }
 }
 

@@ -25,6 +25,10 @@ enum {
     TD_EXP_MAX_VALUES = 1000,    /* values of one grid or choice */
     TD_EXP_MAX_CONCURRENT = 256, /* unfinished trials at a time, at most */
     TD_EXP_PATH_MAX = 256,
+    TD_EXP_VALUE_MAX = 2048,    /* bytes of one value of a grid or choice, as JSON */
+    TD_EXP_HPARAMS_MAX = 65536, /* bytes of a trial's values: they go in its environment */
+    TD_EXPERIMENTS_KEPT_PER_TOKEN = 1000, /* a token's experiments, ended ones too */
+    TD_EXP_BODY_MAX = 256 * 1024,         /* bytes of an experiment's body */
 };
 
 /* ---- td_exp_spec.c ---- */

@@ -26,7 +26,8 @@ static json_t *draw(const td_exp_dim *d, td_rng *r) {
     switch (d->kind) {
     case TD_DIM_GRID:
     case TD_DIM_CHOICE:
-        return json_incref(json_array_get(d->values, td_rng_below(r, json_array_size(d->values))));
+        return json_deep_copy(
+            json_array_get(d->values, td_rng_below(r, json_array_size(d->values))));
     case TD_DIM_UNIFORM:
         return json_real(d->lo + unit(r) * (d->hi - d->lo));
     case TD_DIM_LOG_UNIFORM:
@@ -56,6 +57,7 @@ json_t *td_exp_hparams(const td_exp_spec *s, int t) {
         rest /= (long)n;
     }
     for (int i = 0; i < s->n_dims; i++)
-        json_object_set(h, s->dims[i].path, json_array_get(s->dims[i].values, at[i]));
+        json_object_set_new(h, s->dims[i].path,
+                            json_deep_copy(json_array_get(s->dims[i].values, at[i])));
     return h;
 }

@@ -100,6 +100,47 @@ static int by_path(const void *a, const void *b) {
     return strcmp(((const td_exp_dim *)a)->path, ((const td_exp_dim *)b)->path);
 }
 
+/* Whether path a leads into path b ("train" into "train.lr", "l" into "l[0]"): one would set
+ * what the other changes inside it. */
+static bool leads_into(const char *a, const char *b) {
+    size_t n = strlen(a);
+    return strncmp(a, b, n) == 0 && (b[n] == '.' || b[n] == '[');
+}
+
+/* The space as a whole: no path inside another, none that is a command's whole environment,
+ * and values small enough for a process's environment (each, and a trial's together). */
+static int check_space(const td_exp_spec *s, td_reply_error *e) {
+    size_t total = 0;
+    for (int i = 0; i < s->n_dims; i++) {
+        const td_exp_dim *d = &s->dims[i];
+        char field[TD_EXP_PATH_MAX + 16];
+        snprintf(field, sizeof field, "space.%s", d->path);
+        if (strcmp(d->path, "env") == 0)
+            return fail(e, field, "%s: set a command's variables one by one (env.NAME)", field);
+        for (int k = 0; k < s->n_dims; k++)
+            if (k != i && leads_into(d->path, s->dims[k].path))
+                return fail(e, field, "%s: another searched path, %s, is inside it", field,
+                            s->dims[k].path);
+        size_t widest = 24; /* a number drawn from a range */
+        for (size_t v = 0; d->values && v < json_array_size(d->values); v++) {
+            char *text = json_dumps(json_array_get(d->values, v), JSON_ENCODE_ANY | JSON_COMPACT);
+            size_t n = text ? strlen(text) : 0;
+            free(text);
+            if (n > TD_EXP_VALUE_MAX)
+                return fail(e, field, "%s: a value of %zu bytes; at most %d", field, n,
+                            TD_EXP_VALUE_MAX);
+            if (n > widest) widest = n;
+        }
+        total += widest + strlen(d->path) + 4;
+    }
+    if (total > TD_EXP_HPARAMS_MAX)
+        return fail(e, "space",
+                    "space: a trial's values could take %zu bytes in all; at most %d (they go in "
+                    "its environment)",
+                    total, TD_EXP_HPARAMS_MAX);
+    return 0;
+}
+
 static int read_space(td_exp_spec *s, json_t *space, td_reply_error *e) {
     if (!json_is_object(space) || json_object_size(space) < 1 ||
         json_object_size(space) > TD_EXP_MAX_DIMS)
@@ -195,10 +236,10 @@ static int read_members(td_exp_spec *s, json_t *root, td_reply_error *e) {
         return fail(e, "job",
                     "job: expected the base job, an object as POST /v1/jobs takes (a train spec "
                     "or a command job, with its resources)");
-    long job_priority = json_is_integer(json_object_get(job, "priority"))
-                            ? (long)json_integer_value(json_object_get(job, "priority"))
-                            : 0;
-    if (td_json_int(root, "", "priority", false, job_priority, -1000000, 1000000, &priority,
+    long job_priority;
+    if (td_json_int(job, "job", "priority", false, 0, -1000000, 1000000, &job_priority, &err) !=
+            0 ||
+        td_json_int(root, "", "priority", false, job_priority, -1000000, 1000000, &priority,
                     &err) != 0)
         return td_submit_spec_error(e, &err);
     s->job = json_incref(job);
@@ -222,6 +263,7 @@ int td_exp_spec_parse(td_exp_spec *s, const char *body, size_t len, td_reply_err
     if (rc == 0) rc = read_members(s, root, e);
     if (rc == 0) rc = read_searcher(s, root, e);
     if (rc == 0) rc = read_space(s, json_object_get(root, "space"), e);
+    if (rc == 0) rc = check_space(s, e);
     if (rc == 0 && s->searcher == TD_SEARCH_GRID) rc = check_grid(s, e);
     json_decref(root);
     if (rc != 0) td_exp_spec_free(s);

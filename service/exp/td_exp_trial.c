@@ -20,7 +20,8 @@ static void segment(const char **p, char *name, size_t len, long *index) {
     if (**p == '.') (*p)++;
 }
 
-/* Sets v (a reference taken) at path in job: objects on the way are made when missing; an
+/* Sets a copy of v at path in job (a value is never shared between the spec, the trials and the
+ * bodies: what one changes, another must not see): objects on the way are made when missing; an
  * array's item must be there. */
 static int set_path(json_t *job, const char *path, json_t *v, td_reply_error *e) {
     json_t *at = job;
@@ -33,13 +34,13 @@ static int set_path(json_t *job, const char *path, json_t *v, td_reply_error *e)
         json_t *next = NULL;
         if (index < 0 && json_is_object(at)) {
             next = json_object_get(at, name);
-            if (last) return json_object_set(at, name, v) == 0 ? 0 : -1;
+            if (last) return json_object_set_new(at, name, json_deep_copy(v)) == 0 ? 0 : -1;
             if (!next && p[0] != '[') { /* made when missing: optional sections */
                 next = json_object();
                 json_object_set_new(at, name, next);
             }
         } else if (index >= 0 && json_is_array(at) && (size_t)index < json_array_size(at)) {
-            if (last) return json_array_set(at, (size_t)index, v) == 0 ? 0 : -1;
+            if (last) return json_array_set_new(at, (size_t)index, json_deep_copy(v)) == 0 ? 0 : -1;
             next = json_array_get(at, (size_t)index);
         }
         if (!next || (!json_is_object(next) && !json_is_array(next))) {
@@ -57,10 +58,11 @@ static int set_path(json_t *job, const char *path, json_t *v, td_reply_error *e)
 /* A command job's own environment gets the trial (its processes read TRAIND_HPARAMS). */
 static void command_env(json_t *body, long experiment, int t, json_t *hparams) {
     json_t *env = json_object_get(body, "env");
-    if (!json_is_object(env)) {
+    if (!env) {
         env = json_object();
         json_object_set_new(body, "env", env);
     }
+    if (!json_is_object(env)) return; /* the job's own error: its check says so */
     char num[32];
     snprintf(num, sizeof num, "%ld", experiment);
     json_object_set_new(env, "TRAIND_EXPERIMENT", json_string(num));

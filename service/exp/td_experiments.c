@@ -90,7 +90,8 @@ static void loaded(void *ctx, td_db_experiment *row) {
         ex->state = TD_EXP_FAILED;
         snprintf(ex->row.reason, sizeof ex->row.reason, "%.900s", e.message);
     } else {
-        ex->state = state_of(row->state);
+        ex->cancel_requested = strcmp(row->state, "cancelling") == 0; /* (then running) */
+        ex->state = ex->cancel_requested ? TD_EXP_RUNNING : state_of(row->state);
         td_jobs_trials(x->jobs, ex->row.id, found_trial, ex);
     }
     add(x, ex);
@@ -142,7 +143,7 @@ static int check_base_job(td_experiments *x, experiment *ex, const td_principal 
     if (!body) return -1;
     int rc = td_jobs_check(x->jobs, body, strlen(body), who, limits, e);
     free(body);
-    if (rc != 0 && e->status == 400) {
+    if (rc != 0 && e->status < 500) {
         char field[sizeof e->field];
         snprintf(field, sizeof field, "job%s%.250s", e->field[0] ? "." : "", e->field);
         snprintf(e->field, sizeof e->field, "%s", field);
@@ -164,6 +165,11 @@ int td_experiments_create(td_experiments *x, const char *body, size_t len, const
         free_experiment(ex);
         return td_reply_fail(e, 400, "invalid_json", NULL, "the body holds a NUL byte");
     }
+    if (len > TD_EXP_BODY_MAX) {
+        free_experiment(ex);
+        return td_reply_fail(e, 413, "body_too_large", NULL,
+                             "an experiment's body is %zu bytes; at most %d", len, TD_EXP_BODY_MAX);
+    }
     if (build(ex, e) != 0 || check_base_job(x, ex, who, limits, e) != 0) {
         free_experiment(ex);
         return -1;
@@ -176,16 +182,26 @@ int td_experiments_create(td_experiments *x, const char *body, size_t len, const
     ex->owner = *who;
     td_err err = {{0}};
     pthread_mutex_lock(&x->mu);
-    int running = 0;
+    int running = 0, kept = 0;
     for (int i = 0; i < x->n; i++)
-        running += x->list[i]->state == TD_EXP_RUNNING && x->list[i]->row.owner == who->id;
-    if (who->id != 0 && running >= TD_EXPERIMENTS_PER_TOKEN) {
+        if (x->list[i]->row.owner == who->id) {
+            kept++;
+            running += x->list[i]->state == TD_EXP_RUNNING;
+        }
+    if (who->id != 0 &&
+        (running >= TD_EXPERIMENTS_PER_TOKEN || kept >= TD_EXPERIMENTS_KEPT_PER_TOKEN)) {
         pthread_mutex_unlock(&x->mu);
         free_experiment(ex);
-        td_reply_fail(e, 429, "too_many_experiments", NULL,
-                      "token \"%s\" already runs %d experiments, the most one token may: create "
-                      "this one when one has ended",
-                      who->name, running);
+        if (running >= TD_EXPERIMENTS_PER_TOKEN)
+            td_reply_fail(e, 429, "too_many_experiments", NULL,
+                          "token \"%s\" already runs %d experiments, the most one token may: "
+                          "create this one when one has ended",
+                          who->name, running);
+        else
+            td_reply_fail(e, 429, "too_many_experiments", NULL,
+                          "token \"%s\" has %d experiments, the most one token may keep: delete "
+                          "ended ones first (DELETE /v1/experiments/ID)",
+                          who->name, kept);
         e->retry_after_s = 60;
         return -1;
     }
@@ -250,10 +266,15 @@ int td_experiments_cancel(td_experiments *x, long id, const td_principal *who, t
         rc = td_reply_fail(e, 409, "conflict", NULL,
                            "experiment %ld has already ended (%s): there is nothing to cancel", id,
                            td_exp_state_names[ex->state]);
-    if (rc == 0) {
+    if (rc == 0 && !ex->cancel_requested) {
         ex->cancel_requested = true;
-        td_exp_render(x, ex, out);
+        /* stored: a daemon that restarts before its trials have ended makes no new one */
+        snprintf(ex->row.state, sizeof ex->row.state, "cancelling");
+        td_err err = {{0}};
+        if (td_db_update_experiment(x->db, &ex->row, &err) != 0)
+            td_log_at(x->log, TD_LOG_ERROR, TD_LOG_NOWHERE, "experiment %ld: %s", id, err.msg);
     }
+    if (rc == 0) td_exp_render(x, ex, out);
     pthread_mutex_unlock(&x->mu);
     if (rc == 0) td_exp_poke(x);
     return rc;
@@ -268,18 +289,24 @@ int td_experiments_delete(td_experiments *x, long id, const td_principal *who, t
                            "experiment %ld is running: cancel it first (POST "
                            "/v1/experiments/%ld/cancel)",
                            id, id);
-    if (rc == 0) rc = td_jobs_delete_trials(x->jobs, id, e);
-    td_err err = {{0}};
-    if (rc == 0 && td_db_delete_experiment(x->db, id, &err) != 0)
-        rc = td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
-    if (rc == 0) {
+    if (rc == 0) { /* out of the table first: its trials' files go without the lock */
         int k = 0;
         for (int i = 0; i < x->n; i++)
             if (x->list[i] != ex) x->list[k++] = x->list[i];
         x->n = k;
-        free_experiment(ex);
         pthread_cond_broadcast(&x->changed); /* its streams end */
     }
+    pthread_mutex_unlock(&x->mu);
+    if (rc != 0) return rc;
+    td_err err = {{0}};
+    rc = td_jobs_delete_trials(x->jobs, id, e);
+    if (rc == 0 && td_db_delete_experiment(x->db, id, &err) != 0)
+        rc = td_reply_fail(e, 500, "internal", NULL, "%s", err.msg);
+    pthread_mutex_lock(&x->mu);
+    if (rc == 0)
+        free_experiment(ex);
+    else
+        add(x, ex); /* (kept: what could not go is said, and it can be asked again) */
     pthread_mutex_unlock(&x->mu);
     if (rc == 0) td_log_at(x->log, TD_LOG_INFO, TD_LOG_NOWHERE, "experiment %ld deleted", id);
     return rc;

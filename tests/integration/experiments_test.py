@@ -171,6 +171,12 @@ class ExperimentsTest(harness.DaemonTest):
             (body(job=dict(small_spec(), train=dict(small_spec()["train"], batch_size=0))),
              "job.train.batch_size"),
             (body(job=[1]), "job"),
+            (body(job=dict(small_spec(), priority=2**32)), "job.priority"),
+            (body(space={"env": {"choice": [{}]}}), "space.env"),
+            (body(space={"train": {"grid": [{}]}, "train.optimizer.lr": {"grid": [1]}}),
+             "space.train"),
+            (body(space={"train.optimizer.lr": {"choice": ["x" * 3000]}}),
+             "space.train.optimizer.lr"),
         ]
         for b, field in cases:
             self.assert_error(d.json("POST", "/v1/experiments", b), 400, "invalid_spec", field,
@@ -262,6 +268,22 @@ class ExperimentsTest(harness.DaemonTest):
         for eid in ids:
             self.assertEqual(self.finished(d, eid)["state"], "cancelled")
         self.create(d, self.gated_body(gate))  # room again; stopped with the daemon
+
+    def test_h_a_cancel_outlives_a_killed_daemon(self):
+        state = self.new_state_dir()
+        gate = os.path.join(state, "never")
+        d1 = self.start_daemon("--slots", "1", "--grace", "1", state_dir=state)
+        eid = self.create(d1, self.gated_body(gate))["id"]
+        wait_for(lambda: d1.json("GET", f"/v1/experiments/{eid}")[2]["counts"]["running"] == 1,
+                 "its first trial running")
+        # the stop is asked for and the daemon killed before anything comes of it
+        self.assertEqual(d1.json("POST", f"/v1/experiments/{eid}/cancel")[0], 200)
+        d1.kill()
+        d2 = self.start_daemon("--slots", "1", "--grace", "1", state_dir=state)
+        exp = self.finished(d2, eid)
+        self.assertEqual(exp["state"], "cancelled", exp)
+        self.assertEqual(sorted(t["state"] for t in exp["trials"]), ["cancelled", "pending"],
+                         "no trial made after the cancel")
 
 
 if __name__ == "__main__":
