@@ -1,6 +1,7 @@
 /* traind's dashboard: a page of its own served by the daemon, speaking API v1 with a session
  * cookie (POST /v1/session) and the CSRF token it returns. Pages: Jobs, Job (live charts from the
- * job's Server-Sent Events, drawn with Debian's dygraphs), Submit, Nodes. The DOM is built with
+ * job's Server-Sent Events, drawn with Debian's dygraphs), Submit, Nodes; Experiments and
+ * Experiment are experiments.js's. The DOM is built with
  * el() from text nodes only, never from HTML strings, so no job name or log line can inject
  * markup; the Content-Security-Policy forbids inline script besides. */
 "use strict";
@@ -603,13 +604,16 @@ function route() {
   const hash = location.hash || "#/jobs";
   const m = hash.match(/^#\/job\/(\d+)$/);
   const cmp = hash.match(/^#\/compare\/([\d,]+)$/);
-  const page = m || cmp ? "jobs" : hash.slice(2);
+  const exp = hash.match(/^#\/experiment\/(\d+)$/);
+  const page = m || cmp ? "jobs" : exp ? "experiments" : hash.slice(2);
   for (const a of document.querySelectorAll("#nav a"))
     a.toggleAttribute("aria-current", a.dataset.page === page) && a.setAttribute("aria-current", "page");
   if (m) jobPage(Number(m[1]));
   else if (cmp) comparePage(cmp[1].split(",").map(Number).slice(0, 8));
   else if (hash === "#/submit") submitPage();
   else if (hash === "#/nodes") nodesPage();
+  else if (exp) experimentPage(Number(exp[1])); // (experiments.js)
+  else if (hash === "#/experiments") experimentsPage();
   else jobsPage();
   $main().focus({ preventScroll: true });
 }

@@ -330,6 +330,42 @@ class DashboardTest(harness.DaemonTest):
         b.execute_script("document.getElementById('samples').scrollIntoView()")
         b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-samples.png"))
 
+    def test_i_experiment_page(self):
+        """An experiment's page, live: every trial listed from the start, the chart gaining a
+        line a trial as they run, the best trial marked, a scatter for the searched path."""
+        b, d = self.b, self.d
+        spec = harness.train_spec("lr", epochs=30)  # seconds a trial: seen running
+        status, _, exp = d.json("POST", "/v1/experiments", {
+            "name": "lr-sweep", "job": spec, "max_concurrent": 1,
+            "space": {"train.optimizer.lr": {"grid": [0.003, 0.01, 0.03, 0.1]}},
+            "searcher": {"type": "grid", "metric": "loss", "mode": "min"}})
+        self.assertEqual(status, 201, exp)
+        b.get(self.url)
+        self.sign_in(d.token)
+        self.find("#jobs")
+        b.find_element(By.CSS_SELECTOR, "#nav a[data-page=experiments]").click()
+        self.find(f"#experiments-body tr[data-experiment='{exp['id']}'] a").click()
+        self.find("#exp-state")
+        rows = lambda: b.find_elements(By.CSS_SELECTOR, "#trials-body tr")  # noqa: E731
+        self.until(lambda: len(rows()) == 4, "the four trials listed")
+        lines = lambda: int(self.find("#chart-trials").get_attribute("data-lines") or 0)  # noqa: E731
+        self.until(lambda: lines() >= 1, "a trial's line")
+        self.until(lambda: lines() >= 2, "the chart gaining a line")
+        self.until(lambda: b.find_elements(By.CSS_SELECTOR, "#trials-body .state.running"),
+                   "a running trial shown as running")
+        self.until(lambda: self.text("exp-state") == "succeeded", "the experiment's end")
+        self.until(lambda: lines() == 4, "a line a trial")
+        self.until(lambda: b.find_elements(By.CSS_SELECTOR, "#trials-body tr.best"),
+                   "the best trial marked")
+        best = d.json("GET", f"/v1/experiments/{exp['id']}")[2]["best"]
+        first = b.find_elements(By.CSS_SELECTOR, "#trials-body tr")[0]
+        self.assertEqual(first.get_attribute("data-trial"), str(best["trial"]), "best first")
+        scatter = self.find("#scatter-0")
+        self.assertEqual(scatter.get_attribute("data-path"), "train.optimizer.lr")
+        self.assertEqual(scatter.get_attribute("data-points"), "4")
+        b.set_window_size(1366, 1500)
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-experiment.png"))
+
     def test_b_session_cookie_and_csrf(self):
         d = self.d
         conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=TIMEOUT)
@@ -486,6 +522,7 @@ def main():
     ARTIFACTS = os.environ.get("TRAIND_ARTIFACTS") or tempfile.mkdtemp(prefix="traind-dashboard-")
     os.makedirs(ARTIFACTS, exist_ok=True)
     print(f"[dashboard] screenshots in {ARTIFACTS}", file=sys.stderr)
+    only = sys.argv[3:]  # test names to run (none: all)
     suite = unittest.TestSuite(DashboardTest(n) for n in
                                ("test_a_sign_in_submit_charts_logs_cancel",
                                 "test_b_session_cookie_and_csrf",
@@ -493,8 +530,10 @@ def main():
                                 "test_e_unmodified_scripts_metrics",
                                 "test_f_keyboard_submit_fields_failed_rank",
                                 "test_g_compare_and_find",
-                                "test_h_samples"))
-    suite.addTest(FirefoxTest("test_c_firefox"))
+                                "test_h_samples",
+                                "test_i_experiment_page") if not only or n in only)
+    if not only or "test_c_firefox" in only:
+        suite.addTest(FirefoxTest("test_c_firefox"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)
 
