@@ -4,8 +4,11 @@
 # Measures registering every node, the master's CPU while it serves the heartbeats (every 2 s
 # from each node), the heartbeats' latency, and how long the master takes to list 10 nodes that
 # went silent at once as lost (its timeout is 10 s), and the time to place 1,000 queued jobs of
-# mixed sizes (1 to 4 nodes, 1 or 2 slots each) once the job holding every slot ends.
+# mixed sizes (1 to 4 nodes, 1 or 2 slots each) once the job holding every slot ends; before
+# that, 10 experiments of 100 one-slot trials each: until all 1,000 trials run, and the master's
+# CPU meanwhile.
 #   bench/cluster.sh [BUILD_DIR]      NODES=256 SLOTS=8 STEADY_S=20 LOSE=10 JOBS=1000
+#                                     EXPERIMENTS=10 TRIALS=100
 # Only loopback traffic.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,5 +35,6 @@ done
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 /usr/bin/python3 "$here/cluster_sim.py" --master "127.0.0.1:$port" --secret-file "$tmp/secret" \
     --token-file "$tmp/state/token" --pid "$pid" --nodes "${NODES:-256}" --slots "${SLOTS:-8}" \
-    --steady-s "${STEADY_S:-20}" --lose "${LOSE:-10}" --jobs "${JOBS:-1000}"
+    --steady-s "${STEADY_S:-20}" --lose "${LOSE:-10}" --jobs "${JOBS:-1000}" \
+    --experiments "${EXPERIMENTS:-10}" --trials "${TRIALS:-100}"
 echo "master RSS at the end: $(awk '/^VmRSS/ {print $2, $3}' "/proc/$pid/status"), threads: $(awk '/^Threads/ {print $2}' "/proc/$pid/status")"

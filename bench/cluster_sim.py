@@ -35,17 +35,22 @@ def post(host, port, path, body, auth, timeout=10):
 
 
 def api(host, port, token, method, path, body=None):
-    conn = http.client.HTTPConnection(host, port, timeout=60)
-    try:
-        conn.request(method, path, json.dumps(body) if body is not None else None,
-                     {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = resp.read()
-        if resp.status >= 300:
-            raise RuntimeError(f"{method} {path}: {resp.status} {data[:300]!r}")
-        return json.loads(data) if data else None
-    finally:
-        conn.close()
+    """One API call; a 429 (the token's rate_limit_per_s) is waited out and sent again."""
+    while True:
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        try:
+            conn.request(method, path, json.dumps(body) if body is not None else None,
+                         {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+            if resp.status == 429:
+                time.sleep(float(resp.getheader("Retry-After") or 1))
+                continue
+            if resp.status >= 300:
+                raise RuntimeError(f"{method} {path}: {resp.status} {data[:300]!r}")
+            return json.loads(data) if data else None
+        finally:
+            conn.close()
 
 
 def count_jobs(host, port, token, state):
@@ -82,6 +87,40 @@ def percentile(xs, p):
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
 
 
+def experiments_phase(a, host, port, token):
+    """--experiments grid searches of --trials one-slot trials each, all at once: how long until
+    every trial is made and running on the simulated nodes, the master's CPU meanwhile, and how
+    long cancelling them all takes (their parts stop at the nodes' next heartbeats)."""
+    if not a.experiments:
+        return {}
+    c0, t0 = cpu_seconds(a.pid), time.monotonic()
+    ids = [api(host, port, token, "POST", "/v1/experiments", {
+        "name": f"e{k}", "max_concurrent": a.trials,
+        "job": {"name": "t", "command": ["true"], "resources": {"nproc_per_node": 1}},
+        "space": {"env.N": {"grid": [str(i) for i in range(a.trials)]}},
+        "searcher": {"type": "grid", "metric": "score", "mode": "max"}})["id"]
+        for k in range(a.experiments)]
+    want, deadline = a.experiments * a.trials, time.monotonic() + 300
+    while time.monotonic() < deadline:
+        running = sum(api(host, port, token, "GET", f"/v1/experiments/{e}")["counts"]["running"]
+                      for e in ids)
+        if running == want:
+            break
+        time.sleep(0.05)
+    made_s, cpu = time.monotonic() - t0, cpu_seconds(a.pid) - c0
+    t1 = time.monotonic()
+    for e in ids:
+        api(host, port, token, "POST", f"/v1/experiments/{e}/cancel")
+    while time.monotonic() < deadline and any(
+            api(host, port, token, "GET", f"/v1/experiments/{e}")["state"] == "running"
+            for e in ids):
+        time.sleep(0.05)
+    return {"experiments": a.experiments, "trials": want, "trials_running": running,
+            "trials_all_running_s": round(made_s, 2),
+            "master_cpu_percent_while_making_trials": round(100 * cpu / made_s, 1),
+            "experiments_cancelled_s": round(time.monotonic() - t1, 2)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--master", required=True)
@@ -93,6 +132,8 @@ def main():
     ap.add_argument("--steady-s", type=float, default=20)
     ap.add_argument("--lose", type=int, default=10)
     ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--experiments", type=int, default=10)
+    ap.add_argument("--trials", type=int, default=100)
     a = ap.parse_args()
     host, port = a.master.rsplit(":", 1)
     port = int(port)
@@ -105,7 +146,7 @@ def main():
     def register(name):
         gpus = [{"index": i, "name": "Simulated GPU", "memory_bytes": 80 << 30}
                 for i in range(a.slots)]
-        body = {"protocol": 2, "name": name, "node_id": ids[name], "address": "127.0.0.1",
+        body = {"protocol": 4, "name": name, "node_id": ids[name], "address": "127.0.0.1",
                 "slots": a.slots, "gpus": gpus, "version": "sim"}
         status, reply = post(host, port, "/v1/cluster/register", body, auth)
         if status != 200:
@@ -115,6 +156,8 @@ def main():
     t0 = time.monotonic()
     with ThreadPoolExecutor(32) as pool:
         replies = list(pool.map(register, names))
+    # protocol 4: each node's heartbeats carry the credential its registration gave it
+    node_auth = {n: f"Node {n}:{r['credential']}" for n, r in zip(names, replies)}
     registered_s = time.monotonic() - t0
     heartbeat_s = replies[0]["heartbeat_s"]
     listed = get_nodes(host, port, token)
@@ -143,7 +186,7 @@ def main():
         used = sum(o["nproc"] for o in orders[name] if not o["stop"])
         status, reply = post(host, port, "/v1/cluster/heartbeat",
                              {"name": name, "node_id": ids[name], "slots_used": used,
-                              "parts": report(name)}, auth)
+                              "parts": report(name)}, node_auth[name])
         dt = time.monotonic() - t
         with lock:
             latencies.append(dt)
@@ -173,9 +216,11 @@ def main():
     c1, w1, n1 = cpu_seconds(a.pid), time.monotonic(), len(latencies)
     steady_lat = latencies[n0:n1]
 
+    api(host, port, token, "POST", f"/v1/nodes/{listed[0]['name']}/drain")  # the master: none
+    exp = experiments_phase(a, host, port, token)
+
     # 3. placement: a job holding every slot, --jobs queued behind it; once it is cancelled
     # (its parts end at their nodes' next heartbeats), how long until every queued job is placed
-    api(host, port, token, "POST", f"/v1/nodes/{listed[0]['name']}/drain")  # the master: none
     blocker = api(host, port, token, "POST", "/v1/jobs", {
         "name": "blocker", "command": ["true"], "priority": 10,
         "resources": {"nnodes": a.nodes, "nproc_per_node": a.slots}})["id"]
@@ -252,6 +297,7 @@ def main():
         "place_all_s": round(place_s, 3), "placed": running, "left_queued": queued,
         "jobs_on_lost_nodes": len(lost_jobs),
         "lost_handled_s": round(handled_at - first_silent, 2) if handled_at else None,
+        **exp,
     }))
 
 
