@@ -390,7 +390,29 @@ def checkpoint_seeds():
     put("checkpoint_state", "other-version", compact(dict(state, version=2)))
 
 
+# ---- experiments (fuzz_experiment.c) ---------------------------------------------------------
+
+def experiment_seeds():
+    job = {"name": "b", "model": {"preset": "lenet5"}, "train": {"epochs": 1, "optimizer": {"lr": 0.1}},
+           "layers": [{"w": 1}, {"w": 2}]}
+    grid = {"type": "grid", "metric": "loss", "mode": "min"}
+    put("experiment", "grid", json.dumps({"name": "g", "job": job, "searcher": grid, "space": {
+        "train.optimizer.lr": {"grid": [0.01, 0.1]}, "layers[1].w": {"choice": [1, "x", None]}}},
+        indent=1))
+    put("experiment", "random", json.dumps({"job": {"name": "c", "command": ["true"]}, "seed": 9,
+        "max_concurrent": 3, "priority": 2,
+        "searcher": {"type": "random", "metric": "score", "mode": "max", "max_trials": 20},
+        "space": {"env.LR": {"log_uniform": [1e-5, 1]}, "env.N": {"int": [1, 64]},
+                  "env.X": {"uniform": [-1, 1]}, "train.schedule.warmup": {"grid": [1, 2]}}},
+        indent=1))
+    put("experiment", "refused-prefix", compact({"job": job, "searcher": grid, "space": {
+        "train": {"grid": [{}]}, "train.lr": {"grid": [1]}}}))
+    put("experiment", "through-a-number", compact({"job": job, "searcher": grid, "space": {
+        "train.epochs.x": {"grid": [1]}}}))
+
+
 def main():
+    experiment_seeds()
     spec_seeds()
     submit_seeds()
     config_seeds()
