@@ -92,10 +92,19 @@ static int write_hparams(const td_runner_attempt *r, const td_identity *who, cha
         if (strncmp(*v, "TRAIND_HPARAMS=", 15) == 0) h = *v + 15;
     if (!h) return 0;
     snprintf(path, len, "%s/hparams.json", r->dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0640);
+    /* (jobs/ID is the daemon's; a job of the daemon's own identity could still plant a name
+     * there: no link followed, no FIFO waited on, nothing but a regular file written) */
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0640);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        fd = -1;
+        errno = EINVAL;
+    }
     size_t n = strlen(h);
-    bool ok = fd >= 0 && write(fd, h, n) == (ssize_t)n && write(fd, "\n", 1) == 1 &&
-              fchmod(fd, 0640) == 0 && (!who->drop || fchown(fd, 0, who->gid) == 0);
+    bool ok = fd >= 0 && ftruncate(fd, 0) == 0 && write(fd, h, n) == (ssize_t)n &&
+              write(fd, "\n", 1) == 1 && fchmod(fd, 0640) == 0 &&
+              (!who->drop || fchown(fd, 0, who->gid) == 0);
     int saved = errno;
     if (fd >= 0) close(fd);
     return ok ? 0 : td_fail(err, "cannot write %s: %s", path, strerror(saved));

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static td_runner_config four_gpus = {.state_dir = "/nonexistent", .slots = 4, .gpus = 4};
@@ -197,5 +198,67 @@ Test(runner, a_failed_rank_s_own_words) {
     td_runner_rank_message(dir, 0, 0, true, out, sizeof out);
     cr_assert_str_eq(out, "", "no log");
     unlink(path);
+    rmdir(dir);
+}
+
+/* A trial's hyperparameters file, DIR/hparams.json, where a job of the daemon's own identity could
+ * have planted the name first: a FIFO is not waited on (the start would hang), a link is not
+ * followed (its target is not written); the start fails saying so. A regular file is written. */
+static int start_with_hparams(const char *dir, td_err *err) {
+    static const td_runner_config self = {.state_dir = "/nonexistent",
+                                          .shepherd = "/nonexistent",
+                                          .slots = 1,
+                                          .run_as = TD_RUN_AS_SELF};
+    td_runner n;
+    td_runner_init(&n, &self);
+    char *argv[] = {"true", NULL}, *env[] = {"TRAIND_HPARAMS={\"lr\":0.1}", NULL};
+    td_runner_attempt r = {.job = 1,
+                           .kind = "command",
+                           .nnodes = 1,
+                           .nproc = 1,
+                           .procs = 1,
+                           .dir = dir,
+                           .argv = argv,
+                           .env = env,
+                           .master_addr = "127.0.0.1"};
+    long long starts[1] = {0};
+    char *logs[] = {"/dev/null", NULL}, cgroup[256];
+    td_shepherd sh = {.fd = -1};
+    json_t *notes = json_object();
+    int rc = td_runner_start(&n, &r, starts, logs, notes, &sh, cgroup, sizeof cgroup, err);
+    json_decref(notes);
+    td_runner_free(&n);
+    return rc;
+}
+
+Test(runner, a_planted_hparams_file_is_neither_waited_on_nor_followed, .timeout = 20) {
+    char dir[] = "/tmp/traind-runner-XXXXXX", path[64], target[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/hparams.json", dir);
+    snprintf(target, sizeof target, "%s/target", dir);
+    td_err err = {{0}};
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    cr_assert_eq(start_with_hparams(dir, &err), -1, "a FIFO taken for the file");
+    cr_assert(strstr(err.msg, "hparams.json"), "%s", err.msg);
+    unlink(path);
+    FILE *f = fopen(target, "w");
+    cr_assert(f);
+    fputs("kept", f);
+    fclose(f);
+    cr_assert_eq(symlink(target, path), 0);
+    cr_assert_eq(start_with_hparams(dir, &err), -1, "a link followed");
+    char got[16] = "";
+    f = fopen(target, "r");
+    cr_assert(f && fgets(got, sizeof got, f));
+    fclose(f);
+    cr_assert_str_eq(got, "kept", "the link's target untouched");
+    unlink(path);
+    start_with_hparams(dir, &err); /* (the shepherd is not there: it fails after the file) */
+    f = fopen(path, "r");
+    cr_assert(f && fgets(got, sizeof got, f), "a regular file written");
+    fclose(f);
+    cr_assert_str_eq(got, "{\"lr\":0.1}\n");
+    unlink(path);
+    unlink(target);
     rmdir(dir);
 }
