@@ -1,7 +1,7 @@
 /* The experiments' routes (service/exp/td_experiments.h): POST and GET /v1/experiments,
  * GET and DELETE /v1/experiments/{id}, POST /v1/experiments/{id}/cancel, and its events as
- * Server-Sent Events (GET /v1/experiments/{id}/events: trial, best, state), which block their
- * connection's thread on the experiments' condition as a job's stream does (td_api_stream.c).
+ * Server-Sent Events (GET /v1/experiments/{id}/events: trial, best, state), the same stream as a
+ * job's (td_api_sse).
  * A daemon that runs no experiments (an agent: its master does) answers 404 with where to go. */
 #include "api/td_api_private.h"
 
@@ -10,74 +10,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct stream {
-    td_experiments *x;
-    atomic_long *open; /* the API's count of open streams */
-    long id, sent;     /* the last event id written */
-    td_api_pending out;
-    bool done;
-} stream;
-
-static void sse_record(void *ctx, long seq, const char *type, const char *data) {
-    stream *s = ctx;
-    td_buf_printf(&s->out.buf, "id: %ld\nevent: %s\ndata: %s\n\n", seq, type, data);
-    s->sent = seq;
+/* An experiment's events, as a source for td_api_sse (td_experiments_events, _wait). */
+static int exp_events(void *ctx, long id, long after, int limit, td_db_event_fn fn, void *fctx) {
+    td_reply_error e;
+    return td_experiments_events(ctx, id, after, limit, fn, fctx, &e);
 }
 
-static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
-    (void)pos;
-    stream *s = cls;
-    for (;;) {
-        size_t n = td_api_pending_take(&s->out, buf, max);
-        if (n) return (ssize_t)n;
-        if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
-        td_reply_error e;
-        if (td_experiments_events(s->x, s->id, s->sent, 256, sse_record, s, &e) != 0)
-            return MHD_CONTENT_READER_END_OF_STREAM; /* it was deleted */
-        if (s->out.buf.len) continue;
-        long last;
-        bool ended;
-        if (td_experiments_wait(s->x, s->id, s->sent, 15.0, &last, &ended) != 0)
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        if (ended && last <= s->sent)
-            s->done = true;
-        else if (last <= s->sent) /* quiet for 15 s: a comment keeps proxies from timing out */
-            td_buf_puts(&s->out.buf, ": keep-alive\n\n");
-    }
-}
-
-static void free_stream(void *cls) {
-    stream *s = cls;
-    if (s->open) atomic_fetch_sub(s->open, 1);
-    td_buf_free(&s->out.buf);
-    free(s);
+static int exp_wait(void *ctx, long id, long after, double timeout_s, long *last, bool *ended) {
+    return td_experiments_wait(ctx, id, after, timeout_s, last, ended);
 }
 
 static enum MHD_Result events(const td_api_call *k, long id) {
-    td_reply_error e;
-    td_buf probe = {0};
-    if (td_experiments_get(k->api->cfg.experiments, id, &probe, &e) != 0)
+    td_reply_error e; /* (limit 0: whether it exists, nothing read) */
+    if (td_experiments_events(k->api->cfg.experiments, id, 0, 0, NULL, NULL, &e) != 0)
         return td_api_error(k->c, &e, NULL);
-    td_buf_free(&probe);
-    const char *last = MHD_lookup_connection_value(k->c, MHD_HEADER_KIND, "Last-Event-ID");
-    if (!last) last = MHD_lookup_connection_value(k->c, MHD_GET_ARGUMENT_KIND, "last_event_id");
-    long after = 0;
-    if (last && !td_api_parse_last_event_id(last, &after))
-        return td_api_fail(k->c, 400, "bad_request", "Last-Event-ID",
-                           "Last-Event-ID: expected the decimal id of an event already received");
     enum MHD_Result answer;
     if (!td_api_take_stream(k, &answer)) return answer;
-    stream *s = td_calloc(1, sizeof *s);
-    s->x = k->api->cfg.experiments;
-    s->id = id;
-    s->sent = after;
-    s->open = &k->api->stats.sse_clients;
-    atomic_fetch_add(s->open, 1);
-    struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, read_events, s, free_stream);
-    if (!r) free_stream(s);
-    return td_api_respond(k->c, MHD_HTTP_OK, r, "text/event-stream", MHD_HTTP_HEADER_CACHE_CONTROL,
-                          "no-cache", NULL);
+    td_api_event_source source = {exp_events, exp_wait, k->api->cfg.experiments};
+    return td_api_sse(k->api, k->c, id, &source);
 }
 
 static enum MHD_Result none_here(const td_api_call *k) {

@@ -195,6 +195,18 @@ typedef struct td_api_pending {
  * emptied for the caller to make more. */
 size_t td_api_pending_take(td_api_pending *p, char *buf, size_t max);
 
+/* A stream of events (a job's, an experiment's) for td_api_sse: events after `after` (at most
+ * limit) to fn, -1 when the source is gone; and a wait until there are some after `after`, the
+ * source ends (*ended) or timeout_s passes, -1 when it is gone. */
+typedef struct td_api_event_source {
+    int (*events)(void *ctx, long id, long after, int limit, td_db_event_fn fn, void *fctx);
+    int (*wait)(void *ctx, long id, long after, double timeout_s, long *last, bool *ended);
+    void *ctx;
+} td_api_event_source;
+/* Server-Sent Events of source's item id, from the start or after Last-Event-ID (td_api_stream.c;
+ * the caller has checked that the item exists and taken the token's stream). */
+enum MHD_Result td_api_sse(td_api *api, struct MHD_Connection *c, long id,
+                           const td_api_event_source *source);
 /* GET /v1/jobs/{id}/events and /logs (td_api_stream.c) */
 enum MHD_Result td_api_events(td_api *api, struct MHD_Connection *c, long id);
 enum MHD_Result td_api_logs(td_api *api, struct MHD_Connection *c, long id);

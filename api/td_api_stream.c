@@ -1,6 +1,7 @@
-/* The responses that stay open while a job runs: its Server-Sent Events and a followed log. Each
- * blocks its own connection thread on the job's condition variable (one thread per connection),
- * never polling faster than the job changes. */
+/* The responses that stay open while a job runs: its Server-Sent Events and a followed log, and
+ * an experiment's events through the same stream (td_api_event_source). Each blocks its own
+ * connection thread on its source's condition variable (one thread per connection), never
+ * polling faster than the source changes. */
 #include "api/td_api_private.h"
 
 #include "base/td_clock.h"
@@ -38,7 +39,7 @@ bool td_api_parse_last_event_id(const char *h, long *after) {
 #define STREAM_BATCH_S 0.1
 
 typedef struct stream {
-    td_jobs *jobs;
+    td_api_event_source source;
     atomic_long *open; /* the API's count of open streams */
     long id, sent;     /* the last event id written */
     double sent_at;    /* when events were last written (monotonic); 0: not yet */
@@ -60,8 +61,7 @@ static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
         size_t n = td_api_pending_take(&s->out, buf, max);
         if (n) return (ssize_t)n;
         if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
-        td_reply_error e;
-        if (td_jobs_events(s->jobs, s->id, s->sent, 256, sse_record, s, &e) != 0)
+        if (s->source.events(s->source.ctx, s->id, s->sent, 256, sse_record, s) != 0)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         if (s->out.buf.len) {
             s->sent_at = td_clock_now();
@@ -76,7 +76,7 @@ static ssize_t read_events(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         long last;
         bool ended;
-        if (td_jobs_wait(s->jobs, s->id, s->sent, 15.0, &last, &ended) != 0)
+        if (s->source.wait(s->source.ctx, s->id, s->sent, 15.0, &last, &ended) != 0)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         if (ended && last <= s->sent)
             s->done = true;
@@ -92,9 +92,8 @@ static void free_stream(void *cls) {
     free(s);
 }
 
-enum MHD_Result td_api_events(td_api *api, struct MHD_Connection *c, long id) {
-    td_reply_error e;
-    if (td_jobs_exists(api->jobs, id, &e) != 0) return td_api_error(c, &e, NULL);
+enum MHD_Result td_api_sse(td_api *api, struct MHD_Connection *c, long id,
+                           const td_api_event_source *source) {
     const char *last = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
     if (!last) last = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "last_event_id");
     long after = 0;
@@ -102,7 +101,7 @@ enum MHD_Result td_api_events(td_api *api, struct MHD_Connection *c, long id) {
         return td_api_fail(c, 400, "bad_request", "Last-Event-ID",
                            "Last-Event-ID: expected the decimal id of an event already received");
     stream *s = td_calloc(1, sizeof *s);
-    s->jobs = api->jobs;
+    s->source = *source;
     s->id = id;
     s->sent = after;
     s->open = &api->stats.sse_clients;
@@ -112,6 +111,23 @@ enum MHD_Result td_api_events(td_api *api, struct MHD_Connection *c, long id) {
     if (!r) free_stream(s);
     return td_api_respond(c, MHD_HTTP_OK, r, "text/event-stream", MHD_HTTP_HEADER_CACHE_CONTROL,
                           "no-cache", NULL);
+}
+
+/* A job's events, as a source (its stored events, td_jobs.h). */
+static int job_events(void *ctx, long id, long after, int limit, td_db_event_fn fn, void *fctx) {
+    td_reply_error e;
+    return td_jobs_events(ctx, id, after, limit, fn, fctx, &e);
+}
+
+static int job_wait(void *ctx, long id, long after, double timeout_s, long *last, bool *ended) {
+    return td_jobs_wait(ctx, id, after, timeout_s, last, ended);
+}
+
+enum MHD_Result td_api_events(td_api *api, struct MHD_Connection *c, long id) {
+    td_reply_error e;
+    if (td_jobs_exists(api->jobs, id, &e) != 0) return td_api_error(c, &e, NULL);
+    td_api_event_source source = {job_events, job_wait, api->jobs};
+    return td_api_sse(api, c, id, &source);
 }
 
 /* ---- logs ------------------------------------------------------------------------------------ */

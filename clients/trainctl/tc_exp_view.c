@@ -1,7 +1,8 @@
 /* trainctl exp, on screen: an experiment's trials as a table (best first, cut to the terminal),
- * its heading and counts, its best trial, and following it to its end (--follow). The API has
- * no event stream for experiments yet, so following polls GET /v1/experiments/ID once a second:
- * plenty for a table people read, and one lookup under the daemon's lock each time. */
+ * its heading and counts, its best trial, and following it to its end (--follow). Following
+ * polls GET /v1/experiments/ID once a second rather than reading its event stream: the table
+ * needs the whole experiment anyway, once a second is plenty for a table people read, and a
+ * daemon that restarts meanwhile is simply asked again. */
 #include "trainctl.h"
 
 #include <errno.h>

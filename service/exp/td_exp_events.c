@@ -31,9 +31,7 @@ void td_exp_emit(td_experiments *x, experiment *ex, const char *type, json_t *da
     pthread_cond_broadcast(&x->changed);
 }
 
-int td_exp_events_after(const experiment *ex, long after, int limit,
-                        void (*fn)(void *ctx, long seq, const char *type, const char *data),
-                        void *ctx) {
+int td_exp_events_after(const experiment *ex, long after, int limit, td_db_event_fn fn, void *ctx) {
     int n = 0;
     for (int i = 0; i < ex->n_events && n < limit; i++)
         if (ex->events[i].seq > after) {

@@ -151,9 +151,7 @@ struct td_experiments {
  * id of that life gets this life's events from the first. */
 void td_exp_emit(td_experiments *x, experiment *ex, const char *type, json_t *data);
 /* Its events after `after` (at most limit) to fn; how many. */
-int td_exp_events_after(const experiment *ex, long after, int limit,
-                        void (*fn)(void *ctx, long seq, const char *type, const char *data),
-                        void *ctx);
+int td_exp_events_after(const experiment *ex, long after, int limit, td_db_event_fn fn, void *ctx);
 void td_exp_free_events(experiment *ex);
 
 /* ---- td_exp_render.c ---- */

@@ -312,8 +312,7 @@ int td_experiments_delete(td_experiments *x, long id, const td_principal *who, t
     return rc;
 }
 
-int td_experiments_events(td_experiments *x, long id, long after, int limit,
-                          void (*fn)(void *ctx, long seq, const char *type, const char *data),
+int td_experiments_events(td_experiments *x, long id, long after, int limit, td_db_event_fn fn,
                           void *ctx, td_reply_error *e) {
     pthread_mutex_lock(&x->mu);
     experiment *ex = td_exp_find(x, id);

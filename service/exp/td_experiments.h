@@ -61,8 +61,7 @@ int td_experiments_cancel(td_experiments *x, long id, const td_principal *who, t
 int td_experiments_delete(td_experiments *x, long id, const td_principal *who, td_reply_error *e);
 /* GET /v1/experiments/ID/events: its events after `after` (at most limit) to fn, called under
  * the table's lock (copy what is kept; call nothing of this module). 404 for no experiment. */
-int td_experiments_events(td_experiments *x, long id, long after, int limit,
-                          void (*fn)(void *ctx, long seq, const char *type, const char *data),
+int td_experiments_events(td_experiments *x, long id, long after, int limit, td_db_event_fn fn,
                           void *ctx, td_reply_error *e);
 /* Waits until experiment id has an event after `after`, has ended, goes, the daemon stops, or
  * timeout_s passes. -1 when there is no such experiment; *last: its newest event's id; *ended:

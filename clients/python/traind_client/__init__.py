@@ -337,7 +337,8 @@ class Job:
 
 class Experiment:
     """An experiment: its id and its last known JSON (data); refresh() reads it again. The API
-    has no event stream for experiments: wait() polls."""
+    has an event stream for experiments (GET /v1/experiments/ID/events); wait() polls, which
+    needs no thread."""
 
     def __init__(self, client: Client, data: dict):
         self.client, self.data = client, data
