@@ -34,6 +34,7 @@ static void usage(FILE *out) {
         "                    data.val, print the eval line and exit\n"
         "  --stop-after N    stop after optimizer step N as if preempted: save a checkpoint\n"
         "                    (checkpoint.dir) and exit 0; resume_from continues exactly\n"
+        "                    (TRAIND_STOP_AT_STEP, which traind sets, when not given)\n"
         "  --check           validate the spec and exit (0: valid)\n"
         "  --blas-core       print the OpenBLAS kernel set in use and exit\n"
         "  --isa             print the instruction set of traind's own kernels and exit\n"
@@ -109,6 +110,19 @@ static int sample_main(int argc, char **argv) {
     return 0;
 }
 
+/* TRAIND_STOP_AT_STEP, which traind sets for a paused trial's attempt: --stop-after's value
+ * when the command line gives none. Unset or empty: 0 (run to the end). */
+static int stop_from_env(long *out) {
+    const char *v = getenv("TRAIND_STOP_AT_STEP");
+    if (!v || !v[0]) return 0;
+    if (!td_parse_long(v, 1, LONG_MAX, out)) {
+        fprintf(stderr, "traind-worker: TRAIND_STOP_AT_STEP=%.40s: a step count >= 1 expected\n",
+                v);
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     td_blas_fix_kernel(argv);
     if (argc > 1 && strcmp(argv[1], "sample") == 0) return sample_main(argc, argv);
@@ -158,6 +172,10 @@ int main(int argc, char **argv) {
     if (!path) {
         usage(stderr);
         return 2;
+    }
+    if (!opt.stop_after_steps) {
+        if (stop_from_env(&opt.stop_after_steps) != 0) return 2;
+        opt.report_at_stop = opt.stop_after_steps > 0;
     }
     td_err err = {{0}};
     /* an unusable TRAIND_ISA is an error here, before any work, not a silent fallback */

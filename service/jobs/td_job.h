@@ -11,7 +11,9 @@
 #include <jansson.h>
 #include <stdbool.h>
 
-enum { QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED, N_STATES };
+/* PAUSED: its attempt stopped after row.stop_at_step with a checkpoint there, its slots freed;
+ * resumed from that checkpoint (td_jobs_resume_trial) or ended where it is (td_jobs_end_trial) */
+enum { QUEUED, RUNNING, RESTARTING, PAUSED, SUCCEEDED, FAILED, CANCELLED, N_STATES };
 enum { TD_JOBS_RECENT = 256, TD_JOBS_STREAM_CVS = 64 };
 
 /* The daemon's own events in a job's stream (a worker's are train/td_metrics.h's TD_EVENT_*). */

@@ -93,6 +93,7 @@ static td_runner_attempt local_run(const job *jb, const td_db_attempt *a) {
                                .argv = jb->argv,
                                .env = jb->env,
                                .latest_checkpoint = command ? jb->checkpoint_path : NULL,
+                               .stop_at_step = jb->row.stop_at_step,
                                .spec_cwd = jb->cwd,
                                .local_rank_arg = jb->local_rank_arg,
                                .launch_self = jb->launch_self,
@@ -207,6 +208,26 @@ static void worker_message(const job *jb, int rank, char *out, size_t len) {
                            out, len);
 }
 
+/* Whether an attempt that ended well stopped where it was asked to (TRAIND_STOP_AT_STEP) and
+ * left a checkpoint there to resume from; one that ended before that step finished its run. */
+static bool reached_stop(const job *jb) {
+    return jb->row.stop_at_step > 0 && jb->checkpoint_step == jb->row.stop_at_step;
+}
+
+/* Paused: nothing runs, no slot is held, and the next attempt (td_jobs_resume_trial) starts from
+ * the checkpoint at the step it stopped after. */
+static void pause_job(td_jobs *j, job *jb) {
+    td_jobs_set_state(jb, PAUSED);
+    jb->row.pgid = 0;
+    snprintf(jb->row.reason, sizeof jb->row.reason,
+             "paused after step %ld as asked (stop_at_step); its checkpoint there is what it "
+             "resumes from",
+             jb->row.stop_at_step);
+    td_jobs_emit_state(j, jb);
+    td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
+              jb->row.reason);
+}
+
 /* The attempt's processes are all gone (jb->end says how): decide what comes next. */
 void td_jobs_attempt_over(td_jobs *j, job *jb) {
     td_db_attempt *a = &jb->attempts[jb->n_attempts - 1];
@@ -274,6 +295,9 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
     } else if (jb->timed_out) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, FAILED, code, reason);
+    } else if (code == 0 && reached_stop(jb)) {
+        td_jobs_release_slots(j, jb);
+        pause_job(j, jb);
     } else if (code == 0) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, SUCCEEDED, 0, "");

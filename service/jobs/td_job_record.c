@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-const char *const td_jobs_state_names[N_STATES] = {"queued",    "running", "restarting",
+const char *const td_jobs_state_names[N_STATES] = {"queued",    "running", "restarting", "paused",
                                                    "succeeded", "failed",  "cancelled"};
 
 static json_t *time_json(double t) {

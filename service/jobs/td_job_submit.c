@@ -86,7 +86,8 @@ static td_db_job new_row(const td_submission *s, const char *body, size_t len,
                      .time_limit_s = s->time_limit_s,
                      .exit_code = -1,
                      .experiment = trial ? trial->experiment : 0,
-                     .trial = trial ? trial->trial : -1};
+                     .trial = trial ? trial->trial : -1,
+                     .stop_at_step = trial ? trial->stop_at_step : 0};
     snprintf(row.name, sizeof row.name, "%s", s->name);
     snprintf(row.kind, sizeof row.kind, "%s", s->command ? "command" : "train");
     snprintf(row.state, sizeof row.state, "queued");

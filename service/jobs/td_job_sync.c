@@ -68,6 +68,7 @@ static json_t *order(job *jb, const part *p) {
     TD_ASSERT(o, "json_pack of a part's order failed");
     /* who its processes are on every node, and what they may use */
     json_object_set_new(o, "uid", json_integer((json_int_t)jb->row.uid));
+    json_object_set_new(o, "stop_at_step", json_integer((json_int_t)jb->row.stop_at_step));
     if (jb->metrics && p->node_rank == 0) /* rank 0's lines are the metrics */
         json_object_set(o, "metrics", jb->metrics);
     if (jb->cwd) json_object_set_new(o, "cwd", json_string(jb->cwd));

@@ -13,7 +13,9 @@ int td_jobs_status(td_jobs *j, long id, td_job_status *out) {
     if (jb) {
         snprintf(out->state, sizeof out->state, "%s", td_jobs_state_names[jb->state]);
         out->final = td_jobs_final_state(jb->state);
+        out->paused = jb->state == PAUSED;
         out->step = jb->last_step;
+        out->stop_at_step = jb->row.stop_at_step;
         snprintf(out->reason, sizeof out->reason, "%.500s", jb->row.reason);
     }
     pthread_mutex_unlock(&j->mu);
@@ -40,6 +42,34 @@ int td_jobs_stop_job(td_jobs *j, long id, const char *why) {
             td_jobs_finish(j, jb, CANCELLED, -1, why);
         else
             td_jobs_wake(j); /* the supervisor stops it (td_job_supervisor.c) */
+    }
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+int td_jobs_resume_trial(td_jobs *j, long id, long stop_at_step) {
+    td_jobs_lock(j);
+    job *jb = td_jobs_find(j, id);
+    int rc = -1;
+    if (jb && jb->state == PAUSED) {
+        rc = 0;
+        jb->row.stop_at_step = stop_at_step;
+        jb->row.reason[0] = 0;
+        td_jobs_set_state(jb, QUEUED); /* (stored with the state event) */
+        td_jobs_emit_state(j, jb);
+        td_jobs_wake(j); /* the queue places it; its attempt resumes (TORCHELASTIC_RESTART_COUNT) */
+    }
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+int td_jobs_end_trial(td_jobs *j, long id, const char *reason) {
+    td_jobs_lock(j);
+    job *jb = td_jobs_find(j, id);
+    int rc = -1;
+    if (jb && jb->state == PAUSED) {
+        rc = 0;
+        td_jobs_finish(j, jb, SUCCEEDED, 0, reason);
     }
     pthread_mutex_unlock(&j->mu);
     return rc;

@@ -82,6 +82,7 @@ int td_jobs_submit(td_jobs *j, const char *body, size_t len, const td_principal 
 typedef struct td_job_trial {
     long experiment;
     int trial;
+    long stop_at_step; /* pause after this step (ASHA's first rung); 0: run to the end */
 } td_job_trial;
 /* td_jobs_submit for a trial: its id in *id (no JSON). */
 int td_jobs_submit_trial(td_jobs *j, const char *body, size_t len, const td_principal *who,
@@ -93,9 +94,11 @@ int td_jobs_check(td_jobs *j, const char *body, size_t len, const td_principal *
                   const td_tokens_limits *limits, td_reply_error *e);
 /* What a trial's experiment follows of it. */
 typedef struct td_job_status {
-    char state[16]; /* queued, running, restarting, succeeded, failed, cancelled */
+    char state[16]; /* queued, running, restarting, paused, succeeded, failed, cancelled */
     bool final;     /* it ended */
+    bool paused;    /* after stop_at_step, with a checkpoint there */
     long step;      /* rank 0's latest step (-1: none yet) */
+    long stop_at_step;
     char reason[512];
 } td_job_status;
 /* -1 when there is no such job. */
@@ -106,6 +109,12 @@ void td_jobs_trials(td_jobs *j, long experiment, void (*fn)(void *ctx, long id, 
 /* Stops the job without waiting for its processes to end (td_jobs_cancel waits); 0 when it was
  * running or queued, 1 when it had already ended. */
 int td_jobs_stop_job(td_jobs *j, long id, const char *why);
+/* A paused trial goes on: queued again, its next attempt resuming from the checkpoint it paused
+ * at and stopping after stop_at_step (0: at its end). 0, or -1 when it is not paused. */
+int td_jobs_resume_trial(td_jobs *j, long id, long stop_at_step);
+/* A paused trial ends where it is: succeeded, with reason (its experiment's searcher stopped it
+ * early). 0, or -1 when it is not paused. */
+int td_jobs_end_trial(td_jobs *j, long id, const char *reason);
 /* Removes every trial of the experiment, as td_jobs_delete removes a job: 409 while one has not
  * ended. */
 int td_jobs_delete_trials(td_jobs *j, long experiment, td_reply_error *e);

@@ -197,6 +197,8 @@ static td_runner_attempt order_run(const td_node_part *g, json_t *o, char **argv
                                .argv = argv,
                                .env = NULL,
                                .latest_checkpoint = latest,
+                               .stop_at_step =
+                                   (long)json_integer_value(json_object_get(o, "stop_at_step")),
                                .spec_cwd = td_node_order_string(o, "cwd"),
                                .local_rank_arg = td_node_order_string(o, "local_rank_arg"),
                                .launch_self = json_is_true(json_object_get(o, "launch_self")),

@@ -128,6 +128,7 @@ typedef struct td_runner_attempt {
     const char *dir;                       /* the job's directory here */
     char **argv, **env;                    /* what the processes run, the job's environment */
     const char *latest_checkpoint;         /* a command's TRAIND_LATEST_CHECKPOINT, or NULL */
+    long stop_at_step;                     /* TRAIND_STOP_AT_STEP (a paused trial's); 0: none */
     const char *spec_cwd;                  /* a command's "cwd" (NULL or "": its work dir) */
     const char *local_rank_arg;            /* a command's --local_rank option, or NULL */
     bool launch_self, see_all_gpus;

@@ -111,12 +111,13 @@ static int write_hparams(const td_runner_attempt *r, const td_identity *who, cha
 }
 
 /* The environment the processes get besides the launcher's: the job's own, its id, a command's
- * latest checkpoint, a trial's hyperparameters file, and who they run as in cwd. */
+ * latest checkpoint, the step to stop after, a trial's hyperparameters file, and who they run as
+ * in cwd. */
 static char **run_env(const td_runner_attempt *r, const td_identity *who, const char *cwd,
                       const char *hparams) {
     int n_env = 0;
     while (r->env && r->env[n_env]) n_env++;
-    char **env = td_strv_new(n_env + 7);
+    char **env = td_strv_new(n_env + 8);
     for (int i = 0; i < n_env; i++) env[i] = td_str_dup(r->env[i]);
     char var[PATH_MAX + 64];
     snprintf(var, sizeof var, "TRAIND_JOB_ID=%ld", r->job);
@@ -125,6 +126,12 @@ static char **run_env(const td_runner_attempt *r, const td_identity *who, const 
      * resume (traind-worker finds its checkpoints in checkpoint.dir itself) */
     if (r->latest_checkpoint) {
         snprintf(var, sizeof var, "TRAIND_LATEST_CHECKPOINT=%s", r->latest_checkpoint);
+        env[n_env++] = td_str_dup(var);
+    }
+    /* stop after this step with a checkpoint there, and exit 0: traind-worker does (as with
+     * --stop-after); a command is asked to (docs/experiments.md) */
+    if (r->stop_at_step > 0) {
+        snprintf(var, sizeof var, "TRAIND_STOP_AT_STEP=%ld", r->stop_at_step);
         env[n_env++] = td_str_dup(var);
     }
     if (hparams[0]) {

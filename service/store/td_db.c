@@ -70,6 +70,7 @@ static const struct {
     {"jobs", "uid", "INTEGER NOT NULL DEFAULT 0"},
     {"jobs", "experiment", "INTEGER NOT NULL DEFAULT 0"},
     {"jobs", "trial", "INTEGER NOT NULL DEFAULT -1"},
+    {"jobs", "stop_at_step", "INTEGER NOT NULL DEFAULT 0"},
 };
 
 static int has_column(sqlite3 *db, const char *table, const char *column) {

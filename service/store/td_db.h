@@ -37,6 +37,9 @@ typedef struct td_db_job {
     long uid;            /* the uid (and gid) it runs as (run_as "dynamic"); 0: none given */
     long experiment;     /* the experiment it is a trial of (service/exp/); 0: none */
     int trial;           /* and which trial, from 0; -1: none */
+    /* the step its attempts stop after, checkpointed, to be resumed (its experiment's ASHA
+     * rung: TRAIND_STOP_AT_STEP); 0: none, it runs to its end */
+    long stop_at_step;
 } td_db_job;
 
 typedef struct td_db_attempt {

@@ -32,7 +32,7 @@ int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     sqlite3_stmt *s =
         prepare(db, "INSERT INTO jobs (name, kind, spec, nproc, max_restarts, restarts, state, "
                     "created_at, priority, time_limit, owner, owner_name, uid, experiment, "
-                    "trial) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+                    "trial, stop_at_step) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     if (!s) {
         db_fail(db, err, "preparing a job insert");
         goto out;
@@ -52,6 +52,7 @@ int td_db_insert_job(td_db *db, td_db_job *job, td_err *err) {
     sqlite3_bind_int64(s, 13, job->uid);
     sqlite3_bind_int64(s, 14, job->experiment);
     sqlite3_bind_int(s, 15, job->experiment > 0 ? job->trial : -1);
+    sqlite3_bind_int64(s, 16, job->stop_at_step);
     if (step_done(db, s, err, "inserting a job") != 0) goto out;
     job->id = (long)sqlite3_last_insert_rowid(db->db);
     rc = 0;
@@ -63,7 +64,7 @@ out:
 static int update_job_locked(td_db *db, const td_db_job *job, td_err *err) {
     sqlite3_stmt *s = prepare(db, "UPDATE jobs SET restarts=?, state=?, started_at=?, "
                                   "finished_at=?, exit_code=?, reason=?, pgid=?, last_seq=?, "
-                                  "out_offset=?, uid=? WHERE id=?");
+                                  "out_offset=?, uid=?, stop_at_step=? WHERE id=?");
     if (!s) return db_fail(db, err, "preparing a job update");
     sqlite3_bind_int(s, 1, job->restarts);
     sqlite3_bind_text(s, 2, job->state, -1, SQLITE_STATIC);
@@ -78,7 +79,8 @@ static int update_job_locked(td_db *db, const td_db_job *job, td_err *err) {
     sqlite3_bind_int64(s, 8, job->last_seq);
     sqlite3_bind_int64(s, 9, job->out_offset);
     sqlite3_bind_int64(s, 10, job->uid);
-    sqlite3_bind_int64(s, 11, job->id);
+    sqlite3_bind_int64(s, 11, job->stop_at_step);
+    sqlite3_bind_int64(s, 12, job->id);
     return step_done(db, s, err, "updating a job");
 }
 

@@ -18,7 +18,7 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
         prepare(db, "SELECT id, name, kind, spec, nproc, max_restarts, restarts, "
                     "state, created_at, started_at, finished_at, exit_code, "
                     "reason, pgid, last_seq, priority, time_limit, out_offset, owner, owner_name, "
-                    "uid, experiment, trial FROM jobs "
+                    "uid, experiment, trial, stop_at_step FROM jobs "
                     "ORDER BY id");
     sqlite3_stmt *a = prepare(db, "SELECT attempt, started_at, finished_at, exit_code, reason "
                                   "FROM attempts WHERE job_id=? ORDER BY attempt");
@@ -53,6 +53,7 @@ int td_db_load_jobs(td_db *db, td_db_job_fn fn, void *ctx, td_err *err) {
         j.uid = (long)sqlite3_column_int64(s, 20);
         j.experiment = (long)sqlite3_column_int64(s, 21);
         j.trial = sqlite3_column_int(s, 22);
+        j.stop_at_step = (long)sqlite3_column_int64(s, 23);
         int n = 0, cap = 4;
         td_db_attempt *list = td_calloc((size_t)cap, sizeof *list);
         sqlite3_reset(a);

@@ -57,7 +57,7 @@ STREAM_DEADLINE = 180.0  # the longest any test follows one event stream
 LISTEN_RE = re.compile(r"^traind: listening on https?://127\.0\.0\.1:(\d+)\s*$")
 ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
-ALL_STATES = ("queued", "running", "restarting") + FINAL_STATES
+ALL_STATES = ("queued", "running", "restarting", "paused") + FINAL_STATES
 JOB_FIELDS = ("id", "name", "kind", "state", "nproc", "max_restarts", "restarts", "created_at",
               "started_at", "finished_at", "exit_code", "reason", "attempts", "latest",
               "checkpoints")

@@ -65,7 +65,8 @@ class PrometheusTest(harness.DaemonTest):
 
         text, got = self.scrape(d)
         jobs = d.json("GET", "/v1/jobs")[2]["jobs"]
-        for state in ("queued", "running", "succeeded", "failed", "cancelled", "restarting"):
+        for state in ("queued", "running", "succeeded", "failed", "cancelled", "restarting",
+                      "paused"):
             self.assertEqual(value(got, "traind_jobs", state=state),
                              len([j for j in jobs if j["state"] == state]), state)
         self.assertEqual(value(got, "traind_queue_length"), 1)

@@ -146,7 +146,13 @@ static int finish(trainer *t, loop *L, td_train_result *res, td_err *err) {
     res->steps = st->step;
     if (st->step < L->total) {
         res->stopped = true;
-        return td_train_save(t, err);
+        if (td_train_save(t, err) != 0) return -1;
+        /* after the save, so that what is resumed is what an unstopped run has at this step */
+        if (!t->opt || !t->opt->report_at_stop) return 0;
+        float lr = td_schedule_lr(&L->sched, t->job->train.optim.lr, st->step - 1);
+        if (st->interval_steps > 0 && log_train(t, L, lr, res, err) != 0) return -1;
+        if (t->job->data.val.present && L->val_step != st->step) return evaluate(t, L, res, err);
+        return 0;
     }
     if (td_train_save(t, err) != 0) return -1;
     /* the end's own evaluation, unless the last pass was at this very step */

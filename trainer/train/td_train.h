@@ -16,6 +16,10 @@
 /* Tests inject crashes through TRAIND_FAULT (core/td_fault.h), not through these options. */
 typedef struct td_train_options {
     long stop_after_steps; /* stop (checkpoint and return) after this step; 0: run to the end */
+    /* at that stop, after the checkpoint: a train line (unless one was just printed) and a
+     * validation pass (with data.val), so that the step has its metrics: an experiment's
+     * searcher judges a paused trial by them (TRAIND_STOP_AT_STEP) */
+    bool report_at_stop;
     /* Data-parallel training (DDP): NULL or a world of 1 trains alone. Rank 0 hosts the
      * rendezvous store unless `store` is given (tests open it themselves to learn its port). */
     const td_dist *dist;
