@@ -80,6 +80,8 @@ static void found_trial(void *ctx, long id, int trial) {
     snprintf(ex->trials[trial].state, sizeof ex->trials[trial].state, "queued");
 }
 
+/* An experiment as stored (with the database's lock held: its trials are found after the load,
+ * as the jobs' lock comes before the database's). */
 static void loaded(void *ctx, td_db_experiment *row) {
     td_experiments *x = ctx;
     experiment *ex = td_calloc(1, sizeof *ex);
@@ -92,7 +94,6 @@ static void loaded(void *ctx, td_db_experiment *row) {
     } else {
         ex->cancel_requested = strcmp(row->state, "cancelling") == 0; /* (then running) */
         ex->state = ex->cancel_requested ? TD_EXP_RUNNING : state_of(row->state);
-        td_jobs_trials(x->jobs, ex->row.id, found_trial, ex);
     }
     add(x, ex);
 }
@@ -118,6 +119,8 @@ int td_experiments_open(td_experiments **out, td_jobs *jobs, td_db *db, td_token
         td_experiments_close(x);
         return -1;
     }
+    for (int i = 0; i < x->n; i++)
+        if (x->list[i]->trials) td_jobs_trials(jobs, x->list[i]->row.id, found_trial, x->list[i]);
     *out = x;
     return 0;
 }
