@@ -1,6 +1,7 @@
 /* The experiments' thread: on every turn (a trial changed, an experiment came or was cancelled,
  * or two seconds passed) each running experiment's unfinished trials are read (state, steps,
- * new metric lines), new trials are made up to max_concurrent unfinished ones, a cancelled
+ * new metric lines), ASHA's paused trials promoted or stopped (td_exp_asha.c), new trials are
+ * made up to max_concurrent running ones, a cancelled
  * experiment's trials are stopped, and an experiment whose trials have all ended is ended. A
  * trial's job is submitted with the table's lock let go (the submission reads the data files as
  * the job would): the API never waits for it. */
@@ -18,7 +19,7 @@ enum { TURN_EVERY_S = 2, RETRY_AFTER_S = 30 };
 #define TURN_AT_MOST_S 0.2
 
 static void say_trial(td_experiments *x, experiment *ex, const td_exp_trial *t) {
-    td_exp_emit(x, ex, "trial", td_exp_trial_json(t));
+    td_exp_emit(x, ex, "trial", td_exp_trial_json(&ex->spec, t));
 }
 
 /* The best trial, when another than the last one said ("best" events). */
@@ -46,6 +47,8 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
     }
     snprintf(t->state, sizeof t->state, "%s", st.state);
     t->step = st.step;
+    t->paused = st.paused;
+    if (ex->spec.searcher == TD_SEARCH_ASHA) t->rung = td_exp_asha_rung(&ex->spec, st.stop_at_step);
     if (strcmp(st.state, "queued") == 0) { /* nothing printed yet */
         if (strcmp(was, t->state) != 0) say_trial(x, ex, t);
         return;
@@ -53,7 +56,7 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
     td_buf m = {0};
     td_reply_error e;
     if (td_jobs_metrics(x->jobs, t->job, t->metrics_since, &m, &e) == 0 && m.data)
-        td_exp_trial_fold(t, m.data, ex->spec.metric, ex->spec.maximize);
+        td_exp_trial_fold(t, m.data, &ex->spec);
     td_buf_free(&m);
     if (st.final) { /* after its last metric lines were read above */
         t->final = true;
@@ -83,7 +86,8 @@ static bool make(td_experiments *x, experiment *ex, td_exp_trial *t) {
     char *body = td_exp_trial_body(&ex->spec, ex->row.id, t->trial, t->hparams, &e);
     td_principal who = ex->owner;
     td_tokens_limits limits = td_tokens_get_limits(x->tokens); /* a reload may change them */
-    td_job_trial trial = {ex->row.id, t->trial};
+    td_job_trial trial = {ex->row.id, t->trial, 0};
+    if (ex->spec.searcher == TD_SEARCH_ASHA) trial.stop_at_step = td_exp_asha_stop_at(&ex->spec, 0);
     long id = 0;
     snprintf(t->state, sizeof t->state, "submitting");
     pthread_mutex_unlock(&x->mu);
@@ -113,6 +117,59 @@ static bool make(td_experiments *x, experiment *ex, td_exp_trial *t) {
               t->trial, t->reason);
     say_trial(x, ex, t);
     return true;
+}
+
+/* ASHA's promotion: the trial's job resumes from its checkpoint at the rung, to the next. */
+static void promote(td_experiments *x, experiment *ex, td_exp_trial *t, const td_asha_move *m) {
+    const td_exp_spec *s = &ex->spec;
+    long stop = td_exp_asha_stop_at(s, m->rung + 1);
+    t->paused = false; /* (not chosen again whatever the job says: the next turn reads it) */
+    if (td_jobs_resume_trial(x->jobs, t->job, stop) != 0) return;
+    t->rung = m->rung + 1;
+    snprintf(t->state, sizeof t->state, "queued");
+    snprintf(t->reason, sizeof t->reason,
+             "promoted at rung %d (step %ld): %s placed %d of %d; on to step %ld", m->rung,
+             s->rung_steps[m->rung], s->metric, m->place, m->of, s->rung_steps[m->rung + 1]);
+    td_exp_emit(x, ex, "promoted",
+                json_pack("{s:i, s:I, s:i, s:I, s:I, s:i, s:i}", "trial", t->trial, "job",
+                          (json_int_t)t->job, "rung", m->rung + 1, "from_step",
+                          (json_int_t)s->rung_steps[m->rung], "to_step",
+                          (json_int_t)s->rung_steps[m->rung + 1], "place", m->place, "of", m->of));
+}
+
+/* ASHA's stop: the trial ends at its rung (its job succeeded there). */
+static void stop_early(td_experiments *x, experiment *ex, td_exp_trial *t, const td_asha_move *m) {
+    const td_exp_spec *s = &ex->spec;
+    char why[300];
+    snprintf(why, sizeof why,
+             "stopped by its experiment's ASHA at rung %d (step %ld): %s placed %d of %d, not "
+             "in the top 1/%d",
+             m->rung, s->rung_steps[m->rung], s->metric, m->place, m->of, s->reduction_factor);
+    t->paused = false;
+    if (td_jobs_end_trial(x->jobs, t->job, why) != 0) return;
+    t->final = true;
+    snprintf(t->state, sizeof t->state, "succeeded");
+    snprintf(t->reason, sizeof t->reason, "%s", why);
+    td_exp_emit(x, ex, "stopped",
+                json_pack("{s:i, s:I, s:i, s:I, s:i, s:i, s:s}", "trial", t->trial, "job",
+                          (json_int_t)t->job, "rung", m->rung, "step",
+                          (json_int_t)s->rung_steps[m->rung], "place", m->place, "of", m->of,
+                          "reason", why));
+}
+
+/* ASHA's moves, one at a time until it has none: paused trials promoted (while fewer than
+ * max_concurrent run), or stopped at a rung no trial will reach any more. */
+static void asha_moves(td_experiments *x, experiment *ex) {
+    for (int n = 0; n <= 2 * ex->n_trials; n++) { /* each trial moves once a turn at most */
+        bool may_start = td_exp_running(ex) < ex->spec.max_concurrent;
+        td_asha_move m = td_exp_asha_next(ex, may_start);
+        if (m.what == TD_ASHA_NONE) return;
+        td_exp_trial *t = &ex->trials[m.trial];
+        if (m.what == TD_ASHA_PROMOTE)
+            promote(x, ex, t, &m);
+        else
+            stop_early(x, ex, t, &m);
+    }
 }
 
 /* Stops a cancelled experiment's unfinished trials (once each); true when none is left. */
@@ -164,11 +221,12 @@ static void drive(td_experiments *x, long id) {
                    ex->row.reason[0] ? ex->row.reason : "cancelled by request");
         return;
     }
+    if (ex->spec.searcher == TD_SEARCH_ASHA) asha_moves(x, ex); /* before new trials: ASHA's */
     bool waiting = false;
     for (int k = 0; k < ex->n_trials && !ex->cancel_requested; k++) {
         td_exp_trial *t = &ex->trials[k];
         if (t->made) continue;
-        if (td_exp_unfinished(ex) >= ex->spec.max_concurrent || td_clock_now() < ex->retry_at) {
+        if (td_exp_running(ex) >= ex->spec.max_concurrent || td_clock_now() < ex->retry_at) {
             waiting = true;
             break;
         }

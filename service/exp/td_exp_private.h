@@ -2,6 +2,7 @@
  * calls only the ones listed before it (tests/style/call_graph.py checks):
  *   td_exp_spec.c      an experiment's body read and checked: the space, the searcher
  *   td_exp_search.c    the searchers: how many trials, and each one's hyperparameters
+ *   td_exp_asha.c      ASHA's rungs: which paused trial goes on, which stops there
  *   td_exp_trial.c     a trial's body, what its metric lines say, the best trial
  *   td_exp_events.c    an experiment's events, for its stream
  *   td_exp_render.c    an experiment's JSON
@@ -29,6 +30,7 @@ enum {
     TD_EXP_HPARAMS_MAX = 65536, /* bytes of a trial's values: they go in its environment */
     TD_EXPERIMENTS_KEPT_PER_TOKEN = 1000, /* a token's experiments, ended ones too */
     TD_EXP_BODY_MAX = 256 * 1024,         /* bytes of an experiment's body */
+    TD_EXP_MAX_RUNGS = 8,                 /* ASHA's rungs, the last at max_steps */
 };
 
 /* ---- td_exp_spec.c ---- */
@@ -39,7 +41,7 @@ typedef struct td_exp_dim {
     json_t *values; /* a grid's or a choice's */
     double lo, hi;  /* a range's (an int's inclusive) */
 } td_exp_dim;
-typedef enum { TD_SEARCH_GRID, TD_SEARCH_RANDOM } td_search;
+typedef enum { TD_SEARCH_GRID, TD_SEARCH_RANDOM, TD_SEARCH_ASHA } td_search;
 typedef struct td_exp_spec {
     char name[128];
     json_t *job;      /* the base job */
@@ -48,7 +50,17 @@ typedef struct td_exp_spec {
     td_search searcher;
     char metric[64];
     bool maximize;
-    int max_trials; /* random: how many; grid: a cap on the grid's points (0: none) */
+    int max_trials; /* random, asha: how many; grid: a cap on the grid's points (0: none) */
+    /* asha: a trial trains to rung_steps[0], is paused there, and goes on to the next rung only
+     * while its metric there is in the top 1/reduction_factor of its rung's; rung_steps[k] is
+     * max_steps / reduction_factor^(n_rungs - 1 - k). promote_async: as soon as it is among the
+     * top of the trials that reached the rung so far (ASHA's rule; some promoted early may not
+     * be in the rung's final top), else once every trial of the rung has reached it
+     * (successive halving: the counts are exact, whatever the order trials run in). */
+    long max_steps;
+    int reduction_factor, n_rungs;
+    long rung_steps[TD_EXP_MAX_RUNGS];
+    bool promote_async;
     int max_concurrent;
     uint64_t seed;
     int priority;
@@ -63,6 +75,21 @@ int td_exp_trial_count(const td_exp_spec *s); /* the trials the searcher makes i
 /* Trial t's hyperparameters, {path: value} (new reference): a grid's t-th point (the last path
  * fastest), or t's draw from the seed (independent of every other trial's). */
 json_t *td_exp_hparams(const td_exp_spec *s, int t);
+
+/* ---- td_exp_asha.c ---- */
+struct experiment;
+/* The rung a trial whose job stops after stop_at goes to (0: the last, at max_steps), and back. */
+int td_exp_asha_rung(const td_exp_spec *s, long stop_at);
+long td_exp_asha_stop_at(const td_exp_spec *s, int rung);
+/* The searcher's next move on the experiment's paused trials, one at a time (the driver makes it
+ * and asks again): promote one to its next rung (only when may_start: a trial may start under
+ * max_concurrent), stop one at its rung for good, or nothing. */
+typedef struct td_asha_move {
+    enum { TD_ASHA_NONE, TD_ASHA_PROMOTE, TD_ASHA_STOP } what;
+    int trial, rung; /* rung: the one it is paused at */
+    int place, of;   /* its place in the rung (from 1), of how many trials reached it */
+} td_asha_move;
+td_asha_move td_exp_asha_next(const struct experiment *ex, bool may_start);
 
 /* ---- td_exp_trial.c ---- */
 /* Trial t's job body (allocated, compact JSON): the base job with hparams set at their paths,
@@ -84,11 +111,16 @@ typedef struct td_exp_trial {
     long latest_step, best_step;
     long metrics_since; /* the step its metric lines were read to */
     char reason[512];
+    /* asha: the rung it trains to or is paused at (its job's stop_at_step), and its metric at
+     * each rung: the latest line at or before the rung's step */
+    int rung;
+    bool paused;
+    bool has_rung[TD_EXP_MAX_RUNGS];
+    double rung_value[TD_EXP_MAX_RUNGS];
 } td_exp_trial;
 /* Folds a trial's metric events (a JSON array as td_jobs_metrics gives it) into its latest and
- * best value of metric. */
-void td_exp_trial_fold(td_exp_trial *t, const char *metrics_json, const char *metric,
-                       bool maximize);
+ * best value of s's metric, and its value at each of s's rungs. */
+void td_exp_trial_fold(td_exp_trial *t, const char *metrics_json, const td_exp_spec *s);
 typedef enum {
     TD_EXP_RUNNING,
     TD_EXP_SUCCEEDED,
@@ -117,8 +149,10 @@ typedef struct experiment {
     long last_seq;
     int best_said; /* the best trial the last "best" event named; -1: none */
 } experiment;
-/* How many of its trials are unfinished (made, not ended). */
+/* How many of its trials are unfinished (made, not ended; paused ones too). */
 int td_exp_unfinished(const experiment *ex);
+/* How many run or wait for slots: unfinished and not paused (max_concurrent bounds them). */
+int td_exp_running(const experiment *ex);
 /* The trial whose best metric is best, or NULL. */
 const td_exp_trial *td_exp_best(const experiment *ex);
 /* Whether a is better than b. */
@@ -160,7 +194,7 @@ void td_exp_free_events(experiment *ex);
 void td_exp_render(td_experiments *x, const experiment *ex, td_buf *out);
 /* One line of the list: without its trials. */
 void td_exp_render_summary(const experiment *ex, td_buf *out);
-json_t *td_exp_trial_json(const td_exp_trial *t); /* a trial as the API shows it */
+json_t *td_exp_trial_json(const td_exp_spec *s, const td_exp_trial *t); /* as the API shows it */
 
 /* ---- td_experiments.c ---- */
 experiment *td_exp_find(td_experiments *x, long id);

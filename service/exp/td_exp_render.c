@@ -20,7 +20,23 @@ static json_t *value_json(bool has, long step, double v) {
     return has ? json_pack("{s:I, s:f}", "step", (json_int_t)step, "value", v) : json_null();
 }
 
-json_t *td_exp_trial_json(const td_exp_trial *t) {
+/* ASHA's view of a trial: the rung it trains to or is paused at, and its metric at each rung it
+ * reached ({step, value}, null where it reported none by then). */
+static void rungs_json(const td_exp_spec *s, const td_exp_trial *t, json_t *o) {
+    json_object_set_new(o, "rung", json_integer(t->rung));
+    json_t *values = json_array();
+    for (int k = 0; k < s->n_rungs && k <= t->rung; k++) {
+        bool reached = k < t->rung || t->paused || strcmp(t->state, "succeeded") == 0;
+        if (!reached) break;
+        json_array_append_new(values, t->has_rung[k] ? json_pack("{s:I, s:f}", "step",
+                                                                 (json_int_t)s->rung_steps[k],
+                                                                 "value", t->rung_value[k])
+                                                     : json_null());
+    }
+    json_object_set_new(o, "rung_values", values);
+}
+
+json_t *td_exp_trial_json(const td_exp_spec *s, const td_exp_trial *t) {
     json_t *o = json_pack("{s:i, s:O, s:s, s:o, s:o, s:o}", "trial", t->trial, "hparams",
                           t->hparams, "state", t->state, "job",
                           t->job > 0 ? json_integer((json_int_t)t->job) : json_null(), "latest",
@@ -28,6 +44,7 @@ json_t *td_exp_trial_json(const td_exp_trial *t) {
                           value_json(t->has_best, t->best_step, t->best));
     json_object_set_new(o, "steps", json_integer(t->step >= 0 ? (json_int_t)t->step : 0));
     json_object_set_new(o, "reason", t->reason[0] ? json_string(t->reason) : json_null());
+    if (s->searcher == TD_SEARCH_ASHA) rungs_json(s, t, o);
     return o;
 }
 
@@ -60,21 +77,34 @@ static json_t *best_json(td_experiments *x, const td_exp_trial *t) {
                      "checkpoint", ck);
 }
 
+/* ASHA's choices in the searcher's object, its rungs' steps among them. */
+static void asha_json(const td_exp_spec *s, json_t *searcher) {
+    json_t *steps = json_array();
+    for (int k = 0; k < s->n_rungs; k++)
+        json_array_append_new(steps, json_integer((json_int_t)s->rung_steps[k]));
+    json_object_set_new(searcher, "max_trials", json_integer(s->max_trials));
+    json_object_set_new(searcher, "max_steps", json_integer((json_int_t)s->max_steps));
+    json_object_set_new(searcher, "reduction_factor", json_integer(s->reduction_factor));
+    json_object_set_new(searcher, "rungs", json_integer(s->n_rungs));
+    json_object_set_new(searcher, "rung_steps", steps);
+    json_object_set_new(searcher, "promotion", json_string(s->promote_async ? "async" : "rung"));
+}
+
 /* What every rendering has: the body's choices and the counts. */
 static json_t *summary(const experiment *ex) {
-    int counts[6] = {
-        0}; /* pending, queued, running (and restarting), succeeded, failed, cancelled */
-    static const char *const names[] = {"pending",   "queued", "running",
-                                        "succeeded", "failed", "cancelled"};
+    enum { N = 7 };
+    int counts[N] = {0}; /* pending, queued, running (and restarting), paused, and the ends */
+    static const char *const names[N] = {"pending",   "queued", "running",  "paused",
+                                         "succeeded", "failed", "cancelled"};
     for (int t = 0; t < ex->n_trials; t++) {
         const char *st = ex->trials[t].state;
         int k = 0;
-        while (k < 6 && strcmp(names[k], st) != 0) k++;
+        while (k < N && strcmp(names[k], st) != 0) k++;
         if (strcmp(st, "restarting") == 0) k = 2;
-        if (k < 6) counts[k]++;
+        if (k < N) counts[k]++;
     }
     json_t *c = json_object();
-    for (int k = 0; k < 6; k++) json_object_set_new(c, names[k], json_integer(counts[k]));
+    for (int k = 0; k < N; k++) json_object_set_new(c, names[k], json_integer(counts[k]));
     json_t *o = json_pack(
         "{s:I, s:s, s:s, s:o, s:o, s:o, s:{s:I, s:s}, s:{s:s, s:s, s:s}, s:i, s:i, s:I, s:i, s:o}",
         "id", (json_int_t)ex->row.id, "name", ex->row.name, "state", td_exp_state_names[ex->state],
@@ -85,6 +115,7 @@ static json_t *summary(const experiment *ex) {
         ex->spec.maximize ? "max" : "min", "trials_total", ex->n_trials, "max_concurrent",
         ex->spec.max_concurrent, "seed", (json_int_t)ex->spec.seed, "priority", ex->spec.priority,
         "counts", c);
+    if (ex->spec.searcher == TD_SEARCH_ASHA) asha_json(&ex->spec, json_object_get(o, "searcher"));
     const td_exp_trial *b = td_exp_best(ex);
     json_object_set_new(o, "best",
                         b ? json_pack("{s:i, s:I, s:f}", "trial", b->trial, "job",
@@ -114,7 +145,7 @@ void td_exp_render(td_experiments *x, const experiment *ex, td_buf *out) {
     json_decref(body);
     json_t *trials = json_array();
     for (int t = 0; t < ex->n_trials; t++)
-        json_array_append_new(trials, td_exp_trial_json(&ex->trials[t]));
+        json_array_append_new(trials, td_exp_trial_json(&ex->spec, &ex->trials[t]));
     json_object_set_new(o, "trials", trials);
     json_object_set_new(o, "best", best_json(x, td_exp_best(ex)));
     put(o, out);

@@ -10,7 +10,7 @@
 #include <math.h>
 
 int td_exp_trial_count(const td_exp_spec *s) {
-    if (s->searcher == TD_SEARCH_RANDOM) return s->max_trials;
+    if (s->searcher != TD_SEARCH_GRID) return s->max_trials;
     double points = 1;
     for (int i = 0; i < s->n_dims; i++) points *= (double)json_array_size(s->dims[i].values);
     if (s->max_trials > 0 && points > s->max_trials) return s->max_trials;
@@ -41,7 +41,7 @@ static json_t *draw(const td_exp_dim *d, td_rng *r) {
 
 json_t *td_exp_hparams(const td_exp_spec *s, int t) {
     json_t *h = json_object();
-    if (s->searcher == TD_SEARCH_RANDOM) {
+    if (s->searcher != TD_SEARCH_GRID) { /* ASHA draws as a random search with its seed does */
         td_rng r;
         td_rng_seed_for(&r, s->seed, "trial", (uint64_t)t);
         for (int i = 0; i < s->n_dims; i++)

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const td_exp_searcher_names[] = {"grid", "random"};
+const char *const td_exp_searcher_names[] = {"grid", "random", "asha"};
 
 #define fail(e, field, ...) td_reply_fail(e, 400, "invalid_spec", field, __VA_ARGS__)
 
@@ -157,9 +157,51 @@ static int read_space(td_exp_spec *s, json_t *space, td_reply_error *e) {
     return 0;
 }
 
+/* ASHA's rungs: max_steps, reduction_factor (4, as Determined's adaptive ASHA divides by
+ * default) and rungs (3), the first rung at step 1 or later. */
+static int read_asha(td_exp_spec *s, json_t *o, td_reply_error *e) {
+    td_err err = {{0}};
+    long max_steps, eta, rungs;
+    int promotion;
+    if (td_json_int(o, "searcher", "max_steps", true, 0, 1, 1000000000000L, &max_steps, &err) !=
+            0 ||
+        td_json_int(o, "searcher", "reduction_factor", false, 4, 2, 100, &eta, &err) != 0 ||
+        td_json_int(o, "searcher", "rungs", false, 3, 1, TD_EXP_MAX_RUNGS, &rungs, &err) != 0 ||
+        td_json_choice(o, "searcher", "promotion", false, "async", "async|rung", &promotion,
+                       &err) != 0)
+        return td_submit_spec_error(e, &err);
+    s->max_steps = max_steps;
+    s->reduction_factor = (int)eta;
+    s->n_rungs = (int)rungs;
+    s->promote_async = promotion == 0;
+    long step = max_steps;
+    for (int k = s->n_rungs - 1; k >= 0; k--, step /= eta) s->rung_steps[k] = step;
+    if (s->rung_steps[0] < 1) /* (each rung is then past the one below: eta >= 2) */
+        return fail(e, "searcher.rungs",
+                    "searcher.rungs: %d rungs dividing by %d from max_steps %ld put the first "
+                    "rung before step 1; give fewer rungs, a smaller reduction_factor or more "
+                    "max_steps",
+                    s->n_rungs, s->reduction_factor, max_steps);
+    return 0;
+}
+
+/* The members only ASHA takes, refused for another searcher (they would do nothing). */
+static int refuse_asha_members(json_t *o, td_reply_error *e) {
+    static const char *const only[] = {"max_steps", "reduction_factor", "rungs", "promotion", NULL};
+    for (int i = 0; only[i]; i++)
+        if (json_object_get(o, only[i])) {
+            char field[48];
+            snprintf(field, sizeof field, "searcher.%s", only[i]);
+            return fail(e, field, "%s: only the asha searcher takes it", field);
+        }
+    return 0;
+}
+
 /* The searcher: its type, metric and mode, and its trials (max_trials). */
 static int read_searcher(td_exp_spec *s, json_t *root, td_reply_error *e) {
-    static const char *const keys[] = {"type", "metric", "mode", "max_trials", NULL};
+    static const char *const keys[] = {"type",       "metric",    "mode",
+                                       "max_trials", "max_steps", "reduction_factor",
+                                       "rungs",      "promotion", NULL};
     td_err err = {{0}};
     json_t *o;
     char type[16];
@@ -181,19 +223,20 @@ static int read_searcher(td_exp_spec *s, json_t *root, td_reply_error *e) {
     s->max_trials = (int)max_trials;
     if (strcmp(type, "grid") == 0) {
         s->searcher = TD_SEARCH_GRID;
-    } else if (strcmp(type, "random") == 0) {
-        s->searcher = TD_SEARCH_RANDOM;
+    } else if (strcmp(type, "random") == 0 || strcmp(type, "asha") == 0) {
+        s->searcher = type[0] == 'r' ? TD_SEARCH_RANDOM : TD_SEARCH_ASHA;
         if (!s->max_trials)
             return fail(e, "searcher.max_trials",
-                        "searcher.max_trials: a random search needs how many trials to draw (1 "
-                        "to 1000)");
+                        "searcher.max_trials: a%s %s search needs how many trials to draw (1 to "
+                        "1000)",
+                        type[0] == 'r' ? "" : "n", type);
     } else {
         return fail(e, "searcher.type",
-                    "searcher.type: \"%s\" is not a searcher this traind has; expected grid or "
-                    "random",
+                    "searcher.type: \"%s\" is not a searcher this traind has; expected grid, "
+                    "random or asha",
                     type);
     }
-    return 0;
+    return s->searcher == TD_SEARCH_ASHA ? read_asha(s, o, e) : refuse_asha_members(o, e);
 }
 
 /* A grid search walks grids and choices only, and at most TD_EXP_MAX_TRIALS points. */

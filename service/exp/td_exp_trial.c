@@ -55,8 +55,11 @@ static int set_path(json_t *job, const char *path, json_t *v, td_reply_error *e)
     }
 }
 
-/* A command job's own environment gets the trial (its processes read TRAIND_HPARAMS). */
-static void command_env(json_t *body, long experiment, int t, json_t *hparams) {
+/* A command job's own environment gets the trial (its processes read TRAIND_HPARAMS), and under
+ * ASHA the steps its whole run has (TRAIND_MAX_STEPS: its schedule's length; TRAIND_STOP_AT_STEP
+ * says where an attempt stops). */
+static void command_env(json_t *body, const td_exp_spec *s, long experiment, int t,
+                        json_t *hparams) {
     json_t *env = json_object_get(body, "env");
     if (!env) {
         env = json_object();
@@ -71,6 +74,18 @@ static void command_env(json_t *body, long experiment, int t, json_t *hparams) {
     char *h = json_dumps(hparams, JSON_COMPACT | JSON_SORT_KEYS);
     json_object_set_new(env, "TRAIND_HPARAMS", json_string(h ? h : "{}"));
     free(h);
+    if (s->searcher == TD_SEARCH_ASHA) {
+        snprintf(num, sizeof num, "%ld", s->max_steps);
+        json_object_set_new(env, "TRAIND_MAX_STEPS", json_string(num));
+    }
+}
+
+/* Under ASHA a train job's run is max_steps long (its schedule spans them), wherever its
+ * attempts stop. */
+static void train_steps(json_t *body, const td_exp_spec *s) {
+    json_t *train = json_object_get(body, "train");
+    if (s->searcher != TD_SEARCH_ASHA || !json_is_object(train)) return;
+    json_object_set_new(train, "max_steps", json_integer((json_int_t)s->max_steps));
 }
 
 /* A command's environment holds strings: a number drawn for "env.NAME" goes there as its JSON
@@ -101,7 +116,10 @@ char *td_exp_trial_body(const td_exp_spec *s, long experiment, int t, json_t *hp
     snprintf(name, sizeof name, "%.100s-trial-%d", s->name, t);
     json_object_set_new(body, "name", json_string(name));
     json_object_set_new(body, "priority", json_integer(s->priority));
-    if (json_object_get(body, "command")) command_env(body, experiment, t, hparams);
+    if (json_object_get(body, "command"))
+        command_env(body, s, experiment, t, hparams);
+    else
+        train_steps(body, s);
     char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     if (!text) td_reply_fail(e, 400, "invalid_spec", "space", "the trial's job cannot be encoded");
@@ -109,8 +127,8 @@ char *td_exp_trial_body(const td_exp_spec *s, long experiment, int t, json_t *hp
 }
 
 /* One metric event: its metric value, when it has one, as of its step. */
-static void fold_one(td_exp_trial *t, json_t *ev, const char *metric, bool maximize) {
-    json_t *v = json_object_get(ev, metric);
+static void fold_one(td_exp_trial *t, json_t *ev, const td_exp_spec *s) {
+    json_t *v = json_object_get(ev, s->metric);
     json_t *st = json_object_get(ev, "step");
     if (!json_is_number(v) || !isfinite(json_number_value(v))) return;
     double x = json_number_value(v);
@@ -118,21 +136,25 @@ static void fold_one(td_exp_trial *t, json_t *ev, const char *metric, bool maxim
     t->has_latest = true;
     t->latest = x;
     t->latest_step = step;
-    if (!t->has_best || td_exp_better(x, t->best, maximize)) {
+    if (!t->has_best || td_exp_better(x, t->best, s->maximize)) {
         t->has_best = true;
         t->best = x;
         t->best_step = step;
     }
+    for (int k = 0; s->searcher == TD_SEARCH_ASHA && k < s->n_rungs; k++)
+        if (step <= s->rung_steps[k]) { /* (lines come in step order: the latest stays) */
+            t->has_rung[k] = true;
+            t->rung_value[k] = x;
+        }
 }
 
-void td_exp_trial_fold(td_exp_trial *t, const char *metrics_json, const char *metric,
-                       bool maximize) {
+void td_exp_trial_fold(td_exp_trial *t, const char *metrics_json, const td_exp_spec *s) {
     json_t *a = json_loads(metrics_json, 0, NULL);
     size_t i;
     json_t *ev;
     long newest = -1;
     json_array_foreach(a, i, ev) {
-        fold_one(t, ev, metric, maximize);
+        fold_one(t, ev, s);
         json_t *st = json_object_get(ev, "step");
         if (json_is_integer(st) && (long)json_integer_value(st) > newest)
             newest = (long)json_integer_value(st);
@@ -150,6 +172,15 @@ const char *const td_exp_state_names[TD_EXP_N] = {"running", "succeeded", "faile
 int td_exp_unfinished(const experiment *ex) {
     int n = 0;
     for (int t = 0; t < ex->n_trials; t++) n += ex->trials[t].job > 0 && !ex->trials[t].final;
+    return n;
+}
+
+int td_exp_running(const experiment *ex) {
+    int n = 0;
+    for (int t = 0; t < ex->n_trials; t++) {
+        const td_exp_trial *tr = &ex->trials[t];
+        n += tr->job > 0 && !tr->final && !tr->paused;
+    }
     return n;
 }
 

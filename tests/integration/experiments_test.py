@@ -161,7 +161,18 @@ class ExperimentsTest(harness.DaemonTest):
             (body(space={"train..lr": {"grid": [1]}}), "space.train..lr"),
             (body(space={}), "space"),
             (body(space={"train.epochs.x": {"grid": [1]}}), "space.train.epochs.x"),
-            (body(searcher={"type": "asha", "metric": "loss", "mode": "min"}), "searcher.type"),
+            (body(searcher={"type": "hyperband", "metric": "loss", "mode": "min"}),
+             "searcher.type"),
+            (body(searcher={"type": "asha", "metric": "loss", "mode": "min", "max_trials": 4}),
+             "searcher.max_steps"),
+            (body(searcher={"type": "asha", "metric": "loss", "mode": "min", "max_trials": 4,
+                            "max_steps": 8, "rungs": 3}), "searcher.rungs"),
+            (body(searcher={"type": "asha", "metric": "loss", "mode": "min", "max_trials": 4,
+                            "max_steps": 64, "reduction_factor": 1}), "searcher.reduction_factor"),
+            (body(searcher={"type": "asha", "metric": "loss", "mode": "min", "max_trials": 4,
+                            "max_steps": 64, "promotion": "soon"}), "searcher.promotion"),
+            (body(searcher={"type": "grid", "metric": "loss", "mode": "min", "max_steps": 8}),
+             "searcher.max_steps"),
             (body(searcher={"type": "grid", "mode": "min"}), "searcher.metric"),
             (body(searcher={"type": "grid", "metric": "loss", "mode": "low"}), "searcher.mode"),
             (body(searcher={"type": "random", "metric": "loss", "mode": "min"}),
@@ -284,6 +295,84 @@ class ExperimentsTest(harness.DaemonTest):
         self.assertEqual(exp["state"], "cancelled", exp)
         self.assertEqual(sorted(t["state"] for t in exp["trials"]), ["cancelled", "pending"],
                          "no trial made after the cancel")
+
+    def asha_body(self, searcher, max_concurrent=4):
+        """16 draws of the learning rate; every step a train line (loss), 64 steps of data."""
+        spec = harness.train_spec("asha", epochs=2)
+        spec["log"] = {"every_steps": 1}
+        return {"name": "asha", "job": spec, "seed": 7, "max_concurrent": max_concurrent,
+                "space": {"train.optimizer.lr": {"log_uniform": [0.001, 0.1]}},
+                "searcher": {"metric": "loss", "mode": "min", "max_trials": 16, **searcher}}
+
+    def check_contiguous(self, d, trial):
+        """a trial's steps: each trained once, from 1 to where it stopped, over its attempts"""
+        steps = [m["step"] for m in d.metrics(trial["job"]) if m.get("event") == "train"]
+        self.assertEqual(steps, list(range(1, trial["steps"] + 1)),
+                         f"trial {trial['trial']} (job {trial['job']}): its train lines' steps")
+
+    def test_i_asha_pauses_promotes_and_finds_the_random_searchs_best(self):
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "4", state_dir=state)
+        exp = self.create(d1, self.asha_body({"type": "asha", "max_steps": 48,
+                                              "reduction_factor": 4, "rungs": 3,
+                                              "promotion": "rung"}))
+        eid = exp["id"]
+        self.assertEqual(exp["searcher"]["rung_steps"], [3, 12, 48])
+        # killed once a trial is paused at its first rung: the next daemon goes on from there
+        wait_for(lambda: d1.json("GET", f"/v1/experiments/{eid}")[2]["counts"]["paused"] >= 1,
+                 "a trial paused at its first rung")
+        paused = [t for t in d1.json("GET", f"/v1/experiments/{eid}")[2]["trials"]
+                  if t["state"] == "paused"][0]
+        job = d1.json("GET", f"/v1/jobs/{paused['job']}")[2]
+        self.assertEqual(job["state"], "paused", job)
+        d1.kill()
+        d2 = self.start_daemon("--slots", "4", state_dir=state)
+        exp = self.finished(d2, eid)
+        self.assertEqual(exp["state"], "succeeded", exp)
+        trials = exp["trials"]
+        self.assertEqual(sorted(t["rung"] for t in trials), [0] * 12 + [1] * 3 + [2],
+                         "16 trials, a quarter of each rung promoted")
+        for t in trials:
+            self.assertEqual(t["state"], "succeeded", t)
+            self.assertEqual(t["steps"], [3, 12, 48][t["rung"]], t)
+            self.check_contiguous(d2, t)
+            if t["rung"] < 2:
+                self.assertIn("stopped by its experiment's ASHA", t["reason"])
+        total = sum(t["steps"] for t in trials)
+        self.assertLess(total, 16 * 48 / 3, "steps trained")
+        jobs = [j for j in d2.json("GET", "/v1/jobs?limit=500")[2]["jobs"]
+                if j.get("experiment") == eid]
+        self.assertEqual(sorted(j["trial"] for j in jobs), list(range(16)), "a job a trial")
+        # a full random search, the same seed: the same 16 draws, each trained 48 steps
+        full = self.asha_body({"type": "random"})
+        full["job"]["train"]["max_steps"] = 48
+        rand = self.finished(d2, self.create(d2, full)["id"])
+        self.assertEqual([t["hparams"] for t in rand["trials"]], [t["hparams"] for t in trials])
+        self.assertEqual((exp["best"]["trial"], exp["best"]["value"], exp["best"]["step"]),
+                         (rand["best"]["trial"], rand["best"]["value"], rand["best"]["step"]),
+                         "ASHA's best is the full search's, to the bit")
+        self.assertEqual(sum(t["steps"] for t in rand["trials"]), 16 * 48)
+
+    def test_j_asha_promotes_asynchronously(self):
+        d = self.start_daemon("--slots", "2")
+        exp = self.create(d, self.asha_body({"type": "asha", "max_steps": 16,
+                                             "reduction_factor": 2, "rungs": 3}, 2))
+        with harness.EventStream(d, f"/v1/experiments/{exp['id']}/events", {}) as stream:
+            events = stream.rest()
+        exp = self.finished(d, exp["id"])
+        self.assertEqual(exp["state"], "succeeded", exp)
+        self.assertEqual(exp["searcher"]["promotion"], "async")
+        rungs = [t["rung"] for t in exp["trials"]]
+        self.assertGreaterEqual(sum(r >= 1 for r in rungs), 8, rungs)
+        self.assertGreaterEqual(sum(r >= 2 for r in rungs), 4, rungs)
+        for t in exp["trials"]:
+            self.check_contiguous(d, t)
+        promoted = [e.data for e in events if e.event == "promoted"]
+        stopped = [e.data for e in events if e.event == "stopped"]
+        self.assertEqual(len(promoted), sum(rungs), "a promoted event a rung climbed")
+        self.assertEqual(len(stopped), sum(r < 2 for r in rungs), "a stopped event a trial left")
+        paused = [e.data for e in events if e.event == "trial" and e.data["state"] == "paused"]
+        self.assertEqual(len(paused), sum(rungs) + len(stopped), "a paused event a rung reached")
 
 
 if __name__ == "__main__":

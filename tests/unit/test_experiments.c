@@ -151,17 +151,124 @@ Test(experiments, a_trials_body_sets_its_paths) {
 
 Test(experiments, a_trials_metric_is_its_latest_and_best_value) {
     td_exp_trial t = {.metrics_since = -1};
+    td_exp_spec loss = {.metric = "loss", .searcher = TD_SEARCH_RANDOM};
     td_exp_trial_fold(&t,
                       "[{\"event\":\"train\",\"step\":5,\"loss\":2.0},"
                       "{\"event\":\"train\",\"step\":10,\"loss\":1.0},"
                       "{\"event\":\"train\",\"step\":15,\"loss\":1.5,\"lr\":0.1}]",
-                      "loss", false);
+                      &loss);
     cr_assert(t.has_latest && t.has_best);
     cr_assert_float_eq(t.latest, 1.5, 0);
     cr_assert_eq(t.latest_step, 15);
     cr_assert_float_eq(t.best, 1.0, 0);
     cr_assert_eq(t.best_step, 10);
     cr_assert_eq(t.metrics_since, 14, "the newest step is read again (an eval may follow)");
-    td_exp_trial_fold(&t, "[{\"event\":\"eval\",\"step\":15,\"val_acc\":0.5}]", "loss", false);
+    td_exp_trial_fold(&t, "[{\"event\":\"eval\",\"step\":15,\"val_acc\":0.5}]", &loss);
     cr_assert_float_eq(t.latest, 1.5, 0, "a line without the metric changes nothing");
+}
+
+/* ---- ASHA (td_exp_asha.c) ---- */
+
+static void asha(experiment *ex, int n, const char *promotion) {
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "\"space\": {\"train.optimizer.lr\": {\"uniform\": [0.01, 0.1]}}, \"searcher\": "
+             "{\"type\": \"asha\", \"metric\": \"loss\", \"mode\": \"min\", \"max_trials\": %d, "
+             "\"max_steps\": 64, \"reduction_factor\": 4, \"rungs\": 3, \"promotion\": \"%s\"}",
+             n, promotion);
+    td_reply_error e = {0};
+    memset(ex, 0, sizeof *ex);
+    cr_assert_eq(parse(&ex->spec, buf, &e), 0, "%s", e.message);
+    ex->n_trials = td_exp_trial_count(&ex->spec);
+    ex->trials = calloc((size_t)n, sizeof *ex->trials);
+    for (int t = 0; t < n; t++) ex->trials[t] = (td_exp_trial){.trial = t, .job = 0};
+}
+
+/* Trial t paused at rung k with value v there. */
+static void pause_at(experiment *ex, int t, int k, double v) {
+    td_exp_trial *tr = &ex->trials[t];
+    tr->made = true;
+    tr->job = 100 + t;
+    tr->rung = k;
+    tr->paused = true;
+    snprintf(tr->state, sizeof tr->state, "paused");
+    tr->has_rung[k] = true;
+    tr->rung_value[k] = v;
+}
+
+static void asha_free(experiment *ex) {
+    free(ex->trials);
+    td_exp_spec_free(&ex->spec);
+}
+
+Test(experiments, asha_rungs_divide_max_steps) {
+    experiment ex;
+    asha(&ex, 8, "rung");
+    cr_assert_eq(ex.spec.n_rungs, 3);
+    cr_assert_eq(ex.spec.rung_steps[0], 4);
+    cr_assert_eq(ex.spec.rung_steps[1], 16);
+    cr_assert_eq(ex.spec.rung_steps[2], 64);
+    cr_assert_eq(td_exp_asha_stop_at(&ex.spec, 0), 4);
+    cr_assert_eq(td_exp_asha_stop_at(&ex.spec, 2), 0, "the last rung runs to the end");
+    cr_assert_eq(td_exp_asha_rung(&ex.spec, 16), 1);
+    cr_assert_eq(td_exp_asha_rung(&ex.spec, 0), 2);
+    json_t *h = td_exp_hparams(&ex.spec, 3);
+    td_reply_error e = {0};
+    char *body = td_exp_trial_body(&ex.spec, 1, 3, h, &e);
+    cr_assert(strstr(body, "\"max_steps\":64"), "a trial's run is max_steps long: %s", body);
+    free(body);
+    json_decref(h);
+    asha_free(&ex);
+    refused("\"space\": {\"a\": {\"grid\": [1]}}, \"searcher\": {\"type\": \"asha\", \"metric\": "
+            "\"l\", \"mode\": \"min\", \"max_trials\": 2, \"max_steps\": 15, \"rungs\": 3}",
+            "searcher.rungs");
+}
+
+Test(experiments, asha_waits_for_a_complete_rung_then_keeps_its_top_quarter) {
+    experiment ex;
+    asha(&ex, 8, "rung");
+    for (int t = 0; t < 7; t++) pause_at(&ex, t, 0, 1.0 + t); /* trial 7 not made yet */
+    cr_assert_eq(td_exp_asha_next(&ex, true).what, TD_ASHA_NONE, "rung 0 is not complete");
+    pause_at(&ex, 7, 0, 0.5); /* the best comes last */
+    td_asha_move m = td_exp_asha_next(&ex, true);
+    cr_assert_eq(m.what, TD_ASHA_PROMOTE);
+    cr_assert_eq(m.trial, 7, "the best of the rung, whenever it came");
+    cr_assert_eq(m.place, 1);
+    cr_assert_eq(m.of, 8);
+    cr_assert_eq(td_exp_asha_next(&ex, false).what, TD_ASHA_STOP, "stops need no slot");
+    ex.trials[7].paused = false; /* promoted: on its way to rung 1 */
+    ex.trials[7].rung = 1;
+    m = td_exp_asha_next(&ex, true);
+    cr_assert_eq(m.what, TD_ASHA_PROMOTE);
+    cr_assert_eq(m.trial, 0, "8 / 4: the two best of rung 0 go on");
+    ex.trials[0].paused = false;
+    ex.trials[0].rung = 1;
+    int stops = 0;
+    for (m = td_exp_asha_next(&ex, true); m.what == TD_ASHA_STOP; m = td_exp_asha_next(&ex, true)) {
+        cr_assert_geq(m.trial, 1);
+        cr_assert_eq(m.place, m.trial + 2, "after trials 7 and 0");
+        ex.trials[m.trial].paused = false; /* as the driver leaves it (td_exp_driver.c) */
+        ex.trials[m.trial].final = true;
+        snprintf(ex.trials[m.trial].state, sizeof ex.trials[m.trial].state, "succeeded");
+        stops++;
+    }
+    cr_assert_eq(m.what, TD_ASHA_NONE);
+    cr_assert_eq(stops, 6, "the rest of rung 0 stop there");
+    asha_free(&ex);
+}
+
+Test(experiments, asha_async_promotes_the_top_of_a_rung_so_far) {
+    experiment ex;
+    asha(&ex, 16, "async");
+    for (int t = 0; t < 3; t++) pause_at(&ex, t, 0, 3.0 - t);
+    cr_assert_eq(td_exp_asha_next(&ex, true).what, TD_ASHA_NONE, "3 / 4: none yet");
+    pause_at(&ex, 3, 0, 2.5);
+    td_asha_move m = td_exp_asha_next(&ex, true);
+    cr_assert_eq(m.what, TD_ASHA_PROMOTE);
+    cr_assert_eq(m.trial, 2, "the best of four so far");
+    cr_assert_eq(td_exp_asha_next(&ex, false).what, TD_ASHA_NONE, "no slot: it waits");
+    pause_at(&ex, 4, 0, NAN);
+    ex.trials[4].has_rung[0] = false; /* reported nothing at its rung: never promoted */
+    cr_assert_eq(td_exp_asha_next(&ex, true).trial, 2);
+    asha_free(&ex);
 }
