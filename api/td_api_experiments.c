@@ -1,7 +1,7 @@
 /* The experiments' routes (service/exp/td_experiments.h): POST and GET /v1/experiments,
- * GET and DELETE /v1/experiments/{id}, POST /v1/experiments/{id}/cancel, and its events as
- * Server-Sent Events (GET /v1/experiments/{id}/events: trial, best, state), the same stream as a
- * job's (td_api_sse).
+ * GET and DELETE /v1/experiments/{id}, POST /v1/experiments/{id}/cancel|pause|resume, and its
+ * events as Server-Sent Events (GET /v1/experiments/{id}/events: trial, promoted, stopped,
+ * paused, resumed, best, state), the same stream as a job's (td_api_sse).
  * A daemon that runs no experiments (an agent: its master does) answers 404 with where to go. */
 #include "api/td_api_private.h"
 
@@ -85,17 +85,20 @@ enum MHD_Result td_api_experiment(const td_api_call *k) {
         td_buf_free(&out);
         return events(k, id);
     }
-    if (strcmp(action, "cancel") == 0 && post) {
-        rc = td_experiments_cancel(x, id, &k->rq->who, &out, &e);
+    bool change = strcmp(action, "cancel") == 0 || strcmp(action, "pause") == 0 ||
+                  strcmp(action, "resume") == 0;
+    if (change && post) {
+        rc = action[0] == 'c'
+                 ? td_experiments_cancel(x, id, &k->rq->who, &out, &e)
+                 : td_experiments_pause(x, id, action[0] == 'p', &k->rq->who, &out, &e);
     } else if (action[0] || post) {
         td_buf_free(&out);
-        bool unknown = action[0] && strcmp(action, "cancel") != 0 && strcmp(action, "events") != 0;
+        bool unknown = action[0] && !change && strcmp(action, "events") != 0;
         td_reply_fail(&e, unknown ? 404 : 405, unknown ? "not_found" : "method_not_allowed", NULL,
-                      "%s %s: an experiment has GET, DELETE, POST .../cancel and GET .../events",
+                      "%s %s: an experiment has GET, DELETE, POST .../cancel, .../pause and "
+                      ".../resume, and GET .../events",
                       k->method, k->url);
-        const char *allow = strcmp(action, "cancel") == 0   ? "POST"
-                            : strcmp(action, "events") == 0 ? "GET"
-                                                            : "GET, DELETE";
+        const char *allow = change ? "POST" : strcmp(action, "events") == 0 ? "GET" : "GET, DELETE";
         return td_api_error(k->c, &e, unknown ? NULL : allow);
     } else if (strcmp(k->method, "DELETE") == 0) {
         rc = td_experiments_delete(x, id, &k->rq->who, &e);

@@ -96,7 +96,7 @@ enum MHD_Result td_api_node_action(const td_api_call *k);
  * with a 429 answered when it holds its limit of them (td_api.c). */
 bool td_api_take_stream(const td_api_call *k, enum MHD_Result *answer);
 /* The experiments' routes (td_api_experiments.c): /v1/experiments and
- * /v1/experiments/{id}[/cancel]. */
+ * /v1/experiments/{id}[/cancel|pause|resume|events]. */
 enum MHD_Result td_api_experiments(const td_api_call *k);
 enum MHD_Result td_api_experiment(const td_api_call *k);
 

@@ -27,10 +27,12 @@ static bool reached(const td_exp_trial *t, int k) {
     return t->rung == k && (t->paused || strcmp(t->state, "succeeded") == 0);
 }
 
-/* Whether trial t is still on its way to a rung at or below k (or not made yet: rung 0). */
-static bool on_the_way(const td_exp_trial *t, int k) {
+/* Whether trial t may still reach rung k: it is on its way to a rung at or below it (or not
+ * made yet: rung 0), or paused below it (a promotion not yet made: it waits for a slot). */
+static bool may_reach(const td_exp_trial *t, int k) {
     if (!t->made) return true;
-    return t->job > 0 && !t->final && !t->paused && t->rung <= k;
+    if (t->job <= 0 || t->final) return false;
+    return t->paused ? t->rung < k : t->rung <= k;
 }
 
 typedef struct ranked {
@@ -48,14 +50,14 @@ static int by_value(const void *a, const void *b) {
 }
 
 /* Rung k's move: its top quota's paused trials go on, and once the rung is complete (no trial
- * will reach it any more) the rest of its paused trials stop. */
+ * may reach it any more: every rung below has decided) the rest of its paused trials stop. */
 static td_asha_move rung_move(const experiment *ex, int k, ranked *list, bool may_start) {
     td_asha_move none = {.what = TD_ASHA_NONE};
     int m = 0;
     bool complete = true;
     for (int i = 0; i < ex->n_trials; i++) {
         const td_exp_trial *t = &ex->trials[i];
-        if (on_the_way(t, k)) complete = false;
+        if (may_reach(t, k)) complete = false;
         if (!reached(t, k)) continue;
         list[m++] = (ranked){t, t->has_rung[k], ex->spec.maximize, t->rung_value[k]};
     }

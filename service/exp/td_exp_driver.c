@@ -47,8 +47,12 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
     }
     snprintf(t->state, sizeof t->state, "%s", st.state);
     t->step = st.step;
-    t->paused = st.paused;
-    if (ex->spec.searcher == TD_SEARCH_ASHA) t->rung = td_exp_asha_rung(&ex->spec, st.stop_at_step);
+    /* paused at its rung (ASHA's to move), or held with its experiment (to go on as it was) */
+    bool asha = ex->spec.searcher == TD_SEARCH_ASHA;
+    t->paused = st.paused && asha && st.at_stop;
+    t->held = st.paused && !t->paused;
+    t->stop_at = st.stop_at_step;
+    if (asha) t->rung = td_exp_asha_rung(&ex->spec, st.stop_at_step);
     if (strcmp(st.state, "queued") == 0) { /* nothing printed yet */
         if (strcmp(was, t->state) != 0) say_trial(x, ex, t);
         return;
@@ -172,6 +176,28 @@ static void asha_moves(td_experiments *x, experiment *ex) {
     }
 }
 
+/* A paused experiment's trials: each unfinished one paused (once each; a running one stops). */
+static void hold_trials(td_experiments *x, experiment *ex) {
+    for (int k = 0; k < ex->n_trials; k++) {
+        td_exp_trial *t = &ex->trials[k];
+        if (t->job <= 0 || t->final || t->paused || t->held || t->hold_sent) continue;
+        t->hold_sent = true;
+        (void)td_jobs_hold_trial(x->jobs, t->job); /* (-1: it has ended; the next turn reads it) */
+    }
+}
+
+/* A resumed experiment's held trials go on first, where they were (under max_concurrent). */
+static void resume_held(td_experiments *x, experiment *ex) {
+    for (int k = 0; k < ex->n_trials; k++) {
+        td_exp_trial *t = &ex->trials[k];
+        t->hold_sent = false;
+        if (!t->held || td_exp_running(ex) >= ex->spec.max_concurrent) continue;
+        t->held = false; /* (whatever the job says: the next turn reads it) */
+        if (td_jobs_resume_trial(x->jobs, t->job, t->stop_at) == 0)
+            snprintf(t->state, sizeof t->state, "queued");
+    }
+}
+
 /* Stops a cancelled experiment's unfinished trials (once each); true when none is left. */
 static bool stop_trials(td_experiments *x, experiment *ex) {
     bool left = false;
@@ -221,6 +247,12 @@ static void drive(td_experiments *x, long id) {
                    ex->row.reason[0] ? ex->row.reason : "cancelled by request");
         return;
     }
+    if (ex->paused) {
+        hold_trials(x, ex);
+        say_best(x, ex);
+        return;
+    }
+    resume_held(x, ex);
     if (ex->spec.searcher == TD_SEARCH_ASHA) asha_moves(x, ex); /* before new trials: ASHA's */
     bool waiting = false;
     for (int k = 0; k < ex->n_trials && !ex->cancel_requested; k++) {

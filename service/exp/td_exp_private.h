@@ -114,7 +114,10 @@ typedef struct td_exp_trial {
     /* asha: the rung it trains to or is paused at (its job's stop_at_step), and its metric at
      * each rung: the latest line at or before the rung's step */
     int rung;
-    bool paused;
+    bool paused; /* at its rung (its job's stop_at_step) */
+    bool held;   /* paused with its experiment (td_jobs_hold_trial), to go on from where it was */
+    bool hold_sent;
+    long stop_at; /* its job's stop_at_step */
     bool has_rung[TD_EXP_MAX_RUNGS];
     double rung_value[TD_EXP_MAX_RUNGS];
 } td_exp_trial;
@@ -134,6 +137,7 @@ typedef struct experiment {
     td_exp_spec spec;
     td_exp_state state;
     bool cancel_requested;
+    bool paused;          /* by request (POST .../pause): stored as the row's state "paused" */
     bool settled;         /* ended, and its trials' figures read (after a restart: once) */
     td_principal owner;   /* who its trials are submitted as */
     td_exp_trial *trials; /* [n_trials], by number: trials[t].trial == t */
@@ -151,7 +155,8 @@ typedef struct experiment {
 } experiment;
 /* How many of its trials are unfinished (made, not ended; paused ones too). */
 int td_exp_unfinished(const experiment *ex);
-/* How many run or wait for slots: unfinished and not paused (max_concurrent bounds them). */
+/* How many run or wait for slots: unfinished, not paused, not held (max_concurrent bounds
+ * them). */
 int td_exp_running(const experiment *ex);
 /* The trial whose best metric is best, or NULL. */
 const td_exp_trial *td_exp_best(const experiment *ex);

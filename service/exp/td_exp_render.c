@@ -107,7 +107,8 @@ static json_t *summary(const experiment *ex) {
     for (int k = 0; k < N; k++) json_object_set_new(c, names[k], json_integer(counts[k]));
     json_t *o = json_pack(
         "{s:I, s:s, s:s, s:o, s:o, s:o, s:{s:I, s:s}, s:{s:s, s:s, s:s}, s:i, s:i, s:I, s:i, s:o}",
-        "id", (json_int_t)ex->row.id, "name", ex->row.name, "state", td_exp_state_names[ex->state],
+        "id", (json_int_t)ex->row.id, "name", ex->row.name, "state",
+        ex->paused && ex->state == TD_EXP_RUNNING ? "paused" : td_exp_state_names[ex->state],
         "reason", ex->row.reason[0] ? json_string(ex->row.reason) : json_null(), "created_at",
         time_json(ex->row.created_at), "finished_at", time_json(ex->row.finished_at), "owner",
         "token", (json_int_t)ex->row.owner, "name", ex->row.owner_name, "searcher", "type",

@@ -179,7 +179,7 @@ int td_exp_running(const experiment *ex) {
     int n = 0;
     for (int t = 0; t < ex->n_trials; t++) {
         const td_exp_trial *tr = &ex->trials[t];
-        n += tr->job > 0 && !tr->final && !tr->paused;
+        n += tr->job > 0 && !tr->final && !tr->paused && !tr->held;
     }
     return n;
 }

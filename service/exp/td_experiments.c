@@ -93,7 +93,8 @@ static void loaded(void *ctx, td_db_experiment *row) {
         snprintf(ex->row.reason, sizeof ex->row.reason, "%.900s", e.message);
     } else {
         ex->cancel_requested = strcmp(row->state, "cancelling") == 0; /* (then running) */
-        ex->state = ex->cancel_requested ? TD_EXP_RUNNING : state_of(row->state);
+        ex->paused = strcmp(row->state, "paused") == 0;               /* (then running too) */
+        ex->state = ex->cancel_requested || ex->paused ? TD_EXP_RUNNING : state_of(row->state);
     }
     add(x, ex);
 }
@@ -276,6 +277,31 @@ int td_experiments_cancel(td_experiments *x, long id, const td_principal *who, t
         td_err err = {{0}};
         if (td_db_update_experiment(x->db, &ex->row, &err) != 0)
             td_log_at(x->log, TD_LOG_ERROR, TD_LOG_NOWHERE, "experiment %ld: %s", id, err.msg);
+    }
+    if (rc == 0) td_exp_render(x, ex, out);
+    pthread_mutex_unlock(&x->mu);
+    if (rc == 0) td_exp_poke(x);
+    return rc;
+}
+
+int td_experiments_pause(td_experiments *x, long id, bool pause, const td_principal *who,
+                         td_buf *out, td_reply_error *e) {
+    const char *what = pause ? "pause" : "resume";
+    pthread_mutex_lock(&x->mu);
+    experiment *ex = td_exp_find(x, id);
+    int rc = !ex ? not_found(e, id) : owner_check(ex, who, what, e);
+    if (rc == 0 && (ex->state != TD_EXP_RUNNING || ex->cancel_requested))
+        rc = td_reply_fail(e, 409, "conflict", NULL, "experiment %ld %s: there is nothing to %s",
+                           id, ex->cancel_requested ? "is being cancelled" : "has ended", what);
+    if (rc == 0 && ex->paused != pause) {
+        ex->paused = pause;
+        snprintf(ex->row.state, sizeof ex->row.state, "%s", pause ? "paused" : "running");
+        td_err err = {{0}};
+        if (td_db_update_experiment(x->db, &ex->row, &err) != 0)
+            td_log_at(x->log, TD_LOG_ERROR, TD_LOG_NOWHERE, "experiment %ld: %s", id, err.msg);
+        td_exp_emit(x, ex, pause ? "paused" : "resumed", json_pack("{s:s}", "by", who->name));
+        td_log_at(x->log, TD_LOG_INFO, TD_LOG_NOWHERE, "experiment %ld %s by token \"%s\"", id,
+                  pause ? "paused" : "resumed", who->name);
     }
     if (rc == 0) td_exp_render(x, ex, out);
     pthread_mutex_unlock(&x->mu);

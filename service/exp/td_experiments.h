@@ -57,6 +57,13 @@ int td_experiments_get(td_experiments *x, long id, td_buf *out, td_reply_error *
  * ended. 403 unless who owns it or is an admin; 409 when it has ended. */
 int td_experiments_cancel(td_experiments *x, long id, const td_principal *who, td_buf *out,
                           td_reply_error *e);
+/* Pauses a running experiment (pause true): no trial is made or promoted, and its unfinished
+ * trials are paused (td_jobs_hold_trial: a running one resumes from its latest checkpoint); or
+ * resumes it: its trials paused so go on, then the searcher. Stored (a daemon that restarts
+ * keeps it); asking for what already is, is a 200. 403 as for a cancel; 409 when it has ended
+ * or is being cancelled. */
+int td_experiments_pause(td_experiments *x, long id, bool pause, const td_principal *who,
+                         td_buf *out, td_reply_error *e);
 /* Removes an ended experiment and its trials (their jobs). 409 while it runs. */
 int td_experiments_delete(td_experiments *x, long id, const td_principal *who, td_reply_error *e);
 /* GET /v1/experiments/ID/events: its events after `after` (at most limit) to fn, called under

@@ -83,8 +83,9 @@ typedef struct job {
     char *json;               /* rendered job object; NULL when stale */
 
     bool cancel_requested;
-    bool timed_out; /* stopped at resources.time_limit_s */
-    bool active;    /* a group is running; holds td_jobs_slots slots */
+    bool hold_requested; /* its experiment is paused: stopped, then paused (td_jobs_hold_trial) */
+    bool timed_out;      /* stopped at resources.time_limit_s */
+    bool active;         /* a group is running; holds td_jobs_slots slots */
     int *devices;   /* GPU slots while active: td_jobs_slots of them, gpus_per_proc a process */
     td_shepherd sh; /* the running attempt's shepherd, when it runs here (not placed) */
     td_shepherd_end end; /* how the attempt ended, for td_jobs_attempt_over */

@@ -214,15 +214,24 @@ static bool reached_stop(const job *jb) {
     return jb->row.stop_at_step > 0 && jb->checkpoint_step == jb->row.stop_at_step;
 }
 
-/* Paused: nothing runs, no slot is held, and the next attempt (td_jobs_resume_trial) starts from
- * the checkpoint at the step it stopped after. */
-static void pause_job(td_jobs *j, job *jb) {
+void td_jobs_pause_job(td_jobs *j, job *jb) {
     td_jobs_set_state(jb, PAUSED);
     jb->row.pgid = 0;
-    snprintf(jb->row.reason, sizeof jb->row.reason,
-             "paused after step %ld as asked (stop_at_step); its checkpoint there is what it "
-             "resumes from",
-             jb->row.stop_at_step);
+    if (!jb->hold_requested)
+        snprintf(jb->row.reason, sizeof jb->row.reason,
+                 "paused after step %ld as asked (stop_at_step); its checkpoint there is what it "
+                 "resumes from",
+                 jb->row.stop_at_step);
+    else if (jb->checkpoint_path)
+        snprintf(jb->row.reason, sizeof jb->row.reason,
+                 "paused with its experiment: it resumes from its latest checkpoint (step %ld), "
+                 "and trains the steps after it again",
+                 jb->checkpoint_step);
+    else
+        snprintf(jb->row.reason, sizeof jb->row.reason,
+                 "paused with its experiment: it had no checkpoint yet, and starts again from "
+                 "its beginning");
+    jb->hold_requested = false;
     td_jobs_emit_state(j, jb);
     td_log_at(j->log, TD_LOG_INFO, TD_LOG_JOB(jb->row.id), "job %ld: %s", jb->row.id,
               jb->row.reason);
@@ -295,9 +304,9 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
     } else if (jb->timed_out) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, FAILED, code, reason);
-    } else if (code == 0 && reached_stop(jb)) {
+    } else if (jb->hold_requested || (code == 0 && reached_stop(jb))) {
         td_jobs_release_slots(j, jb);
-        pause_job(j, jb);
+        td_jobs_pause_job(j, jb);
     } else if (code == 0) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, SUCCEEDED, 0, "");
@@ -385,6 +394,7 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     if (rc == 1 && !e->failed && strcmp(e->stopped_by, "deadline") == 0) jb->timed_out = true;
     if (rc == 1 && !e->failed && strcmp(e->stopped_by, "request") == 0) {
         if (starts_with(why, TD_RUNNER_STOP_CANCEL)) jb->cancel_requested = true;
+        if (starts_with(why, TD_RUNNER_STOP_HOLD)) jb->hold_requested = true;
         if (starts_with(why, TD_RUNNER_STOP_TIME_LIMIT)) jb->timed_out = true;
         if (starts_with(why, TD_RUNNER_STOP_QUOTA)) { /* (a daemon since restarted) */
             jb->over_quota = true;
@@ -396,7 +406,8 @@ void td_jobs_shepherd_gone(td_jobs *j, job *jb) {
     /* stopped while no daemon was there (orphan_timeout_s), or by a signal to the shepherd
      * itself (a service manager stopping everything): not the job's failure */
     bool absent =
-        !e->failed && !jb->cancel_requested && !jb->timed_out && !jb->over_quota &&
+        !e->failed && !jb->cancel_requested && !jb->hold_requested && !jb->timed_out &&
+        !jb->over_quota &&
         (strcmp(e->stopped_by, "orphaned") == 0 || strcmp(e->stopped_by, "signal") == 0 ||
          strcmp(e->stopped_by, "machine") == 0 || starts_with(why, TD_RUNNER_STOP_DAEMON));
     sh->fd = -1;

@@ -24,8 +24,8 @@ static void reap(void) {
     }
 }
 
-/* A local job's stop, when one is due (a cancel, its quota, its time limit, the daemon stopping
- * its jobs), and its end once its shepherd has gone. */
+/* A local job's stop, when one is due (a cancel, its quota, its experiment's pause, its time
+ * limit, the daemon stopping its jobs), and its end once its shepherd has gone. */
 static void stop_if_due(td_jobs *j, job *jb) {
     double limit = td_jobs_deadline(jb);
     if (limit > 0 && !jb->timed_out && !jb->cancel_requested && td_clock_wall() >= limit) {
@@ -41,6 +41,9 @@ static void stop_if_due(td_jobs *j, job *jb) {
                          TD_RUNNER_STOP_CANCEL "cancelled by request");
     else if (jb->over_quota && !jb->sh.stop_sent)
         td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s, quota_stop);
+    else if (jb->hold_requested && !jb->sh.stop_sent)
+        td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s,
+                         TD_RUNNER_STOP_HOLD "its experiment was paused");
     else if (jb->timed_out && !jb->sh.stop_sent)
         td_shepherd_stop(&jb->sh, SIGTERM, j->cfg.runner.grace_s,
                          TD_RUNNER_STOP_TIME_LIMIT "the job reached its time limit");

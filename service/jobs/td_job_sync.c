@@ -147,7 +147,7 @@ static void part_failed(td_jobs *j, job *jb, part *p, int code, const char *reas
         if (&jb->parts[i] != p && jb->parts[i].failed_at > 0 &&
             jb->parts[i].failed_at <= p->failed_at)
             first = false;
-    if (first && !jb->cancel_requested && !jb->timed_out) {
+    if (first && !jb->cancel_requested && !jb->hold_requested && !jb->timed_out) {
         bool earlier = jb->parts_code != 0;
         jb->parts_code = code ? code : 1;
         snprintf(jb->parts_reason, sizeof jb->parts_reason, "%s", reason);
@@ -317,7 +317,7 @@ void td_jobs_parts_tick(td_jobs *j) {
                       "job %ld reached its time limit of %g s: stopping it", jb->row.id,
                       jb->row.time_limit_s);
         }
-        if (jb->cancel_requested) jb->parts_stopping = true;
+        if (jb->cancel_requested || jb->hold_requested) jb->parts_stopping = true;
     }
     if (!any) return;
     json_t *msg = json_pack("{s:o}", "parts", td_node_parts_report(&j->node, false));

@@ -14,6 +14,8 @@ int td_jobs_status(td_jobs *j, long id, td_job_status *out) {
         snprintf(out->state, sizeof out->state, "%s", td_jobs_state_names[jb->state]);
         out->final = td_jobs_final_state(jb->state);
         out->paused = jb->state == PAUSED;
+        out->at_stop =
+            out->paused && jb->row.stop_at_step > 0 && jb->checkpoint_step == jb->row.stop_at_step;
         out->step = jb->last_step;
         out->stop_at_step = jb->row.stop_at_step;
         snprintf(out->reason, sizeof out->reason, "%.500s", jb->row.reason);
@@ -42,6 +44,22 @@ int td_jobs_stop_job(td_jobs *j, long id, const char *why) {
             td_jobs_finish(j, jb, CANCELLED, -1, why);
         else
             td_jobs_wake(j); /* the supervisor stops it (td_job_supervisor.c) */
+    }
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+int td_jobs_hold_trial(td_jobs *j, long id) {
+    td_jobs_lock(j);
+    job *jb = td_jobs_find(j, id);
+    int rc = jb && !td_jobs_final_state(jb->state) ? 0 : -1;
+    if (rc == 0 && jb->state != PAUSED && !jb->hold_requested) {
+        jb->hold_requested = true;
+        if (!jb->active && !jb->parts) { /* queued, or waiting to be placed again: no slot */
+            td_jobs_pause_job(j, jb);
+        } else {
+            td_jobs_wake(j); /* the supervisor stops it (td_job_supervisor.c) */
+        }
     }
     pthread_mutex_unlock(&j->mu);
     return rc;

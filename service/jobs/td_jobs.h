@@ -96,7 +96,8 @@ int td_jobs_check(td_jobs *j, const char *body, size_t len, const td_principal *
 typedef struct td_job_status {
     char state[16]; /* queued, running, restarting, paused, succeeded, failed, cancelled */
     bool final;     /* it ended */
-    bool paused;    /* after stop_at_step, with a checkpoint there */
+    bool paused;    /* held by nothing: after stop_at_step, or by td_jobs_hold_trial */
+    bool at_stop;   /* paused where it was asked to stop (its checkpoint is at stop_at_step) */
     long step;      /* rank 0's latest step (-1: none yet) */
     long stop_at_step;
     char reason[512];
@@ -109,6 +110,11 @@ void td_jobs_trials(td_jobs *j, long experiment, void (*fn)(void *ctx, long id, 
 /* Stops the job without waiting for its processes to end (td_jobs_cancel waits); 0 when it was
  * running or queued, 1 when it had already ended. */
 int td_jobs_stop_job(td_jobs *j, long id, const char *why);
+/* Pauses a trial now (its experiment is paused): one queued or waiting is paused at once, a
+ * running one is stopped (as a cancel stops it) and paused, to resume from its latest checkpoint
+ * (the steps after it are trained again). 0 when it is paused or being paused, -1 when it has
+ * ended or there is no such job. */
+int td_jobs_hold_trial(td_jobs *j, long id);
 /* A paused trial goes on: queued again, its next attempt resuming from the checkpoint it paused
  * at and stopping after stop_at_step (0: at its end). 0, or -1 when it is not paused. */
 int td_jobs_resume_trial(td_jobs *j, long id, long stop_at_step);

@@ -217,6 +217,9 @@ void td_jobs_set_worker_run(td_jobs *j, job *jb, const char *spec_path);
 int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err);
 void td_jobs_start_attempt(td_jobs *j, job *jb); /* on slots already reserved */
 void td_jobs_attempt_over(td_jobs *j, job *jb);  /* every process of it has ended */
+/* Paused (its slots already given back): at its stop_at_step, or held by its experiment's
+ * pause (hold_requested). It holds nothing until td_jobs_resume_trial or td_jobs_end_trial. */
+void td_jobs_pause_job(td_jobs *j, job *jb);
 /* The connection to a local attempt's shepherd ended (or none could be made at start): reads
  * the rest of rank 0's output, and ends the attempt as its status file says; without one the
  * shepherd died and what is left of its process group is killed. A shepherd that dropped a

@@ -175,6 +175,7 @@ json_t *td_runner_shepherd_spec(const td_runner *n, const td_launch_config *c, i
 /* The words a stop request to a shepherd starts with: what a daemon that reads the status file
  * later (after a restart) makes of the stop. */
 #define TD_RUNNER_STOP_CANCEL     "cancel: "
+#define TD_RUNNER_STOP_HOLD       "hold: "
 #define TD_RUNNER_STOP_TIME_LIMIT "time_limit: "
 #define TD_RUNNER_STOP_QUOTA      "quota: "
 #define TD_RUNNER_STOP_DAEMON     "daemon_stop: "

@@ -374,6 +374,78 @@ class ExperimentsTest(harness.DaemonTest):
         paused = [e.data for e in events if e.event == "trial" and e.data["state"] == "paused"]
         self.assertEqual(len(paused), sum(rungs) + len(stopped), "a paused event a rung reached")
 
+    def test_k_a_command_trial_follows_the_stop_contract(self):
+        """TRAIND_STOP_AT_STEP: train to it, register a checkpoint there, exit 0; the next attempt
+        resumes from TRAIND_LATEST_CHECKPOINT (a command's side of ASHA's pauses)."""
+        script = (
+            'test -n "$TRAIND_MAX_STEPS" || exit 3; s=0; '
+            'if [ -n "$TRAIND_LATEST_CHECKPOINT" ]; then s=$(cat "$TRAIND_LATEST_CHECKPOINT"); fi; '
+            'stop=${TRAIND_STOP_AT_STEP:-$TRAIND_MAX_STEPS}; '
+            'while [ "$s" -lt "$stop" ]; do s=$((s + 1)); '
+            'echo "{\\"event\\": \\"train\\", \\"step\\": $s, \\"score\\": $((N * s))}"; done; '
+            'echo "$s" > "ck-$s"; '
+            'echo "{\\"event\\": \\"checkpoint\\", \\"step\\": $s, \\"path\\": \\"ck-$s\\"}"')
+        d = self.start_daemon("--slots", "2")
+        exp = self.create(d, {"name": "cmd-asha", "seed": 3, "max_concurrent": 2,
+                              "job": {"name": "stepper", "command": ["/bin/sh", "-c", script]},
+                              "space": {"env.N": {"int": [1, 1000]}},
+                              "searcher": {"type": "asha", "metric": "score", "mode": "max",
+                                           "max_trials": 8, "max_steps": 8,
+                                           "reduction_factor": 2, "rungs": 3,
+                                           "promotion": "rung"}})
+        exp = self.finished(d, exp["id"])
+        self.assertEqual(exp["state"], "succeeded", exp)
+        trials = exp["trials"]
+        self.assertEqual(sorted(t["rung"] for t in trials), [0] * 4 + [1] * 2 + [2] * 2, trials)
+        for t in trials:
+            self.assertEqual(t["steps"], [2, 4, 8][t["rung"]], t)
+            self.check_contiguous_lines(d, t)
+            job = d.json("GET", f"/v1/jobs/{t['job']}")[2]
+            self.assertEqual(len(job["attempts"]), t["rung"] + 1, "an attempt a rung")
+        top = max(trials, key=lambda t: int(t["hparams"]["env.N"]))
+        self.assertEqual(exp["best"]["trial"], top["trial"])
+        self.assertEqual(exp["best"]["value"], int(top["hparams"]["env.N"]) * 8)
+
+    def check_contiguous_lines(self, d, trial):
+        steps = [m["step"] for m in d.metrics(trial["job"]) if "score" in m]
+        self.assertEqual(steps, list(range(1, trial["steps"] + 1)), trial)
+
+    def test_l_pause_and_resume_an_experiment(self):
+        state = self.new_state_dir()
+        gate = os.path.join(state, "go")
+        d1 = self.start_daemon("--slots", "2", "--grace", "1", state_dir=state)
+        eid = self.create(d1, dict(self.gated_body(gate), max_concurrent=2,
+                                   space={"env.N": {"grid": ["1", "2", "3"]}}))["id"]
+        count = lambda d, what: d.json("GET", f"/v1/experiments/{eid}")[2]["counts"][what]  # noqa: E731
+        wait_for(lambda: count(d1, "running") == 2, "two trials running")
+        status, _, exp = d1.json("POST", f"/v1/experiments/{eid}/pause")
+        self.assertEqual((status, exp["state"]), (200, "paused"), exp)
+        wait_for(lambda: count(d1, "paused") == 2, "both running trials paused")
+        exp = d1.json("GET", f"/v1/experiments/{eid}")[2]
+        self.assertEqual(exp["counts"]["pending"], 1, "no trial made while paused")
+        for t in exp["trials"][:2]:
+            job = d1.json("GET", f"/v1/jobs/{t['job']}")[2]
+            self.assertEqual(job["state"], "paused", job)
+            self.assertIn("paused with its experiment", job["reason"])
+        # the slots are free: a job of its own runs meanwhile
+        other, _ = d1.submit({"name": "meanwhile", "command": ["/bin/true"]})
+        self.assertEqual(d1.follow(other["id"])[-1].data["state"], "succeeded")
+        self.assertEqual(d1.json("POST", f"/v1/experiments/{eid}/pause")[0], 200, "again: 200")
+        d1.kill()  # the pause is stored
+        d2 = self.start_daemon("--slots", "2", "--grace", "1", state_dir=state)
+        self.assertEqual(d2.json("GET", f"/v1/experiments/{eid}")[2]["state"], "paused")
+        with open(gate, "w"):
+            pass
+        status, _, exp = d2.json("POST", f"/v1/experiments/{eid}/resume")
+        self.assertEqual((status, exp["state"]), (200, "running"), exp)
+        exp = self.finished(d2, eid)
+        self.assertEqual(exp["state"], "succeeded", exp)
+        self.assertEqual(exp["best"]["trial"], 2)
+        attempts = [len(d2.json("GET", f"/v1/jobs/{t['job']}")[2]["attempts"])
+                    for t in exp["trials"]]
+        self.assertEqual(attempts, [2, 2, 1], "the paused trials went on in a second attempt")
+        self.assert_error(d2.json("POST", f"/v1/experiments/{eid}/pause"), 409, "conflict")
+
 
 if __name__ == "__main__":
     harness.TRAIND = os.path.abspath(sys.argv[1])

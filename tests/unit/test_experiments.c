@@ -272,3 +272,23 @@ Test(experiments, asha_async_promotes_the_top_of_a_rung_so_far) {
     cr_assert_eq(td_exp_asha_next(&ex, true).trial, 2);
     asha_free(&ex);
 }
+
+Test(experiments, asha_a_rung_is_complete_once_the_rungs_below_have_decided) {
+    experiment ex;
+    asha(&ex, 16, "rung");
+    for (int t = 0; t < 16; t++) pause_at(&ex, t, 0, 1.0 + t);
+    for (int t = 0; t < 2; t++) { /* two of four promoted (max_concurrent 2), paused at rung 1 */
+        pause_at(&ex, t, 1, 5.0 - t);
+        ex.trials[t].has_rung[0] = true;
+    }
+    /* trials 2 and 3 are in rung 0's top quarter but wait for a slot: rung 1 is not complete
+     * (with the rungs below not counted, it was: its two trials judged alone, one stopped) */
+    td_asha_move m = td_exp_asha_next(&ex, true);
+    cr_assert_eq(m.what, TD_ASHA_PROMOTE, "%d: trial %d rung %d", m.what, m.trial, m.rung);
+    cr_assert_eq(m.rung, 0);
+    cr_assert_eq(m.trial, 2);
+    m = td_exp_asha_next(&ex, false);
+    cr_assert_eq(m.what, TD_ASHA_STOP, "rung 0's bottom three quarters stop");
+    cr_assert_eq(m.rung, 0, "nothing of rung 1 is decided yet");
+    asha_free(&ex);
+}
