@@ -135,7 +135,7 @@ async function signOut() {
 
 /* ---- Jobs ------------------------------------------------------------------------------------ */
 
-const STATES = ["queued", "running", "restarting", "succeeded", "failed", "cancelled"];
+const STATES = ["queued", "running", "restarting", "paused", "succeeded", "failed", "cancelled"];
 
 function jobsPage() {
   const filter = el("select", { id: "state-filter", "aria-label": "Filter by state" },

@@ -7,9 +7,9 @@
  * runs. */
 "use strict";
 
-const EXP_STATES = ["running", "succeeded", "failed", "cancelled"];
-const TRIAL_STATES = ["pending", "submitting", "queued", "running", "restarting", "succeeded",
-  "failed", "cancelled"];
+const EXP_STATES = ["running", "paused", "succeeded", "failed", "cancelled"];
+const TRIAL_STATES = ["pending", "submitting", "queued", "running", "restarting", "paused",
+  "succeeded", "failed", "cancelled"];
 
 function bestText(b) { return b ? `${(+b.value).toPrecision(5)} (trial ${b.trial})` : "–"; }
 function valueText(v) { return typeof v === "number" ? +v.toPrecision(6) : JSON.stringify(v); }
@@ -60,7 +60,8 @@ function trialsTable(x, sortBy, filter) {
   return rows.map((t) => el("tr", { "data-trial": t.trial, class: t.trial === bestTrial ? "best" : null },
     el("td", { class: "num" }, t.trial),
     el("td", {}, t.job ? el("a", { href: `#/job/${t.job}` }, t.job) : "–"),
-    el("td", {}, stateBadge(t.state)), el("td", { class: "num" }, t.steps),
+    el("td", {}, stateBadge(t.state)),
+    el("td", { class: "num" }, t.rung === undefined ? t.steps : `${t.steps} · rung ${t.rung}`),
     el("td", { class: "num" }, t.latest ? (+t.latest.value).toPrecision(5) : "–"),
     el("td", { class: "num" }, t.best ? (+t.best.value).toPrecision(5) : "–"),
     el("td", { class: "wrap" }, hparamsText(t.hparams)),
@@ -89,6 +90,12 @@ function experimentPage(id) {
       try { await api("POST", `/v1/experiments/${id}/cancel`); load(); }
       catch (e) { error.hidden = false; error.textContent = e.message; }
     } }, "Cancel experiment");
+  const pause = el("button", { id: "exp-pause", type: "button", disabled: true,
+    onclick: async () => {
+      const action = x && x.state === "paused" ? "resume" : "pause";
+      try { await api("POST", `/v1/experiments/${id}/${action}`); load(); }
+      catch (e) { error.hidden = false; error.textContent = e.message; }
+    } }, "Pause");
   show(el("div", { class: "toolbar" }, el("a", { href: "#/experiments" }, "← Experiments")), head,
     error, el("div", { class: "card" }, facts), el("h2", {}, "Trials"),
     el("div", { class: "toolbar" }, el("label", { for: "trial-filter" }, "Show"), filter),
@@ -192,13 +199,21 @@ function experimentPage(id) {
       if (again && !left) { again = false; setTimeout(load, 0); }
     }
     if (left) return;
-    cancel.disabled = x.state !== "running";
-    head.replaceChildren(el("h1", {}, `Experiment ${x.id}: ${x.name}`), stateBadge(x.state), cancel);
+    const live = x.state === "running" || x.state === "paused";
+    cancel.disabled = pause.disabled = !live;
+    pause.textContent = x.state === "paused" ? "Resume" : "Pause";
+    pause.title = x.state === "paused" ? "Its paused trials go on, then its searcher"
+      : "Its trials pause (a running one goes on later from its latest checkpoint), holding no slot";
+    head.replaceChildren(el("h1", {}, `Experiment ${x.id}: ${x.name}`), stateBadge(x.state), pause,
+      cancel);
     head.querySelector(".state").id = "exp-state";
     const c = x.counts;
     facts.replaceChildren(
       el("dt", {}, "Search"), el("dd", {}, `${x.searcher.type}, ${x.trials_total} trials, ` +
         `at most ${x.max_concurrent} at a time, seed ${x.seed}`),
+      ...(x.searcher.rung_steps ? [el("dt", {}, "Rungs"), el("dd", { id: "exp-rungs" },
+        `steps ${x.searcher.rung_steps.join(", ")}: the top 1/${x.searcher.reduction_factor} of ` +
+        `a rung go on (promotion ${x.searcher.promotion})`)] : []),
       el("dt", {}, "Metric"), el("dd", {}, `${x.searcher.metric} (${x.searcher.mode})`),
       el("dt", {}, "Trials"), el("dd", { id: "exp-counts" }, TRIAL_STATES.filter((s) => c[s])
         .map((s) => `${c[s]} ${s}`).join(", ") || "none yet"),
@@ -218,8 +233,9 @@ function experimentPage(id) {
   }
 
   const es = new EventSource(`/v1/experiments/${id}/events?csrf=${csrf}`, { withCredentials: true });
-  for (const name of ["trial", "best", "state"])
+  for (const name of ["trial", "promoted", "stopped", "paused", "resumed", "best", "state"])
     es.addEventListener(name, () => { load(); if (name === "state") es.close(); });
   cleanups.push(() => es.close());
   every(3000, () => { if (x && x.state === "running") load(); }); // running trials' new points
+  // (a paused experiment's trials print nothing: its events say when it goes on)
 }

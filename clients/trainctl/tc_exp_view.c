@@ -24,8 +24,9 @@ double tc_exp_num(json_t *o, const char *key) {
     return json_number_value(json_object_get(o, key));
 }
 
-static const char *const STATES[] = {"pending",   "queued", "running",
+static const char *const STATES[] = {"pending",   "queued", "running",  "paused",
                                      "succeeded", "failed", "cancelled"};
+enum { N_STATES = sizeof STATES / sizeof STATES[0] };
 
 /* A hyperparameter's value: for a table, a string as it is and a real with 6 digits; exact, as
  * JSON with the digits the daemon sent (strings quoted), to copy into a spec. */
@@ -112,7 +113,10 @@ static row *ranked(json_t *x, size_t *n) {
 static void trials_table(screen *s, json_t *x, int max_rows) {
     size_t n;
     row *r = ranked(x, &n);
-    out(s, "%-5s %-7s %-10s %7s %12s  %s", "TRIAL", "JOB", "STATE", "STEPS", "BEST", "HPARAMS");
+    /* ASHA's trials say their rung: the one they train to or are paused at */
+    bool rungs = json_object_get(json_object_get(x, "searcher"), "rung_steps") != NULL;
+    out(s, "%-5s %-7s %-10s %7s%s %12s  %s", "TRIAL", "JOB", "STATE", "STEPS", rungs ? " RUNG" : "",
+        "BEST", "HPARAMS");
     for (size_t i = 0; i < n; i++) {
         if (max_rows >= 0 && i >= (size_t)max_rows) {
             out(s, "... and %zu more trials (trainctl exp show %lld lists them all)", n - i,
@@ -126,8 +130,10 @@ static void trials_table(screen *s, json_t *x, int max_rows) {
         if (r[i].has)
             snprintf(best, sizeof best, "%.6g", tc_exp_num(json_object_get(t, "best"), "value"));
         hparams_text(json_object_get(t, "hparams"), h, sizeof h);
-        out(s, "%-5lld %-7s %-10s %7lld %12s  %s", r[i].trial, job, tc_str(t, "state", "?"),
-            tc_exp_int(t, "steps"), best, h);
+        char rung[16] = "";
+        if (rungs) snprintf(rung, sizeof rung, " %4lld", tc_exp_int(t, "rung"));
+        out(s, "%-5lld %-7s %-10s %7lld%s %12s  %s", r[i].trial, job, tc_str(t, "state", "?"),
+            tc_exp_int(t, "steps"), rung, best, h);
     }
     free(r);
 }
@@ -137,7 +143,7 @@ void tc_exp_counts_text(json_t *x, char *text, size_t len) {
     json_t *k = json_object_get(x, "counts");
     size_t n = 0;
     text[0] = 0;
-    for (int i = 0; i < 6 && n < len; i++)
+    for (int i = 0; i < N_STATES && n < len; i++)
         if (tc_exp_int(k, STATES[i]) > 0)
             n += (size_t)snprintf(text + n, len - n, "%s%lld %s", n ? ", " : "",
                                   tc_exp_int(k, STATES[i]), STATES[i]);

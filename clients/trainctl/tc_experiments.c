@@ -190,12 +190,14 @@ int tc_cmd_exp_show(const tc_conn *c, int argc, char **argv) {
     return 0;
 }
 
-int tc_cmd_exp_cancel(const tc_conn *c, int argc, char **argv) {
+/* exp cancel|pause|resume ID: argv[0] says which. */
+int tc_cmd_exp_act(const tc_conn *c, int argc, char **argv) {
+    const char *action = strchr(argv[0], ' ') + 1;
     TC_PARSE(" --json ", 1, 1);
     long id = exp_id(a.pos[0]);
     if (id < 0) return TC_EXIT_ERROR;
     char path[64], err[512] = "";
-    snprintf(path, sizeof path, "/v1/experiments/%ld/cancel", id);
+    snprintf(path, sizeof path, "/v1/experiments/%ld/%s", id, action);
     tc_reply r;
     tc_request(c, "POST", path, NULL, &r, err, sizeof err);
     json_t *x = r.status == 200 ? tc_reply_json(&r) : NULL;
@@ -203,10 +205,17 @@ int tc_cmd_exp_cancel(const tc_conn *c, int argc, char **argv) {
     tc_reply_free(&r);
     json_t *k = json_object_get(x, "counts");
     if (x && a.json) tc_print_json(x);
-    if (x && !a.json)
+    long long busy = tc_exp_int(k, "queued") + tc_exp_int(k, "running");
+    if (x && !a.json && action[0] == 'c')
         printf("experiment %ld: cancelling (%lld unfinished trials stopping; it ends cancelled "
                "once they have)\n",
-               id, tc_exp_int(k, "queued") + tc_exp_int(k, "running"));
+               id, busy);
+    else if (x && !a.json && action[0] == 'p')
+        printf("experiment %ld: paused (%lld trials pausing: a running one goes on from its "
+               "latest checkpoint; trainctl exp resume %ld)\n",
+               id, busy, id);
+    else if (x && !a.json)
+        printf("experiment %ld: running again (its paused trials go on first)\n", id);
     json_decref(x);
     return rc;
 }

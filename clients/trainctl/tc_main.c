@@ -178,11 +178,21 @@ static const command COMMANDS[] = {
      "first after).\n"
      "  --download [DIR]  download that checkpoint as a tar archive to\n"
      "                    DIR/exp-ID-best-step-S.tar (DIR: . unless given; made if missing)\n"},
-    {"exp cancel", tc_cmd_exp_cancel,
+    {"exp cancel", tc_cmd_exp_act,
      "Usage: trainctl exp cancel ID [--json]\n"
      "\n"
      "Stops making trials and stops the unfinished ones; the experiment ends cancelled once\n"
      "they have. An experiment that has ended is refused.\n"},
+    {"exp pause", tc_cmd_exp_act,
+     "Usage: trainctl exp pause ID [--json]\n"
+     "\n"
+     "Pauses an experiment: no trial is made or promoted, its queued trials are paused and its\n"
+     "running ones stopped and paused, each to go on from its latest checkpoint (the steps\n"
+     "after it are trained again). Paused trials hold no slot. Kept across restarts.\n"},
+    {"exp resume", tc_cmd_exp_act,
+     "Usage: trainctl exp resume ID [--json]\n"
+     "\n"
+     "Resumes a paused experiment: its paused trials go on first, then its searcher.\n"},
     {"exp rm", tc_cmd_exp_rm,
      "Usage: trainctl exp rm ID\n"
      "\n"

@@ -143,7 +143,7 @@ int tc_cmd_exp(const tc_conn *c, int argc, char **argv); /* exp alone, or an unk
 int tc_cmd_exp_create(const tc_conn *c, int argc, char **argv);
 int tc_cmd_exp_ls(const tc_conn *c, int argc, char **argv);
 int tc_cmd_exp_show(const tc_conn *c, int argc, char **argv);
-int tc_cmd_exp_cancel(const tc_conn *c, int argc, char **argv);
+int tc_cmd_exp_act(const tc_conn *c, int argc, char **argv); /* cancel, pause, resume */
 int tc_cmd_exp_rm(const tc_conn *c, int argc, char **argv);
 int tc_cmd_exp_best(const tc_conn *c, int argc, char **argv);
 /* An experiment on screen (tc_exp_view.c): a member as a number (0 when absent), the counts of

@@ -332,13 +332,16 @@ class DashboardTest(harness.DaemonTest):
 
     def test_i_experiment_page(self):
         """An experiment's page, live: every trial listed from the start, the chart gaining a
-        line a trial as they run, the best trial marked, a scatter for the searched path."""
+        line a trial as they run, ASHA's paused trials shown as paused, the experiment paused
+        and resumed from its buttons, the best trial marked, a scatter for the searched path."""
         b, d = self.b, self.d
-        spec = harness.train_spec("lr", epochs=30)  # seconds a trial: seen running
+        spec = harness.train_spec("lr", epochs=20)  # a second or so a rung: seen paused
         status, _, exp = d.json("POST", "/v1/experiments", {
-            "name": "lr-sweep", "job": spec, "max_concurrent": 1,
-            "space": {"train.optimizer.lr": {"grid": [0.003, 0.01, 0.03, 0.1]}},
-            "searcher": {"type": "grid", "metric": "loss", "mode": "min"}})
+            "name": "lr-asha", "job": spec, "max_concurrent": 1, "seed": 5,
+            "space": {"train.optimizer.lr": {"log_uniform": [0.003, 0.1]}},
+            "searcher": {"type": "asha", "metric": "loss", "mode": "min", "max_trials": 4,
+                         "max_steps": 480, "reduction_factor": 2, "rungs": 3,
+                         "promotion": "rung"}})
         self.assertEqual(status, 201, exp)
         b.get(self.url)
         self.sign_in(d.token)
@@ -346,20 +349,28 @@ class DashboardTest(harness.DaemonTest):
         b.find_element(By.CSS_SELECTOR, "#nav a[data-page=experiments]").click()
         self.find(f"#experiments-body tr[data-experiment='{exp['id']}'] a").click()
         self.find("#exp-state")
+        self.until(lambda: "steps 120, 240, 480" in self.text("exp-rungs"), "the rungs' steps")
         rows = lambda: b.find_elements(By.CSS_SELECTOR, "#trials-body tr")  # noqa: E731
         self.until(lambda: len(rows()) == 4, "the four trials listed")
         lines = lambda: int(self.find("#chart-trials").get_attribute("data-lines") or 0)  # noqa: E731
         self.until(lambda: lines() >= 1, "a trial's line")
+        self.until(lambda: b.find_elements(By.CSS_SELECTOR, "#trials-body .state.paused"),
+                   "a trial paused at its first rung shown as paused")
         self.until(lambda: lines() >= 2, "the chart gaining a line")
-        self.until(lambda: b.find_elements(By.CSS_SELECTOR, "#trials-body .state.running"),
-                   "a running trial shown as running")
+        self.find("#exp-pause").click()
+        self.until(lambda: self.text("exp-state") == "paused", "the experiment paused")
+        self.assertEqual(self.find("#exp-pause").text, "Resume")
+        self.find("#exp-pause").click()
+        self.until(lambda: self.text("exp-state") in ("running", "succeeded"), "it goes on")
         self.until(lambda: self.text("exp-state") == "succeeded", "the experiment's end")
         self.until(lambda: lines() == 4, "a line a trial")
         self.until(lambda: b.find_elements(By.CSS_SELECTOR, "#trials-body tr.best"),
                    "the best trial marked")
-        best = d.json("GET", f"/v1/experiments/{exp['id']}")[2]["best"]
+        x = d.json("GET", f"/v1/experiments/{exp['id']}")[2]
+        self.assertEqual(sorted(t["rung"] for t in x["trials"]), [0, 0, 1, 2])
         first = b.find_elements(By.CSS_SELECTOR, "#trials-body tr")[0]
-        self.assertEqual(first.get_attribute("data-trial"), str(best["trial"]), "best first")
+        self.assertEqual(first.get_attribute("data-trial"), str(x["best"]["trial"]), "best first")
+        self.assertIn("rung 2", first.text)
         scatter = self.find("#scatter-0")
         self.assertEqual(scatter.get_attribute("data-path"), "train.optimizer.lr")
         self.assertEqual(scatter.get_attribute("data-points"), "4")

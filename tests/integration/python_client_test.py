@@ -199,6 +199,14 @@ class PythonClientTest(harness.DaemonTest):
         with self.assertRaises(traind_client.APIError) as e:
             slow.delete()
         self.assertEqual((e.exception.status, e.exception.code), (409, "conflict"))
+        self.assertEqual(slow.pause().state, "paused")
+        while slow.refresh().data["counts"]["paused"] < 2:
+            time.sleep(0.1)
+        with self.assertRaises(TimeoutError):
+            slow.wait(timeout=0)  # a paused experiment has not ended
+        self.assertEqual(slow.resume().state, "running")
+        while slow.refresh().data["counts"]["running"] < 2:
+            time.sleep(0.1)
         self.assertEqual(slow.cancel().state, "running", "until its trials have ended")
         self.assertEqual(slow.wait(timeout=60, poll_s=0.2), "cancelled")
         self.assertIsNone(slow.best)

@@ -436,6 +436,20 @@ class TrainctlTest(harness.DaemonTest):
         rc, out, err = self.run_ctl(d, "exp", "rm", str(sid))
         self.assertEqual(rc, 3)
         self.assertIn("cancel it first", err)
+        # pause: its running trials stop and are paused; resume: they go on
+        rc, out, err = self.run_ctl(d, "exp", "pause", str(sid))
+        self.assertEqual((rc, out), (0, f"experiment {sid}: paused (2 trials pausing: a running "
+                                        "one goes on from its latest checkpoint; trainctl exp "
+                                        f"resume {sid})\n"), err)
+        harness.wait_for(lambda: d.json("GET", f"/v1/experiments/{sid}")[2]["counts"]["paused"]
+                         == 2, "two trials paused")
+        rc, out, err = self.run_ctl(d, "exp", "show", str(sid))
+        self.assertIn("paused", out)
+        rc, out, err = self.run_ctl(d, "exp", "resume", str(sid))
+        self.assertEqual((rc, out), (0, f"experiment {sid}: running again (its paused trials go "
+                                        "on first)\n"), err)
+        harness.wait_for(lambda: d.json("GET", f"/v1/experiments/{sid}")[2]["counts"]["running"]
+                         == 2, "two trials running again")
         rc, out, err = self.run_ctl(d, "exp", "cancel", str(sid))
         self.assertEqual((rc, out), (0, f"experiment {sid}: cancelling (2 unfinished trials "
                                         "stopping; it ends cancelled once they have)\n"), err)

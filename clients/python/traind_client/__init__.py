@@ -346,7 +346,8 @@ class Experiment:
 
     @property
     def state(self) -> str:
-        """running, then succeeded (some trial reported the metric), failed or cancelled."""
+        """running (or paused, by pause()), then succeeded (some trial reported the metric),
+        failed or cancelled."""
         return self.data["state"]
 
     @property
@@ -375,9 +376,9 @@ class Experiment:
 
     def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> str:
         """Polls the experiment every poll_s seconds until it has ended and returns its state
-        (TimeoutError after timeout s)."""
+        (TimeoutError after timeout s). A paused experiment has not ended: it waits on."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.refresh().state == "running":
+        while self.refresh().state in ("running", "paused"):
             if deadline is not None and time.monotonic() + poll_s > deadline:
                 raise TimeoutError(f"experiment {self.id} still running after {timeout} s")
             time.sleep(poll_s)
@@ -387,6 +388,18 @@ class Experiment:
         """Stops making trials and stops the unfinished ones. Returns at once: the experiment
         stays running until they have ended, then is cancelled (wait() for it)."""
         self.data = self.client._json("POST", f"/v1/experiments/{self.id}/cancel")
+        return self
+
+    def pause(self) -> "Experiment":
+        """No trial is made or promoted; the unfinished ones are paused (a running one stops, to
+        go on from its latest checkpoint), holding no slot, until resume(). Kept across daemon
+        restarts."""
+        self.data = self.client._json("POST", f"/v1/experiments/{self.id}/pause")
+        return self
+
+    def resume(self) -> "Experiment":
+        """A paused experiment goes on: its paused trials first, then its searcher."""
+        self.data = self.client._json("POST", f"/v1/experiments/{self.id}/resume")
         return self
 
     def delete(self) -> None:
