@@ -53,7 +53,8 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
     t->held = st.paused && !t->paused;
     t->stop_at = st.stop_at_step;
     if (asha) t->rung = td_exp_asha_rung(&ex->spec, st.stop_at_step);
-    if (strcmp(st.state, "queued") == 0) { /* nothing printed yet */
+    bool idle = strcmp(st.state, "queued") == 0 || (st.paused && strcmp(was, "paused") == 0);
+    if (idle) { /* nothing printed yet, or nothing since it was paused (its lines were read) */
         if (strcmp(was, t->state) != 0) say_trial(x, ex, t);
         return;
     }
@@ -255,9 +256,9 @@ static void drive(td_experiments *x, long id) {
     resume_held(x, ex);
     if (ex->spec.searcher == TD_SEARCH_ASHA) asha_moves(x, ex); /* before new trials: ASHA's */
     bool waiting = false;
-    for (int k = 0; k < ex->n_trials && !ex->cancel_requested; k++) {
+    for (int k = 0; k < ex->n_trials && !ex->cancel_requested && !ex->paused; k++) {
         td_exp_trial *t = &ex->trials[k];
-        if (t->made) continue;
+        if (t->made) continue; /* (a pause may come while a trial's job is submitted) */
         if (td_exp_running(ex) >= ex->spec.max_concurrent || td_clock_now() < ex->retry_at) {
             waiting = true;
             break;

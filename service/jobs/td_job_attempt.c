@@ -214,8 +214,22 @@ static bool reached_stop(const job *jb) {
     return jb->row.stop_at_step > 0 && jb->checkpoint_step == jb->row.stop_at_step;
 }
 
+/* An attempt that ended well at its stop step without a checkpoint there (one refused, or its
+ * line dropped over max_events_per_s): it cannot be resumed, and did not run its course. */
+static bool stopped_bare(const job *jb) {
+    return jb->row.stop_at_step > 0 && jb->last_step == jb->row.stop_at_step && !reached_stop(jb);
+}
+
+/* Whether the attempt ended because its experiment's pause stopped it (not on its own: one that
+ * finished or failed just then ends as it would have). */
+static bool held_here(const job *jb, const td_shepherd_end *g, int code) {
+    if (!jb->hold_requested || (code == 0 && !reached_stop(jb))) return false;
+    return code == 0 || jb->parts != NULL || strcmp(g->stopped_by, "request") == 0;
+}
+
 void td_jobs_pause_job(td_jobs *j, job *jb) {
     td_jobs_set_state(jb, PAUSED);
+    td_jobs_tboard_close(j, jb); /* a thousand paused trials hold no descriptor (reopened after) */
     jb->row.pgid = 0;
     if (!jb->hold_requested)
         snprintf(jb->row.reason, sizeof jb->row.reason,
@@ -304,9 +318,17 @@ void td_jobs_attempt_over(td_jobs *j, job *jb) {
     } else if (jb->timed_out) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, FAILED, code, reason);
-    } else if (jb->hold_requested || (code == 0 && reached_stop(jb))) {
+    } else if (held_here(jb, g, code) || (code == 0 && reached_stop(jb))) {
         td_jobs_release_slots(j, jb);
         td_jobs_pause_job(j, jb);
+    } else if (code == 0 && stopped_bare(jb)) {
+        td_jobs_release_slots(j, jb);
+        char why[300];
+        snprintf(why, sizeof why,
+                 "it stopped after step %ld as asked (stop_at_step) but registered no checkpoint "
+                 "at that step: it cannot be resumed",
+                 jb->row.stop_at_step);
+        td_jobs_finish(j, jb, FAILED, -1, why);
     } else if (code == 0) {
         td_jobs_release_slots(j, jb);
         td_jobs_finish(j, jb, SUCCEEDED, 0, "");

@@ -71,6 +71,11 @@ int td_jobs_resume_trial(td_jobs *j, long id, long stop_at_step) {
     int rc = -1;
     if (jb && jb->state == PAUSED) {
         rc = 0;
+        /* a paused job's time limit stops: its clock (from its first start) moves on by the
+         * time it was paused, from its last attempt's end (stored: a restart keeps it) */
+        double paused_at = jb->n_attempts > 0 ? jb->attempts[jb->n_attempts - 1].finished_at : 0;
+        if (jb->row.started_at > 0 && paused_at > 0)
+            jb->row.started_at += td_clock_wall() - paused_at;
         jb->row.stop_at_step = stop_at_step;
         jb->row.reason[0] = 0;
         td_jobs_set_state(jb, QUEUED); /* (stored with the state event) */

@@ -24,6 +24,8 @@
 #      its metric lines come through
 #   8. an mp.spawn script ("launch": "self") across 2 nodes: one process a node, holding that
 #      node's declared GPUs, spawns the node's two ranks; all four train together
+#   9. an ASHA experiment of 2-node trials on the agents: trials pause at their rung there and
+#      the promoted ones resume on the agents from their checkpoints; no step trained twice
 # Waits are for observable events (an API answer, a log line) with deadlines, never fixed sleeps.
 # Everything it creates goes on exit, also on failure. Exit 77 (ctest: skipped) when not root or
 # namespaces cannot be made here.
@@ -535,6 +537,43 @@ case $got in "failed: could not start on node n2: its checkpoint (step "*") coul
 *) bad "damaged: $got" ;; esac
 echo "damaged checkpoint: $got"
 if until_true 10 no_leftovers "$k7"; then ok; else bad "damaged: processes left: $(leftovers "$k7")"; fi
+
+# 9. an ASHA experiment whose trials each span both agents (a rank a node): each trial pauses at
+#    its first rung there (the step to stop at travels in the part's order), the promoted ones are
+#    placed again and resume from their checkpoints on the agents, and no step is trained twice
+lenet asha 32 40 | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+j["checkpoint"] = {"every_steps": 10}
+j["log"] = {"every_steps": 5}
+j["resources"] = {"nnodes": 2, "nproc_per_node": 1, "nodes": ["n1", "n2"]}
+print(json.dumps({"name": "asha-nodes", "job": j, "max_concurrent": 1, "seed": 2,
+                  "space": {"train.optimizer.lr": {"log_uniform": [0.01, 0.1]}},
+                  "searcher": {"type": "asha", "metric": "loss", "mode": "min", "max_trials": 4,
+                               "max_steps": 40, "reduction_factor": 2, "rungs": 2,
+                               "promotion": "rung"}}))' >"$tmp/asha.json"
+eid=$(api POST /v1/experiments "$tmp/asha.json" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("id", ""))')
+exp_field() { api GET "/v1/experiments/$eid" | python3 -c "
+import json, sys
+x = json.load(sys.stdin)
+print($1)"; }
+exp_ended() { [ "$(exp_field "x['state']")" != running ]; }
+if until_true 300 exp_ended; then ok; else bad "ASHA across nodes: not ended: $(api GET "/v1/experiments/$eid")"; fi
+got=$(exp_field "x['state'], sorted(t['rung'] for t in x['trials']), sorted(t['steps'] for t in x['trials'])")
+if [ "$got" = "succeeded [0, 0, 1, 1] [20, 20, 40, 40]" ]; then ok; else bad "ASHA across nodes: $got: $(api GET "/v1/experiments/$eid")"; fi
+echo "ASHA across nodes: $got"
+for job in $(exp_field "' '.join(str(t['job']) for t in x['trials'])"); do
+    steps=$(api GET "/v1/jobs/$job/metrics" | python3 -c '
+import json, sys
+print(" ".join(str(m["step"]) for m in json.load(sys.stdin) if m.get("event") == "train"))')
+    case $steps in "5 10 15 20" | "5 10 15 20 25 30 35 40") ok ;; *) bad "ASHA across nodes: job $job trained steps $steps" ;; esac
+    nodes=$(field "$job" "' '.join(sorted(p['node'] for p in j['placement']['nodes']))")
+    if [ "$nodes" = "n1 n2" ]; then ok; else bad "ASHA across nodes: job $job placed on $nodes"; fi
+done
+best=$(exp_field "x['best']['job']")
+case $(api GET "/v1/jobs/$best/logs?rank=0") in *"resumed from "*" at step 20 "*) ok ;;
+*) bad "ASHA across nodes: the best trial (job $best) did not resume at step 20: $(api GET "/v1/jobs/$best/logs?rank=0" | tail -5)" ;; esac
+if until_true 10 no_leftovers "$best"; then ok; else bad "ASHA across nodes: processes left: $(leftovers "$best")"; fi
 
 echo "cluster_jobs: $passes passed, $fails failed"
 [ "$fails" = 0 ]

@@ -10,6 +10,7 @@ their experiment.
 import os
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -414,8 +415,11 @@ class ExperimentsTest(harness.DaemonTest):
         state = self.new_state_dir()
         gate = os.path.join(state, "go")
         d1 = self.start_daemon("--slots", "2", "--grace", "1", state_dir=state)
-        eid = self.create(d1, dict(self.gated_body(gate), max_concurrent=2,
-                                   space={"env.N": {"grid": ["1", "2", "3"]}}))["id"]
+        body = dict(self.gated_body(gate), max_concurrent=2,
+                    space={"env.N": {"grid": ["1", "2", "3"]}})
+        body["job"]["resources"] = {"time_limit_s": 8}  # the clock stops while paused
+        body["job"]["command"][2] = body["job"]["command"][2].replace("done; ", "done; sleep 1; ")
+        eid = self.create(d1, body)["id"]
         count = lambda d, what: d.json("GET", f"/v1/experiments/{eid}")[2]["counts"][what]  # noqa: E731
         wait_for(lambda: count(d1, "running") == 2, "two trials running")
         status, _, exp = d1.json("POST", f"/v1/experiments/{eid}/pause")
@@ -434,6 +438,8 @@ class ExperimentsTest(harness.DaemonTest):
         d1.kill()  # the pause is stored
         d2 = self.start_daemon("--slots", "2", "--grace", "1", state_dir=state)
         self.assertEqual(d2.json("GET", f"/v1/experiments/{eid}")[2]["state"], "paused")
+        # paused longer than the trials' time limit: not a wait for anything, the time under test
+        time.sleep(8)
         with open(gate, "w"):
             pass
         status, _, exp = d2.json("POST", f"/v1/experiments/{eid}/resume")
@@ -441,6 +447,8 @@ class ExperimentsTest(harness.DaemonTest):
         exp = self.finished(d2, eid)
         self.assertEqual(exp["state"], "succeeded", exp)
         self.assertEqual(exp["best"]["trial"], 2)
+        self.assertEqual([t["state"] for t in exp["trials"]], ["succeeded"] * 3,
+                         "within their time limit: it stops while they are paused")
         attempts = [len(d2.json("GET", f"/v1/jobs/{t['job']}")[2]["attempts"])
                     for t in exp["trials"]]
         self.assertEqual(attempts, [2, 2, 1], "the paused trials went on in a second attempt")
