@@ -105,7 +105,9 @@ int td_jobs_delete_trials(td_jobs *j, long experiment, td_reply_error *e) {
     for (int i = 0; i < j->n_jobs; i++) {
         job *jb = j->jobs[i];
         if (jb->row.experiment != experiment) continue;
-        if (!td_jobs_final_state(jb->state) || jb->resume_busy) {
+        /* (a paused one runs nothing: it goes too, e.g. with an experiment that ended unread) */
+        bool idle = td_jobs_final_state(jb->state) || (jb->state == PAUSED && !jb->active);
+        if (!idle || jb->resume_busy) {
             pthread_mutex_unlock(&j->mu);
             free(ids);
             return td_reply_fail(e, 409, "conflict", NULL,
