@@ -194,14 +194,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "traind-worker: error: %s\n", err.msg);
         return 1;
     }
-    /* relaunched by traind-run after a failure: continue from the newest checkpoint */
+    /* a later attempt (relaunched after a failure, or a paused trial going on): continue from
+     * the newest checkpoint */
     const char *restart = getenv("TORCHELASTIC_RESTART_COUNT");
     if (restart && atoi(restart) > 0 && job.checkpoint.dir[0] && !job.checkpoint.resume_from[0]) {
         char dir[TD_PATH_MAX + 32];
         td_err none;
         if (td_checkpoint_resolve("latest", job.checkpoint.dir, dir, sizeof dir, &none) == 0) {
             snprintf(job.checkpoint.resume_from, sizeof job.checkpoint.resume_from, "latest");
-            fprintf(stderr, "[traind] restart %s: resuming from %s\n", restart, dir);
+            fprintf(stderr, "[traind] attempt %s: resuming from %s\n", restart, dir);
         }
     }
     if (check_only) {

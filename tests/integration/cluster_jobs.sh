@@ -25,7 +25,10 @@
 #   8. an mp.spawn script ("launch": "self") across 2 nodes: one process a node, holding that
 #      node's declared GPUs, spawns the node's two ranks; all four train together
 #   9. an ASHA experiment of 2-node trials on the agents: trials pause at their rung there and
-#      the promoted ones resume on the agents from their checkpoints; no step trained twice
+#      the promoted ones resume on the agents from their checkpoints; no step trained twice; a
+#      kill -9 of the master on the way
+#  10. a command trial on an agent under ASHA: TRAIND_HPARAMS(_FILE), the stop contract, and
+#      TRAIND_LATEST_CHECKPOINT there
 # Waits are for observable events (an API answer, a log line) with deadlines, never fixed sleeps.
 # Everything it creates goes on exit, also on failure. Exit 77 (ctest: skipped) when not root or
 # namespaces cannot be made here.
@@ -587,6 +590,45 @@ best=$(exp_field "x['best']['job']")
 case $(api GET "/v1/jobs/$best/logs?rank=0") in *"resumed from "*" at step 20 "*) ok ;;
 *) bad "ASHA across nodes: the best trial (job $best) did not resume at step 20: $(api GET "/v1/jobs/$best/logs?rank=0" | tail -5)" ;; esac
 if until_true 10 no_leftovers "$best"; then ok; else bad "ASHA across nodes: processes left: $(leftovers "$best")"; fi
+
+# 10. a command trial on an agent under ASHA: its hyperparameters in TRAIND_HPARAMS and the file
+#     TRAIND_HPARAMS_FILE there, the stop contract (TRAIND_STOP_AT_STEP, a checkpoint line) and,
+#     promoted, TRAIND_LATEST_CHECKPOINT naming its checkpoint on that node
+cat >"$tmp/stepper.sh" <<'SH'
+test "$(cat "$TRAIND_HPARAMS_FILE")" = "$TRAIND_HPARAMS" || exit 3
+s=0
+if [ -n "${TRAIND_LATEST_CHECKPOINT:-}" ]; then s=$(cat "$TRAIND_LATEST_CHECKPOINT") || exit 4; fi
+stop=${TRAIND_STOP_AT_STEP:-$TRAIND_MAX_STEPS}
+while [ "$s" -lt "$stop" ]; do
+    s=$((s + 1))
+    echo "{\"event\": \"train\", \"step\": $s, \"score\": $((N * s))}"
+done
+echo "$s" >"ck-$s"
+echo "{\"event\": \"checkpoint\", \"step\": $s, \"path\": \"ck-$s\"}"
+SH
+chmod 644 "$tmp/stepper.sh"
+cat >"$tmp/cmd-asha.json" <<JSON
+{"name": "cmd-asha", "max_concurrent": 1, "seed": 4,
+ "job": {"name": "stepper", "command": ["/bin/sh", "$tmp/stepper.sh"],
+         "resources": {"nnodes": 1, "nproc_per_node": 1, "nodes": ["n1"]}},
+ "space": {"env.N": {"int": [1, 1000]}},
+ "searcher": {"type": "asha", "metric": "score", "mode": "max", "max_trials": 4, "max_steps": 8,
+              "reduction_factor": 2, "rungs": 2, "promotion": "rung"}}
+JSON
+eid=$(api POST /v1/experiments "$tmp/cmd-asha.json" | python3 -c 'import json, sys; x = json.load(sys.stdin); print(x.get("id", x))')
+if until_true 120 exp_ended; then ok; else bad "command ASHA on an agent: not ended: $(api GET "/v1/experiments/$eid")"; fi
+got=$(exp_field "x['state'], sorted(t['rung'] for t in x['trials']), sorted(t['steps'] for t in x['trials']), x['best']['value'] == max(int(t['hparams']['env.N']) for t in x['trials']) * 8")
+if [ "$got" = "succeeded [0, 0, 1, 1] [4, 4, 8, 8] True" ]; then ok; else bad "command ASHA on an agent: $got: $(api GET "/v1/experiments/$eid")"; fi
+echo "command ASHA on an agent: $got"
+for job in $(exp_field "' '.join(str(t['job']) for t in x['trials'])"); do
+    nodes=$(field "$job" "' '.join(p['node'] for p in j['placement']['nodes'])")
+    if [ "$nodes" = "n1" ]; then ok; else bad "command ASHA on an agent: job $job placed on $nodes"; fi
+    # a promoted trial went on from its checkpoint: each step once
+    steps=$(api GET "/v1/jobs/$job/metrics" | python3 -c '
+import json, sys
+print(" ".join(str(m["step"]) for m in json.load(sys.stdin) if "score" in m))')
+    case $steps in "1 2 3 4" | "1 2 3 4 5 6 7 8") ok ;; *) bad "command ASHA on an agent: job $job's steps $steps" ;; esac
+done
 
 echo "cluster_jobs: $passes passed, $fails failed"
 [ "$fails" = 0 ]
