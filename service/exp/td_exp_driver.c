@@ -53,8 +53,11 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
     t->held = st.paused && !t->paused;
     t->stop_at = st.stop_at_step;
     if (asha) t->rung = td_exp_asha_rung(&ex->spec, st.stop_at_step);
-    bool idle = strcmp(st.state, "queued") == 0 || (st.paused && strcmp(was, "paused") == 0);
-    if (idle) { /* nothing printed yet, or nothing since it was paused (its lines were read) */
+    /* nothing printed yet, or nothing since it was paused (its lines were read); a queued one
+     * that ran before (promoted, resumed) is read: after a restart its rungs' values count */
+    bool idle = (strcmp(st.state, "queued") == 0 && st.step <= 0) ||
+                (st.paused && strcmp(was, "paused") == 0);
+    if (idle) {
         if (strcmp(was, t->state) != 0) say_trial(x, ex, t);
         return;
     }

@@ -98,7 +98,7 @@ typedef struct td_job_status {
     bool final;     /* it ended */
     bool paused;    /* held by nothing: after stop_at_step, or by td_jobs_hold_trial */
     bool at_stop;   /* paused where it was asked to stop (its checkpoint is at stop_at_step) */
-    long step;      /* rank 0's latest step (-1: none yet) */
+    long step;      /* rank 0's latest step (0: none yet) */
     long stop_at_step;
     char reason[512];
 } td_job_status;
