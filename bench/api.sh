@@ -8,16 +8,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 state=$(mktemp -d /tmp/traind-bench.XXXXXX)
-mkfifo "$state/stderr"
-"$build/traind" --listen 127.0.0.1:0 --state-dir "$state" 2>"$state/stderr" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$state"' EXIT
-exec 3<"$state/stderr"
-url=
-while IFS= read -r line <&3; do
-    case $line in *"listening on "*) url=${line##*listening on }; break ;; esac
-done
-cat <&3 >/dev/null &
+log=$(mktemp /tmp/traind-bench-log.XXXXXX)
+daemon=
+trap '[ -n "$daemon" ] && kill $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$state" "$log" "$log.fifo"' EXIT
+. "$here/traind_start.sh"
+start_traind "$log" --listen 127.0.0.1:0 --state-dir "$state"
+daemon=$traind_pid url=$traind_url
 token=$(cat "$state/token")
 /usr/bin/python3 - "$url" "$token" <<'PY'
 import http.client, json, sys, time, urllib.parse

@@ -23,15 +23,10 @@ trap cleanup EXIT
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/secret"
 chmod 600 "$tmp/secret"
 port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$build/traind" --listen "127.0.0.1:$port" --state-dir "$tmp/state" --node-name master \
-    --cluster-secret-file "$tmp/secret" --heartbeat 2 --node-timeout 10 2>"$tmp/master.err" &
-pid=$!
-i=0
-until grep -q "listening on" "$tmp/master.err"; do
-    i=$((i + 1))
-    [ "$i" -gt 100 ] && { echo "bench: the master did not start: $(cat "$tmp/master.err")" >&2; exit 1; }
-    sleep 0.1
-done
+. "$here/traind_start.sh"
+start_traind "$tmp/master.err" --listen "127.0.0.1:$port" --state-dir "$tmp/state" \
+    --node-name master --cluster-secret-file "$tmp/secret" --heartbeat 2 --node-timeout 10
+pid=$traind_pid
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 /usr/bin/python3 "$here/cluster_sim.py" --master "127.0.0.1:$port" --secret-file "$tmp/secret" \
     --token-file "$tmp/state/token" --pid "$pid" --nodes "${NODES:-256}" --slots "${SLOTS:-8}" \

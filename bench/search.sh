@@ -20,16 +20,10 @@ cleanup() {
 }
 trap cleanup EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-"$build/traind" --listen 127.0.0.1:0 --state-dir "$tmp/state" --slots "${CONCURRENT:-2}" \
-    --data-root /usr/share/datasets 2>"$tmp/daemon.err" &
-pid=$!
-i=0
-until grep -q "listening on" "$tmp/daemon.err"; do
-    i=$((i + 1))
-    [ "$i" -gt 100 ] && { echo "bench: traind did not start: $(cat "$tmp/daemon.err")" >&2; exit 1; }
-    sleep 0.1
-done
-url=$(sed -n 's/.*listening on \(http[^ ]*\).*/\1/p' "$tmp/daemon.err" | head -1)
+. "$here/traind_start.sh"
+start_traind "$tmp/daemon.err" --listen 127.0.0.1:0 --state-dir "$tmp/state" \
+    --slots "${CONCURRENT:-2}" --data-root /usr/share/datasets
+pid=$traind_pid url=$traind_url
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(getconf _NPROCESSORS_ONLN) cores"
 /usr/bin/python3 - "$url" "$tmp/state/token" "$here/../examples/fmnist-asha.json" \
     "${TARGET:-0.88}" "${TRIALS:-16}" "${CONCURRENT:-2}" "${PROMOTION:-async}" <<'PY'
