@@ -152,7 +152,7 @@ static void summary_lines(json_t *x) {
     printf("  created     %s\n  finished    %s\n", tc_str(x, "created_at", "-"),
            tc_str(x, "finished_at", "-"));
     printf("  trials      %s\n", counts);
-    printf("  limits      at most %lld unfinished at a time; priority %lld; seed %lld\n",
+    printf("  limits      at most %lld queued or running at a time; priority %lld; seed %lld\n",
            tc_exp_int(x, "max_concurrent"), tc_exp_int(x, "priority"), tc_exp_int(x, "seed"));
     const char *path;
     bool first = true;
