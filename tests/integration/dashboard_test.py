@@ -74,7 +74,12 @@ class DashboardTest(harness.DaemonTest):
             return ""
 
     def points(self, chart="chart-loss"):
-        return int(self.b.find_element(By.ID, chart).get_attribute("data-points") or 0)
+        """A chart's points, 0 while the page is not showing it yet or is replacing it (a page
+        just navigated to)."""
+        try:
+            return int(self.b.find_element(By.ID, chart).get_attribute("data-points") or 0)
+        except (NoSuchElementException, StaleElementReferenceException):
+            return 0
 
     def test_a_sign_in_submit_charts_logs_cancel(self):
         b, d = self.b, self.d
