@@ -18,10 +18,7 @@ long td_exp_asha_stop_at(const td_exp_spec *s, int rung) {
     return rung + 1 < s->n_rungs ? s->rung_steps[rung] : 0;
 }
 
-/* Whether trial t has a result at rung k: it went past it, is paused there, or ended there
- * having run its course (a run shorter than the rung's step finishes early). A trial that failed
- * has none. */
-static bool reached(const td_exp_trial *t, int k) {
+bool td_exp_asha_reached(const td_exp_trial *t, int k) {
     if (!t->made || t->job <= 0) return false;
     if (t->rung > k) return true;
     return t->rung == k && (t->paused || strcmp(t->state, "succeeded") == 0);
@@ -58,7 +55,7 @@ static td_asha_move rung_move(const experiment *ex, int k, ranked *list, bool ma
     for (int i = 0; i < ex->n_trials; i++) {
         const td_exp_trial *t = &ex->trials[i];
         if (may_reach(t, k)) complete = false;
-        if (!reached(t, k)) continue;
+        if (!td_exp_asha_reached(t, k)) continue;
         list[m++] = (ranked){t, t->has_rung[k], ex->spec.maximize, t->rung_value[k]};
     }
     if (m == 0) return none;

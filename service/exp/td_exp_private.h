@@ -81,6 +81,11 @@ struct experiment;
 /* The rung a trial whose job stops after stop_at goes to (0: the last, at max_steps), and back. */
 int td_exp_asha_rung(const td_exp_spec *s, long stop_at);
 long td_exp_asha_stop_at(const td_exp_spec *s, int rung);
+struct td_exp_trial;
+/* Whether trial t has a result at rung k: it went past it, is paused there, or ended there
+ * having run its course (a run shorter than the rung's step finishes early). A trial that failed
+ * has none. */
+bool td_exp_asha_reached(const struct td_exp_trial *t, int k);
 /* The searcher's next move on the experiment's paused trials, one at a time (the driver makes it
  * and asks again): promote one to its next rung (only when may_start: a trial may start under
  * max_concurrent), stop one at its rung for good, or nothing. */

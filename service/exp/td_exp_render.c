@@ -25,9 +25,7 @@ static json_t *value_json(bool has, long step, double v) {
 static void rungs_json(const td_exp_spec *s, const td_exp_trial *t, json_t *o) {
     json_object_set_new(o, "rung", json_integer(t->rung));
     json_t *values = json_array();
-    for (int k = 0; k < s->n_rungs && k <= t->rung; k++) {
-        bool reached = k < t->rung || t->paused || strcmp(t->state, "succeeded") == 0;
-        if (!reached) break;
+    for (int k = 0; k < s->n_rungs && td_exp_asha_reached(t, k); k++) {
         json_array_append_new(values, t->has_rung[k] ? json_pack("{s:I, s:f}", "step",
                                                                  (json_int_t)s->rung_steps[k],
                                                                  "value", t->rung_value[k])
