@@ -21,6 +21,7 @@ enum { TD_JOBS_RECENT = 256, TD_JOBS_STREAM_CVS = 64 };
 #define TD_JOBS_EVENT_RESTART   "restart"
 #define TD_JOBS_EVENT_PLACEMENT "placement" /* where an attempt across nodes runs */
 #define TD_JOBS_EVENT_DROPPED   "dropped"   /* metric lines over max_events_per_s, counted */
+#define TD_JOBS_EVENT_EXPLOIT   "exploit"   /* PBT: another trial's checkpoint and values taken */
 extern const char *const td_jobs_state_names[N_STATES];
 
 /* An event the database could not take yet (a full disk): kept, in order, and stored again. */

@@ -101,7 +101,8 @@ void td_jobs_say_dropped(td_jobs *j, job *jb) {
 
 bool td_jobs_event_is_daemons(const char *type) {
     return !strcmp(type, TD_JOBS_EVENT_STATE) || !strcmp(type, TD_JOBS_EVENT_RESTART) ||
-           !strcmp(type, TD_JOBS_EVENT_PLACEMENT) || !strcmp(type, TD_JOBS_EVENT_DROPPED);
+           !strcmp(type, TD_JOBS_EVENT_PLACEMENT) || !strcmp(type, TD_JOBS_EVENT_DROPPED) ||
+           !strcmp(type, TD_JOBS_EVENT_EXPLOIT);
 }
 
 /* A line of rank 0's stdout: a JSON object with a string "event" is an event, and a metric

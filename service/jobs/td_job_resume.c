@@ -72,17 +72,17 @@ static json_t *manifest(const td_job_files *f, const char *path, td_err *err) {
     return files;
 }
 
-/* The file open at src into the job's tree (rel below root) as the job: a hard link where both
- * lie on one filesystem (no bytes move; through /proc/self/fd, which needs no privilege), else a
- * copy, synced before it takes the name. */
-static int copy_in(const td_identity *who, int src, int root, const char *rel, td_err *err) {
+int td_jobs_copy_in(const td_identity *who, int src, int root, const char *rel, td_err *err) {
     td_jobfs_put put;
     if (td_jobfs_put_begin(who, root, rel, "part", &put, err) != 0) return -1;
     char proc[64];
     snprintf(proc, sizeof proc, "/proc/self/fd/%d", src);
     td_identity_saved saved;
     bool linked = false;
-    if (td_identity_become(who, &saved, err) == 0) {
+    struct stat st;
+    /* a link of another user's file would put a file that is not the job's in its tree */
+    bool theirs = !who->drop || (fstat(src, &st) == 0 && st.st_uid == who->uid);
+    if (theirs && td_identity_become(who, &saved, err) == 0) {
         unlinkat(put.dir, put.tmp, 0);
         linked = linkat(AT_FDCWD, proc, put.dir, put.tmp, AT_SYMLINK_FOLLOW) == 0;
         td_identity_return(&saved);
@@ -141,7 +141,7 @@ static int place(const td_job_files *f, const char *src, const char *dst_root, j
             rc = -1;
             break;
         }
-        rc = copy_in(&f->who, fd, root, below, err);
+        rc = td_jobs_copy_in(&f->who, fd, root, below, err);
         close(fd);
         if (rc != 0) break;
     }

@@ -121,6 +121,19 @@ int td_jobs_resume_trial(td_jobs *j, long id, long stop_at_step);
 /* A paused trial ends where it is: succeeded, with reason (its experiment's searcher stopped it
  * early). 0, or -1 when it is not paused. */
 int td_jobs_end_trial(td_jobs *j, long id, const char *reason);
+/* PBT's exploit (service/exp/): paused trial `target` takes the checkpoint of paused trial
+ * `source` at the step both are paused at, and runs `body` from then on (its trial's body with
+ * other hyperparameters: the same kind and resources). The source's files are read as the
+ * source's job, written as the target's beside the target's checkpoint, and swapped in whole
+ * (a crash leaves the one or the other); the body is stored before the job's spec is rewritten.
+ * Across nodes this is a copy on the master, where agents upload every checkpoint; the
+ * target's next attempt ships it as any resumed checkpoint. The target stays paused
+ * (td_jobs_resume_trial goes on). The jobs' lock is let go during the copy; call it without
+ * other locks. 0, or -1 with err (the target then runs on as it was, or with the source's
+ * checkpoint and its own values when only its body could not be replaced). */
+int td_jobs_exploit_trial(td_jobs *j, long target, long source, const char *body, td_err *err);
+/* A job's body as stored (allocated), or NULL when there is no such job. */
+char *td_jobs_body(td_jobs *j, long id);
 /* Removes every trial of the experiment, as td_jobs_delete removes a job: 409 while one has not
  * ended. */
 int td_jobs_delete_trials(td_jobs *j, long experiment, td_reply_error *e);

@@ -29,6 +29,7 @@
  *     td_job_figures.c     every job in figures: GPU users, slots used, Prometheus series
  *     td_job_agent.c       an agent's calls into the parts its node runs (service/node/), locked
  *     td_job_trials.c      the jobs that are an experiment's trials (service/exp/)
+ *     td_job_exploit.c     PBT's exploit: a paused trial takes another's checkpoint and values
  * Every function here runs with j->mu held unless it says otherwise. */
 #ifndef TD_JOBS_PRIVATE_H
 #define TD_JOBS_PRIVATE_H
@@ -248,6 +249,10 @@ void *td_jobs_resumer(void *arg);
 void td_jobs_resume_dir(const job *jb, char *out, size_t len);
 /* {"step", "files", "dir", "base"} for the orders of an attempt's parts, or NULL. */
 json_t *td_jobs_resume_order(const job *jb);
+/* The file open at src into the job's tree (rel below root) as the job (who): a hard link where
+ * both lie on one filesystem and the file is the job's user's (no bytes move; through
+ * /proc/self/fd, which needs no privilege), else a copy, synced before it takes the name. */
+int td_jobs_copy_in(const td_identity *who, int src, int root, const char *rel, td_err *err);
 
 /* ---- td_job_place.c ---- */
 /* A waiting job as the scheduler sees it (its nodes, slots, limit, pin); restart: it was

@@ -58,6 +58,8 @@ void td_db_close(td_db *db);
 int td_db_insert_job(td_db *db, td_db_job *job, td_err *err);
 /* Writes every column but spec. */
 int td_db_update_job(td_db *db, const td_db_job *job, td_err *err);
+/* Replaces a job's body (PBT gives a trial new hyperparameters between its attempts). */
+int td_db_update_job_spec(td_db *db, long id, const char *spec, td_err *err);
 int td_db_save_attempt(td_db *db, long job_id, const td_db_attempt *a, td_err *err);
 
 /* Appends event seq of a job, and in the same transaction: a metric (when step >= 0 and the

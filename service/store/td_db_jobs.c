@@ -91,6 +91,21 @@ int td_db_update_job(td_db *db, const td_db_job *job, td_err *err) {
     return rc;
 }
 
+int td_db_update_job_spec(td_db *db, long id, const char *spec, td_err *err) {
+    pthread_mutex_lock(&db->mu);
+    int rc = -1;
+    sqlite3_stmt *s = prepare(db, "UPDATE jobs SET spec=? WHERE id=?");
+    if (s) {
+        sqlite3_bind_text(s, 1, spec, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 2, id);
+        rc = step_done(db, s, err, "updating a job's body");
+    } else {
+        db_fail(db, err, "preparing a job's body update");
+    }
+    pthread_mutex_unlock(&db->mu);
+    return rc;
+}
+
 int td_db_save_attempt(td_db *db, long job_id, const td_db_attempt *a, td_err *err) {
     pthread_mutex_lock(&db->mu);
     int rc = -1;
