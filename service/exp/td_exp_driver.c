@@ -1,6 +1,7 @@
 /* The experiments' thread: on every turn (a trial changed, an experiment came or was cancelled,
  * or two seconds passed) each running experiment's unfinished trials are read (state, steps,
- * new metric lines), ASHA's paused trials promoted or stopped (td_exp_asha.c), new trials are
+ * new metric lines), ASHA's paused trials promoted or stopped (td_exp_asha.c), PBT's
+ * generations decided and their trials sent on (td_exp_pbt.c), new trials are
  * made up to max_concurrent running ones, a cancelled
  * experiment's trials are stopped, and an experiment whose trials have all ended is ended. A
  * trial's job is submitted with the table's lock let go (the submission reads the data files as
@@ -47,9 +48,10 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
     }
     snprintf(t->state, sizeof t->state, "%s", st.state);
     t->step = st.step;
-    /* paused at its rung (ASHA's to move), or held with its experiment (to go on as it was) */
+    /* paused at its rung or generation's end (the searcher's to move), or held with its
+     * experiment (to go on as it was) */
     bool asha = ex->spec.searcher == TD_SEARCH_ASHA;
-    t->paused = st.paused && asha && st.at_stop;
+    t->paused = st.paused && (asha || ex->spec.searcher == TD_SEARCH_PBT) && st.at_stop;
     t->held = st.paused && !t->paused;
     t->stop_at = st.stop_at_step;
     if (asha) t->rung = td_exp_asha_rung(&ex->spec, st.stop_at_step);
@@ -96,6 +98,7 @@ static bool make(td_experiments *x, experiment *ex, td_exp_trial *t) {
     td_tokens_limits limits = td_tokens_get_limits(x->tokens); /* a reload may change them */
     td_job_trial trial = {ex->row.id, t->trial, 0};
     if (ex->spec.searcher == TD_SEARCH_ASHA) trial.stop_at_step = td_exp_asha_stop_at(&ex->spec, 0);
+    if (ex->spec.searcher == TD_SEARCH_PBT) trial.stop_at_step = td_exp_pbt_next_stop(&ex->spec, 0);
     long id = 0;
     snprintf(t->state, sizeof t->state, "submitting");
     pthread_mutex_unlock(&x->mu);
@@ -180,6 +183,67 @@ static void asha_moves(td_experiments *x, experiment *ex) {
     }
 }
 
+/* PBT's exploit of one bottom trial by a top one (the experiments' lock let go meanwhile: the
+ * checkpoint's bytes are copied). */
+static void exploit(td_experiments *x, experiment *ex, long at, td_pbt_exploit *p) {
+    td_exp_trial *t = &ex->trials[p->target], *from = &ex->trials[p->source];
+    td_reply_error e = {0};
+    char *body = td_exp_trial_body(&ex->spec, ex->row.id, t->trial, p->hparams, &e);
+    long job = t->job, source = from->job;
+    td_err err = {{0}};
+    pthread_mutex_unlock(&x->mu);
+    int rc = body ? td_jobs_exploit_trial(x->jobs, job, source, body, &err) : -1;
+    pthread_mutex_lock(&x->mu);
+    free(body);
+    if (rc != 0) {
+        td_log_at(x->log, TD_LOG_WARNING, TD_LOG_NOWHERE,
+                  "experiment %ld: trial %d could not exploit trial %d at step %ld: %s; it goes "
+                  "on as it was",
+                  ex->row.id, t->trial, from->trial, at, body ? err.msg : e.message);
+        return;
+    }
+    json_t *was = t->hparams;
+    t->hparams = json_incref(p->hparams);
+    t->exploits++;
+    snprintf(t->reason, sizeof t->reason,
+             "exploited trial %d at step %ld (%s placed %d of %d): its checkpoint, its values "
+             "perturbed",
+             from->trial, at, ex->spec.metric, p->place, p->of);
+    td_exp_emit(x, ex, "exploited",
+                json_pack("{s:i, s:I, s:i, s:I, s:I, s:O, s:O, s:o, s:i, s:i}", "trial", t->trial,
+                          "job", (json_int_t)t->job, "source", from->trial, "source_job",
+                          (json_int_t)from->job, "step", (json_int_t)at, "hparams", t->hparams,
+                          "from", from->hparams, "was", was, "place", p->place, "of", p->of));
+}
+
+/* PBT's moves: once every trial is paused at a generation's end, the bottom ones exploit the
+ * top ones (once); then the trials paused at a decided end go on to the next, while fewer than
+ * max_concurrent run. */
+static void pbt_moves(td_experiments *x, experiment *ex) {
+    long at = td_exp_pbt_boundary(ex);
+    if (at > 0 && !td_exp_pbt_decided(ex, at)) {
+        td_pbt_exploit *plan = td_calloc((size_t)ex->n_trials + 1, sizeof *plan);
+        int n = td_exp_pbt_plan(ex, at, plan);
+        for (int k = 0; k < n; k++) {
+            if (!ex->cancel_requested && !ex->paused) exploit(x, ex, at, &plan[k]);
+            json_decref(plan[k].hparams);
+        }
+        free(plan);
+        if (ex->cancel_requested || ex->paused) return; /* (decided again when resumed) */
+        ex->pbt_decided = at;
+    }
+    for (int k = 0; k < ex->n_trials; k++) {
+        td_exp_trial *t = &ex->trials[k];
+        if (!t->paused || t->final || !td_exp_pbt_decided(ex, t->stop_at)) continue;
+        if (td_exp_running(ex) >= ex->spec.max_concurrent) return;
+        long next = td_exp_pbt_next_stop(&ex->spec, t->stop_at);
+        t->paused = false; /* (whatever the job says: the next turn reads it) */
+        if (td_jobs_resume_trial(x->jobs, t->job, next) != 0) continue;
+        t->stop_at = next;
+        snprintf(t->state, sizeof t->state, "queued");
+    }
+}
+
 /* A paused experiment's trials: each unfinished one paused (once each; a running one stops). */
 static void hold_trials(td_experiments *x, experiment *ex) {
     for (int k = 0; k < ex->n_trials; k++) {
@@ -258,6 +322,7 @@ static void drive(td_experiments *x, long id) {
     }
     resume_held(x, ex);
     if (ex->spec.searcher == TD_SEARCH_ASHA) asha_moves(x, ex); /* before new trials: ASHA's */
+    if (ex->spec.searcher == TD_SEARCH_PBT) pbt_moves(x, ex);
     bool waiting = false;
     for (int k = 0; k < ex->n_trials && !ex->cancel_requested && !ex->paused; k++) {
         td_exp_trial *t = &ex->trials[k];

@@ -3,6 +3,7 @@
  *   td_exp_spec.c      an experiment's body read and checked: the space, the searcher
  *   td_exp_search.c    the searchers: how many trials, and each one's hyperparameters
  *   td_exp_asha.c      ASHA's rungs: which paused trial goes on, which stops there
+ *   td_exp_pbt.c       PBT's generations: which trial exploits which, and its new values
  *   td_exp_trial.c     a trial's body, what its metric lines say, the best trial
  *   td_exp_events.c    an experiment's events, for its stream
  *   td_exp_render.c    an experiment's JSON
@@ -41,7 +42,7 @@ typedef struct td_exp_dim {
     json_t *values; /* a grid's or a choice's */
     double lo, hi;  /* a range's (an int's inclusive) */
 } td_exp_dim;
-typedef enum { TD_SEARCH_GRID, TD_SEARCH_RANDOM, TD_SEARCH_ASHA } td_search;
+typedef enum { TD_SEARCH_GRID, TD_SEARCH_RANDOM, TD_SEARCH_ASHA, TD_SEARCH_PBT } td_search;
 typedef struct td_exp_spec {
     char name[128];
     json_t *job;      /* the base job */
@@ -50,17 +51,24 @@ typedef struct td_exp_spec {
     td_search searcher;
     char metric[64];
     bool maximize;
-    int max_trials; /* random, asha: how many; grid: a cap on the grid's points (0: none) */
+    int max_trials; /* random, asha: how many; pbt: the population; grid: a cap (0: none) */
     /* asha: a trial trains to rung_steps[0], is paused there, and goes on to the next rung only
      * while its metric there is in the top 1/reduction_factor of its rung's; rung_steps[k] is
      * max_steps / reduction_factor^(n_rungs - 1 - k). promote_async: as soon as it is among the
      * top of the trials that reached the rung so far (ASHA's rule; some promoted early may not
      * be in the rung's final top), else once every trial of the rung has reached it
      * (successive halving: the counts are exact, whatever the order trials run in). */
-    long max_steps;
+    long max_steps; /* asha, pbt: the steps of a whole trial */
     int reduction_factor, n_rungs;
     long rung_steps[TD_EXP_MAX_RUNGS];
     bool promote_async;
+    /* pbt: the population trains in generations of `interval` steps; once every trial is
+     * paused at a generation's end, each of the bottom `quantile` takes the checkpoint of one of
+     * the top (exploit) and that trial's values perturbed (explore): a number multiplied by
+     * perturb_lo or perturb_hi, a choice moved to a neighbour, or, with resample_probability,
+     * any of them drawn again from the space */
+    long interval;
+    double quantile, perturb_lo, perturb_hi, resample_probability;
     int max_concurrent;
     uint64_t seed;
     int priority;
@@ -72,6 +80,9 @@ extern const char *const td_exp_searcher_names[];
 
 /* ---- td_exp_search.c ---- */
 int td_exp_trial_count(const td_exp_spec *s); /* the trials the searcher makes in all */
+struct td_rng;
+double td_exp_unit(struct td_rng *r);                       /* uniform in [0, 1) */
+json_t *td_exp_draw(const td_exp_dim *d, struct td_rng *r); /* a value of d's, drawn */
 /* Trial t's hyperparameters, {path: value} (new reference): a grid's t-th point (the last path
  * fastest), or t's draw from the seed (independent of every other trial's). */
 json_t *td_exp_hparams(const td_exp_spec *s, int t);
@@ -96,12 +107,32 @@ typedef struct td_asha_move {
 } td_asha_move;
 td_asha_move td_exp_asha_next(const struct experiment *ex, bool may_start);
 
+/* ---- td_exp_pbt.c ---- */
+/* The step a trial paused at a generation's end `at` trains to next (0: its end). */
+long td_exp_pbt_next_stop(const td_exp_spec *s, long at);
+/* The generation's end every unfinished trial is paused at (all made), or 0. */
+long td_exp_pbt_boundary(const struct experiment *ex);
+/* Whether the generation that ends at `at` was decided: this daemon did, or a trial went past. */
+bool td_exp_pbt_decided(const struct experiment *ex, long at);
+/* A generation's exploits: the bottom quantile's trials by their metric at its end, each with
+ * the top trial it takes from (a draw from the experiment's seed, the generation and the
+ * trial: a daemon that decides again decides alike) and its new values (a new reference). */
+typedef struct td_pbt_exploit {
+    int target, source;
+    json_t *hparams;
+    int place, of; /* the target's place (from 1) among the trials paused there, of how many */
+} td_pbt_exploit;
+int td_exp_pbt_plan(const struct experiment *ex, long at, td_pbt_exploit *out); /* how many */
+
 /* ---- td_exp_trial.c ---- */
 /* Trial t's job body (allocated, compact JSON): the base job with hparams set at their paths,
  * the experiment's priority, a name of its own, and for a command job TRAIND_EXPERIMENT,
  * TRAIND_TRIAL and TRAIND_HPARAMS in its env. NULL with e when a path cannot be set. */
 char *td_exp_trial_body(const td_exp_spec *s, long experiment, int t, json_t *hparams,
                         td_reply_error *e);
+/* A trial's values as its stored job body holds them (PBT changes them between generations):
+ * a command's TRAIND_HPARAMS, else each path's value; NULL when the body lacks one. */
+json_t *td_exp_hparams_of_body(const td_exp_spec *s, const char *body);
 /* What an experiment knows of one trial. */
 typedef struct td_exp_trial {
     int trial;
@@ -125,6 +156,7 @@ typedef struct td_exp_trial {
     long stop_at; /* its job's stop_at_step */
     bool has_rung[TD_EXP_MAX_RUNGS];
     double rung_value[TD_EXP_MAX_RUNGS];
+    int exploits; /* pbt: how many times it took another trial's checkpoint (this daemon's life) */
 } td_exp_trial;
 /* Folds a trial's metric events (a JSON array as td_jobs_metrics gives it) into its latest and
  * best value of s's metric, and its value at each of s's rungs. */
@@ -156,7 +188,8 @@ typedef struct experiment {
     } * events;
     int n_events, cap_events;
     long last_seq;
-    int best_said; /* the best trial the last "best" event named; -1: none */
+    int best_said;    /* the best trial the last "best" event named; -1: none */
+    long pbt_decided; /* pbt: the last generation's end this daemon decided (0: none) */
 } experiment;
 /* How many of its trials are unfinished (made, not ended; paused ones too). */
 int td_exp_unfinished(const experiment *ex);

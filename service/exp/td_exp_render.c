@@ -43,6 +43,12 @@ json_t *td_exp_trial_json(const td_exp_spec *s, const td_exp_trial *t) {
     json_object_set_new(o, "steps", json_integer(t->step >= 0 ? (json_int_t)t->step : 0));
     json_object_set_new(o, "reason", t->reason[0] ? json_string(t->reason) : json_null());
     if (s->searcher == TD_SEARCH_ASHA) rungs_json(s, t, o);
+    if (s->searcher == TD_SEARCH_PBT) { /* the step it trains to or is paused at; its exploits */
+        long to = t->stop_at > 0 ? t->stop_at : s->max_steps;
+        json_object_set_new(o, "generation", json_integer((json_int_t)((to - 1) / s->interval)));
+        json_object_set_new(o, "stop_at", json_integer((json_int_t)to));
+        json_object_set_new(o, "exploits", json_integer(t->exploits));
+    }
     return o;
 }
 
@@ -88,6 +94,16 @@ static void asha_json(const td_exp_spec *s, json_t *searcher) {
     json_object_set_new(searcher, "promotion", json_string(s->promote_async ? "async" : "rung"));
 }
 
+/* PBT's choices in the searcher's object. */
+static void pbt_json(const td_exp_spec *s, json_t *searcher) {
+    json_object_set_new(searcher, "population", json_integer(s->max_trials));
+    json_object_set_new(searcher, "max_steps", json_integer((json_int_t)s->max_steps));
+    json_object_set_new(searcher, "interval", json_integer((json_int_t)s->interval));
+    json_object_set_new(searcher, "quantile", json_real(s->quantile));
+    json_object_set_new(searcher, "perturb", json_pack("[f, f]", s->perturb_lo, s->perturb_hi));
+    json_object_set_new(searcher, "resample_probability", json_real(s->resample_probability));
+}
+
 /* What every rendering has: the body's choices and the counts. */
 static json_t *summary(const experiment *ex) {
     enum { N = 7 };
@@ -115,6 +131,7 @@ static json_t *summary(const experiment *ex) {
         ex->spec.max_concurrent, "seed", (json_int_t)ex->spec.seed, "priority", ex->spec.priority,
         "counts", c);
     if (ex->spec.searcher == TD_SEARCH_ASHA) asha_json(&ex->spec, json_object_get(o, "searcher"));
+    if (ex->spec.searcher == TD_SEARCH_PBT) pbt_json(&ex->spec, json_object_get(o, "searcher"));
     const td_exp_trial *b = td_exp_best(ex);
     json_object_set_new(o, "best",
                         b ? json_pack("{s:i, s:I, s:f}", "trial", b->trial, "job",

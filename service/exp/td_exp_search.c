@@ -18,20 +18,20 @@ int td_exp_trial_count(const td_exp_spec *s) {
 }
 
 /* Uniform in [0, 1) with 53 random bits. */
-static double unit(td_rng *r) {
+double td_exp_unit(td_rng *r) {
     return (double)(td_rng_u64(r) >> 11) * 0x1p-53;
 }
 
-static json_t *draw(const td_exp_dim *d, td_rng *r) {
+json_t *td_exp_draw(const td_exp_dim *d, td_rng *r) {
     switch (d->kind) {
     case TD_DIM_GRID:
     case TD_DIM_CHOICE:
         return json_deep_copy(
             json_array_get(d->values, td_rng_below(r, json_array_size(d->values))));
     case TD_DIM_UNIFORM:
-        return json_real(d->lo + unit(r) * (d->hi - d->lo));
+        return json_real(d->lo + td_exp_unit(r) * (d->hi - d->lo));
     case TD_DIM_LOG_UNIFORM:
-        return json_real(exp(log(d->lo) + unit(r) * (log(d->hi) - log(d->lo))));
+        return json_real(exp(log(d->lo) + td_exp_unit(r) * (log(d->hi) - log(d->lo))));
     case TD_DIM_INT:
         return json_integer((json_int_t)d->lo +
                             (json_int_t)td_rng_below(r, (uint64_t)(d->hi - d->lo) + 1));
@@ -41,11 +41,11 @@ static json_t *draw(const td_exp_dim *d, td_rng *r) {
 
 json_t *td_exp_hparams(const td_exp_spec *s, int t) {
     json_t *h = json_object();
-    if (s->searcher != TD_SEARCH_GRID) { /* ASHA draws as a random search with its seed does */
+    if (s->searcher != TD_SEARCH_GRID) { /* ASHA and PBT draw as a random search does */
         td_rng r;
         td_rng_seed_for(&r, s->seed, "trial", (uint64_t)t);
         for (int i = 0; i < s->n_dims; i++)
-            json_object_set_new(h, s->dims[i].path, draw(&s->dims[i], &r));
+            json_object_set_new(h, s->dims[i].path, td_exp_draw(&s->dims[i], &r));
         return h;
     }
     /* the grid's point t in mixed radix, the last path fastest; set in path order */

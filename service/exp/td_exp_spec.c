@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const td_exp_searcher_names[] = {"grid", "random", "asha"};
+const char *const td_exp_searcher_names[] = {"grid", "random", "asha", "pbt"};
 
 #define fail(e, field, ...) td_reply_fail(e, 400, "invalid_spec", field, __VA_ARGS__)
 
@@ -185,34 +185,105 @@ static int read_asha(td_exp_spec *s, json_t *o, td_reply_error *e) {
     return 0;
 }
 
-/* The members only ASHA takes, refused for another searcher (they would do nothing). */
-static int refuse_asha_members(json_t *o, td_reply_error *e) {
-    static const char *const only[] = {"max_steps", "reduction_factor", "rungs", "promotion", NULL};
-    for (int i = 0; only[i]; i++)
-        if (json_object_get(o, only[i])) {
-            char field[48];
-            snprintf(field, sizeof field, "searcher.%s", only[i]);
-            return fail(e, field, "%s: only the asha searcher takes it", field);
-        }
+/* PBT's generations: max_steps, interval (the steps of one), and how a generation's end
+ * exploits and explores (Ray Tune's PBT defaults: quantile 0.25, factors 0.8 and 1.2,
+ * resample_probability 0.25). */
+static int read_pbt(td_exp_spec *s, json_t *o, td_reply_error *e) {
+    td_err err = {{0}};
+    long max_steps, interval;
+    json_t *perturb = json_object_get(o, "perturb");
+    if (td_json_int(o, "searcher", "max_steps", true, 0, 2, 1000000000000L, &max_steps, &err) !=
+            0 ||
+        td_json_int(o, "searcher", "interval", true, 0, 1, max_steps - 1, &interval, &err) != 0 ||
+        td_json_number(o, "searcher", "quantile", false, 0.25, 0.01, 0.5, &s->quantile, &err) !=
+            0 ||
+        td_json_number(o, "searcher", "resample_probability", false, 0.25, 0, 1,
+                       &s->resample_probability, &err) != 0)
+        return td_submit_spec_error(e, &err);
+    s->max_steps = max_steps;
+    s->interval = interval;
+    s->perturb_lo = 0.8;
+    s->perturb_hi = 1.2;
+    if (perturb) {
+        double lo = json_number_value(json_array_get(perturb, 0));
+        double hi = json_number_value(json_array_get(perturb, 1));
+        if (!json_is_array(perturb) || json_array_size(perturb) != 2 ||
+            !json_is_number(json_array_get(perturb, 0)) ||
+            !json_is_number(json_array_get(perturb, 1)) || !(lo > 0) || !(hi > 0) || lo > 100 ||
+            hi > 100)
+            return fail(e, "searcher.perturb",
+                        "searcher.perturb: expected the two factors a number is multiplied by, "
+                        "one chosen at each exploit ([0.8, 1.2]), each above 0 and at most 100");
+        s->perturb_lo = lo;
+        s->perturb_hi = hi;
+    }
+    if (s->max_trials < 2 || s->max_trials > TD_EXP_MAX_CONCURRENT)
+        return fail(e, "searcher.population",
+                    "searcher.population: expected how many trials train together, 2 to %d",
+                    TD_EXP_MAX_CONCURRENT);
+    return 0;
+}
+
+/* The members only some searchers take, refused for another (they would do nothing). */
+static int refuse_members(json_t *o, td_search searcher, td_reply_error *e) {
+    enum { GRID = 1 << TD_SEARCH_GRID, RANDOM = 1 << TD_SEARCH_RANDOM };
+    enum { ASHA = 1 << TD_SEARCH_ASHA, PBT = 1 << TD_SEARCH_PBT };
+    static const struct {
+        const char *name, *takers;
+        unsigned mask;
+    } members[] = {
+        {"max_trials", "grid, random and asha", GRID | RANDOM | ASHA},
+        {"max_steps", "asha and pbt", ASHA | PBT},
+        {"reduction_factor", "asha", ASHA},
+        {"rungs", "asha", ASHA},
+        {"promotion", "asha", ASHA},
+        {"population", "pbt", PBT},
+        {"interval", "pbt", PBT},
+        {"quantile", "pbt", PBT},
+        {"perturb", "pbt", PBT},
+        {"resample_probability", "pbt", PBT},
+    };
+    for (size_t i = 0; i < sizeof members / sizeof *members; i++) {
+        if (!json_object_get(o, members[i].name) || members[i].mask & (1u << searcher)) continue;
+        char field[48];
+        snprintf(field, sizeof field, "searcher.%s", members[i].name);
+        return fail(e, field, "%s: only the %s searcher%s take%s it%s", field, members[i].takers,
+                    strchr(members[i].takers, ' ') ? "s" : "",
+                    strchr(members[i].takers, ' ') ? "" : "s",
+                    searcher == TD_SEARCH_PBT ? " (pbt's population says how many trials)" : "");
+    }
     return 0;
 }
 
 /* The searcher: its type, metric and mode, and its trials (max_trials). */
 static int read_searcher(td_exp_spec *s, json_t *root, td_reply_error *e) {
-    static const char *const keys[] = {"type",       "metric",    "mode",
-                                       "max_trials", "max_steps", "reduction_factor",
-                                       "rungs",      "promotion", NULL};
+    static const char *const keys[] = {"type",
+                                       "metric",
+                                       "mode",
+                                       "max_trials",
+                                       "max_steps",
+                                       "reduction_factor",
+                                       "rungs",
+                                       "promotion",
+                                       "population",
+                                       "interval",
+                                       "quantile",
+                                       "perturb",
+                                       "resample_probability",
+                                       NULL};
     td_err err = {{0}};
     json_t *o;
     char type[16];
     int mode;
-    long max_trials;
+    long max_trials, population;
     if (td_json_object(root, "", "searcher", true, &o, &err) != 0 ||
         td_json_check_keys(o, "searcher", keys, &err) != 0 ||
         td_json_string(o, "searcher", "type", true, "", type, sizeof type, &err) != 0 ||
         td_json_string(o, "searcher", "metric", true, "", s->metric, sizeof s->metric, &err) != 0 ||
         td_json_choice(o, "searcher", "mode", true, "", "min|max", &mode, &err) != 0 ||
         td_json_int(o, "searcher", "max_trials", false, 0, 1, TD_EXP_MAX_TRIALS, &max_trials,
+                    &err) != 0 ||
+        td_json_int(o, "searcher", "population", false, 0, 2, TD_EXP_MAX_CONCURRENT, &population,
                     &err) != 0)
         return td_submit_spec_error(e, &err);
     if (!s->metric[0])
@@ -230,13 +301,38 @@ static int read_searcher(td_exp_spec *s, json_t *root, td_reply_error *e) {
                         "searcher.max_trials: a%s %s search needs how many trials to draw (1 to "
                         "1000)",
                         type[0] == 'r' ? "" : "n", type);
+    } else if (strcmp(type, "pbt") == 0) {
+        s->searcher = TD_SEARCH_PBT;
+        s->max_trials = (int)population;
     } else {
         return fail(e, "searcher.type",
                     "searcher.type: \"%s\" is not a searcher this traind has; expected grid, "
-                    "random or asha",
+                    "random, asha or pbt",
                     type);
     }
-    return s->searcher == TD_SEARCH_ASHA ? read_asha(s, o, e) : refuse_asha_members(o, e);
+    if (refuse_members(o, s->searcher, e) != 0) return -1;
+    if (s->searcher == TD_SEARCH_ASHA) return read_asha(s, o, e);
+    return s->searcher == TD_SEARCH_PBT ? read_pbt(s, o, e) : 0;
+}
+
+/* What PBT must not change between generations: the seed (a checkpoint of another seed is
+ * refused: its data order would differ), the resources its slots were taken for, where its
+ * checkpoints go. */
+static int check_pbt(const td_exp_spec *s, td_reply_error *e) {
+    static const char *const fixed[] = {"train.seed",     "resources", "checkpoint",
+                                        "nproc_per_node", "nnodes",    NULL};
+    for (int i = 0; i < s->n_dims; i++)
+        for (int k = 0; fixed[k]; k++) {
+            const char *p = s->dims[i].path;
+            if (strcmp(p, fixed[k]) != 0 && !leads_into(fixed[k], p)) continue;
+            char field[TD_EXP_PATH_MAX + 16];
+            snprintf(field, sizeof field, "space.%s", p);
+            return fail(e, field,
+                        "%s: a pbt search cannot change it between generations (a trial takes "
+                        "another's checkpoint: its seed, resources and checkpoint place stay)",
+                        field);
+        }
+    return 0;
 }
 
 /* A grid search walks grids and choices only, and at most TD_EXP_MAX_TRIALS points. */
@@ -308,6 +404,7 @@ int td_exp_spec_parse(td_exp_spec *s, const char *body, size_t len, td_reply_err
     if (rc == 0) rc = read_space(s, json_object_get(root, "space"), e);
     if (rc == 0) rc = check_space(s, e);
     if (rc == 0 && s->searcher == TD_SEARCH_GRID) rc = check_grid(s, e);
+    if (rc == 0 && s->searcher == TD_SEARCH_PBT) rc = check_pbt(s, e);
     json_decref(root);
     if (rc != 0) td_exp_spec_free(s);
     return rc;

@@ -56,8 +56,8 @@ static int set_path(json_t *job, const char *path, json_t *v, td_reply_error *e)
 }
 
 /* A command job's own environment gets the trial (its processes read TRAIND_HPARAMS), and under
- * ASHA the steps its whole run has (TRAIND_MAX_STEPS: its schedule's length; TRAIND_STOP_AT_STEP
- * says where an attempt stops). */
+ * ASHA and PBT the steps its whole run has (TRAIND_MAX_STEPS: its schedule's length;
+ * TRAIND_STOP_AT_STEP says where an attempt stops). */
 static void command_env(json_t *body, const td_exp_spec *s, long experiment, int t,
                         json_t *hparams) {
     json_t *env = json_object_get(body, "env");
@@ -74,17 +74,18 @@ static void command_env(json_t *body, const td_exp_spec *s, long experiment, int
     char *h = json_dumps(hparams, JSON_COMPACT | JSON_SORT_KEYS);
     json_object_set_new(env, "TRAIND_HPARAMS", json_string(h ? h : "{}"));
     free(h);
-    if (s->searcher == TD_SEARCH_ASHA) {
+    if (s->searcher == TD_SEARCH_ASHA || s->searcher == TD_SEARCH_PBT) {
         snprintf(num, sizeof num, "%ld", s->max_steps);
         json_object_set_new(env, "TRAIND_MAX_STEPS", json_string(num));
     }
 }
 
-/* Under ASHA a train job's run is max_steps long (its schedule spans them), wherever its
- * attempts stop. */
+/* Under ASHA and PBT a train job's run is max_steps long (its schedule spans them), wherever
+ * its attempts stop. */
 static void train_steps(json_t *body, const td_exp_spec *s) {
     json_t *train = json_object_get(body, "train");
-    if (s->searcher != TD_SEARCH_ASHA || !json_is_object(train)) return;
+    bool staged = s->searcher == TD_SEARCH_ASHA || s->searcher == TD_SEARCH_PBT;
+    if (!staged || !json_is_object(train)) return;
     json_object_set_new(train, "max_steps", json_integer((json_int_t)s->max_steps));
 }
 
@@ -124,6 +125,41 @@ char *td_exp_trial_body(const td_exp_spec *s, long experiment, int t, json_t *hp
     json_decref(body);
     if (!text) td_reply_fail(e, 400, "invalid_spec", "space", "the trial's job cannot be encoded");
     return text;
+}
+
+/* The value at path in job, or NULL. */
+static json_t *get_path(json_t *job, const char *path) {
+    json_t *at = job;
+    const char *p = path;
+    char name[TD_EXP_PATH_MAX];
+    while (at && *p) {
+        long index;
+        segment(&p, name, sizeof name, &index);
+        at = index < 0 ? json_object_get(at, name) : json_array_get(at, (size_t)index);
+    }
+    return at;
+}
+
+json_t *td_exp_hparams_of_body(const td_exp_spec *s, const char *body) {
+    json_t *job = body ? json_loads(body, 0, NULL) : NULL;
+    json_t *h = NULL;
+    const char *text = json_string_value(
+        json_object_get(json_object_get(job, "env"), "TRAIND_HPARAMS")); /* a command's, whole */
+    if (text) {
+        h = json_loads(text, 0, NULL);
+    } else if (json_is_object(job)) {
+        h = json_object();
+        for (int i = 0; i < s->n_dims && h; i++) {
+            json_t *v = get_path(job, s->dims[i].path);
+            if (v)
+                json_object_set_new(h, s->dims[i].path, json_deep_copy(v));
+            else
+                h = (json_decref(h), NULL);
+        }
+    }
+    json_decref(job);
+    if (h && json_object_size(h) != (size_t)s->n_dims) h = (json_decref(h), NULL);
+    return h;
 }
 
 /* One metric event: its metric value, when it has one, as of its step. */

@@ -80,6 +80,19 @@ static void found_trial(void *ctx, long id, int trial) {
     snprintf(ex->trials[trial].state, sizeof ex->trials[trial].state, "queued");
 }
 
+/* A PBT trial's values are its job's: an exploit changed them (and stored them first). */
+static void reread_values(experiment *ex, td_jobs *jobs) {
+    for (int t = 0; t < ex->n_trials; t++) {
+        if (!ex->trials[t].made) continue;
+        char *body = td_jobs_body(jobs, ex->trials[t].job);
+        json_t *h = td_exp_hparams_of_body(&ex->spec, body);
+        free(body);
+        if (!h) continue;
+        json_decref(ex->trials[t].hparams);
+        ex->trials[t].hparams = h;
+    }
+}
+
 /* An experiment as stored (with the database's lock held: its trials are found after the load,
  * as the jobs' lock comes before the database's). */
 static void loaded(void *ctx, td_db_experiment *row) {
@@ -122,6 +135,9 @@ int td_experiments_open(td_experiments **out, td_jobs *jobs, td_db *db, td_token
     }
     for (int i = 0; i < x->n; i++)
         if (x->list[i]->trials) td_jobs_trials(jobs, x->list[i]->row.id, found_trial, x->list[i]);
+    for (int i = 0; i < x->n; i++)
+        if (x->list[i]->trials && x->list[i]->spec.searcher == TD_SEARCH_PBT)
+            reread_values(x->list[i], jobs);
     *out = x;
     return 0;
 }

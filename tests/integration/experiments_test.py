@@ -7,6 +7,7 @@ and runs none twice; bad spaces and searchers are 400s naming the JSON path; tri
 their experiment.
 
     /usr/bin/python3 tests/integration/experiments_test.py TRAIND SOURCE_DIR"""
+import json
 import os
 import sys
 import tempfile
@@ -152,6 +153,10 @@ class ExperimentsTest(harness.DaemonTest):
             b.update(kw)
             return b
 
+        def pbt(**kw):
+            return {"type": "pbt", "metric": "loss", "mode": "min", "max_steps": 64,
+                    "interval": 8, **kw}
+
         cases = [
             (body(space={"train.optimizer.lr": {"uniform": [1, 0]}}),
              "space.train.optimizer.lr.uniform"),
@@ -189,6 +194,19 @@ class ExperimentsTest(harness.DaemonTest):
              "space.train"),
             (body(space={"train.optimizer.lr": {"choice": ["x" * 3000]}}),
              "space.train.optimizer.lr"),
+            (body(searcher=pbt()), "searcher.population"),
+            (body(searcher=pbt(population=4, max_trials=4)), "searcher.max_trials"),
+            (body(searcher=pbt(population=1)), "searcher.population"),
+            (body(searcher=pbt(population=4, interval=64)), "searcher.interval"),
+            (body(searcher=pbt(population=4, perturb=[0.8])), "searcher.perturb"),
+            (body(searcher=pbt(population=4, perturb=[0, 2])), "searcher.perturb"),
+            (body(searcher=pbt(population=4, quantile=0.75)), "searcher.quantile"),
+            (body(searcher=pbt(population=4), space={"train.seed": {"int": [1, 9]}}),
+             "space.train.seed"),
+            (body(searcher=pbt(population=4), space={"resources.nproc": {"grid": [1, 2]}}),
+             "space.resources.nproc"),
+            (body(searcher={"type": "asha", "metric": "loss", "mode": "min", "max_trials": 4,
+                            "max_steps": 64, "interval": 8}), "searcher.interval"),
         ]
         for b, field in cases:
             self.assert_error(d.json("POST", "/v1/experiments", b), 400, "invalid_spec", field,
@@ -454,6 +472,64 @@ class ExperimentsTest(harness.DaemonTest):
         self.assertEqual(attempts, [2, 2, 1], "the paused trials went on in a second attempt")
         self.assert_error(d2.json("POST", f"/v1/experiments/{eid}/pause"), 409, "conflict")
 
+    def test_m_pbt_exploits_a_better_trial_and_explores_its_values(self):
+        """population 4, generations of 12 steps to 48: at each generation's end the worst trial
+        takes the checkpoint of the best (the same bytes) and its values perturbed; killed after
+        the first exploit, the next daemon decides alike and goes on; no step trained twice."""
+        state = self.new_state_dir()
+        d1 = self.start_daemon("--slots", "2", state_dir=state)
+        body = self.asha_body({"type": "pbt", "population": 4, "max_steps": 48, "interval": 12,
+                               "resample_probability": 0}, max_concurrent=2)
+        del body["searcher"]["max_trials"]
+        exp = self.create(d1, body)
+        eid = exp["id"]
+        self.assertEqual((exp["searcher"]["population"], exp["searcher"]["perturb"]), (4, [0.8, 1.2]))
+        with harness.EventStream(d1, f"/v1/experiments/{eid}/events", {}) as stream:
+            first = next(e for e in stream if e.event == "exploited").data
+        d1.kill()
+        d2 = self.start_daemon("--slots", "2", state_dir=state)
+        exp = self.finished(d2, eid)
+        self.assertEqual(exp["state"], "succeeded", exp)
+        trials = exp["trials"]
+        self.assertEqual([t["steps"] for t in trials], [48] * 4)
+        for t in trials:
+            self.check_contiguous(d2, t)
+            self.assertEqual(len(d2.json("GET", f"/v1/jobs/{t['job']}")[2]["attempts"]), 4,
+                             "an attempt a generation")
+        # each generation's end: one exploit (a quarter of 4), of the worst by the best there
+        exploits = {}
+        for t in trials:
+            for e in d2.follow(t["job"]):
+                if e.event == "exploit":
+                    exploits.setdefault(e.data["step"], set()).add((t["trial"], e.data["source"]))
+        self.assertEqual(sorted(exploits), [12, 24, 36], exploits)
+        job_of = {t["trial"]: t["job"] for t in trials}
+        for step, pairs in exploits.items():
+            self.assertEqual(len(pairs), 1, f"step {step}: decided alike after the restart")
+            target, source_job = next(iter(pairs))
+            loss = {}
+            for t in trials:
+                lines = [m for m in d2.metrics(t["job"]) if m.get("step") == step and "loss" in m]
+                loss[t["trial"]] = lines[0]["loss"]
+            source = [k for k, j in job_of.items() if j == source_job][0]
+            self.assertEqual(source, min(loss, key=loss.get), f"step {step}: the best")
+            self.assertEqual(target, max(loss, key=loss.get), f"step {step}: the worst")
+            weights = [d2.request("GET", f"/v1/jobs/{j}/checkpoints/{step}/model.safetensors")
+                       for j in (job_of[target], source_job)]
+            self.assertEqual([w[0] for w in weights], [200, 200])
+            self.assertEqual(weights[0][2], weights[1][2],
+                             f"step {step}: the exploited weights are the source's, byte for byte")
+        # explore: the source's values at that step perturbed, run by the target from then on
+        lr, source_lr = first["hparams"]["train.optimizer.lr"], first["from"]["train.optimizer.lr"]
+        want = max(0.001, source_lr * 0.8) if lr < source_lr else min(0.1, source_lr * 1.2)
+        self.assertAlmostEqual(lr / want, 1, 9, first)  # (the API's numbers: 10 digits)
+        target = first["trial"]
+        later = [s for s, pairs in exploits.items() if s > first["step"]
+                 and target in [p[0] for p in pairs]]
+        if not later:  # its values now: the exploit's, in its body and in the worker's spec
+            self.assertEqual(trials[target]["hparams"]["train.optimizer.lr"], lr)
+            with open(os.path.join(state, "jobs", str(job_of[target]), "spec.json")) as f:
+                self.assertAlmostEqual(json.load(f)["train"]["optimizer"]["lr"] / lr, 1, 9)
 
 if __name__ == "__main__":
     harness.TRAIND = os.path.abspath(sys.argv[1])

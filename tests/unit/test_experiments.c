@@ -41,7 +41,7 @@ Test(experiments, refusals_name_the_path) {
     refused(buf, "space.a[x]");
     snprintf(buf, sizeof buf, "\"space\": {\"a\": {\"int\": [1.5, 3]}}, %s", GRID_SEARCH);
     refused(buf, "space.a.int");
-    refused("\"space\": {\"a\": {\"grid\": [1]}}, \"searcher\": {\"type\": \"pbt\", \"metric\": "
+    refused("\"space\": {\"a\": {\"grid\": [1]}}, \"searcher\": {\"type\": \"tpe\", \"metric\": "
             "\"loss\", \"mode\": \"min\"}",
             "searcher.type");
     refused("\"space\": {\"a\": {\"grid\": [1]}}, \"searcher\": {\"type\": \"random\", "
@@ -291,4 +291,101 @@ Test(experiments, asha_a_rung_is_complete_once_the_rungs_below_have_decided) {
     cr_assert_eq(m.what, TD_ASHA_STOP, "rung 0's bottom three quarters stop");
     cr_assert_eq(m.rung, 0, "nothing of rung 1 is decided yet");
     asha_free(&ex);
+}
+
+/* ---- PBT (td_exp_pbt.c) ---- */
+
+static void pbt(experiment *ex, int n, const char *space) {
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "\"space\": %s, \"searcher\": {\"type\": \"pbt\", \"metric\": \"loss\", \"mode\": "
+             "\"min\", \"population\": %d, \"max_steps\": 30, \"interval\": 10, "
+             "\"resample_probability\": 0}",
+             space, n);
+    td_reply_error e = {0};
+    memset(ex, 0, sizeof *ex);
+    cr_assert_eq(parse(&ex->spec, buf, &e), 0, "%s", e.message);
+    ex->n_trials = td_exp_trial_count(&ex->spec);
+    cr_assert_eq(ex->n_trials, n, "the population");
+    ex->trials = calloc((size_t)n, sizeof *ex->trials);
+    for (int t = 0; t < n; t++)
+        ex->trials[t] = (td_exp_trial){.trial = t, .hparams = td_exp_hparams(&ex->spec, t)};
+}
+
+/* Trial t paused at step `at` with v its latest loss. */
+static void pbt_pause(experiment *ex, int t, long at, double v) {
+    td_exp_trial *tr = &ex->trials[t];
+    tr->made = true;
+    tr->job = 100 + t;
+    tr->paused = true;
+    tr->stop_at = at;
+    snprintf(tr->state, sizeof tr->state, "paused");
+    tr->has_latest = true;
+    tr->latest = v;
+}
+
+static void pbt_free(experiment *ex) {
+    for (int t = 0; t < ex->n_trials; t++) json_decref(ex->trials[t].hparams);
+    asha_free(ex);
+}
+
+Test(experiments, pbt_decides_once_the_whole_population_is_at_a_generations_end) {
+    experiment ex;
+    pbt(&ex, 4, "{\"train.optimizer.lr\": {\"uniform\": [0.01, 0.1]}}");
+    cr_assert_eq(td_exp_pbt_next_stop(&ex.spec, 0), 10);
+    cr_assert_eq(td_exp_pbt_next_stop(&ex.spec, 20), 0, "the last generation runs to the end");
+    for (int t = 0; t < 3; t++) pbt_pause(&ex, t, 10, 1.0 + t);
+    cr_assert_eq(td_exp_pbt_boundary(&ex), 0, "trial 3 is not made");
+    pbt_pause(&ex, 3, 10, 0.5);
+    cr_assert_eq(td_exp_pbt_boundary(&ex), 10);
+    cr_assert(!td_exp_pbt_decided(&ex, 10));
+    td_pbt_exploit plan[4];
+    cr_assert_eq(td_exp_pbt_plan(&ex, 10, plan), 1, "a quarter of 4");
+    cr_assert_eq(plan[0].target, 2, "the worst loss");
+    cr_assert_eq(plan[0].source, 3, "from the best (the top quarter: one)");
+    cr_assert_eq(plan[0].place, 4, "its place");
+    cr_assert_eq(plan[0].of, 4);
+    double from = json_real_value(json_object_get(ex.trials[3].hparams, "train.optimizer.lr"));
+    double to = json_real_value(json_object_get(plan[0].hparams, "train.optimizer.lr"));
+    double lo = from * 0.8 < 0.01 ? 0.01 : from * 0.8, hi = from * 1.2 > 0.1 ? 0.1 : from * 1.2;
+    cr_assert(to == lo || to == hi, "perturbed: %g from %g", to, from);
+    td_pbt_exploit again[4];
+    cr_assert_eq(td_exp_pbt_plan(&ex, 10, again), 1);
+    cr_assert(json_equal(again[0].hparams, plan[0].hparams), "decided alike");
+    json_decref(plan[0].hparams);
+    json_decref(again[0].hparams);
+    ex.trials[1].paused = false; /* sent on to step 20: the generation was decided */
+    ex.trials[1].stop_at = 20;
+    cr_assert_eq(td_exp_pbt_boundary(&ex), 0);
+    cr_assert(td_exp_pbt_decided(&ex, 10), "a trial went past it");
+    cr_assert(!td_exp_pbt_decided(&ex, 20));
+    snprintf(ex.trials[1].state, sizeof ex.trials[1].state, "failed");
+    ex.trials[1].final = true;
+    cr_assert_eq(td_exp_pbt_boundary(&ex), 10, "a failed trial is out of the population");
+    pbt_free(&ex);
+}
+
+Test(experiments, pbt_moves_a_choice_to_a_neighbour_and_keeps_numbers_in_range) {
+    experiment ex;
+    pbt(&ex, 2,
+        "{\"train.optimizer.type\": {\"choice\": [\"sgd\", \"adam\", \"adamw\"]}, "
+        "\"train.batch_size\": {\"int\": [16, 20]}}");
+    json_object_set_new(ex.trials[0].hparams, "train.optimizer.type", json_string("adam"));
+    json_object_set_new(ex.trials[0].hparams, "train.batch_size", json_integer(20));
+    pbt_pause(&ex, 0, 10, 0.1);
+    pbt_pause(&ex, 1, 10, 0.2);
+    td_pbt_exploit plan[2];
+    cr_assert_eq(td_exp_pbt_plan(&ex, 10, plan), 1, "a population of 2 still exploits");
+    cr_assert_eq(plan[0].target, 1, "the worse");
+    cr_assert_eq(plan[0].source, 0);
+    const char *type = json_string_value(json_object_get(plan[0].hparams, "train.optimizer.type"));
+    cr_assert(strcmp(type, "sgd") == 0 || strcmp(type, "adamw") == 0, "a neighbour: %s", type);
+    json_int_t bs = json_integer_value(json_object_get(plan[0].hparams, "train.batch_size"));
+    cr_assert(bs == 16 || bs == 20, "20 x 0.8 = 16, 20 x 1.2 kept at 20: %lld", (long long)bs);
+    json_decref(plan[0].hparams);
+    pbt_free(&ex);
+    refused("\"space\": {\"train.seed\": {\"int\": [1, 4]}}, \"searcher\": {\"type\": \"pbt\", "
+            "\"metric\": \"loss\", \"mode\": \"min\", \"population\": 4, \"max_steps\": 30, "
+            "\"interval\": 10}",
+            "space.train.seed");
 }
