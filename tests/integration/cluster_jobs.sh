@@ -29,6 +29,8 @@
 #      kill -9 of the master on the way
 #  10. a command trial on an agent under ASHA: TRAIND_HPARAMS(_FILE), the stop contract, and
 #      TRAIND_LATEST_CHECKPOINT there
+#  11. PBT with trials on different agents: an exploit copies a checkpoint a node uploaded, and
+#      the trial goes on from those weights on its node
 # Waits are for observable events (an API answer, a log line) with deadlines, never fixed sleeps.
 # Everything it creates goes on exit, also on failure. Exit 77 (ctest: skipped) when not root or
 # namespaces cannot be made here.
@@ -629,6 +631,59 @@ import json, sys
 print(" ".join(str(m["step"]) for m in json.load(sys.stdin) if "score" in m))')
     case $steps in "1 2 3 4" | "1 2 3 4 5 6 7 8") ok ;; *) bad "command ASHA on an agent: job $job's steps $steps" ;; esac
 done
+
+# 11. PBT across the agents: two trials of a whole node each (2 slots a node: they run on
+#     different nodes); at the generation's end (step 20) the worse takes the better's checkpoint,
+#     which the better's node uploaded to the master: the master's copy for the target is the
+#     source's byte for byte, and the node the target goes on from fetched that copy
+lenet pbt 32 40 | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+j["checkpoint"] = {"every_steps": 10}
+j["log"] = {"every_steps": 5}
+j["resources"] = {"nnodes": 1, "nproc_per_node": 2, "nodes": ["n1", "n2"]}
+print(json.dumps({"name": "pbt-nodes", "job": j, "max_concurrent": 2, "seed": 3,
+                  "space": {"train.optimizer.lr": {"log_uniform": [0.01, 0.1]}},
+                  "searcher": {"type": "pbt", "metric": "loss", "mode": "min", "population": 2,
+                               "max_steps": 40, "interval": 20}}))' >"$tmp/pbt.json"
+eid=$(api POST /v1/experiments "$tmp/pbt.json" | python3 -c 'import json, sys; x = json.load(sys.stdin); print(x.get("id", x))')
+if until_true 300 exp_ended; then ok; else bad "PBT across nodes: not ended: $(api GET "/v1/experiments/$eid")"; fi
+got=$(exp_field "x['state'], [t['steps'] for t in x['trials']]")
+if [ "$got" = "succeeded [40, 40]" ]; then ok; else bad "PBT across nodes: $got: $(api GET "/v1/experiments/$eid")"; fi
+# job_events ID TYPE: the data of a finished job's events of that type, one JSON a line
+job_events() {
+    api GET "/v1/jobs/$1/events" | python3 -c "
+import sys
+kind = None
+for line in sys.stdin:
+    line = line.rstrip('\n')
+    if line.startswith('event: '):
+        kind = line[7:]
+    elif line.startswith('data: ') and kind == '$2':
+        print(line[6:])"
+}
+target="" source=""
+for job in $(exp_field "' '.join(str(t['job']) for t in x['trials'])"); do
+    e=$(job_events "$job" exploit)
+    if [ -n "$e" ]; then
+        target=$job
+        source=$(echo "$e" | python3 -c 'import json, sys; e = json.loads(sys.stdin.readline()); print(e["source"] if e["step"] == 20 else "")')
+    fi
+done
+echo "PBT across nodes: job $target exploited job $source"
+if [ -n "$target" ] && [ -n "$source" ]; then ok; else bad "PBT across nodes: no exploit at step 20"; fi
+first_node() { job_events "$1" placement | head -1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["nodes"][0]["node"])'; }
+n_target=$(first_node "$target") n_source=$(first_node "$source")
+if [ "$n_target" != "$n_source" ]; then ok; else bad "PBT across nodes: both trials began on $n_target"; fi
+weights() { api GET "/v1/jobs/$1/checkpoints/20/model.safetensors" | sha256sum | cut -c1-64; }
+w_target=$(weights "$target") w_source=$(weights "$source")
+if [ "$w_target" = "$w_source" ]; then ok; else bad "PBT across nodes: the exploited weights at step 20 differ from the source's"; fi
+n_after=$(field "$target" "j['placement']['nodes'][0]['node']")
+got=$(sha256sum <"$tmp/state-$n_after/jobs/$target/checkpoints/step-00000020/model.safetensors" | cut -c1-64)
+if [ "$got" = "$w_source" ]; then ok; else bad "PBT across nodes: job $target on $n_after went on from weights other than the source's ($got)"; fi
+case $(api GET "/v1/jobs/$target/logs?rank=0") in *"resumed from "*" at step 20 "*) ok ;;
+*) bad "PBT across nodes: job $target did not resume at step 20" ;; esac
+echo "PBT across nodes: began on $n_target (the source on $n_source), went on on $n_after"
 
 echo "cluster_jobs: $passes passed, $fails failed"
 [ "$fails" = 0 ]
