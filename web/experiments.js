@@ -61,11 +61,19 @@ function trialsTable(x, sortBy, filter) {
     el("td", { class: "num" }, t.trial),
     el("td", {}, t.job ? el("a", { href: `#/job/${t.job}` }, t.job) : "–"),
     el("td", {}, stateBadge(t.state)),
-    el("td", { class: "num" }, t.rung === undefined ? t.steps : `${t.steps} · rung ${t.rung}`),
+    el("td", { class: "num" }, stepsText(t)),
     el("td", { class: "num" }, t.latest ? (+t.latest.value).toPrecision(5) : "–"),
     el("td", { class: "num" }, t.best ? (+t.best.value).toPrecision(5) : "–"),
     el("td", { class: "wrap" }, hparamsText(t.hparams)),
     el("td", { class: "wrap muted" }, t.reason || "")));
+}
+
+// a trial's steps, with ASHA's rung or PBT's generation (and how often it took another's checkpoint)
+function stepsText(t) {
+  if (t.rung !== undefined) return `${t.steps} · rung ${t.rung}`;
+  if (t.generation === undefined) return `${t.steps}`;
+  const exploits = t.exploits ? ` · ${t.exploits} exploit${t.exploits > 1 ? "s" : ""}` : "";
+  return `${t.steps} · gen ${t.generation}${exploits}`;
 }
 
 function experimentPage(id) {
@@ -214,6 +222,10 @@ function experimentPage(id) {
       ...(x.searcher.rung_steps ? [el("dt", {}, "Rungs"), el("dd", { id: "exp-rungs" },
         `steps ${x.searcher.rung_steps.join(", ")}: the top 1/${x.searcher.reduction_factor} of ` +
         `a rung go on (promotion ${x.searcher.promotion})`)] : []),
+      ...(x.searcher.interval ? [el("dt", {}, "Generations"), el("dd", { id: "exp-generations" },
+        `every ${x.searcher.interval} steps to ${x.searcher.max_steps}: the bottom ` +
+        `${x.searcher.quantile * 100}% take a top trial's checkpoint, its values × ` +
+        `${x.searcher.perturb.join(" or ")}`)] : []),
       el("dt", {}, "Metric"), el("dd", {}, `${x.searcher.metric} (${x.searcher.mode})`),
       el("dt", {}, "Trials"), el("dd", { id: "exp-counts" }, TRIAL_STATES.filter((s) => c[s])
         .map((s) => `${c[s]} ${s}`).join(", ") || "none yet"),
@@ -233,7 +245,8 @@ function experimentPage(id) {
   }
 
   const es = new EventSource(`/v1/experiments/${id}/events?csrf=${csrf}`, { withCredentials: true });
-  for (const name of ["trial", "promoted", "stopped", "paused", "resumed", "best", "state"])
+  for (const name of ["trial", "promoted", "stopped", "exploited", "paused", "resumed", "best",
+    "state"])
     es.addEventListener(name, () => { load(); if (name === "state") es.close(); });
   cleanups.push(() => es.close());
   every(3000, () => { if (x && x.state === "running") load(); }); // running trials' new points

@@ -113,9 +113,15 @@ static row *ranked(json_t *x, size_t *n) {
 static void trials_table(screen *s, json_t *x, int max_rows) {
     size_t n;
     row *r = ranked(x, &n);
-    /* ASHA's trials say their rung: the one they train to or are paused at */
-    bool rungs = json_object_get(json_object_get(x, "searcher"), "rung_steps") != NULL;
-    out(s, "%-5s %-7s %-10s %7s%s %12s  %s", "TRIAL", "JOB", "STATE", "STEPS", rungs ? " RUNG" : "",
+    /* ASHA's trials say their rung (the one they train to or are paused at), PBT's their
+     * generation */
+    json_t *searcher = json_object_get(x, "searcher");
+    bool rungs = json_object_get(searcher, "rung_steps") != NULL;
+    bool generations = json_object_get(searcher, "interval") != NULL;
+    out(s, "%-5s %-7s %-10s %7s%s %12s  %s", "TRIAL", "JOB", "STATE", "STEPS",
+        rungs         ? " RUNG"
+        : generations ? "  GEN"
+                      : "",
         "BEST", "HPARAMS");
     for (size_t i = 0; i < n; i++) {
         if (max_rows >= 0 && i >= (size_t)max_rows) {
@@ -132,6 +138,7 @@ static void trials_table(screen *s, json_t *x, int max_rows) {
         hparams_text(json_object_get(t, "hparams"), h, sizeof h);
         char rung[16] = "";
         if (rungs) snprintf(rung, sizeof rung, " %4lld", tc_exp_int(t, "rung"));
+        if (generations) snprintf(rung, sizeof rung, " %4lld", tc_exp_int(t, "generation"));
         out(s, "%-5lld %-7s %-10s %7lld%s %12s  %s", r[i].trial, job, tc_str(t, "state", "?"),
             tc_exp_int(t, "steps"), rung, best, h);
     }

@@ -382,6 +382,32 @@ class DashboardTest(harness.DaemonTest):
         b.set_window_size(1366, 1500)
         b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-experiment.png"))
 
+    def test_j_pbt_experiment_page(self):
+        """PBT's page: the generations' rule, each trial's generation, and a trial that took
+        another's checkpoint saying so."""
+        b, d = self.b, self.d
+        spec = harness.train_spec("pbt", epochs=2)
+        status, _, exp = d.json("POST", "/v1/experiments", {
+            "name": "lr-pbt", "job": spec, "max_concurrent": 2, "seed": 5,
+            "space": {"train.optimizer.lr": {"log_uniform": [0.003, 0.1]}},
+            "searcher": {"type": "pbt", "metric": "loss", "mode": "min", "population": 4,
+                         "max_steps": 60, "interval": 20}})
+        self.assertEqual(status, 201, exp)
+        b.get(self.url)
+        self.sign_in(d.token)
+        self.find("#jobs")
+        b.get(f"{self.url}#/experiment/{exp['id']}")
+        self.until(lambda: "every 20 steps to 60" in self.text("exp-generations"),
+                   "the generations' rule")
+        self.until(lambda: self.text("exp-state") == "succeeded", "the experiment's end")
+        rows = lambda: b.find_elements(By.CSS_SELECTOR, "#trials-body tr")  # noqa: E731
+        self.until(lambda: len(rows()) == 4 and all("gen 2" in r.text for r in rows()),
+                   "every trial in its last generation")
+        self.until(lambda: any(" exploit" in r.text for r in rows()),
+                   "a trial that took another's checkpoint saying so")
+        b.set_window_size(1366, 1200)
+        b.save_screenshot(os.path.join(ARTIFACTS, "dashboard-pbt.png"))
+
     def test_b_session_cookie_and_csrf(self):
         d = self.d
         conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=TIMEOUT)
@@ -547,7 +573,8 @@ def main():
                                 "test_f_keyboard_submit_fields_failed_rank",
                                 "test_g_compare_and_find",
                                 "test_h_samples",
-                                "test_i_experiment_page") if not only or n in only)
+                                "test_i_experiment_page",
+                                "test_j_pbt_experiment_page") if not only or n in only)
     if not only or "test_c_firefox" in only:
         suite.addTest(FirefoxTest("test_c_firefox"))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
