@@ -5,7 +5,10 @@
 # the whole 2,814 steps; ASHA (reduction factor 4, 3 rungs: steps 175, 703, 2814) stops the
 # worse three quarters of each rung. Reports, for each: the wall time until some trial's val_acc
 # first reached TARGET (0.88) as the daemon read it, the time to the experiment's end, the steps
-# trained in all, and the best val_acc with its trial; then ASHA / random.
+# trained in all, and the best val_acc with its trial; then ASHA / random. Then PBT
+# (examples/fmnist-pbt.json) with a population of as many trials, each trained the whole 2,814
+# steps (the random search's budget), in generations of 469 steps (half an epoch), the worst
+# quarter taking the best quarter's checkpoints and perturbed values at each generation's end.
 #   bench/search.sh [BUILD_DIR]      TARGET=0.88 TRIALS=16 CONCURRENT=2 PROMOTION=async
 # Needs Debian's dataset-fashion-mnist. Only loopback traffic.
 set -eu
@@ -26,10 +29,11 @@ start_traind "$tmp/daemon.err" --listen 127.0.0.1:0 --state-dir "$tmp/state" \
 pid=$traind_pid url=$traind_url
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(getconf _NPROCESSORS_ONLN) cores"
 /usr/bin/python3 - "$url" "$tmp/state/token" "$here/../examples/fmnist-asha.json" \
+    "$here/../examples/fmnist-pbt.json" \
     "${TARGET:-0.88}" "${TRIALS:-16}" "${CONCURRENT:-2}" "${PROMOTION:-async}" <<'PY'
 import json, sys, time, urllib.request
 
-url, token_file, example, target, trials, concurrent, promotion = sys.argv[1:]
+url, token_file, example, pbt_example, target, trials, concurrent, promotion = sys.argv[1:]
 target, trials, concurrent = float(target), int(trials), int(concurrent)
 token = open(token_file).read().strip()
 
@@ -44,16 +48,19 @@ def call(method, path, body=None):
 
 
 def run(kind):
-    body = json.load(open(example))
+    body = json.load(open(pbt_example if kind == "pbt" else example))
     body["name"] = f"bench-{kind}"
     body["max_concurrent"] = concurrent
     s = body["searcher"]
-    s["max_trials"] = trials
+    if kind == "pbt":  # a population of as many trials: the random search's budget of steps
+        s["population"] = trials
+    else:
+        s["max_trials"] = trials
     if kind == "random":
         body["job"]["train"]["max_steps"] = s["max_steps"]
         body["searcher"] = {k: s[k] for k in ("type", "metric", "mode", "max_trials")}
         body["searcher"]["type"] = "random"
-    else:
+    elif kind == "asha":
         s["promotion"] = promotion
     t0 = time.monotonic()
     eid = call("POST", "/v1/experiments", body)["id"]
@@ -72,10 +79,11 @@ def run(kind):
                  f"{x['trials'][0]['reason']}")
     steps = sum(t["steps"] for t in x["trials"])
     return {"reached": reached, "total": total, "steps": steps, "best": best,
-            "rungs": [t.get("rung") for t in x["trials"]]}
+            "rungs": [t.get("rung") for t in x["trials"]],
+            "exploits": sum(t.get("exploits", 0) for t in x["trials"])}
 
 
-res = {k: run(k) for k in ("random", "asha")}
+res = {k: run(k) for k in ("random", "asha", "pbt")}
 fmt = lambda v: "never" if v is None else f"{v:.1f} s"  # noqa: E731
 print(f"{'searcher':10} {'to val_acc ' + str(target):>18} {'to the end':>12} {'steps':>8}  best")
 for k, r in res.items():
@@ -87,4 +95,8 @@ ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.2f}"  # noqa: 
 print(f"asha / random: to {target}: {ratio(a['reached'], r['reached'])}, to the end: "
       f"{ratio(a['total'], r['total'])}, steps: {ratio(a['steps'], r['steps'])}")
 print("asha's trials by rung:", {k: a["rungs"].count(k) for k in sorted(set(a["rungs"]))})
+p = res["pbt"]
+print(f"pbt / random: to {target}: {ratio(p['reached'], r['reached'])}, to the end: "
+      f"{ratio(p['total'], r['total'])}, steps: {ratio(p['steps'], r['steps'])}; "
+      f"pbt's exploits: {p['exploits']}")
 PY
