@@ -53,10 +53,15 @@ int td_jobs_prepare_run(td_jobs *j, job *jb, td_submission *s, td_err *err) {
     }
     if (!json_object_get(ck, "every_steps") && !json_object_get(ck, "every_epochs"))
         json_object_set_new(ck, "every_epochs", json_integer(1));
-    char path[PATH_MAX + 16];
+    /* whole or not at all (PBT rewrites a paused job's: a failure keeps the one it had) */
+    char path[PATH_MAX + 16], tmp[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/spec.json", jb->dir);
-    if (json_dump_file(s->spec, path, JSON_INDENT(2)) != 0)
-        return td_fail(err, "cannot write %s: %s", path, strerror(errno));
+    snprintf(tmp, sizeof tmp, "%s/.spec.json.tmp", jb->dir);
+    if (json_dump_file(s->spec, tmp, JSON_INDENT(2)) != 0 || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return td_fail(err, "cannot write %s: %s", path, strerror(e));
+    }
     td_jobs_set_worker_run(j, jb, path);
     return 0;
 }

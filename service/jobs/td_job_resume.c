@@ -18,8 +18,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/fs.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,7 +74,34 @@ static json_t *manifest(const td_job_files *f, const char *path, td_err *err) {
     return files;
 }
 
-int td_jobs_copy_in(const td_identity *who, int src, int root, const char *rel, td_err *err) {
+/* The bytes of src into fd: a clone where the filesystem shares blocks (FICLONE: btrfs, xfs),
+ * else read and written; at most `size` of them (-1: to its end; else exactly that many). */
+static int copy_bytes(int src, int fd, long long size, const char *name, td_err *err) {
+    struct stat st;
+    if (fstat(src, &st) == 0 && (size < 0 || (long long)st.st_size == size) &&
+        ioctl(fd, FICLONE, src) == 0)
+        return 0;
+    enum { BUF = 1 << 20 };
+    char *buf = td_malloc(BUF);
+    off_t at = 0;
+    int rc = 0;
+    while (rc == 0 && (size < 0 || at < size)) {
+        size_t want = size < 0 || size - at > BUF ? BUF : (size_t)(size - at);
+        ssize_t got = pread(src, buf, want, at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got == 0 && size < 0) break;
+        if (got == 0)
+            rc = td_fail(err, "%s is shorter than when it was opened", name);
+        else if (got < 0 || write(fd, buf, (size_t)got) != got)
+            rc = td_fail(err, "cannot copy into %s: %s", name, strerror(errno));
+        at += got > 0 ? got : 0;
+    }
+    free(buf);
+    return rc;
+}
+
+int td_jobs_copy_in(const td_identity *who, int src, int root, const char *rel, bool may_link,
+                    long long size, td_err *err) {
     td_jobfs_put put;
     if (td_jobfs_put_begin(who, root, rel, "part", &put, err) != 0) return -1;
     char proc[64];
@@ -82,34 +111,24 @@ int td_jobs_copy_in(const td_identity *who, int src, int root, const char *rel, 
     struct stat st;
     /* a link of another user's file would put a file that is not the job's in its tree */
     bool theirs = !who->drop || (fstat(src, &st) == 0 && st.st_uid == who->uid);
-    if (theirs && td_identity_become(who, &saved, err) == 0) {
+    if (may_link && theirs && td_identity_become(who, &saved, err) == 0) {
         unlinkat(put.dir, put.tmp, 0);
         linked = linkat(AT_FDCWD, proc, put.dir, put.tmp, AT_SYMLINK_FOLLOW) == 0;
         td_identity_return(&saved);
+        if (!linked && td_identity_become(who, &saved, err) == 0) { /* made again */
+            close(put.fd);
+            put.fd = openat(put.dir, put.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+                            0640);
+            td_identity_return(&saved);
+        }
     }
     if (linked) {
         close(put.fd);
         put.fd = -1;
         return td_jobfs_put_end(&put, true, err);
     }
-    if (td_identity_become(who, &saved, err) == 0) { /* made again: the link was tried there */
-        close(put.fd);
-        put.fd =
-            openat(put.dir, put.tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0640);
-        td_identity_return(&saved);
-    }
-    enum { BUF = 1 << 20 };
-    char *buf = td_malloc(BUF);
-    ssize_t got;
-    off_t at = 0;
-    int rc = put.fd >= 0 ? 0 : td_fail(err, "cannot create %s: %s", put.tmp, strerror(errno));
-    while (rc == 0 && (got = pread(src, buf, BUF, at)) != 0) {
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0 || write(put.fd, buf, (size_t)got) != got)
-            rc = td_fail(err, "cannot copy into %s: %s", put.tmp, strerror(errno));
-        at += got > 0 ? got : 0;
-    }
-    free(buf);
+    int rc = put.fd >= 0 ? copy_bytes(src, put.fd, size, put.tmp, err)
+                         : td_fail(err, "cannot create %s: %s", put.tmp, strerror(errno));
     if (td_jobfs_put_end(&put, rc == 0, err) != 0) rc = -1;
     return rc;
 }
@@ -141,7 +160,7 @@ static int place(const td_job_files *f, const char *src, const char *dst_root, j
             rc = -1;
             break;
         }
-        rc = td_jobs_copy_in(&f->who, fd, root, below, err);
+        rc = td_jobs_copy_in(&f->who, fd, root, below, true, -1, err);
         close(fd);
         if (rc != 0) break;
     }

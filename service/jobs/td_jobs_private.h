@@ -249,10 +249,12 @@ void *td_jobs_resumer(void *arg);
 void td_jobs_resume_dir(const job *jb, char *out, size_t len);
 /* {"step", "files", "dir", "base"} for the orders of an attempt's parts, or NULL. */
 json_t *td_jobs_resume_order(const job *jb);
-/* The file open at src into the job's tree (rel below root) as the job (who): a hard link where
- * both lie on one filesystem and the file is the job's user's (no bytes move; through
- * /proc/self/fd, which needs no privilege), else a copy, synced before it takes the name. */
-int td_jobs_copy_in(const td_identity *who, int src, int root, const char *rel, td_err *err);
+/* The file open at src into the job's tree (rel below root) as the job (who): with may_link a
+ * hard link where both lie on one filesystem and the file is the job's user's (no bytes move;
+ * through /proc/self/fd, which needs no privilege), else a clone of its blocks or a copy of its
+ * `size` bytes (-1: to its end), synced before it takes the name. */
+int td_jobs_copy_in(const td_identity *who, int src, int root, const char *rel, bool may_link,
+                    long long size, td_err *err);
 
 /* ---- td_job_place.c ---- */
 /* A waiting job as the scheduler sees it (its nodes, slots, limit, pin); restart: it was
