@@ -65,12 +65,17 @@ static int by_value(const void *a, const void *b) {
     return x->trial - y->trial;
 }
 
-/* A number times perturb_lo or perturb_hi (a coin's choice), kept within its range. */
+/* A number times perturb_lo or perturb_hi (a coin's choice), kept within its range; an integer
+ * rounded. */
 static json_t *scaled(const td_exp_spec *s, const td_exp_dim *d, json_t *v, td_rng *r) {
     double factor = td_rng_below(r, 2) ? s->perturb_hi : s->perturb_lo;
-    double x = json_number_value(v) * factor;
+    double was = json_number_value(v), x = was * factor;
+    if (d->kind == TD_DIM_INT) { /* a step at least, where rounding would keep it (1 x 1.2) */
+        x = (double)llround(x);
+        if (x == was && factor != 1) x += factor > 1 ? 1 : -1;
+    }
     x = x < d->lo ? d->lo : x > d->hi ? d->hi : x;
-    return d->kind == TD_DIM_INT ? json_integer((json_int_t)llround(x)) : json_real(x);
+    return d->kind == TD_DIM_INT ? json_integer((json_int_t)x) : json_real(x);
 }
 
 /* A choice's (or a grid's) neighbour: the value before or after it in the list. */

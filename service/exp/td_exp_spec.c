@@ -316,11 +316,12 @@ static int read_searcher(td_exp_spec *s, json_t *root, td_reply_error *e) {
 }
 
 /* What PBT must not change between generations: the seed (a checkpoint of another seed is
- * refused: its data order would differ), the resources its slots were taken for, where its
- * checkpoints go. */
+ * refused: its data order would differ), the resources its slots were taken for (its time limit
+ * among them), where its checkpoints go, its restarts, priority and name (a job keeps those
+ * from its submission). */
 static int check_pbt(const td_exp_spec *s, td_reply_error *e) {
-    static const char *const fixed[] = {"train.seed",     "resources", "checkpoint",
-                                        "nproc_per_node", "nnodes",    NULL};
+    static const char *const fixed[] = {"train.seed", "resources", "checkpoint", "restart",
+                                        "priority",   "name",      NULL};
     for (int i = 0; i < s->n_dims; i++)
         for (int k = 0; fixed[k]; k++) {
             const char *p = s->dims[i].path;
@@ -329,7 +330,8 @@ static int check_pbt(const td_exp_spec *s, td_reply_error *e) {
             snprintf(field, sizeof field, "space.%s", p);
             return fail(e, field,
                         "%s: a pbt search cannot change it between generations (a trial takes "
-                        "another's checkpoint: its seed, resources and checkpoint place stay)",
+                        "another's checkpoint: its seed, resources, checkpoint place, restarts, "
+                        "priority and name stay)",
                         field);
         }
     return 0;

@@ -205,6 +205,8 @@ class ExperimentsTest(harness.DaemonTest):
              "space.train.seed"),
             (body(searcher=pbt(population=4), space={"resources.nproc": {"grid": [1, 2]}}),
              "space.resources.nproc"),
+            (body(searcher=pbt(population=4), space={"restart.max_restarts": {"int": [0, 3]}}),
+             "space.restart.max_restarts"),
             (body(searcher={"type": "asha", "metric": "loss", "mode": "min", "max_trials": 4,
                             "max_steps": 64, "interval": 8}), "searcher.interval"),
         ]
@@ -530,6 +532,40 @@ class ExperimentsTest(harness.DaemonTest):
             self.assertEqual(trials[target]["hparams"]["train.optimizer.lr"], lr)
             with open(os.path.join(state, "jobs", str(job_of[target]), "spec.json")) as f:
                 self.assertAlmostEqual(json.load(f)["train"]["optimizer"]["lr"] / lr, 1, 9)
+    def test_n_pbt_of_command_trials(self):
+        """A command's trials under PBT: the worse takes the better's checkpoint (one file) and its
+        N perturbed, which its next attempt gets in TRAIND_HPARAMS and its env."""
+        script = (
+            'test "$(cat "$TRAIND_HPARAMS_FILE")" = "$TRAIND_HPARAMS" || exit 3; s=0; '
+            'if [ -n "$TRAIND_LATEST_CHECKPOINT" ]; then s=$(cat "$TRAIND_LATEST_CHECKPOINT"); fi; '
+            'stop=${TRAIND_STOP_AT_STEP:-$TRAIND_MAX_STEPS}; '
+            'while [ "$s" -lt "$stop" ]; do s=$((s + 1)); '
+            'echo "{\\"event\\": \\"train\\", \\"step\\": $s, \\"score\\": $((N * s))}"; done; '
+            'echo "$s" > ck.txt; '
+            'echo "{\\"event\\": \\"checkpoint\\", \\"step\\": $s, \\"path\\": \\"ck.txt\\"}"')
+        # one user for every job: a hard link between the two trials' files would be possible
+        d = self.start_daemon("--slots", "2", "--run-as", "nobody")
+        exp = self.create(d, {"name": "cmd-pbt", "seed": 3, "max_concurrent": 2,
+                              "job": {"name": "stepper", "command": ["/bin/sh", "-c", script]},
+                              "space": {"env.N": {"int": [1, 1000]}},
+                              "searcher": {"type": "pbt", "metric": "score", "mode": "max",
+                                           "population": 2, "max_steps": 8, "interval": 4,
+                                           "resample_probability": 0}})
+        exp = self.finished(d, exp["id"])
+        self.assertEqual(exp["state"], "succeeded", exp)
+        worse = [t for t in exp["trials"] if t["exploits"] == 1]
+        self.assertEqual(len(worse), 1, exp["trials"])
+        t = worse[0]
+        n = int(t["hparams"]["env.N"])
+        lines = [m for m in d.metrics(t["job"]) if "score" in m]
+        self.assertEqual([m["step"] for m in lines], list(range(1, 9)), "each step once")
+        self.assertEqual([m["score"] for m in lines[4:]], [n * s for s in range(5, 9)],
+                         "after the exploit: its new N, from the step it took")
+        other = [x for x in exp["trials"] if x is not t][0]
+        self.assertGreater(int(other["hparams"]["env.N"]) * 4, lines[3]["score"], "it was worse")
+        # the source goes on from its own file: the copy is no link that the target rewrote
+        self.check_contiguous_lines(d, other)
+
 
 if __name__ == "__main__":
     harness.TRAIND = os.path.abspath(sys.argv[1])

@@ -365,6 +365,28 @@ Test(experiments, pbt_decides_once_the_whole_population_is_at_a_generations_end)
     pbt_free(&ex);
 }
 
+Test(experiments, pbt_moves_an_integer_a_step_where_rounding_would_keep_it) {
+    experiment ex;
+    pbt(&ex, 2, "{\"model.width\": {\"int\": [1, 4]}}");
+    json_object_set_new(ex.trials[0].hparams, "model.width", json_integer(2));
+    pbt_pause(&ex, 0, 10, 0.1);
+    pbt_pause(&ex, 1, 10, 0.2);
+    bool up = false, down = false;
+    for (long at = 10; at < 400; at += 10) {
+        for (int t = 0; t < 2; t++) ex.trials[t].stop_at = at;
+        td_pbt_exploit plan[2];
+        cr_assert_eq(td_exp_pbt_plan(&ex, at, plan), 1);
+        json_int_t w = json_integer_value(json_object_get(plan[0].hparams, "model.width"));
+        cr_assert(w == 1 || w == 3, "2 x 0.8 and 2 x 1.2 both round to 2: a step, %lld",
+                  (long long)w);
+        up |= w == 3;
+        down |= w == 1;
+        json_decref(plan[0].hparams);
+    }
+    cr_assert(up && down, "both ways, as the draws fall");
+    pbt_free(&ex);
+}
+
 Test(experiments, pbt_moves_a_choice_to_a_neighbour_and_keeps_numbers_in_range) {
     experiment ex;
     pbt(&ex, 2,
@@ -383,6 +405,14 @@ Test(experiments, pbt_moves_a_choice_to_a_neighbour_and_keeps_numbers_in_range) 
     json_int_t bs = json_integer_value(json_object_get(plan[0].hparams, "train.batch_size"));
     cr_assert(bs == 16 || bs == 20, "20 x 0.8 = 16, 20 x 1.2 kept at 20: %lld", (long long)bs);
     json_decref(plan[0].hparams);
+    json_object_set_new(ex.trials[0].hparams, "train.batch_size", json_integer(18));
+    for (long at = 10; at < 400; at += 10) { /* 18 x 0.8 and 18 x 1.2 round to 14 and 22: kept */
+        for (int t = 0; t < 2; t++) ex.trials[t].stop_at = at;
+        cr_assert_eq(td_exp_pbt_plan(&ex, at, plan), 1);
+        bs = json_integer_value(json_object_get(plan[0].hparams, "train.batch_size"));
+        cr_assert(bs == 16 || bs == 20, "within [16, 20]: %lld", (long long)bs);
+        json_decref(plan[0].hparams);
+    }
     pbt_free(&ex);
     refused("\"space\": {\"train.seed\": {\"int\": [1, 4]}}, \"searcher\": {\"type\": \"pbt\", "
             "\"metric\": \"loss\", \"mode\": \"min\", \"population\": 4, \"max_steps\": 30, "
