@@ -97,7 +97,21 @@ node() { # node K [traind-run options] -- COMMAND...: node K of two, in the back
     TRAIND_TIMEOUT_S=$timeout "$run" --nnodes 2 --node-rank "$k" --master-addr 127.0.0.1 --master-port "$port" \
         --nproc-per-node 1 "$@" >"$tmp/node$k.out" 2>"$tmp/node$k.err" &
 }
-free_port() { "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# a free port below the kernel's ephemeral range (32768 and up), where no outgoing connection
+# of another program can take it between this probe and the launcher's bind (a CI run lost a
+# c10d host election so: both launchers found the port in use)
+free_port() {
+    "$py" -c '
+import random, socket
+for _ in range(1000):
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", random.randrange(20000, 32000)))
+    except OSError:
+        continue
+    print(s.getsockname()[1])
+    break'
+}
 # both nodes' exit codes in c0 and c1, and the seconds until both ended in elapsed
 wait_nodes() {
     wait "$1"
