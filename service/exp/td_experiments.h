@@ -1,7 +1,9 @@
 /* Experiments: a hyperparameter search over the cluster. An experiment is a base job (a train
  * spec or a command job, with its resources), a search space over JSON paths of it, and a
- * searcher that says which trials to run: "grid" (every point of the grids and choices) or
- * "random" (max_trials points drawn from the space with the experiment's seed). Each trial is a
+ * searcher that says which trials to run: "grid" (every point of the grids and choices),
+ * "random" (max_trials points drawn from the space with the experiment's seed), "asha" (those
+ * draws, paused at rungs, only the best resumed) or "pbt" (a population trained in generations,
+ * the worst taking the best's checkpoints and perturbed values). Each trial is a
  * job (service/jobs/: its own id, placement, restarts, checkpoints, logs and metrics) whose body
  * is the base job with the trial's hyperparameters set at their paths; a command job's trials
  * also get them as JSON in TRAIND_HPARAMS and in the file TRAIND_HPARAMS_FILE names. The
