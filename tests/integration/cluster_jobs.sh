@@ -29,8 +29,8 @@
 #      kill -9 of the master on the way
 #  10. a command trial on an agent under ASHA: TRAIND_HPARAMS(_FILE), the stop contract, and
 #      TRAIND_LATEST_CHECKPOINT there
-#  11. PBT with trials on different agents: an exploit copies a checkpoint a node uploaded, and
-#      the trial goes on from those weights on its node
+#  11. PBT, a population of 4 on the agents: an exploit copies a checkpoint another node
+#      uploaded, and the trial goes on from those weights on its node
 # Waits are for observable events (an API answer, a log line) with deadlines, never fixed sleeps.
 # Everything it creates goes on exit, also on failure. Exit 77 (ctest: skipped) when not root or
 # namespaces cannot be made here.
@@ -632,24 +632,27 @@ print(" ".join(str(m["step"]) for m in json.load(sys.stdin) if "score" in m))')
     case $steps in "1 2 3 4" | "1 2 3 4 5 6 7 8") ok ;; *) bad "command ASHA on an agent: job $job's steps $steps" ;; esac
 done
 
-# 11. PBT across the agents: two trials of a whole node each (2 slots a node: they run on
-#     different nodes); at the generation's end (step 20) the worse takes the better's checkpoint,
-#     which the better's node uploaded to the master: the master's copy for the target is the
-#     source's byte for byte, and the node the target goes on from fetched that copy
+# 11. PBT across the agents: a population of 4 one-process trials on n1 and n2 (2 slots each,
+#     the fullest node first: trials 0 and 1 on one node, 2 and 3 on the other; seed 1 draws
+#     learning rates whose worst at step 20 is trial 1 and best trial 2, on different nodes:
+#     the same whatever the timing, as training is deterministic); at the
+#     generation's end the worst takes the best's checkpoint, which the best's node uploaded to
+#     the master: the master's copy for the target is the source's byte for byte, and the node
+#     the target goes on from fetched that copy
 lenet pbt 32 40 | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
 j["checkpoint"] = {"every_steps": 10}
 j["log"] = {"every_steps": 5}
-j["resources"] = {"nnodes": 1, "nproc_per_node": 2, "nodes": ["n1", "n2"]}
-print(json.dumps({"name": "pbt-nodes", "job": j, "max_concurrent": 2, "seed": 3,
+j["resources"] = {"nnodes": 1, "nproc_per_node": 1, "nodes": ["n1", "n2"]}
+print(json.dumps({"name": "pbt-nodes", "job": j, "max_concurrent": 4, "seed": 1,
                   "space": {"train.optimizer.lr": {"log_uniform": [0.01, 0.1]}},
-                  "searcher": {"type": "pbt", "metric": "loss", "mode": "min", "population": 2,
+                  "searcher": {"type": "pbt", "metric": "loss", "mode": "min", "population": 4,
                                "max_steps": 40, "interval": 20}}))' >"$tmp/pbt.json"
 eid=$(api POST /v1/experiments "$tmp/pbt.json" | python3 -c 'import json, sys; x = json.load(sys.stdin); print(x.get("id", x))')
 if until_true 300 exp_ended; then ok; else bad "PBT across nodes: not ended: $(api GET "/v1/experiments/$eid")"; fi
 got=$(exp_field "x['state'], [t['steps'] for t in x['trials']]")
-if [ "$got" = "succeeded [40, 40]" ]; then ok; else bad "PBT across nodes: $got: $(api GET "/v1/experiments/$eid")"; fi
+if [ "$got" = "succeeded [40, 40, 40, 40]" ]; then ok; else bad "PBT across nodes: $got: $(api GET "/v1/experiments/$eid")"; fi
 # job_events ID TYPE: the data of a finished job's events of that type, one JSON a line
 job_events() {
     api GET "/v1/jobs/$1/events" | python3 -c "
@@ -662,16 +665,16 @@ for line in sys.stdin:
     elif line.startswith('data: ') and kind == '$2':
         print(line[6:])"
 }
-target="" source=""
+target="" source="" exploited=0
 for job in $(exp_field "' '.join(str(t['job']) for t in x['trials'])"); do
     e=$(job_events "$job" exploit)
     if [ -n "$e" ]; then
-        target=$job
+        target=$job exploited=$((exploited + 1))
         source=$(echo "$e" | python3 -c 'import json, sys; e = json.loads(sys.stdin.readline()); print(e["source"] if e["step"] == 20 else "")')
     fi
 done
 echo "PBT across nodes: job $target exploited job $source"
-if [ -n "$target" ] && [ -n "$source" ]; then ok; else bad "PBT across nodes: no exploit at step 20"; fi
+if [ -n "$source" ] && [ "$exploited" = 1 ]; then ok; else bad "PBT across nodes: $exploited trials exploited, not one at step 20"; fi
 first_node() { job_events "$1" placement | head -1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["nodes"][0]["node"])'; }
 n_target=$(first_node "$target") n_source=$(first_node "$source")
 if [ "$n_target" != "$n_source" ]; then ok; else bad "PBT across nodes: both trials began on $n_target"; fi

@@ -354,7 +354,8 @@ class Experiment:
     def trials(self) -> list[dict]:
         """Each trial: {"trial", "hparams": {path: value}, "state", "job" (an id, or None before
         it is made), "latest" and "best" ({"step", "value"} of the metric, or None), "steps",
-        "reason"}, by number."""
+        "reason"}, by number; under ASHA also "rung" and "rung_values", under PBT "generation",
+        "stop_at" and "exploits" (api/README.md, "Experiments")."""
         if "trials" not in self.data:  # a summary from Client.experiments()
             self.refresh()
         return self.data["trials"]
