@@ -30,7 +30,8 @@
 #  10. a command trial on an agent under ASHA: TRAIND_HPARAMS(_FILE), the stop contract, and
 #      TRAIND_LATEST_CHECKPOINT there
 #  11. PBT, a population of 4 on the agents: an exploit copies a checkpoint another node
-#      uploaded, and the trial goes on from those weights on its node
+#      uploaded, and the trial goes on from those weights on its node; a kill -9 of the master
+#      after the exploit
 # Waits are for observable events (an API answer, a log line) with deadlines, never fixed sleeps.
 # Everything it creates goes on exit, also on failure. Exit 77 (ctest: skipped) when not root or
 # namespaces cannot be made here.
@@ -638,7 +639,8 @@ done
 #     the same whatever the timing, as training is deterministic); at the
 #     generation's end the worst takes the best's checkpoint, which the best's node uploaded to
 #     the master: the master's copy for the target is the source's byte for byte, and the node
-#     the target goes on from fetched that copy
+#     the target goes on from fetched that copy; the master is killed (kill -9) after the exploit
+#     and restarted: every trial trains every step
 lenet pbt 32 40 | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
@@ -650,6 +652,13 @@ print(json.dumps({"name": "pbt-nodes", "job": j, "max_concurrent": 4, "seed": 1,
                   "searcher": {"type": "pbt", "metric": "loss", "mode": "min", "population": 4,
                                "max_steps": 40, "interval": 20}}))' >"$tmp/pbt.json"
 eid=$(api POST /v1/experiments "$tmp/pbt.json" | python3 -c 'import json, sys; x = json.load(sys.stdin); print(x.get("id", x))')
+# the master killed (kill -9) once the exploit is made: the one that comes back goes on from there
+exploited_once() { [ "$(exp_field "sum(t.get('exploits', 0) for t in x['trials'])")" -ge 1 ] 2>/dev/null; }
+until_true 120 exploited_once || bad "PBT across nodes: no exploit: $(api GET "/v1/experiments/$eid")"
+kill -9 "$master_pid"
+wait "$master_pid" 2>/dev/null
+start_master 4
+until_true 10 logged m0-4 "listening on" || bad "the master did not restart: $(cat "$tmp/m0-4.err")"
 if until_true 300 exp_ended; then ok; else bad "PBT across nodes: not ended: $(api GET "/v1/experiments/$eid")"; fi
 got=$(exp_field "x['state'], [t['steps'] for t in x['trials']]")
 if [ "$got" = "succeeded [40, 40, 40, 40]" ]; then ok; else bad "PBT across nodes: $got: $(api GET "/v1/experiments/$eid")"; fi
@@ -686,6 +695,13 @@ got=$(sha256sum <"$tmp/state-$n_after/jobs/$target/checkpoints/step-00000020/mod
 if [ "$got" = "$w_source" ]; then ok; else bad "PBT across nodes: job $target on $n_after went on from weights other than the source's ($got)"; fi
 case $(api GET "/v1/jobs/$target/logs?rank=0") in *"resumed from "*" at step 20 "*) ok ;;
 *) bad "PBT across nodes: job $target did not resume at step 20" ;; esac
+for job in $(exp_field "' '.join(str(t['job']) for t in x['trials'])"); do
+    steps=$(api GET "/v1/jobs/$job/metrics" | python3 -c '
+import json, sys
+print(" ".join(str(m["step"]) for m in json.load(sys.stdin) if m.get("event") == "train"))')
+    steps=$(echo "$steps" | tr ' ' '\n' | sort -nu | tr '\n' ' ')
+    case $steps in "5 10 15 20 25 30 35 40 ") ok ;; *) bad "PBT across nodes: job $job trained steps $steps" ;; esac
+done
 echo "PBT across nodes: began on $n_target (the source on $n_source), went on on $n_after"
 
 echo "cluster_jobs: $passes passed, $fails failed"
