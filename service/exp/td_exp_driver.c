@@ -51,7 +51,7 @@ static void follow(td_experiments *x, experiment *ex, td_exp_trial *t) {
     /* paused at its rung or generation's end (the searcher's to move), or held with its
      * experiment (to go on as it was) */
     bool asha = ex->spec.searcher == TD_SEARCH_ASHA;
-    t->paused = st.paused && (asha || ex->spec.searcher == TD_SEARCH_PBT) && st.at_stop;
+    t->paused = st.paused && td_exp_pauses(&ex->spec) && st.at_stop;
     t->held = st.paused && !t->paused;
     t->stop_at = st.stop_at_step;
     if (asha) t->rung = td_exp_asha_rung(&ex->spec, st.stop_at_step);

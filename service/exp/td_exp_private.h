@@ -73,6 +73,11 @@ typedef struct td_exp_spec {
     uint64_t seed;
     int priority;
 } td_exp_spec;
+/* Whether the searcher stops its trials on the way (ASHA at rungs, PBT at generations' ends):
+ * its trials' jobs pause at stop_at_step, and run max_steps in all. */
+static inline bool td_exp_pauses(const td_exp_spec *s) {
+    return s->searcher == TD_SEARCH_ASHA || s->searcher == TD_SEARCH_PBT;
+}
 /* Reads and checks body; 400 naming the JSON path at fault. */
 int td_exp_spec_parse(td_exp_spec *s, const char *body, size_t len, td_reply_error *e);
 void td_exp_spec_free(td_exp_spec *s);

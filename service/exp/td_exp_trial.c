@@ -74,7 +74,7 @@ static void command_env(json_t *body, const td_exp_spec *s, long experiment, int
     char *h = json_dumps(hparams, JSON_COMPACT | JSON_SORT_KEYS);
     json_object_set_new(env, "TRAIND_HPARAMS", json_string(h ? h : "{}"));
     free(h);
-    if (s->searcher == TD_SEARCH_ASHA || s->searcher == TD_SEARCH_PBT) {
+    if (td_exp_pauses(s)) {
         snprintf(num, sizeof num, "%ld", s->max_steps);
         json_object_set_new(env, "TRAIND_MAX_STEPS", json_string(num));
     }
@@ -84,8 +84,7 @@ static void command_env(json_t *body, const td_exp_spec *s, long experiment, int
  * its attempts stop. */
 static void train_steps(json_t *body, const td_exp_spec *s) {
     json_t *train = json_object_get(body, "train");
-    bool staged = s->searcher == TD_SEARCH_ASHA || s->searcher == TD_SEARCH_PBT;
-    if (!staged || !json_is_object(train)) return;
+    if (!td_exp_pauses(s) || !json_is_object(train)) return;
     json_object_set_new(train, "max_steps", json_integer((json_int_t)s->max_steps));
 }
 
@@ -149,15 +148,13 @@ json_t *td_exp_hparams_of_body(const td_exp_spec *s, const char *body) {
         h = json_loads(text, 0, NULL);
     } else if (json_is_object(job)) {
         h = json_object();
-        for (int i = 0; i < s->n_dims && h; i++) {
+        for (int i = 0; i < s->n_dims; i++) {
             json_t *v = get_path(job, s->dims[i].path);
-            if (v)
-                json_object_set_new(h, s->dims[i].path, json_deep_copy(v));
-            else
-                h = (json_decref(h), NULL);
+            if (v) json_object_set_new(h, s->dims[i].path, json_deep_copy(v));
         }
     }
     json_decref(job);
+    /* (a path missing, or a TRAIND_HPARAMS that is no object of them: size 0) */
     if (h && json_object_size(h) != (size_t)s->n_dims) h = (json_decref(h), NULL);
     return h;
 }

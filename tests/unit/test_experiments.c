@@ -167,6 +167,18 @@ Test(experiments, a_trials_metric_is_its_latest_and_best_value) {
     cr_assert_float_eq(t.latest, 1.5, 0, "a line without the metric changes nothing");
 }
 
+/* An experiment of body (after the base job) with its n trials, none made, each with its values. */
+static void experiment_of(experiment *ex, int n, const char *body) {
+    td_reply_error e = {0};
+    memset(ex, 0, sizeof *ex);
+    cr_assert_eq(parse(&ex->spec, body, &e), 0, "%s", e.message);
+    ex->n_trials = td_exp_trial_count(&ex->spec);
+    cr_assert_eq(ex->n_trials, n, "its trials");
+    ex->trials = calloc((size_t)n, sizeof *ex->trials);
+    for (int t = 0; t < n; t++)
+        ex->trials[t] = (td_exp_trial){.trial = t, .hparams = td_exp_hparams(&ex->spec, t)};
+}
+
 /* ---- ASHA (td_exp_asha.c) ---- */
 
 static void asha(experiment *ex, int n, const char *promotion) {
@@ -176,12 +188,7 @@ static void asha(experiment *ex, int n, const char *promotion) {
              "{\"type\": \"asha\", \"metric\": \"loss\", \"mode\": \"min\", \"max_trials\": %d, "
              "\"max_steps\": 64, \"reduction_factor\": 4, \"rungs\": 3, \"promotion\": \"%s\"}",
              n, promotion);
-    td_reply_error e = {0};
-    memset(ex, 0, sizeof *ex);
-    cr_assert_eq(parse(&ex->spec, buf, &e), 0, "%s", e.message);
-    ex->n_trials = td_exp_trial_count(&ex->spec);
-    ex->trials = calloc((size_t)n, sizeof *ex->trials);
-    for (int t = 0; t < n; t++) ex->trials[t] = (td_exp_trial){.trial = t, .job = 0};
+    experiment_of(ex, n, buf);
 }
 
 /* Trial t paused at rung k with value v there. */
@@ -196,7 +203,8 @@ static void pause_at(experiment *ex, int t, int k, double v) {
     tr->rung_value[k] = v;
 }
 
-static void asha_free(experiment *ex) {
+static void experiment_free(experiment *ex) {
+    for (int t = 0; t < ex->n_trials; t++) json_decref(ex->trials[t].hparams);
     free(ex->trials);
     td_exp_spec_free(&ex->spec);
 }
@@ -218,7 +226,7 @@ Test(experiments, asha_rungs_divide_max_steps) {
     cr_assert(strstr(body, "\"max_steps\":64"), "a trial's run is max_steps long: %s", body);
     free(body);
     json_decref(h);
-    asha_free(&ex);
+    experiment_free(&ex);
     refused("\"space\": {\"a\": {\"grid\": [1]}}, \"searcher\": {\"type\": \"asha\", \"metric\": "
             "\"l\", \"mode\": \"min\", \"max_trials\": 2, \"max_steps\": 15, \"rungs\": 3}",
             "searcher.rungs");
@@ -254,7 +262,7 @@ Test(experiments, asha_waits_for_a_complete_rung_then_keeps_its_top_quarter) {
     }
     cr_assert_eq(m.what, TD_ASHA_NONE);
     cr_assert_eq(stops, 6, "the rest of rung 0 stop there");
-    asha_free(&ex);
+    experiment_free(&ex);
 }
 
 Test(experiments, asha_async_promotes_the_top_of_a_rung_so_far) {
@@ -270,7 +278,7 @@ Test(experiments, asha_async_promotes_the_top_of_a_rung_so_far) {
     pause_at(&ex, 4, 0, NAN);
     ex.trials[4].has_rung[0] = false; /* reported nothing at its rung: never promoted */
     cr_assert_eq(td_exp_asha_next(&ex, true).trial, 2);
-    asha_free(&ex);
+    experiment_free(&ex);
 }
 
 Test(experiments, asha_a_rung_is_complete_once_the_rungs_below_have_decided) {
@@ -290,7 +298,7 @@ Test(experiments, asha_a_rung_is_complete_once_the_rungs_below_have_decided) {
     m = td_exp_asha_next(&ex, false);
     cr_assert_eq(m.what, TD_ASHA_STOP, "rung 0's bottom three quarters stop");
     cr_assert_eq(m.rung, 0, "nothing of rung 1 is decided yet");
-    asha_free(&ex);
+    experiment_free(&ex);
 }
 
 /* ---- PBT (td_exp_pbt.c) ---- */
@@ -302,14 +310,7 @@ static void pbt(experiment *ex, int n, const char *space) {
              "\"min\", \"population\": %d, \"max_steps\": 30, \"interval\": 10, "
              "\"resample_probability\": 0}",
              space, n);
-    td_reply_error e = {0};
-    memset(ex, 0, sizeof *ex);
-    cr_assert_eq(parse(&ex->spec, buf, &e), 0, "%s", e.message);
-    ex->n_trials = td_exp_trial_count(&ex->spec);
-    cr_assert_eq(ex->n_trials, n, "the population");
-    ex->trials = calloc((size_t)n, sizeof *ex->trials);
-    for (int t = 0; t < n; t++)
-        ex->trials[t] = (td_exp_trial){.trial = t, .hparams = td_exp_hparams(&ex->spec, t)};
+    experiment_of(ex, n, buf);
 }
 
 /* Trial t paused at step `at` with v its latest loss. */
@@ -322,11 +323,6 @@ static void pbt_pause(experiment *ex, int t, long at, double v) {
     snprintf(tr->state, sizeof tr->state, "paused");
     tr->has_latest = true;
     tr->latest = v;
-}
-
-static void pbt_free(experiment *ex) {
-    for (int t = 0; t < ex->n_trials; t++) json_decref(ex->trials[t].hparams);
-    asha_free(ex);
 }
 
 Test(experiments, pbt_decides_once_the_whole_population_is_at_a_generations_end) {
@@ -362,7 +358,7 @@ Test(experiments, pbt_decides_once_the_whole_population_is_at_a_generations_end)
     snprintf(ex.trials[1].state, sizeof ex.trials[1].state, "failed");
     ex.trials[1].final = true;
     cr_assert_eq(td_exp_pbt_boundary(&ex), 10, "a failed trial is out of the population");
-    pbt_free(&ex);
+    experiment_free(&ex);
 }
 
 Test(experiments, pbt_moves_an_integer_a_step_where_rounding_would_keep_it) {
@@ -384,7 +380,7 @@ Test(experiments, pbt_moves_an_integer_a_step_where_rounding_would_keep_it) {
         json_decref(plan[0].hparams);
     }
     cr_assert(up && down, "both ways, as the draws fall");
-    pbt_free(&ex);
+    experiment_free(&ex);
 }
 
 Test(experiments, pbt_moves_a_choice_to_a_neighbour_and_keeps_numbers_in_range) {
@@ -413,7 +409,7 @@ Test(experiments, pbt_moves_a_choice_to_a_neighbour_and_keeps_numbers_in_range) 
         cr_assert(bs == 16 || bs == 20, "within [16, 20]: %lld", (long long)bs);
         json_decref(plan[0].hparams);
     }
-    pbt_free(&ex);
+    experiment_free(&ex);
     refused("\"space\": {\"train.seed\": {\"int\": [1, 4]}}, \"searcher\": {\"type\": \"pbt\", "
             "\"metric\": \"loss\", \"mode\": \"min\", \"population\": 4, \"max_steps\": 30, "
             "\"interval\": 10}",
