@@ -5,6 +5,7 @@
 #   launcher.sh TRAIND_RUN TRAIND_WORKER PYTHON SOURCE_DIR
 set -u
 run=$1 worker=$2 py=$3 src=$4
+. "$src/tests/integration/free_port.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passes=0 fails=0
@@ -69,7 +70,7 @@ if pgrep -f "$tmp/job.json" >/dev/null; then bad "workers left behind"; pkill -f
 
 # 7. the same without a launcher to stop them: three ranks, rank 2 dies mid all-reduce; ranks 0
 # and 1 exit with errors that lead to rank 2 (rank 1's own neighbour may be rank 0 giving up)
-port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=3 TRAIND_TIMEOUT_S=30
 RANK=0 "$worker" "$tmp/job.json" >/dev/null 2>"$tmp/rank0" &
 p0=$!
@@ -96,21 +97,6 @@ node() { # node K [traind-run options] -- COMMAND...: node K of two, in the back
     shift
     TRAIND_TIMEOUT_S=$timeout "$run" --nnodes 2 --node-rank "$k" --master-addr 127.0.0.1 --master-port "$port" \
         --nproc-per-node 1 "$@" >"$tmp/node$k.out" 2>"$tmp/node$k.err" &
-}
-# a free port below the kernel's ephemeral range (32768 and up), where no outgoing connection
-# of another program can take it between this probe and the launcher's bind (a CI run lost a
-# c10d host election so: both launchers found the port in use)
-free_port() {
-    "$py" -c '
-import random, socket
-for _ in range(1000):
-    s = socket.socket()
-    try:
-        s.bind(("0.0.0.0", random.randrange(20000, 32000)))
-    except OSError:
-        continue
-    print(s.getsockname()[1])
-    break'
 }
 # both nodes' exit codes in c0 and c1, and the seconds until both ended in elapsed
 wait_nodes() {
