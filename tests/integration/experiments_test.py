@@ -566,6 +566,42 @@ class ExperimentsTest(harness.DaemonTest):
         # the source goes on from its own file: the copy is no link that the target rewrote
         self.check_contiguous_lines(d, other)
 
+    def test_o_pbt_exploit_follows_no_link_a_job_planted(self):
+        """Hostile trials: their checkpoint directory holds a link to a file of root's and a FIFO,
+        and the staging name beside it (.pbt-ck) is a link to a directory of root's. The exploit
+        copies only the source's own regular files (the target's next attempt finds no regular
+        file where the link was), never blocks on the FIFO, and removes the planted link as the
+        job, leaving root's directory and file whole."""
+        victim = os.path.join(self.new_state_dir(), "victim")
+        os.mkdir(victim)
+        with open(os.path.join(victim, "secret"), "w") as f:
+            f.write("keep")
+        script = (
+            'if [ -n "$TRAIND_LATEST_CHECKPOINT" ]; then c=$TRAIND_LATEST_CHECKPOINT; '
+            '[ -e "$c/secret" ] && [ ! -L "$c/secret" ] && exit 5; '
+            '[ -e "$c/pipe" ] && [ ! -p "$c/pipe" ] && exit 6; s=$(cat "$c/state"); else s=0; fi; '
+            'stop=${TRAIND_STOP_AT_STEP:-$TRAIND_MAX_STEPS}; '
+            'while [ "$s" -lt "$stop" ]; do s=$((s + 1)); '
+            'echo "{\\"event\\": \\"train\\", \\"step\\": $s, \\"score\\": $((N * s))}"; done; '
+            'mkdir -p ck && echo "$s" > ck/state && ln -sfn "$VICTIM/secret" ck/secret && '
+            '{ [ -p ck/pipe ] || mkfifo ck/pipe; } && ln -sfn "$VICTIM" .pbt-ck || exit 4; '
+            'echo "{\\"event\\": \\"checkpoint\\", \\"step\\": $s, \\"path\\": \\"ck\\"}"')
+        d = self.start_daemon("--slots", "2")
+        exp = self.create(d, {"name": "hostile-pbt", "seed": 3, "max_concurrent": 2,
+                              "job": {"name": "hostile", "command": ["/bin/sh", "-c", script],
+                                      "env": {"VICTIM": victim}},
+                              "space": {"env.N": {"int": [1, 1000]}},
+                              "searcher": {"type": "pbt", "metric": "score", "mode": "max",
+                                           "population": 2, "max_steps": 8, "interval": 4}})
+        exp = self.finished(d, exp["id"])
+        self.assertEqual(exp["state"], "succeeded", exp)
+        self.assertEqual([t["state"] for t in exp["trials"]], ["succeeded"] * 2, exp["trials"])
+        self.assertEqual(sum(t["exploits"] for t in exp["trials"]), 1, exp["trials"])
+        for t in exp["trials"]:
+            self.check_contiguous_lines(d, t)
+        with open(os.path.join(victim, "secret")) as f:
+            self.assertEqual(f.read(), "keep", "root's file, through the planted links")
+
 
 if __name__ == "__main__":
     harness.TRAIND = os.path.abspath(sys.argv[1])
